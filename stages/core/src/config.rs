@@ -1,0 +1,230 @@
+//! Stage configuration: defaults, then a TOML file, then `--set` overrides,
+//! later wins; checked before any work starts.
+//!
+//! A stage's config is a serde struct with a `Default`. Its defaults are
+//! serialised to a JSON tree; the file and each `--set dotted.key=value` are
+//! merged into that tree, and a key the tree does not have is an error that
+//! lists every valid key (an empty table in the defaults is an open map that
+//! takes any key). A `--set` value is read as a TOML value (`0.5`, `true`,
+//! `[1, 2]`, `"text"`) and as a plain string when it is none. The merged tree
+//! is then deserialised into the struct; a value of the wrong type names its
+//! dotted key. The resolved tree is what manifests record.
+//!
+//! ```
+//! # use embodyflow_core::config::load_config;
+//! #[derive(serde::Serialize, serde::Deserialize, Default)]
+//! struct Step { omega: f64, kind: String }
+//! #[derive(serde::Serialize, serde::Deserialize, Default)]
+//! struct Config { estimator: String, step: Step }
+//!
+//! let resolved = load_config::<Config>(None, &["step.omega=0.5".into(), "estimator=grpo_step".into()]).unwrap();
+//! assert_eq!(resolved.config.step.omega, 0.5);
+//! let err = load_config::<Config>(None, &["step.omeg=1".into()]).err().unwrap().to_string();
+//! assert!(err.contains("`step.omeg`") && err.contains("step.omega"));
+//! let err = load_config::<Config>(None, &["step.omega=abc".into()]).err().unwrap().to_string();
+//! assert!(err.contains("`step.omega`"));
+//! ```
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// A config struct with its resolved JSON tree.
+#[derive(Debug, Clone)]
+pub struct Resolved<C> {
+    /// The typed config.
+    pub config: C,
+    /// The fully resolved tree (recorded in manifests).
+    pub json: Value,
+}
+
+/// Loads a stage config: defaults, then `file`, then `sets` (`key=value`).
+pub fn load_config<C>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>>
+where
+    C: Serialize + DeserializeOwned + Default,
+{
+    let defaults = serde_json::to_value(C::default()).expect("a config's defaults serialise to JSON");
+    let mut tree = defaults.clone();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let table: toml::Table = toml::from_str(&text)
+            .map_err(|e| Error::Usage(format!("config file {}: {e}", path.display())))?;
+        let value = serde_json::to_value(table).expect("TOML values convert to JSON");
+        merge(&mut tree, &defaults, value, "")?;
+    }
+    for set in sets {
+        let (key, raw) = set
+            .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| Error::Usage(format!("--set `{set}`: expected dotted.key=value")))?;
+        let mut value = parse_set_value(raw);
+        for part in key.trim().rsplit('.') {
+            value = Value::Object(Map::from_iter([(part.to_string(), value)]));
+        }
+        merge(&mut tree, &defaults, value, "")?;
+    }
+    let config = serde_path_to_error::deserialize(tree.clone()).map_err(|e| Error::BadValue {
+        key: e.path().to_string(),
+        reason: e.inner().to_string(),
+    })?;
+    Ok(Resolved { config, json: tree })
+}
+
+/// Reads a `--set` value as TOML, or as a string when it is not TOML.
+fn parse_set_value(raw: &str) -> Value {
+    match toml::from_str::<toml::Table>(&format!("value = {raw}")) {
+        Ok(mut table) => serde_json::to_value(table.remove("value").expect("parsed key")).expect("TOML converts to JSON"),
+        Err(_) => Value::String(raw.to_string()),
+    }
+}
+
+/// Merges `value` into `tree` at `prefix`, checking keys against `defaults`.
+fn merge(tree: &mut Value, defaults: &Value, value: Value, prefix: &str) -> Result<()> {
+    let (Value::Object(tree_map), Value::Object(incoming)) = (&mut *tree, value.clone()) else {
+        *tree = value;
+        return Ok(());
+    };
+    let default_map = defaults.as_object();
+    let open_map = default_map.is_none_or(|m| m.is_empty());
+    for (key, incoming_value) in incoming {
+        let dotted = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        let default_child = default_map.and_then(|m| m.get(&key));
+        if default_child.is_none() && !open_map {
+            let mut valid = Vec::new();
+            leaf_keys(defaults, prefix, &mut valid);
+            return Err(Error::UnknownKey { key: dotted, valid });
+        }
+        match (tree_map.get_mut(&key), default_child) {
+            (Some(child), Some(default_child)) if default_child.is_object() => {
+                if !incoming_value.is_object() {
+                    return Err(Error::BadValue {
+                        key: dotted,
+                        reason: format!("is a table of settings, found the value {incoming_value}"),
+                    });
+                }
+                merge(child, default_child, incoming_value, &dotted)?;
+            }
+            _ => {
+                tree_map.insert(key, incoming_value);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every dotted leaf key of a defaults tree.
+fn leaf_keys(value: &Value, prefix: &str, out: &mut Vec<String>) {
+    match value.as_object() {
+        Some(map) if !map.is_empty() => {
+            for (key, child) in map {
+                let dotted = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                leaf_keys(child, &dotted, out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+/// Every dotted key of a config type, for help texts and error messages.
+pub fn valid_keys<C: Serialize + Default>() -> Vec<String> {
+    let mut keys = Vec::new();
+    leaf_keys(&serde_json::to_value(C::default()).expect("defaults serialise"), "", &mut keys);
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+    #[serde(default)]
+    struct Inner {
+        omega: f64,
+        mode: String,
+        min_tokens: u32,
+        tau: Option<f64>,
+    }
+    impl Default for Inner {
+        fn default() -> Self {
+            Inner { omega: 1.0, mode: "exact".into(), min_tokens: 2, tau: None }
+        }
+    }
+    #[derive(Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+    #[serde(default)]
+    struct Config {
+        estimator: String,
+        step: Inner,
+        templates: BTreeMap<String, String>,
+    }
+
+    fn sets(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn layers_defaults_file_and_sets_with_later_winning() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "estimator = 'gae'\n[step]\nomega = 0.25\nmode = 'lcs'\n").unwrap();
+        let r = load_config::<Config>(Some(&file), &sets(&["step.omega=0.5", "step.tau=2", "step.omega=0.75"])).unwrap();
+        assert_eq!(r.config.estimator, "gae");
+        assert_eq!(r.config.step.omega, 0.75);
+        assert_eq!(r.config.step.mode, "lcs");
+        assert_eq!(r.config.step.tau, Some(2.0));
+        assert_eq!(r.config.step.min_tokens, 2);
+        assert_eq!(r.json["step"]["omega"], 0.75);
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_the_valid_ones() {
+        let err = load_config::<Config>(None, &sets(&["step.omgea=1"])).unwrap_err();
+        match &err {
+            Error::UnknownKey { key, valid } => {
+                assert_eq!(key, "step.omgea");
+                assert!(valid.contains(&"step.omega".to_string()) && valid.contains(&"step.tau".to_string()), "{valid:?}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let err = load_config::<Config>(None, &sets(&["nonsense=1"])).unwrap_err().to_string();
+        assert!(err.contains("`nonsense`") && err.contains("estimator"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_named_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[step]\nomega = 0.25\nsquash = 'prob'\n").unwrap();
+        let err = load_config::<Config>(Some(&file), &[]).unwrap_err().to_string();
+        assert!(err.contains("`step.squash`"), "{err}");
+    }
+
+    #[test]
+    fn badly_typed_values_name_the_key() {
+        for (set, key) in [("step.omega=abc", "step.omega"), ("step.min_tokens=-3", "step.min_tokens"), ("step.mode=3", "step.mode")] {
+            let err = load_config::<Config>(None, &sets(&[set])).unwrap_err();
+            assert!(matches!(&err, Error::BadValue { key: k, .. } if k == key), "{set}: {err}");
+            assert!(err.to_string().contains(&format!("`{key}`")), "{err}");
+        }
+        let err = load_config::<Config>(None, &sets(&["step=1"])).unwrap_err().to_string();
+        assert!(err.contains("`step`"), "{err}");
+    }
+
+    #[test]
+    fn open_maps_take_any_key_and_malformed_sets_are_usage_errors() {
+        let r = load_config::<Config>(None, &sets(&["templates.teacher=Plan: {plan}"])).unwrap();
+        assert_eq!(r.config.templates["teacher"], "Plan: {plan}");
+        assert!(matches!(load_config::<Config>(None, &sets(&["=3"])), Err(Error::Usage(_))));
+        assert!(matches!(load_config::<Config>(None, &sets(&["omega"])), Err(Error::Usage(_))));
+    }
+
+    #[test]
+    fn valid_keys_lists_leaves() {
+        let keys = valid_keys::<Config>();
+        assert!(keys.contains(&"step.mode".to_string()) && keys.contains(&"templates".to_string()), "{keys:?}");
+    }
+}

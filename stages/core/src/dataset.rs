@@ -1,0 +1,629 @@
+//! Shard datasets: every table is a directory of zstd Parquet shards plus a
+//! `_manifest.json` ([`crate::manifest`]).
+//!
+//! **Writing** is atomic per table. [`TableWriter`] writes its shards into a
+//! hidden sibling `.<table>.tmp-<pid>-<nanos>/`, hashing each shard's bytes as
+//! they stream out; [`TableWriter::finish`] writes the manifest, fsyncs every
+//! file and the directory, and renames it to `<table>/`. A writer killed at any
+//! moment leaves only the hidden sibling, which readers never look at and the
+//! next writer of that table removes. With `overwrite`, an existing table is
+//! moved aside and removed only after the new one is in place.
+//!
+//! **Reading** streams record batches shard by shard with column projection,
+//! so memory follows the batch size and not the table size. Every shard is
+//! checked before its first batch: its size against the manifest (truncation),
+//! its Parquet metadata (table name and schema version, so a foreign Parquet
+//! file is rejected) and its Arrow schema against `schemas/` (every column
+//! present with the declared type and nullability, nothing extra).
+//!
+//! ```no_run
+//! # use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
+//! # use embodyflow_core::manifest::Producer;
+//! # use embodyflow_schemas::{EvalRow, TableName};
+//! # fn demo(out: &std::path::Path, producer: &Producer, rows: &[EvalRow]) -> embodyflow_core::Result<()> {
+//! let mut writer = TableWriter::create(out, TableName::Eval, WriteOptions::default(), false)?;
+//! writer.write_rows(rows)?;
+//! let manifest = writer.finish(producer, &[])?;
+//! let reader = TableReader::open(&out.join("eval"), TableName::Eval)?;
+//! for batch in reader.batches(Some(&["task_id", "success"]), 8192)? {
+//!     let batch = batch?; // a RecordBatch with two columns
+//! #   let _ = batch;
+//! }
+//! let rows: Vec<EvalRow> = reader.read_rows()?;
+//! # let _ = (manifest, rows); Ok(()) }
+//! ```
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{FieldRef, Schema};
+use embodyflow_schemas::{format_type, Row, TableDef, TableName, META_TABLE, META_VERSION};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+use crate::manifest::{InputRef, MANIFEST_FILE, MANIFEST_FORMAT, Manifest, Producer, ShardEntry};
+
+/// How a table is cut into files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Rows per Parquet shard file.
+    pub rows_per_shard: usize,
+    /// Rows per Parquet row group (the unit a reader decodes at once).
+    pub row_group_rows: usize,
+    /// zstd compression level.
+    pub zstd_level: i32,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { rows_per_shard: 262_144, row_group_rows: 8_192, zstd_level: 3 }
+    }
+}
+
+/// A `Write` that hashes and counts the bytes it passes on.
+struct HashingFile {
+    inner: BufWriter<File>,
+    hasher: blake3::Hasher,
+    bytes: u64,
+}
+
+impl Write for HashingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+struct OpenShard {
+    writer: ArrowWriter<HashingFile>,
+    file: String,
+    rows: u64,
+}
+
+/// Writes one table atomically (see the module doc).
+pub struct TableWriter {
+    table: TableName,
+    def: &'static TableDef,
+    options: WriteOptions,
+    final_dir: PathBuf,
+    tmp_dir: PathBuf,
+    overwrite: bool,
+    current: Option<OpenShard>,
+    shards: Vec<ShardEntry>,
+    finished: bool,
+}
+
+fn shard_file_name(index: usize) -> String {
+    format!("part-{index:05}.parquet")
+}
+
+/// Removes hidden leftovers of `table` in `out` whose writer process is gone.
+fn remove_stale_siblings(out: &Path, table: TableName) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name
+            .strip_prefix(&format!(".{table}.tmp-"))
+            .or_else(|| name.strip_prefix(&format!(".{table}.old-")))
+        else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or_default();
+        let alive = Path::new("/proc").join(pid).exists() && pid != std::process::id().to_string();
+        if !alive {
+            std::fs::remove_dir_all(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
+}
+
+impl TableWriter {
+    /// Starts writing table `table` into `out/<table>/`. Fails with
+    /// [`Error::OutputExists`] before writing anything when the table exists
+    /// and `overwrite` is false.
+    pub fn create(out: &Path, table: TableName, options: WriteOptions, overwrite: bool) -> Result<TableWriter> {
+        let final_dir = out.join(table.as_str());
+        if final_dir.exists() && !overwrite {
+            return Err(Error::OutputExists(final_dir));
+        }
+        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+        remove_stale_siblings(out, table)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let tmp_dir = out.join(format!(".{table}.tmp-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&tmp_dir).map_err(|e| Error::io(&tmp_dir, e))?;
+        Ok(TableWriter {
+            table,
+            def: table.def(),
+            options: WriteOptions {
+                rows_per_shard: options.rows_per_shard.max(1),
+                row_group_rows: options.row_group_rows.max(1),
+                ..options
+            },
+            final_dir,
+            tmp_dir,
+            overwrite,
+            current: None,
+            shards: Vec::new(),
+            finished: false,
+        })
+    }
+
+    /// Converts `rows` with the table's schema and writes them.
+    pub fn write_rows<R: Row>(&mut self, rows: &[R]) -> Result<()> {
+        assert_eq!(R::TABLE, self.table, "rows of `{}` written to table `{}`", R::TABLE, self.table);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = rows_to_batch(self.def, rows)?;
+        self.write_batch(&batch)
+    }
+
+    /// Writes a record batch whose columns follow the table's schema (names,
+    /// types and nullability; list item names may differ).
+    pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        let batch = conform_batch(self.def, batch)?;
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let room = self.options.rows_per_shard - self.current.as_ref().map_or(0, |s| s.rows as usize);
+            let take = room.min(batch.num_rows() - offset);
+            let slice = batch.slice(offset, take);
+            let shard = self.open_shard()?;
+            shard.writer.write(&slice).map_err(|source| Error::ParquetWrite {
+                path: PathBuf::from(&shard.file),
+                source,
+            })?;
+            shard.rows += take as u64;
+            offset += take;
+            if shard.rows as usize >= self.options.rows_per_shard {
+                self.close_shard()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn open_shard(&mut self) -> Result<&mut OpenShard> {
+        if self.current.is_none() {
+            let file = shard_file_name(self.shards.len());
+            let path = self.tmp_dir.join(&file);
+            let handle = File::create(&path).map_err(|e| Error::io(&path, e))?;
+            let sink = HashingFile { inner: BufWriter::with_capacity(1 << 20, handle), hasher: blake3::Hasher::new(), bytes: 0 };
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(
+                    ZstdLevel::try_new(self.options.zstd_level)
+                        .map_err(|e| Error::Usage(format!("zstd level {}: {e}", self.options.zstd_level)))?,
+                ))
+                .set_max_row_group_row_count(Some(self.options.row_group_rows))
+                .set_key_value_metadata(Some(vec![
+                    KeyValue::new(META_TABLE.to_string(), self.def.name.clone()),
+                    KeyValue::new(META_VERSION.to_string(), self.def.version.to_string()),
+                ]))
+                .build();
+            let writer = ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props))
+                .map_err(|source| Error::ParquetWrite { path: path.clone(), source })?;
+            self.current = Some(OpenShard { writer, file, rows: 0 });
+        }
+        Ok(self.current.as_mut().expect("shard opened above"))
+    }
+
+    fn close_shard(&mut self) -> Result<()> {
+        let Some(shard) = self.current.take() else { return Ok(()) };
+        let path = self.tmp_dir.join(&shard.file);
+        let mut sink = shard.writer.into_inner().map_err(|source| Error::ParquetWrite { path: path.clone(), source })?;
+        sink.flush().map_err(|e| Error::io(&path, e))?;
+        let HashingFile { inner, hasher, bytes } = sink;
+        let file = inner.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&path, e))?;
+        self.shards.push(ShardEntry { file: shard.file, rows: shard.rows, bytes, hash: hasher.finalize().to_hex().to_string() });
+        Ok(())
+    }
+
+    /// Rows written so far.
+    pub fn rows_written(&self) -> u64 {
+        self.shards.iter().map(|s| s.rows).sum::<u64>() + self.current.as_ref().map_or(0, |s| s.rows)
+    }
+
+    /// Closes the last shard, writes the manifest and moves the table into
+    /// place. An empty table gets one empty shard, so its schema is on disk.
+    pub fn finish(mut self, producer: &Producer, inputs: &[InputRef]) -> Result<Manifest> {
+        if self.shards.is_empty() && self.current.is_none() {
+            self.open_shard()?;
+        }
+        self.close_shard()?;
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            table: self.def.name.clone(),
+            schema_version: self.def.version,
+            num_rows: self.shards.iter().map(|s| s.rows).sum(),
+            content_hash: Manifest::compute_content_hash(&self.def.name, self.def.version, &self.shards),
+            shards: std::mem::take(&mut self.shards),
+            producer: producer.clone(),
+            inputs: inputs.to_vec(),
+        };
+        let manifest_path = self.tmp_dir.join(MANIFEST_FILE);
+        let mut file = File::create(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?;
+        file.write_all(manifest.to_json().as_bytes())
+            .and_then(|_| file.sync_all())
+            .map_err(|e| Error::io(&manifest_path, e))?;
+        sync_dir(&self.tmp_dir)?;
+
+        let out = self.final_dir.parent().expect("a table directory has a parent").to_path_buf();
+        let mut old = None;
+        if self.final_dir.exists() {
+            if !self.overwrite {
+                return Err(Error::OutputExists(self.final_dir.clone()));
+            }
+            let aside = out.join(format!(".{}.old-{}", self.table, std::process::id()));
+            std::fs::rename(&self.final_dir, &aside).map_err(|e| Error::io(&self.final_dir, e))?;
+            old = Some(aside);
+        }
+        std::fs::rename(&self.tmp_dir, &self.final_dir).map_err(|e| Error::io(&self.final_dir, e))?;
+        self.finished = true;
+        sync_dir(&out)?;
+        if let Some(old) = old {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        }
+        Ok(manifest)
+    }
+}
+
+impl Drop for TableWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            // An unfinished table is never left where a reader would look.
+            let _ = std::fs::remove_dir_all(&self.tmp_dir);
+        }
+    }
+}
+
+/// Converts rows to a record batch with the table's schema.
+pub fn rows_to_batch<R: Row>(def: &TableDef, rows: &[R]) -> Result<RecordBatch> {
+    let schema = def.arrow_schema();
+    let fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();
+    let batch = serde_arrow::to_record_batch(&fields, &rows)
+        .map_err(|e| Error::RowConversion { table: def.name.clone(), reason: e.to_string() })?;
+    batch
+        .with_schema(schema)
+        .map_err(|e| Error::RowConversion { table: def.name.clone(), reason: e.to_string() })
+}
+
+/// Checks a batch against the table's schema and returns it with exactly the
+/// schema's fields and metadata.
+fn conform_batch(def: &TableDef, batch: &RecordBatch) -> Result<RecordBatch> {
+    let found = batch.schema();
+    let mismatch = |reason: String| Error::RowConversion { table: def.name.clone(), reason };
+    if found.fields().len() != def.columns.len() {
+        return Err(mismatch(format!(
+            "batch has columns [{}], expected [{}]",
+            found.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+            def.column_names().join(", ")
+        )));
+    }
+    for (field, column) in found.fields().iter().zip(&def.columns) {
+        if field.name() != &column.name
+            || format_type(field.data_type()) != format_type(&column.data_type)
+            || (field.is_nullable() && !column.nullable)
+        {
+            return Err(mismatch(format!(
+                "column `{}` {}{} where `{}` {}{} is expected",
+                field.name(),
+                format_type(field.data_type()),
+                if field.is_nullable() { " (nullable)" } else { "" },
+                column.name,
+                format_type(&column.data_type),
+                if column.nullable { " (nullable)" } else { "" },
+            )));
+        }
+    }
+    if Arc::ptr_eq(&found, &def.arrow_schema()) {
+        return Ok(batch.clone());
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(def.arrow_schema().fields())
+        .map(|(array, field)| {
+            if array.data_type() == field.data_type() {
+                Ok(array.clone())
+            } else {
+                // Same type up to list item names: rebuild with the schema's names.
+                arrow::compute::cast(array, field.data_type()).map_err(|e| mismatch(e.to_string()))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(def.arrow_schema(), columns).map_err(|e| mismatch(e.to_string()))
+}
+
+/// Reads one table directory (see the module doc).
+#[derive(Debug, Clone)]
+pub struct TableReader {
+    table: TableName,
+    dir: PathBuf,
+    manifest: Manifest,
+}
+
+impl TableReader {
+    /// Opens `dir` as table `table`: reads and checks its manifest and that
+    /// every shard exists with the recorded size.
+    pub fn open(dir: &Path, table: TableName) -> Result<TableReader> {
+        let manifest = Manifest::read(dir)?;
+        let def = table.def();
+        if manifest.table != def.name {
+            return Err(Error::ForeignShard {
+                table: def.name.clone(),
+                shard: MANIFEST_FILE.to_string(),
+                field: "table".into(),
+                expected: format!("`{}`", def.name),
+                found: format!("`{}` ({})", manifest.table, dir.display()),
+            });
+        }
+        if manifest.schema_version != def.version {
+            return Err(Error::SchemaVersion {
+                table: def.name.clone(),
+                shard: MANIFEST_FILE.to_string(),
+                expected: def.version,
+                found: manifest.schema_version.to_string(),
+            });
+        }
+        for shard in &manifest.shards {
+            let path = dir.join(&shard.file);
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).map_err(|e| Error::CorruptShard {
+                table: def.name.clone(),
+                shard: shard.file.clone(),
+                reason: format!("cannot be opened: {e} ({})", path.display()),
+            })?;
+            if bytes != shard.bytes {
+                return Err(Error::CorruptShard {
+                    table: def.name.clone(),
+                    shard: shard.file.clone(),
+                    reason: format!("file size is {bytes} bytes, expected {} from the manifest (truncated or replaced)", shard.bytes),
+                });
+            }
+        }
+        Ok(TableReader { table, dir: dir.to_path_buf(), manifest })
+    }
+
+    /// The table read.
+    pub fn table(&self) -> TableName {
+        self.table
+    }
+
+    /// The table's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Total rows.
+    pub fn num_rows(&self) -> u64 {
+        self.manifest.num_rows
+    }
+
+    /// This table as a lineage entry of a table derived from it.
+    pub fn input_ref(&self) -> InputRef {
+        InputRef {
+            table: self.manifest.table.clone(),
+            path: self.dir.clone(),
+            content_hash: self.manifest.content_hash.clone(),
+        }
+    }
+
+    /// Streams record batches of at most `batch_size` rows over all shards,
+    /// with only `columns` (all when `None`), each shard validated first.
+    pub fn batches(&self, columns: Option<&[&str]>, batch_size: usize) -> Result<Batches<'_>> {
+        let def = self.table.def();
+        let projection: Option<Vec<String>> = match columns {
+            None => None,
+            Some(names) => {
+                for name in names {
+                    if def.column(name).is_none() {
+                        return Err(Error::BadInput(format!(
+                            "table `{}` has no column `{name}`; its columns are: {}",
+                            def.name,
+                            def.column_names().join(", ")
+                        )));
+                    }
+                }
+                Some(names.iter().map(|s| s.to_string()).collect())
+            }
+        };
+        Ok(Batches { reader: self, projection, batch_size: batch_size.max(1), next_shard: 0, current: None })
+    }
+
+    /// Reads the whole table as rows.
+    pub fn read_rows<R: Row>(&self) -> Result<Vec<R>> {
+        assert_eq!(R::TABLE, self.table, "rows of `{}` read from table `{}`", R::TABLE, self.table);
+        let mut rows = Vec::with_capacity(self.manifest.num_rows as usize);
+        for batch in self.batches(None, 8192)? {
+            rows.extend(batch_to_rows::<R>(&batch?)?);
+        }
+        Ok(rows)
+    }
+
+    /// Recomputes every shard's content hash and compares it with the
+    /// manifest (reads every byte once).
+    pub fn verify_hashes(&self) -> Result<()> {
+        for shard in &self.manifest.shards {
+            let path = self.dir.join(&shard.file);
+            let mut hasher = blake3::Hasher::new();
+            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+            hasher.update_reader(file).map_err(|e| Error::io(&path, e))?;
+            let found = hasher.finalize().to_hex().to_string();
+            if found != shard.hash {
+                return Err(Error::CorruptShard {
+                    table: self.manifest.table.clone(),
+                    shard: shard.file.clone(),
+                    reason: format!("content hash is {found}, expected {} from the manifest", shard.hash),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens shard `index`, validates it and builds its batch reader.
+    fn open_shard(&self, index: usize, projection: Option<&[String]>, batch_size: usize) -> Result<ParquetRecordBatchReader> {
+        let def = self.table.def();
+        let entry = &self.manifest.shards[index];
+        let path = self.dir.join(&entry.file);
+        let corrupt = |reason: String| Error::CorruptShard { table: def.name.clone(), shard: entry.file.clone(), reason };
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| corrupt(format!("not a readable Parquet file: {e}")))?;
+        let metadata = builder.metadata().file_metadata().key_value_metadata();
+        let lookup = |key: &str| {
+            metadata
+                .and_then(|kvs| kvs.iter().find(|kv| kv.key == key))
+                .and_then(|kv| kv.value.clone())
+        };
+        match lookup(META_TABLE) {
+            Some(name) if name == def.name => {}
+            found => {
+                return Err(Error::ForeignShard {
+                    table: def.name.clone(),
+                    shard: entry.file.clone(),
+                    field: META_TABLE.to_string(),
+                    expected: format!("`{}`", def.name),
+                    found: found.map_or("absent".to_string(), |n| format!("`{n}`")),
+                });
+            }
+        }
+        match lookup(META_VERSION) {
+            Some(version) if version == def.version.to_string() => {}
+            found => {
+                return Err(Error::SchemaVersion {
+                    table: def.name.clone(),
+                    shard: entry.file.clone(),
+                    expected: def.version,
+                    found: found.unwrap_or_else(|| "absent".into()),
+                });
+            }
+        }
+        check_schema(def, &entry.file, builder.schema())?;
+        let schema = builder.schema().clone();
+        let indices: Vec<usize> = match projection {
+            None => (0..schema.fields().len()).collect(),
+            Some(names) => names.iter().map(|n| schema.index_of(n).expect("checked by check_schema")).collect(),
+        };
+        let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
+        builder
+            .with_projection(mask)
+            .with_batch_size(batch_size)
+            .build()
+            .map_err(|e| corrupt(format!("cannot be decoded: {e}")))
+    }
+}
+
+/// Checks a shard's Arrow schema against the table definition.
+fn check_schema(def: &TableDef, shard: &str, found: &Schema) -> Result<()> {
+    let describe = |data_type: &arrow::datatypes::DataType, nullable: bool| {
+        format!("{}{}", format_type(data_type), if nullable { " (nullable)" } else { " (not null)" })
+    };
+    for column in &def.columns {
+        match found.field_with_name(&column.name) {
+            Err(_) => {
+                return Err(Error::MissingColumn {
+                    table: def.name.clone(),
+                    shard: shard.to_string(),
+                    field: column.name.clone(),
+                    expected: describe(&column.data_type, column.nullable),
+                });
+            }
+            Ok(field) => {
+                let same_type = format_type(field.data_type()) == format_type(&column.data_type);
+                if !same_type || (field.is_nullable() && !column.nullable) {
+                    return Err(Error::SchemaMismatch {
+                        table: def.name.clone(),
+                        shard: shard.to_string(),
+                        field: column.name.clone(),
+                        expected: describe(&column.data_type, column.nullable),
+                        found: describe(field.data_type(), field.is_nullable()),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(extra) = found.fields().iter().find(|f| def.column(f.name()).is_none()) {
+        return Err(Error::UnexpectedColumn {
+            table: def.name.clone(),
+            shard: shard.to_string(),
+            field: extra.name().clone(),
+            expected: def.column_names().join(", "),
+            found: format_type(extra.data_type()),
+        });
+    }
+    Ok(())
+}
+
+/// Converts a record batch of a table (all columns) to rows.
+pub fn batch_to_rows<R: Row>(batch: &RecordBatch) -> Result<Vec<R>> {
+    serde_arrow::from_record_batch(batch)
+        .map_err(|e| Error::RowConversion { table: R::TABLE.to_string(), reason: e.to_string() })
+}
+
+/// The record batches of a table, shard after shard.
+pub struct Batches<'a> {
+    reader: &'a TableReader,
+    projection: Option<Vec<String>>,
+    batch_size: usize,
+    next_shard: usize,
+    current: Option<(usize, ParquetRecordBatchReader)>,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((index, current)) = &mut self.current {
+                match current.next() {
+                    Some(Ok(batch)) => return Some(Ok(batch)),
+                    Some(Err(e)) => {
+                        let shard = &self.reader.manifest.shards[*index];
+                        self.current = None;
+                        self.next_shard = self.reader.manifest.shards.len();
+                        return Some(Err(Error::CorruptShard {
+                            table: self.reader.manifest.table.clone(),
+                            shard: shard.file.clone(),
+                            reason: format!("cannot be decoded: {e}"),
+                        }));
+                    }
+                    None => self.current = None,
+                }
+            }
+            if self.next_shard >= self.reader.manifest.shards.len() {
+                return None;
+            }
+            let index = self.next_shard;
+            self.next_shard += 1;
+            match self.reader.open_shard(index, self.projection.as_deref(), self.batch_size) {
+                Ok(reader) => self.current = Some((index, reader)),
+                Err(e) => {
+                    self.next_shard = self.reader.manifest.shards.len();
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

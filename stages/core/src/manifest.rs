@@ -1,0 +1,139 @@
+//! `_manifest.json`: what a table directory holds and where it came from.
+//!
+//! A manifest lists the shards with their row counts, sizes and BLAKE3 content
+//! hashes (computed while writing, so hashing reads nothing twice), the
+//! producing stage with its version and fully resolved config, and the
+//! content hashes of the tables it read (lineage). The table's
+//! `content_hash` is BLAKE3 over its name, schema version and each shard's row
+//! count and hash: the same rows written twice give the same hash, and the
+//! runner keys its cache on (stage version, resolved config, input content
+//! hashes).
+//!
+//! ```json
+//! { "format": "embodyflow.manifest/1", "table": "rewards", "schema_version": 1,
+//!   "num_rows": 4096, "content_hash": "4f1c…",
+//!   "shards": [{ "file": "part-00000.parquet", "rows": 4096, "bytes": 81234, "hash": "9ab2…" }],
+//!   "producer": { "stage": "score-rewards", "version": "0.1.0", "config": {…}, "seed": 0, "shard": "0/1" },
+//!   "inputs": [{ "table": "trajectories", "path": "runs/it0/rollouts/trajectories", "content_hash": "…" }] }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// File name of the manifest inside a table directory.
+pub const MANIFEST_FILE: &str = "_manifest.json";
+/// Format tag of the manifests this build writes and reads.
+pub const MANIFEST_FORMAT: &str = "embodyflow.manifest/1";
+
+/// One Parquet shard of a table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// File name inside the table directory.
+    pub file: String,
+    /// Rows in the shard.
+    pub rows: u64,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// BLAKE3 hash of the file bytes, hex.
+    pub hash: String,
+}
+
+/// The stage run that produced a table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Producer {
+    /// Stage binary name.
+    pub stage: String,
+    /// Stage version.
+    pub version: String,
+    /// The fully resolved config (defaults, file and `--set` overrides merged).
+    pub config: serde_json::Value,
+    /// `--seed` of the run.
+    pub seed: u64,
+    /// `--shard` of the run, `i/n`.
+    pub shard: String,
+}
+
+/// A table the producing stage read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRef {
+    /// Table name.
+    pub table: String,
+    /// Directory it was read from, as given.
+    pub path: PathBuf,
+    /// Its content hash when read.
+    pub content_hash: String,
+}
+
+/// The manifest of one table directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    /// Table name.
+    pub table: String,
+    /// Schema version of every shard.
+    pub schema_version: u32,
+    /// Total rows.
+    pub num_rows: u64,
+    /// BLAKE3 over the table name, version and shard rows and hashes, hex.
+    pub content_hash: String,
+    /// Shards in order.
+    pub shards: Vec<ShardEntry>,
+    /// Who wrote it.
+    pub producer: Producer,
+    /// What the producer read.
+    pub inputs: Vec<InputRef>,
+}
+
+impl Manifest {
+    /// The content hash of a table with these shards.
+    pub fn compute_content_hash(table: &str, schema_version: u32, shards: &[ShardEntry]) -> String {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(format!("{table}\n{schema_version}\n").as_bytes());
+        for shard in shards {
+            hasher.update(format!("{} {}\n", shard.rows, shard.hash).as_bytes());
+        }
+        hasher.finalize().to_hex().to_string()
+    }
+
+    /// Reads and checks the manifest of the table directory `dir`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(MANIFEST_FILE);
+        let bad = |reason: String| Error::BadManifest { dir: dir.to_path_buf(), reason };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                return Err(bad(format!("no {MANIFEST_FILE} (not a table, or its writer did not finish)")));
+            }
+            Err(err) => return Err(Error::io(path, err)),
+        };
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| bad(format!("{MANIFEST_FILE} is not a valid manifest: {e}")))?;
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(bad(format!(
+                "{MANIFEST_FILE} field `format` is `{}`, expected `{MANIFEST_FORMAT}`",
+                manifest.format
+            )));
+        }
+        let rows: u64 = manifest.shards.iter().map(|s| s.rows).sum();
+        if rows != manifest.num_rows {
+            return Err(bad(format!("{MANIFEST_FILE} says {} rows but its shards add up to {rows}", manifest.num_rows)));
+        }
+        let expected = Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
+        if expected != manifest.content_hash {
+            return Err(bad(format!(
+                "{MANIFEST_FILE} field `content_hash` is {}, expected {expected} from its shard list",
+                manifest.content_hash
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Serialises the manifest (pretty JSON, stable field order).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a manifest always serialises") + "\n"
+    }
+}
