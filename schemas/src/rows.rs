@@ -225,3 +225,225 @@ mod tests {
         check::<EvalRow>();
     }
 }
+
+/// Example rows of a table: realistic values, nulls and non-ASCII text
+/// included. `table schema NAME` prints them as JSON lines to show the import
+/// format, and tests round-trip them.
+pub trait Examples: Row {
+    /// A few rows of the table.
+    fn examples() -> Vec<Self>;
+}
+
+fn plan(steps: &[(i32, &str)]) -> Vec<PlanAction> {
+    steps.iter().map(|&(action_id, name)| PlanAction { action_id, action_name: name.to_string() }).collect()
+}
+
+impl Examples for TaskRow {
+    fn examples() -> Vec<Self> {
+        vec![
+            TaskRow {
+                task_id: "household/train/7/000000".into(),
+                suite: "household".into(),
+                env: "household".into(),
+                split: "train".into(),
+                task_type: Some("pick_heat_then_place".into()),
+                seed: 7,
+                instruction: "Put a warm apple on the dining table.".into(),
+                observation: Some(b"{\"objects\":[\"Apple\"]}".to_vec()),
+                gt_actions: Some(plan(&[(12, "find a Apple"), (40, "pick up the Apple"), (3, "find a Microwave")])),
+            },
+            TaskRow {
+                task_id: "eb-alfred/unseen/0/000001".into(),
+                suite: "eb-alfred".into(),
+                env: "bridge:eb-alfred".into(),
+                split: "unseen".into(),
+                task_type: None,
+                seed: -1,
+                instruction: "把杯子放进水槽 — rinse the mug".into(),
+                observation: None,
+                gt_actions: None,
+            },
+        ]
+    }
+}
+
+impl Examples for TrajectoryRow {
+    fn examples() -> Vec<Self> {
+        (0..2)
+            .map(|s| TrajectoryRow {
+                trajectory_id: format!("it0/household/train/7/000000/d0/s{s}"),
+                group_id: "it0/household/train/7/000000/d0".into(),
+                task_id: "household/train/7/000000".into(),
+                sample_index: s,
+                iteration: 0,
+                policy: "sft-0".into(),
+                temperature: 1.6,
+                num_steps: 1,
+                env_steps: 3 + s,
+                complete: s == 0,
+                response_text: (s == 0).then(|| "{\"executable_plan\": []}".into()),
+                seed: 1000 + i64::from(s),
+            })
+            .collect()
+    }
+}
+
+impl Examples for StepRow {
+    fn examples() -> Vec<Self> {
+        vec![
+            StepRow {
+                trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+                step_index: 0,
+                prompt_ids: vec![1, 5, 9, 2],
+                response_ids: vec![7, 8, 3],
+                old_logprobs: vec![-0.5, -1.25, -0.01],
+                observation: None,
+                old_value: None,
+                old_values: Some(vec![0.1, 0.2, 0.3]),
+                latents: None,
+                latent_dim: None,
+                chosen_latent_len: None,
+                old_latent_end_logprob: None,
+            },
+            StepRow {
+                trajectory_id: "it0/tabletop/train/1/000003/d0/s1".into(),
+                step_index: 4,
+                prompt_ids: vec![],
+                response_ids: vec![255, 0],
+                old_logprobs: vec![-2.0, -3.5],
+                observation: Some(vec![0, 255, 17]),
+                old_value: Some(0.75),
+                old_values: None,
+                latents: Some(vec![0.5; 8]),
+                latent_dim: Some(4),
+                chosen_latent_len: Some(2),
+                old_latent_end_logprob: Some(-0.3),
+            },
+        ]
+    }
+}
+
+impl Examples for RewardRow {
+    fn examples() -> Vec<Self> {
+        vec![
+            RewardRow {
+                trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+                group_id: "it0/household/train/7/000000/d0".into(),
+                score: 1.5,
+                format: 0.5,
+                accuracy: 1.0,
+                success: true,
+                parse_ok: true,
+                pred_actions: Some(vec![
+                    PredictedAction { action_id: Some(12), action_name: Some("find a Apple".into()) },
+                    PredictedAction { action_id: None, action_name: Some("pick up the Äpple".into()) },
+                    PredictedAction { action_id: Some(3), action_name: None },
+                ]),
+                step_match: Some(vec![1, 0, 0]),
+                step_valid: Some(vec![true, false, true]),
+                reward_fn: "embodied_r1".into(),
+            },
+            RewardRow {
+                trajectory_id: "it0/household/train/7/000000/d0/s1".into(),
+                group_id: "it0/household/train/7/000000/d0".into(),
+                score: 0.0,
+                format: 0.0,
+                accuracy: 0.0,
+                success: false,
+                parse_ok: false,
+                pred_actions: None,
+                step_match: None,
+                step_valid: None,
+                reward_fn: "embodied_r1".into(),
+            },
+        ]
+    }
+}
+
+impl Examples for TeacherLogpRow {
+    fn examples() -> Vec<Self> {
+        vec![TeacherLogpRow {
+            trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+            step_index: 0,
+            teacher_logp: vec![-0.1, -0.2, -0.05],
+            student_logp: vec![-0.5, -1.25, -0.01],
+            teacher: "generalist".into(),
+            template: "reference_plan".into(),
+        }]
+    }
+}
+
+impl Examples for StepGateRow {
+    fn examples() -> Vec<Self> {
+        vec![
+            StepGateRow {
+                trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+                plan_step: 0,
+                decision_gate: 1.0,
+                redundancy_gate: 0.0,
+                causal_gate: 1.0,
+                prompt_kl_score: Some(0.3),
+                reason: Some("chooses the object".into()),
+            },
+            StepGateRow {
+                trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+                plan_step: 1,
+                decision_gate: 0.0,
+                redundancy_gate: 1.0,
+                causal_gate: 0.0,
+                prompt_kl_score: None,
+                reason: None,
+            },
+        ]
+    }
+}
+
+impl Examples for AdvantageRow {
+    fn examples() -> Vec<Self> {
+        vec![AdvantageRow {
+            trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
+            step_index: 0,
+            advantages: vec![0.7071, 1.7071, 0.7071],
+            returns: None,
+            episode_adv: 0.7071,
+            step_adv: Some(vec![0.0, 1.0, 0.0]),
+            estimator: "grpo_step".into(),
+        }]
+    }
+}
+
+impl Examples for MetricRow {
+    fn examples() -> Vec<Self> {
+        vec![MetricRow {
+            iteration: 3,
+            update: 0,
+            loss: 0.25,
+            pg_loss: 0.2,
+            clipfrac: 0.05,
+            clipfrac_lower: Some(0.0),
+            approx_kl: 0.001,
+            entropy: 1.3,
+            kl_loss: None,
+            latent_loss: None,
+            end_loss: None,
+            value_loss: Some(0.05),
+            grad_norm: 0.8,
+            lr: 1e-5,
+        }]
+    }
+}
+
+impl Examples for EvalRow {
+    fn examples() -> Vec<Self> {
+        vec![EvalRow {
+            task_id: "household/val/9/000004".into(),
+            run: 2,
+            split: "val".into(),
+            task_type: Some("look_at_obj_in_light".into()),
+            policy: "rl-it10".into(),
+            success: true,
+            num_steps: 1,
+            env_steps: 5,
+        }]
+    }
+}
