@@ -447,3 +447,27 @@ impl Examples for EvalRow {
         }]
     }
 }
+
+/// Runs `$body` with `$row` bound to the row type of table `$table`.
+///
+/// ```
+/// use embodyflow_schemas::{with_row_type, Examples, TableName};
+/// let n = with_row_type!(TableName::Eval, R => R::examples().len());
+/// assert_eq!(n, 1);
+/// ```
+#[macro_export]
+macro_rules! with_row_type {
+    ($table:expr, $row:ident => $body:expr) => {
+        match $table {
+            $crate::TableName::Tasks => { type $row = $crate::TaskRow; $body }
+            $crate::TableName::Trajectories => { type $row = $crate::TrajectoryRow; $body }
+            $crate::TableName::Steps => { type $row = $crate::StepRow; $body }
+            $crate::TableName::Rewards => { type $row = $crate::RewardRow; $body }
+            $crate::TableName::TeacherLogp => { type $row = $crate::TeacherLogpRow; $body }
+            $crate::TableName::StepGates => { type $row = $crate::StepGateRow; $body }
+            $crate::TableName::Advantages => { type $row = $crate::AdvantageRow; $body }
+            $crate::TableName::Metrics => { type $row = $crate::MetricRow; $body }
+            $crate::TableName::Eval => { type $row = $crate::EvalRow; $body }
+        }
+    };
+}

@@ -100,6 +100,8 @@ pub struct TableWriter {
     final_dir: PathBuf,
     tmp_dir: PathBuf,
     overwrite: bool,
+    /// Whether `create` made the output directory (removed again if left empty).
+    created_out: bool,
     current: Option<OpenShard>,
     shards: Vec<ShardEntry>,
     finished: bool,
@@ -142,6 +144,7 @@ impl TableWriter {
         if final_dir.exists() && !overwrite {
             return Err(Error::OutputExists(final_dir));
         }
+        let created_out = !out.exists();
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
         remove_stale_siblings(out, table)?;
         let nanos = std::time::SystemTime::now()
@@ -161,6 +164,7 @@ impl TableWriter {
             final_dir,
             tmp_dir,
             overwrite,
+            created_out,
             current: None,
             shards: Vec::new(),
             finished: false,
@@ -290,6 +294,11 @@ impl Drop for TableWriter {
         if !self.finished {
             // An unfinished table is never left where a reader would look.
             let _ = std::fs::remove_dir_all(&self.tmp_dir);
+            if self.created_out {
+                if let Some(out) = self.final_dir.parent() {
+                    let _ = std::fs::remove_dir(out); // only succeeds when empty
+                }
+            }
         }
     }
 }

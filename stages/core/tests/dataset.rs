@@ -120,6 +120,13 @@ fn an_unfinished_writer_leaves_nothing_behind() {
         // dropped without finish, as on an error
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    {
+        let out = dir.path().join("new/out");
+        let mut writer = TableWriter::create(&out, TableName::Eval, WriteOptions::default(), false).unwrap();
+        writer.write_rows(&EvalRow::examples()).unwrap();
+        assert!(out.exists());
+    }
+    assert!(!dir.path().join("new/out").exists(), "an output directory made by the writer is removed with it");
 }
 
 #[test]

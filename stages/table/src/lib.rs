@@ -1,0 +1,227 @@
+//! The `table` tool: the data contract from the command line.
+//!
+//! ```text
+//! table schema [NAME]                         tables, or one table's columns and example rows
+//! table import --table NAME --from F.jsonl --out DIR [--overwrite]
+//!                                              JSON lines (one row each) -> a table
+//! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
+//! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
+//! ```
+//! `import` reads rows in the format `table schema NAME` prints (binary
+//! columns as arrays of byte values), so external suites and simulators can
+//! bring their own tasks; a bad line is an error naming its line number and
+//! nothing is written.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use embodyflow_core::dataset::{batch_to_rows, TableReader, TableWriter, WriteOptions};
+use embodyflow_core::manifest::{Manifest, Producer};
+use embodyflow_core::schemas::{format_type, with_row_type, Examples, Row, TableName};
+use embodyflow_core::{progress, Error, Result};
+
+/// Command line of `table`.
+#[derive(Debug, clap::Parser)]
+#[command(name = "table", version, about = "Inspect, import and validate embodyflow tables")]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// List the tables, or show one table's columns and example rows.
+    Schema {
+        /// Table name.
+        name: Option<TableName>,
+    },
+    /// Import JSON lines (one row per line) as a table.
+    Import {
+        /// Table the rows belong to.
+        #[arg(long)]
+        table: TableName,
+        /// JSON-lines file.
+        #[arg(long, value_name = "FILE.jsonl")]
+        from: PathBuf,
+        /// Output directory; the table is written to DIR/<table>.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Replace the table if it exists.
+        #[arg(long)]
+        overwrite: bool,
+        /// Rows per Parquet shard file.
+        #[arg(long, default_value_t = WriteOptions::default().rows_per_shard)]
+        rows_per_shard: usize,
+        /// Rows per Parquet row group.
+        #[arg(long, default_value_t = WriteOptions::default().row_group_rows)]
+        row_group_rows: usize,
+    },
+    /// Print a table's rows as JSON lines.
+    Show {
+        /// Table directory.
+        dir: PathBuf,
+        /// Print at most this many rows.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Only these columns (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        columns: Vec<String>,
+    },
+    /// Decode every shard of each table and check it against the schema.
+    Validate {
+        /// Table directories.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Also recompute every shard's content hash.
+        #[arg(long)]
+        deep: bool,
+    },
+}
+
+/// Runs the tool.
+pub fn run(args: Args) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let write_err = |e: std::io::Error| Error::io("<stdout>", e);
+    match args.command {
+        Command::Schema { name: None } => {
+            for table in TableName::ALL {
+                let def = table.def();
+                writeln!(out, "{:<14} v{}  key: {}", def.name, def.version, def.key.join(", ")).map_err(write_err)?;
+            }
+        }
+        Command::Schema { name: Some(table) } => {
+            out.write_all(describe(table).as_bytes()).map_err(write_err)?;
+        }
+        Command::Import { table, from, out: out_dir, overwrite, rows_per_shard, row_group_rows } => {
+            let options = WriteOptions { rows_per_shard, row_group_rows, ..WriteOptions::default() };
+            let manifest = with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
+            writeln!(out, "imported {} rows into {} ({} shards)", manifest.num_rows, out_dir.join(table.as_str()).display(), manifest.shards.len())
+                .map_err(write_err)?;
+        }
+        Command::Show { dir, limit, columns } => {
+            let table = table_of(&dir)?;
+            with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))?;
+        }
+        Command::Validate { dirs, deep } => {
+            for dir in dirs {
+                let table = table_of(&dir)?;
+                let reader = TableReader::open(&dir, table)?;
+                let mut rows = 0;
+                for batch in reader.batches(None, 65_536)? {
+                    rows += batch?.num_rows() as u64;
+                }
+                if rows != reader.num_rows() {
+                    return Err(Error::BadInput(format!(
+                        "table `{table}` at {}: shards hold {rows} rows, expected {} from the manifest",
+                        dir.display(),
+                        reader.num_rows()
+                    )));
+                }
+                if deep {
+                    reader.verify_hashes()?;
+                }
+                writeln!(out, "ok {table} {} rows, {} shards, content hash {} ({})", rows, reader.manifest().shards.len(), reader.manifest().content_hash, dir.display())
+                    .map_err(write_err)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The table a directory's manifest names.
+fn table_of(dir: &Path) -> Result<TableName> {
+    let manifest = Manifest::read(dir)?;
+    manifest.table.parse().map_err(|e: embodyflow_core::schemas::UnknownTable| Error::BadManifest {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// A table's columns with types, nullability and docs, and its example rows.
+pub fn describe(table: TableName) -> String {
+    let def = table.def();
+    let mut text = format!("{} (schema version {}, key: {})\n\n", def.name, def.version, def.key.join(", "));
+    for column in &def.columns {
+        text.push_str(&format!(
+            "  {:<24} {:<48} {}\n      {}\n",
+            column.name,
+            format_type(&column.data_type),
+            if column.nullable { "nullable" } else { "not null" },
+            column.doc
+        ));
+    }
+    text.push_str("\nexample rows (the `table import` format):\n");
+    with_row_type!(table, R => {
+        for row in R::examples() {
+            text.push_str(&serde_json::to_string(&row).expect("rows serialise"));
+            text.push('\n');
+        }
+    });
+    text
+}
+
+fn import<R: Row>(from: &Path, out: &Path, options: WriteOptions, overwrite: bool) -> Result<Manifest> {
+    let file = std::fs::File::open(from).map_err(|e| Error::io(from, e))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut writer = TableWriter::create(out, R::TABLE, options, overwrite)?;
+    let bar = progress::bar(size, "importing");
+    let mut rows: Vec<R> = Vec::with_capacity(8192);
+    for (index, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(from, e))?;
+        bar.inc(line.len() as u64 + 1);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: R = serde_json::from_str(&line).map_err(|e| {
+            Error::BadInput(format!("{}:{}: not a `{}` row: {e}", from.display(), index + 1, R::TABLE))
+        })?;
+        rows.push(row);
+        if rows.len() == rows.capacity() {
+            writer.write_rows(&rows)?;
+            rows.clear();
+        }
+    }
+    writer.write_rows(&rows)?;
+    bar.finish_and_clear();
+    let producer = Producer {
+        stage: "table import".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        config: serde_json::json!({ "from": from, "rows_per_shard": options.rows_per_shard, "row_group_rows": options.row_group_rows }),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    writer.finish(&producer, &[])
+}
+
+fn show<R: Row>(dir: &Path, limit: Option<usize>, columns: &[String], out: &mut impl Write) -> Result<()> {
+    let reader = TableReader::open(dir, R::TABLE)?;
+    let def = R::TABLE.def();
+    for column in columns {
+        if def.column(column).is_none() {
+            return Err(Error::BadInput(format!(
+                "table `{}` has no column `{column}`; its columns are: {}",
+                def.name,
+                def.column_names().join(", ")
+            )));
+        }
+    }
+    let mut printed = 0;
+    for batch in reader.batches(None, 1024)? {
+        for row in batch_to_rows::<R>(&batch?)? {
+            if limit.is_some_and(|l| printed >= l) {
+                return Ok(());
+            }
+            let mut value = serde_json::to_value(&row).expect("rows serialise");
+            if let (false, Some(map)) = (columns.is_empty(), value.as_object_mut()) {
+                map.retain(|k, _| columns.contains(k));
+            }
+            match writeln!(out, "{value}") {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                other => other.map_err(|e| Error::io("<stdout>", e))?,
+            }
+            printed += 1;
+        }
+    }
+    Ok(())
+}
