@@ -1,6 +1,6 @@
 //! The compute device of a stage run.
 //!
-//! ```no_run
+//! ```
 //! use embodyflow_core::cli::Device;
 //! let device = embodyflow_models::device::tch_device(Device::Cpu).unwrap();
 //! assert_eq!(device, tch::Device::Cpu);

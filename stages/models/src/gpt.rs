@@ -9,7 +9,7 @@
 //! Parameters are named by path (`wte`, `wpe`, `h.{i}.attn.c_attn`, …) so a
 //! `model.safetensors` written by tch's `VarStore` maps one to one.
 //!
-//! ```no_run
+//! ```
 //! use embodyflow_models::gpt::{Gpt, GptConfig};
 //! let vs = tch::nn::VarStore::new(tch::Device::Cpu);
 //! let config = GptConfig { vocab_size: 16, n_ctx: 8, n_embd: 8, n_head: 2, n_layer: 1 };

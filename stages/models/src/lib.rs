@@ -7,9 +7,9 @@
 //! - [`gpt`]: a small decoder-only transformer (GPT-2 shape, pre-norm, learned
 //!   positions, tied embeddings) whose `config.json` is a serde struct.
 //!
-//! The examples in these docs compile but do not run as doctests: rustdoc
-//! links them in a temporary directory where the binaries' relative rpath to
-//! `.venv/libtorch/lib` does not reach; the unit tests run the same code.
+//! The examples in these docs are not run as doctests (`doctest = false`):
+//! rustdoc links them in a temporary directory that the binaries' relative
+//! rpath to `.venv/libtorch/lib` does not reach; the unit tests run the same code.
 
 pub mod device;
 pub mod gpt;
