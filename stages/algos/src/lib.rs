@@ -1,0 +1,29 @@
+//! The pure maths of the pipeline, on flat slices, with no I/O: the stages
+//! gather columns from shards, call these functions, and write the results.
+//!
+//! - [`grpo`]: episode advantages normalised within groups (GRPO, Dr. GRPO),
+//!   with veRL's numerics;
+//! - [`gae`]: generalised advantage estimation at token level (veRL's
+//!   `compute_gae_advantage_return`) and at decision level (LaST-R1), and
+//!   veRL's masked whitening.
+
+pub mod gae;
+pub mod grpo;
+
+/// Errors of the maths: inputs that make a formula undefined.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AlgoError {
+    /// Whitening needs at least two values (veRL raises on a mask sum of 0 or 1).
+    #[error("whitening needs at least two valid positions, found {0}")]
+    TooFewToWhiten(usize),
+    /// Two inputs that must have the same length do not.
+    #[error("{what}: length {found}, expected {expected}")]
+    LengthMismatch {
+        /// Which input.
+        what: &'static str,
+        /// Length expected.
+        expected: usize,
+        /// Length found.
+        found: usize,
+    },
+}
