@@ -65,7 +65,10 @@ impl TableName {
                 .iter()
                 .map(|&table| {
                     let def = TableDef::parse(table.source()).unwrap_or_else(|err| {
-                        panic!("schemas/{}.toml embedded in this binary is invalid: {err}", table.as_str())
+                        panic!(
+                            "schemas/{}.toml embedded in this binary is invalid: {err}",
+                            table.as_str()
+                        )
                     });
                     (table, def)
                 })
@@ -96,7 +99,9 @@ impl FromStr for TableName {
             .iter()
             .copied()
             .find(|t| t.as_str() == name)
-            .ok_or_else(|| UnknownTable { name: name.to_string() })
+            .ok_or_else(|| UnknownTable {
+                name: name.to_string(),
+            })
     }
 }
 
@@ -152,11 +157,17 @@ impl TableDef {
         let raw: RawTable = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut columns = Vec::with_capacity(raw.columns.len());
         for column in raw.columns {
-            let data_type = parse_type(&column.data_type).map_err(|e| format!("column `{}`: {e}", column.name))?;
+            let data_type = parse_type(&column.data_type)
+                .map_err(|e| format!("column `{}`: {e}", column.name))?;
             if columns.iter().any(|c: &ColumnDef| c.name == column.name) {
                 return Err(format!("column `{}` is defined twice", column.name));
             }
-            columns.push(ColumnDef { name: column.name, data_type, nullable: column.nullable, doc: column.doc });
+            columns.push(ColumnDef {
+                name: column.name,
+                data_type,
+                nullable: column.nullable,
+                doc: column.doc,
+            });
         }
         for key in &raw.key {
             if !columns.iter().any(|c| &c.name == key) {
@@ -172,7 +183,13 @@ impl TableDef {
             (META_VERSION.to_string(), raw.version.to_string()),
         ]);
         let schema = Arc::new(Schema::new_with_metadata(fields, metadata));
-        Ok(TableDef { name: raw.table, version: raw.version, key: raw.key, columns, schema })
+        Ok(TableDef {
+            name: raw.table,
+            version: raw.version,
+            key: raw.key,
+            columns,
+            schema,
+        })
     }
 
     /// The Arrow schema, with the table name and version in its metadata.
@@ -203,7 +220,11 @@ mod tests {
             assert!(def.version >= 1);
             assert!(!def.key.is_empty());
             for column in &def.columns {
-                assert!(!column.doc.trim().is_empty(), "{table}.{} has no doc", column.name);
+                assert!(
+                    !column.doc.trim().is_empty(),
+                    "{table}.{} has no doc",
+                    column.name
+                );
             }
         }
     }
@@ -214,13 +235,23 @@ mod tests {
         let err = TableDef::parse(text).unwrap_err();
         assert!(err.contains("column `a`") && err.contains("float"), "{err}");
         let text = "table='x'\nversion=1\nkey=['b']\n[[columns]]\nname='a'\ntype='f32'\nnullable=false\ndoc='d'\n";
-        assert!(TableDef::parse(text).unwrap_err().contains("key column `b`"));
+        assert!(
+            TableDef::parse(text)
+                .unwrap_err()
+                .contains("key column `b`")
+        );
     }
 
     #[test]
     fn table_names_parse_and_list_the_valid_ones() {
-        assert_eq!("teacher_logp".parse::<TableName>().unwrap(), TableName::TeacherLogp);
+        assert_eq!(
+            "teacher_logp".parse::<TableName>().unwrap(),
+            TableName::TeacherLogp
+        );
         let err = "rollouts".parse::<TableName>().unwrap_err().to_string();
-        assert!(err.contains("rollouts") && err.contains("trajectories"), "{err}");
+        assert!(
+            err.contains("rollouts") && err.contains("trajectories"),
+            "{err}"
+        );
     }
 }

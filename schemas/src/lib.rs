@@ -25,4 +25,4 @@ mod types;
 
 pub use def::{ColumnDef, META_TABLE, META_VERSION, TableDef, TableName, UnknownTable};
 pub use rows::*;
-pub use types::{format_type, parse_type, TypeParseError};
+pub use types::{TypeParseError, format_type, parse_type};

@@ -44,147 +44,165 @@ pub struct PredictedAction {
     pub action_name: Option<String>,
 }
 
-row!(Tasks,
-/// A row of `tasks` (see `schemas/tasks.toml` for each column's meaning).
-#[allow(missing_docs)]
-pub struct TaskRow {
-    pub task_id: String,
-    pub suite: String,
-    pub env: String,
-    pub split: String,
-    pub task_type: Option<String>,
-    pub seed: i64,
-    pub instruction: String,
-    #[serde(with = "serde_bytes", default)]
-    pub observation: Option<Vec<u8>>,
-    pub gt_actions: Option<Vec<PlanAction>>,
-});
+row!(
+    Tasks,
+    /// A row of `tasks` (see `schemas/tasks.toml` for each column's meaning).
+    #[allow(missing_docs)]
+    pub struct TaskRow {
+        pub task_id: String,
+        pub suite: String,
+        pub env: String,
+        pub split: String,
+        pub task_type: Option<String>,
+        pub seed: i64,
+        pub instruction: String,
+        #[serde(with = "serde_bytes", default)]
+        pub observation: Option<Vec<u8>>,
+        pub gt_actions: Option<Vec<PlanAction>>,
+    }
+);
 
-row!(Trajectories,
-/// A row of `trajectories` (see `schemas/trajectories.toml`).
-#[allow(missing_docs)]
-pub struct TrajectoryRow {
-    pub trajectory_id: String,
-    pub group_id: String,
-    pub task_id: String,
-    pub sample_index: i32,
-    pub iteration: i32,
-    pub policy: String,
-    pub temperature: f32,
-    pub num_steps: i32,
-    pub env_steps: i32,
-    pub complete: bool,
-    pub response_text: Option<String>,
-    pub seed: i64,
-});
+row!(
+    Trajectories,
+    /// A row of `trajectories` (see `schemas/trajectories.toml`).
+    #[allow(missing_docs)]
+    pub struct TrajectoryRow {
+        pub trajectory_id: String,
+        pub group_id: String,
+        pub task_id: String,
+        pub sample_index: i32,
+        pub iteration: i32,
+        pub policy: String,
+        pub temperature: f32,
+        pub num_steps: i32,
+        pub env_steps: i32,
+        pub complete: bool,
+        pub response_text: Option<String>,
+        pub seed: i64,
+    }
+);
 
-row!(Steps,
-/// A row of `steps` (see `schemas/steps.toml`).
-#[allow(missing_docs)]
-pub struct StepRow {
-    pub trajectory_id: String,
-    pub step_index: i32,
-    pub prompt_ids: Vec<i32>,
-    pub response_ids: Vec<i32>,
-    pub old_logprobs: Vec<f32>,
-    #[serde(with = "serde_bytes", default)]
-    pub observation: Option<Vec<u8>>,
-    pub old_value: Option<f32>,
-    pub old_values: Option<Vec<f32>>,
-    pub latents: Option<Vec<f32>>,
-    pub latent_dim: Option<i32>,
-    pub chosen_latent_len: Option<i32>,
-    pub old_latent_end_logprob: Option<f32>,
-});
+row!(
+    Steps,
+    /// A row of `steps` (see `schemas/steps.toml`).
+    #[allow(missing_docs)]
+    pub struct StepRow {
+        pub trajectory_id: String,
+        pub step_index: i32,
+        pub prompt_ids: Vec<i32>,
+        pub response_ids: Vec<i32>,
+        pub old_logprobs: Vec<f32>,
+        #[serde(with = "serde_bytes", default)]
+        pub observation: Option<Vec<u8>>,
+        pub old_value: Option<f32>,
+        pub old_values: Option<Vec<f32>>,
+        pub latents: Option<Vec<f32>>,
+        pub latent_dim: Option<i32>,
+        pub chosen_latent_len: Option<i32>,
+        pub old_latent_end_logprob: Option<f32>,
+    }
+);
 
-row!(Rewards,
-/// A row of `rewards` (see `schemas/rewards.toml`).
-#[allow(missing_docs)]
-pub struct RewardRow {
-    pub trajectory_id: String,
-    pub group_id: String,
-    pub score: f32,
-    pub format: f32,
-    pub accuracy: f32,
-    pub success: bool,
-    pub parse_ok: bool,
-    pub pred_actions: Option<Vec<PredictedAction>>,
-    pub step_match: Option<Vec<i8>>,
-    pub step_valid: Option<Vec<bool>>,
-    pub reward_fn: String,
-});
+row!(
+    Rewards,
+    /// A row of `rewards` (see `schemas/rewards.toml`).
+    #[allow(missing_docs)]
+    pub struct RewardRow {
+        pub trajectory_id: String,
+        pub group_id: String,
+        pub score: f32,
+        pub format: f32,
+        pub accuracy: f32,
+        pub success: bool,
+        pub parse_ok: bool,
+        pub pred_actions: Option<Vec<PredictedAction>>,
+        pub step_match: Option<Vec<i8>>,
+        pub step_valid: Option<Vec<bool>>,
+        pub reward_fn: String,
+    }
+);
 
-row!(TeacherLogp,
-/// A row of `teacher_logp` (see `schemas/teacher_logp.toml`).
-#[allow(missing_docs)]
-pub struct TeacherLogpRow {
-    pub trajectory_id: String,
-    pub step_index: i32,
-    pub teacher_logp: Vec<f32>,
-    pub student_logp: Vec<f32>,
-    pub teacher: String,
-    pub template: String,
-});
+row!(
+    TeacherLogp,
+    /// A row of `teacher_logp` (see `schemas/teacher_logp.toml`).
+    #[allow(missing_docs)]
+    pub struct TeacherLogpRow {
+        pub trajectory_id: String,
+        pub step_index: i32,
+        pub teacher_logp: Vec<f32>,
+        pub student_logp: Vec<f32>,
+        pub teacher: String,
+        pub template: String,
+    }
+);
 
-row!(StepGates,
-/// A row of `step_gates` (see `schemas/step_gates.toml`).
-#[allow(missing_docs)]
-pub struct StepGateRow {
-    pub trajectory_id: String,
-    pub plan_step: i32,
-    pub decision_gate: f32,
-    pub redundancy_gate: f32,
-    pub causal_gate: f32,
-    pub prompt_kl_score: Option<f32>,
-    pub reason: Option<String>,
-});
+row!(
+    StepGates,
+    /// A row of `step_gates` (see `schemas/step_gates.toml`).
+    #[allow(missing_docs)]
+    pub struct StepGateRow {
+        pub trajectory_id: String,
+        pub plan_step: i32,
+        pub decision_gate: f32,
+        pub redundancy_gate: f32,
+        pub causal_gate: f32,
+        pub prompt_kl_score: Option<f32>,
+        pub reason: Option<String>,
+    }
+);
 
-row!(Advantages,
-/// A row of `advantages` (see `schemas/advantages.toml`).
-#[allow(missing_docs)]
-pub struct AdvantageRow {
-    pub trajectory_id: String,
-    pub step_index: i32,
-    pub advantages: Vec<f32>,
-    pub returns: Option<Vec<f32>>,
-    pub episode_adv: f32,
-    pub step_adv: Option<Vec<f32>>,
-    pub estimator: String,
-});
+row!(
+    Advantages,
+    /// A row of `advantages` (see `schemas/advantages.toml`).
+    #[allow(missing_docs)]
+    pub struct AdvantageRow {
+        pub trajectory_id: String,
+        pub step_index: i32,
+        pub advantages: Vec<f32>,
+        pub returns: Option<Vec<f32>>,
+        pub episode_adv: f32,
+        pub step_adv: Option<Vec<f32>>,
+        pub estimator: String,
+    }
+);
 
-row!(Metrics,
-/// A row of `metrics` (see `schemas/metrics.toml`).
-#[allow(missing_docs)]
-pub struct MetricRow {
-    pub iteration: i32,
-    pub update: i32,
-    pub loss: f32,
-    pub pg_loss: f32,
-    pub clipfrac: f32,
-    pub clipfrac_lower: Option<f32>,
-    pub approx_kl: f32,
-    pub entropy: f32,
-    pub kl_loss: Option<f32>,
-    pub latent_loss: Option<f32>,
-    pub end_loss: Option<f32>,
-    pub value_loss: Option<f32>,
-    pub grad_norm: f32,
-    pub lr: f32,
-});
+row!(
+    Metrics,
+    /// A row of `metrics` (see `schemas/metrics.toml`).
+    #[allow(missing_docs)]
+    pub struct MetricRow {
+        pub iteration: i32,
+        pub update: i32,
+        pub loss: f32,
+        pub pg_loss: f32,
+        pub clipfrac: f32,
+        pub clipfrac_lower: Option<f32>,
+        pub approx_kl: f32,
+        pub entropy: f32,
+        pub kl_loss: Option<f32>,
+        pub latent_loss: Option<f32>,
+        pub end_loss: Option<f32>,
+        pub value_loss: Option<f32>,
+        pub grad_norm: f32,
+        pub lr: f32,
+    }
+);
 
-row!(Eval,
-/// A row of `eval` (see `schemas/eval.toml`).
-#[allow(missing_docs)]
-pub struct EvalRow {
-    pub task_id: String,
-    pub run: i32,
-    pub split: String,
-    pub task_type: Option<String>,
-    pub policy: String,
-    pub success: bool,
-    pub num_steps: i32,
-    pub env_steps: i32,
-});
+row!(
+    Eval,
+    /// A row of `eval` (see `schemas/eval.toml`).
+    #[allow(missing_docs)]
+    pub struct EvalRow {
+        pub task_id: String,
+        pub run: i32,
+        pub split: String,
+        pub task_type: Option<String>,
+        pub policy: String,
+        pub success: bool,
+        pub num_steps: i32,
+        pub env_steps: i32,
+    }
+);
 
 #[cfg(test)]
 mod tests {
@@ -201,15 +219,34 @@ mod tests {
             .strings_as_large_utf8(false)
             .bytes_as_large_binary(false);
         let fields = Vec::<FieldRef>::from_type::<R>(options).expect("trace row type");
-        fields.iter().map(|f| (f.name().clone(), format_type(f.data_type()), f.is_nullable())).collect()
+        fields
+            .iter()
+            .map(|f| {
+                (
+                    f.name().clone(),
+                    format_type(f.data_type()),
+                    f.is_nullable(),
+                )
+            })
+            .collect()
     }
 
     fn declared(table: TableName) -> Vec<(String, String, bool)> {
-        table.def().columns.iter().map(|c| (c.name.clone(), format_type(&c.data_type), c.nullable)).collect()
+        table
+            .def()
+            .columns
+            .iter()
+            .map(|c| (c.name.clone(), format_type(&c.data_type), c.nullable))
+            .collect()
     }
 
     fn check<R: Row>() {
-        assert_eq!(traced::<R>(), declared(R::TABLE), "row struct and schemas/{}.toml drifted apart", R::TABLE);
+        assert_eq!(
+            traced::<R>(),
+            declared(R::TABLE),
+            "row struct and schemas/{}.toml drifted apart",
+            R::TABLE
+        );
     }
 
     #[test]
@@ -235,7 +272,13 @@ pub trait Examples: Row {
 }
 
 fn plan(steps: &[(i32, &str)]) -> Vec<PlanAction> {
-    steps.iter().map(|&(action_id, name)| PlanAction { action_id, action_name: name.to_string() }).collect()
+    steps
+        .iter()
+        .map(|&(action_id, name)| PlanAction {
+            action_id,
+            action_name: name.to_string(),
+        })
+        .collect()
 }
 
 impl Examples for TaskRow {
@@ -250,7 +293,11 @@ impl Examples for TaskRow {
                 seed: 7,
                 instruction: "Put a warm apple on the dining table.".into(),
                 observation: Some(b"{\"objects\":[\"Apple\"]}".to_vec()),
-                gt_actions: Some(plan(&[(12, "find a Apple"), (40, "pick up the Apple"), (3, "find a Microwave")])),
+                gt_actions: Some(plan(&[
+                    (12, "find a Apple"),
+                    (40, "pick up the Apple"),
+                    (3, "find a Microwave"),
+                ])),
             },
             TaskRow {
                 task_id: "eb-alfred/unseen/0/000001".into(),
@@ -335,9 +382,18 @@ impl Examples for RewardRow {
                 success: true,
                 parse_ok: true,
                 pred_actions: Some(vec![
-                    PredictedAction { action_id: Some(12), action_name: Some("find a Apple".into()) },
-                    PredictedAction { action_id: None, action_name: Some("pick up the Äpple".into()) },
-                    PredictedAction { action_id: Some(3), action_name: None },
+                    PredictedAction {
+                        action_id: Some(12),
+                        action_name: Some("find a Apple".into()),
+                    },
+                    PredictedAction {
+                        action_id: None,
+                        action_name: Some("pick up the Äpple".into()),
+                    },
+                    PredictedAction {
+                        action_id: Some(3),
+                        action_name: None,
+                    },
                 ]),
                 step_match: Some(vec![1, 0, 0]),
                 step_valid: Some(vec![true, false, true]),
@@ -459,15 +515,42 @@ impl Examples for EvalRow {
 macro_rules! with_row_type {
     ($table:expr, $row:ident => $body:expr) => {
         match $table {
-            $crate::TableName::Tasks => { type $row = $crate::TaskRow; $body }
-            $crate::TableName::Trajectories => { type $row = $crate::TrajectoryRow; $body }
-            $crate::TableName::Steps => { type $row = $crate::StepRow; $body }
-            $crate::TableName::Rewards => { type $row = $crate::RewardRow; $body }
-            $crate::TableName::TeacherLogp => { type $row = $crate::TeacherLogpRow; $body }
-            $crate::TableName::StepGates => { type $row = $crate::StepGateRow; $body }
-            $crate::TableName::Advantages => { type $row = $crate::AdvantageRow; $body }
-            $crate::TableName::Metrics => { type $row = $crate::MetricRow; $body }
-            $crate::TableName::Eval => { type $row = $crate::EvalRow; $body }
+            $crate::TableName::Tasks => {
+                type $row = $crate::TaskRow;
+                $body
+            }
+            $crate::TableName::Trajectories => {
+                type $row = $crate::TrajectoryRow;
+                $body
+            }
+            $crate::TableName::Steps => {
+                type $row = $crate::StepRow;
+                $body
+            }
+            $crate::TableName::Rewards => {
+                type $row = $crate::RewardRow;
+                $body
+            }
+            $crate::TableName::TeacherLogp => {
+                type $row = $crate::TeacherLogpRow;
+                $body
+            }
+            $crate::TableName::StepGates => {
+                type $row = $crate::StepGateRow;
+                $body
+            }
+            $crate::TableName::Advantages => {
+                type $row = $crate::AdvantageRow;
+                $body
+            }
+            $crate::TableName::Metrics => {
+                type $row = $crate::MetricRow;
+                $body
+            }
+            $crate::TableName::Eval => {
+                type $row = $crate::EvalRow;
+                $body
+            }
         }
     };
 }

@@ -61,7 +61,11 @@ pub fn format_type(data_type: &DataType) -> String {
 
 fn format_nested(field: &Field) -> String {
     let base = format_type(field.data_type());
-    if field.is_nullable() { format!("{base}?") } else { base }
+    if field.is_nullable() {
+        format!("{base}?")
+    } else {
+        base
+    }
 }
 
 struct Parser<'a> {
@@ -71,7 +75,10 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn error(&self, reason: String) -> TypeParseError {
-        TypeParseError { input: self.input.to_string(), reason }
+        TypeParseError {
+            input: self.input.to_string(),
+            reason,
+        }
     }
 
     fn skip_space(&mut self) {

@@ -10,12 +10,19 @@ use arrow::datatypes::{DataType, Field, Schema};
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::manifest::{Manifest, Producer};
 use embodyflow_core::schemas::{Examples, META_TABLE, META_VERSION, RewardRow, TableName};
-use embodyflow_tests::{forge_first_shard, reseal, run, Run};
+use embodyflow_tests::{Run, forge_first_shard, reseal, run};
 
 fn rewards_table(dir: &Path) -> PathBuf {
-    let mut writer = TableWriter::create(dir, TableName::Rewards, WriteOptions::default(), false).unwrap();
+    let mut writer =
+        TableWriter::create(dir, TableName::Rewards, WriteOptions::default(), false).unwrap();
     writer.write_rows(&RewardRow::examples()).unwrap();
-    let producer = Producer { stage: "test".into(), version: "0".into(), config: serde_json::json!({}), seed: 0, shard: "0/1".into() };
+    let producer = Producer {
+        stage: "test".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
     writer.finish(&producer, &[]).unwrap();
     dir.join("rewards")
 }
@@ -32,7 +39,10 @@ fn validate(table_dir: &Path) -> Run {
 fn assert_rejected(result: &Run, needles: &[&str]) {
     assert_eq!(result.code, 2, "{result}");
     for needle in needles {
-        assert!(result.stderr.contains(needle), "stderr lacks `{needle}`:\n{result}");
+        assert!(
+            result.stderr.contains(needle),
+            "stderr lacks `{needle}`:\n{result}"
+        );
     }
 }
 
@@ -46,14 +56,33 @@ fn a_column_of_the_wrong_type() {
     let table = rewards_table(dir.path());
     let batch = original_batch(&table);
     let index = batch.schema().index_of("score").unwrap();
-    let mut fields: Vec<Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
     fields[index] = Field::new("score", DataType::Float64, false);
     let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
     columns[index] = cast(&columns[index], &DataType::Float64).unwrap();
-    assert!(columns[index].as_any().downcast_ref::<Float64Array>().is_some());
+    assert!(
+        columns[index]
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .is_some()
+    );
     let forged = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
     forge_first_shard(&table, &forged, &ours());
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "`score`", "expected f32", "type f64"]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "`score`",
+            "expected f32",
+            "type f64",
+        ],
+    );
 }
 
 #[test]
@@ -63,7 +92,16 @@ fn a_missing_column() {
     let mut batch = original_batch(&table);
     batch.remove_column(batch.schema().index_of("accuracy").unwrap());
     forge_first_shard(&table, &batch, &ours());
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "`accuracy`", "expected f32", "found no such column"]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "`accuracy`",
+            "expected f32",
+            "found no such column",
+        ],
+    );
 }
 
 #[test]
@@ -71,8 +109,21 @@ fn a_wrong_schema_version_in_the_shard() {
     let dir = tempfile::tempdir().unwrap();
     let table = rewards_table(dir.path());
     let batch = original_batch(&table);
-    forge_first_shard(&table, &batch, &[(META_TABLE, "rewards"), (META_VERSION, "2")]);
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "`schema_version`", "expected 1", "is 2"]);
+    forge_first_shard(
+        &table,
+        &batch,
+        &[(META_TABLE, "rewards"), (META_VERSION, "2")],
+    );
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "`schema_version`",
+            "expected 1",
+            "is 2",
+        ],
+    );
 }
 
 #[test]
@@ -82,7 +133,16 @@ fn a_wrong_schema_version_in_the_manifest() {
     let mut manifest = Manifest::read(&table).unwrap();
     manifest.schema_version = 7;
     reseal(&table, manifest);
-    assert_rejected(&validate(&table), &["`rewards`", "`_manifest.json`", "`schema_version`", "expected 1", "is 7"]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`_manifest.json`",
+            "`schema_version`",
+            "expected 1",
+            "is 7",
+        ],
+    );
 }
 
 #[test]
@@ -97,7 +157,16 @@ fn a_foreign_parquet_file() {
     )
     .unwrap();
     forge_first_shard(&table, &plain, &[]);
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "`embodyflow.table`", "expected `rewards`", "absent"]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "`embodyflow.table`",
+            "expected `rewards`",
+            "absent",
+        ],
+    );
 }
 
 #[test]
@@ -109,13 +178,29 @@ fn a_truncated_file() {
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
     let expected = format!("expected {}", bytes.len());
     let found = format!("is {} bytes", bytes.len() / 2);
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "file size", &expected, &found]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "file size",
+            &expected,
+            &found,
+        ],
+    );
 
     // Truncated and the manifest patched to match: the Parquet footer is gone.
     let mut manifest = Manifest::read(&table).unwrap();
     manifest.shards[0].bytes = (bytes.len() / 2) as u64;
     reseal(&table, manifest);
-    assert_rejected(&validate(&table), &["`rewards`", "`part-00000.parquet`", "not a readable Parquet file"]);
+    assert_rejected(
+        &validate(&table),
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "not a readable Parquet file",
+        ],
+    );
 }
 
 #[test]

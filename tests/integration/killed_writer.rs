@@ -32,7 +32,9 @@ fn write_large_jsonl(path: &std::path::Path, rows: usize) {
 }
 
 fn shards_in_progress(out: &std::path::Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(out) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return 0;
+    };
     entries
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(".steps.tmp-"))
@@ -47,16 +49,35 @@ fn sigkill_mid_write_leaves_no_table_and_a_rerun_succeeds() {
     write_large_jsonl(&jsonl, 30_000);
     let out = dir.path().join("out");
     let import_args = [
-        "import", "--table", "steps", "--from", jsonl.to_str().unwrap(), "--out", out.to_str().unwrap(),
-        "--rows-per-shard", "2000", "--overwrite",
+        "import",
+        "--table",
+        "steps",
+        "--from",
+        jsonl.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--rows-per-shard",
+        "2000",
+        "--overwrite",
     ];
     // Kill at different depths: after the first shard file appears, and later.
     for shards_before_kill in [1, 4] {
-        let mut child = Command::new(bin("table")).args(import_args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = Command::new(bin("table"))
+            .args(import_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let start = Instant::now();
         while shards_in_progress(&out) < shards_before_kill {
-            assert!(child.try_wait().unwrap().is_none(), "the import finished before it could be killed; make the input larger");
-            assert!(start.elapsed() < Duration::from_secs(60), "no shard appeared");
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the import finished before it could be killed; make the input larger"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no shard appeared"
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
         child.kill().unwrap(); // SIGKILL
@@ -65,21 +86,35 @@ fn sigkill_mid_write_leaves_no_table_and_a_rerun_succeeds() {
         if table.exists() {
             // Only a table from an earlier, complete run may be there.
             let result = run("table", &["validate", table.to_str().unwrap()]);
-            assert_eq!(result.code, 0, "a killed writer left a table that is not whole:\n{result}");
+            assert_eq!(
+                result.code, 0,
+                "a killed writer left a table that is not whole:\n{result}"
+            );
         } else {
             let result = run("table", &["validate", table.to_str().unwrap()]);
             assert_eq!(result.code, 2, "{result}");
         }
         // What the killed writer left is hidden from readers of the dataset.
         let listed = run("table", &["validate", out.to_str().unwrap()]);
-        assert_ne!(listed.code, 0, "the dataset directory itself is not a table:\n{listed}");
+        assert_ne!(
+            listed.code, 0,
+            "the dataset directory itself is not a table:\n{listed}"
+        );
 
         let rerun = run("table", &import_args);
         assert_eq!(rerun.code, 0, "{rerun}");
         let result = run("table", &["validate", "--deep", table.to_str().unwrap()]);
         assert_eq!(result.code, 0, "{result}");
         assert!(result.stdout.contains("30000 rows"), "{result}");
-        let leftovers: Vec<String> = std::fs::read_dir(&out).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        assert_eq!(leftovers, vec!["steps".to_string()], "the rerun cleans up after the killed writer");
+        let leftovers: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            leftovers,
+            vec!["steps".to_string()],
+            "the rerun cleans up after the killed writer"
+        );
     }
 }

@@ -1,4 +1,5 @@
 //! Integration tests: binaries run as a user runs them.
 
 mod bad_shards;
+mod compute_advantages;
 mod killed_writer;

@@ -13,9 +13,16 @@ use parquet::file::properties::WriterProperties;
 /// Path of a workspace binary built in the same profile as this test.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
     let path = profile_dir.join(name);
-    assert!(path.exists(), "{} is not built; run `cargo build --release --workspace` first", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --release --workspace` first",
+        path.display()
+    );
     path
 }
 
@@ -31,13 +38,20 @@ pub struct Run {
 
 impl std::fmt::Display for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "exit {}\n--- stdout\n{}\n--- stderr\n{}", self.code, self.stdout, self.stderr)
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
     }
 }
 
 /// Runs binary `name` with `args` and captures everything.
 pub fn run(name: &str, args: &[&str]) -> Run {
-    let output: Output = Command::new(bin(name)).args(args).output().expect("spawn binary");
+    let output: Output = Command::new(bin(name))
+        .args(args)
+        .output()
+        .expect("spawn binary");
     Run {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -54,7 +68,12 @@ pub fn forge_first_shard(table_dir: &Path, batch: &RecordBatch, metadata: &[(&st
     let file = &manifest.shards[0].file;
     let path = table_dir.join(file);
     let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(metadata.iter().map(|(k, v)| KeyValue::new(k.to_string(), v.to_string())).collect()))
+        .set_key_value_metadata(Some(
+            metadata
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.to_string(), v.to_string()))
+                .collect(),
+        ))
         .build();
     let mut bytes = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).unwrap();
@@ -73,10 +92,132 @@ pub fn forge_first_shard(table_dir: &Path, batch: &RecordBatch, metadata: &[(&st
 /// Rewrites a manifest after its shard list changed, with consistent totals.
 pub fn reseal(table_dir: &Path, mut manifest: Manifest) {
     manifest.num_rows = manifest.shards.iter().map(|s| s.rows).sum();
-    manifest.content_hash = Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
+    manifest.content_hash =
+        Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
     std::fs::write(table_dir.join("_manifest.json"), manifest.to_json()).unwrap();
 }
 
 fn blake3_hex(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
+}
+
+/// A small rollout set: `scores[g]` are the scores of group g's samples; every
+/// trajectory has `steps` decision steps of `tokens` response tokens, with a
+/// value per step and per token. Writes `dir/rollouts/{trajectories,steps}`
+/// and `dir/rewards/rewards` and returns those two directories.
+pub fn rollout_set(
+    dir: &Path,
+    scores: &[Vec<f32>],
+    steps: usize,
+    tokens: usize,
+) -> (PathBuf, PathBuf) {
+    use embodyflow_core::dataset::{TableWriter, WriteOptions};
+    use embodyflow_core::manifest::Producer;
+    use embodyflow_core::schemas::{RewardRow, StepRow, TrajectoryRow};
+    let mut trajectories = Vec::new();
+    let mut step_rows = Vec::new();
+    let mut rewards = Vec::new();
+    for (g, group) in scores.iter().enumerate() {
+        let group_id = format!("it0/task{g:03}/d0");
+        for (s, &score) in group.iter().enumerate() {
+            let trajectory_id = format!("{group_id}/s{s}");
+            trajectories.push(TrajectoryRow {
+                trajectory_id: trajectory_id.clone(),
+                group_id: group_id.clone(),
+                task_id: format!("task{g:03}"),
+                sample_index: s as i32,
+                iteration: 0,
+                policy: "test".into(),
+                temperature: 1.0,
+                num_steps: steps as i32,
+                env_steps: steps as i32,
+                complete: score > 0.0,
+                response_text: None,
+                seed: s as i64,
+            });
+            for k in 0..steps {
+                step_rows.push(StepRow {
+                    trajectory_id: trajectory_id.clone(),
+                    step_index: k as i32,
+                    prompt_ids: vec![1, 2, 3],
+                    response_ids: (0..tokens as i32).collect(),
+                    old_logprobs: vec![-1.0; tokens],
+                    observation: None,
+                    old_value: Some(0.1 * (k as f32 + 1.0) + 0.01 * s as f32),
+                    old_values: Some(
+                        (0..tokens)
+                            .map(|t| 0.05 * t as f32 + 0.01 * (k + s) as f32)
+                            .collect(),
+                    ),
+                    latents: None,
+                    latent_dim: None,
+                    chosen_latent_len: None,
+                    old_latent_end_logprob: None,
+                });
+            }
+            rewards.push(RewardRow {
+                trajectory_id,
+                group_id: group_id.clone(),
+                score,
+                format: 0.0,
+                accuracy: score,
+                success: score > 0.0,
+                parse_ok: true,
+                pred_actions: None,
+                step_match: None,
+                step_valid: None,
+                reward_fn: "outcome".into(),
+            });
+        }
+    }
+    let producer = Producer {
+        stage: "fixture".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    let options = WriteOptions {
+        rows_per_shard: 7,
+        ..WriteOptions::default()
+    };
+    let rollouts = dir.join("rollouts");
+    let scored = dir.join("rewards");
+    let mut w = TableWriter::create(
+        &rollouts,
+        embodyflow_core::schemas::TableName::Trajectories,
+        options,
+        false,
+    )
+    .unwrap();
+    w.write_rows(&trajectories).unwrap();
+    w.finish(&producer, &[]).unwrap();
+    let mut w = TableWriter::create(
+        &rollouts,
+        embodyflow_core::schemas::TableName::Steps,
+        options,
+        false,
+    )
+    .unwrap();
+    w.write_rows(&step_rows).unwrap();
+    w.finish(&producer, &[]).unwrap();
+    let mut w = TableWriter::create(
+        &scored,
+        embodyflow_core::schemas::TableName::Rewards,
+        options,
+        false,
+    )
+    .unwrap();
+    w.write_rows(&rewards).unwrap();
+    w.finish(&producer, &[]).unwrap();
+    (rollouts, scored)
+}
+
+/// Reads a table's rows sorted by key (trajectory_id, step_index).
+pub fn read_advantages(dir: &Path) -> Vec<embodyflow_core::schemas::AdvantageRow> {
+    use embodyflow_core::dataset::TableReader;
+    let reader = TableReader::open(dir, embodyflow_core::schemas::TableName::Advantages).unwrap();
+    let mut rows: Vec<embodyflow_core::schemas::AdvantageRow> = reader.read_rows().unwrap();
+    rows.sort_by(|a, b| (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index)));
+    rows
 }

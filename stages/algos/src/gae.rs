@@ -41,15 +41,27 @@ pub struct GaeParams {
 
 impl Default for GaeParams {
     fn default() -> Self {
-        GaeParams { gamma: 0.99, lam: 0.95 }
+        GaeParams {
+            gamma: 0.99,
+            lam: 0.95,
+        }
     }
 }
 
 /// GAE over ragged rows: row r spans `offsets[r]..offsets[r + 1]` of
 /// `rewards` and `values`. Returns (advantages, returns), both unwhitened.
-pub fn gae_tokens(rewards: &[f32], values: &[f32], offsets: &[usize], params: GaeParams) -> (Vec<f32>, Vec<f32>) {
+pub fn gae_tokens(
+    rewards: &[f32],
+    values: &[f32],
+    offsets: &[usize],
+    params: GaeParams,
+) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(rewards.len(), values.len(), "one value per reward");
-    assert_eq!(offsets.last().copied().unwrap_or(0), rewards.len(), "offsets cover the rows");
+    assert_eq!(
+        offsets.last().copied().unwrap_or(0),
+        rewards.len(),
+        "offsets cover the rows"
+    );
     let mut advantages = vec![0f32; rewards.len()];
     let mut returns = vec![0f32; rewards.len()];
     let decay = params.gamma * params.lam;
@@ -70,7 +82,12 @@ pub fn gae_tokens(rewards: &[f32], values: &[f32], offsets: &[usize], params: Ga
 
 /// Decision-level GAE: one value per step, `rewards[t]` per step (the outcome
 /// on the last step of each trajectory). Same recurrence as [`gae_tokens`].
-pub fn gae_decisions(rewards: &[f32], values: &[f32], offsets: &[usize], params: GaeParams) -> (Vec<f32>, Vec<f32>) {
+pub fn gae_decisions(
+    rewards: &[f32],
+    values: &[f32],
+    offsets: &[usize],
+    params: GaeParams,
+) -> (Vec<f32>, Vec<f32>) {
     gae_tokens(rewards, values, offsets, params)
 }
 
@@ -82,7 +99,11 @@ pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
     }
     let count = n as f64;
     let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / (count + 1e-8);
-    let centred_sq = values.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / (count + 1e-8);
+    let centred_sq = values
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / (count + 1e-8);
     let variance = centred_sq * count / (count - 1.0);
     let scale = 1.0 / (variance + 1e-8).sqrt();
     for v in values.iter_mut() {
@@ -103,7 +124,10 @@ mod tests {
         //   t1: delta = 1 + 0 - 0.4 = 0.6,             A1 = 0.6
         //   t0: delta = 0 + 0.5*0.4 - 0.2 = 0.0,       A0 = 0 + 0.25*0.6 = 0.15
         // Row 1: r = [2], V = [1]: A = 1
-        let p = GaeParams { gamma: 0.5, lam: 0.5 };
+        let p = GaeParams {
+            gamma: 0.5,
+            lam: 0.5,
+        };
         let (adv, ret) = gae_tokens(&[0.0, 1.0, 2.0], &[0.2, 0.4, 1.0], &[0, 2, 3], p);
         let expect_adv = [0.15, 0.6, 1.0];
         let expect_ret = [0.35, 1.0, 2.0];

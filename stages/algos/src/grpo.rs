@@ -34,7 +34,10 @@ pub struct GroupNorm {
 
 impl Default for GroupNorm {
     fn default() -> Self {
-        GroupNorm { norm_by_std: true, eps: 1e-6 }
+        GroupNorm {
+            norm_by_std: true,
+            eps: 1e-6,
+        }
     }
 }
 
@@ -59,7 +62,11 @@ pub fn group_stats(scores: &[f32], groups: &[u32]) -> Vec<GroupStats> {
         count[g as usize] += 1;
         sum[g as usize] += f64::from(s);
     }
-    let mean: Vec<f64> = sum.iter().zip(&count).map(|(&s, &n)| if n > 0 { s / n as f64 } else { 0.0 }).collect();
+    let mean: Vec<f64> = sum
+        .iter()
+        .zip(&count)
+        .map(|(&s, &n)| if n > 0 { s / n as f64 } else { 0.0 })
+        .collect();
     let mut squares = vec![0f64; num_groups];
     for (&s, &g) in scores.iter().zip(groups) {
         let d = f64::from(s) - mean[g as usize];
@@ -68,9 +75,17 @@ pub fn group_stats(scores: &[f32], groups: &[u32]) -> Vec<GroupStats> {
     (0..num_groups)
         .map(|g| {
             if count[g] <= 1 {
-                GroupStats { count: count[g], mean: 0.0, std: 1.0 }
+                GroupStats {
+                    count: count[g],
+                    mean: 0.0,
+                    std: 1.0,
+                }
             } else {
-                GroupStats { count: count[g], mean: mean[g], std: (squares[g] / (count[g] - 1) as f64).sqrt() }
+                GroupStats {
+                    count: count[g],
+                    mean: mean[g],
+                    std: (squares[g] / (count[g] - 1) as f64).sqrt(),
+                }
             }
         })
         .collect()
@@ -85,7 +100,11 @@ pub fn episode_advantages(scores: &[f32], groups: &[u32], norm: GroupNorm) -> Ve
         .map(|(&s, &g)| {
             let stat = stats[g as usize];
             let centred = f64::from(s) - stat.mean;
-            (if norm.norm_by_std { centred / (stat.std + norm.eps) } else { centred }) as f32
+            (if norm.norm_by_std {
+                centred / (stat.std + norm.eps)
+            } else {
+                centred
+            }) as f32
         })
         .collect()
 }
@@ -117,7 +136,14 @@ mod tests {
 
     #[test]
     fn dr_grpo_only_centres() {
-        let adv = episode_advantages(&[3.0, 1.0, 2.0], &[0, 0, 0], GroupNorm { norm_by_std: false, eps: 1e-6 });
+        let adv = episode_advantages(
+            &[3.0, 1.0, 2.0],
+            &[0, 0, 0],
+            GroupNorm {
+                norm_by_std: false,
+                eps: 1e-6,
+            },
+        );
         assert_eq!(adv, vec![1.0, -1.0, 0.0]);
     }
 

@@ -90,7 +90,11 @@ impl ShardSpec {
 impl FromStr for ShardSpec {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self, Error> {
-        let bad = || Error::Usage(format!("--shard `{text}`: expected i/n with 0 <= i < n, e.g. 0/4"));
+        let bad = || {
+            Error::Usage(format!(
+                "--shard `{text}`: expected i/n with 0 <= i < n, e.g. 0/4"
+            ))
+        };
         let (index, count) = text.split_once('/').ok_or_else(bad)?;
         let index: u32 = index.trim().parse().map_err(|_| bad())?;
         let count: u32 = count.trim().parse().map_err(|_| bad())?;
@@ -126,7 +130,9 @@ impl FromStr for Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| Error::Usage(format!("--device `{text}`: expected cpu, cuda or cuda:N"))),
+                .ok_or_else(|| {
+                    Error::Usage(format!("--device `{text}`: expected cpu, cuda or cuda:N"))
+                }),
         }
     }
 }
@@ -189,7 +195,10 @@ mod tests {
 
     #[test]
     fn shard_specs_parse_and_reject_nonsense() {
-        assert_eq!("2/4".parse::<ShardSpec>().unwrap(), ShardSpec { index: 2, count: 4 });
+        assert_eq!(
+            "2/4".parse::<ShardSpec>().unwrap(),
+            ShardSpec { index: 2, count: 4 }
+        );
         for bad in ["4/4", "1/0", "x/2", "3", "-1/2"] {
             let err = bad.parse::<ShardSpec>().unwrap_err().to_string();
             assert!(err.contains(bad), "{err}");
@@ -211,6 +220,12 @@ mod tests {
     fn devices_parse() {
         assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
         assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::Cuda(1));
-        assert!("gpu".parse::<Device>().unwrap_err().to_string().contains("gpu"));
+        assert!(
+            "gpu"
+                .parse::<Device>()
+                .unwrap_err()
+                .to_string()
+                .contains("gpu")
+        );
     }
 }

@@ -47,7 +47,8 @@ pub fn load_config<C>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C
 where
     C: Serialize + DeserializeOwned + Default,
 {
-    let defaults = serde_json::to_value(C::default()).expect("a config's defaults serialise to JSON");
+    let defaults =
+        serde_json::to_value(C::default()).expect("a config's defaults serialise to JSON");
     let mut tree = defaults.clone();
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
@@ -77,7 +78,8 @@ where
 /// Reads a `--set` value as TOML, or as a string when it is not TOML.
 fn parse_set_value(raw: &str) -> Value {
     match toml::from_str::<toml::Table>(&format!("value = {raw}")) {
-        Ok(mut table) => serde_json::to_value(table.remove("value").expect("parsed key")).expect("TOML converts to JSON"),
+        Ok(mut table) => serde_json::to_value(table.remove("value").expect("parsed key"))
+            .expect("TOML converts to JSON"),
         Err(_) => Value::String(raw.to_string()),
     }
 }
@@ -91,7 +93,11 @@ fn merge(tree: &mut Value, defaults: &Value, value: Value, prefix: &str) -> Resu
     let default_map = defaults.as_object();
     let open_map = default_map.is_none_or(|m| m.is_empty());
     for (key, incoming_value) in incoming {
-        let dotted = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        let dotted = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
         let default_child = default_map.and_then(|m| m.get(&key));
         if default_child.is_none() && !open_map {
             let mut valid = Vec::new();
@@ -121,7 +127,11 @@ fn leaf_keys(value: &Value, prefix: &str, out: &mut Vec<String>) {
     match value.as_object() {
         Some(map) if !map.is_empty() => {
             for (key, child) in map {
-                let dotted = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                let dotted = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
                 leaf_keys(child, &dotted, out);
             }
         }
@@ -132,7 +142,11 @@ fn leaf_keys(value: &Value, prefix: &str, out: &mut Vec<String>) {
 /// Every dotted key of a config type, for help texts and error messages.
 pub fn valid_keys<C: Serialize + Default>() -> Vec<String> {
     let mut keys = Vec::new();
-    leaf_keys(&serde_json::to_value(C::default()).expect("defaults serialise"), "", &mut keys);
+    leaf_keys(
+        &serde_json::to_value(C::default()).expect("defaults serialise"),
+        "",
+        &mut keys,
+    );
     keys
 }
 
@@ -151,7 +165,12 @@ mod tests {
     }
     impl Default for Inner {
         fn default() -> Self {
-            Inner { omega: 1.0, mode: "exact".into(), min_tokens: 2, tau: None }
+            Inner {
+                omega: 1.0,
+                mode: "exact".into(),
+                min_tokens: 2,
+                tau: None,
+            }
         }
     }
     #[derive(Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -170,8 +189,16 @@ mod tests {
     fn layers_defaults_file_and_sets_with_later_winning() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "estimator = 'gae'\n[step]\nomega = 0.25\nmode = 'lcs'\n").unwrap();
-        let r = load_config::<Config>(Some(&file), &sets(&["step.omega=0.5", "step.tau=2", "step.omega=0.75"])).unwrap();
+        std::fs::write(
+            &file,
+            "estimator = 'gae'\n[step]\nomega = 0.25\nmode = 'lcs'\n",
+        )
+        .unwrap();
+        let r = load_config::<Config>(
+            Some(&file),
+            &sets(&["step.omega=0.5", "step.tau=2", "step.omega=0.75"]),
+        )
+        .unwrap();
         assert_eq!(r.config.estimator, "gae");
         assert_eq!(r.config.step.omega, 0.75);
         assert_eq!(r.config.step.mode, "lcs");
@@ -186,12 +213,21 @@ mod tests {
         match &err {
             Error::UnknownKey { key, valid } => {
                 assert_eq!(key, "step.omgea");
-                assert!(valid.contains(&"step.omega".to_string()) && valid.contains(&"step.tau".to_string()), "{valid:?}");
+                assert!(
+                    valid.contains(&"step.omega".to_string())
+                        && valid.contains(&"step.tau".to_string()),
+                    "{valid:?}"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
-        let err = load_config::<Config>(None, &sets(&["nonsense=1"])).unwrap_err().to_string();
-        assert!(err.contains("`nonsense`") && err.contains("estimator"), "{err}");
+        let err = load_config::<Config>(None, &sets(&["nonsense=1"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`nonsense`") && err.contains("estimator"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -199,18 +235,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "[step]\nomega = 0.25\nsquash = 'prob'\n").unwrap();
-        let err = load_config::<Config>(Some(&file), &[]).unwrap_err().to_string();
+        let err = load_config::<Config>(Some(&file), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`step.squash`"), "{err}");
     }
 
     #[test]
     fn badly_typed_values_name_the_key() {
-        for (set, key) in [("step.omega=abc", "step.omega"), ("step.min_tokens=-3", "step.min_tokens"), ("step.mode=3", "step.mode")] {
+        for (set, key) in [
+            ("step.omega=abc", "step.omega"),
+            ("step.min_tokens=-3", "step.min_tokens"),
+            ("step.mode=3", "step.mode"),
+        ] {
             let err = load_config::<Config>(None, &sets(&[set])).unwrap_err();
-            assert!(matches!(&err, Error::BadValue { key: k, .. } if k == key), "{set}: {err}");
+            assert!(
+                matches!(&err, Error::BadValue { key: k, .. } if k == key),
+                "{set}: {err}"
+            );
             assert!(err.to_string().contains(&format!("`{key}`")), "{err}");
         }
-        let err = load_config::<Config>(None, &sets(&["step=1"])).unwrap_err().to_string();
+        let err = load_config::<Config>(None, &sets(&["step=1"]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`step`"), "{err}");
     }
 
@@ -218,13 +265,22 @@ mod tests {
     fn open_maps_take_any_key_and_malformed_sets_are_usage_errors() {
         let r = load_config::<Config>(None, &sets(&["templates.teacher=Plan: {plan}"])).unwrap();
         assert_eq!(r.config.templates["teacher"], "Plan: {plan}");
-        assert!(matches!(load_config::<Config>(None, &sets(&["=3"])), Err(Error::Usage(_))));
-        assert!(matches!(load_config::<Config>(None, &sets(&["omega"])), Err(Error::Usage(_))));
+        assert!(matches!(
+            load_config::<Config>(None, &sets(&["=3"])),
+            Err(Error::Usage(_))
+        ));
+        assert!(matches!(
+            load_config::<Config>(None, &sets(&["omega"])),
+            Err(Error::Usage(_))
+        ));
     }
 
     #[test]
     fn valid_keys_lists_leaves() {
         let keys = valid_keys::<Config>();
-        assert!(keys.contains(&"step.mode".to_string()) && keys.contains(&"templates".to_string()), "{keys:?}");
+        assert!(
+            keys.contains(&"step.mode".to_string()) && keys.contains(&"templates".to_string()),
+            "{keys:?}"
+        );
     }
 }

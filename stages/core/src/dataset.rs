@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{FieldRef, Schema};
-use embodyflow_schemas::{format_type, Row, TableDef, TableName, META_TABLE, META_VERSION};
+use embodyflow_schemas::{META_TABLE, META_VERSION, Row, TableDef, TableName, format_type};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
@@ -63,7 +63,11 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { rows_per_shard: 262_144, row_group_rows: 8_192, zstd_level: 3 }
+        WriteOptions {
+            rows_per_shard: 262_144,
+            row_group_rows: 8_192,
+            zstd_level: 3,
+        }
     }
 }
 
@@ -113,7 +117,9 @@ fn shard_file_name(index: usize) -> String {
 
 /// Removes hidden leftovers of `table` in `out` whose writer process is gone.
 fn remove_stale_siblings(out: &Path, table: TableName) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return Ok(());
+    };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(rest) = name
@@ -132,14 +138,21 @@ fn remove_stale_siblings(out: &Path, table: TableName) -> Result<()> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(dir, e))
 }
 
 impl TableWriter {
     /// Starts writing table `table` into `out/<table>/`. Fails with
     /// [`Error::OutputExists`] before writing anything when the table exists
     /// and `overwrite` is false.
-    pub fn create(out: &Path, table: TableName, options: WriteOptions, overwrite: bool) -> Result<TableWriter> {
+    pub fn create(
+        out: &Path,
+        table: TableName,
+        options: WriteOptions,
+        overwrite: bool,
+    ) -> Result<TableWriter> {
         let final_dir = out.join(table.as_str());
         if final_dir.exists() && !overwrite {
             return Err(Error::OutputExists(final_dir));
@@ -173,7 +186,13 @@ impl TableWriter {
 
     /// Converts `rows` with the table's schema and writes them.
     pub fn write_rows<R: Row>(&mut self, rows: &[R]) -> Result<()> {
-        assert_eq!(R::TABLE, self.table, "rows of `{}` written to table `{}`", R::TABLE, self.table);
+        assert_eq!(
+            R::TABLE,
+            self.table,
+            "rows of `{}` written to table `{}`",
+            R::TABLE,
+            self.table
+        );
         if rows.is_empty() {
             return Ok(());
         }
@@ -187,14 +206,18 @@ impl TableWriter {
         let batch = conform_batch(self.def, batch)?;
         let mut offset = 0;
         while offset < batch.num_rows() {
-            let room = self.options.rows_per_shard - self.current.as_ref().map_or(0, |s| s.rows as usize);
+            let room =
+                self.options.rows_per_shard - self.current.as_ref().map_or(0, |s| s.rows as usize);
             let take = room.min(batch.num_rows() - offset);
             let slice = batch.slice(offset, take);
             let shard = self.open_shard()?;
-            shard.writer.write(&slice).map_err(|source| Error::ParquetWrite {
-                path: PathBuf::from(&shard.file),
-                source,
-            })?;
+            shard
+                .writer
+                .write(&slice)
+                .map_err(|source| Error::ParquetWrite {
+                    path: PathBuf::from(&shard.file),
+                    source,
+                })?;
             shard.rows += take as u64;
             offset += take;
             if shard.rows as usize >= self.options.rows_per_shard {
@@ -209,11 +232,16 @@ impl TableWriter {
             let file = shard_file_name(self.shards.len());
             let path = self.tmp_dir.join(&file);
             let handle = File::create(&path).map_err(|e| Error::io(&path, e))?;
-            let sink = HashingFile { inner: BufWriter::with_capacity(1 << 20, handle), hasher: blake3::Hasher::new(), bytes: 0 };
+            let sink = HashingFile {
+                inner: BufWriter::with_capacity(1 << 20, handle),
+                hasher: blake3::Hasher::new(),
+                bytes: 0,
+            };
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(
-                    ZstdLevel::try_new(self.options.zstd_level)
-                        .map_err(|e| Error::Usage(format!("zstd level {}: {e}", self.options.zstd_level)))?,
+                    ZstdLevel::try_new(self.options.zstd_level).map_err(|e| {
+                        Error::Usage(format!("zstd level {}: {e}", self.options.zstd_level))
+                    })?,
                 ))
                 .set_max_row_group_row_count(Some(self.options.row_group_rows))
                 .set_key_value_metadata(Some(vec![
@@ -221,28 +249,56 @@ impl TableWriter {
                     KeyValue::new(META_VERSION.to_string(), self.def.version.to_string()),
                 ]))
                 .build();
-            let writer = ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props))
-                .map_err(|source| Error::ParquetWrite { path: path.clone(), source })?;
-            self.current = Some(OpenShard { writer, file, rows: 0 });
+            let writer = ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props)).map_err(
+                |source| Error::ParquetWrite {
+                    path: path.clone(),
+                    source,
+                },
+            )?;
+            self.current = Some(OpenShard {
+                writer,
+                file,
+                rows: 0,
+            });
         }
         Ok(self.current.as_mut().expect("shard opened above"))
     }
 
     fn close_shard(&mut self) -> Result<()> {
-        let Some(shard) = self.current.take() else { return Ok(()) };
+        let Some(shard) = self.current.take() else {
+            return Ok(());
+        };
         let path = self.tmp_dir.join(&shard.file);
-        let mut sink = shard.writer.into_inner().map_err(|source| Error::ParquetWrite { path: path.clone(), source })?;
+        let mut sink = shard
+            .writer
+            .into_inner()
+            .map_err(|source| Error::ParquetWrite {
+                path: path.clone(),
+                source,
+            })?;
         sink.flush().map_err(|e| Error::io(&path, e))?;
-        let HashingFile { inner, hasher, bytes } = sink;
-        let file = inner.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
+        let HashingFile {
+            inner,
+            hasher,
+            bytes,
+        } = sink;
+        let file = inner
+            .into_inner()
+            .map_err(|e| Error::io(&path, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&path, e))?;
-        self.shards.push(ShardEntry { file: shard.file, rows: shard.rows, bytes, hash: hasher.finalize().to_hex().to_string() });
+        self.shards.push(ShardEntry {
+            file: shard.file,
+            rows: shard.rows,
+            bytes,
+            hash: hasher.finalize().to_hex().to_string(),
+        });
         Ok(())
     }
 
     /// Rows written so far.
     pub fn rows_written(&self) -> u64 {
-        self.shards.iter().map(|s| s.rows).sum::<u64>() + self.current.as_ref().map_or(0, |s| s.rows)
+        self.shards.iter().map(|s| s.rows).sum::<u64>()
+            + self.current.as_ref().map_or(0, |s| s.rows)
     }
 
     /// Closes the last shard, writes the manifest and moves the table into
@@ -257,7 +313,11 @@ impl TableWriter {
             table: self.def.name.clone(),
             schema_version: self.def.version,
             num_rows: self.shards.iter().map(|s| s.rows).sum(),
-            content_hash: Manifest::compute_content_hash(&self.def.name, self.def.version, &self.shards),
+            content_hash: Manifest::compute_content_hash(
+                &self.def.name,
+                self.def.version,
+                &self.shards,
+            ),
             shards: std::mem::take(&mut self.shards),
             producer: producer.clone(),
             inputs: inputs.to_vec(),
@@ -269,7 +329,11 @@ impl TableWriter {
             .map_err(|e| Error::io(&manifest_path, e))?;
         sync_dir(&self.tmp_dir)?;
 
-        let out = self.final_dir.parent().expect("a table directory has a parent").to_path_buf();
+        let out = self
+            .final_dir
+            .parent()
+            .expect("a table directory has a parent")
+            .to_path_buf();
         let mut old = None;
         if self.final_dir.exists() {
             if !self.overwrite {
@@ -279,7 +343,8 @@ impl TableWriter {
             std::fs::rename(&self.final_dir, &aside).map_err(|e| Error::io(&self.final_dir, e))?;
             old = Some(aside);
         }
-        std::fs::rename(&self.tmp_dir, &self.final_dir).map_err(|e| Error::io(&self.final_dir, e))?;
+        std::fs::rename(&self.tmp_dir, &self.final_dir)
+            .map_err(|e| Error::io(&self.final_dir, e))?;
         self.finished = true;
         sync_dir(&out)?;
         if let Some(old) = old {
@@ -307,22 +372,33 @@ impl Drop for TableWriter {
 pub fn rows_to_batch<R: Row>(def: &TableDef, rows: &[R]) -> Result<RecordBatch> {
     let schema = def.arrow_schema();
     let fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();
-    let batch = serde_arrow::to_record_batch(&fields, &rows)
-        .map_err(|e| Error::RowConversion { table: def.name.clone(), reason: e.to_string() })?;
-    batch
-        .with_schema(schema)
-        .map_err(|e| Error::RowConversion { table: def.name.clone(), reason: e.to_string() })
+    let batch = serde_arrow::to_record_batch(&fields, &rows).map_err(|e| Error::RowConversion {
+        table: def.name.clone(),
+        reason: e.to_string(),
+    })?;
+    batch.with_schema(schema).map_err(|e| Error::RowConversion {
+        table: def.name.clone(),
+        reason: e.to_string(),
+    })
 }
 
 /// Checks a batch against the table's schema and returns it with exactly the
 /// schema's fields and metadata.
 fn conform_batch(def: &TableDef, batch: &RecordBatch) -> Result<RecordBatch> {
     let found = batch.schema();
-    let mismatch = |reason: String| Error::RowConversion { table: def.name.clone(), reason };
+    let mismatch = |reason: String| Error::RowConversion {
+        table: def.name.clone(),
+        reason,
+    };
     if found.fields().len() != def.columns.len() {
         return Err(mismatch(format!(
             "batch has columns [{}], expected [{}]",
-            found.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+            found
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             def.column_names().join(", ")
         )));
     }
@@ -335,7 +411,11 @@ fn conform_batch(def: &TableDef, batch: &RecordBatch) -> Result<RecordBatch> {
                 "column `{}` {}{} where `{}` {}{} is expected",
                 field.name(),
                 format_type(field.data_type()),
-                if field.is_nullable() { " (nullable)" } else { "" },
+                if field.is_nullable() {
+                    " (nullable)"
+                } else {
+                    ""
+                },
                 column.name,
                 format_type(&column.data_type),
                 if column.nullable { " (nullable)" } else { "" },
@@ -394,20 +474,30 @@ impl TableReader {
         }
         for shard in &manifest.shards {
             let path = dir.join(&shard.file);
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).map_err(|e| Error::CorruptShard {
-                table: def.name.clone(),
-                shard: shard.file.clone(),
-                reason: format!("cannot be opened: {e} ({})", path.display()),
-            })?;
+            let bytes =
+                std::fs::metadata(&path)
+                    .map(|m| m.len())
+                    .map_err(|e| Error::CorruptShard {
+                        table: def.name.clone(),
+                        shard: shard.file.clone(),
+                        reason: format!("cannot be opened: {e} ({})", path.display()),
+                    })?;
             if bytes != shard.bytes {
                 return Err(Error::CorruptShard {
                     table: def.name.clone(),
                     shard: shard.file.clone(),
-                    reason: format!("file size is {bytes} bytes, expected {} from the manifest (truncated or replaced)", shard.bytes),
+                    reason: format!(
+                        "file size is {bytes} bytes, expected {} from the manifest (truncated or replaced)",
+                        shard.bytes
+                    ),
                 });
             }
         }
-        Ok(TableReader { table, dir: dir.to_path_buf(), manifest })
+        Ok(TableReader {
+            table,
+            dir: dir.to_path_buf(),
+            manifest,
+        })
     }
 
     /// The table read.
@@ -458,12 +548,24 @@ impl TableReader {
                 Some(names.iter().map(|s| s.to_string()).collect())
             }
         };
-        Ok(Batches { reader: self, projection, batch_size: batch_size.max(1), next_shard: 0, current: None })
+        Ok(Batches {
+            reader: self,
+            projection,
+            batch_size: batch_size.max(1),
+            next_shard: 0,
+            current: None,
+        })
     }
 
     /// Reads the whole table as rows.
     pub fn read_rows<R: Row>(&self) -> Result<Vec<R>> {
-        assert_eq!(R::TABLE, self.table, "rows of `{}` read from table `{}`", R::TABLE, self.table);
+        assert_eq!(
+            R::TABLE,
+            self.table,
+            "rows of `{}` read from table `{}`",
+            R::TABLE,
+            self.table
+        );
         let mut rows = Vec::with_capacity(self.manifest.num_rows as usize);
         for batch in self.batches(None, 8192)? {
             rows.extend(batch_to_rows::<R>(&batch?)?);
@@ -478,13 +580,18 @@ impl TableReader {
             let path = self.dir.join(&shard.file);
             let mut hasher = blake3::Hasher::new();
             let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-            hasher.update_reader(file).map_err(|e| Error::io(&path, e))?;
+            hasher
+                .update_reader(file)
+                .map_err(|e| Error::io(&path, e))?;
             let found = hasher.finalize().to_hex().to_string();
             if found != shard.hash {
                 return Err(Error::CorruptShard {
                     table: self.manifest.table.clone(),
                     shard: shard.file.clone(),
-                    reason: format!("content hash is {found}, expected {} from the manifest", shard.hash),
+                    reason: format!(
+                        "content hash is {found}, expected {} from the manifest",
+                        shard.hash
+                    ),
                 });
             }
         }
@@ -492,11 +599,20 @@ impl TableReader {
     }
 
     /// Opens shard `index`, validates it and builds its batch reader.
-    fn open_shard(&self, index: usize, projection: Option<&[String]>, batch_size: usize) -> Result<ParquetRecordBatchReader> {
+    fn open_shard(
+        &self,
+        index: usize,
+        projection: Option<&[String]>,
+        batch_size: usize,
+    ) -> Result<ParquetRecordBatchReader> {
         let def = self.table.def();
         let entry = &self.manifest.shards[index];
         let path = self.dir.join(&entry.file);
-        let corrupt = |reason: String| Error::CorruptShard { table: def.name.clone(), shard: entry.file.clone(), reason };
+        let corrupt = |reason: String| Error::CorruptShard {
+            table: def.name.clone(),
+            shard: entry.file.clone(),
+            reason,
+        };
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| corrupt(format!("not a readable Parquet file: {e}")))?;
@@ -533,7 +649,10 @@ impl TableReader {
         let schema = builder.schema().clone();
         let indices: Vec<usize> = match projection {
             None => (0..schema.fields().len()).collect(),
-            Some(names) => names.iter().map(|n| schema.index_of(n).expect("checked by check_schema")).collect(),
+            Some(names) => names
+                .iter()
+                .map(|n| schema.index_of(n).expect("checked by check_schema"))
+                .collect(),
         };
         let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
         builder
@@ -547,7 +666,15 @@ impl TableReader {
 /// Checks a shard's Arrow schema against the table definition.
 fn check_schema(def: &TableDef, shard: &str, found: &Schema) -> Result<()> {
     let describe = |data_type: &arrow::datatypes::DataType, nullable: bool| {
-        format!("{}{}", format_type(data_type), if nullable { " (nullable)" } else { " (not null)" })
+        format!(
+            "{}{}",
+            format_type(data_type),
+            if nullable {
+                " (nullable)"
+            } else {
+                " (not null)"
+            }
+        )
     };
     for column in &def.columns {
         match found.field_with_name(&column.name) {
@@ -573,7 +700,11 @@ fn check_schema(def: &TableDef, shard: &str, found: &Schema) -> Result<()> {
             }
         }
     }
-    if let Some(extra) = found.fields().iter().find(|f| def.column(f.name()).is_none()) {
+    if let Some(extra) = found
+        .fields()
+        .iter()
+        .find(|f| def.column(f.name()).is_none())
+    {
         return Err(Error::UnexpectedColumn {
             table: def.name.clone(),
             shard: shard.to_string(),
@@ -585,10 +716,24 @@ fn check_schema(def: &TableDef, shard: &str, found: &Schema) -> Result<()> {
     Ok(())
 }
 
+/// Column `name` of a batch read from a validated table, as Arrow array type
+/// `A`. The reader has checked every shard against the schema, so a missing
+/// column or another type here is a bug in the calling stage, not bad input.
+pub fn column<'a, A: arrow::array::Array + 'static>(batch: &'a RecordBatch, name: &str) -> &'a A {
+    batch
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("column `{name}` was not read (add it to the projection)"))
+        .as_any()
+        .downcast_ref::<A>()
+        .unwrap_or_else(|| panic!("column `{name}` is not a {}", std::any::type_name::<A>()))
+}
+
 /// Converts a record batch of a table (all columns) to rows.
 pub fn batch_to_rows<R: Row>(batch: &RecordBatch) -> Result<Vec<R>> {
-    serde_arrow::from_record_batch(batch)
-        .map_err(|e| Error::RowConversion { table: R::TABLE.to_string(), reason: e.to_string() })
+    serde_arrow::from_record_batch(batch).map_err(|e| Error::RowConversion {
+        table: R::TABLE.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// The record batches of a table, shard after shard.
@@ -626,7 +771,10 @@ impl Iterator for Batches<'_> {
             }
             let index = self.next_shard;
             self.next_shard += 1;
-            match self.reader.open_shard(index, self.projection.as_deref(), self.batch_size) {
+            match self
+                .reader
+                .open_shard(index, self.projection.as_deref(), self.batch_size)
+            {
                 Ok(reader) => self.current = Some((index, reader)),
                 Err(e) => {
                     self.next_shard = self.reader.manifest.shards.len();

@@ -41,7 +41,9 @@ pub trait Classify: std::error::Error {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A shard's column has another type than the schema file declares.
-    #[error("table `{table}` shard `{shard}`: column `{field}` has type {found}, expected {expected}")]
+    #[error(
+        "table `{table}` shard `{shard}`: column `{field}` has type {found}, expected {expected}"
+    )]
     SchemaMismatch {
         /// Table name.
         table: String,
@@ -55,7 +57,9 @@ pub enum Error {
         found: String,
     },
     /// A shard lacks a column of the schema.
-    #[error("table `{table}` shard `{shard}`: column `{field}` is missing, expected {expected}, found no such column")]
+    #[error(
+        "table `{table}` shard `{shard}`: column `{field}` is missing, expected {expected}, found no such column"
+    )]
     MissingColumn {
         /// Table name.
         table: String,
@@ -67,7 +71,9 @@ pub enum Error {
         expected: String,
     },
     /// A shard has a column the schema does not declare.
-    #[error("table `{table}` shard `{shard}`: column `{field}` of type {found} is not in the schema, expected only {expected}")]
+    #[error(
+        "table `{table}` shard `{shard}`: column `{field}` of type {found} is not in the schema, expected only {expected}"
+    )]
     UnexpectedColumn {
         /// Table name.
         table: String,
@@ -81,7 +87,9 @@ pub enum Error {
         found: String,
     },
     /// A shard or manifest carries another schema version than this build reads.
-    #[error("table `{table}` shard `{shard}`: field `schema_version` is {found}, expected {expected} (written by another version of the pipeline; regenerate it)")]
+    #[error(
+        "table `{table}` shard `{shard}`: field `schema_version` is {found}, expected {expected} (written by another version of the pipeline; regenerate it)"
+    )]
     SchemaVersion {
         /// Table name.
         table: String,
@@ -93,7 +101,9 @@ pub enum Error {
         found: String,
     },
     /// A Parquet file that this pipeline did not write, or written for another table.
-    #[error("table `{table}` shard `{shard}`: field `{field}` is {found}, expected {expected} (not a shard of this table written by embodyflow)")]
+    #[error(
+        "table `{table}` shard `{shard}`: field `{field}` is {found}, expected {expected} (not a shard of this table written by embodyflow)"
+    )]
     ForeignShard {
         /// Table expected.
         table: String,
@@ -198,14 +208,19 @@ pub enum Error {
 impl Error {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 }
 
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Io { .. } | Error::ParquetWrite { .. } | Error::RowConversion { .. } => ErrorKind::Failure,
+            Error::Io { .. } | Error::ParquetWrite { .. } | Error::RowConversion { .. } => {
+                ErrorKind::Failure
+            }
             _ => ErrorKind::BadInput,
         }
     }

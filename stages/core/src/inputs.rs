@@ -35,10 +35,16 @@ pub struct Inputs {
 impl Inputs {
     /// Scans the input directories.
     pub fn resolve(dirs: &[PathBuf]) -> Result<Inputs> {
-        let mut inputs = Inputs { found: BTreeMap::new(), searched: dirs.to_vec() };
+        let mut inputs = Inputs {
+            found: BTreeMap::new(),
+            searched: dirs.to_vec(),
+        };
         for dir in dirs {
             if !dir.is_dir() {
-                return Err(Error::BadInput(format!("--input {}: no such directory", dir.display())));
+                return Err(Error::BadInput(format!(
+                    "--input {}: no such directory",
+                    dir.display()
+                )));
             }
             if dir.join(MANIFEST_FILE).exists() {
                 inputs.add(dir)?;
@@ -48,7 +54,12 @@ impl Inputs {
                 .map_err(|e| Error::io(dir, e))?
                 .flatten()
                 .map(|e| e.path())
-                .filter(|p| p.is_dir() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+                .filter(|p| {
+                    p.is_dir()
+                        && !p
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                })
                 .collect();
             entries.sort();
             for entry in entries {
@@ -63,7 +74,11 @@ impl Inputs {
     fn add(&mut self, dir: &Path) -> Result<()> {
         let manifest = Manifest::read(dir)?;
         if let Some(first) = self.found.get(&manifest.table) {
-            return Err(Error::DuplicateTable { table: manifest.table, first: first.clone(), second: dir.to_path_buf() });
+            return Err(Error::DuplicateTable {
+                table: manifest.table,
+                first: first.clone(),
+                second: dir.to_path_buf(),
+            });
         }
         self.found.insert(manifest.table, dir.to_path_buf());
         Ok(())
@@ -79,17 +94,28 @@ impl Inputs {
 
     /// Opens table `table` if an input holds it.
     pub fn optional(&self, table: TableName) -> Result<Option<TableReader>> {
-        self.found.get(table.as_str()).map(|dir| TableReader::open(dir, table)).transpose()
+        self.found
+            .get(table.as_str())
+            .map(|dir| TableReader::open(dir, table))
+            .transpose()
     }
 
     /// What the inputs hold, for messages.
     pub fn describe(&self) -> String {
-        let dirs: Vec<String> = self.searched.iter().map(|d| d.display().to_string()).collect();
+        let dirs: Vec<String> = self
+            .searched
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
         let tables: Vec<&str> = self.found.keys().map(String::as_str).collect();
         format!(
             "[{}], which hold [{}]",
             dirs.join(", "),
-            if tables.is_empty() { "no tables".to_string() } else { tables.join(", ") }
+            if tables.is_empty() {
+                "no tables".to_string()
+            } else {
+                tables.join(", ")
+            }
         )
     }
 }

@@ -102,16 +102,21 @@ impl Manifest {
     /// Reads and checks the manifest of the table directory `dir`.
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
-        let bad = |reason: String| Error::BadManifest { dir: dir.to_path_buf(), reason };
+        let bad = |reason: String| Error::BadManifest {
+            dir: dir.to_path_buf(),
+            reason,
+        };
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Err(bad(format!("no {MANIFEST_FILE} (not a table, or its writer did not finish)")));
+                return Err(bad(format!(
+                    "no {MANIFEST_FILE} (not a table, or its writer did not finish)"
+                )));
             }
             Err(err) => return Err(Error::io(path, err)),
         };
-        let manifest: Manifest =
-            serde_json::from_str(&text).map_err(|e| bad(format!("{MANIFEST_FILE} is not a valid manifest: {e}")))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("{MANIFEST_FILE} is not a valid manifest: {e}")))?;
         if manifest.format != MANIFEST_FORMAT {
             return Err(bad(format!(
                 "{MANIFEST_FILE} field `format` is `{}`, expected `{MANIFEST_FORMAT}`",
@@ -120,9 +125,16 @@ impl Manifest {
         }
         let rows: u64 = manifest.shards.iter().map(|s| s.rows).sum();
         if rows != manifest.num_rows {
-            return Err(bad(format!("{MANIFEST_FILE} says {} rows but its shards add up to {rows}", manifest.num_rows)));
+            return Err(bad(format!(
+                "{MANIFEST_FILE} says {} rows but its shards add up to {rows}",
+                manifest.num_rows
+            )));
         }
-        let expected = Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
+        let expected = Manifest::compute_content_hash(
+            &manifest.table,
+            manifest.schema_version,
+            &manifest.shards,
+        );
         if expected != manifest.content_hash {
             return Err(bad(format!(
                 "{MANIFEST_FILE} field `content_hash` is {}, expected {expected} from its shard list",

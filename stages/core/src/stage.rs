@@ -54,7 +54,11 @@ pub struct OutputConfig {
 impl Default for OutputConfig {
     fn default() -> Self {
         let d = WriteOptions::default();
-        OutputConfig { rows_per_shard: d.rows_per_shard, row_group_rows: d.row_group_rows, zstd_level: d.zstd_level }
+        OutputConfig {
+            rows_per_shard: d.rows_per_shard,
+            row_group_rows: d.row_group_rows,
+            zstd_level: d.zstd_level,
+        }
     }
 }
 
@@ -99,7 +103,10 @@ impl<C: StageConfig> Stage<C> {
     /// Opens an input table and records it as lineage of every output.
     pub fn input(&self, table: TableName) -> Result<TableReader> {
         let reader = self.inputs.table(table)?;
-        self.read.lock().expect("lineage lock").push(reader.input_ref());
+        self.read
+            .lock()
+            .expect("lineage lock")
+            .push(reader.input_ref());
         Ok(reader)
     }
 
@@ -107,7 +114,10 @@ impl<C: StageConfig> Stage<C> {
     pub fn optional_input(&self, table: TableName) -> Result<Option<TableReader>> {
         let reader = self.inputs.optional(table)?;
         if let Some(reader) = &reader {
-            self.read.lock().expect("lineage lock").push(reader.input_ref());
+            self.read
+                .lock()
+                .expect("lineage lock")
+                .push(reader.input_ref());
         }
         Ok(reader)
     }
@@ -176,7 +186,10 @@ pub struct Summary {
 impl Summary {
     /// An empty summary titled `title`.
     pub fn new(title: impl Into<String>) -> Summary {
-        Summary { title: title.into(), lines: Vec::new() }
+        Summary {
+            title: title.into(),
+            lines: Vec::new(),
+        }
     }
 
     /// Adds one line.

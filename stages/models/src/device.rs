@@ -6,8 +6,8 @@
 //! assert_eq!(device, tch::Device::Cpu);
 //! ```
 
-use embodyflow_core::cli::Device;
 use embodyflow_core::Error;
+use embodyflow_core::cli::Device;
 
 /// Maps `--device` to a tch device; `cuda:N` must exist on this machine.
 pub fn tch_device(device: Device) -> Result<tch::Device, Error> {
@@ -18,7 +18,9 @@ pub fn tch_device(device: Device) -> Result<tch::Device, Error> {
             if index < available {
                 Ok(tch::Device::Cuda(index))
             } else {
-                Err(Error::Usage(format!("--device cuda:{index}: this machine has {available} CUDA device(s)")))
+                Err(Error::Usage(format!(
+                    "--device cuda:{index}: this machine has {available} CUDA device(s)"
+                )))
             }
         }
     }

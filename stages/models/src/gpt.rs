@@ -72,7 +72,16 @@ impl Block {
         let split = qkv.split(e, 2);
         let heads = |z: &Tensor| z.view([b, t, self.n_head, head_dim]).transpose(1, 2);
         let (q, k, v) = (heads(&split[0]), heads(&split[1]), heads(&split[2]));
-        let attended = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<&Tensor>, 0.0, true, None, false);
+        let attended = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<&Tensor>,
+            0.0,
+            true,
+            None,
+            false,
+        );
         let attended = attended.transpose(1, 2).contiguous().view([b, t, e]);
         let x = x + self.attn_proj.forward(&attended);
         let hidden = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("tanh");
@@ -93,12 +102,25 @@ pub struct Gpt {
 impl Gpt {
     /// Creates the parameters under `path`.
     pub fn new(path: &nn::Path, config: &GptConfig) -> Gpt {
-        assert!(config.n_embd % config.n_head == 0, "n_head {} must divide n_embd {}", config.n_head, config.n_embd);
-        let embedding = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        assert!(
+            config.n_embd % config.n_head == 0,
+            "n_head {} must divide n_embd {}",
+            config.n_head,
+            config.n_embd
+        );
+        let embedding = nn::EmbeddingConfig {
+            ws_init: nn::Init::Randn {
+                mean: 0.0,
+                stdev: 0.02,
+            },
+            ..Default::default()
+        };
         Gpt {
             wte: nn::embedding(path / "wte", config.vocab_size, config.n_embd, embedding),
             wpe: nn::embedding(path / "wpe", config.n_ctx, config.n_embd, embedding),
-            blocks: (0..config.n_layer).map(|i| Block::new(&(path / "h" / i), config)).collect(),
+            blocks: (0..config.n_layer)
+                .map(|i| Block::new(&(path / "h" / i), config))
+                .collect(),
             ln_f: nn::layer_norm(path / "ln_f", vec![config.n_embd], Default::default()),
             config: config.clone(),
         }
@@ -112,7 +134,11 @@ impl Gpt {
     /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (time <= n_ctx).
     pub fn forward(&self, ids: &Tensor) -> Tensor {
         let (_, t) = ids.size2().expect("ids are [batch, time]");
-        assert!(t <= self.config.n_ctx, "sequence of {t} tokens exceeds n_ctx {}", self.config.n_ctx);
+        assert!(
+            t <= self.config.n_ctx,
+            "sequence of {t} tokens exceeds n_ctx {}",
+            self.config.n_ctx
+        );
         let positions = Tensor::arange(t, (Kind::Int64, ids.device()));
         let mut x = self.wte.forward(ids) + self.wpe.forward(&positions);
         for block in &self.blocks {
@@ -128,7 +154,13 @@ mod tests {
     use tch::nn::OptimizerConfig;
 
     fn tiny() -> GptConfig {
-        GptConfig { vocab_size: 11, n_ctx: 12, n_embd: 16, n_head: 2, n_layer: 2 }
+        GptConfig {
+            vocab_size: 11,
+            n_ctx: 12,
+            n_embd: 16,
+            n_head: 2,
+            n_layer: 2,
+        }
     }
 
     #[test]
@@ -140,9 +172,15 @@ mod tests {
         let b = Tensor::from_slice(&[1i64, 2, 3, 9, 9]).view([1, 5]);
         let (la, lb) = (model.forward(&a), model.forward(&b));
         // The first three positions see the same prefix, so their logits agree.
-        let diff = (la.narrow(1, 0, 3) - lb.narrow(1, 0, 3)).abs().max().double_value(&[]);
+        let diff = (la.narrow(1, 0, 3) - lb.narrow(1, 0, 3))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(diff < 1e-6, "future tokens leaked into the past: {diff}");
-        let later = (la.narrow(1, 3, 2) - lb.narrow(1, 3, 2)).abs().max().double_value(&[]);
+        let later = (la.narrow(1, 3, 2) - lb.narrow(1, 3, 2))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(later > 1e-4);
     }
 
@@ -155,20 +193,32 @@ mod tests {
         // Learn to continue a fixed sequence: next-token cross-entropy.
         let seq = Tensor::from_slice(&[1i64, 4, 2, 8, 5, 7, 3, 6, 9, 10]).view([1, 10]);
         let (inputs, targets) = (seq.narrow(1, 0, 9), seq.narrow(1, 1, 9));
-        let loss_of = |model: &Gpt| model.forward(&inputs).view([-1, 11]).cross_entropy_for_logits(&targets.view([-1]));
+        let loss_of = |model: &Gpt| {
+            model
+                .forward(&inputs)
+                .view([-1, 11])
+                .cross_entropy_for_logits(&targets.view([-1]))
+        };
         let first = loss_of(&model);
         opt.zero_grad();
         first.backward();
         for (name, var) in vs.variables() {
             let grad = var.grad();
             assert!(grad.defined(), "{name} got no gradient");
-            assert!(grad.abs().sum(Kind::Float).double_value(&[]) > 0.0, "{name} has a zero gradient");
+            assert!(
+                grad.abs().sum(Kind::Float).double_value(&[]) > 0.0,
+                "{name} has a zero gradient"
+            );
         }
         opt.step();
         for _ in 0..60 {
             opt.backward_step(&loss_of(&model));
         }
         let last = loss_of(&model).double_value(&[]);
-        assert!(last < 0.5 * first.double_value(&[]), "loss {} -> {last}", first.double_value(&[]));
+        assert!(
+            last < 0.5 * first.double_value(&[]),
+            "loss {} -> {last}",
+            first.double_value(&[])
+        );
     }
 }

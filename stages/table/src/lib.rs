@@ -15,14 +15,18 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use embodyflow_core::dataset::{batch_to_rows, TableReader, TableWriter, WriteOptions};
+use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions, batch_to_rows};
 use embodyflow_core::manifest::{Manifest, Producer};
-use embodyflow_core::schemas::{format_type, with_row_type, Examples, Row, TableName};
-use embodyflow_core::{progress, Error, Result};
+use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_type};
+use embodyflow_core::{Error, Result, progress};
 
 /// Command line of `table`.
 #[derive(Debug, clap::Parser)]
-#[command(name = "table", version, about = "Inspect, import and validate embodyflow tables")]
+#[command(
+    name = "table",
+    version,
+    about = "Inspect, import and validate embodyflow tables"
+)]
 pub struct Args {
     #[command(subcommand)]
     command: Command,
@@ -87,19 +91,49 @@ pub fn run(args: Args) -> Result<()> {
         Command::Schema { name: None } => {
             for table in TableName::ALL {
                 let def = table.def();
-                writeln!(out, "{:<14} v{}  key: {}", def.name, def.version, def.key.join(", ")).map_err(write_err)?;
+                writeln!(
+                    out,
+                    "{:<14} v{}  key: {}",
+                    def.name,
+                    def.version,
+                    def.key.join(", ")
+                )
+                .map_err(write_err)?;
             }
         }
         Command::Schema { name: Some(table) } => {
-            out.write_all(describe(table).as_bytes()).map_err(write_err)?;
-        }
-        Command::Import { table, from, out: out_dir, overwrite, rows_per_shard, row_group_rows } => {
-            let options = WriteOptions { rows_per_shard, row_group_rows, ..WriteOptions::default() };
-            let manifest = with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
-            writeln!(out, "imported {} rows into {} ({} shards)", manifest.num_rows, out_dir.join(table.as_str()).display(), manifest.shards.len())
+            out.write_all(describe(table).as_bytes())
                 .map_err(write_err)?;
         }
-        Command::Show { dir, limit, columns } => {
+        Command::Import {
+            table,
+            from,
+            out: out_dir,
+            overwrite,
+            rows_per_shard,
+            row_group_rows,
+        } => {
+            let options = WriteOptions {
+                rows_per_shard,
+                row_group_rows,
+                ..WriteOptions::default()
+            };
+            let manifest =
+                with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
+            writeln!(
+                out,
+                "imported {} rows into {} ({} shards)",
+                manifest.num_rows,
+                out_dir.join(table.as_str()).display(),
+                manifest.shards.len()
+            )
+            .map_err(write_err)?;
+        }
+        Command::Show {
+            dir,
+            limit,
+            columns,
+        } => {
             let table = table_of(&dir)?;
             with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))?;
         }
@@ -121,8 +155,15 @@ pub fn run(args: Args) -> Result<()> {
                 if deep {
                     reader.verify_hashes()?;
                 }
-                writeln!(out, "ok {table} {} rows, {} shards, content hash {} ({})", rows, reader.manifest().shards.len(), reader.manifest().content_hash, dir.display())
-                    .map_err(write_err)?;
+                writeln!(
+                    out,
+                    "ok {table} {} rows, {} shards, content hash {} ({})",
+                    rows,
+                    reader.manifest().shards.len(),
+                    reader.manifest().content_hash,
+                    dir.display()
+                )
+                .map_err(write_err)?;
             }
         }
     }
@@ -132,22 +173,33 @@ pub fn run(args: Args) -> Result<()> {
 /// The table a directory's manifest names.
 fn table_of(dir: &Path) -> Result<TableName> {
     let manifest = Manifest::read(dir)?;
-    manifest.table.parse().map_err(|e: embodyflow_core::schemas::UnknownTable| Error::BadManifest {
-        dir: dir.to_path_buf(),
-        reason: e.to_string(),
-    })
+    manifest.table.parse().map_err(
+        |e: embodyflow_core::schemas::UnknownTable| Error::BadManifest {
+            dir: dir.to_path_buf(),
+            reason: e.to_string(),
+        },
+    )
 }
 
 /// A table's columns with types, nullability and docs, and its example rows.
 pub fn describe(table: TableName) -> String {
     let def = table.def();
-    let mut text = format!("{} (schema version {}, key: {})\n\n", def.name, def.version, def.key.join(", "));
+    let mut text = format!(
+        "{} (schema version {}, key: {})\n\n",
+        def.name,
+        def.version,
+        def.key.join(", ")
+    );
     for column in &def.columns {
         text.push_str(&format!(
             "  {:<24} {:<48} {}\n      {}\n",
             column.name,
             format_type(&column.data_type),
-            if column.nullable { "nullable" } else { "not null" },
+            if column.nullable {
+                "nullable"
+            } else {
+                "not null"
+            },
             column.doc
         ));
     }
@@ -161,7 +213,12 @@ pub fn describe(table: TableName) -> String {
     text
 }
 
-fn import<R: Row>(from: &Path, out: &Path, options: WriteOptions, overwrite: bool) -> Result<Manifest> {
+fn import<R: Row>(
+    from: &Path,
+    out: &Path,
+    options: WriteOptions,
+    overwrite: bool,
+) -> Result<Manifest> {
     let file = std::fs::File::open(from).map_err(|e| Error::io(from, e))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut writer = TableWriter::create(out, R::TABLE, options, overwrite)?;
@@ -174,7 +231,12 @@ fn import<R: Row>(from: &Path, out: &Path, options: WriteOptions, overwrite: boo
             continue;
         }
         let row: R = serde_json::from_str(&line).map_err(|e| {
-            Error::BadInput(format!("{}:{}: not a `{}` row: {e}", from.display(), index + 1, R::TABLE))
+            Error::BadInput(format!(
+                "{}:{}: not a `{}` row: {e}",
+                from.display(),
+                index + 1,
+                R::TABLE
+            ))
         })?;
         rows.push(row);
         if rows.len() == rows.capacity() {
@@ -194,7 +256,12 @@ fn import<R: Row>(from: &Path, out: &Path, options: WriteOptions, overwrite: boo
     writer.finish(&producer, &[])
 }
 
-fn show<R: Row>(dir: &Path, limit: Option<usize>, columns: &[String], out: &mut impl Write) -> Result<()> {
+fn show<R: Row>(
+    dir: &Path,
+    limit: Option<usize>,
+    columns: &[String],
+    out: &mut impl Write,
+) -> Result<()> {
     let reader = TableReader::open(dir, R::TABLE)?;
     let def = R::TABLE.def();
     for column in columns {

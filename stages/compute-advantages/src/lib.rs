@@ -1,0 +1,706 @@
+//! The `compute-advantages` stage: reads trajectories, steps and rewards and
+//! writes the advantages table (one row per step, one advantage per response
+//! token) plus a diagnostics summary.
+//!
+//! Estimators (`estimator = ...`):
+//! - `grpo`: A^E_i = (R_i - mean_g R) / (std_g R + eps), broadcast to every
+//!   response token of every step of trajectory i (veRL numerics, see
+//!   `embodyflow_algos::grpo`);
+//! - `dr_grpo`: A^E_i = R_i - mean_g R;
+//! - `gae`: GAE with `gae.level = "token"` (per-token `old_values`, the
+//!   trajectory's steps concatenated, outcome on the last token; veRL's
+//!   `compute_gae_advantage_return`) or `"decision"` (one `old_value` per step,
+//!   outcome on the last step, LaST-R1), whitened over the whole batch, with
+//!   returns = A + V before whitening.
+//!
+//! `filter.dynamic_sampling = true` drops groups whose scores are all equal.
+//! With `--shard i/n` a process writes the steps of the groups it owns
+//! (stable hash of `group_id`); group statistics and GAE whitening are always
+//! computed over the whole input, so the shards' outputs together equal the
+//! unsharded output.
+//!
+//! ```text
+//! compute-advantages --input runs/it0/rollouts --input runs/it0/rewards \
+//!     --out runs/it0/adv --set estimator=gae --set gae.level=decision
+//! ```
+//!
+//! Bad input (exit 2, nothing written): a trajectory without a rewards row or
+//! with two, a rewards row whose trajectory or group is unknown, a score that
+//! is NaN or infinite, missing or duplicated steps, values missing or of the
+//! wrong length for GAE.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Float32Array, Int32Array, ListArray, RecordBatch, StringArray,
+    new_null_array,
+};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::DataType;
+use embodyflow_algos::gae::{GaeParams, gae_tokens, whiten};
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages, is_mixed};
+use embodyflow_core::cli::StageArgs;
+use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::schemas::{AdvantageRow, TableName};
+use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Error, Result, progress};
+use serde::{Deserialize, Serialize};
+
+/// Command line of `compute-advantages`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "compute-advantages",
+    version,
+    about = "Per-token advantages from rollouts and rewards"
+)]
+pub struct Args {
+    #[command(flatten)]
+    stage: StageArgs,
+}
+
+/// The advantage estimator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// Group-normalised outcome (GRPO).
+    Grpo,
+    /// Group-centred outcome (Dr. GRPO).
+    DrGrpo,
+    /// Generalised advantage estimation with a critic.
+    Gae,
+}
+
+impl Estimator {
+    fn name(self) -> &'static str {
+        match self {
+            Estimator::Grpo => "grpo",
+            Estimator::DrGrpo => "dr_grpo",
+            Estimator::Gae => "gae",
+        }
+    }
+}
+
+/// Where GAE's values live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GaeLevel {
+    /// One value per response token (`steps.old_values`).
+    Token,
+    /// One value per decision step (`steps.old_value`).
+    Decision,
+}
+
+/// `grpo.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpoConfig {
+    /// Added to the group's standard deviation.
+    pub eps: f64,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig { eps: 1e-6 }
+    }
+}
+
+/// `gae.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GaeConfig {
+    /// Discount.
+    pub gamma: f32,
+    /// GAE lambda.
+    pub lam: f32,
+    /// Token-level or decision-level values.
+    pub level: GaeLevel,
+}
+
+impl Default for GaeConfig {
+    fn default() -> Self {
+        GaeConfig {
+            gamma: 0.99,
+            lam: 0.95,
+            level: GaeLevel::Token,
+        }
+    }
+}
+
+/// `filter.*` settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Drop groups whose scores are all equal.
+    pub dynamic_sampling: bool,
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The estimator.
+    pub estimator: Estimator,
+    /// GRPO settings.
+    pub grpo: GrpoConfig,
+    /// GAE settings.
+    pub gae: GaeConfig,
+    /// Group filter.
+    pub filter: FilterConfig,
+    /// Rows per record batch read from the steps table.
+    pub batch_rows: usize,
+    /// Output layout.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            estimator: Estimator::Grpo,
+            grpo: GrpoConfig::default(),
+            gae: GaeConfig::default(),
+            filter: FilterConfig::default(),
+            batch_rows: 4096,
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+}
+
+/// One trajectory with its reward, as the estimators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    /// Trajectory id.
+    pub trajectory_id: String,
+    /// Dense index of its group.
+    pub group: u32,
+    /// Its score R_i.
+    pub score: f32,
+    /// Decision steps it has.
+    pub num_steps: i32,
+}
+
+/// The batch's trajectories joined with their rewards, grouped.
+#[derive(Debug, Clone, Default)]
+pub struct Episodes {
+    /// Trajectories in input order.
+    pub list: Vec<Episode>,
+    /// Group ids by dense index.
+    pub group_ids: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl Episodes {
+    /// Joins trajectories `(trajectory_id, group_id, num_steps)` with rewards
+    /// `(trajectory_id, group_id, score)`, checking that every trajectory has
+    /// exactly one finite score and the same group on both sides.
+    pub fn join(
+        trajectories: impl IntoIterator<Item = (String, String, i32)>,
+        rewards: impl IntoIterator<Item = (String, String, f32)>,
+    ) -> Result<Episodes> {
+        let mut episodes = Episodes::default();
+        let mut group_index: HashMap<String, u32> = HashMap::new();
+        let mut groups_of: Vec<String> = Vec::new();
+        for (trajectory_id, group_id, num_steps) in trajectories {
+            let next = group_index.len() as u32;
+            let group = *group_index.entry(group_id.clone()).or_insert_with(|| {
+                episodes.group_ids.push(group_id.clone());
+                next
+            });
+            if episodes
+                .index
+                .insert(trajectory_id.clone(), episodes.list.len())
+                .is_some()
+            {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` appears twice in trajectories"
+                )));
+            }
+            groups_of.push(group_id);
+            episodes.list.push(Episode {
+                trajectory_id,
+                group,
+                score: f32::NAN,
+                num_steps,
+            });
+        }
+        let mut scored = vec![false; episodes.list.len()];
+        for (trajectory_id, group_id, score) in rewards {
+            let Some(&i) = episodes.index.get(&trajectory_id) else {
+                let reason = if group_index.contains_key(&group_id) {
+                    "trajectory"
+                } else {
+                    "trajectory and group"
+                };
+                return Err(Error::BadInput(format!(
+                    "rewards row for trajectory `{trajectory_id}` (group `{group_id}`): unknown {reason}; is it from another rollout set?"
+                )));
+            };
+            if groups_of[i] != group_id {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}`: rewards give group `{group_id}`, trajectories give group `{}`",
+                    groups_of[i]
+                )));
+            }
+            if scored[i] {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` has two rewards rows"
+                )));
+            }
+            if !score.is_finite() {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}`: score is {score}, expected a finite number"
+                )));
+            }
+            scored[i] = true;
+            episodes.list[i].score = score;
+        }
+        if let Some(i) = scored.iter().position(|s| !s) {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}` has no rewards row ({} of {} trajectories are unscored); run score-rewards on this rollout set",
+                episodes.list[i].trajectory_id,
+                scored.iter().filter(|s| !**s).count(),
+                scored.len()
+            )));
+        }
+        Ok(episodes)
+    }
+
+    /// Index of a trajectory.
+    pub fn get(&self, trajectory_id: &str) -> Option<usize> {
+        self.index.get(trajectory_id).copied()
+    }
+
+    /// Per group: whether dynamic sampling keeps it (scores not all equal).
+    pub fn mixed_groups(&self) -> Vec<bool> {
+        let mut scores: Vec<Vec<f32>> = vec![Vec::new(); self.group_ids.len()];
+        for e in &self.list {
+            scores[e.group as usize].push(e.score);
+        }
+        scores.into_iter().map(is_mixed).collect()
+    }
+}
+
+fn read_episodes(trajectories: &TableReader, rewards: &TableReader) -> Result<Episodes> {
+    let mut traj = Vec::with_capacity(trajectories.num_rows() as usize);
+    for batch in trajectories.batches(Some(&["trajectory_id", "group_id", "num_steps"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let groups = column::<StringArray>(&batch, "group_id");
+        let steps = column::<Int32Array>(&batch, "num_steps");
+        for i in 0..batch.num_rows() {
+            traj.push((
+                ids.value(i).to_string(),
+                groups.value(i).to_string(),
+                steps.value(i),
+            ));
+        }
+    }
+    let mut scores = Vec::with_capacity(rewards.num_rows() as usize);
+    for batch in rewards.batches(Some(&["trajectory_id", "group_id", "score"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let groups = column::<StringArray>(&batch, "group_id");
+        let score = column::<Float32Array>(&batch, "score");
+        for i in 0..batch.num_rows() {
+            scores.push((
+                ids.value(i).to_string(),
+                groups.value(i).to_string(),
+                score.value(i),
+            ));
+        }
+    }
+    Episodes::join(traj, scores)
+}
+
+/// What a run did, for the summary and `diagnostics.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Diagnostics {
+    /// Estimator used.
+    pub estimator: String,
+    /// Trajectories in the input.
+    pub trajectories: usize,
+    /// Groups in the input.
+    pub groups: usize,
+    /// Groups kept by dynamic sampling (all when it is off).
+    pub kept_groups: usize,
+    /// Groups dropped because every score was equal.
+    pub dropped_groups: usize,
+    /// Steps written by this process.
+    pub steps_written: u64,
+    /// Response tokens written by this process.
+    pub tokens_written: u64,
+    /// Mean episode advantage over written steps.
+    pub episode_adv_mean: f64,
+    /// Standard deviation of the episode advantage over written steps.
+    pub episode_adv_std: f64,
+}
+
+/// Runs the stage.
+pub fn run(args: Args) -> Result<()> {
+    let stage =
+        Stage::<Config>::start("compute-advantages", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_outputs(&[TableName::Advantages])?;
+    let trajectories = stage.input(TableName::Trajectories)?;
+    let rewards = stage.input(TableName::Rewards)?;
+    let steps = stage.input(TableName::Steps)?;
+    let config = &stage.config;
+
+    let episodes = read_episodes(&trajectories, &rewards)?;
+    let kept = if config.filter.dynamic_sampling {
+        episodes.mixed_groups()
+    } else {
+        vec![true; episodes.group_ids.len()]
+    };
+    let shard = stage.args.shard;
+    let owned: Vec<bool> = episodes
+        .group_ids
+        .iter()
+        .zip(&kept)
+        .map(|(g, &k)| k && shard.owns(g))
+        .collect();
+
+    let mut diagnostics = Diagnostics {
+        estimator: config.estimator.name().to_string(),
+        trajectories: episodes.list.len(),
+        groups: episodes.group_ids.len(),
+        kept_groups: kept.iter().filter(|k| **k).count(),
+        dropped_groups: kept.iter().filter(|k| !**k).count(),
+        ..Diagnostics::default()
+    };
+    let mut writer = stage.writer(TableName::Advantages)?;
+    let mut adv_sum = 0f64;
+    let mut adv_sq = 0f64;
+    match config.estimator {
+        Estimator::Grpo | Estimator::DrGrpo => {
+            let norm = GroupNorm {
+                norm_by_std: config.estimator == Estimator::Grpo,
+                eps: config.grpo.eps,
+            };
+            let scores: Vec<f32> = episodes.list.iter().map(|e| e.score).collect();
+            let groups: Vec<u32> = episodes.list.iter().map(|e| e.group).collect();
+            let advantages = episode_advantages(&scores, &groups, norm);
+            let bar = progress::bar(steps.num_rows(), "advantages");
+            let mut step_counts = vec![0i32; episodes.list.len()];
+            for batch in steps.batches(
+                Some(&["trajectory_id", "step_index", "response_ids"]),
+                config.batch_rows,
+            )? {
+                let batch = batch?;
+                bar.inc(batch.num_rows() as u64);
+                let out = grpo_batch(
+                    &batch,
+                    &episodes,
+                    &owned,
+                    &advantages,
+                    config.estimator.name(),
+                    &mut step_counts,
+                )?;
+                let values = column::<Float32Array>(&out, "episode_adv");
+                let lengths = column::<ListArray>(&out, "advantages");
+                for i in 0..out.num_rows() {
+                    let a = f64::from(values.value(i));
+                    adv_sum += a;
+                    adv_sq += a * a;
+                    diagnostics.tokens_written += lengths.value_length(i) as u64;
+                }
+                diagnostics.steps_written += out.num_rows() as u64;
+                writer.write_batch(&out)?;
+            }
+            bar.finish_and_clear();
+            if let Some((e, &count)) = step_counts
+                .iter()
+                .enumerate()
+                .find(|&(e, &c)| c != episodes.list[e].num_steps)
+            {
+                let episode = &episodes.list[e];
+                return Err(Error::BadInput(format!(
+                    "trajectory `{}`: steps table has {count} steps, expected {} (num_steps)",
+                    episode.trajectory_id, episode.num_steps
+                )));
+            }
+        }
+        Estimator::Gae => {
+            let rows = gae_rows(
+                &steps,
+                &episodes,
+                &kept,
+                &owned,
+                &config.gae,
+                config.batch_rows,
+            )?;
+            for row in &rows {
+                adv_sum += f64::from(row.episode_adv);
+                adv_sq += f64::from(row.episode_adv).powi(2);
+                diagnostics.tokens_written += row.advantages.len() as u64;
+            }
+            diagnostics.steps_written = rows.len() as u64;
+            writer.write_rows(&rows)?;
+        }
+    }
+    let n = diagnostics.steps_written.max(1) as f64;
+    diagnostics.episode_adv_mean = adv_sum / n;
+    diagnostics.episode_adv_std = (adv_sq / n - diagnostics.episode_adv_mean.powi(2))
+        .max(0.0)
+        .sqrt();
+    stage.finish(writer)?;
+
+    let json_path = stage.args.out.join("diagnostics.json");
+    let json = serde_json::to_string_pretty(&diagnostics).expect("diagnostics serialise");
+    std::fs::write(&json_path, json + "\n").map_err(|e| Error::io(&json_path, e))?;
+    let mut summary = Summary::new(format!("compute-advantages ({})", diagnostics.estimator));
+    summary
+        .add("shard", shard)
+        .add("trajectories", diagnostics.trajectories)
+        .add(
+            "groups (kept / dropped as all-equal)",
+            format!(
+                "{} ({} / {})",
+                diagnostics.groups, diagnostics.kept_groups, diagnostics.dropped_groups
+            ),
+        )
+        .add("steps written", diagnostics.steps_written)
+        .add("tokens written", diagnostics.tokens_written)
+        .add(
+            "episode advantage mean ± std",
+            format!(
+                "{:.4} ± {:.4}",
+                diagnostics.episode_adv_mean, diagnostics.episode_adv_std
+            ),
+        );
+    stage.write_summary(&summary)?;
+    Ok(())
+}
+
+/// The advantages rows of one steps batch under GRPO / Dr. GRPO: every
+/// response token of a step gets its trajectory's episode advantage. The ids
+/// and list offsets are reused from the input arrays.
+fn grpo_batch(
+    batch: &RecordBatch,
+    episodes: &Episodes,
+    owned: &[bool],
+    advantages: &[f32],
+    estimator: &str,
+    step_counts: &mut [i32],
+) -> Result<RecordBatch> {
+    let ids = column::<StringArray>(batch, "trajectory_id");
+    let mut keep = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let Some(e) = episodes.get(ids.value(i)) else {
+            return Err(Error::BadInput(format!(
+                "steps row for trajectory `{}`, which is not in trajectories",
+                ids.value(i)
+            )));
+        };
+        step_counts[e] += 1;
+        keep.push(owned[episodes.list[e].group as usize]);
+    }
+    let batch =
+        filter_record_batch(batch, &BooleanArray::from(keep)).expect("mask has the batch's length");
+    let ids = column::<StringArray>(&batch, "trajectory_id");
+    let responses = column::<ListArray>(&batch, "response_ids");
+    let per_step: Vec<f32> = (0..batch.num_rows())
+        .map(|i| advantages[episodes.get(ids.value(i)).expect("checked above")])
+        .collect();
+    let offsets = responses.offsets();
+    let base = offsets[0] as usize;
+    let mut tokens = Vec::with_capacity(offsets[offsets.len() - 1] as usize - base);
+    for (i, &a) in per_step.iter().enumerate() {
+        tokens.resize(tokens.len() + responses.value_length(i) as usize, a);
+    }
+    let rebased =
+        arrow::buffer::OffsetBuffer::new(offsets.iter().map(|&o| o - base as i32).collect());
+    let schema = TableName::Advantages.def().arrow_schema();
+    let item = match schema
+        .field_with_name("advantages")
+        .expect("schema column")
+        .data_type()
+    {
+        DataType::List(item) => item.clone(),
+        other => unreachable!("advantages is a list, not {other}"),
+    };
+    let list_type = DataType::List(item.clone());
+    let advantages_col = ListArray::new(item, rebased, Arc::new(Float32Array::from(tokens)), None);
+    let n = batch.num_rows();
+    let columns: Vec<ArrayRef> = vec![
+        batch.column_by_name("trajectory_id").expect("read").clone(),
+        batch.column_by_name("step_index").expect("read").clone(),
+        Arc::new(advantages_col),
+        new_null_array(&list_type, n),
+        Arc::new(Float32Array::from(per_step)),
+        new_null_array(&list_type, n),
+        Arc::new(StringArray::from(vec![estimator; n])),
+    ];
+    Ok(RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema"))
+}
+
+/// One step as GAE needs it.
+struct GaeStep {
+    step_index: i32,
+    tokens: usize,
+    values: Vec<f32>,
+}
+
+/// GAE over the whole batch (whitening is global), rows for the owned steps.
+fn gae_rows(
+    steps: &TableReader,
+    episodes: &Episodes,
+    kept: &[bool],
+    owned: &[bool],
+    gae: &GaeConfig,
+    batch_rows: usize,
+) -> Result<Vec<AdvantageRow>> {
+    let value_column = match gae.level {
+        GaeLevel::Token => "old_values",
+        GaeLevel::Decision => "old_value",
+    };
+    let mut per_trajectory: Vec<Vec<GaeStep>> =
+        (0..episodes.list.len()).map(|_| Vec::new()).collect();
+    for batch in steps.batches(
+        Some(&["trajectory_id", "step_index", "response_ids", value_column]),
+        batch_rows,
+    )? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let index = column::<Int32Array>(&batch, "step_index");
+        let responses = column::<ListArray>(&batch, "response_ids");
+        for i in 0..batch.num_rows() {
+            let id = ids.value(i);
+            let Some(e) = episodes.get(id) else {
+                return Err(Error::BadInput(format!(
+                    "steps row for trajectory `{id}`, which is not in trajectories"
+                )));
+            };
+            if !kept[episodes.list[e].group as usize] {
+                continue;
+            }
+            let tokens = responses.value_length(i) as usize;
+            let missing = || {
+                Error::BadInput(format!(
+                    "trajectory `{id}` step {}: `{value_column}` is null; gae.level = {:?} needs it (was the policy run with a value head?)",
+                    index.value(i),
+                    gae.level
+                ))
+            };
+            let values = match gae.level {
+                GaeLevel::Token => {
+                    let list = column::<ListArray>(&batch, "old_values");
+                    if list.is_null(i) {
+                        return Err(missing());
+                    }
+                    let values = list.value(i);
+                    let values = values
+                        .as_any()
+                        .downcast_ref::<Float32Array>()
+                        .expect("list<f32>");
+                    if values.len() != tokens {
+                        return Err(Error::BadInput(format!(
+                            "trajectory `{id}` step {}: old_values has {} entries, expected {tokens} (one per response token)",
+                            index.value(i),
+                            values.len()
+                        )));
+                    }
+                    values.values().to_vec()
+                }
+                GaeLevel::Decision => {
+                    let value = column::<Float32Array>(&batch, "old_value");
+                    if value.is_null(i) {
+                        return Err(missing());
+                    }
+                    vec![value.value(i)]
+                }
+            };
+            per_trajectory[e].push(GaeStep {
+                step_index: index.value(i),
+                tokens,
+                values,
+            });
+        }
+    }
+    // Check each kept trajectory has steps 0..num_steps exactly once, in order.
+    for (e, steps) in per_trajectory.iter_mut().enumerate() {
+        let episode = &episodes.list[e];
+        if !kept[episode.group as usize] {
+            continue;
+        }
+        steps.sort_by_key(|s| s.step_index);
+        let found: Vec<i32> = steps.iter().map(|s| s.step_index).collect();
+        if found != (0..episode.num_steps).collect::<Vec<_>>() {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}`: steps table has step indices {found:?}, expected 0..{} (num_steps)",
+                episode.trajectory_id, episode.num_steps
+            )));
+        }
+    }
+    // Flatten: one row of positions per trajectory (tokens or decisions).
+    let mut values = Vec::new();
+    let mut rewards = Vec::new();
+    let mut offsets = vec![0usize];
+    let mut order = Vec::new();
+    for (e, steps) in per_trajectory.iter().enumerate() {
+        if steps.is_empty() {
+            continue;
+        }
+        for step in steps {
+            values.extend_from_slice(&step.values);
+        }
+        rewards.resize(values.len(), 0.0);
+        *rewards.last_mut().expect("a trajectory has a position") = episodes.list[e].score;
+        offsets.push(values.len());
+        order.push(e);
+    }
+    let (mut advantages, returns) = gae_tokens(
+        &rewards,
+        &values,
+        &offsets,
+        GaeParams {
+            gamma: gae.gamma,
+            lam: gae.lam,
+        },
+    );
+    whiten(&mut advantages)
+        .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
+
+    let mut rows = Vec::new();
+    for (row, &e) in order.iter().enumerate() {
+        let episode = &episodes.list[e];
+        if !owned[episode.group as usize] {
+            continue;
+        }
+        let mut position = offsets[row];
+        for step in &per_trajectory[e] {
+            let (adv, ret): (Vec<f32>, Vec<f32>) = match gae.level {
+                GaeLevel::Token => {
+                    let range = position..position + step.tokens;
+                    position += step.tokens;
+                    (advantages[range.clone()].to_vec(), returns[range].to_vec())
+                }
+                GaeLevel::Decision => {
+                    let (a, r) = (advantages[position], returns[position]);
+                    position += 1;
+                    (vec![a; step.tokens], vec![r; step.tokens])
+                }
+            };
+            let episode_adv = if adv.is_empty() {
+                0.0
+            } else {
+                adv.iter().sum::<f32>() / adv.len() as f32
+            };
+            rows.push(AdvantageRow {
+                trajectory_id: episode.trajectory_id.clone(),
+                step_index: step.step_index,
+                advantages: adv,
+                returns: Some(ret),
+                episode_adv,
+                step_adv: None,
+                estimator: Estimator::Gae.name().to_string(),
+            });
+        }
+    }
+    Ok(rows)
+}
