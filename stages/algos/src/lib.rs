@@ -9,6 +9,9 @@
 
 pub mod gae;
 pub mod grpo;
+pub mod json_spans;
+pub mod plan;
+pub mod rewards;
 
 /// Errors of the maths: inputs that make a formula undefined.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

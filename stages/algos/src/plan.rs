@@ -1,0 +1,460 @@
+//! Plans in model responses: extraction (strict or tolerant, with the byte
+//! span of every step's `action_id` and `action_name` value) and rule
+//! matching against a ground-truth plan.
+//!
+//! A response is a JSON object with `executable_plan`, a list of
+//! `{"action_id": int, "action_name": str}` (and usually `language_plan`).
+//!
+//! **Strict** extraction ([`extract_strict`]) accepts exactly that and nothing
+//! else: the whole response must be the JSON object (as `json.loads` in the
+//! Embodied-R1 reference reward). **Tolerant** extraction ([`extract`])
+//! also accepts, in this order: trailing special tokens (`<|im_end|>`,
+//! `<|endoftext|>`, `</s>`, …) stripped; the first fenced block (```` ```json
+//! ```` or ```` ``` ````) that parses; the whole text; the first balanced `{…}`
+//! holding an `executable_plan` array; a bare list of steps. Items that are
+//! not objects, ids that are not integers and names that are not strings are
+//! kept as steps with the missing part `None`.
+//!
+//! **Matching** ([`step_match`]) compares predicted with ground-truth steps by
+//! `action_id`, falling back to the lower-cased, trimmed `action_name` when
+//! the predicted id is missing: `exact` (pred[i] == gt[i]), `prefix` (1 up to
+//! the first mismatch, then 0), `lcs` (1 for predicted positions used by a
+//! longest common subsequence; ties prefer the earliest predicted positions).
+//!
+//! ```
+//! use embodyflow_algos::plan::{extract, step_match, GtStep, MatchMode};
+//! let text = "Sure!\n```json\n{\"executable_plan\": [{\"action_id\": 3, \"action_name\": \"find a Mug\"}]}\n```<|im_end|>";
+//! let plan = extract(text).unwrap();
+//! assert_eq!(plan.steps[0].action_id, Some(3));
+//! assert_eq!(&text[plan.steps[0].name_span.clone().unwrap()], "\"find a Mug\"");
+//! let gt = [GtStep { action_id: 3, action_name: "find a Mug".into() }];
+//! assert_eq!(step_match(&plan.steps, &gt, MatchMode::Exact), vec![1]);
+//! ```
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::json_spans::{Json, Spanned, parse, parse_prefix};
+
+/// One predicted plan step with where its values sit in the response text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanStep {
+    /// The id when the item had an integer `action_id`.
+    pub action_id: Option<i64>,
+    /// The name when the item had a string `action_name`.
+    pub action_name: Option<String>,
+    /// Byte span of the `action_id` value.
+    pub id_span: Option<Range<usize>>,
+    /// Byte span of the `action_name` value (with its quotes).
+    pub name_span: Option<Range<usize>>,
+    /// Whether the item was an object with an integer id and a string name.
+    pub well_formed: bool,
+}
+
+/// How the plan was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanSource {
+    /// The whole response is the JSON object.
+    Whole,
+    /// Inside a fenced code block.
+    Fenced,
+    /// A balanced object found inside prose.
+    Embedded,
+    /// A bare list of steps.
+    BareList,
+}
+
+/// A plan extracted from a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The steps in order.
+    pub steps: Vec<PlanStep>,
+    /// Byte span of the `executable_plan` array (or the bare list).
+    pub plan_span: Range<usize>,
+    /// How it was found.
+    pub source: PlanSource,
+}
+
+/// A ground-truth step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GtStep {
+    /// Action id.
+    pub action_id: i64,
+    /// Action name.
+    pub action_name: String,
+}
+
+/// Rule matching mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchMode {
+    /// pred[i] == gt[i].
+    Exact,
+    /// 1 up to the first mismatch, then 0.
+    Prefix,
+    /// Positions used by a longest common subsequence.
+    Lcs,
+}
+
+/// Extracts the plan only when the whole response is the expected JSON object.
+pub fn extract_strict(text: &str) -> Option<Plan> {
+    let value = parse(text).ok()?;
+    plan_from_object(&value, PlanSource::Whole)
+}
+
+/// Extracts the plan tolerantly (see the module doc); `None` when no plan is found.
+pub fn extract(text: &str) -> Option<Plan> {
+    let body = strip_trailing_special_tokens(text);
+    for (start, end) in fenced_blocks(body) {
+        if let Some((value, _)) = parse_inner(text, start, end) {
+            if let Some(plan) = plan_from_value(&value, PlanSource::Fenced) {
+                return Some(plan);
+            }
+        }
+    }
+    if let Ok(value) = parse(body) {
+        if let Some(plan) = plan_from_value(&value, PlanSource::Whole) {
+            return Some(plan);
+        }
+    }
+    // Balanced objects inside prose, then a bare list.
+    for (i, byte) in body.bytes().enumerate() {
+        if byte == b'{' {
+            if let Ok((value, _)) = parse_prefix(body, i) {
+                if let Some(plan) = plan_from_object(&value, PlanSource::Embedded) {
+                    return Some(plan);
+                }
+            }
+        }
+    }
+    for (i, byte) in body.bytes().enumerate() {
+        if byte == b'[' {
+            if let Ok((value, _)) = parse_prefix(body, i) {
+                if let Some(plan) = plan_from_list(&value, PlanSource::BareList) {
+                    return Some(plan);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Parses the JSON value that fills `text[start..end]` (surrounding white
+/// space allowed), with spans in `text`.
+fn parse_inner(text: &str, start: usize, end: usize) -> Option<(Spanned, usize)> {
+    let (value, after) = parse_prefix(&text[..end], start).ok()?;
+    text[after..end].trim().is_empty().then_some((value, after))
+}
+
+fn strip_trailing_special_tokens(text: &str) -> &str {
+    let mut body = text.trim_end();
+    loop {
+        let before = body.len();
+        if body.ends_with("|>") {
+            if let Some(open) = body.rfind("<|") {
+                body = body[..open].trim_end();
+            }
+        }
+        for token in ["</s>", "<eos>", "<end_of_turn>", "[EOS]"] {
+            if let Some(stripped) = body.strip_suffix(token) {
+                body = stripped.trim_end();
+            }
+        }
+        if body.len() == before {
+            return body;
+        }
+    }
+}
+
+/// Byte ranges of the contents of ``` fenced blocks.
+fn fenced_blocks(text: &str) -> Vec<(usize, usize)> {
+    let mut blocks = Vec::new();
+    let mut search = 0;
+    while let Some(open) = text[search..].find("```").map(|i| search + i) {
+        let after_fence = open + 3;
+        let content_start = text[after_fence..]
+            .find('\n')
+            .map_or(text.len(), |i| after_fence + i + 1);
+        let Some(close) = text[content_start.min(text.len())..]
+            .find("```")
+            .map(|i| content_start + i)
+        else {
+            break;
+        };
+        blocks.push((content_start, close));
+        search = close + 3;
+    }
+    blocks
+}
+
+fn plan_from_value(value: &Spanned, source: PlanSource) -> Option<Plan> {
+    plan_from_object(value, source).or_else(|| plan_from_list(value, PlanSource::BareList))
+}
+
+fn plan_from_object(value: &Spanned, source: PlanSource) -> Option<Plan> {
+    let plan = value.get("executable_plan")?;
+    let Json::Array(items) = &plan.json else {
+        return None;
+    };
+    Some(Plan {
+        steps: items.iter().map(step_of).collect(),
+        plan_span: plan.span.clone(),
+        source,
+    })
+}
+
+fn plan_from_list(value: &Spanned, source: PlanSource) -> Option<Plan> {
+    let Json::Array(items) = &value.json else {
+        return None;
+    };
+    // A bare list counts only when it looks like steps.
+    if items.is_empty()
+        || !items
+            .iter()
+            .any(|i| i.get("action_id").is_some() || i.get("action_name").is_some())
+    {
+        return None;
+    }
+    Some(Plan {
+        steps: items.iter().map(step_of).collect(),
+        plan_span: value.span.clone(),
+        source,
+    })
+}
+
+fn step_of(item: &Spanned) -> PlanStep {
+    let id = item.get("action_id");
+    let name = item.get("action_name");
+    let action_id = id.and_then(|v| match &v.json {
+        Json::Number(n) => n.parse::<i64>().ok(),
+        _ => None,
+    });
+    let action_name = name.and_then(|v| match &v.json {
+        Json::String(s) => Some(s.clone()),
+        _ => None,
+    });
+    PlanStep {
+        well_formed: matches!(item.json, Json::Object(_))
+            && action_id.is_some()
+            && action_name.is_some(),
+        id_span: id.filter(|_| action_id.is_some()).map(|v| v.span.clone()),
+        name_span: name
+            .filter(|_| action_name.is_some())
+            .map(|v| v.span.clone()),
+        action_id,
+        action_name,
+    }
+}
+
+/// Normalises an action name for comparison: trimmed, lower-cased.
+pub fn normalise_name(name: &str) -> String {
+    name.trim().to_lowercase()
+}
+
+fn same_step(pred: &PlanStep, gt: &GtStep) -> bool {
+    match pred.action_id {
+        Some(id) => id == gt.action_id,
+        None => pred
+            .action_name
+            .as_deref()
+            .is_some_and(|n| normalise_name(n) == normalise_name(&gt.action_name)),
+    }
+}
+
+/// Per predicted step: 1 when it matches the ground truth under `mode`, else 0.
+pub fn step_match(pred: &[PlanStep], gt: &[GtStep], mode: MatchMode) -> Vec<i8> {
+    match mode {
+        MatchMode::Exact => pred
+            .iter()
+            .enumerate()
+            .map(|(i, p)| i8::from(gt.get(i).is_some_and(|g| same_step(p, g))))
+            .collect(),
+        MatchMode::Prefix => {
+            let mut matching = true;
+            pred.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    matching &= gt.get(i).is_some_and(|g| same_step(p, g));
+                    i8::from(matching)
+                })
+                .collect()
+        }
+        MatchMode::Lcs => {
+            let (n, m) = (pred.len(), gt.len());
+            // table[i][j] = LCS length of pred[i..] and gt[j..]
+            let mut table = vec![vec![0u32; m + 1]; n + 1];
+            for i in (0..n).rev() {
+                for j in (0..m).rev() {
+                    table[i][j] = if same_step(&pred[i], &gt[j]) {
+                        table[i + 1][j + 1] + 1
+                    } else {
+                        table[i + 1][j].max(table[i][j + 1])
+                    };
+                }
+            }
+            let mut used = vec![0i8; n];
+            let (mut i, mut j) = (0, 0);
+            while i < n && j < m {
+                if same_step(&pred[i], &gt[j]) && table[i][j] == table[i + 1][j + 1] + 1 {
+                    used[i] = 1;
+                    i += 1;
+                    j += 1;
+                } else if table[i][j + 1] >= table[i + 1][j] {
+                    j += 1;
+                } else {
+                    i += 1;
+                }
+            }
+            used
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gt(ids: &[i64]) -> Vec<GtStep> {
+        ids.iter()
+            .map(|&id| GtStep {
+                action_id: id,
+                action_name: format!("action {id}"),
+            })
+            .collect()
+    }
+
+    fn pred(ids: &[i64]) -> Vec<PlanStep> {
+        ids.iter()
+            .map(|&id| PlanStep {
+                action_id: Some(id),
+                action_name: Some(format!("action {id}")),
+                id_span: None,
+                name_span: None,
+                well_formed: true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn match_modes_by_hand() {
+        let g = gt(&[1, 2, 3, 4]);
+        let p = pred(&[1, 9, 3, 4, 5]);
+        assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![1, 0, 1, 1, 0]);
+        assert_eq!(step_match(&p, &g, MatchMode::Prefix), vec![1, 0, 0, 0, 0]);
+        // Shifted by one: exact sees nothing, lcs sees the common order.
+        let p = pred(&[7, 1, 2, 3]);
+        assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![0, 0, 0, 0]);
+        assert_eq!(step_match(&p, &g, MatchMode::Lcs), vec![0, 1, 1, 1]);
+        // Duplicates: only one of two identical predictions is used.
+        let p = pred(&[1, 1, 2]);
+        assert_eq!(step_match(&p, &g, MatchMode::Lcs), vec![1, 0, 1]);
+        assert_eq!(step_match(&[], &g, MatchMode::Lcs), Vec::<i8>::new());
+    }
+
+    #[test]
+    fn names_stand_in_for_missing_ids() {
+        let g = gt(&[5]);
+        let p = vec![PlanStep {
+            action_id: None,
+            action_name: Some("  ACTION 5 ".into()),
+            id_span: None,
+            name_span: None,
+            well_formed: false,
+        }];
+        assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![1]);
+        let p = vec![PlanStep {
+            action_id: Some(6),
+            action_name: Some("action 5".into()),
+            id_span: None,
+            name_span: None,
+            well_formed: true,
+        }];
+        assert_eq!(
+            step_match(&p, &g, MatchMode::Exact),
+            vec![0],
+            "an id, when present, decides"
+        );
+    }
+
+    fn names(plan: &Plan, text: &str) -> Vec<String> {
+        plan.steps
+            .iter()
+            .map(|s| {
+                s.name_span
+                    .clone()
+                    .map_or("-".into(), |r| text[r].to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn adversarial_texts() {
+        // Names repeated in language_plan and across steps; keys in either order; escaped quotes.
+        let text = r#"{"language_plan": ["find a Mug", "find a Mug"], "executable_plan": [{"action_id": 4, "action_name": "find a Mug"}, {"action_name": "find a \"Mug\"", "action_id": 4}]}"#;
+        let plan = extract(text).unwrap();
+        assert_eq!(
+            names(&plan, text),
+            [r#""find a Mug""#, r#""find a \"Mug\"""#]
+        );
+        assert!(
+            plan.steps[0].name_span.as_ref().unwrap().start > text.find("executable_plan").unwrap()
+        );
+        assert_eq!(plan.steps[1].action_name.as_deref(), Some("find a \"Mug\""));
+        assert_eq!(plan.source, PlanSource::Whole);
+        assert!(extract_strict(text).is_some());
+
+        // Prose around, a fenced block and trailing special tokens.
+        let text = "Plan below.\n```json\n{\"executable_plan\": [{\"action_id\": 1, \"action_name\": \"pick up the Äpfel\"}]}\n```\nDone.<|im_end|><|endoftext|>";
+        let plan = extract(text).unwrap();
+        assert_eq!(plan.source, PlanSource::Fenced);
+        assert_eq!(names(&plan, text), ["\"pick up the Äpfel\""]);
+        assert!(extract_strict(text).is_none());
+
+        // Prose without fences.
+        let text = "I will do this: {\"executable_plan\": [{\"action_id\": 2, \"action_name\": \"open the Fridge\"}]} ok?";
+        assert_eq!(extract(text).unwrap().source, PlanSource::Embedded);
+
+        // A bare list.
+        let text =
+            "[{\"action_id\": 2, \"action_name\": \"open the Fridge\"}, {\"action_id\": \"x\"}, 5]";
+        let plan = extract(text).unwrap();
+        assert_eq!(plan.source, PlanSource::BareList);
+        assert_eq!(plan.steps.len(), 3);
+        assert_eq!(plan.steps[1].action_id, None);
+        assert!(
+            !plan.steps[1].well_formed && !plan.steps[2].well_formed && plan.steps[0].well_formed
+        );
+
+        // Broken JSON and empty text.
+        assert!(
+            extract("{\"executable_plan\": [{\"action_id\": 1, \"action_name\": \"fi").is_none()
+        );
+        assert!(extract("").is_none());
+        assert!(extract("```json\n```").is_none());
+        // A null name is kept as a step without a name.
+        let plan =
+            extract("{\"executable_plan\": [{\"action_id\": 1, \"action_name\": null}]}").unwrap();
+        assert_eq!(plan.steps[0].action_name, None);
+        assert_eq!(plan.steps[0].name_span, None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn extraction_never_panics(text in "(\\PC|[{}\\[\\]\"`:,])*") {
+            let _ = extract(&text);
+            let _ = extract_strict(&text);
+        }
+
+        #[test]
+        fn lcs_marks_no_more_than_the_shorter_plan(p in proptest::collection::vec(0i64..4, 0..8), g in proptest::collection::vec(0i64..4, 0..8)) {
+            let used = step_match(&pred(&p), &gt(&g), MatchMode::Lcs);
+            let hits = used.iter().filter(|&&u| u == 1).count();
+            proptest::prop_assert!(hits <= p.len().min(g.len()));
+            let exact = step_match(&pred(&p), &gt(&g), MatchMode::Exact).iter().filter(|&&u| u == 1).count();
+            proptest::prop_assert!(hits >= step_match(&pred(&p), &gt(&g), MatchMode::Prefix).iter().filter(|&&u| u == 1).count());
+            let _ = exact;
+        }
+    }
+}
