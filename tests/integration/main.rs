@@ -3,3 +3,4 @@
 mod bad_shards;
 mod compute_advantages;
 mod killed_writer;
+mod score_rewards;

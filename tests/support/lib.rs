@@ -48,8 +48,14 @@ impl std::fmt::Display for Run {
 
 /// Runs binary `name` with `args` and captures everything.
 pub fn run(name: &str, args: &[&str]) -> Run {
+    run_with_env(name, args, &[])
+}
+
+/// Runs binary `name` with `args` and extra environment variables.
+pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let output: Output = Command::new(bin(name))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("spawn binary");
     Run {

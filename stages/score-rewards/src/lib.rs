@@ -1,0 +1,364 @@
+//! The `score-rewards` stage: reads trajectories (and tasks for ground-truth
+//! plans) and writes the rewards table, one row per trajectory.
+//!
+//! `reward.fn` chooses the reward (formulas in `embodyflow_algos::rewards`):
+//! `outcome` (`reward.reward_coef * complete`), `embodied_r1` (format +
+//! prefix accuracy; `reward.tolerant` for tolerant parsing;
+//! `reward.action_list` names a JSON file with the environment's action names,
+//! index = id, for the id/name agreement part), or `verify`
+//! (`0.8 * accuracy + 0.2 * format`, accuracy from the step match until an
+//! environment executor is attached). For every trajectory whose task has a
+//! ground-truth plan, `step_match` holds the rule match of each predicted step
+//! under `match.mode` (`exact` | `prefix` | `lcs`), found with the tolerant
+//! plan extraction whatever the reward.
+//!
+//! Rows are scored in parallel (rayon) and written in input order, so the
+//! output is the same for any thread count; `--shard i/n` scores the groups a
+//! process owns.
+//!
+//! ```text
+//! score-rewards --input runs/it0/rollouts --input data/train --out runs/it0/rewards \
+//!     --set reward.fn=embodied_r1 --set match.mode=lcs
+//! ```
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use arrow::array::{Array, BooleanArray, Int32Array, ListArray, StringArray, StructArray};
+use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
+use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
+use embodyflow_core::cli::StageArgs;
+use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName};
+use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Error, Result, progress};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Command line of `score-rewards`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "score-rewards",
+    version,
+    about = "Trajectory rewards and rule step matches"
+)]
+pub struct Args {
+    #[command(flatten)]
+    stage: StageArgs,
+}
+
+/// The reward function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardFn {
+    /// `reward_coef * complete`.
+    Outcome,
+    /// Format + prefix accuracy (Embodied-R1).
+    EmbodiedR1,
+    /// `0.8 * accuracy + 0.2 * format` (EasyR1 embody).
+    Verify,
+}
+
+impl RewardFn {
+    fn name(self) -> &'static str {
+        match self {
+            RewardFn::Outcome => "outcome",
+            RewardFn::EmbodiedR1 => "embodied_r1",
+            RewardFn::Verify => "verify",
+        }
+    }
+}
+
+/// `reward.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RewardConfig {
+    /// The reward function.
+    #[serde(rename = "fn")]
+    pub function: RewardFn,
+    /// Outcome reward for a completed task (1.0 SimpleVLA-RL, 5.0 LaST-R1).
+    pub reward_coef: f32,
+    /// Embodied-R1: tolerant parsing instead of the reference's strict parsing.
+    pub tolerant: bool,
+    /// Embodied-R1: JSON file with the action names (index = action id).
+    pub action_list: Option<PathBuf>,
+}
+
+impl Default for RewardConfig {
+    fn default() -> Self {
+        RewardConfig {
+            function: RewardFn::Outcome,
+            reward_coef: 1.0,
+            tolerant: false,
+            action_list: None,
+        }
+    }
+}
+
+/// `match.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MatchConfig {
+    /// Rule match mode.
+    pub mode: MatchMode,
+}
+
+impl Default for MatchConfig {
+    fn default() -> Self {
+        MatchConfig {
+            mode: MatchMode::Exact,
+        }
+    }
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Reward function settings.
+    pub reward: RewardConfig,
+    /// Step match settings.
+    #[serde(rename = "match")]
+    pub step_match: MatchConfig,
+    /// Rows per record batch read from trajectories.
+    pub batch_rows: usize,
+    /// Output layout.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            reward: RewardConfig::default(),
+            step_match: MatchConfig::default(),
+            batch_rows: 8192,
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+}
+
+/// One trajectory as scoring sees it.
+#[derive(Debug, Clone)]
+pub struct Rollout<'a> {
+    /// Trajectory id.
+    pub trajectory_id: &'a str,
+    /// Group id.
+    pub group_id: &'a str,
+    /// Whether the environment reported success.
+    pub complete: bool,
+    /// The response text of a one-shot plan.
+    pub response_text: Option<&'a str>,
+    /// The task's ground-truth plan.
+    pub gt: Option<&'a [GtStep]>,
+}
+
+/// Scores one trajectory (pure; the stage maps it over rows in parallel).
+pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList>) -> RewardRow {
+    let text = rollout.response_text.unwrap_or("");
+    let tolerant_plan: Option<Plan> = rollout.response_text.and_then(extract);
+    let matches = match (&tolerant_plan, rollout.gt) {
+        (Some(plan), Some(gt)) => Some(step_match(&plan.steps, gt, config.step_match.mode)),
+        (None, Some(_)) => Some(Vec::new()),
+        (_, None) => None,
+    };
+    let scored = match config.reward.function {
+        RewardFn::Outcome => {
+            let score = outcome(rollout.complete, config.reward.reward_coef);
+            Scored {
+                score,
+                format: 0.0,
+                accuracy: score,
+                plan: None,
+            }
+        }
+        RewardFn::EmbodiedR1 => embodied_r1(
+            text,
+            rollout.gt.unwrap_or(&[]),
+            actions,
+            config.reward.tolerant,
+        ),
+        RewardFn::Verify => {
+            let matched = matches
+                .as_ref()
+                .map_or(0, |m| m.iter().filter(|&&x| x == 1).count());
+            verify(
+                tolerant_plan.clone(),
+                None,
+                matched,
+                rollout.gt.map_or(0, <[GtStep]>::len),
+            )
+        }
+    };
+    RewardRow {
+        trajectory_id: rollout.trajectory_id.to_string(),
+        group_id: rollout.group_id.to_string(),
+        score: scored.score,
+        format: scored.format,
+        accuracy: scored.accuracy,
+        success: rollout.complete,
+        parse_ok: rollout.response_text.is_none() || tolerant_plan.is_some(),
+        pred_actions: tolerant_plan.as_ref().map(|plan| {
+            plan.steps
+                .iter()
+                .map(|s| PredictedAction {
+                    action_id: s.action_id,
+                    action_name: s.action_name.clone(),
+                })
+                .collect()
+        }),
+        step_match: matches,
+        step_valid: None,
+        reward_fn: config.reward.function.name().to_string(),
+    }
+}
+
+/// Ground-truth plans of the tasks, by task id.
+fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
+    let mut plans = HashMap::new();
+    for batch in tasks.batches(Some(&["task_id", "gt_actions"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "task_id");
+        let gt = column::<ListArray>(&batch, "gt_actions");
+        for i in 0..batch.num_rows() {
+            if gt.is_null(i) {
+                continue;
+            }
+            let steps = gt.value(i);
+            let steps = steps
+                .as_any()
+                .downcast_ref::<StructArray>()
+                .expect("list<struct>");
+            let action_ids = steps
+                .column_by_name("action_id")
+                .expect("schema")
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .expect("i32");
+            let names = steps
+                .column_by_name("action_name")
+                .expect("schema")
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .expect("utf8");
+            let plan = (0..steps.len())
+                .map(|k| GtStep {
+                    action_id: i64::from(action_ids.value(k)),
+                    action_name: names.value(k).to_string(),
+                })
+                .collect();
+            plans.insert(ids.value(i).to_string(), plan);
+        }
+    }
+    Ok(plans)
+}
+
+fn read_action_list(path: &PathBuf) -> Result<ActionList> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let names: Vec<String> = serde_json::from_str(&text).map_err(|e| Error::BadValue {
+        key: "reward.action_list".into(),
+        reason: format!(
+            "{}: expected a JSON list of action names: {e}",
+            path.display()
+        ),
+    })?;
+    Ok(ActionList::new(names))
+}
+
+/// Runs the stage.
+pub fn run(args: Args) -> Result<()> {
+    let stage = Stage::<Config>::start("score-rewards", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_outputs(&[TableName::Rewards])?;
+    let config = &stage.config;
+    let actions = config
+        .reward
+        .action_list
+        .as_ref()
+        .map(read_action_list)
+        .transpose()?;
+    let trajectories = stage.input(TableName::Trajectories)?;
+    let tasks = stage.optional_input(TableName::Tasks)?;
+    if config.reward.function == RewardFn::EmbodiedR1 && tasks.is_none() {
+        return Err(Error::BadInput(
+            "reward.fn = embodied_r1 needs the tasks table (ground-truth plans) among the inputs"
+                .into(),
+        ));
+    }
+    let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
+
+    let mut writer = stage.writer(TableName::Rewards)?;
+    let (mut scored, mut parse_failures, mut with_gt, mut score_sum, mut successes) =
+        (0u64, 0u64, 0u64, 0f64, 0u64);
+    let bar = progress::bar(trajectories.num_rows(), "scoring");
+    let columns = [
+        "trajectory_id",
+        "group_id",
+        "task_id",
+        "complete",
+        "response_text",
+    ];
+    for batch in trajectories.batches(Some(&columns), config.batch_rows)? {
+        let batch = batch?;
+        bar.inc(batch.num_rows() as u64);
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let groups = column::<StringArray>(&batch, "group_id");
+        let task_ids = column::<StringArray>(&batch, "task_id");
+        let complete = column::<BooleanArray>(&batch, "complete");
+        let texts = column::<StringArray>(&batch, "response_text");
+        let rows: Vec<RewardRow> = (0..batch.num_rows())
+            .into_par_iter()
+            .filter(|&i| stage.args.shard.owns(groups.value(i)))
+            .map(|i| {
+                let rollout = Rollout {
+                    trajectory_id: ids.value(i),
+                    group_id: groups.value(i),
+                    complete: complete.value(i),
+                    response_text: (!texts.is_null(i)).then(|| texts.value(i)),
+                    gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
+                };
+                score(&rollout, config, actions.as_ref())
+            })
+            .collect();
+        for row in &rows {
+            scored += 1;
+            parse_failures += u64::from(!row.parse_ok);
+            with_gt += u64::from(row.step_match.is_some());
+            score_sum += f64::from(row.score);
+            successes += u64::from(row.success);
+        }
+        writer.write_rows(&rows)?;
+    }
+    bar.finish_and_clear();
+    stage.finish(writer)?;
+    let mut summary = Summary::new(format!("score-rewards ({})", config.reward.function.name()));
+    summary
+        .add("shard", stage.args.shard)
+        .add("trajectories scored", scored)
+        .add("with a ground-truth plan", with_gt)
+        .add("plan parse failures", parse_failures)
+        .add(
+            "success rate",
+            format!("{:.3}", successes as f64 / scored.max(1) as f64),
+        )
+        .add(
+            "mean score",
+            format!("{:.4}", score_sum / scored.max(1) as f64),
+        )
+        .add(
+            "match mode",
+            format!("{:?}", config.step_match.mode).to_lowercase(),
+        );
+    if config.reward.function == RewardFn::EmbodiedR1 && actions.is_none() {
+        summary.add(
+            "note",
+            "no reward.action_list: the id/name agreement part of the format reward is 0",
+        );
+    }
+    stage.write_summary(&summary)?;
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! score-rewards run as a binary, then compute-advantages on its output.
+
+use std::path::Path;
+
+use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
+use embodyflow_core::manifest::Producer;
+use embodyflow_core::schemas::{PlanAction, RewardRow, TableName, TaskRow, TrajectoryRow};
+use embodyflow_tests::{Run, read_advantages, run, run_with_env};
+
+const GT: [(i32, &str); 3] = [
+    (0, "find a Mug"),
+    (1, "pick up the Mug"),
+    (2, "find a Sink"),
+];
+
+fn plan_json(steps: &[(i32, &str)]) -> String {
+    let items: Vec<String> = steps
+        .iter()
+        .map(|(id, n)| format!("{{\"action_id\": {id}, \"action_name\": \"{n}\"}}"))
+        .collect();
+    format!(
+        "{{\"language_plan\": [\"find a Mug\"], \"executable_plan\": [{}]}}",
+        items.join(", ")
+    )
+}
+
+/// Responses of one group, in sample order.
+fn responses() -> Vec<Option<String>> {
+    vec![
+        Some(plan_json(&GT)),                                             // perfect
+        Some(format!("```json\n{}\n```<|im_end|>", plan_json(&GT[..2]))), // fenced, prefix of 2
+        Some(plan_json(&[
+            (2, "find a Sink"),
+            (0, "find a Mug"),
+            (1, "pick up the Mug"),
+        ])), // shifted
+        Some("{\"executable_plan\": [{\"action_id\": 0, \"action_na".into()), // broken
+        None,                                                             // closed-loop row
+    ]
+}
+
+fn write_fixture(dir: &Path, groups: usize) {
+    let producer = Producer {
+        stage: "fixture".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    let options = WriteOptions {
+        rows_per_shard: 9,
+        ..WriteOptions::default()
+    };
+    let mut tasks = Vec::new();
+    let mut trajectories = Vec::new();
+    for g in 0..groups {
+        let task_id = format!("household/train/0/{g:06}");
+        tasks.push(TaskRow {
+            task_id: task_id.clone(),
+            suite: "household".into(),
+            env: "household".into(),
+            split: "train".into(),
+            task_type: Some("pick_and_place".into()),
+            seed: g as i64,
+            instruction: "Put the mug in the sink.".into(),
+            observation: None,
+            gt_actions: Some(
+                GT.iter()
+                    .map(|&(id, n)| PlanAction {
+                        action_id: id,
+                        action_name: n.into(),
+                    })
+                    .collect(),
+            ),
+        });
+        for (s, response) in responses().into_iter().enumerate() {
+            trajectories.push(TrajectoryRow {
+                trajectory_id: format!("it0/{task_id}/d0/s{s}"),
+                group_id: format!("it0/{task_id}/d0"),
+                task_id: task_id.clone(),
+                sample_index: s as i32,
+                iteration: 0,
+                policy: "test".into(),
+                temperature: 1.6,
+                num_steps: 1,
+                env_steps: 3,
+                complete: s == 0,
+                response_text: response,
+                seed: 0,
+            });
+        }
+    }
+    let mut w = TableWriter::create(&dir.join("data"), TableName::Tasks, options, false).unwrap();
+    w.write_rows(&tasks).unwrap();
+    w.finish(&producer, &[]).unwrap();
+    let mut w = TableWriter::create(
+        &dir.join("rollouts"),
+        TableName::Trajectories,
+        options,
+        false,
+    )
+    .unwrap();
+    w.write_rows(&trajectories).unwrap();
+    w.finish(&producer, &[]).unwrap();
+}
+
+fn score(dir: &Path, out: &str, extra: &[&str]) -> Run {
+    let (rollouts, data, out) = (dir.join("rollouts"), dir.join("data"), dir.join(out));
+    let mut args = vec![
+        "--input",
+        rollouts.to_str().unwrap(),
+        "--input",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run("score-rewards", &args)
+}
+
+fn rewards(dir: &Path) -> Vec<RewardRow> {
+    let mut rows: Vec<RewardRow> = TableReader::open(&dir.join("rewards"), TableName::Rewards)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    rows.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
+    rows
+}
+
+#[test]
+fn embodied_r1_and_step_matches_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture(dir.path(), 1);
+    let result = score(dir.path(), "r1", &["--set", "reward.fn=embodied_r1"]);
+    assert_eq!(result.code, 0, "{result}");
+    let rows = rewards(&dir.path().join("r1"));
+    let scores: Vec<f32> = rows.iter().map(|r| r.score).collect();
+    // perfect: accuracy 1 + format 0.25 (no action list); fenced: 0 under strict parsing;
+    // shifted: accuracy 0, format 0.25; broken and closed-loop: 0.
+    assert_eq!(scores, vec![1.25, 0.0, 0.25, 0.0, 0.0]);
+    let matches: Vec<Option<Vec<i8>>> = rows.iter().map(|r| r.step_match.clone()).collect();
+    assert_eq!(
+        matches,
+        vec![
+            Some(vec![1, 1, 1]),
+            Some(vec![1, 1]),
+            Some(vec![0, 0, 0]),
+            Some(vec![]),
+            Some(vec![])
+        ]
+    );
+    let parsed: Vec<bool> = rows.iter().map(|r| r.parse_ok).collect();
+    assert_eq!(parsed, vec![true, true, true, false, true]);
+    assert_eq!(rows[1].pred_actions.as_ref().unwrap().len(), 2);
+
+    // Tolerant parsing and an action list; lcs matching.
+    let list = dir.path().join("actions.json");
+    std::fs::write(&list, r#"["find a Mug", "pick up the Mug", "find a Sink"]"#).unwrap();
+    let set_list = format!("reward.action_list={}", list.display());
+    let result = score(
+        dir.path(),
+        "tolerant",
+        &[
+            "--set",
+            "reward.fn=embodied_r1",
+            "--set",
+            "reward.tolerant=true",
+            "--set",
+            &set_list,
+            "--set",
+            "match.mode=lcs",
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let rows = rewards(&dir.path().join("tolerant"));
+    // fenced prefix of 2 of 3: 2*3/(3*4) = 0.5, format 0.5.
+    assert_eq!(rows[1].score, 1.0);
+    assert_eq!(rows[0].score, 1.5);
+    assert_eq!(rows[2].step_match, Some(vec![0, 1, 1]));
+}
+
+#[test]
+fn output_is_the_same_for_any_thread_count_and_shard_split() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture(dir.path(), 12);
+    let rollouts = dir.path().join("rollouts");
+    let data = dir.path().join("data");
+    let hash_for = |out: &str, threads: &str| {
+        let out = dir.path().join(out);
+        let args = [
+            "--input",
+            rollouts.to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            "reward.fn=verify",
+        ];
+        let result = run_with_env("score-rewards", &args, &[("RAYON_NUM_THREADS", threads)]);
+        assert_eq!(result.code, 0, "{result}");
+        TableReader::open(&out.join("rewards"), TableName::Rewards)
+            .unwrap()
+            .manifest()
+            .content_hash
+            .clone()
+    };
+    assert_eq!(hash_for("one", "1"), hash_for("two", "2"));
+    let whole = rewards(&dir.path().join("one"));
+    let mut merged = Vec::new();
+    for i in 0..3 {
+        let shard = format!("{i}/3");
+        let out = format!("shard{i}");
+        let result = score(
+            dir.path(),
+            &out,
+            &["--set", "reward.fn=verify", "--shard", &shard],
+        );
+        assert_eq!(result.code, 0, "{result}");
+        merged.extend(rewards(&dir.path().join(out)));
+    }
+    merged.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
+    assert_eq!(merged, whole);
+}
+
+#[test]
+fn rewards_feed_compute_advantages() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture(dir.path(), 2);
+    assert_eq!(
+        score(dir.path(), "rewards", &["--set", "reward.fn=embodied_r1"]).code,
+        0
+    );
+    // compute-advantages needs steps: a one-shot plan is one step per trajectory.
+    let trajectories: Vec<TrajectoryRow> = TableReader::open(
+        &dir.path().join("rollouts/trajectories"),
+        TableName::Trajectories,
+    )
+    .unwrap()
+    .read_rows()
+    .unwrap();
+    let steps: Vec<_> = trajectories
+        .iter()
+        .map(|t| embodyflow_core::schemas::StepRow {
+            trajectory_id: t.trajectory_id.clone(),
+            step_index: 0,
+            prompt_ids: vec![1],
+            response_ids: vec![5; 4],
+            old_logprobs: vec![-1.0; 4],
+            observation: None,
+            old_value: None,
+            old_values: None,
+            latents: None,
+            latent_dim: None,
+            chosen_latent_len: None,
+            old_latent_end_logprob: None,
+        })
+        .collect();
+    let producer = Producer {
+        stage: "fixture".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    let mut w = TableWriter::create(
+        &dir.path().join("rollouts"),
+        TableName::Steps,
+        WriteOptions::default(),
+        false,
+    )
+    .unwrap();
+    w.write_rows(&steps).unwrap();
+    w.finish(&producer, &[]).unwrap();
+    let (rollouts, rewards_dir, out) = (
+        dir.path().join("rollouts"),
+        dir.path().join("rewards"),
+        dir.path().join("adv"),
+    );
+    let result = run(
+        "compute-advantages",
+        &[
+            "--input",
+            rollouts.to_str().unwrap(),
+            "--input",
+            rewards_dir.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let rows = read_advantages(&out.join("advantages"));
+    assert_eq!(rows.len(), 10);
+    assert!(
+        rows[0].episode_adv > 0.0 && rows[3].episode_adv < 0.0,
+        "the perfect plan is above its group mean"
+    );
+}
+
+#[test]
+fn embodied_r1_without_tasks_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture(dir.path(), 1);
+    let (rollouts, out) = (dir.path().join("rollouts"), dir.path().join("out"));
+    let result = run(
+        "score-rewards",
+        &[
+            "--input",
+            rollouts.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            "reward.fn=embodied_r1",
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(result.stderr.contains("tasks table"), "{result}");
+    assert!(!out.join("rewards").exists());
+}
