@@ -50,31 +50,30 @@ impl Default for GaeParams {
 
 /// GAE over ragged rows: row r spans `offsets[r]..offsets[r + 1]` of
 /// `rewards` and `values`. Returns (advantages, returns), both unwhitened.
-pub fn gae_tokens(
-    rewards: &[f32],
-    values: &[f32],
-    offsets: &[usize],
-    params: GaeParams,
-) -> (Vec<f32>, Vec<f32>) {
+pub fn gae_tokens(rewards: &[f32], values: &[f32], offsets: &[usize], params: GaeParams) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(rewards.len(), values.len(), "one value per reward");
-    assert_eq!(
-        offsets.last().copied().unwrap_or(0),
-        rewards.len(),
-        "offsets cover the rows"
-    );
+    assert_eq!(offsets.last().copied().unwrap_or(0), rewards.len(), "offsets cover the rows");
     let mut advantages = vec![0f32; rewards.len()];
     let mut returns = vec![0f32; rewards.len()];
-    let decay = params.gamma * params.lam;
+    let (gamma, decay) = (params.gamma, params.gamma * params.lam);
     for row in offsets.windows(2) {
-        let (start, end) = (row[0], row[1]);
-        let mut next_value = 0f32;
+        let (r, v) = (&rewards[row[0]..row[1]], &values[row[0]..row[1]]);
+        let a = &mut advantages[row[0]..row[1]];
+        let Some(last) = r.len().checked_sub(1) else { continue };
+        // Pass 1 (vectorisable): the TD errors, V after the last position = 0.
+        for t in 0..last {
+            a[t] = r[t] + gamma * v[t + 1] - v[t];
+        }
+        a[last] = r[last] - v[last];
+        // Pass 2: the only serial part, A_t = delta_t + gamma * lambda * A_{t+1}.
         let mut running = 0f32;
-        for t in (start..end).rev() {
-            let delta = rewards[t] + params.gamma * next_value - values[t];
-            running = delta + decay * running;
-            next_value = values[t];
-            advantages[t] = running;
-            returns[t] = running + values[t];
+        for x in a.iter_mut().rev() {
+            running = *x + decay * running;
+            *x = running;
+        }
+        // Pass 3 (vectorisable): returns = A + V.
+        for ((ret, &adv), &value) in returns[row[0]..row[1]].iter_mut().zip(a.iter()).zip(v) {
+            *ret = adv + value;
         }
     }
     (advantages, returns)
@@ -98,18 +97,24 @@ pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
         return Err(AlgoError::TooFewToWhiten(n));
     }
     let count = n as f64;
-    let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / (count + 1e-8);
-    let centred_sq = values
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / (count + 1e-8);
+    let mean = sum_f64(values.iter().map(|&v| f64::from(v))) / (count + 1e-8);
+    let centred_sq = sum_f64(values.iter().map(|&v| (f64::from(v) - mean).powi(2))) / (count + 1e-8);
     let variance = centred_sq * count / (count - 1.0);
-    let scale = 1.0 / (variance + 1e-8).sqrt();
+    let scale = (1.0 / (variance + 1e-8).sqrt()) as f32;
+    let mean = mean as f32;
     for v in values.iter_mut() {
-        *v = ((f64::from(*v) - mean) * scale) as f32;
+        *v = (*v - mean) * scale;
     }
     Ok(())
+}
+
+/// Sum in f64 over 8 interleaved accumulators, so the compiler can vectorise it.
+fn sum_f64(values: impl Iterator<Item = f64>) -> f64 {
+    let mut lanes = [0f64; 8];
+    for (i, v) in values.enumerate() {
+        lanes[i % 8] += v;
+    }
+    lanes.iter().sum()
 }
 
 #[cfg(test)]
