@@ -6,11 +6,14 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use embodyflow_algos::gae::{gae_tokens, whiten, GaeParams};
-use embodyflow_algos::grpo::{episode_advantages, GroupNorm};
+use embodyflow_algos::gae::{GaeParams, gae_tokens, whiten};
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
 
 fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Best of `repeats` timings, in seconds.
@@ -36,7 +39,9 @@ fn main() {
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32
     };
-    let scores: Vec<f32> = (0..responses).map(|_| if next() > 0.5 { 1.0 } else { 0.0 }).collect();
+    let scores: Vec<f32> = (0..responses)
+        .map(|_| if next() > 0.5 { 1.0 } else { 0.0 })
+        .collect();
     let groups: Vec<u32> = (0..responses as u32).map(|i| i / 8).collect();
     let values: Vec<f32> = (0..total).map(|_| next() - 0.5).collect();
     let mut rewards = vec![0f32; total];
@@ -56,12 +61,22 @@ fn main() {
     });
     // GAE: the recurrence over every row, then whitening over the batch.
     let gae = best_of(5, || {
-        let (mut adv, ret) = gae_tokens(black_box(&rewards), black_box(&values), &offsets, GaeParams::default());
+        let (mut adv, ret) = gae_tokens(
+            black_box(&rewards),
+            black_box(&values),
+            &offsets,
+            GaeParams::default(),
+        );
         whiten(&mut adv).unwrap();
         black_box((adv, ret));
     });
     let recurrence = best_of(5, || {
-        black_box(gae_tokens(black_box(&rewards), black_box(&values), &offsets, GaeParams::default()));
+        black_box(gae_tokens(
+            black_box(&rewards),
+            black_box(&values),
+            &offsets,
+            GaeParams::default(),
+        ));
     });
     let mut scratch = values.clone();
     let whitening = best_of(5, || {

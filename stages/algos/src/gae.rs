@@ -50,16 +50,27 @@ impl Default for GaeParams {
 
 /// GAE over ragged rows: row r spans `offsets[r]..offsets[r + 1]` of
 /// `rewards` and `values`. Returns (advantages, returns), both unwhitened.
-pub fn gae_tokens(rewards: &[f32], values: &[f32], offsets: &[usize], params: GaeParams) -> (Vec<f32>, Vec<f32>) {
+pub fn gae_tokens(
+    rewards: &[f32],
+    values: &[f32],
+    offsets: &[usize],
+    params: GaeParams,
+) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(rewards.len(), values.len(), "one value per reward");
-    assert_eq!(offsets.last().copied().unwrap_or(0), rewards.len(), "offsets cover the rows");
+    assert_eq!(
+        offsets.last().copied().unwrap_or(0),
+        rewards.len(),
+        "offsets cover the rows"
+    );
     let mut advantages = vec![0f32; rewards.len()];
     let mut returns = vec![0f32; rewards.len()];
     let (gamma, decay) = (params.gamma, params.gamma * params.lam);
     for row in offsets.windows(2) {
         let (r, v) = (&rewards[row[0]..row[1]], &values[row[0]..row[1]]);
         let a = &mut advantages[row[0]..row[1]];
-        let Some(last) = r.len().checked_sub(1) else { continue };
+        let Some(last) = r.len().checked_sub(1) else {
+            continue;
+        };
         // Pass 1 (vectorisable): the TD errors, V after the last position = 0.
         for t in 0..last {
             a[t] = r[t] + gamma * v[t + 1] - v[t];
@@ -98,7 +109,8 @@ pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
     }
     let count = n as f64;
     let mean = sum_f64(values.iter().map(|&v| f64::from(v))) / (count + 1e-8);
-    let centred_sq = sum_f64(values.iter().map(|&v| (f64::from(v) - mean).powi(2))) / (count + 1e-8);
+    let centred_sq =
+        sum_f64(values.iter().map(|&v| (f64::from(v) - mean).powi(2))) / (count + 1e-8);
     let variance = centred_sq * count / (count - 1.0);
     let scale = (1.0 / (variance + 1e-8).sqrt()) as f32;
     let mean = mean as f32;

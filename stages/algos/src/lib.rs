@@ -12,6 +12,7 @@ pub mod grpo;
 pub mod json_spans;
 pub mod plan;
 pub mod rewards;
+pub mod spans;
 
 /// Errors of the maths: inputs that make a formula undefined.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -1,0 +1,414 @@
+//! Token-span alignment: which response tokens carry each plan step's
+//! `action_id` and `action_name`.
+//!
+//! 1. Decode the response ids (special tokens kept) and map every token to its
+//!    byte range in that text: the tokenizer's own offsets when re-encoding the
+//!    text reproduces the ids exactly, otherwise incremental decoding (each
+//!    token's range is the text it adds; tokens that complete no character
+//!    share the range of the text they produce together). Offsets of some tokenizers are known to be wrong
+//!    (huggingface/tokenizers issues 1517, 1553, 1688), so offsets that are not
+//!    monotonic or fall off the text also send us to the fallback, which is
+//!    counted.
+//! 2. Extract the plan with byte spans ([`crate::plan::extract`]).
+//! 3. A token belongs to an element (a step's id value, or its name without
+//!    the quotes) when it overlaps that element and no other: tokens that
+//!    straddle two elements, and all scaffolding, belong to none.
+//! 4. Every element's tokens are verified by decoding them: the decoded text
+//!    must contain the element's text, else the element gets no tokens and
+//!    the failure is counted.
+//!
+//! ```no_run
+//! # use embodyflow_algos::spans::{align, Alignment};
+//! # fn demo(tokenizer: &tokenizers::Tokenizer, ids: &[u32]) {
+//! let alignment: Alignment = align(tokenizer, ids);
+//! for step in alignment.steps.iter().flatten() {
+//!     println!("name tokens {:?}, id tokens {:?}", step.name_tokens, step.id_tokens);
+//! }
+//! # }
+//! ```
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
+
+use crate::plan::{Plan, extract};
+
+/// How token offsets were obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetMethod {
+    /// The tokenizer's offset mapping after an exact re-encode.
+    Reencode,
+    /// Incremental decoding, token by token.
+    IncrementalDecode,
+}
+
+/// The decoded response and each token's byte range in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOffsets {
+    /// The decoded response.
+    pub text: String,
+    /// Byte range of each token in `text`.
+    pub offsets: Vec<Range<usize>>,
+    /// How they were obtained.
+    pub method: OffsetMethod,
+}
+
+/// Token offsets of `ids`, or `None` when the ids do not decode.
+pub fn token_offsets(tokenizer: &Tokenizer, ids: &[u32]) -> Option<TokenOffsets> {
+    let text = tokenizer.decode(ids, false).ok()?;
+    if let Ok(encoding) = tokenizer.encode(text.as_str(), false) {
+        if encoding.get_ids() == ids {
+            let offsets: Vec<Range<usize>> =
+                encoding.get_offsets().iter().map(|&(s, e)| s..e).collect();
+            if offsets_are_sane(&offsets, &text) {
+                return Some(TokenOffsets {
+                    text,
+                    offsets,
+                    method: OffsetMethod::Reencode,
+                });
+            }
+        }
+    }
+    let mut stream = tokenizer.decode_stream(false);
+    let mut built = String::with_capacity(text.len());
+    let mut offsets = Vec::with_capacity(ids.len());
+    let mut pending = 0; // tokens that completed no character yet
+    for &id in ids {
+        let start = built.len();
+        pending += 1;
+        if let Some(chunk) = stream.step(id).ok()? {
+            built.push_str(&chunk);
+            // The tokens since the last chunk produced this text together.
+            offsets.extend(std::iter::repeat_n(start..built.len(), pending));
+            pending = 0;
+        }
+    }
+    offsets.extend(std::iter::repeat_n(built.len()..built.len(), pending));
+    Some(TokenOffsets {
+        text: built,
+        offsets,
+        method: OffsetMethod::IncrementalDecode,
+    })
+}
+
+/// Offsets must lie on the text's character boundaries and never move back.
+fn offsets_are_sane(offsets: &[Range<usize>], text: &str) -> bool {
+    let mut previous_start = 0;
+    offsets.iter().all(|r| {
+        let ok = r.start <= r.end
+            && r.end <= text.len()
+            && r.start >= previous_start
+            && text.is_char_boundary(r.start)
+            && text.is_char_boundary(r.end);
+        previous_start = r.start;
+        ok
+    })
+}
+
+/// The tokens of one plan step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepTokens {
+    /// Token indices of the step's `action_id` value.
+    pub id_tokens: Vec<usize>,
+    /// Token indices of the step's `action_name` value (inside the quotes).
+    pub name_tokens: Vec<usize>,
+}
+
+/// Which tokens of a step carry its credit (or its score).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepPart {
+    /// The `action_name` value.
+    ActionName,
+    /// The `action_id` value.
+    ActionId,
+    /// Both.
+    Semantic,
+}
+
+impl StepTokens {
+    /// The token indices of `part`, in order.
+    pub fn tokens(&self, part: StepPart) -> Vec<usize> {
+        match part {
+            StepPart::ActionName => self.name_tokens.clone(),
+            StepPart::ActionId => self.id_tokens.clone(),
+            StepPart::Semantic => {
+                let mut all: Vec<usize> = self
+                    .id_tokens
+                    .iter()
+                    .chain(&self.name_tokens)
+                    .copied()
+                    .collect();
+                all.sort_unstable();
+                all.dedup();
+                all
+            }
+        }
+    }
+}
+
+/// A response aligned to its plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alignment {
+    /// The plan, when one was extracted from the decoded response.
+    pub plan: Option<Plan>,
+    /// Per plan step, its tokens; `None` when the response could not be
+    /// decoded or holds no plan.
+    pub steps: Option<Vec<StepTokens>>,
+    /// How offsets were obtained (`None` when decoding failed).
+    pub method: Option<OffsetMethod>,
+    /// Elements whose tokens failed the decode check.
+    pub verify_failures: usize,
+}
+
+/// Aligns a response's tokens with its plan steps (see the module doc).
+pub fn align(tokenizer: &Tokenizer, ids: &[u32]) -> Alignment {
+    let failed = Alignment {
+        plan: None,
+        steps: None,
+        method: None,
+        verify_failures: 0,
+    };
+    let Some(offsets) = token_offsets(tokenizer, ids) else {
+        return failed;
+    };
+    let Some(plan) = extract(&offsets.text) else {
+        return Alignment {
+            method: Some(offsets.method),
+            ..failed
+        };
+    };
+    // Elements: (byte range, step, is_name), by start.
+    let mut elements: Vec<(Range<usize>, usize, bool)> = Vec::new();
+    for (k, step) in plan.steps.iter().enumerate() {
+        if let Some(span) = &step.id_span {
+            elements.push((span.clone(), k, false));
+        }
+        if let Some(span) = &step.name_span {
+            elements.push(((span.start + 1)..(span.end - 1), k, true));
+        }
+    }
+    elements.sort_by_key(|(r, _, _)| r.start);
+    let mut steps = vec![StepTokens::default(); plan.steps.len()];
+    let overlaps =
+        |t: &Range<usize>, e: &Range<usize>| t.start < t.end && t.start < e.end && t.end > e.start;
+    let mut first = 0; // first element that can still overlap (elements do not overlap each other)
+    for (index, token) in offsets.offsets.iter().enumerate() {
+        while first < elements.len() && elements[first].0.end <= token.start {
+            first += 1;
+        }
+        let hits: Vec<&(Range<usize>, usize, bool)> = elements[first..]
+            .iter()
+            .take_while(|(e, _, _)| e.start < token.end)
+            .filter(|(e, _, _)| overlaps(token, e))
+            .collect();
+        if let [(_, step, is_name)] = hits.as_slice() {
+            let target = &mut steps[*step];
+            if *is_name {
+                target.name_tokens.push(index)
+            } else {
+                target.id_tokens.push(index)
+            }
+        }
+    }
+    // Verify each element's tokens by decoding them.
+    let mut verify_failures = 0;
+    for (range, step, is_name) in &elements {
+        let tokens = if *is_name {
+            &mut steps[*step].name_tokens
+        } else {
+            &mut steps[*step].id_tokens
+        };
+        let expected = &offsets.text[range.clone()];
+        let selected: Vec<u32> = tokens.iter().map(|&t| ids[t]).collect();
+        let decoded = tokenizer.decode(&selected, false).unwrap_or_default();
+        if expected.is_empty() || tokens.is_empty() || !decoded.contains(expected.trim()) {
+            if !expected.trim().is_empty() {
+                verify_failures += 1;
+            }
+            tokens.clear();
+        }
+    }
+    Alignment {
+        plan: Some(plan),
+        steps: Some(steps),
+        method: Some(offsets.method),
+        verify_failures,
+    }
+}
+
+/// A small byte-level BPE tokenizer (GPT-2 style) with merges for the words
+/// of plan JSON, for tests and examples; `<|im_end|>` is a special token.
+pub fn test_tokenizer() -> Tokenizer {
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort_unstable();
+    let mut vocab: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
+    let mut merges: Vec<String> = Vec::new();
+    // Merge every word below left to right, so whole words become tokens.
+    let words = [
+        "executable",
+        "_plan",
+        "language",
+        "action",
+        "_id",
+        "_name",
+        "find",
+        "Ġfind",
+        "Ġa",
+        "ĠMug",
+        "Ġthe",
+        "pick",
+        "Ġup",
+        "Ġ\"",
+        "\":",
+        "Ġ[{\"",
+        "\"},",
+        "\"}]}",
+        "Ġ12",
+        "Ġ4",
+        "ĠSink",
+        "Ġ[\"",
+        "\"],",
+        "{\"",
+    ];
+    for word in words {
+        let chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
+        let mut current = chars[0].clone();
+        for next in &chars[1..] {
+            let merged = format!("{current}{next}");
+            if !vocab.contains(&merged) {
+                merges.push(format!("{current} {next}"));
+                vocab.push(merged.clone());
+            }
+            current = merged;
+        }
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> = vocab
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t, serde_json::Value::from(i)))
+        .collect();
+    let special_id = vocab.len();
+    let json = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": special_id, "content": "<|im_end|>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": merges}
+    });
+    json.to_string().parse().expect("a valid tokenizer.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+        tokenizer.encode(text, false).unwrap().get_ids().to_vec()
+    }
+
+    fn decode(tokenizer: &Tokenizer, ids: &[u32], tokens: &[usize]) -> String {
+        tokenizer
+            .decode(&tokens.iter().map(|&t| ids[t]).collect::<Vec<_>>(), false)
+            .unwrap()
+    }
+
+    #[test]
+    fn names_and_ids_land_on_their_own_tokens_only() {
+        let tok = test_tokenizer();
+        let text = r#"{"language_plan": ["find a Mug"], "executable_plan": [{"action_id": 12, "action_name": "find a Mug"}, {"action_name": "find a Mug", "action_id": 4}]}<|im_end|>"#;
+        let ids = ids(&tok, text);
+        let alignment = align(&tok, &ids);
+        assert_eq!(alignment.method, Some(OffsetMethod::Reencode));
+        assert_eq!(alignment.verify_failures, 0);
+        let steps = alignment.steps.unwrap();
+        assert_eq!(steps.len(), 2);
+        for (step, id) in steps.iter().zip(["12", "4"]) {
+            assert_eq!(decode(&tok, &ids, &step.name_tokens).trim(), "find a Mug");
+            assert_eq!(decode(&tok, &ids, &step.id_tokens).trim(), id);
+        }
+        // The copies in language_plan and each other's tokens are not used.
+        let language = text.find("language_plan").unwrap();
+        let offsets = token_offsets(&tok, &ids).unwrap().offsets;
+        assert!(
+            steps[0]
+                .name_tokens
+                .iter()
+                .all(|&t| offsets[t].start > language + 30)
+        );
+        assert!(
+            steps[0]
+                .name_tokens
+                .iter()
+                .all(|t| !steps[1].name_tokens.contains(t))
+        );
+        assert_eq!(
+            steps[0].tokens(StepPart::Semantic).len(),
+            steps[0].id_tokens.len() + steps[0].name_tokens.len()
+        );
+    }
+
+    #[test]
+    fn non_canonical_ids_fall_back_to_incremental_decoding() {
+        let tok = test_tokenizer();
+        let text =
+            r#"{"executable_plan": [{"action_id": 12, "action_name": "pick up the Äpfel"}]}"#;
+        // Spell "pick" byte by byte: decoding gives the same text, re-encoding does not give these ids.
+        let mut spelled = Vec::new();
+        for piece in [
+            "{\"",
+            "executable",
+            "_plan",
+            "\":",
+            " [{\"",
+            "action",
+            "_id",
+            "\":",
+            " 12",
+            ",",
+            " \"",
+            "action",
+            "_name",
+            "\":",
+            " \"",
+        ] {
+            spelled.extend(ids(&tok, piece));
+        }
+        for ch in ["p", "i", "c", "k"] {
+            spelled.extend(ids(&tok, ch));
+        }
+        spelled.extend(ids(&tok, " up the Äpfel\"}]}"));
+        assert_eq!(tok.decode(&spelled, false).unwrap(), text);
+        let alignment = align(&tok, &spelled);
+        assert_eq!(alignment.method, Some(OffsetMethod::IncrementalDecode));
+        let steps = alignment.steps.unwrap();
+        assert_eq!(
+            decode(&tok, &spelled, &steps[0].name_tokens),
+            "pick up the Äpfel"
+        );
+        assert_eq!(decode(&tok, &spelled, &steps[0].id_tokens).trim(), "12");
+        assert_eq!(alignment.verify_failures, 0);
+    }
+
+    #[test]
+    fn broken_or_planless_responses_align_to_nothing() {
+        let tok = test_tokenizer();
+        for text in [
+            "{\"executable_plan\": [{\"action_id\": 12, \"action_na",
+            "no plan here",
+            "",
+        ] {
+            let alignment = align(&tok, &ids(&tok, text));
+            assert!(alignment.steps.is_none(), "{text}");
+        }
+        // Ids outside the vocabulary do not decode.
+        assert!(align(&tok, &[u32::MAX]).steps.is_none());
+    }
+}
