@@ -13,6 +13,7 @@ pub mod json_spans;
 pub mod plan;
 pub mod rewards;
 pub mod spans;
+pub mod step_adv;
 
 /// Errors of the maths: inputs that make a formula undefined.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
