@@ -2,5 +2,6 @@
 
 mod bad_shards;
 mod compute_advantages;
+mod grpo_step;
 mod killed_writer;
 mod score_rewards;

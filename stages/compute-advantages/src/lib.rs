@@ -11,7 +11,21 @@
 //!   trajectory's steps concatenated, outcome on the last token; veRL's
 //!   `compute_gae_advantage_return`) or `"decision"` (one `old_value` per step,
 //!   outcome on the last step, LaST-R1), whitened over the whole batch, with
-//!   returns = A + V before whitening.
+//!   returns = A + V before whitening;
+//! - `grpo_step`: `A_token = A^E + step.omega * A^S_token` with A^S on the
+//!   `step.credit_target` tokens of each plan step (`action_name`, `action_id`
+//!   or `semantic`), from `step.kind = rule` (+1 / -1 from the rewards table's
+//!   `step_match`) or `forward_proxy` (the teacher_logp table's contrast, see
+//!   `embodyflow_algos::step_adv`); tokens are aligned with the policy's
+//!   tokenizer (`--policy CKPT` or `step.tokenizer`), see
+//!   `embodyflow_algos::spans`. A response without a plan gets A^S = 0.
+//!
+//! `stepopsd.enabled = true` applies StepOPSD's sign-preserving reweighting to
+//! the final advantage of grpo, dr_grpo or grpo_step (needs teacher_logp).
+//! The step path reports responses with non-zero A^S, parse failures, offset
+//! fallbacks, span check failures and sign-flip ratios (overall, success vs
+//! failure, rule-correct vs rule-wrong steps) in `diagnostics.json` and the
+//! summary.
 //!
 //! `filter.dynamic_sampling = true` drops groups whose scores are all equal.
 //! With `--shard i/n` a process writes the steps of the groups it owns
@@ -27,9 +41,13 @@
 //! Bad input (exit 2, nothing written): a trajectory without a rewards row or
 //! with two, a rewards row whose trajectory or group is unknown, a score that
 //! is NaN or infinite, missing or duplicated steps, values missing or of the
-//! wrong length for GAE.
+//! wrong length for GAE, teacher_logp rows missing, of the wrong length or not
+//! finite when forward_proxy or StepOPSD needs them.
+
+mod step;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -47,6 +65,8 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use serde::{Deserialize, Serialize};
 
+pub use step::{StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
+
 /// Command line of `compute-advantages`.
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -57,6 +77,10 @@ use serde::{Deserialize, Serialize};
 pub struct Args {
     #[command(flatten)]
     stage: StageArgs,
+    /// Policy checkpoint whose tokenizer.json aligns tokens with plan steps
+    /// (grpo_step and StepOPSD; `step.tokenizer` names the file directly).
+    #[arg(long, value_name = "CKPT")]
+    policy: Option<PathBuf>,
 }
 
 /// The advantage estimator.
@@ -69,6 +93,8 @@ pub enum Estimator {
     DrGrpo,
     /// Generalised advantage estimation with a critic.
     Gae,
+    /// GRPO plus omega times a step advantage on plan-step tokens.
+    GrpoStep,
 }
 
 impl Estimator {
@@ -77,6 +103,7 @@ impl Estimator {
             Estimator::Grpo => "grpo",
             Estimator::DrGrpo => "dr_grpo",
             Estimator::Gae => "gae",
+            Estimator::GrpoStep => "grpo_step",
         }
     }
 }
@@ -147,6 +174,10 @@ pub struct Config {
     pub gae: GaeConfig,
     /// Group filter.
     pub filter: FilterConfig,
+    /// grpo_step settings.
+    pub step: StepConfig,
+    /// StepOPSD reweighting (grpo, dr_grpo, grpo_step).
+    pub stepopsd: StepOpsdConfig,
     /// Rows per record batch read from the steps table.
     pub batch_rows: usize,
     /// Output layout.
@@ -160,6 +191,8 @@ impl Default for Config {
             grpo: GrpoConfig::default(),
             gae: GaeConfig::default(),
             filter: FilterConfig::default(),
+            step: StepConfig::default(),
+            stepopsd: StepOpsdConfig::default(),
             batch_rows: 4096,
             output: OutputConfig::default(),
         }
@@ -339,6 +372,9 @@ pub struct Diagnostics {
     pub episode_adv_mean: f64,
     /// Standard deviation of the episode advantage over written steps.
     pub episode_adv_std: f64,
+    /// The step path's counts (grpo_step, StepOPSD).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepDiagnostics>,
 }
 
 /// Runs the stage.
@@ -377,7 +413,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut adv_sum = 0f64;
     let mut adv_sq = 0f64;
     match config.estimator {
-        Estimator::Grpo | Estimator::DrGrpo => {
+        Estimator::Grpo | Estimator::DrGrpo if !config.stepopsd.enabled => {
             let norm = GroupNorm {
                 norm_by_std: config.estimator == Estimator::Grpo,
                 eps: config.grpo.eps,
@@ -413,17 +449,25 @@ pub fn run(args: Args) -> Result<()> {
                 writer.write_batch(&out)?;
             }
             bar.finish_and_clear();
-            if let Some((e, &count)) = step_counts
-                .iter()
-                .enumerate()
-                .find(|&(e, &c)| c != episodes.list[e].num_steps)
-            {
-                let episode = &episodes.list[e];
-                return Err(Error::BadInput(format!(
-                    "trajectory `{}`: steps table has {count} steps, expected {} (num_steps)",
-                    episode.trajectory_id, episode.num_steps
-                )));
-            }
+            check_step_counts(&episodes, &step_counts)?;
+        }
+        Estimator::Grpo | Estimator::DrGrpo | Estimator::GrpoStep => {
+            let step_diag = run_step_path(
+                &stage,
+                &args,
+                &episodes,
+                &owned,
+                &rewards,
+                &steps,
+                &mut writer,
+                &mut |row| {
+                    adv_sum += f64::from(row.episode_adv);
+                    adv_sq += f64::from(row.episode_adv).powi(2);
+                    diagnostics.tokens_written += row.advantages.len() as u64;
+                    diagnostics.steps_written += 1;
+                },
+            )?;
+            diagnostics.step = Some(step_diag);
         }
         Estimator::Gae => {
             let rows = gae_rows(
@@ -473,8 +517,135 @@ pub fn run(args: Args) -> Result<()> {
                 diagnostics.episode_adv_mean, diagnostics.episode_adv_std
             ),
         );
+    if let Some(step) = &diagnostics.step {
+        summary
+            .add(
+                "responses with non-zero A^S",
+                format!("{} of {}", step.responses_with_step_adv, step.responses),
+            )
+            .add("plan parse failures (A^S = 0)", step.parse_failures)
+            .add(
+                "offset fallbacks / span check failures",
+                format!("{} / {}", step.offset_fallbacks, step.span_verify_failures),
+            )
+            .add(
+                "step-count mismatches with the rule match",
+                step.step_count_mismatches,
+            )
+            .add(
+                "sign-flip ratio: all",
+                format!(
+                    "{:.4} ({} tokens)",
+                    step.sign_flips.ratio(),
+                    step.sign_flips.tokens
+                ),
+            )
+            .add(
+                "sign-flip ratio: success / failure",
+                format!(
+                    "{:.4} / {:.4}",
+                    step.sign_flips_success.ratio(),
+                    step.sign_flips_failure.ratio()
+                ),
+            )
+            .add(
+                "sign-flip ratio: rule-correct / rule-wrong",
+                format!(
+                    "{:.4} / {:.4}",
+                    step.sign_flips_rule_correct.ratio(),
+                    step.sign_flips_rule_wrong.ratio()
+                ),
+            );
+    }
     stage.write_summary(&summary)?;
     Ok(())
+}
+
+/// grpo_step and StepOPSD: loads the tokenizer, rule matches and teacher
+/// log-probs, then aligns and scores every owned step row.
+#[allow(clippy::too_many_arguments)]
+fn run_step_path(
+    stage: &Stage<Config>,
+    args: &Args,
+    episodes: &Episodes,
+    owned: &[bool],
+    rewards: &TableReader,
+    steps: &TableReader,
+    writer: &mut embodyflow_core::dataset::TableWriter,
+    on_row: &mut dyn FnMut(&AdvantageRow),
+) -> Result<StepDiagnostics> {
+    let config = &stage.config;
+    let grpo_step = config.estimator == Estimator::GrpoStep;
+    let tokenizer_path = config
+        .step
+        .tokenizer
+        .clone()
+        .or_else(|| args.policy.as_ref().map(|p| p.join("tokenizer.json")))
+        .ok_or_else(|| Error::Usage(format!("estimator {} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH", config.estimator.name())))?;
+    let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
+        .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", tokenizer_path.display())))?;
+    let needs_teacher =
+        config.stepopsd.enabled || (grpo_step && config.step.kind == StepKind::ForwardProxy);
+    let teacher_table = if needs_teacher {
+        Some(stage.input(TableName::TeacherLogp)?)
+    } else {
+        None
+    };
+    let teacher = teacher_table.as_ref().map(step::read_teacher).transpose()?;
+    let rule = step::read_rule_info(rewards)?;
+    let norm = GroupNorm {
+        norm_by_std: config.estimator != Estimator::DrGrpo,
+        eps: config.grpo.eps,
+    };
+    let scores: Vec<f32> = episodes.list.iter().map(|e| e.score).collect();
+    let groups: Vec<u32> = episodes.list.iter().map(|e| e.group).collect();
+    let episode_adv = episode_advantages(&scores, &groups, norm);
+    let inputs = step::StepInputs {
+        tokenizer: &tokenizer,
+        rule: &rule,
+        teacher: teacher.as_ref(),
+        step: grpo_step.then_some(&config.step),
+        stepopsd: &config.stepopsd,
+        estimator: config.estimator.name(),
+    };
+    let mut diagnostics = StepDiagnostics::default();
+    let mut step_counts = vec![0i32; episodes.list.len()];
+    let bar = progress::bar(steps.num_rows(), "step advantages");
+    for batch in steps.batches(
+        Some(&["trajectory_id", "step_index", "response_ids"]),
+        config.batch_rows,
+    )? {
+        let batch = batch?;
+        bar.inc(batch.num_rows() as u64);
+        let rows = step::step_batch(
+            &batch,
+            episodes,
+            owned,
+            &episode_adv,
+            &inputs,
+            &mut step_counts,
+            &mut diagnostics,
+        )?;
+        rows.iter().for_each(&mut *on_row);
+        writer.write_rows(&rows)?;
+    }
+    bar.finish_and_clear();
+    check_step_counts(episodes, &step_counts)?;
+    Ok(diagnostics)
+}
+
+fn check_step_counts(episodes: &Episodes, step_counts: &[i32]) -> Result<()> {
+    match step_counts
+        .iter()
+        .enumerate()
+        .find(|&(e, &c)| c != episodes.list[e].num_steps)
+    {
+        None => Ok(()),
+        Some((e, &count)) => Err(Error::BadInput(format!(
+            "trajectory `{}`: steps table has {count} steps, expected {} (num_steps)",
+            episodes.list[e].trajectory_id, episodes.list[e].num_steps
+        ))),
+    }
 }
 
 /// The advantages rows of one steps batch under GRPO / Dr. GRPO: every

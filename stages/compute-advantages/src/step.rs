@@ -1,0 +1,463 @@
+//! The step path of compute-advantages: `grpo_step` (A = A^E + omega A^S, A^S
+//! from rule matches or the forward_proxy contrast on the plan steps' tokens)
+//! and StepOPSD reweighting on top of an episode advantage. The maths lives in
+//! `embodyflow_algos::{spans, step_adv}`; this module joins the tables, runs
+//! it over the rows of a steps batch in parallel and counts what happened.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use arrow::array::{
+    Array, BooleanArray, Float32Array, Int8Array, Int32Array, ListArray, RecordBatch, StringArray,
+};
+use embodyflow_algos::spans::{OffsetMethod, StepPart, align};
+use embodyflow_algos::step_adv::{
+    ProxyParams, ScoreNorm, Squash, forward_proxy_step_scores, rule_step_scores,
+    spread_step_scores, stepopsd,
+};
+use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::schemas::AdvantageRow;
+use embodyflow_core::{Error, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::Episodes;
+
+/// Where A^S comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// +1 / -1 from the rule match against the ground-truth plan.
+    Rule,
+    /// The teacher-student log-prob contrast (needs the teacher_logp table).
+    ForwardProxy,
+}
+
+/// `step.*` settings (grpo_step).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StepConfig {
+    /// Source of A^S.
+    pub kind: StepKind,
+    /// Weight omega of A^S.
+    pub omega: f32,
+    /// Tokens that receive a step's A^S.
+    pub credit_target: StepPart,
+    /// Tokens whose log-probs score a step (forward_proxy).
+    pub score_source: StepPart,
+    /// forward_proxy squash.
+    pub squash: Squash,
+    /// forward_proxy tanh temperature.
+    pub score_tau: f32,
+    /// forward_proxy normalisation within a response.
+    pub score_norm: ScoreNorm,
+    /// Steps with fewer score tokens get A^S = 0.
+    pub min_score_tokens: usize,
+    /// tokenizer.json of the policy (default: `--policy CKPT`/tokenizer.json).
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl Default for StepConfig {
+    fn default() -> Self {
+        StepConfig {
+            kind: StepKind::Rule,
+            omega: 1.0,
+            credit_target: StepPart::ActionName,
+            score_source: StepPart::ActionName,
+            squash: Squash::Contrast,
+            score_tau: 1.0,
+            score_norm: ScoreNorm::None,
+            min_score_tokens: 1,
+            tokenizer: None,
+        }
+    }
+}
+
+/// `stepopsd.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StepOpsdConfig {
+    /// Apply the multiplicative reweighting to the final advantage.
+    pub enabled: bool,
+    /// w is clipped to [1 - alpha_clip, 1 + alpha_clip].
+    pub alpha_clip: f32,
+    /// Mix between A (0) and w * A (1).
+    pub lambda_mix: f32,
+}
+
+impl Default for StepOpsdConfig {
+    fn default() -> Self {
+        StepOpsdConfig {
+            enabled: false,
+            alpha_clip: 0.2,
+            lambda_mix: 0.5,
+        }
+    }
+}
+
+/// Per trajectory: rule matches and success.
+pub struct RuleInfo {
+    /// Step matches, when the task had a ground-truth plan.
+    pub step_match: Option<Vec<i8>>,
+    /// Whether the trajectory succeeded.
+    pub success: bool,
+}
+
+/// Reads step_match and success of every trajectory from rewards.
+pub fn read_rule_info(rewards: &TableReader) -> Result<HashMap<String, RuleInfo>> {
+    let mut info = HashMap::new();
+    for batch in rewards.batches(Some(&["trajectory_id", "success", "step_match"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let success = column::<BooleanArray>(&batch, "success");
+        let matches = column::<ListArray>(&batch, "step_match");
+        for i in 0..batch.num_rows() {
+            let step_match = (!matches.is_null(i)).then(|| {
+                let values = matches.value(i);
+                values
+                    .as_any()
+                    .downcast_ref::<Int8Array>()
+                    .expect("list<i8>")
+                    .values()
+                    .to_vec()
+            });
+            info.insert(
+                ids.value(i).to_string(),
+                RuleInfo {
+                    step_match,
+                    success: success.value(i),
+                },
+            );
+        }
+    }
+    Ok(info)
+}
+
+/// Teacher and student log-probs per (trajectory, step).
+pub type TeacherLogps = HashMap<(String, i32), (Vec<f32>, Vec<f32>)>;
+
+/// Reads the teacher_logp table.
+pub fn read_teacher(table: &TableReader) -> Result<TeacherLogps> {
+    let mut map = HashMap::new();
+    for batch in table.batches(
+        Some(&[
+            "trajectory_id",
+            "step_index",
+            "teacher_logp",
+            "student_logp",
+        ]),
+        16_384,
+    )? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let steps = column::<Int32Array>(&batch, "step_index");
+        let list = |name| {
+            let array = column::<ListArray>(&batch, name);
+            move |i: usize| {
+                array
+                    .value(i)
+                    .as_any()
+                    .downcast_ref::<Float32Array>()
+                    .expect("list<f32>")
+                    .values()
+                    .to_vec()
+            }
+        };
+        let (teacher, student) = (list("teacher_logp"), list("student_logp"));
+        for i in 0..batch.num_rows() {
+            map.insert(
+                (ids.value(i).to_string(), steps.value(i)),
+                (teacher(i), student(i)),
+            );
+        }
+    }
+    Ok(map)
+}
+
+/// Flipped and total credit-target tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FlipCount {
+    /// Tokens where sign(A) != sign(A^E).
+    pub flipped: u64,
+    /// Credit-target tokens counted.
+    pub tokens: u64,
+}
+
+impl FlipCount {
+    fn add(&mut self, other: FlipCount) {
+        self.flipped += other.flipped;
+        self.tokens += other.tokens;
+    }
+
+    /// flipped / tokens (0 without tokens).
+    pub fn ratio(&self) -> f64 {
+        if self.tokens == 0 {
+            0.0
+        } else {
+            self.flipped as f64 / self.tokens as f64
+        }
+    }
+}
+
+/// What the step path saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StepDiagnostics {
+    /// Responses processed.
+    pub responses: u64,
+    /// Responses with at least one non-zero A^S token.
+    pub responses_with_step_adv: u64,
+    /// Responses where no plan was found (A^S = 0).
+    pub parse_failures: u64,
+    /// Responses whose offsets came from incremental decoding.
+    pub offset_fallbacks: u64,
+    /// Step elements whose tokens failed the decode check.
+    pub span_verify_failures: u64,
+    /// Responses whose plan has another number of steps than their rule match (A^S = 0).
+    pub step_count_mismatches: u64,
+    /// Sign flips over all credit-target tokens.
+    pub sign_flips: FlipCount,
+    /// ... of successful trajectories.
+    pub sign_flips_success: FlipCount,
+    /// ... of failed trajectories.
+    pub sign_flips_failure: FlipCount,
+    /// ... of rule-correct steps.
+    pub sign_flips_rule_correct: FlipCount,
+    /// ... of rule-wrong steps.
+    pub sign_flips_rule_wrong: FlipCount,
+}
+
+impl StepDiagnostics {
+    fn add(&mut self, other: &StepDiagnostics) {
+        self.responses += other.responses;
+        self.responses_with_step_adv += other.responses_with_step_adv;
+        self.parse_failures += other.parse_failures;
+        self.offset_fallbacks += other.offset_fallbacks;
+        self.span_verify_failures += other.span_verify_failures;
+        self.step_count_mismatches += other.step_count_mismatches;
+        self.sign_flips.add(other.sign_flips);
+        self.sign_flips_success.add(other.sign_flips_success);
+        self.sign_flips_failure.add(other.sign_flips_failure);
+        self.sign_flips_rule_correct
+            .add(other.sign_flips_rule_correct);
+        self.sign_flips_rule_wrong.add(other.sign_flips_rule_wrong);
+    }
+}
+
+/// Everything the step path reads besides the steps.
+pub struct StepInputs<'a> {
+    /// The policy's tokenizer.
+    pub tokenizer: &'a tokenizers::Tokenizer,
+    /// Rule matches and success per trajectory.
+    pub rule: &'a HashMap<String, RuleInfo>,
+    /// Teacher log-probs, when forward_proxy or StepOPSD needs them.
+    pub teacher: Option<&'a TeacherLogps>,
+    /// grpo_step settings, `None` for plain GRPO with StepOPSD.
+    pub step: Option<&'a StepConfig>,
+    /// StepOPSD settings.
+    pub stepopsd: &'a StepOpsdConfig,
+    /// Estimator name written into the rows.
+    pub estimator: &'a str,
+}
+
+fn sign(x: f32) -> i8 {
+    if x > 0.0 {
+        1
+    } else if x < 0.0 {
+        -1
+    } else {
+        0
+    }
+}
+
+/// One step row: its advantages and what happened.
+fn step_row(
+    trajectory_id: &str,
+    step_index: i32,
+    ids: &[u32],
+    episode_adv: f32,
+    inputs: &StepInputs<'_>,
+) -> Result<(AdvantageRow, StepDiagnostics)> {
+    let mut diag = StepDiagnostics {
+        responses: 1,
+        ..StepDiagnostics::default()
+    };
+    let n = ids.len();
+    let teacher = match inputs.teacher {
+        None => None,
+        Some(map) => {
+            let Some((t, s)) = map.get(&(trajectory_id.to_string(), step_index)) else {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` step {step_index} has no teacher_logp row; run teacher-logp on this rollout set"
+                )));
+            };
+            if t.len() != n || s.len() != n {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` step {step_index}: teacher_logp has {} and student_logp {} entries, expected {n} (one per response token)",
+                    t.len(),
+                    s.len()
+                )));
+            }
+            if let Some(bad) = t.iter().chain(s).find(|v| !v.is_finite()) {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` step {step_index}: a log-prob is {bad}, expected a finite number"
+                )));
+            }
+            Some((t.as_slice(), s.as_slice()))
+        }
+    };
+    let alignment = align(inputs.tokenizer, ids);
+    diag.offset_fallbacks = u64::from(alignment.method == Some(OffsetMethod::IncrementalDecode));
+    diag.span_verify_failures = alignment.verify_failures as u64;
+    let steps = alignment.steps.unwrap_or_default();
+    diag.parse_failures = u64::from(alignment.plan.is_none());
+    let rule = inputs.rule.get(trajectory_id);
+    let credit_part = inputs
+        .step
+        .map_or(StepPart::ActionName, |s| s.credit_target);
+    let credit: Vec<Vec<usize>> = steps.iter().map(|s| s.tokens(credit_part)).collect();
+
+    // A^S for grpo_step.
+    let step_adv: Option<Vec<f32>> = inputs.step.map(|config| {
+        let scores = match config.kind {
+            StepKind::Rule => match rule.and_then(|r| r.step_match.as_ref()) {
+                Some(m) if m.len() == steps.len() => rule_step_scores(m),
+                Some(_) if !steps.is_empty() => {
+                    diag.step_count_mismatches = 1;
+                    vec![0.0; steps.len()]
+                }
+                _ => vec![0.0; steps.len()],
+            },
+            StepKind::ForwardProxy => {
+                let (t, s) = teacher.expect("forward_proxy reads teacher_logp");
+                let source: Vec<Vec<usize>> = steps
+                    .iter()
+                    .map(|st| st.tokens(config.score_source))
+                    .collect();
+                let params = ProxyParams {
+                    squash: config.squash,
+                    score_tau: config.score_tau,
+                    score_norm: config.score_norm,
+                    min_score_tokens: config.min_score_tokens,
+                };
+                forward_proxy_step_scores(t, s, &source, params)
+            }
+        };
+        spread_step_scores(n, &credit, &scores)
+    });
+    let omega = inputs.step.map_or(0.0, |s| s.omega);
+    let mut advantages: Vec<f32> = match &step_adv {
+        Some(a_s) => a_s.iter().map(|&x| episode_adv + omega * x).collect(),
+        None => vec![episode_adv; n],
+    };
+    if inputs.stepopsd.enabled {
+        let (t, s) = teacher.expect("stepopsd reads teacher_logp");
+        let mut on_step = vec![false; n];
+        credit.iter().flatten().for_each(|&i| on_step[i] = true);
+        for (i, a) in advantages.iter_mut().enumerate() {
+            let delta = if on_step[i] { t[i] - s[i] } else { 0.0 };
+            *a = stepopsd(
+                *a,
+                delta,
+                inputs.stepopsd.alpha_clip,
+                inputs.stepopsd.lambda_mix,
+            );
+        }
+    }
+    diag.responses_with_step_adv = u64::from(
+        step_adv
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|&x| x != 0.0)),
+    );
+    // Sign flips on the credit-target tokens.
+    let success = rule.is_some_and(|r| r.success);
+    let step_match = rule
+        .and_then(|r| r.step_match.as_ref())
+        .filter(|m| m.len() == steps.len());
+    for (k, tokens) in credit.iter().enumerate() {
+        let count = FlipCount {
+            flipped: tokens
+                .iter()
+                .filter(|&&t| sign(advantages[t]) != sign(episode_adv))
+                .count() as u64,
+            tokens: tokens.len() as u64,
+        };
+        diag.sign_flips.add(count);
+        if success {
+            diag.sign_flips_success.add(count)
+        } else {
+            diag.sign_flips_failure.add(count)
+        }
+        match step_match.map(|m| m[k]) {
+            Some(1) => diag.sign_flips_rule_correct.add(count),
+            Some(_) => diag.sign_flips_rule_wrong.add(count),
+            None => {}
+        }
+    }
+    let row = AdvantageRow {
+        trajectory_id: trajectory_id.to_string(),
+        step_index,
+        advantages,
+        returns: None,
+        episode_adv,
+        step_adv,
+        estimator: inputs.estimator.to_string(),
+    };
+    Ok((row, diag))
+}
+
+/// The advantages rows of one steps batch on the step path, in input order.
+pub fn step_batch(
+    batch: &RecordBatch,
+    episodes: &Episodes,
+    owned: &[bool],
+    episode_adv: &[f32],
+    inputs: &StepInputs<'_>,
+    step_counts: &mut [i32],
+    diagnostics: &mut StepDiagnostics,
+) -> Result<Vec<AdvantageRow>> {
+    let ids = column::<StringArray>(batch, "trajectory_id");
+    let index = column::<Int32Array>(batch, "step_index");
+    let responses = column::<ListArray>(batch, "response_ids");
+    let mut work = Vec::new();
+    for i in 0..batch.num_rows() {
+        let Some(e) = episodes.get(ids.value(i)) else {
+            return Err(Error::BadInput(format!(
+                "steps row for trajectory `{}`, which is not in trajectories",
+                ids.value(i)
+            )));
+        };
+        step_counts[e] += 1;
+        if owned[episodes.list[e].group as usize] {
+            work.push((i, e));
+        }
+    }
+    let results: Vec<Result<(AdvantageRow, StepDiagnostics)>> = work
+        .par_iter()
+        .map(|&(i, e)| {
+            let list = responses.value(i);
+            let tokens = list
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .expect("list<i32>");
+            let token_ids: Vec<u32> = tokens
+                .values()
+                .iter()
+                .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
+                .collect();
+            step_row(
+                ids.value(i),
+                index.value(i),
+                &token_ids,
+                episode_adv[e],
+                inputs,
+            )
+        })
+        .collect();
+    let mut rows = Vec::with_capacity(results.len());
+    for result in results {
+        let (row, diag) = result?;
+        diagnostics.add(&diag);
+        rows.push(row);
+    }
+    Ok(rows)
+}
