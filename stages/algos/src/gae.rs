@@ -62,32 +62,82 @@ pub fn gae_tokens(
         rewards.len(),
         "offsets cover the rows"
     );
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]),
+        "offsets are non-decreasing"
+    );
+    let gamma = params.gamma;
+    // Pass 1 (vectorisable): TD errors, with V after a row's last position = 0.
     let mut advantages = vec![0f32; rewards.len()];
-    let mut returns = vec![0f32; rewards.len()];
-    let (gamma, decay) = (params.gamma, params.gamma * params.lam);
     for row in offsets.windows(2) {
-        let (r, v) = (&rewards[row[0]..row[1]], &values[row[0]..row[1]]);
-        let a = &mut advantages[row[0]..row[1]];
+        let (r, v, a) = (
+            &rewards[row[0]..row[1]],
+            &values[row[0]..row[1]],
+            &mut advantages[row[0]..row[1]],
+        );
         let Some(last) = r.len().checked_sub(1) else {
             continue;
         };
-        // Pass 1 (vectorisable): the TD errors, V after the last position = 0.
         for t in 0..last {
             a[t] = r[t] + gamma * v[t + 1] - v[t];
         }
         a[last] = r[last] - v[last];
-        // Pass 2: the only serial part, A_t = delta_t + gamma * lambda * A_{t+1}.
-        let mut running = 0f32;
-        for x in a.iter_mut().rev() {
-            running = *x + decay * running;
-            *x = running;
+    }
+    // Pass 2: the serial part, A_t = delta_t + gamma * lambda * A_{t+1}.
+    discounted_suffix_sums(&mut advantages, offsets, gamma * params.lam);
+    // Pass 3 (vectorisable): returns = A + V.
+    let returns = advantages.iter().zip(values).map(|(a, v)| a + v).collect();
+    (advantages, returns)
+}
+
+/// In place, per row: `x_t <- x_t + decay * x_{t+1}` from the row's end. The
+/// recurrence is a chain of dependent multiply-adds, so four rows run side by
+/// side over their common tail to give the processor independent chains.
+fn discounted_suffix_sums(x: &mut [f32], offsets: &[usize], decay: f32) {
+    let scan = |row: &mut [f32], mut running: f32| {
+        for v in row.iter_mut().rev() {
+            running = *v + decay * running;
+            *v = running;
         }
-        // Pass 3 (vectorisable): returns = A + V.
-        for ((ret, &adv), &value) in returns[row[0]..row[1]].iter_mut().zip(a.iter()).zip(v) {
-            *ret = adv + value;
+    };
+    let mut rest = x;
+    let lengths: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    for block in lengths.chunks(4) {
+        let mut rows: Vec<&mut [f32]> = Vec::with_capacity(4);
+        for &len in block {
+            let (row, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rows.push(row);
+            rest = tail;
+        }
+        if let [a, b, c, d] = rows.as_mut_slice() {
+            let common = a.len().min(b.len()).min(c.len()).min(d.len());
+            let (ha, ta) = a.split_at_mut(a.len() - common);
+            let (hb, tb) = b.split_at_mut(b.len() - common);
+            let (hc, tc) = c.split_at_mut(c.len() - common);
+            let (hd, td) = d.split_at_mut(d.len() - common);
+            let (mut ra, mut rb, mut rc, mut rd) = (0f32, 0f32, 0f32, 0f32);
+            let lanes = ta
+                .iter_mut()
+                .rev()
+                .zip(tb.iter_mut().rev())
+                .zip(tc.iter_mut().rev())
+                .zip(td.iter_mut().rev());
+            for (((xa, xb), xc), xd) in lanes {
+                ra = *xa + decay * ra;
+                rb = *xb + decay * rb;
+                rc = *xc + decay * rc;
+                rd = *xd + decay * rd;
+                (*xa, *xb, *xc, *xd) = (ra, rb, rc, rd);
+            }
+            for (head, carried) in [ha, hb, hc, hd].into_iter().zip([ra, rb, rc, rd]) {
+                scan(head, carried);
+            }
+        } else {
+            for row in rows {
+                scan(row, 0.0);
+            }
         }
     }
-    (advantages, returns)
 }
 
 /// Decision-level GAE: one value per step, `rewards[t]` per step (the outcome
@@ -108,9 +158,8 @@ pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
         return Err(AlgoError::TooFewToWhiten(n));
     }
     let count = n as f64;
-    let mean = sum_f64(values.iter().map(|&v| f64::from(v))) / (count + 1e-8);
-    let centred_sq =
-        sum_f64(values.iter().map(|&v| (f64::from(v) - mean).powi(2))) / (count + 1e-8);
+    let mean = sum_f64(values, |v| v) / (count + 1e-8);
+    let centred_sq = sum_f64(values, |v| (v - mean) * (v - mean)) / (count + 1e-8);
     let variance = centred_sq * count / (count - 1.0);
     let scale = (1.0 / (variance + 1e-8).sqrt()) as f32;
     let mean = mean as f32;
@@ -120,13 +169,17 @@ pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
     Ok(())
 }
 
-/// Sum in f64 over 8 interleaved accumulators, so the compiler can vectorise it.
-fn sum_f64(values: impl Iterator<Item = f64>) -> f64 {
+/// Sum of `f(x)` in f64 over eight independent accumulators (vectorisable).
+fn sum_f64(values: &[f32], f: impl Fn(f64) -> f64) -> f64 {
     let mut lanes = [0f64; 8];
-    for (i, v) in values.enumerate() {
-        lanes[i % 8] += v;
+    let chunks = values.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(f64::from(v))).sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(f64::from(v));
+        }
     }
-    lanes.iter().sum()
+    lanes.iter().sum::<f64>() + tail
 }
 
 #[cfg(test)]
@@ -166,7 +219,48 @@ mod tests {
         assert_eq!(whiten(&mut []), Err(AlgoError::TooFewToWhiten(0)));
     }
 
+    /// The recurrence written plainly, one position at a time.
+    fn reference(
+        rewards: &[f32],
+        values: &[f32],
+        offsets: &[usize],
+        p: GaeParams,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (mut adv, mut ret) = (vec![0f32; rewards.len()], vec![0f32; rewards.len()]);
+        for row in offsets.windows(2) {
+            let (mut next_value, mut running) = (0f32, 0f32);
+            for t in (row[0]..row[1]).rev() {
+                running = rewards[t] + p.gamma * next_value - values[t] + p.gamma * p.lam * running;
+                next_value = values[t];
+                adv[t] = running;
+                ret[t] = running + values[t];
+            }
+        }
+        (adv, ret)
+    }
+
     proptest! {
+        #[test]
+        fn rows_of_any_lengths_match_the_plain_recurrence(
+            lengths in proptest::collection::vec(0usize..12, 0..11),
+            seed in 0u32..1000,
+        ) {
+            let mut offsets = vec![0];
+            for len in &lengths {
+                offsets.push(offsets.last().unwrap() + len);
+            }
+            let n = *offsets.last().unwrap();
+            let rewards: Vec<f32> = (0..n).map(|i| ((i as u32 * 7 + seed) % 5) as f32 - 2.0).collect();
+            let values: Vec<f32> = (0..n).map(|i| ((i as u32 * 3 + seed) % 11) as f32 / 5.0 - 1.0).collect();
+            let p = GaeParams { gamma: 0.9, lam: 0.8 };
+            let (adv, ret) = gae_tokens(&rewards, &values, &offsets, p);
+            let (want_adv, want_ret) = reference(&rewards, &values, &offsets, p);
+            for i in 0..n {
+                prop_assert!((adv[i] - want_adv[i]).abs() <= 1e-5 * want_adv[i].abs().max(1.0), "adv {i}: {} vs {}", adv[i], want_adv[i]);
+                prop_assert!((ret[i] - want_ret[i]).abs() <= 1e-5 * want_ret[i].abs().max(1.0), "ret {i}");
+            }
+        }
+
         #[test]
         fn lambda_one_gamma_one_gives_reward_to_go_minus_value(
             rewards in proptest::collection::vec(-2.0f32..2.0, 1..30),
