@@ -454,3 +454,136 @@ fn missing_or_misfit_teacher_rows_are_bad_input() {
     assert_eq!(result.code, 2, "{result}");
     assert!(result.stderr.contains("--policy"), "{result}");
 }
+
+#[test]
+fn forward_proxy_reports_the_step_score_distribution_and_auc() {
+    let f = fixture();
+    write_teacher(&f, None, None);
+    let (result, out) = compute(
+        &f,
+        "proxy-diag",
+        &[
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.kind=forward_proxy",
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let diagnostics: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("diagnostics.json")).unwrap())
+            .unwrap();
+    let step = &diagnostics["step"];
+    // Per group: s0 has 2 right steps, s1 1 right and 1 wrong, s2 2 wrong; two groups.
+    assert_eq!(step["step_adv_rule_correct"]["count"], 6);
+    assert_eq!(step["step_adv_rule_wrong"]["count"], 6);
+    let auc = step["step_adv_auc"].as_f64().unwrap();
+    // The teacher favours all of s0 and disfavours all of s1 and s2: 4 of the 6 right steps score above every wrong one.
+    assert!(
+        (auc - (4.0 * 6.0 + 2.0 * 6.0 * 0.5) / 36.0).abs() < 1e-9,
+        "auc {auc}"
+    );
+    assert!(result.stdout.contains("AUC of A^S"), "{result}");
+}
+
+#[test]
+fn residual_contrast_removes_a_response_wide_offset_and_needs_forward_proxy() {
+    let f = fixture();
+    write_teacher(&f, None, None);
+    let (result, out) = compute(
+        &f,
+        "residual",
+        &[
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.kind=forward_proxy",
+            "--set",
+            "step.gate=residual_contrast",
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    // The fixture's teacher gap is the same on every token of a response: the residual is 0.
+    for row in read_advantages(&out.join("advantages")) {
+        assert!(row.step_adv.unwrap().iter().all(|&s| s == 0.0));
+    }
+    let (result, out) = compute(
+        &f,
+        "residual-rule",
+        &[
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.gate=residual_contrast",
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("`step.gate`") && result.stderr.contains("forward_proxy"),
+        "{result}"
+    );
+    assert!(!out.join("advantages").exists());
+}
+
+#[test]
+fn prompt_gates_scale_each_step() {
+    use embodyflow_core::schemas::StepGateRow;
+    let f = fixture();
+    let mut gates = Vec::new();
+    for g in 0..2 {
+        for s in 0..3 {
+            for k in 0..2 {
+                gates.push(StepGateRow {
+                    trajectory_id: format!("it0/household/train/0/{g:06}/d0/s{s}"),
+                    plan_step: k,
+                    decision_gate: 1.0,
+                    redundancy_gate: if k == 1 { 1.0 } else { 0.0 }, // the second step is redundant
+                    causal_gate: 0.0,
+                    prompt_kl_score: None,
+                    reason: Some("test".into()),
+                });
+            }
+        }
+    }
+    write(&f.path("teacher"), TableName::StepGates, &gates);
+    let (result, out) = compute(
+        &f,
+        "prompt",
+        &["--set", "estimator=grpo_step", "--set", "step.gate=prompt"],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    for row in read_advantages(&out.join("advantages"))
+        .iter()
+        .filter(|r| r.trajectory_id.ends_with("s0"))
+    {
+        // First step: +1 * 1 * 1 * 0.5; second: gated to 0.
+        let values: Vec<f32> = row
+            .step_adv
+            .as_ref()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|&s| s != 0.0)
+            .collect();
+        assert!(
+            !values.is_empty() && values.iter().all(|&v| v == 0.5),
+            "{values:?}"
+        );
+    }
+    // A missing gate row is bad input.
+    gates.retain(|g| !(g.trajectory_id.ends_with("000001/d0/s2") && g.plan_step == 1));
+    std::fs::remove_dir_all(f.path("teacher")).unwrap();
+    write(&f.path("teacher"), TableName::StepGates, &gates);
+    let (result, _) = compute(
+        &f,
+        "prompt-missing",
+        &["--set", "estimator=grpo_step", "--set", "step.gate=prompt"],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result
+            .stderr
+            .contains("`it0/household/train/0/000001/d0/s2` plan step 1"),
+        "{result}"
+    );
+}

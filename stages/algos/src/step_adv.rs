@@ -17,6 +17,21 @@
 //! `floor(0.1 n)` are dropped at each end before averaging (the plain mean
 //! below 10 values).
 //!
+//! **Gates** scale each step's A^S:
+//! - `residual_contrast` (forward_proxy): with `d'_t = d_t - median(d over the
+//!   response)`, per step k over its score tokens `raw_k = robust_mean(d')`,
+//!   `imp_k = robust_mean(|d'|)`; `soft_k = tanh(z(raw)_k / score_tau)`,
+//!   `decision_k = sigmoid((z(imp)_k - threshold) / gate_tau)`,
+//!   `budget_k = clamp(softmax(imp / budget_tau)_k * num_steps, 0, 1)`,
+//!   `confidence_k = len_gate_k * var_gate_k` with `len_gate = 1` when the step
+//!   has at least `min_score_tokens` score tokens (else 0) and
+//!   `var_gate = 1 / (1 + std(d' over the step's score tokens))`; then
+//!   `A^S_k = decision * budget * confidence * soft_k`. `z(x)_k` is the
+//!   z-score `(x_k - mean) / (std + 1e-6)` over the response's steps with a
+//!   score (x itself for `raw`, and 0 for `imp`, when there is one such step).
+//! - `prompt` (a judge's `step_gates` rows): `gate = decision * (1 -
+//!   redundancy) * (0.5 + 0.5 * causal)` multiplies the rule or forward_proxy score.
+//!
 //! **StepOPSD** (sign-preserving multiplicative baseline): per token
 //! `w = clip(2 sigmoid(sign(A) * Delta), 1 - alpha_clip, 1 + alpha_clip)` and
 //! `A~ = (1 - lambda_mix) A + lambda_mix * w * A`, with Delta the teacher -
@@ -164,6 +179,195 @@ pub fn spread_step_scores(
     step_adv
 }
 
+/// residual_contrast gate settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateParams {
+    /// Importance z-score at which the decision gate is one half.
+    pub threshold: f32,
+    /// Temperature of the decision sigmoid.
+    pub gate_tau: f32,
+    /// Temperature of the budget softmax.
+    pub budget_tau: f32,
+}
+
+fn median(values: &[f32]) -> f32 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f32::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        0.5 * (sorted[mid - 1] + sorted[mid])
+    }
+}
+
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    (
+        mean,
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt(),
+    )
+}
+
+/// z-scores of `values` at the positions in `scored`; `single` for a lone one.
+fn z_scores(values: &[f32], scored: &[bool], single: impl Fn(f32) -> f32) -> Vec<f32> {
+    let picked: Vec<f64> = values
+        .iter()
+        .zip(scored)
+        .filter(|(_, s)| **s)
+        .map(|(&v, _)| f64::from(v))
+        .collect();
+    if picked.len() < 2 {
+        return values.iter().map(|&v| single(v)).collect();
+    }
+    let (mean, std) = mean_std(&picked);
+    values
+        .iter()
+        .map(|&v| ((f64::from(v) - mean) / (std + 1e-6)) as f32)
+        .collect()
+}
+
+/// Step scores under the residual_contrast gate (see the module doc).
+pub fn residual_contrast_step_scores(
+    teacher: &[f32],
+    student: &[f32],
+    score_tokens: &[Vec<usize>],
+    params: ProxyParams,
+    gate: GateParams,
+) -> Vec<f32> {
+    let d: Vec<f32> = teacher.iter().zip(student).map(|(t, s)| t - s).collect();
+    let center = median(&d);
+    let residual: Vec<Vec<f32>> = score_tokens
+        .iter()
+        .map(|tokens| tokens.iter().map(|&t| d[t] - center).collect())
+        .collect();
+    let scored: Vec<bool> = score_tokens
+        .iter()
+        .map(|t| !t.is_empty() && t.len() >= params.min_score_tokens)
+        .collect();
+    let raw: Vec<f32> = residual.iter().map(|r| robust_mean(r)).collect();
+    let importance: Vec<f32> = residual
+        .iter()
+        .map(|r| robust_mean(&r.iter().map(|x| x.abs()).collect::<Vec<_>>()))
+        .collect();
+    let z_raw = z_scores(&raw, &scored, |v| v);
+    let z_imp = z_scores(&importance, &scored, |_| 0.0);
+    let scored_count = scored.iter().filter(|s| **s).count();
+    let max_imp = importance
+        .iter()
+        .zip(&scored)
+        .filter(|(_, s)| **s)
+        .map(|(&i, _)| i)
+        .fold(f32::MIN, f32::max);
+    let exp: Vec<f64> = importance
+        .iter()
+        .zip(&scored)
+        .map(|(&i, &s)| {
+            if s {
+                f64::from((i - max_imp) / gate.budget_tau).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let total: f64 = exp.iter().sum();
+    (0..score_tokens.len())
+        .map(|k| {
+            if !scored[k] {
+                return 0.0;
+            }
+            let soft = (z_raw[k] / params.score_tau).tanh();
+            let decision = 1.0 / (1.0 + (-(z_imp[k] - gate.threshold) / gate.gate_tau).exp());
+            let budget = ((exp[k] / total) * scored_count as f64).clamp(0.0, 1.0) as f32;
+            let (_, std) = mean_std(
+                &residual[k]
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .collect::<Vec<_>>(),
+            );
+            let confidence = 1.0 / (1.0 + std as f32);
+            (decision * budget * confidence * soft).clamp(-1.0, 1.0)
+        })
+        .collect()
+}
+
+/// The prompt gate of one step from a judge's gates.
+pub fn prompt_gate(decision: f32, redundancy: f32, causal: f32) -> f32 {
+    decision * (1.0 - redundancy) * (0.5 + 0.5 * causal)
+}
+
+/// Mean, standard deviation and the 10th, 50th and 90th percentiles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Distribution {
+    /// Number of values.
+    pub count: usize,
+    /// Mean.
+    pub mean: f64,
+    /// Population standard deviation.
+    pub std: f64,
+    /// 10th percentile (nearest rank).
+    pub p10: f64,
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 90th percentile (nearest rank).
+    pub p90: f64,
+}
+
+impl Distribution {
+    /// Summarises `values`.
+    pub fn of(values: &[f32]) -> Distribution {
+        if values.is_empty() {
+            return Distribution::default();
+        }
+        let mut sorted: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+        sorted.sort_by(f64::total_cmp);
+        let rank =
+            |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+        let (mean, std) = mean_std(&sorted);
+        Distribution {
+            count: sorted.len(),
+            mean,
+            std,
+            p10: rank(0.1),
+            p50: rank(0.5),
+            p90: rank(0.9),
+        }
+    }
+}
+
+/// Area under the ROC curve of `scores` separating `positives` from
+/// `negatives`: P(positive > negative) + P(equal) / 2 (Mann-Whitney), `None`
+/// when either class is empty.
+pub fn auc(positives: &[f32], negatives: &[f32]) -> Option<f64> {
+    if positives.is_empty() || negatives.is_empty() {
+        return None;
+    }
+    let mut all: Vec<(f32, bool)> = positives
+        .iter()
+        .map(|&v| (v, true))
+        .chain(negatives.iter().map(|&v| (v, false)))
+        .collect();
+    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Sum of the positives' (average) ranks.
+    let mut rank_sum = 0f64;
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i;
+        while j < all.len() && all[j].0 == all[i].0 {
+            j += 1;
+        }
+        let average_rank = (i + j + 1) as f64 / 2.0; // ranks i+1..=j
+        rank_sum += average_rank * all[i..j].iter().filter(|(_, p)| *p).count() as f64;
+        i = j;
+    }
+    let (p, n) = (positives.len() as f64, negatives.len() as f64);
+    Some((rank_sum - p * (p + 1.0) / 2.0) / (p * n))
+}
+
 /// StepOPSD's sign-preserving reweighting of one token's advantage.
 pub fn stepopsd(advantage: f32, delta: f32, alpha_clip: f32, lambda_mix: f32) -> f32 {
     let sign = if advantage > 0.0 {
@@ -251,6 +455,58 @@ mod tests {
         assert!((stepopsd(1.0, 50.0, 0.2, 1.0) - 1.2).abs() < 1e-6);
         assert!((stepopsd(1.0, -50.0, 0.2, 0.5) - (0.5 + 0.5 * 0.8)).abs() < 1e-6);
         assert_eq!(stepopsd(0.0, 5.0, 0.2, 0.5), 0.0);
+    }
+
+    #[test]
+    fn residual_contrast_by_hand() {
+        // Response median of d is 0; step 0 is strongly supported on two tokens,
+        // step 1 mildly opposed, step 2 has one token (below min_score_tokens = 2).
+        let student = [0.0f32; 7];
+        let teacher = [2.0, 2.0, -0.5, -0.5, 0.0, 0.0, 9.0];
+        let tokens = vec![vec![0, 1], vec![2, 3], vec![6]];
+        let params = ProxyParams {
+            squash: Squash::Contrast,
+            score_tau: 1.0,
+            score_norm: ScoreNorm::None,
+            min_score_tokens: 2,
+        };
+        let gate = GateParams {
+            threshold: 0.0,
+            gate_tau: 1.0,
+            budget_tau: 1.0,
+        };
+        let s = residual_contrast_step_scores(&teacher, &student, &tokens, params, gate);
+        assert_eq!(s[2], 0.0);
+        // Two scored steps: z(raw) = +-1, z(imp) = +-1; budget = softmax([2, .5]) * 2 clamped.
+        let budget0 = ((2f64.exp() / (2f64.exp() + 0.5f64.exp())) * 2.0).min(1.0) as f32;
+        let budget1 = ((0.5f64.exp() / (2f64.exp() + 0.5f64.exp())) * 2.0).min(1.0) as f32;
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let expected0 = sigmoid(1.0) * budget0 * 1.0 * (1.0f32).tanh();
+        let expected1 = sigmoid(-1.0) * budget1 * 1.0 * (-1.0f32).tanh();
+        assert!((s[0] - expected0).abs() < 1e-4, "{s:?} vs {expected0}");
+        assert!((s[1] - expected1).abs() < 1e-4, "{s:?} vs {expected1}");
+    }
+
+    #[test]
+    fn prompt_gate_by_hand() {
+        assert_eq!(prompt_gate(1.0, 0.0, 1.0), 1.0);
+        assert_eq!(prompt_gate(1.0, 0.0, 0.0), 0.5);
+        assert_eq!(prompt_gate(0.8, 0.5, 1.0), 0.4);
+        assert_eq!(prompt_gate(1.0, 1.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn auc_and_distribution_by_hand() {
+        assert_eq!(auc(&[3.0, 4.0], &[1.0, 2.0]), Some(1.0));
+        assert_eq!(auc(&[1.0, 2.0], &[3.0, 4.0]), Some(0.0));
+        assert_eq!(auc(&[1.0], &[1.0]), Some(0.5));
+        assert_eq!(auc(&[2.0, 0.0], &[1.0]), Some(0.5));
+        assert_eq!(auc(&[], &[1.0]), None);
+        let d = Distribution::of(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
+        assert_eq!(
+            (d.count, d.mean, d.p10, d.p50, d.p90),
+            (10, 5.5, 1.0, 5.0, 9.0)
+        );
     }
 
     proptest! {

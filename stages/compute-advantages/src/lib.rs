@@ -65,7 +65,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use serde::{Deserialize, Serialize};
 
-pub use step::{StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
+pub use step::{Gate, StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
 
 /// Command line of `compute-advantages`.
 #[derive(Debug, clap::Parser)]
@@ -556,6 +556,23 @@ pub fn run(args: Args) -> Result<()> {
                     step.sign_flips_rule_wrong.ratio()
                 ),
             );
+        if let (Some(right), Some(wrong)) = (&step.step_adv_rule_correct, &step.step_adv_rule_wrong)
+        {
+            let describe = |d: &embodyflow_algos::step_adv::Distribution| {
+                format!(
+                    "{:.3} ± {:.3} (p10 {:.3}, p50 {:.3}, p90 {:.3}; {} steps)",
+                    d.mean, d.std, d.p10, d.p50, d.p90, d.count
+                )
+            };
+            summary
+                .add("A^S on rule-correct steps", describe(right))
+                .add("A^S on rule-wrong steps", describe(wrong))
+                .add(
+                    "AUC of A^S (correct vs wrong)",
+                    step.step_adv_auc
+                        .map_or("n/a".into(), |a| format!("{a:.3}")),
+                );
+        }
     }
     stage.write_summary(&summary)?;
     Ok(())
@@ -592,6 +609,20 @@ fn run_step_path(
         None
     };
     let teacher = teacher_table.as_ref().map(step::read_teacher).transpose()?;
+    if grpo_step
+        && config.step.gate == Gate::ResidualContrast
+        && config.step.kind != StepKind::ForwardProxy
+    {
+        return Err(Error::BadValue {
+            key: "step.gate".into(),
+            reason: "residual_contrast gates the teacher-student contrast: it needs step.kind = forward_proxy".into(),
+        });
+    }
+    let gates = if grpo_step && config.step.gate == Gate::Prompt {
+        Some(step::read_gates(&stage.input(TableName::StepGates)?)?)
+    } else {
+        None
+    };
     let rule = step::read_rule_info(rewards)?;
     let norm = GroupNorm {
         norm_by_std: config.estimator != Estimator::DrGrpo,
@@ -604,6 +635,7 @@ fn run_step_path(
         tokenizer: &tokenizer,
         rule: &rule,
         teacher: teacher.as_ref(),
+        gates: gates.as_ref(),
         step: grpo_step.then_some(&config.step),
         stepopsd: &config.stepopsd,
         estimator: config.estimator.name(),
@@ -631,6 +663,7 @@ fn run_step_path(
     }
     bar.finish_and_clear();
     check_step_counts(episodes, &step_counts)?;
+    diagnostics.finish();
     Ok(diagnostics)
 }
 

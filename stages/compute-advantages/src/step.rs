@@ -12,8 +12,8 @@ use arrow::array::{
 };
 use embodyflow_algos::spans::{OffsetMethod, StepPart, align};
 use embodyflow_algos::step_adv::{
-    ProxyParams, ScoreNorm, Squash, forward_proxy_step_scores, rule_step_scores,
-    spread_step_scores, stepopsd,
+    Distribution, GateParams, ProxyParams, ScoreNorm, Squash, auc, forward_proxy_step_scores,
+    prompt_gate, residual_contrast_step_scores, rule_step_scores, spread_step_scores, stepopsd,
 };
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::AdvantageRow;
@@ -31,6 +31,18 @@ pub enum StepKind {
     Rule,
     /// The teacher-student log-prob contrast (needs the teacher_logp table).
     ForwardProxy,
+}
+
+/// Which gate scales each step's A^S.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    /// No gate.
+    None,
+    /// Residual contrast gates from the teacher-student contrast (forward_proxy).
+    ResidualContrast,
+    /// A judge's step_gates rows.
+    Prompt,
 }
 
 /// `step.*` settings (grpo_step).
@@ -53,6 +65,14 @@ pub struct StepConfig {
     pub score_norm: ScoreNorm,
     /// Steps with fewer score tokens get A^S = 0.
     pub min_score_tokens: usize,
+    /// Gate on each step's A^S.
+    pub gate: Gate,
+    /// residual_contrast: importance z-score where the decision gate is 1/2.
+    pub gate_threshold: f32,
+    /// residual_contrast: decision sigmoid temperature.
+    pub gate_tau: f32,
+    /// residual_contrast: budget softmax temperature.
+    pub budget_tau: f32,
     /// tokenizer.json of the policy (default: `--policy CKPT`/tokenizer.json).
     pub tokenizer: Option<PathBuf>,
 }
@@ -68,6 +88,10 @@ impl Default for StepConfig {
             score_tau: 1.0,
             score_norm: ScoreNorm::None,
             min_score_tokens: 1,
+            gate: Gate::None,
+            gate_threshold: 0.0,
+            gate_tau: 1.0,
+            budget_tau: 1.0,
             tokenizer: None,
         }
     }
@@ -131,6 +155,43 @@ pub fn read_rule_info(rewards: &TableReader) -> Result<HashMap<String, RuleInfo>
         }
     }
     Ok(info)
+}
+
+/// Prompt gates per (trajectory, plan step).
+pub type StepGates = HashMap<(String, i32), f32>;
+
+/// Reads the step_gates table into combined gates.
+pub fn read_gates(table: &TableReader) -> Result<StepGates> {
+    let mut map = HashMap::new();
+    let columns = [
+        "trajectory_id",
+        "plan_step",
+        "decision_gate",
+        "redundancy_gate",
+        "causal_gate",
+    ];
+    for batch in table.batches(Some(&columns), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let steps = column::<Int32Array>(&batch, "plan_step");
+        let (d, r, c) = (
+            column::<Float32Array>(&batch, "decision_gate"),
+            column::<Float32Array>(&batch, "redundancy_gate"),
+            column::<Float32Array>(&batch, "causal_gate"),
+        );
+        for i in 0..batch.num_rows() {
+            let gate = prompt_gate(d.value(i), r.value(i), c.value(i));
+            if !gate.is_finite() {
+                return Err(Error::BadInput(format!(
+                    "step_gates: trajectory `{}` plan step {}: gate is {gate}",
+                    ids.value(i),
+                    steps.value(i)
+                )));
+            }
+            map.insert((ids.value(i).to_string(), steps.value(i)), gate);
+        }
+    }
+    Ok(map)
 }
 
 /// Teacher and student log-probs per (trajectory, step).
@@ -224,6 +285,16 @@ pub struct StepDiagnostics {
     pub sign_flips_rule_correct: FlipCount,
     /// ... of rule-wrong steps.
     pub sign_flips_rule_wrong: FlipCount,
+    /// forward_proxy: A^S of rule-correct steps.
+    pub step_adv_rule_correct: Option<Distribution>,
+    /// forward_proxy: A^S of rule-wrong steps.
+    pub step_adv_rule_wrong: Option<Distribution>,
+    /// forward_proxy: AUC of A^S separating rule-correct from rule-wrong steps.
+    pub step_adv_auc: Option<f64>,
+    #[serde(skip)]
+    scores_correct: Vec<f32>,
+    #[serde(skip)]
+    scores_wrong: Vec<f32>,
 }
 
 impl StepDiagnostics {
@@ -240,6 +311,17 @@ impl StepDiagnostics {
         self.sign_flips_rule_correct
             .add(other.sign_flips_rule_correct);
         self.sign_flips_rule_wrong.add(other.sign_flips_rule_wrong);
+        self.scores_correct.extend_from_slice(&other.scores_correct);
+        self.scores_wrong.extend_from_slice(&other.scores_wrong);
+    }
+
+    /// Summarises the collected forward_proxy step scores.
+    pub fn finish(&mut self) {
+        if !self.scores_correct.is_empty() || !self.scores_wrong.is_empty() {
+            self.step_adv_rule_correct = Some(Distribution::of(&self.scores_correct));
+            self.step_adv_rule_wrong = Some(Distribution::of(&self.scores_wrong));
+            self.step_adv_auc = auc(&self.scores_correct, &self.scores_wrong);
+        }
     }
 }
 
@@ -251,6 +333,8 @@ pub struct StepInputs<'a> {
     pub rule: &'a HashMap<String, RuleInfo>,
     /// Teacher log-probs, when forward_proxy or StepOPSD needs them.
     pub teacher: Option<&'a TeacherLogps>,
+    /// Prompt gates, when `step.gate = prompt`.
+    pub gates: Option<&'a StepGates>,
     /// grpo_step settings, `None` for plain GRPO with StepOPSD.
     pub step: Option<&'a StepConfig>,
     /// StepOPSD settings.
@@ -317,33 +401,69 @@ fn step_row(
     let credit: Vec<Vec<usize>> = steps.iter().map(|s| s.tokens(credit_part)).collect();
 
     // A^S for grpo_step.
-    let step_adv: Option<Vec<f32>> = inputs.step.map(|config| {
-        let scores = match config.kind {
-            StepKind::Rule => match rule.and_then(|r| r.step_match.as_ref()) {
-                Some(m) if m.len() == steps.len() => rule_step_scores(m),
-                Some(_) if !steps.is_empty() => {
-                    diag.step_count_mismatches = 1;
-                    vec![0.0; steps.len()]
+    let step_adv: Option<Vec<f32>> = match inputs.step {
+        None => None,
+        Some(config) => {
+            let mut scores: Vec<f32> = match config.kind {
+                StepKind::Rule => match rule.and_then(|r| r.step_match.as_ref()) {
+                    Some(m) if m.len() == steps.len() => rule_step_scores(m),
+                    Some(_) if !steps.is_empty() => {
+                        diag.step_count_mismatches = 1;
+                        vec![0.0; steps.len()]
+                    }
+                    _ => vec![0.0; steps.len()],
+                },
+                StepKind::ForwardProxy => {
+                    let (t, s) = teacher.expect("forward_proxy reads teacher_logp");
+                    let source: Vec<Vec<usize>> = steps
+                        .iter()
+                        .map(|st| st.tokens(config.score_source))
+                        .collect();
+                    let params = ProxyParams {
+                        squash: config.squash,
+                        score_tau: config.score_tau,
+                        score_norm: config.score_norm,
+                        min_score_tokens: config.min_score_tokens,
+                    };
+                    if config.gate == Gate::ResidualContrast {
+                        let gate = GateParams {
+                            threshold: config.gate_threshold,
+                            gate_tau: config.gate_tau,
+                            budget_tau: config.budget_tau,
+                        };
+                        residual_contrast_step_scores(t, s, &source, params, gate)
+                    } else {
+                        forward_proxy_step_scores(t, s, &source, params)
+                    }
                 }
-                _ => vec![0.0; steps.len()],
-            },
-            StepKind::ForwardProxy => {
-                let (t, s) = teacher.expect("forward_proxy reads teacher_logp");
-                let source: Vec<Vec<usize>> = steps
-                    .iter()
-                    .map(|st| st.tokens(config.score_source))
-                    .collect();
-                let params = ProxyParams {
-                    squash: config.squash,
-                    score_tau: config.score_tau,
-                    score_norm: config.score_norm,
-                    min_score_tokens: config.min_score_tokens,
-                };
-                forward_proxy_step_scores(t, s, &source, params)
+            };
+            if let Some(gates) = inputs.gates {
+                for (k, score) in scores.iter_mut().enumerate() {
+                    let Some(gate) = gates.get(&(trajectory_id.to_string(), k as i32)) else {
+                        return Err(Error::BadInput(format!(
+                            "trajectory `{trajectory_id}` plan step {k} has no step_gates row; run the step judge on this rollout set"
+                        )));
+                    };
+                    *score *= gate;
+                }
             }
-        };
-        spread_step_scores(n, &credit, &scores)
-    });
+            if config.kind == StepKind::ForwardProxy {
+                if let Some(m) = rule
+                    .and_then(|r| r.step_match.as_ref())
+                    .filter(|m| m.len() == scores.len())
+                {
+                    for (&score, &matched) in scores.iter().zip(m) {
+                        if matched == 1 {
+                            diag.scores_correct.push(score)
+                        } else {
+                            diag.scores_wrong.push(score)
+                        }
+                    }
+                }
+            }
+            Some(spread_step_scores(n, &credit, &scores))
+        }
+    };
     let omega = inputs.step.map_or(0.0, |s| s.omega);
     let mut advantages: Vec<f32> = match &step_adv {
         Some(a_s) => a_s.iter().map(|&x| episode_adv + omega * x).collect(),
