@@ -398,6 +398,66 @@ mod tests {
     }
 
     #[test]
+    fn adversarial_texts_get_the_right_spans_or_none() {
+        let tok = test_tokenizer();
+        let cases = [
+            // Fenced block with prose and trailing special tokens.
+            (
+                "Plan:\n```json\n{\"executable_plan\": [{\"action_id\": 4, \"action_name\": \"find a Sink\"}]}\n```<|im_end|>",
+                Some(vec!["find a Sink"]),
+            ),
+            // Prose around a bare object.
+            (
+                "ok {\"executable_plan\": [{\"action_name\": \"pick up the Mug\", \"action_id\": 12}]} done",
+                Some(vec!["pick up the Mug"]),
+            ),
+            // A bare list with a malformed item.
+            (
+                "[{\"action_id\": 4, \"action_name\": \"find a Mug\"}, 7]",
+                Some(vec!["find a Mug", ""]),
+            ),
+            // Escaped quotes and non-ASCII inside a name.
+            (
+                "{\"executable_plan\": [{\"action_id\": 4, \"action_name\": \"find a \\\"Mug\\\" für Äpfel\"}]}",
+                Some(vec!["find a \\\"Mug\\\" für Äpfel"]),
+            ),
+            // Broken JSON.
+            (
+                "{\"executable_plan\": [{\"action_id\": 4, \"action_name\": \"find",
+                None,
+            ),
+        ];
+        for (text, expected) in cases {
+            let ids = ids(&tok, text);
+            let alignment = align(&tok, &ids);
+            match expected {
+                None => assert!(alignment.steps.is_none(), "{text}"),
+                Some(names) => {
+                    let steps = alignment.steps.expect(text);
+                    let got: Vec<String> = steps
+                        .iter()
+                        .map(|s| decode(&tok, &ids, &s.name_tokens).trim().to_string())
+                        .collect();
+                    assert_eq!(got, names, "{text}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn alignment_never_panics_on_any_ids(ids in proptest::collection::vec(0u32..400, 0..80)) {
+            let _ = align(&test_tokenizer(), &ids);
+        }
+
+        #[test]
+        fn alignment_never_panics_on_any_text(text in "(\\PC|[{}\\[\\]\":,])*") {
+            let tok = test_tokenizer();
+            let _ = align(&tok, &ids(&tok, &text));
+        }
+    }
+
+    #[test]
     fn broken_or_planless_responses_align_to_nothing() {
         let tok = test_tokenizer();
         for text in [
