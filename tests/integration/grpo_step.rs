@@ -587,3 +587,32 @@ fn prompt_gates_scale_each_step() {
         "{result}"
     );
 }
+
+#[test]
+fn heatmaps_are_drawn_for_responses_with_step_advantages() {
+    let f = fixture();
+    let (result, out) = compute(
+        &f,
+        "heat",
+        &[
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.omega=0.5",
+            "--heatmaps",
+            "3",
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let index = std::fs::read_to_string(out.join("heatmaps/index.md")).unwrap();
+    for i in 0..3 {
+        let png = std::fs::read(out.join(format!("heatmaps/{i:03}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(index.contains(&format!("{i:03}.png")));
+    }
+    // Responses with a non-zero A^S come first: not the broken s3.
+    assert!(
+        !index.lines().skip(5).take(3).any(|l| l.contains("/s3 ")),
+        "{index}"
+    );
+}

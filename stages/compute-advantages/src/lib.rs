@@ -44,6 +44,7 @@
 //! wrong length for GAE, teacher_logp rows missing, of the wrong length or not
 //! finite when forward_proxy or StepOPSD needs them.
 
+mod heatmap;
 mod step;
 
 use std::collections::HashMap;
@@ -81,6 +82,9 @@ pub struct Args {
     /// (grpo_step and StepOPSD; `step.tokenizer` names the file directly).
     #[arg(long, value_name = "CKPT")]
     policy: Option<PathBuf>,
+    /// Draw per-token heatmaps of N responses into OUT/heatmaps/ (PNG + index.md).
+    #[arg(long, value_name = "N")]
+    heatmaps: Option<usize>,
 }
 
 /// The advantage estimator.
@@ -493,6 +497,14 @@ pub fn run(args: Args) -> Result<()> {
         .max(0.0)
         .sqrt();
     stage.finish(writer)?;
+    if let Some(count) = args.heatmaps {
+        let drawn = heatmap::render_table(
+            &stage.args.out.join("advantages"),
+            count,
+            &stage.args.out.join("heatmaps"),
+        )?;
+        tracing::info!(drawn, dir = %stage.args.out.join("heatmaps").display(), "heatmaps");
+    }
 
     let json_path = stage.args.out.join("diagnostics.json");
     let json = serde_json::to_string_pretty(&diagnostics).expect("diagnostics serialise");
