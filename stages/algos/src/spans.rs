@@ -2,7 +2,9 @@
 //! `action_id` and `action_name`.
 //!
 //! 1. Decode the response ids (special tokens kept) and map every token to its
-//!    byte range in that text: the tokenizer's own offsets when re-encoding the
+//!    byte range in that text. With a byte-level (GPT-2 style) decoder the text
+//!    is the concatenation of the tokens' bytes, so the ranges are prefix sums,
+//!    exact by construction ([`Aligner`]); otherwise the tokenizer's own offsets when re-encoding the
 //!    text reproduces the ids exactly, otherwise incremental decoding (each
 //!    token's range is the text it adds; tokens that complete no character
 //!    share the range of the text they produce together). Offsets of some tokenizers are known to be wrong
@@ -37,6 +39,10 @@ use crate::plan::{Plan, extract};
 /// How token offsets were obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OffsetMethod {
+    /// Each token's bytes in a byte-level vocabulary (GPT-2 style decoder):
+    /// the decoded text is the concatenation of the tokens' bytes, so the
+    /// offsets are exact by construction.
+    ByteLevel,
     /// The tokenizer's offset mapping after an exact re-encode.
     Reencode,
     /// Incremental decoding, token by token.
@@ -162,79 +168,208 @@ pub struct Alignment {
     pub verify_failures: usize,
 }
 
-/// Aligns a response's tokens with its plan steps (see the module doc).
+/// Aligns a response's tokens with its plan steps (see the module doc); for
+/// many responses build one [`Aligner`] instead.
 pub fn align(tokenizer: &Tokenizer, ids: &[u32]) -> Alignment {
-    let failed = Alignment {
-        plan: None,
-        steps: None,
-        method: None,
-        verify_failures: 0,
-    };
-    let Some(offsets) = token_offsets(tokenizer, ids) else {
-        return failed;
-    };
-    let Some(plan) = extract(&offsets.text) else {
-        return Alignment {
-            method: Some(offsets.method),
-            ..failed
-        };
-    };
-    // Elements: (byte range, step, is_name), by start.
-    let mut elements: Vec<(Range<usize>, usize, bool)> = Vec::new();
-    for (k, step) in plan.steps.iter().enumerate() {
-        if let Some(span) = &step.id_span {
-            elements.push((span.clone(), k, false));
-        }
-        if let Some(span) = &step.name_span {
-            elements.push(((span.start + 1)..(span.end - 1), k, true));
+    Aligner::new(tokenizer).align(ids)
+}
+
+/// The GPT-2 byte-to-character table of byte-level vocabularies, inverted:
+/// printable bytes stand for themselves, the others for 256, 257, ... in order.
+fn byte_level_chars() -> std::collections::HashMap<char, u8> {
+    let mut bytes: Vec<u8> = (b'!'..=b'~')
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut chars: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
+    let mut next = 256;
+    for b in 0..=255u8 {
+        if !bytes.contains(&b) {
+            bytes.push(b);
+            chars.push(next);
+            next += 1;
         }
     }
-    elements.sort_by_key(|(r, _, _)| r.start);
-    let mut steps = vec![StepTokens::default(); plan.steps.len()];
-    let overlaps =
-        |t: &Range<usize>, e: &Range<usize>| t.start < t.end && t.start < e.end && t.end > e.start;
-    let mut first = 0; // first element that can still overlap (elements do not overlap each other)
-    for (index, token) in offsets.offsets.iter().enumerate() {
-        while first < elements.len() && elements[first].0.end <= token.start {
-            first += 1;
+    chars
+        .into_iter()
+        .zip(bytes)
+        .map(|(c, b)| (char::from_u32(c).expect("valid char"), b))
+        .collect()
+}
+
+/// Aligns many responses with one tokenizer. For a byte-level decoder it
+/// keeps each token's bytes, so offsets are prefix sums and the decode check
+/// needs no tokenizer call; other tokenizers take the re-encode and
+/// incremental-decode path of [`token_offsets`].
+pub struct Aligner<'a> {
+    tokenizer: &'a Tokenizer,
+    token_bytes: Option<Vec<Option<Box<[u8]>>>>,
+}
+
+impl<'a> Aligner<'a> {
+    /// Prepares an aligner (reads the vocabulary once).
+    pub fn new(tokenizer: &'a Tokenizer) -> Aligner<'a> {
+        let byte_level = matches!(
+            tokenizer.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        let token_bytes = byte_level.then(|| {
+            let table = byte_level_chars();
+            let size = tokenizer
+                .get_vocab(true)
+                .values()
+                .map(|&id| id as usize + 1)
+                .max()
+                .unwrap_or(0);
+            (0..size as u32)
+                .map(|id| {
+                    tokenizer.id_to_token(id).map(|token| {
+                        // As the ByteLevel decoder: mapped bytes, or the raw text when a char is not in the table.
+                        let mapped: Option<Vec<u8>> =
+                            token.chars().map(|c| table.get(&c).copied()).collect();
+                        mapped
+                            .unwrap_or_else(|| token.as_bytes().to_vec())
+                            .into_boxed_slice()
+                    })
+                })
+                .collect()
+        });
+        Aligner {
+            tokenizer,
+            token_bytes,
         }
-        let hits: Vec<&(Range<usize>, usize, bool)> = elements[first..]
-            .iter()
-            .take_while(|(e, _, _)| e.start < token.end)
-            .filter(|(e, _, _)| overlaps(token, e))
-            .collect();
-        if let [(_, step, is_name)] = hits.as_slice() {
-            let target = &mut steps[*step];
-            if *is_name {
-                target.name_tokens.push(index)
+    }
+
+    /// Token offsets: exact by construction for byte-level vocabularies when
+    /// the bytes form valid UTF-8, else [`token_offsets`].
+    pub fn offsets(&self, ids: &[u32]) -> Option<TokenOffsets> {
+        if let Some(table) = &self.token_bytes {
+            let mut bytes = Vec::with_capacity(ids.len() * 4);
+            let mut offsets = Vec::with_capacity(ids.len());
+            let complete = ids.iter().all(|&id| match table.get(id as usize) {
+                Some(Some(token)) => {
+                    let start = bytes.len();
+                    bytes.extend_from_slice(token);
+                    offsets.push(start..bytes.len());
+                    true
+                }
+                _ => false,
+            });
+            if complete {
+                if let Ok(text) = String::from_utf8(bytes) {
+                    // Tokens that end inside a character share the range of
+                    // the characters they complete together (as in incremental decoding).
+                    let mut group = 0;
+                    for t in 0..offsets.len() {
+                        if text.is_char_boundary(offsets[t].end) {
+                            let range = offsets[group].start..offsets[t].end;
+                            offsets[group..=t].fill(range);
+                            group = t + 1;
+                        }
+                    }
+                    if offsets_are_sane(&offsets, &text) {
+                        return Some(TokenOffsets {
+                            text,
+                            offsets,
+                            method: OffsetMethod::ByteLevel,
+                        });
+                    }
+                }
+            }
+        }
+        token_offsets(self.tokenizer, ids)
+    }
+
+    /// The text of `ids` decoded together.
+    fn decode(&self, ids: &[u32]) -> String {
+        match &self.token_bytes {
+            Some(table) => {
+                let bytes: Vec<u8> = ids
+                    .iter()
+                    .filter_map(|&id| table.get(id as usize).cloned().flatten())
+                    .flat_map(|b| b.into_vec())
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+            None => self.tokenizer.decode(ids, false).unwrap_or_default(),
+        }
+    }
+
+    /// Aligns one response's tokens with its plan steps.
+    pub fn align(&self, ids: &[u32]) -> Alignment {
+        let failed = Alignment {
+            plan: None,
+            steps: None,
+            method: None,
+            verify_failures: 0,
+        };
+        let Some(offsets) = self.offsets(ids) else {
+            return failed;
+        };
+        let Some(plan) = extract(&offsets.text) else {
+            return Alignment {
+                method: Some(offsets.method),
+                ..failed
+            };
+        };
+        // Elements: (byte range, step, is_name), by start.
+        let mut elements: Vec<(Range<usize>, usize, bool)> = Vec::new();
+        for (k, step) in plan.steps.iter().enumerate() {
+            if let Some(span) = &step.id_span {
+                elements.push((span.clone(), k, false));
+            }
+            if let Some(span) = &step.name_span {
+                elements.push(((span.start + 1)..(span.end - 1), k, true));
+            }
+        }
+        elements.sort_by_key(|(r, _, _)| r.start);
+        let mut steps = vec![StepTokens::default(); plan.steps.len()];
+        let overlaps = |t: &Range<usize>, e: &Range<usize>| {
+            t.start < t.end && t.start < e.end && t.end > e.start
+        };
+        let mut first = 0; // first element that can still overlap (elements do not overlap each other)
+        for (index, token) in offsets.offsets.iter().enumerate() {
+            while first < elements.len() && elements[first].0.end <= token.start {
+                first += 1;
+            }
+            let hits: Vec<&(Range<usize>, usize, bool)> = elements[first..]
+                .iter()
+                .take_while(|(e, _, _)| e.start < token.end)
+                .filter(|(e, _, _)| overlaps(token, e))
+                .collect();
+            if let [(_, step, is_name)] = hits.as_slice() {
+                let target = &mut steps[*step];
+                if *is_name {
+                    target.name_tokens.push(index)
+                } else {
+                    target.id_tokens.push(index)
+                }
+            }
+        }
+        // Verify each element's tokens by decoding them.
+        let mut verify_failures = 0;
+        for (range, step, is_name) in &elements {
+            let tokens = if *is_name {
+                &mut steps[*step].name_tokens
             } else {
-                target.id_tokens.push(index)
+                &mut steps[*step].id_tokens
+            };
+            let expected = &offsets.text[range.clone()];
+            let selected: Vec<u32> = tokens.iter().map(|&t| ids[t]).collect();
+            let decoded = self.decode(&selected);
+            if expected.is_empty() || tokens.is_empty() || !decoded.contains(expected.trim()) {
+                if !expected.trim().is_empty() {
+                    verify_failures += 1;
+                }
+                tokens.clear();
             }
         }
-    }
-    // Verify each element's tokens by decoding them.
-    let mut verify_failures = 0;
-    for (range, step, is_name) in &elements {
-        let tokens = if *is_name {
-            &mut steps[*step].name_tokens
-        } else {
-            &mut steps[*step].id_tokens
-        };
-        let expected = &offsets.text[range.clone()];
-        let selected: Vec<u32> = tokens.iter().map(|&t| ids[t]).collect();
-        let decoded = tokenizer.decode(&selected, false).unwrap_or_default();
-        if expected.is_empty() || tokens.is_empty() || !decoded.contains(expected.trim()) {
-            if !expected.trim().is_empty() {
-                verify_failures += 1;
-            }
-            tokens.clear();
+        Alignment {
+            plan: Some(plan),
+            steps: Some(steps),
+            method: Some(offsets.method),
+            verify_failures,
         }
-    }
-    Alignment {
-        plan: Some(plan),
-        steps: Some(steps),
-        method: Some(offsets.method),
-        verify_failures,
     }
 }
 
@@ -326,7 +461,16 @@ mod tests {
         let text = r#"{"language_plan": ["find a Mug"], "executable_plan": [{"action_id": 12, "action_name": "find a Mug"}, {"action_name": "find a Mug", "action_id": 4}]}<|im_end|>"#;
         let ids = ids(&tok, text);
         let alignment = align(&tok, &ids);
-        assert_eq!(alignment.method, Some(OffsetMethod::Reencode));
+        assert_eq!(alignment.method, Some(OffsetMethod::ByteLevel));
+        // The byte-level path and the tokenizer's own offsets agree.
+        let fast = Aligner::new(&tok).offsets(&ids).unwrap();
+        let slow = token_offsets(&tok, &ids).unwrap();
+        assert_eq!(slow.method, OffsetMethod::Reencode);
+        assert_eq!(
+            (fast.text.as_str(), &fast.offsets),
+            (slow.text.as_str(), &slow.offsets)
+        );
+        assert_eq!(fast.text, tok.decode(&ids, false).unwrap());
         assert_eq!(alignment.verify_failures, 0);
         let steps = alignment.steps.unwrap();
         assert_eq!(steps.len(), 2);
@@ -386,8 +530,12 @@ mod tests {
         }
         spelled.extend(ids(&tok, " up the Äpfel\"}]}"));
         assert_eq!(tok.decode(&spelled, false).unwrap(), text);
+        assert_eq!(
+            token_offsets(&tok, &spelled).unwrap().method,
+            OffsetMethod::IncrementalDecode
+        );
         let alignment = align(&tok, &spelled);
-        assert_eq!(alignment.method, Some(OffsetMethod::IncrementalDecode));
+        assert_eq!(alignment.method, Some(OffsetMethod::ByteLevel));
         let steps = alignment.steps.unwrap();
         assert_eq!(
             decode(&tok, &spelled, &steps[0].name_tokens),

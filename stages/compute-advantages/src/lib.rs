@@ -643,8 +643,9 @@ fn run_step_path(
     let scores: Vec<f32> = episodes.list.iter().map(|e| e.score).collect();
     let groups: Vec<u32> = episodes.list.iter().map(|e| e.group).collect();
     let episode_adv = episode_advantages(&scores, &groups, norm);
+    let aligner = embodyflow_algos::spans::Aligner::new(&tokenizer);
     let inputs = step::StepInputs {
-        tokenizer: &tokenizer,
+        aligner: &aligner,
         rule: &rule,
         teacher: teacher.as_ref(),
         gates: gates.as_ref(),

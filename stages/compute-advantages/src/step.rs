@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use arrow::array::{
     Array, BooleanArray, Float32Array, Int8Array, Int32Array, ListArray, RecordBatch, StringArray,
 };
-use embodyflow_algos::spans::{OffsetMethod, StepPart, align};
+use embodyflow_algos::spans::{Aligner, OffsetMethod, StepPart};
 use embodyflow_algos::step_adv::{
     Distribution, GateParams, ProxyParams, ScoreNorm, Squash, auc, forward_proxy_step_scores,
     prompt_gate, residual_contrast_step_scores, rule_step_scores, spread_step_scores, stepopsd,
@@ -327,8 +327,8 @@ impl StepDiagnostics {
 
 /// Everything the step path reads besides the steps.
 pub struct StepInputs<'a> {
-    /// The policy's tokenizer.
-    pub tokenizer: &'a tokenizers::Tokenizer,
+    /// Aligns tokens with plan steps (the policy's tokenizer).
+    pub aligner: &'a Aligner<'a>,
     /// Rule matches and success per trajectory.
     pub rule: &'a HashMap<String, RuleInfo>,
     /// Teacher log-probs, when forward_proxy or StepOPSD needs them.
@@ -389,7 +389,7 @@ fn step_row(
             Some((t.as_slice(), s.as_slice()))
         }
     };
-    let alignment = align(inputs.tokenizer, ids);
+    let alignment = inputs.aligner.align(ids);
     diag.offset_fallbacks = u64::from(alignment.method == Some(OffsetMethod::IncrementalDecode));
     diag.span_verify_failures = alignment.verify_failures as u64;
     let steps = alignment.steps.unwrap_or_default();
