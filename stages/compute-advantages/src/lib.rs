@@ -474,21 +474,21 @@ pub fn run(args: Args) -> Result<()> {
             diagnostics.step = Some(step_diag);
         }
         Estimator::Gae => {
-            let rows = gae_rows(
+            let (written, tokens) = gae_rows(
                 &steps,
                 &episodes,
                 &kept,
                 &owned,
                 &config.gae,
                 config.batch_rows,
+                &mut writer,
             )?;
-            for row in &rows {
-                adv_sum += f64::from(row.episode_adv);
-                adv_sq += f64::from(row.episode_adv).powi(2);
-                diagnostics.tokens_written += row.advantages.len() as u64;
+            for &a in &written {
+                adv_sum += f64::from(a);
+                adv_sq += f64::from(a).powi(2);
             }
-            diagnostics.steps_written = rows.len() as u64;
-            writer.write_rows(&rows)?;
+            diagnostics.tokens_written = tokens;
+            diagnostics.steps_written = written.len() as u64;
         }
     }
     let n = diagnostics.steps_written.max(1) as f64;
@@ -732,6 +732,28 @@ fn grpo_batch(
     }
     let rebased =
         arrow::buffer::OffsetBuffer::new(offsets.iter().map(|&o| o - base as i32).collect());
+    Ok(advantages_batch(
+        batch.column_by_name("trajectory_id").expect("read").clone(),
+        batch.column_by_name("step_index").expect("read").clone(),
+        rebased,
+        tokens,
+        None,
+        per_step,
+        estimator,
+    ))
+}
+
+/// An advantages record batch from its columns: per-token `advantages` (and
+/// `returns`, same offsets) as flat values with list offsets; `step_adv` null.
+fn advantages_batch(
+    trajectory_ids: ArrayRef,
+    step_index: ArrayRef,
+    offsets: arrow::buffer::OffsetBuffer<i32>,
+    advantages: Vec<f32>,
+    returns: Option<Vec<f32>>,
+    episode_adv: Vec<f32>,
+    estimator: &str,
+) -> RecordBatch {
     let schema = TableName::Advantages.def().arrow_schema();
     let item = match schema
         .field_with_name("advantages")
@@ -742,18 +764,25 @@ fn grpo_batch(
         other => unreachable!("advantages is a list, not {other}"),
     };
     let list_type = DataType::List(item.clone());
-    let advantages_col = ListArray::new(item, rebased, Arc::new(Float32Array::from(tokens)), None);
-    let n = batch.num_rows();
+    let n = episode_adv.len();
+    let list = |values: Vec<f32>| -> ArrayRef {
+        Arc::new(ListArray::new(
+            item.clone(),
+            offsets.clone(),
+            Arc::new(Float32Array::from(values)),
+            None,
+        ))
+    };
     let columns: Vec<ArrayRef> = vec![
-        batch.column_by_name("trajectory_id").expect("read").clone(),
-        batch.column_by_name("step_index").expect("read").clone(),
-        Arc::new(advantages_col),
-        new_null_array(&list_type, n),
-        Arc::new(Float32Array::from(per_step)),
+        trajectory_ids,
+        step_index,
+        list(advantages),
+        returns.map_or_else(|| new_null_array(&list_type, n), list),
+        Arc::new(Float32Array::from(episode_adv)),
         new_null_array(&list_type, n),
         Arc::new(StringArray::from(vec![estimator; n])),
     ];
-    Ok(RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema"))
+    RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema")
 }
 
 /// One step as GAE needs it.
@@ -763,7 +792,9 @@ struct GaeStep {
     values: Vec<f32>,
 }
 
-/// GAE over the whole batch (whitening is global), rows for the owned steps.
+/// GAE over the whole batch (whitening is global); writes the owned steps'
+/// rows in record batches of `batch_rows` and returns their episode
+/// advantages and token count.
 fn gae_rows(
     steps: &TableReader,
     episodes: &Episodes,
@@ -771,7 +802,8 @@ fn gae_rows(
     owned: &[bool],
     gae: &GaeConfig,
     batch_rows: usize,
-) -> Result<Vec<AdvantageRow>> {
+    writer: &mut embodyflow_core::dataset::TableWriter,
+) -> Result<(Vec<f32>, u64)> {
     let value_column = match gae.level {
         GaeLevel::Token => "old_values",
         GaeLevel::Decision => "old_value",
@@ -883,7 +915,9 @@ fn gae_rows(
     whiten(&mut advantages)
         .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
 
-    let mut rows = Vec::new();
+    let mut written = Vec::new();
+    let mut tokens_written = 0u64;
+    let mut pending = GaeOutput::default();
     for (row, &e) in order.iter().enumerate() {
         let episode = &episodes.list[e];
         if !owned[episode.group as usize] {
@@ -891,33 +925,75 @@ fn gae_rows(
         }
         let mut position = offsets[row];
         for step in &per_trajectory[e] {
-            let (adv, ret): (Vec<f32>, Vec<f32>) = match gae.level {
+            let start = pending.advantages.len();
+            match gae.level {
                 GaeLevel::Token => {
                     let range = position..position + step.tokens;
                     position += step.tokens;
-                    (advantages[range.clone()].to_vec(), returns[range].to_vec())
+                    pending
+                        .advantages
+                        .extend_from_slice(&advantages[range.clone()]);
+                    pending.returns.extend_from_slice(&returns[range]);
                 }
                 GaeLevel::Decision => {
-                    let (a, r) = (advantages[position], returns[position]);
+                    pending
+                        .advantages
+                        .resize(start + step.tokens, advantages[position]);
+                    pending
+                        .returns
+                        .resize(start + step.tokens, returns[position]);
                     position += 1;
-                    (vec![a; step.tokens], vec![r; step.tokens])
                 }
-            };
+            }
+            let adv = &pending.advantages[start..];
             let episode_adv = if adv.is_empty() {
                 0.0
             } else {
                 adv.iter().sum::<f32>() / adv.len() as f32
             };
-            rows.push(AdvantageRow {
-                trajectory_id: episode.trajectory_id.clone(),
-                step_index: step.step_index,
-                advantages: adv,
-                returns: Some(ret),
-                episode_adv,
-                step_adv: None,
-                estimator: Estimator::Gae.name().to_string(),
-            });
+            pending.ids.push(episode.trajectory_id.as_str());
+            pending.step_index.push(step.step_index);
+            pending.offsets.push(pending.advantages.len() as i32);
+            pending.episode_adv.push(episode_adv);
+            written.push(episode_adv);
+            tokens_written += step.tokens as u64;
+            if pending.step_index.len() >= batch_rows {
+                writer.write_batch(&std::mem::take(&mut pending).into_batch())?;
+            }
         }
     }
-    Ok(rows)
+    writer.write_batch(&pending.into_batch())?;
+    Ok((written, tokens_written))
+}
+
+/// GAE output rows gathered column by column until a batch is full.
+#[derive(Default)]
+struct GaeOutput<'a> {
+    ids: Vec<&'a str>,
+    step_index: Vec<i32>,
+    /// List offsets after each row (the leading 0 is implied).
+    offsets: Vec<i32>,
+    advantages: Vec<f32>,
+    returns: Vec<f32>,
+    episode_adv: Vec<f32>,
+}
+
+impl GaeOutput<'_> {
+    fn into_batch(self) -> RecordBatch {
+        let offsets = arrow::buffer::OffsetBuffer::new(
+            std::iter::once(0)
+                .chain(self.offsets)
+                .collect::<Vec<i32>>()
+                .into(),
+        );
+        advantages_batch(
+            Arc::new(StringArray::from(self.ids)),
+            Arc::new(Int32Array::from(self.step_index)),
+            offsets,
+            self.advantages,
+            Some(self.returns),
+            self.episode_adv,
+            Estimator::Gae.name(),
+        )
+    }
 }
