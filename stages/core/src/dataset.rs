@@ -237,7 +237,7 @@ impl TableWriter {
                 hasher: blake3::Hasher::new(),
                 bytes: 0,
             };
-            let props = WriterProperties::builder()
+            let mut props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(
                     ZstdLevel::try_new(self.options.zstd_level).map_err(|e| {
                         Error::Usage(format!("zstd level {}: {e}", self.options.zstd_level))
@@ -247,8 +247,24 @@ impl TableWriter {
                 .set_key_value_metadata(Some(vec![
                     KeyValue::new(META_TABLE.to_string(), self.def.name.clone()),
                     KeyValue::new(META_VERSION.to_string(), self.def.version.to_string()),
-                ]))
-                .build();
+                ]));
+            // Float columns (log-probs, values, advantages) almost never repeat:
+            // dictionary encoding only costs time there, so it is off for them.
+            for column in &self.def.columns {
+                if float_leaf(&column.data_type) {
+                    let path = match &column.data_type {
+                        arrow::datatypes::DataType::List(item) => {
+                            vec![column.name.clone(), "list".into(), item.name().clone()]
+                        }
+                        _ => vec![column.name.clone()],
+                    };
+                    props = props.set_column_dictionary_enabled(
+                        parquet::schema::types::ColumnPath::new(path),
+                        false,
+                    );
+                }
+            }
+            let props = props.build();
             let writer = ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props)).map_err(
                 |source| Error::ParquetWrite {
                     path: path.clone(),
@@ -365,6 +381,16 @@ impl Drop for TableWriter {
                 }
             }
         }
+    }
+}
+
+/// Whether a column's values are floats (directly or as list items).
+fn float_leaf(data_type: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType;
+    match data_type {
+        DataType::Float32 | DataType::Float64 => true,
+        DataType::List(item) => float_leaf(item.data_type()),
+        _ => false,
     }
 }
 

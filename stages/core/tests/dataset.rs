@@ -226,3 +226,25 @@ fn a_manifest_with_a_tampered_shard_list_is_rejected() {
         .to_string();
     assert!(err.contains("content_hash"), "{err}");
 }
+
+#[test]
+fn float_columns_skip_dictionary_encoding() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &StepRow::examples(), WriteOptions::default());
+    let file = std::fs::File::open(dir.path().join("steps/part-00000.parquet")).unwrap();
+    let reader = SerializedFileReader::new(file).unwrap();
+    let group = reader.metadata().row_group(0);
+    let dictionary = |path: &str| {
+        let column = group
+            .columns()
+            .iter()
+            .find(|c| c.column_path().string() == path)
+            .unwrap_or_else(|| panic!("no column {path}"));
+        column.dictionary_page_offset().is_some()
+    };
+    assert!(!dictionary("old_logprobs.list.item"));
+    assert!(!dictionary("old_value"));
+    assert!(dictionary("trajectory_id"));
+    assert!(dictionary("response_ids.list.item"));
+}
