@@ -8,21 +8,15 @@ use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema};
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
-use embodyflow_core::manifest::{Manifest, Producer};
+use embodyflow_core::manifest::Manifest;
 use embodyflow_core::schemas::{Examples, META_TABLE, META_VERSION, RewardRow, TableName};
-use embodyflow_tests::{Run, forge_first_shard, reseal, run};
+use embodyflow_tests::{Run, fixture_producer, forge_first_shard, reseal, run};
 
 fn rewards_table(dir: &Path) -> PathBuf {
     let mut writer =
         TableWriter::create(dir, TableName::Rewards, WriteOptions::default(), false).unwrap();
     writer.write_rows(&RewardRow::examples()).unwrap();
-    let producer = Producer {
-        stage: "test".into(),
-        version: "0".into(),
-        config: serde_json::json!({}),
-        seed: 0,
-        shard: "0/1".into(),
-    };
+    let producer = fixture_producer();
     writer.finish(&producer, &[]).unwrap();
     dir.join("rewards")
 }

@@ -2,15 +2,11 @@
 //! score-rewards writes the rule matches, compute-advantages aligns tokens
 //! with the test tokenizer and writes A and A^S.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use embodyflow_algos::spans::test_tokenizer;
-use embodyflow_core::dataset::{TableWriter, WriteOptions};
-use embodyflow_core::manifest::Producer;
-use embodyflow_core::schemas::{
-    AdvantageRow, PlanAction, StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow,
-};
-use embodyflow_tests::{Run, read_advantages, run};
+use embodyflow_core::schemas::{AdvantageRow, PlanAction, TaskRow, TeacherLogpRow, TrajectoryRow};
+use embodyflow_tests::{Run, one_shot_step, read_advantages, run, write_table};
 
 const GT: [(i32, &str); 2] = [(12, "find a Mug"), (4, "pick up the Mug")];
 
@@ -43,22 +39,6 @@ impl Fixture {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
-}
-
-fn producer() -> Producer {
-    Producer {
-        stage: "fixture".into(),
-        version: "0".into(),
-        config: serde_json::json!({}),
-        seed: 0,
-        shard: "0/1".into(),
-    }
-}
-
-fn write<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName, rows: &[R]) {
-    let mut w = TableWriter::create(dir, table, WriteOptions::default(), false).unwrap();
-    w.write_rows(rows).unwrap();
-    w.finish(&producer(), &[]).unwrap();
 }
 
 /// Two groups of the four responses; trajectory ids sort in sample order.
@@ -97,20 +77,7 @@ fn fixture() -> Fixture {
                 .iter()
                 .map(|&i| i as i32)
                 .collect();
-            steps.push(StepRow {
-                trajectory_id: trajectory_id.clone(),
-                step_index: 0,
-                prompt_ids: vec![1],
-                old_logprobs: vec![-1.0; ids.len()],
-                response_ids: ids,
-                observation: None,
-                old_value: None,
-                old_values: None,
-                latents: None,
-                latent_dim: None,
-                chosen_latent_len: None,
-                old_latent_end_logprob: None,
-            });
+            steps.push(one_shot_step(&trajectory_id, ids));
             trajectories.push(TrajectoryRow {
                 trajectory_id,
                 group_id: format!("it0/{task_id}/d0"),
@@ -127,13 +94,9 @@ fn fixture() -> Fixture {
             });
         }
     }
-    write(&dir.path().join("data"), TableName::Tasks, &tasks);
-    write(
-        &dir.path().join("rollouts"),
-        TableName::Trajectories,
-        &trajectories,
-    );
-    write(&dir.path().join("rollouts"), TableName::Steps, &steps);
+    write_table(&dir.path().join("data"), &tasks);
+    write_table(&dir.path().join("rollouts"), &trajectories);
+    write_table(&dir.path().join("rollouts"), &steps);
     let fixture = Fixture {
         dir,
         tokenizer: tokenizer_path,
@@ -321,7 +284,7 @@ fn write_teacher(f: &Fixture, skip: Option<usize>, wrong_length: Option<usize>) 
     }
     let dir = f.path("teacher");
     let _ = std::fs::remove_dir_all(&dir);
-    write(&dir, TableName::TeacherLogp, &rows);
+    write_table(&dir, &rows);
 }
 
 #[test]
@@ -545,7 +508,7 @@ fn prompt_gates_scale_each_step() {
             }
         }
     }
-    write(&f.path("teacher"), TableName::StepGates, &gates);
+    write_table(&f.path("teacher"), &gates);
     let (result, out) = compute(
         &f,
         "prompt",
@@ -573,7 +536,7 @@ fn prompt_gates_scale_each_step() {
     // A missing gate row is bad input.
     gates.retain(|g| !(g.trajectory_id.ends_with("000001/d0/s2") && g.plan_step == 1));
     std::fs::remove_dir_all(f.path("teacher")).unwrap();
-    write(&f.path("teacher"), TableName::StepGates, &gates);
+    write_table(&f.path("teacher"), &gates);
     let (result, _) = compute(
         &f,
         "prompt-missing",

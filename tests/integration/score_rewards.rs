@@ -3,9 +3,10 @@
 use std::path::Path;
 
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
-use embodyflow_core::manifest::Producer;
 use embodyflow_core::schemas::{PlanAction, RewardRow, TableName, TaskRow, TrajectoryRow};
-use embodyflow_tests::{Run, read_advantages, run, run_with_env};
+use embodyflow_tests::{
+    Run, fixture_producer, one_shot_step, read_advantages, run, run_with_env, write_table,
+};
 
 const GT: [(i32, &str); 3] = [
     (0, "find a Mug"),
@@ -40,13 +41,7 @@ fn responses() -> Vec<Option<String>> {
 }
 
 fn write_fixture(dir: &Path, groups: usize) {
-    let producer = Producer {
-        stage: "fixture".into(),
-        version: "0".into(),
-        config: serde_json::json!({}),
-        seed: 0,
-        shard: "0/1".into(),
-    };
+    let producer = fixture_producer();
     let options = WriteOptions {
         rows_per_shard: 9,
         ..WriteOptions::default()
@@ -241,37 +236,9 @@ fn rewards_feed_compute_advantages() {
     .unwrap();
     let steps: Vec<_> = trajectories
         .iter()
-        .map(|t| embodyflow_core::schemas::StepRow {
-            trajectory_id: t.trajectory_id.clone(),
-            step_index: 0,
-            prompt_ids: vec![1],
-            response_ids: vec![5; 4],
-            old_logprobs: vec![-1.0; 4],
-            observation: None,
-            old_value: None,
-            old_values: None,
-            latents: None,
-            latent_dim: None,
-            chosen_latent_len: None,
-            old_latent_end_logprob: None,
-        })
+        .map(|t| one_shot_step(&t.trajectory_id, vec![5; 4]))
         .collect();
-    let producer = Producer {
-        stage: "fixture".into(),
-        version: "0".into(),
-        config: serde_json::json!({}),
-        seed: 0,
-        shard: "0/1".into(),
-    };
-    let mut w = TableWriter::create(
-        &dir.path().join("rollouts"),
-        TableName::Steps,
-        WriteOptions::default(),
-        false,
-    )
-    .unwrap();
-    w.write_rows(&steps).unwrap();
-    w.finish(&producer, &[]).unwrap();
+    write_table(&dir.path().join("rollouts"), &steps);
     let (rollouts, rewards_dir, out) = (
         dir.path().join("rollouts"),
         dir.path().join("rewards"),

@@ -118,7 +118,6 @@ pub fn rollout_set(
     tokens: usize,
 ) -> (PathBuf, PathBuf) {
     use embodyflow_core::dataset::{TableWriter, WriteOptions};
-    use embodyflow_core::manifest::Producer;
     use embodyflow_core::schemas::{RewardRow, StepRow, TrajectoryRow};
     let mut trajectories = Vec::new();
     let mut step_rows = Vec::new();
@@ -176,13 +175,7 @@ pub fn rollout_set(
             });
         }
     }
-    let producer = Producer {
-        stage: "fixture".into(),
-        version: "0".into(),
-        config: serde_json::json!({}),
-        seed: 0,
-        shard: "0/1".into(),
-    };
+    let producer = fixture_producer();
     let options = WriteOptions {
         rows_per_shard: 7,
         ..WriteOptions::default()
@@ -226,4 +219,45 @@ pub fn read_advantages(dir: &Path) -> Vec<embodyflow_core::schemas::AdvantageRow
     let mut rows: Vec<embodyflow_core::schemas::AdvantageRow> = reader.read_rows().unwrap();
     rows.sort_by(|a, b| (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index)));
     rows
+}
+
+/// The producer recorded in fixture tables.
+pub fn fixture_producer() -> embodyflow_core::manifest::Producer {
+    embodyflow_core::manifest::Producer {
+        stage: "fixture".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    }
+}
+
+/// Writes `rows` as table `R::TABLE` under `dir` (replacing it if present).
+pub fn write_table<R: embodyflow_core::schemas::Row>(dir: &Path, rows: &[R]) {
+    use embodyflow_core::dataset::{TableWriter, WriteOptions};
+    let mut writer = TableWriter::create(dir, R::TABLE, WriteOptions::default(), true).unwrap();
+    writer.write_rows(rows).unwrap();
+    writer.finish(&fixture_producer(), &[]).unwrap();
+}
+
+/// The single step of a one-shot plan: `response_ids`, behaviour log-probs of
+/// -1 and no values.
+pub fn one_shot_step(
+    trajectory_id: &str,
+    response_ids: Vec<i32>,
+) -> embodyflow_core::schemas::StepRow {
+    embodyflow_core::schemas::StepRow {
+        trajectory_id: trajectory_id.to_string(),
+        step_index: 0,
+        prompt_ids: vec![1],
+        old_logprobs: vec![-1.0; response_ids.len()],
+        response_ids,
+        observation: None,
+        old_value: None,
+        old_values: None,
+        latents: None,
+        latent_dim: None,
+        chosen_latent_len: None,
+        old_latent_end_logprob: None,
+    }
 }
