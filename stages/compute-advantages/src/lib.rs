@@ -313,6 +313,23 @@ impl Episodes {
         self.index.get(trajectory_id).copied()
     }
 
+    /// The episode of each steps row, counting the steps seen per episode;
+    /// a row of an unknown trajectory is bad input.
+    pub fn locate_steps(&self, ids: &StringArray, step_counts: &mut [i32]) -> Result<Vec<usize>> {
+        (0..ids.len())
+            .map(|i| {
+                let e = self.get(ids.value(i)).ok_or_else(|| {
+                    Error::BadInput(format!(
+                        "steps row for trajectory `{}`, which is not in trajectories",
+                        ids.value(i)
+                    ))
+                })?;
+                step_counts[e] += 1;
+                Ok(e)
+            })
+            .collect()
+    }
+
     /// Per group: whether dynamic sampling keeps it (scores not all equal).
     pub fn mixed_groups(&self) -> Vec<bool> {
         let mut scores: Vec<Vec<f32>> = vec![Vec::new(); self.group_ids.len()];
@@ -705,18 +722,12 @@ fn grpo_batch(
     estimator: &str,
     step_counts: &mut [i32],
 ) -> Result<RecordBatch> {
-    let ids = column::<StringArray>(batch, "trajectory_id");
-    let mut keep = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
-        let Some(e) = episodes.get(ids.value(i)) else {
-            return Err(Error::BadInput(format!(
-                "steps row for trajectory `{}`, which is not in trajectories",
-                ids.value(i)
-            )));
-        };
-        step_counts[e] += 1;
-        keep.push(owned[episodes.list[e].group as usize]);
-    }
+    let located =
+        episodes.locate_steps(column::<StringArray>(batch, "trajectory_id"), step_counts)?;
+    let keep: Vec<bool> = located
+        .iter()
+        .map(|&e| owned[episodes.list[e].group as usize])
+        .collect();
     let batch =
         filter_record_batch(batch, &BooleanArray::from(keep)).expect("mask has the batch's length");
     let ids = column::<StringArray>(&batch, "trajectory_id");

@@ -538,19 +538,12 @@ pub fn step_batch(
     let ids = column::<StringArray>(batch, "trajectory_id");
     let index = column::<Int32Array>(batch, "step_index");
     let responses = column::<ListArray>(batch, "response_ids");
-    let mut work = Vec::new();
-    for i in 0..batch.num_rows() {
-        let Some(e) = episodes.get(ids.value(i)) else {
-            return Err(Error::BadInput(format!(
-                "steps row for trajectory `{}`, which is not in trajectories",
-                ids.value(i)
-            )));
-        };
-        step_counts[e] += 1;
-        if owned[episodes.list[e].group as usize] {
-            work.push((i, e));
-        }
-    }
+    let work: Vec<(usize, usize)> = episodes
+        .locate_steps(ids, step_counts)?
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, e)| owned[episodes.list[e].group as usize])
+        .collect();
     let results: Vec<Result<(AdvantageRow, StepDiagnostics)>> = work
         .par_iter()
         .map(|&(i, e)| {
