@@ -204,65 +204,6 @@ row!(
     }
 );
 
-#[cfg(test)]
-mod tests {
-    //! The drift test: each row struct, traced by serde_arrow, must have the
-    //! schema its file declares.
-    use super::*;
-    use crate::format_type;
-    use arrow::datatypes::FieldRef;
-    use serde_arrow::schema::{SchemaLike, TracingOptions};
-
-    fn traced<R: Row>() -> Vec<(String, String, bool)> {
-        let options = TracingOptions::default()
-            .sequence_as_large_list(false)
-            .strings_as_large_utf8(false)
-            .bytes_as_large_binary(false);
-        let fields = Vec::<FieldRef>::from_type::<R>(options).expect("trace row type");
-        fields
-            .iter()
-            .map(|f| {
-                (
-                    f.name().clone(),
-                    format_type(f.data_type()),
-                    f.is_nullable(),
-                )
-            })
-            .collect()
-    }
-
-    fn declared(table: TableName) -> Vec<(String, String, bool)> {
-        table
-            .def()
-            .columns
-            .iter()
-            .map(|c| (c.name.clone(), format_type(&c.data_type), c.nullable))
-            .collect()
-    }
-
-    fn check<R: Row>() {
-        assert_eq!(
-            traced::<R>(),
-            declared(R::TABLE),
-            "row struct and schemas/{}.toml drifted apart",
-            R::TABLE
-        );
-    }
-
-    #[test]
-    fn rows_match_schema_files() {
-        check::<TaskRow>();
-        check::<TrajectoryRow>();
-        check::<StepRow>();
-        check::<RewardRow>();
-        check::<TeacherLogpRow>();
-        check::<StepGateRow>();
-        check::<AdvantageRow>();
-        check::<MetricRow>();
-        check::<EvalRow>();
-    }
-}
-
 /// Example rows of a table: realistic values, nulls and non-ASCII text
 /// included. `table schema NAME` prints them as JSON lines to show the import
 /// format, and tests round-trip them.
@@ -459,9 +400,9 @@ impl Examples for AdvantageRow {
         vec![AdvantageRow {
             trajectory_id: "it0/household/train/7/000000/d0/s0".into(),
             step_index: 0,
-            advantages: vec![0.7071, 1.7071, 0.7071],
+            advantages: vec![0.75, 1.75, 0.75],
             returns: None,
-            episode_adv: 0.7071,
+            episode_adv: 0.75,
             step_adv: Some(vec![0.0, 1.0, 0.0]),
             estimator: "grpo_step".into(),
         }]
@@ -553,4 +494,63 @@ macro_rules! with_row_type {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    //! The drift test: each row struct, traced by serde_arrow, must have the
+    //! schema its file declares.
+    use super::*;
+    use crate::format_type;
+    use arrow::datatypes::FieldRef;
+    use serde_arrow::schema::{SchemaLike, TracingOptions};
+
+    fn traced<R: Row>() -> Vec<(String, String, bool)> {
+        let options = TracingOptions::default()
+            .sequence_as_large_list(false)
+            .strings_as_large_utf8(false)
+            .bytes_as_large_binary(false);
+        let fields = Vec::<FieldRef>::from_type::<R>(options).expect("trace row type");
+        fields
+            .iter()
+            .map(|f| {
+                (
+                    f.name().clone(),
+                    format_type(f.data_type()),
+                    f.is_nullable(),
+                )
+            })
+            .collect()
+    }
+
+    fn declared(table: TableName) -> Vec<(String, String, bool)> {
+        table
+            .def()
+            .columns
+            .iter()
+            .map(|c| (c.name.clone(), format_type(&c.data_type), c.nullable))
+            .collect()
+    }
+
+    fn check<R: Row>() {
+        assert_eq!(
+            traced::<R>(),
+            declared(R::TABLE),
+            "row struct and schemas/{}.toml drifted apart",
+            R::TABLE
+        );
+    }
+
+    #[test]
+    fn rows_match_schema_files() {
+        check::<TaskRow>();
+        check::<TrajectoryRow>();
+        check::<StepRow>();
+        check::<RewardRow>();
+        check::<TeacherLogpRow>();
+        check::<StepGateRow>();
+        check::<AdvantageRow>();
+        check::<MetricRow>();
+        check::<EvalRow>();
+    }
 }

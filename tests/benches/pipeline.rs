@@ -63,7 +63,7 @@ fn trajectory(i: usize, text: Option<String>) -> TrajectoryRow {
         temperature: 1.6,
         num_steps: 1,
         env_steps: 1,
-        complete: i % 3 == 0,
+        complete: i.is_multiple_of(3),
         response_text: text,
         seed: i as i64,
     }
@@ -91,10 +91,10 @@ fn reward(i: usize) -> RewardRow {
     RewardRow {
         trajectory_id: format!("it0/task{:06}/d0/s{}", i / 8, i % 8),
         group_id: format!("it0/task{:06}/d0", i / 8),
-        score: (i % 3 == 0) as i32 as f32,
+        score: i.is_multiple_of(3) as i32 as f32,
         format: 0.0,
         accuracy: 0.0,
-        success: i % 3 == 0,
+        success: i.is_multiple_of(3),
         parse_ok: true,
         pred_actions: None,
         step_match: None,
@@ -118,15 +118,15 @@ fn measure(name: &str, args: &[&str], threads: Option<&str>) -> (f64, f64) {
     let status_path = format!("/proc/{}/status", child.id());
     let mut peak_kib = 0u64;
     loop {
-        if let Ok(text) = std::fs::read_to_string(&status_path) {
-            if let Some(line) = text.lines().find(|l| l.starts_with("VmHWM:")) {
-                let kib: u64 = line
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                peak_kib = peak_kib.max(kib);
-            }
+        if let Ok(text) = std::fs::read_to_string(&status_path)
+            && let Some(line) = text.lines().find(|l| l.starts_with("VmHWM:"))
+        {
+            let kib: u64 = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            peak_kib = peak_kib.max(kib);
         }
         if let Some(status) = child.try_wait().unwrap() {
             assert!(status.success(), "{name} {args:?} failed");

@@ -108,34 +108,32 @@ pub fn extract_strict(text: &str) -> Option<Plan> {
 pub fn extract(text: &str) -> Option<Plan> {
     let body = strip_trailing_special_tokens(text);
     for (start, end) in fenced_blocks(body) {
-        if let Some((value, _)) = parse_inner(text, start, end) {
-            if let Some(plan) = plan_from_value(&value, PlanSource::Fenced) {
-                return Some(plan);
-            }
-        }
-    }
-    if let Ok(value) = parse(body) {
-        if let Some(plan) = plan_from_value(&value, PlanSource::Whole) {
+        if let Some((value, _)) = parse_inner(text, start, end)
+            && let Some(plan) = plan_from_value(&value, PlanSource::Fenced)
+        {
             return Some(plan);
         }
     }
+    if let Ok(value) = parse(body)
+        && let Some(plan) = plan_from_value(&value, PlanSource::Whole)
+    {
+        return Some(plan);
+    }
     // Balanced objects inside prose, then a bare list.
     for (i, byte) in body.bytes().enumerate() {
-        if byte == b'{' {
-            if let Ok((value, _)) = parse_prefix(body, i) {
-                if let Some(plan) = plan_from_object(&value, PlanSource::Embedded) {
-                    return Some(plan);
-                }
-            }
+        if byte == b'{'
+            && let Ok((value, _)) = parse_prefix(body, i)
+            && let Some(plan) = plan_from_object(&value, PlanSource::Embedded)
+        {
+            return Some(plan);
         }
     }
     for (i, byte) in body.bytes().enumerate() {
-        if byte == b'[' {
-            if let Ok((value, _)) = parse_prefix(body, i) {
-                if let Some(plan) = plan_from_list(&value, PlanSource::BareList) {
-                    return Some(plan);
-                }
-            }
+        if byte == b'['
+            && let Ok((value, _)) = parse_prefix(body, i)
+            && let Some(plan) = plan_from_list(&value, PlanSource::BareList)
+        {
+            return Some(plan);
         }
     }
     None
@@ -152,10 +150,10 @@ fn strip_trailing_special_tokens(text: &str) -> &str {
     let mut body = text.trim_end();
     loop {
         let before = body.len();
-        if body.ends_with("|>") {
-            if let Some(open) = body.rfind("<|") {
-                body = body[..open].trim_end();
-            }
+        if body.ends_with("|>")
+            && let Some(open) = body.rfind("<|")
+        {
+            body = body[..open].trim_end();
         }
         for token in ["</s>", "<eos>", "<end_of_turn>", "[EOS]"] {
             if let Some(stripped) = body.strip_suffix(token) {

@@ -63,17 +63,17 @@ pub struct TokenOffsets {
 /// Token offsets of `ids`, or `None` when the ids do not decode.
 pub fn token_offsets(tokenizer: &Tokenizer, ids: &[u32]) -> Option<TokenOffsets> {
     let text = tokenizer.decode(ids, false).ok()?;
-    if let Ok(encoding) = tokenizer.encode(text.as_str(), false) {
-        if encoding.get_ids() == ids {
-            let offsets: Vec<Range<usize>> =
-                encoding.get_offsets().iter().map(|&(s, e)| s..e).collect();
-            if offsets_are_sane(&offsets, &text) {
-                return Some(TokenOffsets {
-                    text,
-                    offsets,
-                    method: OffsetMethod::Reencode,
-                });
-            }
+    if let Ok(encoding) = tokenizer.encode(text.as_str(), false)
+        && encoding.get_ids() == ids
+    {
+        let offsets: Vec<Range<usize>> =
+            encoding.get_offsets().iter().map(|&(s, e)| s..e).collect();
+        if offsets_are_sane(&offsets, &text) {
+            return Some(TokenOffsets {
+                text,
+                offsets,
+                method: OffsetMethod::Reencode,
+            });
         }
     }
     let mut stream = tokenizer.decode_stream(false);
@@ -255,25 +255,23 @@ impl<'a> Aligner<'a> {
                 }
                 _ => false,
             });
-            if complete {
-                if let Ok(text) = String::from_utf8(bytes) {
-                    // Tokens that end inside a character share the range of
-                    // the characters they complete together (as in incremental decoding).
-                    let mut group = 0;
-                    for t in 0..offsets.len() {
-                        if text.is_char_boundary(offsets[t].end) {
-                            let range = offsets[group].start..offsets[t].end;
-                            offsets[group..=t].fill(range);
-                            group = t + 1;
-                        }
+            if complete && let Ok(text) = String::from_utf8(bytes) {
+                // Tokens that end inside a character share the range of
+                // the characters they complete together (as in incremental decoding).
+                let mut group = 0;
+                for t in 0..offsets.len() {
+                    if text.is_char_boundary(offsets[t].end) {
+                        let range = offsets[group].start..offsets[t].end;
+                        offsets[group..=t].fill(range);
+                        group = t + 1;
                     }
-                    if offsets_are_sane(&offsets, &text) {
-                        return Some(TokenOffsets {
-                            text,
-                            offsets,
-                            method: OffsetMethod::ByteLevel,
-                        });
-                    }
+                }
+                if offsets_are_sane(&offsets, &text) {
+                    return Some(TokenOffsets {
+                        text,
+                        offsets,
+                        method: OffsetMethod::ByteLevel,
+                    });
                 }
             }
         }

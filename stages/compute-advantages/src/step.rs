@@ -447,17 +447,16 @@ fn step_row(
                     *score *= gate;
                 }
             }
-            if config.kind == StepKind::ForwardProxy {
-                if let Some(m) = rule
+            if config.kind == StepKind::ForwardProxy
+                && let Some(m) = rule
                     .and_then(|r| r.step_match.as_ref())
                     .filter(|m| m.len() == scores.len())
-                {
-                    for (&score, &matched) in scores.iter().zip(m) {
-                        if matched == 1 {
-                            diag.scores_correct.push(score)
-                        } else {
-                            diag.scores_wrong.push(score)
-                        }
+            {
+                for (&score, &matched) in scores.iter().zip(m) {
+                    if matched == 1 {
+                        diag.scores_correct.push(score)
+                    } else {
+                        diag.scores_wrong.push(score)
                     }
                 }
             }

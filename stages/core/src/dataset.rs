@@ -375,10 +375,10 @@ impl Drop for TableWriter {
         if !self.finished {
             // An unfinished table is never left where a reader would look.
             let _ = std::fs::remove_dir_all(&self.tmp_dir);
-            if self.created_out {
-                if let Some(out) = self.final_dir.parent() {
-                    let _ = std::fs::remove_dir(out); // only succeeds when empty
-                }
+            if self.created_out
+                && let Some(out) = self.final_dir.parent()
+            {
+                let _ = std::fs::remove_dir(out); // only succeeds when empty
             }
         }
     }
