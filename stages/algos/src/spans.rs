@@ -591,6 +591,43 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Whatever the plan, credited tokens lie inside a step's id or name
+        /// value: no scaffolding token (keys, quotes, braces, language_plan)
+        /// is ever selected.
+        #[test]
+        fn credited_tokens_never_touch_scaffolding(
+            steps in proptest::collection::vec((0i64..30, proptest::sample::select(vec!["find a Mug", "pick up the Mug", "find a Sink", "Äpfel", "a"])), 0..6),
+            fenced in proptest::bool::ANY,
+        ) {
+            let tok = test_tokenizer();
+            let items: Vec<String> = steps.iter().map(|(id, n)| format!("{{\"action_id\": {id}, \"action_name\": \"{n}\"}}")).collect();
+            let names: Vec<String> = steps.iter().map(|(_, n)| format!("\"{n}\"")).collect();
+            let body = format!("{{\"language_plan\": [{}], \"executable_plan\": [{}]}}", names.join(", "), items.join(", "));
+            let text = if fenced { format!("Plan:\n```json\n{body}\n```<|im_end|>") } else { body };
+            let ids = ids(&tok, &text);
+            let aligner = Aligner::new(&tok);
+            let alignment = aligner.align(&ids);
+            let offsets = aligner.offsets(&ids).unwrap();
+            let plan = alignment.plan.clone().unwrap();
+            let inner: Vec<std::ops::Range<usize>> = plan
+                .steps
+                .iter()
+                .flat_map(|s| [s.id_span.clone(), s.name_span.clone().map(|r| r.start + 1..r.end - 1)])
+                .flatten()
+                .collect();
+            for step in alignment.steps.unwrap() {
+                for t in step.tokens(StepPart::Semantic) {
+                    let r = &offsets.offsets[t];
+                    // The token's non-space bytes lie inside one value.
+                    let trimmed_start = r.start + (offsets.text[r.clone()].len() - offsets.text[r.clone()].trim_start().len());
+                    proptest::prop_assert!(
+                        inner.iter().any(|e| trimmed_start >= e.start && r.end <= e.end.max(trimmed_start)),
+                        "token {:?} = {:?} outside every value in {}", r, &offsets.text[r.clone()], text
+                    );
+                }
+            }
+        }
+
         #[test]
         fn alignment_never_panics_on_any_ids(ids in proptest::collection::vec(0u32..400, 0..80)) {
             let _ = align(&test_tokenizer(), &ids);

@@ -368,6 +368,11 @@ pub fn auc(positives: &[f32], negatives: &[f32]) -> Option<f64> {
     Some((rank_sum - p * (p + 1.0) / 2.0) / (p * n))
 }
 
+/// grpo_step's token advantages: `A_t = A^E + omega * A^S_t`.
+pub fn combine(episode_adv: f32, omega: f32, step_adv: &[f32]) -> Vec<f32> {
+    step_adv.iter().map(|&s| episode_adv + omega * s).collect()
+}
+
 /// StepOPSD's sign-preserving reweighting of one token's advantage.
 pub fn stepopsd(advantage: f32, delta: f32, alpha_clip: f32, lambda_mix: f32) -> f32 {
     let sign = if advantage > 0.0 {
@@ -510,6 +515,15 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn omega_zero_is_plain_grpo_bit_for_bit(
+            episode in -10.0f32..10.0,
+            step in proptest::collection::vec(-1.0f32..=1.0, 0..64),
+        ) {
+            let combined = combine(episode, 0.0, &step);
+            prop_assert!(combined.iter().all(|a| a.to_bits() == episode.to_bits()));
+        }
+
         #[test]
         fn stepopsd_never_changes_the_sign(a in -10.0f32..10.0, delta in -30.0f32..30.0, alpha in 0.0f32..0.99, lambda in 0.0f32..1.0) {
             let out = stepopsd(a, delta, alpha, lambda);

@@ -12,8 +12,9 @@ use arrow::array::{
 };
 use embodyflow_algos::spans::{Aligner, OffsetMethod, StepPart};
 use embodyflow_algos::step_adv::{
-    Distribution, GateParams, ProxyParams, ScoreNorm, Squash, auc, forward_proxy_step_scores,
-    prompt_gate, residual_contrast_step_scores, rule_step_scores, spread_step_scores, stepopsd,
+    Distribution, GateParams, ProxyParams, ScoreNorm, Squash, auc, combine,
+    forward_proxy_step_scores, prompt_gate, residual_contrast_step_scores, rule_step_scores,
+    spread_step_scores, stepopsd,
 };
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::AdvantageRow;
@@ -465,7 +466,7 @@ fn step_row(
     };
     let omega = inputs.step.map_or(0.0, |s| s.omega);
     let mut advantages: Vec<f32> = match &step_adv {
-        Some(a_s) => a_s.iter().map(|&x| episode_adv + omega * x).collect(),
+        Some(a_s) => combine(episode_adv, omega, a_s),
         None => vec![episode_adv; n],
     };
     if inputs.stepopsd.enabled {
