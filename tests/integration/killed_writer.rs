@@ -6,25 +6,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use embodyflow_core::schemas::StepRow;
-use embodyflow_tests::{bin, run};
+use embodyflow_tests::{bin, one_shot_step, run};
 
 /// A steps table large enough that importing it takes a while.
 fn write_large_jsonl(path: &std::path::Path, rows: usize) {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     for i in 0..rows {
+        let response_ids = (0..256).map(|t| (t * 13 + i as i32) % 500).collect();
         let row = StepRow {
-            trajectory_id: format!("it0/household/train/1/{i:06}/d0/s0"),
-            step_index: 0,
             prompt_ids: (0..128).map(|t| (t * 7 + i as i32) % 500).collect(),
-            response_ids: (0..256).map(|t| (t * 13 + i as i32) % 500).collect(),
             old_logprobs: (0..256).map(|t| -((t % 17) as f32) / 7.0).collect(),
-            observation: None,
-            old_value: None,
-            old_values: None,
-            latents: None,
-            latent_dim: None,
-            chosen_latent_len: None,
-            old_latent_end_logprob: None,
+            ..one_shot_step(&format!("it0/household/train/1/{i:06}/d0/s0"), response_ids)
         };
         serde_json::to_writer(&mut out, &row).unwrap();
         out.write_all(b"\n").unwrap();
