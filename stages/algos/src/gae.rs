@@ -13,9 +13,10 @@
 //! **Token level** ([`gae_tokens`]) is veRL's `compute_gae_advantage_return`
 //! (`verl/trainer/ppo/core_algos.py`) on rows without masked positions: one
 //! row per trajectory (its steps' response tokens in order), the outcome reward
-//! on the last token. **Decision level** ([`gae_decisions`], LaST-R1) uses one
-//! value per decision step and the outcome reward on the last step; each
-//! step's advantage is then broadcast to its response tokens by the caller.
+//! on the last token. **Decision level** (LaST-R1) is the same [`gae_tokens`]
+//! over one position per decision step: one value per step, the outcome reward
+//! on the last step; each step's advantage is then broadcast to its response
+//! tokens by the caller.
 //! [`whiten`] is veRL's `masked_whiten` with every position valid: the mean
 //! divides by `n + 1e-8`, the variance is the unbiased masked variance, and
 //! fewer than two positions is an error rather than a NaN.
@@ -138,17 +139,6 @@ fn discounted_suffix_sums(x: &mut [f32], offsets: &[usize], decay: f32) {
             }
         }
     }
-}
-
-/// Decision-level GAE: one value per step, `rewards[t]` per step (the outcome
-/// on the last step of each trajectory). Same recurrence as [`gae_tokens`].
-pub fn gae_decisions(
-    rewards: &[f32],
-    values: &[f32],
-    offsets: &[usize],
-    params: GaeParams,
-) -> (Vec<f32>, Vec<f32>) {
-    gae_tokens(rewards, values, offsets, params)
 }
 
 /// veRL's `masked_whiten` with every position valid, in place.

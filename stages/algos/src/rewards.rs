@@ -51,16 +51,6 @@ impl ActionList {
             .and_then(|i| self.names.get(i))
             .is_some_and(|n| normalise_name(n) == normalise_name(name))
     }
-
-    /// Number of actions.
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
 }
 
 /// A scored response.

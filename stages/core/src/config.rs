@@ -139,17 +139,6 @@ fn leaf_keys(value: &Value, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Every dotted key of a config type, for help texts and error messages.
-pub fn valid_keys<C: Serialize + Default>() -> Vec<String> {
-    let mut keys = Vec::new();
-    leaf_keys(
-        &serde_json::to_value(C::default()).expect("defaults serialise"),
-        "",
-        &mut keys,
-    );
-    keys
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,14 +262,5 @@ mod tests {
             load_config::<Config>(None, &sets(&["omega"])),
             Err(Error::Usage(_))
         ));
-    }
-
-    #[test]
-    fn valid_keys_lists_leaves() {
-        let keys = valid_keys::<Config>();
-        assert!(
-            keys.contains(&"step.mode".to_string()) && keys.contains(&"templates".to_string()),
-            "{keys:?}"
-        );
     }
 }

@@ -311,12 +311,6 @@ impl TableWriter {
         Ok(())
     }
 
-    /// Rows written so far.
-    pub fn rows_written(&self) -> u64 {
-        self.shards.iter().map(|s| s.rows).sum::<u64>()
-            + self.current.as_ref().map_or(0, |s| s.rows)
-    }
-
     /// Closes the last shard, writes the manifest and moves the table into
     /// place. An empty table gets one empty shard, so its schema is on disk.
     pub fn finish(mut self, producer: &Producer, inputs: &[InputRef]) -> Result<Manifest> {
