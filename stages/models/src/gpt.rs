@@ -65,20 +65,27 @@ impl Block {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
+    /// `x` holds the new positions `[batch, new, embd]`; `mask` is `None` for
+    /// plain causal attention over `x`, else a bool `[batch, 1, new, keys]`
+    /// (true = attend) over the cached keys followed by the new ones.
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, cache: Option<&mut LayerCache>) -> Tensor {
         let (b, t, e) = x.size3().expect("x is [batch, time, embd]");
         let head_dim = e / self.n_head;
         let qkv = self.c_attn.forward(&self.ln_1.forward(x));
         let split = qkv.split(e, 2);
         let heads = |z: &Tensor| z.view([b, t, self.n_head, head_dim]).transpose(1, 2);
         let (q, k, v) = (heads(&split[0]), heads(&split[1]), heads(&split[2]));
+        let (k, v) = match cache {
+            Some(cache) => cache.append(&k, &v),
+            None => (k, v),
+        };
         let attended = Tensor::scaled_dot_product_attention(
             &q,
             &k,
             &v,
-            None::<&Tensor>,
+            mask,
             0.0,
-            true,
+            mask.is_none(),
             None,
             false,
         );
@@ -86,6 +93,58 @@ impl Block {
         let x = x + self.attn_proj.forward(&attended);
         let hidden = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("tanh");
         &x + self.mlp_proj.forward(&hidden)
+    }
+}
+
+/// One layer's keys and values, preallocated for the longest sequence.
+#[derive(Debug)]
+struct LayerCache {
+    keys: Tensor,
+    values: Tensor,
+    len: i64,
+}
+
+impl LayerCache {
+    /// Stores `k`, `v` `[batch, heads, new, head_dim]` after the cached
+    /// positions and returns all keys and values so far.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let new = k.size()[2];
+        self.keys.narrow(2, self.len, new).copy_(k);
+        self.values.narrow(2, self.len, new).copy_(v);
+        self.len += new;
+        (
+            self.keys.narrow(2, 0, self.len),
+            self.values.narrow(2, 0, self.len),
+        )
+    }
+}
+
+/// The key/value cache of a batch being decoded: every layer's keys and
+/// values of the positions seen so far, so each new token costs one position's
+/// forward pass instead of the whole prefix.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// Positions cached so far.
+    pub fn len(&self) -> i64 {
+        self.layers.first().map_or(0, |layer| layer.len)
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps only the batch rows `rows` (a 1-D int64 index tensor): finished
+    /// sequences leave the batch so later steps cost less.
+    pub fn keep_rows(&mut self, rows: &Tensor) {
+        for layer in &mut self.layers {
+            layer.keys = layer.keys.index_select(0, rows);
+            layer.values = layer.values.index_select(0, rows);
+        }
     }
 }
 
@@ -131,18 +190,68 @@ impl Gpt {
         &self.config
     }
 
-    /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (time <= n_ctx).
+    /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (time <= n_ctx),
+    /// every row starting at position 0 (plain causal attention).
     pub fn forward(&self, ids: &Tensor) -> Tensor {
+        let (batch, t) = ids.size2().expect("ids are [batch, time]");
+        self.check_length(t);
+        let positions = Tensor::arange(t, (Kind::Int64, ids.device())).expand([batch, t], false);
+        self.run(ids, &positions, None, None)
+    }
+
+    /// An empty cache for `batch` sequences of up to `max_len` positions.
+    pub fn empty_cache(&self, batch: i64, max_len: i64) -> KvCache {
+        self.check_length(max_len);
+        let head_dim = self.config.n_embd / self.config.n_head;
+        let shape = [batch, self.config.n_head, max_len, head_dim];
+        let options = (self.wte.ws.kind(), self.wte.ws.device());
+        KvCache {
+            layers: (0..self.config.n_layer)
+                .map(|_| LayerCache {
+                    keys: Tensor::zeros(shape, options),
+                    values: Tensor::zeros(shape, options),
+                    len: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Logits `[batch, new, vocab]` of the new token ids `[batch, new]` at
+    /// `positions` `[batch, new]`, attending under `mask` (bool `[batch, 1,
+    /// new, cached + new]`, true = attend) to the cached positions and the new
+    /// ones; with a cache, the new keys and values are appended to it.
+    pub fn forward_masked(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
         let (_, t) = ids.size2().expect("ids are [batch, time]");
+        let cached = cache.as_ref().map_or(0, |cache| cache.len());
+        self.check_length(cached + t);
+        self.run(ids, positions, Some(mask), cache)
+    }
+
+    fn check_length(&self, t: i64) {
         assert!(
             t <= self.config.n_ctx,
             "sequence of {t} tokens exceeds n_ctx {}",
             self.config.n_ctx
         );
-        let positions = Tensor::arange(t, (Kind::Int64, ids.device()));
-        let mut x = self.wte.forward(ids) + self.wpe.forward(&positions);
-        for block in &self.blocks {
-            x = block.forward(&x);
+    }
+
+    fn run(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let mut x = self.wte.forward(ids) + self.wpe.forward(positions);
+        for (index, block) in self.blocks.iter().enumerate() {
+            let layer = cache.as_deref_mut().map(|cache| &mut cache.layers[index]);
+            x = block.forward(&x, mask, layer);
         }
         self.ln_f.forward(&x).matmul(&self.wte.ws.tr())
     }

@@ -5,11 +5,57 @@
 //! - [`device`]: `--device cpu|cuda:N` to a `tch::Device`, with a clear error
 //!   when CUDA is asked for and absent;
 //! - [`gpt`]: a small decoder-only transformer (GPT-2 shape, pre-norm, learned
-//!   positions, tied embeddings) whose `config.json` is a serde struct.
+//!   positions, tied embeddings) whose `config.json` is a serde struct, with a
+//!   key/value cache for decoding;
+//! - [`tokenizer`]: a byte-level BPE trained on an environment's language,
+//!   saved as `tokenizer.json`;
+//! - [`checkpoint`]: the checkpoint directory (config, safetensors weights,
+//!   tokenizer, manifest), loaded with consistency checks and saved atomically;
+//! - [`policy`]: batched sampling with the cache (temperature, greedy,
+//!   top-p) and the log-probs, entropies and masks the update needs.
 //!
 //! The examples in these docs are not run as doctests (`doctest = false`):
 //! rustdoc links them in a temporary directory that the binaries' relative
 //! rpath to `.venv/libtorch/lib` does not reach; the unit tests run the same code.
 
+use std::path::PathBuf;
+
+use embodyflow_core::{Classify, ErrorKind};
+
+pub mod checkpoint;
 pub mod device;
 pub mod gpt;
+pub mod policy;
+pub mod tokenizer;
+
+/// Errors of loading, saving and running a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A checkpoint file that is missing, unreadable or disagrees with the others.
+    #[error("checkpoint file {file}: {reason}")]
+    BadCheckpoint {
+        /// The file at fault.
+        file: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A tokenizer that cannot be built, or text it cannot encode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// libtorch failed while running.
+    #[error("torch: {0}")]
+    Torch(String),
+    /// An error of the shared core.
+    #[error(transparent)]
+    Core(#[from] embodyflow_core::Error),
+}
+
+impl Classify for ModelError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ModelError::BadCheckpoint { .. } | ModelError::Tokenizer(_) => ErrorKind::BadInput,
+            ModelError::Torch(_) => ErrorKind::Failure,
+            ModelError::Core(error) => error.kind(),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Policy checkpoints: a directory with `config.json` (the [`GptConfig`]),
+//! `model.safetensors` (the weights, named by parameter path),
+//! `tokenizer.json` (Hugging Face format) and `manifest.json` (id, parent and
+//! the stage that wrote it).
+//!
+//! Loading checks that the three agree — every tensor the config implies is in
+//! the weights with its shape and nothing else is, and the tokenizer's
+//! vocabulary is the model's — and names the file at fault. Saving writes a
+//! hidden sibling directory and renames it into place, so a killed writer never
+//! leaves a checkpoint that looks complete. The checkpoint id is the first 16
+//! hex digits of the BLAKE3 hash of `model.safetensors`: the same weights have
+//! the same id wherever they were written.
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! let policy = Checkpoint::load("runs/it0/policy".as_ref(), tch::Device::Cpu).unwrap();
+//! println!("{} ({} parameters)", policy.manifest.id, policy.num_parameters());
+//! policy.save("runs/it1/policy".as_ref(), "update-policy", false).unwrap();
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tokenizers::Tokenizer;
+
+use crate::ModelError;
+use crate::gpt::{Gpt, GptConfig};
+use crate::tokenizer::SpecialIds;
+
+/// The `manifest.json` of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointManifest {
+    /// Content id: BLAKE3 of `model.safetensors`, 16 hex digits.
+    pub id: String,
+    /// Id of the checkpoint this one was trained from.
+    pub parent: Option<String>,
+    /// The stage that wrote it.
+    pub written_by: String,
+    /// Optimizer updates since initialisation, over the whole lineage.
+    pub updates: u64,
+}
+
+/// A loaded policy: weights, architecture and tokenizer.
+pub struct Checkpoint {
+    /// The parameters.
+    pub vars: VarStore,
+    /// The network.
+    pub model: Gpt,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Its special token ids.
+    pub special: SpecialIds,
+    /// The manifest it was loaded with (or will be saved with).
+    pub manifest: CheckpointManifest,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
+    ModelError::BadCheckpoint {
+        file: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| bad(path, e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| bad(path, e.to_string()))
+}
+
+impl Checkpoint {
+    /// A freshly initialised policy (random weights, seeded by `tch::manual_seed`).
+    pub fn init(
+        config: &GptConfig,
+        tokenizer: Tokenizer,
+        device: tch::Device,
+    ) -> Result<Checkpoint, ModelError> {
+        let special = SpecialIds::of(&tokenizer).ok_or_else(|| {
+            ModelError::Tokenizer("the tokenizer lacks <|pad|>, <|plan|> or <|eos|>".into())
+        })?;
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        if vocab != config.vocab_size {
+            return Err(ModelError::Tokenizer(format!(
+                "tokenizer has {vocab} tokens, the model config {}",
+                config.vocab_size
+            )));
+        }
+        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
+            return Err(ModelError::Tokenizer(format!(
+                "n_head {} must divide n_embd {}",
+                config.n_head, config.n_embd
+            )));
+        }
+        let vars = VarStore::new(device);
+        let model = Gpt::new(&vars.root(), config);
+        Ok(Checkpoint {
+            vars,
+            model,
+            tokenizer,
+            special,
+            manifest: CheckpointManifest {
+                id: String::new(),
+                parent: None,
+                written_by: String::new(),
+                updates: 0,
+            },
+        })
+    }
+
+    /// Loads the checkpoint in `dir` onto `device`, checking that its files agree.
+    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
+        if !dir.is_dir() {
+            return Err(bad(dir, "no such checkpoint directory"));
+        }
+        let config_path = dir.join("config.json");
+        let config: GptConfig = read_json(&config_path)?;
+        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
+            return Err(bad(
+                &config_path,
+                format!("n_head {} must divide n_embd {}", config.n_head, config.n_embd),
+            ));
+        }
+        let manifest: CheckpointManifest = read_json(&dir.join("manifest.json"))?;
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| bad(&tokenizer_path, e.to_string()))?;
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        if vocab != config.vocab_size {
+            return Err(bad(
+                &tokenizer_path,
+                format!(
+                    "the tokenizer has {vocab} tokens but config.json says vocab_size {}",
+                    config.vocab_size
+                ),
+            ));
+        }
+        let special = SpecialIds::of(&tokenizer)
+            .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
+        let vars = VarStore::new(device);
+        let model = Gpt::new(&vars.root(), &config);
+        let weights_path = dir.join("model.safetensors");
+        load_weights(&vars, &weights_path)?;
+        Ok(Checkpoint {
+            vars,
+            model,
+            tokenizer,
+            special,
+            manifest,
+        })
+    }
+
+    /// Number of trainable parameters.
+    pub fn num_parameters(&self) -> i64 {
+        self.vars
+            .trainable_variables()
+            .iter()
+            .map(|t| t.numel() as i64)
+            .sum()
+    }
+
+    /// Writes the checkpoint to `dir` atomically; its id becomes the hash of
+    /// the weights and its parent the id it was loaded with.
+    pub fn save(&self, dir: &Path, written_by: &str, overwrite: bool) -> Result<CheckpointManifest, ModelError> {
+        if dir.exists() && !overwrite {
+            return Err(ModelError::Core(embodyflow_core::Error::OutputExists(
+                dir.to_path_buf(),
+            )));
+        }
+        let parent_dir = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent_dir).map_err(|e| io(parent_dir, e))?;
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("policy");
+        let staging = parent_dir.join(format!(".{name}.writing-{}", std::process::id()));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(|e| io(&staging, e))?;
+        }
+        std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+        let weights = staging.join("model.safetensors");
+        self.vars
+            .save(&weights)
+            .map_err(|e| ModelError::Torch(format!("writing {}: {e}", weights.display())))?;
+        let bytes = std::fs::read(&weights).map_err(|e| io(&weights, e))?;
+        let manifest = CheckpointManifest {
+            id: blake3::hash(&bytes).to_hex()[..16].to_string(),
+            parent: Some(self.manifest.id.clone()).filter(|id| !id.is_empty()),
+            written_by: written_by.to_string(),
+            updates: self.manifest.updates,
+        };
+        let write = |file: &str, text: String| {
+            let path = staging.join(file);
+            std::fs::write(&path, text).map_err(|e| io(&path, e))
+        };
+        write("config.json", pretty(self.model.config()))?;
+        write("manifest.json", pretty(&manifest))?;
+        let tokenizer_path = staging.join("tokenizer.json");
+        self.tokenizer
+            .save(&tokenizer_path, false)
+            .map_err(|e| ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display())))?;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
+        std::fs::rename(&staging, dir).map_err(|e| io(dir, e))?;
+        Ok(manifest)
+    }
+}
+
+fn pretty<T: Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).expect("plain structs serialize") + "\n"
+}
+
+fn io(path: &Path, source: std::io::Error) -> ModelError {
+    ModelError::Core(embodyflow_core::Error::io(PathBuf::from(path), source))
+}
+
+/// Copies the tensors of `path` into `vars`, requiring the same names and shapes.
+fn load_weights(vars: &VarStore, path: &Path) -> Result<(), ModelError> {
+    let stored: BTreeMap<String, tch::Tensor> = tch::Tensor::read_safetensors(path)
+        .map_err(|e| bad(path, e.to_string()))?
+        .into_iter()
+        .collect();
+    let mut expected = vars.variables();
+    for (name, tensor) in &stored {
+        let Some(var) = expected.remove(name) else {
+            return Err(bad(
+                path,
+                format!("holds tensor `{name}` that the architecture in config.json does not have"),
+            ));
+        };
+        if var.size() != tensor.size() {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor `{name}` has shape {:?}, config.json implies {:?}",
+                    tensor.size(),
+                    var.size()
+                ),
+            ));
+        }
+        tch::no_grad(|| {
+            let mut var = var;
+            var.copy_(tensor)
+        });
+    }
+    if let Some(name) = expected.keys().min() {
+        return Err(bad(
+            path,
+            format!("lacks tensor `{name}` that config.json implies ({} missing)", expected.len()),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::train_bpe;
+
+    fn tokenizer() -> Tokenizer {
+        let corpus: Vec<String> = (0..30).map(|i| format!("find a Mug {i}")).collect();
+        train_bpe(&corpus, 80).unwrap()
+    }
+
+    fn config(vocab_size: i64) -> GptConfig {
+        GptConfig {
+            vocab_size,
+            n_ctx: 16,
+            n_embd: 16,
+            n_head: 2,
+            n_layer: 1,
+        }
+    }
+
+    #[test]
+    fn save_load_round_trips_and_ids_follow_the_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        let path = dir.path().join("ckpt");
+        let manifest = policy.save(&path, "test", false).unwrap();
+        assert_eq!(manifest.id.len(), 16);
+        assert!(policy.save(&path, "test", false).is_err(), "refuses to overwrite");
+        let loaded = Checkpoint::load(&path, tch::Device::Cpu).unwrap();
+        assert_eq!(loaded.manifest, manifest);
+        let again = loaded.save(&dir.path().join("copy"), "test", false).unwrap();
+        assert_eq!(again.id, manifest.id, "same weights, same id");
+        assert_eq!(again.parent.as_deref(), Some(manifest.id.as_str()));
+        let ids = tch::Tensor::from_slice(&[3i64, 4, 5]).view([1, 3]);
+        let diff = (policy.model.forward(&ids) - loaded.model.forward(&ids))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert_eq!(diff, 0.0);
+    }
+
+    #[test]
+    fn mismatched_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        let path = dir.path().join("ckpt");
+        policy.save(&path, "test", false).unwrap();
+
+        // A config whose width disagrees with the weights.
+        let mut wider = config(vocab);
+        wider.n_embd = 32;
+        std::fs::write(path.join("config.json"), pretty(&wider)).unwrap();
+        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        assert!(error.contains("model.safetensors") && error.contains("shape"), "{error}");
+
+        // A config whose vocabulary disagrees with the tokenizer.
+        std::fs::write(path.join("config.json"), pretty(&config(vocab + 5))).unwrap();
+        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        assert!(error.contains("tokenizer.json") && error.contains("vocab_size"), "{error}");
+
+        // An extra layer in the config: the weights lack its tensors.
+        let mut deeper = config(vocab);
+        deeper.n_layer = 2;
+        std::fs::write(path.join("config.json"), pretty(&deeper)).unwrap();
+        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        assert!(error.contains("lacks tensor `h.1."), "{error}");
+
+        std::fs::write(path.join("config.json"), "{\"vocab_size\": 3}").unwrap();
+        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        assert!(error.contains("config.json"), "{error}");
+    }
+}
