@@ -21,12 +21,30 @@
 //! divides by `n + 1e-8`, the variance is the unbiased masked variance, and
 //! fewer than two positions is an error rather than a NaN.
 //!
+//! Whitening a batch too large to hold goes through [`WhitenStats`]: a first
+//! pass adds every row's advantages (each piece reduced in f64 with two passes
+//! over it, pieces merged with Chan et al.'s update: no sum of squares about
+//! zero), then [`WhitenStats::whitening`] gives veRL's affine map, which a
+//! second pass applies row by row; [`whiten`] is the same on one slice.
+//!
 //! ```
-//! use embodyflow_algos::gae::{gae_tokens, GaeParams};
+//! use embodyflow_algos::gae::{gae_tokens, whiten, GaeParams, WhitenStats};
 //! // One row of two tokens, reward 1 on the last, values 0.5 and 0.25.
 //! let (adv, ret) = gae_tokens(&[0.0, 1.0], &[0.5, 0.25], &[0, 2], GaeParams { gamma: 1.0, lam: 1.0 });
 //! assert_eq!(adv, vec![0.5, 0.75]); // A_1 = 1 - 0.25; A_0 = 0.25 - 0.5 + 0.75
 //! assert_eq!(ret, vec![1.0, 1.0]);
+//!
+//! // Whitening streamed row by row equals whitening the whole batch.
+//! let rows = [vec![1.0f32, 2.0], vec![3.0, 4.0, 5.0]];
+//! let mut stats = WhitenStats::default();
+//! rows.iter().for_each(|row| stats.add(row));
+//! let whitening = stats.whitening().unwrap(); // mean 3, unbiased var 2.5
+//! let mut streamed: Vec<f32> = rows.concat();
+//! whitening.apply(&mut streamed);
+//! let mut whole = rows.concat();
+//! whiten(&mut whole).unwrap();
+//! assert_eq!(streamed, whole);
+//! assert!((whole[0] + 2.0 / 2.5f32.sqrt()).abs() < 1e-6);
 //! ```
 
 use crate::AlgoError;
@@ -141,21 +159,113 @@ fn discounted_suffix_sums(x: &mut [f32], offsets: &[usize], decay: f32) {
     }
 }
 
+/// Whitening statistics that can be gathered piece by piece (a stream of
+/// rows, shards, threads) and merged: the count, the mean and the sum of
+/// squared deviations from the mean, in f64. Each piece given to
+/// [`add`](WhitenStats::add) is reduced with two passes over it (its own
+/// mean, then its squared deviations), and pieces are combined with Chan et
+/// al.'s pairwise update, so no sum of squares is ever taken about zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WhitenStats {
+    count: u64,
+    mean: f64,
+    m2: f64,
+}
+
+/// Values per piece when [`whiten`] reduces a slice (fits the L1 cache, so
+/// the second pass over a piece does not touch memory again).
+const PIECE: usize = 4096;
+
+impl WhitenStats {
+    /// Statistics of one piece of values.
+    pub fn of(values: &[f32]) -> WhitenStats {
+        if values.is_empty() {
+            return WhitenStats::default();
+        }
+        let count = values.len() as f64;
+        let mean = sum_f64(values, |v| v) / count;
+        let m2 = sum_f64(values, |v| (v - mean) * (v - mean));
+        WhitenStats {
+            count: values.len() as u64,
+            mean,
+            m2,
+        }
+    }
+
+    /// Adds a piece of values.
+    pub fn add(&mut self, values: &[f32]) {
+        self.merge(&WhitenStats::of(values));
+    }
+
+    /// Merges statistics gathered elsewhere (Chan, Golub and LeVeque 1979).
+    pub fn merge(&mut self, other: &WhitenStats) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *other;
+            return;
+        }
+        let (na, nb) = (self.count as f64, other.count as f64);
+        let n = na + nb;
+        let delta = other.mean - self.mean;
+        self.mean += delta * (nb / n);
+        self.m2 += other.m2 + delta * delta * (na * nb / n);
+        self.count += other.count;
+    }
+
+    /// Values seen.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// veRL's `masked_whiten` from the statistics: `mean = sum / (n + 1e-8)`,
+    /// the variance is the masked mean of squared deviations from that mean
+    /// times `n / (n - 1)`, and the scale is `rsqrt(var + 1e-8)`. Fewer than
+    /// two values is an error.
+    pub fn whitening(&self) -> Result<Whitening, AlgoError> {
+        if self.count < 2 {
+            return Err(AlgoError::TooFewToWhiten(self.count as usize));
+        }
+        let n = self.count as f64;
+        let mean = self.mean * n / (n + 1e-8);
+        // Deviations from veRL's (slightly shrunk) mean rather than the exact one.
+        let centred_sq = (self.m2 + n * (self.mean - mean) * (self.mean - mean)) / (n + 1e-8);
+        let variance = centred_sq * n / (n - 1.0);
+        Ok(Whitening {
+            mean: mean as f32,
+            scale: (1.0 / (variance + 1e-8).sqrt()) as f32,
+        })
+    }
+}
+
+/// The affine map of veRL's whitening, `a -> (a - mean) * scale`, from
+/// [`WhitenStats::whitening`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Whitening {
+    /// The masked mean.
+    pub mean: f32,
+    /// `rsqrt(var + 1e-8)`.
+    pub scale: f32,
+}
+
+impl Whitening {
+    /// Whitens values in place.
+    pub fn apply(&self, values: &mut [f32]) {
+        let (mean, scale) = (self.mean, self.scale);
+        for v in values.iter_mut() {
+            *v = (*v - mean) * scale;
+        }
+    }
+}
+
 /// veRL's `masked_whiten` with every position valid, in place.
 pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
-    let n = values.len();
-    if n < 2 {
-        return Err(AlgoError::TooFewToWhiten(n));
+    let mut stats = WhitenStats::default();
+    for piece in values.chunks(PIECE) {
+        stats.add(piece);
     }
-    let count = n as f64;
-    let mean = sum_f64(values, |v| v) / (count + 1e-8);
-    let centred_sq = sum_f64(values, |v| (v - mean) * (v - mean)) / (count + 1e-8);
-    let variance = centred_sq * count / (count - 1.0);
-    let scale = (1.0 / (variance + 1e-8).sqrt()) as f32;
-    let mean = mean as f32;
-    for v in values.iter_mut() {
-        *v = (*v - mean) * scale;
-    }
+    stats.whitening()?.apply(values);
     Ok(())
 }
 
@@ -229,7 +339,77 @@ mod tests {
         (adv, ret)
     }
 
+    /// veRL's masked whitening written plainly in f64 over the whole slice:
+    /// (mean, unbiased variance) and the whitened values.
+    fn whiten_in_memory(values: &[f32]) -> (f64, f64, Vec<f64>) {
+        let n = values.len() as f64;
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / (n + 1e-8);
+        let centred = values
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / (n + 1e-8);
+        let var = centred * n / (n - 1.0);
+        let out = values
+            .iter()
+            .map(|&v| (f64::from(v) - mean) / (var + 1e-8).sqrt())
+            .collect();
+        (mean, var, out)
+    }
+
+    #[test]
+    fn streamed_statistics_stay_exact_far_from_zero() {
+        // Mean 1000, spread 0.01: a sum of squares about zero in f64 would
+        // lose about eps * mean^2 / var ~ 1e-5 of the variance.
+        let values: Vec<f32> = (0..100_000)
+            .map(|i| 1000.0 + ((i * 7919) % 1000) as f32 * 1e-5)
+            .collect();
+        let mut stats = WhitenStats::default();
+        for piece in values.chunks(1000) {
+            stats.add(piece);
+        }
+        let (_, var, _) = whiten_in_memory(&values);
+        let n = values.len() as f64;
+        let streamed = stats.m2 / (n - 1.0);
+        assert!(((streamed - var) / var).abs() < 1e-9, "{streamed} vs {var}");
+    }
+
     proptest! {
+        #[test]
+        fn whitening_streamed_in_pieces_matches_the_in_memory_formula(
+            values in proptest::collection::vec(-10.0f32..10.0, 2..600),
+            offset in prop_oneof![Just(0.0f32), -50.0f32..50.0],
+            cuts in proptest::collection::vec(0usize..600, 0..12),
+        ) {
+            let values: Vec<f32> = values.iter().map(|v| v + offset).collect();
+            let spread = values.iter().cloned().fold(f32::MIN, f32::max) - values.iter().cloned().fold(f32::MAX, f32::min);
+            prop_assume!(spread > 1e-2);
+            // Stream the values in pieces cut at arbitrary points, merging
+            // statistics of pieces gathered separately as a second stream.
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % values.len()).collect();
+            cuts.extend([0, values.len()]);
+            cuts.sort_unstable();
+            let (mut first, mut second) = (WhitenStats::default(), WhitenStats::default());
+            for (k, piece) in cuts.windows(2).enumerate() {
+                let target = if k % 2 == 0 { &mut first } else { &mut second };
+                target.add(&values[piece[0]..piece[1]]);
+            }
+            first.merge(&second);
+            prop_assert_eq!(first.count(), values.len() as u64);
+            let (mean, var, want) = whiten_in_memory(&values);
+            let whitening = first.whitening().unwrap();
+            prop_assert!((f64::from(whitening.mean) - mean).abs() <= 1e-6 * mean.abs().max(1.0));
+            prop_assert!((f64::from(whitening.scale) - 1.0 / (var + 1e-8).sqrt()).abs() <= 1e-6 / (var + 1e-8).sqrt());
+            let mut streamed = values.clone();
+            whitening.apply(&mut streamed);
+            let mut whole = values.clone();
+            whiten(&mut whole).unwrap();
+            for i in 0..values.len() {
+                prop_assert!((f64::from(streamed[i]) - want[i]).abs() <= 1e-6 * want[i].abs().max(1.0), "{i}: {} vs {}", streamed[i], want[i]);
+                prop_assert!((streamed[i] - whole[i]).abs() <= 1e-6 * whole[i].abs().max(1.0), "{i}: {} vs {}", streamed[i], whole[i]);
+            }
+        }
+
         #[test]
         fn rows_of_any_lengths_match_the_plain_recurrence(
             lengths in proptest::collection::vec(0usize..12, 0..11),

@@ -10,8 +10,27 @@
 //! - `gae`: GAE with `gae.level = "token"` (per-token `old_values`, the
 //!   trajectory's steps concatenated, outcome on the last token; veRL's
 //!   `compute_gae_advantage_return`) or `"decision"` (one `old_value` per step,
-//!   outcome on the last step, LaST-R1), whitened over the whole batch, with
-//!   returns = A + V before whitening;
+//!   outcome on the last step, LaST-R1): per position t of a trajectory,
+//!   `delta_t = r_t + gamma V_{t+1} - V_t`, `A_t = delta_t + gamma lambda
+//!   A_{t+1}` (V after the last position = 0), returns = A + V before
+//!   whitening, then `A <- (A - mean) * rsqrt(var + 1e-8)` over every position
+//!   of the kept batch (veRL's `masked_whiten`: mean = sum / (n + 1e-8),
+//!   unbiased variance; fewer than two positions is bad input). A decision
+//!   step's advantage is broadcast to its response tokens. E.g. decision level,
+//!   gamma = 0.99, lambda = 0.95, score 1, V = [0.1, 0.2]: A_1 = 1 - 0.2 = 0.8,
+//!   A_0 = 0.99 * 0.2 - 0.1 + 0.99 * 0.95 * 0.8 = 0.8504, before whitening.
+//!   GAE streams the steps table twice, so its memory is bounded by the record
+//!   batch, not the dataset: pass 1 computes each trajectory's advantages and
+//!   merges the whitening statistics (count, mean, squared deviations in f64,
+//!   `embodyflow_algos::gae::WhitenStats`); pass 2 recomputes them, whitens and
+//!   writes record batches as it goes. What is held for the whole input is the
+//!   trajectories join (id, group, score and step count per trajectory), plus
+//!   the trajectories whose steps are still arriving: a trajectory's steps are
+//!   gathered until it has `num_steps` of them, so with each trajectory's steps
+//!   adjacent (as rollouts are written) only those cut by a batch boundary are
+//!   open, and steps spread over the table are held until their trajectory is
+//!   complete (correct, but then memory grows with the spread). Rows come out
+//!   in the order trajectories complete, each trajectory's steps by index;
 //! - `grpo_step`: `A_token = A^E + step.omega * A^S_token` with A^S on the
 //!   `step.credit_target` tokens of each plan step (`action_name`, `action_id`
 //!   or `semantic`), from `step.kind = rule` (+1 / -1 from the rewards table's
@@ -40,7 +59,7 @@
 //!
 //! Bad input (exit 2, nothing written): a trajectory without a rewards row or
 //! with two, a rewards row whose trajectory or group is unknown, a score that
-//! is NaN or infinite, missing or duplicated steps, values missing or of the
+//! is NaN or infinite, missing, duplicated or extra steps, values missing or of the
 //! wrong length for GAE, teacher_logp rows missing, of the wrong length or not
 //! finite when forward_proxy or StepOPSD needs them.
 
@@ -57,7 +76,7 @@ use arrow::array::{
 };
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::DataType;
-use embodyflow_algos::gae::{GaeParams, gae_tokens, whiten};
+use embodyflow_algos::gae::{GaeParams, WhitenStats, gae_tokens};
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages, is_mixed};
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::dataset::{TableReader, column};
@@ -491,7 +510,7 @@ pub fn run(args: Args) -> Result<()> {
             diagnostics.step = Some(step_diag);
         }
         Estimator::Gae => {
-            let (written, tokens) = gae_rows(
+            gae_rows(
                 &steps,
                 &episodes,
                 &kept,
@@ -499,13 +518,13 @@ pub fn run(args: Args) -> Result<()> {
                 &config.gae,
                 config.batch_rows,
                 &mut writer,
+                &mut |episode_adv, tokens| {
+                    adv_sum += f64::from(episode_adv);
+                    adv_sq += f64::from(episode_adv).powi(2);
+                    diagnostics.tokens_written += tokens as u64;
+                    diagnostics.steps_written += 1;
+                },
             )?;
-            for &a in &written {
-                adv_sum += f64::from(a);
-                adv_sq += f64::from(a).powi(2);
-            }
-            diagnostics.tokens_written = tokens;
-            diagnostics.steps_written = written.len() as u64;
         }
     }
     let n = diagnostics.steps_written.max(1) as f64;
@@ -796,16 +815,15 @@ fn advantages_batch(
     RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema")
 }
 
-/// One step as GAE needs it.
-struct GaeStep {
-    step_index: i32,
-    tokens: usize,
-    values: Vec<f32>,
-}
-
-/// GAE over the whole batch (whitening is global); writes the owned steps'
-/// rows in record batches of `batch_rows` and returns their episode
-/// advantages and token count.
+/// GAE in two streaming passes over the steps table (whitening needs the
+/// statistics of the whole input before the first row can be written):
+/// pass 1 computes every kept trajectory's raw advantages and gathers the
+/// whitening statistics ([`WhitenStats`], merged per trajectory); pass 2
+/// recomputes the raw advantages and returns, whitens them with the pass-1
+/// statistics and writes the owned steps' rows in record batches of
+/// `batch_rows`. `on_row` sees each written row's episode advantage and token
+/// count, in output order.
+#[allow(clippy::too_many_arguments)]
 fn gae_rows(
     steps: &TableReader,
     episodes: &Episodes,
@@ -814,167 +832,304 @@ fn gae_rows(
     gae: &GaeConfig,
     batch_rows: usize,
     writer: &mut embodyflow_core::dataset::TableWriter,
-) -> Result<(Vec<f32>, u64)> {
-    let value_column = match gae.level {
-        GaeLevel::Token => "old_values",
-        GaeLevel::Decision => "old_value",
-    };
-    let mut per_trajectory: Vec<Vec<GaeStep>> =
-        (0..episodes.list.len()).map(|_| Vec::new()).collect();
-    for batch in steps.batches(
-        Some(&["trajectory_id", "step_index", "response_ids", value_column]),
+    on_row: &mut dyn FnMut(f32, usize),
+) -> Result<()> {
+    let stream = GaeStream {
+        steps,
+        episodes,
+        kept,
+        gae,
         batch_rows,
-    )? {
-        let batch = batch?;
-        let ids = column::<StringArray>(&batch, "trajectory_id");
-        let index = column::<Int32Array>(&batch, "step_index");
-        let responses = column::<ListArray>(&batch, "response_ids");
-        for i in 0..batch.num_rows() {
-            let id = ids.value(i);
-            let Some(e) = episodes.get(id) else {
-                return Err(Error::BadInput(format!(
-                    "steps row for trajectory `{id}`, which is not in trajectories"
-                )));
-            };
-            if !kept[episodes.list[e].group as usize] {
-                continue;
+    };
+    // Pass 1: statistics (reads response_ids only to check old_values' lengths).
+    let mut stats = WhitenStats::default();
+    stream.run(
+        gae.level == GaeLevel::Token,
+        "gae statistics",
+        |rows, advantages, _| {
+            for row in rows.offsets.windows(2) {
+                stats.add(&advantages[row[0]..row[1]]);
             }
-            let tokens = responses.value_length(i) as usize;
-            let missing = || {
-                Error::BadInput(format!(
-                    "trajectory `{id}` step {}: `{value_column}` is null; gae.level = {:?} needs it (was the policy run with a value head?)",
-                    index.value(i),
-                    gae.level
-                ))
-            };
-            let values = match gae.level {
-                GaeLevel::Token => {
-                    let list = column::<ListArray>(&batch, "old_values");
-                    if list.is_null(i) {
-                        return Err(missing());
-                    }
-                    let values = list.value(i);
-                    let values = values
-                        .as_any()
-                        .downcast_ref::<Float32Array>()
-                        .expect("list<f32>");
-                    if values.len() != tokens {
-                        return Err(Error::BadInput(format!(
-                            "trajectory `{id}` step {}: old_values has {} entries, expected {tokens} (one per response token)",
-                            index.value(i),
-                            values.len()
-                        )));
-                    }
-                    values.values().to_vec()
-                }
-                GaeLevel::Decision => {
-                    let value = column::<Float32Array>(&batch, "old_value");
-                    if value.is_null(i) {
-                        return Err(missing());
-                    }
-                    vec![value.value(i)]
-                }
-            };
-            per_trajectory[e].push(GaeStep {
-                step_index: index.value(i),
-                tokens,
-                values,
-            });
-        }
-    }
-    // Check each kept trajectory has steps 0..num_steps exactly once, in order.
-    for (e, steps) in per_trajectory.iter_mut().enumerate() {
-        let episode = &episodes.list[e];
-        if !kept[episode.group as usize] {
-            continue;
-        }
-        steps.sort_by_key(|s| s.step_index);
-        let found: Vec<i32> = steps.iter().map(|s| s.step_index).collect();
-        if found != (0..episode.num_steps).collect::<Vec<_>>() {
-            return Err(Error::BadInput(format!(
-                "trajectory `{}`: steps table has step indices {found:?}, expected 0..{} (num_steps)",
-                episode.trajectory_id, episode.num_steps
-            )));
-        }
-    }
-    // Flatten: one row of positions per trajectory (tokens or decisions).
-    let mut values = Vec::new();
-    let mut rewards = Vec::new();
-    let mut offsets = vec![0usize];
-    let mut order = Vec::new();
-    for (e, steps) in per_trajectory.iter().enumerate() {
-        if steps.is_empty() {
-            continue;
-        }
-        for step in steps {
-            values.extend_from_slice(&step.values);
-        }
-        rewards.resize(values.len(), 0.0);
-        *rewards.last_mut().expect("a trajectory has a position") = episodes.list[e].score;
-        offsets.push(values.len());
-        order.push(e);
-    }
-    let (mut advantages, returns) = gae_tokens(
-        &rewards,
-        &values,
-        &offsets,
-        GaeParams {
-            gamma: gae.gamma,
-            lam: gae.lam,
+            Ok(())
         },
-    );
-    whiten(&mut advantages)
+    )?;
+    let whitening = stats
+        .whitening()
         .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
 
-    let mut written = Vec::new();
-    let mut tokens_written = 0u64;
+    // Pass 2: whiten and write (token level: old_values' lengths are the token counts).
     let mut pending = GaeOutput::default();
-    for (row, &e) in order.iter().enumerate() {
-        let episode = &episodes.list[e];
-        if !owned[episode.group as usize] {
-            continue;
-        }
-        let mut position = offsets[row];
-        for step in &per_trajectory[e] {
-            let start = pending.advantages.len();
-            match gae.level {
-                GaeLevel::Token => {
-                    let range = position..position + step.tokens;
-                    position += step.tokens;
-                    pending
-                        .advantages
-                        .extend_from_slice(&advantages[range.clone()]);
-                    pending.returns.extend_from_slice(&returns[range]);
+    stream.run(
+        gae.level == GaeLevel::Decision,
+        "gae advantages",
+        |rows, advantages, returns| {
+            whitening.apply(advantages);
+            for (row, &e) in rows.episodes.iter().enumerate() {
+                let episode = &episodes.list[e];
+                if !owned[episode.group as usize] {
+                    continue;
                 }
-                GaeLevel::Decision => {
-                    pending
-                        .advantages
-                        .resize(start + step.tokens, advantages[position]);
-                    pending
-                        .returns
-                        .resize(start + step.tokens, returns[position]);
-                    position += 1;
+                let mut position = rows.offsets[row];
+                for &(step_index, tokens) in
+                    &rows.steps[rows.step_offsets[row]..rows.step_offsets[row + 1]]
+                {
+                    let start = pending.advantages.len();
+                    match gae.level {
+                        GaeLevel::Token => {
+                            let range = position..position + tokens;
+                            position += tokens;
+                            pending
+                                .advantages
+                                .extend_from_slice(&advantages[range.clone()]);
+                            pending.returns.extend_from_slice(&returns[range]);
+                        }
+                        GaeLevel::Decision => {
+                            pending
+                                .advantages
+                                .resize(start + tokens, advantages[position]);
+                            pending.returns.resize(start + tokens, returns[position]);
+                            position += 1;
+                        }
+                    }
+                    let adv = &pending.advantages[start..];
+                    let episode_adv = if adv.is_empty() {
+                        0.0
+                    } else {
+                        adv.iter().sum::<f32>() / adv.len() as f32
+                    };
+                    pending.ids.push(episode.trajectory_id.as_str());
+                    pending.step_index.push(step_index);
+                    pending.offsets.push(pending.advantages.len() as i32);
+                    pending.episode_adv.push(episode_adv);
+                    on_row(episode_adv, tokens);
+                    if pending.step_index.len() >= batch_rows {
+                        writer.write_batch(&std::mem::take(&mut pending).into_batch())?;
+                    }
                 }
             }
-            let adv = &pending.advantages[start..];
-            let episode_adv = if adv.is_empty() {
-                0.0
-            } else {
-                adv.iter().sum::<f32>() / adv.len() as f32
-            };
-            pending.ids.push(episode.trajectory_id.as_str());
-            pending.step_index.push(step.step_index);
-            pending.offsets.push(pending.advantages.len() as i32);
-            pending.episode_adv.push(episode_adv);
-            written.push(episode_adv);
-            tokens_written += step.tokens as u64;
-            if pending.step_index.len() >= batch_rows {
-                writer.write_batch(&std::mem::take(&mut pending).into_batch())?;
-            }
+            Ok(())
+        },
+    )?;
+    writer.write_batch(&pending.into_batch())
+}
+
+/// One pass of GAE over the steps table.
+struct GaeStream<'a> {
+    steps: &'a TableReader,
+    episodes: &'a Episodes,
+    kept: &'a [bool],
+    gae: &'a GaeConfig,
+    batch_rows: usize,
+}
+
+/// A step of a trajectory whose steps are still arriving.
+struct PendingStep {
+    step_index: i32,
+    tokens: usize,
+    /// Where its values sit in the trajectory's buffer.
+    values: std::ops::Range<usize>,
+}
+
+/// A kept trajectory whose steps are still arriving.
+#[derive(Default)]
+struct OpenTrajectory {
+    steps: Vec<PendingStep>,
+    values: Vec<f32>,
+}
+
+/// The trajectories completed within one record batch of steps, flattened
+/// for [`gae_tokens`]: one row of positions (tokens or decisions) per
+/// trajectory, its outcome on the last position.
+#[derive(Default)]
+struct GaeRows {
+    /// Episode of each row.
+    episodes: Vec<usize>,
+    /// `(step_index, response tokens)` of every row's steps, in step order;
+    /// row r's are `steps[step_offsets[r]..step_offsets[r + 1]]`.
+    steps: Vec<(i32, usize)>,
+    step_offsets: Vec<usize>,
+    values: Vec<f32>,
+    rewards: Vec<f32>,
+    /// Row r's positions are `offsets[r]..offsets[r + 1]`.
+    offsets: Vec<usize>,
+}
+
+impl GaeRows {
+    fn new() -> GaeRows {
+        GaeRows {
+            step_offsets: vec![0],
+            offsets: vec![0],
+            ..GaeRows::default()
         }
     }
-    writer.write_batch(&pending.into_batch())?;
-    Ok((written, tokens_written))
+
+    /// Appends a trajectory whose step count reached `num_steps`, checking
+    /// that its steps are exactly 0..num_steps.
+    fn push(&mut self, e: usize, episode: &Episode, mut trajectory: OpenTrajectory) -> Result<()> {
+        trajectory.steps.sort_by_key(|s| s.step_index);
+        if !trajectory
+            .steps
+            .iter()
+            .map(|s| s.step_index)
+            .eq(0..episode.num_steps)
+        {
+            return Err(step_indices_error(episode, &trajectory.steps));
+        }
+        for step in &trajectory.steps {
+            self.values
+                .extend_from_slice(&trajectory.values[step.values.clone()]);
+            self.steps.push((step.step_index, step.tokens));
+        }
+        self.rewards.resize(self.values.len(), 0.0);
+        // A trajectory without positions (token level, every response empty)
+        // has nowhere to carry its outcome: it adds nothing to GAE.
+        if self.values.len() > *self.offsets.last().expect("leading 0") {
+            *self.rewards.last_mut().expect("a position") = episode.score;
+        }
+        self.episodes.push(e);
+        self.step_offsets.push(self.steps.len());
+        self.offsets.push(self.values.len());
+        Ok(())
+    }
+}
+
+fn step_indices_error(episode: &Episode, steps: &[PendingStep]) -> Error {
+    let found: Vec<i32> = steps.iter().map(|s| s.step_index).collect();
+    Error::BadInput(format!(
+        "trajectory `{}`: steps table has step indices {found:?}, expected 0..{} (num_steps)",
+        episode.trajectory_id, episode.num_steps
+    ))
+}
+
+impl GaeStream<'_> {
+    /// Streams the steps once. Each kept trajectory's steps are gathered until
+    /// it has `num_steps` of them (a trajectory's steps are normally adjacent,
+    /// so at most the trajectories cut by a batch boundary are open; steps
+    /// spread over the table are held until their trajectory is complete);
+    /// the trajectories completed in each record batch go through
+    /// [`gae_tokens`] together and `on_rows` gets them with their raw
+    /// advantages and returns. `read_tokens`: read `response_ids` (token
+    /// counts, checked against `old_values`); without it a step's token count
+    /// is its number of values (0 at decision level).
+    fn run(
+        &self,
+        read_tokens: bool,
+        label: &str,
+        mut on_rows: impl FnMut(&GaeRows, &mut [f32], &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let (episodes, gae) = (self.episodes, self.gae);
+        let value_column = match gae.level {
+            GaeLevel::Token => "old_values",
+            GaeLevel::Decision => "old_value",
+        };
+        let mut columns = vec!["trajectory_id", "step_index", value_column];
+        if read_tokens {
+            columns.push("response_ids");
+        }
+        let params = GaeParams {
+            gamma: gae.gamma,
+            lam: gae.lam,
+        };
+        let mut open: HashMap<usize, OpenTrajectory> = HashMap::new();
+        let mut complete = vec![false; episodes.list.len()];
+        let bar = progress::bar(self.steps.num_rows(), label);
+        for batch in self.steps.batches(Some(&columns), self.batch_rows)? {
+            let batch = batch?;
+            bar.inc(batch.num_rows() as u64);
+            let ids = column::<StringArray>(&batch, "trajectory_id");
+            let index = column::<Int32Array>(&batch, "step_index");
+            let responses = read_tokens.then(|| column::<ListArray>(&batch, "response_ids"));
+            let mut rows = GaeRows::new();
+            for i in 0..batch.num_rows() {
+                let id = ids.value(i);
+                let Some(e) = episodes.get(id) else {
+                    return Err(Error::BadInput(format!(
+                        "steps row for trajectory `{id}`, which is not in trajectories"
+                    )));
+                };
+                let episode = &episodes.list[e];
+                if !self.kept[episode.group as usize] {
+                    continue;
+                }
+                if complete[e] {
+                    return Err(Error::BadInput(format!(
+                        "trajectory `{id}`: steps table has more steps than num_steps = {} (step {} comes after a complete set)",
+                        episode.num_steps,
+                        index.value(i)
+                    )));
+                }
+                let missing = || {
+                    Error::BadInput(format!(
+                        "trajectory `{id}` step {}: `{value_column}` is null; gae.level = {:?} needs it (was the policy run with a value head?)",
+                        index.value(i),
+                        gae.level
+                    ))
+                };
+                let trajectory = open.entry(e).or_default();
+                let start = trajectory.values.len();
+                let tokens = match gae.level {
+                    GaeLevel::Token => {
+                        let list = column::<ListArray>(&batch, "old_values");
+                        if list.is_null(i) {
+                            return Err(missing());
+                        }
+                        let values = list.value(i);
+                        let values = values
+                            .as_any()
+                            .downcast_ref::<Float32Array>()
+                            .expect("list<f32>");
+                        if let Some(responses) = responses {
+                            let tokens = responses.value_length(i) as usize;
+                            if values.len() != tokens {
+                                return Err(Error::BadInput(format!(
+                                    "trajectory `{id}` step {}: old_values has {} entries, expected {tokens} (one per response token)",
+                                    index.value(i),
+                                    values.len()
+                                )));
+                            }
+                        }
+                        trajectory.values.extend_from_slice(values.values());
+                        values.len()
+                    }
+                    GaeLevel::Decision => {
+                        let value = column::<Float32Array>(&batch, "old_value");
+                        if value.is_null(i) {
+                            return Err(missing());
+                        }
+                        trajectory.values.push(value.value(i));
+                        responses.map_or(0, |r| r.value_length(i) as usize)
+                    }
+                };
+                trajectory.steps.push(PendingStep {
+                    step_index: index.value(i),
+                    tokens,
+                    values: start..trajectory.values.len(),
+                });
+                if trajectory.steps.len() as i64 >= i64::from(episode.num_steps) {
+                    let trajectory = open.remove(&e).expect("opened above");
+                    complete[e] = true;
+                    rows.push(e, episode, trajectory)?;
+                }
+            }
+            if !rows.episodes.is_empty() {
+                let (mut advantages, returns) =
+                    gae_tokens(&rows.rewards, &rows.values, &rows.offsets, params);
+                on_rows(&rows, &mut advantages, &returns)?;
+            }
+        }
+        bar.finish_and_clear();
+        // Kept trajectories whose steps never all arrived.
+        for (e, episode) in episodes.list.iter().enumerate() {
+            if self.kept[episode.group as usize] && !complete[e] && episode.num_steps > 0 {
+                let steps = open.remove(&e).map(|mut t| {
+                    t.steps.sort_by_key(|s| s.step_index);
+                    t.steps
+                });
+                return Err(step_indices_error(episode, &steps.unwrap_or_default()));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// GAE output rows gathered column by column until a batch is full.
