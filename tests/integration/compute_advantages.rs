@@ -331,3 +331,116 @@ fn config_errors_name_the_key_before_any_work() {
     assert_eq!(again.code, 2, "{again}");
     assert!(again.stderr.contains("--overwrite"), "{again}");
 }
+
+/// Rewrites the steps table of a rollout set through `edit`.
+fn rewrite_steps(rollouts: &Path, edit: impl FnOnce(&mut Vec<embodyflow_core::schemas::StepRow>)) {
+    let reader = TableReader::open(&rollouts.join("steps"), TableName::Steps).unwrap();
+    let mut rows: Vec<embodyflow_core::schemas::StepRow> = reader.read_rows().unwrap();
+    edit(&mut rows);
+    embodyflow_tests::write_table(rollouts, &rows);
+}
+
+fn content_hash(table: &Path) -> String {
+    TableReader::open(table, TableName::Advantages)
+        .unwrap()
+        .manifest()
+        .content_hash
+        .clone()
+}
+
+#[test]
+fn gae_streams_interleaved_steps_and_is_deterministic_across_threads() {
+    let many: Vec<Vec<f32>> = (0..12)
+        .map(|g| (0..4).map(|s| ((g * 5 + s * 3) % 4) as f32).collect())
+        .collect();
+    for level in ["token", "decision"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (rollouts, rewards) = rollout_set(dir.path(), &many, 3, 4);
+        let level_set = format!("gae.level={level}");
+        let args = [
+            "--set",
+            "estimator=gae",
+            "--set",
+            &level_set,
+            "--set",
+            "batch_rows=5",
+        ];
+        // Each trajectory's steps adjacent (the usual layout), one or two threads.
+        let ordered = dir.path().join("ordered");
+        let result = compute(&rollouts, &rewards, &ordered, &args);
+        assert_eq!(result.code, 0, "{result}");
+        let mut all = vec![
+            "--input",
+            rollouts.to_str().unwrap(),
+            "--input",
+            rewards.to_str().unwrap(),
+        ];
+        let two = dir.path().join("two");
+        all.extend(["--out", two.to_str().unwrap()]);
+        all.extend(args);
+        let result = embodyflow_tests::run_with_env(
+            "compute-advantages",
+            &all,
+            &[("RAYON_NUM_THREADS", "2")],
+        );
+        assert_eq!(result.code, 0, "{result}");
+        assert_eq!(
+            content_hash(&ordered.join("advantages")),
+            content_hash(&two.join("advantages")),
+            "{level}"
+        );
+        // Steps spread over the table, in reverse step order: held until each
+        // trajectory is complete, same rows (in completion order).
+        rewrite_steps(&rollouts, |rows| {
+            rows.reverse();
+            let (odd, even): (Vec<_>, Vec<_>) =
+                rows.drain(..).enumerate().partition(|(i, _)| i % 2 == 1);
+            rows.extend(odd.into_iter().chain(even).map(|(_, r)| r));
+        });
+        let spread = dir.path().join("spread");
+        let result = compute(&rollouts, &rewards, &spread, &args);
+        assert_eq!(result.code, 0, "{result}");
+        assert_eq!(
+            read_advantages(&spread.join("advantages")),
+            read_advantages(&ordered.join("advantages")),
+            "{level}"
+        );
+    }
+}
+
+#[test]
+fn gae_missing_duplicated_or_extra_steps_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rollouts, rewards) = rollout_set(dir.path(), &groups(), 2, 2);
+    let out = dir.path().join("adv");
+    let gae = ["--set", "estimator=gae"];
+    // Step 1 of the first trajectory missing.
+    rewrite_steps(&rollouts, |rows| {
+        rows.remove(1);
+    });
+    assert_bad_input(
+        &compute(&rollouts, &rewards, &out, &gae),
+        &out,
+        &["`it0/task000/d0/s0`", "step indices [0], expected 0..2"],
+    );
+    // Step 0 twice instead of steps 0 and 1.
+    let (rollouts, rewards) = rollout_set(&dir.path().join("b"), &groups(), 2, 2);
+    rewrite_steps(&rollouts, |rows| rows[3] = rows[2].clone());
+    assert_bad_input(
+        &compute(&rollouts, &rewards, &out, &gae),
+        &out,
+        &["`it0/task000/d0/s1`", "step indices [0, 0], expected 0..2"],
+    );
+    // A third step after the trajectory's two.
+    let (rollouts, rewards) = rollout_set(&dir.path().join("c"), &groups(), 2, 2);
+    rewrite_steps(&rollouts, |rows| {
+        let mut extra = rows[1].clone();
+        extra.step_index = 2;
+        rows.push(extra);
+    });
+    assert_bad_input(
+        &compute(&rollouts, &rewards, &out, &gae),
+        &out,
+        &["`it0/task000/d0/s0`", "more steps than num_steps = 2"],
+    );
+}
