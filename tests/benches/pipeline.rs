@@ -6,8 +6,10 @@
 //! - `score_rewards_responses_per_s` and `grpo_step_rule_responses_per_s`: one
 //!   thread, 20 000 one-shot plans of about 200 tokens (the latter aligns
 //!   every response's tokens with its plan steps);
-//! - `grpo_peak_rss_mib_1x` / `_10x`: peak resident memory of
-//!   compute-advantages (GRPO) on a dataset and one ten times larger.
+//! - `grpo_peak_rss_mib_1x` / `_10x` and `gae_peak_rss_mib_1x` / `_10x`: peak
+//!   resident memory of compute-advantages (GRPO; token-level GAE, which
+//!   streams the steps twice) on 4096 responses of 256 tokens and on ten
+//!   times as many.
 
 use std::path::Path;
 use std::process::Command;
@@ -287,28 +289,34 @@ fn main() {
     );
     println!("grpo_step_rule_responses_per_s {:.0}", plans as f64 / secs);
 
-    // 3. Peak memory of compute-advantages (GRPO) on 1x and 10x the rows.
+    // 3. Peak memory of compute-advantages (GRPO, then token-level GAE) on 1x
+    // and 10x the rows.
     for (label, count) in [("1x", 4096usize), ("10x", 40_960)] {
         let m = d.join(format!("mem{label}"));
         write_in_chunks(&m.join("rollouts"), TableName::Trajectories, count, |i| {
             trajectory(i, None)
         });
         write_in_chunks(&m.join("rollouts"), TableName::Steps, count, |i| {
-            step(i, (0..256).collect(), false)
+            step(i, (0..256).collect(), true)
         });
         write_in_chunks(&m.join("rewards"), TableName::Rewards, count, reward);
-        let (_, peak) = measure(
-            "compute-advantages",
-            &[
-                "--input",
-                &s(&m.join("rollouts")),
-                "--input",
-                &s(&m.join("rewards")),
-                "--out",
-                &s(&m.join("adv")),
-            ],
-            None,
-        );
-        println!("grpo_peak_rss_mib_{label} {peak:.1}");
+        for estimator in ["grpo", "gae"] {
+            let (_, peak) = measure(
+                "compute-advantages",
+                &[
+                    "--input",
+                    &s(&m.join("rollouts")),
+                    "--input",
+                    &s(&m.join("rewards")),
+                    "--out",
+                    &s(&m.join(format!("adv-{estimator}"))),
+                    "--set",
+                    &format!("estimator={estimator}"),
+                ],
+                None,
+            );
+            println!("{estimator}_peak_rss_mib_{label} {peak:.1}");
+        }
+        std::fs::remove_dir_all(&m).unwrap();
     }
 }
