@@ -955,29 +955,33 @@ struct GaeRows {
 }
 
 impl GaeRows {
-    fn new() -> GaeRows {
+    /// Empty, with room for `positions` values.
+    fn with_capacity(positions: usize) -> GaeRows {
         GaeRows {
             step_offsets: vec![0],
             offsets: vec![0],
+            values: Vec::with_capacity(positions),
+            rewards: Vec::with_capacity(positions),
             ..GaeRows::default()
         }
     }
 
     /// Appends a trajectory whose step count reached `num_steps`, checking
-    /// that its steps are exactly 0..num_steps.
-    fn push(&mut self, e: usize, episode: &Episode, mut trajectory: OpenTrajectory) -> Result<()> {
-        trajectory.steps.sort_by_key(|s| s.step_index);
-        if !trajectory
-            .steps
-            .iter()
-            .map(|s| s.step_index)
-            .eq(0..episode.num_steps)
-        {
-            return Err(step_indices_error(episode, &trajectory.steps));
+    /// that its steps are exactly 0..num_steps; `values` holds the steps'
+    /// value ranges.
+    fn push(
+        &mut self,
+        e: usize,
+        episode: &Episode,
+        steps: &mut [PendingStep],
+        values: &[f32],
+    ) -> Result<()> {
+        steps.sort_by_key(|s| s.step_index);
+        if !steps.iter().map(|s| s.step_index).eq(0..episode.num_steps) {
+            return Err(step_indices_error(episode, steps));
         }
-        for step in &trajectory.steps {
-            self.values
-                .extend_from_slice(&trajectory.values[step.values.clone()]);
+        for step in steps.iter() {
+            self.values.extend_from_slice(&values[step.values.clone()]);
             self.steps.push((step.step_index, step.tokens));
         }
         self.rewards.resize(self.values.len(), 0.0);
@@ -1039,7 +1043,14 @@ impl GaeStream<'_> {
             let ids = column::<StringArray>(&batch, "trajectory_id");
             let index = column::<Int32Array>(&batch, "step_index");
             let responses = read_tokens.then(|| column::<ListArray>(&batch, "response_ids"));
-            let mut rows = GaeRows::new();
+            let positions = match gae.level {
+                GaeLevel::Token => {
+                    let offsets = column::<ListArray>(&batch, "old_values").offsets();
+                    (offsets[offsets.len() - 1] - offsets[0]) as usize
+                }
+                GaeLevel::Decision => batch.num_rows(),
+            };
+            let mut rows = GaeRows::with_capacity(positions);
             for i in 0..batch.num_rows() {
                 let id = ids.value(i);
                 let Some(e) = episodes.get(id) else {
@@ -1065,19 +1076,21 @@ impl GaeStream<'_> {
                         gae.level
                     ))
                 };
-                let trajectory = open.entry(e).or_default();
-                let start = trajectory.values.len();
-                let tokens = match gae.level {
+                let decision: [f32; 1];
+                let (step_values, tokens): (&[f32], usize) = match gae.level {
                     GaeLevel::Token => {
                         let list = column::<ListArray>(&batch, "old_values");
                         if list.is_null(i) {
                             return Err(missing());
                         }
-                        let values = list.value(i);
-                        let values = values
+                        let range =
+                            list.value_offsets()[i] as usize..list.value_offsets()[i + 1] as usize;
+                        let values = &list
+                            .values()
                             .as_any()
                             .downcast_ref::<Float32Array>()
-                            .expect("list<f32>");
+                            .expect("list<f32>")
+                            .values()[range];
                         if let Some(responses) = responses {
                             let tokens = responses.value_length(i) as usize;
                             if values.len() != tokens {
@@ -1088,27 +1101,42 @@ impl GaeStream<'_> {
                                 )));
                             }
                         }
-                        trajectory.values.extend_from_slice(values.values());
-                        values.len()
+                        (values, values.len())
                     }
                     GaeLevel::Decision => {
                         let value = column::<Float32Array>(&batch, "old_value");
                         if value.is_null(i) {
                             return Err(missing());
                         }
-                        trajectory.values.push(value.value(i));
-                        responses.map_or(0, |r| r.value_length(i) as usize)
+                        decision = [value.value(i)];
+                        (
+                            &decision,
+                            responses.map_or(0, |r| r.value_length(i) as usize),
+                        )
                     }
                 };
-                trajectory.steps.push(PendingStep {
+                let step = PendingStep {
                     step_index: index.value(i),
                     tokens,
+                    values: 0..step_values.len(),
+                };
+                if i64::from(episode.num_steps) <= 1 && !open.contains_key(&e) {
+                    // Complete on arrival (a one-step trajectory): no staging.
+                    complete[e] = true;
+                    rows.push(e, episode, &mut [step], step_values)?;
+                    continue;
+                }
+                let trajectory = open.entry(e).or_default();
+                let start = trajectory.values.len();
+                trajectory.values.extend_from_slice(step_values);
+                trajectory.steps.push(PendingStep {
                     values: start..trajectory.values.len(),
+                    ..step
                 });
                 if trajectory.steps.len() as i64 >= i64::from(episode.num_steps) {
-                    let trajectory = open.remove(&e).expect("opened above");
+                    let mut trajectory = open.remove(&e).expect("opened above");
                     complete[e] = true;
-                    rows.push(e, episode, trajectory)?;
+                    rows.push(e, episode, &mut trajectory.steps, &trajectory.values)?;
                 }
             }
             if !rows.episodes.is_empty() {
