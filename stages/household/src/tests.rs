@@ -365,3 +365,23 @@ fn split_and_task_type_names_parse() {
         assert_eq!(t.as_str().parse::<TaskType>().unwrap(), t);
     }
 }
+
+#[test]
+fn prompt_and_plan_length_stats() {
+    let tasks = generate_tasks(Split::Train, 0, 1000);
+    let lens: Vec<usize> = tasks.iter().map(|t| prompt(t).len()).collect();
+    let plans: Vec<usize> = tasks.iter().map(|t| expert_plan(t).len()).collect();
+    let answers: Vec<usize> = tasks.iter().map(|t| response_json(&expert_plan(t)).len()).collect();
+    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len() as f64;
+    let max = |v: &[usize]| *v.iter().max().unwrap();
+    println!(
+        "prompt chars mean {:.0} max {}; expert plan steps mean {:.2} max {}; response chars mean {:.0} max {}",
+        mean(&lens),
+        max(&lens),
+        mean(&plans),
+        max(&plans),
+        mean(&answers),
+        max(&answers)
+    );
+    assert!(mean(&lens) < 1200.0);
+}

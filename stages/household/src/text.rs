@@ -55,7 +55,7 @@ pub fn scene_action_ids(task: &Task) -> Vec<i32> {
 }
 
 /// One line describing the scene: each receptacle (open/closed when
-/// openable) with what is in/on it.
+/// openable) with what is in/on it, e.g. `Fridge (closed): Egg; Shelf`.
 pub fn describe_scene(scene: &Scene) -> String {
     let mut parts = Vec::new();
     for spot in &scene.receptacles {
@@ -70,12 +70,10 @@ pub fn describe_scene(scene: &Scene) -> String {
             .filter(|o| o.on == r)
             .map(|o| o.object.as_str())
             .collect();
-        part.push_str(": ");
-        part.push_str(&if things.is_empty() {
-            "nothing".to_string()
-        } else {
-            things.join(", ")
-        });
+        if !things.is_empty() {
+            part.push_str(": ");
+            part.push_str(&things.join(", "));
+        }
         parts.push(part);
     }
     parts.join("; ")
