@@ -118,13 +118,16 @@ impl Checkpoint {
         if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
             return Err(bad(
                 &config_path,
-                format!("n_head {} must divide n_embd {}", config.n_head, config.n_embd),
+                format!(
+                    "n_head {} must divide n_embd {}",
+                    config.n_head, config.n_embd
+                ),
             ));
         }
         let manifest: CheckpointManifest = read_json(&dir.join("manifest.json"))?;
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer =
-            Tokenizer::from_file(&tokenizer_path).map_err(|e| bad(&tokenizer_path, e.to_string()))?;
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| bad(&tokenizer_path, e.to_string()))?;
         let vocab = tokenizer.get_vocab_size(true) as i64;
         if vocab != config.vocab_size {
             return Err(bad(
@@ -161,13 +164,21 @@ impl Checkpoint {
 
     /// Writes the checkpoint to `dir` atomically; its id becomes the hash of
     /// the weights and its parent the id it was loaded with.
-    pub fn save(&self, dir: &Path, written_by: &str, overwrite: bool) -> Result<CheckpointManifest, ModelError> {
+    pub fn save(
+        &self,
+        dir: &Path,
+        written_by: &str,
+        overwrite: bool,
+    ) -> Result<CheckpointManifest, ModelError> {
         if dir.exists() && !overwrite {
             return Err(ModelError::Core(embodyflow_core::Error::OutputExists(
                 dir.to_path_buf(),
             )));
         }
-        let parent_dir = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent_dir = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent_dir).map_err(|e| io(parent_dir, e))?;
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("policy");
         let staging = parent_dir.join(format!(".{name}.writing-{}", std::process::id()));
@@ -193,9 +204,9 @@ impl Checkpoint {
         write("config.json", pretty(self.model.config()))?;
         write("manifest.json", pretty(&manifest))?;
         let tokenizer_path = staging.join("tokenizer.json");
-        self.tokenizer
-            .save(&tokenizer_path, false)
-            .map_err(|e| ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display())))?;
+        self.tokenizer.save(&tokenizer_path, false).map_err(|e| {
+            ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display()))
+        })?;
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
         }
@@ -244,7 +255,10 @@ fn load_weights(vars: &VarStore, path: &Path) -> Result<(), ModelError> {
     if let Some(name) = expected.keys().min() {
         return Err(bad(
             path,
-            format!("lacks tensor `{name}` that config.json implies ({} missing)", expected.len()),
+            format!(
+                "lacks tensor `{name}` that config.json implies ({} missing)",
+                expected.len()
+            ),
         ));
     }
     Ok(())
@@ -279,10 +293,15 @@ mod tests {
         let path = dir.path().join("ckpt");
         let manifest = policy.save(&path, "test", false).unwrap();
         assert_eq!(manifest.id.len(), 16);
-        assert!(policy.save(&path, "test", false).is_err(), "refuses to overwrite");
+        assert!(
+            policy.save(&path, "test", false).is_err(),
+            "refuses to overwrite"
+        );
         let loaded = Checkpoint::load(&path, tch::Device::Cpu).unwrap();
         assert_eq!(loaded.manifest, manifest);
-        let again = loaded.save(&dir.path().join("copy"), "test", false).unwrap();
+        let again = loaded
+            .save(&dir.path().join("copy"), "test", false)
+            .unwrap();
         assert_eq!(again.id, manifest.id, "same weights, same id");
         assert_eq!(again.parent.as_deref(), Some(manifest.id.as_str()));
         let ids = tch::Tensor::from_slice(&[3i64, 4, 5]).view([1, 3]);
@@ -306,23 +325,41 @@ mod tests {
         let mut wider = config(vocab);
         wider.n_embd = 32;
         std::fs::write(path.join("config.json"), pretty(&wider)).unwrap();
-        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
-        assert!(error.contains("model.safetensors") && error.contains("shape"), "{error}");
+        let error = Checkpoint::load(&path, tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("model.safetensors") && error.contains("shape"),
+            "{error}"
+        );
 
         // A config whose vocabulary disagrees with the tokenizer.
         std::fs::write(path.join("config.json"), pretty(&config(vocab + 5))).unwrap();
-        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
-        assert!(error.contains("tokenizer.json") && error.contains("vocab_size"), "{error}");
+        let error = Checkpoint::load(&path, tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("tokenizer.json") && error.contains("vocab_size"),
+            "{error}"
+        );
 
         // An extra layer in the config: the weights lack its tensors.
         let mut deeper = config(vocab);
         deeper.n_layer = 2;
         std::fs::write(path.join("config.json"), pretty(&deeper)).unwrap();
-        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        let error = Checkpoint::load(&path, tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(error.contains("lacks tensor `h.1."), "{error}");
 
         std::fs::write(path.join("config.json"), "{\"vocab_size\": 3}").unwrap();
-        let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap().to_string();
+        let error = Checkpoint::load(&path, tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(error.contains("config.json"), "{error}");
     }
 }

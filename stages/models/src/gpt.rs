@@ -79,16 +79,27 @@ impl Block {
             Some(cache) => cache.append(&k, &v),
             None => (k, v),
         };
-        let attended = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none(),
-            None,
-            false,
-        );
+        let attended = match mask {
+            // One new position over a long cache: explicit attention reads
+            // the cache views in place (the fused kernel copies them).
+            Some(mask) if t == 1 => {
+                let scores = q.matmul(&k.transpose(-2, -1)) / (head_dim as f64).sqrt();
+                scores
+                    .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
+                    .softmax(-1, scores.kind())
+                    .matmul(&v)
+            }
+            _ => Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                mask,
+                0.0,
+                mask.is_none(),
+                None,
+                false,
+            ),
+        };
         let attended = attended.transpose(1, 2).contiguous().view([b, t, e]);
         let x = x + self.attn_proj.forward(&attended);
         let hidden = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("tanh");
@@ -196,7 +207,7 @@ impl Gpt {
         let (batch, t) = ids.size2().expect("ids are [batch, time]");
         self.check_length(t);
         let positions = Tensor::arange(t, (Kind::Int64, ids.device())).expand([batch, t], false);
-        self.run(ids, &positions, None, None)
+        self.logits(&self.hidden(ids, &positions, None, None))
     }
 
     /// An empty cache for `batch` sequences of up to `max_len` positions.
@@ -216,11 +227,13 @@ impl Gpt {
         }
     }
 
-    /// Logits `[batch, new, vocab]` of the new token ids `[batch, new]` at
-    /// `positions` `[batch, new]`, attending under `mask` (bool `[batch, 1,
-    /// new, cached + new]`, true = attend) to the cached positions and the new
-    /// ones; with a cache, the new keys and values are appended to it.
-    pub fn forward_masked(
+    /// Final hidden states `[batch, new, embd]` (after the last layer norm)
+    /// of the new token ids `[batch, new]` at `positions` `[batch, new]`,
+    /// attending under `mask` (bool `[batch, 1, new, cached + new]`, true =
+    /// attend) to the cached positions and the new ones; with a cache, the new
+    /// keys and values are appended to it. [`Gpt::logits`] turns the positions
+    /// that need them into logits.
+    pub fn hidden_masked(
         &self,
         ids: &Tensor,
         positions: &Tensor,
@@ -230,7 +243,13 @@ impl Gpt {
         let (_, t) = ids.size2().expect("ids are [batch, time]");
         let cached = cache.as_ref().map_or(0, |cache| cache.len());
         self.check_length(cached + t);
-        self.run(ids, positions, Some(mask), cache)
+        self.hidden(ids, positions, Some(mask), cache)
+    }
+
+    /// Logits `[.., vocab]` of final hidden states `[.., embd]` (the output
+    /// head, tied to the token embedding).
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.matmul(&self.wte.ws.tr())
     }
 
     fn check_length(&self, t: i64) {
@@ -241,7 +260,7 @@ impl Gpt {
         );
     }
 
-    fn run(
+    fn hidden(
         &self,
         ids: &Tensor,
         positions: &Tensor,
@@ -253,7 +272,7 @@ impl Gpt {
             let layer = cache.as_deref_mut().map(|cache| &mut cache.layers[index]);
             x = block.forward(&x, mask, layer);
         }
-        self.ln_f.forward(&x).matmul(&self.wte.ws.tr())
+        self.ln_f.forward(&x)
     }
 }
 

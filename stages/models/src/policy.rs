@@ -17,6 +17,7 @@
 //! decoding takes the arg max and records `log_softmax(logits)`. A row stops
 //! after writing `<|eos|>` or `max_new_tokens`; finished rows leave the batch
 //! (the cache keeps only the running rows) once a quarter of it is done.
+//! Identical prompts in a batch (a group's G samples) are encoded once.
 //!
 //! ```no_run
 //! use embodyflow_models::{checkpoint::Checkpoint, policy::{sample, Sampling}};
@@ -25,6 +26,8 @@
 //! let out = sample(&policy, &prompts, &[11, 12], &Sampling { temperature: 1.6, top_p: 1.0, max_new_tokens: 64 });
 //! assert_eq!(out[0].response_ids.len(), out[0].logprobs.len());
 //! ```
+
+use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -87,7 +90,12 @@ fn prefix_mask(pads: &Tensor, time: i64) -> Tensor {
 
 /// Draws responses for `prompts` (each ending with `<|plan|>`), one stream per
 /// row seeded by `seeds[row]`.
-pub fn sample(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampling: &Sampling) -> Vec<Sampled> {
+pub fn sample(
+    policy: &Checkpoint,
+    prompts: &[Vec<i32>],
+    seeds: &[u64],
+    sampling: &Sampling,
+) -> Vec<Sampled> {
     assert_eq!(prompts.len(), seeds.len(), "one seed per prompt");
     if prompts.is_empty() {
         return Vec::new();
@@ -95,27 +103,53 @@ pub fn sample(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampling
     tch::no_grad(|| sample_batch(policy, prompts, seeds, sampling))
 }
 
-fn sample_batch(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampling: &Sampling) -> Vec<Sampled> {
+fn sample_batch(
+    policy: &Checkpoint,
+    prompts: &[Vec<i32>],
+    seeds: &[u64],
+    sampling: &Sampling,
+) -> Vec<Sampled> {
     let model = &policy.model;
     let device = policy.vars.device();
     let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let n_ctx = model.config().n_ctx as usize;
-    assert!(width < n_ctx, "prompt of {width} tokens leaves no room in n_ctx {n_ctx}");
+    assert!(
+        width < n_ctx,
+        "prompt of {width} tokens leaves no room in n_ctx {n_ctx}"
+    );
     let max_new = sampling.max_new_tokens.min(n_ctx - width);
-    let rows: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
-    let (ids, pads) = left_padded(&rows, width, policy.special.pad);
-    let batch = prompts.len() as i64;
+    // Identical prompts (the G samples of a group) are encoded once and
+    // their cache rows copied.
+    let mut unique: Vec<&[i32]> = Vec::new();
+    let mut index_of: HashMap<&[i32], i64> = HashMap::new();
+    let rows: Vec<i64> = prompts
+        .iter()
+        .map(|prompt| {
+            *index_of.entry(prompt.as_slice()).or_insert_with(|| {
+                unique.push(prompt.as_slice());
+                unique.len() as i64 - 1
+            })
+        })
+        .collect();
+    let (ids, pads) = left_padded(&unique, width, policy.special.pad);
     let width = width as i64;
-    let ids = Tensor::from_slice(&ids).view([batch, width]).to(device);
-    let mut pads = Tensor::from_slice(&pads).to(device);
-    let mut cache = model.empty_cache(batch, width + max_new as i64);
-    let logits = model.forward_masked(
+    let ids = Tensor::from_slice(&ids)
+        .view([unique.len() as i64, width])
+        .to(device);
+    let pads = Tensor::from_slice(&pads).to(device);
+    let mut cache = model.empty_cache(unique.len() as i64, width + max_new as i64);
+    let hidden = model.hidden_masked(
         &ids,
         &positions(&pads, 0, width),
         &prefix_mask(&pads, width),
         Some(&mut cache),
     );
-    let mut last = logits.select(1, width - 1);
+    let rows = Tensor::from_slice(&rows).to(device);
+    let mut last = model
+        .logits(&hidden.select(1, width - 1))
+        .index_select(0, &rows);
+    let mut pads = pads.index_select(0, &rows);
+    cache.keep_rows(&rows);
     let mut outputs: Vec<Sampled> = prompts
         .iter()
         .map(|_| Sampled {
@@ -123,7 +157,10 @@ fn sample_batch(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampli
             logprobs: Vec::new(),
         })
         .collect();
-    let mut rngs: Vec<ChaCha8Rng> = seeds.iter().map(|&s| ChaCha8Rng::seed_from_u64(s)).collect();
+    let mut rngs: Vec<ChaCha8Rng> = seeds
+        .iter()
+        .map(|&s| ChaCha8Rng::seed_from_u64(s))
+        .collect();
     // Batch row -> output index, for the rows still running.
     let mut running: Vec<usize> = (0..prompts.len()).collect();
     let mut done = vec![false; prompts.len()];
@@ -134,7 +171,8 @@ fn sample_batch(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampli
         } else {
             last.log_softmax(-1, Kind::Float)
         };
-        let logp: Vec<f32> = Vec::<f32>::try_from(logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
+        let logp: Vec<f32> =
+            Vec::<f32>::try_from(logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
         let mut next = Vec::with_capacity(running.len());
         for (row, &out) in running.iter().enumerate() {
             if done[out] {
@@ -152,13 +190,16 @@ fn sample_batch(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampli
             next.push(token as i64);
             done[out] = token as i32 == policy.special.eos;
         }
-        let still: Vec<usize> = (0..running.len()).filter(|&row| !done[running[row]]).collect();
+        let still: Vec<usize> = (0..running.len())
+            .filter(|&row| !done[running[row]])
+            .collect();
         if still.is_empty() || step + 1 == max_new {
             break;
         }
         let mut next = Tensor::from_slice(&next).to(device);
         if still.len() * 4 <= running.len() * 3 {
-            let keep = Tensor::from_slice(&still.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(device);
+            let keep =
+                Tensor::from_slice(&still.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(device);
             cache.keep_rows(&keep);
             pads = pads.index_select(0, &keep);
             next = next.index_select(0, &keep);
@@ -166,14 +207,17 @@ fn sample_batch(policy: &Checkpoint, prompts: &[Vec<i32>], seeds: &[u64], sampli
         }
         let column = width + step as i64;
         let keys = Tensor::arange(column + 1, (Kind::Int64, device));
-        let mask = keys.unsqueeze(0).ge_tensor(&pads.unsqueeze(1)).view([-1, 1, 1, column + 1]);
-        let logits = model.forward_masked(
+        let mask = keys
+            .unsqueeze(0)
+            .ge_tensor(&pads.unsqueeze(1))
+            .view([-1, 1, 1, column + 1]);
+        let hidden = model.hidden_masked(
             &next.unsqueeze(1),
             &positions(&pads, column, 1),
             &mask,
             Some(&mut cache),
         );
-        last = logits.select(1, 0);
+        last = model.logits(&hidden.select(1, 0));
     }
     outputs
 }
@@ -255,26 +299,34 @@ pub fn score_responses(
     for (row, response) in responses.iter().enumerate() {
         sequences.extend_from_slice(&ids[row * width..(row + 1) * width]);
         sequences.extend(response.iter().map(|&id| id as i64));
-        sequences.extend(std::iter::repeat_n(policy.special.pad as i64, longest - response.len()));
+        sequences.extend(std::iter::repeat_n(
+            policy.special.pad as i64,
+            longest - response.len(),
+        ));
         mask.extend(std::iter::repeat_n(1.0f32, response.len()));
         mask.extend(std::iter::repeat_n(0.0f32, longest - response.len()));
     }
     ids.clear();
     let (width, longest, total) = (width as i64, longest as i64, total as i64);
-    let sequences = Tensor::from_slice(&sequences).view([batch, total]).to(device);
+    let sequences = Tensor::from_slice(&sequences)
+        .view([batch, total])
+        .to(device);
     let pads = Tensor::from_slice(&pads).to(device);
     let inputs = sequences.narrow(1, 0, total - 1);
-    let logits = policy.model.forward_masked(
+    let hidden = policy.model.hidden_masked(
         &inputs,
         &positions(&pads, 0, total - 1),
         &prefix_mask(&pads, total - 1),
         None,
     );
-    // The logits at column c predict the token at column c + 1.
-    let response_logits = logits.narrow(1, width - 1, longest) / temperature;
+    // The hidden state at column c predicts the token at column c + 1; only
+    // the response's predictions need logits.
+    let response_logits = policy.model.logits(&hidden.narrow(1, width - 1, longest)) / temperature;
     let log_probs = response_logits.log_softmax(-1, Kind::Float);
     let targets = sequences.narrow(1, width, longest);
-    let logprobs = log_probs.gather(2, &targets.unsqueeze(2), false).squeeze_dim(2);
+    let logprobs = log_probs
+        .gather(2, &targets.unsqueeze(2), false)
+        .squeeze_dim(2);
     let entropy = -(log_probs.exp() * &log_probs).sum_dim_intlist(-1, false, Kind::Float);
     ResponseScores {
         logprobs,
@@ -306,7 +358,13 @@ mod tests {
     }
 
     fn prompts() -> Vec<Vec<i32>> {
-        vec![vec![5, 9, 12, 30, 1], vec![7, 1], vec![40, 41, 42, 1]]
+        // The last row repeats the first, as a group's samples do.
+        vec![
+            vec![5, 9, 12, 30, 1],
+            vec![7, 1],
+            vec![40, 41, 42, 1],
+            vec![5, 9, 12, 30, 1],
+        ]
     }
 
     #[test]
@@ -317,7 +375,7 @@ mod tests {
             top_p: 1.0,
             max_new_tokens: 20,
         };
-        let samples = sample(&policy, &prompts(), &[1, 2, 3], &sampling);
+        let samples = sample(&policy, &prompts(), &[1, 2, 3, 4], &sampling);
         let responses: Vec<&[i32]> = samples.iter().map(|s| s.response_ids.as_slice()).collect();
         let prompts = prompts();
         let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
@@ -325,13 +383,23 @@ mod tests {
         for (row, sampled) in samples.iter().enumerate() {
             assert!(!sampled.response_ids.is_empty());
             let recomputed: Vec<f32> = Vec::<f32>::try_from(
-                scores.logprobs.get(row as i64).narrow(0, 0, sampled.logprobs.len() as i64),
+                scores
+                    .logprobs
+                    .get(row as i64)
+                    .narrow(0, 0, sampled.logprobs.len() as i64),
             )
             .unwrap();
             for (a, b) in sampled.logprobs.iter().zip(&recomputed) {
-                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a} vs recomputed {b}");
+                assert!(
+                    (a - b).abs() < 1e-4,
+                    "row {row}: sampled {a} vs recomputed {b}"
+                );
             }
-            let mask_sum = scores.mask.get(row as i64).sum(Kind::Float).double_value(&[]);
+            let mask_sum = scores
+                .mask
+                .get(row as i64)
+                .sum(Kind::Float)
+                .double_value(&[]);
             assert_eq!(mask_sum as usize, sampled.response_ids.len());
         }
     }
@@ -344,9 +412,11 @@ mod tests {
             top_p: 0.9,
             max_new_tokens: 12,
         };
-        let together = sample(&policy, &prompts(), &[4, 5, 6], &sampling);
+        let together = sample(&policy, &prompts(), &[4, 5, 6, 7], &sampling);
         let alone = sample(&policy, &prompts()[1..2], &[5], &sampling);
         assert_eq!(together[1].response_ids, alone[0].response_ids);
+        let repeated = sample(&policy, &prompts()[..1], &[7], &sampling);
+        assert_eq!(together[3].response_ids, repeated[0].response_ids);
     }
 
     #[test]
@@ -357,8 +427,11 @@ mod tests {
             top_p: 1.0,
             max_new_tokens: 7,
         };
-        for sampled in sample(&policy, &prompts(), &[0, 0, 0], &sampling) {
-            let eos_at = sampled.response_ids.iter().position(|&t| t == policy.special.eos);
+        for sampled in sample(&policy, &prompts(), &[0, 0, 0, 0], &sampling) {
+            let eos_at = sampled
+                .response_ids
+                .iter()
+                .position(|&t| t == policy.special.eos);
             match eos_at {
                 Some(i) => assert_eq!(i + 1, sampled.response_ids.len()),
                 None => assert_eq!(sampled.response_ids.len(), 7),

@@ -15,8 +15,8 @@
 //! assert_eq!(tokenizer.token_to_id(PLAN), Some(1));
 //! ```
 
-use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
@@ -116,7 +116,8 @@ mod tests {
                 eos: 2
             })
         );
-        let text = "{\"executable_plan\": [{\"action_id\": 7, \"action_name\": \"slice the Äpfel\"}]}";
+        let text =
+            "{\"executable_plan\": [{\"action_id\": 7, \"action_name\": \"slice the Äpfel\"}]}";
         let mut ids = encode(&tokenizer, text).unwrap();
         ids.push(2);
         assert_eq!(decode(&tokenizer, &ids).unwrap(), text);
