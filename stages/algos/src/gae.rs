@@ -172,10 +172,6 @@ pub struct WhitenStats {
     m2: f64,
 }
 
-/// Values per piece when [`whiten`] reduces a slice (fits the L1 cache, so
-/// the second pass over a piece does not touch memory again).
-const PIECE: usize = 4096;
-
 impl WhitenStats {
     /// Statistics of one piece of values.
     pub fn of(values: &[f32]) -> WhitenStats {
@@ -261,11 +257,7 @@ impl Whitening {
 
 /// veRL's `masked_whiten` with every position valid, in place.
 pub fn whiten(values: &mut [f32]) -> Result<(), AlgoError> {
-    let mut stats = WhitenStats::default();
-    for piece in values.chunks(PIECE) {
-        stats.add(piece);
-    }
-    stats.whitening()?.apply(values);
+    WhitenStats::of(values).whitening()?.apply(values);
     Ok(())
 }
 
