@@ -4,4 +4,5 @@ mod bad_shards;
 mod compute_advantages;
 mod grpo_step;
 mod killed_writer;
+mod learning_loop;
 mod score_rewards;

@@ -1,0 +1,317 @@
+//! The `collect-rollouts` stage: draws tasks from the input `tasks` table,
+//! samples `group_size` answers per task at `temperature` (defaults G = 8,
+//! T = 1.6, SimpleVLA-RL's values), executes each in its environment and
+//! writes `trajectories` (one row per answer: success, environment steps,
+//! the decoded answer) and `steps` (prompt and response ids with the
+//! behaviour log-probs from `logits / T`).
+//!
+//! Task draws: the tasks this shard owns (`--shard`, by task id) are shuffled
+//! with a stream seeded by `--seed` and `iteration`; the first
+//! `tasks_per_iteration` (all when unset) are drawn. Ids are stable:
+//! group `it<iteration>/<task_id>/d<draw>`, trajectory `<group>/s<k>`, and
+//! each answer's sampling seed is a hash of `--seed` and its trajectory id.
+//!
+//! Dynamic sampling (`dynamic_sampling.enabled`): a group whose answers all
+//! succeed or all fail carries no GRPO signal; it is dropped and another task
+//! is drawn in its place, at most `dynamic_sampling.max_extra_draws` times,
+//! so an all-solved task set ends instead of looping. Dropped groups are
+//! counted in the summary and not written.
+//!
+//! ```text
+//! collect-rollouts --policy runs/it0/policy --input data/train --out runs/it0/rollouts \
+//!     --set iteration=0 --set tasks_per_iteration=32 --set dynamic_sampling.enabled=true
+//! ```
+
+use std::time::Instant;
+
+use embodyflow_core::Error;
+use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
+use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_envs::TaskEnv;
+use embodyflow_envs::episodes::{Episode, Request, run_episodes};
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::Sampling;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Command line of `collect-rollouts`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "collect-rollouts",
+    version,
+    about = "Sample, execute and record rollouts"
+)]
+pub struct Args {
+    #[command(flatten)]
+    stage: StageArgs,
+    #[command(flatten)]
+    policy: PolicyArg,
+}
+
+/// `dynamic_sampling.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DynamicSampling {
+    /// Drop all-success / all-failure groups and draw replacements.
+    pub enabled: bool,
+    /// Most replacement draws per run.
+    pub max_extra_draws: usize,
+}
+
+impl Default for DynamicSampling {
+    fn default() -> Self {
+        DynamicSampling {
+            enabled: false,
+            max_extra_draws: 64,
+        }
+    }
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Iteration recorded in the ids and rows.
+    pub iteration: i32,
+    /// Answers per task draw (G).
+    pub group_size: usize,
+    /// Sampling temperature T (> 0).
+    pub temperature: f64,
+    /// Nucleus mass.
+    pub top_p: f64,
+    /// Most tokens per answer.
+    pub max_new_tokens: usize,
+    /// Task draws per run (all owned tasks when unset).
+    pub tasks_per_iteration: Option<usize>,
+    /// Sequences per sampling batch.
+    pub batch_rows: usize,
+    /// Dynamic sampling.
+    pub dynamic_sampling: DynamicSampling,
+    /// Output layout.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            iteration: 0,
+            group_size: 8,
+            temperature: 1.6,
+            top_p: 1.0,
+            max_new_tokens: 256,
+            tasks_per_iteration: None,
+            batch_rows: 128,
+            dynamic_sampling: DynamicSampling::default(),
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+}
+
+/// A drawn group before it is written.
+struct Group<'a> {
+    task: &'a TaskRow,
+    draw: usize,
+    episodes: Vec<Episode>,
+    seeds: Vec<u64>,
+}
+
+/// Sampling seed of a trajectory: BLAKE3 of the run seed and the id.
+pub fn rollout_seed(seed: u64, trajectory_id: &str) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&seed.to_le_bytes());
+    hasher.update(trajectory_id.as_bytes());
+    let bytes = hasher.finalize();
+    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
+    format!("it{iteration}/{task_id}/d{draw}")
+}
+
+/// Runs the stage.
+pub fn run(args: Args) -> Result<(), ModelError> {
+    let stage = Stage::<Config>::start("collect-rollouts", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_outputs(&[TableName::Trajectories, TableName::Steps])?;
+    let config = &stage.config;
+    if config.group_size == 0 || !(config.temperature > 0.0) {
+        return Err(
+            Error::Usage("group_size must be at least 1 and temperature above 0".into()).into(),
+        );
+    }
+    let device = embodyflow_models::device::tch_device(args.stage.device)?;
+    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
+    let mut owned: Vec<&TaskRow> = tasks
+        .iter()
+        .filter(|t| args.stage.shard.owns(&t.task_id))
+        .collect();
+    if owned.is_empty() {
+        return Err(Error::BadInput("no tasks to draw from (empty table or shard)".into()).into());
+    }
+    let envs: Vec<TaskEnv> = owned
+        .iter()
+        .map(|t| TaskEnv::from_row(t, 0))
+        .collect::<Result<_, _>>()?;
+    let mut order: Vec<usize> = (0..owned.len()).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(
+        args.stage.seed ^ ((config.iteration as u64) << 32),
+    ));
+    let wanted = config.tasks_per_iteration.unwrap_or(owned.len());
+    let sampling = Sampling {
+        temperature: config.temperature,
+        top_p: config.top_p,
+        max_new_tokens: config.max_new_tokens,
+    };
+    let started = Instant::now();
+    let mut kept: Vec<Group> = Vec::new();
+    let (mut draws, mut dropped, mut samples, mut successes, mut tokens) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
+    let draw_limit = wanted
+        + if config.dynamic_sampling.enabled {
+            config.dynamic_sampling.max_extra_draws
+        } else {
+            0
+        };
+    // Draw in waves that fill a sampling batch; the draw order is fixed, so
+    // the result does not depend on the wave size.
+    while kept.len() < wanted && draws < draw_limit {
+        let wave = (wanted - kept.len())
+            .max(config.batch_rows / config.group_size)
+            .min(draw_limit - draws)
+            .max(1);
+        let drawn: Vec<(usize, usize)> = (draws..draws + wave)
+            .map(|d| (order[d % order.len()], d))
+            .collect();
+        let mut requests = Vec::new();
+        let mut seeds = Vec::new();
+        for &(task, draw) in &drawn {
+            let group = group_id(config.iteration, &owned[task].task_id, draw);
+            for k in 0..config.group_size {
+                let seed = rollout_seed(args.stage.seed, &format!("{group}/s{k}"));
+                requests.push(Request {
+                    env: &envs[task],
+                    seed,
+                });
+                seeds.push(seed);
+            }
+        }
+        let mut episodes =
+            run_episodes(&policy, &requests, &sampling, config.batch_rows, "sampling")?.into_iter();
+        for (index, &(task, draw)) in drawn.iter().enumerate() {
+            let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
+            draws += 1;
+            let wins = group.iter().filter(|e| e.outcome.success).count();
+            samples += group.len();
+            successes += wins;
+            tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
+            let uniform = wins == 0 || wins == group.len();
+            if kept.len() >= wanted {
+                continue;
+            }
+            if config.dynamic_sampling.enabled && uniform {
+                dropped += 1;
+                continue;
+            }
+            let first = index * config.group_size;
+            kept.push(Group {
+                task: owned[task],
+                draw,
+                seeds: seeds[first..first + config.group_size].to_vec(),
+                episodes: group,
+            });
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    owned.clear();
+
+    let mut trajectories = stage.writer(TableName::Trajectories)?;
+    let mut steps = stage.writer(TableName::Steps)?;
+    let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
+    for group in &kept {
+        let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
+        for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
+            let trajectory_id = format!("{group_id}/s{k}");
+            trajectory_rows.push(TrajectoryRow {
+                trajectory_id: trajectory_id.clone(),
+                group_id: group_id.clone(),
+                task_id: group.task.task_id.clone(),
+                sample_index: k as i32,
+                iteration: config.iteration,
+                policy: policy.manifest.id.clone(),
+                temperature: config.temperature as f32,
+                num_steps: 1,
+                env_steps: episode.outcome.env_steps as i32,
+                complete: episode.outcome.success,
+                response_text: Some(episode.text.clone()),
+                seed: seed as i64,
+            });
+            step_rows.push(StepRow {
+                trajectory_id,
+                step_index: 0,
+                prompt_ids: episode.prompt_ids.clone(),
+                response_ids: episode.response_ids.clone(),
+                old_logprobs: episode.logprobs.clone(),
+                observation: None,
+                old_value: None,
+                old_values: None,
+                latents: None,
+                latent_dim: None,
+                chosen_latent_len: None,
+                old_latent_end_logprob: None,
+            });
+        }
+    }
+    trajectories.write_rows(&trajectory_rows)?;
+    steps.write_rows(&step_rows)?;
+    stage.finish(trajectories)?;
+    stage.finish(steps)?;
+
+    let mut summary = Summary::new("collect-rollouts");
+    summary
+        .add("policy", &policy.manifest.id)
+        .add("iteration", config.iteration)
+        .add(
+            "groups written",
+            format!(
+                "{} of {wanted} wanted ({} trajectories)",
+                kept.len(),
+                trajectory_rows.len()
+            ),
+        )
+        .add(
+            "task draws",
+            format!("{draws} ({dropped} all-equal groups dropped)"),
+        )
+        .add(
+            "success rate (all drawn samples)",
+            format!(
+                "{:.3} ({successes} of {samples})",
+                successes as f64 / samples.max(1) as f64
+            ),
+        )
+        .add(
+            "mean response tokens",
+            format!("{:.1}", tokens as f64 / samples.max(1) as f64),
+        )
+        .add(
+            "sampling throughput",
+            format!(
+                "{:.0} response tokens/s ({:.1} s, T = {})",
+                tokens as f64 / seconds.max(1e-9),
+                seconds,
+                config.temperature
+            ),
+        );
+    stage.write_summary(&summary)?;
+    Ok(())
+}

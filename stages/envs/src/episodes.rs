@@ -1,0 +1,95 @@
+//! Running a one-shot planner on many tasks: encode each prompt, sample the
+//! answers in batches of up to `batch_rows` sequences with the key/value
+//! cache, decode and execute them. `collect-rollouts` (temperature T, G
+//! samples per task) and `evaluate` (greedy) share it.
+//!
+//! ```no_run
+//! # use embodyflow_envs::{TaskEnv, episodes::{run_episodes, Request}};
+//! # let (policy, env): (embodyflow_models::checkpoint::Checkpoint, TaskEnv) = todo!();
+//! use embodyflow_models::policy::Sampling;
+//! let greedy = Sampling { temperature: 0.0, top_p: 1.0, max_new_tokens: 256 };
+//! let episodes = run_episodes(&policy, &[Request { env: &env, seed: 0 }], &greedy, 64, "evaluating").unwrap();
+//! println!("success: {}", episodes[0].outcome.success);
+//! ```
+
+use embodyflow_core::progress;
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::{Sampling, sample};
+use embodyflow_models::tokenizer::{decode, encode};
+
+use crate::{Outcome, TaskEnv};
+
+/// One answer to draw: the task and the sampling seed.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The task in its environment.
+    pub env: &'a TaskEnv,
+    /// Seed of this answer's sampling stream.
+    pub seed: u64,
+}
+
+/// A drawn and executed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    /// Prompt ids (ending with `<|plan|>`).
+    pub prompt_ids: Vec<i32>,
+    /// Response ids (ending with `<|eos|>` unless cut at the limit).
+    pub response_ids: Vec<i32>,
+    /// Log-prob of each response token under `logits / T`.
+    pub logprobs: Vec<f32>,
+    /// The decoded answer, special tokens left out.
+    pub text: String,
+    /// What executing it did.
+    pub outcome: Outcome,
+}
+
+/// Samples and executes one answer per request, in request order.
+pub fn run_episodes(
+    policy: &Checkpoint,
+    requests: &[Request<'_>],
+    sampling: &Sampling,
+    batch_rows: usize,
+    label: &str,
+) -> Result<Vec<Episode>, ModelError> {
+    let batch_rows = batch_rows.max(1);
+    let n_ctx = policy.model.config().n_ctx as usize;
+    let mut prompts = Vec::with_capacity(requests.len());
+    for request in requests {
+        let mut ids = encode(&policy.tokenizer, &request.env.prompt())?;
+        ids.push(policy.special.plan);
+        if ids.len() >= n_ctx {
+            return Err(embodyflow_core::Error::BadInput(format!(
+                "task `{}`: its prompt of {} tokens leaves no room for an answer in the model's context n_ctx = {n_ctx}",
+                request.env.task_id(),
+                ids.len()
+            ))
+            .into());
+        }
+        prompts.push(ids);
+    }
+    let bar = progress::bar(requests.len() as u64, label);
+    let mut episodes = Vec::with_capacity(requests.len());
+    for (chunk_index, chunk) in prompts.chunks(batch_rows).enumerate() {
+        let first = chunk_index * batch_rows;
+        let seeds: Vec<u64> = requests[first..first + chunk.len()]
+            .iter()
+            .map(|r| r.seed)
+            .collect();
+        let samples = sample(policy, chunk, &seeds, sampling);
+        for (offset, (prompt, sampled)) in chunk.iter().zip(samples).enumerate() {
+            let text = decode(&policy.tokenizer, &sampled.response_ids)?;
+            let outcome = requests[first + offset].env.execute(&text);
+            episodes.push(Episode {
+                prompt_ids: prompt.clone(),
+                response_ids: sampled.response_ids,
+                logprobs: sampled.logprobs,
+                text,
+                outcome,
+            });
+        }
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(episodes)
+}

@@ -1,0 +1,177 @@
+//! The environments a stage can run, chosen by each task row's `env` column,
+//! behind one interface: the prompt a policy reads, the expert's answer (for
+//! supervised fine-tuning) and the execution of an answer. Stages that run a
+//! policy (`collect-rollouts`, `evaluate`, `update-policy --set
+//! objective=sft`) go through here, so a new environment plugs in at one
+//! place.
+//!
+//! One-shot planners answer with a JSON plan; the plan is extracted with the
+//! tolerant parser shared with `score-rewards` and `compute-advantages`
+//! ([`embodyflow_algos::plan::extract`]) and executed step by step: a broken
+//! answer executes as an empty plan (no success), never a panic.
+//!
+//! [`episodes`] runs a policy on many tasks (sampling in batches, executing
+//! the answers).
+//!
+//! ```no_run
+//! use embodyflow_envs::TaskEnv;
+//! # let row: embodyflow_core::schemas::TaskRow = todo!();
+//! let env = TaskEnv::from_row(&row, 0).unwrap();
+//! let outcome = env.execute(&env.expert_answer().unwrap());
+//! assert!(outcome.success);
+//! ```
+
+pub mod episodes;
+
+use embodyflow_algos::plan::extract;
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::{Error, Result};
+use embodyflow_household as household;
+
+/// A task ready to run in its environment.
+#[derive(Debug, Clone)]
+pub enum TaskEnv {
+    /// The embedded household planning world.
+    Household(household::Task),
+}
+
+/// What executing an answer did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the goal was reached.
+    pub success: bool,
+    /// Environment steps executed.
+    pub env_steps: usize,
+    /// Whether a plan could be extracted from the answer.
+    pub parsed: bool,
+    /// Validity of each executed plan step.
+    pub step_valid: Vec<bool>,
+}
+
+impl TaskEnv {
+    /// The environment of `row`; `run` > 0 draws another scene layout for the
+    /// same goal (evaluation averages over runs).
+    pub fn from_row(row: &TaskRow, run: u32) -> Result<TaskEnv> {
+        match row.env.as_str() {
+            "household" => {
+                let task = household::task_from_row(row)
+                    .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
+                Ok(TaskEnv::Household(household::reseed(&task, run)))
+            }
+            other => Err(Error::BadInput(format!(
+                "task `{}`: environment `{other}` is not built in (known: household)",
+                row.task_id
+            ))),
+        }
+    }
+
+    /// The task's id.
+    pub fn task_id(&self) -> &str {
+        match self {
+            TaskEnv::Household(task) => &task.task_id,
+        }
+    }
+
+    /// The prompt text the policy reads.
+    pub fn prompt(&self) -> String {
+        match self {
+            TaskEnv::Household(task) => household::prompt(task),
+        }
+    }
+
+    /// The expert's answer text, when the environment has an expert.
+    pub fn expert_answer(&self) -> Option<String> {
+        match self {
+            TaskEnv::Household(task) => {
+                Some(household::response_json(&household::expert_plan(task)))
+            }
+        }
+    }
+
+    /// Executes an answer.
+    pub fn execute(&self, answer: &str) -> Outcome {
+        let plan = extract(answer);
+        let parsed = plan.is_some();
+        match self {
+            TaskEnv::Household(task) => {
+                let steps: Vec<household::PlanStep> = plan
+                    .map(|plan| {
+                        plan.steps
+                            .into_iter()
+                            .map(|step| household::PlanStep {
+                                action_id: step.action_id,
+                                action_name: step.action_name,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let execution = household::execute(task, &steps);
+                Outcome {
+                    success: execution.success,
+                    env_steps: execution.env_steps,
+                    parsed,
+                    step_valid: execution.step_valid,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envs() -> Vec<TaskEnv> {
+        household::generate_tasks(household::Split::Train, 4, 21)
+            .iter()
+            .map(|task| TaskEnv::from_row(&household::task_row(task), 0).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn expert_answers_succeed_in_every_run() {
+        for env in envs() {
+            assert!(env.execute(&env.expert_answer().unwrap()).success);
+            let TaskEnv::Household(task) = &env;
+            let row = household::task_row(task);
+            for run in 1..3 {
+                let other = TaskEnv::from_row(&row, run).unwrap();
+                let outcome = other.execute(&other.expert_answer().unwrap());
+                assert!(outcome.success && outcome.parsed);
+                assert!(outcome.step_valid.iter().all(|&v| v));
+            }
+        }
+    }
+
+    #[test]
+    fn broken_answers_fail_without_panicking() {
+        let env = &envs()[0];
+        for answer in [
+            "",
+            "{\"executable_plan\": [",
+            "not json at all",
+            "{\"executable_plan\": [{\"action_id\": 99999, \"action_name\": \"fly\"}, {\"action_id\": -3}]}",
+            "```json\n{\"executable_plan\": [{\"action_name\": \"put down the object in hand\"}]}\n```",
+        ] {
+            let outcome = env.execute(answer);
+            assert!(!outcome.success, "{answer}");
+            assert!(
+                outcome.step_valid.iter().all(|&v| !v),
+                "{answer}: {outcome:?}"
+            );
+        }
+        assert!(!env.execute("not json at all").parsed);
+    }
+
+    #[test]
+    fn unknown_environments_are_named() {
+        let TaskEnv::Household(task) = &envs()[0];
+        let mut row = household::task_row(task);
+        row.env = "tabletop".into();
+        let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
+        assert!(
+            error.contains("tabletop") && error.contains(&row.task_id),
+            "{error}"
+        );
+    }
+}

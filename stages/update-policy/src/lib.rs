@@ -1,0 +1,548 @@
+//! The `update-policy` stage: one round of optimisation of a policy
+//! checkpoint, written as the next checkpoint (`<out>/policy/`) and the
+//! metrics table (`<out>/metrics/`, one row per optimizer step).
+//!
+//! - `objective = "sft"`: cross-entropy on the expert answers of the tasks in
+//!   the input `tasks` table (`sft.demos_per_task_type = N` keeps the first N
+//!   tasks of each task type: one-demonstration SFT);
+//! - `objective = "ppo"` (default): the clipped surrogate of [`loss`] (clip-higher
+//!   0.2 / 0.28, dual-clip 3, token-mean) on the input `steps` (prompt and
+//!   response ids, old log-probs) and `advantages` (per-token advantages),
+//!   log-probs recomputed from `logits / T` with each rollout's temperature
+//!   from `trajectories`; optional entropy bonus and KL penalty to a
+//!   reference checkpoint (`kl_reference`, with `ppo.kl_coef > 0`).
+//!
+//! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
+//! mini-batches of `mini_batch` sequences, one AdamW step each, accumulated
+//! over micro-batches of `micro_batch` sequences, with the gradient norm
+//! clipped to `optim.grad_clip`. The optimizer starts fresh on every call.
+//!
+//! ```text
+//! update-policy --policy runs/it0/policy --input runs/it0/rollouts --input runs/it0/adv \
+//!     --out runs/it1 --set iteration=1
+//! update-policy --policy runs/init --input data/train --out runs/sft \
+//!     --set objective=sft --set sft.demos_per_task_type=1 --set epochs=300
+//! ```
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::schemas::{
+    AdvantageRow, MetricRow, StepRow, TableName, TaskRow, TrajectoryRow,
+};
+use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Error, progress};
+use embodyflow_envs::TaskEnv;
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::score_responses;
+use embodyflow_models::tokenizer::encode;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::Kind;
+use tch::nn::OptimizerConfig;
+
+pub mod init;
+pub mod loss;
+
+use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
+
+/// Command line of `update-policy`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "update-policy",
+    version,
+    about = "SFT and PPO/GRPO updates of a policy checkpoint"
+)]
+pub struct Args {
+    #[command(flatten)]
+    stage: StageArgs,
+    #[command(flatten)]
+    policy: PolicyArg,
+}
+
+/// What the update optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Cross-entropy on expert answers.
+    Sft,
+    /// The clipped policy-gradient surrogate on rollouts and advantages.
+    Ppo,
+}
+
+/// `optim.*` settings (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam beta1.
+    pub beta1: f64,
+    /// Adam beta2.
+    pub beta2: f64,
+    /// Largest gradient norm (0 = no clipping).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 1e-4,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// `sft.*` settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    /// Keep only the first N tasks of each task type.
+    pub demos_per_task_type: Option<usize>,
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// What to optimise.
+    pub objective: Objective,
+    /// Iteration recorded in the metrics rows.
+    pub iteration: i32,
+    /// Passes over the examples.
+    pub epochs: usize,
+    /// Sequences per optimizer step.
+    pub mini_batch: usize,
+    /// Sequences per forward/backward pass (gradients accumulate up to `mini_batch`).
+    pub micro_batch: usize,
+    /// Optimizer.
+    pub optim: OptimConfig,
+    /// Policy loss.
+    pub ppo: PpoConfig,
+    /// Reference checkpoint of the KL penalty (needed when `ppo.kl_coef > 0`).
+    pub kl_reference: Option<PathBuf>,
+    /// Supervised fine-tuning.
+    pub sft: SftConfig,
+    /// Output layout of the metrics table.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            objective: Objective::Ppo,
+            iteration: 0,
+            epochs: 1,
+            mini_batch: 64,
+            micro_batch: 16,
+            optim: OptimConfig::default(),
+            ppo: PpoConfig::default(),
+            kl_reference: None,
+            sft: SftConfig::default(),
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+}
+
+/// One training sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    /// What the example is (a task id, or a trajectory id and step), for messages.
+    pub source: String,
+    /// Prompt ids (ending with `<|plan|>`).
+    pub prompt: Vec<i32>,
+    /// Response ids.
+    pub response: Vec<i32>,
+    /// Behaviour log-probs (PPO only).
+    pub old_logprobs: Vec<f32>,
+    /// Per-token advantages (PPO only).
+    pub advantages: Vec<f32>,
+    /// Sampling temperature of the response (1 for SFT).
+    pub temperature: f32,
+}
+
+/// SFT examples: the expert answers of `tasks` (the first `per_type` of each task type when set).
+pub fn sft_examples(
+    policy: &Checkpoint,
+    tasks: &[TaskRow],
+    per_type: Option<usize>,
+) -> Result<Vec<Example>, ModelError> {
+    let mut taken: HashMap<Option<&str>, usize> = HashMap::new();
+    let mut examples = Vec::new();
+    for row in tasks {
+        let count = taken.entry(row.task_type.as_deref()).or_default();
+        if per_type.is_some_and(|limit| *count >= limit) {
+            continue;
+        }
+        *count += 1;
+        let env = TaskEnv::from_row(row, 0)?;
+        let answer = env.expert_answer().ok_or_else(|| {
+            Error::BadInput(format!(
+                "task `{}`: its environment has no expert for SFT",
+                row.task_id
+            ))
+        })?;
+        let mut prompt = encode(&policy.tokenizer, &env.prompt())?;
+        prompt.push(policy.special.plan);
+        let mut response = encode(&policy.tokenizer, &answer)?;
+        response.push(policy.special.eos);
+        examples.push(Example {
+            source: format!("task `{}`", row.task_id),
+            prompt,
+            response,
+            old_logprobs: Vec::new(),
+            advantages: Vec::new(),
+            temperature: 1.0,
+        });
+    }
+    Ok(examples)
+}
+
+/// PPO examples: steps joined with their advantages and their trajectory's temperature.
+pub fn ppo_examples(
+    trajectories: &[TrajectoryRow],
+    steps: Vec<StepRow>,
+    advantages: Vec<AdvantageRow>,
+) -> Result<Vec<Example>, Error> {
+    let temperature: HashMap<&str, f32> = trajectories
+        .iter()
+        .map(|t| (t.trajectory_id.as_str(), t.temperature))
+        .collect();
+    let mut by_key: HashMap<(String, i32), AdvantageRow> = advantages
+        .into_iter()
+        .map(|row| ((row.trajectory_id.clone(), row.step_index), row))
+        .collect();
+    let mut examples = Vec::with_capacity(steps.len());
+    for step in steps {
+        let key = (step.trajectory_id.clone(), step.step_index);
+        // Steps without advantages were dropped by dynamic sampling.
+        let Some(advantage) = by_key.remove(&key) else {
+            continue;
+        };
+        let Some(&temperature) = temperature.get(step.trajectory_id.as_str()) else {
+            return Err(Error::BadInput(format!(
+                "step {} of trajectory `{}` has no row in the trajectories table",
+                step.step_index, step.trajectory_id
+            )));
+        };
+        let n = step.response_ids.len();
+        if step.old_logprobs.len() != n || advantage.advantages.len() != n {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}` step {}: {n} response ids, {} old log-probs, {} advantages; they must agree",
+                step.trajectory_id,
+                step.step_index,
+                step.old_logprobs.len(),
+                advantage.advantages.len()
+            )));
+        }
+        if advantage.advantages.iter().any(|a| !a.is_finite()) {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}` step {}: advantages hold NaN or infinity",
+                step.trajectory_id, step.step_index
+            )));
+        }
+        examples.push(Example {
+            source: format!("trajectory `{}` step {}", step.trajectory_id, step.step_index),
+            prompt: step.prompt_ids,
+            response: step.response_ids,
+            old_logprobs: step.old_logprobs,
+            advantages: advantage.advantages,
+            temperature,
+        });
+    }
+    if let Some(((trajectory, step), _)) = by_key.into_iter().next() {
+        return Err(Error::BadInput(format!(
+            "advantages of trajectory `{trajectory}` step {step} have no row in the steps table"
+        )));
+    }
+    Ok(examples)
+}
+
+fn pad_rows(rows: &[&[f32]], device: tch::Device) -> tch::Tensor {
+    let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let mut flat = Vec::with_capacity(rows.len() * width);
+    for row in rows {
+        flat.extend_from_slice(row);
+        flat.extend(std::iter::repeat_n(0.0, width - row.len()));
+    }
+    tch::Tensor::from_slice(&flat)
+        .view([rows.len() as i64, width as i64])
+        .to(device)
+}
+
+/// What a training run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainReport {
+    /// One row per optimizer step.
+    pub metrics: Vec<MetricRow>,
+    /// Response tokens processed (forward and backward), over all epochs.
+    pub tokens: u64,
+    /// Wall time of the optimisation.
+    pub seconds: f64,
+}
+
+/// Optimises `policy` on `examples` (pure apart from the policy's weights).
+pub fn train(
+    policy: &mut Checkpoint,
+    reference: Option<&Checkpoint>,
+    examples: &[Example],
+    config: &Config,
+    seed: u64,
+) -> Result<TrainReport, ModelError> {
+    if config.mini_batch == 0 || config.micro_batch == 0 {
+        return Err(Error::Usage("mini_batch and micro_batch must be at least 1".into()).into());
+    }
+    let n_ctx = policy.model.config().n_ctx as usize;
+    if let Some(long) = examples.iter().find(|e| e.prompt.len() + e.response.len() > n_ctx) {
+        return Err(Error::BadInput(format!(
+            "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
+            long.source,
+            long.prompt.len(),
+            long.response.len()
+        ))
+        .into());
+    }
+    let optim = &config.optim;
+    let mut optimizer = tch::nn::AdamW {
+        beta1: optim.beta1,
+        beta2: optim.beta2,
+        wd: optim.weight_decay,
+        eps: 1e-8,
+        amsgrad: false,
+    }
+    .build(&policy.vars, optim.lr)
+    .map_err(|e| ModelError::Torch(e.to_string()))?;
+    let device = policy.vars.device();
+    let started = Instant::now();
+    let mut metrics = Vec::new();
+    let mut tokens = 0u64;
+    let steps_per_epoch = examples.len().div_ceil(config.mini_batch);
+    let bar = progress::bar((steps_per_epoch * config.epochs) as u64, "updating");
+    for epoch in 0..config.epochs {
+        let mut order: Vec<usize> = (0..examples.len()).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(
+            seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        ));
+        for mini in order.chunks(config.mini_batch) {
+            let denominators = Denominators {
+                tokens: mini
+                    .iter()
+                    .map(|&i| examples[i].response.len())
+                    .sum::<usize>()
+                    .max(1) as f64,
+                sequences: mini.len() as f64,
+            };
+            optimizer.zero_grad();
+            let (mut loss_sum, mut pg_sum, mut entropy_sum, mut kl_loss_sum) = (0.0, 0.0, 0.0, 0.0);
+            let (mut clipped, mut clipped_lower, mut approx_kl) = (0.0, 0.0, 0.0);
+            for micro in mini.chunks(config.micro_batch) {
+                let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
+                let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+                let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
+                // One temperature per micro-batch: rollouts of one run share it.
+                let temperature = batch[0].temperature as f64;
+                let scores = score_responses(policy, &prompts, &responses, temperature);
+                let entropy = aggregate(
+                    &scores.entropy,
+                    &scores.mask,
+                    config.ppo.loss_agg,
+                    denominators,
+                );
+                let mut loss = match config.objective {
+                    Objective::Sft => aggregate(
+                        &(-&scores.logprobs),
+                        &scores.mask,
+                        config.ppo.loss_agg,
+                        denominators,
+                    ),
+                    Objective::Ppo => {
+                        let old: Vec<&[f32]> =
+                            batch.iter().map(|e| e.old_logprobs.as_slice()).collect();
+                        let adv: Vec<&[f32]> =
+                            batch.iter().map(|e| e.advantages.as_slice()).collect();
+                        let out = policy_loss(
+                            &scores.logprobs,
+                            &pad_rows(&old, device),
+                            &pad_rows(&adv, device),
+                            &scores.mask,
+                            &config.ppo,
+                            denominators,
+                        );
+                        clipped += out.clipped_tokens;
+                        clipped_lower += out.clipped_lower_tokens;
+                        approx_kl += out.kl_sum;
+                        pg_sum += out.loss.double_value(&[]);
+                        out.loss - &entropy * config.ppo.entropy_coef
+                    }
+                };
+                if let (Some(reference), true) = (reference, config.ppo.kl_coef > 0.0) {
+                    let ref_logp = tch::no_grad(|| {
+                        score_responses(reference, &prompts, &responses, temperature).logprobs
+                    });
+                    let kl = aggregate(
+                        &kl_penalty(&scores.logprobs, &ref_logp, config.ppo.kl_estimator),
+                        &scores.mask,
+                        config.ppo.loss_agg,
+                        denominators,
+                    );
+                    kl_loss_sum += kl.double_value(&[]);
+                    loss = loss + kl * config.ppo.kl_coef;
+                }
+                loss.backward();
+                loss_sum += loss.double_value(&[]);
+                entropy_sum += entropy.double_value(&[]);
+                tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
+            }
+            let grad_norm = gradient_norm(policy);
+            if optim.grad_clip > 0.0 {
+                optimizer.clip_grad_norm(optim.grad_clip);
+            }
+            optimizer.step();
+            policy.manifest.updates += 1;
+            metrics.push(MetricRow {
+                iteration: config.iteration,
+                update: metrics.len() as i32,
+                loss: loss_sum as f32,
+                pg_loss: pg_sum as f32,
+                clipfrac: (clipped / denominators.tokens) as f32,
+                clipfrac_lower: (config.objective == Objective::Ppo)
+                    .then_some((clipped_lower / denominators.tokens) as f32),
+                approx_kl: (approx_kl / denominators.tokens) as f32,
+                entropy: entropy_sum as f32,
+                kl_loss: (config.ppo.kl_coef > 0.0).then_some(kl_loss_sum as f32),
+                latent_loss: None,
+                end_loss: None,
+                value_loss: None,
+                grad_norm: grad_norm as f32,
+                lr: optim.lr as f32,
+            });
+            if !loss_sum.is_finite() {
+                return Err(ModelError::Torch(format!(
+                    "the loss became {loss_sum} at update {} of epoch {epoch}; lower optim.lr",
+                    metrics.len() - 1
+                )));
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(TrainReport {
+        metrics,
+        tokens,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn gradient_norm(policy: &Checkpoint) -> f64 {
+    let mut total = 0.0;
+    for var in policy.vars.trainable_variables() {
+        let grad = var.grad();
+        if grad.defined() {
+            total += grad.square().sum(Kind::Double).double_value(&[]);
+        }
+    }
+    total.sqrt()
+}
+
+/// Runs the stage.
+pub fn run(args: Args) -> Result<(), ModelError> {
+    let stage = Stage::<Config>::start("update-policy", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_outputs(&[TableName::Metrics])?;
+    let policy_out = args.stage.out.join("policy");
+    if policy_out.exists() && !args.stage.overwrite {
+        return Err(Error::OutputExists(policy_out).into());
+    }
+    let config = &stage.config;
+    let device = embodyflow_models::device::tch_device(args.stage.device)?;
+    tch::manual_seed(args.stage.seed as i64);
+    let mut policy = Checkpoint::load(&args.policy.policy, device)?;
+    let reference = match (&config.kl_reference, config.ppo.kl_coef > 0.0) {
+        (Some(path), true) => Some(Checkpoint::load(path, device)?),
+        (None, true) => {
+            return Err(Error::Usage(
+                "ppo.kl_coef > 0 needs kl_reference = <checkpoint dir>".into(),
+            )
+            .into());
+        }
+        _ => None,
+    };
+    let examples = match config.objective {
+        Objective::Sft => {
+            let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
+            sft_examples(&policy, &tasks, config.sft.demos_per_task_type)?
+        }
+        Objective::Ppo => {
+            let trajectories: Vec<TrajectoryRow> =
+                stage.input(TableName::Trajectories)?.read_rows()?;
+            let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
+            let advantages: Vec<AdvantageRow> = stage.input(TableName::Advantages)?.read_rows()?;
+            ppo_examples(&trajectories, steps, advantages)?
+        }
+    };
+    if examples.is_empty() {
+        return Err(Error::BadInput("no training examples in the inputs".into()).into());
+    }
+    let parent = policy.manifest.id.clone();
+    let report = train(
+        &mut policy,
+        reference.as_ref(),
+        &examples,
+        config,
+        args.stage.seed,
+    )?;
+    let mut writer = stage.writer(TableName::Metrics)?;
+    writer.write_rows(&report.metrics)?;
+    stage.finish(writer)?;
+    let manifest = policy.save(&policy_out, "update-policy", args.stage.overwrite)?;
+    let first = report.metrics.first().map_or(f32::NAN, |m| m.loss);
+    let last = report.metrics.last().map_or(f32::NAN, |m| m.loss);
+    let mut summary = Summary::new("update-policy");
+    summary
+        .add(
+            "objective",
+            format!("{:?}", config.objective).to_lowercase(),
+        )
+        .add(
+            "policy",
+            format!("{parent} -> {} ({})", manifest.id, policy_out.display()),
+        )
+        .add("examples", examples.len())
+        .add("optimizer steps", report.metrics.len())
+        .add("loss first -> last", format!("{first:.4} -> {last:.4}"))
+        .add(
+            "training throughput",
+            format!(
+                "{:.0} response tokens/s ({} tokens in {:.1} s)",
+                report.tokens as f64 / report.seconds.max(1e-9),
+                report.tokens,
+                report.seconds
+            ),
+        );
+    if config.objective == Objective::Ppo {
+        let mean = |f: fn(&MetricRow) -> f32| {
+            report.metrics.iter().map(|m| f(m) as f64).sum::<f64>() / report.metrics.len() as f64
+        };
+        summary
+            .add("mean clipfrac", format!("{:.4}", mean(|m| m.clipfrac)))
+            .add("mean approx_kl", format!("{:.5}", mean(|m| m.approx_kl)))
+            .add("mean entropy", format!("{:.4}", mean(|m| m.entropy)));
+    }
+    stage.write_summary(&summary)?;
+    Ok(())
+}

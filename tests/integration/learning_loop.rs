@@ -1,0 +1,442 @@
+//! The learning loop end to end on a tiny model: generate-tasks, init-policy,
+//! SFT, collect-rollouts, score-rewards, compute-advantages, update-policy
+//! (PPO) and evaluate, each as a user runs it; then the bad inputs of the
+//! policy stages.
+
+use std::path::Path;
+
+use embodyflow_core::dataset::TableReader;
+use embodyflow_core::schemas::{EvalRow, MetricRow, StepRow, TableName, TrajectoryRow};
+use embodyflow_tests::{run, write_table};
+
+fn ok(name: &str, args: &[&str]) -> String {
+    let result = run(name, args);
+    assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
+    result.stdout
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Tasks, a tiny checkpoint and its SFT successor in `root`.
+fn prepare(root: &Path) {
+    let data = root.join("data");
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&data.join("train")),
+            "--seed",
+            "1",
+            "--set",
+            "split=train",
+            "--set",
+            "count=14",
+        ],
+    );
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&data.join("val")),
+            "--seed",
+            "2",
+            "--set",
+            "split=val",
+            "--set",
+            "count=4",
+        ],
+    );
+    ok(
+        "init-policy",
+        &[
+            "--out",
+            s(&root.join("init")),
+            "--seed",
+            "0",
+            "--set",
+            "model.n_embd=32",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "model.n_ctx=1024",
+            "--set",
+            "tokenizer.vocab_size=400",
+            "--set",
+            "tokenizer.corpus_tasks=60",
+        ],
+    );
+    let sft = ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(&root.join("init")),
+            "--input",
+            s(&data.join("train")),
+            "--out",
+            s(&root.join("sft")),
+            "--set",
+            "objective=sft",
+            "--set",
+            "sft.demos_per_task_type=1",
+            "--set",
+            "epochs=3",
+            "--set",
+            "mini_batch=4",
+            "--set",
+            "micro_batch=2",
+            "--set",
+            "optim.lr=1e-3",
+        ],
+    );
+    assert!(sft.contains("| objective | sft |"), "{sft}");
+}
+
+#[test]
+fn one_iteration_through_every_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    prepare(root);
+    let policy = root.join("sft/policy");
+    let metrics: Vec<MetricRow> = TableReader::open(&root.join("sft/metrics"), TableName::Metrics)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    // 7 task types, one demonstration each, 4 per mini-batch, 3 epochs.
+    assert_eq!(metrics.len(), 2 * 3);
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m.loss.is_finite() && m.grad_norm > 0.0)
+    );
+
+    let rollouts = root.join("it0/rollouts");
+    let collect = |out: &Path| {
+        ok(
+            "collect-rollouts",
+            &[
+                "--policy",
+                s(&policy),
+                "--input",
+                s(&root.join("data/train")),
+                "--out",
+                s(out),
+                "--seed",
+                "5",
+                "--set",
+                "group_size=3",
+                "--set",
+                "tasks_per_iteration=4",
+                "--set",
+                "max_new_tokens=40",
+                "--set",
+                "batch_rows=5",
+            ],
+        )
+    };
+    collect(&rollouts);
+    let trajectories: Vec<TrajectoryRow> =
+        TableReader::open(&rollouts.join("trajectories"), TableName::Trajectories)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    let steps: Vec<StepRow> = TableReader::open(&rollouts.join("steps"), TableName::Steps)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert_eq!(trajectories.len(), 12);
+    assert_eq!(steps.len(), 12);
+    let checkpoint_id = std::fs::read_to_string(policy.join("manifest.json")).unwrap();
+    for (trajectory, step) in trajectories.iter().zip(&steps) {
+        assert_eq!(trajectory.trajectory_id, step.trajectory_id);
+        assert!(trajectory.trajectory_id.starts_with(&trajectory.group_id));
+        assert!(checkpoint_id.contains(&trajectory.policy));
+        assert_eq!(step.response_ids.len(), step.old_logprobs.len());
+        assert!(!step.response_ids.is_empty() && step.response_ids.len() <= 40);
+        assert!(
+            step.old_logprobs
+                .iter()
+                .all(|&lp| lp <= 0.0 && lp.is_finite())
+        );
+        assert_eq!(trajectory.temperature, 1.6);
+    }
+    // The same seed gives the same rollouts, whatever the sampling batch size.
+    let again = root.join("again");
+    collect(&again);
+    let hash = |dir: &Path| {
+        TableReader::open(&dir.join("steps"), TableName::Steps)
+            .unwrap()
+            .manifest()
+            .content_hash
+            .clone()
+    };
+    assert_eq!(hash(&rollouts), hash(&again));
+
+    ok(
+        "score-rewards",
+        &[
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("data/train")),
+            "--out",
+            s(&root.join("it0/rewards")),
+            "--set",
+            "reward.fn=verify",
+        ],
+    );
+    ok(
+        "compute-advantages",
+        &[
+            "--policy",
+            s(&policy),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("it0/rewards")),
+            "--out",
+            s(&root.join("it0/adv")),
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.kind=rule",
+        ],
+    );
+    let update = ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(&policy),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("it0/adv")),
+            "--out",
+            s(&root.join("it0/update")),
+            "--set",
+            "iteration=0",
+            "--set",
+            "mini_batch=6",
+            "--set",
+            "micro_batch=4",
+            "--set",
+            "epochs=2",
+            "--set",
+            "ppo.entropy_coef=0.01",
+        ],
+    );
+    assert!(update.contains("mean clipfrac"), "{update}");
+    let metrics: Vec<MetricRow> =
+        TableReader::open(&root.join("it0/update/metrics"), TableName::Metrics)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    assert_eq!(metrics.len(), 4);
+    // The first update starts at the behaviour policy: ratio 1, nothing clipped.
+    assert!(metrics[0].approx_kl.abs() < 1e-3, "{:?}", metrics[0]);
+    assert_eq!(metrics[0].clipfrac, 0.0);
+    let manifest = std::fs::read_to_string(root.join("it0/update/policy/manifest.json")).unwrap();
+    let sft_id: serde_json::Value = serde_json::from_str(&checkpoint_id).unwrap();
+    let new: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(new["parent"], sft_id["id"]);
+    // All-equal rewards give zero advantages; the entropy bonus still moves the weights.
+    assert_ne!(new["id"], sft_id["id"]);
+
+    let eval = ok(
+        "evaluate",
+        &[
+            "--policy",
+            s(&root.join("it0/update/policy")),
+            "--input",
+            s(&root.join("data/val")),
+            "--out",
+            s(&root.join("it0/eval")),
+            "--set",
+            "runs=2",
+            "--set",
+            "max_new_tokens=40",
+        ],
+    );
+    assert!(eval.contains("success, split val"), "{eval}");
+    let rows: Vec<EvalRow> = TableReader::open(&root.join("it0/eval/eval"), TableName::Eval)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert_eq!(rows.len(), 4 * 2);
+    assert!(
+        rows.iter()
+            .all(|r| r.split == "val" && r.task_type.is_some())
+    );
+}
+
+#[test]
+fn bad_checkpoints_and_bad_advantages_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    prepare(root);
+    let policy = root.join("sft/policy");
+    let train = root.join("data/train");
+
+    // A config that disagrees with the weights.
+    let broken = root.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "manifest.json",
+        "config.json",
+    ] {
+        std::fs::copy(policy.join(file), broken.join(file)).unwrap();
+    }
+    let config = std::fs::read_to_string(policy.join("config.json")).unwrap();
+    let missing = root.join("x");
+    std::fs::write(
+        broken.join("config.json"),
+        config.replace("\"n_embd\": 32", "\"n_embd\": 64"),
+    )
+    .unwrap();
+    let args = [
+        "--policy",
+        s(&broken),
+        "--input",
+        s(&train),
+        "--out",
+        s(&missing),
+    ];
+    let result = run("collect-rollouts", &args);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("model.safetensors") && result.stderr.contains("shape"),
+        "{result}"
+    );
+    assert!(!missing.exists(), "nothing written");
+
+    // A tokenizer from another vocabulary.
+    std::fs::write(broken.join("config.json"), &config).unwrap();
+    let other = root.join("other");
+    ok(
+        "init-policy",
+        &[
+            "--out",
+            s(&other),
+            "--set",
+            "model.n_embd=32",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "tokenizer.vocab_size=350",
+            "--set",
+            "tokenizer.corpus_tasks=40",
+        ],
+    );
+    std::fs::copy(other.join("tokenizer.json"), broken.join("tokenizer.json")).unwrap();
+    let result = run(
+        "evaluate",
+        &[
+            "--policy",
+            s(&broken),
+            "--input",
+            s(&root.join("data/val")),
+            "--out",
+            s(&root.join("y")),
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("tokenizer.json") && result.stderr.contains("vocab_size"),
+        "{result}"
+    );
+
+    // A context too short for the prompts.
+    let short = root.join("short");
+    ok(
+        "init-policy",
+        &[
+            "--out",
+            s(&short),
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_ctx=64",
+            "--set",
+            "tokenizer.corpus_tasks=40",
+        ],
+    );
+    let result = run(
+        "evaluate",
+        &[
+            "--policy",
+            s(&short),
+            "--input",
+            s(&root.join("data/val")),
+            "--out",
+            s(&root.join("w")),
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("n_ctx = 64") && result.stderr.contains("household/val/"),
+        "{result}"
+    );
+
+    // Advantages whose length differs from the response.
+    let rollouts = root.join("r");
+    ok(
+        "collect-rollouts",
+        &[
+            "--policy",
+            s(&policy),
+            "--input",
+            s(&train),
+            "--out",
+            s(&rollouts),
+            "--set",
+            "group_size=2",
+            "--set",
+            "tasks_per_iteration=2",
+            "--set",
+            "max_new_tokens=12",
+        ],
+    );
+    let steps: Vec<StepRow> = TableReader::open(&rollouts.join("steps"), TableName::Steps)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let advantages: Vec<embodyflow_core::schemas::AdvantageRow> = steps
+        .iter()
+        .map(|step| embodyflow_core::schemas::AdvantageRow {
+            trajectory_id: step.trajectory_id.clone(),
+            step_index: step.step_index,
+            advantages: vec![0.5; step.response_ids.len() + 1],
+            returns: None,
+            episode_adv: 0.5,
+            step_adv: None,
+            estimator: "grpo".into(),
+        })
+        .collect();
+    write_table(&root.join("adv"), &advantages);
+    let result = run(
+        "update-policy",
+        &[
+            "--policy",
+            s(&policy),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("adv")),
+            "--out",
+            s(&root.join("z")),
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("old log-probs") && result.stderr.contains(&steps[0].trajectory_id),
+        "{result}"
+    );
+    assert!(!root.join("z").exists(), "nothing written");
+}
