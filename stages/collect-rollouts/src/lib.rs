@@ -151,7 +151,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let mut owned: Vec<&TaskRow> = tasks
+    let owned: Vec<&TaskRow> = tasks
         .iter()
         .filter(|t| args.stage.shard.owns(&t.task_id))
         .collect();
@@ -232,7 +232,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    owned.clear();
 
     let mut trajectories = stage.writer(TableName::Trajectories)?;
     let mut steps = stage.writer(TableName::Steps)?;

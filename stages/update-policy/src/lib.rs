@@ -258,7 +258,10 @@ pub fn ppo_examples(
             )));
         }
         examples.push(Example {
-            source: format!("trajectory `{}` step {}", step.trajectory_id, step.step_index),
+            source: format!(
+                "trajectory `{}` step {}",
+                step.trajectory_id, step.step_index
+            ),
             prompt: step.prompt_ids,
             response: step.response_ids,
             old_logprobs: step.old_logprobs,
@@ -309,7 +312,10 @@ pub fn train(
         return Err(Error::Usage("mini_batch and micro_batch must be at least 1".into()).into());
     }
     let n_ctx = policy.model.config().n_ctx as usize;
-    if let Some(long) = examples.iter().find(|e| e.prompt.len() + e.response.len() > n_ctx) {
+    if let Some(long) = examples
+        .iter()
+        .find(|e| e.prompt.len() + e.response.len() > n_ctx)
+    {
         return Err(Error::BadInput(format!(
             "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
             long.source,
@@ -355,7 +361,6 @@ pub fn train(
                 let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
                 let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
                 let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
-                // One temperature per micro-batch: rollouts of one run share it.
                 let temperature = batch[0].temperature as f64;
                 let scores = score_responses(policy, &prompts, &responses, temperature);
                 let entropy = aggregate(
@@ -497,6 +502,17 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     };
     if examples.is_empty() {
         return Err(Error::BadInput("no training examples in the inputs".into()).into());
+    }
+    // Log-probs are recomputed at the rollouts' temperature, one per micro-batch.
+    if let Some(other) = examples
+        .iter()
+        .find(|e| e.temperature != examples[0].temperature)
+    {
+        return Err(Error::BadInput(format!(
+            "{} was sampled at temperature {}, {} at {}: update on rollouts of one temperature",
+            examples[0].source, examples[0].temperature, other.source, other.temperature
+        ))
+        .into());
     }
     let parent = policy.manifest.id.clone();
     let report = train(
