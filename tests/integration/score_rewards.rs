@@ -284,3 +284,135 @@ fn embodied_r1_without_tasks_is_bad_input() {
     assert!(result.stderr.contains("tasks table"), "{result}");
     assert!(!out.join("rewards").exists());
 }
+
+/// A household task written by hand: an apple in the closed fridge, to be
+/// put on the counter. Action ids are those of the household world's fixed
+/// list.
+fn household_task() -> TaskRow {
+    let observation = r#"{"split":"train","task_type":"pick_and_place","family":0,
+        "goal":{"object":"Apple","receptacle":"CounterTop","container":null},
+        "scene":{"run":0,
+          "receptacles":[{"receptacle":"Fridge","open":false},{"receptacle":"CounterTop","open":false},
+                         {"receptacle":"DiningTable","open":false}],
+          "objects":[{"object":"Apple","on":"Fridge"},{"object":"Mug","on":"DiningTable"}]}}"#;
+    TaskRow {
+        task_id: "household/train/0/000000".into(),
+        suite: "household".into(),
+        env: "household".into(),
+        split: "train".into(),
+        task_type: Some("pick_and_place".into()),
+        seed: 0,
+        instruction: "Put an apple on the counter.".into(),
+        observation: Some(observation.as_bytes().to_vec()),
+        gt_actions: Some(
+            HOUSEHOLD_GT
+                .iter()
+                .map(|&(id, n)| PlanAction {
+                    action_id: id,
+                    action_name: n.into(),
+                })
+                .collect(),
+        ),
+    }
+}
+
+const HOUSEHOLD_GT: [(i32, &str); 5] = [
+    (16, "find a Apple"),
+    (65, "open the Fridge"),
+    (40, "pick up the Apple"),
+    (4, "find a CounterTop"),
+    (64, "put down the object in hand"),
+];
+
+#[test]
+fn verify_executes_household_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = household_task();
+    let responses = [
+        // The ground truth.
+        plan_json(&HOUSEHOLD_GT),
+        // Executable, but not the ground truth's first step.
+        plan_json(&[
+            (0, "find a Fridge"),
+            (65, "open the Fridge"),
+            (40, "pick up the Apple"),
+            (4, "find a CounterTop"),
+            (64, "put down the object in hand"),
+        ]),
+        // Unexecutable: picks the apple out of the closed fridge.
+        plan_json(&[
+            (16, "find a Apple"),
+            (40, "pick up the Apple"),
+            (4, "find a CounterTop"),
+            (64, "put down the object in hand"),
+        ]),
+    ];
+    let trajectories: Vec<TrajectoryRow> = responses
+        .iter()
+        .enumerate()
+        .map(|(s, response)| TrajectoryRow {
+            trajectory_id: format!("it0/{}/d0/s{s}", task.task_id),
+            group_id: format!("it0/{}/d0", task.task_id),
+            task_id: task.task_id.clone(),
+            sample_index: s as i32,
+            iteration: 0,
+            policy: "test".into(),
+            temperature: 1.6,
+            num_steps: 1,
+            env_steps: 5,
+            complete: false,
+            response_text: Some(response.clone()),
+            seed: 0,
+        })
+        .collect();
+    write_table(&dir.path().join("data"), &[task]);
+    write_table(&dir.path().join("rollouts"), &trajectories);
+
+    let result = score(dir.path(), "verify", &["--set", "reward.fn=verify"]);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(
+        result.stdout.contains("plans executed (household)"),
+        "{result}"
+    );
+    let rows = rewards(&dir.path().join("verify"));
+    let accuracy: Vec<f32> = rows.iter().map(|r| r.accuracy).collect();
+    assert_eq!(accuracy, vec![1.0, 1.0, -1.0]);
+    let scores: Vec<f32> = rows.iter().map(|r| r.score).collect();
+    assert_eq!(scores, vec![1.0, 1.0, -0.6]);
+    // The step match still sees the executable alternative as a mismatch.
+    assert_eq!(rows[1].step_match, Some(vec![0, 1, 1, 1, 1]));
+    assert_eq!(rows[0].step_match, Some(vec![1, 1, 1, 1, 1]));
+    assert_eq!(rows[2].step_valid, Some(vec![true, false, true, false]));
+    assert_eq!(rows[1].step_valid, Some(vec![true; 5]));
+
+    // Without the observation the same plans fall back to the step match.
+    let mut bare = household_task();
+    bare.observation = None;
+    let fallback_dir = tempfile::tempdir().unwrap();
+    write_table(&fallback_dir.path().join("data"), &[bare]);
+    write_table(&fallback_dir.path().join("rollouts"), &trajectories);
+    let result = score(
+        fallback_dir.path(),
+        "verify",
+        &["--set", "reward.fn=verify"],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let rows = rewards(&fallback_dir.path().join("verify"));
+    let accuracy: Vec<f32> = rows.iter().map(|r| r.accuracy).collect();
+    // 2 * matched / max(pred, gt) - 1: 5/5, 4/5, 1/5 (exact mode).
+    assert!((accuracy[1] - 0.6).abs() < 1e-6, "{accuracy:?}");
+    assert!(rows.iter().all(|r| r.step_valid.is_none()));
+
+    // A malformed household observation is bad input, named by task id.
+    let mut broken = household_task();
+    broken.observation = Some(b"{\"scene\": 1}".to_vec());
+    let broken_dir = tempfile::tempdir().unwrap();
+    write_table(&broken_dir.path().join("data"), &[broken]);
+    write_table(&broken_dir.path().join("rollouts"), &trajectories);
+    let result = score(broken_dir.path(), "verify", &["--set", "reward.fn=verify"]);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("household/train/0/000000"),
+        "{result}"
+    );
+}

@@ -6,8 +6,12 @@
 //! prefix accuracy; `reward.tolerant` for tolerant parsing;
 //! `reward.action_list` names a JSON file with the environment's action names,
 //! index = id, for the id/name agreement part), or `verify`
-//! (`0.8 * accuracy + 0.2 * format`, accuracy from the step match until an
-//! environment executor is attached). For every trajectory whose task has a
+//! (`0.8 * accuracy + 0.2 * format`). Under `verify`, a trajectory whose task
+//! has `env = household` and an observation is checked by executing the
+//! extracted plan with the household executor (`embodyflow_household`):
+//! accuracy 1 when the plan reaches the goal, -1 otherwise, and `step_valid`
+//! holds the executor's verdict per step; other tasks keep the step-match
+//! accuracy (`2 * matched / max(predicted, gt) - 1`). For every trajectory whose task has a
 //! ground-truth plan, `step_match` holds the rule match of each predicted step
 //! under `match.mode` (`exact` | `prefix` | `lcs`), found with the tolerant
 //! plan extraction whatever the reward.
@@ -24,14 +28,17 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use arrow::array::{Array, BooleanArray, Int32Array, ListArray, StringArray, StructArray};
+use arrow::array::{
+    Array, BinaryArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray,
+};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
 use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::dataset::{TableReader, column};
-use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName};
+use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
+use embodyflow_household::{PlanStep, Task, execute, task_from_row};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -156,6 +163,9 @@ pub struct Rollout<'a> {
     pub response_text: Option<&'a str>,
     /// The task's ground-truth plan.
     pub gt: Option<&'a [GtStep]>,
+    /// The task as the household executor runs it (`env = household` with an
+    /// observation); `verify` then executes the plan.
+    pub household: Option<&'a Task>,
 }
 
 /// Scores one trajectory (pure; the stage maps it over rows in parallel).
@@ -166,6 +176,20 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         (Some(plan), Some(gt)) => Some(step_match(&plan.steps, gt, config.step_match.mode)),
         (None, Some(_)) => Some(Vec::new()),
         (_, None) => None,
+    };
+    let execution = match (config.reward.function, rollout.household) {
+        (RewardFn::Verify, Some(task)) => tolerant_plan.as_ref().map(|plan| {
+            let steps: Vec<PlanStep> = plan
+                .steps
+                .iter()
+                .map(|s| PlanStep {
+                    action_id: s.action_id,
+                    action_name: s.action_name.clone(),
+                })
+                .collect();
+            execute(task, &steps)
+        }),
+        _ => None,
     };
     let scored = match config.reward.function {
         RewardFn::Outcome => {
@@ -187,9 +211,12 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
             let matched = matches
                 .as_ref()
                 .map_or(0, |m| m.iter().filter(|&&x| x == 1).count());
+            let executor_success = rollout
+                .household
+                .map(|_| execution.as_ref().is_some_and(|e| e.success));
             verify(
                 tolerant_plan.clone(),
-                None,
+                executor_success,
                 matched,
                 rollout.gt.map_or(0, <[GtStep]>::len),
             )
@@ -213,7 +240,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
                 .collect()
         }),
         step_match: matches,
-        step_valid: None,
+        step_valid: execution.map(|e| e.step_valid),
         reward_fn: config.reward.function.name().to_string(),
     }
 }
@@ -258,6 +285,49 @@ fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
     Ok(plans)
 }
 
+/// The household tasks (`env = household` with an observation), by task id,
+/// rebuilt for the executor; a malformed observation is bad input.
+fn read_household(tasks: &TableReader) -> Result<HashMap<String, Task>> {
+    let mut out = HashMap::new();
+    let columns = [
+        "task_id",
+        "env",
+        "split",
+        "seed",
+        "instruction",
+        "observation",
+    ];
+    for batch in tasks.batches(Some(&columns), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "task_id");
+        let envs = column::<StringArray>(&batch, "env");
+        let splits = column::<StringArray>(&batch, "split");
+        let seeds = column::<Int64Array>(&batch, "seed");
+        let instructions = column::<StringArray>(&batch, "instruction");
+        let observations = column::<BinaryArray>(&batch, "observation");
+        for i in 0..batch.num_rows() {
+            if envs.value(i) != "household" || observations.is_null(i) {
+                continue;
+            }
+            let row = TaskRow {
+                task_id: ids.value(i).to_string(),
+                suite: String::new(),
+                env: envs.value(i).to_string(),
+                split: splits.value(i).to_string(),
+                task_type: None,
+                seed: seeds.value(i),
+                instruction: instructions.value(i).to_string(),
+                observation: Some(observations.value(i).to_vec()),
+                gt_actions: None,
+            };
+            let task =
+                task_from_row(&row).map_err(|e| Error::BadInput(format!("tasks table: {e}")))?;
+            out.insert(row.task_id, task);
+        }
+    }
+    Ok(out)
+}
+
 fn read_action_list(path: &PathBuf) -> Result<ActionList> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let names: Vec<String> = serde_json::from_str(&text).map_err(|e| Error::BadValue {
@@ -290,10 +360,15 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
+    let household = match (&tasks, config.reward.function) {
+        (Some(tasks), RewardFn::Verify) => read_household(tasks)?,
+        _ => HashMap::new(),
+    };
 
     let mut writer = stage.writer(TableName::Rewards)?;
     let (mut scored, mut parse_failures, mut with_gt, mut score_sum, mut successes) =
         (0u64, 0u64, 0u64, 0f64, 0u64);
+    let (mut executed, mut executed_ok) = (0u64, 0u64);
     let bar = progress::bar(trajectories.num_rows(), "scoring");
     let columns = [
         "trajectory_id",
@@ -320,6 +395,7 @@ pub fn run(args: Args) -> Result<()> {
                     complete: complete.value(i),
                     response_text: (!texts.is_null(i)).then(|| texts.value(i)),
                     gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
+                    household: household.get(task_ids.value(i)),
                 };
                 score(&rollout, config, actions.as_ref())
             })
@@ -330,6 +406,10 @@ pub fn run(args: Args) -> Result<()> {
             with_gt += u64::from(row.step_match.is_some());
             score_sum += f64::from(row.score);
             successes += u64::from(row.success);
+            if row.step_valid.is_some() {
+                executed += 1;
+                executed_ok += u64::from(row.accuracy > 0.0);
+            }
         }
         writer.write_rows(&rows)?;
     }
@@ -353,6 +433,11 @@ pub fn run(args: Args) -> Result<()> {
             "match mode",
             format!("{:?}", config.step_match.mode).to_lowercase(),
         );
+    if config.reward.function == RewardFn::Verify {
+        summary
+            .add("plans executed (household)", executed)
+            .add("executed plans reaching the goal", executed_ok);
+    }
     if config.reward.function == RewardFn::EmbodiedR1 && actions.is_none() {
         summary.add(
             "note",
