@@ -4,8 +4,9 @@
 //! architecture in `model.*` (seeded by `--seed`). Its `vocab_size` is the
 //! tokenizer's, so the two always agree.
 //!
-//! The default model (4 layers, width 128, 4 heads, context 640: about
-//! 0.95 M parameters) is sized for the household demo on a CPU.
+//! The default model (4 layers, width 96, 4 heads, context 640: about
+//! 0.58 M parameters with the household tokenizer) is sized for the
+//! household demo on a CPU.
 //!
 //! ```text
 //! init-policy --out runs/init --seed 0 --set model.n_layer=4 --set tokenizer.vocab_size=1024
@@ -50,7 +51,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             n_ctx: 640,
-            n_embd: 128,
+            n_embd: 96,
             n_head: 4,
             n_layer: 4,
         }

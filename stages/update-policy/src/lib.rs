@@ -562,3 +562,106 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     stage.write_summary(&summary)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_models::gpt::GptConfig;
+    use embodyflow_models::tokenizer::train_bpe;
+
+    fn tiny_policy() -> Checkpoint {
+        tch::manual_seed(1);
+        let corpus: Vec<String> = (0..40)
+            .map(|i| format!("find a Mug {i}, pick up the Mug"))
+            .collect();
+        let tokenizer = train_bpe(&corpus, 300).unwrap();
+        let config = GptConfig {
+            vocab_size: tokenizer.get_vocab_size(true) as i64,
+            n_ctx: 32,
+            n_embd: 32,
+            n_head: 2,
+            n_layer: 1,
+        };
+        Checkpoint::init(&config, tokenizer, tch::Device::Cpu).unwrap()
+    }
+
+    fn response_logprob(policy: &Checkpoint, example: &Example) -> f64 {
+        tch::no_grad(|| {
+            score_responses(policy, &[&example.prompt], &[&example.response], 1.0)
+                .logprobs
+                .sum(Kind::Double)
+                .double_value(&[])
+        })
+    }
+
+    /// PPO moves a response's probability in the direction of its advantage.
+    #[test]
+    fn the_update_follows_the_sign_of_the_advantage() {
+        for sign in [1.0f32, -1.0] {
+            let mut policy = tiny_policy();
+            let prompt = vec![5, 6, 7, policy.special.plan];
+            let response = vec![9, 12, 15, policy.special.eos];
+            let old =
+                tch::no_grad(|| score_responses(&policy, &[&prompt], &[&response], 1.0).logprobs);
+            let example = Example {
+                source: "test".into(),
+                old_logprobs: Vec::<f32>::try_from(old.view([-1])).unwrap(),
+                advantages: vec![sign; response.len()],
+                prompt,
+                response,
+                temperature: 1.0,
+            };
+            let before = response_logprob(&policy, &example);
+            let config = Config {
+                epochs: 4,
+                mini_batch: 1,
+                micro_batch: 1,
+                optim: OptimConfig {
+                    lr: 1e-2,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let report = train(&mut policy, None, &[example.clone()], &config, 0).unwrap();
+            assert_eq!(report.metrics.len(), 4);
+            assert!(
+                report.metrics[0].approx_kl.abs() < 1e-6,
+                "starts at the behaviour policy"
+            );
+            let after = response_logprob(&policy, &example);
+            assert!(
+                (after - before) * sign as f64 > 0.0,
+                "advantage {sign}: log-prob {before} -> {after}"
+            );
+        }
+    }
+
+    /// SFT raises the log-probability of the expert answer.
+    #[test]
+    fn sft_learns_the_answer() {
+        let mut policy = tiny_policy();
+        let example = Example {
+            source: "test".into(),
+            prompt: vec![5, 6, policy.special.plan],
+            response: vec![20, 21, 22, policy.special.eos],
+            old_logprobs: Vec::new(),
+            advantages: Vec::new(),
+            temperature: 1.0,
+        };
+        let before = response_logprob(&policy, &example);
+        let config = Config {
+            objective: Objective::Sft,
+            epochs: 20,
+            mini_batch: 1,
+            micro_batch: 1,
+            optim: OptimConfig {
+                lr: 1e-2,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        train(&mut policy, None, &[example.clone()], &config, 0).unwrap();
+        let after = response_logprob(&policy, &example);
+        assert!(after > before + 1.0 && after > -1.0, "{before} -> {after}");
+    }
+}
