@@ -1,4 +1,4 @@
-//! Throughput of the default policy shape on this machine: KV-cached
+//! Throughput of the default policy shape (init-policy: width 96, 4 layers) on this machine: KV-cached
 //! sampling (batch 128, 400-token prompts, 150 new tokens) and training
 //! (forward + backward over prompt + response, micro-batches of 16).
 //! Prints `sampling_tokens_per_s N` and `training_tokens_per_s N` (response
@@ -28,7 +28,7 @@ fn main() {
     let config = GptConfig {
         vocab_size: tokenizer.get_vocab_size(true) as i64,
         n_ctx: 640,
-        n_embd: 128,
+        n_embd: 96,
         n_head: 4,
         n_layer: 4,
     };
