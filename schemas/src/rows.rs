@@ -103,6 +103,32 @@ row!(
     }
 );
 
+impl StepRow {
+    /// The single step of a one-shot plan (a whole JSON plan is one
+    /// decision): token ids and behaviour log-probs, no values or latents.
+    pub fn one_shot(
+        trajectory_id: String,
+        prompt_ids: Vec<i32>,
+        response_ids: Vec<i32>,
+        old_logprobs: Vec<f32>,
+    ) -> StepRow {
+        StepRow {
+            trajectory_id,
+            step_index: 0,
+            prompt_ids,
+            response_ids,
+            old_logprobs,
+            observation: None,
+            old_value: None,
+            old_values: None,
+            latents: None,
+            latent_dim: None,
+            chosen_latent_len: None,
+            old_latent_end_logprob: None,
+        }
+    }
+}
+
 row!(
     Rewards,
     /// A row of `rewards` (see `schemas/rewards.toml`).

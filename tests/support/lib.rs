@@ -246,18 +246,11 @@ pub fn one_shot_step(
     trajectory_id: &str,
     response_ids: Vec<i32>,
 ) -> embodyflow_core::schemas::StepRow {
-    embodyflow_core::schemas::StepRow {
-        trajectory_id: trajectory_id.to_string(),
-        step_index: 0,
-        prompt_ids: vec![1],
-        old_logprobs: vec![-1.0; response_ids.len()],
+    let old_logprobs = vec![-1.0; response_ids.len()];
+    embodyflow_core::schemas::StepRow::one_shot(
+        trajectory_id.to_string(),
+        vec![1],
         response_ids,
-        observation: None,
-        old_value: None,
-        old_values: None,
-        latents: None,
-        latent_dim: None,
-        chosen_latent_len: None,
-        old_latent_end_logprob: None,
-    }
+        old_logprobs,
+    )
 }

@@ -254,20 +254,12 @@ pub fn run(args: Args) -> Result<(), ModelError> {
                 response_text: Some(episode.text.clone()),
                 seed: seed as i64,
             });
-            step_rows.push(StepRow {
+            step_rows.push(StepRow::one_shot(
                 trajectory_id,
-                step_index: 0,
-                prompt_ids: episode.prompt_ids.clone(),
-                response_ids: episode.response_ids.clone(),
-                old_logprobs: episode.logprobs.clone(),
-                observation: None,
-                old_value: None,
-                old_values: None,
-                latents: None,
-                latent_dim: None,
-                chosen_latent_len: None,
-                old_latent_end_logprob: None,
-            });
+                episode.prompt_ids.clone(),
+                episode.response_ids.clone(),
+                episode.logprobs.clone(),
+            ));
         }
     }
     trajectories.write_rows(&trajectory_rows)?;
