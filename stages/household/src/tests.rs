@@ -371,7 +371,10 @@ fn prompt_and_plan_length_stats() {
     let tasks = generate_tasks(Split::Train, 0, 1000);
     let lens: Vec<usize> = tasks.iter().map(|t| prompt(t).len()).collect();
     let plans: Vec<usize> = tasks.iter().map(|t| expert_plan(t).len()).collect();
-    let answers: Vec<usize> = tasks.iter().map(|t| response_json(&expert_plan(t)).len()).collect();
+    let answers: Vec<usize> = tasks
+        .iter()
+        .map(|t| response_json(&expert_plan(t)).len())
+        .collect();
     let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len() as f64;
     let max = |v: &[usize]| *v.iter().max().unwrap();
     println!(
