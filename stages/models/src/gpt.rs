@@ -79,27 +79,16 @@ impl Block {
             Some(cache) => cache.append(&k, &v),
             None => (k, v),
         };
-        let attended = match mask {
-            // One new position over a long cache: explicit attention reads
-            // the cache views in place (the fused kernel copies them).
-            Some(mask) if t == 1 => {
-                let scores = q.matmul(&k.transpose(-2, -1)) / (head_dim as f64).sqrt();
-                scores
-                    .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
-                    .softmax(-1, scores.kind())
-                    .matmul(&v)
-            }
-            _ => Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                mask,
-                0.0,
-                mask.is_none(),
-                None,
-                false,
-            ),
-        };
+        let attended = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            mask,
+            0.0,
+            mask.is_none(),
+            None,
+            false,
+        );
         let attended = attended.transpose(1, 2).contiguous().view([b, t, e]);
         let x = x + self.attn_proj.forward(&attended);
         let hidden = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("tanh");
