@@ -174,8 +174,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     };
     let started = Instant::now();
     let mut kept: Vec<Group> = Vec::new();
-    let (mut draws, mut dropped, mut samples, mut successes, mut tokens) =
-        (0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut draws, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
     let draw_limit = wanted
         + if config.dynamic_sampling.enabled {
             config.dynamic_sampling.max_extra_draws
@@ -211,7 +210,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
             draws += 1;
             let wins = group.iter().filter(|e| e.outcome.success).count();
-            samples += group.len();
             successes += wins;
             tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
             let uniform = wins == 0 || wins == group.len();
@@ -232,6 +230,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let samples = draws * config.group_size;
 
     let mut trajectories = stage.writer(TableName::Trajectories)?;
     let mut steps = stage.writer(TableName::Steps)?;

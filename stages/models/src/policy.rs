@@ -291,7 +291,7 @@ pub fn score_responses(
     let batch = prompts.len() as i64;
     let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let longest = responses.iter().map(|r| r.len()).max().unwrap_or(0);
-    let (mut ids, pads) = left_padded(prompts, width, policy.special.pad);
+    let (ids, pads) = left_padded(prompts, width, policy.special.pad);
     let total = width + longest;
     // Append each response after its prompt row, right-padded.
     let mut sequences = Vec::with_capacity(prompts.len() * total);
@@ -306,7 +306,6 @@ pub fn score_responses(
         mask.extend(std::iter::repeat_n(1.0f32, response.len()));
         mask.extend(std::iter::repeat_n(0.0f32, longest - response.len()));
     }
-    ids.clear();
     let (width, longest, total) = (width as i64, longest as i64, total as i64);
     let sequences = Tensor::from_slice(&sequences)
         .view([batch, total])
