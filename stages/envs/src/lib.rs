@@ -10,8 +10,9 @@
 //! ([`embodyflow_algos::plan::extract`]) and executed step by step: a broken
 //! answer executes as an empty plan (no success), never a panic.
 //!
-//! [`episodes`] runs a policy on many tasks (sampling in batches, executing
-//! the answers).
+//! `score-rewards` executes already-extracted plans through
+//! [`TaskEnv::execute_plan`]; `embodyflow_models::episodes` runs a policy on
+//! many tasks through [`TaskEnv::prompt`] and [`TaskEnv::execute`].
 //!
 //! ```no_run
 //! use embodyflow_envs::TaskEnv;
@@ -21,9 +22,7 @@
 //! assert!(outcome.success);
 //! ```
 
-pub mod episodes;
-
-use embodyflow_algos::plan::extract;
+use embodyflow_algos::plan::{Plan, PlanStep, extract};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Error, Result};
 use embodyflow_household as household;
@@ -88,32 +87,47 @@ impl TaskEnv {
         }
     }
 
-    /// Executes an answer.
+    /// Extracts the plan of an answer and executes it; an answer without a
+    /// plan executes as an empty plan.
     pub fn execute(&self, answer: &str) -> Outcome {
-        let plan = extract(answer);
-        let parsed = plan.is_some();
+        match extract(answer) {
+            Some(plan) => self.execute_plan(&plan),
+            None => Outcome {
+                parsed: false,
+                ..self.execute_steps(&[])
+            },
+        }
+    }
+
+    /// Executes an extracted plan step by step.
+    pub fn execute_plan(&self, plan: &Plan) -> Outcome {
+        self.execute_steps(&plan.steps)
+    }
+
+    fn execute_steps(&self, steps: &[PlanStep]) -> Outcome {
         match self {
             TaskEnv::Household(task) => {
-                let steps: Vec<household::PlanStep> = plan
-                    .map(|plan| {
-                        plan.steps
-                            .into_iter()
-                            .map(|step| household::PlanStep {
-                                action_id: step.action_id,
-                                action_name: step.action_name,
-                            })
-                            .collect()
+                let steps: Vec<household::PlanStep> = steps
+                    .iter()
+                    .map(|step| household::PlanStep {
+                        action_id: step.action_id,
+                        action_name: step.action_name.clone(),
                     })
-                    .unwrap_or_default();
+                    .collect();
                 let execution = household::execute(task, &steps);
                 Outcome {
                     success: execution.success,
                     env_steps: execution.env_steps,
-                    parsed,
+                    parsed: true,
                     step_valid: execution.step_valid,
                 }
             }
         }
+    }
+
+    /// Whether `env` names an environment built in here.
+    pub fn is_built_in(env: &str) -> bool {
+        env == "household"
     }
 }
 

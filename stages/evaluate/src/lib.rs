@@ -16,9 +16,9 @@ use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
-use embodyflow_envs::episodes::{Request, run_episodes};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::episodes::{Request, run_episodes};
 use embodyflow_models::policy::Sampling;
 use serde::{Deserialize, Serialize};
 

@@ -12,7 +12,9 @@
 //! - [`checkpoint`]: the checkpoint directory (config, safetensors weights,
 //!   tokenizer, manifest), loaded with consistency checks and saved atomically;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
-//!   top-p) and the log-probs, entropies and masks the update needs.
+//!   top-p) and the log-probs, entropies and masks the update needs;
+//! - [`episodes`]: a policy answering many tasks of the environments in
+//!   `embodyflow_envs` (sampling in batches, executing the answers).
 //!
 //! The examples in these docs are not run as doctests (`doctest = false`):
 //! rustdoc links them in a temporary directory that the binaries' relative
@@ -24,6 +26,7 @@ use embodyflow_core::{Classify, ErrorKind};
 
 pub mod checkpoint;
 pub mod device;
+pub mod episodes;
 pub mod gpt;
 pub mod policy;
 pub mod tokenizer;

@@ -7,8 +7,8 @@
 //! `reward.action_list` names a JSON file with the environment's action names,
 //! index = id, for the id/name agreement part), or `verify`
 //! (`0.8 * accuracy + 0.2 * format`). Under `verify`, a trajectory whose task
-//! has `env = household` and an observation is checked by executing the
-//! extracted plan with the household executor (`embodyflow_household`):
+//! has a built-in environment (`env = household`) and an observation is checked by executing the
+//! extracted plan in it (`embodyflow_envs::TaskEnv::execute_plan`):
 //! accuracy 1 when the plan reaches the goal, -1 otherwise, and `step_valid`
 //! holds the executor's verdict per step; other tasks keep the step-match
 //! accuracy (`2 * matched / max(predicted, gt) - 1`). For every trajectory whose task has a
@@ -38,7 +38,7 @@ use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
-use embodyflow_household::{PlanStep, Task, execute, task_from_row};
+use embodyflow_envs::TaskEnv;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -163,9 +163,9 @@ pub struct Rollout<'a> {
     pub response_text: Option<&'a str>,
     /// The task's ground-truth plan.
     pub gt: Option<&'a [GtStep]>,
-    /// The task as the household executor runs it (`env = household` with an
-    /// observation); `verify` then executes the plan.
-    pub household: Option<&'a Task>,
+    /// The task in its environment (a built-in `env` with an observation);
+    /// `verify` then executes the plan.
+    pub env: Option<&'a TaskEnv>,
 }
 
 /// Scores one trajectory (pure; the stage maps it over rows in parallel).
@@ -177,18 +177,8 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         (None, Some(_)) => Some(Vec::new()),
         (_, None) => None,
     };
-    let execution = match (config.reward.function, rollout.household) {
-        (RewardFn::Verify, Some(task)) => tolerant_plan.as_ref().map(|plan| {
-            let steps: Vec<PlanStep> = plan
-                .steps
-                .iter()
-                .map(|s| PlanStep {
-                    action_id: s.action_id,
-                    action_name: s.action_name.clone(),
-                })
-                .collect();
-            execute(task, &steps)
-        }),
+    let execution = match (config.reward.function, rollout.env) {
+        (RewardFn::Verify, Some(env)) => tolerant_plan.as_ref().map(|plan| env.execute_plan(plan)),
         _ => None,
     };
     let scored = match config.reward.function {
@@ -212,7 +202,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
                 .as_ref()
                 .map_or(0, |m| m.iter().filter(|&&x| x == 1).count());
             let executor_success = rollout
-                .household
+                .env
                 .map(|_| execution.as_ref().is_some_and(|e| e.success));
             verify(
                 tolerant_plan.clone(),
@@ -285,9 +275,9 @@ fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
     Ok(plans)
 }
 
-/// The household tasks (`env = household` with an observation), by task id,
-/// rebuilt for the executor; a malformed observation is bad input.
-fn read_household(tasks: &TableReader) -> Result<HashMap<String, Task>> {
+/// The tasks of built-in environments (with an observation), by task id,
+/// rebuilt for their executor; a malformed observation is bad input.
+fn read_envs(tasks: &TableReader) -> Result<HashMap<String, TaskEnv>> {
     let mut out = HashMap::new();
     let columns = [
         "task_id",
@@ -306,7 +296,7 @@ fn read_household(tasks: &TableReader) -> Result<HashMap<String, Task>> {
         let instructions = column::<StringArray>(&batch, "instruction");
         let observations = column::<BinaryArray>(&batch, "observation");
         for i in 0..batch.num_rows() {
-            if envs.value(i) != "household" || observations.is_null(i) {
+            if !TaskEnv::is_built_in(envs.value(i)) || observations.is_null(i) {
                 continue;
             }
             let row = TaskRow {
@@ -320,9 +310,8 @@ fn read_household(tasks: &TableReader) -> Result<HashMap<String, Task>> {
                 observation: Some(observations.value(i).to_vec()),
                 gt_actions: None,
             };
-            let task =
-                task_from_row(&row).map_err(|e| Error::BadInput(format!("tasks table: {e}")))?;
-            out.insert(row.task_id, task);
+            let env = TaskEnv::from_row(&row, 0)?;
+            out.insert(row.task_id, env);
         }
     }
     Ok(out)
@@ -360,8 +349,8 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
-    let household = match (&tasks, config.reward.function) {
-        (Some(tasks), RewardFn::Verify) => read_household(tasks)?,
+    let envs = match (&tasks, config.reward.function) {
+        (Some(tasks), RewardFn::Verify) => read_envs(tasks)?,
         _ => HashMap::new(),
     };
 
@@ -395,7 +384,7 @@ pub fn run(args: Args) -> Result<()> {
                     complete: complete.value(i),
                     response_text: (!texts.is_null(i)).then(|| texts.value(i)),
                     gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
-                    household: household.get(task_ids.value(i)),
+                    env: envs.get(task_ids.value(i)),
                 };
                 score(&rollout, config, actions.as_ref())
             })

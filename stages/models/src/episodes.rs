@@ -4,7 +4,8 @@
 //! samples per task) and `evaluate` (greedy) share it.
 //!
 //! ```no_run
-//! # use embodyflow_envs::{TaskEnv, episodes::{run_episodes, Request}};
+//! # use embodyflow_envs::TaskEnv;
+//! # use embodyflow_models::episodes::{run_episodes, Request};
 //! # let (policy, env): (embodyflow_models::checkpoint::Checkpoint, TaskEnv) = todo!();
 //! use embodyflow_models::policy::Sampling;
 //! let greedy = Sampling { temperature: 0.0, top_p: 1.0, max_new_tokens: 256 };
@@ -13,12 +14,12 @@
 //! ```
 
 use embodyflow_core::progress;
-use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::policy::{Sampling, sample};
-use embodyflow_models::tokenizer::{decode, encode};
+use embodyflow_envs::{Outcome, TaskEnv};
 
-use crate::{Outcome, TaskEnv};
+use crate::ModelError;
+use crate::checkpoint::Checkpoint;
+use crate::policy::{Sampling, sample};
+use crate::tokenizer::{decode, encode};
 
 /// One answer to draw: the task and the sampling seed.
 #[derive(Debug, Clone, Copy)]
