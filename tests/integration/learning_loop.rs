@@ -244,6 +244,26 @@ fn one_iteration_through_every_stage() {
     assert_eq!(new["parent"], sft_id["id"]);
     // All-equal rewards give zero advantages; the entropy bonus still moves the weights.
     assert_ne!(new["id"], sft_id["id"]);
+    // The SFT moments are not carried into PPO; PPO's own are, call after call.
+    assert!(update.contains("another objective"), "{update}");
+    let again = ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(&root.join("it0/update/policy")),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("it0/adv")),
+            "--out",
+            s(&root.join("it1/update")),
+            "--set",
+            "mini_batch=6",
+            "--set",
+            "micro_batch=4",
+        ],
+    );
+    assert!(again.contains("AdamW resumed at step 4"), "{again}");
 
     let eval = ok(
         "evaluate",

@@ -1,7 +1,8 @@
 //! Policy checkpoints: a directory with `config.json` (the [`GptConfig`]),
 //! `model.safetensors` (the weights, named by parameter path),
-//! `tokenizer.json` (Hugging Face format) and `manifest.json` (id, parent and
-//! the stage that wrote it).
+//! `tokenizer.json` (Hugging Face format), `manifest.json` (id, parent and
+//! the stage that wrote it) and, when an update wrote it, the optimizer state
+//! (`optimizer.safetensors`, `optimizer.json`: see [`crate::optimizer`]).
 //!
 //! Loading checks that the three agree — every tensor the config implies is in
 //! the weights with its shape and nothing else is, and the tokenizer's
@@ -27,6 +28,7 @@ use tokenizers::Tokenizer;
 
 use crate::ModelError;
 use crate::gpt::{Gpt, GptConfig};
+use crate::optimizer::OptimizerState;
 use crate::tokenizer::SpecialIds;
 
 /// The `manifest.json` of a checkpoint.
@@ -55,6 +57,9 @@ pub struct Checkpoint {
     pub special: SpecialIds,
     /// The manifest it was loaded with (or will be saved with).
     pub manifest: CheckpointManifest,
+    /// Optimizer state saved with the weights (`None` on load: the
+    /// optimizer reads it with [`OptimizerState::load`]).
+    pub optimizer: Option<OptimizerState>,
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
@@ -105,6 +110,7 @@ impl Checkpoint {
                 written_by: String::new(),
                 updates: 0,
             },
+            optimizer: None,
         })
     }
 
@@ -150,6 +156,7 @@ impl Checkpoint {
             tokenizer,
             special,
             manifest,
+            optimizer: None,
         })
     }
 
@@ -207,6 +214,9 @@ impl Checkpoint {
         self.tokenizer.save(&tokenizer_path, false).map_err(|e| {
             ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display()))
         })?;
+        if let Some(state) = &self.optimizer {
+            state.save(&staging)?;
+        }
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
         }

@@ -11,6 +11,8 @@
 //!   saved as `tokenizer.json`;
 //! - [`checkpoint`]: the checkpoint directory (config, safetensors weights,
 //!   tokenizer, manifest), loaded with consistency checks and saved atomically;
+//! - [`optimizer`]: AdamW whose moments are saved in the checkpoint, so a
+//!   run of many `update-policy` calls optimises like one process;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
 //!   top-p) and the log-probs, entropies and masks the update needs;
 //! - [`episodes`]: a policy answering many tasks of the environments in
@@ -28,6 +30,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod episodes;
 pub mod gpt;
+pub mod optimizer;
 pub mod policy;
 pub mod tokenizer;
 

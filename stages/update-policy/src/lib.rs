@@ -15,7 +15,9 @@
 //! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
 //! mini-batches of `mini_batch` sequences, one AdamW step each, accumulated
 //! over micro-batches of `micro_batch` sequences, with the gradient norm
-//! clipped to `optim.grad_clip`. The optimizer starts fresh on every call.
+//! clipped to `optim.grad_clip`. The AdamW state is saved with the next
+//! checkpoint and resumed by the next call on the same objective
+//! (`optim.resume`), so an RL loop of many calls optimises like one trainer.
 //!
 //! ```text
 //! update-policy --policy runs/it0/policy --input runs/it0/rollouts --input runs/it0/adv \
@@ -37,6 +39,7 @@ use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::optimizer::{AdamW, AdamWConfig, OptimizerState};
 use embodyflow_models::policy::score_responses;
 use embodyflow_models::tokenizer::encode;
 use rand::SeedableRng;
@@ -44,7 +47,6 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tch::Kind;
-use tch::nn::OptimizerConfig;
 
 pub mod init;
 pub mod loss;
@@ -89,6 +91,31 @@ pub struct OptimConfig {
     pub beta2: f64,
     /// Largest gradient norm (0 = no clipping).
     pub grad_clip: f64,
+    /// Continue from the AdamW state saved in the input checkpoint when it
+    /// was accumulated on the same objective (false: start fresh).
+    pub resume: bool,
+}
+
+impl Objective {
+    /// The name config files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Sft => "sft",
+            Objective::Ppo => "ppo",
+        }
+    }
+}
+
+impl OptimConfig {
+    fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            weight_decay: self.weight_decay,
+            eps: 1e-8,
+        }
+    }
 }
 
 impl Default for OptimConfig {
@@ -99,6 +126,7 @@ impl Default for OptimConfig {
             beta1: 0.9,
             beta2: 0.999,
             grad_clip: 1.0,
+            resume: true,
         }
     }
 }
@@ -300,13 +328,16 @@ pub struct TrainReport {
     pub seconds: f64,
 }
 
-/// Optimises `policy` on `examples` (pure apart from the policy's weights).
+/// Optimises `policy` on `examples`, continuing from the optimizer `state`
+/// (pure apart from the policy's weights; the final state is left in
+/// `policy.optimizer` for the checkpoint).
 pub fn train(
     policy: &mut Checkpoint,
     reference: Option<&Checkpoint>,
     examples: &[Example],
     config: &Config,
     seed: u64,
+    state: OptimizerState,
 ) -> Result<TrainReport, ModelError> {
     if config.mini_batch == 0 || config.micro_batch == 0 {
         return Err(Error::Usage("mini_batch and micro_batch must be at least 1".into()).into());
@@ -325,15 +356,7 @@ pub fn train(
         .into());
     }
     let optim = &config.optim;
-    let mut optimizer = tch::nn::AdamW {
-        beta1: optim.beta1,
-        beta2: optim.beta2,
-        wd: optim.weight_decay,
-        eps: 1e-8,
-        amsgrad: false,
-    }
-    .build(&policy.vars, optim.lr)
-    .map_err(|e| ModelError::Torch(e.to_string()))?;
+    let mut optimizer = AdamW::new(optim.adamw(), state);
     let device = policy.vars.device();
     let started = Instant::now();
     let mut metrics = Vec::new();
@@ -354,7 +377,7 @@ pub fn train(
                     .max(1) as f64,
                 sequences: mini.len() as f64,
             };
-            optimizer.zero_grad();
+            optimizer.zero_grad(&policy.vars);
             let (mut loss_sum, mut pg_sum, mut entropy_sum, mut kl_loss_sum) = (0.0, 0.0, 0.0, 0.0);
             let (mut clipped, mut clipped_lower, mut approx_kl) = (0.0, 0.0, 0.0);
             for micro in mini.chunks(config.micro_batch) {
@@ -414,11 +437,8 @@ pub fn train(
                 entropy_sum += entropy.double_value(&[]);
                 tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
             }
-            let grad_norm = gradient_norm(policy);
-            if optim.grad_clip > 0.0 {
-                optimizer.clip_grad_norm(optim.grad_clip);
-            }
-            optimizer.step();
+            let grad_norm = optimizer.clip_grad_norm(&policy.vars, optim.grad_clip);
+            optimizer.step(&policy.vars);
             policy.manifest.updates += 1;
             metrics.push(MetricRow {
                 iteration: config.iteration,
@@ -447,22 +467,12 @@ pub fn train(
         }
     }
     bar.finish_and_clear();
+    policy.optimizer = Some(optimizer.state);
     Ok(TrainReport {
         metrics,
         tokens,
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-fn gradient_norm(policy: &Checkpoint) -> f64 {
-    let mut total = 0.0;
-    for var in policy.vars.trainable_variables() {
-        let grad = var.grad();
-        if grad.defined() {
-            total += grad.square().sum(Kind::Double).double_value(&[]);
-        }
-    }
-    total.sqrt()
 }
 
 /// Runs the stage.
@@ -514,6 +524,29 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         ))
         .into());
     }
+    let objective = config.objective.name();
+    let saved = OptimizerState::load(&args.policy.policy, &policy.vars)?;
+    let (state, optimizer_note) = match saved {
+        _ if !config.optim.resume => (
+            OptimizerState::fresh(objective),
+            "fresh AdamW (optim.resume = false)".to_string(),
+        ),
+        Some(state) if state.meta.objective == objective => {
+            let note = format!("AdamW resumed at step {}", state.meta.steps);
+            (state, note)
+        }
+        Some(state) => (
+            OptimizerState::fresh(objective),
+            format!(
+                "fresh AdamW (the input's state was accumulated on another objective, {})",
+                state.meta.objective
+            ),
+        ),
+        None => (
+            OptimizerState::fresh(objective),
+            "fresh AdamW (the input checkpoint has no optimizer state)".to_string(),
+        ),
+    };
     let parent = policy.manifest.id.clone();
     let report = train(
         &mut policy,
@@ -521,6 +554,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         &examples,
         config,
         args.stage.seed,
+        state,
     )?;
     let mut writer = stage.writer(TableName::Metrics)?;
     writer.write_rows(&report.metrics)?;
@@ -540,6 +574,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         )
         .add("examples", examples.len())
         .add("optimizer steps", report.metrics.len())
+        .add("optimizer", optimizer_note)
         .add("loss first -> last", format!("{first:.4} -> {last:.4}"))
         .add(
             "training throughput",
@@ -622,7 +657,15 @@ mod tests {
                 },
                 ..Default::default()
             };
-            let report = train(&mut policy, None, &[example.clone()], &config, 0).unwrap();
+            let report = train(
+                &mut policy,
+                None,
+                &[example.clone()],
+                &config,
+                0,
+                OptimizerState::fresh("ppo"),
+            )
+            .unwrap();
             assert_eq!(report.metrics.len(), 4);
             assert!(
                 report.metrics[0].approx_kl.abs() < 1e-6,
@@ -660,7 +703,15 @@ mod tests {
             },
             ..Default::default()
         };
-        train(&mut policy, None, &[example.clone()], &config, 0).unwrap();
+        train(
+            &mut policy,
+            None,
+            &[example.clone()],
+            &config,
+            0,
+            OptimizerState::fresh("sft"),
+        )
+        .unwrap();
         let after = response_logprob(&policy, &example);
         assert!(after > before + 1.0 && after > -1.0, "{before} -> {after}");
     }

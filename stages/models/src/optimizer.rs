@@ -1,0 +1,410 @@
+//! AdamW whose state lives in the checkpoint, so that an RL run made of many
+//! `update-policy` calls optimises like one trainer process (veRL keeps its
+//! actor optimizer for the whole run). A fresh Adam makes its first steps
+//! sign-like (every parameter moves by about `lr`), which at every iteration
+//! of a short RL loop is a different optimizer from the one a monolithic
+//! trainer runs.
+//!
+//! The update is PyTorch's `torch.optim.AdamW` (Loshchilov & Hutter,
+//! decoupled weight decay), step `t` from 1:
+//!
+//! ```text
+//! p  <- p · (1 − lr·wd)
+//! m  <- β1·m + (1 − β1)·g          v <- β2·v + (1 − β2)·g²
+//! p  <- p − (lr / (1 − β1^t)) · m / (sqrt(v) / sqrt(1 − β2^t) + eps)
+//! ```
+//!
+//! The state is saved next to the weights as `optimizer.safetensors`
+//! (`exp_avg.<parameter>`, `exp_avg_sq.<parameter>`) and `optimizer.json`
+//! (step count and the objective it optimised); loading checks every moment
+//! against the model's parameters and names the file at fault.
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::optimizer::{AdamW, AdamWConfig, OptimizerState};
+//! let dir = std::path::Path::new("runs/it0/policy");
+//! let policy = Checkpoint::load(dir, tch::Device::Cpu).unwrap();
+//! let state = OptimizerState::load(dir, &policy.vars).unwrap();
+//! let mut adam = AdamW::new(AdamWConfig::default(), state.unwrap_or_else(|| OptimizerState::fresh("ppo")));
+//! // ... loss.backward() ...
+//! let norm = adam.clip_grad_norm(&policy.vars, 1.0);
+//! adam.step(&policy.vars);
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Kind, Tensor};
+
+use crate::ModelError;
+
+/// Hyper-parameters of one AdamW run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// β1, the first-moment decay.
+    pub beta1: f64,
+    /// β2, the second-moment decay.
+    pub beta2: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            weight_decay: 0.0,
+            eps: 1e-8,
+        }
+    }
+}
+
+/// `optimizer.json`: what the moments in `optimizer.safetensors` belong to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerMeta {
+    /// Steps taken (the `t` of the bias corrections).
+    pub steps: u64,
+    /// The objective the moments were accumulated on (`sft`, `ppo`).
+    pub objective: String,
+}
+
+/// The moments of every parameter and the step count.
+pub struct OptimizerState {
+    /// Step count and objective.
+    pub meta: OptimizerMeta,
+    exp_avg: BTreeMap<String, Tensor>,
+    exp_avg_sq: BTreeMap<String, Tensor>,
+}
+
+const WEIGHTS_FILE: &str = "optimizer.safetensors";
+const META_FILE: &str = "optimizer.json";
+
+fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
+    ModelError::BadCheckpoint {
+        file: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+impl OptimizerState {
+    /// No steps taken yet; moments are created at the first step.
+    pub fn fresh(objective: &str) -> OptimizerState {
+        OptimizerState {
+            meta: OptimizerMeta {
+                steps: 0,
+                objective: objective.to_string(),
+            },
+            exp_avg: BTreeMap::new(),
+            exp_avg_sq: BTreeMap::new(),
+        }
+    }
+
+    /// The state saved in checkpoint `dir`, `None` when it holds none.
+    /// Every moment must name a parameter of `vars` with its shape, and every
+    /// parameter must have both moments.
+    pub fn load(dir: &Path, vars: &VarStore) -> Result<Option<OptimizerState>, ModelError> {
+        let meta_path = dir.join(META_FILE);
+        let weights_path = dir.join(WEIGHTS_FILE);
+        match (meta_path.exists(), weights_path.exists()) {
+            (false, false) => return Ok(None),
+            (true, false) => return Err(bad(&weights_path, format!("missing beside {META_FILE}"))),
+            (false, true) => return Err(bad(&meta_path, format!("missing beside {WEIGHTS_FILE}"))),
+            (true, true) => {}
+        }
+        let text =
+            std::fs::read_to_string(&meta_path).map_err(|e| bad(&meta_path, e.to_string()))?;
+        let meta: OptimizerMeta =
+            serde_json::from_str(&text).map_err(|e| bad(&meta_path, e.to_string()))?;
+        let device = vars.device();
+        let mut exp_avg = BTreeMap::new();
+        let mut exp_avg_sq = BTreeMap::new();
+        let parameters = vars.variables();
+        for (name, tensor) in Tensor::read_safetensors(&weights_path)
+            .map_err(|e| bad(&weights_path, e.to_string()))?
+        {
+            let (moments, parameter) = if let Some(p) = name.strip_prefix("exp_avg_sq.") {
+                (&mut exp_avg_sq, p)
+            } else if let Some(p) = name.strip_prefix("exp_avg.") {
+                (&mut exp_avg, p)
+            } else {
+                return Err(bad(&weights_path, format!("unexpected tensor `{name}`")));
+            };
+            let Some(var) = parameters.get(parameter) else {
+                return Err(bad(
+                    &weights_path,
+                    format!("tensor `{name}` belongs to no parameter of the model"),
+                ));
+            };
+            if var.size() != tensor.size() {
+                return Err(bad(
+                    &weights_path,
+                    format!(
+                        "tensor `{name}` has shape {:?}, the parameter {:?}",
+                        tensor.size(),
+                        var.size()
+                    ),
+                ));
+            }
+            moments.insert(parameter.to_string(), tensor.to_device(device));
+        }
+        if meta.steps > 0 {
+            for name in parameters.keys() {
+                if !exp_avg.contains_key(name) || !exp_avg_sq.contains_key(name) {
+                    return Err(bad(
+                        &weights_path,
+                        format!("lacks the moments of parameter `{name}`"),
+                    ));
+                }
+            }
+        }
+        Ok(Some(OptimizerState {
+            meta,
+            exp_avg,
+            exp_avg_sq,
+        }))
+    }
+
+    /// Writes `optimizer.safetensors` and `optimizer.json` into `dir`
+    /// (a checkpoint's staging directory: the checkpoint's rename makes it atomic).
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        let weights_path = dir.join(WEIGHTS_FILE);
+        let tensors: Vec<(String, &Tensor)> = self
+            .exp_avg
+            .iter()
+            .map(|(name, t)| (format!("exp_avg.{name}"), t))
+            .chain(
+                self.exp_avg_sq
+                    .iter()
+                    .map(|(name, t)| (format!("exp_avg_sq.{name}"), t)),
+            )
+            .collect();
+        Tensor::write_safetensors(&tensors, &weights_path)
+            .map_err(|e| ModelError::Torch(format!("writing {}: {e}", weights_path.display())))?;
+        let meta_path = dir.join(META_FILE);
+        let text =
+            serde_json::to_string_pretty(&self.meta).expect("plain struct serializes") + "\n";
+        std::fs::write(&meta_path, text).map_err(|e| bad(&meta_path, e.to_string()))
+    }
+}
+
+/// AdamW over the trainable parameters of a `VarStore`, with explicit state.
+pub struct AdamW {
+    /// Hyper-parameters.
+    pub config: AdamWConfig,
+    /// Moments and step count.
+    pub state: OptimizerState,
+}
+
+impl AdamW {
+    /// An optimizer continuing from `state`.
+    pub fn new(config: AdamWConfig, state: OptimizerState) -> AdamW {
+        AdamW { config, state }
+    }
+
+    /// Clears the gradients of every parameter.
+    pub fn zero_grad(&self, vars: &VarStore) {
+        for mut var in vars.trainable_variables() {
+            var.zero_grad();
+        }
+    }
+
+    /// Scales the gradients so their global L2 norm is at most `max_norm`
+    /// (`max_norm <= 0`: no clipping) and returns the norm before clipping.
+    pub fn clip_grad_norm(&self, vars: &VarStore, max_norm: f64) -> f64 {
+        let grads: Vec<Tensor> = vars
+            .trainable_variables()
+            .iter()
+            .map(Tensor::grad)
+            .filter(Tensor::defined)
+            .collect();
+        let norm = grads
+            .iter()
+            .map(|g| g.square().sum(Kind::Double).double_value(&[]))
+            .sum::<f64>()
+            .sqrt();
+        if max_norm > 0.0 && norm > max_norm {
+            // PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6).
+            let scale = max_norm / (norm + 1e-6);
+            tch::no_grad(|| {
+                for mut g in grads {
+                    let _ = g.g_mul_scalar_(scale);
+                }
+            });
+        }
+        norm
+    }
+
+    /// One AdamW step on every parameter that has a gradient.
+    pub fn step(&mut self, vars: &VarStore) {
+        let AdamWConfig {
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+        } = self.config;
+        self.state.meta.steps += 1;
+        let t = self.state.meta.steps as i32;
+        let step_size = lr / (1.0 - beta1.powi(t));
+        let correction2 = (1.0 - beta2.powi(t)).sqrt();
+        let (exp_avg, exp_avg_sq) = (&mut self.state.exp_avg, &mut self.state.exp_avg_sq);
+        tch::no_grad(|| {
+            for (name, mut var) in vars.variables() {
+                let grad = var.grad();
+                if !var.requires_grad() || !grad.defined() {
+                    continue;
+                }
+                let m = exp_avg
+                    .entry(name.clone())
+                    .or_insert_with(|| var.zeros_like());
+                let _ = m.g_mul_scalar_(beta1);
+                let _ = m.g_add_(&(&grad * (1.0 - beta1)));
+                let v = exp_avg_sq.entry(name).or_insert_with(|| var.zeros_like());
+                let _ = v.g_mul_scalar_(beta2);
+                let _ = v.g_add_(&(grad.square() * (1.0 - beta2)));
+                if weight_decay != 0.0 {
+                    let _ = var.g_mul_scalar_(1.0 - lr * weight_decay);
+                }
+                let denominator = v.sqrt() / correction2 + eps;
+                let _ = var.g_sub_(&(&*m / denominator * step_size));
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::nn::OptimizerConfig;
+
+    /// Two copies of one small model: same weights, independent gradients.
+    fn twin_models() -> (VarStore, tch::nn::Linear, VarStore, tch::nn::Linear) {
+        tch::manual_seed(7);
+        let config = tch::nn::LinearConfig::default();
+        let a = VarStore::new(tch::Device::Cpu);
+        let layer_a = tch::nn::linear(a.root() / "layer", 6, 3, config);
+        let mut b = VarStore::new(tch::Device::Cpu);
+        let layer_b = tch::nn::linear(b.root() / "layer", 6, 3, config);
+        b.copy(&a).unwrap();
+        (a, layer_a, b, layer_b)
+    }
+
+    fn backward(layer: &tch::nn::Linear, step: i64) {
+        use tch::nn::Module;
+        let x = Tensor::arange(12, (Kind::Float, tch::Device::Cpu)).reshape([2, 6]) / 10.0
+            + step as f64;
+        (layer.forward(&x).sin().sum(Kind::Float) * (step as f64 - 1.5)).backward();
+    }
+
+    fn max_difference(a: &VarStore, b: &VarStore) -> f64 {
+        let b_vars = b.variables();
+        a.variables()
+            .iter()
+            .map(|(name, t)| (t - &b_vars[name]).abs().max().double_value(&[]))
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn matches_torch_adamw_step_for_step() {
+        let (ours_vars, ours_layer, torch_vars, torch_layer) = twin_models();
+        let config = AdamWConfig {
+            lr: 0.05,
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        };
+        let mut ours = AdamW::new(config, OptimizerState::fresh("sft"));
+        let mut torch = tch::nn::AdamW {
+            beta1: config.beta1,
+            beta2: config.beta2,
+            wd: config.weight_decay,
+            eps: config.eps,
+            amsgrad: false,
+        }
+        .build(&torch_vars, config.lr)
+        .unwrap();
+        for step in 0..6 {
+            ours.zero_grad(&ours_vars);
+            backward(&ours_layer, step);
+            let norm = ours.clip_grad_norm(&ours_vars, 0.5);
+            ours.step(&ours_vars);
+            torch.zero_grad();
+            backward(&torch_layer, step);
+            torch.clip_grad_norm(0.5);
+            torch.step();
+            assert!(norm > 0.0);
+        }
+        let difference = max_difference(&ours_vars, &torch_vars);
+        assert!(difference < 1e-6, "max |ours - torch| = {difference}");
+        assert_eq!(ours.state.meta.steps, 6);
+    }
+
+    #[test]
+    fn a_saved_state_continues_like_one_run() {
+        let (straight_vars, straight_layer, resumed_vars, resumed_layer) = twin_models();
+        let config = AdamWConfig::default();
+        let mut straight = AdamW::new(config, OptimizerState::fresh("ppo"));
+        for step in 0..4 {
+            straight.zero_grad(&straight_vars);
+            backward(&straight_layer, step);
+            straight.step(&straight_vars);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = AdamW::new(config, OptimizerState::fresh("ppo"));
+        for step in 0..2 {
+            first.zero_grad(&resumed_vars);
+            backward(&resumed_layer, step);
+            first.step(&resumed_vars);
+        }
+        first.state.save(dir.path()).unwrap();
+        let state = OptimizerState::load(dir.path(), &resumed_vars)
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.meta.steps, 2);
+        let mut second = AdamW::new(config, state);
+        for step in 2..4 {
+            second.zero_grad(&resumed_vars);
+            backward(&resumed_layer, step);
+            second.step(&resumed_vars);
+        }
+        assert_eq!(max_difference(&straight_vars, &resumed_vars), 0.0);
+    }
+
+    #[test]
+    fn a_state_that_does_not_fit_the_model_names_the_file() {
+        let (vars, layer, _, _) = twin_models();
+        let dir = tempfile::tempdir().unwrap();
+        assert!(OptimizerState::load(dir.path(), &vars).unwrap().is_none());
+        let mut adam = AdamW::new(AdamWConfig::default(), OptimizerState::fresh("ppo"));
+        backward(&layer, 0);
+        adam.step(&vars);
+        adam.state.save(dir.path()).unwrap();
+        let other = VarStore::new(tch::Device::Cpu);
+        let _ = tch::nn::linear(other.root() / "layer", 5, 3, Default::default());
+        let error = OptimizerState::load(dir.path(), &other)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("optimizer.safetensors") && error.contains("shape"),
+            "{error}"
+        );
+        std::fs::remove_file(dir.path().join("optimizer.safetensors")).unwrap();
+        let error = OptimizerState::load(dir.path(), &vars)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("optimizer.safetensors") && error.contains("missing"),
+            "{error}"
+        );
+    }
+}
