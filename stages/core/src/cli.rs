@@ -7,7 +7,9 @@
 //!       [--shard i/n] [--device cpu|cuda:N] [--seed N] [--overwrite]
 //! ```
 //! A stage flattens [`StageArgs`] into its own clap struct and adds
-//! [`PolicyArg`] / [`TeacherArg`] where it loads a checkpoint. Exit codes:
+//! [`PolicyArg`] / [`TeacherArg`] where it loads a checkpoint.
+//! `--print-config` resolves the config, prints it as JSON and exits without
+//! reading or writing anything (see [`crate::config::ConfigReport`]). Exit codes:
 //! 0 done, 2 bad usage or bad input (nothing written), 1 failure while running.
 
 use std::fmt;
@@ -43,6 +45,12 @@ pub struct StageArgs {
     /// Replace output tables that exist (atomically, once the new ones are complete).
     #[arg(long)]
     pub overwrite: bool,
+    /// Resolve the config (defaults, `--config`, `--set`), print it as JSON
+    /// ([`crate::config::ConfigReport`]) and exit: 0 when it resolves, 2 when
+    /// a key or value is bad. Reads no input and writes nothing; the pipeline
+    /// runner uses it to check every step's keys before any stage runs.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// `--policy CKPT` for stages that run the policy.

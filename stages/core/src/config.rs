@@ -42,6 +42,66 @@ pub struct Resolved<C> {
     pub json: Value,
 }
 
+/// What `STAGE --print-config` prints on stdout (one JSON object): the
+/// resolved config, or the problem with the key that caused it.
+///
+/// ```
+/// # use embodyflow_core::config::ConfigReport;
+/// #[derive(serde::Serialize, serde::Deserialize, Default)]
+/// struct Config { omega: f64 }
+/// let report = ConfigReport::resolve::<Config>("s", "0.1.0", None, &["omeg=1".into()]);
+/// assert_eq!(report.problem.unwrap().key.as_deref(), Some("omeg"));
+/// ```
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ConfigReport {
+    /// Stage name.
+    pub stage: String,
+    /// Stage version.
+    pub version: String,
+    /// The resolved tree, when it resolves.
+    pub config: Option<Value>,
+    /// Why it does not resolve.
+    pub problem: Option<ConfigProblem>,
+}
+
+/// A config that does not resolve: the dotted key at fault (when one is) and
+/// the message a stage run would print.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ConfigProblem {
+    /// The dotted key (unknown, or with a bad value).
+    pub key: Option<String>,
+    /// The error message.
+    pub message: String,
+}
+
+impl ConfigReport {
+    /// Resolves config `C` from `file` and `sets` into a report.
+    pub fn resolve<C>(stage: &str, version: &str, file: Option<&Path>, sets: &[String]) -> Self
+    where
+        C: Serialize + DeserializeOwned + Default,
+    {
+        let (config, problem) = match load_config::<C>(file, sets) {
+            Ok(resolved) => (Some(resolved.json), None),
+            Err(error) => {
+                let key = match &error {
+                    Error::UnknownKey { key, .. } | Error::BadValue { key, .. } => {
+                        Some(key.clone())
+                    }
+                    _ => None,
+                };
+                let message = error.to_string();
+                (None, Some(ConfigProblem { key, message }))
+            }
+        };
+        ConfigReport {
+            stage: stage.to_string(),
+            version: version.to_string(),
+            config,
+            problem,
+        }
+    }
+}
+
 /// Loads a stage config: defaults, then `file`, then `sets` (`key=value`).
 pub fn load_config<C>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>>
 where

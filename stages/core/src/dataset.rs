@@ -804,3 +804,146 @@ impl Iterator for Batches<'_> {
         }
     }
 }
+
+/// Merges the outputs of one stage run split with `--shard i/n` (the same
+/// table written by shards `0/n` … `n-1/n`) into one table at `dest`.
+///
+/// Nothing is decoded or rehashed: each part's shard files are hard-linked
+/// (copied only where a link is impossible, e.g. across file systems) into a
+/// hidden sibling as `part-00000.parquet`, … in part order, the manifest
+/// lists them with the hashes the parts recorded, and the directory is
+/// renamed into place, so a merge killed midway leaves no table. The merged
+/// producer is the parts' (same stage, version, config and seed, which is
+/// checked) with shard `0/1`; its inputs are the parts' inputs, each once.
+/// Empty shard files are left out unless every part is empty.
+pub fn merge_tables(parts: &[PathBuf], dest: &Path, overwrite: bool) -> Result<Manifest> {
+    let manifests = parts
+        .iter()
+        .map(|p| Manifest::read(p))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(first) = manifests.first() else {
+        return Err(Error::Usage("merge_tables: no parts to merge".into()));
+    };
+    let n = manifests.len();
+    for (i, (manifest, dir)) in manifests.iter().zip(parts).enumerate() {
+        let mismatch = |field: &str, expected: String, found: String| {
+            Err(Error::BadInput(format!(
+                "cannot merge {}: field `{field}` is {found}, expected {expected} (the parts must be shards 0/{n} … {}/{n} of one run)",
+                dir.display(),
+                n - 1
+            )))
+        };
+        if manifest.table != first.table {
+            return mismatch("table", first.table.clone(), manifest.table.clone());
+        }
+        if manifest.schema_version != first.schema_version {
+            return mismatch(
+                "schema_version",
+                first.schema_version.to_string(),
+                manifest.schema_version.to_string(),
+            );
+        }
+        let p = &manifest.producer;
+        let q = &first.producer;
+        if (&p.stage, &p.version, &p.config, p.seed) != (&q.stage, &q.version, &q.config, q.seed) {
+            return mismatch(
+                "producer",
+                format!(
+                    "{} {} seed {} and the first part's config",
+                    q.stage, q.version, q.seed
+                ),
+                format!(
+                    "{} {} seed {} or another config",
+                    p.stage, p.version, p.seed
+                ),
+            );
+        }
+        if p.shard != format!("{i}/{n}") {
+            return mismatch("producer.shard", format!("{i}/{n}"), p.shard.clone());
+        }
+    }
+    if dest.exists() && !overwrite {
+        return Err(Error::OutputExists(dest.to_path_buf()));
+    }
+    let out = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| first.table.clone());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let tmp = out.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
+    std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = (|| {
+        let mut sources: Vec<(PathBuf, &ShardEntry)> = Vec::new();
+        for (manifest, dir) in manifests.iter().zip(parts) {
+            for shard in &manifest.shards {
+                sources.push((dir.join(&shard.file), shard));
+            }
+        }
+        if sources.iter().any(|(_, s)| s.rows > 0) {
+            sources.retain(|(_, s)| s.rows > 0);
+        } else {
+            sources.truncate(1);
+        }
+        let mut shards = Vec::with_capacity(sources.len());
+        for (k, (source, entry)) in sources.iter().enumerate() {
+            let file = shard_file_name(k);
+            let target = tmp.join(&file);
+            if std::fs::hard_link(source, &target).is_err() {
+                std::fs::copy(source, &target).map_err(|e| Error::io(source, e))?;
+            }
+            shards.push(ShardEntry {
+                file,
+                ..(*entry).clone()
+            });
+        }
+        let mut inputs: Vec<InputRef> = Vec::new();
+        for manifest in &manifests {
+            for input in &manifest.inputs {
+                if !inputs.contains(input) {
+                    inputs.push(input.clone());
+                }
+            }
+        }
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            table: first.table.clone(),
+            schema_version: first.schema_version,
+            num_rows: shards.iter().map(|s| s.rows).sum(),
+            content_hash: Manifest::compute_content_hash(
+                &first.table,
+                first.schema_version,
+                &shards,
+            ),
+            shards,
+            producer: Producer {
+                shard: "0/1".into(),
+                ..first.producer.clone()
+            },
+            inputs,
+        };
+        let path = tmp.join(MANIFEST_FILE);
+        let mut file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        file.write_all(manifest.to_json().as_bytes())
+            .and_then(|_| file.sync_all())
+            .map_err(|e| Error::io(&path, e))?;
+        sync_dir(&tmp)?;
+        if dest.exists() {
+            std::fs::remove_dir_all(dest).map_err(|e| Error::io(dest, e))?;
+        }
+        std::fs::rename(&tmp, dest).map_err(|e| Error::io(dest, e))?;
+        sync_dir(out)?;
+        Ok(manifest)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}

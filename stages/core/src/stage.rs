@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::StageArgs;
-use crate::config::load_config;
+use crate::config::{ConfigReport, load_config};
 use crate::dataset::{TableReader, TableWriter, WriteOptions};
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
@@ -85,7 +85,20 @@ pub struct Stage<C> {
 
 impl<C: StageConfig> Stage<C> {
     /// Resolves the config and finds the input tables; fails before any work.
+    ///
+    /// With `--print-config` it prints the [`ConfigReport`] as JSON and ends
+    /// the process (exit 0 when the config resolves, 2 when it does not)
+    /// before looking at any input.
     pub fn start(name: &'static str, version: &'static str, args: &StageArgs) -> Result<Stage<C>> {
+        if args.print_config {
+            let report =
+                ConfigReport::resolve::<C>(name, version, args.config.as_deref(), &args.sets);
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("a config report serialises")
+            );
+            std::process::exit(if report.problem.is_none() { 0 } else { 2 });
+        }
         let resolved = load_config::<C>(args.config.as_deref(), &args.sets)?;
         let inputs = Inputs::resolve(&args.inputs)?;
         tracing::info!(stage = name, out = %args.out.display(), shard = %args.shard, "starting");
