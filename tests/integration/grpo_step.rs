@@ -358,23 +358,54 @@ fn stepopsd_keeps_every_sign() {
 #[test]
 fn missing_or_misfit_teacher_rows_are_bad_input() {
     let f = fixture();
+    // teacher-logp skipped one step (no ground-truth plan): that step gets no
+    // step advantage, the others theirs.
     write_teacher(&f, Some(5), None);
-    let (result, out) = compute(
-        &f,
-        "missing",
-        &[
-            "--set",
-            "estimator=grpo_step",
-            "--set",
-            "step.kind=forward_proxy",
-        ],
+    let args = [
+        "--set",
+        "estimator=grpo_step",
+        "--set",
+        "step.kind=forward_proxy",
+    ];
+    let (result, out) = compute(&f, "missing", &args);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(
+        result
+            .stdout
+            .contains("| steps without a teacher_logp row (A^S = 0) | 1 |"),
+        "{result}"
     );
+    let credited: Vec<(String, bool)> = read_advantages(&out.join("advantages"))
+        .into_iter()
+        .map(|row| {
+            (
+                row.trajectory_id,
+                row.step_adv.unwrap().iter().any(|&a| a != 0.0),
+            )
+        })
+        .collect();
+    assert!(credited.contains(&("it0/household/train/0/000001/d0/s1".into(), false)));
+    assert!(credited.contains(&("it0/household/train/0/000000/d0/s1".into(), true)));
+    // A teacher table of another rollout set matches no step at all.
+    let dir = f.path("teacher");
+    std::fs::remove_dir_all(&dir).unwrap();
+    write_table(
+        &dir,
+        &[TeacherLogpRow {
+            trajectory_id: "another/rollout".into(),
+            step_index: 0,
+            teacher_logp: vec![-1.0],
+            student_logp: vec![-1.0],
+            teacher: "generalist".into(),
+            template: "reference_plan".into(),
+        }],
+    );
+    let (result, out) = compute(&f, "foreign", &args);
     assert_eq!(result.code, 2, "{result}");
     assert!(
         result
             .stderr
-            .contains("`it0/household/train/0/000001/d0/s1`")
-            && result.stderr.contains("no teacher_logp row"),
+            .contains("none of the 8 steps has a teacher_logp row"),
         "{result}"
     );
     assert!(!out.join("advantages").exists());

@@ -581,6 +581,10 @@ pub fn run(args: Args) -> Result<()> {
                 step.step_count_mismatches,
             )
             .add(
+                "steps without a teacher_logp row (A^S = 0)",
+                step.teacher_missing,
+            )
+            .add(
                 "sign-flip ratio: all",
                 format!(
                     "{:.4} ({} tokens)",
@@ -712,6 +716,15 @@ fn run_step_path(
     }
     bar.finish_and_clear();
     check_step_counts(episodes, &step_counts)?;
+    if teacher.is_some()
+        && diagnostics.responses > 0
+        && diagnostics.teacher_missing == diagnostics.responses
+    {
+        return Err(Error::BadInput(format!(
+            "none of the {} steps has a teacher_logp row: the teacher_logp input belongs to another rollout set; run teacher-logp on this one",
+            diagnostics.responses
+        )));
+    }
     diagnostics.finish();
     Ok(diagnostics)
 }

@@ -276,6 +276,8 @@ pub struct StepDiagnostics {
     pub span_verify_failures: u64,
     /// Responses whose plan has another number of steps than their rule match (A^S = 0).
     pub step_count_mismatches: u64,
+    /// Responses without a teacher_logp row (teacher-logp skipped them: A^S = 0, no StepOPSD).
+    pub teacher_missing: u64,
     /// Sign flips over all credit-target tokens.
     pub sign_flips: FlipCount,
     /// ... of successful trajectories.
@@ -306,6 +308,7 @@ impl StepDiagnostics {
         self.offset_fallbacks += other.offset_fallbacks;
         self.span_verify_failures += other.span_verify_failures;
         self.step_count_mismatches += other.step_count_mismatches;
+        self.teacher_missing += other.teacher_missing;
         self.sign_flips.add(other.sign_flips);
         self.sign_flips_success.add(other.sign_flips_success);
         self.sign_flips_failure.add(other.sign_flips_failure);
@@ -354,6 +357,29 @@ fn sign(x: f32) -> i8 {
     }
 }
 
+/// A step's teacher and student log-probs, checked: one per response token, finite.
+fn checked_teacher<'t>(
+    trajectory_id: &str,
+    step_index: i32,
+    t: &'t [f32],
+    s: &'t [f32],
+    n: usize,
+) -> Result<(&'t [f32], &'t [f32])> {
+    if t.len() != n || s.len() != n {
+        return Err(Error::BadInput(format!(
+            "trajectory `{trajectory_id}` step {step_index}: teacher_logp has {} and student_logp {} entries, expected {n} (one per response token)",
+            t.len(),
+            s.len()
+        )));
+    }
+    if let Some(bad) = t.iter().chain(s).find(|v| !v.is_finite()) {
+        return Err(Error::BadInput(format!(
+            "trajectory `{trajectory_id}` step {step_index}: a log-prob is {bad}, expected a finite number"
+        )));
+    }
+    Ok((t, s))
+}
+
 /// One step row: its advantages and what happened.
 fn step_row(
     trajectory_id: &str,
@@ -370,24 +396,16 @@ fn step_row(
     let teacher = match inputs.teacher {
         None => None,
         Some(map) => {
-            let Some((t, s)) = map.get(&(trajectory_id.to_string(), step_index)) else {
-                return Err(Error::BadInput(format!(
-                    "trajectory `{trajectory_id}` step {step_index} has no teacher_logp row; run teacher-logp on this rollout set"
-                )));
-            };
-            if t.len() != n || s.len() != n {
-                return Err(Error::BadInput(format!(
-                    "trajectory `{trajectory_id}` step {step_index}: teacher_logp has {} and student_logp {} entries, expected {n} (one per response token)",
-                    t.len(),
-                    s.len()
-                )));
+            match map.get(&(trajectory_id.to_string(), step_index)) {
+                // teacher-logp skips (and counts) steps without a ground-truth
+                // plan: no step data, A^S = 0. A rollout set without any
+                // teacher rows is an error of the caller (see `run`).
+                None => {
+                    diag.teacher_missing = 1;
+                    None
+                }
+                Some((t, s)) => Some(checked_teacher(trajectory_id, step_index, t, s, n)?),
             }
-            if let Some(bad) = t.iter().chain(s).find(|v| !v.is_finite()) {
-                return Err(Error::BadInput(format!(
-                    "trajectory `{trajectory_id}` step {step_index}: a log-prob is {bad}, expected a finite number"
-                )));
-            }
-            Some((t.as_slice(), s.as_slice()))
         }
     };
     let alignment = inputs.aligner.align(ids);
@@ -415,7 +433,17 @@ fn step_row(
                     _ => vec![0.0; steps.len()],
                 },
                 StepKind::ForwardProxy => {
-                    let (t, s) = teacher.expect("forward_proxy reads teacher_logp");
+                    // No teacher row for this step: no step data.
+                    let Some((t, s)) = teacher else {
+                        return Ok(zero_step_row(
+                            trajectory_id,
+                            step_index,
+                            n,
+                            episode_adv,
+                            inputs,
+                            diag,
+                        ));
+                    };
                     let source: Vec<Vec<usize>> = steps
                         .iter()
                         .map(|st| st.tokens(config.score_source))
@@ -469,8 +497,9 @@ fn step_row(
         Some(a_s) => combine(episode_adv, omega, a_s),
         None => vec![episode_adv; n],
     };
-    if inputs.stepopsd.enabled {
-        let (t, s) = teacher.expect("stepopsd reads teacher_logp");
+    if inputs.stepopsd.enabled
+        && let Some((t, s)) = teacher
+    {
         let mut on_step = vec![false; n];
         credit.iter().flatten().for_each(|&i| on_step[i] = true);
         for (i, a) in advantages.iter_mut().enumerate() {
@@ -523,6 +552,27 @@ fn step_row(
         estimator: inputs.estimator.to_string(),
     };
     Ok((row, diag))
+}
+
+/// The row of a step without step data: A = A^E on every token, A^S = 0.
+fn zero_step_row(
+    trajectory_id: &str,
+    step_index: i32,
+    n: usize,
+    episode_adv: f32,
+    inputs: &StepInputs<'_>,
+    diag: StepDiagnostics,
+) -> (AdvantageRow, StepDiagnostics) {
+    let row = AdvantageRow {
+        trajectory_id: trajectory_id.to_string(),
+        step_index,
+        advantages: vec![episode_adv; n],
+        returns: None,
+        episode_adv,
+        step_adv: Some(vec![0.0; n]),
+        estimator: inputs.estimator.to_string(),
+    };
+    (row, diag)
 }
 
 /// The advantages rows of one steps batch on the step path, in input order.

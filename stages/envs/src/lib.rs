@@ -13,6 +13,8 @@
 //! `score-rewards` executes already-extracted plans through
 //! [`TaskEnv::execute_plan`]; `embodyflow_models::episodes` runs a policy on
 //! many tasks through [`TaskEnv::prompt`] and [`TaskEnv::execute`].
+//! [`context`] builds the teacher and student contexts around a prompt
+//! (forward_proxy step rewards, and SFT of a teacher with reference plans).
 //!
 //! ```no_run
 //! use embodyflow_envs::TaskEnv;
@@ -26,6 +28,8 @@ use embodyflow_algos::plan::{Plan, PlanStep, extract};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Error, Result};
 use embodyflow_household as household;
+
+pub mod context;
 
 /// A task ready to run in its environment.
 #[derive(Debug, Clone)]

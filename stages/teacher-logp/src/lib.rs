@@ -1,0 +1,582 @@
+//! The `teacher-logp` stage: the log-prob of every response token of a
+//! rollout set under two contexts of one teacher model, for forward_proxy
+//! step rewards and StepOPSD (DESIGN §4, `step-reward-gigpo-opsd-notes`
+//! §6.2, §9.3):
+//!
+//! ```text
+//! teacher context = template.teacher (the problem + the ground-truth plan) + <|plan|> + response
+//! student context = template.student (the problem alone)                  + <|plan|> + response
+//! contrast d_t    = teacher_logp_t - student_logp_t
+//! ```
+//!
+//! Both contexts go through the *same* model (the seeds' Finding 2: mixing a
+//! separate teacher with the policy's old log-probs is not a clean contrast),
+//! teacher-forcing the rollout's exact response ids, so the two log-prob
+//! lists align 1:1 with the response tokens and with the step spans
+//! `compute-advantages` finds. The teacher is `--teacher self` (the policy
+//! checkpoint) or another checkpoint whose tokenizer must equal the
+//! policy's. `{prompt}` in a template is the prompt the policy actually saw
+//! (the rollout's `prompt_ids`, decoded), `{instruction}` the task's
+//! instruction and `{reference_plan}` its `gt_actions` (see
+//! [`embodyflow_envs::context`]).
+//!
+//! A step whose task has no ground-truth plan is skipped and counted (an
+//! error under `--strict`), as is a step whose teacher context and response do
+//! not fit in the teacher's `n_ctx`; `compute-advantages` gives such steps no
+//! step advantage. A response id outside the teacher's vocabulary, a tokenizer
+//! that differs from the policy's or a template without its placeholder is an
+//! error before anything is written. Each batch of `batch_rows` steps runs
+//! its teacher and student contexts through the model together (one forward
+//! pass of 2 x `batch_rows` sequences).
+//!
+//! ```text
+//! teacher-logp --policy runs/it3/policy --teacher self --input runs/it3/rollouts \
+//!     --input data/train --out runs/it3/teacher
+//! teacher-logp --policy runs/it3/policy --teacher runs/generalist/policy --input runs/it3/rollouts \
+//!     --input data/train --out runs/it3/teacher-generalist --device cuda:0
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use embodyflow_core::cli::{PolicyArg, StageArgs, TeacherArg};
+use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow};
+use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Error, progress};
+use embodyflow_envs::context::{ContextTemplates, reference_plan};
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::score_responses;
+use embodyflow_models::tokenizer::{decode, encode};
+use serde::{Deserialize, Serialize};
+
+/// Command line of `teacher-logp`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "teacher-logp",
+    version,
+    about = "Teacher- and student-context log-probs of rollout responses"
+)]
+pub struct Args {
+    #[command(flatten)]
+    stage: StageArgs,
+    #[command(flatten)]
+    policy: PolicyArg,
+    /// `self` (the policy is its own teacher) or a teacher checkpoint directory.
+    #[command(flatten)]
+    teacher: TeacherArg,
+    /// Fail on a step whose task has no ground-truth plan instead of skipping it.
+    #[arg(long)]
+    strict: bool,
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Teacher and student context templates.
+    pub template: ContextTemplates,
+    /// Steps per forward pass (each contributes a teacher and a student sequence).
+    pub batch_rows: usize,
+    /// Log-probs are computed from `logits / temperature` (1: the model's own distribution).
+    pub temperature: f64,
+    /// Output layout.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            template: ContextTemplates::default(),
+            batch_rows: 16,
+            temperature: 1.0,
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+}
+
+/// One step to score: both contexts (ending in `<|plan|>`) and the response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Trajectory of the step.
+    pub trajectory_id: String,
+    /// Step index.
+    pub step_index: i32,
+    /// Teacher context ids.
+    pub teacher_context: Vec<i32>,
+    /// Student context ids.
+    pub student_context: Vec<i32>,
+    /// The rollout's response ids.
+    pub response: Vec<i32>,
+}
+
+/// Steps left out, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// The task has no ground-truth plan.
+    pub no_reference: usize,
+    /// The teacher context and the response exceed the teacher's `n_ctx`.
+    pub too_long: usize,
+}
+
+/// Builds the two contexts of every step, checking the response ids against
+/// the teacher's vocabulary.
+pub fn build_jobs(
+    teacher: &Checkpoint,
+    templates: &ContextTemplates,
+    trajectories: &[TrajectoryRow],
+    steps: &[StepRow],
+    tasks: &HashMap<&str, &TaskRow>,
+    strict: bool,
+) -> Result<(Vec<Job>, Skipped), ModelError> {
+    let vocab = teacher.model.config().vocab_size;
+    let n_ctx = teacher.model.config().n_ctx as usize;
+    let plan = teacher.special.plan;
+    let task_of: HashMap<&str, &str> = trajectories
+        .iter()
+        .map(|t| (t.trajectory_id.as_str(), t.task_id.as_str()))
+        .collect();
+    let mut jobs = Vec::with_capacity(steps.len());
+    let mut skipped = Skipped::default();
+    for step in steps {
+        let at = || {
+            format!(
+                "trajectory `{}` step {}",
+                step.trajectory_id, step.step_index
+            )
+        };
+        let task_id = task_of.get(step.trajectory_id.as_str()).ok_or_else(|| {
+            Error::BadInput(format!("{} has no row in the trajectories table", at()))
+        })?;
+        let task = tasks.get(task_id).ok_or_else(|| {
+            Error::BadInput(format!(
+                "{}: task `{task_id}` is not in the input tasks table",
+                at()
+            ))
+        })?;
+        if let Some(&bad) = step
+            .response_ids
+            .iter()
+            .find(|&&id| id < 0 || i64::from(id) >= vocab)
+        {
+            return Err(Error::BadInput(format!(
+                "{}: response id {bad} is outside the teacher's vocabulary of {vocab} tokens",
+                at()
+            ))
+            .into());
+        }
+        let Some(actions) = task.gt_actions.as_deref() else {
+            if strict {
+                return Err(Error::BadInput(format!(
+                    "{}: task `{task_id}` has no ground-truth plan (gt_actions) for the teacher context",
+                    at()
+                ))
+                .into());
+            }
+            skipped.no_reference += 1;
+            continue;
+        };
+        let seen = step
+            .prompt_ids
+            .strip_suffix(&[plan])
+            .unwrap_or(&step.prompt_ids);
+        let prompt = decode(&teacher.tokenizer, seen)?;
+        let context = |text: String| -> Result<Vec<i32>, ModelError> {
+            let mut ids = encode(&teacher.tokenizer, &text)?;
+            ids.push(plan);
+            Ok(ids)
+        };
+        let teacher_context = context(templates.render_teacher(
+            &prompt,
+            &task.instruction,
+            &reference_plan(actions),
+        )?)?;
+        let student_context = context(templates.render_student(&prompt, &task.instruction)?)?;
+        if teacher_context.len().max(student_context.len()) + step.response_ids.len() > n_ctx {
+            skipped.too_long += 1;
+            continue;
+        }
+        jobs.push(Job {
+            trajectory_id: step.trajectory_id.clone(),
+            step_index: step.step_index,
+            teacher_context,
+            student_context,
+            response: step.response_ids.clone(),
+        });
+    }
+    Ok((jobs, skipped))
+}
+
+/// Teacher and student log-probs of each job's response tokens, `batch_rows`
+/// jobs (2 x `batch_rows` sequences) per forward pass.
+pub fn score_jobs(
+    teacher: &Checkpoint,
+    jobs: &[Job],
+    batch_rows: usize,
+    temperature: f64,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let bar = progress::bar(jobs.len() as u64, "teacher-forcing");
+    let mut out = Vec::with_capacity(jobs.len());
+    for chunk in jobs.chunks(batch_rows.max(1)) {
+        let contexts: Vec<&[i32]> = chunk
+            .iter()
+            .map(|j| j.teacher_context.as_slice())
+            .chain(chunk.iter().map(|j| j.student_context.as_slice()))
+            .collect();
+        let responses: Vec<&[i32]> = chunk
+            .iter()
+            .chain(chunk)
+            .map(|j| j.response.as_slice())
+            .collect();
+        let logprobs = tch::no_grad(|| {
+            score_responses(teacher, &contexts, &responses, temperature)
+                .logprobs
+                .to_device(tch::Device::Cpu)
+        });
+        let width = logprobs.size()[1] as usize;
+        let flat = Vec::<f32>::try_from(logprobs.flatten(0, -1)).expect("float log-probs");
+        let row = |r: usize, len: usize| flat[r * width..r * width + len].to_vec();
+        for (i, job) in chunk.iter().enumerate() {
+            let n = job.response.len();
+            out.push((row(i, n), row(chunk.len() + i, n)));
+        }
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    out
+}
+
+/// Mean, standard deviation, min and max of the per-token contrast
+/// `teacher - student` over all scored tokens.
+pub fn contrast_stats(scores: &[(Vec<f32>, Vec<f32>)]) -> Option<(f64, f64, f64, f64)> {
+    let diffs = || {
+        scores
+            .iter()
+            .flat_map(|(t, s)| t.iter().zip(s).map(|(t, s)| f64::from(t - s)))
+    };
+    let n = diffs().count();
+    if n == 0 {
+        return None;
+    }
+    let mean = diffs().sum::<f64>() / n as f64;
+    let var = diffs().map(|d| (d - mean).powi(2)).sum::<f64>() / n as f64;
+    let min = diffs().fold(f64::INFINITY, f64::min);
+    let max = diffs().fold(f64::NEG_INFINITY, f64::max);
+    Some((mean, var.sqrt(), min, max))
+}
+
+fn same_tokenizer(
+    policy: &Checkpoint,
+    teacher: &Checkpoint,
+    teacher_dir: &Path,
+) -> Result<(), ModelError> {
+    let ours = policy.tokenizer.get_vocab(true);
+    let theirs = teacher.tokenizer.get_vocab(true);
+    let differing = ours
+        .iter()
+        .filter(|(token, id)| theirs.get(*token) != Some(id))
+        .count()
+        + theirs.keys().filter(|t| !ours.contains_key(*t)).count();
+    if differing > 0 {
+        return Err(ModelError::BadCheckpoint {
+            file: teacher_dir.join("tokenizer.json"),
+            reason: format!(
+                "the teacher's tokenizer differs from the policy's ({differing} tokens differ; {} vs {} tokens): response ids would mean other text to the teacher",
+                theirs.len(),
+                ours.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Runs the stage.
+pub fn run(args: Args) -> Result<(), ModelError> {
+    let stage = Stage::<Config>::start("teacher-logp", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_outputs(&[TableName::TeacherLogp])?;
+    let config = &stage.config;
+    config.template.check()?;
+    if config.temperature <= 0.0 {
+        return Err(Error::Usage("temperature must be > 0".into()).into());
+    }
+    let device = embodyflow_models::device::tch_device(args.stage.device)?;
+    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let is_self = args.teacher.teacher.as_os_str() == "self";
+    let loaded;
+    let (teacher, teacher_name) = if is_self {
+        (&policy, "self".to_string())
+    } else {
+        loaded = Checkpoint::load(&args.teacher.teacher, device)?;
+        same_tokenizer(&policy, &loaded, &args.teacher.teacher)?;
+        (&loaded, loaded.manifest.id.clone())
+    };
+    let trajectories: Vec<TrajectoryRow> = stage.input(TableName::Trajectories)?.read_rows()?;
+    let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
+    let task_rows: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
+    let tasks: HashMap<&str, &TaskRow> =
+        task_rows.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    let groups: HashMap<&str, &str> = trajectories
+        .iter()
+        .map(|t| (t.trajectory_id.as_str(), t.group_id.as_str()))
+        .collect();
+    let steps: Vec<StepRow> = steps
+        .into_iter()
+        .filter(|s| {
+            let group = groups.get(s.trajectory_id.as_str()).copied().unwrap_or("");
+            args.stage.shard.owns(group)
+        })
+        .collect();
+    let (jobs, skipped) = build_jobs(
+        teacher,
+        &config.template,
+        &trajectories,
+        &steps,
+        &tasks,
+        args.strict,
+    )?;
+    let started = Instant::now();
+    let scores = score_jobs(teacher, &jobs, config.batch_rows, config.temperature);
+    let seconds = started.elapsed().as_secs_f64();
+    let rows: Vec<TeacherLogpRow> = jobs
+        .iter()
+        .zip(&scores)
+        .map(|(job, (t, s))| TeacherLogpRow {
+            trajectory_id: job.trajectory_id.clone(),
+            step_index: job.step_index,
+            teacher_logp: t.clone(),
+            student_logp: s.clone(),
+            teacher: teacher_name.clone(),
+            template: config.template.name.clone(),
+        })
+        .collect();
+    let mut writer = stage.writer(TableName::TeacherLogp)?;
+    writer.write_rows(&rows)?;
+    stage.finish(writer)?;
+
+    let response_tokens: usize = jobs.iter().map(|j| j.response.len()).sum();
+    let all_tokens: usize = jobs
+        .iter()
+        .map(|j| j.teacher_context.len() + j.student_context.len() + 2 * j.response.len())
+        .sum();
+    let mut summary = Summary::new("teacher-logp");
+    summary
+        .add(
+            "teacher",
+            format!("{teacher_name} ({})", args.teacher.teacher.display()),
+        )
+        .add("policy", &policy.manifest.id)
+        .add("template", &config.template.name)
+        .add("steps scored", rows.len())
+        .add("skipped: no ground-truth plan", skipped.no_reference)
+        .add(
+            "skipped: context + response longer than n_ctx",
+            skipped.too_long,
+        );
+    if let Some((mean, std, min, max)) = contrast_stats(&scores) {
+        summary.add(
+            "contrast teacher - student per token",
+            format!("mean {mean:.3}, std {std:.3}, min {min:.2}, max {max:.2}"),
+        );
+    }
+    summary.add(
+        "throughput",
+        format!(
+            "{:.0} response tokens/s per context pair, {:.0} tokens/s counting contexts ({response_tokens} response tokens in {seconds:.1} s)",
+            response_tokens as f64 / seconds.max(1e-9),
+            all_tokens as f64 / seconds.max(1e-9),
+        ),
+    );
+    stage.write_summary(&summary)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::schemas::PlanAction;
+    use embodyflow_models::gpt::GptConfig;
+    use embodyflow_models::tokenizer::train_bpe;
+
+    fn tiny_policy(n_ctx: i64) -> Checkpoint {
+        tch::manual_seed(3);
+        let corpus: Vec<String> = (0..40)
+            .map(|i| format!("Task: find a Mug {i}\nHere is a reference plan: pick up the Mug"))
+            .collect();
+        let tokenizer = train_bpe(&corpus, 300).unwrap();
+        let config = GptConfig {
+            vocab_size: tokenizer.get_vocab_size(true) as i64,
+            n_ctx,
+            n_embd: 32,
+            n_head: 2,
+            n_layer: 1,
+        };
+        Checkpoint::init(&config, tokenizer, tch::Device::Cpu).unwrap()
+    }
+
+    fn rollout(
+        policy: &Checkpoint,
+        gt: Option<Vec<PlanAction>>,
+    ) -> (Vec<TrajectoryRow>, Vec<StepRow>, TaskRow) {
+        let task = TaskRow {
+            task_id: "t0".into(),
+            suite: "household".into(),
+            env: "household".into(),
+            split: "train".into(),
+            task_type: None,
+            seed: 0,
+            instruction: "find a Mug".into(),
+            observation: None,
+            gt_actions: gt,
+        };
+        let mut prompt = encode(&policy.tokenizer, "Task: find a Mug\n").unwrap();
+        prompt.push(policy.special.plan);
+        let response = encode(&policy.tokenizer, "pick up the Mug").unwrap();
+        let trajectory = TrajectoryRow {
+            trajectory_id: "r0".into(),
+            group_id: "g0".into(),
+            task_id: "t0".into(),
+            sample_index: 0,
+            iteration: 0,
+            policy: "p".into(),
+            temperature: 1.0,
+            num_steps: 1,
+            env_steps: 1,
+            complete: true,
+            response_text: None,
+            seed: 0,
+        };
+        let step = StepRow::one_shot(
+            "r0".into(),
+            prompt,
+            response.clone(),
+            vec![0.0; response.len()],
+        );
+        (vec![trajectory], vec![step], task)
+    }
+
+    fn mug_plan() -> Option<Vec<PlanAction>> {
+        Some(vec![PlanAction {
+            action_id: 3,
+            action_name: "pick up the Mug".into(),
+        }])
+    }
+
+    #[test]
+    fn student_context_reproduces_the_policys_own_log_probs_and_contrast_is_batch_free() {
+        let policy = tiny_policy(128);
+        let (trajectories, steps, task) = rollout(&policy, mug_plan());
+        let tasks = HashMap::from([("t0", &task)]);
+        let (jobs, skipped) = build_jobs(
+            &policy,
+            &ContextTemplates::default(),
+            &trajectories,
+            &steps,
+            &tasks,
+            true,
+        )
+        .unwrap();
+        assert_eq!(skipped, Skipped::default());
+        assert_eq!(
+            jobs[0].student_context, steps[0].prompt_ids,
+            "{{prompt}} is what the policy saw"
+        );
+        assert!(jobs[0].teacher_context.len() > jobs[0].student_context.len());
+        let scores = score_jobs(&policy, &jobs, 4, 1.0);
+        let own = tch::no_grad(|| {
+            score_responses(
+                &policy,
+                &[&steps[0].prompt_ids],
+                &[&steps[0].response_ids],
+                1.0,
+            )
+            .logprobs
+        });
+        let own = Vec::<f32>::try_from(own.flatten(0, -1)).unwrap();
+        let (teacher, student) = &scores[0];
+        for (a, b) in student.iter().zip(&own) {
+            assert!((a - b).abs() < 1e-5, "{student:?} vs {own:?}");
+        }
+        assert_ne!(
+            teacher, student,
+            "the reference plan changes the teacher's log-probs"
+        );
+        // The same job alone and next to a longer one gives the same numbers.
+        let mut longer = jobs[0].clone();
+        longer.teacher_context.splice(0..0, [5, 6, 7, 8]);
+        let pair = score_jobs(&policy, &[jobs[0].clone(), longer], 2, 1.0);
+        for (a, b) in pair[0].0.iter().zip(teacher) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn steps_without_a_plan_or_room_are_skipped_and_strict_fails() {
+        let policy = tiny_policy(128);
+        let (trajectories, steps, task) = rollout(&policy, None);
+        let tasks = HashMap::from([("t0", &task)]);
+        let templates = ContextTemplates::default();
+        let (jobs, skipped) =
+            build_jobs(&policy, &templates, &trajectories, &steps, &tasks, false).unwrap();
+        assert!(jobs.is_empty());
+        assert_eq!(skipped.no_reference, 1);
+        let error = build_jobs(&policy, &templates, &trajectories, &steps, &tasks, true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("trajectory `r0` step 0") && error.contains("no ground-truth plan"),
+            "{error}"
+        );
+
+        let short = tiny_policy(24);
+        let (trajectories, steps, task) = rollout(&short, mug_plan());
+        let tasks = HashMap::from([("t0", &task)]);
+        let (jobs, skipped) =
+            build_jobs(&short, &templates, &trajectories, &steps, &tasks, true).unwrap();
+        assert!(jobs.is_empty());
+        assert_eq!(skipped.too_long, 1);
+    }
+
+    #[test]
+    fn response_ids_outside_the_vocabulary_are_an_error() {
+        let policy = tiny_policy(128);
+        let (trajectories, mut steps, task) = rollout(&policy, mug_plan());
+        steps[0].response_ids.push(100_000);
+        let tasks = HashMap::from([("t0", &task)]);
+        let error = build_jobs(
+            &policy,
+            &ContextTemplates::default(),
+            &trajectories,
+            &steps,
+            &tasks,
+            false,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            error.contains("response id 100000 is outside the teacher's vocabulary"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn contrast_statistics() {
+        let scores = vec![
+            (vec![0.0, -1.0], vec![-1.0, -1.0]),
+            (vec![-2.0], vec![-1.0]),
+        ];
+        let (mean, std, min, max) = contrast_stats(&scores).unwrap();
+        assert!((mean - 0.0).abs() < 1e-12);
+        assert!((std - (2.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        assert_eq!((min, max), (-1.0, 1.0));
+        assert!(contrast_stats(&[]).is_none());
+    }
+}
