@@ -4,7 +4,10 @@
 //!
 //! - `objective = "sft"`: cross-entropy on the expert answers of the tasks in
 //!   the input `tasks` table (`sft.demos_per_task_type = N` keeps the first N
-//!   tasks of each task type: one-demonstration SFT);
+//!   tasks of each task type: one-demonstration SFT); `sft.context =
+//!   reference` trains on the teacher context of `teacher-logp` (the prompt
+//!   with the ground-truth plan, `sft.template`), `both` on both contexts (a
+//!   generalist teacher for forward_proxy);
 //! - `objective = "ppo"` (default): the clipped surrogate of [`loss`] (clip-higher
 //!   0.2 / 0.28, dual-clip 3, token-mean) on the input `steps` (prompt and
 //!   response ids, old log-probs) and `advantages` (per-token advantages),
@@ -37,6 +40,7 @@ use embodyflow_core::schemas::{
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
+use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, OptimizerState};
@@ -137,6 +141,25 @@ impl Default for OptimConfig {
 pub struct SftConfig {
     /// Keep only the first N tasks of each task type.
     pub demos_per_task_type: Option<usize>,
+    /// The context each expert answer is trained after.
+    pub context: SftContext,
+    /// The teacher template (`context = reference | both`): the same
+    /// templates `teacher-logp` reads, so a teacher is trained on the context
+    /// it will score in.
+    pub template: ContextTemplates,
+}
+
+/// What an SFT example's answer follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SftContext {
+    /// The policy's prompt (a policy).
+    #[default]
+    Prompt,
+    /// The teacher template with the ground-truth plan (a reference-reading teacher).
+    Reference,
+    /// Both, one example each (a generalist teacher: it answers with and without a reference).
+    Both,
 }
 
 /// The stage's config.
@@ -209,13 +232,16 @@ pub struct Example {
 pub fn sft_examples(
     policy: &Checkpoint,
     tasks: &[TaskRow],
-    per_type: Option<usize>,
+    sft: &SftConfig,
 ) -> Result<Vec<Example>, ModelError> {
+    if sft.context != SftContext::Prompt {
+        sft.template.check()?;
+    }
     let mut taken: HashMap<Option<&str>, usize> = HashMap::new();
     let mut examples = Vec::new();
     for row in tasks {
         let count = taken.entry(row.task_type.as_deref()).or_default();
-        if per_type.is_some_and(|limit| *count >= limit) {
+        if sft.demos_per_task_type.is_some_and(|limit| *count >= limit) {
             continue;
         }
         *count += 1;
@@ -226,18 +252,38 @@ pub fn sft_examples(
                 row.task_id
             ))
         })?;
-        let mut prompt = encode(&policy.tokenizer, &env.prompt())?;
-        prompt.push(policy.special.plan);
         let mut response = encode(&policy.tokenizer, &answer)?;
         response.push(policy.special.eos);
-        examples.push(Example {
-            source: format!("task `{}`", row.task_id),
-            prompt,
-            response,
-            old_logprobs: Vec::new(),
-            advantages: Vec::new(),
-            temperature: 1.0,
-        });
+        let prompt = env.prompt();
+        let mut contexts = Vec::with_capacity(2);
+        if sft.context != SftContext::Reference {
+            contexts.push(prompt.clone());
+        }
+        if sft.context != SftContext::Prompt {
+            let actions = row.gt_actions.as_deref().ok_or_else(|| {
+                Error::BadInput(format!(
+                    "task `{}` has no ground-truth plan (gt_actions) for sft.context = reference",
+                    row.task_id
+                ))
+            })?;
+            contexts.push(sft.template.render_teacher(
+                &prompt,
+                &row.instruction,
+                &reference_plan(actions),
+            )?);
+        }
+        for context in contexts {
+            let mut prompt = encode(&policy.tokenizer, &context)?;
+            prompt.push(policy.special.plan);
+            examples.push(Example {
+                source: format!("task `{}`", row.task_id),
+                prompt,
+                response: response.clone(),
+                old_logprobs: Vec::new(),
+                advantages: Vec::new(),
+                temperature: 1.0,
+            });
+        }
     }
     Ok(examples)
 }
@@ -500,7 +546,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let examples = match config.objective {
         Objective::Sft => {
             let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-            sft_examples(&policy, &tasks, config.sft.demos_per_task_type)?
+            sft_examples(&policy, &tasks, &config.sft)?
         }
         Objective::Ppo => {
             let trajectories: Vec<TrajectoryRow> =
@@ -714,5 +760,49 @@ mod tests {
         .unwrap();
         let after = response_logprob(&policy, &example);
         assert!(after > before + 1.0 && after > -1.0, "{before} -> {after}");
+    }
+
+    /// `sft.context = both`: each task twice, once after the policy's prompt
+    /// and once after the teacher template with its reference plan.
+    #[test]
+    fn sft_contexts_follow_the_teacher_template() {
+        use embodyflow_household::{Split, generate_tasks, task_row};
+        let policy = tiny_policy();
+        let rows: Vec<TaskRow> = generate_tasks(Split::Train, 5, 3)
+            .iter()
+            .map(task_row)
+            .collect();
+        let sft = |context| SftConfig {
+            context,
+            ..SftConfig::default()
+        };
+        let plain = sft_examples(&policy, &rows, &sft(SftContext::Prompt)).unwrap();
+        let both = sft_examples(&policy, &rows, &sft(SftContext::Both)).unwrap();
+        assert_eq!((plain.len(), both.len()), (3, 6));
+        let text =
+            |ids: &[i32]| embodyflow_models::tokenizer::decode(&policy.tokenizer, ids).unwrap();
+        assert_eq!(both[0].prompt, plain[0].prompt);
+        assert_eq!(both[1].response, plain[0].response);
+        let teacher = text(&both[1].prompt);
+        let first = &rows[0].gt_actions.as_ref().unwrap()[0];
+        assert!(
+            teacher.contains(&format!(
+                "=== Reference Plan Begin ===\n{}: {}\n",
+                first.action_id, first.action_name
+            )),
+            "{teacher}"
+        );
+        let broken = SftConfig {
+            template: ContextTemplates {
+                teacher: "{prompt}".into(),
+                ..ContextTemplates::default()
+            },
+            ..sft(SftContext::Reference)
+        };
+        let error = sft_examples(&policy, &rows, &broken)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("reference_plan"), "{error}");
     }
 }
