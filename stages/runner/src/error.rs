@@ -1,0 +1,108 @@
+//! The runner's errors. A bad pipeline file, variable, key or input is the
+//! user's to fix (exit 2, before any stage runs); a stage that fails while
+//! running, or an I/O error, is a failure (exit 1).
+
+use std::path::PathBuf;
+
+use embodyflow_core::{Classify, ErrorKind};
+
+/// Result of the runner.
+pub type Result<T, E = RunnerError> = std::result::Result<T, E>;
+
+/// Errors of the runner.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// Something wrong in a pipeline file, at a line (0 = the command line).
+    #[error("{}: {message}", location(file, *line))]
+    Pipeline {
+        /// The pipeline file.
+        file: PathBuf,
+        /// 1-based line, 0 when the problem came from the command line.
+        line: usize,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+    /// A stage binary the pipeline needs is not built.
+    #[error(
+        "stage binary {path} is missing (step `{step}`); build it with `cargo build --release --bins`"
+    )]
+    MissingBinary {
+        /// Step naming the stage.
+        step: String,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A step's input is neither on disk nor made by an earlier step.
+    #[error("step `{step}`: input {path} does not exist and no earlier step writes it")]
+    MissingInput {
+        /// The step.
+        step: String,
+        /// The missing path.
+        path: PathBuf,
+    },
+    /// A stage process exited with an error.
+    #[error("step `{step}` ({stage}) failed with exit code {code}; log {log}:\n{tail}")]
+    StageFailed {
+        /// The step instance.
+        step: String,
+        /// Its stage.
+        stage: String,
+        /// Exit code (-1 when killed by a signal).
+        code: i32,
+        /// Log file with the stage's stdout and stderr.
+        log: PathBuf,
+        /// The last lines of the log.
+        tail: String,
+    },
+    /// Another runner holds the run directory.
+    #[error(
+        "run directory {dir} is in use by runner process {pid} (lock {lock}); wait for it or remove the lock if that process is gone"
+    )]
+    Locked {
+        /// Run directory.
+        dir: PathBuf,
+        /// The other runner's process id.
+        pid: u32,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// Bad command-line usage.
+    #[error("{0}")]
+    Usage(String),
+    /// An error of the shared core (manifests, merges, I/O).
+    #[error(transparent)]
+    Core(#[from] embodyflow_core::Error),
+    /// A plot that could not be drawn.
+    #[error("drawing {path}: {reason}")]
+    Plot {
+        /// The PNG.
+        path: PathBuf,
+        /// The backend's message.
+        reason: String,
+    },
+}
+
+fn location(file: &std::path::Path, line: usize) -> String {
+    if line == 0 {
+        format!("{} (command line)", file.display())
+    } else {
+        format!("{}:{line}", file.display())
+    }
+}
+
+impl RunnerError {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> RunnerError {
+        RunnerError::Core(embodyflow_core::Error::io(path, source))
+    }
+}
+
+impl Classify for RunnerError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RunnerError::StageFailed { .. } | RunnerError::Plot { .. } => ErrorKind::Failure,
+            RunnerError::Core(e) => e.kind(),
+            _ => ErrorKind::BadInput,
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Running a plan: for each instance in order, the cache check, the stage
+//! process (or `shards` processes at once, then a merge of their tables),
+//! and `_step.json` written last.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use embodyflow_core::dataset::merge_tables;
+
+use crate::cache::{self, BinaryHashes, StepRecord, runner_dir};
+use crate::check::binary;
+use crate::error::{Result, RunnerError};
+use crate::plan::{Instance, Plan};
+
+/// How to run a plan.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Where the stage binaries are.
+    pub bin_dir: PathBuf,
+    /// Print the plan and what is cached; run nothing.
+    pub dry_run: bool,
+    /// Rerun this step's instances and everything after them.
+    pub from: Option<String>,
+    /// Run only this step's instances (others must be complete).
+    pub only: Option<String>,
+}
+
+/// What happened to an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Its outputs matched the key: not run.
+    Cached,
+    /// Run now.
+    Ran,
+    /// Dry run: would run.
+    WouldRun,
+    /// Not selected by `--only`: used as it is.
+    Kept,
+    /// Its `skip_if_empty` table had no rows: the policy was passed on.
+    PassedOn,
+}
+
+impl Status {
+    /// A word for tables.
+    pub fn word(self) -> &'static str {
+        match self {
+            Status::Cached => "cached",
+            Status::Ran => "ran",
+            Status::WouldRun => "would run",
+            Status::Kept => "kept",
+            Status::PassedOn => "passed on",
+        }
+    }
+}
+
+/// One instance's outcome.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    /// Index into the plan.
+    pub index: usize,
+    /// What happened.
+    pub status: Status,
+    /// Stage wall seconds: of this run when it ran, as recorded when cached.
+    pub wall_s: f64,
+    /// Runner seconds spent on the instance outside the stage processes
+    /// (hashing, cache check, merge, record).
+    pub overhead_s: f64,
+}
+
+/// A run's outcome.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Per instance, in plan order.
+    pub steps: Vec<StepOutcome>,
+    /// Notes (stages not built under a dry run).
+    pub notes: Vec<String>,
+    /// Seconds spent planning and checking before the first stage.
+    pub check_s: f64,
+    /// Seconds spent hashing binaries.
+    pub binary_hash_s: f64,
+    /// Total wall seconds.
+    pub total_s: f64,
+}
+
+/// Holds `OUT/_runner/lock` while a runner uses the run directory.
+struct Lock(PathBuf);
+
+impl Lock {
+    fn take(out: &Path) -> Result<Lock> {
+        let dir = runner_dir(out);
+        std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
+        let path = dir.join("lock");
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Ok(pid) = text.trim().parse::<u32>()
+            && pid != std::process::id()
+            && Path::new("/proc").join(pid.to_string()).exists()
+        {
+            return Err(RunnerError::Locked {
+                dir: out.to_path_buf(),
+                pid,
+                lock: path,
+            });
+        }
+        std::fs::write(&path, std::process::id().to_string())
+            .map_err(|e| RunnerError::io(&path, e))?;
+        Ok(Lock(path))
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+    let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
+    let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
+    Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| RunnerError::io(bin, e))
+}
+
+/// Runs one instance into its directory; returns the command lines and the
+/// stage wall seconds.
+fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<String>>, f64)> {
+    let dir = &instance.dir;
+    // The old record goes first: a run killed from here on is never taken
+    // for complete.
+    let _ = std::fs::remove_file(dir.join(cache::STEP_FILE));
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
+    }
+    // The stage creates its output directory (init-policy insists on a new
+    // one); logs go to the runner's directory and move in on success.
+    let log_base = logs.join(&instance.id);
+    std::fs::create_dir_all(&log_base).map_err(|e| RunnerError::io(&log_base, e))?;
+    let base = instance.stage_args();
+    let started = Instant::now();
+    let n = instance.shards;
+    let mut commands = Vec::new();
+    let mut children = Vec::new();
+    for i in 0..n {
+        let out = if n == 1 {
+            dir.clone()
+        } else {
+            let shards = dir.join("_shards");
+            std::fs::create_dir_all(&shards).map_err(|e| RunnerError::io(&shards, e))?;
+            shards.join(i.to_string())
+        };
+        let log = log_base.join(format!("{i}.log"));
+        let mut args = base.clone();
+        args.extend([
+            "--out".to_string(),
+            out.display().to_string(),
+            "--device".to_string(),
+            instance.devices[i as usize % instance.devices.len()].clone(),
+        ]);
+        if n > 1 {
+            args.extend(["--shard".to_string(), format!("{i}/{n}")]);
+        }
+        let mut command = vec![bin.display().to_string()];
+        command.extend(args.iter().cloned());
+        commands.push(command);
+        children.push((spawn(bin, &args, &log)?, log));
+    }
+    let mut failure = None;
+    let mut logs_done = Vec::new();
+    for (mut child, log) in children {
+        let status = child.wait().map_err(|e| RunnerError::io(bin, e))?;
+        if !status.success() && failure.is_none() {
+            failure = Some(RunnerError::StageFailed {
+                step: instance.id.clone(),
+                stage: instance.stage.clone(),
+                code: status.code().unwrap_or(-1),
+                tail: tail(&log, 20),
+                log: log.clone(),
+            });
+        }
+        logs_done.push(log);
+    }
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    if n > 1 {
+        merge_shards(instance, dir)?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
+    for (i, log) in logs_done.iter().enumerate() {
+        let name = if n == 1 {
+            "_stage.log".to_string()
+        } else {
+            format!("_stage.{i}.log")
+        };
+        let _ = std::fs::rename(log, dir.join(name));
+    }
+    let _ = std::fs::remove_dir(&log_base);
+    Ok((commands, wall))
+}
+
+/// Merges the tables of `dir/_shards/<i>/` into `dir/` and joins the shards'
+/// summaries.
+fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
+    let shard_dirs: Vec<PathBuf> = (0..instance.shards)
+        .map(|i| dir.join("_shards").join(i.to_string()))
+        .collect();
+    let mut names = BTreeSet::new();
+    for shard in &shard_dirs {
+        names.extend(cache::tables_in(shard)?.into_keys());
+    }
+    for name in names {
+        let parts: Vec<PathBuf> = shard_dirs.iter().map(|s| s.join(&name)).collect();
+        merge_tables(&parts, &dir.join(&name), false)?;
+    }
+    let summary_name = format!("_summary.{}.md", instance.stage);
+    let mut summary = String::new();
+    for (i, shard) in shard_dirs.iter().enumerate() {
+        if let Ok(text) = std::fs::read_to_string(shard.join(&summary_name)) {
+            summary.push_str(&format!("<!-- shard {i}/{} -->\n{text}\n", instance.shards));
+        }
+    }
+    if !summary.is_empty() {
+        let path = dir.join(&summary_name);
+        std::fs::write(&path, summary).map_err(|e| RunnerError::io(&path, e))?;
+    }
+    Ok(())
+}
+
+/// Whether the `skip_if_empty` table holds no rows.
+fn is_empty(table: Option<&Path>) -> Result<bool> {
+    match table {
+        None => Ok(false),
+        Some(dir) => Ok(embodyflow_core::manifest::Manifest::read(dir)?.num_rows == 0),
+    }
+}
+
+/// An update with nothing to learn from: `policy/` links to the input policy.
+fn pass_on(instance: &Instance) -> Result<()> {
+    let dir = &instance.dir;
+    let _ = std::fs::remove_file(dir.join(cache::STEP_FILE));
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
+    let policy = instance
+        .policy
+        .as_ref()
+        .expect("checked: skip_if_empty needs a policy");
+    let target = std::fs::canonicalize(policy).map_err(|e| RunnerError::io(policy, e))?;
+    let link = dir.join("policy");
+    std::os::unix::fs::symlink(&target, &link).map_err(|e| RunnerError::io(&link, e))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Runs (or under `dry_run`, describes) the plan. `say` receives one line per
+/// instance as it completes.
+pub fn run_plan(
+    plan: &Plan,
+    options: &RunOptions,
+    say: &mut dyn FnMut(&str),
+) -> Result<RunOutcome> {
+    let started = Instant::now();
+    let notes = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let check_s = started.elapsed().as_secs_f64();
+    let from = match &options.from {
+        Some(name) => plan.select(name)?.into_iter().next(),
+        None => None,
+    };
+    let only = match &options.only {
+        Some(name) => Some(plan.select(name)?),
+        None => None,
+    };
+    let _lock = if options.dry_run {
+        None
+    } else {
+        Some(Lock::take(&plan.out)?)
+    };
+    let hashes_path = runner_dir(&plan.out).join("binaries.json");
+    let mut hashes = BinaryHashes::load(&hashes_path);
+    let hash_started = Instant::now();
+    let mut binaries = std::collections::BTreeMap::new();
+    for stage in plan
+        .instances
+        .iter()
+        .map(|i| i.stage.as_str())
+        .collect::<BTreeSet<_>>()
+    {
+        let bin = binary(&options.bin_dir, stage);
+        if bin.is_file() {
+            binaries.insert(stage.to_string(), hashes.hash(&bin)?);
+        }
+    }
+    let binary_hash_s = hash_started.elapsed().as_secs_f64();
+    if !options.dry_run {
+        hashes.save(&hashes_path)?;
+    }
+    let bar = embodyflow_core::progress::bar(plan.instances.len() as u64, &plan.name);
+    let mut steps = Vec::new();
+    let mut pending: BTreeSet<usize> = BTreeSet::new();
+    for (index, instance) in plan.instances.iter().enumerate() {
+        bar.set_message(instance.id.clone());
+        let t0 = Instant::now();
+        let forced =
+            from.is_some_and(|f| index >= f) || only.as_ref().is_some_and(|o| o.contains(&index));
+        let bin = binary(&options.bin_dir, &instance.stage);
+        let mut outcome = StepOutcome {
+            index,
+            status: Status::Cached,
+            wall_s: 0.0,
+            overhead_s: 0.0,
+        };
+        if let Some(only) = &only
+            && !only.contains(&index)
+        {
+            if !options.dry_run && !instance.dir.join(cache::STEP_FILE).is_file() {
+                return Err(RunnerError::Usage(format!(
+                    "--only: step `{}` has not completed in {}; run the pipeline without --only first",
+                    instance.id,
+                    plan.out.display()
+                )));
+            }
+            outcome.status = Status::Kept;
+        } else if options.dry_run {
+            let blocked = instance.deps.iter().any(|d| pending.contains(d));
+            let hit = (!forced && !blocked)
+                .then(|| binaries.get(&instance.stage))
+                .flatten()
+                .and_then(|b| cache::step_key(instance, b).ok())
+                .and_then(|(key, _)| cache::cached(&instance.dir, &key));
+            match hit {
+                Some(record) => outcome.wall_s = record.wall_s,
+                None => {
+                    outcome.status = Status::WouldRun;
+                    pending.insert(index);
+                }
+            }
+        } else {
+            let binary_hash = &binaries[&instance.stage];
+            let (key, parts) = cache::step_key(instance, binary_hash)?;
+            match (!forced)
+                .then(|| cache::cached(&instance.dir, &key))
+                .flatten()
+            {
+                Some(record) => outcome.wall_s = record.wall_s,
+                None if is_empty(instance.skip_if_empty.as_deref())? => {
+                    pass_on(instance)?;
+                    let record = StepRecord {
+                        format: cache::STEP_FORMAT.into(),
+                        key,
+                        key_parts: parts,
+                        id: instance.id.clone(),
+                        stage: instance.stage.clone(),
+                        commands: Vec::new(),
+                        outputs: cache::outputs_of(&instance.dir)?,
+                        wall_s: 0.0,
+                        finished_unix: unix_now(),
+                    };
+                    cache::write_record(&instance.dir, &record)?;
+                    outcome.status = Status::PassedOn;
+                }
+                None => {
+                    let line = format!("{} ({}) …", instance.id, instance.stage);
+                    bar.set_message(line);
+                    let (commands, wall) =
+                        execute(instance, &bin, &runner_dir(&plan.out).join("logs"))?;
+                    let record = StepRecord {
+                        format: cache::STEP_FORMAT.into(),
+                        key,
+                        key_parts: parts,
+                        id: instance.id.clone(),
+                        stage: instance.stage.clone(),
+                        commands,
+                        outputs: cache::outputs_of(&instance.dir)?,
+                        wall_s: wall,
+                        finished_unix: unix_now(),
+                    };
+                    cache::write_record(&instance.dir, &record)?;
+                    outcome.status = Status::Ran;
+                    outcome.wall_s = wall;
+                }
+            }
+        }
+        let spent = t0.elapsed().as_secs_f64();
+        outcome.overhead_s = if outcome.status == Status::Ran {
+            (spent - outcome.wall_s).max(0.0)
+        } else {
+            spent
+        };
+        let text = format!(
+            "[{:>3}/{}] {:<40} {:<19} {:<9} {}",
+            index + 1,
+            plan.instances.len(),
+            instance.id,
+            instance.stage,
+            outcome.status.word(),
+            match outcome.status {
+                Status::Ran => format!("{:.1} s", outcome.wall_s),
+                Status::Cached => format!("(ran in {:.1} s)", outcome.wall_s),
+                _ => String::new(),
+            }
+        );
+        bar.suspend(|| say(&text));
+        bar.inc(1);
+        steps.push(outcome);
+    }
+    bar.finish_and_clear();
+    Ok(RunOutcome {
+        steps,
+        notes,
+        check_s,
+        binary_hash_s,
+        total_s: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,202 @@
+//! The pipeline runner (`pipeline` binary): runs the stage binaries as a
+//! pipeline file says, skips every step whose inputs, config and binary are
+//! unchanged, runs sharded steps as parallel processes and merges their
+//! tables, expands sweeps over saved rollouts, and writes a run report.
+//!
+//! ```text
+//! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
+//!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
+//! pipeline check pipelines/household-grpo.toml     # parse, plan, check keys
+//! ```
+//!
+//! # Pipeline files (TOML)
+//!
+//! ```toml
+//! [pipeline]
+//! name = "example"                      # defaults to the file stem
+//!
+//! [vars]                                # `${name}` in any string; `--set name=value`
+//! tasks = "runs/data/train"
+//! lr = 3e-5
+//!
+//! [[step]]                              # setup steps run once, in order
+//! name = "init"
+//! stage = "init-policy"                 # one of KNOWN_STAGES
+//! seed = 0
+//! set = { "model.n_layer" = 2 }         # --set model.n_layer=2 (nested tables flatten)
+//!
+//! [loop]                                # the iteration loop
+//! iterations = 4                        # or "${iterations}"
+//! init_policy = "${init}/policy"        # `${policy}` in iteration 0
+//! policy = "${update}/policy"           # `${policy}` in the next iteration
+//!
+//! [[loop.step]]
+//! name = "collect"
+//! stage = "collect-rollouts"
+//! policy = "${policy}"
+//! inputs = ["${tasks}"]                 # paths, or `${step}` = that step's output dir
+//! seed = "${iter}"
+//! set = { iteration = "${iter}", group_size = 8 }
+//! shards = 2                            # two processes, --shard 0/2 and 1/2
+//! devices = ["cpu"]                     # given to the shards in turn
+//!
+//! [[loop.step]]
+//! name = "eval"
+//! stage = "evaluate"
+//! policy = "${update}/policy"
+//! every = 4                             # iterations 3, 7, … and the last
+//! when = "lr != 0"                      # run only when a variable has a value
+//!
+//! [sweep]                               # one cell per combination (keys sorted)
+//! lr = [1e-5, 3e-5]
+//! ```
+//!
+//! Step fields: `name`, `stage`, `inputs`, `policy`, `teacher`, `config`,
+//! `set`, `seed`, `shards`, `devices`, `every` (loop steps), `when`
+//! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are).
+//! Templates: `${var}`, `${step}` (an earlier step's output directory; in a
+//! loop step, this iteration's instance), `${iter}`, `${policy}`, `${out}`
+//! (the run directory). An `inputs` entry naming a step that does not run
+//! (its `when` or `every`) is left out; any other field naming one is an
+//! error. Relative paths are relative to the working directory.
+//!
+//! # Layout of a run
+//!
+//! `OUT/<step>/` (setup), `OUT/it<i>/<step>/` (loop), with `@var=value,…`
+//! appended when a step depends on swept variables (directly or through what
+//! it reads): cells agreeing on those share the step, so a sweep over
+//! rewards and estimators collects its rollouts once. Each step directory
+//! holds the stage's outputs, `_stage.log` (`_stage.<i>.log` and
+//! `_shards/<i>/` for a sharded step; the log of a failed step stays in
+//! `OUT/_runner/logs/`), and `_step.json`, the cache record ([`cache`]).
+//! `OUT/report/` holds the run report ([`report`]).
+//!
+//! # Before any stage runs
+//!
+//! The file is parsed with a line number on every error (unknown field,
+//! stage, `${name}`, sweep key), the plan is built, every path a step reads
+//! that no step writes must exist, and every stage is asked to resolve its
+//! config with `--print-config` ([`check`]): an unknown `--set` key or a bad
+//! value is reported at its line in the pipeline file.
+//!
+//! A run killed at any point resumes: complete steps are cache hits, the
+//! step that was running has no `_step.json` and runs again from scratch.
+
+pub mod cache;
+pub mod check;
+pub mod error;
+pub mod exec;
+pub mod pipeline;
+pub mod plan;
+pub mod report;
+
+use std::path::PathBuf;
+
+pub use error::{Result, RunnerError};
+
+/// Command line of `pipeline`.
+#[derive(Debug, clap::Parser)]
+#[command(name = "pipeline", version, about = "Run embodyflow pipeline files")]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Run a pipeline (or with --dry-run, print its plan and what is cached).
+    Run {
+        /// The pipeline file.
+        file: PathBuf,
+        /// Run directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the plan and which steps are cached; run nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rerun this step (name or instance id) and everything after it.
+        #[arg(long, value_name = "STEP")]
+        from: Option<String>,
+        /// Run only this step's instances; the others must be complete.
+        #[arg(long, value_name = "STEP", conflicts_with = "from")]
+        only: Option<String>,
+        /// `var=value` or `step.key=value`; repeatable.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Directory of the stage binaries (default: beside this binary).
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<PathBuf>,
+    },
+}
+
+fn default_bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("target/release"))
+}
+
+/// Runs the command line.
+pub fn run(args: Args) -> Result<()> {
+    match args.command {
+        Command::Run {
+            file,
+            out,
+            dry_run,
+            from,
+            only,
+            sets,
+            bin_dir,
+        } => {
+            let started = std::time::Instant::now();
+            let pipeline = pipeline::Pipeline::load(&file)?;
+            let overrides = plan::Overrides::parse(&pipeline, &sets)?;
+            let plan = plan::Plan::build(&pipeline, &out, &overrides)?;
+            let plan_s = started.elapsed().as_secs_f64();
+            let options = exec::RunOptions {
+                bin_dir: bin_dir.unwrap_or_else(default_bin_dir),
+                dry_run,
+                from,
+                only,
+            };
+            println!(
+                "pipeline {} ({}): {} steps, {} sweep cell(s), run directory {}",
+                plan.name,
+                file.display(),
+                plan.instances.len(),
+                plan.cells.len(),
+                out.display()
+            );
+            let outcome = exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?;
+            for note in &outcome.notes {
+                println!("note: {note}");
+            }
+            if dry_run {
+                let would = outcome
+                    .steps
+                    .iter()
+                    .filter(|s| s.status == exec::Status::WouldRun)
+                    .count();
+                println!(
+                    "dry run: {would} step(s) would run, {} cached",
+                    outcome.steps.len() - would
+                );
+                for step in &outcome.steps {
+                    if step.status == exec::Status::WouldRun {
+                        let instance = &plan.instances[step.index];
+                        println!(
+                            "  {} {} --out {}",
+                            instance.stage,
+                            instance.stage_args().join(" "),
+                            instance.dir.display()
+                        );
+                    }
+                }
+                return Ok(());
+            }
+            let report = report::write_report(&plan, &outcome, plan_s)?;
+            print!("{report}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,836 @@
+//! Pipeline files: parsing, with a line number on everything that can be
+//! wrong, and the checks that need nothing but the file (known stages, known
+//! names in templates, sweep keys that are variables). The format is
+//! described in the crate documentation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::{Result, RunnerError};
+
+/// The stage binaries a step may name.
+pub const KNOWN_STAGES: &[&str] = &[
+    "generate-tasks",
+    "init-policy",
+    "collect-rollouts",
+    "score-rewards",
+    "teacher-logp",
+    "compute-advantages",
+    "update-policy",
+    "evaluate",
+];
+
+/// Stages whose `--shard i/n` outputs together equal the unsharded output
+/// (collect-rollouts only when `tasks_per_iteration` is unset: each shard
+/// draws that many of its own tasks).
+pub const SHARDABLE_STAGES: &[&str] = &[
+    "generate-tasks",
+    "collect-rollouts",
+    "score-rewards",
+    "teacher-logp",
+    "compute-advantages",
+    "evaluate",
+];
+
+/// Names a template may use besides variables and steps.
+pub const BUILTINS: &[&str] = &["iter", "policy", "out"];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    pipeline: Option<RawMeta>,
+    #[serde(default)]
+    vars: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    #[serde(default)]
+    step: Vec<Spanned<RawStep>>,
+    #[serde(rename = "loop")]
+    looped: Option<Spanned<RawLoop>>,
+    #[serde(default)]
+    sweep: BTreeMap<Spanned<String>, Spanned<Vec<toml::Value>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeta {
+    name: Option<String>,
+    description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLoop {
+    iterations: Spanned<toml::Value>,
+    init_policy: Spanned<String>,
+    policy: Spanned<String>,
+    #[serde(default)]
+    step: Vec<Spanned<RawStep>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    name: Spanned<String>,
+    stage: Spanned<String>,
+    #[serde(default)]
+    inputs: Vec<Spanned<String>>,
+    policy: Option<Spanned<String>>,
+    teacher: Option<Spanned<String>>,
+    config: Option<Spanned<String>>,
+    #[serde(default)]
+    set: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    seed: Option<Spanned<toml::Value>>,
+    shards: Option<Spanned<u32>>,
+    devices: Option<Spanned<Vec<String>>>,
+    every: Option<Spanned<u32>>,
+    when: Option<Spanned<String>>,
+    skip_if_empty: Option<Spanned<String>>,
+    #[serde(default)]
+    args: Vec<Spanned<String>>,
+}
+
+/// A string that may hold `${name}` references, with its line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    /// The text.
+    pub text: String,
+    /// 1-based line in the pipeline file (0: command line).
+    pub line: usize,
+}
+
+impl Template {
+    /// The names referenced, in order (checked to be well formed at parse time).
+    pub fn refs(&self) -> Vec<String> {
+        template_refs(&self.text).unwrap_or_default()
+    }
+}
+
+/// The names `${name}` in `text`, in order; an unclosed `${` is an error.
+pub fn template_refs(text: &str) -> std::result::Result<Vec<String>, String> {
+    let mut refs = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("`{text}`: `${{` without a closing `}}`"))?;
+        let name = after[..end].trim();
+        if name.is_empty() {
+            return Err(format!("`{text}`: empty `${{}}`"));
+        }
+        refs.push(name.to_string());
+        rest = &after[end + 1..];
+    }
+    Ok(refs)
+}
+
+/// Replaces every `${name}` with `lookup(name)`.
+pub fn render(text: &str, lookup: &mut dyn FnMut(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        out.push_str(&lookup(after[..end].trim()));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One `--set` of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetDef {
+    /// Dotted key.
+    pub key: String,
+    /// Value (TOML text or a plain string, templated).
+    pub value: Template,
+}
+
+/// A step's condition: `VAR == VALUE` or `VAR != VALUE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct When {
+    /// The variable.
+    pub var: String,
+    /// True for `==`.
+    pub equal: bool,
+    /// The value compared with.
+    pub value: String,
+    /// Line.
+    pub line: usize,
+}
+
+impl When {
+    /// Whether the step runs with these variables.
+    pub fn holds(&self, vars: &BTreeMap<String, String>) -> bool {
+        let value = vars.get(&self.var).map(String::as_str).unwrap_or("");
+        (value == self.value) == self.equal
+    }
+}
+
+/// A step of a pipeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepDef {
+    /// Unique name.
+    pub name: String,
+    /// Line of the step's `name`.
+    pub line: usize,
+    /// Stage binary.
+    pub stage: String,
+    /// Line of `stage`.
+    pub stage_line: usize,
+    /// `--input` entries.
+    pub inputs: Vec<Template>,
+    /// `--policy`.
+    pub policy: Option<Template>,
+    /// `--teacher`.
+    pub teacher: Option<Template>,
+    /// `--config`.
+    pub config: Option<Template>,
+    /// `--set` entries, in file order (nested tables flattened to dotted keys).
+    pub sets: Vec<SetDef>,
+    /// `--seed`.
+    pub seed: Option<Template>,
+    /// Processes run at once, each with `--shard i/n`.
+    pub shards: u32,
+    /// Devices given to the shards in turn.
+    pub devices: Vec<String>,
+    /// Loop steps: run in iterations where `(iter + 1) % every == 0` and in the last.
+    pub every: Option<u32>,
+    /// Run only when this holds.
+    pub when: Option<When>,
+    /// Extra arguments passed as they are (templated).
+    pub args: Vec<Template>,
+    /// A table directory: when it has no rows, the stage is not run and the
+    /// step's `policy/` links to its `--policy` (an update with nothing to
+    /// learn from keeps the policy).
+    pub skip_if_empty: Option<Template>,
+    /// Whether it is a loop step.
+    pub in_loop: bool,
+}
+
+impl StepDef {
+    /// Every template of the step with the field it belongs to.
+    pub fn templates(&self) -> Vec<(&'static str, &Template)> {
+        let mut all: Vec<(&'static str, &Template)> = Vec::new();
+        all.extend(self.inputs.iter().map(|t| ("inputs", t)));
+        all.extend(self.policy.iter().map(|t| ("policy", t)));
+        all.extend(self.teacher.iter().map(|t| ("teacher", t)));
+        all.extend(self.config.iter().map(|t| ("config", t)));
+        all.extend(self.sets.iter().map(|s| ("set", &s.value)));
+        all.extend(self.seed.iter().map(|t| ("seed", t)));
+        all.extend(self.args.iter().map(|t| ("args", t)));
+        all.extend(self.skip_if_empty.iter().map(|t| ("skip_if_empty", t)));
+        all
+    }
+}
+
+/// The iteration loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopDef {
+    /// Number of iterations (templated with variables).
+    pub iterations: Template,
+    /// The policy of iteration 0.
+    pub init_policy: Template,
+    /// The policy after an iteration (names that iteration's steps).
+    pub policy: Template,
+    /// Steps run every iteration.
+    pub steps: Vec<StepDef>,
+    /// Line of `[loop]`.
+    pub line: usize,
+}
+
+/// One axis of a sweep: a variable and its values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepAxis {
+    /// The variable.
+    pub var: String,
+    /// Its values.
+    pub values: Vec<String>,
+    /// Line.
+    pub line: usize,
+}
+
+/// A parsed and checked pipeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// The file.
+    pub path: PathBuf,
+    /// Name (the file stem unless `[pipeline] name` says otherwise).
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Variables with their default values and lines.
+    pub vars: BTreeMap<String, (String, usize)>,
+    /// Steps run once, in order.
+    pub setup: Vec<StepDef>,
+    /// The loop, if any.
+    pub looped: Option<LoopDef>,
+    /// The sweep axes, if any.
+    pub sweep: Vec<SweepAxis>,
+}
+
+/// Converts a TOML value to the text passed on a command line or substituted
+/// into a template: strings as they are, everything else as TOML.
+pub fn value_text(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn flatten_set(prefix: &str, value: &toml::Value, line: usize, out: &mut Vec<SetDef>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (key, child) in table {
+                flatten_set(&format!("{prefix}.{key}"), child, line, out);
+            }
+        }
+        other => out.push(SetDef {
+            key: prefix.to_string(),
+            value: Template {
+                text: value_text(other),
+                line,
+            },
+        }),
+    }
+}
+
+impl Pipeline {
+    /// Reads and checks a pipeline file.
+    pub fn load(path: &Path) -> Result<Pipeline> {
+        let text = std::fs::read_to_string(path).map_err(|e| RunnerError::Pipeline {
+            file: path.to_path_buf(),
+            line: 0,
+            message: format!("cannot read the pipeline file: {e}"),
+        })?;
+        Pipeline::parse(path, &text)
+    }
+
+    /// Parses and checks pipeline text (`path` names it in messages).
+    pub fn parse(path: &Path, text: &str) -> Result<Pipeline> {
+        let err = |line: usize, message: String| RunnerError::Pipeline {
+            file: path.to_path_buf(),
+            line,
+            message,
+        };
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(1, |s| line_of(text, s.start));
+            err(line, e.message().trim().to_string())
+        })?;
+        let line = |span: std::ops::Range<usize>| line_of(text, span.start);
+
+        let mut vars = BTreeMap::new();
+        for (key, value) in &raw.vars {
+            let name = key.get_ref().clone();
+            let l = line(key.span());
+            if !valid_name(&name) {
+                return Err(err(
+                    l,
+                    format!("variable name `{name}`: use letters, digits, `_` and `-`"),
+                ));
+            }
+            if BUILTINS.contains(&name.as_str()) {
+                return Err(err(
+                    l,
+                    format!("variable `{name}` would hide the built-in `${{{name}}}`"),
+                ));
+            }
+            if matches!(value.get_ref(), toml::Value::Table(_)) {
+                return Err(err(
+                    l,
+                    format!("variable `{name}`: expected a value, found a table"),
+                ));
+            }
+            vars.insert(name, (value_text(value.get_ref()), l));
+        }
+
+        let convert = |raw: &Spanned<RawStep>, in_loop: bool| -> Result<StepDef> {
+            let step = raw.get_ref();
+            let t = |s: &Spanned<String>| Template {
+                text: s.get_ref().clone(),
+                line: line(s.span()),
+            };
+            let mut sets = Vec::new();
+            for (key, value) in &step.set {
+                if key.get_ref().trim().is_empty() {
+                    return Err(err(line(key.span()), "empty `set` key".into()));
+                }
+                flatten_set(key.get_ref(), value.get_ref(), line(key.span()), &mut sets);
+            }
+            let when = match &step.when {
+                None => None,
+                Some(w) => {
+                    let l = line(w.span());
+                    let text = w.get_ref();
+                    let (var, equal, value) = if let Some((a, b)) = text.split_once("!=") {
+                        (a, false, b)
+                    } else if let Some((a, b)) = text.split_once("==") {
+                        (a, true, b)
+                    } else {
+                        return Err(err(
+                            l,
+                            format!(
+                                "`when = \"{text}\"`: expected `VAR == VALUE` or `VAR != VALUE`"
+                            ),
+                        ));
+                    };
+                    Some(When {
+                        var: var.trim().to_string(),
+                        equal,
+                        value: value.trim().trim_matches('"').to_string(),
+                        line: l,
+                    })
+                }
+            };
+            let seed = step.seed.as_ref().map(|s| Template {
+                text: value_text(s.get_ref()),
+                line: line(s.span()),
+            });
+            Ok(StepDef {
+                name: step.name.get_ref().clone(),
+                line: line(step.name.span()),
+                stage: step.stage.get_ref().clone(),
+                stage_line: line(step.stage.span()),
+                inputs: step.inputs.iter().map(t).collect(),
+                policy: step.policy.as_ref().map(t),
+                teacher: step.teacher.as_ref().map(t),
+                config: step.config.as_ref().map(t),
+                sets,
+                seed,
+                shards: step.shards.as_ref().map_or(1, |s| *s.get_ref()),
+                devices: step
+                    .devices
+                    .as_ref()
+                    .map_or_else(|| vec!["cpu".to_string()], |d| d.get_ref().clone()),
+                every: step.every.as_ref().map(|e| *e.get_ref()),
+                when,
+                args: step.args.iter().map(t).collect(),
+                skip_if_empty: step.skip_if_empty.as_ref().map(t),
+                in_loop,
+            })
+        };
+        let setup = raw
+            .step
+            .iter()
+            .map(|s| convert(s, false))
+            .collect::<Result<Vec<_>>>()?;
+        let looped = match &raw.looped {
+            None => None,
+            Some(l) => {
+                let inner = l.get_ref();
+                let t = |s: &Spanned<String>| Template {
+                    text: s.get_ref().clone(),
+                    line: line(s.span()),
+                };
+                Some(LoopDef {
+                    iterations: Template {
+                        text: value_text(inner.iterations.get_ref()),
+                        line: line(inner.iterations.span()),
+                    },
+                    init_policy: t(&inner.init_policy),
+                    policy: t(&inner.policy),
+                    steps: inner
+                        .step
+                        .iter()
+                        .map(|s| convert(s, true))
+                        .collect::<Result<Vec<_>>>()?,
+                    line: line(l.span()),
+                })
+            }
+        };
+        let sweep = raw
+            .sweep
+            .iter()
+            .map(|(key, values)| SweepAxis {
+                var: key.get_ref().clone(),
+                values: values.get_ref().iter().map(value_text).collect(),
+                line: line(key.span()),
+            })
+            .collect();
+        let name = raw
+            .pipeline
+            .as_ref()
+            .and_then(|m| m.name.clone())
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        let pipeline = Pipeline {
+            path: path.to_path_buf(),
+            name,
+            description: raw.pipeline.and_then(|m| m.description).unwrap_or_default(),
+            vars,
+            setup,
+            looped,
+            sweep,
+        };
+        pipeline.check()?;
+        Ok(pipeline)
+    }
+
+    fn err(&self, line: usize, message: String) -> RunnerError {
+        RunnerError::Pipeline {
+            file: self.path.clone(),
+            line,
+            message,
+        }
+    }
+
+    /// Every step, setup first.
+    pub fn steps(&self) -> impl Iterator<Item = &StepDef> {
+        self.setup
+            .iter()
+            .chain(self.looped.iter().flat_map(|l| l.steps.iter()))
+    }
+
+    /// A step by name.
+    pub fn step(&self, name: &str) -> Option<&StepDef> {
+        self.steps().find(|s| s.name == name)
+    }
+
+    /// The checks that need only the file.
+    fn check(&self) -> Result<()> {
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let var_list = || self.vars.keys().cloned().collect::<Vec<_>>().join(", ");
+        for (in_loop, steps) in [(false, &self.setup)]
+            .into_iter()
+            .chain(self.looped.iter().map(|l| (true, &l.steps)))
+        {
+            for step in steps {
+                if !valid_name(&step.name) {
+                    return Err(self.err(
+                        step.line,
+                        format!(
+                            "step name `{}`: use letters, digits, `_` and `-`",
+                            step.name
+                        ),
+                    ));
+                }
+                if self.vars.contains_key(&step.name) || BUILTINS.contains(&step.name.as_str()) {
+                    return Err(self.err(
+                        step.line,
+                        format!(
+                            "step name `{}` is also a variable or built-in name; `${{{}}}` must mean one thing",
+                            step.name, step.name
+                        ),
+                    ));
+                }
+                if !KNOWN_STAGES.contains(&step.stage.as_str()) {
+                    return Err(self.err(
+                        step.stage_line,
+                        format!(
+                            "step `{}`: unknown stage `{}`; known stages: {}",
+                            step.name,
+                            step.stage,
+                            KNOWN_STAGES.join(", ")
+                        ),
+                    ));
+                }
+                if step.shards == 0 {
+                    return Err(self.err(
+                        step.line,
+                        format!("step `{}`: shards must be at least 1", step.name),
+                    ));
+                }
+                if step.shards > 1 && !SHARDABLE_STAGES.contains(&step.stage.as_str()) {
+                    return Err(self.err(
+                        step.stage_line,
+                        format!(
+                            "step `{}`: stage `{}` cannot be sharded (its outputs are not split by rows); shardable stages: {}",
+                            step.name,
+                            step.stage,
+                            SHARDABLE_STAGES.join(", ")
+                        ),
+                    ));
+                }
+                if step.devices.is_empty() {
+                    return Err(
+                        self.err(step.line, format!("step `{}`: empty `devices`", step.name))
+                    );
+                }
+                for device in &step.devices {
+                    if device.parse::<embodyflow_core::cli::Device>().is_err() {
+                        return Err(self.err(
+                            step.line,
+                            format!(
+                                "step `{}`: device `{device}`: expected cpu, cuda or cuda:N",
+                                step.name
+                            ),
+                        ));
+                    }
+                }
+                if !in_loop && step.every.is_some() {
+                    return Err(self.err(
+                        step.line,
+                        format!("step `{}`: `every` applies to loop steps only", step.name),
+                    ));
+                }
+                if let Some(t) = &step.skip_if_empty
+                    && step.policy.is_none()
+                {
+                    return Err(self.err(
+                        t.line,
+                        format!(
+                            "step `{}`: `skip_if_empty` needs a `policy` to pass on",
+                            step.name
+                        ),
+                    ));
+                }
+                if step.every == Some(0) {
+                    return Err(self.err(
+                        step.line,
+                        format!("step `{}`: `every` must be at least 1", step.name),
+                    ));
+                }
+                if let Some(when) = &step.when
+                    && !self.vars.contains_key(&when.var)
+                {
+                    return Err(self.err(
+                        when.line,
+                        format!(
+                            "step `{}`: `when` names `{}`, which is not a variable; variables: {}",
+                            step.name,
+                            when.var,
+                            var_list()
+                        ),
+                    ));
+                }
+                for (field, template) in step.templates() {
+                    let refs = template_refs(&template.text).map_err(|m| {
+                        self.err(
+                            template.line,
+                            format!("step `{}` field `{field}`: {m}", step.name),
+                        )
+                    })?;
+                    for name in refs {
+                        let known = self.vars.contains_key(&name)
+                            || seen.contains(name.as_str())
+                            || (in_loop && BUILTINS.contains(&name.as_str()))
+                            || name == "out";
+                        if !known {
+                            let later = self.step(&name).is_some();
+                            return Err(self.err(
+                                template.line,
+                                format!(
+                                    "step `{}` field `{field}`: unknown name `${{{name}}}`{}; variables: [{}], earlier steps: [{}]{}",
+                                    step.name,
+                                    if later { " (a later step: a step can only use outputs of steps before it)" } else { "" },
+                                    var_list(),
+                                    seen.iter().copied().collect::<Vec<_>>().join(", "),
+                                    if in_loop { ", built-ins: iter, policy, out" } else { ", built-in: out (iter and policy exist in loop steps only)" }
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if !seen.insert(&step.name) {
+                    return Err(self.err(
+                        step.line,
+                        format!("step name `{}` is used twice", step.name),
+                    ));
+                }
+            }
+        }
+        if let Some(looped) = &self.looped {
+            let setup: BTreeSet<&str> = self.setup.iter().map(|s| s.name.as_str()).collect();
+            let loop_names: BTreeSet<&str> = looped.steps.iter().map(|s| s.name.as_str()).collect();
+            for (what, template, allowed) in [
+                ("iterations", &looped.iterations, BTreeSet::new()),
+                ("init_policy", &looped.init_policy, setup.clone()),
+                (
+                    "policy",
+                    &looped.policy,
+                    setup.union(&loop_names).copied().collect(),
+                ),
+            ] {
+                let refs = template_refs(&template.text)
+                    .map_err(|m| self.err(template.line, format!("loop `{what}`: {m}")))?;
+                for name in refs {
+                    if !(self.vars.contains_key(&name)
+                        || allowed.contains(name.as_str())
+                        || name == "out")
+                    {
+                        return Err(self.err(
+                            template.line,
+                            format!(
+                                "loop `{what}`: unknown name `${{{name}}}`; variables: [{}], steps it may name: [{}]",
+                                var_list(),
+                                allowed.iter().copied().collect::<Vec<_>>().join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for axis in &self.sweep {
+            if !self.vars.contains_key(&axis.var) {
+                return Err(self.err(
+                    axis.line,
+                    format!(
+                        "sweep key `{}` is not a variable; a sweep varies variables declared in [vars]: {}",
+                        axis.var,
+                        var_list()
+                    ),
+                ));
+            }
+            if axis.values.is_empty() {
+                return Err(self.err(axis.line, format!("sweep key `{}` has no values", axis.var)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Names of steps and variables: letters, digits, `_`, `-`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Pipeline> {
+        Pipeline::parse(Path::new("p.toml"), text)
+    }
+
+    const GOOD: &str = r#"
+[pipeline]
+name = "t"
+
+[vars]
+lr = 3e-5
+mode = "exact"
+
+[[step]]
+name = "tasks"
+stage = "generate-tasks"
+seed = 1
+set = { split = "train", count = 8 }
+
+[loop]
+iterations = 2
+init_policy = "${tasks}/policy"
+policy = "${update}/policy"
+
+[[loop.step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${policy}"
+inputs = ["${tasks}"]
+seed = "${iter}"
+set = { iteration = "${iter}", dynamic_sampling = { enabled = true } }
+
+[[loop.step]]
+name = "update"
+stage = "update-policy"
+policy = "${policy}"
+inputs = ["${collect}"]
+set = { "optim.lr" = "${lr}" }
+every = 1
+
+[sweep]
+mode = ["exact", "lcs"]
+"#;
+
+    #[test]
+    fn a_good_file_parses_with_lines_and_flattened_sets() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.name, "t");
+        assert_eq!(p.vars["lr"].1, 6);
+        assert_eq!(p.vars["lr"].0.parse::<f64>().unwrap(), 3e-5);
+        assert_eq!(p.setup[0].line, 10);
+        let collect = &p.looped.as_ref().unwrap().steps[0];
+        let keys: Vec<_> = collect
+            .sets
+            .iter()
+            .map(|s| (s.key.as_str(), s.value.line))
+            .collect();
+        assert_eq!(keys, [("dynamic_sampling.enabled", 26), ("iteration", 26)]);
+        assert_eq!(p.sweep[0].values, ["exact", "lcs"]);
+    }
+
+    #[test]
+    fn mistakes_are_reported_with_their_line() {
+        let cases = [
+            (
+                GOOD.replace(
+                    "stage = \"collect-rollouts\"",
+                    "stage = \"collect-rollout\"",
+                ),
+                22,
+                "unknown stage `collect-rollout`",
+            ),
+            (
+                GOOD.replace("inputs = [\"${collect}\"]", "inputs = [\"${colect}\"]"),
+                32,
+                "unknown name `${colect}`",
+            ),
+            (
+                GOOD.replace("inputs = [\"${tasks}\"]", "inputs = [\"${update}\"]"),
+                24,
+                "a later step",
+            ),
+            (
+                GOOD.replace("mode = [\"exact\"", "mood = [\"exact\""),
+                37,
+                "sweep key `mood` is not a variable",
+            ),
+            (
+                GOOD.replace("seed = 1", "sede = 1"),
+                12,
+                "unknown field `sede`",
+            ),
+            (
+                GOOD.replace("set = { split", "shards = 2\nset = { split")
+                    .replace("generate-tasks", "init-policy"),
+                11,
+                "cannot be sharded",
+            ),
+            (
+                GOOD.replace("seed = 1\n", "seed = \"${iter}\"\n"),
+                12,
+                "iter and policy exist in loop steps only",
+            ),
+            (
+                GOOD.replace(
+                    "policy = \"${update}/policy\"",
+                    "policy = \"${updat}/policy\"",
+                ),
+                18,
+                "loop `policy`: unknown name",
+            ),
+        ];
+        for (text, line, needle) in cases {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("p.toml:{line}:")),
+                "expected line {line}: {err}"
+            );
+            assert!(err.contains(needle), "expected `{needle}`: {err}");
+        }
+    }
+
+    #[test]
+    fn templates_render_and_reject_unclosed_references() {
+        let mut lookup = |n: &str| format!("<{n}>");
+        assert_eq!(render("a/${x}/b${ y }", &mut lookup), "a/<x>/b<y>");
+        assert_eq!(template_refs("${a}${b}").unwrap(), ["a", "b"]);
+        assert!(template_refs("${a").unwrap_err().contains("closing"));
+    }
+}

@@ -1,0 +1,745 @@
+//! Planning: a pipeline, its variables and sweep cells expanded into the
+//! concrete step instances to run, in dependency order, each with its
+//! output directory and full command line.
+//!
+//! An instance's directory is `OUT/<step>` (setup) or `OUT/it<i>/<step>`
+//! (loop), plus `@var=value,…` naming the swept variables it depends on,
+//! directly or through the steps and policy it reads. Cells that agree on
+//! those variables therefore share the instance, and it runs once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, RunnerError};
+use crate::pipeline::{Pipeline, StepDef, Template, render};
+
+/// One sweep cell: the values of the swept variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// `var=value,…` (`default` when nothing is swept).
+    pub name: String,
+    /// The swept variables' values.
+    pub values: Vec<(String, String)>,
+}
+
+/// A step run once: a setup step, or a loop step in one iteration, in one
+/// group of sweep cells.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    /// Directory relative to the run directory, e.g. `it0/collect`.
+    pub id: String,
+    /// The step's name.
+    pub step: String,
+    /// Stage binary.
+    pub stage: String,
+    /// Iteration of a loop step.
+    pub iteration: Option<u32>,
+    /// Line of the step in the pipeline file.
+    pub line: usize,
+    /// Line of its `config` (or of the step).
+    pub config_line: usize,
+    /// Output directory.
+    pub dir: PathBuf,
+    /// `--input` directories.
+    pub inputs: Vec<PathBuf>,
+    /// `--policy`.
+    pub policy: Option<PathBuf>,
+    /// `--teacher`.
+    pub teacher: Option<PathBuf>,
+    /// `--config`.
+    pub config: Option<PathBuf>,
+    /// `--set` key, value and line (0: command line), later wins.
+    pub sets: Vec<(String, String, usize)>,
+    /// `--seed`.
+    pub seed: Option<u64>,
+    /// Parallel shards.
+    pub shards: u32,
+    /// Devices for the shards, in turn.
+    pub devices: Vec<String>,
+    /// Extra arguments.
+    pub extra: Vec<String>,
+    /// When this table has no rows the stage is not run (see `StepDef`).
+    pub skip_if_empty: Option<PathBuf>,
+    /// Instances it reads from (indices into the plan).
+    pub deps: BTreeSet<usize>,
+    /// Variables it depends on, directly or through its inputs.
+    pub vars: BTreeSet<String>,
+    /// Paths it reads that no step of the plan writes (must exist).
+    pub external: Vec<PathBuf>,
+    /// The sweep cells that use it.
+    pub cells: Vec<usize>,
+}
+
+impl Instance {
+    /// The stage's arguments except `--out`, `--shard` and `--device`.
+    pub fn stage_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for input in &self.inputs {
+            args.push("--input".into());
+            args.push(input.display().to_string());
+        }
+        if let Some(policy) = &self.policy {
+            args.push("--policy".into());
+            args.push(policy.display().to_string());
+        }
+        if let Some(teacher) = &self.teacher {
+            args.push("--teacher".into());
+            args.push(teacher.display().to_string());
+        }
+        if let Some(config) = &self.config {
+            args.push("--config".into());
+            args.push(config.display().to_string());
+        }
+        for (key, value, _) in &self.sets {
+            args.push("--set".into());
+            args.push(format!("{key}={value}"));
+        }
+        if let Some(seed) = self.seed {
+            args.push("--seed".into());
+            args.push(seed.to_string());
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+}
+
+/// The instances of a run, in an order where every instance comes after
+/// those it reads.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The pipeline file.
+    pub file: PathBuf,
+    /// The pipeline's name.
+    pub name: String,
+    /// The run directory.
+    pub out: PathBuf,
+    /// Instances in run order.
+    pub instances: Vec<Instance>,
+    /// The sweep cells (one, `default`, without a sweep).
+    pub cells: Vec<Cell>,
+    /// The swept variables.
+    pub swept: Vec<String>,
+}
+
+/// `pipeline --set` overrides: variables, and `STEP.key=value` stage settings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    /// Variable values.
+    pub vars: Vec<(String, String)>,
+    /// Step, dotted key, value.
+    pub step_sets: Vec<(String, String, String)>,
+}
+
+impl Overrides {
+    /// Reads `name=value` (a variable) and `step.key=value` (a stage setting of
+    /// every instance of that step).
+    pub fn parse(pipeline: &Pipeline, sets: &[String]) -> Result<Overrides> {
+        let mut overrides = Overrides::default();
+        for set in sets {
+            let bad = |message: String| RunnerError::Pipeline {
+                file: pipeline.path.clone(),
+                line: 0,
+                message: format!("--set `{set}`: {message}"),
+            };
+            let (key, value) = set
+                .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .ok_or_else(|| bad("expected name=value or step.key=value".into()))?;
+            let key = key.trim();
+            if pipeline.vars.contains_key(key) {
+                overrides.vars.push((key.to_string(), value.to_string()));
+            } else if let Some((step, rest)) = key.split_once('.')
+                && pipeline.step(step).is_some()
+            {
+                overrides
+                    .step_sets
+                    .push((step.to_string(), rest.to_string(), value.to_string()));
+            } else {
+                return Err(bad(format!(
+                    "`{key}` is neither a variable [{}] nor STEP.key with a step of the pipeline [{}]",
+                    pipeline.vars.keys().cloned().collect::<Vec<_>>().join(", "),
+                    pipeline
+                        .steps()
+                        .map(|s| s.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        Ok(overrides)
+    }
+}
+
+/// What a name in a template stands for while planning.
+#[derive(Debug, Clone)]
+enum Bound {
+    /// Text, with the instances and variables it comes from.
+    Text {
+        text: String,
+        deps: BTreeSet<usize>,
+        vars: BTreeSet<String>,
+    },
+    /// A step that does not run here (its `when` or `every`).
+    Skipped(String),
+}
+
+/// A rendered template.
+struct Rendered {
+    text: String,
+    deps: BTreeSet<usize>,
+    vars: BTreeSet<String>,
+}
+
+struct Builder<'a> {
+    pipeline: &'a Pipeline,
+    out: PathBuf,
+    overrides: &'a Overrides,
+    swept: Vec<String>,
+    instances: Vec<Instance>,
+    by_id: HashMap<String, usize>,
+}
+
+impl Builder<'_> {
+    fn err(&self, line: usize, message: String) -> RunnerError {
+        RunnerError::Pipeline {
+            file: self.pipeline.path.clone(),
+            line,
+            message,
+        }
+    }
+
+    /// Renders a template; `Ok(None)` when it names a skipped step.
+    fn render(
+        &self,
+        template: &Template,
+        ctx: &HashMap<String, Bound>,
+    ) -> Result<std::result::Result<Rendered, String>> {
+        let mut deps = BTreeSet::new();
+        let mut vars = BTreeSet::new();
+        for name in template.refs() {
+            match ctx.get(&name) {
+                Some(Bound::Text {
+                    deps: d, vars: v, ..
+                }) => {
+                    deps.extend(d.iter().copied());
+                    vars.extend(v.iter().cloned());
+                }
+                Some(Bound::Skipped(why)) => return Ok(Err(why.clone())),
+                None => {
+                    return Err(self.err(template.line, format!("unknown name `${{{name}}}` here")));
+                }
+            }
+        }
+        let text = render(&template.text, &mut |name| match ctx.get(name) {
+            Some(Bound::Text { text, .. }) => text.clone(),
+            _ => String::new(),
+        });
+        Ok(Ok(Rendered { text, deps, vars }))
+    }
+
+    fn required(
+        &self,
+        step: &StepDef,
+        field: &str,
+        template: &Template,
+        ctx: &HashMap<String, Bound>,
+    ) -> Result<Rendered> {
+        self.render(template, ctx)?.map_err(|why| {
+            self.err(
+                template.line,
+                format!("step `{}` field `{field}` names {why}", step.name),
+            )
+        })
+    }
+
+    fn add(
+        &mut self,
+        step: &StepDef,
+        iteration: Option<u32>,
+        ctx: &HashMap<String, Bound>,
+        cell: usize,
+        cell_values: &BTreeMap<String, String>,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Bound> {
+        if let Some(when) = &step.when
+            && !when.holds(vars)
+        {
+            return Ok(Bound::Skipped(format!(
+                "step `{}`, which does not run here (its `when`: {} {} {})",
+                step.name,
+                when.var,
+                if when.equal { "==" } else { "!=" },
+                when.value
+            )));
+        }
+        let mut deps = BTreeSet::new();
+        let mut used_vars: BTreeSet<String> = step.when.iter().map(|w| w.var.clone()).collect();
+        let mut external = Vec::new();
+        let mut take = |r: Rendered, path: bool, external: &mut Vec<PathBuf>| {
+            if path && r.deps.is_empty() {
+                external.push(PathBuf::from(&r.text));
+            }
+            deps.extend(r.deps);
+            used_vars.extend(r.vars);
+            r.text
+        };
+        let mut inputs = Vec::new();
+        for template in &step.inputs {
+            // An input naming a step that does not run here is left out.
+            if let Ok(r) = self.render(template, ctx)? {
+                inputs.push(PathBuf::from(take(r, true, &mut external)));
+            }
+        }
+        let mut path_field = |field: &str,
+                              t: &Option<Template>,
+                              external: &mut Vec<PathBuf>|
+         -> Result<Option<PathBuf>> {
+            t.as_ref()
+                .map(|t| {
+                    self.required(step, field, t, ctx)
+                        .map(|r| PathBuf::from(take(r, true, external)))
+                })
+                .transpose()
+        };
+        let policy = path_field("policy", &step.policy, &mut external)?;
+        let mut teacher = path_field("teacher", &step.teacher, &mut external)?;
+        if teacher.as_deref() == Some(Path::new("self")) {
+            // `--teacher self`: the policy is its own teacher, not a path.
+            external.retain(|p| p != Path::new("self"));
+            teacher = Some(PathBuf::from("self"));
+        }
+        let config = path_field("config", &step.config, &mut external)?;
+        let mut sets = Vec::new();
+        for set in &step.sets {
+            let r = self.required(step, "set", &set.value, ctx)?;
+            sets.push((
+                set.key.clone(),
+                take(r, false, &mut external),
+                set.value.line,
+            ));
+        }
+        for (name, key, value) in &self.overrides.step_sets {
+            if name == &step.name {
+                sets.push((key.clone(), value.clone(), 0));
+            }
+        }
+        let seed = match &step.seed {
+            None => None,
+            Some(t) => {
+                let text = take(self.required(step, "seed", t, ctx)?, false, &mut external);
+                Some(text.trim().parse::<u64>().map_err(|_| {
+                    self.err(
+                        t.line,
+                        format!(
+                            "step `{}`: seed `{text}` is not a non-negative integer",
+                            step.name
+                        ),
+                    )
+                })?)
+            }
+        };
+        let mut extra = Vec::new();
+        for t in &step.args {
+            extra.push(take(
+                self.required(step, "args", t, ctx)?,
+                false,
+                &mut external,
+            ));
+        }
+        let skip_if_empty = match &step.skip_if_empty {
+            None => None,
+            Some(t) => Some(PathBuf::from(take(
+                self.required(step, "skip_if_empty", t, ctx)?,
+                false,
+                &mut external,
+            ))),
+        };
+        let tag: Vec<String> = self
+            .swept
+            .iter()
+            .filter(|v| used_vars.contains(*v))
+            .map(|v| format!("{v}={}", cell_values[v]))
+            .collect();
+        let mut id = match iteration {
+            Some(i) => format!("it{i}/{}", step.name),
+            None => step.name.clone(),
+        };
+        if !tag.is_empty() {
+            id = format!("{id}@{}", tag.join(","));
+        }
+        if let Some(&index) = self.by_id.get(&id) {
+            self.instances[index].cells.push(cell);
+            return Ok(Bound::Text {
+                text: self.instances[index].dir.display().to_string(),
+                deps: BTreeSet::from([index]),
+                vars: self.instances[index].vars.clone(),
+            });
+        }
+        let index = self.instances.len();
+        let dir = self.out.join(&id);
+        self.instances.push(Instance {
+            id: id.clone(),
+            step: step.name.clone(),
+            stage: step.stage.clone(),
+            iteration,
+            line: step.line,
+            config_line: step.config.as_ref().map_or(step.line, |c| c.line),
+            dir: dir.clone(),
+            inputs,
+            policy,
+            teacher,
+            config,
+            sets,
+            seed,
+            shards: step.shards,
+            devices: step.devices.clone(),
+            extra,
+            skip_if_empty,
+            deps,
+            vars: used_vars.clone(),
+            external,
+            cells: vec![cell],
+        });
+        self.by_id.insert(id, index);
+        Ok(Bound::Text {
+            text: dir.display().to_string(),
+            deps: BTreeSet::from([index]),
+            vars: used_vars,
+        })
+    }
+}
+
+fn text(text: impl Into<String>) -> Bound {
+    Bound::Text {
+        text: text.into(),
+        deps: BTreeSet::new(),
+        vars: BTreeSet::new(),
+    }
+}
+
+impl Plan {
+    /// Expands `pipeline` into instances writing under `out`.
+    pub fn build(pipeline: &Pipeline, out: &Path, overrides: &Overrides) -> Result<Plan> {
+        let mut defaults: BTreeMap<String, String> = pipeline
+            .vars
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect();
+        for (k, v) in &overrides.vars {
+            defaults.insert(k.clone(), v.clone());
+        }
+        let swept: Vec<String> = pipeline.sweep.iter().map(|a| a.var.clone()).collect();
+        let mut cells = vec![Cell {
+            name: "default".into(),
+            values: Vec::new(),
+        }];
+        for axis in &pipeline.sweep {
+            cells = cells
+                .iter()
+                .flat_map(|cell| {
+                    axis.values.iter().map(move |value| {
+                        let mut values = cell.values.clone();
+                        values.push((axis.var.clone(), value.clone()));
+                        Cell {
+                            name: values
+                                .iter()
+                                .map(|(k, v)| format!("{k}={v}"))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            values,
+                        }
+                    })
+                })
+                .collect();
+        }
+        let mut builder = Builder {
+            pipeline,
+            out: out.to_path_buf(),
+            overrides,
+            swept,
+            instances: Vec::new(),
+            by_id: HashMap::new(),
+        };
+        for (c, cell) in cells.iter().enumerate() {
+            let mut vars = defaults.clone();
+            let cell_values: BTreeMap<String, String> = cell.values.iter().cloned().collect();
+            vars.extend(cell_values.clone());
+            let mut ctx: HashMap<String, Bound> = vars
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        Bound::Text {
+                            text: v.clone(),
+                            deps: BTreeSet::new(),
+                            vars: BTreeSet::from([k.clone()]),
+                        },
+                    )
+                })
+                .collect();
+            ctx.insert("out".into(), text(out.display().to_string()));
+            for step in &pipeline.setup {
+                let bound = builder.add(step, None, &ctx, c, &cell_values, &vars)?;
+                ctx.insert(step.name.clone(), bound);
+            }
+            let Some(looped) = &pipeline.looped else {
+                continue;
+            };
+            let n = builder.render(&looped.iterations, &ctx)?.map_err(|why| {
+                builder.err(
+                    looped.iterations.line,
+                    format!("loop `iterations` names {why}"),
+                )
+            })?;
+            let iterations: u32 = n.text.trim().parse().map_err(|_| {
+                builder.err(
+                    looped.iterations.line,
+                    format!(
+                        "loop `iterations` is `{}`, expected a non-negative integer",
+                        n.text
+                    ),
+                )
+            })?;
+            let init = builder.render(&looped.init_policy, &ctx)?.map_err(|why| {
+                builder.err(
+                    looped.init_policy.line,
+                    format!("loop `init_policy` names {why}"),
+                )
+            })?;
+            let mut policy = Bound::Text {
+                text: init.text,
+                deps: init.deps,
+                vars: init.vars,
+            };
+            for i in 0..iterations {
+                let mut ictx = ctx.clone();
+                ictx.insert("iter".into(), text(i.to_string()));
+                ictx.insert("policy".into(), policy.clone());
+                for step in &looped.steps {
+                    let runs = step
+                        .every
+                        .is_none_or(|k| (i + 1) % k == 0 || i + 1 == iterations);
+                    let bound = if runs {
+                        builder.add(step, Some(i), &ictx, c, &cell_values, &vars)?
+                    } else {
+                        Bound::Skipped(format!(
+                            "step `{}`, which does not run in iteration {i} (every = {})",
+                            step.name,
+                            step.every.unwrap_or(1)
+                        ))
+                    };
+                    ictx.insert(step.name.clone(), bound);
+                }
+                let next = builder.render(&looped.policy, &ictx)?.map_err(|why| {
+                    builder.err(
+                        looped.policy.line,
+                        format!("loop `policy` names {why} (iteration {i})"),
+                    )
+                })?;
+                policy = Bound::Text {
+                    text: next.text,
+                    deps: next.deps,
+                    vars: next.vars,
+                };
+            }
+        }
+        Ok(Plan {
+            file: pipeline.path.clone(),
+            name: pipeline.name.clone(),
+            out: out.to_path_buf(),
+            instances: builder.instances,
+            cells,
+            swept: builder.swept,
+        })
+    }
+
+    /// The instances of step `name`, or the one instance with id `name`.
+    pub fn select(&self, name: &str) -> Result<BTreeSet<usize>> {
+        let found: BTreeSet<usize> = self
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.step == name || i.id == name)
+            .map(|(k, _)| k)
+            .collect();
+        if found.is_empty() {
+            let mut names: Vec<&str> = self.instances.iter().map(|i| i.step.as_str()).collect();
+            names.dedup();
+            return Err(RunnerError::Usage(format!(
+                "no step or step instance `{name}` in {}; steps: {}",
+                self.file.display(),
+                names.join(", ")
+            )));
+        }
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SWEEP: &str = r#"
+[vars]
+tasks = "data/train"
+mode = "exact"
+estimator = "grpo"
+omega = 1.0
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "ckpt"
+inputs = ["${tasks}"]
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+inputs = ["${collect}", "${tasks}"]
+set = { "match.mode" = "${mode}" }
+
+[[step]]
+name = "teacher"
+stage = "teacher-logp"
+when = "estimator == grpo_step"
+inputs = ["${collect}"]
+
+[[step]]
+name = "adv"
+stage = "compute-advantages"
+inputs = ["${collect}", "${score}", "${teacher}"]
+set = { estimator = "${estimator}", "step.omega" = "${omega}" }
+
+[sweep]
+mode = ["exact", "lcs"]
+estimator = ["grpo", "grpo_step"]
+"#;
+
+    fn plan(text: &str, sets: &[&str]) -> Result<Plan> {
+        let p = Pipeline::parse(Path::new("p.toml"), text)?;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let overrides = Overrides::parse(&p, &sets)?;
+        Plan::build(&p, Path::new("run"), &overrides)
+    }
+
+    #[test]
+    fn a_sweep_shares_what_does_not_depend_on_the_varied_keys() {
+        let plan = plan(SWEEP, &[]).unwrap();
+        let ids: Vec<&str> = plan.instances.iter().map(|i| i.id.as_str()).collect();
+        // Cells in the order of the sorted sweep keys: estimator, then mode.
+        assert_eq!(plan.cells.len(), 4);
+        assert_eq!(plan.cells[1].name, "estimator=grpo,mode=lcs");
+        assert_eq!(
+            ids,
+            [
+                "collect",
+                "score@mode=exact",
+                "adv@estimator=grpo,mode=exact",
+                "score@mode=lcs",
+                "adv@estimator=grpo,mode=lcs",
+                "teacher@estimator=grpo_step",
+                "adv@estimator=grpo_step,mode=exact",
+                "adv@estimator=grpo_step,mode=lcs",
+            ]
+        );
+        assert_eq!(
+            plan.instances[0].cells,
+            [0, 1, 2, 3],
+            "collect runs once for all cells"
+        );
+        let adv = &plan.instances[6];
+        assert_eq!(adv.inputs.len(), 3, "teacher joins the grpo_step cell");
+        assert_eq!(
+            plan.instances[2].inputs.len(),
+            2,
+            "the skipped teacher is left out"
+        );
+        assert_eq!(adv.deps, BTreeSet::from([0, 1, 5]));
+        assert_eq!(
+            plan.instances[0].external,
+            [PathBuf::from("data/train"), PathBuf::from("ckpt")]
+        );
+        assert!(
+            adv.stage_args().contains(&"step.omega=1.0".to_string()),
+            "{:?}",
+            adv.stage_args()
+        );
+    }
+
+    #[test]
+    fn loops_thread_the_policy_and_honour_every() {
+        let text = r#"
+[vars]
+n = 3
+[[step]]
+name = "init"
+stage = "init-policy"
+[loop]
+iterations = "${n}"
+init_policy = "${init}/policy"
+policy = "${update}/policy"
+[[loop.step]]
+name = "update"
+stage = "update-policy"
+policy = "${policy}"
+set = { iteration = "${iter}" }
+[[loop.step]]
+name = "eval"
+stage = "evaluate"
+policy = "${update}/policy"
+every = 2
+"#;
+        let plan = plan(text, &["n=4", "update.optim.lr=1e-3"]).unwrap();
+        let ids: Vec<&str> = plan.instances.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "init",
+                "it0/update",
+                "it1/update",
+                "it1/eval",
+                "it2/update",
+                "it3/update",
+                "it3/eval"
+            ]
+        );
+        assert_eq!(
+            plan.instances[1].policy,
+            Some(PathBuf::from("run/init/policy"))
+        );
+        assert_eq!(
+            plan.instances[2].policy,
+            Some(PathBuf::from("run/it0/update/policy"))
+        );
+        assert_eq!(plan.instances[2].deps, BTreeSet::from([1]));
+        assert_eq!(
+            plan.instances[2].sets,
+            [
+                ("iteration".to_string(), "1".to_string(), 15),
+                ("optim.lr".to_string(), "1e-3".to_string(), 0)
+            ]
+        );
+        let err = plan_err(text, &["m=1"]);
+        assert!(
+            err.contains("(command line): --set `m=1`") && err.contains("[n]"),
+            "{err}"
+        );
+    }
+
+    fn plan_err(text: &str, sets: &[&str]) -> String {
+        plan(text, sets).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_field_naming_a_skipped_step_is_an_error_with_its_line() {
+        let text = SWEEP.replace(
+            "inputs = [\"${collect}\", \"${score}\", \"${teacher}\"]",
+            "inputs = [\"${collect}\"]\nteacher = \"${teacher}\"",
+        );
+        let err = plan_err(&text, &[]);
+        assert!(
+            err.starts_with("p.toml:30:") && err.contains("does not run here"),
+            "{err}"
+        );
+    }
+}
