@@ -25,9 +25,10 @@
 //! ```
 
 use embodyflow_algos::plan::{Plan, PlanStep, extract};
-use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::schemas::{PredictedAction, TaskRow};
 use embodyflow_core::{Error, Result};
 use embodyflow_household as household;
+pub use household::StepJudgement;
 
 pub mod context;
 
@@ -125,6 +126,23 @@ impl TaskEnv {
                     parsed: true,
                     step_valid: execution.step_valid,
                 }
+            }
+        }
+    }
+
+    /// The built-in rule judge's verdict on each step of a predicted plan
+    /// (decision, redundancy, causality: see [`StepJudgement`]).
+    pub fn judge(&self, plan: &[PredictedAction]) -> Vec<StepJudgement> {
+        match self {
+            TaskEnv::Household(task) => {
+                let steps: Vec<household::PlanStep> = plan
+                    .iter()
+                    .map(|step| household::PlanStep {
+                        action_id: step.action_id,
+                        action_name: step.action_name.clone(),
+                    })
+                    .collect();
+                household::judge(task, &steps)
             }
         }
     }

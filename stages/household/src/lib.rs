@@ -33,8 +33,8 @@ pub mod text;
 pub mod world;
 
 pub use task::{
-    Execution, Goal, ObjectSpot, PlanStep, ReceptacleSpot, Scene, Split, Task, TaskType, execute,
-    execute_ids, expert_plan, generate_tasks, reseed,
+    Execution, Goal, ObjectSpot, PlanStep, ReceptacleSpot, Scene, Split, StepJudgement, Task,
+    TaskType, execute, execute_ids, expert_plan, generate_tasks, judge, reseed,
 };
 pub use text::{corpus, prompt, response_json, task_from_row, task_row};
 pub use world::{Action, action_id, action_list};

@@ -353,15 +353,84 @@ pub fn execute_ids(task: &Task, plan: &[i32]) -> Execution {
 /// Executes a predicted plan: each step's id when present, else its name
 /// looked up with [`crate::action_id`]; anything unknown is an invalid step.
 pub fn execute(task: &Task, plan: &[PlanStep]) -> Execution {
-    let ids: Vec<i32> = plan
-        .iter()
+    execute_ids(task, &plan_ids(plan))
+}
+
+/// What the rule judge says about one plan step (the gates of the
+/// `step_gates` table; see [`judge`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepJudgement {
+    /// 1 for a step that chooses an object or receptacle (find, pick up) or
+    /// names no known action; 0.5 for a step its earlier choices determine
+    /// (put down, open, close, turn on/off, slice).
+    pub decision: f32,
+    /// A valid step that changes nothing the goal needs: it leaves the state
+    /// as it was (e.g. a repeated find), or the plan succeeds and still
+    /// succeeds without it.
+    pub redundant: bool,
+    /// False for the steps after the first invalid one (their outcome no
+    /// longer follows from the plan as written).
+    pub causal: bool,
+    /// Short reason: `invalid`, `no-op`, `removable`, `after an invalid step` or `ok`.
+    pub reason: &'static str,
+}
+
+/// The built-in rule judge: executes the plan step by step and judges each
+/// step (see [`StepJudgement`]).
+pub fn judge(task: &Task, plan: &[PlanStep]) -> Vec<StepJudgement> {
+    let ids = plan_ids(plan);
+    let (w, mut s, _) = compile(task);
+    let table = acts();
+    let success = execute_ids(task, &ids).success;
+    let mut seen_invalid = false;
+    let mut judged = Vec::with_capacity(ids.len());
+    for (k, &id) in ids.iter().enumerate() {
+        let act = usize::try_from(id).ok().and_then(|i| table.get(i)).copied();
+        let before = s;
+        let valid = act.is_some_and(|act| w.step(&mut s, act));
+        let causal = !seen_invalid;
+        let no_op = valid && s == before;
+        let removable = valid && !no_op && success && {
+            let mut without = ids.clone();
+            without.remove(k);
+            execute_ids(task, &without).success
+        };
+        let reason = if !valid {
+            "invalid"
+        } else if no_op {
+            "no-op"
+        } else if removable {
+            "removable"
+        } else if !causal {
+            "after an invalid step"
+        } else {
+            "ok"
+        };
+        seen_invalid |= !valid;
+        let decision = match act {
+            Some(Act::FindRec(_) | Act::FindDevice(_) | Act::FindObj(_) | Act::Pick(_)) | None => {
+                1.0
+            }
+            Some(_) => 0.5,
+        };
+        judged.push(StepJudgement {
+            decision,
+            redundant: no_op || removable,
+            causal,
+            reason,
+        });
+    }
+    judged
+}
+
+fn plan_ids(plan: &[PlanStep]) -> Vec<i32> {
+    plan.iter()
         .map(|step| match (step.action_id, &step.action_name) {
             (Some(id), _) => i32::try_from(id).unwrap_or(-1),
             (None, Some(name)) => crate::action_id(name).unwrap_or(-1),
             (None, None) => -1,
         })
-        .collect();
-    execute_ids(task, &ids)
+        .collect()
 }
 
 // ---------------------------------------------------------------- planning

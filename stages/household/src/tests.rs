@@ -388,3 +388,53 @@ fn prompt_and_plan_length_stats() {
     );
     assert!(mean(&lens) < 1200.0);
 }
+
+fn id_steps(ids: &[i32]) -> Vec<PlanStep> {
+    ids.iter()
+        .map(|&id| PlanStep {
+            action_id: Some(i64::from(id)),
+            action_name: None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_rule_judge_flags_no_ops_removable_steps_and_steps_after_an_invalid_one() {
+    let task = generate_tasks(Split::Train, 4, 1).remove(0);
+    let expert = expert_plan(&task);
+    let judged = judge(&task, &id_steps(&expert));
+    assert!(
+        judged
+            .iter()
+            .all(|j| j.reason == "ok" && j.causal && !j.redundant),
+        "{judged:?}"
+    );
+    assert_eq!(
+        judged[0].decision, 1.0,
+        "a plan starts by finding something"
+    );
+
+    // Repeating the first step (a find) changes nothing: a no-op.
+    let mut repeated = expert.clone();
+    repeated.insert(1, expert[0]);
+    let judged = judge(&task, &id_steps(&repeated));
+    assert_eq!((judged[1].reason, judged[1].redundant), ("no-op", true));
+    // With the repeat in place, the first of the two is removable as well.
+    assert_eq!(judged[0].reason, "removable");
+    assert!(judged[2..].iter().all(|j| !j.redundant), "{judged:?}");
+
+    // A successful plan with a step it does not need: removable.
+    let mut padded = expert.clone();
+    padded.push(expert[0]);
+    let judged = judge(&task, &id_steps(&padded));
+    assert!(judged.last().unwrap().redundant, "{judged:?}");
+
+    // An unknown id is invalid; every step after it is non-causal.
+    let mut broken = expert.clone();
+    broken.insert(1, 10_000);
+    let judged = judge(&task, &id_steps(&broken));
+    assert_eq!(judged[1].reason, "invalid");
+    assert!(judged[1].causal && !judged[1].redundant);
+    assert!(judged[2..].iter().all(|j| !j.causal));
+    assert!(judged[..2].iter().all(|j| j.causal));
+}
