@@ -5,4 +5,5 @@ mod compute_advantages;
 mod grpo_step;
 mod killed_writer;
 mod learning_loop;
+mod runner;
 mod score_rewards;

@@ -1,0 +1,400 @@
+//! The pipeline runner end to end on tiny models: cache hits and misses, a
+//! run killed mid-step resumes to the same outputs, a sweep collects its
+//! rollouts once, sharded steps equal unsharded ones, and a bad pipeline
+//! fails before any stage runs.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use embodyflow_core::dataset::TableReader;
+use embodyflow_core::schemas::{AdvantageRow, RewardRow, TableName};
+use embodyflow_tests::{Run, bin, run};
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn shipped(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../pipelines")
+        .join(name)
+}
+
+/// The household-grpo pipeline at test scale (tiny model, few tasks).
+const TINY: &[&str] = &[
+    "train_count=14",
+    "val_count=4",
+    "sft_epochs=2",
+    "iterations=2",
+    "tasks=4",
+    "group=3",
+    "init.model.n_embd=32",
+    "init.model.n_layer=1",
+    "init.model.n_head=2",
+    "init.model.n_ctx=1024",
+    "init.tokenizer.vocab_size=400",
+    "init.tokenizer.corpus_tasks=60",
+    "collect.max_new_tokens=40",
+    "sft.mini_batch=4",
+    "sft.micro_batch=2",
+    "sft.sft.demos_per_task_type=1",
+];
+
+fn args<'a>(file: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", s(file), "--out", s(out)];
+    for set in TINY.iter().chain(extra) {
+        args.push("--set");
+        args.push(set);
+    }
+    args
+}
+
+/// Runs the pipeline and returns each instance's status word, by id.
+fn statuses(result: &Run) -> BTreeMap<String, String> {
+    result
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with('['))
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            // [ n/N] id stage status...
+            let at = if fields[0] == "[" { 2 } else { 1 };
+            let status = if fields[at + 2] == "passed" || fields[at + 2] == "would" {
+                format!("{} {}", fields[at + 2], fields[at + 3])
+            } else {
+                fields[at + 2].to_string()
+            };
+            (fields[at].to_string(), status)
+        })
+        .collect()
+}
+
+fn ok(args: &[&str]) -> BTreeMap<String, String> {
+    let result = run("pipeline", args);
+    assert_eq!(result.code, 0, "pipeline {args:?}\n{result}");
+    statuses(&result)
+}
+
+/// Every step's recorded outputs (`_step.json`), by instance directory.
+fn outputs(out: &Path) -> BTreeMap<String, serde_json::Value> {
+    let mut found = BTreeMap::new();
+    let mut stack = vec![out.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                stack.push(path);
+            } else if entry.file_name() == "_step.json" {
+                let record: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let id = dir.strip_prefix(out).unwrap().display().to_string();
+                found.insert(id, record["outputs"].clone());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn cache_hits_when_nothing_changed_and_misses_when_one_key_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shipped("household-grpo.toml");
+    let out = dir.path().join("run");
+    let first = ok(&args(&file, &out, &["iterations=1"]));
+    assert_eq!(first.len(), 9, "{first:?}");
+    assert!(
+        first.values().all(|s| s == "ran" || s == "passed on"),
+        "{first:?}"
+    );
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(
+        report.contains("| it0/collect | collect-rollouts | ran |"),
+        "{report}"
+    );
+    assert!(out.join("report/success-default.png").is_file());
+
+    let dry = ok(&{
+        let mut a = args(&file, &out, &["iterations=1"]);
+        a.push("--dry-run");
+        a
+    });
+    assert!(dry.values().all(|s| s == "cached"), "{dry:?}");
+    let again = ok(&args(&file, &out, &["iterations=1"]));
+    assert!(again.values().all(|s| s == "cached"), "{again:?}");
+
+    // One key of the evaluate step changes: only that step reruns.
+    let changed = ok(&args(&file, &out, &["iterations=1", "eval_runs=2"]));
+    let ran: Vec<&str> = changed
+        .iter()
+        .filter(|(_, s)| *s != "cached")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assert_eq!(ran, ["it0/eval"], "{changed:?}");
+    // An SFT key changes: SFT and everything downstream reruns, tasks and init do not.
+    let changed = ok(&args(
+        &file,
+        &out,
+        &["iterations=1", "eval_runs=2", "sft.optim.lr=1e-3"],
+    ));
+    for id in ["train", "val", "init"] {
+        assert_eq!(changed[id], "cached", "{changed:?}");
+    }
+    for id in ["sft", "it0/collect", "it0/score", "it0/eval"] {
+        assert_ne!(changed[id], "cached", "{id}: {changed:?}");
+    }
+    // --only reruns one step whatever the cache says.
+    let mut only = args(
+        &file,
+        &out,
+        &["iterations=1", "eval_runs=2", "sft.optim.lr=1e-3"],
+    );
+    only.extend(["--only", "score"]);
+    let only = ok(&only);
+    assert_eq!(only["it0/score"], "ran");
+    assert_eq!(only["it0/collect"], "kept");
+}
+
+#[test]
+fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shipped("household-grpo.toml");
+    let whole = dir.path().join("whole");
+    ok(&args(&file, &whole, &[]));
+
+    let killed = dir.path().join("killed");
+    let mut child = Command::new(bin("pipeline"))
+        .args(args(&file, &killed, &[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Kill the runner and its stage processes while it-1's rollouts are collected.
+    let running = killed.join("_runner/logs/it1/collect");
+    let started = Instant::now();
+    while !running.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "it1/collect never started"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the runner ended before it1/collect"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let group = format!("-{}", child.id());
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &group])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    child.wait().unwrap();
+    assert!(
+        !killed.join("it1/collect/_step.json").exists(),
+        "killed before it1/collect completed"
+    );
+
+    let resumed = ok(&args(&file, &killed, &[]));
+    for id in ["train", "sft", "it0/collect", "it0/update"] {
+        assert_eq!(resumed[id], "cached", "{id}: {resumed:?}");
+    }
+    assert_eq!(resumed["it1/collect"], "ran", "{resumed:?}");
+    let (a, b) = (outputs(&whole), outputs(&killed));
+    assert_eq!(a.len(), 13);
+    assert_eq!(
+        a, b,
+        "the resumed run's outputs differ from the uninterrupted run's"
+    );
+}
+
+/// A pipeline over one saved rollout set: rewards and advantages swept.
+const OFFLINE: &str = r#"
+[vars]
+mode = "exact"
+estimator = "grpo"
+
+[[step]]
+name = "train"
+stage = "generate-tasks"
+seed = 1
+set = { split = "train", count = 14 }
+
+[[step]]
+name = "init"
+stage = "init-policy"
+set = { model = { n_embd = 32, n_layer = 1, n_head = 2, n_ctx = 1024 }, tokenizer = { vocab_size = 400, corpus_tasks = 60 } }
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${init}"
+inputs = ["${train}"]
+seed = 3
+set = { group_size = 3, max_new_tokens = 40, temperature = 1.6 }
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+inputs = ["${collect}", "${train}"]
+set = { "reward.fn" = "embodied_r1", "reward.tolerant" = true, "match.mode" = "${mode}" }
+SCORE_SHARDS
+
+[[step]]
+name = "adv"
+stage = "compute-advantages"
+policy = "${init}"
+inputs = ["${collect}", "${score}"]
+set = { estimator = "${estimator}", "step.kind" = "rule" }
+ADV_SHARDS
+"#;
+
+fn offline(score_shards: u32, adv_shards: u32, sweep: bool) -> String {
+    let mut text = OFFLINE
+        .replace("SCORE_SHARDS", &format!("shards = {score_shards}"))
+        .replace("ADV_SHARDS", &format!("shards = {adv_shards}"));
+    if sweep {
+        text.push_str(
+            "\n[sweep]\nmode = [\"exact\", \"lcs\"]\nestimator = [\"grpo\", \"grpo_step\"]\n",
+        );
+    }
+    text
+}
+
+#[test]
+fn a_sweep_collects_rollouts_once_and_gathers_one_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, offline(1, 1, true)).unwrap();
+    let out = dir.path().join("run");
+    let statuses = ok(&["run", s(&file), "--out", s(&out)]);
+    let count = |prefix: &str| statuses.keys().filter(|id| id.starts_with(prefix)).count();
+    assert_eq!(count("collect"), 1, "{statuses:?}");
+    assert_eq!(count("score@"), 2, "one per match mode: {statuses:?}");
+    assert_eq!(count("adv@"), 4, "one per cell: {statuses:?}");
+    assert!(statuses.values().all(|s| s == "ran"));
+    let ablation = std::fs::read_to_string(out.join("report/ablation.md")).unwrap();
+    assert_eq!(ablation.lines().count(), 2 + 4, "{ablation}");
+    assert!(
+        ablation.contains("| estimator=grpo_step,mode=lcs |"),
+        "{ablation}"
+    );
+    assert!(out.join("report/ablation.png").is_file());
+    // A new estimator value reuses the saved rollouts and rewards.
+    let more = ok(&[
+        "run",
+        s(&file),
+        "--out",
+        s(&out),
+        "--set",
+        "adv.step.omega=0.5",
+    ]);
+    assert_eq!(more["collect"], "cached");
+    assert_eq!(more["score@mode=lcs"], "cached");
+    assert_eq!(more["adv@estimator=grpo_step,mode=lcs"], "ran");
+}
+
+fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
+    TableReader::open(&dir.join(table.as_str()), table)
+        .unwrap()
+        .read_rows()
+        .unwrap()
+}
+
+#[test]
+fn sharded_steps_equal_unsharded_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.toml");
+    let many = dir.path().join("many.toml");
+    std::fs::write(&one, offline(1, 1, false)).unwrap();
+    std::fs::write(&many, offline(3, 2, false)).unwrap();
+    let out = dir.path().join("run");
+    ok(&["run", s(&one), "--out", s(&out)]);
+    let mut sorted_rewards: Vec<RewardRow> = rows(&out.join("score"), TableName::Rewards);
+    let mut sorted_adv: Vec<AdvantageRow> = rows(&out.join("adv"), TableName::Advantages);
+    // The same run directory: tasks, init and rollouts are cache hits, the
+    // sharded steps run as 3 and 2 processes.
+    let statuses = ok(&["run", s(&many), "--out", s(&out)]);
+    assert_eq!(statuses["collect"], "cached");
+    assert_eq!(statuses["score"], "ran");
+    assert!(out.join("score/_shards/2/rewards/_manifest.json").is_file());
+    let mut rewards: Vec<RewardRow> = rows(&out.join("score"), TableName::Rewards);
+    let mut adv: Vec<AdvantageRow> = rows(&out.join("adv"), TableName::Advantages);
+    assert!(!rewards.is_empty());
+    for list in [&mut rewards, &mut sorted_rewards] {
+        list.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
+    }
+    for list in [&mut adv, &mut sorted_adv] {
+        list.sort_by(|a, b| {
+            (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index))
+        });
+    }
+    assert_eq!(rewards, sorted_rewards);
+    assert_eq!(adv, sorted_adv);
+}
+
+#[test]
+fn a_bad_pipeline_fails_before_any_stage_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let cases = [
+        (
+            offline(1, 1, false).replace("stage = \"score-rewards\"", "stage = \"score-reward\""),
+            "bad.toml:27:",
+            "unknown stage `score-reward`",
+        ),
+        (
+            offline(1, 1, false).replace(
+                "\"${collect}\", \"${score}\"",
+                "\"${collect}\", \"${scores}\"",
+            ),
+            "bad.toml:36:",
+            "unknown name `${scores}`",
+        ),
+        (
+            offline(1, 1, false).replace("\"match.mode\"", "\"match.mood\""),
+            "bad.toml:29:",
+            "unknown config key `match.mood`",
+        ),
+        (
+            offline(1, 1, false).replace("temperature = 1.6", "temperature = \"hot\""),
+            "bad.toml:23:",
+            "`temperature`",
+        ),
+        (
+            offline(1, 1, false).replace("[\"${train}\"]\nseed = 3", "[\"data/none\"]\nseed = 3"),
+            "bad.toml:18:",
+            "data/none does not exist",
+        ),
+    ];
+    for (text, line, needle) in cases {
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, text).unwrap();
+        let result = run("pipeline", &["run", s(&file), "--out", s(&out)]);
+        assert_eq!(result.code, 2, "{result}");
+        assert!(
+            result.stderr.contains(line) && result.stderr.contains(needle),
+            "expected {line} {needle}\n{result}"
+        );
+        assert!(
+            !out.join("train").exists(),
+            "a stage ran before the error was found:\n{result}"
+        );
+    }
+    // The shipped pipeline naming teacher-logp at least plans.
+    let forward = ok(&[
+        "run",
+        s(&shipped("household-forward-proxy.toml")),
+        "--out",
+        s(&out),
+        "--dry-run",
+    ]);
+    assert!(
+        forward.keys().any(|id| id.contains("teacher")),
+        "{forward:?}"
+    );
+}
