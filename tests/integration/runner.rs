@@ -133,18 +133,29 @@ fn cache_hits_when_nothing_changed_and_misses_when_one_key_changes() {
         .map(|(id, _)| id.as_str())
         .collect();
     assert_eq!(ran, ["it0/eval"], "{changed:?}");
-    // An SFT key changes: SFT and everything downstream reruns, tasks and init do not.
+    // An SFT key changes: SFT and the steps reading its policy rerun, tasks
+    // and init do not. Steps downstream of those rerun only when their
+    // inputs' content changed (content addressing, not timestamps).
+    let before = outputs(&out);
     let changed = ok(&args(
         &file,
         &out,
         &["iterations=1", "eval_runs=2", "sft.optim.lr=1e-3"],
     ));
+    let after = outputs(&out);
     for id in ["train", "val", "init"] {
         assert_eq!(changed[id], "cached", "{changed:?}");
     }
-    for id in ["sft", "it0/collect", "it0/score", "it0/eval"] {
+    for id in ["sft", "it0/collect", "it0/eval"] {
         assert_ne!(changed[id], "cached", "{id}: {changed:?}");
     }
+    assert_ne!(before["sft"], after["sft"]);
+    let same_rollouts = before["it0/collect"] == after["it0/collect"];
+    assert_eq!(
+        changed["it0/score"] == "cached",
+        same_rollouts,
+        "{changed:?}"
+    );
     // --only reruns one step whatever the cache says.
     let mut only = args(
         &file,

@@ -6,7 +6,6 @@
 //! ```text
 //! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
 //!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
-//! pipeline check pipelines/household-grpo.toml     # parse, plan, check keys
 //! ```
 //!
 //! # Pipeline files (TOML)
