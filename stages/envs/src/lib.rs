@@ -112,13 +112,7 @@ impl TaskEnv {
     fn execute_steps(&self, steps: &[PlanStep]) -> Outcome {
         match self {
             TaskEnv::Household(task) => {
-                let steps: Vec<household::PlanStep> = steps
-                    .iter()
-                    .map(|step| household::PlanStep {
-                        action_id: step.action_id,
-                        action_name: step.action_name.clone(),
-                    })
-                    .collect();
+                let steps = household_steps(steps.iter().map(|s| (s.action_id, &s.action_name)));
                 let execution = household::execute(task, &steps);
                 Outcome {
                     success: execution.success,
@@ -135,13 +129,7 @@ impl TaskEnv {
     pub fn judge(&self, plan: &[PredictedAction]) -> Vec<StepJudgement> {
         match self {
             TaskEnv::Household(task) => {
-                let steps: Vec<household::PlanStep> = plan
-                    .iter()
-                    .map(|step| household::PlanStep {
-                        action_id: step.action_id,
-                        action_name: step.action_name.clone(),
-                    })
-                    .collect();
+                let steps = household_steps(plan.iter().map(|s| (s.action_id, &s.action_name)));
                 household::judge(task, &steps)
             }
         }
@@ -151,6 +139,18 @@ impl TaskEnv {
     pub fn is_built_in(env: &str) -> bool {
         env == "household"
     }
+}
+
+/// Predicted steps (id, name) as the household executor takes them.
+fn household_steps<'a>(
+    steps: impl Iterator<Item = (Option<i64>, &'a Option<String>)>,
+) -> Vec<household::PlanStep> {
+    steps
+        .map(|(action_id, action_name)| household::PlanStep {
+            action_id,
+            action_name: action_name.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

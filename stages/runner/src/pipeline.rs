@@ -18,6 +18,7 @@ pub const KNOWN_STAGES: &[&str] = &[
     "collect-rollouts",
     "score-rewards",
     "teacher-logp",
+    "judge-steps",
     "compute-advantages",
     "update-policy",
     "evaluate",
@@ -31,6 +32,7 @@ pub const SHARDABLE_STAGES: &[&str] = &[
     "collect-rollouts",
     "score-rewards",
     "teacher-logp",
+    "judge-steps",
     "compute-advantages",
     "evaluate",
 ];

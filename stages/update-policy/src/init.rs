@@ -2,7 +2,9 @@
 //! BPE tokenizer trained on the prompts and expert answers of generated
 //! training tasks (`tokenizer.*`), and randomly initialised weights of the
 //! architecture in `model.*` (seeded by `--seed`). Its `vocab_size` is the
-//! tokenizer's, so the two always agree.
+//! tokenizer's, so the two always agree. `tokenizer.from = CKPT` reuses a
+//! checkpoint's tokenizer instead (a teacher for `teacher-logp` must share
+//! the policy's).
 //!
 //! The default model (4 layers, width 96, 4 heads, context 640: about
 //! 0.58 M parameters with the household tokenizer) is sized for the
@@ -66,6 +68,10 @@ pub struct TokenizerConfig {
     pub vocab_size: usize,
     /// Generated training tasks whose prompts and answers form the corpus.
     pub corpus_tasks: usize,
+    /// Reuse this tokenizer instead of training one: a `tokenizer.json` or a
+    /// checkpoint directory holding one (a teacher that must share the
+    /// policy's tokenizer).
+    pub from: Option<std::path::PathBuf>,
 }
 
 impl Default for TokenizerConfig {
@@ -73,6 +79,7 @@ impl Default for TokenizerConfig {
         TokenizerConfig {
             vocab_size: 1024,
             corpus_tasks: 2000,
+            from: None,
         }
     }
 }
@@ -100,8 +107,27 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage = Stage::<Config>::start("init-policy", env!("CARGO_PKG_VERSION"), &args.stage)?;
     let config = &stage.config;
     let out = &args.stage.out;
-    let corpus = embodyflow_household::corpus(config.tokenizer.corpus_tasks, args.stage.seed);
-    let tokenizer = train_bpe(&corpus, config.tokenizer.vocab_size)?;
+    let (tokenizer, origin) = match &config.tokenizer.from {
+        Some(path) => {
+            let file = if path.is_dir() {
+                path.join("tokenizer.json")
+            } else {
+                path.clone()
+            };
+            let tokenizer =
+                tokenizers::Tokenizer::from_file(&file).map_err(|e| ModelError::BadCheckpoint {
+                    file: file.clone(),
+                    reason: e.to_string(),
+                })?;
+            (tokenizer, format!("reused from {}", file.display()))
+        }
+        None => {
+            let corpus =
+                embodyflow_household::corpus(config.tokenizer.corpus_tasks, args.stage.seed);
+            let tokenizer = train_bpe(&corpus, config.tokenizer.vocab_size)?;
+            (tokenizer, format!("trained on {} texts", corpus.len()))
+        }
+    };
     let model = &config.model;
     let gpt = GptConfig {
         vocab_size: tokenizer.get_vocab_size(true) as i64,
@@ -119,7 +145,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add("checkpoint", format!("{} ({})", manifest.id, out.display()))
         .add("parameters", policy.num_parameters())
         .add("architecture", format!("{gpt:?}"))
-        .add("tokenizer corpus", format!("{} texts", corpus.len()));
+        .add("tokenizer", origin);
     let summary_path = out.join("_summary.init-policy.md");
     let text = summary.to_markdown();
     print!("{text}");
