@@ -1,0 +1,961 @@
+//! The `report` tool: step-credit analyses over saved tables, as Markdown and
+//! PNG, for comparing advantage variants computed offline on one rollout set
+//! (`step-reward-gigpo-opsd-notes` §7, `easyr1-embody-stepopsd-notes` §8,
+//! §11).
+//!
+//! Each `--variant NAME=DIR` is a `compute-advantages` output directory
+//! (`advantages/` and `diagnostics.json`); the rewards it was computed from
+//! are found through its manifest's lineage and checked by content hash. Each
+//! `--teacher NAME=DIR` is a `teacher-logp` output directory. Per variant,
+//! lazy polars queries over the shards explode the per-token advantages and
+//! join the trajectories' success:
+//!
+//! - credited tokens: tokens with a non-zero A^S;
+//! - sign-flip ratio `mean[sign(A) != sign(A^E)]` over credited tokens, all /
+//!   successful / failed trajectories (the rule-correct / rule-wrong split and
+//!   the AUC of A^S between rule-correct and rule-wrong steps come from the
+//!   variant's `diagnostics.json`, where the step alignment is known);
+//! - the A^S distribution on credited tokens of successful and failed
+//!   trajectories, and a PNG histogram of both (successful in blue, failed in
+//!   red, A^S from -1 to 1 left to right);
+//! - a per-token heatmap of the first responses (the seeds' `*_total.png` /
+//!   `*_stepReward.png`): A and A^S per token, red positive, blue negative;
+//! - the settings it was computed with (estimator, rule match mode, credit
+//!   target, score source, omega, gate), so rule-mode and credit-target
+//!   ablations read as rows of one table;
+//!
+//! and per teacher the contrast `teacher_logp - student_logp` per token
+//! (mean, std, min, max) and the spread of its per-step mean.
+//!
+//! ```text
+//! report --variant rule=runs/adv-rule --variant proxy-self=runs/adv-proxy-self \
+//!     --teacher self=runs/teacher-self --teacher generalist=runs/teacher-gen --out runs/report
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use embodyflow_core::dataset::TableReader;
+use embodyflow_core::schemas::TableName;
+use polars::prelude::*;
+use serde::Deserialize;
+
+/// Command line of `report`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "report",
+    version,
+    about = "Step-credit analyses of advantage variants and teachers, as Markdown and PNG"
+)]
+pub struct Args {
+    /// An advantages variant: NAME=DIR (a compute-advantages output).
+    #[arg(long = "variant", value_name = "NAME=DIR", value_parser = named_dir)]
+    pub variants: Vec<(String, PathBuf)>,
+    /// A teacher: NAME=DIR (a teacher-logp output).
+    #[arg(long = "teacher", value_name = "NAME=DIR", value_parser = named_dir)]
+    pub teachers: Vec<(String, PathBuf)>,
+    /// Directory for `step-credit.md` and the PNGs.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn named_dir(text: &str) -> std::result::Result<(String, PathBuf), String> {
+    match text.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
+        _ => Err(format!("`{text}`: expected NAME=DIR")),
+    }
+}
+
+/// Errors of the report tool.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A table failed the core's checks.
+    #[error(transparent)]
+    Core(#[from] embodyflow_core::Error),
+    /// A polars query failed.
+    #[error("query over {what}: {source}")]
+    Query {
+        /// What was queried.
+        what: String,
+        /// The polars error.
+        source: PolarsError,
+    },
+    /// Inputs that do not fit together.
+    #[error("{0}")]
+    BadInput(String),
+    /// Writing the report failed.
+    #[error("writing {path}: {reason}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl embodyflow_core::Classify for ReportError {
+    fn kind(&self) -> embodyflow_core::ErrorKind {
+        match self {
+            ReportError::Core(error) => error.kind(),
+            ReportError::BadInput(_) => embodyflow_core::ErrorKind::BadInput,
+            ReportError::Query { .. } | ReportError::Write { .. } => {
+                embodyflow_core::ErrorKind::Failure
+            }
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ReportError>;
+
+fn query<T>(what: &str, result: PolarsResult<T>) -> Result<T> {
+    result.map_err(|source| ReportError::Query {
+        what: what.to_string(),
+        source,
+    })
+}
+
+/// A validated table as a lazy scan over its shards (`part-*.parquet`: a
+/// table directory is written whole and renamed into place, so it holds
+/// exactly the shards its manifest lists).
+pub fn scan(dir: &Path, table: TableName) -> Result<(LazyFrame, TableReader)> {
+    let reader = TableReader::open(dir, table)?;
+    let pattern = dir.join("part-*.parquet").to_string_lossy().into_owned();
+    let frame = query(
+        &dir.display().to_string(),
+        LazyFrame::scan_parquet(PlRefPath::new(pattern), ScanArgsParquet::default()),
+    )?;
+    Ok((frame, reader))
+}
+
+const EXPLODE: ExplodeOptions = ExplodeOptions {
+    empty_as_null: false,
+    keep_nulls: true,
+};
+
+/// The rewards table an advantages table was computed from (its lineage),
+/// checked to hold the same content now.
+fn lineage_rewards(advantages: &TableReader) -> Result<PathBuf> {
+    let input = advantages
+        .manifest()
+        .inputs
+        .iter()
+        .find(|i| i.table == TableName::Rewards.as_str())
+        .ok_or_else(|| {
+            ReportError::BadInput(format!(
+                "{}: its manifest names no rewards input",
+                advantages.dir().display()
+            ))
+        })?;
+    let rewards = TableReader::open(&input.path, TableName::Rewards)?;
+    if rewards.manifest().content_hash != input.content_hash {
+        return Err(ReportError::BadInput(format!(
+            "{}: the rewards at {} changed since these advantages were computed (content hash {} vs {})",
+            advantages.dir().display(),
+            input.path.display(),
+            rewards.manifest().content_hash,
+            input.content_hash
+        )));
+    }
+    Ok(input.path.clone())
+}
+
+/// Token-level figures of one variant, by trajectory outcome.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CreditFigures {
+    /// Response tokens.
+    pub tokens: u64,
+    /// Tokens with a non-zero A^S.
+    pub credited: u64,
+    /// Sign-flip ratio over credited tokens: all, successful, failed.
+    pub flip: [Option<f64>; 3],
+    /// A^S on credited tokens of successful trajectories: count, mean, std.
+    pub success: (u64, f64, f64),
+    /// ... of failed trajectories.
+    pub failure: (u64, f64, f64),
+    /// A^S values of credited tokens (successful, failed), for the histogram.
+    pub values: (Vec<f32>, Vec<f32>),
+}
+
+fn sign(e: Expr) -> Expr {
+    e.clone().gt(lit(0.0f32)).cast(DataType::Int32) - e.lt(lit(0.0f32)).cast(DataType::Int32)
+}
+
+/// The credited tokens of an advantages scan joined with the rewards'
+/// success: columns success, step_adv, flipped.
+fn credited_tokens(advantages: LazyFrame, rewards: LazyFrame) -> LazyFrame {
+    advantages
+        .select([
+            col("trajectory_id"),
+            col("episode_adv"),
+            col("advantages"),
+            col("step_adv"),
+        ])
+        .filter(col("step_adv").is_not_null())
+        .explode(cols(["advantages", "step_adv"]), EXPLODE)
+        .filter(col("step_adv").neq(lit(0.0f32)))
+        .inner_join(
+            rewards.select([col("trajectory_id"), col("success")]),
+            col("trajectory_id"),
+            col("trajectory_id"),
+        )
+        .select([
+            col("success"),
+            col("step_adv"),
+            sign(col("advantages"))
+                .neq(sign(col("episode_adv")))
+                .alias("flipped"),
+        ])
+}
+
+/// Figures of one variant (see [`CreditFigures`]).
+pub fn credit_figures(advantages: LazyFrame, rewards: LazyFrame) -> Result<CreditFigures> {
+    let total = query(
+        "response tokens",
+        advantages
+            .clone()
+            .select([col("advantages").list().len().sum().alias("tokens")])
+            .collect(),
+    )?;
+    let tokens = u64_at(&total, "tokens")?;
+    let tokens_frame = query(
+        "credited tokens",
+        credited_tokens(advantages, rewards).collect(),
+    )?;
+    let by_outcome = query(
+        "credited tokens by outcome",
+        tokens_frame
+            .clone()
+            .lazy()
+            .group_by([col("success")])
+            .agg([
+                len().cast(DataType::UInt64).alias("n"),
+                col("flipped").cast(DataType::Float64).mean().alias("flip"),
+                col("step_adv").cast(DataType::Float64).mean().alias("mean"),
+                col("step_adv").cast(DataType::Float64).std(0).alias("std"),
+            ])
+            .collect(),
+    )?;
+    let mut figures = CreditFigures {
+        tokens,
+        credited: tokens_frame.height() as u64,
+        ..CreditFigures::default()
+    };
+    let success = query(
+        "success",
+        by_outcome.column("success").and_then(|c| c.bool().cloned()),
+    )?;
+    let n = query("n", by_outcome.column("n").and_then(|c| c.u64().cloned()))?;
+    let flip = query(
+        "flip",
+        by_outcome.column("flip").and_then(|c| c.f64().cloned()),
+    )?;
+    let mean = query(
+        "mean",
+        by_outcome.column("mean").and_then(|c| c.f64().cloned()),
+    )?;
+    let std = query(
+        "std",
+        by_outcome.column("std").and_then(|c| c.f64().cloned()),
+    )?;
+    let mut flipped_total = 0.0;
+    for i in 0..by_outcome.height() {
+        let count = n.get(i).unwrap_or(0);
+        let entry = (count, mean.get(i).unwrap_or(0.0), std.get(i).unwrap_or(0.0));
+        let ratio = flip.get(i);
+        flipped_total += ratio.unwrap_or(0.0) * count as f64;
+        if success.get(i) == Some(true) {
+            figures.success = entry;
+            figures.flip[1] = ratio;
+        } else {
+            figures.failure = entry;
+            figures.flip[2] = ratio;
+        }
+    }
+    if figures.credited > 0 {
+        figures.flip[0] = Some(flipped_total / figures.credited as f64);
+    }
+    let values = query(
+        "A^S",
+        tokens_frame
+            .column("step_adv")
+            .and_then(|c| c.f32().cloned()),
+    )?;
+    let outcome = query(
+        "success",
+        tokens_frame
+            .column("success")
+            .and_then(|c| c.bool().cloned()),
+    )?;
+    let (values, outcome) = (values.rechunk(), outcome.rechunk());
+    for i in 0..values.len() {
+        let (Some(value), Some(won)) = (values.get(i), outcome.get(i)) else {
+            continue;
+        };
+        if won {
+            figures.values.0.push(value)
+        } else {
+            figures.values.1.push(value)
+        }
+    }
+    Ok(figures)
+}
+
+/// One response of the per-token heatmap: its trajectory's success, the final
+/// advantage A of each token and, for grpo_step, its A^S.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeatmapRow {
+    /// Whether the trajectory reached its goal.
+    pub success: bool,
+    /// A per token.
+    pub advantages: Vec<f32>,
+    /// A^S per token (null for estimators without one).
+    pub step_adv: Option<Vec<f32>>,
+}
+
+/// The first `limit` responses (by trajectory id, then step) of an advantages
+/// scan, for the per-token heatmap.
+pub fn heatmap_rows(
+    advantages: LazyFrame,
+    rewards: LazyFrame,
+    limit: u32,
+) -> Result<Vec<HeatmapRow>> {
+    let frame = query(
+        "heatmap rows",
+        advantages
+            .select([
+                col("trajectory_id"),
+                col("step_index"),
+                col("advantages"),
+                col("step_adv"),
+            ])
+            .inner_join(
+                rewards.select([col("trajectory_id"), col("success")]),
+                col("trajectory_id"),
+                col("trajectory_id"),
+            )
+            .sort(
+                ["trajectory_id", "step_index"],
+                SortMultipleOptions::default(),
+            )
+            .limit(limit)
+            .collect(),
+    )?;
+    let success = query(
+        "success",
+        frame.column("success").and_then(|c| c.bool().cloned()),
+    )?;
+    let list_at = |name: &str| -> Result<Vec<Option<Vec<f32>>>> {
+        let column = query(name, frame.column(name).and_then(|c| c.list().cloned()))?;
+        (0..column.len())
+            .map(|i| {
+                column
+                    .get_as_series(i)
+                    .map(|series| {
+                        query(name, series.f32().cloned()).map(|values| {
+                            (0..values.len())
+                                .map(|j| values.get(j).unwrap_or(0.0))
+                                .collect()
+                        })
+                    })
+                    .transpose()
+            })
+            .collect()
+    };
+    let advantages = list_at("advantages")?;
+    let step_adv = list_at("step_adv")?;
+    Ok(advantages
+        .into_iter()
+        .zip(step_adv)
+        .enumerate()
+        .map(|(i, (advantages, step_adv))| HeatmapRow {
+            success: success.get(i).unwrap_or(false),
+            advantages: advantages.unwrap_or_default(),
+            step_adv,
+        })
+        .collect())
+}
+
+/// Red for positive, blue for negative, white for zero (the seeds' `RdBu_r`
+/// centred at 0), `value` scaled by `scale`.
+fn diverging(value: f32, scale: f32) -> plotters::style::RGBColor {
+    let t = if scale > 0.0 {
+        (value / scale).clamp(-1.0, 1.0)
+    } else {
+        0.0
+    };
+    let fade = |t: f32| (255.0 * (1.0 - t.abs())) as u8;
+    if t >= 0.0 {
+        plotters::style::RGBColor(255, fade(t), fade(t))
+    } else {
+        plotters::style::RGBColor(fade(t), fade(t), 255)
+    }
+}
+
+/// Per-token heatmap: one band per response, its tokens left to right
+/// (`CELL` pixels each); the band's upper row is A (scaled to the largest
+/// |A| of the picture), the lower row A^S (scaled to 1); a strip at the left
+/// is green for a successful trajectory, grey for a failed one.
+pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
+    use plotters::prelude::*;
+    const CELL: i32 = 4;
+    const ROW: i32 = 8;
+    const STRIP: i32 = 8;
+    let fail = |e: &dyn std::fmt::Display| ReportError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let longest = rows.iter().map(|r| r.advantages.len()).max().unwrap_or(0) as i32;
+    let scale = rows
+        .iter()
+        .flat_map(|r| r.advantages.iter())
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    let band = 2 * ROW + 4;
+    let width = (STRIP + 4 + longest.max(1) * CELL) as u32;
+    let height = (rows.len().max(1) as i32 * band) as u32;
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    for (i, row) in rows.iter().enumerate() {
+        let top = i as i32 * band;
+        let outcome = if row.success {
+            RGBColor(40, 160, 60)
+        } else {
+            RGBColor(150, 150, 150)
+        };
+        root.draw(&Rectangle::new(
+            [(0, top), (STRIP, top + 2 * ROW)],
+            outcome.filled(),
+        ))
+        .map_err(|e| fail(&e))?;
+        let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
+        for (line, (values, line_scale)) in lines.into_iter().enumerate() {
+            let Some(values) = values else { continue };
+            let y = top + line as i32 * ROW;
+            for (t, &value) in values.iter().enumerate() {
+                let x = STRIP + 4 + t as i32 * CELL;
+                root.draw(&Rectangle::new(
+                    [(x, y), (x + CELL, y + ROW)],
+                    diverging(value, line_scale).filled(),
+                ))
+                .map_err(|e| fail(&e))?;
+            }
+        }
+    }
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+fn u64_at(frame: &DataFrame, name: &str) -> Result<u64> {
+    let column = query(
+        name,
+        frame.column(name).and_then(|c| c.cast(&DataType::UInt64)),
+    )?;
+    Ok(query(name, column.u64().cloned())?.get(0).unwrap_or(0))
+}
+
+/// Contrast figures of one teacher-logp table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContrastFigures {
+    /// Steps (rows).
+    pub steps: u64,
+    /// Tokens.
+    pub tokens: u64,
+    /// Per-token contrast: mean, std, min, max.
+    pub token: [f64; 4],
+    /// Standard deviation of the per-step mean contrast.
+    pub step_mean_std: f64,
+}
+
+/// The teacher-student contrast of a teacher_logp scan.
+pub fn contrast_figures(teacher: LazyFrame) -> Result<ContrastFigures> {
+    let per_token = teacher
+        .clone()
+        .select([
+            col("trajectory_id"),
+            col("step_index"),
+            col("teacher_logp"),
+            col("student_logp"),
+        ])
+        .explode(cols(["teacher_logp", "student_logp"]), EXPLODE)
+        .select([
+            col("trajectory_id"),
+            col("step_index"),
+            (col("teacher_logp").cast(DataType::Float64)
+                - col("student_logp").cast(DataType::Float64))
+            .alias("d"),
+        ]);
+    let token = query(
+        "contrast per token",
+        per_token
+            .clone()
+            .select([
+                len().cast(DataType::UInt64).alias("n"),
+                col("d").mean().alias("mean"),
+                col("d").std(0).alias("std"),
+                col("d").min().alias("min"),
+                col("d").max().alias("max"),
+            ])
+            .collect(),
+    )?;
+    let per_step = query(
+        "contrast per step",
+        per_token
+            .group_by([col("trajectory_id"), col("step_index")])
+            .agg([col("d").mean().alias("step_mean")])
+            .select([
+                len().cast(DataType::UInt64).alias("steps"),
+                col("step_mean").std(0).alias("spread"),
+            ])
+            .collect(),
+    )?;
+    let f = |frame: &DataFrame, name: &str| -> Result<f64> {
+        let column = query(
+            name,
+            frame.column(name).and_then(|c| c.cast(&DataType::Float64)),
+        )?;
+        Ok(query(name, column.f64().cloned())?
+            .get(0)
+            .unwrap_or(f64::NAN))
+    };
+    Ok(ContrastFigures {
+        steps: u64_at(&per_step, "steps")?,
+        tokens: u64_at(&token, "n")?,
+        token: [
+            f(&token, "mean")?,
+            f(&token, "std")?,
+            f(&token, "min")?,
+            f(&token, "max")?,
+        ],
+        step_mean_std: f(&per_step, "spread")?,
+    })
+}
+
+/// The parts of `diagnostics.json` the report shows.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct VariantDiagnostics {
+    /// Estimator.
+    #[serde(default)]
+    pub estimator: String,
+    /// The step path's figures.
+    #[serde(default)]
+    pub step: Option<StepPart>,
+}
+
+/// Step-path figures of `diagnostics.json`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StepPart {
+    /// Sign flips on rule-correct steps.
+    pub sign_flips_rule_correct: FlipPart,
+    /// Sign flips on rule-wrong steps.
+    pub sign_flips_rule_wrong: FlipPart,
+    /// AUC of A^S between rule-correct and rule-wrong steps (forward_proxy).
+    pub step_adv_auc: Option<f64>,
+}
+
+/// A flip count.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct FlipPart {
+    /// Flipped tokens.
+    pub flipped: u64,
+    /// Tokens.
+    pub tokens: u64,
+}
+
+fn ratio(part: FlipPart) -> String {
+    if part.tokens == 0 {
+        "-".into()
+    } else {
+        format!("{:.3}", part.flipped as f64 / part.tokens as f64)
+    }
+}
+
+fn opt(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// The settings a variant was computed with, from the manifests of its
+/// advantages (estimator, step kind, credit target, score source, omega, gate)
+/// and of its rewards (the rule match mode).
+fn variant_settings(advantages: &TableReader, rewards: &TableReader) -> String {
+    let lookup = |config: &serde_json::Value, path: &[&str]| {
+        let mut value = config;
+        for key in path {
+            value = &value[*key];
+        }
+        match value {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(s.clone()),
+            other => Some(other.to_string()),
+        }
+    };
+    let get = |path: &[&str]| lookup(&advantages.manifest().producer.config, path);
+    let estimator = get(&["estimator"]).unwrap_or_default();
+    if estimator != "grpo_step" {
+        return estimator;
+    }
+    let match_mode =
+        lookup(&rewards.manifest().producer.config, &["match", "mode"]).unwrap_or_default();
+    format!(
+        "grpo_step {} (match {match_mode}, credit {}, score {}, omega {}, gate {})",
+        get(&["step", "kind"]).unwrap_or_default(),
+        get(&["step", "credit_target"]).unwrap_or_default(),
+        get(&["step", "score_source"]).unwrap_or_default(),
+        get(&["step", "omega"]).unwrap_or_default(),
+        get(&["step", "gate"]).unwrap_or_default(),
+    )
+}
+
+/// Overlaid histograms of A^S in [-1, 1]: successful trajectories in blue,
+/// failed in red, each scaled to its own largest bin.
+pub fn histogram_png(path: &Path, values: &(Vec<f32>, Vec<f32>)) -> Result<()> {
+    use plotters::prelude::*;
+    const BINS: usize = 40;
+    let counts = |v: &[f32]| {
+        let mut bins = [0u64; BINS];
+        for &x in v {
+            let i = (((x.clamp(-1.0, 1.0) + 1.0) / 2.0) * BINS as f32) as usize;
+            bins[i.min(BINS - 1)] += 1;
+        }
+        bins
+    };
+    let fail = |e: &dyn std::fmt::Display| ReportError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let root = BitMapBackend::new(path, (640, 320)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let (w, h) = (640i32, 320i32);
+    let bar = w / BINS as i32;
+    for (bins, colour, offset) in [
+        (counts(&values.0), BLUE.mix(0.6), 0),
+        (counts(&values.1), RED.mix(0.6), bar / 2),
+    ] {
+        let top = *bins.iter().max().unwrap_or(&0);
+        if top == 0 {
+            continue;
+        }
+        for (i, &count) in bins.iter().enumerate() {
+            let height = (count as f64 / top as f64 * (h - 20) as f64) as i32;
+            let x = i as i32 * bar + offset;
+            root.draw(&Rectangle::new(
+                [(x, h - height), (x + bar / 2, h)],
+                colour.filled(),
+            ))
+            .map_err(|e| fail(&e))?;
+        }
+    }
+    // The zero line.
+    root.draw(&PathElement::new(vec![(w / 2, 0), (w / 2, h)], BLACK))
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Builds the report's Markdown (and writes the PNGs into `out`).
+pub fn build_report(
+    variants: &[(String, PathBuf)],
+    teachers: &[(String, PathBuf)],
+    out: &Path,
+) -> Result<String> {
+    let mut md = String::from("# Step-credit report\n\n");
+    if !variants.is_empty() {
+        md.push_str("## Advantage variants\n\nCredited tokens have a non-zero A^S; a flip is sign(A) != sign(A^E) on one. Rule-correct / rule-wrong flips and the AUC of A^S between rule-correct and rule-wrong steps come from each variant's diagnostics.json.\n\n");
+        md.push_str("| variant | settings | credited / tokens | flip all | flip success | flip failure | flip rule-correct | flip rule-wrong | A^S success (mean ± std) | A^S failure (mean ± std) | AUC correct vs wrong | histogram | heatmap |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
+    let mut seen = BTreeMap::new();
+    for (name, dir) in variants {
+        if seen.insert(name.clone(), ()).is_some() {
+            return Err(ReportError::BadInput(format!(
+                "variant `{name}` is named twice"
+            )));
+        }
+        let (advantages, reader) = scan(&dir.join("advantages"), TableName::Advantages)?;
+        let rewards_dir = lineage_rewards(&reader)?;
+        let (rewards, rewards_reader) = scan(&rewards_dir, TableName::Rewards)?;
+        let figures = credit_figures(advantages.clone(), rewards.clone())?;
+        let heatmap = format!("heatmap_{}.png", sanitize(name));
+        heatmap_png(
+            &out.join(&heatmap),
+            &heatmap_rows(advantages, rewards, HEATMAP_RESPONSES)?,
+        )?;
+        let diagnostics_path = dir.join("diagnostics.json");
+        let diagnostics: VariantDiagnostics = match std::fs::read_to_string(&diagnostics_path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| {
+                ReportError::BadInput(format!("{}: {e}", diagnostics_path.display()))
+            })?,
+            Err(_) => VariantDiagnostics::default(),
+        };
+        let step = diagnostics.step.unwrap_or_default();
+        let png = format!("step_adv_{}.png", sanitize(name));
+        histogram_png(&out.join(&png), &figures.values)?;
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} / {} | {} | {} | {} | {} | {} | {:.3} ± {:.3} ({}) | {:.3} ± {:.3} ({}) | {} | [png]({png}) | [png]({heatmap}) |",
+            variant_settings(&reader, &rewards_reader),
+            figures.credited,
+            figures.tokens,
+            opt(figures.flip[0]),
+            opt(figures.flip[1]),
+            opt(figures.flip[2]),
+            ratio(step.sign_flips_rule_correct),
+            ratio(step.sign_flips_rule_wrong),
+            figures.success.1,
+            figures.success.2,
+            figures.success.0,
+            figures.failure.1,
+            figures.failure.2,
+            figures.failure.0,
+            opt(step.step_adv_auc),
+        );
+    }
+    if !teachers.is_empty() {
+        md.push_str("\n## Teachers: contrast d = teacher_logp - student_logp\n\n| teacher | steps | tokens | mean | std | min | max | std of per-step mean |\n|---|---|---|---|---|---|---|---|\n");
+    }
+    for (name, dir) in teachers {
+        let (teacher, _) = scan(&dir.join("teacher_logp"), TableName::TeacherLogp)?;
+        let c = contrast_figures(teacher)?;
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.3} |",
+            c.steps, c.tokens, c.token[0], c.token[1], c.token[2], c.token[3], c.step_mean_std
+        );
+    }
+    Ok(md)
+}
+
+/// Responses drawn in each variant's heatmap.
+const HEATMAP_RESPONSES: u32 = 24;
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Runs the tool: writes `out/step-credit.md` (atomically) and the PNGs, and
+/// prints the Markdown.
+pub fn run(args: Args) -> Result<()> {
+    if args.variants.is_empty() && args.teachers.is_empty() {
+        return Err(ReportError::BadInput(
+            "nothing to report: give --variant NAME=DIR and/or --teacher NAME=DIR".into(),
+        ));
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| ReportError::Write {
+        path: args.out.clone(),
+        reason: e.to_string(),
+    })?;
+    let md = build_report(&args.variants, &args.teachers, &args.out)?;
+    let path = args.out.join("step-credit.md");
+    let staging = args.out.join(".step-credit.md.writing");
+    std::fs::write(&staging, &md)
+        .and_then(|()| std::fs::rename(&staging, &path))
+        .map_err(|e| ReportError::Write {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    print!("{md}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::dataset::{TableWriter, WriteOptions};
+    use embodyflow_core::manifest::Producer;
+    use embodyflow_core::schemas::{AdvantageRow, RewardRow, TeacherLogpRow};
+
+    fn producer(stage: &str, config: serde_json::Value) -> Producer {
+        Producer {
+            stage: stage.into(),
+            version: "test".into(),
+            config,
+            seed: 0,
+            shard: "0/1".into(),
+        }
+    }
+
+    fn reward(id: &str, success: bool) -> RewardRow {
+        RewardRow {
+            trajectory_id: id.into(),
+            group_id: "g".into(),
+            score: if success { 1.0 } else { -1.0 },
+            format: 1.0,
+            accuracy: if success { 1.0 } else { -1.0 },
+            success,
+            parse_ok: true,
+            pred_actions: None,
+            step_match: None,
+            step_valid: None,
+            reward_fn: "verify".into(),
+        }
+    }
+
+    fn write_rewards(root: &Path, rows: &[RewardRow], overwrite: bool) -> TableReader {
+        let mut writer = TableWriter::create(
+            &root.join("rewards"),
+            TableName::Rewards,
+            WriteOptions::default(),
+            overwrite,
+        )
+        .unwrap();
+        writer.write_rows(rows).unwrap();
+        writer
+            .finish(
+                &producer(
+                    "score-rewards",
+                    serde_json::json!({"match": {"mode": "prefix"}}),
+                ),
+                &[],
+            )
+            .unwrap();
+        TableReader::open(&root.join("rewards/rewards"), TableName::Rewards).unwrap()
+    }
+
+    /// Two successful and two failed trajectories, one step each; A^E = +1 /
+    /// -1 and A = A^E + A^S on every token.
+    fn advantage_rows() -> Vec<AdvantageRow> {
+        let row = |id: &str, episode: f32, step: Vec<f32>| AdvantageRow {
+            trajectory_id: id.into(),
+            step_index: 0,
+            advantages: step.iter().map(|s| episode + s).collect(),
+            returns: None,
+            episode_adv: episode,
+            step_adv: Some(step),
+            estimator: "grpo_step".into(),
+        };
+        vec![
+            // Success: one credited token flips (1 - 1.5 < 0), one does not.
+            row("a", 1.0, vec![0.0, 0.5, -1.5]),
+            row("b", 1.0, vec![0.0, 0.0, 0.5]),
+            // Failure: one credited token flips (-1 + 2 > 0).
+            row("c", -1.0, vec![2.0, 0.0, 0.0]),
+            row("d", -1.0, vec![0.0, -0.5, 0.0]),
+        ]
+    }
+
+    fn write_variant(root: &Path, rewards: &TableReader) -> PathBuf {
+        let dir = root.join("adv");
+        let mut writer =
+            TableWriter::create(&dir, TableName::Advantages, WriteOptions::default(), false)
+                .unwrap();
+        writer.write_rows(&advantage_rows()).unwrap();
+        let config = serde_json::json!({
+            "estimator": "grpo_step",
+            "step": {"kind": "rule", "credit_target": "action_id", "score_source": "action_name",
+                     "omega": 1.0, "gate": "none"}
+        });
+        writer
+            .finish(
+                &producer("compute-advantages", config),
+                &[rewards.input_ref()],
+            )
+            .unwrap();
+        dir
+    }
+
+    #[test]
+    fn credit_figures_count_flips_and_split_a_s_by_outcome() {
+        let root = tempfile::tempdir().unwrap();
+        let rewards = write_rewards(
+            root.path(),
+            &[
+                reward("a", true),
+                reward("b", true),
+                reward("c", false),
+                reward("d", false),
+            ],
+            false,
+        );
+        let variant = write_variant(root.path(), &rewards);
+        let (advantages, _) = scan(&variant.join("advantages"), TableName::Advantages).unwrap();
+        let (rewards_scan, _) = scan(rewards.dir(), TableName::Rewards).unwrap();
+        let figures = credit_figures(advantages.clone(), rewards_scan.clone()).unwrap();
+        assert_eq!(figures.tokens, 12);
+        assert_eq!(figures.credited, 5);
+        assert_eq!(figures.flip[0], Some(2.0 / 5.0));
+        assert_eq!(figures.flip[1], Some(1.0 / 3.0));
+        assert_eq!(figures.flip[2], Some(1.0 / 2.0));
+        // Successful A^S: 0.5, -1.5, 0.5 -> mean -1/6; failed: 2.0, -0.5 -> 0.75.
+        assert_eq!(figures.success.0, 3);
+        assert!((figures.success.1 + 1.0 / 6.0).abs() < 1e-9);
+        assert_eq!(figures.failure.0, 2);
+        assert!((figures.failure.1 - 0.75).abs() < 1e-9);
+        let mut won = figures.values.0.clone();
+        won.sort_by(f32::total_cmp);
+        assert_eq!(won, vec![-1.5, 0.5, 0.5]);
+
+        let rows = heatmap_rows(advantages, rewards_scan, 3).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].advantages, vec![1.0, 1.5, -0.5]);
+        assert!(rows[0].success && rows[1].success && !rows[2].success);
+        assert_eq!(rows[2].step_adv, Some(vec![2.0, 0.0, 0.0]));
+
+        let out = root.path().join("report");
+        std::fs::create_dir_all(&out).unwrap();
+        let md = build_report(&[("rule".into(), variant)], &[], &out).unwrap();
+        assert!(
+            md.contains("grpo_step rule (match prefix, credit action_id, score action_name, omega 1.0, gate none)"),
+            "{md}"
+        );
+        assert!(md.contains("| 5 / 12 | 0.400 | 0.333 | 0.500 |"), "{md}");
+        assert!(out.join("step_adv_rule.png").is_file());
+        assert!(out.join("heatmap_rule.png").is_file());
+    }
+
+    #[test]
+    fn rewards_changed_since_the_advantages_is_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        let rewards = write_rewards(root.path(), &[reward("a", true), reward("c", false)], false);
+        let variant = write_variant(root.path(), &rewards);
+        write_rewards(root.path(), &[reward("a", false), reward("c", false)], true);
+        let out = root.path().join("report");
+        let error = build_report(&[("rule".into(), variant)], &[], &out).unwrap_err();
+        assert!(error.to_string().contains("changed since"), "{error}");
+    }
+
+    #[test]
+    fn contrast_figures_of_a_teacher_table() {
+        let root = tempfile::tempdir().unwrap();
+        let row = |id: &str, step: i32, teacher: Vec<f32>, student: Vec<f32>| TeacherLogpRow {
+            trajectory_id: id.into(),
+            step_index: step,
+            teacher_logp: teacher,
+            student_logp: student,
+            teacher: "self".into(),
+            template: "reference".into(),
+        };
+        let mut writer = TableWriter::create(
+            root.path(),
+            TableName::TeacherLogp,
+            WriteOptions::default(),
+            false,
+        )
+        .unwrap();
+        // Contrasts: step a: 1, 3 (mean 2); step b: -2, 0 (mean -1).
+        writer
+            .write_rows(&[
+                row("a", 0, vec![-1.0, -1.0], vec![-2.0, -4.0]),
+                row("b", 0, vec![-3.0, -1.0], vec![-1.0, -1.0]),
+            ])
+            .unwrap();
+        writer
+            .finish(&producer("teacher-logp", serde_json::json!({})), &[])
+            .unwrap();
+        let (teacher, _) = scan(&root.path().join("teacher_logp"), TableName::TeacherLogp).unwrap();
+        let c = contrast_figures(teacher).unwrap();
+        assert_eq!((c.steps, c.tokens), (2, 4));
+        assert!((c.token[0] - 0.5).abs() < 1e-9);
+        // Population std of 1, 3, -2, 0 around 0.5.
+        assert!((c.token[1] - 1.8027756).abs() < 1e-6, "{c:?}");
+        assert_eq!((c.token[2], c.token[3]), (-2.0, 3.0));
+        assert!((c.step_mean_std - 1.5).abs() < 1e-9);
+    }
+}
