@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use embodyflow_core::dataset::TableReader;
-use embodyflow_core::schemas::{EvalRow, MetricRow, StepRow, TableName, TrajectoryRow};
+use embodyflow_core::schemas::{
+    EvalRow, MetricRow, StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow,
+};
 use embodyflow_tests::{run, write_table};
 
 fn ok(name: &str, args: &[&str]) -> String {
@@ -459,4 +461,265 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "{result}"
     );
     assert!(!root.join("z").exists(), "nothing written");
+}
+
+/// Rollouts whose answers are the expert plans of the first `groups` train
+/// tasks, sample 1 of each group with its second step's id broken; written
+/// under `root/step-rollouts`.
+fn expert_rollouts(root: &Path, groups: usize) -> std::path::PathBuf {
+    let tasks: Vec<TaskRow> = TableReader::open(&root.join("data/train/tasks"), TableName::Tasks)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let tokenizer =
+        tokenizers::Tokenizer::from_file(root.join("sft/policy/tokenizer.json")).unwrap();
+    let encode = |text: &str| -> Vec<i32> {
+        let ids = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        ids.into_iter().map(|id| id as i32).collect()
+    };
+    let plan_id = tokenizer.token_to_id("<|plan|>").unwrap() as i32;
+    let (mut trajectories, mut steps) = (Vec::new(), Vec::new());
+    for task in tasks.iter().take(groups) {
+        let actions = task.gt_actions.as_ref().unwrap();
+        for sample in 0..2 {
+            let executable: Vec<serde_json::Value> = actions
+                .iter()
+                .enumerate()
+                .map(|(k, a)| {
+                    let id = if sample == 1 && k == 1 {
+                        9_999
+                    } else {
+                        a.action_id
+                    };
+                    serde_json::json!({"action_id": id, "action_name": a.action_name})
+                })
+                .collect();
+            let names: Vec<&str> = actions.iter().map(|a| a.action_name.as_str()).collect();
+            let answer = serde_json::json!({"language_plan": names, "executable_plan": executable});
+            let group_id = format!("it0/{}/d0", task.task_id);
+            let trajectory_id = format!("{group_id}/s{sample}");
+            let mut prompt = encode(&format!("Task: {}\n", task.instruction));
+            prompt.push(plan_id);
+            let response = encode(&answer.to_string());
+            let logprobs = vec![-1.0; response.len()];
+            steps.push(StepRow::one_shot(
+                trajectory_id.clone(),
+                prompt,
+                response,
+                logprobs,
+            ));
+            trajectories.push(TrajectoryRow {
+                trajectory_id,
+                group_id,
+                task_id: task.task_id.clone(),
+                sample_index: sample,
+                iteration: 0,
+                policy: "fixture".into(),
+                temperature: 1.0,
+                num_steps: 1,
+                env_steps: actions.len() as i32,
+                complete: true,
+                response_text: Some(answer.to_string()),
+                seed: 0,
+            });
+        }
+    }
+    let rollouts = root.join("step-rollouts");
+    write_table(&rollouts, &trajectories);
+    write_table(&rollouts, &steps);
+    rollouts
+}
+
+#[test]
+fn teacher_logp_and_the_rule_judge_feed_grpo_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    prepare(root);
+    let policy = root.join("sft/policy");
+    let rollouts = expert_rollouts(root, 3);
+    let train = root.join("data/train");
+    ok(
+        "score-rewards",
+        &[
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&train),
+            "--out",
+            s(&root.join("rewards")),
+            "--set",
+            "reward.fn=verify",
+        ],
+    );
+    let teacher = ok(
+        "teacher-logp",
+        &[
+            "--policy",
+            s(&policy),
+            "--teacher",
+            "self",
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&train),
+            "--out",
+            s(&root.join("teacher")),
+            "--set",
+            "batch_rows=4",
+        ],
+    );
+    assert!(teacher.contains("| steps scored | 6 |"), "{teacher}");
+    let rows: Vec<TeacherLogpRow> =
+        TableReader::open(&root.join("teacher/teacher_logp"), TableName::TeacherLogp)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    let steps: Vec<StepRow> = TableReader::open(&rollouts.join("steps"), TableName::Steps)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    for (row, step) in rows.iter().zip(&steps) {
+        assert_eq!(row.trajectory_id, step.trajectory_id);
+        assert_eq!(row.teacher_logp.len(), step.response_ids.len());
+        assert_eq!(row.student_logp.len(), step.response_ids.len());
+        assert_eq!(row.teacher, "self");
+    }
+    let judge = ok(
+        "judge-steps",
+        &[
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("rewards")),
+            "--input",
+            s(&train),
+            "--out",
+            s(&root.join("judge")),
+        ],
+    );
+    // The expert samples' steps and each broken sample's first step are ok;
+    // every step from a broken sample's second one on is invalid or after one.
+    let tasks: Vec<TaskRow> = TableReader::open(&train.join("tasks"), TableName::Tasks)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let plan_steps: usize = tasks
+        .iter()
+        .take(3)
+        .map(|t| t.gt_actions.as_ref().unwrap().len())
+        .sum();
+    assert!(
+        judge.contains(&format!("| plan steps | {} |", 2 * plan_steps)),
+        "{judge}"
+    );
+    assert!(
+        judge.contains(&format!("| steps: ok | {} ", plan_steps + 3)),
+        "{judge}"
+    );
+    let advantages = ok(
+        "compute-advantages",
+        &[
+            "--policy",
+            s(&policy),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&root.join("rewards")),
+            "--input",
+            s(&root.join("teacher")),
+            "--input",
+            s(&root.join("judge")),
+            "--out",
+            s(&root.join("adv")),
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.kind=forward_proxy",
+            "--set",
+            "step.gate=prompt",
+        ],
+    );
+    assert!(
+        advantages.contains("| responses with non-zero A^S | 6 of 6 |"),
+        "{advantages}"
+    );
+    // The report gathers the variant (rewards found through its lineage) and the teacher.
+    let report = ok(
+        "report",
+        &[
+            "--variant",
+            &format!("proxy={}", s(&root.join("adv"))),
+            "--teacher",
+            &format!("self={}", s(&root.join("teacher"))),
+            "--out",
+            s(&root.join("report")),
+        ],
+    );
+    assert!(
+        report.contains("| proxy | grpo_step forward_proxy"),
+        "{report}"
+    );
+    assert!(report.contains("| self | 6 |"), "{report}");
+    assert!(root.join("report/step_adv_proxy.png").is_file());
+    assert!(root.join("report/step-credit.md").is_file());
+
+    // A teacher with another tokenizer: exit 2 naming its tokenizer, nothing written.
+    ok(
+        "init-policy",
+        &[
+            "--out",
+            s(&root.join("other")),
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "tokenizer.vocab_size=350",
+            "--set",
+            "tokenizer.corpus_tasks=30",
+        ],
+    );
+    let result = run(
+        "teacher-logp",
+        &[
+            "--policy",
+            s(&policy),
+            "--teacher",
+            s(&root.join("other")),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&train),
+            "--out",
+            s(&root.join("teacher-other")),
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("other/tokenizer.json") && result.stderr.contains("differs"),
+        "{result}"
+    );
+    assert!(!root.join("teacher-other/teacher_logp").exists());
+    // A teacher template without its placeholder is a usage error.
+    let result = run(
+        "teacher-logp",
+        &[
+            "--policy",
+            s(&policy),
+            "--teacher",
+            "self",
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&train),
+            "--out",
+            s(&root.join("teacher-bad")),
+            "--set",
+            "template.teacher={prompt}",
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(result.stderr.contains("{reference_plan}"), "{result}");
 }
