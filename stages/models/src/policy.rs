@@ -280,6 +280,12 @@ pub struct ResponseScores {
 
 /// Log-probs and entropies of `responses` after `prompts` under the policy at
 /// temperature `temperature` (1 for supervised training), with gradients.
+///
+/// Each prompt + response must fit in `n_ctx`. The batch's layout is the
+/// longest prompt plus the longest response; when those come from different
+/// rows and do not fit together, the batch is scored in halves and the
+/// results stacked (padded to the longest response), so any batch of rows
+/// that fit alone can be scored.
 pub fn score_responses(
     policy: &Checkpoint,
     prompts: &[&[i32]],
@@ -291,6 +297,28 @@ pub fn score_responses(
     let batch = prompts.len() as i64;
     let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let longest = responses.iter().map(|r| r.len()).max().unwrap_or(0);
+    if prompts.len() > 1 && width + longest > policy.model.config().n_ctx as usize {
+        let half = prompts.len() / 2;
+        let parts = [
+            score_responses(policy, &prompts[..half], &responses[..half], temperature),
+            score_responses(policy, &prompts[half..], &responses[half..], temperature),
+        ];
+        let stack = |pick: fn(&ResponseScores) -> &Tensor| {
+            let padded: Vec<Tensor> = parts
+                .iter()
+                .map(|part| {
+                    let t = pick(part);
+                    t.constant_pad_nd([0, longest as i64 - t.size()[1]])
+                })
+                .collect();
+            Tensor::cat(&padded, 0)
+        };
+        return ResponseScores {
+            logprobs: stack(|s| &s.logprobs),
+            entropy: stack(|s| &s.entropy),
+            mask: stack(|s| &s.mask),
+        };
+    }
     let (ids, pads) = left_padded(prompts, width, policy.special.pad);
     let total = width + longest;
     // Append each response after its prompt row, right-padded.
@@ -400,6 +428,37 @@ mod tests {
                 .sum(Kind::Float)
                 .double_value(&[]);
             assert_eq!(mask_sum as usize, sampled.response_ids.len());
+        }
+    }
+
+    #[test]
+    fn a_batch_wider_than_n_ctx_is_scored_in_parts() {
+        let policy = tiny_policy();
+        // 30 + 6 and 6 + 30 tokens fit n_ctx = 48 alone; together the layout
+        // would be 30 + 30.
+        let long: Vec<i32> = (0..30).map(|i| 5 + i % 50).collect();
+        let short: Vec<i32> = vec![7, 1, 9, 12, 30, 1];
+        let prompts: [&[i32]; 3] = [&long, &short, &short];
+        let responses: [&[i32]; 3] = [&short, &long, &short[..2]];
+        let together = tch::no_grad(|| score_responses(&policy, &prompts, &responses, 1.0));
+        assert_eq!(together.logprobs.size(), vec![3, 30]);
+        for row in 0..3 {
+            let alone = tch::no_grad(|| {
+                score_responses(&policy, &prompts[row..=row], &responses[row..=row], 1.0)
+            });
+            let n = responses[row].len() as i64;
+            let a = Vec::<f32>::try_from(alone.logprobs.get(0)).unwrap();
+            let b =
+                Vec::<f32>::try_from(together.logprobs.get(row as i64).narrow(0, 0, n)).unwrap();
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() < 1e-4, "row {row}: {x} vs {y}");
+            }
+            let mask = together
+                .mask
+                .get(row as i64)
+                .sum(Kind::Float)
+                .double_value(&[]);
+            assert_eq!(mask as i64, n);
         }
     }
 
