@@ -591,8 +591,12 @@ fn variant_settings(advantages: &TableReader, rewards: &TableReader) -> String {
         }
     };
     let get = |path: &[&str]| lookup(&advantages.manifest().producer.config, path);
-    let estimator = get(&["estimator"]).unwrap_or_default();
-    if estimator != "grpo_step" {
+    let mut estimator = get(&["estimator"]).unwrap_or_default();
+    if get(&["stepopsd", "enabled"]).as_deref() == Some("true") {
+        // Sign-preserving reweighting of A: no A^S, no flips by construction.
+        estimator.push_str(" + StepOPSD reweighting");
+    }
+    if !estimator.starts_with("grpo_step") {
         return estimator;
     }
     let match_mode =
