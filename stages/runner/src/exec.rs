@@ -362,27 +362,17 @@ pub fn run_plan(
                 .flatten()
             {
                 Some(record) => outcome.wall_s = record.wall_s,
-                None if is_empty(instance.skip_if_empty.as_deref())? => {
-                    pass_on(instance)?;
-                    let record = StepRecord {
-                        format: cache::STEP_FORMAT.into(),
-                        key,
-                        key_parts: parts,
-                        id: instance.id.clone(),
-                        stage: instance.stage.clone(),
-                        commands: Vec::new(),
-                        outputs: cache::outputs_of(&instance.dir)?,
-                        wall_s: 0.0,
-                        finished_unix: unix_now(),
-                    };
-                    cache::write_record(&instance.dir, &record)?;
-                    outcome.status = Status::PassedOn;
-                }
                 None => {
-                    let line = format!("{} ({}) …", instance.id, instance.stage);
-                    bar.set_message(line);
-                    let (commands, wall) =
-                        execute(instance, &bin, &runner_dir(&plan.out).join("logs"))?;
+                    let (commands, wall, status) = if is_empty(instance.skip_if_empty.as_deref())? {
+                        pass_on(instance)?;
+                        (Vec::new(), 0.0, Status::PassedOn)
+                    } else {
+                        let line = format!("{} ({}) …", instance.id, instance.stage);
+                        bar.set_message(line);
+                        let (commands, wall) =
+                            execute(instance, &bin, &runner_dir(&plan.out).join("logs"))?;
+                        (commands, wall, Status::Ran)
+                    };
                     let record = StepRecord {
                         format: cache::STEP_FORMAT.into(),
                         key,
@@ -395,7 +385,7 @@ pub fn run_plan(
                         finished_unix: unix_now(),
                     };
                     cache::write_record(&instance.dir, &record)?;
-                    outcome.status = Status::Ran;
+                    outcome.status = status;
                     outcome.wall_s = wall;
                 }
             }
