@@ -117,17 +117,50 @@ fn query<T>(what: &str, result: PolarsResult<T>) -> Result<T> {
     })
 }
 
-/// A validated table as a lazy scan over its shards (`part-*.parquet`: a
-/// table directory is written whole and renamed into place, so it holds
-/// exactly the shards its manifest lists).
+/// A validated table as a lazy scan over exactly the shards its manifest
+/// lists (no globbing, no hive partitions: run directories such as
+/// `adv@omega=0.5` are paths, not partition keys).
 pub fn scan(dir: &Path, table: TableName) -> Result<(LazyFrame, TableReader)> {
     let reader = TableReader::open(dir, table)?;
-    let pattern = dir.join("part-*.parquet").to_string_lossy().into_owned();
+    let paths = reader
+        .manifest()
+        .shards
+        .iter()
+        .map(|shard| PlRefPath::new(dir.join(&shard.file).to_string_lossy().into_owned()));
+    let args = ScanArgsParquet {
+        hive_options: HiveOptions::new_disabled(),
+        glob: false,
+        ..ScanArgsParquet::default()
+    };
     let frame = query(
         &dir.display().to_string(),
-        LazyFrame::scan_parquet(PlRefPath::new(pattern), ScanArgsParquet::default()),
+        LazyFrame::scan_parquet_sources(ScanSources::Paths(paths.collect()), args),
     )?;
     Ok((frame, reader))
+}
+
+/// Means of columns of a validated table (a boolean column's mean is its
+/// share of true; nulls are left out), in one lazy pass over its shards.
+pub fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Result<Vec<Option<f64>>> {
+    let (frame, _) = scan(dir, table)?;
+    let means = query(
+        &dir.display().to_string(),
+        frame
+            .select(
+                names
+                    .iter()
+                    .map(|name| col(*name).cast(DataType::Float64).mean())
+                    .collect::<Vec<_>>(),
+            )
+            .collect(),
+    )?;
+    names
+        .iter()
+        .map(|name| {
+            let column = query(name, means.column(name).and_then(|c| c.f64().cloned()))?;
+            Ok(column.get(0))
+        })
+        .collect()
 }
 
 const EXPLODE: ExplodeOptions = ExplodeOptions {
@@ -912,6 +945,23 @@ mod tests {
         assert!(md.contains("| 5 / 12 | 0.400 | 0.333 | 0.500 |"), "{md}");
         assert!(out.join("step_adv_rule.png").is_file());
         assert!(out.join("heatmap_rule.png").is_file());
+    }
+
+    #[test]
+    fn column_means_of_bool_and_float_columns() {
+        let root = tempfile::tempdir().unwrap();
+        let rewards = write_rewards(
+            root.path(),
+            &[
+                reward("a", true),
+                reward("b", false),
+                reward("c", false),
+                reward("d", false),
+            ],
+            false,
+        );
+        let means = column_means(rewards.dir(), TableName::Rewards, &["success", "score"]).unwrap();
+        assert_eq!(means, vec![Some(0.25), Some(-0.5)]);
     }
 
     #[test]

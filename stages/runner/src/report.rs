@@ -7,15 +7,12 @@
 //! curve per variant and a bar per cell. The plots carry no text (no font
 //! backend); `report.md` says what their lines and bars are.
 //!
-//! Tables are gathered with the core's `TableReader` (projected columns) and
-//! written as Markdown; a later polars-based report tool could replace the
-//! gathering (joins over many runs, group-bys) and emit the same tables.
+//! The tables' figures are gathered with polars lazy queries
+//! ([`embodyflow_report::column_means`]) and written as Markdown.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, BooleanArray, Float32Array};
-use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::stage::Summary;
 use plotters::prelude::*;
@@ -24,33 +21,11 @@ use crate::error::{Result, RunnerError};
 use crate::exec::{RunOutcome, Status};
 use crate::plan::{Instance, Plan};
 
-/// Mean of a boolean column (share of true).
-fn bool_mean(dir: &Path, table: TableName, name: &str) -> Option<f64> {
-    let reader = TableReader::open(&dir.join(table.as_str()), table).ok()?;
-    let (mut yes, mut all) = (0u64, 0u64);
-    for batch in reader.batches(Some(&[name]), 65_536).ok()? {
-        let batch = batch.ok()?;
-        let values = column::<BooleanArray>(&batch, name);
-        yes += values.true_count() as u64;
-        all += (values.len() - values.null_count()) as u64;
-    }
-    (all > 0).then(|| yes as f64 / all as f64)
-}
-
-/// Means of f32 columns.
-fn f32_means(dir: &Path, table: TableName, names: &[&str]) -> Option<Vec<f64>> {
-    let reader = TableReader::open(&dir.join(table.as_str()), table).ok()?;
-    let mut sums = vec![0f64; names.len()];
-    let mut count = 0u64;
-    for batch in reader.batches(Some(names), 65_536).ok()? {
-        let batch = batch.ok()?;
-        for (k, name) in names.iter().enumerate() {
-            let values = column::<Float32Array>(&batch, name);
-            sums[k] += values.iter().flatten().map(f64::from).sum::<f64>();
-        }
-        count += batch.num_rows() as u64;
-    }
-    (count > 0).then(|| sums.iter().map(|s| s / count as f64).collect())
+/// Means of columns of the table `table` under a step directory (polars,
+/// one lazy pass); `None` when the table is absent or unreadable.
+fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Option<Vec<f64>> {
+    let means = embodyflow_report::column_means(&dir.join(table.as_str()), table, names).ok()?;
+    means.into_iter().collect()
 }
 
 fn fmt(value: Option<f64>) -> String {
@@ -73,17 +48,20 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
         let row = rows.entry(instance.iteration).or_default();
         let dir = &instance.dir;
         match instance.stage.as_str() {
-            "collect-rollouts" => row.train = bool_mean(dir, TableName::Trajectories, "complete"),
+            "collect-rollouts" => {
+                row.train = column_means(dir, TableName::Trajectories, &["complete"]).map(|v| v[0])
+            }
             "evaluate" => {
-                if let Some(v) = bool_mean(dir, TableName::Eval, "success") {
-                    row.evals.insert(instance.step.clone(), v);
+                if let Some(v) = column_means(dir, TableName::Eval, &["success"]) {
+                    row.evals.insert(instance.step.clone(), v[0]);
                 }
             }
             "update-policy" => {
-                row.update = f32_means(dir, TableName::Metrics, &["loss", "approx_kl", "entropy"])
+                row.update =
+                    column_means(dir, TableName::Metrics, &["loss", "approx_kl", "entropy"])
             }
             "score-rewards" => {
-                row.score = f32_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
+                row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
             }
             "compute-advantages" => {
                 row.diagnostics = std::fs::read_to_string(dir.join("diagnostics.json"))
