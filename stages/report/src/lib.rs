@@ -204,6 +204,10 @@ pub struct CreditFigures {
     pub credited: u64,
     /// Sign-flip ratio over credited tokens: all, successful, failed.
     pub flip: [Option<f64>; 3],
+    /// Sign-flip ratio over the credited tokens whose A^E is not 0 (a group
+    /// whose rollouts all scored the same has A^E = 0, and any A^S "flips"
+    /// its sign).
+    pub flip_decided: Option<f64>,
     /// A^S on credited tokens of successful trajectories: count, mean, std.
     pub success: (u64, f64, f64),
     /// ... of failed trajectories.
@@ -217,7 +221,7 @@ fn sign(e: Expr) -> Expr {
 }
 
 /// The credited tokens of an advantages scan joined with the rewards'
-/// success: columns success, step_adv, flipped.
+/// success: columns success, step_adv, flipped, decided (A^E != 0).
 fn credited_tokens(advantages: LazyFrame, rewards: LazyFrame) -> LazyFrame {
     advantages
         .select([
@@ -240,6 +244,7 @@ fn credited_tokens(advantages: LazyFrame, rewards: LazyFrame) -> LazyFrame {
             sign(col("advantages"))
                 .neq(sign(col("episode_adv")))
                 .alias("flipped"),
+            col("episode_adv").neq(lit(0.0f32)).alias("decided"),
         ])
 }
 
@@ -310,6 +315,20 @@ pub fn credit_figures(advantages: LazyFrame, rewards: LazyFrame) -> Result<Credi
     if figures.credited > 0 {
         figures.flip[0] = Some(flipped_total / figures.credited as f64);
     }
+    let decided = query(
+        "credited tokens with A^E != 0",
+        tokens_frame
+            .clone()
+            .lazy()
+            .filter(col("decided"))
+            .select([col("flipped").cast(DataType::Float64).mean().alias("flip")])
+            .collect(),
+    )?;
+    figures.flip_decided = query(
+        "flip",
+        decided.column("flip").and_then(|c| c.f64().cloned()),
+    )?
+    .get(0);
     let values = query(
         "A^S",
         tokens_frame
@@ -698,8 +717,8 @@ pub fn build_report(
 ) -> Result<String> {
     let mut md = String::from("# Step-credit report\n\n");
     if !variants.is_empty() {
-        md.push_str("## Advantage variants\n\nCredited tokens have a non-zero A^S; a flip is sign(A) != sign(A^E) on one. Rule-correct / rule-wrong flips and the AUC of A^S between rule-correct and rule-wrong steps come from each variant's diagnostics.json.\n\n");
-        md.push_str("| variant | settings | credited / tokens | flip all | flip success | flip failure | flip rule-correct | flip rule-wrong | A^S success (mean ± std) | A^S failure (mean ± std) | AUC correct vs wrong | histogram | heatmap |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        md.push_str("## Advantage variants\n\nCredited tokens have a non-zero A^S; a flip is sign(A) != sign(A^E) on one (in a group whose rollouts all scored the same, A^E = 0 and every credited token counts as flipped; \"flip A^E != 0\" leaves those groups out). Rule-correct / rule-wrong flips and the AUC of A^S between rule-correct and rule-wrong steps come from each variant's diagnostics.json.\n\n");
+        md.push_str("| variant | settings | credited / tokens | flip all | flip A^E != 0 | flip success | flip failure | flip rule-correct | flip rule-wrong | A^S success (mean ± std) | A^S failure (mean ± std) | AUC correct vs wrong | histogram | heatmap |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     }
     let mut seen = BTreeMap::new();
     for (name, dir) in variants {
@@ -729,11 +748,12 @@ pub fn build_report(
         histogram_png(&out.join(&png), &figures.values)?;
         let _ = writeln!(
             md,
-            "| {name} | {} | {} / {} | {} | {} | {} | {} | {} | {:.3} ± {:.3} ({}) | {:.3} ± {:.3} ({}) | {} | [png]({png}) | [png]({heatmap}) |",
+            "| {name} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {:.3} ± {:.3} ({}) | {:.3} ± {:.3} ({}) | {} | [png]({png}) | [png]({heatmap}) |",
             variant_settings(&reader, &rewards_reader),
             figures.credited,
             figures.tokens,
             opt(figures.flip[0]),
+            opt(figures.flip_decided),
             opt(figures.flip[1]),
             opt(figures.flip[2]),
             ratio(step.sign_flips_rule_correct),
@@ -875,6 +895,9 @@ mod tests {
             // Failure: one credited token flips (-1 + 2 > 0).
             row("c", -1.0, vec![2.0, 0.0, 0.0]),
             row("d", -1.0, vec![0.0, -0.5, 0.0]),
+            // A group that scored the same throughout: A^E = 0, the credited
+            // token counts as flipped in "all" but not among A^E != 0.
+            row("e", 0.0, vec![0.0, 0.0, 0.5]),
         ]
     }
 
@@ -908,6 +931,7 @@ mod tests {
                 reward("b", true),
                 reward("c", false),
                 reward("d", false),
+                reward("e", false),
             ],
             false,
         );
@@ -915,16 +939,17 @@ mod tests {
         let (advantages, _) = scan(&variant.join("advantages"), TableName::Advantages).unwrap();
         let (rewards_scan, _) = scan(rewards.dir(), TableName::Rewards).unwrap();
         let figures = credit_figures(advantages.clone(), rewards_scan.clone()).unwrap();
-        assert_eq!(figures.tokens, 12);
-        assert_eq!(figures.credited, 5);
-        assert_eq!(figures.flip[0], Some(2.0 / 5.0));
+        assert_eq!(figures.tokens, 15);
+        assert_eq!(figures.credited, 6);
+        assert_eq!(figures.flip[0], Some(3.0 / 6.0));
+        assert_eq!(figures.flip_decided, Some(2.0 / 5.0));
         assert_eq!(figures.flip[1], Some(1.0 / 3.0));
-        assert_eq!(figures.flip[2], Some(1.0 / 2.0));
-        // Successful A^S: 0.5, -1.5, 0.5 -> mean -1/6; failed: 2.0, -0.5 -> 0.75.
+        assert!((figures.flip[2].unwrap() - 2.0 / 3.0).abs() < 1e-12);
+        // Successful A^S: 0.5, -1.5, 0.5 -> mean -1/6; failed: 2.0, -0.5, 0.5 -> 2/3.
         assert_eq!(figures.success.0, 3);
         assert!((figures.success.1 + 1.0 / 6.0).abs() < 1e-9);
-        assert_eq!(figures.failure.0, 2);
-        assert!((figures.failure.1 - 0.75).abs() < 1e-9);
+        assert_eq!(figures.failure.0, 3);
+        assert!((figures.failure.1 - 2.0 / 3.0).abs() < 1e-9);
         let mut won = figures.values.0.clone();
         won.sort_by(f32::total_cmp);
         assert_eq!(won, vec![-1.5, 0.5, 0.5]);
@@ -942,7 +967,10 @@ mod tests {
             md.contains("grpo_step rule (match prefix, credit action_id, score action_name, omega 1.0, gate none)"),
             "{md}"
         );
-        assert!(md.contains("| 5 / 12 | 0.400 | 0.333 | 0.500 |"), "{md}");
+        assert!(
+            md.contains("| 6 / 15 | 0.500 | 0.400 | 0.333 | 0.667 |"),
+            "{md}"
+        );
         assert!(out.join("step_adv_rule.png").is_file());
         assert!(out.join("heatmap_rule.png").is_file());
     }
