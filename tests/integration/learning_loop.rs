@@ -551,22 +551,35 @@ fn teacher_logp_and_the_rule_judge_feed_grpo_step() {
             "reward.fn=verify",
         ],
     );
-    let teacher = ok(
-        "teacher-logp",
-        &[
+    // teacher-logp over the fixture rollouts: TEACHER, OUT and one --set.
+    let teacher_args = |teacher: String, out: &Path, set: &str| -> Vec<String> {
+        [
             "--policy",
             s(&policy),
             "--teacher",
-            "self",
+            &teacher,
             "--input",
             s(&rollouts),
             "--input",
             s(&train),
             "--out",
-            s(&root.join("teacher")),
+            s(out),
             "--set",
+            set,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let teacher = ok(
+        "teacher-logp",
+        &args(&teacher_args(
+            "self".into(),
+            &root.join("teacher"),
             "batch_rows=4",
-        ],
+        )),
     );
     assert!(teacher.contains("| steps scored | 6 |"), "{teacher}");
     let rows: Vec<TeacherLogpRow> =
@@ -683,18 +696,11 @@ fn teacher_logp_and_the_rule_judge_feed_grpo_step() {
     );
     let result = run(
         "teacher-logp",
-        &[
-            "--policy",
-            s(&policy),
-            "--teacher",
-            s(&root.join("other")),
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&train),
-            "--out",
-            s(&root.join("teacher-other")),
-        ],
+        &args(&teacher_args(
+            s(&root.join("other")).into(),
+            &root.join("teacher-other"),
+            "batch_rows=16",
+        )),
     );
     assert_eq!(result.code, 2, "{result}");
     assert!(
@@ -705,20 +711,11 @@ fn teacher_logp_and_the_rule_judge_feed_grpo_step() {
     // A teacher template without its placeholder is a usage error.
     let result = run(
         "teacher-logp",
-        &[
-            "--policy",
-            s(&policy),
-            "--teacher",
-            "self",
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&train),
-            "--out",
-            s(&root.join("teacher-bad")),
-            "--set",
+        &args(&teacher_args(
+            "self".into(),
+            &root.join("teacher-bad"),
             "template.teacher={prompt}",
-        ],
+        )),
     );
     assert_eq!(result.code, 2, "{result}");
     assert!(result.stderr.contains("{reference_plan}"), "{result}");
