@@ -29,7 +29,7 @@ use tokenizers::Tokenizer;
 use crate::ModelError;
 use crate::gpt::{Gpt, GptConfig};
 use crate::optimizer::OptimizerState;
-use crate::tokenizer::SpecialIds;
+use crate::tokenizer::{self, SpecialIds};
 
 /// The `manifest.json` of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,8 +132,7 @@ impl Checkpoint {
         }
         let manifest: CheckpointManifest = read_json(&dir.join("manifest.json"))?;
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| bad(&tokenizer_path, e.to_string()))?;
+        let tokenizer = tokenizer::load(&tokenizer_path)?;
         let vocab = tokenizer.get_vocab_size(true) as i64;
         if vocab != config.vocab_size {
             return Err(bad(

@@ -75,6 +75,14 @@ pub fn train_bpe(corpus: &[String], vocab_size: usize) -> Result<Tokenizer, Mode
     Ok(tokenizer)
 }
 
+/// A `tokenizer.json`, or an error naming the file.
+pub fn load(path: &std::path::Path) -> Result<Tokenizer, ModelError> {
+    Tokenizer::from_file(path).map_err(|e| ModelError::BadCheckpoint {
+        file: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
 /// Token ids of `text` (no special tokens added).
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<i32>, ModelError> {
     let encoding = tokenizer

@@ -20,7 +20,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::gpt::GptConfig;
-use embodyflow_models::tokenizer::train_bpe;
+use embodyflow_models::tokenizer::{load, train_bpe};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `init-policy`.
@@ -114,12 +114,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             } else {
                 path.clone()
             };
-            let tokenizer =
-                tokenizers::Tokenizer::from_file(&file).map_err(|e| ModelError::BadCheckpoint {
-                    file: file.clone(),
-                    reason: e.to_string(),
-                })?;
-            (tokenizer, format!("reused from {}", file.display()))
+            (load(&file)?, format!("reused from {}", file.display()))
         }
         None => {
             let corpus =
