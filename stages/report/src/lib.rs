@@ -169,8 +169,8 @@ const EXPLODE: ExplodeOptions = ExplodeOptions {
 };
 
 /// The rewards table an advantages table was computed from (its lineage),
-/// checked to hold the same content now.
-fn lineage_rewards(advantages: &TableReader) -> Result<PathBuf> {
+/// checked to hold the same content now, as a scan.
+fn lineage_rewards(advantages: &TableReader) -> Result<(LazyFrame, TableReader)> {
     let input = advantages
         .manifest()
         .inputs
@@ -182,7 +182,7 @@ fn lineage_rewards(advantages: &TableReader) -> Result<PathBuf> {
                 advantages.dir().display()
             ))
         })?;
-    let rewards = TableReader::open(&input.path, TableName::Rewards)?;
+    let (frame, rewards) = scan(&input.path, TableName::Rewards)?;
     if rewards.manifest().content_hash != input.content_hash {
         return Err(ReportError::BadInput(format!(
             "{}: the rewards at {} changed since these advantages were computed (content hash {} vs {})",
@@ -192,7 +192,7 @@ fn lineage_rewards(advantages: &TableReader) -> Result<PathBuf> {
             input.content_hash
         )));
     }
-    Ok(input.path.clone())
+    Ok((frame, rewards))
 }
 
 /// Token-level figures of one variant, by trajectory outcome.
@@ -728,8 +728,7 @@ pub fn build_report(
             )));
         }
         let (advantages, reader) = scan(&dir.join("advantages"), TableName::Advantages)?;
-        let rewards_dir = lineage_rewards(&reader)?;
-        let (rewards, rewards_reader) = scan(&rewards_dir, TableName::Rewards)?;
+        let (rewards, rewards_reader) = lineage_rewards(&reader)?;
         let figures = credit_figures(advantages.clone(), rewards.clone())?;
         let heatmap = format!("heatmap_{}.png", sanitize(name));
         heatmap_png(
