@@ -244,11 +244,27 @@ fn rule_credit_lands_on_action_names_only() {
             .unwrap()
             > 0
     );
-    assert!(
-        std::fs::read_to_string(out.join("_summary.compute-advantages.md"))
-            .unwrap()
-            .contains("sign-flip ratio")
+    // Where A^E != 0, a flip is a token whose A^S (omega 0.5) outweighs A^E
+    // with the other sign; A^S = 0 tokens keep A = A^E.
+    let sign = |x: f32| (x > 0.0) as i8 - (x < 0.0) as i8;
+    let flipped_where_episode_adv_nonzero: u64 = rows
+        .iter()
+        .filter(|row| row.episode_adv != 0.0)
+        .map(|row| {
+            row.advantages
+                .iter()
+                .filter(|&&a| sign(a) != sign(row.episode_adv))
+                .count() as u64
+        })
+        .sum();
+    assert_eq!(
+        diagnostics["step"]["sign_flips_episode_adv_nonzero"]["flipped"],
+        flipped_where_episode_adv_nonzero
     );
+    let summary =
+        std::fs::read_to_string(out.join("_summary.compute-advantages.md")).unwrap();
+    assert!(summary.contains("sign-flip ratio: all"));
+    assert!(summary.contains("sign-flip ratio: where A^E != 0"));
 }
 
 fn write_teacher(f: &Fixture, skip: Option<usize>, wrong_length: Option<usize>) {

@@ -42,9 +42,9 @@
 //! `stepopsd.enabled = true` applies StepOPSD's sign-preserving reweighting to
 //! the final advantage of grpo, dr_grpo or grpo_step (needs teacher_logp).
 //! The step path reports responses with non-zero A^S, parse failures, offset
-//! fallbacks, span check failures and sign-flip ratios (overall, success vs
-//! failure, rule-correct vs rule-wrong steps) in `diagnostics.json` and the
-//! summary.
+//! fallbacks, span check failures and sign-flip ratios (overall, where
+//! A^E != 0, success vs failure, rule-correct vs rule-wrong steps) in
+//! `diagnostics.json` and the summary.
 //!
 //! `filter.dynamic_sampling = true` drops groups whose scores are all equal.
 //! With `--shard i/n` a process writes the steps of the groups it owns
@@ -590,6 +590,14 @@ pub fn run(args: Args) -> Result<()> {
                     "{:.4} ({} tokens)",
                     step.sign_flips.ratio(),
                     step.sign_flips.tokens
+                ),
+            )
+            .add(
+                "sign-flip ratio: where A^E != 0",
+                format!(
+                    "{:.4} ({} tokens)",
+                    step.sign_flips_episode_adv_nonzero.ratio(),
+                    step.sign_flips_episode_adv_nonzero.tokens
                 ),
             )
             .add(

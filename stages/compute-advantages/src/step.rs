@@ -280,6 +280,9 @@ pub struct StepDiagnostics {
     pub teacher_missing: u64,
     /// Sign flips over all credit-target tokens.
     pub sign_flips: FlipCount,
+    /// ... of trajectories whose A^E != 0 (in a group where every rollout
+    /// scored the same, A^E = 0 and any non-zero A counts as a flip above).
+    pub sign_flips_episode_adv_nonzero: FlipCount,
     /// ... of successful trajectories.
     pub sign_flips_success: FlipCount,
     /// ... of failed trajectories.
@@ -310,6 +313,8 @@ impl StepDiagnostics {
         self.step_count_mismatches += other.step_count_mismatches;
         self.teacher_missing += other.teacher_missing;
         self.sign_flips.add(other.sign_flips);
+        self.sign_flips_episode_adv_nonzero
+            .add(other.sign_flips_episode_adv_nonzero);
         self.sign_flips_success.add(other.sign_flips_success);
         self.sign_flips_failure.add(other.sign_flips_failure);
         self.sign_flips_rule_correct
@@ -531,6 +536,9 @@ fn step_row(
             tokens: tokens.len() as u64,
         };
         diag.sign_flips.add(count);
+        if episode_adv != 0.0 {
+            diag.sign_flips_episode_adv_nonzero.add(count)
+        }
         if success {
             diag.sign_flips_success.add(count)
         } else {
