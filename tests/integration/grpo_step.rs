@@ -261,8 +261,7 @@ fn rule_credit_lands_on_action_names_only() {
         diagnostics["step"]["sign_flips_episode_adv_nonzero"]["flipped"],
         flipped_where_episode_adv_nonzero
     );
-    let summary =
-        std::fs::read_to_string(out.join("_summary.compute-advantages.md")).unwrap();
+    let summary = std::fs::read_to_string(out.join("_summary.compute-advantages.md")).unwrap();
     assert!(summary.contains("sign-flip ratio: all"));
     assert!(summary.contains("sign-flip ratio: where A^E != 0"));
 }

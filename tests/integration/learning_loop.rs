@@ -292,6 +292,66 @@ fn one_iteration_through_every_stage() {
         rows.iter()
             .all(|r| r.split == "val" && r.task_type.is_some())
     );
+
+    // pass@k: 4 sampled answers per task and layout, the same with the same
+    // seed; the eval table keeps the greedy answers only.
+    let pass_at_k = |out: &str, temperature: &str| {
+        run(
+            "evaluate",
+            &[
+                "--policy",
+                s(&root.join("it0/update/policy")),
+                "--input",
+                s(&root.join("data/val")),
+                "--out",
+                s(&root.join(out)),
+                "--seed",
+                "3",
+                "--set",
+                "runs=2",
+                "--set",
+                "max_new_tokens=40",
+                "--set",
+                "pass_at_k.samples=4",
+                "--set",
+                &format!("pass_at_k.temperature={temperature}"),
+            ],
+        )
+    };
+    let first = pass_at_k("it0/passk", "1.0");
+    assert_eq!(first.code, 0, "{first}");
+    let summary =
+        |out: &str| std::fs::read_to_string(root.join(out).join("_summary.evaluate.md")).unwrap();
+    let passk_lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("| pass@k"))
+            .map(String::from)
+            .collect()
+    };
+    let lines = passk_lines(&summary("it0/passk"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("pass@k, split val") && l.contains("@1 ") && l.contains("@4 ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("pass@k answers") && l.contains("32 (4 tasks x 2 runs x 4 samples")),
+        "{lines:?}"
+    );
+    let second = pass_at_k("it0/passk-again", "1.0");
+    assert_eq!(second.code, 0, "{second}");
+    assert_eq!(lines, passk_lines(&summary("it0/passk-again")));
+    let rows: Vec<EvalRow> = TableReader::open(&root.join("it0/passk/eval"), TableName::Eval)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert_eq!(rows.len(), 4 * 2);
+    let greedy = pass_at_k("it0/passk-greedy", "0");
+    assert_eq!(greedy.code, 2, "{greedy}");
+    assert!(greedy.stderr.contains("pass_at_k.temperature"), "{greedy}");
 }
 
 #[test]

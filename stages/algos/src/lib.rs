@@ -5,11 +5,13 @@
 //!   with veRL's numerics;
 //! - [`gae`]: generalised advantage estimation at token level (veRL's
 //!   `compute_gae_advantage_return`) and at decision level (LaST-R1), and
-//!   veRL's masked whitening.
+//!   veRL's masked whitening;
+//! - [`pass_at_k`]: the unbiased pass@k estimator (Chen et al. 2021).
 
 pub mod gae;
 pub mod grpo;
 pub mod json_spans;
+pub mod pass_at_k;
 pub mod plan;
 pub mod rewards;
 pub mod spans;

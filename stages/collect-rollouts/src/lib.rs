@@ -31,7 +31,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::episodes::{Episode, Request, run_episodes};
+use embodyflow_models::episodes::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -125,15 +125,6 @@ struct Group<'a> {
     seeds: Vec<u64>,
 }
 
-/// Sampling seed of a trajectory: BLAKE3 of the run seed and the id.
-pub fn rollout_seed(seed: u64, trajectory_id: &str) -> u64 {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&seed.to_le_bytes());
-    hasher.update(trajectory_id.as_bytes());
-    let bytes = hasher.finalize();
-    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
-}
-
 fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
     format!("it{iteration}/{task_id}/d{draw}")
 }
@@ -196,7 +187,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         for &(task, draw) in &drawn {
             let group = group_id(config.iteration, &owned[task].task_id, draw);
             for k in 0..config.group_size {
-                let seed = rollout_seed(args.stage.seed, &format!("{group}/s{k}"));
+                let seed = sampling_seed(args.stage.seed, &format!("{group}/s{k}"));
                 requests.push(Request {
                     env: &envs[task],
                     seed,

@@ -5,12 +5,25 @@
 //! run) and a Markdown summary with the success rate by split and by task
 //! type: the mean over runs, and the spread of the per-run rates.
 //!
+//! `pass_at_k.samples = n` (0, off, by default) also draws n answers per task
+//! and layout at `pass_at_k.temperature` and reports pass@1, pass@2, ...,
+//! pass@n by split and task type (the unbiased estimator of
+//! `embodyflow_algos::pass_at_k`, averaged over tasks and layouts). pass@1
+//! against pass@n tells a policy that sharpened onto answers it could already
+//! sample (pass@1 rises, pass@n stays) from one that learned to solve new
+//! tasks. Answer k of task t in layout r draws from a stream seeded by
+//! `--seed` and `<task_id>/r<r>/s<k>`. The `eval` table keeps the greedy
+//! answers only.
+//!
 //! ```text
 //! evaluate --policy runs/it9/policy --input data/val --out runs/it9/eval-val --set runs=3
+//! evaluate --policy runs/it9/policy --input data/val --out runs/it9/passk-val \
+//!     --set runs=1 --set pass_at_k.samples=64 --set pass_at_k.temperature=1.0
 //! ```
 
 use std::collections::BTreeMap;
 
+use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
 use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
@@ -18,7 +31,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::episodes::{Request, run_episodes};
+use embodyflow_models::episodes::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
 use serde::{Deserialize, Serialize};
 
@@ -46,8 +59,32 @@ pub struct Config {
     pub max_new_tokens: usize,
     /// Sequences per decoding batch.
     pub batch_rows: usize,
+    /// Sampled answers for pass@k.
+    pub pass_at_k: PassAtKConfig,
     /// Output layout.
     pub output: OutputConfig,
+}
+
+/// pass@k: `samples` answers per task and layout at `temperature`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PassAtKConfig {
+    /// Answers drawn per task and layout (0: no pass@k).
+    pub samples: usize,
+    /// Sampling temperature (> 0).
+    pub temperature: f64,
+    /// Nucleus sampling mass (1: off).
+    pub top_p: f64,
+}
+
+impl Default for PassAtKConfig {
+    fn default() -> Self {
+        PassAtKConfig {
+            samples: 0,
+            temperature: 1.0,
+            top_p: 1.0,
+        }
+    }
 }
 
 impl Default for Config {
@@ -56,6 +93,7 @@ impl Default for Config {
             runs: 3,
             max_new_tokens: 256,
             batch_rows: 128,
+            pass_at_k: PassAtKConfig::default(),
             output: OutputConfig::default(),
         }
     }
@@ -99,6 +137,58 @@ pub fn success_by<F: Fn(&EvalRow) -> String>(
         .collect()
 }
 
+/// One task in one layout, with the outcomes of its sampled answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledTask {
+    /// Grouping key (a split, or a split and task type).
+    pub group: String,
+    /// Answers drawn.
+    pub samples: usize,
+    /// Answers that reached the goal.
+    pub successes: usize,
+}
+
+/// pass@k of one group of tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupPassAtK {
+    /// The grouping key.
+    pub group: String,
+    /// `(k, pass@k)` for each k of [`reported_ks`].
+    pub estimates: Vec<(usize, f64)>,
+    /// Tasks (in layouts) averaged.
+    pub tasks: usize,
+}
+
+/// pass@k for each k of [`reported_ks`] by group: the unbiased estimate per
+/// task and layout, averaged over them. Every entry must have `samples`
+/// answers.
+pub fn pass_at_k_by(tasks: &[SampledTask], samples: usize) -> Vec<GroupPassAtK> {
+    let mut groups: BTreeMap<&str, Vec<&SampledTask>> = BTreeMap::new();
+    for task in tasks {
+        groups.entry(&task.group).or_default().push(task);
+    }
+    groups
+        .into_iter()
+        .map(|(group, members)| {
+            let estimates = reported_ks(samples)
+                .into_iter()
+                .map(|k| {
+                    let sum: f64 = members
+                        .iter()
+                        .map(|t| pass_at_k(t.samples, t.successes, k))
+                        .sum();
+                    (k, sum / members.len() as f64)
+                })
+                .collect();
+            GroupPassAtK {
+                group: group.to_string(),
+                estimates,
+                tasks: members.len(),
+            }
+        })
+        .collect()
+}
+
 /// Runs the stage.
 pub fn run(args: Args) -> Result<(), ModelError> {
     let stage = Stage::<Config>::start("evaluate", env!("CARGO_PKG_VERSION"), &args.stage)?;
@@ -106,6 +196,13 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let config = &stage.config;
     if config.runs == 0 {
         return Err(Error::Usage("runs must be at least 1".into()).into());
+    }
+    if config.pass_at_k.samples > 0 && config.pass_at_k.temperature <= 0.0 {
+        return Err(Error::Usage(format!(
+            "pass_at_k.temperature must be above 0 to draw {} different answers per task (got {})",
+            config.pass_at_k.samples, config.pass_at_k.temperature
+        ))
+        .into());
     }
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
@@ -179,8 +276,93 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             );
         }
     }
+    if config.pass_at_k.samples > 0 {
+        let sampled = sample_answers(&policy, &envs, config, args.stage.seed)?;
+        summary.add(
+            "pass@k answers",
+            format!(
+                "{} ({} tasks x {} runs x {} samples, T {})",
+                sampled.len(),
+                tasks.len(),
+                config.runs,
+                config.pass_at_k.samples,
+                config.pass_at_k.temperature
+            ),
+        );
+        add_pass_at_k(&mut summary, &envs, &sampled, config.pass_at_k.samples);
+    }
     stage.write_summary(&summary)?;
     Ok(())
+}
+
+type TaskInLayout<'a> = (u32, &'a TaskRow, TaskEnv);
+
+/// `pass_at_k.samples` answers for each task and layout, in `envs` order.
+fn sample_answers(
+    policy: &Checkpoint,
+    envs: &[TaskInLayout<'_>],
+    config: &Config,
+    seed: u64,
+) -> Result<Vec<Episode>, ModelError> {
+    let n = config.pass_at_k.samples;
+    let requests: Vec<Request> = envs
+        .iter()
+        .flat_map(|(run, task, env)| {
+            (0..n).map(move |k| Request {
+                env,
+                seed: sampling_seed(seed, &format!("{}/r{run}/s{k}", task.task_id)),
+            })
+        })
+        .collect();
+    let sampling = Sampling {
+        temperature: config.pass_at_k.temperature,
+        top_p: config.pass_at_k.top_p,
+        max_new_tokens: config.max_new_tokens,
+    };
+    run_episodes(
+        policy,
+        &requests,
+        &sampling,
+        config.batch_rows,
+        "sampling for pass@k",
+    )
+}
+
+/// Summary rows: pass@k by split and by task type.
+fn add_pass_at_k(summary: &mut Summary, envs: &[TaskInLayout<'_>], sampled: &[Episode], n: usize) {
+    let successes: Vec<usize> = sampled
+        .chunks(n)
+        .map(|answers| answers.iter().filter(|e| e.outcome.success).count())
+        .collect();
+    let tasks_by = |key: &dyn Fn(&TaskRow) -> String| -> Vec<SampledTask> {
+        envs.iter()
+            .zip(&successes)
+            .map(|((_, task, _), &successes)| SampledTask {
+                group: key(task),
+                samples: n,
+                successes,
+            })
+            .collect()
+    };
+    let by_split = tasks_by(&|t| t.split.clone());
+    let by_type = tasks_by(&|t| format!("{} / {}", t.split, t.task_type.as_deref().unwrap_or("-")));
+    for (label, tasks) in [("split", by_split), ("task type", by_type)] {
+        for GroupPassAtK {
+            group,
+            estimates,
+            tasks,
+        } in pass_at_k_by(&tasks, n)
+        {
+            let figures: Vec<String> = estimates
+                .iter()
+                .map(|(k, p)| format!("@{k} {p:.3}"))
+                .collect();
+            summary.add(
+                format!("pass@k, {label} {group}"),
+                format!("{} ({tasks} task layouts)", figures.join(", ")),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +380,33 @@ mod tests {
             num_steps: 1,
             env_steps: 1,
         }
+    }
+
+    #[test]
+    fn pass_at_k_averages_the_per_task_estimates_by_group() {
+        let task = |group: &str, successes| SampledTask {
+            group: group.into(),
+            samples: 4,
+            successes,
+        };
+        let tasks = vec![
+            task("val", 0),
+            task("val", 1),
+            task("val", 4),
+            task("unseen", 2),
+        ];
+        let by_group = pass_at_k_by(&tasks, 4);
+        assert_eq!(by_group[0].group, "unseen");
+        // pass@2 of 2 in 4: 1 - C(2,2)/C(4,2) = 5/6.
+        let unseen = &by_group[0].estimates;
+        assert_eq!(unseen[0], (1, 0.5));
+        assert!((unseen[1].1 - 5.0 / 6.0).abs() < 1e-12);
+        assert_eq!(unseen[2], (4, 1.0));
+        // val: pass@1 = (0 + 1/4 + 1) / 3; pass@4 = (0 + 1 + 1) / 3.
+        let val = &by_group[1].estimates;
+        assert_eq!((by_group[1].group.as_str(), by_group[1].tasks), ("val", 3));
+        assert!((val[0].1 - 1.25 / 3.0).abs() < 1e-12);
+        assert!((val[2].1 - 2.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]

@@ -21,6 +21,17 @@ use crate::checkpoint::Checkpoint;
 use crate::policy::{Sampling, sample};
 use crate::tokenizer::{decode, encode};
 
+/// Sampling seed of one answer: BLAKE3 of the run's `--seed` and the
+/// answer's id (a trajectory id), so an answer draws the same tokens whatever
+/// batch it lands in.
+pub fn sampling_seed(seed: u64, answer_id: &str) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&seed.to_le_bytes());
+    hasher.update(answer_id.as_bytes());
+    let bytes = hasher.finalize();
+    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
 /// One answer to draw: the task and the sampling seed.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
