@@ -142,8 +142,6 @@ pub fn success_by<F: Fn(&EvalRow) -> String>(
 pub struct SampledTask {
     /// Grouping key (a split, or a split and task type).
     pub group: String,
-    /// Answers drawn.
-    pub samples: usize,
     /// Answers that reached the goal.
     pub successes: usize,
 }
@@ -160,8 +158,7 @@ pub struct GroupPassAtK {
 }
 
 /// pass@k for each k of [`reported_ks`] by group: the unbiased estimate per
-/// task and layout, averaged over them. Every entry must have `samples`
-/// answers.
+/// task and layout, averaged over them; each task drew `samples` answers.
 pub fn pass_at_k_by(tasks: &[SampledTask], samples: usize) -> Vec<GroupPassAtK> {
     let mut groups: BTreeMap<&str, Vec<&SampledTask>> = BTreeMap::new();
     for task in tasks {
@@ -175,7 +172,7 @@ pub fn pass_at_k_by(tasks: &[SampledTask], samples: usize) -> Vec<GroupPassAtK> 
                 .map(|k| {
                     let sum: f64 = members
                         .iter()
-                        .map(|t| pass_at_k(t.samples, t.successes, k))
+                        .map(|t| pass_at_k(samples, t.successes, k))
                         .sum();
                     (k, sum / members.len() as f64)
                 })
@@ -339,7 +336,6 @@ fn add_pass_at_k(summary: &mut Summary, envs: &[TaskInLayout<'_>], sampled: &[Ep
             .zip(&successes)
             .map(|((_, task, _), &successes)| SampledTask {
                 group: key(task),
-                samples: n,
                 successes,
             })
             .collect()
@@ -386,7 +382,6 @@ mod tests {
     fn pass_at_k_averages_the_per_task_estimates_by_group() {
         let task = |group: &str, successes| SampledTask {
             group: group.into(),
-            samples: 4,
             successes,
         };
         let tasks = vec![
