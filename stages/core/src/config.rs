@@ -8,14 +8,29 @@
 //! takes any key). A `--set` value is read as a TOML value (`0.5`, `true`,
 //! `[1, 2]`, `"text"`) and as a plain string when it is none. The merged tree
 //! is then deserialised into the struct; a value of the wrong type names its
-//! dotted key. The resolved tree is what manifests record.
+//! dotted key (an enum such as `split` or `estimator` is a serde enum, so an
+//! unknown name is a bad value listing the valid ones). Last, the values are
+//! checked: `output.*` here, the stage's own ranges and relations between
+//! keys by [`StageConfig::validate`] (the [`ensure`], [`at_least`],
+//! [`positive`], [`finite`] and [`in_range`] helpers name the key, what was
+//! expected and what was found). `--print-config`, the pipeline runner's
+//! pre-check and the stage run all resolve through [`load_config`], so they
+//! accept and reject the same configs. The resolved tree is what manifests
+//! record. A `--config` file that cannot be read is bad usage (exit 2).
 //!
 //! ```
-//! # use embodyflow_core::config::load_config;
+//! # use embodyflow_core::config::{load_config, positive};
+//! # use embodyflow_core::stage::{OutputConfig, StageConfig};
 //! #[derive(serde::Serialize, serde::Deserialize, Default)]
 //! struct Step { omega: f64, kind: String }
 //! #[derive(serde::Serialize, serde::Deserialize, Default)]
-//! struct Config { estimator: String, step: Step }
+//! struct Config { estimator: String, step: Step, output: OutputConfig }
+//! impl StageConfig for Config {
+//!     fn output(&self) -> &OutputConfig { &self.output }
+//!     fn validate(&self) -> embodyflow_core::Result<()> {
+//!         positive("step.omega", self.step.omega)
+//!     }
+//! }
 //!
 //! let resolved = load_config::<Config>(None, &["step.omega=0.5".into(), "estimator=grpo_step".into()]).unwrap();
 //! assert_eq!(resolved.config.step.omega, 0.5);
@@ -23,15 +38,17 @@
 //! assert!(err.contains("`step.omeg`") && err.contains("step.omega"));
 //! let err = load_config::<Config>(None, &["step.omega=abc".into()]).err().unwrap().to_string();
 //! assert!(err.contains("`step.omega`"));
+//! let err = load_config::<Config>(None, &["step.omega=-1".into()]).err().unwrap().to_string();
+//! assert_eq!(err, "config key `step.omega`: expected a finite number above 0, found -1");
 //! ```
 
+use std::fmt::Display;
 use std::path::Path;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::stage::{OutputConfig, StageConfig};
 
 /// A config struct with its resolved JSON tree.
 #[derive(Debug, Clone)]
@@ -47,10 +64,14 @@ pub struct Resolved<C> {
 ///
 /// ```
 /// # use embodyflow_core::config::ConfigReport;
+/// # use embodyflow_core::stage::{OutputConfig, StageConfig};
 /// #[derive(serde::Serialize, serde::Deserialize, Default)]
-/// struct Config { omega: f64 }
+/// struct Config { omega: f64, output: OutputConfig }
+/// impl StageConfig for Config { fn output(&self) -> &OutputConfig { &self.output } }
 /// let report = ConfigReport::resolve::<Config>("s", "0.1.0", None, &["omeg=1".into()]);
 /// assert_eq!(report.problem.unwrap().key.as_deref(), Some("omeg"));
+/// let report = ConfigReport::resolve::<Config>("s", "0.1.0", None, &["output.zstd_level=0".into()]);
+/// assert_eq!(report.problem.unwrap().key.as_deref(), Some("output.zstd_level"));
 /// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ConfigReport {
@@ -75,11 +96,13 @@ pub struct ConfigProblem {
 }
 
 impl ConfigReport {
-    /// Resolves config `C` from `file` and `sets` into a report.
-    pub fn resolve<C>(stage: &str, version: &str, file: Option<&Path>, sets: &[String]) -> Self
-    where
-        C: Serialize + DeserializeOwned + Default,
-    {
+    /// Resolves and checks config `C` from `file` and `sets` into a report.
+    pub fn resolve<C: StageConfig>(
+        stage: &str,
+        version: &str,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Self {
         let (config, problem) = match load_config::<C>(file, sets) {
             Ok(resolved) => (Some(resolved.json), None),
             Err(error) => {
@@ -102,16 +125,17 @@ impl ConfigReport {
     }
 }
 
-/// Loads a stage config: defaults, then `file`, then `sets` (`key=value`).
-pub fn load_config<C>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>>
-where
-    C: Serialize + DeserializeOwned + Default,
-{
+/// Loads a stage config: defaults, then `file`, then `sets` (`key=value`);
+/// then checks its values (`output.*`, then [`StageConfig::validate`]).
+pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>> {
     let defaults =
         serde_json::to_value(C::default()).expect("a config's defaults serialise to JSON");
     let mut tree = defaults.clone();
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        // The file is the user's input: missing or unreadable is bad usage.
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Usage(format!("--config {}: cannot read it: {e}", path.display()))
+        })?;
         let table: toml::Table = toml::from_str(&text)
             .map_err(|e| Error::Usage(format!("config file {}: {e}", path.display())))?;
         let value = serde_json::to_value(table).expect("TOML values convert to JSON");
@@ -128,11 +152,70 @@ where
         }
         merge(&mut tree, &defaults, value, "")?;
     }
-    let config = serde_path_to_error::deserialize(tree.clone()).map_err(|e| Error::BadValue {
-        key: e.path().to_string(),
-        reason: e.inner().to_string(),
-    })?;
+    let config: C =
+        serde_path_to_error::deserialize(tree.clone()).map_err(|e| Error::BadValue {
+            key: e.path().to_string(),
+            reason: e.inner().to_string(),
+        })?;
+    check_output(config.output())?;
+    config.validate()?;
     Ok(Resolved { config, json: tree })
+}
+
+/// The `output.*` keys every stage has: positive sizes, a zstd level of 1-22.
+fn check_output(output: &OutputConfig) -> Result<()> {
+    at_least("output.rows_per_shard", output.rows_per_shard, 1)?;
+    at_least("output.row_group_rows", output.row_group_rows, 1)?;
+    ensure(
+        (1..=22).contains(&output.zstd_level),
+        "output.zstd_level",
+        "a zstd level from 1 to 22",
+        output.zstd_level,
+    )
+}
+
+/// A value check for [`StageConfig::validate`]: unless `ok`, the error
+/// `config key `key`: expected {expected}, found {found}`.
+pub fn ensure(ok: bool, key: &str, expected: impl Display, found: impl Display) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadValue {
+            key: key.to_string(),
+            reason: format!("expected {expected}, found {found}"),
+        })
+    }
+}
+
+/// `value >= min` (a count or size).
+pub fn at_least<T: PartialOrd + Display>(key: &str, value: T, min: T) -> Result<()> {
+    let ok = value >= min;
+    ensure(ok, key, format!("at least {min}"), value)
+}
+
+/// A finite number above 0 (a temperature, a learning rate, an epsilon).
+pub fn positive(key: &str, value: f64) -> Result<()> {
+    ensure(
+        value.is_finite() && value > 0.0,
+        key,
+        "a finite number above 0",
+        value,
+    )
+}
+
+/// A finite number (a weight or threshold of either sign).
+pub fn finite(key: &str, value: f64) -> Result<()> {
+    ensure(value.is_finite(), key, "a finite number", value)
+}
+
+/// A number in the closed interval `[low, high]` (a probability: `[0, 1]`).
+pub fn in_range(key: &str, value: f64, low: f64, high: f64) -> Result<()> {
+    ensure(
+        (low..=high).contains(&value),
+        key,
+        format!("a number in [{low}, {high}]"),
+        value,
+    )
 }
 
 /// Reads a `--set` value as TOML, or as a string when it is not TOML.
@@ -228,6 +311,26 @@ mod tests {
         estimator: String,
         step: Inner,
         templates: BTreeMap<String, String>,
+        output: OutputConfig,
+    }
+
+    impl StageConfig for Config {
+        fn output(&self) -> &OutputConfig {
+            &self.output
+        }
+        fn validate(&self) -> Result<()> {
+            in_range("step.omega", self.step.omega, 0.0, 1.0)?;
+            at_least("step.min_tokens", self.step.min_tokens, 1)?;
+            if let Some(tau) = self.step.tau {
+                positive("step.tau", tau)?;
+            }
+            ensure(
+                self.step.mode == "exact" || self.step.mode == "lcs",
+                "step.mode",
+                "exact or lcs",
+                format!("`{}`", self.step.mode),
+            )
+        }
     }
 
     fn sets(items: &[&str]) -> Vec<String> {
@@ -308,6 +411,84 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`step`"), "{err}");
+    }
+
+    #[test]
+    fn values_out_of_range_name_the_key_with_expected_and_found() {
+        for (set, key, reason) in [
+            (
+                "step.omega=1.5",
+                "step.omega",
+                "expected a number in [0, 1], found 1.5",
+            ),
+            (
+                "step.min_tokens=0",
+                "step.min_tokens",
+                "expected at least 1, found 0",
+            ),
+            (
+                "step.tau=0",
+                "step.tau",
+                "expected a finite number above 0, found 0",
+            ),
+            (
+                "step.mode=fuzzy",
+                "step.mode",
+                "expected exact or lcs, found `fuzzy`",
+            ),
+            (
+                "output.rows_per_shard=0",
+                "output.rows_per_shard",
+                "expected at least 1, found 0",
+            ),
+            (
+                "output.row_group_rows=0",
+                "output.row_group_rows",
+                "expected at least 1, found 0",
+            ),
+            (
+                "output.zstd_level=23",
+                "output.zstd_level",
+                "expected a zstd level from 1 to 22, found 23",
+            ),
+        ] {
+            let err = load_config::<Config>(None, &sets(&[set])).unwrap_err();
+            match &err {
+                Error::BadValue { key: k, reason: r } => {
+                    assert_eq!((k.as_str(), r.as_str()), (key, reason), "{set}")
+                }
+                other => panic!("{set}: unexpected {other:?}"),
+            }
+            let report = ConfigReport::resolve::<Config>("s", "0", None, &sets(&[set]));
+            let problem = report.problem.expect("rejected");
+            assert_eq!(problem.key.as_deref(), Some(key), "{set}");
+            assert_eq!(problem.message, err.to_string());
+            assert!(report.config.is_none());
+        }
+        // In range and the defaults pass.
+        load_config::<Config>(
+            None,
+            &sets(&["step.omega=1", "step.tau=0.5", "step.mode=lcs"]),
+        )
+        .unwrap();
+        assert!(
+            ConfigReport::resolve::<Config>("s", "0", None, &[])
+                .problem
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_missing_config_file_is_bad_usage_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.toml");
+        let err = load_config::<Config>(Some(&missing), &[]).unwrap_err();
+        assert!(matches!(&err, Error::Usage(_)), "{err:?}");
+        assert_eq!(crate::Classify::kind(&err), crate::ErrorKind::BadInput);
+        assert!(err.to_string().contains("missing.toml"), "{err}");
+        // A directory is not a config file either.
+        let err = load_config::<Config>(Some(dir.path()), &[]).unwrap_err();
+        assert!(matches!(&err, Error::Usage(_)), "{err:?}");
     }
 
     #[test]

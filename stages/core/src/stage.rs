@@ -66,6 +66,17 @@ impl Default for OutputConfig {
 pub trait StageConfig: Serialize + DeserializeOwned + Default {
     /// The output layout settings.
     fn output(&self) -> &OutputConfig;
+
+    /// Checks what the types do not: ranges (a group size of at least 1, a
+    /// temperature above 0, a probability in [0, 1]) and relations between
+    /// keys, each failure a [`Error::BadValue`] naming the dotted key, what
+    /// was expected and what was found (see the helpers in
+    /// [`crate::config`]). [`crate::config::load_config`] calls it after
+    /// `output.*` is checked, so `--print-config`, the runner's pre-check and
+    /// the run reject the same values before any work. Reads no file.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A running stage.
