@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
@@ -115,6 +116,23 @@ impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
     }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        at_least("iteration", self.iteration, 0)?;
+        at_least("group_size", self.group_size, 1)?;
+        positive("temperature", self.temperature)?;
+        ensure(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "top_p",
+            "a number in (0, 1]",
+            self.top_p,
+        )?;
+        at_least("max_new_tokens", self.max_new_tokens, 1)?;
+        if let Some(n) = self.tasks_per_iteration {
+            at_least("tasks_per_iteration", n, 1)?;
+        }
+        at_least("batch_rows", self.batch_rows, 1)
+    }
 }
 
 /// A drawn group before it is written.
@@ -134,11 +152,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage = Stage::<Config>::start("collect-rollouts", env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Trajectories, TableName::Steps])?;
     let config = &stage.config;
-    if config.group_size == 0 || !(config.temperature > 0.0) {
-        return Err(
-            Error::Usage("group_size must be at least 1 and temperature above 0".into()).into(),
-        );
-    }
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
@@ -295,4 +308,38 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         );
     stage.write_summary(&summary)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::ConfigReport;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = ConfigReport::resolve::<Config>("collect-rollouts", "0", None, &sets);
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(problem_key(&["top_p=1", "tasks_per_iteration=1"]), None);
+        for (set, key) in [
+            ("group_size=0", "group_size"),
+            ("temperature=0", "temperature"),
+            ("temperature=-1.6", "temperature"),
+            ("top_p=0", "top_p"),
+            ("top_p=1.5", "top_p"),
+            ("max_new_tokens=0", "max_new_tokens"),
+            ("tasks_per_iteration=0", "tasks_per_iteration"),
+            ("batch_rows=0", "batch_rows"),
+            ("iteration=-1", "iteration"),
+            ("output.zstd_level=0", "output.zstd_level"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
 }

@@ -24,8 +24,8 @@
 use std::collections::BTreeMap;
 
 use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
-use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
@@ -102,6 +102,25 @@ impl Default for Config {
 impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
+    }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        // Run indices are recorded as i32.
+        ensure(
+            (1..=i32::MAX as u32).contains(&self.runs),
+            "runs",
+            format!("1 to {}", i32::MAX),
+            self.runs,
+        )?;
+        at_least("max_new_tokens", self.max_new_tokens, 1)?;
+        at_least("batch_rows", self.batch_rows, 1)?;
+        positive("pass_at_k.temperature", self.pass_at_k.temperature)?;
+        ensure(
+            self.pass_at_k.top_p > 0.0 && self.pass_at_k.top_p <= 1.0,
+            "pass_at_k.top_p",
+            "a number in (0, 1]",
+            self.pass_at_k.top_p,
+        )
     }
 }
 
@@ -191,16 +210,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage = Stage::<Config>::start("evaluate", env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Eval])?;
     let config = &stage.config;
-    if config.runs == 0 {
-        return Err(Error::Usage("runs must be at least 1".into()).into());
-    }
-    if config.pass_at_k.samples > 0 && config.pass_at_k.temperature <= 0.0 {
-        return Err(Error::Usage(format!(
-            "pass_at_k.temperature must be above 0 to draw {} different answers per task (got {})",
-            config.pass_at_k.samples, config.pass_at_k.temperature
-        ))
-        .into());
-    }
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
@@ -364,6 +373,36 @@ fn add_pass_at_k(summary: &mut Summary, envs: &[TaskInLayout<'_>], sampled: &[Ep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report =
+            embodyflow_core::config::ConfigReport::resolve::<Config>("evaluate", "0", None, &sets);
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(
+            problem_key(&["runs=1", "pass_at_k.samples=4", "pass_at_k.top_p=0.9"]),
+            None
+        );
+        for (set, key) in [
+            ("runs=0", "runs"),
+            ("runs=-1", "runs"),
+            ("runs=2147483648", "runs"),
+            ("max_new_tokens=0", "max_new_tokens"),
+            ("batch_rows=0", "batch_rows"),
+            ("pass_at_k.temperature=0", "pass_at_k.temperature"),
+            ("pass_at_k.top_p=0", "pass_at_k.top_p"),
+            ("pass_at_k.top_p=1.1", "pass_at_k.top_p"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
 
     fn row(split: &str, run: i32, success: bool) -> EvalRow {
         EvalRow {

@@ -2,7 +2,8 @@
 //!
 //! `split` (`train` | `val` | `unseen`) and `count` are config keys; the task
 //! seeds derive from `--seed`, so a rerun writes the same table. A bad split
-//! name exits 2 before anything is written. The summary counts tasks by type.
+//! name or a count of 0 is rejected when the config is loaded (exit 2, also by
+//! `--print-config`). The summary counts tasks by type.
 //!
 //! ```text
 //! generate-tasks --out data/val --set split=val --set count=200 --seed 7
@@ -10,10 +11,11 @@
 
 use std::collections::BTreeMap;
 
+use embodyflow_core::Result;
 use embodyflow_core::cli::StageArgs;
+use embodyflow_core::config::at_least;
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
-use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::task::{Split, TaskType, generate_task};
@@ -36,8 +38,8 @@ pub struct Args {
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// `train`, `val` or `unseen`.
-    pub split: String,
-    /// Number of tasks.
+    pub split: Split,
+    /// Number of tasks (at least 1).
     pub count: usize,
     /// Output layout.
     pub output: OutputConfig,
@@ -46,7 +48,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            split: "train".into(),
+            split: Split::Train,
             count: 1000,
             output: OutputConfig::default(),
         }
@@ -57,6 +59,10 @@ impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
     }
+
+    fn validate(&self) -> Result<()> {
+        at_least("count", self.count, 1)
+    }
 }
 
 /// Runs the stage.
@@ -64,14 +70,7 @@ impl StageConfig for Config {
 pub fn run(args: Args) -> Result<()> {
     let stage = Stage::<Config>::start("generate-tasks", env!("CARGO_PKG_VERSION"), &args.stage)?;
     let config = &stage.config;
-    let split: Split =
-        config
-            .split
-            .parse()
-            .map_err(|e: crate::HouseholdError| Error::BadValue {
-                key: "split".into(),
-                reason: e.to_string(),
-            })?;
+    let split = config.split;
     stage.check_outputs(&[TableName::Tasks])?;
     let seed = stage.args.seed;
     let mut by_type: BTreeMap<&'static str, usize> =
@@ -111,4 +110,31 @@ pub fn run(args: Args) -> Result<()> {
     }
     stage.write_summary(&summary)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::ConfigReport;
+
+    fn resolve(sets: &[&str]) -> ConfigReport {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        ConfigReport::resolve::<Config>("generate-tasks", "0", None, &sets)
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert!(resolve(&[]).problem.is_none(), "the defaults pass");
+        let report = resolve(&["split=unseen", "count=1"]);
+        assert_eq!(report.config.unwrap()["split"], "unseen");
+        let problem = resolve(&["split=bogus"]).problem.unwrap();
+        assert_eq!(problem.key.as_deref(), Some("split"));
+        assert!(
+            problem.message.contains("bogus") && problem.message.contains("`unseen`"),
+            "{}",
+            problem.message
+        );
+        let problem = resolve(&["count=0"]).problem.unwrap();
+        assert_eq!(problem.key.as_deref(), Some("count"));
+    }
 }

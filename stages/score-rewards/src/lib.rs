@@ -34,6 +34,7 @@ use arrow::array::{
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
 use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
 use embodyflow_core::cli::StageArgs;
+use embodyflow_core::config::{at_least, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -147,6 +148,11 @@ impl Default for Config {
 impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
+    }
+
+    fn validate(&self) -> Result<()> {
+        positive("reward.reward_coef", f64::from(self.reward.reward_coef))?;
+        at_least("batch_rows", self.batch_rows, 1)
     }
 }
 
@@ -318,7 +324,11 @@ fn read_envs(tasks: &TableReader) -> Result<HashMap<String, TaskEnv>> {
 }
 
 fn read_action_list(path: &PathBuf) -> Result<ActionList> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    // The file is named by the config: missing or unreadable is bad input.
+    let text = std::fs::read_to_string(path).map_err(|e| Error::BadValue {
+        key: "reward.action_list".into(),
+        reason: format!("{}: cannot read it: {e}", path.display()),
+    })?;
     let names: Vec<String> = serde_json::from_str(&text).map_err(|e| Error::BadValue {
         key: "reward.action_list".into(),
         reason: format!(
@@ -435,4 +445,47 @@ pub fn run(args: Args) -> Result<()> {
     }
     stage.write_summary(&summary)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::ConfigReport;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = ConfigReport::resolve::<Config>("score-rewards", "0", None, &sets);
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(
+            problem_key(&["reward.fn=verify", "reward.reward_coef=5"]),
+            None
+        );
+        for (set, key) in [
+            ("reward.fn=bogus", "reward.fn"),
+            ("reward.reward_coef=0", "reward.reward_coef"),
+            ("reward.reward_coef=-1", "reward.reward_coef"),
+            ("match.mode=fuzzy", "match.mode"),
+            ("missing_tasks=ignore", "missing_tasks"),
+            ("batch_rows=0", "batch_rows"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
+
+    #[test]
+    fn a_missing_action_list_is_bad_input_naming_the_key() {
+        let err = read_action_list(&PathBuf::from("no/such/actions.json")).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadValue { key, .. } if key == "reward.action_list"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("no/such/actions.json"), "{err}");
+    }
 }

@@ -41,6 +41,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs, TeacherArg};
+use embodyflow_core::config::{at_least, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
@@ -99,6 +100,15 @@ impl Default for Config {
 impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
+    }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        self.template.check().map_err(|e| Error::BadValue {
+            key: "template".into(),
+            reason: e.to_string(),
+        })?;
+        at_least("batch_rows", self.batch_rows, 1)?;
+        positive("temperature", self.temperature)
     }
 }
 
@@ -302,10 +312,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage = Stage::<Config>::start("teacher-logp", env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
     let config = &stage.config;
-    config.template.check()?;
-    if config.temperature <= 0.0 {
-        return Err(Error::Usage("temperature must be > 0".into()).into());
-    }
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
     let is_self = args.teacher.teacher.as_os_str() == "self";
@@ -403,6 +409,35 @@ mod tests {
     use embodyflow_core::schemas::PlanAction;
     use embodyflow_models::gpt::GptConfig;
     use embodyflow_models::tokenizer::train_bpe;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = embodyflow_core::config::ConfigReport::resolve::<Config>(
+            "teacher-logp",
+            "0",
+            None,
+            &sets,
+        );
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(problem_key(&["temperature=0.5", "batch_rows=1"]), None);
+        for (set, key) in [
+            ("temperature=0", "temperature"),
+            ("temperature=-1", "temperature"),
+            ("batch_rows=0", "batch_rows"),
+            ("template.teacher={prompt}", "template"),
+            ("template.student={prompt} {reference_plan}", "template"),
+            ("template.student={promt}", "template"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
 
     fn tiny_policy(n_ctx: i64) -> Checkpoint {
         tch::manual_seed(3);

@@ -16,6 +16,7 @@
 
 use embodyflow_core::Error;
 use embodyflow_core::cli::StageArgs;
+use embodyflow_core::config::{at_least, ensure};
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
@@ -100,7 +101,35 @@ impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
     }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        let model = &self.model;
+        at_least("model.n_ctx", model.n_ctx, 1)?;
+        at_least("model.n_head", model.n_head, 1)?;
+        at_least("model.n_layer", model.n_layer, 1)?;
+        ensure(
+            model.n_embd >= 1 && model.n_embd % model.n_head == 0,
+            "model.n_embd",
+            format!("a positive multiple of model.n_head = {}", model.n_head),
+            model.n_embd,
+        )?;
+        if self.tokenizer.from.is_none() {
+            ensure(
+                self.tokenizer.vocab_size >= MIN_VOCAB,
+                "tokenizer.vocab_size",
+                format!(
+                    "at least {MIN_VOCAB} (the 3 special tokens and the 256 byte symbols of a byte-level BPE)"
+                ),
+                self.tokenizer.vocab_size,
+            )?;
+            at_least("tokenizer.corpus_tasks", self.tokenizer.corpus_tasks, 1)?;
+        }
+        Ok(())
+    }
 }
+
+/// The smallest vocabulary a byte-level BPE has: 3 special tokens and 256 bytes.
+const MIN_VOCAB: usize = 3 + 256;
 
 /// Runs the tool: writes the checkpoint to `--out`.
 pub fn run(args: Args) -> Result<(), ModelError> {
@@ -146,4 +175,47 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     print!("{text}");
     std::fs::write(&summary_path, text).map_err(|e| Error::io(&summary_path, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::ConfigReport;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = ConfigReport::resolve::<Config>("init-policy", "0", None, &sets);
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(
+            problem_key(&[
+                "model.n_embd=32",
+                "model.n_head=2",
+                "tokenizer.vocab_size=259"
+            ]),
+            None
+        );
+        // A reused tokenizer brings its own vocabulary.
+        assert_eq!(
+            problem_key(&["tokenizer.from=runs/init", "tokenizer.vocab_size=0"]),
+            None
+        );
+        for (set, key) in [
+            ("model.n_ctx=0", "model.n_ctx"),
+            ("model.n_head=0", "model.n_head"),
+            ("model.n_layer=0", "model.n_layer"),
+            ("model.n_embd=90", "model.n_embd"),
+            ("model.n_embd=-96", "model.n_embd"),
+            ("tokenizer.vocab_size=258", "tokenizer.vocab_size"),
+            ("tokenizer.corpus_tasks=0", "tokenizer.corpus_tasks"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
 }

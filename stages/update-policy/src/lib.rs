@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{
     AdvantageRow, MetricRow, StepRow, TableName, TaskRow, TrajectoryRow,
 };
@@ -209,6 +210,65 @@ impl StageConfig for Config {
     fn output(&self) -> &OutputConfig {
         &self.output
     }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        at_least("iteration", self.iteration, 0)?;
+        at_least("epochs", self.epochs, 1)?;
+        at_least("mini_batch", self.mini_batch, 1)?;
+        at_least("micro_batch", self.micro_batch, 1)?;
+        let optim = &self.optim;
+        positive("optim.lr", optim.lr)?;
+        non_negative("optim.weight_decay", optim.weight_decay)?;
+        for (key, beta) in [("optim.beta1", optim.beta1), ("optim.beta2", optim.beta2)] {
+            ensure((0.0..1.0).contains(&beta), key, "a number in [0, 1)", beta)?;
+        }
+        non_negative("optim.grad_clip", optim.grad_clip)?;
+        let ppo = &self.ppo;
+        ensure(
+            (0.0..1.0).contains(&ppo.clip_low),
+            "ppo.clip_low",
+            "a number in [0, 1)",
+            ppo.clip_low,
+        )?;
+        non_negative("ppo.clip_high", ppo.clip_high)?;
+        ensure(
+            ppo.dual_clip.is_finite() && ppo.dual_clip > 1.0,
+            "ppo.dual_clip",
+            "a finite number above 1",
+            ppo.dual_clip,
+        )?;
+        non_negative("ppo.entropy_coef", ppo.entropy_coef)?;
+        non_negative("ppo.kl_coef", ppo.kl_coef)?;
+        ensure(
+            ppo.kl_coef == 0.0 || self.kl_reference.is_some(),
+            "kl_reference",
+            format!(
+                "a reference checkpoint directory with ppo.kl_coef = {}",
+                ppo.kl_coef
+            ),
+            "none",
+        )?;
+        if let Some(n) = self.sft.demos_per_task_type {
+            at_least("sft.demos_per_task_type", n, 1)?;
+        }
+        if self.sft.context != SftContext::Prompt {
+            self.sft.template.check().map_err(|e| Error::BadValue {
+                key: "sft.template".into(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A finite number of at least 0 (a coefficient or clip that 0 turns off).
+fn non_negative(key: &str, value: f64) -> embodyflow_core::Result<()> {
+    ensure(
+        value.is_finite() && value >= 0.0,
+        key,
+        "a finite number of at least 0",
+        value,
+    )
 }
 
 /// One training sequence.
@@ -533,14 +593,9 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     tch::manual_seed(args.stage.seed as i64);
     let mut policy = Checkpoint::load(&args.policy.policy, device)?;
+    // Config::validate: ppo.kl_coef > 0 comes with a kl_reference.
     let reference = match (&config.kl_reference, config.ppo.kl_coef > 0.0) {
         (Some(path), true) => Some(Checkpoint::load(path, device)?),
-        (None, true) => {
-            return Err(Error::Usage(
-                "ppo.kl_coef > 0 needs kl_reference = <checkpoint dir>".into(),
-            )
-            .into());
-        }
         _ => None,
     };
     let examples = match config.objective {
@@ -649,6 +704,63 @@ mod tests {
     use super::*;
     use embodyflow_models::gpt::GptConfig;
     use embodyflow_models::tokenizer::train_bpe;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = embodyflow_core::config::ConfigReport::resolve::<Config>(
+            "update-policy",
+            "0",
+            None,
+            &sets,
+        );
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(
+            problem_key(&[
+                "objective=sft",
+                "optim.grad_clip=0",
+                "ppo.kl_coef=0.1",
+                "kl_reference=runs/init",
+                "sft.context=both",
+                "sft.demos_per_task_type=1",
+            ]),
+            None
+        );
+        for (sets, key) in [
+            (&["objective=dpo"][..], "objective"),
+            (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
+            (&["ppo.kl_estimator=k4"], "ppo.kl_estimator"),
+            (&["sft.context=none"], "sft.context"),
+            (&["iteration=-1"], "iteration"),
+            (&["epochs=0"], "epochs"),
+            (&["mini_batch=0"], "mini_batch"),
+            (&["micro_batch=0"], "micro_batch"),
+            (&["optim.lr=0"], "optim.lr"),
+            (&["optim.weight_decay=-0.1"], "optim.weight_decay"),
+            (&["optim.beta1=1"], "optim.beta1"),
+            (&["optim.beta2=-0.5"], "optim.beta2"),
+            (&["optim.grad_clip=-1"], "optim.grad_clip"),
+            (&["ppo.clip_low=1"], "ppo.clip_low"),
+            (&["ppo.clip_high=-0.28"], "ppo.clip_high"),
+            (&["ppo.dual_clip=1"], "ppo.dual_clip"),
+            (&["ppo.entropy_coef=-0.01"], "ppo.entropy_coef"),
+            (&["ppo.kl_coef=-0.1"], "ppo.kl_coef"),
+            (&["ppo.kl_coef=0.1"], "kl_reference"),
+            (&["sft.demos_per_task_type=0"], "sft.demos_per_task_type"),
+            (
+                &["sft.context=reference", "sft.template.teacher={prompt}"],
+                "sft.template",
+            ),
+        ] {
+            assert_eq!(problem_key(sets).as_deref(), Some(key), "{sets:?}");
+        }
+    }
 
     fn tiny_policy() -> Checkpoint {
         tch::manual_seed(1);
