@@ -6,17 +6,35 @@
 //!                                              JSON lines (one row each) -> a table
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
 //! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
+//! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
 //! ```
 //! `import` reads rows in the format `table schema NAME` prints (binary
 //! columns as arrays of byte values), so external suites and simulators can
-//! bring their own tasks; a bad line is an error naming its line number and
-//! nothing is written.
+//! bring their own tasks; a missing `--from` file or a bad line (named by its
+//! number) is bad input: exit 2, nothing written.
+//!
+//! `merge` joins the outputs of a stage run by hand as `--shard 0/n` …
+//! `--shard n-1/n` (make, Slurm): each IN is a table directory, or a stage's
+//! `--out` directory whose every table is merged (all committed together,
+//! as the stage commits them). The result is the unsharded run's table, byte
+//! for byte (`embodyflow_core::dataset::stage_merged_table`): parts of other
+//! tables, schema versions, stage versions, configs, seeds or inputs, a
+//! missing or repeated shard, and a row key in two parts are refused.
+//!
+//! ```text
+//! collect-rollouts --shard 0/2 --out runs/it0/_shards/0 …   # on one node
+//! collect-rollouts --shard 1/2 --out runs/it0/_shards/1 …   # on another
+//! table merge runs/it0/rollouts runs/it0/_shards/0 runs/it0/_shards/1
+//! ```
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions, batch_to_rows};
-use embodyflow_core::manifest::{Manifest, Producer};
+use embodyflow_core::commit::Commit;
+use embodyflow_core::dataset::{
+    TableReader, TableWriter, WriteOptions, batch_to_rows, stage_merged_table,
+};
+use embodyflow_core::manifest::{MANIFEST_FILE, Manifest, Producer};
 use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_type};
 use embodyflow_core::{Error, Result, progress};
 
@@ -70,6 +88,18 @@ enum Command {
         /// Only these columns (comma-separated).
         #[arg(long, value_delimiter = ',')]
         columns: Vec<String>,
+    },
+    /// Merge the shards of one stage run (`--shard i/n`) into the unsharded tables.
+    Merge {
+        /// Output directory; each table is written to OUT/<table>.
+        out: PathBuf,
+        /// The parts: table directories, or stage output directories holding
+        /// the same tables.
+        #[arg(required = true)]
+        parts: Vec<PathBuf>,
+        /// Replace tables that exist.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Decode every shard of each table and check it against the schema.
     Validate {
@@ -137,6 +167,24 @@ pub fn run(args: Args) -> Result<()> {
             let table = table_of(&dir)?;
             with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))?;
         }
+        Command::Merge {
+            out: out_dir,
+            parts,
+            overwrite,
+        } => {
+            for manifest in merge(&out_dir, &parts, overwrite)? {
+                writeln!(
+                    out,
+                    "merged {} parts into {}: {} rows, {} shards, content hash {}",
+                    parts.len(),
+                    out_dir.join(&manifest.table).display(),
+                    manifest.num_rows,
+                    manifest.shards.len(),
+                    manifest.content_hash
+                )
+                .map_err(write_err)?;
+            }
+        }
         Command::Validate { dirs, deep } => {
             for dir in dirs {
                 let table = table_of(&dir)?;
@@ -168,6 +216,74 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Merges `parts` (table directories, or output directories of tables) into
+/// `out`, every table committed together.
+fn merge(out: &Path, parts: &[PathBuf], overwrite: bool) -> Result<Vec<Manifest>> {
+    let is_table = |dir: &Path| dir.join(MANIFEST_FILE).is_file();
+    let groups: Vec<Vec<PathBuf>> = if parts.iter().all(|p| is_table(p)) {
+        vec![parts.to_vec()]
+    } else if let Some(table) = parts.iter().find(|p| is_table(p)) {
+        return Err(Error::Usage(format!(
+            "table merge: {} is a table and {} is not; give table directories or output directories, not both",
+            table.display(),
+            parts.iter().find(|p| !is_table(p)).expect("one is not").display()
+        )));
+    } else {
+        let names = tables_in(&parts[0])?;
+        if names.is_empty() {
+            return Err(Error::BadInput(format!(
+                "table merge: {} holds no table (no subdirectory with a {MANIFEST_FILE})",
+                parts[0].display()
+            )));
+        }
+        for part in &parts[1..] {
+            let found = tables_in(part)?;
+            if found != names {
+                return Err(Error::BadInput(format!(
+                    "table merge: {} holds tables [{}], {} holds [{}]; the parts must be the outputs of one sharded run",
+                    parts[0].display(),
+                    names.join(", "),
+                    part.display(),
+                    found.join(", ")
+                )));
+            }
+        }
+        names
+            .iter()
+            .map(|name| parts.iter().map(|p| p.join(name)).collect())
+            .collect()
+    };
+    let mut commit = Commit::new(out);
+    let mut manifests = Vec::new();
+    for group in &groups {
+        let (manifest, staged) = stage_merged_table(group, out, overwrite)?.into_parts();
+        commit.absorb(staged)?;
+        manifests.push(manifest);
+    }
+    commit.apply()?;
+    Ok(manifests)
+}
+
+/// The names of the tables (subdirectories with a manifest) in `dir`, sorted.
+fn tables_in(dir: &Path) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            Error::BadInput(format!("table merge: {} does not exist", dir.display()))
+        }
+        _ => Error::io(dir, e),
+    })?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().join(MANIFEST_FILE).is_file() {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// The table a directory's manifest names.
@@ -219,13 +335,22 @@ fn import<R: Row>(
     options: WriteOptions,
     overwrite: bool,
 ) -> Result<Manifest> {
-    let file = std::fs::File::open(from).map_err(|e| Error::io(from, e))?;
+    // The file is the user's input: missing or unreadable is bad usage.
+    let file = std::fs::File::open(from)
+        .map_err(|e| Error::Usage(format!("--from {}: cannot read it: {e}", from.display())))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut writer = TableWriter::create(out, R::TABLE, options, overwrite)?;
     let bar = progress::bar(size, "importing");
     let mut rows: Vec<R> = Vec::with_capacity(8192);
     for (index, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::io(from, e))?;
+        let line = line.map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => Error::BadInput(format!(
+                "{}:{}: not UTF-8 text, expected one JSON row per line",
+                from.display(),
+                index + 1
+            )),
+            _ => Error::io(from, e),
+        })?;
         bar.inc(line.len() as u64 + 1);
         if line.trim().is_empty() {
             continue;
