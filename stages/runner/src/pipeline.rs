@@ -504,6 +504,20 @@ impl Pipeline {
 
     /// The checks that need only the file.
     fn check(&self) -> Result<()> {
+        if let Some(looped) = &self.looped
+            && looped.steps.is_empty()
+        {
+            return Err(self.err(
+                looped.line,
+                "`[loop]` has no steps: add `[[loop.step]]` tables (name, stage, ...) for it to run each iteration".into(),
+            ));
+        }
+        if self.setup.is_empty() && self.looped.is_none() {
+            return Err(self.err(
+                1,
+                "the pipeline has no steps: add a `[[step]]` table (name, stage, ...) or a `[loop]` with `[[loop.step]]` tables".into(),
+            ));
+        }
         let mut seen: BTreeSet<&str> = BTreeSet::new();
         let var_list = || self.vars.keys().cloned().collect::<Vec<_>>().join(", ");
         for (in_loop, steps) in [(false, &self.setup)]
@@ -826,6 +840,20 @@ mode = ["exact", "lcs"]
             );
             assert!(err.contains(needle), "expected `{needle}`: {err}");
         }
+    }
+
+    #[test]
+    fn a_pipeline_without_steps_is_an_error() {
+        for text in ["", "[vars]\nlr = 1e-4\n", "[pipeline]\nname = \"empty\"\n"] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(
+                err.starts_with("p.toml:1: the pipeline has no steps"),
+                "{text:?}: {err}"
+            );
+        }
+        let looped = "[[step]]\nname = \"tasks\"\nstage = \"generate-tasks\"\n\n[loop]\niterations = 2\ninit_policy = \"p\"\npolicy = \"p\"\n";
+        let err = parse(looped).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:5: `[loop]` has no steps"), "{err}");
     }
 
     #[test]
