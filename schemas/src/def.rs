@@ -116,6 +116,9 @@ pub struct ColumnDef {
     pub nullable: bool,
     /// What the column means, with its unit.
     pub doc: String,
+    /// For integer columns: the inclusive range of valid values (`range =
+    /// [lo, hi]` in the schema file); readers and writers reject others.
+    pub range: Option<[i64; 2]>,
 }
 
 /// A parsed schema file.
@@ -149,6 +152,8 @@ struct RawColumn {
     data_type: String,
     nullable: bool,
     doc: String,
+    #[serde(default)]
+    range: Option<[i64; 2]>,
 }
 
 impl TableDef {
@@ -162,11 +167,20 @@ impl TableDef {
             if columns.iter().any(|c: &ColumnDef| c.name == column.name) {
                 return Err(format!("column `{}` is defined twice", column.name));
             }
+            if let Some([lo, hi]) = column.range {
+                if !matches!(data_type, DataType::Int8 | DataType::Int32 | DataType::Int64) || lo > hi {
+                    return Err(format!(
+                        "column `{}`: `range = [{lo}, {hi}]` needs an integer column and lo <= hi",
+                        column.name
+                    ));
+                }
+            }
             columns.push(ColumnDef {
                 name: column.name,
                 data_type,
                 nullable: column.nullable,
                 doc: column.doc,
+                range: column.range,
             });
         }
         for key in &raw.key {

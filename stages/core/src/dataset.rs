@@ -1,13 +1,16 @@
 //! Shard datasets: every table is a directory of zstd Parquet shards plus a
 //! `_manifest.json` ([`crate::manifest`]).
 //!
-//! **Writing** is atomic per table. [`TableWriter`] writes its shards into a
-//! hidden sibling `.<table>.tmp-<pid>-<nanos>/`, hashing each shard's bytes as
-//! they stream out; [`TableWriter::finish`] writes the manifest, fsyncs every
-//! file and the directory, and renames it to `<table>/`. A writer killed at any
-//! moment leaves only the hidden sibling, which readers never look at and the
-//! next writer of that table removes. With `overwrite`, an existing table is
-//! moved aside and removed only after the new one is in place.
+//! **Writing** is atomic. [`TableWriter`] writes its shards into a hidden
+//! sibling `.<table>.tmp-<pid>-<nanos>/`, hashing each shard's bytes as they
+//! stream out; [`TableWriter::finish_staged`] writes the manifest and fsyncs
+//! every file and the directory, and a [`Commit`] swaps it into place together
+//! with the run's other outputs ([`crate::commit`]: a journal, then
+//! `renameat2(RENAME_EXCHANGE)`, so an existing table is never absent while it
+//! is replaced). [`TableWriter::finish`] does both for a table written alone.
+//! A writer killed at any moment leaves only hidden siblings, which readers
+//! never look at and the next writer into that directory removes; a killed
+//! commit is completed by whoever next opens a table there.
 //!
 //! **Reading** streams record batches shard by shard with column projection,
 //! so memory follows the batch size and not the table size. Every shard is
@@ -47,6 +50,8 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
+use crate::canonical::{KeyOrder, RowGroup, Sorter, Source, Ties, merge_sorted};
+use crate::commit::{self, Commit, Digest, sync_dir};
 use crate::error::{Error, Result};
 use crate::manifest::{InputRef, MANIFEST_FILE, MANIFEST_FORMAT, Manifest, Producer, ShardEntry};
 
@@ -109,38 +114,14 @@ pub struct TableWriter {
     current: Option<OpenShard>,
     shards: Vec<ShardEntry>,
     finished: bool,
+    /// Keeps the rows in key order ([`crate::canonical`]).
+    sorter: Sorter,
+    /// Rows of the open shard's next row group ([`crate::canonical`]).
+    group: RowGroup,
 }
 
 fn shard_file_name(index: usize) -> String {
     format!("part-{index:05}.parquet")
-}
-
-/// Removes hidden leftovers of `table` in `out` whose writer process is gone.
-fn remove_stale_siblings(out: &Path, table: TableName) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(out) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name
-            .strip_prefix(&format!(".{table}.tmp-"))
-            .or_else(|| name.strip_prefix(&format!(".{table}.old-")))
-        else {
-            continue;
-        };
-        let pid = rest.split('-').next().unwrap_or_default();
-        let alive = Path::new("/proc").join(pid).exists() && pid != std::process::id().to_string();
-        if !alive {
-            std::fs::remove_dir_all(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-        }
-    }
-    Ok(())
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(dir, e))
 }
 
 impl TableWriter {
@@ -157,14 +138,11 @@ impl TableWriter {
         if final_dir.exists() && !overwrite {
             return Err(Error::OutputExists(final_dir));
         }
+        let sorter = Sorter::new(table.def())?;
         let created_out = !out.exists();
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-        remove_stale_siblings(out, table)?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let tmp_dir = out.join(format!(".{table}.tmp-{}-{nanos}", std::process::id()));
+        commit::clean_stale(out)?;
+        let tmp_dir = out.join(commit::staging_name(table.as_str()));
         std::fs::create_dir(&tmp_dir).map_err(|e| Error::io(&tmp_dir, e))?;
         Ok(TableWriter {
             table,
@@ -181,6 +159,8 @@ impl TableWriter {
             current: None,
             shards: Vec::new(),
             finished: false,
+            sorter,
+            group: RowGroup::default(),
         })
     }
 
@@ -201,30 +181,64 @@ impl TableWriter {
     }
 
     /// Writes a record batch whose columns follow the table's schema (names,
-    /// types and nullability; list item names may differ).
+    /// types and nullability; list item names may differ). Rows may come in
+    /// any order: the table stores them in key order ([`crate::canonical`]).
     pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         let batch = conform_batch(self.def, batch)?;
+        if let Some(bad) = crate::values::first_bad_value(self.def, &batch) {
+            return Err(Error::InvalidOutputValue {
+                table: self.def.name.clone(),
+                column: bad.column,
+                key: crate::values::describe_key(self.def, &batch, bad.row)
+                    .unwrap_or_else(|| format!("{} of the batch", bad.row)),
+                found: bad.found,
+            });
+        }
+        match self.sorter.admit(batch, &self.tmp_dir)? {
+            Some(batch) => self.write_in_order(&batch),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends rows that continue the key order: cuts them into shards of
+    /// `rows_per_shard` and hands each shard's row groups of
+    /// `row_group_rows` to Parquet whole ([`crate::canonical`]).
+    fn write_in_order(&mut self, batch: &RecordBatch) -> Result<()> {
         let mut offset = 0;
         while offset < batch.num_rows() {
-            let room =
-                self.options.rows_per_shard - self.current.as_ref().map_or(0, |s| s.rows as usize);
+            let in_shard = self.current.as_ref().map_or(0, |s| s.rows as usize);
+            let room = (self.options.rows_per_shard - in_shard)
+                .min(self.options.row_group_rows - self.group.rows());
             let take = room.min(batch.num_rows() - offset);
-            let slice = batch.slice(offset, take);
-            let shard = self.open_shard()?;
-            shard
-                .writer
-                .write(&slice)
-                .map_err(|source| Error::ParquetWrite {
-                    path: PathBuf::from(&shard.file),
-                    source,
-                })?;
-            shard.rows += take as u64;
+            self.open_shard()?;
+            self.group.push(batch.slice(offset, take));
             offset += take;
-            if shard.rows as usize >= self.options.rows_per_shard {
+            let shard = self.current.as_mut().expect("shard opened above");
+            shard.rows += take as u64;
+            let shard_full = shard.rows as usize >= self.options.rows_per_shard;
+            if shard_full || self.group.rows() >= self.options.row_group_rows {
+                self.write_group()?;
+            }
+            if shard_full {
                 self.close_shard()?;
             }
         }
         Ok(())
+    }
+
+    /// Hands the buffered row group to the open shard's Parquet writer.
+    fn write_group(&mut self) -> Result<()> {
+        let Some(group) = self.group.take(self.def)? else {
+            return Ok(());
+        };
+        let shard = self.current.as_mut().expect("a row group belongs to an open shard");
+        shard
+            .writer
+            .write(&group)
+            .map_err(|source| Error::ParquetWrite {
+                path: PathBuf::from(&shard.file),
+                source,
+            })
     }
 
     fn open_shard(&mut self) -> Result<&mut OpenShard> {
@@ -281,6 +295,10 @@ impl TableWriter {
     }
 
     fn close_shard(&mut self) -> Result<()> {
+        if self.current.is_none() {
+            return Ok(());
+        }
+        self.write_group()?;
         let Some(shard) = self.current.take() else {
             return Ok(());
         };
@@ -311,9 +329,20 @@ impl TableWriter {
         Ok(())
     }
 
-    /// Closes the last shard, writes the manifest and moves the table into
-    /// place. An empty table gets one empty shard, so its schema is on disk.
-    pub fn finish(mut self, producer: &Producer, inputs: &[InputRef]) -> Result<Manifest> {
+    /// Closes the last shard and writes the manifest, everything fsynced,
+    /// leaving the table staged under its hidden name for a [`Commit`]. An
+    /// empty table gets one empty shard, so its schema is on disk.
+    pub fn finish_staged(mut self, producer: &Producer, inputs: &[InputRef]) -> Result<StagedTable> {
+        if self.sorter.spilled() {
+            // Rows came out of key order: rebuild the shards from every run.
+            self.close_shard()?;
+            let written: Vec<PathBuf> = std::mem::take(&mut self.shards)
+                .iter()
+                .map(|s| self.tmp_dir.join(&s.file))
+                .collect();
+            let mut sorter = std::mem::replace(&mut self.sorter, Sorter::new(self.def)?);
+            sorter.merge_into(&written, &mut |batch| self.write_in_order(&batch))?;
+        }
         if self.shards.is_empty() && self.current.is_none() {
             self.open_shard()?;
         }
@@ -338,29 +367,49 @@ impl TableWriter {
             .and_then(|_| file.sync_all())
             .map_err(|e| Error::io(&manifest_path, e))?;
         sync_dir(&self.tmp_dir)?;
-
+        self.finished = true;
         let out = self
             .final_dir
             .parent()
             .expect("a table directory has a parent")
             .to_path_buf();
-        let mut old = None;
-        if self.final_dir.exists() {
-            if !self.overwrite {
-                return Err(Error::OutputExists(self.final_dir.clone()));
-            }
-            let aside = out.join(format!(".{}.old-{}", self.table, std::process::id()));
-            std::fs::rename(&self.final_dir, &aside).map_err(|e| Error::io(&self.final_dir, e))?;
-            old = Some(aside);
-        }
-        std::fs::rename(&self.tmp_dir, &self.final_dir)
-            .map_err(|e| Error::io(&self.final_dir, e))?;
-        self.finished = true;
-        sync_dir(&out)?;
-        if let Some(old) = old {
-            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-        }
-        Ok(manifest)
+        let staged = self
+            .tmp_dir
+            .file_name()
+            .expect("a staging directory has a name")
+            .to_string_lossy()
+            .into_owned();
+        let mut commit = Commit::new(&out);
+        commit.add(&staged, self.table.as_str(), Digest::DirFile(MANIFEST_FILE), self.overwrite)?;
+        Ok(StagedTable { manifest, commit })
+    }
+
+    /// [`Self::finish_staged`], then commits the table alone.
+    pub fn finish(self, producer: &Producer, inputs: &[InputRef]) -> Result<Manifest> {
+        self.finish_staged(producer, inputs)?.commit()
+    }
+}
+
+/// A complete table under its hidden staging name, not yet visible: commit
+/// it (alone, or merged into a stage's [`Commit`] with
+/// [`Commit::absorb`]); dropped uncommitted, it is removed.
+#[derive(Debug)]
+pub struct StagedTable {
+    /// The table's manifest.
+    pub manifest: Manifest,
+    commit: Commit,
+}
+
+impl StagedTable {
+    /// Commits the table alone.
+    pub fn commit(self) -> Result<Manifest> {
+        self.commit.apply()?;
+        Ok(self.manifest)
+    }
+
+    /// The manifest and the one-entry commit, to merge into a larger commit.
+    pub fn into_parts(self) -> (Manifest, Commit) {
+        (self.manifest, self.commit)
     }
 }
 
@@ -473,6 +522,9 @@ impl TableReader {
     /// Opens `dir` as table `table`: reads and checks its manifest and that
     /// every shard exists with the recorded size.
     pub fn open(dir: &Path, table: TableName) -> Result<TableReader> {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            commit::settle(parent)?;
+        }
         let manifest = Manifest::read(dir)?;
         let def = table.def();
         if manifest.table != def.name {
@@ -586,7 +638,8 @@ impl TableReader {
             R::TABLE,
             self.table
         );
-        let mut rows = Vec::with_capacity(self.manifest.num_rows as usize);
+        // Manifest numbers are untrusted: nothing is sized by them.
+        let mut rows = Vec::new();
         for batch in self.batches(None, 8192)? {
             rows.extend(batch_to_rows::<R>(&batch?)?);
         }
@@ -596,35 +649,66 @@ impl TableReader {
     /// Recomputes every shard's content hash and compares it with the
     /// manifest (reads every byte once).
     pub fn verify_hashes(&self) -> Result<()> {
-        for shard in &self.manifest.shards {
-            let path = self.dir.join(&shard.file);
-            let mut hasher = blake3::Hasher::new();
-            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-            hasher
-                .update_reader(file)
-                .map_err(|e| Error::io(&path, e))?;
-            let found = hasher.finalize().to_hex().to_string();
-            if found != shard.hash {
-                return Err(Error::CorruptShard {
-                    table: self.manifest.table.clone(),
-                    shard: shard.file.clone(),
-                    reason: format!(
-                        "content hash is {found}, expected {} from the manifest",
-                        shard.hash
-                    ),
-                });
-            }
+        (0..self.manifest.shards.len()).try_for_each(|index| self.verify_shard_hash(index))
+    }
+
+    /// Checks shard `index`'s BLAKE3 hash against the manifest.
+    fn verify_shard_hash(&self, index: usize) -> Result<()> {
+        let shard = &self.manifest.shards[index];
+        let path = self.dir.join(&shard.file);
+        let mut hasher = blake3::Hasher::new();
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        hasher
+            .update_reader(file)
+            .map_err(|e| Error::io(&path, e))?;
+        let found = hasher.finalize().to_hex().to_string();
+        if found != shard.hash {
+            return Err(Error::CorruptShard {
+                table: self.manifest.table.clone(),
+                shard: shard.file.clone(),
+                reason: format!(
+                    "content hash is {found}, expected {} from the manifest (the file changed after it was written)",
+                    shard.hash
+                ),
+            });
         }
         Ok(())
     }
 
+    /// The key of row `row` of shard `index` (for messages; reads the key
+    /// columns of that shard again).
+    fn key_in_shard(&self, index: usize, row: usize) -> String {
+        let def = self.table.def();
+        let position = format!("{row} of the shard");
+        let keys: Vec<String> = def.key.clone();
+        let Ok(mut reader) = self.open_shard(index, Some(&keys), 8192, false) else {
+            return position;
+        };
+        let mut seen = 0;
+        while let Some(Ok(batch)) = reader.next() {
+            if row < seen + batch.num_rows() {
+                return crate::values::describe_key(def, &batch, row - seen)
+                    .map_or(position.clone(), |key| format!("{key} ({position})"));
+            }
+            seen += batch.num_rows();
+        }
+        position
+    }
+
     /// Opens shard `index`, validates it and builds its batch reader.
+    /// With `verify`, the shard's BLAKE3 hash is checked first (unless
+    /// `EMBODYFLOW_VERIFY_HASHES=0`): a same-size byte flip would otherwise
+    /// decode into changed values.
     fn open_shard(
         &self,
         index: usize,
         projection: Option<&[String]>,
         batch_size: usize,
+        verify: bool,
     ) -> Result<ParquetRecordBatchReader> {
+        if verify && verify_hashes_on_read() {
+            self.verify_shard_hash(index)?;
+        }
         let def = self.table.def();
         let entry = &self.manifest.shards[index];
         let path = self.dir.join(&entry.file);
@@ -666,6 +750,13 @@ impl TableReader {
             }
         }
         check_schema(def, &entry.file, builder.schema())?;
+        let stored_rows = builder.metadata().file_metadata().num_rows();
+        if u64::try_from(stored_rows).ok() != Some(entry.rows) {
+            return Err(corrupt(format!(
+                "holds {stored_rows} rows, expected {} from the manifest",
+                entry.rows
+            )));
+        }
         let schema = builder.schema().clone();
         let indices: Vec<usize> = match projection {
             None => (0..schema.fields().len()).collect(),
@@ -756,13 +847,30 @@ pub fn batch_to_rows<R: Row>(batch: &RecordBatch) -> Result<Vec<R>> {
     })
 }
 
-/// The record batches of a table, shard after shard.
+/// Whether shards are hash-checked as they are opened for reading: yes,
+/// unless the environment sets `EMBODYFLOW_VERIFY_HASHES=0`.
+pub fn verify_hashes_on_read() -> bool {
+    std::env::var("EMBODYFLOW_VERIFY_HASHES").map_or(true, |v| v != "0")
+}
+
+/// The record batches of a table, shard after shard. Each batch's values are
+/// checked ([`crate::values`]) and each shard's decoded rows are counted
+/// against the manifest.
 pub struct Batches<'a> {
     reader: &'a TableReader,
     projection: Option<Vec<String>>,
     batch_size: usize,
     next_shard: usize,
-    current: Option<(usize, ParquetRecordBatchReader)>,
+    /// The open shard: index, reader, rows decoded so far.
+    current: Option<(usize, ParquetRecordBatchReader, u64)>,
+}
+
+impl Batches<'_> {
+    fn fail(&mut self, error: Error) -> Option<Result<RecordBatch>> {
+        self.current = None;
+        self.next_shard = self.reader.manifest.shards.len();
+        Some(Err(error))
+    }
 }
 
 impl Iterator for Batches<'_> {
@@ -770,20 +878,56 @@ impl Iterator for Batches<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if let Some((index, current)) = &mut self.current {
+            if let Some((index, current, decoded)) = &mut self.current {
+                let index = *index;
+                let shard = &self.reader.manifest.shards[index];
+                let corrupt = |reason: String| Error::CorruptShard {
+                    table: self.reader.manifest.table.clone(),
+                    shard: shard.file.clone(),
+                    reason,
+                };
                 match current.next() {
-                    Some(Ok(batch)) => return Some(Ok(batch)),
-                    Some(Err(e)) => {
-                        let shard = &self.reader.manifest.shards[*index];
-                        self.current = None;
-                        self.next_shard = self.reader.manifest.shards.len();
-                        return Some(Err(Error::CorruptShard {
-                            table: self.reader.manifest.table.clone(),
-                            shard: shard.file.clone(),
-                            reason: format!("cannot be decoded: {e}"),
-                        }));
+                    Some(Ok(batch)) => {
+                        let first_row = *decoded;
+                        *decoded += batch.num_rows() as u64;
+                        if *decoded > shard.rows {
+                            let error = corrupt(format!(
+                                "decodes to more than the {} rows its manifest lists",
+                                shard.rows
+                            ));
+                            return self.fail(error);
+                        }
+                        let def = self.reader.table.def();
+                        if let Some(bad) = crate::values::first_bad_value(def, &batch) {
+                            let row = first_row as usize + bad.row;
+                            let key = crate::values::describe_key(def, &batch, bad.row)
+                                .map(|key| format!("{key} ({row} of the shard)"))
+                                .unwrap_or_else(|| self.reader.key_in_shard(index, row));
+                            let error = Error::InvalidValue {
+                                table: def.name.clone(),
+                                shard: shard.file.clone(),
+                                column: bad.column,
+                                key,
+                                found: bad.found,
+                            };
+                            return self.fail(error);
+                        }
+                        return Some(Ok(batch));
                     }
-                    None => self.current = None,
+                    Some(Err(e)) => {
+                        let error = corrupt(format!("cannot be decoded: {e}"));
+                        return self.fail(error);
+                    }
+                    None => {
+                        if *decoded != shard.rows {
+                            let error = corrupt(format!(
+                                "decodes to {} rows, expected {} from the manifest",
+                                *decoded, shard.rows
+                            ));
+                            return self.fail(error);
+                        }
+                        self.current = None;
+                    }
                 }
             }
             if self.next_shard >= self.reader.manifest.shards.len() {
@@ -793,44 +937,92 @@ impl Iterator for Batches<'_> {
             self.next_shard += 1;
             match self
                 .reader
-                .open_shard(index, self.projection.as_deref(), self.batch_size)
+                .open_shard(index, self.projection.as_deref(), self.batch_size, true)
             {
-                Ok(reader) => self.current = Some((index, reader)),
-                Err(e) => {
-                    self.next_shard = self.reader.manifest.shards.len();
-                    return Some(Err(e));
-                }
+                Ok(reader) => self.current = Some((index, reader, 0)),
+                Err(e) => return self.fail(e),
             }
         }
     }
 }
 
 /// Merges the outputs of one stage run split with `--shard i/n` (the same
-/// table written by shards `0/n` … `n-1/n`) into one table at `dest`.
+/// table written by shards `0/n` … `n-1/n`, given in any order) into
+/// `out/<table>`, and commits it ([`crate::commit`]: a merge killed midway
+/// leaves no table). See [`stage_merged_table`].
+pub fn merge_tables(parts: &[PathBuf], out: &Path, overwrite: bool) -> Result<Manifest> {
+    stage_merged_table(parts, out, overwrite)?.commit()
+}
+
+/// Merges the parts of a sharded table into `out/<table>`, staged for a
+/// [`Commit`] (so that a stage's several outputs appear together).
 ///
-/// Nothing is decoded or rehashed: each part's shard files are hard-linked
-/// (copied only where a link is impossible, e.g. across file systems) into a
-/// hidden sibling as `part-00000.parquet`, … in part order, the manifest
-/// lists them with the hashes the parts recorded, and the directory is
-/// renamed into place, so a merge killed midway leaves no table. The merged
-/// producer is the parts' (same stage, version, config and seed, which is
-/// checked) with shard `0/1`; its inputs are the parts' inputs, each once.
-/// Empty shard files are left out unless every part is empty.
-pub fn merge_tables(parts: &[PathBuf], dest: &Path, overwrite: bool) -> Result<Manifest> {
+/// The result is the table the unsharded run writes, byte for byte
+/// ([`crate::canonical`]): the parts' rows are merged by key and written
+/// with the layout of the parts' producer config (`output.rows_per_shard`,
+/// `output.row_group_rows`, `output.zstd_level`; `table import`'s top-level
+/// `rows_per_shard` and `row_group_rows`; the defaults for what neither
+/// names). The merged producer is the parts' with shard `0/1` and their
+/// lineage, as the unsharded run records them.
+///
+/// Refused as bad input before anything is written: parts of different
+/// tables, schema versions, stages, stage versions, configs or seeds; parts
+/// that read different inputs (table and content hash); a shard set other
+/// than `0/n` … `n-1/n`, each once. While merging (nothing is committed):
+/// a row key in two parts (overlap) or a part out of key order.
+pub fn stage_merged_table(parts: &[PathBuf], out: &Path, overwrite: bool) -> Result<StagedTable> {
     let manifests = parts
         .iter()
         .map(|p| Manifest::read(p))
         .collect::<Result<Vec<_>>>()?;
     let Some(first) = manifests.first() else {
-        return Err(Error::Usage("merge_tables: no parts to merge".into()));
+        return Err(Error::Usage("merge: no parts to merge".into()));
     };
+    let table: TableName = first.table.parse().map_err(|e: embodyflow_schemas::UnknownTable| {
+        Error::BadManifest {
+            dir: parts[0].clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    check_parts(parts, &manifests)?;
+    let readers = parts
+        .iter()
+        .map(|p| TableReader::open(p, table))
+        .collect::<Result<Vec<_>>>()?;
+    let mut writer = TableWriter::create(out, table, layout_of(&first.producer), overwrite)?;
+    let order = KeyOrder::new(table.def())?;
+    let mut sources = Vec::with_capacity(readers.len());
+    for (reader, dir) in readers.iter().zip(parts) {
+        let name = format!("part {} ({})", reader.manifest().producer.shard, dir.display());
+        sources.push(Source::new(name, reader.batches(None, 4096)?));
+    }
+    merge_sorted(&order, sources, Ties::Refuse, &mut |batch| {
+        writer.write_batch(&batch)
+    })?;
+    let producer = Producer {
+        shard: "0/1".into(),
+        ..first.producer.clone()
+    };
+    writer.finish_staged(&producer, &first.inputs)
+}
+
+/// The checks of [`stage_merged_table`] that need only the manifests.
+fn check_parts(parts: &[PathBuf], manifests: &[Manifest]) -> Result<()> {
+    let first = &manifests[0];
     let n = manifests.len();
-    for (i, (manifest, dir)) in manifests.iter().zip(parts).enumerate() {
+    let lineage = |m: &Manifest| -> Vec<(String, String)> {
+        m.inputs
+            .iter()
+            .map(|i| (i.table.clone(), i.content_hash.clone()))
+            .collect()
+    };
+    let mut seen: Vec<Option<&Path>> = vec![None; n];
+    for (manifest, dir) in manifests.iter().zip(parts) {
         let mismatch = |field: &str, expected: String, found: String| {
             Err(Error::BadInput(format!(
-                "cannot merge {}: field `{field}` is {found}, expected {expected} (the parts must be shards 0/{n} … {}/{n} of one run)",
+                "cannot merge {} with {}: field `{field}` is {found}, expected {expected} (the parts must be the shards of one run)",
                 dir.display(),
-                n - 1
+                parts[0].display(),
             )))
         };
         if manifest.table != first.table {
@@ -845,105 +1037,75 @@ pub fn merge_tables(parts: &[PathBuf], dest: &Path, overwrite: bool) -> Result<M
         }
         let p = &manifest.producer;
         let q = &first.producer;
-        if (&p.stage, &p.version, &p.config, p.seed) != (&q.stage, &q.version, &q.config, q.seed) {
+        if (&p.stage, &p.version, p.seed) != (&q.stage, &q.version, q.seed) {
             return mismatch(
                 "producer",
-                format!(
-                    "{} {} seed {} and the first part's config",
-                    q.stage, q.version, q.seed
-                ),
-                format!(
-                    "{} {} seed {} or another config",
-                    p.stage, p.version, p.seed
-                ),
+                format!("{} {} seed {}", q.stage, q.version, q.seed),
+                format!("{} {} seed {}", p.stage, p.version, p.seed),
             );
         }
-        if p.shard != format!("{i}/{n}") {
-            return mismatch("producer.shard", format!("{i}/{n}"), p.shard.clone());
+        if p.config != q.config {
+            return mismatch(
+                "producer.config",
+                q.config.to_string(),
+                p.config.to_string(),
+            );
         }
-    }
-    if dest.exists() && !overwrite {
-        return Err(Error::OutputExists(dest.to_path_buf()));
-    }
-    let out = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| first.table.clone());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let tmp = out.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
-    std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let result = (|| {
-        let mut sources: Vec<(PathBuf, &ShardEntry)> = Vec::new();
-        for (manifest, dir) in manifests.iter().zip(parts) {
-            for shard in &manifest.shards {
-                sources.push((dir.join(&shard.file), shard));
-            }
+        if lineage(manifest) != lineage(first) {
+            let show = |m: &Manifest| {
+                lineage(m)
+                    .iter()
+                    .map(|(t, h)| format!("{t} {h}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return mismatch("inputs", format!("[{}]", show(first)), format!("[{}]", show(manifest)));
         }
-        if sources.iter().any(|(_, s)| s.rows > 0) {
-            sources.retain(|(_, s)| s.rows > 0);
-        } else {
-            sources.truncate(1);
-        }
-        let mut shards = Vec::with_capacity(sources.len());
-        for (k, (source, entry)) in sources.iter().enumerate() {
-            let file = shard_file_name(k);
-            let target = tmp.join(&file);
-            if std::fs::hard_link(source, &target).is_err() {
-                std::fs::copy(source, &target).map_err(|e| Error::io(source, e))?;
-            }
-            shards.push(ShardEntry {
-                file,
-                ..(*entry).clone()
-            });
-        }
-        let mut inputs: Vec<InputRef> = Vec::new();
-        for manifest in &manifests {
-            for input in &manifest.inputs {
-                if !inputs.contains(input) {
-                    inputs.push(input.clone());
-                }
-            }
-        }
-        let manifest = Manifest {
-            format: MANIFEST_FORMAT.to_string(),
-            table: first.table.clone(),
-            schema_version: first.schema_version,
-            num_rows: shards.iter().map(|s| s.rows).sum(),
-            content_hash: Manifest::compute_content_hash(
-                &first.table,
-                first.schema_version,
-                &shards,
-            ),
-            shards,
-            producer: Producer {
-                shard: "0/1".into(),
-                ..first.producer.clone()
-            },
-            inputs,
+        let index = p
+            .shard
+            .parse::<crate::cli::ShardSpec>()
+            .ok()
+            .filter(|s| s.count as usize == n)
+            .map(|s| s.index as usize);
+        let Some(index) = index else {
+            return mismatch(
+                "producer.shard",
+                format!("i/{n} ({n} parts given)"),
+                p.shard.clone(),
+            );
         };
-        let path = tmp.join(MANIFEST_FILE);
-        let mut file = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        file.write_all(manifest.to_json().as_bytes())
-            .and_then(|_| file.sync_all())
-            .map_err(|e| Error::io(&path, e))?;
-        sync_dir(&tmp)?;
-        if dest.exists() {
-            std::fs::remove_dir_all(dest).map_err(|e| Error::io(dest, e))?;
+        if let Some(other) = seen[index] {
+            return Err(Error::BadInput(format!(
+                "cannot merge: {} and {} are both shard {}",
+                other.display(),
+                dir.display(),
+                p.shard
+            )));
         }
-        std::fs::rename(&tmp, dest).map_err(|e| Error::io(dest, e))?;
-        sync_dir(out)?;
-        Ok(manifest)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        seen[index] = Some(dir);
     }
-    result
+    Ok(())
+}
+
+/// The table layout a producer config asks for (see [`stage_merged_table`]).
+fn layout_of(producer: &Producer) -> WriteOptions {
+    let config = &producer.config;
+    let output = config.get("output").unwrap_or(config);
+    let defaults = WriteOptions::default();
+    let size = |key: &str, default: usize| {
+        output
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(default)
+    };
+    WriteOptions {
+        rows_per_shard: size("rows_per_shard", defaults.rows_per_shard),
+        row_group_rows: size("row_group_rows", defaults.row_group_rows),
+        zstd_level: output
+            .get("zstd_level")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|v| i32::try_from(v).ok())
+            .unwrap_or(defaults.zstd_level),
+    }
 }

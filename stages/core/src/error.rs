@@ -134,6 +134,34 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A value that breaks its column's rule (a NaN or infinite float, an
+    /// integer outside the schema's `range`) in a table being read.
+    #[error("table `{table}` shard `{shard}`: column `{column}` holds {found} at row {key}")]
+    InvalidValue {
+        /// Table name.
+        table: String,
+        /// Shard file name.
+        shard: String,
+        /// Column name.
+        column: String,
+        /// The row's key (`trajectory_id=…, step_index=…`) or position.
+        key: String,
+        /// The value found and what is allowed.
+        found: String,
+    },
+    /// A stage produced a value that breaks its column's rule: a bug or a
+    /// diverged computation; nothing is written.
+    #[error("writing table `{table}`: column `{column}` would hold {found} at row {key}; nothing was written")]
+    InvalidOutputValue {
+        /// Table name.
+        table: String,
+        /// Column name.
+        column: String,
+        /// The row's key or position.
+        key: String,
+        /// The value and what is allowed.
+        found: String,
+    },
     /// A table a stage needs is in none of its inputs.
     #[error("no `{table}` table in the inputs; searched {searched}")]
     TableNotFound {
@@ -217,11 +245,27 @@ impl Error {
 
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
+        // Every variant is classified here: a new one must choose.
         match self {
-            Error::Io { .. } | Error::ParquetWrite { .. } | Error::RowConversion { .. } => {
-                ErrorKind::Failure
-            }
-            _ => ErrorKind::BadInput,
+            Error::Io { .. }
+            | Error::ParquetWrite { .. }
+            | Error::RowConversion { .. }
+            | Error::InvalidOutputValue { .. } => ErrorKind::Failure,
+            Error::SchemaMismatch { .. }
+            | Error::MissingColumn { .. }
+            | Error::UnexpectedColumn { .. }
+            | Error::SchemaVersion { .. }
+            | Error::ForeignShard { .. }
+            | Error::CorruptShard { .. }
+            | Error::BadManifest { .. }
+            | Error::InvalidValue { .. }
+            | Error::TableNotFound { .. }
+            | Error::DuplicateTable { .. }
+            | Error::OutputExists(_)
+            | Error::UnknownKey { .. }
+            | Error::BadValue { .. }
+            | Error::Usage(_)
+            | Error::BadInput(_) => ErrorKind::BadInput,
         }
     }
 }

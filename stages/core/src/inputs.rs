@@ -46,6 +46,12 @@ impl Inputs {
                     dir.display()
                 )));
             }
+            // An interrupted commit here is completed before anything is listed,
+            // so a stage sees all the tables one run committed, or none.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                crate::commit::settle(parent)?;
+            }
+            crate::commit::settle(dir)?;
             if dir.join(MANIFEST_FILE).exists() {
                 inputs.add(dir)?;
                 continue;

@@ -2,24 +2,33 @@
 //!
 //! - [`dataset`]: tables as directories of zstd Parquet shards, written
 //!   atomically, read as validated streams of record batches;
+//! - [`canonical`]: rows in key order and whole row groups, so the same rows
+//!   give the same bytes (sharded runs merge to the unsharded table);
+//! - [`commit`]: a run's outputs swapped into place together, crash-safe;
 //! - [`manifest`]: `_manifest.json` with shard hashes, producer config and lineage;
 //! - [`inputs`]: finding tables by name among `--input` directories;
 //! - [`config`]: defaults, TOML file and `--set` overrides with checked keys;
 //! - [`cli`]: the uniform stage command line, exit codes and error reports;
+//! - [`spec`]: what each stage is (reads, writes, sharding), declared once;
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
-//! - [`progress`]: progress bars for long loops.
+//! - [`progress`]: progress bars for long loops;
+//! - [`values`]: finite floats and declared integer ranges, checked on every read and write.
 //!
 //! The table schemas themselves live in `embodyflow_schemas`, re-exported as
 //! [`schemas`].
 
+pub mod canonical;
 pub mod cli;
+pub mod commit;
 pub mod config;
 pub mod dataset;
 pub mod error;
 pub mod inputs;
 pub mod manifest;
 pub mod progress;
+pub mod spec;
 pub mod stage;
+pub mod values;
 
 pub use embodyflow_schemas as schemas;
 pub use error::{Classify, Error, ErrorKind, Result};

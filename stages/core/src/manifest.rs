@@ -123,11 +123,28 @@ impl Manifest {
                 manifest.format
             )));
         }
-        let rows: u64 = manifest.shards.iter().map(|s| s.rows).sum();
+        // Its numbers and names are untrusted until checked: sums without
+        // overflow, shard files only inside the table directory.
+        let rows = manifest
+            .shards
+            .iter()
+            .try_fold(0u64, |sum, s| sum.checked_add(s.rows))
+            .ok_or_else(|| bad(format!("{MANIFEST_FILE} lists shard row counts whose sum overflows")))?;
         if rows != manifest.num_rows {
             return Err(bad(format!(
                 "{MANIFEST_FILE} says {} rows but its shards add up to {rows}",
                 manifest.num_rows
+            )));
+        }
+        if let Some(shard) = manifest.shards.iter().find(|s| {
+            s.file.is_empty()
+                || s.file.starts_with('.')
+                || s.file.contains(['/', '\\', '\0'])
+                || !s.file.ends_with(".parquet")
+        }) {
+            return Err(bad(format!(
+                "{MANIFEST_FILE} lists shard file `{}`, expected a `*.parquet` name inside the table directory",
+                shard.file.escape_default()
             )));
         }
         let expected = Manifest::compute_content_hash(

@@ -1,6 +1,10 @@
 //! The frame of a stage run: config resolved and inputs found before any work,
 //! outputs checked before any work, tables written with lineage, and a
-//! readable summary at the end.
+//! readable summary at the end. Every output of a run — its tables, a
+//! checkpoint, the summary — is committed together by [`Stage::commit`]
+//! ([`crate::commit`]): a run that fails or is killed before that leaves
+//! nothing a reader accepts, and one killed during it is completed by the next
+//! reader.
 //!
 //! ```no_run
 //! # use embodyflow_core::{stage::{Stage, StageConfig, OutputConfig, Summary}, cli::StageArgs};
@@ -17,10 +21,11 @@
 //! let mut writer = stage.writer(TableName::Rewards)?;
 //! # let rows: Vec<RewardRow> = vec![];
 //! writer.write_rows(&rows)?;
-//! stage.finish(writer)?;
+//! stage.finish(writer)?;                           // staged, not yet visible
 //! let mut summary = Summary::new("score-rewards");
 //! summary.add("rows", trajectories.num_rows());
-//! stage.write_summary(&summary)?;
+//! stage.commit(&summary)?;                           // every output at once
+
 //! # Ok(()) }
 //! ```
 
@@ -33,11 +38,13 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::StageArgs;
+use crate::commit::{self, Commit, Digest};
 use crate::config::{ConfigReport, load_config};
 use crate::dataset::{TableReader, TableWriter, WriteOptions};
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::manifest::{InputRef, Manifest, Producer};
+use crate::spec::{Sharding, StageSpec};
 
 /// How a stage lays out the tables it writes (`output.*` keys of every stage).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +99,7 @@ pub struct Stage<C> {
     config_json: serde_json::Value,
     inputs: Inputs,
     read: Mutex<Vec<InputRef>>,
+    pending: Mutex<Commit>,
 }
 
 impl<C: StageConfig> Stage<C> {
@@ -99,8 +107,23 @@ impl<C: StageConfig> Stage<C> {
     ///
     /// With `--print-config` it prints the [`ConfigReport`] as JSON and ends
     /// the process (exit 0 when the config resolves, 2 when it does not)
-    /// before looking at any input.
-    pub fn start(name: &'static str, version: &'static str, args: &StageArgs) -> Result<Stage<C>> {
+    /// before looking at any input. `spec` declares the stage
+    /// ([`crate::spec`]): one that cannot shard refuses `--shard i/n` with
+    /// n > 1 (a usage error) instead of doing the whole work.
+    pub fn start(
+        spec: &'static StageSpec,
+        version: &'static str,
+        args: &StageArgs,
+    ) -> Result<Stage<C>> {
+        let name = spec.name;
+        if let Sharding::Refused(why) = spec.sharding
+            && args.shard.count > 1
+        {
+            return Err(Error::Usage(format!(
+                "{name} --shard {}: this stage cannot shard ({why}); run it once, without --shard",
+                args.shard
+            )));
+        }
         if args.print_config {
             let report =
                 ConfigReport::resolve::<C>(name, version, args.config.as_deref(), &args.sets);
@@ -121,6 +144,7 @@ impl<C: StageConfig> Stage<C> {
             config_json: resolved.json,
             inputs,
             read: Mutex::new(Vec::new()),
+            pending: Mutex::new(Commit::new(&args.out)),
         })
     }
 
@@ -147,11 +171,20 @@ impl<C: StageConfig> Stage<C> {
     }
 
     /// Fails when an output table exists and `--overwrite` was not given.
+    /// An interrupted earlier run is settled first (its commit completed, its
+    /// staged leftovers removed), so a rerun after a kill simply works.
     pub fn check_outputs(&self, tables: &[TableName]) -> Result<()> {
-        for table in tables {
-            let dir = self.args.out.join(table.as_str());
-            if dir.exists() && !self.args.overwrite {
-                return Err(Error::OutputExists(dir));
+        let names: Vec<&str> = tables.iter().map(|t| t.as_str()).collect();
+        self.check_output_names(&names)
+    }
+
+    /// [`Self::check_outputs`] for outputs that are not tables (`policy`).
+    pub fn check_output_names(&self, names: &[&str]) -> Result<()> {
+        commit::clean_stale(&self.args.out)?;
+        for name in names {
+            let path = self.args.out.join(name);
+            if path.exists() && !self.args.overwrite {
+                return Err(Error::OutputExists(path));
             }
         }
         Ok(())
@@ -179,24 +212,51 @@ impl<C: StageConfig> Stage<C> {
         }
     }
 
-    /// Completes an output table with this run's producer and lineage.
+    /// Completes an output table with this run's producer and lineage; it
+    /// becomes visible with the run's other outputs at [`Self::commit`].
     pub fn finish(&self, writer: TableWriter) -> Result<Manifest> {
         let lineage = self.read.lock().expect("lineage lock").clone();
-        let manifest = writer.finish(&self.producer(), &lineage)?;
-        tracing::info!(table = %manifest.table, rows = manifest.num_rows, shards = manifest.shards.len(), "wrote table");
+        let (manifest, table_commit) = writer.finish_staged(&self.producer(), &lineage)?.into_parts();
+        self.pending
+            .lock()
+            .expect("commit lock")
+            .absorb(table_commit)?;
+        tracing::info!(table = %manifest.table, rows = manifest.num_rows, shards = manifest.shards.len(), "staged table");
         Ok(manifest)
     }
 
-    /// Prints the summary and writes it to `<out>/_summary.<stage>.md`.
-    pub fn write_summary(&self, summary: &Summary) -> Result<PathBuf> {
+    /// Adds a complete, fsynced output that is not a table (a checkpoint
+    /// directory) staged at `staged` (a hidden name in the output directory),
+    /// to be committed as `target`, identified by `digest`.
+    pub fn stage_output(&self, staged: &str, target: &str, digest: Digest) -> Result<()> {
+        self.pending.lock().expect("commit lock").add(
+            staged,
+            target,
+            digest,
+            self.args.overwrite,
+        )
+    }
+
+    /// Writes the summary to `<out>/_summary.<stage>.md` and commits it with
+    /// every staged output at once; then prints it. Returns the summary path.
+    pub fn commit(&self, summary: &Summary) -> Result<PathBuf> {
         let text = summary.to_markdown();
+        let out = &self.args.out;
+        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+        let name = format!("_summary.{}.md", self.name);
+        let staged = commit::staging_name(&name);
+        let staged_path = out.join(&staged);
+        let mut pending = self.pending.lock().expect("commit lock");
+        let mut run = std::mem::replace(&mut *pending, Commit::new(out));
+        drop(pending);
+        run.add(&staged, &name, Digest::File, true)?; // removed with the rest on failure
+        commit::fault_error("stage:summary")
+            .and_then(|_| std::fs::write(&staged_path, &text))
+            .and_then(|_| std::fs::File::open(&staged_path)?.sync_all())
+            .map_err(|e| Error::io(&staged_path, e))?;
+        run.apply()?;
         print!("{text}");
-        let path = self.args.out.join(format!("_summary.{}.md", self.name));
-        std::fs::create_dir_all(&self.args.out).map_err(|e| Error::io(&self.args.out, e))?;
-        let tmp = path.with_extension("md.tmp");
-        std::fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        Ok(path)
+        Ok(out.join(name))
     }
 }
 
