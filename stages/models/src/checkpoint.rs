@@ -7,8 +7,11 @@
 //! Loading checks that the three agree — every tensor the config implies is in
 //! the weights with its shape and nothing else is, and the tokenizer's
 //! vocabulary is the model's — and names the file at fault. Saving writes a
-//! hidden sibling directory and renames it into place, so a killed writer never
-//! leaves a checkpoint that looks complete. The checkpoint id is the first 16
+//! hidden sibling directory, fsyncs every file in it, and commits it into
+//! place with `embodyflow_core::commit` (alone with [`Checkpoint::save`], or
+//! with a stage's other outputs via [`Checkpoint::save_staged`]), so a killed
+//! writer never leaves a checkpoint that looks complete and an old checkpoint
+//! is never absent while it is replaced. The checkpoint id is the first 16
 //! hex digits of the BLAKE3 hash of `model.safetensors`: the same weights have
 //! the same id wherever they were written.
 //!
@@ -22,6 +25,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use embodyflow_core::commit::{Commit, Digest};
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tokenizers::Tokenizer;
@@ -116,6 +120,10 @@ impl Checkpoint {
 
     /// Loads the checkpoint in `dir` onto `device`, checking that its files agree.
     pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
+        // A run killed while committing this checkpoint is completed first.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            embodyflow_core::commit::settle(parent)?;
+        }
         if !dir.is_dir() {
             return Err(bad(dir, "no such checkpoint directory"));
         }
@@ -181,17 +189,41 @@ impl Checkpoint {
                 dir.to_path_buf(),
             )));
         }
-        let parent_dir = dir
+        let out = dir
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent_dir).map_err(|e| io(parent_dir, e))?;
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("policy");
-        let staging = parent_dir.join(format!(".{name}.writing-{}", std::process::id()));
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging).map_err(|e| io(&staging, e))?;
-        }
+        let (staged, manifest) = self.save_staged(out, name, written_by)?;
+        let mut commit = Commit::new(out);
+        commit.add(&staged, name, Digest::DirAll, overwrite)?;
+        commit.apply()?;
+        Ok(manifest)
+    }
+
+    /// Writes the checkpoint, every file fsynced, into a hidden staging
+    /// directory of `out` for checkpoint `name`, and returns the staging
+    /// directory's name (to commit as `name`, e.g. with a stage's
+    /// `stage_output(.., Digest::DirAll)`) with the manifest.
+    pub fn save_staged(
+        &self,
+        out: &Path,
+        name: &str,
+        written_by: &str,
+    ) -> Result<(String, CheckpointManifest), ModelError> {
+        std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+        embodyflow_core::commit::clean_stale(out)?;
+        let staged = embodyflow_core::commit::staging_name(name);
+        let staging = out.join(&staged);
         std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+        let written = self.write_files(&staging, written_by);
+        if written.is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        Ok((staged, written?))
+    }
+
+    fn write_files(&self, staging: &Path, written_by: &str) -> Result<CheckpointManifest, ModelError> {
         let weights = staging.join("model.safetensors");
         self.vars
             .save(&weights)
@@ -214,12 +246,9 @@ impl Checkpoint {
             ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display()))
         })?;
         if let Some(state) = &self.optimizer {
-            state.save(&staging)?;
+            state.save(staging)?;
         }
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
-        }
-        std::fs::rename(&staging, dir).map_err(|e| io(dir, e))?;
+        embodyflow_core::commit::sync_tree(staging)?;
         Ok(manifest)
     }
 }

@@ -174,7 +174,7 @@ impl OptimizerState {
     }
 
     /// Writes `optimizer.safetensors` and `optimizer.json` into `dir`
-    /// (a checkpoint's staging directory: the checkpoint's rename makes it atomic).
+    /// (a checkpoint's staging directory: the checkpoint's commit makes it atomic).
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         let weights_path = dir.join(WEIGHTS_FILE);
         let tensors: Vec<(String, &Tensor)> = self

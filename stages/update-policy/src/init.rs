@@ -14,9 +14,13 @@
 //! init-policy --out runs/init --seed 0 --set model.n_layer=4 --set tokenizer.vocab_size=1024
 //! ```
 
+use std::path::Path;
+
 use embodyflow_core::Error;
+use embodyflow_core::commit::{Commit, Digest};
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::{at_least, ensure};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
@@ -27,9 +31,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `init-policy`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "init-policy",
+    name = spec::INIT_POLICY.name,
     version,
-    about = "A fresh policy checkpoint for an environment"
+    about = spec::INIT_POLICY.purpose,
+    after_help = spec::INIT_POLICY.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -133,9 +138,12 @@ const MIN_VOCAB: usize = 3 + 256;
 
 /// Runs the tool: writes the checkpoint to `--out`.
 pub fn run(args: Args) -> Result<(), ModelError> {
-    let stage = Stage::<Config>::start("init-policy", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(&spec::INIT_POLICY, env!("CARGO_PKG_VERSION"), &args.stage)?;
     let config = &stage.config;
     let out = &args.stage.out;
+    if out.exists() && !args.stage.overwrite {
+        return Err(Error::OutputExists(out.clone()).into());
+    }
     let (tokenizer, origin) = match &config.tokenizer.from {
         Some(path) => {
             let file = if path.is_dir() {
@@ -163,17 +171,31 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     tch::manual_seed(args.stage.seed as i64);
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::init(&gpt, tokenizer, device)?;
-    let manifest = policy.save(out, "init-policy", args.stage.overwrite)?;
+    // The checkpoint and its summary inside it are committed as one directory.
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::Usage(format!("--out {}: not a directory name", out.display())))?;
+    let (staged, manifest) = policy.save_staged(parent, name, "init-policy")?;
+    let mut commit = Commit::new(parent);
+    commit.add(&staged, name, Digest::DirAll, args.stage.overwrite)?;
     let mut summary = Summary::new("init-policy");
     summary
         .add("checkpoint", format!("{} ({})", manifest.id, out.display()))
         .add("parameters", policy.num_parameters())
         .add("architecture", format!("{gpt:?}"))
         .add("tokenizer", origin);
-    let summary_path = out.join("_summary.init-policy.md");
     let text = summary.to_markdown();
+    let summary_path = parent.join(&staged).join("_summary.init-policy.md");
+    std::fs::write(&summary_path, &text)
+        .and_then(|_| std::fs::File::open(&summary_path)?.sync_all())
+        .map_err(|e| Error::io(&summary_path, e))?;
+    commit.apply()?;
     print!("{text}");
-    std::fs::write(&summary_path, text).map_err(|e| Error::io(&summary_path, e))?;
     Ok(())
 }
 

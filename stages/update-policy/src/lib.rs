@@ -34,10 +34,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
+use embodyflow_core::commit::Digest;
 use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{
     AdvantageRow, MetricRow, StepRow, TableName, TaskRow, TrajectoryRow,
 };
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
@@ -61,9 +63,10 @@ use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
 /// Command line of `update-policy`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "update-policy",
+    name = spec::UPDATE_POLICY.name,
     version,
-    about = "SFT and PPO/GRPO updates of a policy checkpoint"
+    about = spec::UPDATE_POLICY.purpose,
+    after_help = spec::UPDATE_POLICY.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -581,14 +584,34 @@ pub fn train(
     })
 }
 
+/// Fails on a token id outside the policy's vocabulary (an embedding lookup
+/// would abort the process), naming the table, column, row and vocabulary.
+pub fn check_vocabulary(examples: &[Example], vocab_size: i64) -> Result<(), Error> {
+    for example in examples {
+        for (column, ids) in [
+            ("prompt_ids", &example.prompt),
+            ("response_ids", &example.response),
+        ] {
+            if let Some(&id) = ids
+                .iter()
+                .find(|&&id| id < 0 || i64::from(id) >= vocab_size)
+            {
+                return Err(Error::BadInput(format!(
+                    "table `steps` column `{column}`, {}: token id {id} is outside the policy's vocabulary of {vocab_size} tokens (rollouts of another tokenizer?)",
+                    example.source
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the stage.
 pub fn run(args: Args) -> Result<(), ModelError> {
-    let stage = Stage::<Config>::start("update-policy", env!("CARGO_PKG_VERSION"), &args.stage)?;
-    stage.check_outputs(&[TableName::Metrics])?;
+    let stage =
+        Stage::<Config>::start(&spec::UPDATE_POLICY, env!("CARGO_PKG_VERSION"), &args.stage)?;
+    stage.check_output_names(&[TableName::Metrics.as_str(), "policy"])?;
     let policy_out = args.stage.out.join("policy");
-    if policy_out.exists() && !args.stage.overwrite {
-        return Err(Error::OutputExists(policy_out).into());
-    }
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     tch::manual_seed(args.stage.seed as i64);
@@ -614,6 +637,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     if examples.is_empty() {
         return Err(Error::BadInput("no training examples in the inputs".into()).into());
     }
+    check_vocabulary(&examples, policy.model.config().vocab_size)?;
     // Log-probs are recomputed at the rollouts' temperature, one per micro-batch.
     if let Some(other) = examples
         .iter()
@@ -660,7 +684,8 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let mut writer = stage.writer(TableName::Metrics)?;
     writer.write_rows(&report.metrics)?;
     stage.finish(writer)?;
-    let manifest = policy.save(&policy_out, "update-policy", args.stage.overwrite)?;
+    let (staged, manifest) = policy.save_staged(&args.stage.out, "policy", "update-policy")?;
+    stage.stage_output(&staged, "policy", Digest::DirAll)?;
     let first = report.metrics.first().map_or(f32::NAN, |m| m.loss);
     let last = report.metrics.last().map_or(f32::NAN, |m| m.loss);
     let mut summary = Summary::new("update-policy");
@@ -695,13 +720,39 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             .add("mean approx_kl", format!("{:.5}", mean(|m| m.approx_kl)))
             .add("mean entropy", format!("{:.4}", mean(|m| m.entropy)));
     }
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_ids_outside_the_vocabulary_are_named() {
+        let example = |response: Vec<i32>| Example {
+            source: "trajectory `t0` step 0".into(),
+            prompt: vec![1, 2],
+            response,
+            old_logprobs: vec![],
+            advantages: vec![],
+            temperature: 1.0,
+        };
+        assert!(check_vocabulary(&[example(vec![0, 299])], 300).is_ok());
+        for bad in [300, -1, i32::MAX] {
+            let err = check_vocabulary(&[example(vec![5, bad])], 300)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("`response_ids`")
+                    && err.contains("trajectory `t0` step 0")
+                    && err.contains(&format!("token id {bad}"))
+                    && err.contains("vocabulary of 300"),
+                "{err}"
+            );
+        }
+    }
+
     use embodyflow_models::gpt::GptConfig;
     use embodyflow_models::tokenizer::train_bpe;
 
