@@ -25,7 +25,7 @@
 //!     --set reward.fn=embodied_r1 --set match.mode=lcs
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use arrow::array::{
@@ -37,6 +37,7 @@ use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::{at_least, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use embodyflow_envs::TaskEnv;
@@ -46,9 +47,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `score-rewards`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "score-rewards",
+    name = spec::SCORE_REWARDS.name,
     version,
-    about = "Trajectory rewards and rule step matches"
+    about = spec::SCORE_REWARDS.purpose,
+    after_help = spec::SCORE_REWARDS.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -130,6 +132,10 @@ pub struct Config {
     pub step_match: MatchConfig,
     /// Rows per record batch read from trajectories.
     pub batch_rows: usize,
+    /// A trajectory whose task is not in the tasks table: `error` (default;
+    /// names the task ids and the tables) or `skip` (left out, counted in the
+    /// summary).
+    pub missing_tasks: MissingTasks,
     /// Output layout.
     pub output: OutputConfig,
 }
@@ -140,6 +146,7 @@ impl Default for Config {
             reward: RewardConfig::default(),
             step_match: MatchConfig::default(),
             batch_rows: 8192,
+            missing_tasks: MissingTasks::Error,
             output: OutputConfig::default(),
         }
     }
@@ -154,6 +161,44 @@ impl StageConfig for Config {
         positive("reward.reward_coef", f64::from(self.reward.reward_coef))?;
         at_least("batch_rows", self.batch_rows, 1)
     }
+}
+
+/// What to do with trajectories whose task the tasks table lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingTasks {
+    /// Fail, naming the missing task ids and the tables read.
+    Error,
+    /// Leave those trajectories out and count them in the summary.
+    Skip,
+}
+
+/// The trajectories (owned by this shard) whose task is not in `tasks`:
+/// their count and the first few task ids, sorted. Reads only id columns.
+fn missing_tasks(
+    trajectories: &TableReader,
+    tasks: &TableReader,
+    shard: embodyflow_core::cli::ShardSpec,
+) -> Result<(HashSet<String>, u64)> {
+    let mut known = HashSet::new();
+    for batch in tasks.batches(Some(&["task_id"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "task_id");
+        known.extend((0..batch.num_rows()).map(|i| ids.value(i).to_string()));
+    }
+    let (mut missing, mut count) = (HashSet::new(), 0u64);
+    for batch in trajectories.batches(Some(&["group_id", "task_id"]), 65_536)? {
+        let batch = batch?;
+        let groups = column::<StringArray>(&batch, "group_id");
+        let ids = column::<StringArray>(&batch, "task_id");
+        for i in 0..batch.num_rows() {
+            if shard.owns(groups.value(i)) && !known.contains(ids.value(i)) {
+                count += 1;
+                missing.insert(ids.value(i).to_string());
+            }
+        }
+    }
+    Ok((missing, count))
 }
 
 /// One trajectory as scoring sees it.
@@ -341,7 +386,8 @@ fn read_action_list(path: &PathBuf) -> Result<ActionList> {
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<()> {
-    let stage = Stage::<Config>::start("score-rewards", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage =
+        Stage::<Config>::start(&spec::SCORE_REWARDS, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Rewards])?;
     let config = &stage.config;
     let actions = config
@@ -357,6 +403,30 @@ pub fn run(args: Args) -> Result<()> {
             "reward.fn = embodied_r1 needs the tasks table (ground-truth plans) among the inputs"
                 .into(),
         ));
+    }
+    if config.reward.function == RewardFn::Verify && tasks.is_none() {
+        return Err(Error::BadInput(
+            "reward.fn = verify needs the tasks table (the scenes plans run in) among the inputs"
+                .into(),
+        ));
+    }
+    // Every trajectory must find its task: scoring an unmatched plan as a
+    // failure would silently poison the run.
+    let (missing, skipped) = match &tasks {
+        Some(tasks) => missing_tasks(&trajectories, tasks, stage.args.shard)?,
+        None => (HashSet::new(), 0),
+    };
+    if skipped > 0 && config.missing_tasks == MissingTasks::Error {
+        let mut ids: Vec<&String> = missing.iter().collect();
+        ids.sort();
+        let shown: Vec<&str> = ids.iter().take(5).map(|s| s.as_str()).collect();
+        return Err(Error::BadInput(format!(
+            "{skipped} trajectories of {} name {} tasks that the tasks table {} does not hold (e.g. {}); pass the tasks the rollouts were collected from, or --set missing_tasks=skip to leave them out",
+            trajectories.dir().display(),
+            missing.len(),
+            tasks.as_ref().map_or(String::new(), |t| t.dir().display().to_string()),
+            shown.join(", ")
+        )));
     }
     let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
     let envs = match (&tasks, config.reward.function) {
@@ -386,7 +456,9 @@ pub fn run(args: Args) -> Result<()> {
         let texts = column::<StringArray>(&batch, "response_text");
         let rows: Vec<RewardRow> = (0..batch.num_rows())
             .into_par_iter()
-            .filter(|&i| stage.args.shard.owns(groups.value(i)))
+            .filter(|&i| {
+                stage.args.shard.owns(groups.value(i)) && !missing.contains(task_ids.value(i))
+            })
             .map(|i| {
                 let rollout = Rollout {
                     trajectory_id: ids.value(i),
@@ -418,6 +490,7 @@ pub fn run(args: Args) -> Result<()> {
     summary
         .add("shard", stage.args.shard)
         .add("trajectories scored", scored)
+        .add("skipped: task not in the tasks table", skipped)
         .add("with a ground-truth plan", with_gt)
         .add("plan parse failures", parse_failures)
         .add(
@@ -443,7 +516,7 @@ pub fn run(args: Args) -> Result<()> {
             "no reward.action_list: the id/name agreement part of the format reward is 0",
         );
     }
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 
