@@ -10,7 +10,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::manifest::Manifest;
 use embodyflow_core::schemas::{Examples, META_TABLE, META_VERSION, RewardRow, TableName};
-use embodyflow_tests::{Run, fixture_producer, forge_first_shard, reseal, run};
+use embodyflow_tests::{Run, fixture_producer, forge_first_shard, reseal, run, run_with_env};
 
 fn rewards_table(dir: &Path) -> PathBuf {
     let mut writer =
@@ -183,18 +183,115 @@ fn a_truncated_file() {
         ],
     );
 
-    // Truncated and the manifest patched to match: the Parquet footer is gone.
+    // Truncated and the manifest's size patched to match: the hash checked
+    // on read tells, and with that check off the Parquet footer is gone.
     let mut manifest = Manifest::read(&table).unwrap();
     manifest.shards[0].bytes = (bytes.len() / 2) as u64;
     reseal(&table, manifest);
     assert_rejected(
         &validate(&table),
+        &["`rewards`", "`part-00000.parquet`", "content hash is"],
+    );
+    assert_rejected(
+        &run_with_env(
+            "table",
+            &["validate", table.to_str().unwrap()],
+            &[("EMBODYFLOW_VERIFY_HASHES", "0")],
+        ),
         &[
             "`rewards`",
             "`part-00000.parquet`",
             "not a readable Parquet file",
         ],
     );
+}
+
+#[test]
+fn a_same_size_byte_flip_is_caught_on_every_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = rewards_table(dir.path());
+    let shard = table.join("part-00000.parquet");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    // A byte in the middle of the data pages, size unchanged.
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x01;
+    std::fs::write(&shard, &bytes).unwrap();
+    // Not only `validate --deep`: a stage's ordinary read refuses it.
+    assert_rejected(
+        &validate(&table),
+        &["`rewards`", "`part-00000.parquet`", "content hash is", "expected"],
+    );
+    let reader = TableReader::open(&table, TableName::Rewards).unwrap();
+    let err = reader.read_rows::<RewardRow>().unwrap_err().to_string();
+    assert!(err.contains("content hash is"), "{err}");
+}
+
+#[test]
+fn a_nan_score_is_named_by_table_shard_column_and_row_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = rewards_table(dir.path());
+    let batch = original_batch(&table);
+    let index = batch.schema().index_of("score").unwrap();
+    let mut scores: Vec<Option<f32>> = batch
+        .column(index)
+        .as_any()
+        .downcast_ref::<arrow::array::Float32Array>()
+        .unwrap()
+        .iter()
+        .collect();
+    let last = scores.len() - 1;
+    scores[last] = Some(f32::NAN);
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns[index] = Arc::new(arrow::array::Float32Array::from(scores));
+    let forged = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    forge_first_shard(&table, &forged, &ours());
+    let ids = batch
+        .column(batch.schema().index_of("trajectory_id").unwrap())
+        .as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .unwrap();
+    let key = format!("trajectory_id={}", ids.value(last));
+    assert_rejected(
+        &validate(&table),
+        &["`rewards`", "`part-00000.parquet`", "`score`", "NaN", &key],
+    );
+    // A projection without the key column still names the row by its key.
+    let reader = TableReader::open(&table, TableName::Rewards).unwrap();
+    let err = reader
+        .batches(Some(&["score"]), 1024)
+        .unwrap()
+        .find_map(|b| b.err())
+        .unwrap()
+        .to_string();
+    assert!(err.contains(&key), "{err}");
+}
+
+#[test]
+fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = rewards_table(dir.path());
+    let mut manifest = Manifest::read(&table).unwrap();
+    manifest.shards[0].rows = 1 << 62;
+    reseal(&table, manifest);
+    let result = validate(&table);
+    assert_rejected(&result, &["`part-00000.parquet`", &format!("expected {}", 1u64 << 62)]);
+    let reader = TableReader::open(&table, TableName::Rewards).unwrap();
+    assert!(reader.read_rows::<RewardRow>().is_err());
+
+    // Row counts whose sum overflows u64, and a shard path outside the table.
+    let mut manifest = Manifest::read(&table).unwrap();
+    manifest.shards.push(manifest.shards[0].clone());
+    manifest.shards[1].rows = u64::MAX;
+    manifest.num_rows = 0;
+    std::fs::write(table.join("_manifest.json"), manifest.to_json()).unwrap();
+    assert_rejected(&validate(&table), &["overflows"]);
+
+    let other = tempfile::tempdir().unwrap();
+    let table = rewards_table(other.path());
+    let mut manifest = Manifest::read(&table).unwrap();
+    manifest.shards[0].file = "../../etc/passwd.parquet".into();
+    reseal(&table, manifest);
+    assert_rejected(&validate(&table), &["inside the table directory"]);
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! Integration tests: binaries run as a user runs them.
 
+mod bad_config;
 mod bad_shards;
+mod commit;
 mod compute_advantages;
 mod grpo_step;
 mod killed_writer;
 mod learning_loop;
 mod runner;
 mod score_rewards;
+mod sharding;
+mod stage_spec;

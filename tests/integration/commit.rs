@@ -1,0 +1,291 @@
+//! Crash-safe replacement and multi-output commits, each reproduced at the
+//! exact point with the fault hooks of `embodyflow_core::commit`: a process
+//! SIGKILLed between the two renames of the fallback replacement, right after
+//! an exchange, between two outputs of one stage and before its journal; a
+//! full disk at the summary. Every case ends with the data intact and a
+//! rerun that simply works.
+
+use std::path::Path;
+
+use embodyflow_core::dataset::TableReader;
+use embodyflow_core::schemas::{EvalRow, MetricRow, TableName};
+use embodyflow_tests::{run, run_with_env};
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn hidden_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    names.sort();
+    names
+}
+
+/// An eval table of `rows` rows as JSONL at `path`.
+fn eval_jsonl(path: &Path, rows: usize, split: &str) {
+    let text: String = (0..rows)
+        .map(|i| {
+            let row = EvalRow {
+                task_id: format!("t{i}"),
+                run: 0,
+                split: split.into(),
+                task_type: Some("pick".into()),
+                policy: "p".into(),
+                success: i % 2 == 0,
+                num_steps: 1,
+                env_steps: 3,
+            };
+            serde_json::to_string(&row).unwrap() + "\n"
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+fn import(jsonl: &Path, out: &Path, env: &[(&str, &str)]) -> embodyflow_tests::Run {
+    run_with_env(
+        "table",
+        &[
+            "import",
+            "--table",
+            "eval",
+            "--from",
+            s(jsonl),
+            "--out",
+            s(out),
+            "--overwrite",
+        ],
+        env,
+    )
+}
+
+fn eval_rows(table: &Path) -> Vec<EvalRow> {
+    TableReader::open(table, TableName::Eval)
+        .unwrap()
+        .read_rows()
+        .unwrap()
+}
+
+#[test]
+fn overwrite_killed_between_the_two_renames_of_the_fallback_keeps_the_new_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.path().join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+
+    let killed = import(
+        &new,
+        &out,
+        &[
+            ("EMBODYFLOW_NO_RENAME_EXCHANGE", "1"),
+            ("EMBODYFLOW_FAULT_AT", "commit:aside:1"),
+        ],
+    );
+    assert_eq!(killed.code, -1, "the hook must kill the writer\n{killed}");
+    // Exactly the gap the old code lost data in: no table in place, the old
+    // one aside, the new one staged, and the journal.
+    assert!(!out.join("eval").exists());
+    let hidden = hidden_entries(&out);
+    assert!(hidden.iter().any(|n| n.starts_with(".eval.old-")), "{hidden:?}");
+    assert!(hidden.iter().any(|n| n.starts_with(".eval.tmp-")), "{hidden:?}");
+    assert!(hidden.iter().any(|n| n.starts_with(".commit-")), "{hidden:?}");
+
+    // The next reader completes the commit: the new table, whole.
+    let rows = eval_rows(&out.join("eval"));
+    assert_eq!(rows.len(), 7);
+    assert!(rows.iter().all(|r| r.split == "unseen"));
+    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    // And the next writer neither deletes it nor fails.
+    let again = import(&old, &out, &[]);
+    assert_eq!(again.code, 0, "{again}");
+    assert_eq!(eval_rows(&out.join("eval")).len(), 5);
+}
+
+#[test]
+fn overwrite_killed_right_after_the_exchange_is_completed_by_the_next_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.path().join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+    let killed = import(&new, &out, &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    // The exchange is one step: the table was never absent.
+    assert!(out.join("eval/_manifest.json").exists());
+    // A writer (not a reader) comes next: it settles the journal, removes the
+    // old table left at the staged name, and replaces the table again.
+    let third = dir.path().join("third.jsonl");
+    eval_jsonl(&third, 3, "train");
+    let rerun = import(&third, &out, &[]);
+    assert_eq!(rerun.code, 0, "{rerun}");
+    assert_eq!(eval_rows(&out.join("eval")).len(), 3);
+    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+}
+
+#[test]
+fn a_legacy_table_moved_aside_is_restored_never_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("rows.jsonl");
+    eval_jsonl(&jsonl, 4, "val");
+    let out = dir.path().join("out");
+    assert_eq!(import(&jsonl, &out, &[]).code, 0);
+    // What an older writer killed between its two renames left: the table
+    // aside under a dead pid, nothing in place.
+    std::fs::rename(out.join("eval"), out.join(".eval.old-999999999-1")).unwrap();
+    embodyflow_core::commit::clean_stale(&out).unwrap();
+    assert_eq!(eval_rows(&out.join("eval")).len(), 4);
+    assert!(hidden_entries(&out).is_empty());
+}
+
+/// Tasks and a tiny initial policy in `root`.
+fn tasks_and_policy(root: &Path) {
+    let ok = |name: &str, args: &[&str]| {
+        let result = run(name, args);
+        assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
+    };
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&root.join("train")),
+            "--seed",
+            "1",
+            "--set",
+            "split=train",
+            "--set",
+            "count=7",
+        ],
+    );
+    ok(
+        "init-policy",
+        &[
+            "--out",
+            s(&root.join("init")),
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "model.n_ctx=1024",
+            "--set",
+            "tokenizer.vocab_size=400",
+            "--set",
+            "tokenizer.corpus_tasks=60",
+        ],
+    );
+}
+
+fn sft(root: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> embodyflow_tests::Run {
+    let (init, train) = (root.join("init"), root.join("train"));
+    let mut args = vec![
+        "--policy",
+        s(&init),
+        "--input",
+        s(&train),
+        "--out",
+        s(out),
+        "--set",
+        "objective=sft",
+        "--set",
+        "sft.demos_per_task_type=1",
+        "--set",
+        "mini_batch=8",
+        "--set",
+        "micro_batch=8",
+    ];
+    args.extend_from_slice(extra);
+    run_with_env("update-policy", &args, env)
+}
+
+#[test]
+fn a_stage_killed_between_its_outputs_shows_both_or_neither() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tasks_and_policy(root);
+
+    // Killed before the journal: nothing appears, and a rerun just works.
+    let out = root.join("sft");
+    let killed = sft(root, &out, &[], &[("EMBODYFLOW_FAULT_AT", "commit:staged")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    assert!(!out.join("metrics").exists() && !out.join("policy").exists());
+    let rerun = sft(root, &out, &[], &[]);
+    assert_eq!(rerun.code, 0, "{rerun}");
+    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+
+    // Killed after `metrics` is in place and before `policy`: the first
+    // reader of the directory sees both.
+    let out = root.join("sft2");
+    let killed = sft(root, &out, &[], &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    assert!(out.join("metrics").exists() && !out.join("policy").exists());
+    let metrics: Vec<MetricRow> = TableReader::open(&out.join("metrics"), TableName::Metrics)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert!(!metrics.is_empty());
+    assert!(out.join("policy/model.safetensors").exists());
+    assert!(out.join("_summary.update-policy.md").exists());
+
+    // --overwrite killed mid-commit never leaves the directory without a
+    // policy, and the policy that is there loads.
+    let killed = sft(
+        root,
+        &out,
+        &["--overwrite", "--seed", "3"],
+        &[("EMBODYFLOW_FAULT_AT", "commit:swapped:2")],
+    );
+    assert_eq!(killed.code, -1, "{killed}");
+    assert!(out.join("policy/manifest.json").exists());
+    let evaluate = run(
+        "update-policy",
+        &[
+            "--policy",
+            s(&out.join("policy")),
+            "--input",
+            s(&root.join("train")),
+            "--out",
+            s(&root.join("sft3")),
+            "--set",
+            "objective=sft",
+            "--set",
+            "sft.demos_per_task_type=1",
+        ],
+    );
+    assert_eq!(evaluate.code, 0, "{evaluate}");
+    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+}
+
+#[test]
+fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("train");
+    let args = [
+        "--out",
+        s(&out),
+        "--set",
+        "split=train",
+        "--set",
+        "count=5",
+    ];
+    let failed = run_with_env(
+        "generate-tasks",
+        &args,
+        &[("EMBODYFLOW_FAULT_ERR", "stage:summary")],
+    );
+    assert_eq!(failed.code, 1, "{failed}");
+    assert!(failed.stderr.contains("_summary.generate-tasks.md"), "{failed}");
+    assert!(!out.join("tasks").exists());
+    let rerun = run("generate-tasks", &args);
+    assert_eq!(rerun.code, 0, "{rerun}");
+    assert!(out.join("tasks/_manifest.json").exists());
+    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+}
