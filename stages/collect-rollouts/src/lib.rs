@@ -28,6 +28,7 @@ use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
@@ -42,9 +43,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `collect-rollouts`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "collect-rollouts",
+    name = spec::COLLECT_ROLLOUTS.name,
     version,
-    about = "Sample, execute and record rollouts"
+    about = spec::COLLECT_ROLLOUTS.purpose,
+    after_help = spec::COLLECT_ROLLOUTS.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -149,7 +151,11 @@ fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<(), ModelError> {
-    let stage = Stage::<Config>::start("collect-rollouts", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(
+        &spec::COLLECT_ROLLOUTS,
+        env!("CARGO_PKG_VERSION"),
+        &args.stage,
+    )?;
     stage.check_outputs(&[TableName::Trajectories, TableName::Steps])?;
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;

@@ -81,6 +81,7 @@ use embodyflow_algos::grpo::{GroupNorm, episode_advantages, is_mixed};
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{AdvantageRow, TableName};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use serde::{Deserialize, Serialize};
@@ -90,9 +91,10 @@ pub use step::{Gate, StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
 /// Command line of `compute-advantages`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "compute-advantages",
+    name = spec::COMPUTE_ADVANTAGES.name,
     version,
-    about = "Per-token advantages from rollouts and rewards"
+    about = spec::COMPUTE_ADVANTAGES.purpose,
+    after_help = spec::COMPUTE_ADVANTAGES.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -419,8 +421,11 @@ pub struct Diagnostics {
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<()> {
-    let stage =
-        Stage::<Config>::start("compute-advantages", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(
+        &spec::COMPUTE_ADVANTAGES,
+        env!("CARGO_PKG_VERSION"),
+        &args.stage,
+    )?;
     stage.check_outputs(&[TableName::Advantages])?;
     let trajectories = stage.input(TableName::Trajectories)?;
     let rewards = stage.input(TableName::Rewards)?;

@@ -27,6 +27,7 @@ use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
@@ -38,9 +39,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `evaluate`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "evaluate",
+    name = spec::EVALUATE.name,
     version,
-    about = "Greedy success rates by split and task type"
+    about = spec::EVALUATE.purpose,
+    after_help = spec::EVALUATE.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -207,7 +209,7 @@ pub fn pass_at_k_by(tasks: &[SampledTask], samples: usize) -> Vec<GroupPassAtK> 
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<(), ModelError> {
-    let stage = Stage::<Config>::start("evaluate", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(&spec::EVALUATE, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Eval])?;
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;

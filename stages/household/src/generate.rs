@@ -15,6 +15,7 @@ use embodyflow_core::Result;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::at_least;
 use embodyflow_core::schemas::{TableName, TaskRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use serde::{Deserialize, Serialize};
 
@@ -24,9 +25,10 @@ use crate::text::task_row;
 /// Command line of `generate-tasks`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "generate-tasks",
+    name = spec::GENERATE_TASKS.name,
     version,
-    about = "Household planning tasks (train / val / unseen) as a tasks table"
+    about = spec::GENERATE_TASKS.purpose,
+    after_help = spec::GENERATE_TASKS.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -68,7 +70,11 @@ impl StageConfig for Config {
 /// Runs the stage.
 #[allow(clippy::result_large_err)] // the core's error type, shared by every stage
 pub fn run(args: Args) -> Result<()> {
-    let stage = Stage::<Config>::start("generate-tasks", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(
+        &spec::GENERATE_TASKS,
+        env!("CARGO_PKG_VERSION"),
+        &args.stage,
+    )?;
     let config = &stage.config;
     let split = config.split;
     stage.check_outputs(&[TableName::Tasks])?;

@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::schemas::{RewardRow, StepGateRow, TableName, TaskRow, TrajectoryRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use embodyflow_envs::TaskEnv;
@@ -34,9 +35,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `judge-steps`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "judge-steps",
+    name = spec::JUDGE_STEPS.name,
     version,
-    about = "Rule-based step gates (decision, redundancy, causality) for the prompt gate"
+    about = spec::JUDGE_STEPS.purpose,
+    after_help = spec::JUDGE_STEPS.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -104,7 +106,7 @@ pub fn judge_rewards(
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<()> {
-    let stage = Stage::<Config>::start("judge-steps", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage = Stage::<Config>::start(&spec::JUDGE_STEPS, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::StepGates])?;
     let trajectories: Vec<TrajectoryRow> = stage.input(TableName::Trajectories)?.read_rows()?;
     let rewards: Vec<RewardRow> = stage.input(TableName::Rewards)?.read_rows()?;

@@ -43,6 +43,7 @@ use std::time::Instant;
 use embodyflow_core::cli::{PolicyArg, StageArgs, TeacherArg};
 use embodyflow_core::config::{at_least, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow};
+use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
@@ -55,9 +56,10 @@ use serde::{Deserialize, Serialize};
 /// Command line of `teacher-logp`.
 #[derive(Debug, clap::Parser)]
 #[command(
-    name = "teacher-logp",
+    name = spec::TEACHER_LOGP.name,
     version,
-    about = "Teacher- and student-context log-probs of rollout responses"
+    about = spec::TEACHER_LOGP.purpose,
+    after_help = spec::TEACHER_LOGP.help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -309,7 +311,8 @@ fn same_tokenizer(
 
 /// Runs the stage.
 pub fn run(args: Args) -> Result<(), ModelError> {
-    let stage = Stage::<Config>::start("teacher-logp", env!("CARGO_PKG_VERSION"), &args.stage)?;
+    let stage =
+        Stage::<Config>::start(&spec::TEACHER_LOGP, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
