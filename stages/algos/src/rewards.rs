@@ -292,6 +292,18 @@ mod tests {
     }
 
     #[test]
+    fn duplicated_plan_keys_keep_the_last() {
+        // json.loads keeps the last "executable_plan": pred_names = ["find a mug"],
+        // gold = ["find a mug"]: 1 leading match of k = 1, accuracy 1*2 / (1*2) = 1.
+        let text = r#"{"executable_plan": [{"action_id": 1, "action_name": "pick up the Mug"}], "executable_plan": [{"action_id": 0, "action_name": "find a Mug"}]}"#;
+        for tolerant in [false, true] {
+            let r = embodied_r1(text, &gt(&["find a Mug"]), Some(&actions()), tolerant);
+            assert_eq!(r.accuracy, 1.0, "tolerant {tolerant}");
+            assert_eq!(r.plan.unwrap().steps[0].action_id, Some(0));
+        }
+    }
+
+    #[test]
     fn verify_by_hand() {
         let plan = extract(&response(&[(0, "find a Mug"), (1, "x")]));
         let r = verify(plan.clone(), None, 1, 2);
