@@ -317,3 +317,66 @@ fn a_sound_table_validates_deeply() {
     let result = run("table", &["validate", "--deep", table.to_str().unwrap()]);
     assert_ne!(result.code, 0, "{result}");
 }
+
+#[test]
+fn one_nan_old_value_fails_a_gae_run_instead_of_poisoning_it() {
+    use embodyflow_core::dataset::rows_to_batch;
+    use embodyflow_core::schemas::StepRow;
+    let dir = tempfile::tempdir().unwrap();
+    let (rollouts, rewards) = embodyflow_tests::rollout_set(dir.path(), &[vec![1.0, 0.0]], 2, 3);
+    let steps_dir = rollouts.join("steps");
+    // The first shard's rows, one old value made NaN, forged in place.
+    let reader = TableReader::open(&steps_dir, TableName::Steps).unwrap();
+    let first = Manifest::read(&steps_dir).unwrap().shards[0].rows as usize;
+    let mut rows: Vec<StepRow> = reader.read_rows().unwrap();
+    rows.truncate(first);
+    let victim = rows.len() - 1;
+    rows[victim].old_values.as_mut().unwrap()[1] = f32::NAN;
+    let batch = rows_to_batch(TableName::Steps.def(), &rows).unwrap();
+    forge_first_shard(&steps_dir, &batch, &[(META_TABLE, "steps"), (META_VERSION, "1")]);
+    let out = dir.path().join("adv");
+    let result = run(
+        "compute-advantages",
+        &[
+            "--input",
+            rollouts.to_str().unwrap(),
+            "--input",
+            rewards.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            "estimator=gae",
+        ],
+    );
+    let key = format!(
+        "trajectory_id={}, step_index={}",
+        rows[victim].trajectory_id, rows[victim].step_index
+    );
+    assert_rejected(
+        &result,
+        &["`steps`", "`part-00000.parquet`", "`old_values`", "NaN", &key],
+    );
+    assert!(!out.join("advantages").exists());
+}
+
+#[test]
+fn a_step_index_outside_its_declared_range_is_rejected() {
+    use embodyflow_core::dataset::rows_to_batch;
+    use embodyflow_core::schemas::StepRow;
+    for bad in [i32::MAX, -1] {
+        let dir = tempfile::tempdir().unwrap();
+        let (rollouts, _) = embodyflow_tests::rollout_set(dir.path(), &[vec![1.0]], 1, 2);
+        let steps_dir = rollouts.join("steps");
+        let mut rows: Vec<StepRow> = TableReader::open(&steps_dir, TableName::Steps)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+        rows[0].step_index = bad;
+        let batch = rows_to_batch(TableName::Steps.def(), &rows).unwrap();
+        forge_first_shard(&steps_dir, &batch, &[(META_TABLE, "steps"), (META_VERSION, "1")]);
+        assert_rejected(
+            &validate(&steps_dir),
+            &["`steps`", "`step_index`", &format!("{bad} (allowed: 0 to 1000000)")],
+        );
+    }
+}

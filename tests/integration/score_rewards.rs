@@ -416,3 +416,38 @@ fn verify_executes_household_plans() {
         "{result}"
     );
 }
+
+#[test]
+fn trajectories_whose_task_is_missing_are_an_error_or_skipped_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    write_fixture(dir.path(), 3);
+    // A tasks table that holds only the first of the three tasks.
+    let tasks: Vec<TaskRow> = TableReader::open(&dir.path().join("data/tasks"), TableName::Tasks)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    embodyflow_tests::write_table(&dir.path().join("data"), &tasks[..1]);
+    let result = score(dir.path(), "out", &[]);
+    assert_eq!(result.code, 2, "{result}");
+    for needle in [
+        "2 tasks that the tasks table",
+        "household/train/0/000001",
+        "rollouts/trajectories",
+        "data/tasks",
+        "missing_tasks=skip",
+    ] {
+        assert!(result.stderr.contains(needle), "lacks `{needle}`\n{result}");
+    }
+    assert!(!dir.path().join("out/rewards").exists());
+
+    let skipped = score(dir.path(), "out", &["--set", "missing_tasks=skip"]);
+    assert_eq!(skipped.code, 0, "{skipped}");
+    let per_task = responses().len();
+    assert!(
+        skipped
+            .stdout
+            .contains(&format!("| skipped: task not in the tasks table | {} |", 2 * per_task)),
+        "{skipped}"
+    );
+    assert_eq!(rewards(&dir.path().join("out")).len(), per_task);
+}
