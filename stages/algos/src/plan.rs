@@ -5,9 +5,12 @@
 //! A response is a JSON object with `executable_plan`, a list of
 //! `{"action_id": int, "action_name": str}` (and usually `language_plan`).
 //!
-//! **Strict** extraction ([`extract_strict`]) accepts exactly that and nothing
-//! else: the whole response must be the JSON object (as `json.loads` in the
-//! Embodied-R1 reference reward). **Tolerant** extraction ([`extract`])
+//! **Strict** extraction ([`extract_strict`]) reads a response as the
+//! Embodied-R1 reference reward does: the end-of-text tokens [`END_TOKENS`]
+//! removed wherever they are, white space stripped as Python's `str.strip`
+//! strips it, and the rest must be one JSON object (`json.loads`, which
+//! [`crate::json_spans`] follows). Spans point into the response as given.
+//! **Tolerant** extraction ([`extract`])
 //! also accepts, in this order: trailing special tokens (`<|im_end|>`,
 //! `<|endoftext|>`, `</s>`, …) stripped; the first fenced block (```` ```json
 //! ```` or ```` ``` ````) that parses; the whole text; the first balanced `{…}`
@@ -98,10 +101,87 @@ pub enum MatchMode {
     Lcs,
 }
 
-/// Extracts the plan only when the whole response is the expected JSON object.
+/// The end-of-text tokens the Embodied-R1 reference removes from a response
+/// before parsing it (Qwen's, DeepSeek's end of sentence, GPT's), in its order.
+pub const END_TOKENS: [&str; 3] = [
+    "<|im_end|>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "<|endoftext|>",
+];
+
+/// Extracts the plan as the Embodied-R1 reference reads a response (see the
+/// module doc): `None` unless the rest is one JSON object with an
+/// `executable_plan` array.
 pub fn extract_strict(text: &str) -> Option<Plan> {
-    let value = parse(text).ok()?;
-    plan_from_object(&value, PlanSource::Whole)
+    let (clean, removed) = remove_end_tokens(text);
+    let body = clean.trim_start_matches(python_space);
+    let lead = clean.len() - body.len();
+    let value = parse(body.trim_end_matches(python_space)).ok()?;
+    let mut plan = plan_from_object(&value, PlanSource::Whole)?;
+    let map = |r: &Range<usize>| removed.start(r.start + lead)..removed.end(r.end + lead);
+    plan.plan_span = map(&plan.plan_span);
+    for step in &mut plan.steps {
+        step.id_span = step.id_span.as_ref().map(map);
+        step.name_span = step.name_span.as_ref().map(map);
+    }
+    Some(plan)
+}
+
+/// Python's `str.isspace`: Unicode white space and the four information
+/// separators U+001C..U+001F.
+fn python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Where [`remove_end_tokens`] removed text: per pass, each removal as (its
+/// offset in the pass's output, bytes removed by the pass up to there).
+struct Removals(Vec<Vec<(usize, usize)>>);
+
+impl Removals {
+    /// The offset in the original text of offset `at` of the cleaned text;
+    /// `after` counts a removal at `at` as lying before it.
+    fn map(&self, mut at: usize, after: bool) -> usize {
+        for pass in self.0.iter().rev() {
+            let before = pass.partition_point(|&(p, _)| p < at || (after && p == at));
+            at += before.checked_sub(1).map_or(0, |i| pass[i].1);
+        }
+        at
+    }
+
+    /// Maps the start of a span (text removed right before it stays out).
+    fn start(&self, at: usize) -> usize {
+        self.map(at, true)
+    }
+
+    /// Maps the end of a span (text removed right after it stays out).
+    fn end(&self, at: usize) -> usize {
+        self.map(at, false)
+    }
+}
+
+/// `text` with every [`END_TOKENS`] occurrence removed, one token after the
+/// other as Python's `str.replace` removes them (left to right, not
+/// overlapping; a pass can join a later token's pieces).
+fn remove_end_tokens(text: &str) -> (String, Removals) {
+    let mut current = text.to_string();
+    let mut passes = Vec::new();
+    for token in END_TOKENS {
+        if !current.contains(token) {
+            continue;
+        }
+        let mut out = String::with_capacity(current.len());
+        let mut marks = Vec::new();
+        let mut last = 0;
+        for (at, _) in current.match_indices(token) {
+            out.push_str(&current[last..at]);
+            last = at + token.len();
+            marks.push((out.len(), last - out.len()));
+        }
+        out.push_str(&current[last..]);
+        current = out;
+        passes.push(marks);
+    }
+    (current, Removals(passes))
 }
 
 /// Extracts the plan tolerantly (see the module doc); `None` when no plan is found.
@@ -436,6 +516,51 @@ mod tests {
             extract("{\"executable_plan\": [{\"action_id\": 1, \"action_name\": null}]}").unwrap();
         assert_eq!(plan.steps[0].action_name, None);
         assert_eq!(plan.steps[0].name_span, None);
+    }
+
+    #[test]
+    fn strict_reading_strips_end_tokens_as_the_reference() {
+        // The reference: resp.replace(t, "") for "<|im_end|>", the DeepSeek
+        // token and "<|endoftext|>" in turn, .strip(), then json.loads.
+        let object = r#"{"executable_plan": [{"action_id": 1, "action_name": "find a Mug"}]}"#;
+        for text in [
+            format!("{object}<|im_end|>"),
+            format!("{object}<|endoftext|>"),
+            format!("{object}\n<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>"),
+            format!("<|im_end|> \n{object} <|im_end|><|endoftext|>\n"),
+            // Python's strip: ideographic space, NBSP, NEL and the separators U+001C..U+001F.
+            format!("\u{3000}\u{a0}\u{85}\u{1c}{object}\u{1f}"),
+        ] {
+            let plan = extract_strict(&text).unwrap_or_else(|| panic!("{text:?}"));
+            assert_eq!(names(&plan, &text), ["\"find a Mug\""], "{text:?}");
+            assert_eq!(&text[plan.steps[0].id_span.clone().unwrap()], "1");
+            assert_eq!(plan.source, PlanSource::Whole);
+        }
+        // Removed inside strings too: the name reads "find a Mug", its span
+        // covers the value as written.
+        let text =
+            r#"{"executable_plan": [{"action_id": 1, "action_name": "find<|im_end|> a Mug"}]}"#;
+        let plan = extract_strict(text).unwrap();
+        assert_eq!(plan.steps[0].action_name.as_deref(), Some("find a Mug"));
+        assert_eq!(names(&plan, text), [r#""find<|im_end|> a Mug""#]);
+        assert_eq!(
+            &text[plan.plan_span.clone()],
+            &text[text.find('[').unwrap()..text.len() - 1]
+        );
+        for (text, why) in [
+            // One replace per token, in order: removing "<|endoftext|>" joins an
+            // "<|im_end|>" that stays, and "<|im_end<|im_end|>|>" keeps one.
+            (format!("{object}<|im_<|endoftext|>end|>"), "joined"),
+            (format!("{object}<|im_end<|im_end|>|>"), "nested"),
+            // Not white space for Python: zero-width space, byte order mark.
+            (format!("{object}\u{200b}"), "ZWSP"),
+            (format!("\u{feff}{object}"), "BOM"),
+            // Other special tokens stay.
+            (format!("{object}</s>"), "</s>"),
+            (format!("{object}<|im_start|>"), "im_start"),
+        ] {
+            assert!(extract_strict(&text).is_none(), "{why}");
+        }
     }
 
     proptest::proptest! {

@@ -292,6 +292,25 @@ mod tests {
     }
 
     #[test]
+    fn strict_mode_strips_end_of_text_tokens() {
+        // The reference strips "<|im_end|>" (and the DeepSeek and GPT end
+        // tokens) before json.loads: a perfect answer keeps its 1.5.
+        let g = gt(&["find a Mug", "pick up the Mug"]);
+        let answer = response(&[(0, "find a Mug"), (1, "pick up the Mug")]);
+        let perfect = embodied_r1(&answer, &g, Some(&actions()), false).score;
+        assert_eq!(perfect, 1.5);
+        for end in [
+            "<|im_end|>",
+            "<|endoftext|>",
+            "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+            "<|im_end|>\n<|endoftext|>",
+        ] {
+            let r = embodied_r1(&format!("{answer}{end}"), &g, Some(&actions()), false);
+            assert_eq!(r.score, perfect, "{end}");
+        }
+    }
+
+    #[test]
     fn duplicated_plan_keys_keep_the_last() {
         // json.loads keeps the last "executable_plan": pred_names = ["find a mug"],
         // gold = ["find a mug"]: 1 leading match of k = 1, accuracy 1*2 / (1*2) = 1.
