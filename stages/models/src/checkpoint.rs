@@ -223,7 +223,11 @@ impl Checkpoint {
         Ok((staged, written?))
     }
 
-    fn write_files(&self, staging: &Path, written_by: &str) -> Result<CheckpointManifest, ModelError> {
+    fn write_files(
+        &self,
+        staging: &Path,
+        written_by: &str,
+    ) -> Result<CheckpointManifest, ModelError> {
         let weights = staging.join("model.safetensors");
         self.vars
             .save(&weights)
@@ -305,21 +309,11 @@ fn load_weights(vars: &VarStore, path: &Path) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::train_bpe;
+    use crate::testing::{tiny_config, tiny_tokenizer as tokenizer};
 
-    fn tokenizer() -> Tokenizer {
-        let corpus: Vec<String> = (0..30).map(|i| format!("find a Mug {i}")).collect();
-        train_bpe(&corpus, 80).unwrap()
-    }
-
+    /// The shared tiny shape (2 layers, width 32) with a context of 16 tokens.
     fn config(vocab_size: i64) -> GptConfig {
-        GptConfig {
-            vocab_size,
-            n_ctx: 16,
-            n_embd: 16,
-            n_head: 2,
-            n_layer: 1,
-        }
+        tiny_config(vocab_size, 16)
     }
 
     #[test]
@@ -361,7 +355,7 @@ mod tests {
 
         // A config whose width disagrees with the weights.
         let mut wider = config(vocab);
-        wider.n_embd = 32;
+        wider.n_embd *= 2;
         std::fs::write(path.join("config.json"), pretty(&wider)).unwrap();
         let error = Checkpoint::load(&path, tch::Device::Cpu)
             .err()
@@ -385,13 +379,13 @@ mod tests {
 
         // An extra layer in the config: the weights lack its tensors.
         let mut deeper = config(vocab);
-        deeper.n_layer = 2;
+        deeper.n_layer += 1;
         std::fs::write(path.join("config.json"), pretty(&deeper)).unwrap();
         let error = Checkpoint::load(&path, tch::Device::Cpu)
             .err()
             .unwrap()
             .to_string();
-        assert!(error.contains("lacks tensor `h.1."), "{error}");
+        assert!(error.contains("lacks tensor `h.2."), "{error}");
 
         std::fs::write(path.join("config.json"), "{\"vocab_size\": 3}").unwrap();
         let error = Checkpoint::load(&path, tch::Device::Cpu)

@@ -15,8 +15,11 @@
 //!   run of many `update-policy` calls optimises like one process;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
 //!   top-p) and the log-probs, entropies and masks the update needs;
-//! - [`episodes`]: a policy answering many tasks of the environments in
-//!   `embodyflow_envs` (sampling in batches, executing the answers).
+//! - `testing` (hidden from the docs): the one tiny policy that the tests of
+//!   this crate and of the stages share.
+//!
+//! The models know no world: running a policy in an environment is
+//! `embodyflow_rollout`'s, the crate above both.
 //!
 //! The examples in these docs are not run as doctests (`doctest = false`):
 //! rustdoc links them in a temporary directory that the binaries' relative
@@ -28,10 +31,11 @@ use embodyflow_core::{Classify, ErrorKind};
 
 pub mod checkpoint;
 pub mod device;
-pub mod episodes;
 pub mod gpt;
 pub mod optimizer;
 pub mod policy;
+#[doc(hidden)]
+pub mod testing;
 pub mod tokenizer;
 
 /// Errors of loading, saving and running a policy.

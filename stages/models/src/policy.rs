@@ -365,23 +365,10 @@ pub fn score_responses(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpt::GptConfig;
-    use crate::tokenizer::train_bpe;
 
+    /// The shared tiny policy with a context of 48 tokens.
     fn tiny_policy() -> Checkpoint {
-        tch::manual_seed(3);
-        let corpus: Vec<String> = (0..40)
-            .map(|i| format!("put the apple {i} in the fridge, then find a mug {}", i * 7))
-            .collect();
-        let tokenizer = train_bpe(&corpus, 120).unwrap();
-        let config = GptConfig {
-            vocab_size: tokenizer.get_vocab_size(true) as i64,
-            n_ctx: 48,
-            n_embd: 32,
-            n_head: 4,
-            n_layer: 2,
-        };
-        Checkpoint::init(&config, tokenizer, Device::Cpu).unwrap()
+        crate::testing::tiny_policy(48)
     }
 
     fn prompts() -> Vec<Vec<i32>> {

@@ -402,16 +402,13 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             all_tokens as f64 / seconds.max(1e-9),
         ),
     );
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::schemas::PlanAction;
-    use embodyflow_models::gpt::GptConfig;
-    use embodyflow_models::tokenizer::train_bpe;
 
     fn problem_key(sets: &[&str]) -> Option<String> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -441,22 +438,8 @@ mod tests {
             assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
         }
     }
-
-    fn tiny_policy(n_ctx: i64) -> Checkpoint {
-        tch::manual_seed(3);
-        let corpus: Vec<String> = (0..40)
-            .map(|i| format!("Task: find a Mug {i}\nHere is a reference plan: pick up the Mug"))
-            .collect();
-        let tokenizer = train_bpe(&corpus, 300).unwrap();
-        let config = GptConfig {
-            vocab_size: tokenizer.get_vocab_size(true) as i64,
-            n_ctx,
-            n_embd: 32,
-            n_head: 2,
-            n_layer: 1,
-        };
-        Checkpoint::init(&config, tokenizer, tch::Device::Cpu).unwrap()
-    }
+    use embodyflow_core::schemas::PlanAction;
+    use embodyflow_models::testing::tiny_policy;
 
     fn rollout(
         policy: &Checkpoint,

@@ -753,9 +753,6 @@ mod tests {
         }
     }
 
-    use embodyflow_models::gpt::GptConfig;
-    use embodyflow_models::tokenizer::train_bpe;
-
     fn problem_key(sets: &[&str]) -> Option<String> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let report = embodyflow_core::config::ConfigReport::resolve::<Config>(
@@ -813,20 +810,9 @@ mod tests {
         }
     }
 
+    /// The shared tiny policy with a context of 32 tokens.
     fn tiny_policy() -> Checkpoint {
-        tch::manual_seed(1);
-        let corpus: Vec<String> = (0..40)
-            .map(|i| format!("find a Mug {i}, pick up the Mug"))
-            .collect();
-        let tokenizer = train_bpe(&corpus, 300).unwrap();
-        let config = GptConfig {
-            vocab_size: tokenizer.get_vocab_size(true) as i64,
-            n_ctx: 32,
-            n_embd: 32,
-            n_head: 2,
-            n_layer: 1,
-        };
-        Checkpoint::init(&config, tokenizer, tch::Device::Cpu).unwrap()
+        embodyflow_models::testing::tiny_policy(32)
     }
 
     fn response_logprob(policy: &Checkpoint, example: &Example) -> f64 {

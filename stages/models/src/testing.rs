@@ -1,0 +1,87 @@
+//! The one tiny policy the tests share (models, teacher-logp, update-policy):
+//! a byte-level BPE trained on a few household sentences and a GPT of two
+//! layers, four heads and width 32, initialised from a fixed seed, on the
+//! CPU. It is small enough to build in milliseconds and big enough to
+//! exercise what the tests check: a multi-layer key/value cache, batched
+//! scoring, a context limit (`n_ctx` is the caller's), a teacher context with
+//! a reference plan, and gradient steps that move log-probs.
+//!
+//! Not part of the API: hidden from the docs and meant for `#[cfg(test)]`
+//! code (it is compiled in, rather than behind a cargo feature, so that
+//! building the tests does not rebuild this crate and every crate above it
+//! with other features).
+//!
+//! ```no_run
+//! use embodyflow_models::testing::tiny_policy;
+//! let policy = tiny_policy(48);
+//! assert_eq!(policy.model.config().n_ctx, 48);
+//! assert!(policy.model.config().vocab_size > 256); // every byte, the specials, some merges
+//! ```
+
+use tokenizers::Tokenizer;
+
+use crate::checkpoint::Checkpoint;
+use crate::gpt::GptConfig;
+use crate::tokenizer::train_bpe;
+
+/// The seed `tiny_policy` initialises the weights from.
+pub const SEED: i64 = 3;
+
+/// The BPE of the tiny policy: every byte, the three special tokens and
+/// merges learnt from task prompts, reference plans and answers.
+pub fn tiny_tokenizer() -> Tokenizer {
+    let corpus: Vec<String> = (0..40)
+        .map(|i| {
+            format!(
+                "Task: find a Mug {i}\nHere is a reference plan: pick up the Mug, \
+                 put the apple {i} in the fridge, then find a mug {}",
+                i * 7
+            )
+        })
+        .collect();
+    train_bpe(&corpus, 300).expect("the tiny corpus trains a BPE")
+}
+
+/// The tiny policy's shape for a vocabulary of `vocab_size` and a context of
+/// `n_ctx` tokens: 2 layers, 4 heads, width 32.
+pub fn tiny_config(vocab_size: i64, n_ctx: i64) -> GptConfig {
+    GptConfig {
+        vocab_size,
+        n_ctx,
+        n_embd: 32,
+        n_head: 4,
+        n_layer: 2,
+    }
+}
+
+/// The tiny policy with a context of `n_ctx` tokens, weights drawn after
+/// `tch::manual_seed(SEED)`, on the CPU.
+pub fn tiny_policy(n_ctx: i64) -> Checkpoint {
+    tch::manual_seed(SEED);
+    let tokenizer = tiny_tokenizer();
+    let config = tiny_config(tokenizer.get_vocab_size(true) as i64, n_ctx);
+    Checkpoint::init(&config, tokenizer, tch::Device::Cpu).expect("the tiny config is valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::{SpecialIds, encode};
+
+    #[test]
+    fn the_tiny_policy_is_the_same_every_time() {
+        let (a, b) = (tiny_policy(48), tiny_policy(48));
+        assert_eq!(
+            a.model.config(),
+            &tiny_config(a.model.config().vocab_size, 48)
+        );
+        assert_eq!(a.special, SpecialIds::of(&a.tokenizer).unwrap());
+        let ids = encode(&a.tokenizer, "find a Mug").unwrap();
+        assert_eq!(ids, encode(&b.tokenizer, "find a Mug").unwrap());
+        assert!(ids.len() < "find a Mug".len(), "the BPE merged: {ids:?}");
+        let input = tch::Tensor::from_slice(&[5i64, 9, 12]).view([1, 3]);
+        let (la, lb) = (a.model.forward(&input), b.model.forward(&input));
+        assert_eq!(la.size(), [1, 3, a.model.config().vocab_size]);
+        assert!(la.equal(&lb), "same seed, same weights");
+    }
+}
