@@ -43,16 +43,76 @@ use crate::json_spans::{Json, Spanned, parse, parse_prefix};
 /// One predicted plan step with where its values sit in the response text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanStep {
-    /// The id when the item had an integer `action_id`.
+    /// The id when the item's `action_id` is an integer that fits in i64.
     pub action_id: Option<i64>,
-    /// The name when the item had a string `action_name`.
+    /// What the item's `action_id` is.
+    pub id_kind: IdKind,
+    /// The name when the item's `action_name` is a string (U+FFFD in place
+    /// of unpaired surrogate escapes).
     pub action_name: Option<String>,
-    /// Byte span of the `action_id` value.
+    /// What the item's `action_name` is.
+    pub name_kind: NameKind,
+    /// Byte span of the `action_id` value when it is an integer (of any size).
     pub id_span: Option<Range<usize>>,
-    /// Byte span of the `action_name` value (with its quotes).
+    /// Byte span of the `action_name` value (with its quotes) when it is a string.
     pub name_span: Option<Range<usize>>,
-    /// Whether the item was an object with an integer id and a string name.
+    /// Whether the item is an object.
+    pub is_object: bool,
+    /// The reference's test of a valid item: an object whose `action_id` is
+    /// an int for Python (an integer of any size, or a bool) and whose
+    /// `action_name` is a string.
     pub well_formed: bool,
+}
+
+/// What a step's `action_id` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    /// No `action_id` (or the item is not an object).
+    Missing,
+    /// An integer that fits in i64, in [`PlanStep::action_id`].
+    Integer,
+    /// An integer beyond i64. Python's ints are unbounded, so it is still an
+    /// id: it matches no ground-truth id and names no action, and it is
+    /// never replaced by the name.
+    BigInteger,
+    /// `true` or `false`: an int for Python's `isinstance`, so a valid item
+    /// for the reference, whose action map has no key `"True"`.
+    Bool,
+    /// Anything else: null, a float (`3.0`, `1e2`, `NaN`), a string, an
+    /// array, an object.
+    Other,
+}
+
+impl IdKind {
+    fn of(value: Option<&Spanned>) -> IdKind {
+        match value.map(|v| &v.json) {
+            None => IdKind::Missing,
+            Some(Json::Bool(_)) => IdKind::Bool,
+            Some(json @ Json::Number(n)) if json.is_integer() => match n.parse::<i64>() {
+                Ok(_) => IdKind::Integer,
+                Err(_) => IdKind::BigInteger,
+            },
+            Some(_) => IdKind::Other,
+        }
+    }
+
+    /// Whether Python's `isinstance(action_id, int)` holds.
+    pub fn is_python_int(self) -> bool {
+        matches!(self, IdKind::Integer | IdKind::BigInteger | IdKind::Bool)
+    }
+}
+
+/// What a step's `action_name` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// No `action_name` (or the item is not an object).
+    Missing,
+    /// A string.
+    String,
+    /// A string with an unpaired surrogate escape: it equals no name.
+    StringWithSurrogates,
+    /// Anything else: null, a number, a bool, an array, an object.
+    Other,
 }
 
 /// How the plan was found.
@@ -117,7 +177,7 @@ pub fn extract_strict(text: &str) -> Option<Plan> {
     let body = clean.trim_start_matches(python_space);
     let lead = clean.len() - body.len();
     let value = parse(body.trim_end_matches(python_space)).ok()?;
-    let mut plan = plan_from_object(&value, PlanSource::Whole)?;
+    let mut plan = strict_plan(&value)?;
     let map = |r: &Range<usize>| removed.start(r.start + lead)..removed.end(r.end + lead);
     plan.plan_span = map(&plan.plan_span);
     for step in &mut plan.steps {
@@ -125,6 +185,28 @@ pub fn extract_strict(text: &str) -> Option<Plan> {
         step.name_span = step.name_span.as_ref().map(map);
     }
     Some(plan)
+}
+
+/// The plan of the reference's `data.get("executable_plan", [])`: an array,
+/// or an empty string or object, which Python iterates as no step. On a
+/// non-empty string or object the reference raises (`step.get` of a
+/// character or a key), on anything else it cannot iterate.
+fn strict_plan(value: &Spanned) -> Option<Plan> {
+    let plan = value.get("executable_plan")?;
+    match &plan.json {
+        Json::Array(_) => plan_from_object(value, PlanSource::Whole),
+        Json::String(s) if s.is_empty() => Some(Plan {
+            steps: Vec::new(),
+            plan_span: plan.span.clone(),
+            source: PlanSource::Whole,
+        }),
+        Json::Object(members) if members.is_empty() => Some(Plan {
+            steps: Vec::new(),
+            plan_span: plan.span.clone(),
+            source: PlanSource::Whole,
+        }),
+        _ => None,
+    }
 }
 
 /// Python's `str.isspace`: Unicode white space and the four information
@@ -305,24 +387,32 @@ fn plan_from_list(value: &Spanned, source: PlanSource) -> Option<Plan> {
 fn step_of(item: &Spanned) -> PlanStep {
     let id = item.get("action_id");
     let name = item.get("action_name");
-    let action_id = id.and_then(|v| match &v.json {
-        Json::Number(n) => n.parse::<i64>().ok(),
-        _ => None,
-    });
-    let action_name = name.and_then(|v| match &v.json {
-        Json::String(s) => Some(s.clone()),
-        _ => None,
-    });
+    let id_kind = IdKind::of(id);
+    let (name_kind, action_name) = match name.map(|v| &v.json) {
+        None => (NameKind::Missing, None),
+        Some(Json::String(s)) => (NameKind::String, Some(s.clone())),
+        Some(Json::StringWithSurrogates(s)) => (NameKind::StringWithSurrogates, Some(s.clone())),
+        Some(_) => (NameKind::Other, None),
+    };
+    let is_object = matches!(item.json, Json::Object(_));
     PlanStep {
-        well_formed: matches!(item.json, Json::Object(_))
-            && action_id.is_some()
-            && action_name.is_some(),
-        id_span: id.filter(|_| action_id.is_some()).map(|v| v.span.clone()),
-        name_span: name
-            .filter(|_| action_name.is_some())
-            .map(|v| v.span.clone()),
-        action_id,
+        action_id: id
+            .filter(|_| id_kind == IdKind::Integer)
+            .and_then(|v| match &v.json {
+                Json::Number(n) => n.parse().ok(),
+                _ => None,
+            }),
+        id_kind,
+        well_formed: is_object && id_kind.is_python_int() && action_name.is_some(),
         action_name,
+        name_kind,
+        id_span: id
+            .filter(|_| matches!(id_kind, IdKind::Integer | IdKind::BigInteger))
+            .map(|v| v.span.clone()),
+        name_span: name
+            .filter(|_| matches!(name_kind, NameKind::String | NameKind::StringWithSurrogates))
+            .map(|v| v.span.clone()),
+        is_object,
     }
 }
 
@@ -403,14 +493,17 @@ mod tests {
             .collect()
     }
 
+    /// The step of one JSON item.
+    fn step(item: &str) -> PlanStep {
+        step_of(&parse(item).unwrap())
+    }
+
     fn pred(ids: &[i64]) -> Vec<PlanStep> {
         ids.iter()
-            .map(|&id| PlanStep {
-                action_id: Some(id),
-                action_name: Some(format!("action {id}")),
-                id_span: None,
-                name_span: None,
-                well_formed: true,
+            .map(|&id| {
+                step(&format!(
+                    "{{\"action_id\": {id}, \"action_name\": \"action {id}\"}}"
+                ))
             })
             .collect()
     }
@@ -434,26 +527,91 @@ mod tests {
     #[test]
     fn names_stand_in_for_missing_ids() {
         let g = gt(&[5]);
-        let p = vec![PlanStep {
-            action_id: None,
-            action_name: Some("  ACTION 5 ".into()),
-            id_span: None,
-            name_span: None,
-            well_formed: false,
-        }];
+        let p = vec![step(r#"{"action_name": "  ACTION 5 "}"#)];
         assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![1]);
-        let p = vec![PlanStep {
-            action_id: Some(6),
-            action_name: Some("action 5".into()),
-            id_span: None,
-            name_span: None,
-            well_formed: true,
-        }];
+        let p = vec![step(r#"{"action_id": 6, "action_name": "action 5"}"#)];
         assert_eq!(
             step_match(&p, &g, MatchMode::Exact),
             vec![0],
             "an id, when present, decides"
         );
+    }
+
+    #[test]
+    fn step_kinds_as_python_sees_them() {
+        // isinstance(v, int) holds for 3, -0, 10**30 and True, not for 3.0,
+        // 1e2, NaN, "3" or None; isinstance(v, str) for any string.
+        for (id, kind, value) in [
+            ("3", IdKind::Integer, Some(3)),
+            ("-0", IdKind::Integer, Some(0)),
+            ("-9223372036854775808", IdKind::Integer, Some(i64::MIN)),
+            ("9223372036854775808", IdKind::BigInteger, None),
+            ("123456789012345678901234567890", IdKind::BigInteger, None),
+            ("true", IdKind::Bool, None),
+            ("3.0", IdKind::Other, None),
+            ("1e2", IdKind::Other, None),
+            ("NaN", IdKind::Other, None),
+            ("\"3\"", IdKind::Other, None),
+            ("null", IdKind::Other, None),
+        ] {
+            let s = step(&format!("{{\"action_id\": {id}, \"action_name\": \"a\"}}"));
+            assert_eq!((s.id_kind, s.action_id), (kind, value), "{id}");
+            assert_eq!(s.well_formed, kind.is_python_int(), "{id}");
+            assert_eq!(
+                s.id_span.is_some(),
+                matches!(kind, IdKind::Integer | IdKind::BigInteger)
+            );
+        }
+        for (name, kind, valid) in [
+            ("\"a\"", NameKind::String, true),
+            ("\"\"", NameKind::String, true),
+            ("\"\\ud800\"", NameKind::StringWithSurrogates, true),
+            ("null", NameKind::Other, false),
+            ("5", NameKind::Other, false),
+            ("[\"a\"]", NameKind::Other, false),
+        ] {
+            let s = step(&format!("{{\"action_id\": 1, \"action_name\": {name}}}"));
+            assert_eq!((s.name_kind, s.well_formed), (kind, valid), "{name}");
+        }
+        let s = step(r#"{"action_name": "a"}"#);
+        assert_eq!(
+            (s.id_kind, s.well_formed, s.is_object),
+            (IdKind::Missing, false, true)
+        );
+        let s = step(r#"{"action_id": 1}"#);
+        assert_eq!((s.name_kind, s.well_formed), (NameKind::Missing, false));
+        let s = step("5");
+        assert_eq!(
+            (s.id_kind, s.name_kind, s.is_object, s.well_formed),
+            (IdKind::Missing, NameKind::Missing, false, false)
+        );
+    }
+
+    #[test]
+    fn strict_plan_values_as_python_iterates_them() {
+        // data.get("executable_plan", []): a list; "" or {} iterate as no step;
+        // "x" and {"a": 1} raise in the reference (step.get); 5, null, true
+        // cannot be iterated; a missing key or a non-dict answer score 0.
+        for (plan, steps) in [
+            ("[]", Some(0)),
+            ("[1, {}]", Some(2)),
+            ("\"\"", Some(0)),
+            ("{}", Some(0)),
+            ("\"x\"", None),
+            ("{\"a\": 1}", None),
+            ("5", None),
+            ("null", None),
+            ("true", None),
+        ] {
+            let text = format!("{{\"executable_plan\": {plan}}}");
+            assert_eq!(
+                extract_strict(&text).map(|p| p.steps.len()),
+                steps,
+                "{plan}"
+            );
+        }
+        assert!(extract_strict("{\"language_plan\": []}").is_none());
+        assert!(extract_strict("[{\"executable_plan\": []}]").is_none());
     }
 
     fn names(plan: &Plan, text: &str) -> Vec<String> {

@@ -2,18 +2,27 @@
 //!
 //! - **outcome** (SimpleVLA-RL, LaST-R1): `score = reward_coef * complete`.
 //! - **embodied_r1** (Embodied-R1, arXiv 2505.22050; reference
-//!   `reward_func_embench_alfred_nonlinear.py`): `R = R_format + R_accuracy`.
-//!   With n = the leading run of predicted steps whose lower-cased
-//!   `action_name` equals the ground truth's and k = the ground-truth length,
-//!   `R_accuracy = n(n+1) / (k(k+1))`, minus 0.25 when k = 1 and more than one
-//!   step was predicted. `R_format = 0.125` (an object with an
-//!   `executable_plan` list) `+ 0.125 * (fraction of well-formed items) + 0.25 *
-//!   (fraction whose id and name agree in the environment's action list)`, so
-//!   the total reaches 1.5. Parsing is strict by default — the whole response
-//!   must be the JSON object, and a non-object item or a missing or null id or
-//!   name scores 0, as the reference's `except: return 0` does —
-//!   `tolerant = true` uses the tolerant extraction of [`crate::plan`] and
-//!   scores malformed items as invalid instead.
+//!   `reward_func_embench_alfred_nonlinear.py` of
+//!   mail-taii/Reinforced-Reasoning-for-Embodied-Planning):
+//!   `R = R_format + R_accuracy`, as the reference computes it.
+//!   `R_accuracy`: the predicted names are the lower-cased `action_name` of
+//!   the items that are objects (`""` when missing; not trimmed); with n =
+//!   their leading run equal to the lower-cased ground-truth names and k =
+//!   the ground-truth length, `R_accuracy = (n(n+1)/2) / (k(k+1)/2)`, minus
+//!   0.25 when k = 1 and the plan has more than one item (of any kind); 0
+//!   when k = 0. `R_format = 0.125` (an object with an `executable_plan`
+//!   list) `+ 0.125 * valid / items + 0.25 * agreeing / items` (0 for an
+//!   empty plan), where an item is valid when it is an object with an int
+//!   `action_id` for Python (an integer of any size, or a bool) and a string
+//!   `action_name`, and agrees when its id is an integer naming an action of
+//!   the environment's list whose lower-cased name equals its own; the
+//!   total reaches 1.5. Strict parsing, the default, reads the response as
+//!   the reference does ([`crate::plan::extract_strict`]) and scores 0 where
+//!   the reference raises into its `except`: no JSON object, an
+//!   `executable_plan` it cannot iterate, an item that is not an object, an
+//!   `action_name` that is present and not a string. `tolerant = true`
+//!   extracts tolerantly ([`crate::plan::extract`]) and never raises: such
+//!   items are invalid, and such names equal nothing.
 //! - **verify** (EasyR1 embody): `overall = 0.8 * accuracy + 0.2 * format`,
 //!   format = 1 when tolerant extraction finds a plan. Accuracy in [-1, 1]
 //!   comes from a verifier: the environment's plan executor (+1 goal reached,
@@ -25,31 +34,35 @@
 //! use embodyflow_algos::rewards::{embodied_r1, ActionList};
 //! let actions = ActionList::new(vec!["find a Mug".into(), "pick up the Mug".into()]);
 //! let gt = [GtStep { action_id: 0, action_name: "find a Mug".into() }, GtStep { action_id: 1, action_name: "pick up the Mug".into() }];
-//! let response = r#"{"executable_plan": [{"action_id": 0, "action_name": "find a Mug"}, {"action_id": 1, "action_name": "pick up the Mug"}]}"#;
+//! let response = r#"{"reasoning_and_reflection": "", "visual_state_description": "", "language_plan": [], "executable_plan": [{"action_id": 0, "action_name": "find a Mug"}, {"action_id": 1, "action_name": "pick up the Mug"}]}<|im_end|>"#;
 //! let r = embodied_r1(response, &gt, Some(&actions), false);
 //! assert_eq!((r.format, r.accuracy, r.score), (0.5, 1.0, 1.5));
 //! ```
 
-use crate::plan::{GtStep, Plan, PlanStep, extract, extract_strict, normalise_name};
+use crate::plan::{GtStep, IdKind, NameKind, Plan, PlanStep, extract, extract_strict};
 
 /// An environment's enumerated action list: id -> name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionList {
-    names: Vec<String>,
+    /// Lower-cased names; index = action id.
+    lower: Vec<String>,
 }
 
 impl ActionList {
     /// The list; index = action id.
     pub fn new(names: Vec<String>) -> ActionList {
-        ActionList { names }
+        ActionList {
+            lower: names.iter().map(|n| n.to_lowercase()).collect(),
+        }
     }
 
-    /// Whether `id` names an action called `name` (compared normalised).
+    /// Whether `id` names an action called `name`, compared lower-cased as
+    /// the reference compares them (`name.lower() == ACTION_MAP[id].lower()`).
     pub fn agrees(&self, id: i64, name: &str) -> bool {
         usize::try_from(id)
             .ok()
-            .and_then(|i| self.names.get(i))
-            .is_some_and(|n| normalise_name(n) == normalise_name(name))
+            .and_then(|i| self.lower.get(i))
+            .is_some_and(|n| *n == name.to_lowercase())
     }
 }
 
@@ -66,16 +79,16 @@ pub struct Scored {
     pub plan: Option<Plan>,
 }
 
-/// Leading run of predicted steps whose names equal the ground truth's.
-fn leading_name_matches(pred: &[PlanStep], gt: &[GtStep]) -> usize {
-    pred.iter()
-        .zip(gt)
-        .take_while(|(p, g)| {
-            p.action_name
-                .as_deref()
-                .is_some_and(|n| normalise_name(n) == normalise_name(&g.action_name))
-        })
-        .count()
+/// The name the reference reads from an object item
+/// (`step.get("action_name", "")`); `None` when that name equals nothing (a
+/// string with unpaired surrogates, or a value that is not a string, on
+/// which the reference raises).
+fn reference_name(step: &PlanStep) -> Option<&str> {
+    match step.name_kind {
+        NameKind::Missing => Some(""),
+        NameKind::String => step.action_name.as_deref(),
+        NameKind::StringWithSurrogates | NameKind::Other => None,
+    }
 }
 
 /// The Embodied-R1 reward (see the module doc). Without an action list the
@@ -99,37 +112,52 @@ pub fn embodied_r1(
     };
     let Some(plan) = plan else { return zero(None) };
     let steps = &plan.steps;
-    let well_formed = steps.iter().filter(|s| s.well_formed).count();
-    if !tolerant && well_formed != steps.len() {
+    // `step.get` of a non-dict item and `.lower()` of a non-str name raise.
+    if !tolerant
+        && steps
+            .iter()
+            .any(|s| !s.is_object || s.name_kind == NameKind::Other)
+    {
         return zero(Some(plan));
     }
-    let fraction = |n: usize| {
-        if steps.is_empty() {
-            0.0
-        } else {
-            n as f64 / steps.len() as f64
-        }
+    let structure = 0.125;
+    let (items, agreement) = if steps.is_empty() {
+        (0.0, 0.0)
+    } else {
+        let len = steps.len() as f64;
+        let valid = steps.iter().filter(|s| s.well_formed).count();
+        let agreeing = actions.map_or(0, |list| {
+            steps
+                .iter()
+                .filter(|s| {
+                    s.id_kind == IdKind::Integer
+                        && matches!((s.action_id, reference_name(s)), (Some(id), Some(name)) if list.agrees(id, name))
+                })
+                .count()
+        });
+        (0.125 * valid as f64 / len, 0.25 * agreeing as f64 / len)
     };
-    let agreeing = actions.map_or(0, |list| {
-        steps
-            .iter()
-            .filter(|s| matches!((s.action_id, s.action_name.as_deref()), (Some(id), Some(name)) if list.agrees(id, name)))
-            .count()
-    });
-    let format = 0.125 + 0.125 * fraction(well_formed) + 0.25 * fraction(agreeing);
+    let format = structure + items + agreement;
     let k = gt.len();
     let accuracy = if k == 0 {
         0.0
     } else {
-        let n = leading_name_matches(steps, gt);
-        let mut accuracy = (n * (n + 1)) as f64 / (k * (k + 1)) as f64;
+        let predicted = steps
+            .iter()
+            .filter(|s| s.is_object)
+            .map(|s| reference_name(s).map(str::to_lowercase));
+        let n = predicted
+            .zip(gt)
+            .take_while(|(p, g)| p.as_deref() == Some(g.action_name.to_lowercase().as_str()))
+            .count();
+        let mut accuracy = (n * (n + 1)) as f64 / 2.0 / ((k * (k + 1)) as f64 / 2.0);
         if k == 1 && steps.len() > 1 {
             accuracy -= 0.25;
         }
         accuracy
     };
     Scored {
-        score: (format + accuracy) as f32,
+        score: (accuracy + format) as f32,
         format: format as f32,
         accuracy: accuracy as f32,
         plan: Some(plan),
@@ -197,10 +225,22 @@ mod tests {
             .iter()
             .map(|(id, n)| format!("{{\"action_id\": {id}, \"action_name\": \"{n}\"}}"))
             .collect();
+        answer(&format!("[{}]", items.join(", ")))
+    }
+
+    /// An answer with the four keys of the reference's format.
+    fn answer(plan: &str) -> String {
         format!(
-            "{{\"language_plan\": [], \"executable_plan\": [{}]}}",
-            items.join(", ")
+            "{{\"reasoning_and_reflection\": \"r\", \"visual_state_description\": \"v\", \"language_plan\": [], \"executable_plan\": {plan}}}"
         )
+    }
+
+    /// (score, format, accuracy) of a strict and a tolerant reading.
+    fn both(text: &str, gt: &[GtStep]) -> [(f32, f32, f32); 2] {
+        [false, true].map(|tolerant| {
+            let r = embodied_r1(text, gt, Some(&actions()), tolerant);
+            (r.score, r.format, r.accuracy)
+        })
     }
 
     fn actions() -> ActionList {
@@ -289,6 +329,109 @@ mod tests {
         );
         assert_eq!(r.format, 0.125 + 0.0625 + 0.125);
         assert_eq!(r.accuracy, 0.75);
+    }
+
+    #[test]
+    fn invalid_ids_lower_the_format_only() {
+        // The reference's check_executable_items counts an item only when
+        // isinstance(action_id, int); check_action_id_match needs the same;
+        // accuracy reads names only. Gold = the two names; item 0 is valid
+        // and agrees, item 1 has a bad id: format = 0.125 + 0.125 * 1/2 +
+        // 0.25 * 1/2 = 0.3125, n = k = 2: accuracy 1.
+        let g = gt(&["find a Mug", "pick up the Mug"]);
+        for bad_id in [
+            "",
+            "\"action_id\": null, ",
+            "\"action_id\": 1.0, ",
+            "\"action_id\": 1e0, ",
+            "\"action_id\": \"1\", ",
+            "\"action_id\": NaN, ",
+            "\"action_id\": [1], ",
+        ] {
+            let text = answer(&format!(
+                "[{{\"action_id\": 0, \"action_name\": \"find a Mug\"}}, {{{bad_id}\"action_name\": \"pick up the Mug\"}}]"
+            ));
+            assert_eq!(both(&text, &g), [(1.3125, 0.3125, 1.0); 2], "{bad_id}");
+        }
+        // true is an int for isinstance, so the item is valid; str(True) is
+        // "True", no key of the action map (although True == 1 and action 1
+        // is "pick up the Mug"): format = 0.125 + 0.125 + 0.25 * 1/2 = 0.375.
+        let text = answer(
+            r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": true, "action_name": "pick up the Mug"}]"#,
+        );
+        assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2]);
+        // A negative id is valid and names no action: str(-1) is no key.
+        let text = answer(
+            r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": -1, "action_name": "pick up the Mug"}]"#,
+        );
+        assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2]);
+    }
+
+    #[test]
+    fn names_compare_lower_cased_and_untrimmed() {
+        let g = gt(&["find a Mug", "pick up the Mug"]);
+        // "FIND A MUG".lower() == "find a mug": n = 2, and the id agrees.
+        let text = response(&[(0, "FIND A MUG"), (1, "Pick Up The mug")]);
+        assert_eq!(both(&text, &g), [(1.5, 0.5, 1.0); 2]);
+        // " find a Mug" keeps its space: n = 0 (accuracy 0), item 0
+        // disagrees with action 0: format = 0.125 + 0.125 + 0.25 * 1/2.
+        let text = response(&[(0, " find a Mug"), (1, "pick up the Mug")]);
+        assert_eq!(both(&text, &g), [(0.375, 0.375, 0.0); 2]);
+        // Unicode lower-casing ("ÄPFEL".lower() == "äpfel").
+        let g = gt(&["find the Äpfel"]);
+        let text = response(&[(7, "FIND THE äPFEL")]);
+        assert_eq!(both(&text, &g)[0].2, 1.0);
+    }
+
+    #[test]
+    fn items_the_reference_skips_or_raises_on() {
+        let g = gt(&["find a Mug"]);
+        // A non-dict item: step.get raises in check_action_id_match, so strict
+        // scores 0. Tolerant: the item is invalid and skipped when reading
+        // names (as the reference's `if isinstance(step, dict)`) but counted
+        // in len(plan): names = ["find a mug"], n = k = 1, minus 0.25 for two
+        // items: accuracy 0.75; format = 0.125 + 0.125 * 1/2 + 0.25 * 1/2.
+        let text = answer(r#"[5, {"action_id": 0, "action_name": "find a Mug"}]"#);
+        assert_eq!(both(&text, &g), [(0.0, 0.0, 0.0), (1.0625, 0.3125, 0.75)]);
+        // A name that is present and not a string: .lower() raises in
+        // accuracy_reward, even after the leading run. Tolerant: it equals
+        // nothing; format = 0.125 + 0.125 * 1/2 + 0.25 * 1/2, n = 1 of k = 1,
+        // minus 0.25.
+        let text = answer(
+            r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": 1, "action_name": null}]"#,
+        );
+        assert_eq!(both(&text, &g), [(0.0, 0.0, 0.0), (1.0625, 0.3125, 0.75)]);
+        // A missing name reads as "" (no exception) and makes the item
+        // invalid; id 1 names "pick up the Mug", not "": no agreement.
+        // First: names = ["find a mug", ""], n = k = 1, minus 0.25 for two
+        // items. Then in the other order: "" != "find a mug", n = 0: -0.25.
+        // format = 0.125 + 0.125 * 1/2 + 0.25 * 1/2 both times.
+        let text = answer(r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": 1}]"#);
+        assert_eq!(both(&text, &g), [(1.0625, 0.3125, 0.75); 2]);
+        let text = answer(r#"[{"action_id": 1}, {"action_id": 0, "action_name": "find a Mug"}]"#);
+        assert_eq!(both(&text, &g), [(0.0625, 0.3125, -0.25); 2]);
+        // A name with an unpaired surrogate is a string (valid item) equal to nothing.
+        let text = answer(r#"[{"action_id": 0, "action_name": "find a Mug\ud800"}]"#);
+        assert_eq!(both(&text, &g), [(0.25, 0.25, 0.0); 2]);
+    }
+
+    #[test]
+    fn empty_plans_and_empty_gold() {
+        let g = gt(&["find a Mug"]);
+        // [] scores the structure only: items and agreement return 0 for an
+        // empty plan, n = 0, and no penalty (len(plan) = 0). "" and {}
+        // iterate as no step in Python; a non-empty string or object raises.
+        for plan in ["[]", "\"\"", "{}"] {
+            assert_eq!(both(&answer(plan), &g)[0], (0.125, 0.125, 0.0), "{plan}");
+        }
+        for plan in ["\"x\"", "{\"a\": 1}", "5", "null"] {
+            assert_eq!(both(&answer(plan), &g)[0], (0.0, 0.0, 0.0), "{plan}");
+        }
+        // No ground truth: accuracy 0, the format as usual.
+        let text = response(&[(0, "find a Mug"), (1, "pick up the Mug")]);
+        assert_eq!(both(&text, &[]), [(0.5, 0.5, 0.0); 2]);
+        // Not an object: data.get raises.
+        assert_eq!(both("[{\"executable_plan\": []}]", &g)[0], (0.0, 0.0, 0.0));
     }
 
     #[test]
