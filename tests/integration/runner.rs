@@ -381,6 +381,17 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
             "bad.toml:18:",
             "data/none does not exist",
         ),
+        // Values out of range are found by the stages' own checks, via --print-config.
+        (
+            offline(1, 1, false).replace("group_size = 3", "group_size = 0"),
+            "bad.toml:23:",
+            "config key `group_size`: expected at least 1, found 0",
+        ),
+        (
+            offline(1, 1, false).replace("split = \"train\"", "split = \"bogus\""),
+            "bad.toml:10:",
+            "config key `split`: unknown variant `bogus`",
+        ),
     ];
     for (text, line, needle) in cases {
         let file = dir.path().join("bad.toml");
@@ -396,6 +407,28 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
             "a stage ran before the error was found:\n{result}"
         );
     }
+    // A bad value given on the command line fails the dry run too.
+    let file = dir.path().join("good.toml");
+    std::fs::write(&file, offline(1, 1, false)).unwrap();
+    let result = run(
+        "pipeline",
+        &[
+            "run",
+            s(&file),
+            "--out",
+            s(&out),
+            "--dry-run",
+            "--set",
+            "collect.group_size=0",
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("(command line)")
+            && result.stderr.contains("config key `group_size`"),
+        "{result}"
+    );
+    assert!(!out.join("train").exists(), "{result}");
     // The shipped pipeline naming teacher-logp at least plans.
     let forward = ok(&[
         "run",
