@@ -28,14 +28,12 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
-use arrow::array::{
-    Array, BinaryArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray,
-};
+use arrow::array::{Array, BooleanArray, Int32Array, ListArray, StringArray, StructArray};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
 use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::{at_least, positive};
-use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::dataset::{TableReader, batch_to_rows, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -330,39 +328,11 @@ fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
 /// rebuilt for their executor; a malformed observation is bad input.
 fn read_envs(tasks: &TableReader) -> Result<HashMap<String, TaskEnv>> {
     let mut out = HashMap::new();
-    let columns = [
-        "task_id",
-        "env",
-        "split",
-        "seed",
-        "instruction",
-        "observation",
-    ];
-    for batch in tasks.batches(Some(&columns), 65_536)? {
-        let batch = batch?;
-        let ids = column::<StringArray>(&batch, "task_id");
-        let envs = column::<StringArray>(&batch, "env");
-        let splits = column::<StringArray>(&batch, "split");
-        let seeds = column::<Int64Array>(&batch, "seed");
-        let instructions = column::<StringArray>(&batch, "instruction");
-        let observations = column::<BinaryArray>(&batch, "observation");
-        for i in 0..batch.num_rows() {
-            if !TaskEnv::is_built_in(envs.value(i)) || observations.is_null(i) {
-                continue;
+    for batch in tasks.batches(None, 65_536)? {
+        for row in batch_to_rows::<TaskRow>(&batch?)? {
+            if TaskEnv::is_built_in(&row.env) && row.observation.is_some() {
+                out.insert(row.task_id.clone(), TaskEnv::from_row(&row, 0)?);
             }
-            let row = TaskRow {
-                task_id: ids.value(i).to_string(),
-                suite: String::new(),
-                env: envs.value(i).to_string(),
-                split: splits.value(i).to_string(),
-                task_type: None,
-                seed: seeds.value(i),
-                instruction: instructions.value(i).to_string(),
-                observation: Some(observations.value(i).to_vec()),
-                gt_actions: None,
-            };
-            let env = TaskEnv::from_row(&row, 0)?;
-            out.insert(row.task_id, env);
         }
     }
     Ok(out)
@@ -424,7 +394,9 @@ pub fn run(args: Args) -> Result<()> {
             "{skipped} trajectories of {} name {} tasks that the tasks table {} does not hold (e.g. {}); pass the tasks the rollouts were collected from, or --set missing_tasks=skip to leave them out",
             trajectories.dir().display(),
             missing.len(),
-            tasks.as_ref().map_or(String::new(), |t| t.dir().display().to_string()),
+            tasks
+                .as_ref()
+                .map_or(String::new(), |t| t.dir().display().to_string()),
             shown.join(", ")
         )));
     }
