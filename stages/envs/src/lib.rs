@@ -11,7 +11,7 @@
 //! answer executes as an empty plan (no success), never a panic.
 //!
 //! `score-rewards` executes already-extracted plans through
-//! [`TaskEnv::execute_plan`]; `embodyflow_models::episodes` runs a policy on
+//! [`TaskEnv::execute_plan`]; `embodyflow_rollout` runs a policy on
 //! many tasks through [`TaskEnv::prompt`] and [`TaskEnv::execute`].
 //! [`context`] builds the teacher and student contexts around a prompt
 //! (forward_proxy step rewards, and SFT of a teacher with reference plans).
@@ -139,6 +139,13 @@ impl TaskEnv {
     pub fn is_built_in(env: &str) -> bool {
         env == "household"
     }
+}
+
+/// The language of the built-in environments, for training a policy's
+/// tokenizer: the prompts and expert answers of `count` generated training
+/// tasks per environment (household), drawn from `seed`.
+pub fn corpus(count: usize, seed: u64) -> Vec<String> {
+    household::corpus(count, seed)
 }
 
 /// Predicted steps (id, name) as the household executor takes them.

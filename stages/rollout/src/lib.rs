@@ -1,11 +1,13 @@
-//! Running a one-shot planner on many tasks: encode each prompt, sample the
-//! answers in batches of up to `batch_rows` sequences with the key/value
-//! cache, decode and execute them. `collect-rollouts` (temperature T, G
-//! samples per task) and `evaluate` (greedy) share it.
+//! Running a policy in its environments, the layer above both the models
+//! (`embodyflow_models`, which know no world) and the environments
+//! (`embodyflow_envs`): for a one-shot planner, encode each task's prompt,
+//! sample the answers in batches of up to `batch_rows` sequences with the
+//! key/value cache, decode and execute them. `collect-rollouts` (temperature
+//! T, G samples per task) and `evaluate` (greedy) share it.
 //!
 //! ```no_run
 //! # use embodyflow_envs::TaskEnv;
-//! # use embodyflow_models::episodes::{run_episodes, Request};
+//! # use embodyflow_rollout::{run_episodes, Request};
 //! # let (policy, env): (embodyflow_models::checkpoint::Checkpoint, TaskEnv) = todo!();
 //! use embodyflow_models::policy::Sampling;
 //! let greedy = Sampling { temperature: 0.0, top_p: 1.0, max_new_tokens: 256 };
@@ -16,10 +18,10 @@
 use embodyflow_core::progress;
 use embodyflow_envs::{Outcome, TaskEnv};
 
-use crate::ModelError;
-use crate::checkpoint::Checkpoint;
-use crate::policy::{Sampling, sample};
-use crate::tokenizer::{decode, encode};
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::{Sampling, sample};
+use embodyflow_models::tokenizer::{decode, encode};
 
 /// Sampling seed of one answer: BLAKE3 of the run's `--seed` and the
 /// answer's id (a trajectory id), so an answer draws the same tokens whatever

@@ -17,8 +17,8 @@
 use std::path::Path;
 
 use embodyflow_core::Error;
-use embodyflow_core::commit::{Commit, Digest};
 use embodyflow_core::cli::StageArgs;
+use embodyflow_core::commit::{Commit, Digest};
 use embodyflow_core::config::{at_least, ensure};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -154,8 +154,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             (load(&file)?, format!("reused from {}", file.display()))
         }
         None => {
-            let corpus =
-                embodyflow_household::corpus(config.tokenizer.corpus_tasks, args.stage.seed);
+            let corpus = embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed);
             let tokenizer = train_bpe(&corpus, config.tokenizer.vocab_size)?;
             (tokenizer, format!("trained on {} texts", corpus.len()))
         }
