@@ -106,15 +106,14 @@ fn reward(i: usize) -> RewardRow {
 }
 
 /// Runs a binary to completion; returns wall time and peak RSS (MiB, polled).
-fn measure(name: &str, args: &[&str], threads: Option<&str>) -> (f64, f64) {
+/// `env` is added to the process environment (e.g. `RAYON_NUM_THREADS`).
+fn measure(name: &str, args: &[&str], env: &[(&str, &str)]) -> (f64, f64) {
     let mut command = Command::new(bin(name));
     command
         .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    if let Some(threads) = threads {
-        command.env("RAYON_NUM_THREADS", threads);
-    }
     let start = Instant::now();
     let mut child = command.spawn().unwrap();
     let status_path = format!("/proc/{}/status", child.id());
@@ -200,11 +199,46 @@ fn main() {
             "--set",
             "estimator=gae",
         ],
-        Some("1"),
+        &[("RAYON_NUM_THREADS", "1")],
     );
     println!(
         "process_gae_tokens_per_s {:.0}",
         (responses * tokens) as f64 / secs
+    );
+    // The cost of checking every shard's BLAKE3 as it is read: the same run
+    // with the check off, alternating, best of five each (warmed up above).
+    let mut best = [f64::INFINITY; 2];
+    for round in 0..10 {
+        let verify = round % 2;
+        let out = gae.join(format!("adv-verify{round}"));
+        let (secs, _) = measure(
+            "compute-advantages",
+            &[
+                "--input",
+                &s(&gae.join("rollouts")),
+                "--input",
+                &s(&gae.join("rewards")),
+                "--out",
+                &s(&out),
+                "--set",
+                "estimator=gae",
+            ],
+            &[
+                ("RAYON_NUM_THREADS", "1"),
+                (
+                    "EMBODYFLOW_VERIFY_HASHES",
+                    if verify == 1 { "1" } else { "0" },
+                ),
+            ],
+        );
+        best[verify] = best[verify].min(secs);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    println!("process_gae_s_hash_check_off {:.3}", best[0]);
+    println!("process_gae_s_hash_check_on {:.3}", best[1]);
+    println!(
+        "hash_check_on_read_overhead_pct {:.1}",
+        100.0 * (best[1] / best[0] - 1.0)
     );
 
     // 2. score-rewards and grpo_step rule on ~200-token plans, one thread.
@@ -266,7 +300,7 @@ fn main() {
             "--set",
             "reward.fn=verify",
         ],
-        Some("1"),
+        &[("RAYON_NUM_THREADS", "1")],
     );
     println!("plan_tokens_mean {mean_tokens}");
     println!("score_rewards_responses_per_s {:.0}", plans as f64 / secs);
@@ -285,7 +319,7 @@ fn main() {
             "--set",
             &set_tokenizer,
         ],
-        Some("1"),
+        &[("RAYON_NUM_THREADS", "1")],
     );
     println!("grpo_step_rule_responses_per_s {:.0}", plans as f64 / secs);
 
@@ -313,7 +347,7 @@ fn main() {
                     "--set",
                     &format!("estimator={estimator}"),
                 ],
-                None,
+                &[],
             );
             println!("{estimator}_peak_rss_mib_{label} {peak:.1}");
         }
