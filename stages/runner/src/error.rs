@@ -99,10 +99,15 @@ impl RunnerError {
 
 impl Classify for RunnerError {
     fn kind(&self) -> ErrorKind {
+        // Every variant is classified here: a new one must choose.
         match self {
             RunnerError::StageFailed { .. } | RunnerError::Plot { .. } => ErrorKind::Failure,
             RunnerError::Core(e) => e.kind(),
-            _ => ErrorKind::BadInput,
+            RunnerError::Pipeline { .. }
+            | RunnerError::MissingBinary { .. }
+            | RunnerError::MissingInput { .. }
+            | RunnerError::Locked { .. }
+            | RunnerError::Usage(_) => ErrorKind::BadInput,
         }
     }
 }
