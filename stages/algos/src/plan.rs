@@ -138,6 +138,11 @@ pub struct Plan {
     pub plan_span: Range<usize>,
     /// How it was found.
     pub source: PlanSource,
+    /// Whether the object holding `executable_plan` has the four keys of the
+    /// Embodied-R1 answer format: `reasoning_and_reflection`,
+    /// `visual_state_description`, `language_plan`, `executable_plan` (false
+    /// for a bare list).
+    pub answer_keys: bool,
 }
 
 /// A ground-truth step.
@@ -199,11 +204,13 @@ fn strict_plan(value: &Spanned) -> Option<Plan> {
             steps: Vec::new(),
             plan_span: plan.span.clone(),
             source: PlanSource::Whole,
+            answer_keys: has_answer_keys(value),
         }),
         Json::Object(members) if members.is_empty() => Some(Plan {
             steps: Vec::new(),
             plan_span: plan.span.clone(),
             source: PlanSource::Whole,
+            answer_keys: has_answer_keys(value),
         }),
         _ => None,
     }
@@ -353,6 +360,18 @@ fn plan_from_value(value: &Spanned, source: PlanSource) -> Option<Plan> {
     plan_from_object(value, source).or_else(|| plan_from_list(value, PlanSource::BareList))
 }
 
+/// The keys of the Embodied-R1 answer format.
+pub const ANSWER_KEYS: [&str; 4] = [
+    "reasoning_and_reflection",
+    "visual_state_description",
+    "language_plan",
+    "executable_plan",
+];
+
+fn has_answer_keys(object: &Spanned) -> bool {
+    ANSWER_KEYS.iter().all(|key| object.get(key).is_some())
+}
+
 fn plan_from_object(value: &Spanned, source: PlanSource) -> Option<Plan> {
     let plan = value.get("executable_plan")?;
     let Json::Array(items) = &plan.json else {
@@ -362,6 +381,7 @@ fn plan_from_object(value: &Spanned, source: PlanSource) -> Option<Plan> {
         steps: items.iter().map(step_of).collect(),
         plan_span: plan.span.clone(),
         source,
+        answer_keys: has_answer_keys(value),
     })
 }
 
@@ -381,6 +401,7 @@ fn plan_from_list(value: &Spanned, source: PlanSource) -> Option<Plan> {
         steps: items.iter().map(step_of).collect(),
         plan_span: value.span.clone(),
         source,
+        answer_keys: false,
     })
 }
 

@@ -10,8 +10,8 @@
 //!   their leading run equal to the lower-cased ground-truth names and k =
 //!   the ground-truth length, `R_accuracy = (n(n+1)/2) / (k(k+1)/2)`, minus
 //!   0.25 when k = 1 and the plan has more than one item (of any kind); 0
-//!   when k = 0. `R_format = 0.125` (an object with an `executable_plan`
-//!   list) `+ 0.125 * valid / items + 0.25 * agreeing / items` (0 for an
+//!   when k = 0. `R_format = 0.125` (the answer object has all four keys of
+//!   the format, [`crate::plan::ANSWER_KEYS`], whatever their values) `+ 0.125 * valid / items + 0.25 * agreeing / items` (0 for an
 //!   empty plan), where an item is valid when it is an object with an int
 //!   `action_id` for Python (an integer of any size, or a bool) and a string
 //!   `action_name`, and agrees when its id is an integer naming an action of
@@ -120,7 +120,7 @@ pub fn embodied_r1(
     {
         return zero(Some(plan));
     }
-    let structure = 0.125;
+    let structure = if plan.answer_keys { 0.125 } else { 0.0 };
     let (items, agreement) = if steps.is_empty() {
         (0.0, 0.0)
     } else {
@@ -322,7 +322,7 @@ mod tests {
         );
         assert_eq!(r.score, 1.5);
         let r = embodied_r1(
-            "{\"executable_plan\": [{\"action_id\": 0, \"action_name\": \"find a Mug\"}, 5]}",
+            &answer(r#"[{"action_id": 0, "action_name": "find a Mug"}, 5]"#),
             &g,
             Some(&actions()),
             true,
@@ -432,6 +432,34 @@ mod tests {
         assert_eq!(both(&text, &[]), [(0.5, 0.5, 0.0); 2]);
         // Not an object: data.get raises.
         assert_eq!(both("[{\"executable_plan\": []}]", &g)[0], (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn structure_needs_the_four_keys() {
+        // check_structure: {"reasoning_and_reflection", "visual_state_description",
+        // "language_plan", "executable_plan"} <= data.keys(), values unchecked.
+        let g = gt(&["find a Mug"]);
+        let plan = r#"[{"action_id": 0, "action_name": "find a Mug"}]"#;
+        let full = answer(plan);
+        assert_eq!(both(&full, &g), [(1.5, 0.5, 1.0); 2]);
+        for key in [
+            "reasoning_and_reflection",
+            "visual_state_description",
+            "language_plan",
+        ] {
+            let text = full.replacen(&format!("\"{key}\""), "\"other\"", 1);
+            assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2], "{key}");
+        }
+        let text = format!("{{\"executable_plan\": {plan}}}");
+        assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2]);
+        // Any values, null included.
+        let text = format!(
+            "{{\"reasoning_and_reflection\": null, \"visual_state_description\": 5, \"language_plan\": {{}}, \"executable_plan\": {plan}}}"
+        );
+        assert_eq!(both(&text, &g), [(1.5, 0.5, 1.0); 2]);
+        // A bare list (tolerant only) has no object, hence no structure part.
+        let r = embodied_r1(plan, &g, Some(&actions()), true);
+        assert_eq!((r.score, r.format), (1.375, 0.375));
     }
 
     #[test]
