@@ -12,8 +12,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use embodyflow_core::dataset::TableReader;
-use embodyflow_core::schemas::{AdvantageRow, TableName};
+use embodyflow_core::schemas::AdvantageRow;
 use embodyflow_core::{Error, Result};
 use plotters::prelude::*;
 
@@ -103,32 +102,11 @@ pub fn render(path: &Path, row: &AdvantageRow) -> std::result::Result<(), String
     root.present().map_err(|e| e.to_string())
 }
 
-/// Renders the first `count` rows of the advantages table at `table_dir`
-/// (rows with a step advantage first) into `out_dir`, with an index.
-pub fn render_table(table_dir: &Path, count: usize, out_dir: &Path) -> Result<usize> {
-    let reader = TableReader::open(table_dir, TableName::Advantages)?;
-    let mut with_step = Vec::new();
-    let mut without = Vec::new();
-    for batch in reader.batches(None, 1024)? {
-        for row in embodyflow_core::dataset::batch_to_rows::<AdvantageRow>(&batch?)? {
-            let has_step = row
-                .step_adv
-                .as_ref()
-                .is_some_and(|s| s.iter().any(|&v| v != 0.0));
-            let bucket = if has_step {
-                &mut with_step
-            } else {
-                &mut without
-            };
-            if bucket.len() < count {
-                bucket.push(row);
-            }
-        }
-        if with_step.len() >= count {
-            break;
-        }
-    }
-    let rows: Vec<AdvantageRow> = with_step.into_iter().chain(without).take(count).collect();
+/// Renders `rows` into `out_dir` (created if absent), one PNG each, with an
+/// index; returns how many were drawn. The rows are the ones the run kept as
+/// it wrote them: the first N with a non-zero A^S, then the first without
+/// ([`crate::output::AdvantagesOut`]).
+pub fn render_rows(rows: &[AdvantageRow], out_dir: &Path) -> Result<usize> {
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let mut index = String::from(
         "# Advantage heatmaps\n\nPanels, top to bottom: A^S per token, A per token (red positive, blue negative, white zero, \

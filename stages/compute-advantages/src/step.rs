@@ -1,28 +1,57 @@
-//! The step path of compute-advantages: `grpo_step` (A = A^E + omega A^S, A^S
-//! from rule matches or the forward_proxy contrast on the plan steps' tokens)
-//! and StepOPSD reweighting on top of an episode advantage. The maths lives in
-//! `embodyflow_algos::{spans, step_adv}`; this module joins the tables, runs
-//! it over the rows of a steps batch in parallel and counts what happened.
+//! `estimator = "grpo_step"`, and StepOPSD on top of grpo, dr_grpo or
+//! grpo_step (`stepopsd.enabled`): credit on the tokens of each plan step.
+//!
+//! ```text
+//! grpo_step:  A_token = A^E + omega * A^S_token     (A^S on the step.credit_target tokens)
+//! StepOPSD:   A <- stepopsd(A, teacher_logp - student_logp, alpha_clip, lambda_mix)
+//! ```
+//!
+//! A^E is the group-normalised outcome of [`crate::grpo`] (centred only under
+//! dr_grpo). A^S comes from `step.kind = rule` (+1 / -1 per plan step from the
+//! rewards table's `step_match`) or `forward_proxy` (the teacher_logp table's
+//! contrast on the `step.score_source` tokens), optionally scaled by a gate
+//! (`residual_contrast`, or a judge's `step_gates` rows with `prompt`); it is
+//! spread over the `step.credit_target` tokens (`action_name`, `action_id` or
+//! `semantic`). Tokens are aligned with plan steps by the policy's tokenizer
+//! (`--policy CKPT` or `step.tokenizer`). The maths lives in
+//! `embodyflow_algos::{spans, step_adv}`; this module loads the tables it
+//! needs, runs it over the rows of each steps batch in parallel and counts
+//! what happened ([`StepDiagnostics`]: responses with non-zero A^S, parse
+//! failures, offset fallbacks, span check failures and sign-flip ratios). A
+//! response without a plan, or a step without a teacher_logp row, gets A^S = 0.
+//!
+//! E.g. a response whose two plan steps the rule marks right then wrong, in a
+//! trajectory with A^E = 0.5 and omega = 0.5: the first step's action-name
+//! tokens get 0.5 + 0.5 * 1 = 1.0, the second's 0.5 - 0.5 = 0.0, every other
+//! token 0.5.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use arrow::array::{
     Array, BooleanArray, Float32Array, Int8Array, Int32Array, ListArray, RecordBatch, StringArray,
 };
+use embodyflow_algos::grpo::GroupNorm;
 use embodyflow_algos::spans::{Aligner, OffsetMethod, StepPart};
 use embodyflow_algos::step_adv::{
     Distribution, GateParams, ProxyParams, ScoreNorm, Squash, auc, combine,
     forward_proxy_step_scores, prompt_gate, residual_contrast_step_scores, rule_step_scores,
     spread_step_scores, stepopsd,
 };
+use embodyflow_core::config::{ensure, finite, in_range, positive};
 use embodyflow_core::dataset::{TableReader, column};
-use embodyflow_core::schemas::AdvantageRow;
-use embodyflow_core::{Error, Result};
+use embodyflow_core::schemas::{AdvantageRow, TableName};
+use embodyflow_core::stage::Stage;
+use embodyflow_core::{Error, Result, progress};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
 
-use crate::Episodes;
+use crate::config::{Config, Estimator};
+use crate::episodes::{Episodes, Groups, StepCounts};
+use crate::grpo::episode_advantages_of;
+use crate::output::AdvantagesOut;
+use crate::{Estimate, StepsInput};
 
 /// Where A^S comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +127,23 @@ impl Default for StepConfig {
     }
 }
 
+impl StepConfig {
+    /// The `step.*` ranges: a finite non-negative omega, positive
+    /// temperatures, a finite gate threshold.
+    pub(crate) fn validate(&self) -> Result<()> {
+        ensure(
+            self.omega.is_finite() && self.omega >= 0.0,
+            "step.omega",
+            "a finite number of at least 0",
+            self.omega,
+        )?;
+        positive("step.score_tau", f64::from(self.score_tau))?;
+        finite("step.gate_threshold", f64::from(self.gate_threshold))?;
+        positive("step.gate_tau", f64::from(self.gate_tau))?;
+        positive("step.budget_tau", f64::from(self.budget_tau))
+    }
+}
+
 /// `stepopsd.*` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -117,6 +163,131 @@ impl Default for StepOpsdConfig {
             alpha_clip: 0.2,
             lambda_mix: 0.5,
         }
+    }
+}
+
+impl StepOpsdConfig {
+    /// The `stepopsd.*` ranges: both in [0, 1] (the clip keeps w >= 0).
+    pub(crate) fn validate(&self) -> Result<()> {
+        in_range("stepopsd.alpha_clip", f64::from(self.alpha_clip), 0.0, 1.0)?;
+        in_range("stepopsd.lambda_mix", f64::from(self.lambda_mix), 0.0, 1.0)
+    }
+}
+
+/// The step path with everything it reads besides the steps: the policy's
+/// tokenizer, the rule matches, and the teacher log-probs and prompt gates
+/// when the settings need them.
+pub struct StepPath {
+    tokenizer: Tokenizer,
+    rule: HashMap<String, RuleInfo>,
+    teacher: Option<TeacherLogps>,
+    gates: Option<StepGates>,
+    /// grpo_step settings, `None` for grpo / dr_grpo with StepOPSD.
+    step: Option<StepConfig>,
+    stepopsd: StepOpsdConfig,
+    norm: GroupNorm,
+    estimator: &'static str,
+}
+
+impl StepPath {
+    /// Loads the tokenizer (`step.tokenizer`, else `policy`/tokenizer.json),
+    /// the teacher_logp and step_gates inputs the settings need, and the rule
+    /// matches from `rewards`, before any row (the settings themselves were
+    /// checked with the config, [`Config`]'s `validate`).
+    pub fn load(
+        stage: &Stage<Config>,
+        policy: Option<&Path>,
+        rewards: &TableReader,
+        norm: GroupNorm,
+    ) -> Result<StepPath> {
+        let config = &stage.config;
+        let grpo_step = config.estimator == Estimator::GrpoStep;
+        let tokenizer_path = config
+            .step
+            .tokenizer
+            .clone()
+            .or_else(|| policy.map(|p| p.join("tokenizer.json")))
+            .ok_or_else(|| Error::Usage(format!("estimator {} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH", config.estimator.name())))?;
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", tokenizer_path.display())))?;
+        let needs_teacher =
+            config.stepopsd.enabled || (grpo_step && config.step.kind == StepKind::ForwardProxy);
+        let teacher = if needs_teacher {
+            Some(read_teacher(&stage.input(TableName::TeacherLogp)?)?)
+        } else {
+            None
+        };
+        let gates = if grpo_step && config.step.gate == Gate::Prompt {
+            Some(read_gates(&stage.input(TableName::StepGates)?)?)
+        } else {
+            None
+        };
+        Ok(StepPath {
+            tokenizer,
+            rule: read_rule_info(rewards)?,
+            teacher,
+            gates,
+            step: grpo_step.then(|| config.step.clone()),
+            stepopsd: config.stepopsd.clone(),
+            norm,
+            estimator: config.estimator.name(),
+        })
+    }
+}
+
+impl Estimate for StepPath {
+    /// Streams the steps once, aligning and scoring every owned step row;
+    /// a teacher_logp input without a row for any step is bad input (it
+    /// belongs to another rollout set).
+    fn write(
+        &self,
+        input: &StepsInput<'_>,
+        out: &mut AdvantagesOut,
+    ) -> Result<Option<StepDiagnostics>> {
+        let episode_adv = episode_advantages_of(input.episodes, self.norm);
+        let aligner = Aligner::new(&self.tokenizer);
+        let inputs = StepInputs {
+            aligner: &aligner,
+            rule: &self.rule,
+            teacher: self.teacher.as_ref(),
+            gates: self.gates.as_ref(),
+            step: self.step.as_ref(),
+            stepopsd: &self.stepopsd,
+            estimator: self.estimator,
+        };
+        let mut diagnostics = StepDiagnostics::default();
+        let mut counts = StepCounts::new(input.episodes);
+        let bar = progress::bar(input.steps.num_rows(), "step advantages");
+        for batch in input.steps.batches(
+            Some(&["trajectory_id", "step_index", "response_ids"]),
+            input.batch_rows,
+        )? {
+            let batch = batch?;
+            bar.inc(batch.num_rows() as u64);
+            let rows = step_batch(
+                &batch,
+                input.episodes,
+                input.groups,
+                &episode_adv,
+                &inputs,
+                &mut counts,
+                &mut diagnostics,
+            )?;
+            out.write_rows(&rows)?;
+        }
+        bar.finish_and_clear();
+        counts.check()?;
+        if self.teacher.is_some()
+            && diagnostics.responses > 0
+            && diagnostics.teacher_missing == diagnostics.responses
+        {
+            return Err(Error::BadInput(format!(
+                "none of the {} steps has a teacher_logp row: the teacher_logp input belongs to another rollout set; run teacher-logp on this one",
+                diagnostics.responses
+            )));
+        }
+        diagnostics.finish();
+        Ok(Some(diagnostics))
     }
 }
 
@@ -583,24 +754,25 @@ fn zero_step_row(
     (row, diag)
 }
 
-/// The advantages rows of one steps batch on the step path, in input order.
-pub fn step_batch(
+/// The advantages rows of one steps batch on the step path, in input order:
+/// the rows of owned groups, scored in parallel.
+fn step_batch(
     batch: &RecordBatch,
     episodes: &Episodes,
-    owned: &[bool],
+    groups: &Groups,
     episode_adv: &[f32],
     inputs: &StepInputs<'_>,
-    step_counts: &mut [i32],
+    counts: &mut StepCounts<'_>,
     diagnostics: &mut StepDiagnostics,
 ) -> Result<Vec<AdvantageRow>> {
     let ids = column::<StringArray>(batch, "trajectory_id");
     let index = column::<Int32Array>(batch, "step_index");
     let responses = column::<ListArray>(batch, "response_ids");
-    let work: Vec<(usize, usize)> = episodes
-        .locate_steps(ids, step_counts)?
+    let work: Vec<(usize, usize)> = counts
+        .locate(ids)?
         .into_iter()
         .enumerate()
-        .filter(|&(_, e)| owned[episodes.list[e].group as usize])
+        .filter(|&(_, e)| groups.owns(&episodes.list[e]))
         .collect();
     let results: Vec<Result<(AdvantageRow, StepDiagnostics)>> = work
         .par_iter()
@@ -631,4 +803,178 @@ pub fn step_batch(
         rows.push(row);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_algos::spans::test_tokenizer;
+    use embodyflow_core::schemas::StepRow;
+
+    use super::*;
+    use crate::testdata::{Fixture, step};
+
+    fn plan(steps: &[(i32, &str)]) -> String {
+        let items: Vec<String> = steps
+            .iter()
+            .map(|(id, n)| format!("{{\"action_id\": {id}, \"action_name\": \"{n}\"}}"))
+            .collect();
+        format!("{{\"executable_plan\": [{}]}}<|im_end|>", items.join(", "))
+    }
+
+    /// Per trajectory: its text and rule match (`None`: no plan).
+    fn answers() -> Vec<(&'static str, &'static str, f32, String, Option<Vec<i8>>)> {
+        let right = plan(&[(12, "find a Mug"), (4, "pick up the Mug")]);
+        let half = plan(&[(12, "find a Mug"), (7, "find a Sink")]);
+        let broken = "{\"executable_plan\": [{\"action_id\": 12".to_string();
+        vec![
+            ("a", "g0", 1.0, right.clone(), Some(vec![1, 1])),
+            ("b", "g0", 0.0, half.clone(), Some(vec![1, 0])),
+            ("c", "g0", 0.0, broken.clone(), None),
+            ("d", "g1", 1.0, half, Some(vec![1, 0])),
+            ("e", "g1", 0.5, broken, None),
+            ("f", "g1", 0.0, right, Some(vec![1, 1])),
+        ]
+    }
+
+    fn fixture(tokenizer: &Tokenizer) -> Fixture {
+        let answers = answers();
+        let steps: Vec<StepRow> = answers
+            .iter()
+            .rev()
+            .map(|(id, _, _, text, _)| {
+                let ids: Vec<i32> = tokenizer
+                    .encode(text.as_str(), false)
+                    .unwrap()
+                    .get_ids()
+                    .iter()
+                    .map(|&t| t as i32)
+                    .collect();
+                StepRow {
+                    old_logprobs: vec![-1.0; ids.len()],
+                    response_ids: ids,
+                    ..step(id, 0, 0)
+                }
+            })
+            .collect();
+        let trajectories: Vec<(&str, &str, f32, i32)> = answers
+            .iter()
+            .map(|&(id, group, score, _, _)| (id, group, score, 1))
+            .collect();
+        Fixture::new(&trajectories, &steps)
+    }
+
+    fn rule_path(teacher: Option<TeacherLogps>) -> StepPath {
+        let rule = answers()
+            .into_iter()
+            .map(|(id, _, score, _, step_match)| {
+                let info = RuleInfo {
+                    step_match,
+                    success: score == 1.0,
+                };
+                (id.to_string(), info)
+            })
+            .collect();
+        StepPath {
+            tokenizer: test_tokenizer(),
+            rule,
+            teacher,
+            gates: None,
+            step: Some(StepConfig {
+                omega: 0.5,
+                ..StepConfig::default()
+            }),
+            stepopsd: StepOpsdConfig::default(),
+            norm: GroupNorm::default(),
+            estimator: "grpo_step",
+        }
+    }
+
+    #[test]
+    fn rule_credit_lands_on_action_names_whatever_the_batch() {
+        let tokenizer = test_tokenizer();
+        let f = fixture(&tokenizer);
+        let path = rule_path(None);
+        let (rows, stats, diagnostics) = f.run(&path, &f.all_groups(), 4).unwrap();
+        let diagnostics = diagnostics.unwrap();
+        assert_eq!(rows.len(), 6);
+        assert_eq!(stats.steps, 6);
+        assert_eq!(diagnostics.responses, 6);
+        assert_eq!(diagnostics.parse_failures, 2);
+        assert_eq!(diagnostics.responses_with_step_adv, 4);
+        for row in &rows {
+            let step_adv = row.step_adv.as_ref().unwrap();
+            for (a, s) in row.advantages.iter().zip(step_adv) {
+                assert_eq!(*a, row.episode_adv + 0.5 * s);
+            }
+            // The tokens credited +1 or -1 spell the plan's action names.
+            let text = &answers()
+                .into_iter()
+                .find(|a| a.0 == row.trajectory_id)
+                .unwrap()
+                .3;
+            let ids = tokenizer
+                .encode(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            let credited = |sign: f32| -> String {
+                let picked: Vec<u32> = step_adv
+                    .iter()
+                    .zip(&ids)
+                    .filter(|&(&s, _)| s == sign)
+                    .map(|(_, &id)| id)
+                    .collect();
+                tokenizer.decode(&picked, false).unwrap()
+            };
+            let (up, down) = (credited(1.0), credited(-1.0));
+            match row.trajectory_id.as_str() {
+                "c" | "e" => assert!(up.is_empty() && down.is_empty(), "{row:?}"),
+                "a" | "f" => {
+                    assert!(
+                        up.contains("find a Mug") && up.contains("pick up the Mug"),
+                        "{up}"
+                    );
+                    assert!(down.is_empty(), "{down}");
+                }
+                _ => {
+                    assert!(up.contains("find a Mug") && !up.contains("Sink"), "{up}");
+                    assert!(down.contains("find a Sink"), "{down}");
+                }
+            }
+        }
+        for batch_rows in [1, 2, 64] {
+            let again = f.run(&path, &f.all_groups(), batch_rows).unwrap();
+            assert_eq!(again, (rows.clone(), stats, Some(diagnostics.clone())));
+        }
+    }
+
+    #[test]
+    fn only_owned_groups_are_scored_and_written() {
+        let tokenizer = test_tokenizer();
+        let f = fixture(&tokenizer);
+        let groups = Groups {
+            kept: vec![true, true],
+            owned: vec![false, true],
+        };
+        let (rows, stats, diagnostics) = f.run(&rule_path(None), &groups, 4).unwrap();
+        let ids: Vec<&str> = rows.iter().map(|r| r.trajectory_id.as_str()).collect();
+        assert_eq!(ids, ["d", "e", "f"]);
+        assert_eq!(stats.steps, 3);
+        assert_eq!(diagnostics.unwrap().responses, 3);
+    }
+
+    #[test]
+    fn a_teacher_table_of_another_rollout_set_is_bad_input() {
+        let tokenizer = test_tokenizer();
+        let f = fixture(&tokenizer);
+        let other = TeacherLogps::from([(("zz".to_string(), 0), (vec![-1.0], vec![-1.0]))]);
+        let error = f
+            .run(&rule_path(Some(other)), &f.all_groups(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("none of the 6 steps has a teacher_logp row"),
+            "{error}"
+        );
+    }
 }

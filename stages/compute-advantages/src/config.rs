@@ -1,0 +1,212 @@
+//! The stage's config: which estimator runs and its settings, read from the
+//! layered TOML config and `--set key=value` (see `embodyflow_core::config`).
+//! Every table is `deny_unknown_fields`, so a misspelt key is an error that
+//! names it before any work.
+//!
+//! ```text
+//! estimator = "gae"          # grpo | dr_grpo | gae | grpo_step
+//! batch_rows = 4096          # rows per record batch read from steps
+//! [gae]
+//! gamma = 0.99
+//! lam = 0.95
+//! level = "decision"         # token | decision
+//! [filter]
+//! dynamic_sampling = true    # drop groups whose scores are all equal
+//! ```
+
+use embodyflow_core::config::{at_least, in_range, positive};
+use embodyflow_core::stage::{OutputConfig, StageConfig};
+use embodyflow_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::step::{Gate, StepConfig, StepKind, StepOpsdConfig};
+
+/// The advantage estimator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// Group-normalised outcome (GRPO).
+    Grpo,
+    /// Group-centred outcome (Dr. GRPO).
+    DrGrpo,
+    /// Generalised advantage estimation with a critic.
+    Gae,
+    /// GRPO plus omega times a step advantage on plan-step tokens.
+    GrpoStep,
+}
+
+impl Estimator {
+    /// The name written into every row's `estimator` column.
+    pub fn name(self) -> &'static str {
+        match self {
+            Estimator::Grpo => "grpo",
+            Estimator::DrGrpo => "dr_grpo",
+            Estimator::Gae => "gae",
+            Estimator::GrpoStep => "grpo_step",
+        }
+    }
+}
+
+/// Where GAE's values live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GaeLevel {
+    /// One value per response token (`steps.old_values`).
+    Token,
+    /// One value per decision step (`steps.old_value`).
+    Decision,
+}
+
+/// `grpo.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpoConfig {
+    /// Added to the group's standard deviation.
+    pub eps: f64,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig { eps: 1e-6 }
+    }
+}
+
+/// `gae.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GaeConfig {
+    /// Discount.
+    pub gamma: f32,
+    /// GAE lambda.
+    pub lam: f32,
+    /// Token-level or decision-level values.
+    pub level: GaeLevel,
+}
+
+impl Default for GaeConfig {
+    fn default() -> Self {
+        GaeConfig {
+            gamma: 0.99,
+            lam: 0.95,
+            level: GaeLevel::Token,
+        }
+    }
+}
+
+/// `filter.*` settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Drop groups whose scores are all equal.
+    pub dynamic_sampling: bool,
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The estimator.
+    pub estimator: Estimator,
+    /// GRPO settings.
+    pub grpo: GrpoConfig,
+    /// GAE settings.
+    pub gae: GaeConfig,
+    /// Group filter.
+    pub filter: FilterConfig,
+    /// grpo_step settings.
+    pub step: StepConfig,
+    /// StepOPSD reweighting (grpo, dr_grpo, grpo_step).
+    pub stepopsd: StepOpsdConfig,
+    /// Rows per record batch read from the steps table.
+    pub batch_rows: usize,
+    /// Output layout.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            estimator: Estimator::Grpo,
+            grpo: GrpoConfig::default(),
+            gae: GaeConfig::default(),
+            filter: FilterConfig::default(),
+            step: StepConfig::default(),
+            stepopsd: StepOpsdConfig::default(),
+            batch_rows: 4096,
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+
+    /// Ranges (`grpo.eps` above 0, `gae.gamma` and `gae.lam` in [0, 1],
+    /// `batch_rows` at least 1, the `step.*` and `stepopsd.*` ranges) and the
+    /// one relation between keys: grpo_step's residual_contrast gate needs
+    /// `step.kind = forward_proxy`.
+    fn validate(&self) -> Result<()> {
+        positive("grpo.eps", self.grpo.eps)?;
+        in_range("gae.gamma", f64::from(self.gae.gamma), 0.0, 1.0)?;
+        in_range("gae.lam", f64::from(self.gae.lam), 0.0, 1.0)?;
+        at_least("batch_rows", self.batch_rows, 1)?;
+        self.step.validate()?;
+        self.stepopsd.validate()?;
+        if self.estimator == Estimator::GrpoStep
+            && self.step.gate == Gate::ResidualContrast
+            && self.step.kind != StepKind::ForwardProxy
+        {
+            return Err(Error::BadValue {
+                key: "step.gate".into(),
+                reason: "residual_contrast gates the teacher-student contrast: it needs step.kind = forward_proxy".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_core::config::ConfigReport;
+
+    use super::*;
+
+    fn problem_key(sets: &[&str]) -> Option<String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let report = ConfigReport::resolve::<Config>("compute-advantages", "0", None, &sets);
+        report
+            .problem
+            .map(|p| p.key.expect("a bad value names its key"))
+    }
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        let fine = [
+            "estimator=grpo_step",
+            "step.kind=forward_proxy",
+            "step.gate=residual_contrast",
+            "gae.gamma=1",
+            "gae.lam=0",
+            "batch_rows=1",
+        ];
+        assert_eq!(problem_key(&fine), None);
+        for (set, key) in [
+            ("grpo.eps=0", "grpo.eps"),
+            ("gae.gamma=1.5", "gae.gamma"),
+            ("gae.lam=-0.1", "gae.lam"),
+            ("batch_rows=0", "batch_rows"),
+            ("step.omega=-1", "step.omega"),
+            ("stepopsd.alpha_clip=2", "stepopsd.alpha_clip"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+        let rule_with_residual = ["estimator=grpo_step", "step.gate=residual_contrast"];
+        assert_eq!(
+            problem_key(&rule_with_residual).as_deref(),
+            Some("step.gate")
+        );
+    }
+}

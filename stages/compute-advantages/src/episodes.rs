@@ -1,0 +1,393 @@
+//! The episode join, in one place: trajectories ↔ rewards (one finite score
+//! per trajectory, the same group on both sides), groups chosen by dynamic
+//! sampling and `--shard`, and steps ↔ trajectories (every steps row names a
+//! known trajectory, each trajectory has exactly `num_steps` of them).
+//!
+//! Every estimator sees the same [`Episodes`] and [`Groups`]: group
+//! statistics and GAE whitening run over every kept group, while a process
+//! writes the steps of the groups it owns (stable hash of `group_id`), so the
+//! shards' outputs together equal the unsharded output.
+//!
+//! ```text
+//! trajectories (id, group, num_steps) ─┐
+//!                                      ├─► Episodes (id, dense group, score, num_steps)
+//! rewards      (id, group, score)     ─┘        │
+//!                                               ├─► Groups { kept, owned }
+//! steps        (id, step_index, ...)  ─► StepCounts::locate ─► checked against num_steps
+//! ```
+//!
+//! E.g. trajectories `a` (group g, 1 step) and `b` (group g, 1 step) with
+//! rewards `a: 1`, `b: 0` give one group of two episodes; with
+//! `filter.dynamic_sampling` it is kept (scores differ), and a steps row
+//! naming `c` is bad input.
+
+use std::collections::HashMap;
+
+use arrow::array::{Array, Float32Array, Int32Array, StringArray};
+use embodyflow_algos::grpo::is_mixed;
+use embodyflow_core::cli::ShardSpec;
+use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::{Error, Result};
+
+/// One trajectory with its reward, as the estimators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    /// Trajectory id.
+    pub trajectory_id: String,
+    /// Dense index of its group.
+    pub group: u32,
+    /// Its score R_i.
+    pub score: f32,
+    /// Decision steps it has.
+    pub num_steps: i32,
+}
+
+/// The batch's trajectories joined with their rewards, grouped.
+#[derive(Debug, Clone, Default)]
+pub struct Episodes {
+    /// Trajectories in input order.
+    pub list: Vec<Episode>,
+    /// Group ids by dense index.
+    pub group_ids: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl Episodes {
+    /// Reads `(trajectory_id, group_id, num_steps)` of the trajectories and
+    /// `(trajectory_id, group_id, score)` of the rewards and joins them
+    /// ([`Episodes::join`]).
+    pub fn read(trajectories: &TableReader, rewards: &TableReader) -> Result<Episodes> {
+        let mut traj = Vec::with_capacity(trajectories.num_rows() as usize);
+        for batch in
+            trajectories.batches(Some(&["trajectory_id", "group_id", "num_steps"]), 65_536)?
+        {
+            let batch = batch?;
+            let ids = column::<StringArray>(&batch, "trajectory_id");
+            let groups = column::<StringArray>(&batch, "group_id");
+            let steps = column::<Int32Array>(&batch, "num_steps");
+            for i in 0..batch.num_rows() {
+                traj.push((
+                    ids.value(i).to_string(),
+                    groups.value(i).to_string(),
+                    steps.value(i),
+                ));
+            }
+        }
+        let mut scores = Vec::with_capacity(rewards.num_rows() as usize);
+        for batch in rewards.batches(Some(&["trajectory_id", "group_id", "score"]), 65_536)? {
+            let batch = batch?;
+            let ids = column::<StringArray>(&batch, "trajectory_id");
+            let groups = column::<StringArray>(&batch, "group_id");
+            let score = column::<Float32Array>(&batch, "score");
+            for i in 0..batch.num_rows() {
+                scores.push((
+                    ids.value(i).to_string(),
+                    groups.value(i).to_string(),
+                    score.value(i),
+                ));
+            }
+        }
+        Episodes::join(traj, scores)
+    }
+
+    /// Joins trajectories `(trajectory_id, group_id, num_steps)` with rewards
+    /// `(trajectory_id, group_id, score)`, checking that every trajectory has
+    /// exactly one finite score and the same group on both sides.
+    pub fn join(
+        trajectories: impl IntoIterator<Item = (String, String, i32)>,
+        rewards: impl IntoIterator<Item = (String, String, f32)>,
+    ) -> Result<Episodes> {
+        let mut episodes = Episodes::default();
+        let mut group_index: HashMap<String, u32> = HashMap::new();
+        let mut groups_of: Vec<String> = Vec::new();
+        for (trajectory_id, group_id, num_steps) in trajectories {
+            let next = group_index.len() as u32;
+            let group = *group_index.entry(group_id.clone()).or_insert_with(|| {
+                episodes.group_ids.push(group_id.clone());
+                next
+            });
+            if episodes
+                .index
+                .insert(trajectory_id.clone(), episodes.list.len())
+                .is_some()
+            {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` appears twice in trajectories"
+                )));
+            }
+            groups_of.push(group_id);
+            episodes.list.push(Episode {
+                trajectory_id,
+                group,
+                score: f32::NAN,
+                num_steps,
+            });
+        }
+        let mut scored = vec![false; episodes.list.len()];
+        for (trajectory_id, group_id, score) in rewards {
+            let Some(&i) = episodes.index.get(&trajectory_id) else {
+                let reason = if group_index.contains_key(&group_id) {
+                    "trajectory"
+                } else {
+                    "trajectory and group"
+                };
+                return Err(Error::BadInput(format!(
+                    "rewards row for trajectory `{trajectory_id}` (group `{group_id}`): unknown {reason}; is it from another rollout set?"
+                )));
+            };
+            if groups_of[i] != group_id {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}`: rewards give group `{group_id}`, trajectories give group `{}`",
+                    groups_of[i]
+                )));
+            }
+            if scored[i] {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}` has two rewards rows"
+                )));
+            }
+            if !score.is_finite() {
+                return Err(Error::BadInput(format!(
+                    "trajectory `{trajectory_id}`: score is {score}, expected a finite number"
+                )));
+            }
+            scored[i] = true;
+            episodes.list[i].score = score;
+        }
+        if let Some(i) = scored.iter().position(|s| !s) {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}` has no rewards row ({} of {} trajectories are unscored); run score-rewards on this rollout set",
+                episodes.list[i].trajectory_id,
+                scored.iter().filter(|s| !**s).count(),
+                scored.len()
+            )));
+        }
+        Ok(episodes)
+    }
+
+    /// Index of a trajectory.
+    pub fn get(&self, trajectory_id: &str) -> Option<usize> {
+        self.index.get(trajectory_id).copied()
+    }
+
+    /// Index of the trajectory a steps row names; an unknown one is bad input.
+    pub fn of_step(&self, trajectory_id: &str) -> Result<usize> {
+        self.get(trajectory_id).ok_or_else(|| {
+            Error::BadInput(format!(
+                "steps row for trajectory `{trajectory_id}`, which is not in trajectories"
+            ))
+        })
+    }
+
+    /// Every episode's score, in episode order.
+    pub fn scores(&self) -> Vec<f32> {
+        self.list.iter().map(|e| e.score).collect()
+    }
+
+    /// Every episode's dense group index, in episode order.
+    pub fn groups(&self) -> Vec<u32> {
+        self.list.iter().map(|e| e.group).collect()
+    }
+
+    /// Per group: whether dynamic sampling keeps it (scores not all equal).
+    pub fn mixed_groups(&self) -> Vec<bool> {
+        let mut scores: Vec<Vec<f32>> = vec![Vec::new(); self.group_ids.len()];
+        for e in &self.list {
+            scores[e.group as usize].push(e.score);
+        }
+        scores.into_iter().map(is_mixed).collect()
+    }
+}
+
+/// Which groups a run computes over and which it writes, by dense group index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Groups {
+    /// Kept by dynamic sampling (every group when it is off): GAE whitens over these.
+    pub kept: Vec<bool>,
+    /// Kept and owned by this process's `--shard`: their steps are written.
+    pub owned: Vec<bool>,
+}
+
+impl Groups {
+    /// The groups of `episodes` kept by dynamic sampling (when on) and owned by `shard`.
+    pub fn select(episodes: &Episodes, dynamic_sampling: bool, shard: ShardSpec) -> Groups {
+        let kept = if dynamic_sampling {
+            episodes.mixed_groups()
+        } else {
+            vec![true; episodes.group_ids.len()]
+        };
+        let owned = episodes
+            .group_ids
+            .iter()
+            .zip(&kept)
+            .map(|(g, &k)| k && shard.owns(g))
+            .collect();
+        Groups { kept, owned }
+    }
+
+    /// Whether `episode`'s group is kept.
+    pub fn keeps(&self, episode: &Episode) -> bool {
+        self.kept[episode.group as usize]
+    }
+
+    /// Whether `episode`'s steps are written by this process.
+    pub fn owns(&self, episode: &Episode) -> bool {
+        self.owned[episode.group as usize]
+    }
+}
+
+/// Steps rows seen per episode, for the estimators that stream every steps
+/// row once (GRPO and the step path; GAE checks step indices instead).
+pub struct StepCounts<'a> {
+    episodes: &'a Episodes,
+    counts: Vec<i32>,
+}
+
+impl<'a> StepCounts<'a> {
+    /// No steps seen yet.
+    pub fn new(episodes: &'a Episodes) -> StepCounts<'a> {
+        StepCounts {
+            episodes,
+            counts: vec![0; episodes.list.len()],
+        }
+    }
+
+    /// The episode of each steps row, counting them; a row of an unknown
+    /// trajectory is bad input.
+    pub fn locate(&mut self, ids: &StringArray) -> Result<Vec<usize>> {
+        (0..ids.len())
+            .map(|i| {
+                let e = self.episodes.of_step(ids.value(i))?;
+                self.counts[e] += 1;
+                Ok(e)
+            })
+            .collect()
+    }
+
+    /// Checks that every trajectory had exactly `num_steps` steps rows.
+    pub fn check(&self) -> Result<()> {
+        let list = &self.episodes.list;
+        match self
+            .counts
+            .iter()
+            .enumerate()
+            .find(|&(e, &c)| c != list[e].num_steps)
+        {
+            None => Ok(()),
+            Some((e, &count)) => Err(Error::BadInput(format!(
+                "trajectory `{}`: steps table has {count} steps, expected {} (num_steps)",
+                list[e].trajectory_id, list[e].num_steps
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(id: &str, group: &str, n: i32) -> (String, String, i32) {
+        (id.into(), group.into(), n)
+    }
+
+    fn score(id: &str, group: &str, s: f32) -> (String, String, f32) {
+        (id.into(), group.into(), s)
+    }
+
+    #[test]
+    fn join_groups_in_first_appearance_order() {
+        let episodes = Episodes::join(
+            [pair("a", "g1", 1), pair("b", "g0", 2), pair("c", "g1", 1)],
+            [
+                score("c", "g1", 0.5),
+                score("a", "g1", 1.0),
+                score("b", "g0", 0.0),
+            ],
+        )
+        .unwrap();
+        assert_eq!(episodes.group_ids, ["g1", "g0"]);
+        assert_eq!(episodes.groups(), [0, 1, 0]);
+        assert_eq!(episodes.scores(), [1.0, 0.0, 0.5]);
+        assert_eq!(episodes.get("b"), Some(1));
+        assert_eq!(episodes.list[1].num_steps, 2);
+    }
+
+    #[test]
+    fn join_names_every_mismatch() {
+        let err = |t: Vec<(String, String, i32)>, r: Vec<(String, String, f32)>| {
+            Episodes::join(t, r).unwrap_err().to_string()
+        };
+        let one = || vec![pair("a", "g", 1)];
+        assert!(err(one(), vec![]).contains("`a` has no rewards row (1 of 1"));
+        assert!(err(one(), vec![score("x", "g", 1.0)]).contains("unknown trajectory;"));
+        assert!(err(one(), vec![score("x", "h", 1.0)]).contains("unknown trajectory and group"));
+        assert!(err(one(), vec![score("a", "h", 1.0)]).contains("rewards give group `h`"));
+        assert!(
+            err(one(), vec![score("a", "g", 1.0), score("a", "g", 1.0)])
+                .contains("two rewards rows")
+        );
+        assert!(err(one(), vec![score("a", "g", f32::NAN)]).contains("score is NaN"));
+        assert!(err(vec![pair("a", "g", 1), pair("a", "g", 1)], vec![]).contains("twice"));
+    }
+
+    #[test]
+    fn groups_keep_mixed_scores_and_own_by_shard() {
+        let episodes = Episodes::join(
+            [
+                pair("a", "mixed", 1),
+                pair("b", "mixed", 1),
+                pair("c", "equal", 1),
+                pair("d", "equal", 1),
+            ],
+            [
+                score("a", "mixed", 1.0),
+                score("b", "mixed", 0.0),
+                score("c", "equal", 1.0),
+                score("d", "equal", 1.0),
+            ],
+        )
+        .unwrap();
+        let all = Groups::select(&episodes, false, ShardSpec::ALL);
+        assert_eq!(all.kept, [true, true]);
+        assert_eq!(all.owned, [true, true]);
+        let mixed = Groups::select(&episodes, true, ShardSpec::ALL);
+        assert_eq!(mixed.kept, [true, false]);
+        assert_eq!(mixed.owned, [true, false]);
+        // Two shards own each kept group exactly once.
+        let halves: Vec<Groups> = (0..2)
+            .map(|index| Groups::select(&episodes, false, ShardSpec { index, count: 2 }))
+            .collect();
+        for g in 0..2 {
+            assert_eq!(halves.iter().filter(|h| h.owned[g]).count(), 1);
+        }
+    }
+
+    #[test]
+    fn step_counts_find_unknown_missing_and_extra_steps() {
+        let episodes = Episodes::join(
+            [pair("a", "g", 2), pair("b", "g", 1)],
+            [score("a", "g", 1.0), score("b", "g", 0.0)],
+        )
+        .unwrap();
+        let mut counts = StepCounts::new(&episodes);
+        let located = counts.locate(&StringArray::from(vec!["b", "a"])).unwrap();
+        assert_eq!(located, [1, 0]);
+        let missing = counts.check().unwrap_err().to_string();
+        assert!(
+            missing.contains("`a`: steps table has 1 steps, expected 2"),
+            "{missing}"
+        );
+        counts.locate(&StringArray::from(vec!["a", "b"])).unwrap();
+        let extra = counts.check().unwrap_err().to_string();
+        assert!(
+            extra.contains("`b`: steps table has 2 steps, expected 1"),
+            "{extra}"
+        );
+        let unknown = counts.locate(&StringArray::from(vec!["z"])).unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("`z`, which is not in trajectories")
+        );
+    }
+}

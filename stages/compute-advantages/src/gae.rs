@@ -1,0 +1,687 @@
+//! `estimator = "gae"`: generalised advantage estimation with the critic's
+//! values from the steps table, streamed in two passes.
+//!
+//! `gae.level = "token"` takes one value per response token
+//! (`steps.old_values`), the trajectory's steps concatenated, the outcome on
+//! the last token: veRL's `compute_gae_advantage_return`. `"decision"` takes
+//! one value per step (`steps.old_value`), the outcome on the last step
+//! (LaST-R1); a step's advantage is broadcast to its response tokens. Per
+//! position t of a trajectory (`embodyflow_algos::gae`):
+//!
+//! ```text
+//! delta_t = r_t + gamma V_{t+1} - V_t        (V after the last position = 0)
+//! A_t     = delta_t + gamma lambda A_{t+1}
+//! returns = A + V                            (before whitening)
+//! A      <- (A - mean) * rsqrt(var + 1e-8)   over every position of the kept groups
+//! ```
+//!
+//! (veRL's `masked_whiten`: mean = sum / (n + 1e-8), unbiased variance; fewer
+//! than two positions is bad input). E.g. decision level, gamma = 0.99,
+//! lambda = 0.95, score 1, V = [0.1, 0.2]: A_1 = 1 - 0.2 = 0.8, A_0 = 0.99 *
+//! 0.2 - 0.1 + 0.99 * 0.95 * 0.8 = 0.8504, before whitening.
+//!
+//! **Streaming.** Whitening needs the statistics of the whole input before
+//! the first row can be written, so the steps table is read twice and memory
+//! is bounded by the record batch, not the dataset: pass 1 computes each
+//! kept trajectory's advantages and merges the whitening statistics (count,
+//! mean, squared deviations in f64, [`WhitenStats`]); pass 2 recomputes them,
+//! whitens and writes record batches of `batch_rows` as it goes. A
+//! trajectory's steps are gathered until it has `num_steps` of them, so with
+//! each trajectory's steps adjacent (as rollouts are written) only those cut
+//! by a batch boundary are open, and steps spread over the table are held
+//! until their trajectory is complete (correct, but then memory grows with
+//! the spread). Rows come out in the order trajectories complete, each
+//! trajectory's steps by index. A trajectory's steps must be exactly
+//! `0..num_steps`; missing, duplicated or extra steps and missing values are
+//! bad input.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, Float32Array, Int32Array, ListArray, RecordBatch, StringArray};
+use arrow::buffer::OffsetBuffer;
+use embodyflow_algos::gae::{GaeParams, WhitenStats, gae_tokens};
+use embodyflow_core::dataset::column;
+use embodyflow_core::{Error, Result, progress};
+
+use crate::config::{Estimator, GaeConfig, GaeLevel};
+use crate::episodes::Episode;
+use crate::output::{AdvantagesOut, advantages_batch};
+use crate::step::StepDiagnostics;
+use crate::{Estimate, StepsInput};
+
+/// GAE with its settings.
+pub struct Gae {
+    /// Discount, lambda and level.
+    pub config: GaeConfig,
+}
+
+impl Estimate for Gae {
+    /// Pass 1 computes every kept trajectory's raw advantages and gathers the
+    /// whitening statistics ([`WhitenStats`], merged per trajectory); pass 2
+    /// recomputes the raw advantages and returns, whitens them with the
+    /// pass-1 statistics and writes the owned steps' rows in record batches
+    /// of `batch_rows`.
+    fn write(
+        &self,
+        input: &StepsInput<'_>,
+        out: &mut AdvantagesOut,
+    ) -> Result<Option<StepDiagnostics>> {
+        let gae = &self.config;
+        let stream = GaeStream { input, gae };
+        // Pass 1: statistics (reads response_ids only to check old_values' lengths).
+        let mut stats = WhitenStats::default();
+        stream.run(
+            gae.level == GaeLevel::Token,
+            "gae statistics",
+            |rows, advantages, _| {
+                for row in rows.offsets.windows(2) {
+                    stats.add(&advantages[row[0]..row[1]]);
+                }
+                Ok(())
+            },
+        )?;
+        let whitening = stats
+            .whitening()
+            .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
+
+        // Pass 2: whiten and write (token level: old_values' lengths are the token counts).
+        let mut pending = GaeOutput::default();
+        stream.run(
+            gae.level == GaeLevel::Decision,
+            "gae advantages",
+            |rows, advantages, returns| {
+                whitening.apply(advantages);
+                for (row, &e) in rows.episodes.iter().enumerate() {
+                    let episode = &input.episodes.list[e];
+                    if !input.groups.owns(episode) {
+                        continue;
+                    }
+                    let mut position = rows.offsets[row];
+                    for &(step_index, tokens) in
+                        &rows.steps[rows.step_offsets[row]..rows.step_offsets[row + 1]]
+                    {
+                        position = pending.push_step(
+                            episode,
+                            step_index,
+                            tokens,
+                            gae.level,
+                            position,
+                            (advantages, returns),
+                        );
+                        if pending.step_index.len() >= input.batch_rows {
+                            out.write_batch(&std::mem::take(&mut pending).into_batch())?;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        out.write_batch(&pending.into_batch())?;
+        Ok(None)
+    }
+}
+
+/// One pass of GAE over the steps table.
+struct GaeStream<'a> {
+    input: &'a StepsInput<'a>,
+    gae: &'a GaeConfig,
+}
+
+/// A step of a trajectory whose steps are still arriving.
+struct PendingStep {
+    step_index: i32,
+    tokens: usize,
+    /// Where its values sit in the trajectory's buffer.
+    values: std::ops::Range<usize>,
+}
+
+/// A kept trajectory whose steps are still arriving.
+#[derive(Default)]
+struct OpenTrajectory {
+    steps: Vec<PendingStep>,
+    values: Vec<f32>,
+}
+
+/// The trajectories completed within one record batch of steps, flattened
+/// for [`gae_tokens`]: one row of positions (tokens or decisions) per
+/// trajectory, its outcome on the last position.
+#[derive(Default)]
+struct GaeRows {
+    /// Episode of each row.
+    episodes: Vec<usize>,
+    /// `(step_index, response tokens)` of every row's steps, in step order;
+    /// row r's are `steps[step_offsets[r]..step_offsets[r + 1]]`.
+    steps: Vec<(i32, usize)>,
+    step_offsets: Vec<usize>,
+    values: Vec<f32>,
+    rewards: Vec<f32>,
+    /// Row r's positions are `offsets[r]..offsets[r + 1]`.
+    offsets: Vec<usize>,
+}
+
+impl GaeRows {
+    /// Empty, with room for `positions` values.
+    fn with_capacity(positions: usize) -> GaeRows {
+        GaeRows {
+            step_offsets: vec![0],
+            offsets: vec![0],
+            values: Vec::with_capacity(positions),
+            rewards: Vec::with_capacity(positions),
+            ..GaeRows::default()
+        }
+    }
+
+    /// Appends a trajectory whose step count reached `num_steps`, checking
+    /// that its steps are exactly 0..num_steps; `values` holds the steps'
+    /// value ranges.
+    fn push(
+        &mut self,
+        e: usize,
+        episode: &Episode,
+        steps: &mut [PendingStep],
+        values: &[f32],
+    ) -> Result<()> {
+        steps.sort_by_key(|s| s.step_index);
+        if !steps.iter().map(|s| s.step_index).eq(0..episode.num_steps) {
+            return Err(step_indices_error(episode, steps));
+        }
+        for step in steps.iter() {
+            self.values.extend_from_slice(&values[step.values.clone()]);
+            self.steps.push((step.step_index, step.tokens));
+        }
+        self.rewards.resize(self.values.len(), 0.0);
+        // A trajectory without positions (token level, every response empty)
+        // has nowhere to carry its outcome: it adds nothing to GAE.
+        if self.values.len() > *self.offsets.last().expect("leading 0") {
+            *self.rewards.last_mut().expect("a position") = episode.score;
+        }
+        self.episodes.push(e);
+        self.step_offsets.push(self.steps.len());
+        self.offsets.push(self.values.len());
+        Ok(())
+    }
+}
+
+fn step_indices_error(episode: &Episode, steps: &[PendingStep]) -> Error {
+    let found: Vec<i32> = steps.iter().map(|s| s.step_index).collect();
+    Error::BadInput(format!(
+        "trajectory `{}`: steps table has step indices {found:?}, expected 0..{} (num_steps)",
+        episode.trajectory_id, episode.num_steps
+    ))
+}
+
+impl GaeStream<'_> {
+    /// Streams the steps once. Each kept trajectory's steps are gathered until
+    /// it has `num_steps` of them (a trajectory's steps are normally adjacent,
+    /// so at most the trajectories cut by a batch boundary are open; steps
+    /// spread over the table are held until their trajectory is complete);
+    /// the trajectories completed in each record batch go through
+    /// [`gae_tokens`] together and `on_rows` gets them with their raw
+    /// advantages and returns. `read_tokens`: read `response_ids` (token
+    /// counts, checked against `old_values`); without it a step's token count
+    /// is its number of values (0 at decision level).
+    fn run(
+        &self,
+        read_tokens: bool,
+        label: &str,
+        mut on_rows: impl FnMut(&GaeRows, &mut [f32], &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let (episodes, groups, gae) = (self.input.episodes, self.input.groups, self.gae);
+        let value_column = match gae.level {
+            GaeLevel::Token => "old_values",
+            GaeLevel::Decision => "old_value",
+        };
+        let mut columns = vec!["trajectory_id", "step_index", value_column];
+        if read_tokens {
+            columns.push("response_ids");
+        }
+        let params = GaeParams {
+            gamma: gae.gamma,
+            lam: gae.lam,
+        };
+        let mut open: HashMap<usize, OpenTrajectory> = HashMap::new();
+        let mut complete = vec![false; episodes.list.len()];
+        let steps = self.input.steps;
+        let bar = progress::bar(steps.num_rows(), label);
+        for batch in steps.batches(Some(&columns), self.input.batch_rows)? {
+            let batch = batch?;
+            bar.inc(batch.num_rows() as u64);
+            let ids = column::<StringArray>(&batch, "trajectory_id");
+            let index = column::<Int32Array>(&batch, "step_index");
+            let responses = read_tokens.then(|| column::<ListArray>(&batch, "response_ids"));
+            let positions = match gae.level {
+                GaeLevel::Token => {
+                    let offsets = column::<ListArray>(&batch, "old_values").offsets();
+                    (offsets[offsets.len() - 1] - offsets[0]) as usize
+                }
+                GaeLevel::Decision => batch.num_rows(),
+            };
+            let mut rows = GaeRows::with_capacity(positions);
+            for i in 0..batch.num_rows() {
+                let id = ids.value(i);
+                let e = episodes.of_step(id)?;
+                let episode = &episodes.list[e];
+                if !groups.keeps(episode) {
+                    continue;
+                }
+                if complete[e] {
+                    return Err(Error::BadInput(format!(
+                        "trajectory `{id}`: steps table has more steps than num_steps = {} (step {} comes after a complete set)",
+                        episode.num_steps,
+                        index.value(i)
+                    )));
+                }
+                let missing = || {
+                    Error::BadInput(format!(
+                        "trajectory `{id}` step {}: `{value_column}` is null; gae.level = {:?} needs it (was the policy run with a value head?)",
+                        index.value(i),
+                        gae.level
+                    ))
+                };
+                let decision: [f32; 1];
+                let (step_values, tokens): (&[f32], usize) = match gae.level {
+                    GaeLevel::Token => {
+                        let list = column::<ListArray>(&batch, "old_values");
+                        if list.is_null(i) {
+                            return Err(missing());
+                        }
+                        let range =
+                            list.value_offsets()[i] as usize..list.value_offsets()[i + 1] as usize;
+                        let values = &list
+                            .values()
+                            .as_any()
+                            .downcast_ref::<Float32Array>()
+                            .expect("list<f32>")
+                            .values()[range];
+                        if let Some(responses) = responses {
+                            let tokens = responses.value_length(i) as usize;
+                            if values.len() != tokens {
+                                return Err(Error::BadInput(format!(
+                                    "trajectory `{id}` step {}: old_values has {} entries, expected {tokens} (one per response token)",
+                                    index.value(i),
+                                    values.len()
+                                )));
+                            }
+                        }
+                        (values, values.len())
+                    }
+                    GaeLevel::Decision => {
+                        let value = column::<Float32Array>(&batch, "old_value");
+                        if value.is_null(i) {
+                            return Err(missing());
+                        }
+                        decision = [value.value(i)];
+                        (
+                            &decision,
+                            responses.map_or(0, |r| r.value_length(i) as usize),
+                        )
+                    }
+                };
+                let step = PendingStep {
+                    step_index: index.value(i),
+                    tokens,
+                    values: 0..step_values.len(),
+                };
+                if i64::from(episode.num_steps) <= 1 && !open.contains_key(&e) {
+                    // Complete on arrival (a one-step trajectory): no staging.
+                    complete[e] = true;
+                    rows.push(e, episode, &mut [step], step_values)?;
+                    continue;
+                }
+                let trajectory = open.entry(e).or_default();
+                let start = trajectory.values.len();
+                trajectory.values.extend_from_slice(step_values);
+                trajectory.steps.push(PendingStep {
+                    values: start..trajectory.values.len(),
+                    ..step
+                });
+                if trajectory.steps.len() as i64 >= i64::from(episode.num_steps) {
+                    let mut trajectory = open.remove(&e).expect("opened above");
+                    complete[e] = true;
+                    rows.push(e, episode, &mut trajectory.steps, &trajectory.values)?;
+                }
+            }
+            if !rows.episodes.is_empty() {
+                let (mut advantages, returns) =
+                    gae_tokens(&rows.rewards, &rows.values, &rows.offsets, params);
+                on_rows(&rows, &mut advantages, &returns)?;
+            }
+        }
+        bar.finish_and_clear();
+        // Kept trajectories whose steps never all arrived.
+        for (e, episode) in episodes.list.iter().enumerate() {
+            if groups.keeps(episode) && !complete[e] && episode.num_steps > 0 {
+                let steps = open.remove(&e).map(|mut t| {
+                    t.steps.sort_by_key(|s| s.step_index);
+                    t.steps
+                });
+                return Err(step_indices_error(episode, &steps.unwrap_or_default()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// GAE output rows gathered column by column until a batch is full.
+#[derive(Default)]
+struct GaeOutput<'a> {
+    ids: Vec<&'a str>,
+    step_index: Vec<i32>,
+    /// List offsets after each row (the leading 0 is implied).
+    offsets: Vec<i32>,
+    advantages: Vec<f32>,
+    returns: Vec<f32>,
+    episode_adv: Vec<f32>,
+}
+
+impl<'a> GaeOutput<'a> {
+    /// Appends the row of one step of `episode` with `tokens` response
+    /// tokens, its positions starting at `position` of the whitened
+    /// advantages and the returns; returns where the next step's positions
+    /// start. The row's `episode_adv` is the mean of its tokens' advantages
+    /// (0 without tokens).
+    fn push_step(
+        &mut self,
+        episode: &'a Episode,
+        step_index: i32,
+        tokens: usize,
+        level: GaeLevel,
+        position: usize,
+        (advantages, returns): (&[f32], &[f32]),
+    ) -> usize {
+        let start = self.advantages.len();
+        let next = match level {
+            GaeLevel::Token => {
+                let range = position..position + tokens;
+                self.advantages
+                    .extend_from_slice(&advantages[range.clone()]);
+                self.returns.extend_from_slice(&returns[range]);
+                position + tokens
+            }
+            GaeLevel::Decision => {
+                self.advantages.resize(start + tokens, advantages[position]);
+                self.returns.resize(start + tokens, returns[position]);
+                position + 1
+            }
+        };
+        let adv = &self.advantages[start..];
+        let episode_adv = if adv.is_empty() {
+            0.0
+        } else {
+            adv.iter().sum::<f32>() / adv.len() as f32
+        };
+        self.ids.push(episode.trajectory_id.as_str());
+        self.step_index.push(step_index);
+        self.offsets.push(self.advantages.len() as i32);
+        self.episode_adv.push(episode_adv);
+        next
+    }
+
+    fn into_batch(self) -> RecordBatch {
+        let offsets = OffsetBuffer::new(
+            std::iter::once(0)
+                .chain(self.offsets)
+                .collect::<Vec<i32>>()
+                .into(),
+        );
+        advantages_batch(
+            Arc::new(StringArray::from(self.ids)),
+            Arc::new(Int32Array::from(self.step_index)),
+            offsets,
+            self.advantages,
+            Some(self.returns),
+            self.episode_adv,
+            Estimator::Gae.name(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use embodyflow_algos::gae::whiten;
+    use embodyflow_core::schemas::{AdvantageRow, StepRow};
+
+    use super::*;
+    use crate::episodes::Groups;
+    use crate::testdata::{Fixture, step};
+
+    const TRAJECTORIES: [(&str, &str, f32, i32); 5] = [
+        ("a", "g0", 1.0, 3),
+        ("b", "g0", 0.0, 1),
+        ("c", "g1", 0.5, 2),
+        ("d", "g1", 0.5, 2),
+        ("e", "g2", 2.0, 1),
+    ];
+
+    /// Every trajectory's steps, spread over the table and out of index
+    /// order, so that batches cut trajectories and hold them open.
+    fn spread_steps() -> Vec<StepRow> {
+        vec![
+            step("a", 2, 2),
+            step("c", 1, 3),
+            step("b", 0, 4),
+            step("a", 0, 3),
+            step("d", 0, 0),
+            step("e", 0, 2),
+            step("c", 0, 1),
+            step("d", 1, 2),
+            step("a", 1, 1),
+        ]
+    }
+
+    fn gae(level: GaeLevel) -> Gae {
+        Gae {
+            config: GaeConfig {
+                gamma: 0.9,
+                lam: 0.8,
+                level,
+            },
+        }
+    }
+
+    /// GAE over every kept trajectory at once, whitened over the whole
+    /// batch (the in-memory formula), as (advantages, returns) per step.
+    fn reference(
+        f: &Fixture,
+        steps: &[StepRow],
+        level: GaeLevel,
+        groups: &Groups,
+    ) -> HashMap<(String, i32), (Vec<f32>, Vec<f32>)> {
+        let (mut values, mut rewards, mut offsets) = (Vec::new(), Vec::new(), vec![0]);
+        let mut layout = Vec::new();
+        for episode in f.episodes.list.iter().filter(|e| groups.keeps(e)) {
+            let mut own: Vec<&StepRow> = steps
+                .iter()
+                .filter(|s| s.trajectory_id == episode.trajectory_id)
+                .collect();
+            own.sort_by_key(|s| s.step_index);
+            for s in own {
+                let v = match level {
+                    GaeLevel::Token => s.old_values.clone().unwrap(),
+                    GaeLevel::Decision => vec![s.old_value.unwrap()],
+                };
+                layout.push((
+                    s.trajectory_id.clone(),
+                    s.step_index,
+                    v.len(),
+                    s.response_ids.len(),
+                ));
+                values.extend(v);
+            }
+            rewards.resize(values.len(), 0.0);
+            if values.len() > *offsets.last().unwrap() {
+                *rewards.last_mut().unwrap() = episode.score;
+            }
+            offsets.push(values.len());
+        }
+        let params = GaeParams {
+            gamma: 0.9,
+            lam: 0.8,
+        };
+        let (mut advantages, returns) = gae_tokens(&rewards, &values, &offsets, params);
+        whiten(&mut advantages).unwrap();
+        let mut at = 0;
+        let mut out = HashMap::new();
+        for (id, index, positions, tokens) in layout {
+            let (a, r) = match level {
+                GaeLevel::Token => (
+                    advantages[at..at + positions].to_vec(),
+                    returns[at..at + positions].to_vec(),
+                ),
+                GaeLevel::Decision => (vec![advantages[at]; tokens], vec![returns[at]; tokens]),
+            };
+            at += positions;
+            out.insert((id, index), (a, r));
+        }
+        out
+    }
+
+    fn assert_close(
+        rows: &[AdvantageRow],
+        expected: &HashMap<(String, i32), (Vec<f32>, Vec<f32>)>,
+    ) {
+        assert_eq!(rows.len(), expected.len());
+        for row in rows {
+            let (a, r) = &expected[&(row.trajectory_id.clone(), row.step_index)];
+            let returns = row.returns.as_ref().unwrap();
+            assert_eq!(
+                (row.advantages.len(), returns.len()),
+                (a.len(), r.len()),
+                "{row:?}"
+            );
+            for (x, y) in row.advantages.iter().zip(a).chain(returns.iter().zip(r)) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "{row:?}: {x} vs {y}"
+                );
+            }
+            let mean = if a.is_empty() {
+                0.0
+            } else {
+                row.advantages.iter().sum::<f32>() / a.len() as f32
+            };
+            assert_eq!(row.episode_adv, mean);
+            assert_eq!(row.estimator, "gae");
+        }
+    }
+
+    #[test]
+    fn streamed_gae_equals_the_in_memory_formula_at_both_levels_whatever_the_batch() {
+        let f = Fixture::new(&TRAJECTORIES, &spread_steps());
+        for level in [GaeLevel::Token, GaeLevel::Decision] {
+            let expected = reference(&f, &spread_steps(), level, &f.all_groups());
+            let (rows, stats, step) = f.run(&gae(level), &f.all_groups(), 2).unwrap();
+            assert!(step.is_none());
+            assert_close(&rows, &expected);
+            assert_eq!(stats.steps, 9);
+            assert_eq!(
+                stats.tokens as usize,
+                rows.iter().map(|r| r.advantages.len()).sum::<usize>()
+            );
+            // Batches of one row hold every multi-step trajectory open; one
+            // batch holds none. The output is the same to the bit.
+            for batch_rows in [1, 3, 64] {
+                let (again, ..) = f.run(&gae(level), &f.all_groups(), batch_rows).unwrap();
+                assert_eq!(again, rows, "{level:?}, batch_rows {batch_rows}");
+            }
+        }
+    }
+
+    #[test]
+    fn dropped_groups_leave_the_whitening_and_shards_share_it() {
+        let f = Fixture::new(&TRAJECTORIES, &spread_steps());
+        let level = GaeLevel::Token;
+        // Dynamic sampling drops g1 (all 0.5): neither written nor whitened over.
+        let kept = Groups {
+            kept: vec![true, false, true],
+            owned: vec![true, false, true],
+        };
+        let (rows, ..) = f.run(&gae(level), &kept, 2).unwrap();
+        assert!(
+            rows.iter()
+                .all(|r| r.trajectory_id != "c" && r.trajectory_id != "d")
+        );
+        assert_close(&rows, &reference(&f, &spread_steps(), level, &kept));
+        // Owning a part of the kept groups writes that part of the same rows.
+        let part = |owned: Vec<bool>| {
+            let groups = Groups {
+                kept: vec![true; 3],
+                owned,
+            };
+            f.run(&gae(level), &groups, 2).unwrap().0
+        };
+        let (whole, ..) = f.run(&gae(level), &f.all_groups(), 2).unwrap();
+        let mut union = part(vec![true, false, false]);
+        union.extend(part(vec![false, true, true]));
+        union.sort_by(|a, b| {
+            (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index))
+        });
+        assert_eq!(union, whole);
+    }
+
+    #[test]
+    fn missing_duplicated_or_extra_steps_and_missing_values_are_bad_input() {
+        let run = |steps: Vec<StepRow>, level: GaeLevel| {
+            let f = Fixture::new(&[("a", "g", 1.0, 2), ("b", "g", 0.0, 1)], &steps);
+            f.run(&gae(level), &f.all_groups(), 2)
+                .unwrap_err()
+                .to_string()
+        };
+        let token = GaeLevel::Token;
+        let error = run(vec![step("a", 0, 1), step("b", 0, 1)], token);
+        assert!(
+            error.contains("`a`: steps table has step indices [0], expected 0..2"),
+            "{error}"
+        );
+        let error = run(
+            vec![step("a", 0, 1), step("a", 0, 1), step("b", 0, 1)],
+            token,
+        );
+        assert!(
+            error.contains("step indices [0, 0], expected 0..2"),
+            "{error}"
+        );
+        let error = run(
+            vec![
+                step("a", 0, 1),
+                step("a", 1, 1),
+                step("b", 0, 1),
+                step("b", 1, 1),
+            ],
+            token,
+        );
+        assert!(
+            error.contains("`b`: steps table has more steps than num_steps = 1"),
+            "{error}"
+        );
+        let mut no_value = step("b", 0, 1);
+        no_value.old_value = None;
+        let error = run(
+            vec![step("a", 0, 1), step("a", 1, 1), no_value],
+            GaeLevel::Decision,
+        );
+        assert!(error.contains("`b` step 0: `old_value` is null"), "{error}");
+        let mut short = step("b", 0, 3);
+        short.old_values = Some(vec![0.0; 2]);
+        let error = run(vec![step("a", 0, 1), step("a", 1, 1), short], token);
+        assert!(
+            error.contains("old_values has 2 entries, expected 3"),
+            "{error}"
+        );
+        let error = run(vec![step("b", 0, 1)], token);
+        assert!(error.contains("expected 0..2"), "{error}");
+    }
+
+    #[test]
+    fn one_position_in_all_is_too_few_to_whiten() {
+        let f = Fixture::new(&[("a", "g", 1.0, 1)], &[step("a", 0, 1)]);
+        let error = f
+            .run(&gae(GaeLevel::Token), &f.all_groups(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("the batch is too small"), "{error}");
+    }
+}

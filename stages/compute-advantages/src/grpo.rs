@@ -1,0 +1,220 @@
+//! `estimator = "grpo"` and `"dr_grpo"` (without StepOPSD): the episode
+//! advantage of each trajectory, broadcast to every response token of every
+//! one of its steps. With veRL's numerics (`embodyflow_algos::grpo`, golden
+//! tested against veRL's `compute_grpo_outcome_advantage`), over the
+//! trajectories i of a group g:
+//!
+//! ```text
+//! grpo:     A^E_i = (R_i - mean_g R) / (std_g R + eps)
+//! dr_grpo:  A^E_i =  R_i - mean_g R
+//! ```
+//!
+//! E.g. a group scored [1, 0, 0, 1] gives A^E = ±0.866 under grpo (unbiased
+//! std 0.577) and ±0.5 under dr_grpo. The steps table is streamed once in
+//! record batches of `batch_rows`; each batch's owned rows are written as
+//! one advantages batch that reuses the input's id and offset arrays, so
+//! memory is bounded by the batch. Every trajectory must have exactly
+//! `num_steps` steps rows.
+
+use arrow::array::{BooleanArray, ListArray, RecordBatch, StringArray};
+use arrow::buffer::OffsetBuffer;
+use arrow::compute::filter_record_batch;
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
+use embodyflow_core::dataset::column;
+use embodyflow_core::{Result, progress};
+
+use crate::episodes::{Episodes, Groups, StepCounts};
+use crate::output::{AdvantagesOut, advantages_batch};
+use crate::step::StepDiagnostics;
+use crate::{Estimate, StepsInput};
+
+/// The episode advantage of every episode, in episode order.
+pub fn episode_advantages_of(episodes: &Episodes, norm: GroupNorm) -> Vec<f32> {
+    episode_advantages(&episodes.scores(), &episodes.groups(), norm)
+}
+
+/// GRPO or Dr. GRPO.
+pub struct Grpo {
+    /// Divide by the group's standard deviation (GRPO) or not (Dr. GRPO), and its eps.
+    pub norm: GroupNorm,
+    /// Written into every row's `estimator`.
+    pub name: &'static str,
+}
+
+impl Estimate for Grpo {
+    fn write(
+        &self,
+        input: &StepsInput<'_>,
+        out: &mut AdvantagesOut,
+    ) -> Result<Option<StepDiagnostics>> {
+        let advantages = episode_advantages_of(input.episodes, self.norm);
+        let bar = progress::bar(input.steps.num_rows(), "advantages");
+        let mut counts = StepCounts::new(input.episodes);
+        for batch in input.steps.batches(
+            Some(&["trajectory_id", "step_index", "response_ids"]),
+            input.batch_rows,
+        )? {
+            let batch = batch?;
+            bar.inc(batch.num_rows() as u64);
+            let located = counts.locate(column::<StringArray>(&batch, "trajectory_id"))?;
+            out.write_batch(&grpo_batch(
+                &batch,
+                &located,
+                input.episodes,
+                input.groups,
+                &advantages,
+                self.name,
+            ))?;
+        }
+        bar.finish_and_clear();
+        counts.check()?;
+        Ok(None)
+    }
+}
+
+/// The advantages rows of one steps batch whose rows belong to episodes
+/// `located`: every response token of an owned step gets its trajectory's
+/// episode advantage. The ids and list offsets are reused from the input.
+fn grpo_batch(
+    batch: &RecordBatch,
+    located: &[usize],
+    episodes: &Episodes,
+    groups: &Groups,
+    advantages: &[f32],
+    estimator: &str,
+) -> RecordBatch {
+    let keep: Vec<bool> = located
+        .iter()
+        .map(|&e| groups.owns(&episodes.list[e]))
+        .collect();
+    let batch =
+        filter_record_batch(batch, &BooleanArray::from(keep)).expect("mask has the batch's length");
+    let ids = column::<StringArray>(&batch, "trajectory_id");
+    let responses = column::<ListArray>(&batch, "response_ids");
+    let per_step: Vec<f32> = (0..batch.num_rows())
+        .map(|i| advantages[episodes.get(ids.value(i)).expect("located above")])
+        .collect();
+    let offsets = responses.offsets();
+    let base = offsets[0] as usize;
+    let mut tokens = Vec::with_capacity(offsets[offsets.len() - 1] as usize - base);
+    for (i, &a) in per_step.iter().enumerate() {
+        tokens.resize(tokens.len() + responses.value_length(i) as usize, a);
+    }
+    let rebased = OffsetBuffer::new(offsets.iter().map(|&o| o - base as i32).collect());
+    advantages_batch(
+        batch.column_by_name("trajectory_id").expect("read").clone(),
+        batch.column_by_name("step_index").expect("read").clone(),
+        rebased,
+        tokens,
+        None,
+        per_step,
+        estimator,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::{Fixture, step};
+
+    /// Two groups; trajectory `b` has two steps, `d` a step without tokens.
+    fn fixture() -> Fixture {
+        Fixture::new(
+            &[
+                ("a", "g0", 1.0, 1),
+                ("b", "g0", 0.0, 2),
+                ("c", "g1", 0.5, 1),
+                ("d", "g1", 2.0, 1),
+            ],
+            &[
+                step("b", 1, 2),
+                step("a", 0, 4),
+                step("c", 0, 3),
+                step("b", 0, 5),
+                step("d", 0, 0),
+            ],
+        )
+    }
+
+    fn grpo() -> Grpo {
+        Grpo {
+            norm: GroupNorm::default(),
+            name: "grpo",
+        }
+    }
+
+    #[test]
+    fn every_token_of_a_step_gets_its_episode_advantage_whatever_the_batch() {
+        let f = fixture();
+        let expected =
+            episode_advantages(&[1.0, 0.0, 0.5, 2.0], &[0, 0, 1, 1], GroupNorm::default());
+        let (rows, stats, step) = f.run(&grpo(), &f.all_groups(), 2).unwrap();
+        assert!(step.is_none());
+        let keys: Vec<(&str, i32, usize)> = rows
+            .iter()
+            .map(|r| (r.trajectory_id.as_str(), r.step_index, r.advantages.len()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("a", 0, 4),
+                ("b", 0, 5),
+                ("b", 1, 2),
+                ("c", 0, 3),
+                ("d", 0, 0)
+            ]
+        );
+        for row in &rows {
+            let e = f.episodes.get(&row.trajectory_id).unwrap();
+            assert_eq!(row.episode_adv, expected[e]);
+            assert!(row.advantages.iter().all(|&a| a == expected[e]), "{row:?}");
+            assert_eq!(row.estimator, "grpo");
+            assert!(row.returns.is_none() && row.step_adv.is_none());
+        }
+        assert_eq!((stats.steps, stats.tokens), (5, 14));
+        for batch_rows in [1, 3, 100] {
+            assert_eq!(
+                f.run(&grpo(), &f.all_groups(), batch_rows).unwrap(),
+                (rows.clone(), stats, None)
+            );
+        }
+    }
+
+    #[test]
+    fn only_owned_groups_are_written_but_every_step_is_counted() {
+        let f = fixture();
+        let groups = Groups {
+            kept: vec![true, true],
+            owned: vec![false, true],
+        };
+        let (rows, stats, _) = f.run(&grpo(), &groups, 2).unwrap();
+        let ids: Vec<&str> = rows.iter().map(|r| r.trajectory_id.as_str()).collect();
+        assert_eq!(ids, ["c", "d"]);
+        assert_eq!((stats.steps, stats.tokens), (2, 3));
+
+        // A step missing from a group this process does not write is still bad input.
+        let missing = Fixture::new(
+            &[("a", "g0", 1.0, 2), ("c", "g1", 0.5, 1)],
+            &[step("a", 0, 1), step("c", 0, 1)],
+        );
+        let groups = Groups {
+            kept: vec![true, true],
+            owned: vec![false, true],
+        };
+        let error = missing.run(&grpo(), &groups, 8).unwrap_err().to_string();
+        assert!(
+            error.contains("`a`: steps table has 1 steps, expected 2"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_step_of_an_unknown_trajectory_is_bad_input() {
+        let f = Fixture::new(&[("a", "g0", 1.0, 1)], &[step("a", 0, 1), step("z", 0, 1)]);
+        let error = f.run(&grpo(), &f.all_groups(), 1).unwrap_err().to_string();
+        assert!(
+            error.contains("`z`, which is not in trajectories"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! Where every estimator writes: [`AdvantagesOut`] passes record batches or
+//! rows to the advantages table's writer unchanged, counts each written row
+//! into the run's [`AdvantageStats`] (in output order) and keeps the rows
+//! `--heatmaps N` draws (the first N with a non-zero A^S, then the first
+//! without, as they are written). [`advantages_batch`] builds a batch of the
+//! advantages schema from flat columns, for the estimators that write batches
+//! (GRPO, GAE) rather than rows (the step path).
+//!
+//! ```text
+//! estimator ──write_batch / write_rows──► AdvantagesOut ──► TableWriter (advantages)
+//!                                              ├─► AdvantageStats (steps, tokens, A^E moments)
+//!                                              └─► heatmap rows (first N)
+//! ```
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, Float32Array, ListArray, RecordBatch, StringArray, new_null_array,
+};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::DataType;
+use embodyflow_core::Result;
+use embodyflow_core::dataset::{TableWriter, batch_to_rows, column};
+use embodyflow_core::schemas::{AdvantageRow, TableName};
+
+use crate::diagnostics::AdvantageStats;
+
+/// The advantages table being written, with the statistics of what went in.
+pub struct AdvantagesOut {
+    writer: TableWriter,
+    stats: AdvantageStats,
+    heatmaps: HeatmapRows,
+}
+
+impl AdvantagesOut {
+    /// Writes through `writer`, keeping up to `heatmaps` rows to draw.
+    pub fn new(writer: TableWriter, heatmaps: usize) -> AdvantagesOut {
+        AdvantagesOut {
+            writer,
+            stats: AdvantageStats::default(),
+            heatmaps: HeatmapRows::new(heatmaps),
+        }
+    }
+
+    /// Writes a batch of the advantages schema (e.g. from [`advantages_batch`]).
+    pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        let episode_adv = column::<Float32Array>(batch, "episode_adv");
+        let advantages = column::<ListArray>(batch, "advantages");
+        for i in 0..batch.num_rows() {
+            self.stats
+                .add(episode_adv.value(i), advantages.value_length(i) as usize);
+        }
+        self.heatmaps.offer_batch(batch)?;
+        self.writer.write_batch(batch)
+    }
+
+    /// Writes rows.
+    pub fn write_rows(&mut self, rows: &[AdvantageRow]) -> Result<()> {
+        for row in rows {
+            self.stats.add(row.episode_adv, row.advantages.len());
+            self.heatmaps.offer(row);
+        }
+        self.writer.write_rows(rows)
+    }
+
+    /// The writer (to finish the table), the statistics and the heatmap rows.
+    pub fn into_parts(self) -> (TableWriter, AdvantageStats, Vec<AdvantageRow>) {
+        (self.writer, self.stats, self.heatmaps.into_rows())
+    }
+}
+
+/// The first `count` written rows with a non-zero A^S and the first `count`
+/// without; the rows drawn are the former, then the latter, `count` in all.
+struct HeatmapRows {
+    count: usize,
+    with_step: Vec<AdvantageRow>,
+    without: Vec<AdvantageRow>,
+}
+
+impl HeatmapRows {
+    fn new(count: usize) -> HeatmapRows {
+        HeatmapRows {
+            count,
+            with_step: Vec::new(),
+            without: Vec::new(),
+        }
+    }
+
+    fn has_step(row: &AdvantageRow) -> bool {
+        row.step_adv
+            .as_ref()
+            .is_some_and(|s| s.iter().any(|&v| v != 0.0))
+    }
+
+    fn offer(&mut self, row: &AdvantageRow) {
+        let bucket = if Self::has_step(row) {
+            &mut self.with_step
+        } else {
+            &mut self.without
+        };
+        if bucket.len() < self.count {
+            bucket.push(row.clone());
+        }
+    }
+
+    /// Converts only rows of `batch` that could still be kept: without any
+    /// `step_adv` in it (GRPO, GAE), the head that fills the rows without.
+    fn offer_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        let step_adv = column::<ListArray>(batch, "step_adv");
+        let candidates = if step_adv.null_count() == batch.num_rows() {
+            // No row has an A^S: each goes to the rows without.
+            self.count - self.without.len()
+        } else if self.with_step.len() < self.count || self.without.len() < self.count {
+            batch.num_rows()
+        } else {
+            0
+        };
+        if candidates == 0 {
+            return Ok(());
+        }
+        let head = batch.slice(0, candidates.min(batch.num_rows()));
+        for row in batch_to_rows::<AdvantageRow>(&head)? {
+            self.offer(&row);
+        }
+        Ok(())
+    }
+
+    fn into_rows(self) -> Vec<AdvantageRow> {
+        let count = self.count;
+        self.with_step
+            .into_iter()
+            .chain(self.without)
+            .take(count)
+            .collect()
+    }
+}
+
+/// An advantages record batch from its columns: per-token `advantages` (and
+/// `returns`, same offsets) as flat values with list offsets; `step_adv` null.
+pub fn advantages_batch(
+    trajectory_ids: ArrayRef,
+    step_index: ArrayRef,
+    offsets: OffsetBuffer<i32>,
+    advantages: Vec<f32>,
+    returns: Option<Vec<f32>>,
+    episode_adv: Vec<f32>,
+    estimator: &str,
+) -> RecordBatch {
+    let schema = TableName::Advantages.def().arrow_schema();
+    let item = match schema
+        .field_with_name("advantages")
+        .expect("schema column")
+        .data_type()
+    {
+        DataType::List(item) => item.clone(),
+        other => unreachable!("advantages is a list, not {other}"),
+    };
+    let list_type = DataType::List(item.clone());
+    let n = episode_adv.len();
+    let list = |values: Vec<f32>| -> ArrayRef {
+        Arc::new(ListArray::new(
+            item.clone(),
+            offsets.clone(),
+            Arc::new(Float32Array::from(values)),
+            None,
+        ))
+    };
+    let columns: Vec<ArrayRef> = vec![
+        trajectory_ids,
+        step_index,
+        list(advantages),
+        returns.map_or_else(|| new_null_array(&list_type, n), list),
+        Arc::new(Float32Array::from(episode_adv)),
+        new_null_array(&list_type, n),
+        Arc::new(StringArray::from(vec![estimator; n])),
+    ];
+    RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema")
+}

@@ -1,0 +1,130 @@
+//! Inputs for the estimators' unit tests: episodes joined in memory, a steps
+//! table written to a temporary directory in a chosen row order, and a run of
+//! one estimator into a real advantages table that is read back.
+//!
+//! ```text
+//! let f = Fixture::new(&[("a", "g", 1.0, 2), ("b", "g", 0.0, 1)], &[step("a", 0, 3), ...]);
+//! let (rows, stats, _) = f.run(&estimator, &f.all_groups(), 4).unwrap();
+//! ```
+
+use embodyflow_core::Result;
+use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
+use embodyflow_core::manifest::Producer;
+use embodyflow_core::schemas::{AdvantageRow, StepRow, TableName};
+
+use crate::diagnostics::AdvantageStats;
+use crate::episodes::{Episodes, Groups};
+use crate::output::AdvantagesOut;
+use crate::step::StepDiagnostics;
+use crate::{Estimate, StepsInput};
+
+/// Episodes and their steps table.
+pub struct Fixture {
+    dir: tempfile::TempDir,
+    /// The steps table, rows in the order given.
+    pub steps: TableReader,
+    /// The trajectories joined with their scores.
+    pub episodes: Episodes,
+}
+
+/// Step `index` of trajectory `id` with `tokens` response tokens (ids 3, 4,
+/// …), a per-token value and a per-step value that differ by row.
+pub fn step(id: &str, index: i32, tokens: usize) -> StepRow {
+    let seed = id.bytes().map(f32::from).sum::<f32>() * 0.01 + index as f32 * 0.1;
+    let mut row = StepRow::one_shot(
+        id.to_string(),
+        vec![1, 2],
+        (0..tokens as i32).map(|t| 3 + t).collect(),
+        vec![-1.0; tokens],
+    );
+    row.step_index = index;
+    row.old_value = Some(seed.sin());
+    row.old_values = Some((0..tokens).map(|t| (seed + t as f32 * 0.3).cos()).collect());
+    row
+}
+
+impl Fixture {
+    /// `trajectories` are `(id, group, score, num_steps)`; `steps` are
+    /// written in the order given, one shard of `rows_per_shard` rows at a time.
+    pub fn new(trajectories: &[(&str, &str, f32, i32)], steps: &[StepRow]) -> Fixture {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let options = WriteOptions {
+            rows_per_shard: 3,
+            ..WriteOptions::default()
+        };
+        let rollouts = dir.path().join("rollouts");
+        let mut writer = TableWriter::create(&rollouts, TableName::Steps, options, false)
+            .expect("a steps writer");
+        writer.write_rows(steps).expect("steps rows");
+        writer.finish(&producer(), &[]).expect("the steps table");
+        let episodes = Episodes::join(
+            trajectories
+                .iter()
+                .map(|&(id, group, _, n)| (id.to_string(), group.to_string(), n)),
+            trajectories
+                .iter()
+                .map(|&(id, group, score, _)| (id.to_string(), group.to_string(), score)),
+        )
+        .expect("consistent trajectories");
+        Fixture {
+            steps: TableReader::open(&rollouts.join(TableName::Steps.as_str()), TableName::Steps)
+                .expect("the steps table"),
+            episodes,
+            dir,
+        }
+    }
+
+    /// Every group kept and owned.
+    pub fn all_groups(&self) -> Groups {
+        let n = self.episodes.group_ids.len();
+        Groups {
+            kept: vec![true; n],
+            owned: vec![true; n],
+        }
+    }
+
+    /// Runs `estimator` over the steps in record batches of `batch_rows`;
+    /// returns the advantages rows (sorted by trajectory and step), the
+    /// statistics of what was written and the step path's diagnostics.
+    pub fn run(
+        &self,
+        estimator: &dyn Estimate,
+        groups: &Groups,
+        batch_rows: usize,
+    ) -> Result<(Vec<AdvantageRow>, AdvantageStats, Option<StepDiagnostics>)> {
+        let out = tempfile::tempdir_in(self.dir.path()).expect("an output directory");
+        let writer = TableWriter::create(
+            out.path(),
+            TableName::Advantages,
+            WriteOptions::default(),
+            false,
+        )?;
+        let mut sink = AdvantagesOut::new(writer, 0);
+        let input = StepsInput {
+            steps: &self.steps,
+            episodes: &self.episodes,
+            groups,
+            batch_rows,
+        };
+        let step = estimator.write(&input, &mut sink)?;
+        let (writer, stats, _) = sink.into_parts();
+        writer.finish(&producer(), &[])?;
+        let table = out.path().join(TableName::Advantages.as_str());
+        let mut rows: Vec<AdvantageRow> =
+            TableReader::open(&table, TableName::Advantages)?.read_rows()?;
+        rows.sort_by(|a, b| {
+            (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index))
+        });
+        Ok((rows, stats, step))
+    }
+}
+
+fn producer() -> Producer {
+    Producer {
+        stage: "compute-advantages test".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    }
+}
