@@ -19,8 +19,9 @@
 //! kept as steps with the missing part `None`.
 //!
 //! **Matching** ([`step_match`]) compares predicted with ground-truth steps by
-//! `action_id`, falling back to the lower-cased, trimmed `action_name` when
-//! the predicted id is missing: `exact` (pred[i] == gt[i]), `prefix` (1 up to
+//! `action_id` when it is an integer (of any size: one beyond i64 equals no
+//! ground-truth id), falling back to the lower-cased, trimmed `action_name`
+//! (a string) when the predicted id is missing or not an integer: `exact` (pred[i] == gt[i]), `prefix` (1 up to
 //! the first mismatch, then 0), `lcs` (1 for predicted positions used by a
 //! longest common subsequence; ties prefer the earliest predicted positions).
 //!
@@ -443,12 +444,17 @@ pub fn normalise_name(name: &str) -> String {
 }
 
 fn same_step(pred: &PlanStep, gt: &GtStep) -> bool {
-    match pred.action_id {
-        Some(id) => id == gt.action_id,
-        None => pred
-            .action_name
-            .as_deref()
-            .is_some_and(|n| normalise_name(n) == normalise_name(&gt.action_name)),
+    match pred.id_kind {
+        IdKind::Integer => pred.action_id == Some(gt.action_id),
+        // Still an id, and beyond every ground-truth id: never a name instead.
+        IdKind::BigInteger => false,
+        IdKind::Missing | IdKind::Bool | IdKind::Other => {
+            pred.name_kind == NameKind::String
+                && pred
+                    .action_name
+                    .as_deref()
+                    .is_some_and(|n| normalise_name(n) == normalise_name(&gt.action_name))
+        }
     }
 }
 
@@ -556,6 +562,40 @@ mod tests {
             vec![0],
             "an id, when present, decides"
         );
+        // Ids that are not integers give way to the name; an unpaired
+        // surrogate makes a name equal to nothing.
+        for id in ["null", "5.0", "\"5\"", "true"] {
+            let p = vec![step(&format!(
+                "{{\"action_id\": {id}, \"action_name\": \"action 5\"}}"
+            ))];
+            assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![1], "{id}");
+        }
+        let p = vec![step(r#"{"action_name": "action 5\ud800"}"#)];
+        assert_eq!(step_match(&p, &g, MatchMode::Exact), vec![0]);
+    }
+
+    #[test]
+    fn ids_beyond_i64_are_still_ids() {
+        // 2^63 and 10^30 are ints for Python, equal to no ground-truth id: the
+        // step does not match, although its name is the ground truth's.
+        let g = gt(&[5, 6]);
+        for id in [
+            "9223372036854775808",
+            "-9223372036854775809",
+            "1000000000000000000000000000000",
+        ] {
+            let p = vec![
+                step(&format!(
+                    "{{\"action_id\": {id}, \"action_name\": \"action 5\"}}"
+                )),
+                step(r#"{"action_id": 6, "action_name": "action 6"}"#),
+            ];
+            assert_eq!(p[0].id_kind, IdKind::BigInteger);
+            for mode in [MatchMode::Exact, MatchMode::Lcs] {
+                assert_eq!(step_match(&p, &g, mode), vec![0, 1], "{id} {mode:?}");
+            }
+            assert_eq!(step_match(&p, &g, MatchMode::Prefix), vec![0, 0], "{id}");
+        }
     }
 
     #[test]

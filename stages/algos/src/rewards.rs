@@ -360,6 +360,13 @@ mod tests {
             r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": true, "action_name": "pick up the Mug"}]"#,
         );
         assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2]);
+        // An id beyond i64 is an int for Python, so the item is valid, and
+        // str(10**30) is no key of the map: as true above. Accuracy reads
+        // names: n = k = 2.
+        let text = answer(
+            r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": 1000000000000000000000000000000, "action_name": "pick up the Mug"}]"#,
+        );
+        assert_eq!(both(&text, &g), [(1.375, 0.375, 1.0); 2]);
         // A negative id is valid and names no action: str(-1) is no key.
         let text = answer(
             r#"[{"action_id": 0, "action_name": "find a Mug"}, {"action_id": -1, "action_name": "pick up the Mug"}]"#,
