@@ -381,6 +381,19 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
             "bad.toml:18:",
             "data/none does not exist",
         ),
+        (
+            offline(1, 1, false).replace("[\"${collect}\", \"${score}\"]", "[\"${collect}\"]"),
+            "bad.toml:33:",
+            "reads table `rewards` on every run, and none of its inputs holds it",
+        ),
+        (
+            offline(1, 1, false).replace(
+                "stage = \"init-policy\"",
+                "stage = \"init-policy\"\nshards = 2",
+            ),
+            "bad.toml:14:",
+            "stage `init-policy` cannot be sharded (it writes one checkpoint)",
+        ),
         // Values out of range are found by the stages' own checks, via --print-config.
         (
             offline(1, 1, false).replace("group_size = 3", "group_size = 0"),

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::TableName;
+use embodyflow_core::spec;
 use polars::prelude::*;
 use serde::Deserialize;
 
@@ -584,20 +585,47 @@ pub fn contrast_figures(teacher: LazyFrame) -> Result<ContrastFigures> {
     })
 }
 
-/// The parts of `diagnostics.json` the report shows.
+/// The parts of compute-advantages' `diagnostics.json` that the reports
+/// show (this report and the pipeline runner's ablation table), typed: a
+/// file without one of them is an error naming it.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct VariantDiagnostics {
     /// Estimator.
     #[serde(default)]
     pub estimator: String,
+    /// Groups in the input.
+    pub groups: u64,
+    /// Groups kept by dynamic sampling.
+    pub kept_groups: u64,
     /// The step path's figures.
     #[serde(default)]
     pub step: Option<StepPart>,
 }
 
+impl VariantDiagnostics {
+    /// Reads `dir/diagnostics.json` of a compute-advantages output; `None`
+    /// when there is none.
+    pub fn read(dir: &Path) -> Result<Option<VariantDiagnostics>> {
+        let path = dir.join(spec::DIAGNOSTICS_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| ReportError::BadInput(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ReportError::Core(embodyflow_core::Error::io(&path, e))),
+        }
+    }
+}
+
 /// Step-path figures of `diagnostics.json`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StepPart {
+    /// Responses processed.
+    pub responses: u64,
+    /// Responses with at least one non-zero A^S token.
+    pub responses_with_step_adv: u64,
+    /// Sign flips over all credit-target tokens.
+    pub sign_flips: FlipPart,
     /// Sign flips on rule-correct steps.
     pub sign_flips_rule_correct: FlipPart,
     /// Sign flips on rule-wrong steps.
@@ -627,40 +655,67 @@ fn opt(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
+/// The compute-advantages settings a variant shows, read typed from its
+/// advantages manifest ([`spec::StageSpec::config_of`]).
+#[derive(Debug, Deserialize)]
+struct AdvantagesSettings {
+    estimator: String,
+    stepopsd: StepOpsdSettings,
+    step: StepSettings,
+}
+
+#[derive(Debug, Deserialize)]
+struct StepOpsdSettings {
+    enabled: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct StepSettings {
+    kind: String,
+    credit_target: String,
+    score_source: String,
+    omega: f32,
+    gate: String,
+}
+
+/// The score-rewards settings a variant shows.
+#[derive(Debug, Deserialize)]
+struct RewardsSettings {
+    #[serde(rename = "match")]
+    matching: MatchSettings,
+}
+
+#[derive(Debug, Deserialize)]
+struct MatchSettings {
+    mode: String,
+}
+
 /// The settings a variant was computed with, from the manifests of its
 /// advantages (estimator, step kind, credit target, score source, omega, gate)
 /// and of its rewards (the rule match mode).
-fn variant_settings(advantages: &TableReader, rewards: &TableReader) -> String {
-    let lookup = |config: &serde_json::Value, path: &[&str]| {
-        let mut value = config;
-        for key in path {
-            value = &value[*key];
-        }
-        match value {
-            serde_json::Value::Null => None,
-            serde_json::Value::String(s) => Some(s.clone()),
-            other => Some(other.to_string()),
-        }
-    };
-    let get = |path: &[&str]| lookup(&advantages.manifest().producer.config, path);
-    let mut estimator = get(&["estimator"]).unwrap_or_default();
-    if get(&["stepopsd", "enabled"]).as_deref() == Some("true") {
+fn variant_settings(advantages: &TableReader, rewards: &TableReader) -> Result<String> {
+    let settings: AdvantagesSettings =
+        spec::COMPUTE_ADVANTAGES.config_of(advantages.manifest(), advantages.dir())?;
+    let mut estimator = settings.estimator;
+    if settings.stepopsd.enabled {
         // Sign-preserving reweighting of A: no A^S, no flips by construction.
         estimator.push_str(" + StepOPSD reweighting");
     }
     if !estimator.starts_with("grpo_step") {
-        return estimator;
+        return Ok(estimator);
     }
-    let match_mode =
-        lookup(&rewards.manifest().producer.config, &["match", "mode"]).unwrap_or_default();
-    format!(
-        "grpo_step {} (match {match_mode}, credit {}, score {}, omega {}, gate {})",
-        get(&["step", "kind"]).unwrap_or_default(),
-        get(&["step", "credit_target"]).unwrap_or_default(),
-        get(&["step", "score_source"]).unwrap_or_default(),
-        get(&["step", "omega"]).unwrap_or_default(),
-        get(&["step", "gate"]).unwrap_or_default(),
-    )
+    let rewards: RewardsSettings =
+        spec::SCORE_REWARDS.config_of(rewards.manifest(), rewards.dir())?;
+    let step = settings.step;
+    Ok(format!(
+        "grpo_step {} (match {}, credit {}, score {}, omega {:?}, gate {})",
+        step.kind,
+        rewards.matching.mode,
+        step.credit_target,
+        step.score_source,
+        step.omega,
+        step.gate,
+    ))
 }
 
 /// Overlaid histograms of A^S in [-1, 1]: successful trajectories in blue,
@@ -735,20 +790,14 @@ pub fn build_report(
             &out.join(&heatmap),
             &heatmap_rows(advantages, rewards, HEATMAP_RESPONSES)?,
         )?;
-        let diagnostics_path = dir.join("diagnostics.json");
-        let diagnostics: VariantDiagnostics = match std::fs::read_to_string(&diagnostics_path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| {
-                ReportError::BadInput(format!("{}: {e}", diagnostics_path.display()))
-            })?,
-            Err(_) => VariantDiagnostics::default(),
-        };
+        let diagnostics = VariantDiagnostics::read(dir)?.unwrap_or_default();
         let step = diagnostics.step.unwrap_or_default();
         let png = format!("step_adv_{}.png", sanitize(name));
         histogram_png(&out.join(&png), &figures.values)?;
         let _ = writeln!(
             md,
             "| {name} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {:.3} ± {:.3} ({}) | {:.3} ± {:.3} ({}) | {} | [png]({png}) | [png]({heatmap}) |",
-            variant_settings(&reader, &rewards_reader),
+            variant_settings(&reader, &rewards_reader)?,
             figures.credited,
             figures.tokens,
             opt(figures.flip[0]),
@@ -909,7 +958,8 @@ mod tests {
         let config = serde_json::json!({
             "estimator": "grpo_step",
             "step": {"kind": "rule", "credit_target": "action_id", "score_source": "action_name",
-                     "omega": 1.0, "gate": "none"}
+                     "omega": 1.0, "gate": "none"},
+            "stepopsd": {"enabled": false}
         });
         writer
             .finish(

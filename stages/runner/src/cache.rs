@@ -13,15 +13,17 @@
 //!
 //! After a stage succeeds the runner writes `_step.json` into the step's
 //! directory, last: the key, the command, and the content hashes of what the
-//! step wrote. A step is cached when that file exists, its key equals the
-//! key computed now, and every output it lists still has that content hash.
-//! A step killed midway has no `_step.json` and is run again.
+//! step wrote (the tables and checkpoints its stage declares). A step is
+//! cached when that file exists, its key equals the key computed now, and
+//! every output it lists still has that content hash. A step killed midway
+//! has no `_step.json` and is run again.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use embodyflow_core::manifest::{MANIFEST_FILE, Manifest};
+use embodyflow_core::spec;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RunnerError};
@@ -110,7 +112,7 @@ pub fn step_key(instance: &Instance, binary: &str) -> Result<(String, serde_json
     };
     let parts = serde_json::json!({
         "format": STEP_FORMAT,
-        "stage": instance.stage,
+        "stage": instance.stage.name,
         "binary": binary,
         "args": args,
         "shards": instance.shards,
@@ -154,41 +156,38 @@ pub struct StepRecord {
     pub finished_unix: u64,
 }
 
-/// The outputs of a step directory: its tables and a `policy/` checkpoint.
-pub fn outputs_of(dir: &Path) -> Result<Vec<Output>> {
-    let mut outputs: Vec<Output> = tables_in(dir)?
-        .into_iter()
-        .map(|(table, hash)| Output {
-            path: table.clone(),
-            identity: format!("table {table} {hash}"),
-        })
-        .collect();
-    if dir.join("manifest.json").is_file() {
-        // The step directory is itself a checkpoint (init-policy).
-        outputs.push(Output {
-            path: ".".into(),
-            identity: identity(dir)?,
-        });
+/// The outputs of a step that are on disk: the tables and checkpoints its
+/// stage declares ([`embodyflow_core::spec`]), by path. Declared files
+/// (`diagnostics.json`) are not part of the record.
+pub fn outputs_of(instance: &Instance) -> Result<Vec<Output>> {
+    let mut outputs = Vec::new();
+    for output in instance.stage.writes {
+        let path = instance.dir.join(output.path());
+        let present = match output {
+            spec::Output::Table(_) => path.join(MANIFEST_FILE).is_file(),
+            spec::Output::Checkpoint(_) => path.join("manifest.json").is_file(),
+            spec::Output::File(_) => false,
+        };
+        if present {
+            outputs.push(Output {
+                path: output.path().to_string(),
+                identity: identity(&path)?,
+            });
+        }
     }
-    let policy = dir.join("policy");
-    if policy.join("manifest.json").is_file() {
-        outputs.push(Output {
-            path: "policy".into(),
-            identity: identity(&policy)?,
-        });
-    }
+    outputs.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(outputs)
 }
 
-/// The record of `dir` when it is a completed run of `key` whose outputs are
-/// unchanged.
-pub fn cached(dir: &Path, key: &str) -> Option<StepRecord> {
-    let text = std::fs::read_to_string(dir.join(STEP_FILE)).ok()?;
+/// The record of `instance`'s directory when it is a completed run of `key`
+/// whose outputs are unchanged.
+pub fn cached(instance: &Instance, key: &str) -> Option<StepRecord> {
+    let text = std::fs::read_to_string(instance.dir.join(STEP_FILE)).ok()?;
     let record: StepRecord = serde_json::from_str(&text).ok()?;
     if record.format != STEP_FORMAT || record.key != key {
         return None;
     }
-    let now = outputs_of(dir).ok()?;
+    let now = outputs_of(instance).ok()?;
     (now == record.outputs).then_some(record)
 }
 

@@ -1,5 +1,8 @@
 //! Checks before any stage runs: every stage binary is built, every path a
-//! step reads that no step writes exists, and every step's config resolves
+//! step reads that no step writes exists, every table a stage reads on every
+//! run (its declaration, [`embodyflow_core::spec`]) is among the step's
+//! inputs — written by the earlier step an input names, or on disk — and
+//! every step's config resolves
 //! (each stage is asked with `--print-config`, which resolves defaults,
 //! `--config` and `--set` exactly as a run would and exits without reading
 //! anything). One check per step and sweep variant, in parallel; an unknown
@@ -10,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use embodyflow_core::config::ConfigReport;
+use embodyflow_core::manifest::{MANIFEST_FILE, Manifest};
+use embodyflow_core::schemas::TableName;
 use rayon::prelude::*;
 
 use crate::error::{Result, RunnerError};
@@ -53,6 +58,9 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
             }
         }
     }
+    for instance in &plan.instances {
+        check_reads(plan, instance)?;
+    }
     // One check per step and variant: iterations differ only in values like
     // `${iter}`, which do not change the keys.
     let mut seen = BTreeSet::new();
@@ -62,12 +70,12 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
         if !seen.insert((instance.step.clone(), variant.to_string())) {
             continue;
         }
-        let bin = binary(bin_dir, &instance.stage);
+        let bin = binary(bin_dir, instance.stage.name);
         if !bin.is_file() {
             if dry_run {
                 let note = format!(
                     "stage `{}` is not built ({}): keys of step `{}` not checked",
-                    instance.stage,
+                    instance.stage.name,
                     bin.display(),
                     instance.step
                 );
@@ -95,7 +103,7 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
     );
     let mut keyed = Vec::new();
     for instance in todo {
-        let hash = hashes.hash(&binary(bin_dir, &instance.stage))?;
+        let hash = hashes.hash(&binary(bin_dir, instance.stage.name))?;
         let key = blake3::hash(format!("{hash}\n{:?}", instance.stage_args()).as_bytes())
             .to_hex()
             .to_string();
@@ -119,8 +127,57 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
     Ok(notes)
 }
 
+/// The tables input `input` of `instance` holds: those its producing step's
+/// stage declares when it names an earlier step's directory (or one table
+/// in it), those on disk otherwise; `None` when that cannot be known.
+fn tables_of(plan: &Plan, instance: &Instance, input: &Path) -> Option<Vec<TableName>> {
+    for &dep in &instance.deps {
+        let producer = &plan.instances[dep];
+        if input == producer.dir {
+            return Some(producer.stage.written_tables().collect());
+        }
+        if let Ok(rest) = input.strip_prefix(&producer.dir) {
+            let table: TableName = rest.to_str()?.parse().ok()?;
+            return producer.stage.writes_table(table).then(|| vec![table]);
+        }
+    }
+    if input.join(MANIFEST_FILE).is_file() {
+        return Some(vec![Manifest::read(input).ok()?.table.parse().ok()?]);
+    }
+    let tables = crate::cache::tables_in(input).ok()?;
+    Some(tables.keys().filter_map(|t| t.parse().ok()).collect())
+}
+
+/// Every table the stage reads on every run is held by one of the inputs.
+fn check_reads(plan: &Plan, instance: &Instance) -> Result<()> {
+    let mut held = Vec::new();
+    let mut described = Vec::new();
+    for input in &instance.inputs {
+        // An input whose tables cannot be known leaves the stage to decide.
+        let Some(tables) = tables_of(plan, instance, input) else {
+            return Ok(());
+        };
+        let names: Vec<&str> = tables.iter().map(|t| t.as_str()).collect();
+        described.push(format!("{} ({})", input.display(), names.join(", ")));
+        held.extend(tables);
+    }
+    match instance.stage.always_reads().find(|t| !held.contains(t)) {
+        None => Ok(()),
+        Some(table) => Err(RunnerError::Pipeline {
+            file: plan.file.clone(),
+            line: instance.line,
+            message: format!(
+                "step `{}` ({}) reads table `{table}` on every run, and none of its inputs holds it; inputs: [{}]",
+                instance.id,
+                instance.stage.name,
+                described.join(", ")
+            ),
+        }),
+    }
+}
+
 fn check_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<()> {
-    let bin = binary(bin_dir, &instance.stage);
+    let bin = binary(bin_dir, instance.stage.name);
     let output = Command::new(&bin)
         .args(instance.stage_args())
         .arg("--out")
@@ -135,7 +192,10 @@ fn check_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<()> 
     let err = |line: usize, message: String| RunnerError::Pipeline {
         file: plan.file.clone(),
         line,
-        message: format!("step `{}` ({}): {message}", instance.id, instance.stage),
+        message: format!(
+            "step `{}` ({}): {message}",
+            instance.id, instance.stage.name
+        ),
     };
     match report {
         Some(ConfigReport {

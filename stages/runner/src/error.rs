@@ -32,27 +32,33 @@ pub enum RunnerError {
         /// Where it was looked for.
         path: PathBuf,
     },
-    /// A step's input is neither on disk nor made by an earlier step.
-    #[error("step `{step}`: input {path} does not exist and no earlier step writes it")]
-    MissingInput {
-        /// The step.
-        step: String,
-        /// The missing path.
-        path: PathBuf,
-    },
     /// A stage process exited with an error.
     #[error("step `{step}` ({stage}) failed with exit code {code}; log {log}:\n{tail}")]
     StageFailed {
         /// The step instance.
         step: String,
         /// Its stage.
-        stage: String,
+        stage: &'static str,
         /// Exit code (-1 when killed by a signal).
         code: i32,
         /// Log file with the stage's stdout and stderr.
         log: PathBuf,
         /// The last lines of the log.
         tail: String,
+    },
+    /// A stage exited 0 without writing an output its declaration lists.
+    #[error(
+        "step `{step}` ({stage}) exited 0 but did not write {path}, which the stage declares as an output (embodyflow_core::spec); log {log}"
+    )]
+    MissingOutput {
+        /// The step instance.
+        step: String,
+        /// Its stage.
+        stage: &'static str,
+        /// The missing output.
+        path: PathBuf,
+        /// The stage's log.
+        log: PathBuf,
     },
     /// Another runner holds the run directory.
     #[error(
@@ -99,13 +105,13 @@ impl RunnerError {
 
 impl Classify for RunnerError {
     fn kind(&self) -> ErrorKind {
-        // Every variant is classified here: a new one must choose.
         match self {
-            RunnerError::StageFailed { .. } | RunnerError::Plot { .. } => ErrorKind::Failure,
+            RunnerError::StageFailed { .. }
+            | RunnerError::MissingOutput { .. }
+            | RunnerError::Plot { .. } => ErrorKind::Failure,
             RunnerError::Core(e) => e.kind(),
             RunnerError::Pipeline { .. }
             | RunnerError::MissingBinary { .. }
-            | RunnerError::MissingInput { .. }
             | RunnerError::Locked { .. }
             | RunnerError::Usage(_) => ErrorKind::BadInput,
         }

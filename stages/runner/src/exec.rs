@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use embodyflow_core::dataset::merge_tables;
+use embodyflow_core::spec::Output;
 
 use crate::cache::{self, BinaryHashes, StepRecord, runner_dir};
 use crate::check::binary;
@@ -134,6 +135,22 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
         .map_err(|e| RunnerError::io(bin, e))
 }
 
+/// The first output the stage declares that `out` (one process's `--out`)
+/// lacks.
+fn missing_output(instance: &Instance, out: &Path) -> Option<PathBuf> {
+    instance.stage.writes.iter().find_map(|output| {
+        let path = out.join(output.path());
+        let present = match output {
+            Output::Table(_) => path
+                .join(embodyflow_core::manifest::MANIFEST_FILE)
+                .is_file(),
+            Output::Checkpoint(_) => path.join("manifest.json").is_file(),
+            Output::File(_) => path.is_file(),
+        };
+        (!present).then_some(path)
+    })
+}
+
 /// Runs one instance into its directory; returns the command lines and the
 /// stage wall seconds.
 fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<String>>, f64)> {
@@ -184,7 +201,7 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
         if !status.success() && failure.is_none() {
             failure = Some(RunnerError::StageFailed {
                 step: instance.id.clone(),
-                stage: instance.stage.clone(),
+                stage: instance.stage.name,
                 code: status.code().unwrap_or(-1),
                 tail: tail(&log, 20),
                 log: log.clone(),
@@ -194,6 +211,22 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
     }
     if let Some(failure) = failure {
         return Err(failure);
+    }
+    for (command, log) in commands.iter().zip(&logs_done) {
+        let out = command
+            .iter()
+            .skip_while(|a| *a != "--out")
+            .nth(1)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.clone());
+        if let Some(path) = missing_output(instance, &out) {
+            return Err(RunnerError::MissingOutput {
+                step: instance.id.clone(),
+                stage: instance.stage.name,
+                path,
+                log: log.clone(),
+            });
+        }
     }
     let wall = started.elapsed().as_secs_f64();
     if n > 1 {
@@ -212,21 +245,18 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
     Ok((commands, wall))
 }
 
-/// Merges the tables of `dir/_shards/<i>/` into `dir/` and joins the shards'
-/// summaries.
+/// Merges the tables the stage declares from `dir/_shards/<i>/` into `dir/`
+/// and joins the shards' summaries (a declared file, not a table, stays in
+/// each shard's directory).
 fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
     let shard_dirs: Vec<PathBuf> = (0..instance.shards)
         .map(|i| dir.join("_shards").join(i.to_string()))
         .collect();
-    let mut names = BTreeSet::new();
-    for shard in &shard_dirs {
-        names.extend(cache::tables_in(shard)?.into_keys());
+    for table in instance.stage.written_tables() {
+        let parts: Vec<PathBuf> = shard_dirs.iter().map(|s| s.join(table.as_str())).collect();
+        merge_tables(&parts, &dir.join(table.as_str()), false)?;
     }
-    for name in names {
-        let parts: Vec<PathBuf> = shard_dirs.iter().map(|s| s.join(&name)).collect();
-        merge_tables(&parts, &dir.join(&name), false)?;
-    }
-    let summary_name = format!("_summary.{}.md", instance.stage);
+    let summary_name = format!("_summary.{}.md", instance.stage.name);
     let mut summary = String::new();
     for (i, shard) in shard_dirs.iter().enumerate() {
         if let Ok(text) = std::fs::read_to_string(shard.join(&summary_name)) {
@@ -302,7 +332,7 @@ pub fn run_plan(
     for stage in plan
         .instances
         .iter()
-        .map(|i| i.stage.as_str())
+        .map(|i| i.stage.name)
         .collect::<BTreeSet<_>>()
     {
         let bin = binary(&options.bin_dir, stage);
@@ -322,7 +352,7 @@ pub fn run_plan(
         let t0 = Instant::now();
         let forced =
             from.is_some_and(|f| index >= f) || only.as_ref().is_some_and(|o| o.contains(&index));
-        let bin = binary(&options.bin_dir, &instance.stage);
+        let bin = binary(&options.bin_dir, instance.stage.name);
         let mut outcome = StepOutcome {
             index,
             status: Status::Cached,
@@ -343,10 +373,10 @@ pub fn run_plan(
         } else if options.dry_run {
             let blocked = instance.deps.iter().any(|d| pending.contains(d));
             let hit = (!forced && !blocked)
-                .then(|| binaries.get(&instance.stage))
+                .then(|| binaries.get(instance.stage.name))
                 .flatten()
                 .and_then(|b| cache::step_key(instance, b).ok())
-                .and_then(|(key, _)| cache::cached(&instance.dir, &key));
+                .and_then(|(key, _)| cache::cached(instance, &key));
             match hit {
                 Some(record) => outcome.wall_s = record.wall_s,
                 None => {
@@ -355,19 +385,16 @@ pub fn run_plan(
                 }
             }
         } else {
-            let binary_hash = &binaries[&instance.stage];
+            let binary_hash = &binaries[instance.stage.name];
             let (key, parts) = cache::step_key(instance, binary_hash)?;
-            match (!forced)
-                .then(|| cache::cached(&instance.dir, &key))
-                .flatten()
-            {
+            match (!forced).then(|| cache::cached(instance, &key)).flatten() {
                 Some(record) => outcome.wall_s = record.wall_s,
                 None => {
                     let (commands, wall, status) = if is_empty(instance.skip_if_empty.as_deref())? {
                         pass_on(instance)?;
                         (Vec::new(), 0.0, Status::PassedOn)
                     } else {
-                        let line = format!("{} ({}) …", instance.id, instance.stage);
+                        let line = format!("{} ({}) …", instance.id, instance.stage.name);
                         bar.set_message(line);
                         let (commands, wall) =
                             execute(instance, &bin, &runner_dir(&plan.out).join("logs"))?;
@@ -378,9 +405,9 @@ pub fn run_plan(
                         key,
                         key_parts: parts,
                         id: instance.id.clone(),
-                        stage: instance.stage.clone(),
+                        stage: instance.stage.name.to_string(),
                         commands,
-                        outputs: cache::outputs_of(&instance.dir)?,
+                        outputs: cache::outputs_of(instance)?,
                         wall_s: wall,
                         finished_unix: unix_now(),
                     };
@@ -401,7 +428,7 @@ pub fn run_plan(
             index + 1,
             plan.instances.len(),
             instance.id,
-            instance.stage,
+            instance.stage.name,
             outcome.status.word(),
             match outcome.status {
                 Status::Ran => format!("{:.1} s", outcome.wall_s),

@@ -20,7 +20,7 @@
 //!
 //! [[step]]                              # setup steps run once, in order
 //! name = "init"
-//! stage = "init-policy"                 # one of KNOWN_STAGES
+//! stage = "init-policy"                 # a stage of embodyflow_core::spec::STAGES
 //! seed = 0
 //! set = { "model.n_layer" = 2 }         # --set model.n_layer=2 (nested tables flatten)
 //!
@@ -73,10 +73,12 @@
 //! # Before any stage runs
 //!
 //! The file is parsed with a line number on every error (unknown field,
-//! stage, `${name}`, sweep key), the plan is built, every path a step reads
-//! that no step writes must exist, and every stage is asked to resolve its
-//! config with `--print-config` ([`check`]): an unknown `--set` key or a bad
-//! value is reported at its line in the pipeline file.
+//! stage, `${name}`, sweep key; `shards`, `policy` or `teacher` on a stage
+//! whose declaration, [`embodyflow_core::spec`], does not take it), the plan
+//! is built, every path a step reads that no step writes must exist, every
+//! table a stage always reads must be among its inputs, and every stage is
+//! asked to resolve its config with `--print-config` ([`check`]): an unknown
+//! `--set` key or a bad value is reported at its line in the pipeline file.
 //!
 //! A run killed at any point resumes: complete steps are cache hits, the
 //! step that was running has no `_step.json` and runs again from scratch.
@@ -185,7 +187,7 @@ pub fn run(args: Args) -> Result<()> {
                         let instance = &plan.instances[step.index];
                         println!(
                             "  {} {} --out {}",
-                            instance.stage,
+                            instance.stage.name,
                             instance.stage_args().join(" "),
                             instance.dir.display()
                         );

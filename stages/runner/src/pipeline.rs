@@ -1,41 +1,18 @@
 //! Pipeline files: parsing, with a line number on everything that can be
-//! wrong, and the checks that need nothing but the file (known stages, known
-//! names in templates, sweep keys that are variables). The format is
+//! wrong, and the checks that need nothing but the file and the stages'
+//! declarations ([`embodyflow_core::spec`]): known stages, `shards` only
+//! where a stage shards, `policy` / `teacher` where a stage loads them, known
+//! names in templates, sweep keys that are variables. The format is
 //! described in the crate documentation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use embodyflow_core::spec::{self, CheckpointFlag, Need, Sharding, StageSpec};
 use serde::Deserialize;
 use toml::Spanned;
 
 use crate::error::{Result, RunnerError};
-
-/// The stage binaries a step may name.
-pub const KNOWN_STAGES: &[&str] = &[
-    "generate-tasks",
-    "init-policy",
-    "collect-rollouts",
-    "score-rewards",
-    "teacher-logp",
-    "judge-steps",
-    "compute-advantages",
-    "update-policy",
-    "evaluate",
-];
-
-/// Stages whose `--shard i/n` outputs together equal the unsharded output
-/// (collect-rollouts only when `tasks_per_iteration` is unset: each shard
-/// draws that many of its own tasks).
-pub const SHARDABLE_STAGES: &[&str] = &[
-    "generate-tasks",
-    "collect-rollouts",
-    "score-rewards",
-    "teacher-logp",
-    "judge-steps",
-    "compute-advantages",
-    "evaluate",
-];
 
 /// Names a template may use besides variables and steps.
 pub const BUILTINS: &[&str] = &["iter", "policy", "out"];
@@ -183,8 +160,8 @@ pub struct StepDef {
     pub name: String,
     /// Line of the step's `name`.
     pub line: usize,
-    /// Stage binary.
-    pub stage: String,
+    /// The stage it runs.
+    pub stage: &'static StageSpec,
     /// Line of `stage`.
     pub stage_line: usize,
     /// `--input` entries.
@@ -399,11 +376,23 @@ impl Pipeline {
                 text: value_text(s.get_ref()),
                 line: line(s.span()),
             });
+            let stage_line = line(step.stage.span());
+            let stage = spec::stage(step.stage.get_ref()).ok_or_else(|| {
+                err(
+                    stage_line,
+                    format!(
+                        "step `{}`: unknown stage `{}`; known stages: {}",
+                        step.name.get_ref(),
+                        step.stage.get_ref(),
+                        spec::names()
+                    ),
+                )
+            })?;
             Ok(StepDef {
                 name: step.name.get_ref().clone(),
                 line: line(step.name.span()),
-                stage: step.stage.get_ref().clone(),
-                stage_line: line(step.stage.span()),
+                stage,
+                stage_line,
                 inputs: step.inputs.iter().map(t).collect(),
                 policy: step.policy.as_ref().map(t),
                 teacher: step.teacher.as_ref().map(t),
@@ -543,33 +532,60 @@ impl Pipeline {
                         ),
                     ));
                 }
-                if !KNOWN_STAGES.contains(&step.stage.as_str()) {
-                    return Err(self.err(
-                        step.stage_line,
-                        format!(
-                            "step `{}`: unknown stage `{}`; known stages: {}",
-                            step.name,
-                            step.stage,
-                            KNOWN_STAGES.join(", ")
-                        ),
-                    ));
-                }
                 if step.shards == 0 {
                     return Err(self.err(
                         step.line,
                         format!("step `{}`: shards must be at least 1", step.name),
                     ));
                 }
-                if step.shards > 1 && !SHARDABLE_STAGES.contains(&step.stage.as_str()) {
+                if let Sharding::Refused(why) = step.stage.sharding
+                    && step.shards > 1
+                {
+                    let shardable: Vec<&str> = spec::STAGES
+                        .iter()
+                        .filter(|s| s.shards())
+                        .map(|s| s.name)
+                        .collect();
                     return Err(self.err(
                         step.stage_line,
                         format!(
-                            "step `{}`: stage `{}` cannot be sharded (its outputs are not split by rows); shardable stages: {}",
+                            "step `{}`: stage `{}` cannot be sharded ({why}); shardable stages: {}",
                             step.name,
-                            step.stage,
-                            SHARDABLE_STAGES.join(", ")
+                            step.stage.name,
+                            shardable.join(", ")
                         ),
                     ));
+                }
+                for (flag, given) in [
+                    (CheckpointFlag::Policy, &step.policy),
+                    (CheckpointFlag::Teacher, &step.teacher),
+                ] {
+                    let field = &flag.flag()[2..];
+                    match (step.stage.checkpoint(flag), given) {
+                        (None, Some(t)) => {
+                            return Err(self.err(
+                                t.line,
+                                format!(
+                                    "step `{}`: stage `{}` takes no {} (remove `{field}`)",
+                                    step.name,
+                                    step.stage.name,
+                                    flag.flag()
+                                ),
+                            ));
+                        }
+                        (Some(Need::Always), None) => {
+                            return Err(self.err(
+                                step.line,
+                                format!(
+                                    "step `{}`: stage `{}` needs a {} checkpoint: add `{field} = \"…\"`",
+                                    step.name,
+                                    step.stage.name,
+                                    flag.flag()
+                                ),
+                            ));
+                        }
+                        _ => {}
+                    }
                 }
                 if step.devices.is_empty() {
                     return Err(
@@ -817,6 +833,24 @@ mode = ["exact", "lcs"]
                     .replace("generate-tasks", "init-policy"),
                 11,
                 "cannot be sharded",
+            ),
+            (
+                GOOD.replace(
+                    "stage = \"collect-rollouts\"\npolicy = \"${policy}\"\n",
+                    "stage = \"collect-rollouts\"\n",
+                ),
+                21,
+                "stage `collect-rollouts` needs a --policy checkpoint",
+            ),
+            (
+                GOOD.replace("every = 1", "every = 1\nteacher = \"self\""),
+                35,
+                "stage `update-policy` takes no --teacher",
+            ),
+            (
+                GOOD.replace("every = 1", "every = 1\nshards = 2"),
+                30,
+                "stage `update-policy` cannot be sharded (it trains one policy",
             ),
             (
                 GOOD.replace("seed = 1\n", "seed = \"${iter}\"\n"),

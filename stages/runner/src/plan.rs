@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use embodyflow_core::spec::StageSpec;
+
 use crate::error::{Result, RunnerError};
 use crate::pipeline::{Pipeline, StepDef, Template, render};
 
@@ -30,8 +32,8 @@ pub struct Instance {
     pub id: String,
     /// The step's name.
     pub step: String,
-    /// Stage binary.
-    pub stage: String,
+    /// The stage it runs.
+    pub stage: &'static StageSpec,
     /// Iteration of a loop step.
     pub iteration: Option<u32>,
     /// Line of the step in the pipeline file.
@@ -380,7 +382,7 @@ impl Builder<'_> {
         self.instances.push(Instance {
             id: id.clone(),
             step: step.name.clone(),
-            stage: step.stage.clone(),
+            stage: step.stage,
             iteration,
             line: step.line,
             config_line: step.config.as_ref().map_or(step.line, |c| c.line),
@@ -603,6 +605,8 @@ name = "teacher"
 stage = "teacher-logp"
 when = "estimator == grpo_step"
 inputs = ["${collect}"]
+policy = "ckpt"
+teacher = "self"
 
 [[step]]
 name = "adv"
@@ -734,11 +738,11 @@ every = 2
     fn a_field_naming_a_skipped_step_is_an_error_with_its_line() {
         let text = SWEEP.replace(
             "inputs = [\"${collect}\", \"${score}\", \"${teacher}\"]",
-            "inputs = [\"${collect}\"]\nteacher = \"${teacher}\"",
+            "inputs = [\"${collect}\"]\npolicy = \"${teacher}\"",
         );
         let err = plan_err(&text, &[]);
         assert!(
-            err.starts_with("p.toml:30:") && err.contains("does not run here"),
+            err.starts_with("p.toml:32:") && err.contains("does not run here"),
             "{err}"
         );
     }

@@ -7,14 +7,19 @@
 //! curve per variant and a bar per cell. The plots carry no text (no font
 //! backend); `report.md` says what their lines and bars are.
 //!
-//! The tables' figures are gathered with polars lazy queries
-//! ([`embodyflow_report::column_means`]) and written as Markdown.
+//! Which figures a step gives follows from the outputs its stage declares
+//! ([`embodyflow_core::spec`]), not from its name. The tables' figures are
+//! gathered with polars lazy queries ([`embodyflow_report::column_means`]),
+//! `diagnostics.json` is read typed ([`VariantDiagnostics`]), and all is
+//! written as Markdown.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use embodyflow_core::schemas::TableName;
+use embodyflow_core::spec::{self, Output};
 use embodyflow_core::stage::Summary;
+use embodyflow_report::VariantDiagnostics;
 use plotters::prelude::*;
 
 use crate::error::{Result, RunnerError};
@@ -39,36 +44,41 @@ struct Row {
     evals: BTreeMap<String, f64>,
     update: Option<Vec<f64>>,
     score: Option<f64>,
-    diagnostics: Option<serde_json::Value>,
+    diagnostics: Option<VariantDiagnostics>,
 }
 
+/// Gathers each instance's figures from the outputs its stage declares: the
+/// train success of a trajectories table, the success of an eval table
+/// (by step), the update figures of a metrics table, the mean score of a
+/// rewards table and compute-advantages' diagnostics.
 fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
     let mut rows: BTreeMap<Option<u32>, Row> = BTreeMap::new();
     for instance in instances {
         let row = rows.entry(instance.iteration).or_default();
         let dir = &instance.dir;
-        match instance.stage.as_str() {
-            "collect-rollouts" => {
-                row.train = column_means(dir, TableName::Trajectories, &["complete"]).map(|v| v[0])
-            }
-            "evaluate" => {
-                if let Some(v) = column_means(dir, TableName::Eval, &["success"]) {
-                    row.evals.insert(instance.step.clone(), v[0]);
+        for output in instance.stage.writes {
+            match *output {
+                Output::Table(TableName::Trajectories) => {
+                    row.train =
+                        column_means(dir, TableName::Trajectories, &["complete"]).map(|v| v[0])
                 }
+                Output::Table(TableName::Eval) => {
+                    if let Some(v) = column_means(dir, TableName::Eval, &["success"]) {
+                        row.evals.insert(instance.step.clone(), v[0]);
+                    }
+                }
+                Output::Table(TableName::Metrics) => {
+                    row.update =
+                        column_means(dir, TableName::Metrics, &["loss", "approx_kl", "entropy"])
+                }
+                Output::Table(TableName::Rewards) => {
+                    row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
+                }
+                Output::File(spec::DIAGNOSTICS_FILE) => {
+                    row.diagnostics = VariantDiagnostics::read(dir).ok().flatten()
+                }
+                _ => {}
             }
-            "update-policy" => {
-                row.update =
-                    column_means(dir, TableName::Metrics, &["loss", "approx_kl", "entropy"])
-            }
-            "score-rewards" => {
-                row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
-            }
-            "compute-advantages" => {
-                row.diagnostics = std::fs::read_to_string(dir.join("diagnostics.json"))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok())
-            }
-            _ => {}
         }
     }
     rows
@@ -153,14 +163,8 @@ fn plot_bars(path: &Path, values: &[f64]) -> Result<()> {
     root.present().map_err(|x| e(x.to_string()))
 }
 
-fn ratio(value: &serde_json::Value, a: &[&str], b: &[&str]) -> Option<f64> {
-    let get = |path: &[&str]| {
-        path.iter()
-            .try_fold(value, |v, k| v.get(k))
-            .and_then(serde_json::Value::as_f64)
-    };
-    let (x, y) = (get(a)?, get(b)?);
-    (y > 0.0).then(|| x / y)
+fn ratio(x: u64, y: u64) -> Option<f64> {
+    (y > 0).then(|| x as f64 / y as f64)
 }
 
 /// Writes `OUT/report/` and returns the run summary (Markdown).
@@ -205,7 +209,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         md.push_str(&format!(
             "| {} | {} | {} | {:.1} |\n",
             instance.id,
-            instance.stage,
+            instance.stage.name,
             step.status.word(),
             step.wall_s
         ));
@@ -221,7 +225,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         let rows = gather(&instances);
         let eval_names: Vec<String> = instances
             .iter()
-            .filter(|i| i.stage == "evaluate")
+            .filter(|i| i.stage.writes_table(TableName::Eval))
             .map(|i| i.step.clone())
             .fold(Vec::new(), |mut v, n| {
                 if !v.contains(&n) {
@@ -292,21 +296,10 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             let eval = last(&|r: &Row| r.evals.values().next().copied());
             let diagnostics = rows.values().rev().find_map(|r| r.diagnostics.clone());
             let d = diagnostics.as_ref();
-            let kept = d.and_then(|d| ratio(d, &["kept_groups"], &["groups"]));
-            let with_step = d.and_then(|d| {
-                ratio(
-                    d,
-                    &["step", "responses_with_step_adv"],
-                    &["step", "responses"],
-                )
-            });
-            let flips = d.and_then(|d| {
-                ratio(
-                    d,
-                    &["step", "sign_flips", "flipped"],
-                    &["step", "sign_flips", "tokens"],
-                )
-            });
+            let kept = d.and_then(|d| ratio(d.kept_groups, d.groups));
+            let step = d.and_then(|d| d.step.as_ref());
+            let with_step = step.and_then(|s| ratio(s.responses_with_step_adv, s.responses));
+            let flips = step.and_then(|s| ratio(s.sign_flips.flipped, s.sign_flips.tokens));
             let score = last(&|r: &Row| r.score);
             table.push_str(&format!(
                 "| {name} | {} | {} | {} | {} | {} | {} |\n",
