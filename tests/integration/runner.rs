@@ -1,6 +1,7 @@
 //! The pipeline runner end to end on tiny models: cache hits and misses, a
-//! run killed mid-step resumes to the same outputs, a sweep collects its
-//! rollouts once, sharded steps equal unsharded ones, and a bad pipeline
+//! run killed mid-step resumes to the same outputs, a runner killed alone
+//! takes its stage processes with it and resumes at once, a sweep collects
+//! its rollouts once, sharded steps equal unsharded ones, and a bad pipeline
 //! fails before any stage runs.
 
 use std::collections::BTreeMap;
@@ -221,6 +222,203 @@ fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
         a, b,
         "the resumed run's outputs differ from the uninterrupted run's"
     );
+}
+
+/// Tasks, a policy, rollouts (COLLECT_SHARDS processes) and their rewards:
+/// enough rollouts that collecting them takes a few seconds.
+const KILLED: &str = r#"
+[[step]]
+name = "train"
+stage = "generate-tasks"
+seed = 1
+set = { split = "train", count = 40 }
+
+[[step]]
+name = "init"
+stage = "init-policy"
+set = { model = { n_embd = 32, n_layer = 1, n_head = 2, n_ctx = 1024 }, tokenizer = { vocab_size = 400, corpus_tasks = 60 } }
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${init}"
+inputs = ["${train}"]
+seed = 3
+set = { group_size = 4, max_new_tokens = 96, temperature = 1.6 }
+COLLECT_SHARDS
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+inputs = ["${collect}", "${train}"]
+set = { "reward.fn" = "embodied_r1", "reward.tolerant" = true }
+"#;
+
+/// The processes whose parent is `parent` and whose command line has
+/// `--out OUT` for one of `outs` (a stage process after `exec`), by pid.
+fn stage_processes(parent: u32, outs: &[PathBuf]) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if parent_of(pid) != Some(parent) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let print_config = args.iter().any(|a| *a == b"--print-config");
+        let out = args
+            .windows(2)
+            .find(|w| w[0] == b"--out")
+            .map(|w| PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()));
+        if !print_config && out.is_some_and(|o| outs.contains(&o)) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Field `at` (0 = state) after the command name of `/proc/PID/stat`.
+fn stat_field(pid: u32, at: usize) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    rest.split_whitespace().nth(at).map(str::to_string)
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    stat_field(pid, 1)?.parse().ok()
+}
+
+/// Whether `pid` runs or is stopped (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    stat_field(pid, 0).is_some_and(|state| state != "Z" && state != "X")
+}
+
+fn signal(name: &str, pids: &[u32]) {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(&pids)
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pids:?}");
+}
+
+/// Hidden entries (a writer's unfinished `.<name>.tmp-…`) anywhere under `dir`.
+fn hidden_entries(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                found.push(path.clone());
+            }
+            if path.is_dir() && !path.is_symlink() {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_runner_killed_alone_takes_its_stage_processes_with_it_and_resumes_at_once() {
+    for shards in [1u32, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("killed.toml");
+        let text = KILLED.replace(
+            "COLLECT_SHARDS",
+            &format!("shards = {shards}\ndevices = [\"cpu\"]"),
+        );
+        std::fs::write(&file, text).unwrap();
+        let whole = dir.path().join("whole");
+        ok(&["run", s(&file), "--out", s(&whole)]);
+
+        let killed = dir.path().join("killed");
+        // The runner in this test's process group: only it is killed below.
+        let mut runner = Command::new(bin("pipeline"))
+            .args(["run", s(&file), "--out", s(&killed)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let collect = killed.join("collect");
+        let outs: Vec<PathBuf> = if shards == 1 {
+            vec![collect.clone()]
+        } else {
+            (0..shards)
+                .map(|i| collect.join("_shards").join(i.to_string()))
+                .collect()
+        };
+        let started = Instant::now();
+        let stages = loop {
+            let found = stage_processes(runner.id(), &outs);
+            if found.len() == outs.len() {
+                break found;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(180),
+                "collect never ran as {shards} process(es)"
+            );
+            assert!(
+                runner.try_wait().unwrap().is_none(),
+                "the runner ended before collect ran"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // Stopped, the stage processes cannot finish on their own: only the
+        // runner's death can end them now.
+        signal("STOP", &stages);
+        let stopped = |pid: u32| stat_field(pid, 0).as_deref() == Some("T");
+        let stopping = Instant::now();
+        while !stages.iter().all(|&pid| stopped(pid)) {
+            let states: Vec<Option<String>> = stages.iter().map(|&p| stat_field(p, 0)).collect();
+            assert!(
+                stopping.elapsed() < Duration::from_secs(5),
+                "collect finished before it could be stopped: states {states:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        runner.kill().unwrap();
+        runner.wait().unwrap();
+        let killed_at = Instant::now();
+        while stages.iter().any(|&pid| alive(pid)) && killed_at.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let orphans: Vec<u32> = stages.iter().copied().filter(|&pid| alive(pid)).collect();
+        if !orphans.is_empty() {
+            signal("KILL", &orphans);
+        }
+        assert!(
+            orphans.is_empty(),
+            "{shards} shard(s): stage processes {orphans:?} outlived the runner killed with kill -9"
+        );
+        eprintln!(
+            "{shards} shard(s): stage processes gone {:.0} ms after the runner was killed",
+            killed_at.elapsed().as_secs_f64() * 1e3
+        );
+        assert!(!collect.join("_step.json").exists());
+
+        let resumed = ok(&["run", s(&file), "--out", s(&killed)]);
+        assert_eq!(resumed["train"], "cached", "{resumed:?}");
+        assert_eq!(resumed["init"], "cached", "{resumed:?}");
+        assert_eq!(resumed["collect"], "ran", "{resumed:?}");
+        assert_eq!(resumed["score"], "ran", "{resumed:?}");
+        assert_eq!(
+            outputs(&whole),
+            outputs(&killed),
+            "{shards} shard(s): the resumed run's outputs differ from the uninterrupted run's"
+        );
+        let hidden = hidden_entries(&collect);
+        assert!(
+            hidden.is_empty(),
+            "leftovers in the resumed step: {hidden:?}"
+        );
+    }
 }
 
 /// A pipeline over one saved rollout set: rewards and advantages swept.

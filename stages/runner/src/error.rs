@@ -72,6 +72,22 @@ pub enum RunnerError {
         /// The lock file.
         lock: PathBuf,
     },
+    /// The stage processes of a runner that is gone still hold the run
+    /// directory's lock.
+    #[error(
+        "run directory {dir} is still held by stage processes of runner {}, which is gone (lock {lock}); they did not exit within {waited_s:.1} s: `fuser -v {lock}` lists them",
+        pid.map_or("(unknown pid)".to_string(), |p| p.to_string())
+    )]
+    Leftovers {
+        /// Run directory.
+        dir: PathBuf,
+        /// The gone runner's process id, when the lock names one.
+        pid: Option<u32>,
+        /// The lock file.
+        lock: PathBuf,
+        /// Seconds waited.
+        waited_s: f64,
+    },
     /// Bad command-line usage.
     #[error("{0}")]
     Usage(String),
@@ -113,6 +129,7 @@ impl Classify for RunnerError {
             RunnerError::Pipeline { .. }
             | RunnerError::MissingBinary { .. }
             | RunnerError::Locked { .. }
+            | RunnerError::Leftovers { .. }
             | RunnerError::Usage(_) => ErrorKind::BadInput,
         }
     }

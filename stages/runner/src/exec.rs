@@ -1,12 +1,24 @@
 //! Running a plan: for each instance in order, the cache check, the stage
 //! process (or `shards` processes at once, then a merge of their tables),
 //! and `_step.json` written last.
+//!
+//! Stage processes die with the runner: each is started with Linux's
+//! `PR_SET_PDEATHSIG` = SIGKILL, which the kernel sends when the thread that
+//! forked it ends. `execute` starts and waits for a step's processes on
+//! one thread (the runner's main thread under `pipeline run`), so that
+//! thread outlives them and the signal comes only when the runner itself is
+//! gone, `kill -9` included. The run directory's lock (`Lock`) is an
+//! `flock` that every stage process inherits, so a resumed run starts only
+//! once the killed run's processes have all exited and none of them can
+//! write into a step directory the new run is filling.
 
 use std::collections::BTreeSet;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use embodyflow_core::dataset::merge_tables;
 use embodyflow_core::spec::Output;
@@ -86,34 +98,73 @@ pub struct RunOutcome {
     pub total_s: f64,
 }
 
-/// Holds `OUT/_runner/lock` while a runner uses the run directory.
-struct Lock(PathBuf);
+/// How long a new runner waits for the stage processes of a killed runner
+/// to exit (they were sent SIGKILL when it died; exiting takes milliseconds
+/// unless a process is in uninterruptible I/O).
+const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Holds `OUT/_runner/lock` while a runner uses the run directory: an
+/// exclusive `flock` on the file, which also names the runner's pid. Its
+/// descriptor stays open across `exec`, so every stage process the runner
+/// starts holds the lock too, and it is free again only when the runner and
+/// all of them have exited.
+struct Lock {
+    _file: File,
+}
 
 impl Lock {
-    fn take(out: &Path) -> Result<Lock> {
+    /// Takes the lock, waiting up to `wait` for the stage processes of a
+    /// runner that is gone.
+    fn take(out: &Path, wait: Duration) -> Result<Lock> {
+        use rustix::fs::{FlockOperation, flock};
         let dir = runner_dir(out);
         std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
         let path = dir.join("lock");
-        if let Ok(text) = std::fs::read_to_string(&path)
-            && let Ok(pid) = text.trim().parse::<u32>()
-            && pid != std::process::id()
-            && Path::new("/proc").join(pid.to_string()).exists()
-        {
-            return Err(RunnerError::Locked {
-                dir: out.to_path_buf(),
-                pid,
-                lock: path,
-            });
-        }
-        std::fs::write(&path, std::process::id().to_string())
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
             .map_err(|e| RunnerError::io(&path, e))?;
-        Ok(Lock(path))
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let started = Instant::now();
+        loop {
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    let holder = std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<u32>().ok());
+                    if let Some(pid) = holder
+                        && Path::new("/proc").join(pid.to_string()).exists()
+                    {
+                        return Err(RunnerError::Locked {
+                            dir: out.to_path_buf(),
+                            pid,
+                            lock: path,
+                        });
+                    }
+                    // The runner that took it is gone; its stage processes,
+                    // killed with it, have not finished exiting yet.
+                    if started.elapsed() > wait {
+                        return Err(RunnerError::Leftovers {
+                            dir: out.to_path_buf(),
+                            pid: holder,
+                            lock: path,
+                            waited_s: wait.as_secs_f64(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(RunnerError::io(&path, e.into())),
+            }
+        }
+        file.set_len(0)
+            .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
+            .map_err(|e| RunnerError::io(&path, e))?;
+        rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
+            .map_err(|e| RunnerError::io(&path, e.into()))?;
+        Ok(Lock { _file: file })
     }
 }
 
@@ -123,16 +174,43 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Starts a stage process that receives SIGKILL when the calling thread
+/// ends (see the module documentation: call it from the thread that waits
+/// for the process).
 fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
     let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
     let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
-    Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(file)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| RunnerError::io(bin, e))
+        .stderr(err);
+    die_with_runner(&mut command);
+    command.spawn().map_err(|e| RunnerError::io(bin, e))
+}
+
+/// Sets `PR_SET_PDEATHSIG` = SIGKILL in the child before it runs the stage,
+/// then checks that its parent is still the runner: had the runner died
+/// before the `prctl`, nothing would ever signal the child, so it gives up
+/// instead (the spawn fails).
+#[allow(unsafe_code)]
+fn die_with_runner(command: &mut Command) {
+    use rustix::process::{Signal, getpid, getppid, set_parent_process_death_signal};
+    let runner = getpid();
+    // SAFETY: the closure runs in the forked child before `exec`, where only
+    // async-signal-safe work is allowed. It makes two system calls (prctl,
+    // getppid) through rustix, and builds its error from an errno or an
+    // `ErrorKind`: it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(runner) {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The first output the stage declares that `out` (one process's `--out`)
@@ -323,7 +401,7 @@ pub fn run_plan(
     let _lock = if options.dry_run {
         None
     } else {
-        Some(Lock::take(&plan.out)?)
+        Some(Lock::take(&plan.out, LEFTOVER_WAIT)?)
     };
     let hashes_path = runner_dir(&plan.out).join("binaries.json");
     let mut hashes = BinaryHashes::load(&hashes_path);
@@ -448,4 +526,81 @@ pub fn run_plan(
         binary_hash_s,
         total_s: started.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pid(out: &Path, pid: u32) {
+        std::fs::write(runner_dir(out).join("lock"), pid.to_string()).unwrap();
+    }
+
+    /// A pid that no process has now.
+    fn dead_pid() -> u32 {
+        let mut child = Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        child.id()
+    }
+
+    #[test]
+    fn the_lock_is_held_until_the_runner_and_its_stage_processes_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        let wait = Duration::from_millis(300);
+        let lock = Lock::take(out, wait).unwrap();
+        // A stage process started now inherits the lock.
+        let mut stage = Command::new("sleep").arg("30").spawn().unwrap();
+        let err = Lock::take(out, wait).err().expect("held by this process");
+        assert!(
+            matches!(err, RunnerError::Locked { pid, .. } if pid == std::process::id()),
+            "{err}"
+        );
+        // The runner is gone (its lock closed, its pid dead); its stage
+        // process still holds the lock.
+        drop(lock);
+        write_pid(out, dead_pid());
+        let started = Instant::now();
+        let err = Lock::take(out, wait)
+            .err()
+            .expect("held by the stage process");
+        assert!(started.elapsed() >= wait);
+        assert!(
+            matches!(err, RunnerError::Leftovers { .. }) && err.to_string().contains("fuser -v"),
+            "{err}"
+        );
+        stage.kill().unwrap();
+        stage.wait().unwrap();
+        let _lock = Lock::take(out, wait).unwrap();
+        let text = std::fs::read_to_string(runner_dir(out).join("lock")).unwrap();
+        assert_eq!(text, std::process::id().to_string());
+    }
+
+    #[test]
+    fn a_stage_process_dies_with_the_thread_that_started_it() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sleep.log");
+        // PR_SET_PDEATHSIG fires when the forking thread ends, which is why
+        // `execute` starts and waits for its processes on one thread.
+        let mut child = std::thread::scope(|scope| {
+            scope
+                .spawn(|| spawn(Path::new("sleep"), &["30".into()], &log).unwrap())
+                .join()
+                .unwrap()
+        });
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "sleep {} outlived the thread that started it",
+                child.id()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+    }
 }

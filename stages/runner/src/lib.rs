@@ -82,6 +82,8 @@
 //!
 //! A run killed at any point resumes: complete steps are cache hits, the
 //! step that was running has no `_step.json` and runs again from scratch.
+//! Stage processes die with the runner, even under `kill -9` of the runner
+//! alone, and a resumed run starts only once they are gone ([`exec`]).
 
 pub mod cache;
 pub mod check;
