@@ -11,6 +11,10 @@
 //!                                              ├─► AdvantageStats (steps, tokens, A^E moments)
 //!                                              └─► heatmap rows (first N)
 //! ```
+//!
+//! E.g. with `--heatmaps 2`, rows written in the order a (A^S = 0), b
+//! (A^S != 0), c (A^S = 0), d (A^S != 0) are drawn as b, d; with only a and c
+//! written, as a, c.
 
 use std::sync::Arc;
 
@@ -175,4 +179,76 @@ pub fn advantages_batch(
         Arc::new(StringArray::from(vec![estimator; n])),
     ];
     RecordBatch::try_new(schema, columns).expect("columns follow the advantages schema")
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int32Array;
+
+    use super::*;
+
+    fn row(id: &str, step_adv: Option<Vec<f32>>) -> AdvantageRow {
+        AdvantageRow {
+            trajectory_id: id.into(),
+            step_index: 0,
+            advantages: vec![0.5; 2],
+            returns: None,
+            episode_adv: 0.5,
+            step_adv,
+            estimator: "grpo_step".into(),
+        }
+    }
+
+    fn ids(rows: &[AdvantageRow]) -> Vec<&str> {
+        rows.iter().map(|r| r.trajectory_id.as_str()).collect()
+    }
+
+    #[test]
+    fn heatmaps_take_rows_with_a_step_advantage_first_in_written_order() {
+        let mut kept = HeatmapRows::new(2);
+        for r in [
+            row("a", Some(vec![0.0, 0.0])),
+            row("b", Some(vec![0.0, 1.0])),
+            row("c", None),
+            row("d", Some(vec![-1.0, 0.0])),
+            row("e", Some(vec![1.0, 1.0])),
+        ] {
+            kept.offer(&r);
+        }
+        assert_eq!(ids(&kept.into_rows()), ["b", "d"]);
+        let mut few = HeatmapRows::new(3);
+        for r in [
+            row("a", None),
+            row("b", Some(vec![2.0, 0.0])),
+            row("c", None),
+        ] {
+            few.offer(&r);
+        }
+        assert_eq!(ids(&few.into_rows()), ["b", "a", "c"]);
+    }
+
+    #[test]
+    fn heatmaps_of_batches_keep_the_first_rows_written() {
+        let batch = |ids: Vec<&str>| {
+            let n = ids.len();
+            advantages_batch(
+                Arc::new(StringArray::from(ids)),
+                Arc::new(Int32Array::from(vec![0; n])),
+                OffsetBuffer::from_lengths(vec![1; n]),
+                vec![0.25; n],
+                None,
+                vec![0.25; n],
+                "grpo",
+            )
+        };
+        let mut kept = HeatmapRows::new(3);
+        kept.offer_batch(&batch(vec!["a", "b"])).unwrap();
+        kept.offer_batch(&batch(vec!["c", "d", "e"])).unwrap();
+        assert_eq!(kept.without.len(), 3);
+        kept.offer_batch(&batch(vec!["f"])).unwrap();
+        let rows = kept.into_rows();
+        assert_eq!(ids(&rows), ["a", "b", "c"]);
+        assert_eq!(rows[0].advantages, [0.25]);
+        assert!(rows[0].step_adv.is_none());
+    }
 }
