@@ -14,7 +14,7 @@
 //! dynamic_sampling = true    # drop groups whose scores are all equal
 //! ```
 
-use embodyflow_core::config::{at_least, in_range, positive};
+use embodyflow_core::config::{at_least, ensure, in_range, positive};
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -145,8 +145,9 @@ impl StageConfig for Config {
 
     /// Ranges (`grpo.eps` above 0, `gae.gamma` and `gae.lam` in [0, 1],
     /// `batch_rows` at least 1, the `step.*` and `stepopsd.*` ranges) and the
-    /// one relation between keys: grpo_step's residual_contrast gate needs
-    /// `step.kind = forward_proxy`.
+    /// relations between keys: StepOPSD reweights grpo, dr_grpo or grpo_step
+    /// (with gae it would be ignored), and grpo_step's residual_contrast gate
+    /// needs `step.kind = forward_proxy`.
     fn validate(&self) -> Result<()> {
         positive("grpo.eps", self.grpo.eps)?;
         in_range("gae.gamma", f64::from(self.gae.gamma), 0.0, 1.0)?;
@@ -154,6 +155,12 @@ impl StageConfig for Config {
         at_least("batch_rows", self.batch_rows, 1)?;
         self.step.validate()?;
         self.stepopsd.validate()?;
+        ensure(
+            !(self.stepopsd.enabled && self.estimator == Estimator::Gae),
+            "stepopsd.enabled",
+            "false with estimator = gae (StepOPSD reweights grpo, dr_grpo or grpo_step)",
+            true,
+        )?;
         if self.estimator == Estimator::GrpoStep
             && self.step.gate == Gate::ResidualContrast
             && self.step.kind != StepKind::ForwardProxy
@@ -203,6 +210,26 @@ mod tests {
         ] {
             assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
         }
+        // Enums name their variants.
+        for (set, key) in [
+            ("estimator=ppo", "estimator"),
+            ("gae.level=episode", "gae.level"),
+            ("step.kind=judge", "step.kind"),
+            ("step.squash=tanh", "step.squash"),
+            ("step.credit_target=all", "step.credit_target"),
+            ("step.gate=always", "step.gate"),
+        ] {
+            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+        }
+        let gae_with_stepopsd = ["estimator=gae", "stepopsd.enabled=true"];
+        assert_eq!(
+            problem_key(&gae_with_stepopsd).as_deref(),
+            Some("stepopsd.enabled")
+        );
+        assert_eq!(
+            problem_key(&["estimator=grpo", "stepopsd.enabled=true"]),
+            None
+        );
         let rule_with_residual = ["estimator=grpo_step", "step.gate=residual_contrast"];
         assert_eq!(
             problem_key(&rule_with_residual).as_deref(),
