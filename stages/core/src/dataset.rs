@@ -231,7 +231,10 @@ impl TableWriter {
         let Some(group) = self.group.take(self.def)? else {
             return Ok(());
         };
-        let shard = self.current.as_mut().expect("a row group belongs to an open shard");
+        let shard = self
+            .current
+            .as_mut()
+            .expect("a row group belongs to an open shard");
         shard
             .writer
             .write(&group)
@@ -978,12 +981,13 @@ pub fn stage_merged_table(parts: &[PathBuf], out: &Path, overwrite: bool) -> Res
     let Some(first) = manifests.first() else {
         return Err(Error::Usage("merge: no parts to merge".into()));
     };
-    let table: TableName = first.table.parse().map_err(|e: embodyflow_schemas::UnknownTable| {
-        Error::BadManifest {
+    let table: TableName = first
+        .table
+        .parse()
+        .map_err(|e: embodyflow_schemas::UnknownTable| Error::BadManifest {
             dir: parts[0].clone(),
             reason: e.to_string(),
-        }
-    })?;
+        })?;
     check_parts(parts, &manifests)?;
     let readers = parts
         .iter()
@@ -993,7 +997,11 @@ pub fn stage_merged_table(parts: &[PathBuf], out: &Path, overwrite: bool) -> Res
     let order = KeyOrder::new(table.def())?;
     let mut sources = Vec::with_capacity(readers.len());
     for (reader, dir) in readers.iter().zip(parts) {
-        let name = format!("part {} ({})", reader.manifest().producer.shard, dir.display());
+        let name = format!(
+            "part {} ({})",
+            reader.manifest().producer.shard,
+            dir.display()
+        );
         sources.push(Source::new(name, reader.batches(None, 4096)?));
     }
     merge_sorted(&order, sources, Ties::Refuse, &mut |batch| {
@@ -1059,7 +1067,11 @@ fn check_parts(parts: &[PathBuf], manifests: &[Manifest]) -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            return mismatch("inputs", format!("[{}]", show(first)), format!("[{}]", show(manifest)));
+            return mismatch(
+                "inputs",
+                format!("[{}]", show(first)),
+                format!("[{}]", show(manifest)),
+            );
         }
         let index = p
             .shard

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use embodyflow_core::dataset::merge_tables;
+use embodyflow_core::commit::Commit;
+use embodyflow_core::dataset::stage_merged_table;
 use embodyflow_core::spec::Output;
 
 use crate::cache::{self, BinaryHashes, StepRecord, runner_dir};
@@ -330,10 +331,15 @@ fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
     let shard_dirs: Vec<PathBuf> = (0..instance.shards)
         .map(|i| dir.join("_shards").join(i.to_string()))
         .collect();
+    // Every table equals the unsharded run's (same content hash); a stage's
+    // tables are committed together, as the stage commits them.
+    let mut commit = Commit::new(dir);
     for table in instance.stage.written_tables() {
         let parts: Vec<PathBuf> = shard_dirs.iter().map(|s| s.join(table.as_str())).collect();
-        merge_tables(&parts, &dir.join(table.as_str()), false)?;
+        let (_, staged) = stage_merged_table(&parts, dir, false)?.into_parts();
+        commit.absorb(staged)?;
     }
+    commit.apply()?;
     let summary_name = format!("_summary.{}.md", instance.stage.name);
     let mut summary = String::new();
     for (i, shard) in shard_dirs.iter().enumerate() {
