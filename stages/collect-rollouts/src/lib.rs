@@ -5,23 +5,37 @@
 //! the decoded answer) and `steps` (prompt and response ids with the
 //! behaviour log-probs from `logits / T`).
 //!
-//! Task draws: the tasks this shard owns (`--shard`, by task id) are shuffled
-//! with a stream seeded by `--seed` and `iteration`; the first
-//! `tasks_per_iteration` (all when unset) are drawn. Ids are stable:
-//! group `it<iteration>/<task_id>/d<draw>`, trajectory `<group>/s<k>`, and
-//! each answer's sampling seed is a hash of `--seed` and its trajectory id.
+//! Task draws: the whole tasks table is shuffled with a stream seeded by
+//! `--seed` and `iteration`; draw `d` takes the `d % tasks`-th task of that
+//! order. A run fills `tasks_per_iteration` slots (every task once when
+//! unset): slot `s` starts with draw `s`. Ids are stable: group
+//! `it<iteration>/<task_id>/d<draw>`, trajectory `<group>/s<k>`, and each
+//! answer's sampling seed is a hash of `--seed` and its trajectory id.
+//! Slots are sampled in batches of `batch_rows / group_size` consecutive
+//! slots (at least one), each batch on its own.
+//! `--shard i/n` fills whole batches, those whose first group id it owns
+//! (`ShardSpec::owned_batches`), so the shards split the unsharded run's
+//! draw and sample every group in the same batch as it does: with
+//! `tasks_per_iteration = 16`, shards `0/2` and `1/2` write 16 groups
+//! together, the very rows the unsharded run writes, log-probs included.
 //!
 //! Dynamic sampling (`dynamic_sampling.enabled`): a group whose answers all
-//! succeed or all fail carries no GRPO signal; it is dropped and another task
-//! is drawn in its place, at most `dynamic_sampling.max_extra_draws` times,
-//! so an all-solved task set ends instead of looping. Dropped groups are
-//! counted in the summary and not written.
+//! succeed or all fail carries no GRPO signal; it is dropped and its slot
+//! draws again: slot `s` takes draws `s`, `s + P`, `s + 2P`, … (P =
+//! `tasks_per_iteration`) below `P + dynamic_sampling.max_extra_draws` and
+//! keeps its first group with mixed outcomes, so a run makes at most
+//! `max_extra_draws` extra draws and an all-solved task set ends instead of
+//! looping. A batch redraws for its open slots together, so what a slot
+//! keeps depends on its batch alone, not on the sharding. Dropped groups are
+//! counted in the summary and not written; a slot whose every draw was
+//! dropped writes nothing.
 //!
 //! ```text
 //! collect-rollouts --policy runs/it0/policy --input data/train --out runs/it0/rollouts \
 //!     --set iteration=0 --set tasks_per_iteration=32 --set dynamic_sampling.enabled=true
 //! ```
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use embodyflow_core::Error;
@@ -33,7 +47,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::episodes::{Episode, Request, run_episodes, sampling_seed};
+use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -88,7 +102,7 @@ pub struct Config {
     pub top_p: f64,
     /// Most tokens per answer.
     pub max_new_tokens: usize,
-    /// Task draws per run (all owned tasks when unset).
+    /// Groups per run, as slots of the draw (every task once when unset).
     pub tasks_per_iteration: Option<usize>,
     /// Sequences per sampling batch.
     pub batch_rows: usize,
@@ -161,22 +175,42 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let owned: Vec<&TaskRow> = tasks
-        .iter()
-        .filter(|t| args.stage.shard.owns(&t.task_id))
-        .collect();
-    if owned.is_empty() {
-        return Err(Error::BadInput("no tasks to draw from (empty table or shard)".into()).into());
+    if tasks.is_empty() {
+        return Err(
+            Error::BadInput("no tasks to draw from: the tasks table is empty".into()).into(),
+        );
     }
-    let envs: Vec<TaskEnv> = owned
-        .iter()
-        .map(|t| TaskEnv::from_row(t, 0))
-        .collect::<Result<_, _>>()?;
-    let mut order: Vec<usize> = (0..owned.len()).collect();
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(
         args.stage.seed ^ ((config.iteration as u64) << 32),
     ));
-    let wanted = config.tasks_per_iteration.unwrap_or(owned.len());
+    let wanted = config.tasks_per_iteration.unwrap_or(tasks.len());
+    let draw_limit = wanted
+        + if config.dynamic_sampling.enabled {
+            config.dynamic_sampling.max_extra_draws
+        } else {
+            0
+        };
+    let task_of = |draw: usize| &tasks[order[draw % order.len()]];
+    // The slots this shard fills: whole sampling batches of the unsharded
+    // run (a group's log-probs depend on the groups sampled with it).
+    let batches = args.stage.shard.owned_batches(
+        wanted,
+        (config.batch_rows / config.group_size).max(1),
+        |s| group_id(config.iteration, &task_of(s).task_id, s),
+    );
+    let slots: usize = batches.iter().map(|b| b.len()).sum();
+    let mut envs: HashMap<&str, TaskEnv> = HashMap::new();
+    for slot in batches.iter().flat_map(|b| b.clone()) {
+        let mut draw = slot;
+        while draw < draw_limit {
+            let task = task_of(draw);
+            if !envs.contains_key(task.task_id.as_str()) {
+                envs.insert(&task.task_id, TaskEnv::from_row(task, 0)?);
+            }
+            draw += wanted;
+        }
+    }
     let sampling = Sampling {
         temperature: config.temperature,
         top_p: config.top_p,
@@ -185,58 +219,53 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let started = Instant::now();
     let mut kept: Vec<Group> = Vec::new();
     let (mut draws, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
-    let draw_limit = wanted
-        + if config.dynamic_sampling.enabled {
-            config.dynamic_sampling.max_extra_draws
-        } else {
-            0
-        };
-    // Draw in waves that fill a sampling batch; the draw order is fixed, so
-    // the result does not depend on the wave size.
-    while kept.len() < wanted && draws < draw_limit {
-        let wave = (wanted - kept.len())
-            .max(config.batch_rows / config.group_size)
-            .min(draw_limit - draws)
-            .max(1);
-        let drawn: Vec<(usize, usize)> = (draws..draws + wave)
-            .map(|d| (order[d % order.len()], d))
-            .collect();
-        let mut requests = Vec::new();
-        let mut seeds = Vec::new();
-        for &(task, draw) in &drawn {
-            let group = group_id(config.iteration, &owned[task].task_id, draw);
-            for k in 0..config.group_size {
-                let seed = sampling_seed(args.stage.seed, &format!("{group}/s{k}"));
-                requests.push(Request {
-                    env: &envs[task],
-                    seed,
+    // Each batch is filled on its own: each round draws once for every slot
+    // of the batch still open, in one sampling call, so what a slot draws
+    // depends on its batch alone (see the module doc).
+    for batch in batches {
+        let mut pending: Vec<usize> = batch.collect();
+        while !pending.is_empty() {
+            let mut requests = Vec::new();
+            let mut seeds = Vec::new();
+            for &draw in &pending {
+                let task = task_of(draw);
+                let group = group_id(config.iteration, &task.task_id, draw);
+                for k in 0..config.group_size {
+                    let seed = sampling_seed(args.stage.seed, &format!("{group}/s{k}"));
+                    requests.push(Request {
+                        env: &envs[task.task_id.as_str()],
+                        seed,
+                    });
+                    seeds.push(seed);
+                }
+            }
+            let mut episodes =
+                run_episodes(&policy, &requests, &sampling, config.batch_rows, "sampling")?
+                    .into_iter();
+            let mut next = Vec::new();
+            for (index, &draw) in pending.iter().enumerate() {
+                let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
+                draws += 1;
+                let wins = group.iter().filter(|e| e.outcome.success).count();
+                successes += wins;
+                tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
+                let uniform = wins == 0 || wins == group.len();
+                if config.dynamic_sampling.enabled && uniform {
+                    dropped += 1;
+                    if draw + wanted < draw_limit {
+                        next.push(draw + wanted);
+                    }
+                    continue;
+                }
+                let first = index * config.group_size;
+                kept.push(Group {
+                    task: task_of(draw),
+                    draw,
+                    seeds: seeds[first..first + config.group_size].to_vec(),
+                    episodes: group,
                 });
-                seeds.push(seed);
             }
-        }
-        let mut episodes =
-            run_episodes(&policy, &requests, &sampling, config.batch_rows, "sampling")?.into_iter();
-        for (index, &(task, draw)) in drawn.iter().enumerate() {
-            let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
-            draws += 1;
-            let wins = group.iter().filter(|e| e.outcome.success).count();
-            successes += wins;
-            tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
-            let uniform = wins == 0 || wins == group.len();
-            if kept.len() >= wanted {
-                continue;
-            }
-            if config.dynamic_sampling.enabled && uniform {
-                dropped += 1;
-                continue;
-            }
-            let first = index * config.group_size;
-            kept.push(Group {
-                task: owned[task],
-                draw,
-                seeds: seeds[first..first + config.group_size].to_vec(),
-                episodes: group,
-            });
+            pending = next;
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -283,8 +312,13 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add(
             "groups written",
             format!(
-                "{} of {wanted} wanted ({} trajectories)",
+                "{} of {wanted} wanted{} ({} trajectories)",
                 kept.len(),
+                if args.stage.shard.count > 1 {
+                    format!(", {slots} slots in shard {}", args.stage.shard)
+                } else {
+                    String::new()
+                },
                 trajectory_rows.len()
             ),
         )
@@ -312,7 +346,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
                 config.temperature
             ),
         );
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 

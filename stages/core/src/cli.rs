@@ -93,6 +93,33 @@ impl ShardSpec {
         let first = u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes"));
         first % u64::from(self.count) == u64::from(self.index)
     }
+
+    /// The batches this shard computes when a stage runs a model over `len`
+    /// items in batches of `batch` (in an order every shard agrees on).
+    ///
+    /// A model's numbers for one item depend on the items batched with it
+    /// (padding, matrix shapes change the floating-point rounding), so a
+    /// shard that batched only its own items would write other log-probs
+    /// than the unsharded run in their last bits. Instead every shard cuts
+    /// the items into the unsharded run's batches, `[0, batch)`, `[batch,
+    /// 2 batch)`, …, and owns whole batches: the one starting at item `s`
+    /// when it [`owns`](Self::owns) `key(s)`. Each owned batch is then
+    /// computed exactly as in the unsharded run. Every batch but the last is
+    /// full, so the owned items, batched again by `batch`, form the same
+    /// batches.
+    pub fn owned_batches(
+        &self,
+        len: usize,
+        batch: usize,
+        key: impl Fn(usize) -> String,
+    ) -> Vec<std::ops::Range<usize>> {
+        let batch = batch.max(1);
+        (0..len)
+            .step_by(batch)
+            .map(|start| start..(start + batch).min(len))
+            .filter(|range| self.owns(&key(range.start)))
+            .collect()
+    }
 }
 
 impl FromStr for ShardSpec {
@@ -223,6 +250,26 @@ mod tests {
         }
         let first = keys.iter().filter(|k| specs[0].owns(k)).count();
         assert!((250..420).contains(&first), "unbalanced split: {first}");
+    }
+
+    #[test]
+    fn shards_own_whole_batches_of_the_unsharded_run() {
+        let key = |i: usize| format!("it0/task{i}/d0");
+        let whole = ShardSpec::ALL.owned_batches(23, 5, key);
+        assert_eq!(whole, vec![0..5, 5..10, 10..15, 15..20, 20..23]);
+        let parts: Vec<Vec<std::ops::Range<usize>>> = (0..3)
+            .map(|index| ShardSpec { index, count: 3 }.owned_batches(23, 5, key))
+            .collect();
+        let mut all: Vec<std::ops::Range<usize>> = parts.concat();
+        all.sort_by_key(|r| r.start);
+        assert_eq!(all, whole, "each batch in exactly one shard");
+        for (index, part) in parts.iter().enumerate() {
+            let spec = ShardSpec {
+                index: index as u32,
+                count: 3,
+            };
+            assert!(part.iter().all(|r| spec.owns(&key(r.start))));
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::episodes::{Episode, Request, run_episodes, sampling_seed};
+use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
 use serde::{Deserialize, Serialize};
 
@@ -214,17 +214,26 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let policy = Checkpoint::load(&args.policy.policy, device)?;
-    let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let tasks: Vec<&TaskRow> = tasks
-        .iter()
-        .filter(|t| args.stage.shard.owns(&t.task_id))
+    let all_tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
+    let layouts: Vec<(u32, &TaskRow)> = (0..config.runs)
+        .flat_map(|run| all_tasks.iter().map(move |task| (run, task)))
         .collect();
-    let mut envs = Vec::with_capacity(tasks.len() * config.runs as usize);
-    for run in 0..config.runs {
-        for task in &tasks {
-            envs.push((run, *task, TaskEnv::from_row(task, run)?));
-        }
+    // A shard plays whole batches of the unsharded run: greedy answers
+    // depend on the episodes batched together (`ShardSpec::owned_batches`).
+    let owned = args
+        .stage
+        .shard
+        .owned_batches(layouts.len(), config.batch_rows, |i| {
+            format!("{}/r{}", layouts[i].1.task_id, layouts[i].0)
+        });
+    let mut envs = Vec::new();
+    for &(run, task) in owned.into_iter().flat_map(|batch| &layouts[batch]) {
+        envs.push((run, task, TaskEnv::from_row(task, run)?));
     }
+    let tasks: std::collections::BTreeSet<&str> = envs
+        .iter()
+        .map(|(_, task, _)| task.task_id.as_str())
+        .collect();
     let requests: Vec<Request> = envs
         .iter()
         .map(|(_, _, env)| Request { env, seed: 0 })
@@ -299,7 +308,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         );
         add_pass_at_k(&mut summary, &envs, &sampled, config.pass_at_k.samples);
     }
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 

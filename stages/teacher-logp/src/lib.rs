@@ -331,17 +331,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let task_rows: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
     let tasks: HashMap<&str, &TaskRow> =
         task_rows.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    let groups: HashMap<&str, &str> = trajectories
-        .iter()
-        .map(|t| (t.trajectory_id.as_str(), t.group_id.as_str()))
-        .collect();
-    let steps: Vec<StepRow> = steps
-        .into_iter()
-        .filter(|s| {
-            let group = groups.get(s.trajectory_id.as_str()).copied().unwrap_or("");
-            args.stage.shard.owns(group)
-        })
-        .collect();
     let (jobs, skipped) = build_jobs(
         teacher,
         &config.template,
@@ -350,6 +339,23 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         &tasks,
         args.strict,
     )?;
+    // A shard scores whole batches of the unsharded run: a step's log-probs
+    // depend on the steps batched with it (`ShardSpec::owned_batches`).
+    let mut owned = vec![false; jobs.len()];
+    for batch in args
+        .stage
+        .shard
+        .owned_batches(jobs.len(), config.batch_rows, |i| {
+            format!("{}/{}", jobs[i].trajectory_id, jobs[i].step_index)
+        })
+    {
+        owned[batch].fill(true);
+    }
+    let jobs: Vec<Job> = jobs
+        .into_iter()
+        .zip(owned)
+        .filter_map(|(job, owned)| owned.then_some(job))
+        .collect();
     let started = Instant::now();
     let scores = score_jobs(teacher, &jobs, config.batch_rows, config.temperature);
     let seconds = started.elapsed().as_secs_f64();
