@@ -1,7 +1,6 @@
 //! Integration tests: binaries run as a user runs them.
 
 mod bad_config;
-mod bad_config;
 mod bad_shards;
 mod commit;
 mod compute_advantages;

@@ -228,7 +228,11 @@ fn merge(out: &Path, parts: &[PathBuf], overwrite: bool) -> Result<Vec<Manifest>
         return Err(Error::Usage(format!(
             "table merge: {} is a table and {} is not; give table directories or output directories, not both",
             table.display(),
-            parts.iter().find(|p| !is_table(p)).expect("one is not").display()
+            parts
+                .iter()
+                .find(|p| !is_table(p))
+                .expect("one is not")
+                .display()
         )));
     } else {
         let names = tables_in(&parts[0])?;
