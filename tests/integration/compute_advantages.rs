@@ -254,11 +254,28 @@ fn bad_inputs_exit_2_naming_the_trajectory_and_write_nothing() {
     );
 
     let (rollouts, rewards) = rollout_set(&dir.path().join("b"), &groups(), 1, 2);
-    rewrite_rewards(&rewards, |rows| rows[1].score = f32::NAN);
+    // Writers refuse NaN, so the NaN is forged into the shard, as a foreign
+    // tool or a corrupted copy would leave it.
+    rewrite_rewards(&rewards, |_| {});
+    let table = rewards.join("rewards");
+    let mut rows: Vec<RewardRow> = TableReader::open(&table, TableName::Rewards)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    rows[1].score = f32::NAN;
+    let batch = embodyflow_core::dataset::rows_to_batch(TableName::Rewards.def(), &rows).unwrap();
+    embodyflow_tests::forge_first_shard(
+        &table,
+        &batch,
+        &[
+            (embodyflow_core::schemas::META_TABLE, "rewards"),
+            (embodyflow_core::schemas::META_VERSION, "1"),
+        ],
+    );
     assert_bad_input(
         &compute(&rollouts, &rewards, &out, &[]),
         &out,
-        &["`it0/task000/d0/s1`", "NaN"],
+        &["`score`", "trajectory_id=it0/task000/d0/s1", "NaN"],
     );
 
     let (rollouts, rewards) = rollout_set(&dir.path().join("c"), &groups(), 1, 2);
