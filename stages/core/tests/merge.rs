@@ -256,7 +256,10 @@ fn parts_of_other_runs_incomplete_sets_and_overlaps_are_refused() {
     let cases: [(&[PathBuf], &str); 6] = [
         (&[a.clone(), other_seed], "`producer` is evaluate 0 seed 2"),
         (&[a.clone(), other_config], "`producer.config`"),
-        (&[a.clone()], "`producer.shard` is 0/2, expected i/1"),
+        (
+            std::slice::from_ref(&a),
+            "`producer.shard` is 0/2, expected i/1",
+        ),
         (&[a.clone(), also_first], "are both shard 0/2"),
         (&[a.clone(), other_inputs], "`inputs` is [tasks def]"),
         (&[a.clone(), overlapping], "the parts overlap"),
