@@ -219,7 +219,12 @@ fn a_same_size_byte_flip_is_caught_on_every_read() {
     // Not only `validate --deep`: a stage's ordinary read refuses it.
     assert_rejected(
         &validate(&table),
-        &["`rewards`", "`part-00000.parquet`", "content hash is", "expected"],
+        &[
+            "`rewards`",
+            "`part-00000.parquet`",
+            "content hash is",
+            "expected",
+        ],
     );
     let reader = TableReader::open(&table, TableName::Rewards).unwrap();
     let err = reader.read_rows::<RewardRow>().unwrap_err().to_string();
@@ -274,7 +279,10 @@ fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
     manifest.shards[0].rows = 1 << 62;
     reseal(&table, manifest);
     let result = validate(&table);
-    assert_rejected(&result, &["`part-00000.parquet`", &format!("expected {}", 1u64 << 62)]);
+    assert_rejected(
+        &result,
+        &["`part-00000.parquet`", &format!("expected {}", 1u64 << 62)],
+    );
     let reader = TableReader::open(&table, TableName::Rewards).unwrap();
     assert!(reader.read_rows::<RewardRow>().is_err());
 
@@ -333,7 +341,11 @@ fn one_nan_old_value_fails_a_gae_run_instead_of_poisoning_it() {
     let victim = rows.len() - 1;
     rows[victim].old_values.as_mut().unwrap()[1] = f32::NAN;
     let batch = rows_to_batch(TableName::Steps.def(), &rows).unwrap();
-    forge_first_shard(&steps_dir, &batch, &[(META_TABLE, "steps"), (META_VERSION, "1")]);
+    forge_first_shard(
+        &steps_dir,
+        &batch,
+        &[(META_TABLE, "steps"), (META_VERSION, "1")],
+    );
     let out = dir.path().join("adv");
     let result = run(
         "compute-advantages",
@@ -354,7 +366,13 @@ fn one_nan_old_value_fails_a_gae_run_instead_of_poisoning_it() {
     );
     assert_rejected(
         &result,
-        &["`steps`", "`part-00000.parquet`", "`old_values`", "NaN", &key],
+        &[
+            "`steps`",
+            "`part-00000.parquet`",
+            "`old_values`",
+            "NaN",
+            &key,
+        ],
     );
     assert!(!out.join("advantages").exists());
 }
@@ -373,10 +391,18 @@ fn a_step_index_outside_its_declared_range_is_rejected() {
             .unwrap();
         rows[0].step_index = bad;
         let batch = rows_to_batch(TableName::Steps.def(), &rows).unwrap();
-        forge_first_shard(&steps_dir, &batch, &[(META_TABLE, "steps"), (META_VERSION, "1")]);
+        forge_first_shard(
+            &steps_dir,
+            &batch,
+            &[(META_TABLE, "steps"), (META_VERSION, "1")],
+        );
         assert_rejected(
             &validate(&steps_dir),
-            &["`steps`", "`step_index`", &format!("{bad} (allowed: 0 to 1000000)")],
+            &[
+                "`steps`",
+                "`step_index`",
+                &format!("{bad} (allowed: 0 to 1000000)"),
+            ],
         );
     }
 }

@@ -92,15 +92,28 @@ fn overwrite_killed_between_the_two_renames_of_the_fallback_keeps_the_new_table(
     // one aside, the new one staged, and the journal.
     assert!(!out.join("eval").exists());
     let hidden = hidden_entries(&out);
-    assert!(hidden.iter().any(|n| n.starts_with(".eval.old-")), "{hidden:?}");
-    assert!(hidden.iter().any(|n| n.starts_with(".eval.tmp-")), "{hidden:?}");
-    assert!(hidden.iter().any(|n| n.starts_with(".commit-")), "{hidden:?}");
+    assert!(
+        hidden.iter().any(|n| n.starts_with(".eval.old-")),
+        "{hidden:?}"
+    );
+    assert!(
+        hidden.iter().any(|n| n.starts_with(".eval.tmp-")),
+        "{hidden:?}"
+    );
+    assert!(
+        hidden.iter().any(|n| n.starts_with(".commit-")),
+        "{hidden:?}"
+    );
 
     // The next reader completes the commit: the new table, whole.
     let rows = eval_rows(&out.join("eval"));
     assert_eq!(rows.len(), 7);
     assert!(rows.iter().all(|r| r.split == "unseen"));
-    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
     // And the next writer neither deletes it nor fails.
     let again = import(&old, &out, &[]);
     assert_eq!(again.code, 0, "{again}");
@@ -126,7 +139,11 @@ fn overwrite_killed_right_after_the_exchange_is_completed_by_the_next_writer() {
     let rerun = import(&third, &out, &[]);
     assert_eq!(rerun.code, 0, "{rerun}");
     assert_eq!(eval_rows(&out.join("eval")).len(), 3);
-    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
 }
 
 #[test]
@@ -219,12 +236,21 @@ fn a_stage_killed_between_its_outputs_shows_both_or_neither() {
     assert!(!out.join("metrics").exists() && !out.join("policy").exists());
     let rerun = sft(root, &out, &[], &[]);
     assert_eq!(rerun.code, 0, "{rerun}");
-    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
 
     // Killed after `metrics` is in place and before `policy`: the first
     // reader of the directory sees both.
     let out = root.join("sft2");
-    let killed = sft(root, &out, &[], &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    let killed = sft(
+        root,
+        &out,
+        &[],
+        &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")],
+    );
     assert_eq!(killed.code, -1, "{killed}");
     assert!(out.join("metrics").exists() && !out.join("policy").exists());
     let metrics: Vec<MetricRow> = TableReader::open(&out.join("metrics"), TableName::Metrics)
@@ -261,31 +287,35 @@ fn a_stage_killed_between_its_outputs_shows_both_or_neither() {
         ],
     );
     assert_eq!(evaluate.code, 0, "{evaluate}");
-    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
 }
 
 #[test]
 fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("train");
-    let args = [
-        "--out",
-        s(&out),
-        "--set",
-        "split=train",
-        "--set",
-        "count=5",
-    ];
+    let args = ["--out", s(&out), "--set", "split=train", "--set", "count=5"];
     let failed = run_with_env(
         "generate-tasks",
         &args,
         &[("EMBODYFLOW_FAULT_ERR", "stage:summary")],
     );
     assert_eq!(failed.code, 1, "{failed}");
-    assert!(failed.stderr.contains("_summary.generate-tasks.md"), "{failed}");
+    assert!(
+        failed.stderr.contains("_summary.generate-tasks.md"),
+        "{failed}"
+    );
     assert!(!out.join("tasks").exists());
     let rerun = run("generate-tasks", &args);
     assert_eq!(rerun.code, 0, "{rerun}");
     assert!(out.join("tasks/_manifest.json").exists());
-    assert!(hidden_entries(&out).is_empty(), "{:?}", hidden_entries(&out));
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
 }

@@ -444,9 +444,10 @@ fn trajectories_whose_task_is_missing_are_an_error_or_skipped_when_asked() {
     assert_eq!(skipped.code, 0, "{skipped}");
     let per_task = responses().len();
     assert!(
-        skipped
-            .stdout
-            .contains(&format!("| skipped: task not in the tasks table | {} |", 2 * per_task)),
+        skipped.stdout.contains(&format!(
+            "| skipped: task not in the tasks table | {} |",
+            2 * per_task
+        )),
         "{skipped}"
     );
     assert_eq!(rewards(&dir.path().join("out")).len(), per_task);

@@ -147,10 +147,8 @@ pub fn staging_name(name: &str) -> String {
 /// (a test hook: a kill at an exact point, as `kill -9` would land there).
 pub fn fault_point(point: &str) {
     if std::env::var("EMBODYFLOW_FAULT_AT").is_ok_and(|p| p == point) {
-        let _ = rustix::process::kill_process(
-            rustix::process::getpid(),
-            rustix::process::Signal::KILL,
-        );
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
         std::process::abort(); // not reached
     }
 }
@@ -188,9 +186,7 @@ pub fn sync_tree(dir: &Path) -> Result<()> {
 
 fn hash_file(path: &Path, hasher: &mut blake3::Hasher) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    hasher
-        .update_reader(file)
-        .map_err(|e| Error::io(path, e))?;
+    hasher.update_reader(file).map_err(|e| Error::io(path, e))?;
     Ok(())
 }
 

@@ -216,7 +216,9 @@ impl<C: StageConfig> Stage<C> {
     /// becomes visible with the run's other outputs at [`Self::commit`].
     pub fn finish(&self, writer: TableWriter) -> Result<Manifest> {
         let lineage = self.read.lock().expect("lineage lock").clone();
-        let (manifest, table_commit) = writer.finish_staged(&self.producer(), &lineage)?.into_parts();
+        let (manifest, table_commit) = writer
+            .finish_staged(&self.producer(), &lineage)?
+            .into_parts();
         self.pending
             .lock()
             .expect("commit lock")
@@ -229,12 +231,10 @@ impl<C: StageConfig> Stage<C> {
     /// directory) staged at `staged` (a hidden name in the output directory),
     /// to be committed as `target`, identified by `digest`.
     pub fn stage_output(&self, staged: &str, target: &str, digest: Digest) -> Result<()> {
-        self.pending.lock().expect("commit lock").add(
-            staged,
-            target,
-            digest,
-            self.args.overwrite,
-        )
+        self.pending
+            .lock()
+            .expect("commit lock")
+            .add(staged, target, digest, self.args.overwrite)
     }
 
     /// Writes the summary to `<out>/_summary.<stage>.md` and commits it with
