@@ -186,21 +186,28 @@ impl<'a> Parser<'a> {
     /// A literal or a number.
     fn scalar(&mut self) -> Result<Json, JsonError> {
         let start = self.pos;
-        let (word, json) = match self.bytes[start] {
-            b't' => ("true", Some(Json::Bool(true))),
-            b'f' => ("false", Some(Json::Bool(false))),
-            b'n' => ("null", Some(Json::Null)),
-            b'N' => ("NaN", None),
-            b'I' => ("Infinity", None),
-            b'-' if self.bytes[start..].starts_with(b"-Infinity") => ("-Infinity", None),
-            b'-' | b'0'..=b'9' => {
-                self.number()?;
-                return Ok(Json::Number(self.text[start..self.pos].to_string()));
-            }
+        self.skip_scalar()?;
+        Ok(match &self.text[start..self.pos] {
+            "true" => Json::Bool(true),
+            "false" => Json::Bool(false),
+            "null" => Json::Null,
+            number => Json::Number(number.to_string()),
+        })
+    }
+
+    /// Reads a literal or a number.
+    fn skip_scalar(&mut self) -> Result<(), JsonError> {
+        let word = match self.bytes[self.pos] {
+            b't' => "true",
+            b'f' => "false",
+            b'n' => "null",
+            b'N' => "NaN",
+            b'I' => "Infinity",
+            b'-' if self.bytes[self.pos..].starts_with(b"-Infinity") => "-Infinity",
+            b'-' | b'0'..=b'9' => return self.number(),
             _ => return Err(self.error("expected a value")),
         };
-        self.literal(word)?;
-        Ok(json.unwrap_or_else(|| Json::Number(word.to_string())))
+        self.literal(word)
     }
 
     fn literal(&mut self, word: &'static str) -> Result<(), JsonError> {
@@ -418,6 +425,227 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// A container (`{…}` or `[…]`) that a [`Walker`] read to its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// Its bytes in the text.
+    pub span: Range<usize>,
+    /// An object (else an array).
+    pub is_object: bool,
+    /// Its nesting depth: 1 when it holds no container. [`parse_prefix`]
+    /// from its start succeeds exactly when this is at most [`MAX_DEPTH`].
+    pub depth: usize,
+    /// Its members or items.
+    pub len: usize,
+    /// An object's watched keys: bit i when it has a member `watched[i]`.
+    pub keys: u32,
+    /// Bit i when the object's last member `watched[i]` holds an array.
+    pub array_keys: u32,
+    /// An array's: the union of `keys` over its items that are objects.
+    pub item_keys: u32,
+}
+
+/// Reads the containers of a text from many starts in linear time overall,
+/// to find the first that parses inside prose.
+///
+/// [`Walker::walk`] reads one value from a `{` or `[` with the grammar of
+/// [`parse`] but without building it and without a depth limit (the stack is
+/// on the heap), so the result at a position is the same whether the walk
+/// starts there or reaches it inside another container. It reports every
+/// container it closes and marks every container start it enters as
+/// settled: a later start there would repeat the same walk, so callers skip
+/// settled starts. Two walks cover the same bytes outside of strings only
+/// when one entered the other's start, so over all starts each byte is read
+/// at most twice (once as string content, once outside strings).
+///
+/// ```
+/// use embodyflow_algos::json_spans::Walker;
+/// let text = r#"say {"plan": [1, {"x": 2}] and [3]"#;
+/// let mut walker = Walker::new(text, &["plan"]);
+/// let mut closed = Vec::new();
+/// for (start, _) in text.match_indices(['{', '[']) {
+///     if !walker.is_settled(start) {
+///         walker.walk(start, &mut |c| closed.push(&text[c.span.clone()]));
+///     }
+/// }
+/// // The object fails at "and"; what it read inside was read once.
+/// assert_eq!(closed, [r#"{"x": 2}"#, r#"[1, {"x": 2}]"#, "[3]"]);
+/// ```
+pub struct Walker<'a> {
+    parser: Parser<'a>,
+    watched: &'a [&'a str],
+    settled: Vec<u64>,
+    stack: Vec<Frame>,
+    key: String,
+}
+
+struct Frame {
+    found: Container,
+    state: Expect,
+    /// Watched-key bits of the member being read.
+    member: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// A first member or item, or the closing bracket.
+    First,
+    /// A key.
+    Key,
+    /// A value.
+    Value,
+    /// A comma or the closing bracket.
+    Next,
+}
+
+impl<'a> Walker<'a> {
+    /// A walker over `text` that watches the object keys `watched` (at most 32).
+    pub fn new(text: &'a str, watched: &'a [&'a str]) -> Walker<'a> {
+        assert!(watched.len() <= 32, "at most 32 watched keys");
+        Walker {
+            parser: Parser::new(text, 0),
+            watched,
+            settled: vec![0; text.len() / 64 + 1],
+            stack: Vec::new(),
+            key: String::new(),
+        }
+    }
+
+    /// Whether a walk already entered a container starting at `at`.
+    pub fn is_settled(&self, at: usize) -> bool {
+        self.settled
+            .get(at / 64)
+            .is_some_and(|word| word & (1 << (at % 64)) != 0)
+    }
+
+    /// Reads the value starting at `start` (a `{` or `[`; anything else
+    /// reads nothing) to its end or its first error, calling `report` on
+    /// every container it closes, innermost first.
+    pub fn walk(&mut self, start: usize, report: &mut impl FnMut(&Container)) {
+        if !matches!(self.parser.bytes.get(start), Some(b'{' | b'[')) {
+            return;
+        }
+        self.parser.pos = start;
+        self.open();
+        while self.step(report) {}
+        self.stack.clear();
+    }
+
+    fn open(&mut self) {
+        let at = self.parser.pos;
+        self.settled[at / 64] |= 1 << (at % 64);
+        self.stack.push(Frame {
+            found: Container {
+                span: at..at,
+                is_object: self.parser.bytes[at] == b'{',
+                depth: 1,
+                len: 0,
+                keys: 0,
+                array_keys: 0,
+                item_keys: 0,
+            },
+            state: Expect::First,
+            member: 0,
+        });
+        self.parser.pos += 1;
+    }
+
+    /// One token; false when the walk is over (closed or failed).
+    fn step(&mut self, report: &mut impl FnMut(&Container)) -> bool {
+        let parser = &mut self.parser;
+        parser.skip_ws();
+        let Some(top) = self.stack.last_mut() else {
+            return false;
+        };
+        let close = if top.found.is_object { b'}' } else { b']' };
+        let Some(&byte) = parser.bytes.get(parser.pos) else {
+            return false;
+        };
+        match top.state {
+            Expect::First if byte == close => return self.close(report),
+            Expect::First | Expect::Key if top.found.is_object => {
+                if byte != b'"' {
+                    return false;
+                }
+                self.key.clear();
+                if parser.string(Some(&mut self.key)).is_err() {
+                    return false;
+                }
+                parser.skip_ws();
+                if parser.bytes.get(parser.pos) != Some(&b':') {
+                    return false;
+                }
+                parser.pos += 1;
+                top.member = self
+                    .watched
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, w)| **w == self.key)
+                    .fold(0, |bits, (i, _)| bits | 1 << i);
+                top.state = Expect::Value;
+            }
+            Expect::First | Expect::Key | Expect::Value => match byte {
+                b'{' | b'[' => self.open(),
+                b'"' => {
+                    if parser.string(None).is_err() {
+                        return false;
+                    }
+                    self.value_done(None);
+                }
+                _ => {
+                    if parser.skip_scalar().is_err() {
+                        return false;
+                    }
+                    self.value_done(None);
+                }
+            },
+            Expect::Next if byte == b',' => {
+                parser.pos += 1;
+                top.state = if top.found.is_object {
+                    Expect::Key
+                } else {
+                    Expect::Value
+                };
+            }
+            Expect::Next if byte == close => return self.close(report),
+            Expect::Next => return false,
+        }
+        true
+    }
+
+    fn close(&mut self, report: &mut impl FnMut(&Container)) -> bool {
+        self.parser.pos += 1;
+        let mut frame = self.stack.pop().expect("a container is open");
+        frame.found.span.end = self.parser.pos;
+        report(&frame.found);
+        self.value_done(Some(&frame.found));
+        !self.stack.is_empty()
+    }
+
+    /// Records a value read in the container on top (if any).
+    fn value_done(&mut self, child: Option<&Container>) {
+        let Some(top) = self.stack.last_mut() else {
+            return;
+        };
+        let parent = &mut top.found;
+        parent.len += 1;
+        if parent.is_object {
+            parent.keys |= top.member;
+            if child.is_some_and(|c| !c.is_object) {
+                parent.array_keys |= top.member;
+            } else {
+                parent.array_keys &= !top.member;
+            }
+        } else if let Some(c) = child.filter(|c| c.is_object) {
+            parent.item_keys |= c.keys;
+        }
+        if let Some(c) = child {
+            parent.depth = parent.depth.max(c.depth + 1);
+        }
+        top.state = Expect::Next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,7 +797,103 @@ mod tests {
         assert!(parse(&format!("{{\"a\": {}}}", nested(MAX_DEPTH))).is_err());
     }
 
+    /// Every container the walks report, by start, over all `{`/`[` starts.
+    fn walk_all(text: &str, watched: &[&str]) -> std::collections::BTreeMap<usize, Container> {
+        let mut walker = Walker::new(text, watched);
+        let mut found = std::collections::BTreeMap::new();
+        for (start, _) in text.match_indices(['{', '[']) {
+            if !walker.is_settled(start) {
+                walker.walk(start, &mut |c| {
+                    found.insert(c.span.start, c.clone());
+                });
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn walker_reports_depth_and_keys() {
+        let text = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        let found = walk_all(&text, &[]);
+        assert_eq!(found.len(), MAX_DEPTH + 1);
+        assert_eq!(found[&0].depth, MAX_DEPTH + 1);
+        assert!(parse_prefix(&text, 0).is_err());
+        assert_eq!(found[&1].depth, MAX_DEPTH);
+        assert!(parse_prefix(&text, 1).is_ok());
+        let text = r#"{"a": [], "b": 1, "a": {}} [{"b": 2}, 3] {"a": [], "a": [1]}"#;
+        let found = walk_all(text, &["a", "b"]);
+        let object = &found[&0];
+        assert_eq!(
+            (object.len, object.keys, object.array_keys, object.depth),
+            (3, 0b11, 0, 2)
+        );
+        let list = &found[&text.find("[{").unwrap()];
+        assert_eq!((list.len, list.item_keys, list.is_object), (2, 0b10, false));
+        let last = &found[&text.rfind('{').unwrap()];
+        assert_eq!((last.keys, last.array_keys), (0b01, 0b01));
+    }
+
+    /// Pieces of JSON with stray quotes, brackets and prose.
+    fn jsonish() -> impl Strategy<Value = String> {
+        let piece = proptest::sample::select(vec![
+            "{",
+            "}",
+            "[",
+            "]",
+            "\"",
+            ",",
+            ":",
+            " ",
+            "1",
+            "-0",
+            "1.5",
+            "NaN",
+            "\\",
+            "x",
+            "\"a\"",
+            "\"a\": ",
+            "\"b\": ",
+            "null",
+            "true",
+            "\"\\ud800\"",
+            "\"\\\"\"",
+            "\u{e9}",
+            "\n",
+        ]);
+        proptest::collection::vec(piece, 0..40).prop_map(|pieces| pieces.concat())
+    }
+
     proptest! {
+        /// Walks from every start report exactly the containers that
+        /// parse_prefix reads, with their ends, sizes and keys.
+        #[test]
+        fn walker_agrees_with_parse_prefix(text in jsonish()) {
+            let found = walk_all(&text, &["a", "b"]);
+            for (start, _) in text.match_indices(['{', '[']) {
+                match (parse_prefix(&text, start), found.get(&start)) {
+                    (Err(_), None) => {}
+                    (Ok((value, end)), Some(c)) => {
+                        prop_assert_eq!(c.span.clone(), start..end);
+                        let (len, is_object) = match &value.json {
+                            Json::Object(m) => (m.len(), true),
+                            Json::Array(items) => (items.len(), false),
+                            _ => unreachable!("a container"),
+                        };
+                        prop_assert_eq!((c.len, c.is_object), (len, is_object));
+                        let bits = |v: &Spanned, f: &dyn Fn(&Spanned) -> bool| {
+                            ["a", "b"].iter().enumerate().filter(|(_, k)| v.get(k).is_some_and(f)).fold(0, |b, (i, _)| b | 1 << i)
+                        };
+                        prop_assert_eq!(c.keys, bits(&value, &|_| true));
+                        prop_assert_eq!(c.array_keys, bits(&value, &|v| matches!(v.json, Json::Array(_))));
+                        if let Json::Array(items) = &value.json {
+                            prop_assert_eq!(c.item_keys, items.iter().fold(0, |b, i| b | bits(i, &|_| true)));
+                        }
+                    }
+                    (parsed, walked) => prop_assert!(false, "{} at {}: parse {:?}, walk {:?}", text, start, parsed, walked),
+                }
+            }
+        }
+
         #[test]
         fn never_panics(text in "\\PC{0,64}") {
             let _ = parse(&text);

@@ -39,7 +39,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::json_spans::{Json, Spanned, parse, parse_prefix};
+use crate::json_spans::{Json, MAX_DEPTH, Spanned, Walker, parse, parse_prefix};
 
 /// One predicted plan step with where its values sit in the response text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,24 +289,53 @@ pub fn extract(text: &str) -> Option<Plan> {
     {
         return Some(plan);
     }
-    // Balanced objects inside prose, then a bare list.
-    for (i, byte) in body.bytes().enumerate() {
-        if byte == b'{'
-            && let Ok((value, _)) = parse_prefix(body, i)
-            && let Some(plan) = plan_from_object(&value, PlanSource::Embedded)
-        {
-            return Some(plan);
-        }
+    embedded(body)
+}
+
+/// The first object with a plan inside prose, else the first bare list.
+fn embedded(body: &str) -> Option<Plan> {
+    let (object, list) = first_candidates(body);
+    if let Some(start) = object
+        && let Ok((value, _)) = parse_prefix(body, start)
+        && let Some(plan) = plan_from_object(&value, PlanSource::Embedded)
+    {
+        return Some(plan);
     }
-    for (i, byte) in body.bytes().enumerate() {
-        if byte == b'['
-            && let Ok((value, _)) = parse_prefix(body, i)
-            && let Some(plan) = plan_from_list(&value, PlanSource::BareList)
-        {
-            return Some(plan);
+    let (value, _) = parse_prefix(body, list?).ok()?;
+    plan_from_list(&value, PlanSource::BareList)
+}
+
+/// Keys the candidate search watches, in bit order.
+const WATCHED: [&str; 3] = ["executable_plan", "action_id", "action_name"];
+
+/// The start of the first `{` that parses and holds an `executable_plan`
+/// array (its last), and of the first `[` that parses and holds an object
+/// with an `action_id` or an `action_name`, as [`parse_prefix`] tried at
+/// every `{` and `[` would find them, in linear time ([`Walker`]). The list
+/// is searched only when no object is found.
+fn first_candidates(body: &str) -> (Option<usize>, Option<usize>) {
+    let mut walker = Walker::new(body, &WATCHED);
+    let (mut object, mut list) = (None::<usize>, None::<usize>);
+    for (start, _) in body.match_indices(['{', '[']) {
+        if object.is_some_and(|o| o < start) {
+            break; // every earlier start is settled
         }
+        if walker.is_settled(start) {
+            continue;
+        }
+        walker.walk(start, &mut |c| {
+            let at = c.span.start;
+            if c.depth > MAX_DEPTH {
+                return;
+            }
+            if c.is_object && c.array_keys & 1 != 0 {
+                object = Some(object.map_or(at, |o| o.min(at)));
+            } else if !c.is_object && c.len > 0 && c.item_keys & 0b110 != 0 {
+                list = Some(list.map_or(at, |l| l.min(at)));
+            }
+        });
     }
-    None
+    (object, list)
 }
 
 /// Parses the JSON value that fills `text[start..end]` (surrounding white
@@ -510,6 +539,7 @@ pub fn step_match(pred: &[PlanStep], gt: &[GtStep], mode: MatchMode) -> Vec<i8> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
 
     fn gt(ids: &[i64]) -> Vec<GtStep> {
         ids.iter()
@@ -782,7 +812,86 @@ mod tests {
         }
     }
 
+    /// Embedded search as it was: `parse_prefix` tried at every `{`, then at every `[`.
+    fn embedded_by_every_start(body: &str) -> Option<Plan> {
+        for (i, byte) in body.bytes().enumerate() {
+            if byte == b'{'
+                && let Ok((value, _)) = parse_prefix(body, i)
+                && let Some(plan) = plan_from_object(&value, PlanSource::Embedded)
+            {
+                return Some(plan);
+            }
+        }
+        for (i, byte) in body.bytes().enumerate() {
+            if byte == b'['
+                && let Ok((value, _)) = parse_prefix(body, i)
+                && let Some(plan) = plan_from_list(&value, PlanSource::BareList)
+            {
+                return Some(plan);
+            }
+        }
+        None
+    }
+
+    /// Texts of plan-like pieces, prose and stray JSON punctuation.
+    fn jsonish() -> impl proptest::strategy::Strategy<Value = String> {
+        let piece = proptest::sample::select(vec![
+            "{",
+            "}",
+            "[",
+            "]",
+            "\"",
+            ",",
+            ":",
+            " ",
+            "1",
+            "-",
+            "\\",
+            "x",
+            "Plan: ",
+            "\"executable_plan\": ",
+            "\"action_id\": ",
+            "\"action_name\": ",
+            "\"find a Mug\"",
+            "{\"executable_plan\": [",
+            "{\"action_id\": 1, \"action_name\": \"a\"}",
+            "]}",
+            "\"a\\\"b\"",
+            "null",
+            "true",
+            "\"reasoning_and_reflection\": \"\", ",
+            "\u{e9}",
+        ]);
+        proptest::collection::vec(piece, 0..48).prop_map(|pieces| pieces.concat())
+    }
+
+    #[test]
+    fn embedded_search_past_the_depth_limit() {
+        // Depth 991 parses nowhere from its start; the object inside it does.
+        let inner = r#"{"executable_plan": [{"action_id": 1, "action_name": "a"}]}"#;
+        let text = format!("{}{inner}{}", "[".repeat(990), "]".repeat(990));
+        let plan = extract(&text).unwrap();
+        assert_eq!(plan.source, PlanSource::Embedded);
+        assert_eq!(plan.steps[0].action_id, Some(1));
+        assert_eq!(embedded(&text), embedded_by_every_start(&text));
+        // A plan object nested 991 deep is no candidate; a list inside it is.
+        let deep = format!(
+            "{{\"executable_plan\": {}[{{\"action_id\": 2}}]{}}}",
+            "[".repeat(989),
+            "]".repeat(989)
+        );
+        let plan = extract(&format!("x {deep}")).unwrap();
+        assert_eq!(plan.source, PlanSource::BareList);
+        assert_eq!(embedded(&deep), embedded_by_every_start(&deep));
+    }
+
     proptest::proptest! {
+        /// The linear search finds what trying every start finds.
+        #[test]
+        fn embedded_search_equals_trying_every_start(text in jsonish()) {
+            proptest::prop_assert_eq!(embedded(&text), embedded_by_every_start(&text));
+        }
+
         #[test]
         fn extraction_never_panics(text in "(\\PC|[{}\\[\\]\"`:,])*") {
             let _ = extract(&text);
