@@ -11,6 +11,10 @@
 //! A writer killed at any moment leaves only hidden siblings, which readers
 //! never look at and the next writer into that directory removes; a killed
 //! commit is completed by whoever next opens a table there.
+//! Whatever order and batches a stage writes rows in, the table stores them
+//! in key order and hands Parquet whole row groups, so the same rows give
+//! the same bytes ([`crate::canonical`]); that is what lets
+//! [`merge_tables`] rebuild an unsharded table from its shards exactly.
 //!
 //! **Reading** streams record batches shard by shard with column projection,
 //! so memory follows the batch size and not the table size. Every shard is
