@@ -4,8 +4,9 @@
 //! approx KL and entropy), the ablation table when the pipeline sweeps (one
 //! row per cell: last evaluation successes, train success, mean reward,
 //! kept groups and the grpo_step diagnostics), and PNG plots: a success
-//! curve per variant and a bar per cell. The plots carry no text (no font
-//! backend); `report.md` says what their lines and bars are.
+//! curve per variant and a bar per cell, each with a title, labelled axes
+//! and a legend or the cells' names ([`embodyflow_plots`]); `report.md` says
+//! what their lines and bars are too.
 //!
 //! Which figures a step gives follows from the outputs its stage declares
 //! ([`embodyflow_core::spec`]), not from its name. The tables' figures are
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::spec::{self, Output};
 use embodyflow_core::stage::Summary;
+use embodyflow_plots::{Frame, PALETTE, PALETTE_NAMES, PlotError};
 use embodyflow_report::VariantDiagnostics;
 use plotters::prelude::*;
 
@@ -96,71 +98,102 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-const COLOURS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-fn plot_err(path: &Path) -> impl Fn(String) -> RunnerError + '_ {
+fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
     move |reason| RunnerError::Plot {
         path: path.to_path_buf(),
-        reason,
+        reason: reason.to_string(),
     }
 }
 
-/// Success curves: series of (iteration, value) on [0, 1].
-fn plot_curves(path: &Path, series: &[Vec<(f64, f64)>], iterations: f64) -> Result<()> {
-    let e = plot_err(path);
-    let root = BitMapBackend::new(path, (640, 400)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
-    let area = root.margin(20, 20, 20, 20);
-    let mut chart = ChartBuilder::on(&area)
-        .build_cartesian_2d(-0.2..(iterations - 1.0).max(1.0) + 0.2, 0f64..1f64)
-        .map_err(|x| e(x.to_string()))?;
-    for y in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        chart
-            .draw_series(LineSeries::new(
-                vec![(-0.2, y), ((iterations - 1.0).max(1.0) + 0.2, y)],
-                RGBColor(220, 220, 220),
-            ))
-            .map_err(|x| e(x.to_string()))?;
-    }
-    for (k, points) in series.iter().enumerate() {
-        let colour = COLOURS[k % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
-            .map_err(|x| e(x.to_string()))?;
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))
-            .map_err(|x| e(x.to_string()))?;
-    }
-    root.present().map_err(|x| e(x.to_string()))
+/// Success curves of one cell: each named series of (iteration, success)
+/// on [0, 1] in [`PALETTE`] order, with a legend.
+fn plot_curves(
+    path: &Path,
+    cell: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    iterations: f64,
+) -> Result<()> {
+    let draw = || -> std::result::Result<(), PlotError> {
+        let root = embodyflow_plots::canvas(path, (640, 400))?;
+        let title = format!("Success per iteration: {cell}");
+        let last = (iterations - 1.0).max(1.0);
+        let whole = |x: &f64| {
+            if x.fract() == 0.0 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        };
+        let mut chart = Frame::new(&title, "iteration", "success rate (fraction of episodes)")
+            .ranges(-0.2..last + 0.2, 0.0..1.0)
+            .x_ticks(((last + 1.0) as usize).min(12), &whole)
+            .draw(&root)?;
+        for (k, (name, points)) in series.iter().enumerate() {
+            let colour = PALETTE[k % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(embodyflow_plots::swatch(colour));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        }
+        embodyflow_plots::legend(&mut chart)?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(plot_err(path))
 }
 
-/// One bar per value on [0, max].
-fn plot_bars(path: &Path, values: &[f64]) -> Result<()> {
-    let e = plot_err(path);
-    let root = BitMapBackend::new(path, (640, 400)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
-    let top = values.iter().cloned().fold(1e-9, f64::max);
-    let area = root.margin(20, 20, 20, 20);
-    let mut chart = ChartBuilder::on(&area)
-        .build_cartesian_2d(0f64..values.len() as f64, 0f64..top * 1.05)
-        .map_err(|x| e(x.to_string()))?;
-    chart
-        .draw_series(values.iter().enumerate().map(|(k, &v)| {
-            let colour = COLOURS[k % COLOURS.len()];
+/// One bar per sweep cell (named on the x axis), its value printed above
+/// it; all-zero values still show the axes, flat bars and a note saying so.
+fn plot_bars(path: &Path, cells: &[String], values: &[f64], y_label: &str) -> Result<()> {
+    let draw = || -> std::result::Result<(), PlotError> {
+        let root = embodyflow_plots::canvas(path, (640, 400))?;
+        let top = values.iter().copied().fold(1.0, f64::max) * 1.1;
+        let bottom = values.iter().copied().fold(0.0, f64::min) * 1.1;
+        let name = |x: &f64| {
+            let k = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 1e-9 && k < cells.len() {
+                cells[k].clone()
+            } else {
+                String::new()
+            }
+        };
+        let mut chart = Frame::new(
+            &format!("Ablation: {} cells", cells.len()),
+            "sweep cell",
+            y_label,
+        )
+        .ranges(0.0..cells.len().max(1) as f64, bottom..top)
+        .x_ticks(2 * cells.len().max(1) + 1, &name)
+        .draw(&root)?;
+        let thin = (top - bottom) / 300.0;
+        chart.draw_series(values.iter().enumerate().map(|(k, &v)| {
+            let colour = PALETTE[k % PALETTE.len()];
+            // A value of 0 is a visible flat bar, not nothing.
+            let v = if v.abs() < thin { thin } else { v };
             Rectangle::new(
                 [(k as f64 + 0.15, 0.0), (k as f64 + 0.85, v)],
                 colour.filled(),
             )
-        }))
-        .map_err(|x| e(x.to_string()))?;
-    root.present().map_err(|x| e(x.to_string()))
+        }))?;
+        chart.draw_series(values.iter().enumerate().map(|(k, &v)| {
+            Text::new(
+                format!("{v:.3}"),
+                (k as f64 + 0.4, v.max(0.0) + (top - bottom) * 0.03),
+                embodyflow_plots::text(12),
+            )
+        }))?;
+        if values.iter().all(|&v| v == 0.0) {
+            chart.draw_series(std::iter::once(Text::new(
+                "every cell's value is 0",
+                (cells.len().max(1) as f64 * 0.3, top * 0.5),
+                embodyflow_plots::text(16),
+            )))?;
+        }
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(plot_err(path))
 }
 
 fn ratio(x: u64, y: u64) -> Option<f64> {
@@ -257,20 +290,22 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         }
         let iterations = rows.keys().flatten().max().map_or(0, |m| m + 1);
         if iterations > 0 {
-            let mut series = vec![
+            let mut series = vec![(
+                "train (sampled rollouts)".to_string(),
                 rows.iter()
                     .filter_map(|(i, r)| Some((f64::from((*i)?), r.train?)))
                     .collect::<Vec<_>>(),
-            ];
+            )];
             for name in &eval_names {
-                series.push(
+                series.push((
+                    format!("eval `{name}`"),
                     rows.iter()
                         .filter_map(|(i, r)| Some((f64::from((*i)?), *r.evals.get(name)?)))
                         .collect(),
-                );
+                ));
             }
             let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
-            plot_curves(&path, &series, f64::from(iterations))?;
+            plot_curves(&path, &cell.name, &series, f64::from(iterations))?;
             md.push_str(&format!(
                 "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); blue = train success of the sampled rollouts{}.\n",
                 cell.name,
@@ -279,7 +314,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 eval_names
                     .iter()
                     .enumerate()
-                    .map(|(k, n)| format!(", {} = `{n}` success", ["red", "green", "orange", "purple", "brown"][k % 5]))
+                    .map(|(k, n)| format!(", {} = `{n}` success", PALETTE_NAMES[(k + 1) % PALETTE_NAMES.len()]))
                     .collect::<String>()
             ));
             plots.push(path);
@@ -290,7 +325,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         let mut table = String::from(
             "| cell | last eval success | last train success | mean reward | kept groups | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|\n",
         );
-        let mut bars = Vec::new();
+        let (mut bars, mut names) = (Vec::new(), Vec::new());
         for (name, rows) in &ablation {
             let last = |f: &dyn Fn(&Row) -> Option<f64>| rows.values().rev().find_map(f);
             let eval = last(&|r: &Row| r.evals.values().next().copied());
@@ -311,9 +346,15 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 fmt(flips),
             ));
             bars.push(eval.or(score).unwrap_or(0.0));
+            names.push(name.clone());
         }
         let path = dir.join("ablation.png");
-        plot_bars(&path, &bars)?;
+        plot_bars(
+            &path,
+            &names,
+            &bars,
+            "last eval success (fraction; else mean reward)",
+        )?;
         std::fs::write(dir.join("ablation.md"), &table)
             .map_err(|e| RunnerError::io(dir.join("ablation.md"), e))?;
         md.push_str(&format!(
@@ -325,4 +366,51 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
     std::fs::write(&path, &md).map_err(|e| RunnerError::io(&path, e))?;
     let _ = plots;
     Ok(summary.to_markdown())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_plots::Png;
+
+    #[test]
+    fn success_curves_have_a_title_axes_and_a_legend() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = embodyflow_plots::test_dir(tmp.path()).join("runner-success.png");
+        let series = vec![
+            (
+                "train (sampled rollouts)".to_string(),
+                vec![(0.0, 0.1), (1.0, 0.3), (2.0, 0.5)],
+            ),
+            ("eval `eval`".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
+        ];
+        plot_curves(&path, "base", &series, 3.0).unwrap();
+        let png = Png::read(&path).unwrap();
+        assert_eq!((png.width, png.height), (640, 400));
+        assert!(png.colours() > 20, "{} colours", png.colours());
+        assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+        assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
+        assert!(png.dark_in(250..400, 370..400) > 30, "no x axis label");
+    }
+
+    #[test]
+    fn ablation_bars_of_zeros_show_axes_flat_bars_and_a_note() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = embodyflow_plots::test_dir(tmp.path());
+        let cells = vec!["rule".to_string(), "proxy".to_string()];
+        let zeros = dir.join("runner-ablation-zeros.png");
+        plot_bars(&zeros, &cells, &[0.0, 0.0], "success (fraction)").unwrap();
+        let some = dir.join("runner-ablation.png");
+        plot_bars(&some, &cells, &[0.25, 0.5], "success (fraction)").unwrap();
+        let (zeros, some) = (Png::read(&zeros).unwrap(), Png::read(&some).unwrap());
+        for png in [&zeros, &some] {
+            assert_eq!((png.width, png.height), (640, 400));
+            assert!(png.colours() > 10, "{} colours", png.colours());
+            assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+            assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
+        }
+        // The note in the middle of the plot, which the non-zero chart lacks.
+        let middle = |png: &Png| png.dark_in(150..500, 150..250);
+        assert!(middle(&zeros) > middle(&some) + 50);
+    }
 }

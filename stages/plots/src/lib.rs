@@ -1,0 +1,361 @@
+//! The common frame of every PNG the project writes (the report's A^S
+//! histogram and per-token heatmap, compute-advantages' `--heatmaps`, the
+//! runner's success curves and ablation bars): one embedded font, a title,
+//! axes labelled with their units, a legend or a colour scale.
+//!
+//! Text is drawn by plotters' `ab_glyph` path from DejaVu Sans, whose bytes
+//! the `dejavu` crate compiles into the binary ([`canvas`] registers it once
+//! as `sans-serif`): no system fonts, fontconfig or FreeType are needed, so a
+//! plot renders the same on a bare CI machine as on a workstation.
+//!
+//! Colours: [`diverging`] is the seeds' `RdBu_r` centred at 0 (red positive,
+//! blue negative, white zero), [`PALETTE`] the series colours (tab10).
+//!
+//! ```no_run
+//! use embodyflow_plots::{canvas, Frame};
+//! use plotters::prelude::*;
+//! let root = canvas(std::path::Path::new("curve.png"), (640, 400))?;
+//! let mut chart = Frame::new("Success per iteration", "iteration", "success rate (fraction)")
+//!     .ranges(0.0..3.0, 0.0..1.0)
+//!     .draw(&root)?;
+//! chart
+//!     .draw_series(LineSeries::new(vec![(0.0, 0.1), (3.0, 0.6)], BLUE))?
+//!     .label("train")
+//!     .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+//! embodyflow_plots::legend(&mut chart)?;
+//! root.present()?;
+//! # Ok::<(), embodyflow_plots::PlotError>(())
+//! ```
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+
+/// The family name the embedded font is registered under.
+pub const FONT: &str = "sans-serif";
+
+/// Series colours (matplotlib's tab10), in the order series are drawn.
+pub const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// The colour names of [`PALETTE`], for Markdown that describes a plot.
+pub const PALETTE_NAMES: [&str; 6] = ["blue", "red", "green", "orange", "purple", "brown"];
+
+/// Why a plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The embedded font did not parse (a broken build, not bad input).
+    #[error("the embedded DejaVu Sans font could not be registered")]
+    Font,
+    /// plotters failed to draw or to write the image.
+    #[error("{0}")]
+    Draw(String),
+}
+
+impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for PlotError {
+    fn from(e: DrawingAreaErrorKind<E>) -> PlotError {
+        PlotError::Draw(e.to_string())
+    }
+}
+
+/// Result of drawing.
+pub type Result<T> = std::result::Result<T, PlotError>;
+
+/// Registers the embedded font (once per process).
+fn register() -> Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED
+        .get_or_init(|| register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    if ok { Ok(()) } else { Err(PlotError::Font) }
+}
+
+/// A white PNG canvas of `size` pixels (width, height) writing to `path` on
+/// `present()`, with the font registered.
+pub fn canvas(path: &Path, size: (u32, u32)) -> Result<DrawingArea<BitMapBackend<'_>, Shift>> {
+    register()?;
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// The embedded font at `size` pixels, black.
+pub fn text(size: u32) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font()).color(&BLACK)
+}
+
+/// Draws `title` centred at the top of `area` and returns the area below it.
+pub fn title<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+) -> Result<DrawingArea<DB, Shift>> {
+    Ok(area.titled(title, text(18))?)
+}
+
+/// A 2-D chart over f64 ranges: title, both axes labelled (the labels carry
+/// the units), tick numbers and a light grid.
+pub struct Frame<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    x: Range<f64>,
+    y: Range<f64>,
+    x_ticks: Option<(usize, &'a dyn Fn(&f64) -> String)>,
+}
+
+impl<'a> Frame<'a> {
+    /// A frame with ranges 0..1 on both axes.
+    pub fn new(title: &'a str, x_label: &'a str, y_label: &'a str) -> Frame<'a> {
+        Frame {
+            title,
+            x_label,
+            y_label,
+            x: 0.0..1.0,
+            y: 0.0..1.0,
+            x_ticks: None,
+        }
+    }
+
+    /// The axes' ranges.
+    pub fn ranges(mut self, x: Range<f64>, y: Range<f64>) -> Frame<'a> {
+        self.x = x;
+        self.y = y;
+        self
+    }
+
+    /// `count` x ticks named by `name` (e.g. categories at integer positions).
+    pub fn x_ticks(mut self, count: usize, name: &'a dyn Fn(&f64) -> String) -> Frame<'a> {
+        self.x_ticks = Some((count, name));
+        self
+    }
+
+    /// Draws the frame into `area` and returns the chart to draw series on.
+    pub fn draw<'c, DB: DrawingBackend>(
+        &self,
+        area: &'c DrawingArea<DB, Shift>,
+    ) -> Result<ChartContext<'c, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>> {
+        let mut chart = ChartBuilder::on(area)
+            .caption(self.title, text(18))
+            .margin(10)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(self.x.clone(), self.y.clone())?;
+        let mut mesh = chart.configure_mesh();
+        mesh.x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .label_style(text(12))
+            .axis_desc_style(text(14))
+            .light_line_style(RGBColor(240, 240, 240))
+            .bold_line_style(RGBColor(215, 215, 215));
+        if let Some((count, name)) = self.x_ticks {
+            mesh.x_labels(count)
+                .x_label_formatter(name)
+                .disable_x_mesh();
+        }
+        mesh.draw()?;
+        Ok(chart)
+    }
+}
+
+/// Draws the legend of the series drawn with a `.label(..)` (upper left,
+/// framed on a white background).
+pub fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(text(12))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// A legend entry's marker: a filled square of `colour`.
+pub fn swatch(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
+    move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+}
+
+/// Red for positive, blue for negative, white for zero (`RdBu_r` centred at
+/// 0), `value / scale` clamped to [-1, 1]; a non-positive scale is white.
+pub fn diverging(value: f64, scale: f64) -> RGBColor {
+    let t = if scale > 0.0 {
+        (value / scale).clamp(-1.0, 1.0)
+    } else {
+        0.0
+    };
+    let fade = (255.0 * (1.0 - t.abs())) as u8;
+    if t >= 0.0 {
+        RGBColor(255, fade, fade)
+    } else {
+        RGBColor(fade, fade, 255)
+    }
+}
+
+/// A vertical colour scale of [`diverging`] over [-scale, scale] in `area`
+/// (best about 90 px wide: 55 px of numbers, a bar of the rest less 15 px), with tick numbers and `label` (its unit) beside.
+pub fn colour_bar<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    scale: f64,
+    label: &str,
+) -> Result<()> {
+    let scale = if scale > 0.0 { scale } else { 1.0 };
+    let mut bar = ChartBuilder::on(area)
+        .margin_top(10)
+        .margin_bottom(10)
+        .margin_right(15)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..1f64, -scale..scale)?;
+    bar.configure_mesh()
+        .disable_mesh()
+        .disable_x_axis()
+        .y_labels(5)
+        .y_desc(label)
+        .label_style(text(11))
+        .axis_desc_style(text(12))
+        .draw()?;
+    const STEPS: usize = 64;
+    bar.draw_series((0..STEPS).map(|k| {
+        let lo = -scale + 2.0 * scale * k as f64 / STEPS as f64;
+        let hi = lo + 2.0 * scale / STEPS as f64;
+        Rectangle::new(
+            [(0.0, lo), (1.0, hi)],
+            diverging((lo + hi) / 2.0, scale).filled(),
+        )
+    }))?;
+    bar.draw_series(std::iter::once(Rectangle::new(
+        [(0.0, -scale), (1.0, scale)],
+        BLACK.stroke_width(1),
+    )))?;
+    Ok(())
+}
+
+/// A PNG read back as 8-bit RGB, to check what a plot shows (tests: a plot
+/// with a title has dark pixels in its top rows, a blank image one colour).
+#[derive(Debug, Clone)]
+pub struct Png {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    rgb: Vec<u8>,
+}
+
+impl Png {
+    /// Reads `path` (8-bit RGB or RGBA, as plotters writes).
+    pub fn read(path: &Path) -> Result<Png> {
+        let fail = |e: &dyn std::fmt::Display| PlotError::Draw(format!("{}: {e}", path.display()));
+        let file = std::fs::File::open(path).map_err(|e| fail(&e))?;
+        let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+            .read_info()
+            .map_err(|e| fail(&e))?;
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).map_err(|e| fail(&e))?;
+        let channels = match info.color_type {
+            png::ColorType::Rgb => 3,
+            png::ColorType::Rgba => 4,
+            other => return Err(fail(&format!("colour type {other:?}, expected RGB"))),
+        };
+        let rgb = buf[..info.buffer_size()]
+            .chunks(channels)
+            .flat_map(|p| [p[0], p[1], p[2]])
+            .collect();
+        Ok(Png {
+            width: info.width,
+            height: info.height,
+            rgb,
+        })
+    }
+
+    /// How many distinct colours the image has.
+    pub fn colours(&self) -> usize {
+        let set: std::collections::HashSet<&[u8]> = self.rgb.chunks(3).collect();
+        set.len()
+    }
+
+    /// Dark pixels (as text is drawn: each channel below 100) in the
+    /// rectangle of columns `x` and rows `y`.
+    pub fn dark_in(&self, x: Range<u32>, y: Range<u32>) -> usize {
+        let mut n = 0;
+        for row in y.start..y.end.min(self.height) {
+            for col in x.start..x.end.min(self.width) {
+                let i = 3 * (row * self.width + col) as usize;
+                n += usize::from(self.rgb[i..i + 3].iter().all(|&c| c < 100));
+            }
+        }
+        n
+    }
+}
+
+/// Where a test should write the plots it draws: `$EMBODYFLOW_PLOT_DIR`
+/// when set (to look at them), else `fallback` (a temporary directory).
+pub fn test_dir(fallback: &Path) -> std::path::PathBuf {
+    match std::env::var_os("EMBODYFLOW_PLOT_DIR") {
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).ok();
+            dir
+        }
+        None => fallback.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diverging_is_white_at_zero_and_saturates() {
+        assert_eq!(diverging(0.0, 1.0), RGBColor(255, 255, 255));
+        assert_eq!(diverging(2.0, 1.0), RGBColor(255, 0, 0));
+        assert_eq!(diverging(-1.0, 1.0), RGBColor(0, 0, 255));
+        assert_eq!(diverging(0.5, 0.0), RGBColor(255, 255, 255));
+    }
+
+    #[test]
+    fn a_frame_has_its_title_axes_colour_bar_and_legend_in_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = test_dir(tmp.path());
+        let path = dir.join("frame.png");
+        let root = canvas(&path, (640, 400)).unwrap();
+        let (left, right) = root.split_horizontally(540);
+        let mut chart = Frame::new("A title", "x (units)", "y (units)")
+            .ranges(0.0..2.0, -1.0..1.0)
+            .draw(&left)
+            .unwrap();
+        chart
+            .draw_series(LineSeries::new(vec![(0.0, -0.5), (2.0, 0.5)], PALETTE[0]))
+            .unwrap()
+            .label("a line")
+            .legend(swatch(PALETTE[0]));
+        legend(&mut chart).unwrap();
+        colour_bar(&right, 0.5, "value (units)").unwrap();
+        root.present().unwrap();
+        drop(chart);
+        let png = Png::read(&path).unwrap();
+        assert_eq!((png.width, png.height), (640, 400));
+        assert!(png.colours() > 20, "{} colours", png.colours());
+        // The title, centred in the top 30 rows of the chart's 540 columns.
+        assert!(png.dark_in(200..340, 0..30) > 50);
+        // The y axis label, rotated, at the left edge.
+        assert!(png.dark_in(0..25, 100..300) > 30);
+        // The colour bar's numbers left of its gradient.
+        assert!(png.dark_in(560..610, 0..400) > 30);
+        let blank = dir.join("blank.png");
+        canvas(&blank, (64, 32)).unwrap().present().unwrap();
+        let blank = Png::read(&blank).unwrap();
+        assert_eq!(blank.colours(), 1);
+        assert_eq!(blank.dark_in(0..64, 0..32), 0);
+    }
+}
