@@ -34,15 +34,19 @@ fn inputs() -> Vec<(&'static str, String)> {
         ),
         (
             "nested objects with long arrays, unclosed",
-            repeat_to(
-                &format!("{{\"k\": [{}", "1, ".repeat(1000)),
-                "",
-                "",
-            ),
+            repeat_to(&format!("{{\"k\": [{}", "1, ".repeat(1000)), "", ""),
         ),
         (
             "prose of '{\"a\": \"' (strings hiding braces)",
             repeat_to("{\"a\": \"", "", ""),
+        ),
+        (
+            "steps of 16 bytes, each matching",
+            repeat_to(
+                "{\"action_id\":3},",
+                "{\"executable_plan\":[",
+                "{\"action_id\":3}]}",
+            ),
         ),
         (
             "bare step lists, each broken at the end",
@@ -74,14 +78,20 @@ fn pathological_inputs_cost() {
     let tokenizer = test_tokenizer();
     let aligner = Aligner::new(&tokenizer);
     let mut slow = Vec::new();
-    println!("| input | bytes | extract | extract_strict | embodied_r1 strict | embodied_r1 tolerant | step_match lcs | align |");
+    println!(
+        "| input | bytes | extract | extract_strict | embodied_r1 strict | embodied_r1 tolerant | step_match lcs | align |"
+    );
     for (name, text) in inputs() {
         let (plan, t_extract) = timed(|| extract(&text));
         let (_, t_strict) = timed(|| extract_strict(&text));
         let (_, t_r1) = timed(|| embodied_r1(&text, &gt, Some(&actions), false));
         let (_, t_r1_tolerant) = timed(|| embodied_r1(&text, &gt, Some(&actions), true));
         let (_, t_lcs) = timed(|| plan.map(|p| step_match(&p.steps, &gt, MatchMode::Lcs)));
-        let ids = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        let ids = tokenizer
+            .encode(text.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let (_, t_align) = timed(|| aligner.align(&ids));
         println!(
             "| {name} | {} | {t_extract:.3} s | {t_strict:.3} s | {t_r1:.3} s | {t_r1_tolerant:.3} s | {t_lcs:.3} s | {t_align:.3} s |",
@@ -93,5 +103,34 @@ fn pathological_inputs_cost() {
             slow.push(format!("{name}: {total:.1} s"));
         }
     }
-    assert!(slow.is_empty(), "slower than 1 µs per byte and call: {slow:?}");
+    assert!(
+        slow.is_empty(),
+        "slower than 1 µs per byte and call: {slow:?}"
+    );
+}
+
+#[test]
+#[ignore = "prints timings on 6 MB inputs; run by hand"]
+fn lcs_against_a_long_ground_truth() {
+    let text = repeat_to(
+        "{\"action_id\":3},",
+        "{\"executable_plan\":[",
+        "{\"action_id\":3}]}",
+    );
+    let plan = extract(&text).unwrap();
+    for m in [50, 1000] {
+        let gt: Vec<GtStep> = (0..m)
+            .map(|i| GtStep {
+                action_id: i % 7,
+                action_name: format!("step {i}"),
+            })
+            .collect();
+        let (used, seconds) = timed(|| step_match(&plan.steps, &gt, MatchMode::Lcs));
+        let hits = used.iter().filter(|&&u| u == 1).count();
+        println!(
+            "lcs of {} steps against {m}: {seconds:.3} s, {hits} used",
+            plan.steps.len()
+        );
+        assert_eq!(hits, gt.iter().filter(|g| g.action_id == 3).count());
+    }
 }
