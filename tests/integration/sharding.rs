@@ -2,7 +2,8 @@
 //! (collect-rollouts, score-rewards, judge-steps, teacher-logp,
 //! compute-advantages, evaluate) run whole and as 2 or 3 `--shard` processes
 //! whose outputs `table merge` joins gives the same content hash, producer
-//! and lineage per table; collect-rollouts' shards split one draw; the
+//! and lineage per table (compute-advantages under grpo, gae at both levels
+//! and grpo_step); collect-rollouts' shards split one draw; the
 //! runner's merged step leaves the next step's cache key unchanged; and
 //! `table merge` refuses parts that are not the shards of one run.
 
@@ -66,7 +67,7 @@ fn tables_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
-        .filter(|e| e.path().join("_manifest.json").is_file())
+        .filter(|e| Manifest::read(&e.path()).is_ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
@@ -257,7 +258,7 @@ fn model_stages_merge_to_their_unsharded_tables() {
 
 /// Rollouts with known answers for the first `groups` train tasks, 3
 /// samples each: the expert plan, the plan with its second action id
-/// wrong, and the first action alone.
+/// wrong, and the first action alone; with values for GAE.
 fn fixture_rollouts(root: &Path, groups: usize) -> PathBuf {
     let tasks: Vec<TaskRow> = TableReader::open(&root.join("data/train/tasks"), TableName::Tasks)
         .unwrap()
@@ -292,12 +293,14 @@ fn fixture_rollouts(root: &Path, groups: usize) -> PathBuf {
             let prompt = encode(&format!("Task: {}\n", task.instruction));
             let response = encode(&answer.to_string());
             let logprobs = vec![-1.0; response.len()];
-            steps.push(StepRow::one_shot(
-                trajectory_id.clone(),
-                prompt,
-                response,
-                logprobs,
-            ));
+            // Values for GAE at both levels.
+            let value = 0.1 * sample as f32 - 0.05 * (trajectories.len() % 4) as f32;
+            let values = (0..response.len()).map(|k| value + 0.01 * (k % 7) as f32);
+            steps.push(StepRow {
+                old_value: Some(value),
+                old_values: Some(values.collect()),
+                ..StepRow::one_shot(trajectory_id.clone(), prompt, response, logprobs)
+            });
             trajectories.push(TrajectoryRow {
                 trajectory_id,
                 group_id,
@@ -379,6 +382,12 @@ fn offline_stages_merge_to_their_unsharded_tables() {
     let p = s(&init);
     for (name, sets, count) in [
         ("grpo", vec!["estimator=grpo"], 2),
+        ("gae", vec!["estimator=gae", "gae.level=token"], 3),
+        (
+            "gae-decision",
+            vec!["estimator=gae", "gae.level=decision"],
+            2,
+        ),
         (
             "rule",
             vec!["estimator=grpo_step", "step.kind=rule", "step.omega=0.5"],
