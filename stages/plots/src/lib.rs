@@ -34,6 +34,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{FontStyle, register_font};
 
 /// The family name the embedded font is registered under.
@@ -238,6 +239,39 @@ pub fn colour_bar<DB: DrawingBackend>(
         [(0.0, -scale), (1.0, scale)],
         BLACK.stroke_width(1),
     )))?;
+    Ok(())
+}
+
+/// Draws a token-position axis under a heatmap whose token `t` occupies
+/// columns `x0 + t * cell .. x0 + (t + 1) * cell`: a baseline at row `y`,
+/// ticks at round positions (at most about 12) with their numbers, and the
+/// label "response token position (tokens)" below.
+pub fn token_axis<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    (x0, y): (i32, i32),
+    cell: i32,
+    tokens: usize,
+) -> Result<()> {
+    let end = x0 + cell * tokens.max(1) as i32;
+    root.draw(&PathElement::new(vec![(x0, y), (end, y)], BLACK))?;
+    let step = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+        .into_iter()
+        .find(|s| tokens / s <= 12)
+        .unwrap_or(2000);
+    for t in (0..=tokens).step_by(step) {
+        let x = x0 + cell * t as i32;
+        root.draw(&PathElement::new(vec![(x, y), (x, y + 4)], BLACK))?;
+        root.draw(&Text::new(
+            t.to_string(),
+            (x, y + 6),
+            text(11).pos(Pos::new(HPos::Center, VPos::Top)),
+        ))?;
+    }
+    root.draw(&Text::new(
+        "response token position (tokens)",
+        ((x0 + end) / 2, y + 22),
+        text(13).pos(Pos::new(HPos::Center, VPos::Top)),
+    ))?;
     Ok(())
 }
 

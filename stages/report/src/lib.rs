@@ -17,9 +17,13 @@
 //!   variant's `diagnostics.json`, where the step alignment is known);
 //! - the A^S distribution on credited tokens of successful and failed
 //!   trajectories, and a PNG histogram of both (successful in blue, failed in
-//!   red, A^S from -1 to 1 left to right);
+//!   red, A^S from -1 to 1 left to right, each as a share of its own tokens);
 //! - a per-token heatmap of the first responses (the seeds' `*_total.png` /
-//!   `*_stepReward.png`): A and A^S per token, red positive, blue negative;
+//!   `*_stepReward.png`): A and A^S per token, red positive, blue negative,
+//!   each response named by trajectory id and step, a colour bar for each;
+//!
+//! every PNG with a title, axes labelled with units and a legend or colour
+//! bar, in the font [`embodyflow_plots`] embeds;
 //! - the settings it was computed with (estimator, rule match mode, credit
 //!   target, score source, omega, gate), so rule-mode and credit-target
 //!   ablations read as rows of one table;
@@ -360,6 +364,8 @@ pub fn credit_figures(advantages: LazyFrame, rewards: LazyFrame) -> Result<Credi
 /// advantage A of each token and, for grpo_step, its A^S.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeatmapRow {
+    /// The response's trajectory id and step, as the heatmap names it.
+    pub label: String,
     /// Whether the trajectory reached its goal.
     pub success: bool,
     /// A per token.
@@ -419,11 +425,27 @@ pub fn heatmap_rows(
     };
     let advantages = list_at("advantages")?;
     let step_adv = list_at("step_adv")?;
+    let ids = query(
+        "trajectory_id",
+        frame.column("trajectory_id").and_then(|c| c.str().cloned()),
+    )?;
+    let steps = query(
+        "step_index",
+        frame
+            .column("step_index")
+            .and_then(|c| c.cast(&DataType::Int64))
+            .and_then(|c| c.i64().cloned()),
+    )?;
     Ok(advantages
         .into_iter()
         .zip(step_adv)
         .enumerate()
         .map(|(i, (advantages, step_adv))| HeatmapRow {
+            label: format!(
+                "{} s{}",
+                ids.get(i).unwrap_or("?"),
+                steps.get(i).unwrap_or(0)
+            ),
             success: success.get(i).unwrap_or(false),
             advantages: advantages.unwrap_or_default(),
             step_adv,
@@ -431,73 +453,107 @@ pub fn heatmap_rows(
         .collect())
 }
 
-/// Red for positive, blue for negative, white for zero (the seeds' `RdBu_r`
-/// centred at 0), `value` scaled by `scale`.
-fn diverging(value: f32, scale: f32) -> plotters::style::RGBColor {
-    let t = if scale > 0.0 {
-        (value / scale).clamp(-1.0, 1.0)
-    } else {
-        0.0
-    };
-    let fade = |t: f32| (255.0 * (1.0 - t.abs())) as u8;
-    if t >= 0.0 {
-        plotters::style::RGBColor(255, fade(t), fade(t))
-    } else {
-        plotters::style::RGBColor(fade(t), fade(t), 255)
-    }
-}
-
-/// Per-token heatmap: one band per response, its tokens left to right
-/// (`CELL` pixels each); the band's upper row is A (scaled to the largest
-/// |A| of the picture), the lower row A^S (scaled to 1); a strip at the left
-/// is green for a successful trajectory, grey for a failed one.
+/// Per-token heatmap, one band per response (named at the left by
+/// trajectory id and step, with a strip green for a successful trajectory,
+/// grey for a failed one), its tokens left to right (`CELL` pixels each,
+/// positions numbered on the axis below): the band's upper row is A (scaled
+/// to the largest |A| of the picture), the lower row A^S (scaled to 1); a
+/// colour bar for each at the right.
 pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
+    use embodyflow_plots::{canvas, colour_bar, diverging, swatch, text, token_axis};
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     const CELL: i32 = 4;
-    const ROW: i32 = 8;
+    const ROW: i32 = 12;
     const STRIP: i32 = 8;
-    let fail = |e: &dyn std::fmt::Display| ReportError::Write {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
-    let longest = rows.iter().map(|r| r.advantages.len()).max().unwrap_or(0) as i32;
+    const LEFT: i32 = 190;
+    const TOP: i32 = 60;
+    const BARS: i32 = 220;
+    let longest = rows.iter().map(|r| r.advantages.len()).max().unwrap_or(0);
     let scale = rows
         .iter()
         .flat_map(|r| r.advantages.iter())
         .fold(0.0f32, |m, v| m.max(v.abs()));
-    let band = 2 * ROW + 4;
-    let width = (STRIP + 4 + longest.max(1) * CELL) as u32;
-    let height = (rows.len().max(1) as i32 * band) as u32;
-    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    for (i, row) in rows.iter().enumerate() {
-        let top = i as i32 * band;
-        let outcome = if row.success {
-            RGBColor(40, 160, 60)
-        } else {
-            RGBColor(150, 150, 150)
-        };
-        root.draw(&Rectangle::new(
-            [(0, top), (STRIP, top + 2 * ROW)],
-            outcome.filled(),
-        ))
-        .map_err(|e| fail(&e))?;
-        let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
-        for (line, (values, line_scale)) in lines.into_iter().enumerate() {
-            let Some(values) = values else { continue };
-            let y = top + line as i32 * ROW;
-            for (t, &value) in values.iter().enumerate() {
-                let x = STRIP + 4 + t as i32 * CELL;
-                root.draw(&Rectangle::new(
-                    [(x, y), (x + CELL, y + ROW)],
-                    diverging(value, line_scale).filled(),
-                ))
-                .map_err(|e| fail(&e))?;
+    let band = 2 * ROW + 6;
+    let body = rows.len().max(1) as i32 * band;
+    let width = (LEFT + longest.max(40) as i32 * CELL + BARS) as u32;
+    let height = (TOP + body.max(260) + 60) as u32;
+    let draw = || -> std::result::Result<(), embodyflow_plots::PlotError> {
+        let root = canvas(path, (width, height))?;
+        root.draw(&Text::new(
+            format!("Per-token advantages of the first {} responses", rows.len()),
+            (width as i32 / 2, 8),
+            text(18).pos(Pos::new(HPos::Center, VPos::Top)),
+        ))?;
+        let key = [
+            (RGBColor(40, 160, 60), "successful trajectory"),
+            (RGBColor(150, 150, 150), "failed trajectory"),
+        ];
+        for (k, (colour, name)) in key.into_iter().enumerate() {
+            let x = 10 + k as i32 * 190;
+            root.draw(&swatch(colour)((x, 40)))?;
+            root.draw(&Text::new(
+                name,
+                (x + 16, 40),
+                text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+            ))?;
+        }
+        root.draw(&Text::new(
+            "rows: A (upper), A^S (lower)",
+            (400, 40),
+            text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+        for (i, row) in rows.iter().enumerate() {
+            let top = TOP + i as i32 * band;
+            let outcome = if row.success { key[0].0 } else { key[1].0 };
+            let label: String = row.label.chars().take(24).collect();
+            root.draw(&Text::new(
+                label,
+                (LEFT - STRIP - 40, top + ROW),
+                text(11).pos(Pos::new(HPos::Right, VPos::Center)),
+            ))?;
+            for (line, name) in ["A", "A^S"].into_iter().enumerate() {
+                root.draw(&Text::new(
+                    name,
+                    (LEFT - STRIP - 32, top + line as i32 * ROW + ROW / 2),
+                    text(10).pos(Pos::new(HPos::Left, VPos::Center)),
+                ))?;
+            }
+            root.draw(&Rectangle::new(
+                [(LEFT - STRIP - 4, top), (LEFT - 4, top + 2 * ROW)],
+                outcome.filled(),
+            ))?;
+            let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
+            for (line, (values, line_scale)) in lines.into_iter().enumerate() {
+                let Some(values) = values else { continue };
+                let y = top + line as i32 * ROW;
+                for (t, &value) in values.iter().enumerate() {
+                    let x = LEFT + t as i32 * CELL;
+                    root.draw(&Rectangle::new(
+                        [(x, y), (x + CELL, y + ROW)],
+                        diverging(f64::from(value), f64::from(line_scale)).filled(),
+                    ))?;
+                }
             }
         }
-    }
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+        token_axis(&root, (LEFT, TOP + body + 2), CELL, longest)?;
+        let bars_x = LEFT + longest.max(40) as i32 * CELL + 10;
+        let bar_h = body.max(260) as u32;
+        let a_bar = root
+            .clone()
+            .shrink((bars_x as u32, TOP as u32), (100, bar_h));
+        colour_bar(&a_bar, f64::from(scale), "A (advantage units)")?;
+        let s_bar = root
+            .clone()
+            .shrink((bars_x as u32 + 105, TOP as u32), (100, bar_h));
+        colour_bar(&s_bar, 1.0, "A^S (advantage units)")?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| ReportError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
 
 fn u64_at(frame: &DataFrame, name: &str) -> Result<u64> {
@@ -718,50 +774,74 @@ fn variant_settings(advantages: &TableReader, rewards: &TableReader) -> Result<S
     ))
 }
 
-/// Overlaid histograms of A^S in [-1, 1]: successful trajectories in blue,
-/// failed in red, each scaled to its own largest bin.
+/// Histograms of A^S on credited tokens in [-1, 1] (40 bins, values
+/// outside clamped to the end bins): successful trajectories in blue, failed
+/// in red side by side in each bin, each as the percentage of its own tokens
+/// so groups of different sizes compare; the legend gives each group's count.
 pub fn histogram_png(path: &Path, values: &(Vec<f32>, Vec<f32>)) -> Result<()> {
+    use embodyflow_plots::{Frame, PALETTE, canvas, legend, swatch, text};
     use plotters::prelude::*;
     const BINS: usize = 40;
-    let counts = |v: &[f32]| {
+    let shares = |v: &[f32]| {
         let mut bins = [0u64; BINS];
         for &x in v {
             let i = (((x.clamp(-1.0, 1.0) + 1.0) / 2.0) * BINS as f32) as usize;
             bins[i.min(BINS - 1)] += 1;
         }
-        bins
+        bins.map(|c| 100.0 * c as f64 / v.len().max(1) as f64)
     };
-    let fail = |e: &dyn std::fmt::Display| ReportError::Write {
+    let groups = [
+        (
+            shares(&values.0),
+            PALETTE[0],
+            "successful",
+            values.0.len(),
+            0.0,
+        ),
+        (shares(&values.1), PALETTE[1], "failed", values.1.len(), 0.5),
+    ];
+    let top = groups
+        .iter()
+        .flat_map(|g| g.0.iter().copied())
+        .fold(10.0, f64::max)
+        * 1.1;
+    let draw = || -> std::result::Result<(), embodyflow_plots::PlotError> {
+        let root = canvas(path, (640, 400))?;
+        let mut chart = Frame::new(
+            "A^S on credited tokens",
+            "A^S (advantage units)",
+            "share of the group's credited tokens (%)",
+        )
+        .ranges(-1.0..1.0, 0.0..top)
+        .draw(&root)?;
+        let width = 2.0 / BINS as f64;
+        for (bins, colour, name, n, offset) in &groups {
+            chart
+                .draw_series(bins.iter().enumerate().filter(|(_, s)| **s > 0.0).map(
+                    |(i, &share)| {
+                        let x = -1.0 + (i as f64 + offset) * width;
+                        Rectangle::new([(x, 0.0), (x + width / 2.0, share)], colour.filled())
+                    },
+                ))?
+                .label(format!("{name} trajectories ({n} tokens)"))
+                .legend(swatch(*colour));
+        }
+        chart.draw_series(LineSeries::new(vec![(0.0, 0.0), (0.0, top)], BLACK))?;
+        if values.0.is_empty() && values.1.is_empty() {
+            chart.draw_series(std::iter::once(Text::new(
+                "no credited tokens (A^S = 0 everywhere)",
+                (-0.6, top * 0.5),
+                text(16),
+            )))?;
+        }
+        legend(&mut chart)?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| ReportError::Write {
         path: path.to_path_buf(),
         reason: e.to_string(),
-    };
-    let root = BitMapBackend::new(path, (640, 320)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let (w, h) = (640i32, 320i32);
-    let bar = w / BINS as i32;
-    for (bins, colour, offset) in [
-        (counts(&values.0), BLUE.mix(0.6), 0),
-        (counts(&values.1), RED.mix(0.6), bar / 2),
-    ] {
-        let top = *bins.iter().max().unwrap_or(&0);
-        if top == 0 {
-            continue;
-        }
-        for (i, &count) in bins.iter().enumerate() {
-            let height = (count as f64 / top as f64 * (h - 20) as f64) as i32;
-            let x = i as i32 * bar + offset;
-            root.draw(&Rectangle::new(
-                [(x, h - height), (x + bar / 2, h)],
-                colour.filled(),
-            ))
-            .map_err(|e| fail(&e))?;
-        }
-    }
-    // The zero line.
-    root.draw(&PathElement::new(vec![(w / 2, 0), (w / 2, h)], BLACK))
-        .map_err(|e| fail(&e))?;
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    })
 }
 
 /// Builds the report's Markdown (and writes the PNGs into `out`).
@@ -1088,5 +1168,53 @@ mod tests {
         assert!((c.token[1] - 1.8027756).abs() < 1e-6, "{c:?}");
         assert_eq!((c.token[2], c.token[3]), (-2.0, 3.0));
         assert!((c.step_mean_std - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn histogram_has_a_title_axes_and_a_legend_and_says_when_empty() {
+        use embodyflow_plots::Png;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = embodyflow_plots::test_dir(tmp.path());
+        let some = dir.join("report-histogram.png");
+        let values = (vec![0.5, 0.6, 0.55, -0.1], vec![-0.5, -0.45, 0.1]);
+        histogram_png(&some, &values).unwrap();
+        let empty = dir.join("report-histogram-empty.png");
+        histogram_png(&empty, &(vec![], vec![])).unwrap();
+        let (some, empty) = (Png::read(&some).unwrap(), Png::read(&empty).unwrap());
+        for png in [&some, &empty] {
+            assert_eq!((png.width, png.height), (640, 400));
+            assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+            assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
+            assert!(png.dark_in(250..400, 370..400) > 30, "no x axis label");
+            // The legend box, upper left of the plot.
+            assert!(png.dark_in(70..300, 35..90) > 100, "no legend");
+        }
+        assert!(some.colours() > empty.colours());
+        let middle = |png: &Png| png.dark_in(150..500, 150..250);
+        assert!(middle(&empty) > middle(&some) + 50, "no note");
+    }
+
+    #[test]
+    fn heatmap_names_its_rows_numbers_its_tokens_and_has_colour_bars() {
+        use embodyflow_plots::Png;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = embodyflow_plots::test_dir(tmp.path()).join("report-heatmap.png");
+        let rows: Vec<HeatmapRow> = (0..3)
+            .map(|i| HeatmapRow {
+                label: format!("traj-{i}"),
+                success: i == 0,
+                advantages: (0..60).map(|t| (t as f32 - 30.0) / 30.0).collect(),
+                step_adv: (i != 2).then(|| (0..60).map(|t| (t % 7) as f32 / 7.0 - 0.5).collect()),
+            })
+            .collect();
+        heatmap_png(&path, &rows).unwrap();
+        let png = Png::read(&path).unwrap();
+        // LEFT + 60 tokens of 4 px + two colour bars; title, 3 bands, axis.
+        assert_eq!((png.width, png.height), (190 + 240 + 220, 60 + 260 + 60));
+        assert!(png.colours() > 50, "{} colours", png.colours());
+        assert!(png.dark_in(100..550, 0..30) > 50, "no title");
+        assert!(png.dark_in(0..150, 60..150) > 30, "no row names");
+        assert!(png.dark_in(190..430, 152..200) > 30, "no token axis");
+        assert!(png.dark_in(440..650, 60..320) > 60, "no colour bars");
     }
 }
