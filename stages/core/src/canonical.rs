@@ -246,7 +246,7 @@ impl Sorter {
             sources.push(Source::files(&format!("sorted run {i}"), vec![run.clone()]));
         }
         if let Some(rest) = rest {
-            sources.push(Source::batches("rows in memory", vec![Ok(rest)]));
+            sources.push(Source::from_batches("rows in memory", vec![Ok(rest)]));
         }
         merge_sorted(&self.order, sources, Ties::Keep, emit)?;
         spill.buffer.clear();
@@ -350,7 +350,7 @@ impl<'a> Source<'a> {
         }
     }
 
-    fn batches(name: &str, batches: Vec<Result<RecordBatch>>) -> Source<'a> {
+    fn from_batches(name: &str, batches: Vec<Result<RecordBatch>>) -> Source<'a> {
         Source::new(name, batches.into_iter())
     }
 
@@ -607,7 +607,7 @@ mod tests {
             Ok(eval_batch(&[("b", 0), ("d", 0), ("f", 1)])),
         ];
         let mut out = Vec::new();
-        let sources = vec![Source::batches("a", a), Source::batches("b", b)];
+        let sources = vec![Source::from_batches("a", a), Source::from_batches("b", b)];
         merge_sorted(&order, sources, Ties::Refuse, &mut |batch| {
             out.push(batch);
             Ok(())
@@ -617,8 +617,8 @@ mod tests {
         assert_eq!(keys, ["a", "b", "c", "d", "e", "f"]);
 
         let sources = vec![
-            Source::batches("part A", vec![Ok(eval_batch(&[("a", 0), ("b", 1)]))]),
-            Source::batches("part B", vec![Ok(eval_batch(&[("b", 1)]))]),
+            Source::from_batches("part A", vec![Ok(eval_batch(&[("a", 0), ("b", 1)]))]),
+            Source::from_batches("part B", vec![Ok(eval_batch(&[("b", 1)]))]),
         ];
         let err = merge_sorted(&order, sources, Ties::Refuse, &mut |_| Ok(()))
             .unwrap_err()
@@ -627,7 +627,7 @@ mod tests {
             err.contains("task_id=b, run=1") && err.contains("part A") && err.contains("part B"),
             "{err}"
         );
-        let sources = vec![Source::batches(
+        let sources = vec![Source::from_batches(
             "part C",
             vec![Ok(eval_batch(&[("b", 0)])), Ok(eval_batch(&[("a", 0)]))],
         )];
@@ -644,8 +644,8 @@ mod tests {
     fn kept_ties_come_from_the_earlier_source_first() {
         let order = KeyOrder::new(TableName::Eval.def()).unwrap();
         let sources = vec![
-            Source::batches("0", vec![Ok(eval_batch(&[("a", 0), ("b", 0)]))]),
-            Source::batches("1", vec![Ok(eval_batch(&[("a", 0), ("b", 0), ("b", 0)]))]),
+            Source::from_batches("0", vec![Ok(eval_batch(&[("a", 0), ("b", 0)]))]),
+            Source::from_batches("1", vec![Ok(eval_batch(&[("a", 0), ("b", 0), ("b", 0)]))]),
         ];
         let mut out = Vec::new();
         merge_sorted(&order, sources, Ties::Keep, &mut |batch| {
