@@ -14,6 +14,26 @@
 //! p  <- p − (lr / (1 − β1^t)) · m / (sqrt(v) / sqrt(1 − β2^t) + eps)
 //! ```
 //!
+//! The `lr` of step `t` is the base rate times an [`LrSchedule`] factor of
+//! the steps taken before it (`s = t - 1`, the saved step count), the
+//! `LambdaLR` of transformers' `get_constant_schedule_with_warmup` /
+//! `get_cosine_schedule_with_warmup` and veRL's
+//! `verl/utils/torch_functional.py` (`warmup_style = constant | cosine`,
+//! `min_lr_ratio`, one half-cosine), which a trainer steps after each
+//! optimizer step, so the first step uses `factor(0)`:
+//!
+//! ```text
+//! warm-up (s < W):       factor = s / W
+//! linear_warmup (s ≥ W): factor = 1
+//! cosine (s ≥ W):        progress = min(1, (s − W) / max(1, N − W))
+//!                        factor   = m + (1 − m) · ½ (1 + cos(π · progress))
+//! ```
+//! (`W` warm-up steps, `N` total steps, `m` the minimum lr ratio). Past `N`
+//! the cosine stays at `m` (Megatron's rule; the references' formula would
+//! climb back up the next half-cosine). Because the position is the step
+//! count saved in `optimizer.json`, an RL run of many `update-policy` calls
+//! follows one schedule.
+//!
 //! The state is saved next to the weights as `optimizer.safetensors`
 //! (`exp_avg.<parameter>`, `exp_avg_sq.<parameter>`) and `optimizer.json`
 //! (step count and the objective it optimised); loading checks every moment
@@ -21,14 +41,16 @@
 //!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
-//! use embodyflow_models::optimizer::{AdamW, AdamWConfig, OptimizerState};
+//! use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
 //! let dir = std::path::Path::new("runs/it0/policy");
 //! let policy = Checkpoint::load(dir, tch::Device::Cpu).unwrap();
 //! let state = OptimizerState::load(dir, &policy.vars).unwrap();
-//! let mut adam = AdamW::new(AdamWConfig::default(), state.unwrap_or_else(|| OptimizerState::fresh("ppo")));
+//! let schedule = LrSchedule::Cosine { warmup_steps: 10, total_steps: 200, min_lr_ratio: 0.1 };
+//! let mut adam = AdamW::new(AdamWConfig::default(), state.unwrap_or_else(|| OptimizerState::fresh("ppo")))
+//!     .with_schedule(schedule);
 //! // ... loss.backward() ...
 //! let norm = adam.clip_grad_norm(&policy.vars, 1.0);
-//! adam.step(&policy.vars);
+//! let lr_used = adam.step(&policy.vars);
 //! ```
 
 use std::collections::BTreeMap;
@@ -63,6 +85,52 @@ impl Default for AdamWConfig {
             beta2: 0.999,
             weight_decay: 0.0,
             eps: 1e-8,
+        }
+    }
+}
+
+/// The learning-rate factor of each optimizer step (see the module docs for
+/// the formulas and the references they follow).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum LrSchedule {
+    /// The base rate at every step.
+    #[default]
+    Constant,
+    /// A linear ramp from 0 over `warmup_steps` steps, then the base rate.
+    LinearWarmup {
+        /// Steps of the ramp.
+        warmup_steps: u64,
+    },
+    /// The linear ramp, then a half-cosine from the base rate down to
+    /// `min_lr_ratio` times it at step `total_steps`, and that floor after.
+    Cosine {
+        /// Steps of the ramp.
+        warmup_steps: u64,
+        /// The step at which the cosine reaches its floor.
+        total_steps: u64,
+        /// The floor, as a fraction of the base rate.
+        min_lr_ratio: f64,
+    },
+}
+
+impl LrSchedule {
+    /// The factor of the base rate for the step taken after `steps` steps.
+    pub fn factor(&self, steps: u64) -> f64 {
+        let ramp =
+            |warmup_steps: u64| (steps < warmup_steps).then(|| steps as f64 / warmup_steps as f64);
+        match *self {
+            LrSchedule::Constant => 1.0,
+            LrSchedule::LinearWarmup { warmup_steps } => ramp(warmup_steps).unwrap_or(1.0),
+            LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_lr_ratio,
+            } => ramp(warmup_steps).unwrap_or_else(|| {
+                let span = total_steps.saturating_sub(warmup_steps).max(1) as f64;
+                let progress = ((steps - warmup_steps) as f64 / span).min(1.0);
+                min_lr_ratio
+                    + (1.0 - min_lr_ratio) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+            }),
         }
     }
 }
@@ -198,16 +266,32 @@ impl OptimizerState {
 
 /// AdamW over the trainable parameters of a `VarStore`, with explicit state.
 pub struct AdamW {
-    /// Hyper-parameters.
+    /// Hyper-parameters (`lr` is the base rate the schedule scales).
     pub config: AdamWConfig,
+    /// The learning-rate schedule, positioned by the state's step count.
+    pub schedule: LrSchedule,
     /// Moments and step count.
     pub state: OptimizerState,
 }
 
 impl AdamW {
-    /// An optimizer continuing from `state`.
+    /// An optimizer continuing from `state` at a constant rate.
     pub fn new(config: AdamWConfig, state: OptimizerState) -> AdamW {
-        AdamW { config, state }
+        AdamW {
+            config,
+            schedule: LrSchedule::Constant,
+            state,
+        }
+    }
+
+    /// The same optimizer following `schedule` from the state's step count.
+    pub fn with_schedule(self, schedule: LrSchedule) -> AdamW {
+        AdamW { schedule, ..self }
+    }
+
+    /// The learning rate the next [`AdamW::step`] uses.
+    pub fn lr(&self) -> f64 {
+        self.config.lr * self.schedule.factor(self.state.meta.steps)
     }
 
     /// Clears the gradients of every parameter.
@@ -243,14 +327,16 @@ impl AdamW {
         norm
     }
 
-    /// One AdamW step on every parameter that has a gradient.
-    pub fn step(&mut self, vars: &VarStore) {
+    /// One AdamW step on every parameter that has a gradient; returns the
+    /// learning rate it used.
+    pub fn step(&mut self, vars: &VarStore) -> f64 {
+        let lr = self.lr();
         let AdamWConfig {
-            lr,
             beta1,
             beta2,
             weight_decay,
             eps,
+            ..
         } = self.config;
         self.state.meta.steps += 1;
         let t = self.state.meta.steps as i32;
@@ -278,6 +364,7 @@ impl AdamW {
                 let _ = var.g_sub_(&(&*m / denominator * step_size));
             }
         });
+        lr
     }
 }
 
@@ -345,6 +432,99 @@ mod tests {
         let difference = max_difference(&ours_vars, &torch_vars);
         assert!(difference < 1e-6, "max |ours - torch| = {difference}");
         assert_eq!(ours.state.meta.steps, 6);
+    }
+
+    /// veRL's `get_cosine_schedule_with_warmup` lambda (transformers' with
+    /// `min_lr_ratio = 0`), written as the reference writes it.
+    fn verl_cosine(step: u64, warmup: u64, total: u64, min_lr_ratio: f64) -> f64 {
+        if step < warmup {
+            return step as f64 / warmup.max(1) as f64;
+        }
+        let progress = (step - warmup) as f64 / total.saturating_sub(warmup).max(1) as f64;
+        let x = (std::f64::consts::PI * 0.5 * 2.0 * progress).cos();
+        let (coef, intercept) = ((1.0 - min_lr_ratio) * 0.5, (1.0 + min_lr_ratio) * 0.5);
+        (x * coef + intercept).max(0.0)
+    }
+
+    #[test]
+    fn schedules_follow_the_reference_formulas() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        for step in [0, 1, 7, 1_000_000] {
+            assert_eq!(LrSchedule::Constant.factor(step), 1.0);
+        }
+        let warmup = LrSchedule::LinearWarmup { warmup_steps: 4 };
+        let ramp: Vec<f64> = (0..7).map(|s| warmup.factor(s)).collect();
+        assert_eq!(ramp, [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]);
+        for min_lr_ratio in [0.0, 0.1] {
+            let (w, n) = (10, 110);
+            let cosine = LrSchedule::Cosine {
+                warmup_steps: w,
+                total_steps: n,
+                min_lr_ratio,
+            };
+            for step in 0..=n {
+                let (ours, reference) =
+                    (cosine.factor(step), verl_cosine(step, w, n, min_lr_ratio));
+                assert!(close(ours, reference), "step {step}: {ours} vs {reference}");
+            }
+            assert!(close(cosine.factor(5), 0.5), "half the ramp");
+            assert!(close(cosine.factor(w), 1.0), "the top after the ramp");
+            assert!(
+                close(cosine.factor(60), (1.0 + min_lr_ratio) / 2.0),
+                "the midpoint"
+            );
+            assert!(close(cosine.factor(n), min_lr_ratio), "the end");
+            // Past the end the floor holds (the reference formula climbs back up).
+            assert!(close(cosine.factor(n + 50), min_lr_ratio));
+            assert!(verl_cosine(n + 50, w, n, min_lr_ratio) > min_lr_ratio + 0.4);
+        }
+    }
+
+    #[test]
+    fn a_scheduled_step_matches_torch_adamw_at_that_lr() {
+        let (ours_vars, ours_layer, torch_vars, torch_layer) = twin_models();
+        let config = AdamWConfig {
+            lr: 0.05,
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        };
+        let (w, n, m) = (2, 5, 0.2);
+        let schedule = LrSchedule::Cosine {
+            warmup_steps: w,
+            total_steps: n,
+            min_lr_ratio: m,
+        };
+        let mut ours = AdamW::new(config, OptimizerState::fresh("sft")).with_schedule(schedule);
+        let mut torch = tch::nn::AdamW {
+            beta1: config.beta1,
+            beta2: config.beta2,
+            wd: config.weight_decay,
+            eps: config.eps,
+            amsgrad: false,
+        }
+        .build(&torch_vars, config.lr)
+        .unwrap();
+        let mut used = Vec::new();
+        for step in 0..7 {
+            // Step 6 is past the end: the floor, the reference's value at step n.
+            let lr = config.lr * verl_cosine(step.min(n), w, n, m);
+            let announced = ours.lr();
+            ours.zero_grad(&ours_vars);
+            backward(&ours_layer, step as i64);
+            used.push(ours.step(&ours_vars));
+            assert_eq!(
+                announced, used[step as usize],
+                "lr() names the next step's rate"
+            );
+            torch.set_lr(lr);
+            torch.zero_grad();
+            backward(&torch_layer, step as i64);
+            torch.step();
+            assert!((used[step as usize] - lr).abs() < 1e-15, "step {step}");
+        }
+        assert_eq!(used[0], 0.0, "the first warm-up step, as in the references");
+        let difference = max_difference(&ours_vars, &torch_vars);
+        assert!(difference < 1e-6, "max |ours - torch| = {difference}");
     }
 
     #[test]
