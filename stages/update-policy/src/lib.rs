@@ -16,11 +16,21 @@
 //!   reference checkpoint (`kl_reference`, with `ppo.kl_coef > 0`).
 //!
 //! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
-//! mini-batches of `mini_batch` sequences, one AdamW step each, accumulated
-//! over micro-batches of `micro_batch` sequences, with the gradient norm
-//! clipped to `optim.grad_clip`. The AdamW state is saved with the next
+//! mini-batches of `mini_batch` sequences; `grad_accumulation = k`
+//! consecutive mini-batches make one AdamW step (the last step of an epoch
+//! takes what is left), their gradients accumulated over micro-batches of
+//! `micro_batch` sequences, with the gradient norm clipped to
+//! `optim.grad_clip`. Every micro-batch's loss is aggregated with the
+//! denominators of the whole step (its response tokens for `token-mean`,
+//! its sequences for the `seq-mean-*` modes: [`loss::Denominators`]), so
+//! the summed gradient is that of the step's k mini-batches in one piece.
+//! The learning rate follows `optim.schedule` ([`LrSchedule`]: constant,
+//! linear warm-up or warm-up and cosine) at the position of the optimizer's
+//! step count; the AdamW state, step count included, is saved with the next
 //! checkpoint and resumed by the next call on the same objective
-//! (`optim.resume`), so an RL loop of many calls optimises like one trainer.
+//! (`optim.resume`), so an RL loop of many calls optimises, and follows its
+//! schedule, like one trainer. The `lr` column of `metrics` is the rate each
+//! step used.
 //!
 //! ```text
 //! update-policy --policy runs/it0/policy --input runs/it0/rollouts --input runs/it0/adv \
@@ -46,7 +56,7 @@ use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::optimizer::{AdamW, AdamWConfig, OptimizerState};
+use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
 use embodyflow_models::policy::score_responses;
 use embodyflow_models::tokenizer::encode;
 use rand::SeedableRng;
@@ -89,8 +99,17 @@ pub enum Objective {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimConfig {
-    /// Learning rate.
+    /// Learning rate (the base rate the schedule scales).
     pub lr: f64,
+    /// Learning-rate schedule over the optimizer's steps.
+    pub schedule: ScheduleKind,
+    /// Steps of the linear warm-up from 0 (`linear_warmup`, `cosine`).
+    pub warmup_steps: u64,
+    /// The step at which the cosine reaches its floor (`cosine`; counted
+    /// over the whole run: the step count carries over resumed calls).
+    pub total_steps: Option<u64>,
+    /// The cosine's floor as a fraction of `lr` (`cosine`).
+    pub min_lr_ratio: f64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
     /// Adam beta1.
@@ -104,6 +123,30 @@ pub struct OptimConfig {
     pub resume: bool,
 }
 
+/// `optim.schedule`: the shape of the learning rate over the optimizer's steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// `optim.lr` at every step.
+    #[default]
+    Constant,
+    /// A ramp from 0 over `optim.warmup_steps`, then `optim.lr`.
+    LinearWarmup,
+    /// The ramp, then a half-cosine down to `optim.min_lr_ratio · optim.lr` at `optim.total_steps`.
+    Cosine,
+}
+
+impl ScheduleKind {
+    /// The name config files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Constant => "constant",
+            ScheduleKind::LinearWarmup => "linear_warmup",
+            ScheduleKind::Cosine => "cosine",
+        }
+    }
+}
+
 impl Objective {
     /// The name config files use.
     pub fn name(self) -> &'static str {
@@ -115,6 +158,21 @@ impl Objective {
 }
 
 impl OptimConfig {
+    /// The schedule these settings describe (checked by `Config::validate`).
+    pub fn schedule(&self) -> LrSchedule {
+        match self.schedule {
+            ScheduleKind::Constant => LrSchedule::Constant,
+            ScheduleKind::LinearWarmup => LrSchedule::LinearWarmup {
+                warmup_steps: self.warmup_steps,
+            },
+            ScheduleKind::Cosine => LrSchedule::Cosine {
+                warmup_steps: self.warmup_steps,
+                total_steps: self.total_steps.unwrap_or(self.warmup_steps),
+                min_lr_ratio: self.min_lr_ratio,
+            },
+        }
+    }
+
     fn adamw(&self) -> AdamWConfig {
         AdamWConfig {
             lr: self.lr,
@@ -130,6 +188,10 @@ impl Default for OptimConfig {
     fn default() -> Self {
         OptimConfig {
             lr: 1e-4,
+            schedule: ScheduleKind::Constant,
+            warmup_steps: 0,
+            total_steps: None,
+            min_lr_ratio: 0.0,
             weight_decay: 0.0,
             beta1: 0.9,
             beta2: 0.999,
@@ -176,10 +238,13 @@ pub struct Config {
     pub iteration: i32,
     /// Passes over the examples.
     pub epochs: usize,
-    /// Sequences per optimizer step.
+    /// Sequences per mini-batch.
     pub mini_batch: usize,
     /// Sequences per forward/backward pass (gradients accumulate up to `mini_batch`).
     pub micro_batch: usize,
+    /// Mini-batches per optimizer step (their gradients accumulate, the loss
+    /// normalised over all of them: one step on their union).
+    pub grad_accumulation: usize,
     /// Optimizer.
     pub optim: OptimConfig,
     /// Policy loss.
@@ -200,6 +265,7 @@ impl Default for Config {
             epochs: 1,
             mini_batch: 64,
             micro_batch: 16,
+            grad_accumulation: 1,
             optim: OptimConfig::default(),
             ppo: PpoConfig::default(),
             kl_reference: None,
@@ -219,8 +285,10 @@ impl StageConfig for Config {
         at_least("epochs", self.epochs, 1)?;
         at_least("mini_batch", self.mini_batch, 1)?;
         at_least("micro_batch", self.micro_batch, 1)?;
+        at_least("grad_accumulation", self.grad_accumulation, 1)?;
         let optim = &self.optim;
         positive("optim.lr", optim.lr)?;
+        validate_schedule(optim)?;
         non_negative("optim.weight_decay", optim.weight_decay)?;
         for (key, beta) in [("optim.beta1", optim.beta1), ("optim.beta2", optim.beta2)] {
             ensure((0.0..1.0).contains(&beta), key, "a number in [0, 1)", beta)?;
@@ -262,6 +330,56 @@ impl StageConfig for Config {
         }
         Ok(())
     }
+}
+
+/// The schedule keys agree with `optim.schedule`: a key the schedule does not
+/// read is refused rather than ignored.
+fn validate_schedule(optim: &OptimConfig) -> embodyflow_core::Result<()> {
+    let name = optim.schedule.name();
+    match optim.schedule {
+        ScheduleKind::Constant => ensure(
+            optim.warmup_steps == 0,
+            "optim.warmup_steps",
+            "0 with optim.schedule = constant (linear_warmup or cosine warm up)",
+            optim.warmup_steps,
+        )?,
+        ScheduleKind::LinearWarmup => at_least("optim.warmup_steps", optim.warmup_steps, 1)?,
+        ScheduleKind::Cosine => {}
+    }
+    if optim.schedule == ScheduleKind::Cosine {
+        let total = optim.total_steps.ok_or_else(|| Error::BadValue {
+            key: "optim.total_steps".into(),
+            reason: "optim.schedule = cosine needs the run's total optimizer steps".into(),
+        })?;
+        ensure(
+            total > optim.warmup_steps,
+            "optim.total_steps",
+            format!("more than optim.warmup_steps = {}", optim.warmup_steps),
+            total,
+        )?;
+        ensure(
+            (0.0..=1.0).contains(&optim.min_lr_ratio),
+            "optim.min_lr_ratio",
+            "a number in [0, 1]",
+            optim.min_lr_ratio,
+        )?;
+    } else {
+        if let Some(total) = optim.total_steps {
+            return Err(Error::BadValue {
+                key: "optim.total_steps".into(),
+                reason: format!(
+                    "only optim.schedule = cosine reads it; found {total} with optim.schedule = {name}"
+                ),
+            });
+        }
+        ensure(
+            optim.min_lr_ratio == 0.0,
+            "optim.min_lr_ratio",
+            format!("0 with optim.schedule = {name} (only cosine reads it)"),
+            optim.min_lr_ratio,
+        )?;
+    }
+    Ok(())
 }
 
 /// A finite number of at least 0 (a coefficient or clip that 0 turns off).
@@ -448,8 +566,11 @@ pub fn train(
     seed: u64,
     state: OptimizerState,
 ) -> Result<TrainReport, ModelError> {
-    if config.mini_batch == 0 || config.micro_batch == 0 {
-        return Err(Error::Usage("mini_batch and micro_batch must be at least 1".into()).into());
+    if config.mini_batch == 0 || config.micro_batch == 0 || config.grad_accumulation == 0 {
+        return Err(Error::Usage(
+            "mini_batch, micro_batch and grad_accumulation must be at least 1".into(),
+        )
+        .into());
     }
     let n_ctx = policy.model.config().n_ctx as usize;
     if let Some(long) = examples
@@ -465,31 +586,36 @@ pub fn train(
         .into());
     }
     let optim = &config.optim;
-    let mut optimizer = AdamW::new(optim.adamw(), state);
+    let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
     let device = policy.vars.device();
     let started = Instant::now();
     let mut metrics = Vec::new();
     let mut tokens = 0u64;
-    let steps_per_epoch = examples.len().div_ceil(config.mini_batch);
+    let per_step = config.mini_batch.saturating_mul(config.grad_accumulation);
+    let steps_per_epoch = examples.len().div_ceil(per_step);
     let bar = progress::bar((steps_per_epoch * config.epochs) as u64, "updating");
     for epoch in 0..config.epochs {
         let mut order: Vec<usize> = (0..examples.len()).collect();
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(
             seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         ));
-        for mini in order.chunks(config.mini_batch) {
+        // One optimizer step per `grad_accumulation` mini-batches.
+        for step in order.chunks(per_step) {
             let denominators = Denominators {
-                tokens: mini
+                tokens: step
                     .iter()
                     .map(|&i| examples[i].response.len())
                     .sum::<usize>()
                     .max(1) as f64,
-                sequences: mini.len() as f64,
+                sequences: step.len() as f64,
             };
             optimizer.zero_grad(&policy.vars);
             let (mut loss_sum, mut pg_sum, mut entropy_sum, mut kl_loss_sum) = (0.0, 0.0, 0.0, 0.0);
             let (mut clipped, mut clipped_lower, mut approx_kl) = (0.0, 0.0, 0.0);
-            for micro in mini.chunks(config.micro_batch) {
+            let micros = step
+                .chunks(config.mini_batch)
+                .flat_map(|mini| mini.chunks(config.micro_batch));
+            for micro in micros {
                 let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
                 let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
                 let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
@@ -539,7 +665,7 @@ pub fn train(
                         denominators,
                     );
                     kl_loss_sum += kl.double_value(&[]);
-                    loss = loss + kl * config.ppo.kl_coef;
+                    loss += kl * config.ppo.kl_coef;
                 }
                 loss.backward();
                 loss_sum += loss.double_value(&[]);
@@ -547,7 +673,7 @@ pub fn train(
                 tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
             }
             let grad_norm = optimizer.clip_grad_norm(&policy.vars, optim.grad_clip);
-            optimizer.step(&policy.vars);
+            let lr = optimizer.step(&policy.vars);
             policy.manifest.updates += 1;
             metrics.push(MetricRow {
                 iteration: config.iteration,
@@ -564,7 +690,7 @@ pub fn train(
                 end_loss: None,
                 value_loss: None,
                 grad_norm: grad_norm as f32,
-                lr: optim.lr as f32,
+                lr: lr as f32,
             });
             if !loss_sum.is_finite() {
                 return Err(ModelError::Torch(format!(
@@ -582,6 +708,27 @@ pub fn train(
         tokens,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The summary's line on the schedule: its name, the optimizer steps this
+/// call took (counted over the run) and the rates of its first and last step.
+fn schedule_note(optim: &OptimConfig, first_step: u64, metrics: &[MetricRow]) -> String {
+    let end = first_step + metrics.len() as u64;
+    let first = metrics.first().map_or(f32::NAN, |m| m.lr);
+    let last = metrics.last().map_or(f32::NAN, |m| m.lr);
+    let mut note = format!(
+        "{}, steps {} to {end} of the run, lr {first:.3e} -> {last:.3e}",
+        optim.schedule.name(),
+        first_step + 1
+    );
+    if let (ScheduleKind::Cosine, Some(total)) = (optim.schedule, optim.total_steps)
+        && end > total
+    {
+        note.push_str(&format!(
+            " (past optim.total_steps = {total}: held at the floor)"
+        ));
+    }
+    note
 }
 
 /// Fails on a token id outside the policy's vocabulary (an embedding lookup
@@ -673,6 +820,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         ),
     };
     let parent = policy.manifest.id.clone();
+    let first_step = state.meta.steps;
     let report = train(
         &mut policy,
         reference.as_ref(),
@@ -701,6 +849,10 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add("examples", examples.len())
         .add("optimizer steps", report.metrics.len())
         .add("optimizer", optimizer_note)
+        .add(
+            "lr schedule",
+            schedule_note(&config.optim, first_step, &report.metrics),
+        )
         .add("loss first -> last", format!("{first:.4} -> {last:.4}"))
         .add(
             "training throughput",
@@ -780,6 +932,23 @@ mod tests {
             ]),
             None
         );
+        assert_eq!(
+            problem_key(&[
+                "grad_accumulation=4",
+                "optim.schedule=linear_warmup",
+                "optim.warmup_steps=5",
+            ]),
+            None
+        );
+        assert_eq!(
+            problem_key(&[
+                "optim.schedule=cosine",
+                "optim.warmup_steps=10",
+                "optim.total_steps=200",
+                "optim.min_lr_ratio=0.1",
+            ]),
+            None
+        );
         for (sets, key) in [
             (&["objective=dpo"][..], "objective"),
             (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
@@ -789,6 +958,37 @@ mod tests {
             (&["epochs=0"], "epochs"),
             (&["mini_batch=0"], "mini_batch"),
             (&["micro_batch=0"], "micro_batch"),
+            (&["grad_accumulation=0"], "grad_accumulation"),
+            (&["optim.schedule=linear"], "optim.schedule"),
+            (&["optim.warmup_steps=10"], "optim.warmup_steps"),
+            (&["optim.total_steps=100"], "optim.total_steps"),
+            (&["optim.min_lr_ratio=0.1"], "optim.min_lr_ratio"),
+            (&["optim.schedule=linear_warmup"], "optim.warmup_steps"),
+            (
+                &[
+                    "optim.schedule=linear_warmup",
+                    "optim.warmup_steps=5",
+                    "optim.total_steps=100",
+                ],
+                "optim.total_steps",
+            ),
+            (&["optim.schedule=cosine"], "optim.total_steps"),
+            (
+                &[
+                    "optim.schedule=cosine",
+                    "optim.warmup_steps=10",
+                    "optim.total_steps=10",
+                ],
+                "optim.total_steps",
+            ),
+            (
+                &[
+                    "optim.schedule=cosine",
+                    "optim.total_steps=100",
+                    "optim.min_lr_ratio=1.5",
+                ],
+                "optim.min_lr_ratio",
+            ),
             (&["optim.lr=0"], "optim.lr"),
             (&["optim.weight_decay=-0.1"], "optim.weight_decay"),
             (&["optim.beta1=1"], "optim.beta1"),
@@ -953,5 +1153,201 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(error.contains("reference_plan"), "{error}");
+    }
+
+    /// SFT examples whose answers have `lengths` tokens (different lengths,
+    /// so a step's token count is not a multiple of its sequences).
+    fn sft_set(policy: &Checkpoint, lengths: &[usize]) -> Vec<Example> {
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut response: Vec<i32> =
+                    (0..n as i32 - 1).map(|t| 20 + 3 * t + i as i32).collect();
+                response.push(policy.special.eos);
+                Example {
+                    source: format!("example {i}"),
+                    prompt: vec![5 + i as i32, 6, policy.special.plan],
+                    response,
+                    old_logprobs: Vec::new(),
+                    advantages: Vec::new(),
+                    temperature: 1.0,
+                }
+            })
+            .collect()
+    }
+
+    fn max_weight_difference(a: &Checkpoint, b: &Checkpoint) -> f64 {
+        let b_vars = b.vars.variables();
+        a.vars
+            .variables()
+            .iter()
+            .map(|(name, t)| (t - &b_vars[name]).abs().max().double_value(&[]))
+            .fold(0.0, f64::max)
+    }
+
+    fn lrs(report: &TrainReport) -> Vec<f32> {
+        report.metrics.iter().map(|m| m.lr).collect()
+    }
+
+    /// `grad_accumulation = 2` over mini-batches of 2 is one step on their
+    /// union of 4: same losses, rates and weights, under both kinds of
+    /// normalisation. Both runs use micro-batches of 2, because Adam turns
+    /// float noise in gradients that are 0 in exact arithmetic (a key bias)
+    /// into steps of about `lr`; that a step's micro-batches sum to its loss
+    /// in one piece is `loss::tests::micro_batches_sum_to_the_whole`.
+    #[test]
+    fn accumulated_mini_batches_step_like_their_union() {
+        for loss_agg in [loss::LossAgg::TokenMean, loss::LossAgg::SeqMeanTokenMean] {
+            let config = |mini_batch, micro_batch, grad_accumulation| Config {
+                objective: Objective::Sft,
+                epochs: 2,
+                mini_batch,
+                micro_batch,
+                grad_accumulation,
+                optim: OptimConfig {
+                    lr: 1e-2,
+                    schedule: ScheduleKind::LinearWarmup,
+                    warmup_steps: 2,
+                    ..Default::default()
+                },
+                ppo: PpoConfig {
+                    loss_agg,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let initial = tiny_policy();
+            let examples = sft_set(&initial, &[2, 7, 3, 5, 4, 6]);
+            let mut accumulated = tiny_policy();
+            let a = train(
+                &mut accumulated,
+                None,
+                &examples,
+                &config(2, 2, 2),
+                11,
+                OptimizerState::fresh("sft"),
+            )
+            .unwrap();
+            let mut union = tiny_policy();
+            let b = train(
+                &mut union,
+                None,
+                &examples,
+                &config(4, 2, 1),
+                11,
+                OptimizerState::fresh("sft"),
+            )
+            .unwrap();
+            // 6 examples in steps of 4: a full step and the epoch's rest, twice.
+            assert_eq!((a.metrics.len(), b.metrics.len()), (4, 4));
+            assert_eq!(lrs(&a), [0.0, 5e-3, 1e-2, 1e-2]);
+            assert_eq!(lrs(&a), lrs(&b));
+            for (x, y) in a.metrics.iter().zip(&b.metrics) {
+                assert!(
+                    (x.loss - y.loss).abs() < 1e-5,
+                    "{loss_agg:?}: {} vs {}",
+                    x.loss,
+                    y.loss
+                );
+            }
+            let moved = max_weight_difference(&accumulated, &initial);
+            let difference = max_weight_difference(&accumulated, &union);
+            assert!(moved > 1e-3, "the steps move the weights ({moved})");
+            assert!(
+                difference < 1e-6,
+                "{loss_agg:?}: accumulated vs union weights differ by {difference}"
+            );
+            // The same mini-batches as separate steps are another run.
+            let mut separate = tiny_policy();
+            train(
+                &mut separate,
+                None,
+                &examples,
+                &config(2, 2, 1),
+                11,
+                OptimizerState::fresh("sft"),
+            )
+            .unwrap();
+            assert!(max_weight_difference(&separate, &union) > 1e-3);
+        }
+    }
+
+    /// Two calls through a checkpoint on disk (3 steps, then 5) follow the
+    /// schedule of one call of 8 steps: same rates, same weights.
+    #[test]
+    fn a_resumed_run_continues_the_schedule() {
+        let config = |epochs| Config {
+            objective: Objective::Sft,
+            epochs,
+            mini_batch: 1,
+            micro_batch: 1,
+            optim: OptimConfig {
+                lr: 1e-2,
+                schedule: ScheduleKind::Cosine,
+                warmup_steps: 2,
+                total_steps: Some(6),
+                min_lr_ratio: 0.1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut straight = tiny_policy();
+        let examples = sft_set(&straight, &[5]);
+        let whole = train(
+            &mut straight,
+            None,
+            &examples,
+            &config(8),
+            0,
+            OptimizerState::fresh("sft"),
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "embodyflow-update-policy-resume-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut first = tiny_policy();
+        let a = train(
+            &mut first,
+            None,
+            &examples,
+            &config(3),
+            0,
+            OptimizerState::fresh("sft"),
+        )
+        .unwrap();
+        first
+            .save(&dir.join("policy"), "update-policy", false)
+            .unwrap();
+        let mut second = Checkpoint::load(&dir.join("policy"), tch::Device::Cpu).unwrap();
+        let state = OptimizerState::load(&dir.join("policy"), &second.vars)
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.meta.steps, 3);
+        let b = train(&mut second, None, &examples, &config(5), 0, state).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!([lrs(&a), lrs(&b)].concat(), lrs(&whole));
+        // transformers' / veRL's lambda at steps 0..8 (the floor from step 6 on).
+        let expected: Vec<f32> = (0..8u32)
+            .map(|s| {
+                let factor = if s < 2 {
+                    f64::from(s) / 2.0
+                } else {
+                    let progress = (f64::from(s - 2) / 4.0).min(1.0);
+                    0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+                };
+                (1e-2 * factor) as f32
+            })
+            .collect();
+        assert_eq!(lrs(&whole), expected);
+        assert_eq!(max_weight_difference(&straight, &second), 0.0);
+        let note = schedule_note(&config(5).optim, 3, &b.metrics);
+        assert!(
+            note.starts_with("cosine, steps 4 to 8 of the run")
+                && note.ends_with("(past optim.total_steps = 6: held at the floor)"),
+            "{note}"
+        );
     }
 }
