@@ -131,7 +131,7 @@ fn a_wrong_schema_version_in_the_manifest() {
         &validate(&table),
         &[
             "`rewards`",
-            "`_manifest.json`",
+            "`_manifest.parquet`",
             "`schema_version`",
             "expected 1",
             "is 7",
@@ -291,7 +291,7 @@ fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
     manifest.shards.push(manifest.shards[0].clone());
     manifest.shards[1].rows = u64::MAX;
     manifest.num_rows = 0;
-    std::fs::write(table.join("_manifest.json"), manifest.to_json()).unwrap();
+    manifest.write(&table).unwrap();
     assert_rejected(&validate(&table), &["overflows"]);
 
     let other = tempfile::tempdir().unwrap();
@@ -306,8 +306,8 @@ fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
 fn a_directory_without_a_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let table = rewards_table(dir.path());
-    std::fs::remove_file(table.join("_manifest.json")).unwrap();
-    assert_rejected(&validate(&table), &["_manifest.json", "not a table"]);
+    std::fs::remove_file(table.join("_manifest.parquet")).unwrap();
+    assert_rejected(&validate(&table), &["_manifest.parquet", "not a table"]);
 }
 
 #[test]

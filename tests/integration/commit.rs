@@ -131,7 +131,7 @@ fn overwrite_killed_right_after_the_exchange_is_completed_by_the_next_writer() {
     let killed = import(&new, &out, &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
     assert_eq!(killed.code, -1, "{killed}");
     // The exchange is one step: the table was never absent.
-    assert!(out.join("eval/_manifest.json").exists());
+    assert!(out.join("eval/_manifest.parquet").exists());
     // A writer (not a reader) comes next: it settles the journal, removes the
     // old table left at the staged name, and replaces the table again.
     let third = dir.path().join("third.jsonl");
@@ -312,7 +312,7 @@ fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
     assert!(!out.join("tasks").exists());
     let rerun = run("generate-tasks", &args);
     assert_eq!(rerun.code, 0, "{rerun}");
-    assert!(out.join("tasks/_manifest.json").exists());
+    assert!(out.join("tasks/_manifest.parquet").exists());
     assert!(
         hidden_entries(&out).is_empty(),
         "{:?}",

@@ -11,3 +11,4 @@ mod runner;
 mod score_rewards;
 mod sharding;
 mod stage_spec;
+mod tools_open_tables;

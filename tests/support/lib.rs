@@ -100,7 +100,7 @@ pub fn reseal(table_dir: &Path, mut manifest: Manifest) {
     manifest.num_rows = manifest.shards.iter().map(|s| s.rows).sum();
     manifest.content_hash =
         Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
-    std::fs::write(table_dir.join("_manifest.json"), manifest.to_json()).unwrap();
+    manifest.write(table_dir).unwrap();
 }
 
 fn blake3_hex(bytes: &[u8]) -> String {

@@ -7,7 +7,7 @@
 //! 1. writes a **journal** `.commit-<pid>-<nanos>.json` (written under a
 //!    temporary name, fsynced, renamed: it exists only whole) that lists each
 //!    staged path, its target name and the BLAKE3 **digest** of the new
-//!    content (a table's `_manifest.json`, which holds every shard's hash; a
+//!    content (a table's `_manifest.parquet`, which holds every shard's hash; a
 //!    checkpoint's files; a summary file's bytes), holding an exclusive
 //!    `flock` on it for the whole commit;
 //! 2. swaps each staged path into place: `renameat2(RENAME_EXCHANGE)` where
@@ -45,7 +45,7 @@
 //! # use embodyflow_core::commit::{Commit, Digest};
 //! # fn demo(out: &std::path::Path, staged_table: &str, staged_summary: &str) -> embodyflow_core::Result<()> {
 //! let mut commit = Commit::new(out);
-//! commit.add(staged_table, "rewards", Digest::DirFile("_manifest.json"), false)?;
+//! commit.add(staged_table, "rewards", Digest::DirFile("_manifest.parquet"), false)?;
 //! commit.add(staged_summary, "_summary.score-rewards.md", Digest::File, true)?;
 //! commit.apply()?; // both in place, or neither
 //! # Ok(()) }
@@ -69,7 +69,7 @@ pub enum Digest {
     /// The entry is a file: its bytes.
     File,
     /// The entry is a directory identified by one file in it (a table's
-    /// `_manifest.json`, which lists every shard's hash).
+    /// `_manifest.parquet`, which lists every shard's hash).
     DirFile(&'static str),
     /// The entry is a directory: every file in it, by name and bytes.
     DirAll,

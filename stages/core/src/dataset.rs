@@ -1,5 +1,5 @@
 //! Shard datasets: every table is a directory of zstd Parquet shards plus a
-//! `_manifest.json` ([`crate::manifest`]).
+//! `_manifest.parquet` ([`crate::manifest`]).
 //!
 //! **Writing** is atomic. [`TableWriter`] writes its shards into a hidden
 //! sibling `.<table>.tmp-<pid>-<nanos>/`, hashing each shard's bytes as they
@@ -339,7 +339,11 @@ impl TableWriter {
     /// Closes the last shard and writes the manifest, everything fsynced,
     /// leaving the table staged under its hidden name for a [`Commit`]. An
     /// empty table gets one empty shard, so its schema is on disk.
-    pub fn finish_staged(mut self, producer: &Producer, inputs: &[InputRef]) -> Result<StagedTable> {
+    pub fn finish_staged(
+        mut self,
+        producer: &Producer,
+        inputs: &[InputRef],
+    ) -> Result<StagedTable> {
         if self.sorter.spilled() {
             // Rows came out of key order: rebuild the shards from every run.
             self.close_shard()?;
@@ -368,11 +372,7 @@ impl TableWriter {
             producer: producer.clone(),
             inputs: inputs.to_vec(),
         };
-        let manifest_path = self.tmp_dir.join(MANIFEST_FILE);
-        let mut file = File::create(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?;
-        file.write_all(manifest.to_json().as_bytes())
-            .and_then(|_| file.sync_all())
-            .map_err(|e| Error::io(&manifest_path, e))?;
+        manifest.write(&self.tmp_dir)?;
         sync_dir(&self.tmp_dir)?;
         self.finished = true;
         let out = self
@@ -387,7 +387,12 @@ impl TableWriter {
             .to_string_lossy()
             .into_owned();
         let mut commit = Commit::new(&out);
-        commit.add(&staged, self.table.as_str(), Digest::DirFile(MANIFEST_FILE), self.overwrite)?;
+        commit.add(
+            &staged,
+            self.table.as_str(),
+            Digest::DirFile(MANIFEST_FILE),
+            self.overwrite,
+        )?;
         Ok(StagedTable { manifest, commit })
     }
 

@@ -93,7 +93,7 @@ pub enum Error {
     SchemaVersion {
         /// Table name.
         table: String,
-        /// Shard file name, or `_manifest.json`.
+        /// Shard file name, or `_manifest.parquet`.
         shard: String,
         /// Version this build reads.
         expected: u32,

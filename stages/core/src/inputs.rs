@@ -1,7 +1,7 @@
 //! Finding tables among a stage's `--input` directories.
 //!
 //! Each `--input DIR` is either a table directory (it holds a
-//! `_manifest.json`) or a dataset directory whose subdirectories are tables;
+//! `_manifest.parquet`) or a dataset directory whose subdirectories are tables;
 //! a stage asks for tables by name and gets an error that lists what the
 //! inputs hold when one is missing or given twice. Hidden directories (a
 //! writer's unfinished `.<table>.tmp-…`) are never tables.
@@ -23,7 +23,7 @@ use embodyflow_schemas::TableName;
 
 use crate::dataset::TableReader;
 use crate::error::{Error, Result};
-use crate::manifest::{MANIFEST_FILE, Manifest};
+use crate::manifest::{Manifest, is_table_dir};
 
 /// The tables found in a stage's inputs.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +52,7 @@ impl Inputs {
                 crate::commit::settle(parent)?;
             }
             crate::commit::settle(dir)?;
-            if dir.join(MANIFEST_FILE).exists() {
+            if is_table_dir(dir) {
                 inputs.add(dir)?;
                 continue;
             }
@@ -69,7 +69,7 @@ impl Inputs {
                 .collect();
             entries.sort();
             for entry in entries {
-                if entry.join(MANIFEST_FILE).exists() {
+                if is_table_dir(&entry) {
                     inputs.add(&entry)?;
                 }
             }

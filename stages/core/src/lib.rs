@@ -5,7 +5,7 @@
 //! - [`canonical`]: rows in key order and whole row groups, so the same rows
 //!   give the same bytes (sharded runs merge to the unsharded table);
 //! - [`commit`]: a run's outputs swapped into place together, crash-safe;
-//! - [`manifest`]: `_manifest.json` with shard hashes, producer config and lineage;
+//! - [`manifest`]: `_manifest.parquet` (the manifest JSON in its metadata) with shard hashes, producer config and lineage;
 //! - [`inputs`]: finding tables by name among `--input` directories;
 //! - [`config`]: defaults, TOML file and `--set` overrides with checked keys;
 //! - [`cli`]: the uniform stage command line, exit codes and error reports;

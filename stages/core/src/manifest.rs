@@ -1,4 +1,4 @@
-//! `_manifest.json`: what a table directory holds and where it came from.
+//! `_manifest.parquet`: what a table directory holds and where it came from.
 //!
 //! A manifest lists the shards with their row counts, sizes and BLAKE3 content
 //! hashes (computed while writing, so hashing reads nothing twice), the
@@ -9,6 +9,17 @@
 //! runner keys its cache on (stage version, resolved config, input content
 //! hashes).
 //!
+//! **Where it lives.** The manifest is JSON, stored in the Parquet key-value
+//! metadata (key `embodyflow.manifest`) of `_manifest.parquet`: a zero-row
+//! Parquet file with the table's own schema. A table directory thus holds only
+//! Parquet files, so it opens directly as a dataset in polars
+//! (`pl.read_parquet(dir)`, which refuses directories holding other file
+//! types), pandas / pyarrow (which skip `_`-prefixed files) and duckdb
+//! (`read_parquet('dir/*.parquet')`, where the manifest adds no rows), while it
+//! is still written and swapped in with the shards, atomically. `table
+//! manifest DIR` prints the JSON. Tables written before this change, with a
+//! `_manifest.json` beside the shards, are still read.
+//!
 //! ```json
 //! { "format": "embodyflow.manifest/1", "table": "rewards", "schema_version": 1,
 //!   "num_rows": 4096, "content_hash": "4f1c…",
@@ -17,14 +28,31 @@
 //!   "inputs": [{ "table": "trajectories", "path": "runs/it0/rollouts/trajectories", "content_hash": "…" }] }
 //! ```
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use arrow::array::RecordBatch;
+use embodyflow_schemas::{META_TABLE, META_VERSION, TableName};
+use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
 /// File name of the manifest inside a table directory.
-pub const MANIFEST_FILE: &str = "_manifest.json";
+pub const MANIFEST_FILE: &str = "_manifest.parquet";
+/// File name of the manifest in tables written before it moved into Parquet
+/// metadata (still read).
+pub const LEGACY_MANIFEST_FILE: &str = "_manifest.json";
+/// Parquet key-value metadata key holding the manifest JSON.
+pub const META_MANIFEST: &str = "embodyflow.manifest";
+
+/// Whether `dir` is a table directory (it holds a manifest).
+pub fn is_table_dir(dir: &Path) -> bool {
+    dir.join(MANIFEST_FILE).is_file() || dir.join(LEGACY_MANIFEST_FILE).is_file()
+}
 /// Format tag of the manifests this build writes and reads.
 pub const MANIFEST_FORMAT: &str = "embodyflow.manifest/1";
 
@@ -99,22 +127,49 @@ impl Manifest {
         hasher.finalize().to_hex().to_string()
     }
 
-    /// Reads and checks the manifest of the table directory `dir`.
-    pub fn read(dir: &Path) -> Result<Manifest> {
-        let path = dir.join(MANIFEST_FILE);
+    /// Reads the manifest JSON of the table directory `dir`: from
+    /// `_manifest.parquet`'s metadata, or from a legacy `_manifest.json`.
+    fn read_text(dir: &Path) -> Result<String> {
         let bad = |reason: String| Error::BadManifest {
             dir: dir.to_path_buf(),
             reason,
         };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
+        let path = dir.join(MANIFEST_FILE);
+        let file = match File::open(&path) {
+            Ok(file) => file,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Err(bad(format!(
-                    "no {MANIFEST_FILE} (not a table, or its writer did not finish)"
-                )));
+                let legacy = dir.join(LEGACY_MANIFEST_FILE);
+                return match std::fs::read_to_string(&legacy) {
+                    Ok(text) => Ok(text),
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(bad(format!(
+                        "no {MANIFEST_FILE} (not a table, or its writer did not finish)"
+                    ))),
+                    Err(err) => Err(Error::io(legacy, err)),
+                };
             }
             Err(err) => return Err(Error::io(path, err)),
         };
+        let reader = SerializedFileReader::new(file).map_err(|e| {
+            bad(format!(
+                "{MANIFEST_FILE} is not a readable Parquet file: {e}"
+            ))
+        })?;
+        reader
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|kvs| kvs.iter().find(|kv| kv.key == META_MANIFEST))
+            .and_then(|kv| kv.value.clone())
+            .ok_or_else(|| bad(format!("{MANIFEST_FILE} has no `{META_MANIFEST}` metadata")))
+    }
+
+    /// Reads and checks the manifest of the table directory `dir`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let bad = |reason: String| Error::BadManifest {
+            dir: dir.to_path_buf(),
+            reason,
+        };
+        let text = Self::read_text(dir)?;
         let manifest: Manifest = serde_json::from_str(&text)
             .map_err(|e| bad(format!("{MANIFEST_FILE} is not a valid manifest: {e}")))?;
         if manifest.format != MANIFEST_FORMAT {
@@ -129,7 +184,11 @@ impl Manifest {
             .shards
             .iter()
             .try_fold(0u64, |sum, s| sum.checked_add(s.rows))
-            .ok_or_else(|| bad(format!("{MANIFEST_FILE} lists shard row counts whose sum overflows")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "{MANIFEST_FILE} lists shard row counts whose sum overflows"
+                ))
+            })?;
         if rows != manifest.num_rows {
             return Err(bad(format!(
                 "{MANIFEST_FILE} says {} rows but its shards add up to {rows}",
@@ -164,5 +223,44 @@ impl Manifest {
     /// Serialises the manifest (pretty JSON, stable field order).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a manifest always serialises") + "\n"
+    }
+
+    /// Writes `dir/_manifest.parquet` (zero rows, the table's schema, this
+    /// manifest in its metadata) and fsyncs it; replaces a legacy
+    /// `_manifest.json` there. Deterministic: the same manifest gives the
+    /// same bytes.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let table: TableName =
+            self.table
+                .parse()
+                .map_err(|e: embodyflow_schemas::UnknownTable| {
+                    Error::BadInput(format!("manifest of {}: {e}", dir.display()))
+                })?;
+        let def = table.def();
+        let path = dir.join(MANIFEST_FILE);
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![
+                KeyValue::new(META_TABLE.to_string(), def.name.clone()),
+                KeyValue::new(META_VERSION.to_string(), def.version.to_string()),
+                KeyValue::new(META_MANIFEST.to_string(), self.to_json()),
+            ]))
+            .build();
+        let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let write_error = |source| Error::ParquetWrite {
+            path: path.clone(),
+            source,
+        };
+        let mut writer =
+            ArrowWriter::try_new(file, def.arrow_schema(), Some(props)).map_err(write_error)?;
+        writer
+            .write(&RecordBatch::new_empty(def.arrow_schema()))
+            .map_err(write_error)?;
+        let file = writer.into_inner().map_err(write_error)?;
+        file.sync_all().map_err(|e| Error::io(&path, e))?;
+        let legacy = dir.join(LEGACY_MANIFEST_FILE);
+        if legacy.exists() {
+            std::fs::remove_file(&legacy).map_err(|e| Error::io(&legacy, e))?;
+        }
+        Ok(())
     }
 }

@@ -231,11 +231,33 @@ fn a_table_opened_under_the_wrong_name_is_rejected() {
     assert!(err.contains("`rewards`") && err.contains("`eval`"), "{err}");
 }
 
+/// Rewrites the table at `dir` the way tables were written before the
+/// manifest moved into Parquet: `_manifest.json` beside the shards.
+fn to_legacy_manifest(dir: &std::path::Path) -> std::path::PathBuf {
+    let manifest = embodyflow_core::manifest::Manifest::read(dir).unwrap();
+    let path = dir.join("_manifest.json");
+    std::fs::write(&path, manifest.to_json()).unwrap();
+    std::fs::remove_file(dir.join("_manifest.parquet")).unwrap();
+    path
+}
+
+#[test]
+fn a_table_with_a_legacy_json_manifest_is_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = EvalRow::examples();
+    write(dir.path(), &rows, WriteOptions::default());
+    let table = dir.path().join("eval");
+    to_legacy_manifest(&table);
+    let inputs = embodyflow_core::inputs::Inputs::resolve(&[dir.path().to_path_buf()]).unwrap();
+    let read: Vec<EvalRow> = inputs.table(TableName::Eval).unwrap().read_rows().unwrap();
+    assert_eq!(read, rows);
+}
+
 #[test]
 fn a_manifest_with_a_tampered_shard_list_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), &EvalRow::examples(), WriteOptions::default());
-    let path = dir.path().join("eval/_manifest.json");
+    let path = to_legacy_manifest(&dir.path().join("eval"));
     let text = std::fs::read_to_string(&path)
         .unwrap()
         .replace("\"rows\": 1", "\"rows\": 2")

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use embodyflow_core::manifest::{MANIFEST_FILE, Manifest};
+use embodyflow_core::manifest::{Manifest, is_table_dir};
 use embodyflow_core::spec;
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +36,7 @@ pub const STEP_FORMAT: &str = "embodyflow.step/1";
 
 /// What a path holds, for cache keys.
 pub fn identity(path: &Path) -> Result<String> {
-    if path.join(MANIFEST_FILE).is_file() {
+    if is_table_dir(path) {
         let m = Manifest::read(path)?;
         return Ok(format!("table {} {}", m.table, m.content_hash));
     }
@@ -77,7 +77,7 @@ pub fn tables_in(dir: &Path) -> Result<BTreeMap<String, String>> {
     for entry in entries.flatten() {
         let path = entry.path();
         let hidden = entry.file_name().to_string_lossy().starts_with('.');
-        if !hidden && path.join(MANIFEST_FILE).is_file() {
+        if !hidden && is_table_dir(&path) {
             let m = Manifest::read(&path)?;
             tables.insert(m.table, m.content_hash);
         }
@@ -164,7 +164,7 @@ pub fn outputs_of(instance: &Instance) -> Result<Vec<Output>> {
     for output in instance.stage.writes {
         let path = instance.dir.join(output.path());
         let present = match output {
-            spec::Output::Table(_) => path.join(MANIFEST_FILE).is_file(),
+            spec::Output::Table(_) => is_table_dir(&path),
             spec::Output::Checkpoint(_) => path.join("manifest.json").is_file(),
             spec::Output::File(_) => false,
         };

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use embodyflow_core::config::ConfigReport;
-use embodyflow_core::manifest::{MANIFEST_FILE, Manifest};
+use embodyflow_core::manifest::{Manifest, is_table_dir};
 use embodyflow_core::schemas::TableName;
 use rayon::prelude::*;
 
@@ -141,7 +141,7 @@ fn tables_of(plan: &Plan, instance: &Instance, input: &Path) -> Option<Vec<Table
             return producer.stage.writes_table(table).then(|| vec![table]);
         }
     }
-    if input.join(MANIFEST_FILE).is_file() {
+    if is_table_dir(input) {
         return Some(vec![Manifest::read(input).ok()?.table.parse().ok()?]);
     }
     let tables = crate::cache::tables_in(input).ok()?;

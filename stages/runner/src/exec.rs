@@ -220,9 +220,7 @@ fn missing_output(instance: &Instance, out: &Path) -> Option<PathBuf> {
     instance.stage.writes.iter().find_map(|output| {
         let path = out.join(output.path());
         let present = match output {
-            Output::Table(_) => path
-                .join(embodyflow_core::manifest::MANIFEST_FILE)
-                .is_file(),
+            Output::Table(_) => embodyflow_core::manifest::is_table_dir(&path),
             Output::Checkpoint(_) => path.join("manifest.json").is_file(),
             Output::File(_) => path.is_file(),
         };

@@ -5,6 +5,7 @@
 //! table import --table NAME --from F.jsonl --out DIR [--overwrite]
 //!                                              JSON lines (one row each) -> a table
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
+//! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
 //! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
 //! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
 //! ```
@@ -34,7 +35,7 @@ use embodyflow_core::commit::Commit;
 use embodyflow_core::dataset::{
     TableReader, TableWriter, WriteOptions, batch_to_rows, stage_merged_table,
 };
-use embodyflow_core::manifest::{MANIFEST_FILE, Manifest, Producer};
+use embodyflow_core::manifest::{MANIFEST_FILE, Manifest, Producer, is_table_dir};
 use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_type};
 use embodyflow_core::{Error, Result, progress};
 
@@ -101,6 +102,11 @@ enum Command {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Print a table's manifest (shards, hashes, producer, lineage) as JSON.
+    Manifest {
+        /// Table directory.
+        dir: PathBuf,
+    },
     /// Decode every shard of each table and check it against the schema.
     Validate {
         /// Table directories.
@@ -158,6 +164,10 @@ pub fn run(args: Args) -> Result<()> {
                 manifest.shards.len()
             )
             .map_err(write_err)?;
+        }
+        Command::Manifest { dir } => {
+            out.write_all(Manifest::read(&dir)?.to_json().as_bytes())
+                .map_err(write_err)?;
         }
         Command::Show {
             dir,
@@ -221,16 +231,15 @@ pub fn run(args: Args) -> Result<()> {
 /// Merges `parts` (table directories, or output directories of tables) into
 /// `out`, every table committed together.
 fn merge(out: &Path, parts: &[PathBuf], overwrite: bool) -> Result<Vec<Manifest>> {
-    let is_table = |dir: &Path| dir.join(MANIFEST_FILE).is_file();
-    let groups: Vec<Vec<PathBuf>> = if parts.iter().all(|p| is_table(p)) {
+    let groups: Vec<Vec<PathBuf>> = if parts.iter().all(|p| is_table_dir(p)) {
         vec![parts.to_vec()]
-    } else if let Some(table) = parts.iter().find(|p| is_table(p)) {
+    } else if let Some(table) = parts.iter().find(|p| is_table_dir(p)) {
         return Err(Error::Usage(format!(
             "table merge: {} is a table and {} is not; give table directories or output directories, not both",
             table.display(),
             parts
                 .iter()
-                .find(|p| !is_table(p))
+                .find(|p| !is_table_dir(p))
                 .expect("one is not")
                 .display()
         )));
@@ -282,7 +291,7 @@ fn tables_in(dir: &Path) -> Result<Vec<String>> {
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with('.') && entry.path().join(MANIFEST_FILE).is_file() {
+        if !name.starts_with('.') && is_table_dir(&entry.path()) {
             names.push(name);
         }
     }
