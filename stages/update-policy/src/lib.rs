@@ -1074,6 +1074,56 @@ mod tests {
         }
     }
 
+    /// The KL penalty to a reference that starts equal to the policy: 0 at
+    /// the first step, positive once the policy has moved, and in the loss.
+    #[test]
+    fn the_kl_penalty_grows_as_the_policy_leaves_the_reference() {
+        let mut policy = tiny_policy();
+        let reference = tiny_policy();
+        let prompt = vec![5, 6, 7, policy.special.plan];
+        let response = vec![9, 12, 15, policy.special.eos];
+        let old = tch::no_grad(|| score_responses(&policy, &[&prompt], &[&response], 1.0).logprobs);
+        let example = Example {
+            source: "test".into(),
+            old_logprobs: Vec::<f32>::try_from(old.view([-1])).unwrap(),
+            advantages: vec![1.0; response.len()],
+            prompt,
+            response,
+            temperature: 1.0,
+        };
+        let config = Config {
+            epochs: 3,
+            mini_batch: 1,
+            micro_batch: 1,
+            optim: OptimConfig {
+                lr: 1e-2,
+                ..Default::default()
+            },
+            ppo: PpoConfig {
+                kl_coef: 0.5,
+                ..Default::default()
+            },
+            kl_reference: Some(PathBuf::from("unused: the reference is passed in")),
+            ..Default::default()
+        };
+        let report = train(
+            &mut policy,
+            Some(&reference),
+            &[example],
+            &config,
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .unwrap();
+        let kl: Vec<f32> = report.metrics.iter().map(|m| m.kl_loss.unwrap()).collect();
+        assert!(kl[0].abs() < 1e-6 && kl[2] > 1e-6, "{kl:?}");
+        let last = &report.metrics[2];
+        assert!(
+            (last.loss - (last.pg_loss + 0.5 * last.kl_loss.unwrap())).abs() < 1e-5,
+            "{last:?}"
+        );
+    }
+
     /// SFT raises the log-probability of the expert answer.
     #[test]
     fn sft_learns_the_answer() {
