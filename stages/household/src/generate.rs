@@ -114,7 +114,7 @@ pub fn run(args: Args) -> Result<()> {
     for (name, n) in by_type {
         summary.add(name, n);
     }
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 

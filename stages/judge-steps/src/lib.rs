@@ -148,7 +148,7 @@ pub fn run(args: Args) -> Result<()> {
             ),
         );
     }
-    stage.write_summary(&summary)?;
+    stage.commit(&summary)?;
     Ok(())
 }
 
