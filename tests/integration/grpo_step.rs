@@ -615,9 +615,21 @@ fn heatmaps_are_drawn_for_responses_with_step_advantages() {
     assert_eq!(result.code, 0, "{result}");
     let index = std::fs::read_to_string(out.join("heatmaps/index.md")).unwrap();
     for i in 0..3 {
-        let png = std::fs::read(out.join(format!("heatmaps/{i:03}.png"))).unwrap();
+        let path = out.join(format!("heatmaps/{i:03}.png"));
+        let png = std::fs::read(&path).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // The height with the strip of token text the policy's tokenizer
+        // decoded: title 56, tokens 84, panels 92, line plot 240, margin 10.
+        let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+        assert_eq!(height, 56 + 84 + 92 + 240 + 10);
         assert!(index.contains(&format!("{i:03}.png")));
+        if let Some(dir) = std::env::var_os("EMBODYFLOW_PLOT_DIR") {
+            std::fs::copy(
+                &path,
+                std::path::Path::new(&dir).join(format!("stage-heatmap-{i}.png")),
+            )
+            .unwrap();
+        }
     }
     // Responses with a non-zero A^S come first: not the broken s3.
     assert!(

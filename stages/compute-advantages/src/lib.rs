@@ -176,7 +176,7 @@ pub fn run(args: Args) -> Result<()> {
     let diagnostics = Diagnostics::new(name, &episodes, &groups, &stats, step);
     stage_file(&stage, DIAGNOSTICS_FILE, diagnostics.to_json().as_bytes())?;
     if args.heatmaps.is_some() {
-        stage_heatmaps(&stage, &heatmap_rows)?;
+        stage_heatmaps(&stage, &steps, args.policy.as_deref(), &heatmap_rows)?;
     }
     stage.commit(&diagnostics.summary(stage.args.shard))?;
     Ok(())
@@ -185,11 +185,33 @@ pub fn run(args: Args) -> Result<()> {
 /// The directory `--heatmaps` draws into.
 const HEATMAPS: &str = "heatmaps";
 
-/// Draws `rows` into a staged directory, to be committed as `heatmaps/`.
-fn stage_heatmaps(stage: &Stage<Config>, rows: &[AdvantageRow]) -> Result<()> {
+/// Draws `rows` into a staged directory, to be committed as `heatmaps/`,
+/// with each token's text when the policy's tokenizer is at hand
+/// (`step.tokenizer`, else `--policy`/tokenizer.json), its id otherwise.
+fn stage_heatmaps(
+    stage: &Stage<Config>,
+    steps: &TableReader,
+    policy: Option<&Path>,
+    rows: &[AdvantageRow],
+) -> Result<()> {
     let staged = commit::staging_name(HEATMAPS);
     let dir = stage.args.out.join(&staged);
-    let drawn = heatmap::render_rows(rows, &dir)?;
+    let tokenizer = match (&stage.config.step.tokenizer, policy) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(policy)) => Some(policy.join("tokenizer.json")),
+        (None, None) => None,
+    }
+    .map(|path| {
+        tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", path.display())))
+    })
+    .transpose()?;
+    let ids = heatmap::response_ids(steps, rows, stage.config.batch_rows)?;
+    let tokens: Vec<Option<Vec<String>>> = ids
+        .iter()
+        .map(|ids| Some(heatmap::token_texts(ids, tokenizer.as_ref())))
+        .collect();
+    let drawn = heatmap::render_rows(rows, &tokens, &dir)?;
     sync_files(&dir)?;
     stage.stage_output(&staged, HEATMAPS, Digest::DirAll)?;
     tracing::info!(drawn, dir = %stage.args.out.join(HEATMAPS).display(), "heatmaps");

@@ -223,7 +223,7 @@ pub fn colour_bar<DB: DrawingBackend>(
         .disable_x_axis()
         .y_labels(5)
         .y_desc(label)
-        .label_style(text(11))
+        .label_style(text(12))
         .axis_desc_style(text(12))
         .draw()?;
     const STEPS: usize = 64;
@@ -264,7 +264,7 @@ pub fn token_axis<DB: DrawingBackend>(
         root.draw(&Text::new(
             t.to_string(),
             (x, y + 6),
-            text(11).pos(Pos::new(HPos::Center, VPos::Top)),
+            text(12).pos(Pos::new(HPos::Center, VPos::Top)),
         ))?;
     }
     root.draw(&Text::new(
