@@ -1055,7 +1055,7 @@ mod tests {
             let report = train(
                 &mut policy,
                 None,
-                &[example.clone()],
+                std::slice::from_ref(&example),
                 &config,
                 0,
                 OptimizerState::fresh("ppo"),
@@ -1151,7 +1151,7 @@ mod tests {
         train(
             &mut policy,
             None,
-            &[example.clone()],
+            std::slice::from_ref(&example),
             &config,
             0,
             OptimizerState::fresh("sft"),
