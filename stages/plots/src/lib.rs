@@ -103,6 +103,9 @@ pub fn title<DB: DrawingBackend>(
     Ok(area.titled(title, text(18))?)
 }
 
+/// Names an x tick from its position.
+pub type TickName<'a> = &'a dyn Fn(&f64) -> String;
+
 /// A 2-D chart over f64 ranges: title, both axes labelled (the labels carry
 /// the units), tick numbers and a light grid.
 pub struct Frame<'a> {
@@ -111,7 +114,7 @@ pub struct Frame<'a> {
     y_label: &'a str,
     x: Range<f64>,
     y: Range<f64>,
-    x_ticks: Option<(usize, &'a dyn Fn(&f64) -> String)>,
+    x_ticks: Option<(usize, TickName<'a>)>,
 }
 
 impl<'a> Frame<'a> {
@@ -135,7 +138,7 @@ impl<'a> Frame<'a> {
     }
 
     /// `count` x ticks named by `name` (e.g. categories at integer positions).
-    pub fn x_ticks(mut self, count: usize, name: &'a dyn Fn(&f64) -> String) -> Frame<'a> {
+    pub fn x_ticks(mut self, count: usize, name: TickName<'a>) -> Frame<'a> {
         self.x_ticks = Some((count, name));
         self
     }
