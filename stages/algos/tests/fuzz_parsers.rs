@@ -260,6 +260,27 @@ fn check_plan(text: &str, plan: &Plan) {
     }
 }
 
+/// Seconds taken by `f`.
+fn timed<T>(f: impl FnOnce() -> T) -> f64 {
+    let start = Instant::now();
+    std::hint::black_box(f());
+    start.elapsed().as_secs_f64()
+}
+
+/// The calls timed as "extraction, matching and rewards", unchecked.
+fn parse_work(text: &str, gt: &[GtStep], actions: &ActionList) {
+    let plan = extract(text);
+    std::hint::black_box(extract_strict(text));
+    if let Some(plan) = &plan {
+        for mode in [MatchMode::Exact, MatchMode::Prefix, MatchMode::Lcs] {
+            std::hint::black_box(step_match(&plan.steps, gt, mode));
+        }
+    }
+    for tolerant in [false, true] {
+        std::hint::black_box(embodied_r1(text, gt, Some(actions), tolerant));
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     inputs: u64,
@@ -386,13 +407,30 @@ fn run(seed: u64, inputs: u64, big_one_in: usize) -> Tally {
             Ok((executions, alignments, align_seconds, parse_seconds)) => {
                 tally.executions += executions + alignments;
                 tally.alignments += alignments;
+                // A candidate for the worst is timed three more times and
+                // its fastest time kept, so that a pause of the machine is
+                // not taken for the cost of the input.
                 if text.len() >= 4096 {
                     let per_byte = |s: f64| s / text.len() as f64;
                     if per_byte(parse_seconds) > tally.worst.0 {
-                        tally.worst = (per_byte(parse_seconds), kind, text.len());
+                        let fastest = (0..3)
+                            .map(|_| timed(|| parse_work(&text, &gt, &actions)))
+                            .fold(parse_seconds, f64::min);
+                        if per_byte(fastest) > tally.worst.0 {
+                            tally.worst = (per_byte(fastest), kind, text.len());
+                        }
                     }
                     if align && per_byte(align_seconds) > tally.worst_align.0 {
-                        tally.worst_align = (per_byte(align_seconds), kind, text.len());
+                        let ids = tokenizer
+                            .encode(text.as_str(), false)
+                            .map(|e| e.get_ids().to_vec())
+                            .unwrap_or_default();
+                        let fastest = (0..3)
+                            .map(|_| timed(|| aligner.align(&ids)))
+                            .fold(align_seconds, f64::min);
+                        if per_byte(fastest) > tally.worst_align.0 {
+                            tally.worst_align = (per_byte(fastest), kind, text.len());
+                        }
                     }
                 }
             }
