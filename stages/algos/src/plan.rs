@@ -185,11 +185,10 @@ pub fn extract_strict(text: &str) -> Option<Plan> {
     let lead = clean.len() - body.len();
     let value = parse(body.trim_end_matches(python_space)).ok()?;
     let mut plan = strict_plan(&value)?;
-    let map = |r: &Range<usize>| removed.start(r.start + lead)..removed.end(r.end + lead);
-    plan.plan_span = map(&plan.plan_span);
+    plan.plan_span = removed.span(&plan.plan_span, lead);
     for step in &mut plan.steps {
-        step.id_span = step.id_span.as_ref().map(map);
-        step.name_span = step.name_span.as_ref().map(map);
+        step.id_span = step.id_span.as_ref().map(|r| removed.span(r, lead));
+        step.name_span = step.name_span.as_ref().map(|r| removed.span(r, lead));
     }
     Some(plan)
 }
@@ -239,14 +238,10 @@ impl Removals {
         at
     }
 
-    /// Maps the start of a span (text removed right before it stays out).
-    fn start(&self, at: usize) -> usize {
-        self.map(at, true)
-    }
-
-    /// Maps the end of a span (text removed right after it stays out).
-    fn end(&self, at: usize) -> usize {
-        self.map(at, false)
+    /// The span in the original text of `span` of the cleaned text shifted
+    /// by `lead`; text removed right before or after it stays out.
+    fn span(&self, span: &Range<usize>, lead: usize) -> Range<usize> {
+        self.map(span.start + lead, true)..self.map(span.end + lead, false)
     }
 }
 
@@ -587,7 +582,7 @@ fn lcs_used(pred: &[PlanStep], gt: &[GtStep]) -> Vec<i8> {
         let len = m - j;
         let full = len / 64;
         let ones_below: u32 = row[..full].iter().map(|w| w.count_ones()).sum::<u32>()
-            + if len % 64 == 0 {
+            + if len.is_multiple_of(64) {
                 0
             } else {
                 (row[full] & ((1 << (len % 64)) - 1)).count_ones()
