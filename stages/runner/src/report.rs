@@ -106,7 +106,8 @@ fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
 }
 
 /// Success curves of one cell: each named series of (iteration, success)
-/// on [0, 1] in [`PALETTE`] order, with a legend.
+/// on [0, 1] in [`PALETTE`] order, with a legend (and a note when every
+/// value is 0, whose points lie on the x axis, or there is none).
 fn plot_curves(
     path: &Path,
     cell: &str,
@@ -125,7 +126,7 @@ fn plot_curves(
             }
         };
         let mut chart = Frame::new(&title, "iteration", "success rate (fraction of episodes)")
-            .ranges(-0.2..last + 0.2, 0.0..1.0)
+            .ranges(-0.2..last + 0.2, -0.03..1.03)
             .x_ticks(((last + 1.0) as usize).min(12), &whole)
             .draw(&root)?;
         for (k, (name, points)) in series.iter().enumerate() {
@@ -135,6 +136,21 @@ fn plot_curves(
                 .label(name.as_str())
                 .legend(embodyflow_plots::swatch(colour));
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        }
+        let points: Vec<f64> = series.iter().flat_map(|(_, p)| p).map(|p| p.1).collect();
+        let note = if points.is_empty() {
+            Some("no success figures in this run")
+        } else if points.iter().all(|&y| y == 0.0) {
+            Some("every success rate is 0")
+        } else {
+            None
+        };
+        if let Some(note) = note {
+            chart.draw_series(std::iter::once(Text::new(
+                note,
+                (last * 0.35, 0.5),
+                embodyflow_plots::text(16),
+            )))?;
         }
         embodyflow_plots::legend(&mut chart)?;
         root.present()?;
@@ -298,7 +314,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             )];
             for name in &eval_names {
                 series.push((
-                    format!("eval `{name}`"),
+                    format!("eval step {name}"),
                     rows.iter()
                         .filter_map(|(i, r)| Some((f64::from((*i)?), *r.evals.get(name)?)))
                         .collect(),
@@ -382,7 +398,7 @@ mod tests {
                 "train (sampled rollouts)".to_string(),
                 vec![(0.0, 0.1), (1.0, 0.3), (2.0, 0.5)],
             ),
-            ("eval `eval`".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
+            ("eval step eval".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
         ];
         plot_curves(&path, "base", &series, 3.0).unwrap();
         let png = Png::read(&path).unwrap();
