@@ -9,7 +9,7 @@ use std::path::Path;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{EvalRow, MetricRow, TableName};
-use embodyflow_tests::{run, run_with_env};
+use embodyflow_tests::{TINY_POLICY, run, run_with_env};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -180,25 +180,10 @@ fn tasks_and_policy(root: &Path) {
             "count=7",
         ],
     );
-    ok(
-        "init-policy",
-        &[
-            "--out",
-            s(&root.join("init")),
-            "--set",
-            "model.n_embd=16",
-            "--set",
-            "model.n_layer=1",
-            "--set",
-            "model.n_head=2",
-            "--set",
-            "model.n_ctx=1024",
-            "--set",
-            "tokenizer.vocab_size=400",
-            "--set",
-            "tokenizer.corpus_tasks=60",
-        ],
-    );
+    let init = root.join("init");
+    let mut args = vec!["--out", s(&init)];
+    args.extend(TINY_POLICY);
+    ok("init-policy", &args);
 }
 
 fn sft(root: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> embodyflow_tests::Run {

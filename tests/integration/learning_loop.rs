@@ -9,7 +9,7 @@ use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{
     EvalRow, MetricRow, StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow,
 };
-use embodyflow_tests::{run, write_table};
+use embodyflow_tests::{TINY_POLICY, run, write_table};
 
 fn ok(name: &str, args: &[&str]) -> String {
     let result = run(name, args);
@@ -50,27 +50,10 @@ fn prepare(root: &Path) {
             "count=4",
         ],
     );
-    ok(
-        "init-policy",
-        &[
-            "--out",
-            s(&root.join("init")),
-            "--seed",
-            "0",
-            "--set",
-            "model.n_embd=32",
-            "--set",
-            "model.n_layer=1",
-            "--set",
-            "model.n_head=2",
-            "--set",
-            "model.n_ctx=1024",
-            "--set",
-            "tokenizer.vocab_size=400",
-            "--set",
-            "tokenizer.corpus_tasks=60",
-        ],
-    );
+    let init_dir = root.join("init");
+    let mut init = vec!["--out", s(&init_dir), "--seed", "0"];
+    init.extend(TINY_POLICY);
+    ok("init-policy", &init);
     let sft = ok(
         "update-policy",
         &[

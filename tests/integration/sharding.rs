@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::manifest::Manifest;
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
-use embodyflow_tests::{run, write_table};
+use embodyflow_tests::{TINY_POLICY, run, write_table};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -41,25 +41,10 @@ fn prepare(root: &Path) {
             ],
         );
     }
-    ok(
-        "init-policy",
-        &[
-            "--out",
-            s(&root.join("init")),
-            "--set",
-            "model.n_embd=32",
-            "--set",
-            "model.n_layer=1",
-            "--set",
-            "model.n_head=2",
-            "--set",
-            "model.n_ctx=1024",
-            "--set",
-            "tokenizer.vocab_size=400",
-            "--set",
-            "tokenizer.corpus_tasks=60",
-        ],
-    );
+    let init_dir = root.join("init");
+    let mut init = vec!["--out", s(&init_dir)];
+    init.extend(TINY_POLICY);
+    ok("init-policy", &init);
 }
 
 /// The table names (subdirectories with a manifest) in `dir`, sorted.

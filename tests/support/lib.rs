@@ -10,6 +10,24 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
+/// The `init-policy` flags of the tests' tiny policy (one layer of width 32,
+/// a 400-token BPE vocabulary, 1 024 positions): it trains and samples in
+/// seconds on a CPU and fits the household prompts.
+pub const TINY_POLICY: [&str; 12] = [
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.n_ctx=1024",
+    "--set",
+    "tokenizer.vocab_size=400",
+    "--set",
+    "tokenizer.corpus_tasks=60",
+];
+
 /// Path of a workspace binary built in the same profile as this test.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
