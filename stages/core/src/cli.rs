@@ -11,6 +11,14 @@
 //! `--print-config` resolves the config, prints it as JSON and exits without
 //! reading or writing anything (see [`crate::config::ConfigReport`]). Exit codes:
 //! 0 done, 2 bad usage or bad input (nothing written), 1 failure while running.
+//!
+//! Logs ([`main_with`], [`init_logging`]): warnings and errors go to stderr;
+//! INFO lines go to `<out>/_log.<stage>.txt` ([`log_path`]; `.<i>-of-<n>`
+//! before `.txt` for a shard), beside the output tables, and to stderr as
+//! well only with `EMBODYFLOW_LOG=stderr`. `RUST_LOG` sets what is logged
+//! (default `info`); a binary without `--out` (`table`, `pipeline`) writes
+//! no log file and shows `RUST_LOG`'s selection on stderr. Progress goes to
+//! stderr ([`crate::progress`]).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -181,16 +189,183 @@ impl fmt::Display for Device {
     }
 }
 
-/// Starts logging to stderr (`RUST_LOG` overrides the default `info`).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// The environment variable that sends INFO lines to stderr too: `stderr`.
+pub const LOG_VAR: &str = "EMBODYFLOW_LOG";
+
+/// Where a run's log goes: `<out>/_log.<stage>.txt`, or
+/// `<out>/_log.<stage>.<i>-of-<n>.txt` for shard i of n (several processes
+/// share one `--out` only when sharded). The file is beside the output
+/// tables, not one of them: it is not in any manifest or commit.
+pub fn log_path(out: &std::path::Path, stage: &str, shard: ShardSpec) -> PathBuf {
+    if shard.count == 1 {
+        out.join(format!("_log.{stage}.txt"))
+    } else {
+        out.join(format!(
+            "_log.{stage}.{}-of-{}.txt",
+            shard.index, shard.count
+        ))
+    }
+}
+
+/// A run's log file, opened only once the output directory exists: lines
+/// logged before the stage created `--out` wait in memory (so a stage that
+/// insists on a new output directory still gets one, and a run that fails
+/// on bad input before writing leaves nothing), and are written when the
+/// directory appears or the process ends with it present.
+pub struct RunLog {
+    path: PathBuf,
+    state: std::sync::Mutex<LogState>,
+}
+
+enum LogState {
+    Waiting(Vec<u8>),
+    Open(std::fs::File),
+    Closed,
+}
+
+/// Lines kept in memory while `--out` does not exist yet (then dropped).
+const LOG_BUFFER_LIMIT: usize = 4 << 20;
+
+impl RunLog {
+    /// A log to be written at `path` once its directory exists.
+    pub fn new(path: PathBuf) -> RunLog {
+        RunLog {
+            path,
+            state: std::sync::Mutex::new(LogState::Waiting(Vec::new())),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Opens the file when its directory exists, writing what waited.
+    fn open_if_ready(&self, state: &mut LogState) {
+        let LogState::Waiting(buffer) = state else {
+            return;
+        };
+        if !self.path.parent().is_some_and(std::path::Path::is_dir) {
+            return;
+        }
+        *state = match std::fs::File::create(&self.path) {
+            Ok(mut file) => {
+                use std::io::Write;
+                let _ = file.write_all(buffer);
+                LogState::Open(file)
+            }
+            Err(_) => LogState::Closed,
+        };
+    }
+
+    /// Ends the log as the process exits: writes what waited when the
+    /// output directory exists; under `remove` (bad input: nothing written)
+    /// deletes the file instead.
+    pub fn close(&self, remove: bool) {
+        let mut state = self.state.lock().expect("log lock");
+        if remove {
+            if matches!(*state, LogState::Open(_)) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        } else {
+            self.open_if_ready(&mut state);
+            if let LogState::Open(file) = &*state {
+                let _ = file.sync_all();
+            }
+        }
+        *state = LogState::Closed;
+    }
+}
+
+impl std::io::Write for &RunLog {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.state.lock().expect("log lock");
+        self.open_if_ready(&mut state);
+        match &mut *state {
+            LogState::Waiting(buffer) => {
+                if buffer.len() + data.len() <= LOG_BUFFER_LIMIT {
+                    buffer.extend_from_slice(data);
+                }
+            }
+            LogState::Open(file) => file.write_all(data)?,
+            LogState::Closed => {}
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut *self.state.lock().expect("log lock") {
+            LogState::Open(file) => file.flush(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The filter for INFO lines: `RUST_LOG`, else `info`.
+fn info_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+}
+
+/// Starts logging. Warnings and errors always go to stderr. INFO lines (or
+/// what `RUST_LOG` selects) go to `log` when there is one, and to stderr
+/// too when `EMBODYFLOW_LOG=stderr` — or when there is no log file and
+/// `RUST_LOG` is set.
+pub fn init_logging(log: Option<std::sync::Arc<RunLog>>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let verbose = std::env::var(LOG_VAR).is_ok_and(|v| v == "stderr")
+        || (log.is_none() && std::env::var_os("RUST_LOG").is_some());
+    let stderr_filter = if verbose {
+        info_filter()
+    } else {
+        tracing_subscriber::EnvFilter::new("warn")
+    };
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
+        .with_filter(stderr_filter);
+    let file = log.map(|log| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(log)
+            .with_ansi(false)
+            .with_target(false)
+            .with_filter(info_filter())
+    });
+    let _ = tracing_subscriber::registry()
+        .with(stderr)
+        .with(file)
         .try_init();
+}
+
+/// The run log of a binary whose top-level arguments have `--out` (not
+/// under `--print-config`): [`log_path`] with the binary's file name.
+fn run_log(matches: &clap::ArgMatches) -> Option<std::sync::Arc<RunLog>> {
+    let out = matches.try_get_one::<PathBuf>("out").ok().flatten()?;
+    if matches
+        .try_get_one::<bool>("print_config")
+        .ok()
+        .flatten()
+        .copied()
+        .unwrap_or(false)
+    {
+        return None;
+    }
+    let shard = matches
+        .try_get_one::<ShardSpec>("shard")
+        .ok()
+        .flatten()
+        .copied()
+        .unwrap_or(ShardSpec::ALL);
+    let stage = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "stage".to_string());
+    Some(std::sync::Arc::new(RunLog::new(log_path(
+        out, &stage, shard,
+    ))))
 }
 
 /// Prints an error with its chain of causes, one `caused by:` line each.
@@ -203,16 +378,27 @@ pub fn report(error: &dyn std::error::Error) {
     }
 }
 
-/// The body of every binary's `main`: logging, parsing (clap exits 2 on bad
-/// usage), running, and the exit code from the error's [`ErrorKind`].
+/// The body of every binary's `main`: parsing (clap exits 2 on bad usage),
+/// logging ([`init_logging`], into [`log_path`] under `--out` when the binary
+/// has one), running, and the exit code from the error's [`ErrorKind`].
 pub fn main_with<A, E>(run: impl FnOnce(A) -> Result<(), E>) -> std::process::ExitCode
 where
     A: clap::Parser,
     E: Classify,
 {
-    init_logging();
-    let args = A::parse();
-    match run(args) {
+    let matches = A::command().get_matches();
+    let log = run_log(&matches);
+    init_logging(log.clone());
+    let args = match A::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(error) => error.format(&mut A::command()).exit(),
+    };
+    let result = run(args);
+    if let Some(log) = &log {
+        let bad_input = matches!(&result, Err(e) if e.kind() == ErrorKind::BadInput);
+        log.close(bad_input);
+    }
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             report(&error);
