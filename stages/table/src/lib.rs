@@ -8,7 +8,18 @@
 //! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
 //! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
 //! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
+//! table export DIR --format csv|jsonl [--out FILE]
+//!                                              every row as CSV or JSON lines (stdout without --out)
 //! ```
+//! `export` writes what other tools read. `jsonl`: one JSON object per row,
+//! the `table import` format (so `table import` reads it back to the same
+//! table). `csv` (RFC 4180: comma-separated, `"`-quoted where a cell holds a
+//! comma, quote or line break, quotes doubled, `\n` line ends): a header
+//! with the schema's column names in schema order, then one record per row;
+//! a null is an empty cell, numbers and booleans are written as in JSON,
+//! strings as they are, and a list or binary cell is its JSON text (binary as
+//! an array of byte values), e.g. `"[0.5,-1.25]"` — `json.loads` /
+//! `pl.col(c).str.json_decode()` turn it back into a list.
 //! `import` reads rows in the format `table schema NAME` prints (binary
 //! columns as arrays of byte values), so external suites and simulators can
 //! bring their own tasks; a missing `--from` file or a bad line (named by its
@@ -102,6 +113,17 @@ enum Command {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Write every row of a table as CSV or JSON lines.
+    Export {
+        /// Table directory.
+        dir: PathBuf,
+        /// `csv` (header of column names; lists as JSON text) or `jsonl` (the import format).
+        #[arg(long)]
+        format: ExportFormat,
+        /// Write to this file instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// Print a table's manifest (shards, hashes, producer, lineage) as JSON.
     Manifest {
         /// Table directory.
@@ -116,6 +138,15 @@ enum Command {
         #[arg(long)]
         deep: bool,
     },
+}
+
+/// What `table export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Comma-separated values with a header (RFC 4180).
+    Csv,
+    /// One JSON object per line (the `table import` format).
+    Jsonl,
 }
 
 /// Runs the tool.
@@ -176,6 +207,29 @@ pub fn run(args: Args) -> Result<()> {
         } => {
             let table = table_of(&dir)?;
             with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))?;
+        }
+        Command::Export {
+            dir,
+            format,
+            out: file,
+        } => {
+            let table = table_of(&dir)?;
+            match file {
+                None => {
+                    with_row_type!(table, R => export::<R>(&dir, format, &mut out, "<stdout>"))?;
+                }
+                Some(path) => {
+                    let mut writer = std::io::BufWriter::new(
+                        std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?,
+                    );
+                    let label = path.display().to_string();
+                    let rows =
+                        with_row_type!(table, R => export::<R>(&dir, format, &mut writer, &label))?;
+                    writer.flush().map_err(|e| Error::io(&path, e))?;
+                    writeln!(out, "exported {rows} rows of {table} to {label}")
+                        .map_err(write_err)?;
+                }
+            }
         }
         Command::Merge {
             out: out_dir,
@@ -429,4 +483,168 @@ fn show<R: Row>(
         }
     }
     Ok(())
+}
+
+/// One CSV cell (RFC 4180) of a row's JSON value: empty for null, strings as
+/// they are, numbers and booleans as JSON, lists and objects as JSON text;
+/// quoted when it holds a comma, quote or line break.
+fn csv_cell(value: Option<&serde_json::Value>) -> String {
+    let text = match value {
+        None | Some(serde_json::Value::Null) => return String::new(),
+        Some(serde_json::Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    };
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
+    }
+}
+
+/// Writes every row of the table at `dir` to `out` in `format`; returns the
+/// number of rows. A closed pipe (`| head`) ends the export quietly.
+fn export<R: Row>(
+    dir: &Path,
+    format: ExportFormat,
+    out: &mut impl Write,
+    label: &str,
+) -> Result<u64> {
+    let reader = TableReader::open(dir, R::TABLE)?;
+    let columns = R::TABLE.def().column_names();
+    let bar = progress::bar(reader.num_rows(), "exporting");
+    let mut write = |text: &str| match out.write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(Error::io(label, e)),
+        Ok(()) => Ok(true),
+    };
+    if format == ExportFormat::Csv && !write(&(columns.join(",") + "\n"))? {
+        return Ok(0);
+    }
+    let mut rows = 0;
+    for batch in reader.batches(None, 4096)? {
+        let batch = batch?;
+        let mut text = String::new();
+        for row in batch_to_rows::<R>(&batch)? {
+            match format {
+                ExportFormat::Jsonl => {
+                    text.push_str(&serde_json::to_string(&row).expect("rows serialise"))
+                }
+                ExportFormat::Csv => {
+                    let value = serde_json::to_value(&row).expect("rows serialise");
+                    let cells: Vec<String> =
+                        columns.iter().map(|c| csv_cell(value.get(*c))).collect();
+                    text.push_str(&cells.join(","));
+                }
+            }
+            text.push('\n');
+            rows += 1;
+        }
+        if !write(&text)? {
+            return Ok(rows);
+        }
+        bar.inc(batch.num_rows() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::schemas::Examples;
+
+    /// The records of a CSV text (line breaks inside quotes do not end one).
+    fn csv_records(text: &str) -> Vec<Vec<String>> {
+        let (mut records, mut record, mut cell) = (Vec::new(), Vec::new(), String::new());
+        let mut quoted = false;
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (quoted, c) {
+                (true, '"') if chars.peek() == Some(&'"') => {
+                    cell.push('"');
+                    chars.next();
+                }
+                (true, '"') => quoted = false,
+                (true, c) => cell.push(c),
+                (false, '"') => quoted = true,
+                (false, ',') => record.push(std::mem::take(&mut cell)),
+                (false, '\n') => {
+                    record.push(std::mem::take(&mut cell));
+                    records.push(std::mem::take(&mut record));
+                }
+                (false, c) => cell.push(c),
+            }
+        }
+        records
+    }
+
+    /// Every table's example rows, imported, exported as JSON lines and CSV:
+    /// the row counts match, the CSV header is the schema's columns and
+    /// every field of a row is one of them, and the JSON lines import back
+    /// to the same table (content hash).
+    fn round_trip<R: Row + Examples>() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rows = R::examples();
+        let from = tmp.path().join("rows.jsonl");
+        let text: String = rows
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(&from, text).unwrap();
+        let first =
+            import::<R>(&from, &tmp.path().join("a"), WriteOptions::default(), false).unwrap();
+        let dir = tmp.path().join("a").join(R::TABLE.as_str());
+
+        let mut jsonl = Vec::new();
+        let n = export::<R>(&dir, ExportFormat::Jsonl, &mut jsonl, "jsonl").unwrap();
+        assert_eq!(n, rows.len() as u64);
+        let jsonl = String::from_utf8(jsonl).unwrap();
+        assert_eq!(jsonl.lines().count(), rows.len(), "{}", R::TABLE);
+        let again_from = tmp.path().join("export.jsonl");
+        std::fs::write(&again_from, &jsonl).unwrap();
+        let again = import::<R>(
+            &again_from,
+            &tmp.path().join("b"),
+            WriteOptions::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(again.content_hash, first.content_hash, "{}", R::TABLE);
+
+        let mut csv = Vec::new();
+        export::<R>(&dir, ExportFormat::Csv, &mut csv, "csv").unwrap();
+        let records = csv_records(&String::from_utf8(csv).unwrap());
+        let columns = R::TABLE.def().column_names();
+        assert_eq!(records[0], columns, "{}", R::TABLE);
+        assert_eq!(records.len() - 1, rows.len(), "{}", R::TABLE);
+        assert!(records.iter().all(|r| r.len() == columns.len()));
+        for row in &rows {
+            let value = serde_json::to_value(row).unwrap();
+            for key in value.as_object().unwrap().keys() {
+                assert!(columns.contains(&key.as_str()), "{}: field {key}", R::TABLE);
+            }
+        }
+    }
+
+    #[test]
+    fn every_table_exports_to_csv_and_jsonl_and_jsonl_imports_back() {
+        for table in TableName::ALL {
+            with_row_type!(table, R => round_trip::<R>());
+        }
+    }
+
+    #[test]
+    fn csv_cells_quote_what_needs_it() {
+        let cell = |v: serde_json::Value| csv_cell(Some(&v));
+        assert_eq!(csv_cell(None), "");
+        assert_eq!(cell(serde_json::Value::Null), "");
+        assert_eq!(cell(serde_json::json!("plain")), "plain");
+        assert_eq!(
+            cell(serde_json::json!("a, \"b\"\nc")),
+            "\"a, \"\"b\"\"\nc\""
+        );
+        assert_eq!(cell(serde_json::json!([0.5, -1.25])), "\"[0.5,-1.25]\"");
+        assert_eq!(cell(serde_json::json!(true)), "true");
+        assert_eq!(cell(serde_json::json!(3)), "3");
+    }
 }
