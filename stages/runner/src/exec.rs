@@ -77,7 +77,8 @@ pub struct StepOutcome {
     pub index: usize,
     /// What happened.
     pub status: Status,
-    /// Stage wall seconds: of this run when it ran, as recorded when cached.
+    /// Stage wall seconds: of this run when it ran, as recorded in
+    /// `_step.json` when cached or kept (never 0 for a step that ran once).
     pub wall_s: f64,
     /// Runner seconds spent on the instance outside the stage processes
     /// (hashing, cache check, merge, record).
@@ -384,6 +385,15 @@ fn unix_now() -> u64 {
         .unwrap_or_default()
 }
 
+/// The stage wall seconds recorded in a completed step's `_step.json`
+/// (0 when unreadable), so that steps a run keeps report their last timing.
+fn recorded_wall_s(dir: &Path) -> f64 {
+    std::fs::read_to_string(dir.join(cache::STEP_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<StepRecord>(&text).ok())
+        .map_or(0.0, |record| record.wall_s)
+}
+
 /// Runs (or under `dry_run`, describes) the plan. `say` receives one line per
 /// instance as it completes.
 pub fn run_plan(
@@ -452,6 +462,7 @@ pub fn run_plan(
                 )));
             }
             outcome.status = Status::Kept;
+            outcome.wall_s = recorded_wall_s(&instance.dir);
         } else if options.dry_run {
             let blocked = instance.deps.iter().any(|d| pending.contains(d));
             let hit = (!forced && !blocked)
