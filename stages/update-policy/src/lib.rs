@@ -1,6 +1,7 @@
 //! The `update-policy` stage: one round of optimisation of a policy
 //! checkpoint, written as the next checkpoint (`<out>/policy/`) and the
-//! metrics table (`<out>/metrics/`, one row per optimizer step).
+//! metrics table (`<out>/metrics/`, one row per optimizer step; also as
+//! `<out>/metrics.csv`, see [`metrics_csv`]).
 //!
 //! - `objective = "sft"`: cross-entropy on the expert answers of the tasks in
 //!   the input `tasks` table (`sft.demos_per_task_type = N` keeps the first N
@@ -67,6 +68,7 @@ use tch::Kind;
 
 pub mod init;
 pub mod loss;
+pub mod metrics_csv;
 
 use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
 
@@ -757,7 +759,11 @@ pub fn check_vocabulary(examples: &[Example], vocab_size: i64) -> Result<(), Err
 pub fn run(args: Args) -> Result<(), ModelError> {
     let stage =
         Stage::<Config>::start(&spec::UPDATE_POLICY, env!("CARGO_PKG_VERSION"), &args.stage)?;
-    stage.check_output_names(&[TableName::Metrics.as_str(), "policy"])?;
+    stage.check_output_names(&[
+        TableName::Metrics.as_str(),
+        metrics_csv::METRICS_CSV,
+        "policy",
+    ])?;
     let policy_out = args.stage.out.join("policy");
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
@@ -832,6 +838,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let mut writer = stage.writer(TableName::Metrics)?;
     writer.write_rows(&report.metrics)?;
     stage.finish(writer)?;
+    metrics_csv::stage_metrics_csv(&stage, &report.metrics)?;
     let (staged, manifest) = policy.save_staged(&args.stage.out, "policy", "update-policy")?;
     stage.stage_output(&staged, "policy", Digest::DirAll)?;
     let first = report.metrics.first().map_or(f32::NAN, |m| m.loss);
