@@ -159,29 +159,35 @@ fn plot_curves(
     draw().map_err(plot_err(path))
 }
 
-/// One bar per sweep cell (named on the x axis), its value printed above
-/// it; all-zero values still show the axes, flat bars and a note saying so.
+/// One bar per sweep cell, numbered on the x axis and named in the key
+/// under the chart (a cell's name is too long for a tick), its value printed
+/// above it; all-zero values still show the axes, flat bars and a note.
 fn plot_bars(path: &Path, cells: &[String], values: &[f64], y_label: &str) -> Result<()> {
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    const CHART: u32 = 400;
+    const KEY_LINE: u32 = 18;
     let draw = || -> std::result::Result<(), PlotError> {
-        let root = embodyflow_plots::canvas(path, (640, 400))?;
+        let height = CHART + 10 + KEY_LINE * cells.len() as u32;
+        let root = embodyflow_plots::canvas(path, (640, height))?;
+        let (upper, key) = root.split_vertically(CHART);
         let top = values.iter().copied().fold(1.0, f64::max) * 1.1;
         let bottom = values.iter().copied().fold(0.0, f64::min) * 1.1;
-        let name = |x: &f64| {
+        let number = |x: &f64| {
             let k = x.floor() as usize;
             if (x - x.floor() - 0.5).abs() < 1e-9 && k < cells.len() {
-                cells[k].clone()
+                (k + 1).to_string()
             } else {
                 String::new()
             }
         };
         let mut chart = Frame::new(
             &format!("Ablation: {} cells", cells.len()),
-            "sweep cell",
+            "sweep cell (named below)",
             y_label,
         )
         .ranges(0.0..cells.len().max(1) as f64, bottom..top)
-        .x_ticks(2 * cells.len().max(1) + 1, &name)
-        .draw(&root)?;
+        .x_ticks(2 * cells.len().max(1) + 1, &number)
+        .draw(&upper)?;
         let thin = (top - bottom) / 300.0;
         chart.draw_series(values.iter().enumerate().map(|(k, &v)| {
             let colour = PALETTE[k % PALETTE.len()];
@@ -195,16 +201,27 @@ fn plot_bars(path: &Path, cells: &[String], values: &[f64], y_label: &str) -> Re
         chart.draw_series(values.iter().enumerate().map(|(k, &v)| {
             Text::new(
                 format!("{v:.3}"),
-                (k as f64 + 0.4, v.max(0.0) + (top - bottom) * 0.03),
-                embodyflow_plots::text(12),
+                (k as f64 + 0.5, v.max(0.0) + (top - bottom) * 0.02),
+                embodyflow_plots::text(12).pos(Pos::new(HPos::Center, VPos::Bottom)),
             )
         }))?;
         if values.iter().all(|&v| v == 0.0) {
             chart.draw_series(std::iter::once(Text::new(
                 "every cell's value is 0",
-                (cells.len().max(1) as f64 * 0.3, top * 0.5),
-                embodyflow_plots::text(16),
+                (cells.len().max(1) as f64 * 0.5, top * 0.5),
+                embodyflow_plots::text(16).pos(Pos::new(HPos::Center, VPos::Center)),
             )))?;
+        }
+        for (k, name) in cells.iter().enumerate() {
+            let y = 5 + (KEY_LINE * k as u32 + KEY_LINE / 2) as i32;
+            key.draw(&embodyflow_plots::swatch(PALETTE[k % PALETTE.len()])((
+                70, y,
+            )))?;
+            key.draw(&Text::new(
+                format!("{}  {name}", k + 1),
+                (86, y),
+                embodyflow_plots::text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+            ))?;
         }
         root.present()?;
         Ok(())
@@ -427,7 +444,9 @@ mod tests {
         plot_bars(&some, &cells, &[0.25, 0.5], "success (fraction)").unwrap();
         let (zeros, some) = (Png::read(&zeros).unwrap(), Png::read(&some).unwrap());
         for png in [&zeros, &some] {
-            assert_eq!((png.width, png.height), (640, 400));
+            // The chart, then a key line per cell.
+            assert_eq!((png.width, png.height), (640, 400 + 10 + 2 * 18));
+            assert!(png.dark_in(80..200, 400..446) > 50, "no key");
             assert!(png.colours() > 10, "{} colours", png.colours());
             assert!(png.dark_in(200..440, 0..30) > 50, "no title");
             assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
