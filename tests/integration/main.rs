@@ -7,6 +7,7 @@ mod compute_advantages;
 mod grpo_step;
 mod killed_writer;
 mod learning_loop;
+mod progress_logs;
 mod runner;
 mod score_rewards;
 mod sharding;
