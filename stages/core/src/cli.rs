@@ -9,7 +9,11 @@
 //! A stage flattens [`StageArgs`] into its own clap struct and adds
 //! [`PolicyArg`] / [`TeacherArg`] where it loads a checkpoint.
 //! `--print-config` resolves the config, prints it as JSON and exits without
-//! reading or writing anything (see [`crate::config::ConfigReport`]). Exit codes:
+//! reading or writing anything (see [`crate::config::ConfigReport`]); it needs
+//! no `--out`, `--input` or checkpoint flag (`STAGE --print-config --set k=v`).
+//! `--out`, `--policy` and `--teacher` are required otherwise; their hidden
+//! default `.` only fills the field under `--print-config`, which exits before
+//! it is read, so stages keep plain paths. Exit codes:
 //! 0 done, 2 bad usage or bad input (nothing written), 1 failure while running.
 //!
 //! Logs ([`main_with`], [`init_logging`]): warnings and errors go to stderr;
@@ -33,7 +37,16 @@ pub struct StageArgs {
     #[arg(long = "input", value_name = "DIR")]
     pub inputs: Vec<PathBuf>,
     /// Output directory; each output table becomes a subdirectory.
-    #[arg(long, value_name = "DIR")]
+    /// Required, except with `--print-config` (which writes nothing).
+    // `--print-config` exits before `out` is read, so its hidden default
+    // never reaches a stage: every stage keeps a plain path.
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "print_config",
+        default_value = ".",
+        hide_default_value = true
+    )]
     pub out: PathBuf,
     /// TOML config file, applied over the stage's defaults.
     #[arg(long, value_name = "FILE.toml")]
@@ -54,9 +67,12 @@ pub struct StageArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Resolve the config (defaults, `--config`, `--set`), print it as JSON
-    /// ([`crate::config::ConfigReport`]) and exit: 0 when it resolves, 2 when
-    /// a key or value is bad. Reads no input and writes nothing; the pipeline
-    /// runner uses it to check every step's keys before any stage runs.
+    /// and exit: 0 when it resolves, 2 when a key or value is bad. Reads no
+    /// input and writes nothing, so `--out`, `--policy` and `--teacher` may
+    /// be left out; the pipeline runner uses it to check every step's keys
+    /// before any stage runs.
+    // The JSON is a `crate::config::ConfigReport`. (Plain comments: clap
+    // turns doc comments into `--help` text, where rustdoc links would show.)
     #[arg(long)]
     pub print_config: bool,
 }
@@ -65,15 +81,27 @@ pub struct StageArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct PolicyArg {
     /// Policy checkpoint directory (model.safetensors, config.json, tokenizer.json).
-    #[arg(long, value_name = "CKPT")]
+    #[arg(
+        long,
+        value_name = "CKPT",
+        required_unless_present = "print_config",
+        default_value = ".",
+        hide_default_value = true
+    )]
     pub policy: PathBuf,
 }
 
 /// `--teacher CKPT` for stages that run a teacher.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TeacherArg {
-    /// Teacher checkpoint directory.
-    #[arg(long, value_name = "CKPT")]
+    /// Teacher checkpoint directory (or `self`: the policy).
+    #[arg(
+        long,
+        value_name = "CKPT",
+        required_unless_present = "print_config",
+        default_value = ".",
+        hide_default_value = true
+    )]
     pub teacher: PathBuf,
 }
 
