@@ -1,10 +1,126 @@
 //! Stages say what they are ([`embodyflow_core::spec`]): each binary's
 //! `--help` shows its declaration's purpose, reads, writes and sharding, and
 //! a stage that cannot shard refuses `--shard` (exit 2, nothing written)
-//! instead of doing the whole work.
+//! instead of doing the whole work. `--help` lists every config key with
+//! its default and meaning, free of rustdoc markup, and `--print-config`
+//! needs no other flag.
 
 use embodyflow_core::spec::{self, Sharding};
 use embodyflow_tests::run;
+
+/// `STAGE --print-config` with `sets` and no other flag: the resolved
+/// config, after checking the exit code, in a fresh working directory that
+/// must stay empty.
+fn print_config(stage: &str, sets: &[&str]) -> serde_json::Value {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut args = vec!["--print-config"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let output = std::process::Command::new(embodyflow_tests::bin(stage))
+        .args(&args)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stage} {args:?}\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(
+        written.is_empty(),
+        "{stage} --print-config wrote {written:?}"
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["stage"], stage, "{stdout}");
+    report["config"].clone()
+}
+
+/// Every dotted leaf of a config tree with its value.
+fn leaves(value: &serde_json::Value, prefix: &str, out: &mut Vec<(String, serde_json::Value)>) {
+    match value.as_object() {
+        Some(map) if !map.is_empty() => {
+            for (key, child) in map {
+                let dotted = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                leaves(child, &dotted, out);
+            }
+        }
+        _ => out.push((prefix.to_string(), value.clone())),
+    }
+}
+
+#[test]
+fn print_config_needs_no_other_flag() {
+    for stage in spec::STAGES {
+        let config = print_config(stage.name, &["output.zstd_level=7"]);
+        assert_eq!(
+            config["output"]["zstd_level"], 7,
+            "{}: {config}",
+            stage.name
+        );
+    }
+    // f32 values print as their shortest decimal, not the widened f64.
+    let config = print_config("compute-advantages", &[]);
+    assert_eq!(config["gae"]["gamma"].to_string(), "0.99");
+    assert_eq!(config["stepopsd"]["alpha_clip"].to_string(), "0.2");
+    // Without --print-config, --out is still required (exit 2).
+    let result = run("generate-tasks", &["--set", "count=3"]);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(result.stderr.contains("--out"), "{result}");
+}
+
+#[test]
+fn every_stage_help_lists_its_config_keys_with_defaults() {
+    for stage in spec::STAGES {
+        let help = run(stage.name, &["--help"]);
+        assert_eq!(help.code, 0, "{} --help\n{help}", stage.name);
+        let text = &help.stdout;
+        assert!(
+            !text.contains("[`"),
+            "{} --help shows rustdoc markup:\n{text}",
+            stage.name
+        );
+        let mut keys = Vec::new();
+        leaves(&print_config(stage.name, &[]), "", &mut keys);
+        assert!(keys.len() >= 3, "{}: {keys:?}", stage.name);
+        let section = text
+            .split_once("Config keys")
+            .unwrap_or_else(|| panic!("{} --help has no config keys:\n{text}", stage.name))
+            .1;
+        for (key, default) in keys {
+            let shown = match &default {
+                serde_json::Value::Null => "unset".to_string(),
+                other => other.to_string(),
+            };
+            let line = section
+                .lines()
+                .position(|l| l.trim_start().starts_with(&format!("{key} = {shown}")))
+                .unwrap_or_else(|| {
+                    panic!("{} --help lacks `{key} = {shown}`:\n{section}", stage.name)
+                });
+            // The meaning follows on the line or, after a long default, on the next.
+            let lines: Vec<&str> = section.lines().collect();
+            let rest = lines[line].trim_start()[format!("{key} = {shown}").len()..].trim();
+            let meaning = if rest.is_empty() {
+                lines[line + 1].trim()
+            } else {
+                rest
+            };
+            assert!(
+                !meaning.is_empty() && !meaning.contains("undocumented"),
+                "{} --help: `{key}` has no meaning",
+                stage.name
+            );
+        }
+    }
+}
 
 #[test]
 fn every_stage_help_shows_its_declaration() {

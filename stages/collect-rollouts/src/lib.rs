@@ -47,8 +47,8 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
+use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
     name = spec::COLLECT_ROLLOUTS.name,
     version,
     about = spec::COLLECT_ROLLOUTS.purpose,
-    after_help = spec::COLLECT_ROLLOUTS.help()
+    after_help = spec::COLLECT_ROLLOUTS.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -129,6 +129,30 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("batch_rows", "sequences per sampling batch"),
+        (
+            "dynamic_sampling.enabled",
+            "drop all-success / all-failure groups and draw replacements (DAPO filter_groups)",
+        ),
+        (
+            "dynamic_sampling.max_extra_draws",
+            "most replacement draws per run",
+        ),
+        ("group_size", "answers per task draw, G (veRL rollout.n)"),
+        ("iteration", "iteration recorded in the ids and rows"),
+        ("max_new_tokens", "most tokens per answer"),
+        (
+            "tasks_per_iteration",
+            "groups per run, as slots of the draw (unset: every task once)",
+        ),
+        (
+            "temperature",
+            "sampling temperature T, > 0 (SimpleVLA-RL's 1.6; veRL's default is 1.0)",
+        ),
+        ("top_p", "nucleus sampling mass (1: off)"),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -381,5 +405,14 @@ mod tests {
         ] {
             assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
         }
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

@@ -139,6 +139,80 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        (
+            "batch_rows",
+            "rows per record batch read from the steps table",
+        ),
+        (
+            "estimator",
+            "advantage estimator: grpo, dr_grpo, gae or grpo_step",
+        ),
+        (
+            "filter.dynamic_sampling",
+            "drop groups whose scores are all equal",
+        ),
+        ("gae.gamma", "GAE discount gamma"),
+        ("gae.lam", "GAE lambda"),
+        (
+            "gae.level",
+            "critic values per token or per decision step: token or decision",
+        ),
+        ("grpo.eps", "added to the group's standard deviation (grpo)"),
+        (
+            "step.budget_tau",
+            "residual_contrast: budget softmax temperature",
+        ),
+        (
+            "step.credit_target",
+            "tokens that receive a step's A^S: action_name, action_id or both",
+        ),
+        (
+            "step.gate",
+            "gate on each step's A^S: none, residual_contrast or prompt",
+        ),
+        (
+            "step.gate_tau",
+            "residual_contrast: decision sigmoid temperature",
+        ),
+        (
+            "step.gate_threshold",
+            "residual_contrast: importance z-score where the decision gate is 1/2",
+        ),
+        ("step.kind", "source of A^S: rule or forward_proxy"),
+        (
+            "step.min_score_tokens",
+            "steps with fewer score tokens get A^S = 0",
+        ),
+        ("step.omega", "weight omega of A^S in A = A^E + omega * A^S"),
+        (
+            "step.score_norm",
+            "forward_proxy: normalisation within a response: none or per_response",
+        ),
+        (
+            "step.score_source",
+            "forward_proxy: tokens whose log-probs score a step",
+        ),
+        ("step.score_tau", "forward_proxy: tanh temperature"),
+        (
+            "step.squash",
+            "forward_proxy: score of a step: contrast (tanh of the teacher-student contrast) or prob",
+        ),
+        (
+            "step.tokenizer",
+            "policy tokenizer.json (unset: --policy CKPT/tokenizer.json)",
+        ),
+        (
+            "stepopsd.alpha_clip",
+            "StepOPSD: weight w clipped to [1 - alpha_clip, 1 + alpha_clip]",
+        ),
+        ("stepopsd.enabled", "StepOPSD: reweight the final advantage"),
+        (
+            "stepopsd.lambda_mix",
+            "StepOPSD: mix between A (0) and w * A (1)",
+        ),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -235,5 +309,14 @@ mod tests {
             problem_key(&rule_with_residual).as_deref(),
             Some("step.gate")
         );
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

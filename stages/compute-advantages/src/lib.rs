@@ -77,7 +77,7 @@ use output::AdvantagesOut;
     name = spec::COMPUTE_ADVANTAGES.name,
     version,
     about = spec::COMPUTE_ADVANTAGES.purpose,
-    after_help = spec::COMPUTE_ADVANTAGES.help()
+    after_help = spec::COMPUTE_ADVANTAGES.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]

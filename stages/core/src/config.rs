@@ -16,7 +16,14 @@
 //! expected and what was found). `--print-config`, the pipeline runner's
 //! pre-check and the stage run all resolve through [`load_config`], so they
 //! accept and reject the same configs. The resolved tree is what manifests
-//! record. A `--config` file that cannot be read is bad usage (exit 2).
+//! record; an `f32` default appears in it as its shortest decimal (`0.99`,
+//! not the widened `0.9900000095367432`), see [`defaults_tree`]. A
+//! `--config` file that cannot be read is bad usage (exit 2).
+//!
+//! Each key's one-line meaning is declared once, in
+//! [`StageConfig::KEYS`]; [`keys_help`] renders `key = default   meaning`
+//! for `--help` from it and the defaults tree, and [`check_key_docs`] (run by
+//! each stage's tests) fails when the table and the tree disagree.
 //!
 //! ```
 //! # use embodyflow_core::config::{load_config, positive};
@@ -26,6 +33,11 @@
 //! #[derive(serde::Serialize, serde::Deserialize, Default)]
 //! struct Config { estimator: String, step: Step, output: OutputConfig }
 //! impl StageConfig for Config {
+//!     const KEYS: &'static [(&'static str, &'static str)] = &[
+//!         ("estimator", "advantage estimator"),
+//!         ("step.omega", "weight of the step term"),
+//!         ("step.kind", "how steps are credited"),
+//!     ];
 //!     fn output(&self) -> &OutputConfig { &self.output }
 //!     fn validate(&self) -> embodyflow_core::Result<()> {
 //!         positive("step.omega", self.step.omega)
@@ -67,7 +79,10 @@ pub struct Resolved<C> {
 /// # use embodyflow_core::stage::{OutputConfig, StageConfig};
 /// #[derive(serde::Serialize, serde::Deserialize, Default)]
 /// struct Config { omega: f64, output: OutputConfig }
-/// impl StageConfig for Config { fn output(&self) -> &OutputConfig { &self.output } }
+/// impl StageConfig for Config {
+///     const KEYS: &'static [(&'static str, &'static str)] = &[("omega", "a weight")];
+///     fn output(&self) -> &OutputConfig { &self.output }
+/// }
 /// let report = ConfigReport::resolve::<Config>("s", "0.1.0", None, &["omeg=1".into()]);
 /// assert_eq!(report.problem.unwrap().key.as_deref(), Some("omeg"));
 /// let report = ConfigReport::resolve::<Config>("s", "0.1.0", None, &["output.zstd_level=0".into()]);
@@ -128,8 +143,7 @@ impl ConfigReport {
 /// Loads a stage config: defaults, then `file`, then `sets` (`key=value`);
 /// then checks its values (`output.*`, then [`StageConfig::validate`]).
 pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>> {
-    let defaults =
-        serde_json::to_value(C::default()).expect("a config's defaults serialise to JSON");
+    let defaults = defaults_tree::<C>();
     let mut tree = defaults.clone();
     if let Some(path) = file {
         // The file is the user's input: missing or unreadable is bad usage.
@@ -160,6 +174,147 @@ pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Resu
     check_output(config.output())?;
     config.validate()?;
     Ok(Resolved { config, json: tree })
+}
+
+/// The defaults of `C` as a JSON tree, each `f32` as its shortest decimal.
+///
+/// `serde_json::to_value` widens an `f32` to the `f64` of the same binary
+/// value (`0.99f32` becomes `0.9900000095367432`); its text serialiser writes
+/// an `f32` as the shortest decimal that reads back as the same `f32`
+/// (`0.99`). The tree is read back from that text: such a decimal has at most
+/// 9 significant digits, which serde_json parses to the nearest `f64` (its
+/// exact path for an exponent within ±22, which config values have), so the
+/// `f32` field still deserialises to the same value.
+///
+/// ```
+/// # use embodyflow_core::config::defaults_tree;
+/// # use embodyflow_core::stage::{OutputConfig, StageConfig};
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Config { gamma: f32, lr: f64, output: OutputConfig }
+/// impl Default for Config {
+///     fn default() -> Self { Config { gamma: 0.99, lr: 1e-5, output: OutputConfig::default() } }
+/// }
+/// impl StageConfig for Config {
+///     const KEYS: &'static [(&'static str, &'static str)] = &[("gamma", "discount"), ("lr", "learning rate")];
+///     fn output(&self) -> &OutputConfig { &self.output }
+/// }
+/// let tree = defaults_tree::<Config>();
+/// assert_eq!(tree["gamma"].to_string(), "0.99");
+/// assert_eq!(tree["lr"], 1e-5); // an f64 stays as it is
+/// ```
+pub fn defaults_tree<C: StageConfig>() -> Value {
+    let text = serde_json::to_string(&C::default()).expect("a config's defaults serialise to JSON");
+    serde_json::from_str(&text).expect("serde_json reads back what it wrote")
+}
+
+/// One key as `--help` lists it: dotted name, default, meaning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyHelp {
+    /// The dotted key.
+    pub key: String,
+    /// Its default (`null` for an unset optional key).
+    pub default: Value,
+    /// Its meaning from [`StageConfig::KEYS`] or [`OutputConfig::KEYS`].
+    pub meaning: Option<&'static str>,
+}
+
+/// Every key of `C`'s defaults tree (as [`Error::UnknownKey`] lists them:
+/// leaves, an open map as one key) with its default and meaning.
+pub fn key_help<C: StageConfig>() -> Vec<KeyHelp> {
+    let defaults = defaults_tree::<C>();
+    let mut keys = Vec::new();
+    leaf_keys(&defaults, "", &mut keys);
+    keys.into_iter()
+        .map(|key| {
+            let default = key
+                .split('.')
+                .try_fold(&defaults, |node, part| node.get(part))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let meaning = C::KEYS
+                .iter()
+                .chain(OutputConfig::KEYS)
+                .find(|(k, _)| *k == key)
+                .map(|(_, m)| *m);
+            KeyHelp {
+                key,
+                default,
+                meaning,
+            }
+        })
+        .collect()
+}
+
+/// Whether [`StageConfig::KEYS`] documents exactly the keys of `C` (with
+/// [`OutputConfig::KEYS`] for `output.*`): `Err` names every key without a
+/// meaning, every documented key the config lacks and every key documented
+/// twice.
+pub fn check_key_docs<C: StageConfig>() -> std::result::Result<(), String> {
+    let keys = key_help::<C>();
+    let mut problems = Vec::new();
+    for key in keys.iter().filter(|k| k.meaning.is_none()) {
+        problems.push(format!("`{}` has no meaning in KEYS", key.key));
+    }
+    for (i, (documented, _)) in C::KEYS.iter().enumerate() {
+        if documented.starts_with("output.") {
+            problems.push(format!(
+                "KEYS documents `{documented}`, which OutputConfig::KEYS documents"
+            ));
+        } else if !keys.iter().any(|k| k.key == *documented) {
+            problems.push(format!(
+                "KEYS documents `{documented}`, which the config lacks"
+            ));
+        }
+        if C::KEYS[..i].iter().any(|(k, _)| k == documented) {
+            problems.push(format!("KEYS documents `{documented}` twice"));
+        }
+    }
+    for (documented, meaning) in C::KEYS.iter().chain(OutputConfig::KEYS) {
+        if meaning.trim().is_empty() || meaning.contains('\n') {
+            problems.push(format!(
+                "KEYS: the meaning of `{documented}` is not one line"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// The config keys for `--help`: one line each, `key = default   meaning`
+/// (a string default quoted as TOML writes it, an unset optional key as
+/// `unset`).
+pub fn keys_help<C: StageConfig>() -> String {
+    let keys = key_help::<C>();
+    let lefts: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            let default = match &k.default {
+                Value::Null => "unset".to_string(),
+                other => other.to_string(),
+            };
+            format!("{} = {default}", k.key)
+        })
+        .collect();
+    let width = lefts
+        .iter()
+        .map(|l| l.len())
+        .filter(|&l| l <= 44)
+        .max()
+        .unwrap_or(0);
+    let mut text =
+        String::from("Config keys (--set key=value or --config FILE.toml; defaults shown):\n");
+    for (left, key) in lefts.iter().zip(&keys) {
+        let meaning = key.meaning.unwrap_or("(undocumented)");
+        if left.len() <= width {
+            text.push_str(&format!("  {left:<width$}   {meaning}\n"));
+        } else {
+            text.push_str(&format!("  {left}\n  {:<width$}   {meaning}\n", ""));
+        }
+    }
+    text
 }
 
 /// The `output.*` keys every stage has: positive sizes, a zstd level of 1-22.
@@ -315,6 +470,14 @@ mod tests {
     }
 
     impl StageConfig for Config {
+        const KEYS: &'static [(&'static str, &'static str)] = &[
+            ("estimator", "the estimator"),
+            ("step.omega", "step weight"),
+            ("step.mode", "match mode"),
+            ("step.min_tokens", "fewest tokens"),
+            ("step.tau", "temperature"),
+            ("templates", "prompt templates by name"),
+        ];
         fn output(&self) -> &OutputConfig {
             &self.output
         }
@@ -489,6 +652,108 @@ mod tests {
         // A directory is not a config file either.
         let err = load_config::<Config>(Some(dir.path()), &[]).unwrap_err();
         assert!(matches!(&err, Error::Usage(_)), "{err:?}");
+    }
+
+    #[test]
+    fn f32_values_resolve_to_their_shortest_decimal() {
+        #[derive(Debug, serde::Serialize, serde::Deserialize)]
+        #[serde(default)]
+        struct Floats {
+            gamma: f32,
+            lam: f32,
+            lr: f64,
+            output: OutputConfig,
+        }
+        impl Default for Floats {
+            fn default() -> Self {
+                Floats {
+                    gamma: 0.99,
+                    lam: 0.95,
+                    lr: 1e-5,
+                    output: OutputConfig::default(),
+                }
+            }
+        }
+        impl StageConfig for Floats {
+            const KEYS: &'static [(&'static str, &'static str)] =
+                &[("gamma", "g"), ("lam", "l"), ("lr", "r")];
+            fn output(&self) -> &OutputConfig {
+                &self.output
+            }
+        }
+        // Widening gives the long form this replaces.
+        assert_eq!(
+            serde_json::to_value(Floats::default()).unwrap()["gamma"].to_string(),
+            "0.9900000095367432"
+        );
+        let resolved = load_config::<Floats>(None, &sets(&["lam=0.9"])).unwrap();
+        let text = serde_json::to_string(&resolved.json).unwrap();
+        assert!(
+            text.contains(r#""gamma":0.99,"#) && text.contains(r#""lam":0.9,"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""lr":0.00001,"#), "{text}");
+        assert_eq!(resolved.config.gamma, 0.99f32);
+        let report = ConfigReport::resolve::<Floats>("s", "0", None, &[]);
+        let printed = serde_json::to_string(&report).unwrap();
+        assert!(printed.contains(r#""gamma":0.99,"#), "{printed}");
+        // Every f32 reads back as itself through the tree.
+        for bits in (0..u32::MAX).step_by(7_919_993) {
+            let value = f32::from_bits(bits);
+            if !value.is_finite() || value.abs() < 1e-20 || value.abs() > 1e20 {
+                continue;
+            }
+            let tree: Value =
+                serde_json::from_str(&serde_json::to_string(&value).unwrap()).unwrap();
+            let back: f32 = serde_json::from_value(tree).unwrap();
+            assert_eq!(back.to_bits(), bits, "{value}");
+        }
+    }
+
+    #[test]
+    fn key_docs_must_match_the_defaults_tree() {
+        assert_eq!(check_key_docs::<Config>(), Ok(()));
+        let help = keys_help::<Config>();
+        for line in [
+            "step.omega = 1.0",
+            "step.mode = \"exact\"",
+            "step.tau = unset",
+            "templates = {}",
+            "output.zstd_level = ",
+            "rows per Parquet shard file",
+        ] {
+            assert!(help.contains(line), "{line}:\n{help}");
+        }
+        let omega = help.lines().find(|l| l.contains("step.omega")).unwrap();
+        assert!(omega.ends_with("   step weight"), "{omega}");
+
+        #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+        struct Drifted {
+            kept: u32,
+            added: u32,
+            output: OutputConfig,
+        }
+        impl StageConfig for Drifted {
+            const KEYS: &'static [(&'static str, &'static str)] = &[
+                ("kept", "still here"),
+                ("removed", "a key the struct lost"),
+                ("kept", "again"),
+                ("output.zstd_level", "documented in core"),
+            ];
+            fn output(&self) -> &OutputConfig {
+                &self.output
+            }
+        }
+        let err = check_key_docs::<Drifted>().unwrap_err();
+        for part in [
+            "`added` has no meaning",
+            "`removed`, which the config lacks",
+            "`kept` twice",
+            "`output.zstd_level`, which OutputConfig::KEYS documents",
+        ] {
+            assert!(err.contains(part), "{part}: {err}");
+        }
+        assert!(keys_help::<Drifted>().contains("added = 0"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Every consumer reads the same declaration: a stage passes its
 //! [`StageSpec`] to [`crate::stage::Stage::start`] (which refuses `--shard`
-//! for a stage that cannot shard) and shows [`StageSpec::help`] in `--help`;
+//! for a stage that cannot shard) and shows [`StageSpec::help_with_config`]
+//! (the declaration, then its config keys) in `--help`;
 //! the pipeline runner looks stages up in [`STAGES`] (known stages, which
 //! shard, which tables a step's inputs must hold, which outputs to merge,
 //! record and report) without linking the stage crates; and a consumer of
@@ -28,6 +29,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::manifest::Manifest;
+use crate::stage::StageConfig;
 
 /// When a stage needs something it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +210,13 @@ impl StageSpec {
         })
     }
 
-    /// The `--help` text after the options: reads, checkpoints, writes,
+    /// The `--help` text after the options: [`Self::help`], then each config
+    /// key of `C` with its default and meaning ([`crate::config::keys_help`]).
+    pub fn help_with_config<C: StageConfig>(&self) -> String {
+        format!("{}\n\n{}", self.help(), crate::config::keys_help::<C>())
+    }
+
+    /// The stage's declaration for `--help`: reads, checkpoints, writes,
     /// sharding.
     pub fn help(&self) -> String {
         let mut text = String::from("Reads (--input, tables found by name):\n");

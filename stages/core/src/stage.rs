@@ -12,7 +12,10 @@
 //! #[derive(serde::Serialize, serde::Deserialize, Default)]
 //! #[serde(default)]
 //! struct Config { output: OutputConfig, reward_coef: f64 }
-//! impl StageConfig for Config { fn output(&self) -> &OutputConfig { &self.output } }
+//! impl StageConfig for Config {
+//!     const KEYS: &'static [(&'static str, &'static str)] = &[("reward_coef", "reward of a success")];
+//!     fn output(&self) -> &OutputConfig { &self.output }
+//! }
 //!
 //! # fn run(args: &StageArgs) -> embodyflow_core::Result<()> {
 //! let stage = Stage::<Config>::start("score-rewards", env!("CARGO_PKG_VERSION"), args)?;
@@ -58,6 +61,16 @@ pub struct OutputConfig {
     pub zstd_level: i32,
 }
 
+impl OutputConfig {
+    /// The meaning of each `output.*` key, shown in every stage's `--help`
+    /// with the stage's own [`StageConfig::KEYS`].
+    pub const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("output.rows_per_shard", "rows per Parquet shard file"),
+        ("output.row_group_rows", "rows per Parquet row group"),
+        ("output.zstd_level", "zstd compression level, 1-22"),
+    ];
+}
+
 impl Default for OutputConfig {
     fn default() -> Self {
         let d = WriteOptions::default();
@@ -71,6 +84,14 @@ impl Default for OutputConfig {
 
 /// A stage's config type.
 pub trait StageConfig: Serialize + DeserializeOwned + Default {
+    /// Every dotted key of the config but `output.*` with its one-line
+    /// meaning, for `--help` ([`crate::config::keys_help`], which takes the
+    /// defaults from `Default`). The keys are those the defaults tree has:
+    /// [`crate::config::check_key_docs`], called by each stage's tests,
+    /// fails on a key without a meaning or a meaning without a key, so the
+    /// table cannot drift from the struct.
+    const KEYS: &'static [(&'static str, &'static str)];
+
     /// The output layout settings.
     fn output(&self) -> &OutputConfig;
 

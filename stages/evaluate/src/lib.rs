@@ -32,8 +32,8 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_models::policy::Sampling;
+use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `evaluate`.
@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
     name = spec::EVALUATE.name,
     version,
     about = spec::EVALUATE.purpose,
-    after_help = spec::EVALUATE.help()
+    after_help = spec::EVALUATE.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -102,6 +102,18 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("batch_rows", "sequences per decoding batch"),
+        ("max_new_tokens", "most tokens per answer"),
+        (
+            "pass_at_k.samples",
+            "sampled answers per task and layout for pass@k (0: no pass@k)",
+        ),
+        ("pass_at_k.temperature", "pass@k sampling temperature (> 0)"),
+        ("pass_at_k.top_p", "pass@k nucleus sampling mass (1: off)"),
+        ("runs", "scene layouts per task"),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -466,5 +478,14 @@ mod tests {
         let by_split = success_by(&rows, |r| r.split.clone());
         assert_eq!(by_split["val"], (0.75, 0.5, 1.0, 2));
         assert_eq!(by_split["unseen"], (0.0, 0.0, 0.0, 1));
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

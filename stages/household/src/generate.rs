@@ -28,7 +28,7 @@ use crate::text::task_row;
     name = spec::GENERATE_TASKS.name,
     version,
     about = spec::GENERATE_TASKS.purpose,
-    after_help = spec::GENERATE_TASKS.help()
+    after_help = spec::GENERATE_TASKS.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -58,6 +58,11 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("count", "number of tasks to generate (at least 1)"),
+        ("split", "task split: train, val or unseen"),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -142,5 +147,14 @@ mod tests {
         );
         let problem = resolve(&["count=0"]).problem.unwrap();
         assert_eq!(problem.key.as_deref(), Some("count"));
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
     name = spec::JUDGE_STEPS.name,
     version,
     about = spec::JUDGE_STEPS.purpose,
-    after_help = spec::JUDGE_STEPS.help()
+    after_help = spec::JUDGE_STEPS.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -54,6 +54,8 @@ pub struct Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -218,5 +220,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("trajectory `c`"), "{error}");
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

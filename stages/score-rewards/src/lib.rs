@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
     name = spec::SCORE_REWARDS.name,
     version,
     about = spec::SCORE_REWARDS.purpose,
-    after_help = spec::SCORE_REWARDS.help()
+    after_help = spec::SCORE_REWARDS.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -151,6 +151,31 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("batch_rows", "rows per record batch read from trajectories"),
+        ("match.mode", "rule step match: exact, prefix or lcs"),
+        (
+            "missing_tasks",
+            "a trajectory whose task is not in tasks: error or skip",
+        ),
+        (
+            "reward.action_list",
+            "embodied_r1: JSON file with the action names (index = action id)",
+        ),
+        (
+            "reward.fn",
+            "reward function: outcome, embodied_r1 or verify",
+        ),
+        (
+            "reward.reward_coef",
+            "outcome reward for a completed task (1.0 SimpleVLA-RL, 5.0 LaST-R1)",
+        ),
+        (
+            "reward.tolerant",
+            "embodied_r1: tolerant parsing instead of the reference's strict parsing",
+        ),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -532,5 +557,14 @@ mod tests {
             "{err:?}"
         );
         assert!(err.to_string().contains("no/such/actions.json"), "{err}");
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

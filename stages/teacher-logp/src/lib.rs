@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
     name = spec::TEACHER_LOGP.name,
     version,
     about = spec::TEACHER_LOGP.purpose,
-    after_help = spec::TEACHER_LOGP.help()
+    after_help = spec::TEACHER_LOGP.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -100,6 +100,29 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        (
+            "batch_rows",
+            "steps per forward pass (each a teacher and a student sequence)",
+        ),
+        (
+            "temperature",
+            "log-probs of logits / temperature (1: the model's own distribution)",
+        ),
+        (
+            "template.name",
+            "template name, recorded in the template column",
+        ),
+        (
+            "template.student",
+            "student context template (must not hold {reference_plan})",
+        ),
+        (
+            "template.teacher",
+            "teacher context template (must hold {reference_plan})",
+        ),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -605,5 +628,14 @@ mod tests {
         assert!((std - (2.0f64 / 3.0).sqrt()).abs() < 1e-12);
         assert_eq!((min, max), (-1.0, 1.0));
         assert!(contrast_stats(&[]).is_none());
+    }
+}
+
+/// The stage's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
     }
 }

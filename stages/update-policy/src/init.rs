@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
     name = spec::INIT_POLICY.name,
     version,
     about = spec::INIT_POLICY.purpose,
-    after_help = spec::INIT_POLICY.help()
+    after_help = spec::INIT_POLICY.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -103,6 +103,25 @@ pub struct Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("model.n_ctx", "longest prompt + response, in tokens"),
+        ("model.n_embd", "model width"),
+        ("model.n_head", "attention heads"),
+        ("model.n_layer", "transformer blocks"),
+        (
+            "tokenizer.corpus_tasks",
+            "generated training tasks whose prompts and answers train the tokenizer",
+        ),
+        (
+            "tokenizer.from",
+            "reuse this tokenizer.json (or a checkpoint holding one) instead of training one",
+        ),
+        (
+            "tokenizer.vocab_size",
+            "tokens in the vocabulary, special tokens included",
+        ),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
@@ -238,5 +257,15 @@ mod tests {
         ] {
             assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
         }
+    }
+}
+
+/// Init-policy's and update-policy's `KEYS` table documents exactly the config's keys.
+#[cfg(test)]
+mod config_keys {
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
+        embodyflow_core::config::check_key_docs::<crate::Config>().unwrap();
     }
 }

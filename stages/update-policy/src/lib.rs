@@ -78,7 +78,7 @@ use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
     name = spec::UPDATE_POLICY.name,
     version,
     about = spec::UPDATE_POLICY.purpose,
-    after_help = spec::UPDATE_POLICY.help()
+    after_help = spec::UPDATE_POLICY.help_with_config::<Config>()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -278,6 +278,89 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("epochs", "passes over the examples (veRL ppo_epochs)"),
+        (
+            "grad_accumulation",
+            "mini-batches per optimizer step (loss normalised over all of them)",
+        ),
+        ("iteration", "iteration recorded in the metrics rows"),
+        (
+            "kl_reference",
+            "reference checkpoint of the KL penalty (needed when ppo.kl_coef > 0)",
+        ),
+        (
+            "micro_batch",
+            "sequences per forward/backward pass (veRL ppo_micro_batch_size_per_gpu)",
+        ),
+        (
+            "mini_batch",
+            "sequences per mini-batch (veRL ppo_mini_batch_size)",
+        ),
+        ("objective", "what to optimise: ppo or sft"),
+        ("optim.beta1", "AdamW beta1"),
+        ("optim.beta2", "AdamW beta2"),
+        ("optim.grad_clip", "largest gradient norm (0: no clipping)"),
+        (
+            "optim.lr",
+            "learning rate (the base rate the schedule scales)",
+        ),
+        (
+            "optim.min_lr_ratio",
+            "cosine: the floor as a fraction of optim.lr",
+        ),
+        (
+            "optim.resume",
+            "continue from the AdamW state saved in the input checkpoint (same objective)",
+        ),
+        (
+            "optim.schedule",
+            "learning-rate schedule: constant, linear_warmup or cosine",
+        ),
+        (
+            "optim.total_steps",
+            "cosine: the step at which the rate reaches its floor (over the whole run)",
+        ),
+        (
+            "optim.warmup_steps",
+            "linear_warmup, cosine: steps of the linear warm-up from 0",
+        ),
+        ("optim.weight_decay", "decoupled weight decay"),
+        ("ppo.clip_high", "upper clip range eps_high (clip-higher)"),
+        ("ppo.clip_low", "lower clip range eps_low"),
+        (
+            "ppo.dual_clip",
+            "dual-clip constant c for negative advantages (> 1)",
+        ),
+        (
+            "ppo.entropy_coef",
+            "entropy bonus coefficient (the loss subtracts coef * entropy)",
+        ),
+        ("ppo.kl_coef", "KL penalty coefficient beta (0: off)"),
+        ("ppo.kl_estimator", "KL estimator: k1, k2 or k3"),
+        (
+            "ppo.loss_agg",
+            "loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean",
+        ),
+        (
+            "sft.context",
+            "context each expert answer is trained after: prompt, reference or both",
+        ),
+        (
+            "sft.demos_per_task_type",
+            "keep only the first N tasks of each task type (unset: all)",
+        ),
+        (
+            "sft.template.name",
+            "teacher template name (context = reference | both)",
+        ),
+        ("sft.template.student", "student context template"),
+        (
+            "sft.template.teacher",
+            "teacher context template, with {reference_plan}",
+        ),
+    ];
+
     fn output(&self) -> &OutputConfig {
         &self.output
     }
