@@ -467,7 +467,7 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
     const ROW: i32 = 12;
     const STRIP: i32 = 8;
     const LEFT: i32 = 190;
-    const TOP: i32 = 60;
+    const TOP: i32 = 76;
     const BARS: i32 = 220;
     let longest = rows.iter().map(|r| r.advantages.len()).max().unwrap_or(0);
     let scale = rows
@@ -476,7 +476,7 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
         .fold(0.0f32, |m, v| m.max(v.abs()));
     let band = 2 * ROW + 6;
     let body = rows.len().max(1) as i32 * band;
-    let width = (LEFT + longest.max(40) as i32 * CELL + BARS) as u32;
+    let width = (LEFT + longest.max(40) as i32 * CELL + BARS).max(640) as u32;
     let height = (TOP + body.max(260) + 60) as u32;
     let draw = || -> std::result::Result<(), embodyflow_plots::PlotError> {
         let root = canvas(path, (width, height))?;
@@ -498,15 +498,31 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
                 text(12).pos(Pos::new(HPos::Left, VPos::Center)),
             ))?;
         }
+        let step_zero = rows
+            .iter()
+            .flat_map(|r| r.step_adv.iter().flatten())
+            .all(|&v| v == 0.0);
         root.draw(&Text::new(
-            "rows: A (upper), A^S (lower)",
-            (400, 40),
+            if scale == 0.0 && step_zero {
+                "rows: A (upper), A^S (lower); every A and A^S is 0"
+            } else {
+                "rows: A (upper), A^S (lower)"
+            },
+            (10, 58),
             text(12).pos(Pos::new(HPos::Left, VPos::Center)),
         ))?;
         for (i, row) in rows.iter().enumerate() {
             let top = TOP + i as i32 * band;
             let outcome = if row.success { key[0].0 } else { key[1].0 };
-            let label: String = row.label.chars().take(24).collect();
+            // Ids share their prefix: the end tells responses apart.
+            let chars: Vec<char> = row.label.chars().collect();
+            let label: String = if chars.len() > 26 {
+                std::iter::once('…')
+                    .chain(chars[chars.len() - 25..].iter().copied())
+                    .collect()
+            } else {
+                row.label.clone()
+            };
             root.draw(&Text::new(
                 label,
                 (LEFT - STRIP - 40, top + ROW),
@@ -1210,11 +1226,11 @@ mod tests {
         heatmap_png(&path, &rows).unwrap();
         let png = Png::read(&path).unwrap();
         // LEFT + 60 tokens of 4 px + two colour bars; title, 3 bands, axis.
-        assert_eq!((png.width, png.height), (190 + 240 + 220, 60 + 260 + 60));
+        assert_eq!((png.width, png.height), (190 + 240 + 220, 76 + 260 + 60));
         assert!(png.colours() > 50, "{} colours", png.colours());
         assert!(png.dark_in(100..550, 0..30) > 50, "no title");
-        assert!(png.dark_in(0..150, 60..150) > 30, "no row names");
-        assert!(png.dark_in(190..430, 152..200) > 30, "no token axis");
-        assert!(png.dark_in(440..650, 60..320) > 60, "no colour bars");
+        assert!(png.dark_in(0..150, 76..166) > 30, "no row names");
+        assert!(png.dark_in(190..430, 168..216) > 30, "no token axis");
+        assert!(png.dark_in(440..650, 76..336) > 60, "no colour bars");
     }
 }
