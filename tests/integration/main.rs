@@ -4,6 +4,7 @@ mod bad_config;
 mod bad_shards;
 mod commit;
 mod compute_advantages;
+mod examples;
 mod grpo_step;
 mod killed_writer;
 mod learning_loop;
