@@ -21,6 +21,9 @@
 //!   called from module level with 3.11, one level fewer per caller frame), so
 //!   the exact depth depends on the caller; no real answer comes near it.
 //!
+//! [`Walker`] reads values from many starts (to find JSON inside prose) in
+//! linear time overall, with the same grammar and no depth limit.
+//!
 //! ```
 //! use embodyflow_algos::json_spans::{parse, Json};
 //! let text = r#"{"a": [1, "x\"y"], "a": [NaN]}"#;
