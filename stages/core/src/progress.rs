@@ -40,7 +40,7 @@ fn interval() -> Option<Duration> {
         return Some(DEFAULT_INTERVAL);
     };
     match text.trim().parse::<f64>() {
-        Ok(secs) if secs == 0.0 => None,
+        Ok(0.0) => None,
         Ok(secs) if secs.is_finite() && secs > 0.0 => Some(Duration::from_secs_f64(secs)),
         _ => Some(DEFAULT_INTERVAL),
     }
