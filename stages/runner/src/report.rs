@@ -44,7 +44,8 @@ fn fmt(value: Option<f64>) -> String {
 struct Row {
     train: Option<f64>,
     evals: BTreeMap<String, f64>,
-    update: Option<Vec<f64>>,
+    /// Mean loss, approx KL and entropy; approx KL is null on SFT rows.
+    update: Option<Vec<Option<f64>>>,
     score: Option<f64>,
     diagnostics: Option<VariantDiagnostics>,
 }
@@ -70,8 +71,12 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
                     }
                 }
                 Output::Table(TableName::Metrics) => {
-                    row.update =
-                        column_means(dir, TableName::Metrics, &["loss", "approx_kl", "entropy"])
+                    row.update = embodyflow_report::column_means(
+                        &dir.join(TableName::Metrics.as_str()),
+                        TableName::Metrics,
+                        &["loss", "approx_kl", "entropy"],
+                    )
+                    .ok()
                 }
                 Output::Table(TableName::Rewards) => {
                     row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
@@ -323,9 +328,9 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                     .map(|n| format!("{} | ", fmt(row.evals.get(n).copied())))
                     .collect::<String>(),
                 fmt(row.score),
-                fmt(update.map(|u| u[0])),
-                fmt(update.map(|u| u[1])),
-                fmt(update.map(|u| u[2])),
+                fmt(update.and_then(|u| u[0])),
+                fmt(update.and_then(|u| u[1])),
+                fmt(update.and_then(|u| u[2])),
             ));
         }
         let iterations = rows.keys().flatten().max().map_or(0, |m| m + 1);

@@ -765,10 +765,13 @@ pub fn train(
                 update: metrics.len() as i32,
                 loss: loss_sum as f32,
                 pg_loss: pg_sum as f32,
-                clipfrac: (clipped / denominators.tokens) as f32,
+                // PPO-only figures are null on SFT rows.
+                clipfrac: (config.objective == Objective::Ppo)
+                    .then_some((clipped / denominators.tokens) as f32),
                 clipfrac_lower: (config.objective == Objective::Ppo)
                     .then_some((clipped_lower / denominators.tokens) as f32),
-                approx_kl: (approx_kl / denominators.tokens) as f32,
+                approx_kl: (config.objective == Objective::Ppo)
+                    .then_some((approx_kl / denominators.tokens) as f32),
                 entropy: entropy_sum as f32,
                 kl_loss: (config.ppo.kl_coef > 0.0).then_some(kl_loss_sum as f32),
                 latent_loss: None,
@@ -958,8 +961,14 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             report.metrics.iter().map(|m| f(m) as f64).sum::<f64>() / report.metrics.len() as f64
         };
         summary
-            .add("mean clipfrac", format!("{:.4}", mean(|m| m.clipfrac)))
-            .add("mean approx_kl", format!("{:.5}", mean(|m| m.approx_kl)))
+            .add(
+                "mean clipfrac",
+                format!("{:.4}", mean(|m| m.clipfrac.unwrap_or(f32::NAN))),
+            )
+            .add(
+                "mean approx_kl",
+                format!("{:.5}", mean(|m| m.approx_kl.unwrap_or(f32::NAN))),
+            )
             .add("mean entropy", format!("{:.4}", mean(|m| m.entropy)));
     }
     stage.commit(&summary)?;
@@ -1153,7 +1162,9 @@ mod tests {
             .unwrap();
             assert_eq!(report.metrics.len(), 4);
             assert!(
-                report.metrics[0].approx_kl.abs() < 1e-6,
+                report.metrics[0]
+                    .approx_kl
+                    .is_some_and(|kl| kl.abs() < 1e-6),
                 "starts at the behaviour policy"
             );
             let after = response_logprob(&policy, &example);
