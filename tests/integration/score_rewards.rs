@@ -62,7 +62,7 @@ fn write_fixture(dir: &Path, groups: usize) {
             gt_actions: Some(
                 GT.iter()
                     .map(|&(id, n)| PlanAction {
-                        action_id: id,
+                        action_id: i64::from(id),
                         action_name: n.into(),
                     })
                     .collect(),
@@ -130,9 +130,11 @@ fn embodied_r1_and_step_matches_by_hand() {
     assert_eq!(result.code, 0, "{result}");
     let rows = rewards(&dir.path().join("r1"));
     let scores: Vec<f32> = rows.iter().map(|r| r.score).collect();
-    // perfect: accuracy 1 + format 0.25 (no action list); fenced: 0 under strict parsing;
-    // shifted: accuracy 0, format 0.25; broken and closed-loop: 0.
-    assert_eq!(scores, vec![1.25, 0.0, 0.25, 0.0, 0.0]);
+    // perfect: accuracy 1 + format 0.125 (valid items; no structure bonus: the
+    // reference's needs all four answer keys, these answers have two; no
+    // action list); fenced: 0 under strict parsing; shifted: accuracy 0,
+    // format 0.125; broken and closed-loop: 0.
+    assert_eq!(scores, vec![1.125, 0.0, 0.125, 0.0, 0.0]);
     let matches: Vec<Option<Vec<i8>>> = rows.iter().map(|r| r.step_match.clone()).collect();
     assert_eq!(
         matches,
@@ -308,7 +310,7 @@ fn household_task() -> TaskRow {
             HOUSEHOLD_GT
                 .iter()
                 .map(|&(id, n)| PlanAction {
-                    action_id: id,
+                    action_id: i64::from(id),
                     action_name: n.into(),
                 })
                 .collect(),

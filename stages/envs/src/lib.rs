@@ -24,7 +24,7 @@
 //! assert!(outcome.success);
 //! ```
 
-use embodyflow_algos::plan::{Plan, PlanStep, extract};
+use embodyflow_algos::plan::{IdKind, Plan, PlanStep, extract};
 use embodyflow_core::schemas::{PredictedAction, TaskRow};
 use embodyflow_core::{Error, Result};
 use embodyflow_household as household;
@@ -112,7 +112,7 @@ impl TaskEnv {
     fn execute_steps(&self, steps: &[PlanStep]) -> Outcome {
         match self {
             TaskEnv::Household(task) => {
-                let steps = household_steps(steps.iter().map(|s| (s.action_id, &s.action_name)));
+                let steps = household_steps(steps.iter().map(|s| (executed_id(s), &s.action_name)));
                 let execution = household::execute(task, &steps);
                 Outcome {
                     success: execution.success,
@@ -146,6 +146,17 @@ impl TaskEnv {
 /// tasks per environment (household), drawn from `seed`.
 pub fn corpus(count: usize, seed: u64) -> Vec<String> {
     household::corpus(count, seed)
+}
+
+/// The id a predicted step is executed by: its integer id; none when it has
+/// no id (the executor then looks its name up); and an id that names no
+/// action (-1: an invalid step) when its id is an integer beyond i64 or a
+/// bool — ids that exist but name nothing, never replaced by the name.
+fn executed_id(step: &PlanStep) -> Option<i64> {
+    match step.id_kind {
+        IdKind::BigInteger | IdKind::Bool => Some(-1),
+        IdKind::Integer | IdKind::Missing | IdKind::Other => step.action_id,
+    }
 }
 
 /// Predicted steps (id, name) as the household executor takes them.
@@ -184,6 +195,31 @@ mod tests {
                 assert!(outcome.step_valid.iter().all(|&v| v));
             }
         }
+    }
+
+    #[test]
+    fn an_id_beyond_i64_or_a_bool_id_is_an_invalid_step_never_run_by_name() {
+        let env = &envs()[0];
+        let answer = env.expert_answer().unwrap();
+        let plan_at = answer.find("\"executable_plan\"").unwrap();
+        let id_at = plan_at + answer[plan_at..].find("\"action_id\":").unwrap() + 12;
+        let digits = answer[id_at..]
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .count();
+        let start = id_at + (answer[id_at..].len() - answer[id_at..].trim_start().len());
+        let with_id = |id: &str| format!("{}{id}{}", &answer[..start], &answer[start + digits..]);
+        for id in ["99999999999999999999999", "true"] {
+            let outcome = env.execute(&with_id(id));
+            assert!(!outcome.step_valid[0], "{id}: {outcome:?}");
+            assert!(!outcome.success, "{id}");
+        }
+        // The same step with its id as an integer runs.
+        assert!(
+            env.execute(&with_id(&answer[start..start + digits]))
+                .step_valid[0]
+        );
     }
 
     #[test]
