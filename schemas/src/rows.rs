@@ -28,8 +28,9 @@ macro_rules! row {
 /// One action of a plan: an id in the environment's action list and its name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PlanAction {
-    /// Index in the environment's enumerated action list.
-    pub action_id: i32,
+    /// Index in the environment's enumerated action list (i64, as in
+    /// [`PredictedAction`] and the rewards table).
+    pub action_id: i64,
     /// The action's text, e.g. `find a Mug`.
     pub action_name: String,
 }
@@ -238,7 +239,7 @@ pub trait Examples: Row {
     fn examples() -> Vec<Self>;
 }
 
-fn plan(steps: &[(i32, &str)]) -> Vec<PlanAction> {
+fn plan(steps: &[(i64, &str)]) -> Vec<PlanAction> {
     steps
         .iter()
         .map(|&(action_id, name)| PlanAction {

@@ -251,7 +251,7 @@ fn main() {
         .iter()
         .enumerate()
         .map(|(id, n)| PlanAction {
-            action_id: id as i32,
+            action_id: id as i64,
             action_name: n.to_string(),
         })
         .collect();

@@ -62,7 +62,7 @@ fn fixture() -> Fixture {
             gt_actions: Some(
                 GT.iter()
                     .map(|&(id, n)| PlanAction {
-                        action_id: id,
+                        action_id: i64::from(id),
                         action_name: n.into(),
                     })
                     .collect(),

@@ -278,6 +278,7 @@ fn rows_round_trip_and_bad_rows_name_the_task() {
         assert_eq!(row.task_type.as_deref(), Some(task.task_type.as_str()));
         let gt = row.gt_actions.as_ref().unwrap();
         let plan = expert_plan(&task);
+        let plan: Vec<i64> = plan.into_iter().map(i64::from).collect();
         assert_eq!(gt.iter().map(|a| a.action_id).collect::<Vec<_>>(), plan);
         assert_eq!(task_from_row(&row).unwrap(), task);
     }

@@ -160,7 +160,7 @@ pub fn task_row(task: &Task) -> TaskRow {
             expert_plan(task)
                 .into_iter()
                 .map(|id| PlanAction {
-                    action_id: id,
+                    action_id: i64::from(id),
                     action_name: list[id as usize].name.clone(),
                 })
                 .collect(),

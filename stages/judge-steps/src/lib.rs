@@ -186,7 +186,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|a| PredictedAction {
-                action_id: Some(i64::from(a.action_id)),
+                action_id: Some(a.action_id),
                 action_name: Some(a.action_name),
             })
             .collect();

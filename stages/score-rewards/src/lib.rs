@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
-use arrow::array::{Array, BooleanArray, Int32Array, ListArray, StringArray, StructArray};
+use arrow::array::{Array, BooleanArray, Int64Array, ListArray, StringArray, StructArray};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
 use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
 use embodyflow_core::cli::StageArgs;
@@ -329,8 +329,8 @@ fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
                 .column_by_name("action_id")
                 .expect("schema")
                 .as_any()
-                .downcast_ref::<Int32Array>()
-                .expect("i32");
+                .downcast_ref::<Int64Array>()
+                .expect("i64");
             let names = steps
                 .column_by_name("action_name")
                 .expect("schema")
@@ -339,7 +339,7 @@ fn read_gt(tasks: &TableReader) -> Result<HashMap<String, Vec<GtStep>>> {
                 .expect("utf8");
             let plan = (0..steps.len())
                 .map(|k| GtStep {
-                    action_id: i64::from(action_ids.value(k)),
+                    action_id: action_ids.value(k),
                     action_name: names.value(k).to_string(),
                 })
                 .collect();
