@@ -485,14 +485,44 @@ fn show<R: Row>(
     Ok(())
 }
 
+/// The JSON text of `value`, its floats written as f32 when `f32s` (a
+/// `serde_json::Value` widens an f32 to f64: 0.99 would read
+/// 0.9900000095367432); a float keeps a `.0` so readers see a float.
+fn json_text(value: &serde_json::Value, f32s: bool) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if f32s && n.is_f64() => {
+            let text = (n.as_f64().expect("an f64") as f32).to_string();
+            if text.contains(['.', 'e', 'i', 'N']) {
+                text
+            } else {
+                text + ".0"
+            }
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(|v| json_text(v, f32s)).collect();
+            format!("[{}]", items.join(","))
+        }
+        Value::Object(map) => {
+            let fields: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), json_text(v, f32s)))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        other => other.to_string(),
+    }
+}
+
 /// One CSV cell (RFC 4180) of a row's JSON value: empty for null, strings as
-/// they are, numbers and booleans as JSON, lists and objects as JSON text;
-/// quoted when it holds a comma, quote or line break.
-fn csv_cell(value: Option<&serde_json::Value>) -> String {
+/// they are, numbers and booleans as JSON, lists and objects as JSON text
+/// (floats as f32 when the column's floats are all f32, `f32s`); quoted
+/// when it holds a comma, quote or line break.
+fn csv_cell(value: Option<&serde_json::Value>, f32s: bool) -> String {
     let text = match value {
         None | Some(serde_json::Value::Null) => return String::new(),
         Some(serde_json::Value::String(text)) => text.clone(),
-        Some(other) => other.to_string(),
+        Some(other) => json_text(other, f32s),
     };
     if text.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", text.replace('"', "\"\""))
@@ -510,7 +540,17 @@ fn export<R: Row>(
     label: &str,
 ) -> Result<u64> {
     let reader = TableReader::open(dir, R::TABLE)?;
-    let columns = R::TABLE.def().column_names();
+    let def = R::TABLE.def();
+    let columns = def.column_names();
+    // Columns whose floats are all f32 (f32, list<f32>, …; not with an f64).
+    let f32s: Vec<bool> = def
+        .columns
+        .iter()
+        .map(|c| {
+            let ty = format_type(&c.data_type);
+            ty.contains("f32") && !ty.contains("f64")
+        })
+        .collect();
     let bar = progress::bar(reader.num_rows(), "exporting");
     let mut write = |text: &str| match out.write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
@@ -531,8 +571,11 @@ fn export<R: Row>(
                 }
                 ExportFormat::Csv => {
                     let value = serde_json::to_value(&row).expect("rows serialise");
-                    let cells: Vec<String> =
-                        columns.iter().map(|c| csv_cell(value.get(*c))).collect();
+                    let cells: Vec<String> = columns
+                        .iter()
+                        .zip(&f32s)
+                        .map(|(c, f)| csv_cell(value.get(*c), *f))
+                        .collect();
                     text.push_str(&cells.join(","));
                 }
             }
@@ -635,8 +678,14 @@ mod tests {
 
     #[test]
     fn csv_cells_quote_what_needs_it() {
-        let cell = |v: serde_json::Value| csv_cell(Some(&v));
-        assert_eq!(csv_cell(None), "");
+        let cell = |v: serde_json::Value| csv_cell(Some(&v), false);
+        assert_eq!(csv_cell(None, true), "");
+        let f32s = |v: serde_json::Value| csv_cell(Some(&v), true);
+        assert_eq!(f32s(serde_json::json!(0.99f32)), "0.99");
+        assert_eq!(cell(serde_json::json!(0.99f32)), "0.9900000095367432");
+        assert_eq!(f32s(serde_json::json!(2.0f32)), "2.0");
+        assert_eq!(f32s(serde_json::json!(3)), "3");
+        assert_eq!(f32s(serde_json::json!([0.1f32, -2.5f32])), "\"[0.1,-2.5]\"");
         assert_eq!(cell(serde_json::Value::Null), "");
         assert_eq!(cell(serde_json::json!("plain")), "plain");
         assert_eq!(

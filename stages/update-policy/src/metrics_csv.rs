@@ -4,7 +4,8 @@
 //! The format is `table export --format csv`'s (RFC 4180): a header with the
 //! `metrics` columns in schema order, then one record per optimizer step; a
 //! null (a figure the objective does not compute, e.g. `kl_loss` without a
-//! KL penalty) is an empty cell, numbers are written as in JSON. It is
+//! KL penalty) is an empty cell, floats are written in their shortest f32
+//! form (`0.0001`, not `0.00009999999747378752`), integers as they are. It is
 //! staged and committed with the run's other outputs.
 //!
 //! ```text
@@ -30,6 +31,15 @@ pub fn metrics_csv(rows: &[MetricRow]) -> String {
             .iter()
             .map(|c| match value.get(*c) {
                 None | Some(serde_json::Value::Null) => String::new(),
+                // Every float column is f32; a Value holds it widened to f64.
+                Some(serde_json::Value::Number(n)) if n.is_f64() => {
+                    let text = (n.as_f64().expect("an f64") as f32).to_string();
+                    if text.contains(['.', 'e', 'i', 'N']) {
+                        text
+                    } else {
+                        text + ".0"
+                    }
+                }
                 Some(v) => v.to_string(),
             })
             .collect();
@@ -68,6 +78,8 @@ mod tests {
             assert_eq!(cells.len(), columns.len(), "{line}");
             let at = |name: &str| cells[columns.iter().position(|c| *c == name).unwrap()];
             assert_eq!(at("loss").parse::<f32>().unwrap(), row.loss);
+            assert_eq!(at("lr").parse::<f32>().unwrap(), row.lr);
+            assert!(at("lr").len() <= 12, "not the f32's shortest form: {line}");
             assert_eq!(at("kl_loss").is_empty(), row.kl_loss.is_none(), "{line}");
         }
     }
