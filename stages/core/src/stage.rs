@@ -18,7 +18,8 @@
 //! }
 //!
 //! # fn run(args: &StageArgs) -> embodyflow_core::Result<()> {
-//! let stage = Stage::<Config>::start("score-rewards", env!("CARGO_PKG_VERSION"), args)?;
+//! let spec = &embodyflow_core::spec::SCORE_REWARDS;
+//! let stage = Stage::<Config>::start(spec, env!("CARGO_PKG_VERSION"), args)?;
 //! stage.check_outputs(&[TableName::Rewards])?;      // exit 2 before work if it exists
 //! let trajectories = stage.input(TableName::Trajectories)?; // recorded as lineage
 //! let mut writer = stage.writer(TableName::Rewards)?;
