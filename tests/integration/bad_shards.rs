@@ -406,3 +406,117 @@ fn a_step_index_outside_its_declared_range_is_rejected() {
         );
     }
 }
+
+/// `table`'s first shard rewritten as schema version `version` with the
+/// columns `batch` holds (an older writer's shard), manifest to match.
+fn as_older_version(table: &Path, batch: &RecordBatch, name: &str, version: u32) {
+    let version_text = version.to_string();
+    forge_first_shard(
+        table,
+        batch,
+        &[(META_TABLE, name), (META_VERSION, &version_text)],
+    );
+    let mut manifest = Manifest::read(table).unwrap();
+    manifest.schema_version = version;
+    reseal(table, manifest);
+}
+
+/// `batch` with column `name` cast to `data_type` (nullability `nullable`).
+fn with_column(
+    batch: &RecordBatch,
+    name: &str,
+    data_type: DataType,
+    nullable: bool,
+) -> RecordBatch {
+    let index = batch.schema().index_of(name).unwrap();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields[index] = Field::new(name, data_type.clone(), nullable);
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns[index] = cast(&columns[index], &data_type).unwrap();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
+
+#[test]
+fn tables_of_an_older_schema_version_are_read_when_their_columns_widen() {
+    use embodyflow_core::schemas::{MetricRow, TaskRow};
+    // tasks v1: gt_actions.action_id was i32 (v2: i64).
+    let dir = tempfile::tempdir().unwrap();
+    embodyflow_tests::write_table(dir.path(), &TaskRow::examples());
+    let table = dir.path().join("tasks");
+    let reader = TableReader::open(&table, TableName::Tasks).unwrap();
+    let rows: Vec<TaskRow> = reader.read_rows().unwrap();
+    let batch = reader.batches(None, 1024).unwrap().next().unwrap().unwrap();
+    let DataType::List(item) = batch
+        .schema()
+        .field_with_name("gt_actions")
+        .unwrap()
+        .data_type()
+        .clone()
+    else {
+        panic!("gt_actions is a list")
+    };
+    let DataType::Struct(fields) = item.data_type().clone() else {
+        panic!("of structs")
+    };
+    let v1_fields: Vec<Field> = fields
+        .iter()
+        .map(|f| match f.name().as_str() {
+            "action_id" => Field::new("action_id", DataType::Int32, f.is_nullable()),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let v1_type = DataType::List(Arc::new(Field::new(
+        item.name(),
+        DataType::Struct(v1_fields.into()),
+        item.is_nullable(),
+    )));
+    let v1 = with_column(&batch, "gt_actions", v1_type, true);
+    as_older_version(&table, &v1, "tasks", 1);
+    let read: Vec<TaskRow> = TableReader::open(&table, TableName::Tasks)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert_eq!(read, rows);
+    assert_eq!(validate(&table).code, 0);
+
+    // metrics v1: clipfrac was not null (v2: nullable).
+    let dir = tempfile::tempdir().unwrap();
+    let metrics: Vec<MetricRow> = MetricRow::examples()
+        .into_iter()
+        .map(|m| MetricRow {
+            clipfrac: Some(m.clipfrac.unwrap_or(0.0)),
+            ..m
+        })
+        .collect();
+    embodyflow_tests::write_table(dir.path(), &metrics);
+    let table = dir.path().join("metrics");
+    let batch = original_batch_of(&table, TableName::Metrics);
+    let v1 = with_column(&batch, "clipfrac", DataType::Float32, false);
+    as_older_version(&table, &v1, "metrics", 1);
+    let read: Vec<MetricRow> = TableReader::open(&table, TableName::Metrics)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    assert_eq!(read, metrics);
+
+    // A narrowing is no upgrade: an older shard with f64 scores is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let table = rewards_table(dir.path());
+    let batch = original_batch(&table);
+    let v0 = with_column(&batch, "score", DataType::Float64, false);
+    as_older_version(&table, &v0, "rewards", 0);
+    assert_rejected(
+        &validate(&table),
+        &["`schema_version`", "is 0", "expected 1"],
+    );
+}
+
+fn original_batch_of(table_dir: &Path, table: TableName) -> RecordBatch {
+    let reader = TableReader::open(table_dir, table).unwrap();
+    reader.batches(None, 1024).unwrap().next().unwrap().unwrap()
+}

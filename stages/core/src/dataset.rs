@@ -21,7 +21,11 @@
 //! checked before its first batch: its size against the manifest (truncation),
 //! its Parquet metadata (table name and schema version, so a foreign Parquet
 //! file is rejected) and its Arrow schema against `schemas/` (every column
-//! present with the declared type and nullability, nothing extra).
+//! present with the declared type and nullability, nothing extra). A shard of
+//! an older schema version is read when every column widens losslessly to
+//! the current type (wider integers or floats, non-null into nullable, lists
+//! and structs of such): its batches are cast as they stream, so tables
+//! written before such a change stay readable.
 //!
 //! ```no_run
 //! # use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
@@ -46,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{FieldRef, Schema};
+use arrow::datatypes::{DataType, FieldRef, Schema};
 use embodyflow_schemas::{META_TABLE, META_VERSION, Row, TableDef, TableName, format_type};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
@@ -548,7 +552,9 @@ impl TableReader {
                 found: format!("`{}` ({})", manifest.table, dir.display()),
             });
         }
-        if manifest.schema_version != def.version {
+        // An older version is read when its columns widen losslessly to this
+        // one's (checked per shard); a newer one never.
+        if manifest.schema_version > def.version {
             return Err(Error::SchemaVersion {
                 table: def.name.clone(),
                 shard: MANIFEST_FILE.to_string(),
@@ -693,7 +699,7 @@ impl TableReader {
         let def = self.table.def();
         let position = format!("{row} of the shard");
         let keys: Vec<String> = def.key.clone();
-        let Ok(mut reader) = self.open_shard(index, Some(&keys), 8192, false) else {
+        let Ok((mut reader, _)) = self.open_shard(index, Some(&keys), 8192, false) else {
             return position;
         };
         let mut seen = 0;
@@ -717,7 +723,7 @@ impl TableReader {
         projection: Option<&[String]>,
         batch_size: usize,
         verify: bool,
-    ) -> Result<ParquetRecordBatchReader> {
+    ) -> Result<(ParquetRecordBatchReader, bool)> {
         if verify && verify_hashes_on_read() {
             self.verify_shard_hash(index)?;
         }
@@ -750,18 +756,22 @@ impl TableReader {
                 });
             }
         }
-        match lookup(META_VERSION) {
-            Some(version) if version == def.version.to_string() => {}
-            found => {
+        let found_version = lookup(META_VERSION);
+        let upgrade = match found_version.as_deref().map(str::parse::<u32>) {
+            Some(Ok(version)) if version == def.version => {
+                check_schema(def, &entry.file, builder.schema())?;
+                false
+            }
+            Some(Ok(version)) if version < def.version && widens_to(def, builder.schema()) => true,
+            _ => {
                 return Err(Error::SchemaVersion {
                     table: def.name.clone(),
                     shard: entry.file.clone(),
                     expected: def.version,
-                    found: found.unwrap_or_else(|| "absent".into()),
+                    found: found_version.unwrap_or_else(|| "absent".into()),
                 });
             }
-        }
-        check_schema(def, &entry.file, builder.schema())?;
+        };
         let stored_rows = builder.metadata().file_metadata().num_rows();
         if u64::try_from(stored_rows).ok() != Some(entry.rows) {
             return Err(corrupt(format!(
@@ -778,12 +788,84 @@ impl TableReader {
                 .collect(),
         };
         let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
-        builder
+        let reader = builder
             .with_projection(mask)
             .with_batch_size(batch_size)
             .build()
-            .map_err(|e| corrupt(format!("cannot be decoded: {e}")))
+            .map_err(|e| corrupt(format!("cannot be decoded: {e}")))?;
+        Ok((reader, upgrade))
     }
+}
+
+/// Whether a value of type `from` (nullable or not) converts to `to`
+/// without loss: the same type, a wider integer or float, a non-null column
+/// into a nullable one, and lists and structs (same field names, in order)
+/// of such.
+fn widens(from: &DataType, from_nullable: bool, to: &DataType, to_nullable: bool) -> bool {
+    use DataType::*;
+    if from_nullable && !to_nullable {
+        return false;
+    }
+    match (from, to) {
+        (List(a), List(b)) => widens(
+            a.data_type(),
+            a.is_nullable(),
+            b.data_type(),
+            b.is_nullable(),
+        ),
+        (Struct(a), Struct(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b.iter()).all(|(x, y)| {
+                    x.name() == y.name()
+                        && widens(
+                            x.data_type(),
+                            x.is_nullable(),
+                            y.data_type(),
+                            y.is_nullable(),
+                        )
+                })
+        }
+        (Int8, Int32 | Int64) | (Int32, Int64) | (Float32, Float64) => true,
+        _ => format_type(from) == format_type(to),
+    }
+}
+
+/// Whether a shard of an older schema version holds exactly this version's
+/// columns, each widening losslessly ([`widens`]): such a shard is read and
+/// its batches cast ([`upgrade_batch`]), so tables written before a type was
+/// widened (`action_id` i32 -> i64) or a column became nullable stay
+/// readable.
+fn widens_to(def: &TableDef, found: &Schema) -> bool {
+    found.fields().len() == def.columns.len()
+        && def.columns.iter().all(|column| {
+            found.field_with_name(&column.name).is_ok_and(|field| {
+                widens(
+                    field.data_type(),
+                    field.is_nullable(),
+                    &column.data_type,
+                    column.nullable,
+                )
+            })
+        })
+}
+
+/// Casts a batch of an older, widening shard to this version's column types.
+fn upgrade_batch(def: &TableDef, batch: &RecordBatch) -> std::result::Result<RecordBatch, String> {
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+        let column = def
+            .column(field.name())
+            .ok_or_else(|| format!("column `{}` is not in the schema", field.name()))?;
+        let cast = arrow::compute::cast(array, &column.data_type).map_err(|e| e.to_string())?;
+        fields.push(arrow::datatypes::Field::new(
+            column.name.as_str(),
+            column.data_type.clone(),
+            column.nullable,
+        ));
+        columns.push(cast);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
 }
 
 /// Checks a shard's Arrow schema against the table definition.
@@ -873,8 +955,9 @@ pub struct Batches<'a> {
     projection: Option<Vec<String>>,
     batch_size: usize,
     next_shard: usize,
-    /// The open shard: index, reader, rows decoded so far.
-    current: Option<(usize, ParquetRecordBatchReader, u64)>,
+    /// The open shard: index, reader, rows decoded so far, whether its
+    /// batches are cast from an older schema version.
+    current: Option<(usize, ParquetRecordBatchReader, u64, bool)>,
 }
 
 impl Batches<'_> {
@@ -890,8 +973,8 @@ impl Iterator for Batches<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if let Some((index, current, decoded)) = &mut self.current {
-                let index = *index;
+            if let Some((index, current, decoded, upgrade)) = &mut self.current {
+                let (index, upgrade) = (*index, *upgrade);
                 let shard = &self.reader.manifest.shards[index];
                 let corrupt = |reason: String| Error::CorruptShard {
                     table: self.reader.manifest.table.clone(),
@@ -910,6 +993,20 @@ impl Iterator for Batches<'_> {
                             return self.fail(error);
                         }
                         let def = self.reader.table.def();
+                        let batch = if upgrade {
+                            match upgrade_batch(def, &batch) {
+                                Ok(batch) => batch,
+                                Err(e) => {
+                                    let error = corrupt(format!(
+                                        "cannot be read as schema version {}: {e}",
+                                        def.version
+                                    ));
+                                    return self.fail(error);
+                                }
+                            }
+                        } else {
+                            batch
+                        };
                         if let Some(bad) = crate::values::first_bad_value(def, &batch) {
                             let row = first_row as usize + bad.row;
                             let key = crate::values::describe_key(def, &batch, bad.row)
@@ -951,7 +1048,7 @@ impl Iterator for Batches<'_> {
                 .reader
                 .open_shard(index, self.projection.as_deref(), self.batch_size, true)
             {
-                Ok(reader) => self.current = Some((index, reader, 0)),
+                Ok((reader, upgrade)) => self.current = Some((index, reader, 0, upgrade)),
                 Err(e) => return self.fail(e),
             }
         }
