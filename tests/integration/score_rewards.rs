@@ -170,9 +170,11 @@ fn embodied_r1_and_step_matches_by_hand() {
     );
     assert_eq!(result.code, 0, "{result}");
     let rows = rewards(&dir.path().join("tolerant"));
-    // fenced prefix of 2 of 3: 2*3/(3*4) = 0.5, format 0.5.
-    assert_eq!(rows[1].score, 1.0);
-    assert_eq!(rows[0].score, 1.5);
+    // fenced prefix of 2 of 3: 2*3/(3*4) = 0.5, format 0.375 (valid items
+    // 0.125 + id/name agreement 0.25; no structure bonus: two of the four
+    // answer keys); perfect: 1 + 0.375.
+    assert_eq!(rows[1].score, 0.875);
+    assert_eq!(rows[0].score, 1.375);
     assert_eq!(rows[2].step_match, Some(vec![0, 1, 1]));
 }
 

@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn forward_is_causal() {
-        tch::manual_seed(0);
+        let _generator = crate::testing::seed(0);
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let model = Gpt::new(&vs.root(), &tiny());
         let a = Tensor::from_slice(&[1i64, 2, 3, 4, 5]).view([1, 5]);
@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn backward_reaches_every_parameter_and_training_lowers_the_loss() {
-        tch::manual_seed(0);
+        let _generator = crate::testing::seed(0);
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let model = Gpt::new(&vs.root(), &tiny());
         let mut opt = nn::AdamW::default().build(&vs, 3e-3).unwrap();

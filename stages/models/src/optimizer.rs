@@ -375,7 +375,7 @@ mod tests {
 
     /// Two copies of one small model: same weights, independent gradients.
     fn twin_models() -> (VarStore, tch::nn::Linear, VarStore, tch::nn::Linear) {
-        tch::manual_seed(7);
+        let _generator = crate::testing::seed(7);
         let config = tch::nn::LinearConfig::default();
         let a = VarStore::new(tch::Device::Cpu);
         let layer_a = tch::nn::linear(a.root() / "layer", 6, 3, config);

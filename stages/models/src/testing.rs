@@ -54,12 +54,26 @@ pub fn tiny_config(vocab_size: i64, n_ctx: i64) -> GptConfig {
     }
 }
 
+/// Seeds libtorch's global generator and holds it for the guard's life.
+/// Tests of one binary run on parallel threads and `tch::manual_seed` is
+/// process-wide: a test that seeds and then draws (initial weights) without
+/// this lock can have another test reseed between the two, and its "same
+/// seed, same weights" no longer holds.
+pub fn seed(seed: i64) -> std::sync::MutexGuard<'static, ()> {
+    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = GENERATOR
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tch::manual_seed(seed);
+    guard
+}
+
 /// The tiny policy with a context of `n_ctx` tokens, weights drawn after
-/// `tch::manual_seed(SEED)`, on the CPU.
+/// seeding with `SEED` (under [`seed`]'s lock), on the CPU.
 pub fn tiny_policy(n_ctx: i64) -> Checkpoint {
-    tch::manual_seed(SEED);
     let tokenizer = tiny_tokenizer();
     let config = tiny_config(tokenizer.get_vocab_size(true) as i64, n_ctx);
+    let _generator = seed(SEED);
     Checkpoint::init(&config, tokenizer, tch::Device::Cpu).expect("the tiny config is valid")
 }
 
