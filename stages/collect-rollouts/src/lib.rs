@@ -377,20 +377,15 @@ pub fn run(args: Args) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::config::ConfigReport;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = ConfigReport::resolve::<Config>("collect-rollouts", "0", None, &sets);
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
-        assert_eq!(problem_key(&["top_p=1", "tasks_per_iteration=1"]), None);
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
+        assert_eq!(
+            refused_key::<Config>(&["top_p=1", "tasks_per_iteration=1"]),
+            None
+        );
         for (set, key) in [
             ("group_size=0", "group_size"),
             ("temperature=0", "temperature"),
@@ -403,7 +398,7 @@ mod tests {
             ("iteration=-1", "iteration"),
             ("output.zstd_level=0", "output.zstd_level"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
     }
 }

@@ -250,21 +250,13 @@ impl StageConfig for Config {
 
 #[cfg(test)]
 mod tests {
-    use embodyflow_core::config::ConfigReport;
 
     use super::*;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = ConfigReport::resolve::<Config>("compute-advantages", "0", None, &sets);
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
         let fine = [
             "estimator=grpo_step",
             "step.kind=forward_proxy",
@@ -273,7 +265,7 @@ mod tests {
             "gae.lam=0",
             "batch_rows=1",
         ];
-        assert_eq!(problem_key(&fine), None);
+        assert_eq!(refused_key::<Config>(&fine), None);
         for (set, key) in [
             ("grpo.eps=0", "grpo.eps"),
             ("gae.gamma=1.5", "gae.gamma"),
@@ -282,7 +274,7 @@ mod tests {
             ("step.omega=-1", "step.omega"),
             ("stepopsd.alpha_clip=2", "stepopsd.alpha_clip"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
         // Enums name their variants.
         for (set, key) in [
@@ -293,20 +285,20 @@ mod tests {
             ("step.credit_target=all", "step.credit_target"),
             ("step.gate=always", "step.gate"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
         let gae_with_stepopsd = ["estimator=gae", "stepopsd.enabled=true"];
         assert_eq!(
-            problem_key(&gae_with_stepopsd).as_deref(),
+            refused_key::<Config>(&gae_with_stepopsd).as_deref(),
             Some("stepopsd.enabled")
         );
         assert_eq!(
-            problem_key(&["estimator=grpo", "stepopsd.enabled=true"]),
+            refused_key::<Config>(&["estimator=grpo", "stepopsd.enabled=true"]),
             None
         );
         let rule_with_residual = ["estimator=grpo_step", "step.gate=residual_contrast"];
         assert_eq!(
-            problem_key(&rule_with_residual).as_deref(),
+            refused_key::<Config>(&rule_with_residual).as_deref(),
             Some("step.gate")
         );
     }

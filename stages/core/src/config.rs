@@ -140,6 +140,17 @@ impl ConfigReport {
     }
 }
 
+/// The dotted key a config refuses under these `--set` overrides, as
+/// `--print-config` and the runner's pre-check report it (the message when
+/// the problem names no key); `None` when the config resolves. The stages'
+/// tests of [`StageConfig::validate`] call it.
+pub fn refused_key<C: StageConfig>(sets: &[&str]) -> Option<String> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    ConfigReport::resolve::<C>("", "", None, &sets)
+        .problem
+        .map(|p| p.key.unwrap_or(p.message))
+}
+
 /// Loads a stage config: defaults, then `file`, then `sets` (`key=value`);
 /// then checks its values (`output.*`, then [`StageConfig::validate`]).
 pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>> {

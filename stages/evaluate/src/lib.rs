@@ -396,21 +396,13 @@ fn add_pass_at_k(summary: &mut Summary, envs: &[TaskInLayout<'_>], sampled: &[Ep
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report =
-            embodyflow_core::config::ConfigReport::resolve::<Config>("evaluate", "0", None, &sets);
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
         assert_eq!(
-            problem_key(&["runs=1", "pass_at_k.samples=4", "pass_at_k.top_p=0.9"]),
+            refused_key::<Config>(&["runs=1", "pass_at_k.samples=4", "pass_at_k.top_p=0.9"]),
             None
         );
         for (set, key) in [
@@ -423,7 +415,7 @@ mod tests {
             ("pass_at_k.top_p=0", "pass_at_k.top_p"),
             ("pass_at_k.top_p=1.1", "pass_at_k.top_p"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
     }
 

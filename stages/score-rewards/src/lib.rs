@@ -520,21 +520,13 @@ pub fn run(args: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::config::ConfigReport;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = ConfigReport::resolve::<Config>("score-rewards", "0", None, &sets);
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
         assert_eq!(
-            problem_key(&["reward.fn=verify", "reward.reward_coef=5"]),
+            refused_key::<Config>(&["reward.fn=verify", "reward.reward_coef=5"]),
             None
         );
         for (set, key) in [
@@ -545,7 +537,7 @@ mod tests {
             ("missing_tasks=ignore", "missing_tasks"),
             ("batch_rows=0", "batch_rows"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
     }
 

@@ -438,24 +438,15 @@ pub fn run(args: Args) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = embodyflow_core::config::ConfigReport::resolve::<Config>(
-            "teacher-logp",
-            "0",
-            None,
-            &sets,
-        );
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
-        assert_eq!(problem_key(&["temperature=0.5", "batch_rows=1"]), None);
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
+        assert_eq!(
+            refused_key::<Config>(&["temperature=0.5", "batch_rows=1"]),
+            None
+        );
         for (set, key) in [
             ("temperature=0", "temperature"),
             ("temperature=-1", "temperature"),
@@ -464,7 +455,7 @@ mod tests {
             ("template.student={prompt} {reference_plan}", "template"),
             ("template.student={promt}", "template"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
     }
     use embodyflow_core::schemas::PlanAction;

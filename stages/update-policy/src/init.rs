@@ -220,21 +220,13 @@ pub fn run(args: Args) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::config::ConfigReport;
-
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = ConfigReport::resolve::<Config>("init-policy", "0", None, &sets);
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
         assert_eq!(
-            problem_key(&[
+            refused_key::<Config>(&[
                 "model.n_embd=32",
                 "model.n_head=2",
                 "tokenizer.vocab_size=259"
@@ -243,7 +235,7 @@ mod tests {
         );
         // A reused tokenizer brings its own vocabulary.
         assert_eq!(
-            problem_key(&["tokenizer.from=runs/init", "tokenizer.vocab_size=0"]),
+            refused_key::<Config>(&["tokenizer.from=runs/init", "tokenizer.vocab_size=0"]),
             None
         );
         for (set, key) in [
@@ -255,7 +247,7 @@ mod tests {
             ("tokenizer.vocab_size=258", "tokenizer.vocab_size"),
             ("tokenizer.corpus_tasks=0", "tokenizer.corpus_tasks"),
         ] {
-            assert_eq!(problem_key(&[set]).as_deref(), Some(key), "{set}");
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
     }
 }

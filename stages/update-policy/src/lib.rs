@@ -978,6 +978,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use embodyflow_core::config::refused_key;
 
     #[test]
     fn token_ids_outside_the_vocabulary_are_named() {
@@ -1004,24 +1005,11 @@ mod tests {
         }
     }
 
-    fn problem_key(sets: &[&str]) -> Option<String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let report = embodyflow_core::config::ConfigReport::resolve::<Config>(
-            "update-policy",
-            "0",
-            None,
-            &sets,
-        );
-        report
-            .problem
-            .map(|p| p.key.expect("a bad value names its key"))
-    }
-
     #[test]
     fn config_values_are_checked_when_loaded() {
-        assert_eq!(problem_key(&[]), None, "the defaults pass");
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
         assert_eq!(
-            problem_key(&[
+            refused_key::<Config>(&[
                 "objective=sft",
                 "optim.grad_clip=0",
                 "ppo.kl_coef=0.1",
@@ -1032,7 +1020,7 @@ mod tests {
             None
         );
         assert_eq!(
-            problem_key(&[
+            refused_key::<Config>(&[
                 "grad_accumulation=4",
                 "optim.schedule=linear_warmup",
                 "optim.warmup_steps=5",
@@ -1040,7 +1028,7 @@ mod tests {
             None
         );
         assert_eq!(
-            problem_key(&[
+            refused_key::<Config>(&[
                 "optim.schedule=cosine",
                 "optim.warmup_steps=10",
                 "optim.total_steps=200",
@@ -1105,7 +1093,11 @@ mod tests {
                 "sft.template",
             ),
         ] {
-            assert_eq!(problem_key(sets).as_deref(), Some(key), "{sets:?}");
+            assert_eq!(
+                refused_key::<Config>(sets).as_deref(),
+                Some(key),
+                "{sets:?}"
+            );
         }
     }
 
