@@ -26,32 +26,19 @@ use arrow::array::{Int32Array, ListArray, StringArray};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::AdvantageRow;
 use embodyflow_core::{Error, Result};
-use embodyflow_plots::{PlotError, canvas, colour_bar, diverging, text};
+use embodyflow_plots::{
+    PlotError, TOKEN_CELL, TOKEN_STRIP, canvas, colour_bar, diverging, text, token_strip,
+};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use tokenizers::Tokenizer;
 
 const LEFT: u32 = 70;
 const RIGHT: u32 = 130;
 const TITLE: u32 = 56;
-const TOKENS: u32 = 84;
+const TOKENS: u32 = TOKEN_STRIP as u32;
 const PANEL: u32 = 40;
 const GAP: u32 = 6;
 const LINES: u32 = 240;
-
-/// A token's text as drawn: whitespace made visible, at most 12 characters.
-fn shown(token: &str) -> String {
-    let visible: String = token
-        .chars()
-        .map(|c| match c {
-            ' ' => '·',
-            '\n' => '⏎',
-            '\t' => '→',
-            c => c,
-        })
-        .collect();
-    visible.chars().take(12).collect()
-}
 
 /// Draws one response's heatmap into `path`; `tokens` is the text of each
 /// response token (drawn above the panels when given).
@@ -64,7 +51,7 @@ pub fn render(
     // A token's text needs a 12-pixel column; without text, columns narrow
     // so that long responses stay about 1200 pixels wide.
     let cell = if tokens.is_some() {
-        12
+        TOKEN_CELL as u32
     } else {
         (1200 / n as u32).clamp(2, 12)
     };
@@ -104,13 +91,7 @@ pub fn render(
             (LEFT as i32 - 6, bottom),
             text(12).pos(Pos::new(HPos::Right, VPos::Bottom)),
         ))?;
-        let style = text(12)
-            .transform(FontTransform::Rotate270)
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        for (t, token) in tokens.iter().enumerate() {
-            let x = (LEFT + t as u32 * cell + cell / 2) as i32;
-            root.draw(&Text::new(shown(token), (x, bottom), style.clone()))?;
-        }
+        token_strip(&root, (LEFT as i32, bottom), cell as i32, tokens)?;
     }
     let panels = TITLE + strip;
     for (panel, (values, name)) in [(step_adv, "A^S"), (row.advantages.as_slice(), "A")]
@@ -243,17 +224,8 @@ pub fn response_ids(
     Ok(ids)
 }
 
-/// Each token's text: the tokenizer's decoding of the token alone, or
-/// `#id` without a tokenizer.
-pub fn token_texts(ids: &[i32], tokenizer: Option<&Tokenizer>) -> Vec<String> {
-    ids.iter()
-        .map(|&id| {
-            tokenizer
-                .and_then(|t| t.decode(&[id as u32], false).ok())
-                .unwrap_or_else(|| format!("#{id}"))
-        })
-        .collect()
-}
+/// Each token's text (shared with the report's heatmap).
+pub use embodyflow_plots::token_texts;
 
 /// Renders `rows` into `out_dir` (created if absent), one PNG each, with an
 /// index; returns how many were drawn. The rows are the ones the run kept as
@@ -361,12 +333,5 @@ mod tests {
             with.dark_in(200..450, axis..with.height) > 30,
             "no x axis label"
         );
-    }
-
-    #[test]
-    fn token_texts_fall_back_to_ids_and_whitespace_is_shown() {
-        assert_eq!(token_texts(&[5, 17], None), vec!["#5", "#17"]);
-        assert_eq!(shown(" up\n"), "·up⏎");
-        assert_eq!(shown("abcdefghijklmnop"), "abcdefghijkl");
     }
 }

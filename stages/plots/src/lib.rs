@@ -8,6 +8,10 @@
 //! as `sans-serif`): no system fonts, fontconfig or FreeType are needed, so a
 //! plot renders the same on a bare CI machine as on a workstation.
 //!
+//! Token text: [`token_texts`] decodes a response's ids one token at a time
+//! (`#id` without a tokenizer) and [`token_strip`] draws them above a
+//! heatmap's columns, read bottom to top ([`TOKEN_CELL`] pixels a column).
+//!
 //! Colours: [`diverging`] is the seeds' `RdBu_r` centred at 0 (red positive,
 //! blue negative, white zero), [`PALETTE`] the series colours (tab10).
 //!
@@ -278,6 +282,64 @@ pub fn token_axis<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Width of a token's column when its text is drawn (pixels): one line of
+/// 12-pixel text, read bottom to top.
+pub const TOKEN_CELL: i32 = 12;
+
+/// Height of a token strip (pixels): room for [`TOKEN_CHARS`] characters.
+pub const TOKEN_STRIP: i32 = 84;
+
+/// The most characters of a token's text a strip shows.
+pub const TOKEN_CHARS: usize = 12;
+
+/// A token's text as a strip draws it: whitespace made visible (space `·`,
+/// newline `⏎`, tab `→`), at most [`TOKEN_CHARS`] characters.
+pub fn shown(token: &str) -> String {
+    token
+        .chars()
+        .map(|c| match c {
+            ' ' => '·',
+            '\n' => '⏎',
+            '\t' => '→',
+            c => c,
+        })
+        .take(TOKEN_CHARS)
+        .collect()
+}
+
+/// Each token's text: the tokenizer's decoding of the token alone, or
+/// `#id` without a tokenizer (or where it cannot decode the id).
+pub fn token_texts(ids: &[i32], tokenizer: Option<&tokenizers::Tokenizer>) -> Vec<String> {
+    ids.iter()
+        .map(|&id| {
+            u32::try_from(id)
+                .ok()
+                .and_then(|id| tokenizer?.decode(&[id], false).ok())
+                .unwrap_or_else(|| format!("#{id}"))
+        })
+        .collect()
+}
+
+/// Draws a token strip over a heatmap whose token `t` occupies columns
+/// `x0 + t * cell .. x0 + (t + 1) * cell`: each token's [`shown`] text in
+/// 12-pixel type, read bottom to top, centred on its column and starting at
+/// row `bottom` (the strip spans [`TOKEN_STRIP`] rows above it).
+pub fn token_strip<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    (x0, bottom): (i32, i32),
+    cell: i32,
+    tokens: &[String],
+) -> Result<()> {
+    let style = text(12)
+        .transform(FontTransform::Rotate270)
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    for (t, token) in tokens.iter().enumerate() {
+        let x = x0 + t as i32 * cell + cell / 2;
+        root.draw(&Text::new(shown(token), (x, bottom), style.clone()))?;
+    }
+    Ok(())
+}
+
 /// A PNG read back as 8-bit RGB, to check what a plot shows (tests: a plot
 /// with a title has dark pixels in its top rows, a blank image one colour).
 #[derive(Debug, Clone)]
@@ -358,6 +420,37 @@ mod tests {
         assert_eq!(diverging(2.0, 1.0), RGBColor(255, 0, 0));
         assert_eq!(diverging(-1.0, 1.0), RGBColor(0, 0, 255));
         assert_eq!(diverging(0.5, 0.0), RGBColor(255, 255, 255));
+    }
+
+    #[test]
+    fn token_texts_decode_or_fall_back_to_ids_and_whitespace_is_shown() {
+        let tokenizer: tokenizers::Tokenizer = r#"{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [], "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "vocab": {"pick": 0, "up": 1}, "unk_token": "pick"}}"#
+            .parse()
+            .unwrap();
+        assert_eq!(token_texts(&[1, 0], Some(&tokenizer)), vec!["up", "pick"]);
+        assert_eq!(token_texts(&[5, 17, -1], None), vec!["#5", "#17", "#-1"]);
+        assert_eq!(shown(" up\n"), "·up⏎");
+        assert_eq!(shown("abcdefghijklmnop"), "abcdefghijkl");
+    }
+
+    #[test]
+    fn a_token_strip_draws_text_above_its_baseline_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = test_dir(tmp.path()).join("token-strip.png");
+        let root = canvas(&path, (300, 120)).unwrap();
+        let tokens: Vec<String> = ["{\"", "plan", " up", "\n"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        token_strip(&root, (20, 100), TOKEN_CELL, &tokens).unwrap();
+        root.present().unwrap();
+        let png = Png::read(&path).unwrap();
+        // Four columns of text above row 100, nothing right of them or below.
+        assert!(png.dark_in(20..68, 100 - TOKEN_STRIP as u32..100) > 60);
+        assert_eq!(png.dark_in(74..300, 0..120), 0);
+        assert_eq!(png.dark_in(0..300, 104..120), 0);
     }
 
     #[test]

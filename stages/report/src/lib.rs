@@ -18,9 +18,12 @@
 //! - the A^S distribution on credited tokens of successful and failed
 //!   trajectories, and a PNG histogram of both (successful in blue, failed in
 //!   red, A^S from -1 to 1 left to right, each as a share of its own tokens);
-//! - a per-token heatmap of the first responses (the seeds' `*_total.png` /
-//!   `*_stepReward.png`): A and A^S per token, red positive, blue negative,
-//!   each response named by trajectory id and step, a colour bar for each;
+//! - a per-token heatmap of the first 8 responses (the seeds' `*_total.png` /
+//!   `*_stepReward.png`): each token's text (the steps' `response_ids`, found
+//!   through the lineage like the rewards, decoded by `--tokenizer FILE` or
+//!   `--policy CKPT`'s tokenizer.json; `#id` without), A and A^S per token,
+//!   red positive, blue negative, each response named by trajectory id and
+//!   step, a colour bar for each;
 //!
 //! every PNG with a title, axes labelled with units and a legend or colour
 //! bar, in the font [`embodyflow_plots`] embeds;
@@ -33,7 +36,8 @@
 //!
 //! ```text
 //! report --variant rule=runs/adv-rule --variant proxy-self=runs/adv-proxy-self \
-//!     --teacher self=runs/teacher-self --teacher generalist=runs/teacher-gen --out runs/report
+//!     --teacher self=runs/teacher-self --teacher generalist=runs/teacher-gen \
+//!     --policy runs/policy --out runs/report
 //! ```
 
 use std::collections::BTreeMap;
@@ -60,6 +64,13 @@ pub struct Args {
     /// A teacher: NAME=DIR (a teacher-logp output).
     #[arg(long = "teacher", value_name = "NAME=DIR", value_parser = named_dir)]
     pub teachers: Vec<(String, PathBuf)>,
+    /// The policy's tokenizer.json, to draw each token's text in the
+    /// heatmaps (token ids as #id without it or --policy).
+    #[arg(long, value_name = "FILE", conflicts_with = "policy")]
+    pub tokenizer: Option<PathBuf>,
+    /// A policy checkpoint whose tokenizer.json decodes the heatmaps' tokens.
+    #[arg(long, value_name = "CKPT")]
+    pub policy: Option<PathBuf>,
     /// Directory for `step-credit.md` and the PNGs.
     #[arg(long)]
     pub out: PathBuf,
@@ -173,31 +184,31 @@ const EXPLODE: ExplodeOptions = ExplodeOptions {
     keep_nulls: true,
 };
 
-/// The rewards table an advantages table was computed from (its lineage),
-/// checked to hold the same content now, as a scan.
-fn lineage_rewards(advantages: &TableReader) -> Result<(LazyFrame, TableReader)> {
+/// The `table` an advantages table was computed from (its lineage: the
+/// rewards, the steps), checked to hold the same content now, as a scan.
+fn lineage(advantages: &TableReader, table: TableName) -> Result<(LazyFrame, TableReader)> {
     let input = advantages
         .manifest()
         .inputs
         .iter()
-        .find(|i| i.table == TableName::Rewards.as_str())
+        .find(|i| i.table == table.as_str())
         .ok_or_else(|| {
             ReportError::BadInput(format!(
-                "{}: its manifest names no rewards input",
+                "{}: its manifest names no {table} input",
                 advantages.dir().display()
             ))
         })?;
-    let (frame, rewards) = scan(&input.path, TableName::Rewards)?;
-    if rewards.manifest().content_hash != input.content_hash {
+    let (frame, read) = scan(&input.path, table)?;
+    if read.manifest().content_hash != input.content_hash {
         return Err(ReportError::BadInput(format!(
-            "{}: the rewards at {} changed since these advantages were computed (content hash {} vs {})",
+            "{}: the {table} at {} changed since these advantages were computed (content hash {} vs {})",
             advantages.dir().display(),
             input.path.display(),
-            rewards.manifest().content_hash,
+            read.manifest().content_hash,
             input.content_hash
         )));
     }
-    Ok((frame, rewards))
+    Ok((frame, read))
 }
 
 /// Token-level figures of one variant, by trajectory outcome.
@@ -360,14 +371,16 @@ pub fn credit_figures(advantages: LazyFrame, rewards: LazyFrame) -> Result<Credi
     Ok(figures)
 }
 
-/// One response of the per-token heatmap: its trajectory's success, the final
-/// advantage A of each token and, for grpo_step, its A^S.
+/// One response of the per-token heatmap: its trajectory's success, its
+/// token ids, the final advantage A of each token and, for grpo_step, its A^S.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeatmapRow {
     /// The response's trajectory id and step, as the heatmap names it.
     pub label: String,
     /// Whether the trajectory reached its goal.
     pub success: bool,
+    /// The response's token ids (the steps table's `response_ids`).
+    pub response_ids: Vec<i32>,
     /// A per token.
     pub advantages: Vec<f32>,
     /// A^S per token (null for estimators without one).
@@ -375,12 +388,15 @@ pub struct HeatmapRow {
 }
 
 /// The first `limit` responses (by trajectory id, then step) of an advantages
-/// scan, for the per-token heatmap.
+/// scan, with their success (rewards) and token ids (steps), for the
+/// per-token heatmap.
 pub fn heatmap_rows(
     advantages: LazyFrame,
     rewards: LazyFrame,
+    steps: LazyFrame,
     limit: u32,
 ) -> Result<Vec<HeatmapRow>> {
+    let keys = [col("trajectory_id"), col("step_index")];
     let frame = query(
         "heatmap rows",
         advantages
@@ -400,8 +416,29 @@ pub fn heatmap_rows(
                 SortMultipleOptions::default(),
             )
             .limit(limit)
+            .join(
+                steps.select([col("trajectory_id"), col("step_index"), col("response_ids")]),
+                keys.clone(),
+                keys,
+                JoinArgs::new(JoinType::Inner),
+            )
+            .sort(
+                ["trajectory_id", "step_index"],
+                SortMultipleOptions::default(),
+            )
             .collect(),
     )?;
+    let response_ids = query(
+        "response_ids",
+        frame.column("response_ids").and_then(|c| c.list().cloned()),
+    )?;
+    let response_ids = (0..response_ids.len())
+        .map(|i| match response_ids.get_as_series(i) {
+            Some(series) => query("response_ids", series.i32().cloned())
+                .map(|ids| (0..ids.len()).map(|j| ids.get(j).unwrap_or(-1)).collect()),
+            None => Ok(Vec::new()),
+        })
+        .collect::<Result<Vec<Vec<i32>>>>()?;
     let success = query(
         "success",
         frame.column("success").and_then(|c| c.bool().cloned()),
@@ -439,14 +476,16 @@ pub fn heatmap_rows(
     Ok(advantages
         .into_iter()
         .zip(step_adv)
+        .zip(response_ids)
         .enumerate()
-        .map(|(i, (advantages, step_adv))| HeatmapRow {
+        .map(|(i, ((advantages, step_adv), response_ids))| HeatmapRow {
             label: format!(
                 "{} s{}",
                 ids.get(i).unwrap_or("?"),
                 steps.get(i).unwrap_or(0)
             ),
             success: success.get(i).unwrap_or(false),
+            response_ids,
             advantages: advantages.unwrap_or_default(),
             step_adv,
         })
@@ -455,16 +494,27 @@ pub fn heatmap_rows(
 
 /// Per-token heatmap, one band per response (named at the left by
 /// trajectory id and step, with a strip green for a successful trajectory,
-/// grey for a failed one), its tokens left to right (`CELL` pixels each,
-/// positions numbered on the axis below): the band's upper row is A (scaled
-/// to the largest |A| of the picture), the lower row A^S (scaled to 1); a
-/// colour bar for each at the right.
-pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
-    use embodyflow_plots::{canvas, colour_bar, diverging, swatch, text, token_axis};
+/// grey for a failed one), its tokens left to right ([`TOKEN_CELL`] pixels
+/// each, positions numbered on the axis below): the band's token strip holds
+/// each token's text read bottom to top (decoded by `tokenizer`, `#id`
+/// without one), under it a row of A (scaled to the largest |A| of the
+/// picture) and a row of A^S (scaled to 1); a colour bar for each at the
+/// right.
+///
+/// [`TOKEN_CELL`]: embodyflow_plots::TOKEN_CELL
+pub fn heatmap_png(
+    path: &Path,
+    rows: &[HeatmapRow],
+    tokenizer: Option<&tokenizers::Tokenizer>,
+) -> Result<()> {
+    use embodyflow_plots::{
+        TOKEN_CELL, TOKEN_STRIP, canvas, colour_bar, diverging, swatch, text, token_axis,
+        token_strip, token_texts,
+    };
     use plotters::prelude::*;
     use plotters::style::text_anchor::{HPos, Pos, VPos};
-    const CELL: i32 = 4;
-    const ROW: i32 = 12;
+    const CELL: i32 = TOKEN_CELL;
+    const ROW: i32 = 14;
     const STRIP: i32 = 8;
     const LEFT: i32 = 190;
     const TOP: i32 = 76;
@@ -474,7 +524,7 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
         .iter()
         .flat_map(|r| r.advantages.iter())
         .fold(0.0f32, |m, v| m.max(v.abs()));
-    let band = 2 * ROW + 6;
+    let band = TOKEN_STRIP + 2 * ROW + 10;
     let body = rows.len().max(1) as i32 * band;
     let width = (LEFT + longest.max(40) as i32 * CELL + BARS).max(640) as u32;
     let height = (TOP + body.max(260) + 60) as u32;
@@ -502,17 +552,26 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
             .iter()
             .flat_map(|r| r.step_adv.iter().flatten())
             .all(|&v| v == 0.0);
+        let tokens = if tokenizer.is_some() {
+            "token text (read bottom to top)"
+        } else {
+            "token ids (#id: no --tokenizer or --policy given)"
+        };
         root.draw(&Text::new(
-            if scale == 0.0 && step_zero {
-                "rows: A (upper), A^S (lower); every A and A^S is 0"
-            } else {
-                "rows: A (upper), A^S (lower)"
-            },
+            format!(
+                "per response: {tokens}, then rows A (upper) and A^S (lower){}",
+                if scale == 0.0 && step_zero {
+                    "; every A and A^S is 0"
+                } else {
+                    ""
+                }
+            ),
             (10, 58),
             text(12).pos(Pos::new(HPos::Left, VPos::Center)),
         ))?;
         for (i, row) in rows.iter().enumerate() {
             let top = TOP + i as i32 * band;
+            let cells = top + TOKEN_STRIP;
             let outcome = if row.success { key[0].0 } else { key[1].0 };
             // Ids share their prefix: the end tells responses apart.
             let chars: Vec<char> = row.label.chars().collect();
@@ -525,24 +584,31 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
             };
             root.draw(&Text::new(
                 label,
-                (LEFT - STRIP - 40, top + ROW),
+                (LEFT - STRIP - 40, cells + ROW),
                 text(11).pos(Pos::new(HPos::Right, VPos::Center)),
+            ))?;
+            let texts = token_texts(&row.response_ids, tokenizer);
+            token_strip(&root, (LEFT, cells - 3), CELL, &texts)?;
+            root.draw(&Text::new(
+                "text",
+                (LEFT - STRIP - 32, cells - 3),
+                text(10).pos(Pos::new(HPos::Left, VPos::Bottom)),
             ))?;
             for (line, name) in ["A", "A^S"].into_iter().enumerate() {
                 root.draw(&Text::new(
                     name,
-                    (LEFT - STRIP - 32, top + line as i32 * ROW + ROW / 2),
+                    (LEFT - STRIP - 32, cells + line as i32 * ROW + ROW / 2),
                     text(10).pos(Pos::new(HPos::Left, VPos::Center)),
                 ))?;
             }
             root.draw(&Rectangle::new(
-                [(LEFT - STRIP - 4, top), (LEFT - 4, top + 2 * ROW)],
+                [(LEFT - STRIP - 4, cells), (LEFT - 4, cells + 2 * ROW)],
                 outcome.filled(),
             ))?;
             let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
             for (line, (values, line_scale)) in lines.into_iter().enumerate() {
                 let Some(values) = values else { continue };
-                let y = top + line as i32 * ROW;
+                let y = cells + line as i32 * ROW;
                 for (t, &value) in values.iter().enumerate() {
                     let x = LEFT + t as i32 * CELL;
                     root.draw(&Rectangle::new(
@@ -554,7 +620,7 @@ pub fn heatmap_png(path: &Path, rows: &[HeatmapRow]) -> Result<()> {
         }
         token_axis(&root, (LEFT, TOP + body + 2), CELL, longest)?;
         let bars_x = LEFT + longest.max(40) as i32 * CELL + 10;
-        let bar_h = body.max(260) as u32;
+        let bar_h = body.clamp(260, 480) as u32;
         let a_bar = root
             .clone()
             .shrink((bars_x as u32, TOP as u32), (100, bar_h));
@@ -860,10 +926,12 @@ pub fn histogram_png(path: &Path, values: &(Vec<f32>, Vec<f32>)) -> Result<()> {
     })
 }
 
-/// Builds the report's Markdown (and writes the PNGs into `out`).
+/// Builds the report's Markdown (and writes the PNGs into `out`); the
+/// heatmaps decode their tokens with `tokenizer` (`#id` without one).
 pub fn build_report(
     variants: &[(String, PathBuf)],
     teachers: &[(String, PathBuf)],
+    tokenizer: Option<&tokenizers::Tokenizer>,
     out: &Path,
 ) -> Result<String> {
     let mut md = String::from("# Step-credit report\n\n");
@@ -879,12 +947,14 @@ pub fn build_report(
             )));
         }
         let (advantages, reader) = scan(&dir.join("advantages"), TableName::Advantages)?;
-        let (rewards, rewards_reader) = lineage_rewards(&reader)?;
+        let (rewards, rewards_reader) = lineage(&reader, TableName::Rewards)?;
+        let (steps, _) = lineage(&reader, TableName::Steps)?;
         let figures = credit_figures(advantages.clone(), rewards.clone())?;
         let heatmap = format!("heatmap_{}.png", sanitize(name));
         heatmap_png(
             &out.join(&heatmap),
-            &heatmap_rows(advantages, rewards, HEATMAP_RESPONSES)?,
+            &heatmap_rows(advantages, rewards, steps, HEATMAP_RESPONSES)?,
+            tokenizer,
         )?;
         let diagnostics = VariantDiagnostics::read(dir)?.unwrap_or_default();
         let step = diagnostics.step.unwrap_or_default();
@@ -926,8 +996,9 @@ pub fn build_report(
     Ok(md)
 }
 
-/// Responses drawn in each variant's heatmap.
-const HEATMAP_RESPONSES: u32 = 24;
+/// Responses drawn in each variant's heatmap (each with its token text, at
+/// 12 pixels a token).
+const HEATMAP_RESPONSES: u32 = 8;
 
 fn sanitize(name: &str) -> String {
     name.chars()
@@ -949,11 +1020,26 @@ pub fn run(args: Args) -> Result<()> {
             "nothing to report: give --variant NAME=DIR and/or --teacher NAME=DIR".into(),
         ));
     }
+    let tokenizer = match (&args.tokenizer, &args.policy) {
+        (Some(file), _) => Some(file.clone()),
+        (None, Some(policy)) => Some(policy.join("tokenizer.json")),
+        (None, None) => None,
+    }
+    .map(|path| {
+        tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| ReportError::BadInput(format!("tokenizer {}: {e}", path.display())))
+    })
+    .transpose()?;
     std::fs::create_dir_all(&args.out).map_err(|e| ReportError::Write {
         path: args.out.clone(),
         reason: e.to_string(),
     })?;
-    let md = build_report(&args.variants, &args.teachers, &args.out)?;
+    let md = build_report(
+        &args.variants,
+        &args.teachers,
+        tokenizer.as_ref(),
+        &args.out,
+    )?;
     let path = args.out.join("step-credit.md");
     let staging = args.out.join(".step-credit.md.writing");
     std::fs::write(&staging, &md)
@@ -971,7 +1057,7 @@ mod tests {
     use super::*;
     use embodyflow_core::dataset::{TableWriter, WriteOptions};
     use embodyflow_core::manifest::Producer;
-    use embodyflow_core::schemas::{AdvantageRow, RewardRow, TeacherLogpRow};
+    use embodyflow_core::schemas::{AdvantageRow, RewardRow, StepRow, TeacherLogpRow};
 
     fn producer(stage: &str, config: serde_json::Value) -> Producer {
         Producer {
@@ -1045,7 +1131,33 @@ mod tests {
         ]
     }
 
+    /// The steps of [`advantage_rows`]: three response tokens each, ids
+    /// 10 * k + t for the k-th trajectory.
+    fn write_steps(root: &Path) -> TableReader {
+        let mut writer = TableWriter::create(
+            &root.join("rollouts"),
+            TableName::Steps,
+            WriteOptions::default(),
+            false,
+        )
+        .unwrap();
+        let rows: Vec<StepRow> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .enumerate()
+            .map(|(k, id)| {
+                let ids = (0..3).map(|t| 10 * k as i32 + t).collect();
+                StepRow::one_shot(id.to_string(), vec![1, 2], ids, vec![-0.5; 3])
+            })
+            .collect();
+        writer.write_rows(&rows).unwrap();
+        writer
+            .finish(&producer("collect-rollouts", serde_json::json!({})), &[])
+            .unwrap();
+        TableReader::open(&root.join("rollouts/steps"), TableName::Steps).unwrap()
+    }
+
     fn write_variant(root: &Path, rewards: &TableReader) -> PathBuf {
+        let steps = write_steps(root);
         let dir = root.join("adv");
         let mut writer =
             TableWriter::create(&dir, TableName::Advantages, WriteOptions::default(), false)
@@ -1060,7 +1172,7 @@ mod tests {
         writer
             .finish(
                 &producer("compute-advantages", config),
-                &[rewards.input_ref()],
+                &[rewards.input_ref(), steps.input_ref()],
             )
             .unwrap();
         dir
@@ -1099,15 +1211,18 @@ mod tests {
         won.sort_by(f32::total_cmp);
         assert_eq!(won, vec![-1.5, 0.5, 0.5]);
 
-        let rows = heatmap_rows(advantages, rewards_scan, 3).unwrap();
+        let (steps_scan, _) = scan(&root.path().join("rollouts/steps"), TableName::Steps).unwrap();
+        let rows = heatmap_rows(advantages, rewards_scan, steps_scan, 3).unwrap();
         assert_eq!(rows.len(), 3);
         assert_eq!(rows[0].advantages, vec![1.0, 1.5, -0.5]);
+        assert_eq!(rows[0].response_ids, vec![0, 1, 2]);
+        assert_eq!(rows[2].response_ids, vec![20, 21, 22]);
         assert!(rows[0].success && rows[1].success && !rows[2].success);
         assert_eq!(rows[2].step_adv, Some(vec![2.0, 0.0, 0.0]));
 
         let out = root.path().join("report");
         std::fs::create_dir_all(&out).unwrap();
-        let md = build_report(&[("rule".into(), variant)], &[], &out).unwrap();
+        let md = build_report(&[("rule".into(), variant)], &[], None, &out).unwrap();
         assert!(
             md.contains("grpo_step rule (match prefix, credit action_id, score action_name, omega 1.0, gate none)"),
             "{md}"
@@ -1144,7 +1259,7 @@ mod tests {
         let variant = write_variant(root.path(), &rewards);
         write_rewards(root.path(), &[reward("a", false), reward("c", false)], true);
         let out = root.path().join("report");
-        let error = build_report(&[("rule".into(), variant)], &[], &out).unwrap_err();
+        let error = build_report(&[("rule".into(), variant)], &[], None, &out).unwrap_err();
         assert!(error.to_string().contains("changed since"), "{error}");
     }
 
@@ -1211,26 +1326,60 @@ mod tests {
     }
 
     #[test]
-    fn heatmap_names_its_rows_numbers_its_tokens_and_has_colour_bars() {
+    fn heatmap_names_its_rows_shows_token_text_and_has_colour_bars() {
         use embodyflow_plots::Png;
         let tmp = tempfile::tempdir().unwrap();
-        let path = embodyflow_plots::test_dir(tmp.path()).join("report-heatmap.png");
+        let dir = embodyflow_plots::test_dir(tmp.path());
         let rows: Vec<HeatmapRow> = (0..3)
             .map(|i| HeatmapRow {
                 label: format!("traj-{i}"),
                 success: i == 0,
+                response_ids: (0..60).map(|t| t % 3).collect(),
                 advantages: (0..60).map(|t| (t as f32 - 30.0) / 30.0).collect(),
                 step_adv: (i != 2).then(|| (0..60).map(|t| (t % 7) as f32 / 7.0 - 0.5).collect()),
             })
             .collect();
-        heatmap_png(&path, &rows).unwrap();
-        let png = Png::read(&path).unwrap();
-        // LEFT + 60 tokens of 4 px + two colour bars; title, 3 bands, axis.
-        assert_eq!((png.width, png.height), (190 + 240 + 220, 76 + 260 + 60));
-        assert!(png.colours() > 50, "{} colours", png.colours());
-        assert!(png.dark_in(100..550, 0..30) > 50, "no title");
-        assert!(png.dark_in(0..150, 76..166) > 30, "no row names");
-        assert!(png.dark_in(190..430, 168..216) > 30, "no token axis");
-        assert!(png.dark_in(440..650, 76..336) > 60, "no colour bars");
+        let tokenizer: tokenizers::Tokenizer =
+            r#"{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [], "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "unk_token": "{\"",
+            "vocab": {"{\"": 0, "pick": 1, "drawer": 2}}}"#
+                .parse()
+                .unwrap();
+        let with = dir.join("report-heatmap-tokens.png");
+        heatmap_png(&with, &rows, Some(&tokenizer)).unwrap();
+        let without = dir.join("report-heatmap.png");
+        heatmap_png(&without, &rows, None).unwrap();
+        // LEFT + 60 tokens of 12 px + two colour bars; title, 3 bands of a
+        // token strip (84 px) and two 14 px rows with a 10 px gap, the axis.
+        let band = 84 + 28 + 10;
+        for path in [&with, &without] {
+            let png = Png::read(path).unwrap();
+            assert_eq!(
+                (png.width, png.height),
+                (190 + 720 + 220, 76 + 3 * band + 60)
+            );
+            assert!(png.colours() > 50, "{} colours", png.colours());
+            assert!(png.dark_in(300..800, 0..30) > 50, "no title");
+            for i in 0..3 {
+                let top = 76 + i * band;
+                // Each response's token text in its strip over the cells,
+                // its name left of its cells.
+                assert!(
+                    png.dark_in(190..910, top..top + 84) > 600,
+                    "no token text in band {i}"
+                );
+                assert!(
+                    png.dark_in(0..150, top + 84..top + 112) > 30,
+                    "no name in band {i}"
+                );
+            }
+            let axis = 76 + 3 * band;
+            assert!(png.dark_in(190..910, axis..axis + 50) > 30, "no token axis");
+            assert!(png.dark_in(920..1130, 76..336) > 60, "no colour bars");
+        }
+        // Words are longer than `#0`, `#1`, `#2`: more dark pixels in the strips.
+        let strips = |path: &Path| Png::read(path).unwrap().dark_in(190..910, 76..160);
+        assert!(strips(&with) > strips(&without) + 500);
     }
 }
