@@ -116,6 +116,17 @@ fn cache_hits_when_nothing_changed_and_misses_when_one_key_changes() {
         "{report}"
     );
     assert!(out.join("report/success-default.png").is_file());
+    // Train success is the share of every sampled rollout: a number even when
+    // dynamic sampling kept no group (the tiny policy solves nothing).
+    let train = report
+        .lines()
+        .find_map(|l| l.strip_prefix("| 0 | "))
+        .and_then(|rest| rest.split(" |").next())
+        .unwrap_or_else(|| panic!("no metrics row for iteration 0\n{report}"));
+    assert!(
+        train.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
+        "train success `{train}`\n{report}"
+    );
 
     let dry = ok(&{
         let mut a = args(&file, &out, &["iterations=1"]);

@@ -1,6 +1,6 @@
 //! The run report, `OUT/report/`: `report.md` with the run summary, the wall
 //! time per step, a metrics table per variant (per iteration: train success
-//! of the sampled rollouts, success of each evaluate step, mean update loss,
+//! of every sampled rollout, dropped groups included, success of each evaluate step, mean update loss,
 //! approx KL and entropy), the ablation table when the pipeline sweeps (one
 //! row per cell: last evaluation successes, train success, mean reward,
 //! kept groups and the grpo_step diagnostics), and PNG plots: a success
@@ -35,6 +35,29 @@ fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Option<Vec<f64>
     means.into_iter().collect()
 }
 
+/// The summary line in which a rollout stage states the success of every
+/// sample it drew: `| success rate (all drawn samples) | 0.250 (3 of 12) |`.
+const DRAWN_SUCCESS: &str = "| success rate (all drawn samples) |";
+
+/// The train success of a rollout step: successes over samples drawn, summed
+/// over the `DRAWN_SUCCESS` lines of its summary (one per shard). Dynamic
+/// sampling writes only the groups it keeps to the trajectories table (none
+/// when every group scored the same, as when the policy solves nothing), so
+/// the table's mean of `complete` is neither the sampled rollouts' success
+/// nor defined then; it is the fallback for a summary without the line.
+fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))).ok()?;
+    let (mut successes, mut samples) = (0u64, 0u64);
+    for line in text.lines().filter(|l| l.starts_with(DRAWN_SUCCESS)) {
+        // "... | 0.250 (3 of 12) |"
+        let counts = line.rsplit_once('(')?.1.split_once(')')?.0;
+        let (s, n) = counts.split_once(" of ")?;
+        successes += s.trim().parse::<u64>().ok()?;
+        samples += n.trim().parse::<u64>().ok()?;
+    }
+    (samples > 0).then(|| successes as f64 / samples as f64)
+}
+
 fn fmt(value: Option<f64>) -> String {
     value.map_or("-".to_string(), |v| format!("{v:.3}"))
 }
@@ -51,7 +74,7 @@ struct Row {
 }
 
 /// Gathers each instance's figures from the outputs its stage declares: the
-/// train success of a trajectories table, the success of an eval table
+/// train success of a rollout step (its drawn samples, [`drawn_success`]), the success of an eval table
 /// (by step), the update figures of a metrics table, the mean score of a
 /// rewards table and compute-advantages' diagnostics.
 fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
@@ -62,8 +85,9 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
         for output in instance.stage.writes {
             match *output {
                 Output::Table(TableName::Trajectories) => {
-                    row.train =
+                    row.train = drawn_success(dir, instance.stage.name).or_else(|| {
                         column_means(dir, TableName::Trajectories, &["complete"]).map(|v| v[0])
+                    })
                 }
                 Output::Table(TableName::Eval) => {
                     if let Some(v) = column_means(dir, TableName::Eval, &["success"]) {
@@ -312,7 +336,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 v
             });
         md.push_str(&format!(
-            "\n## Metrics: {}\n\n| iteration | train success | {}mean reward | update loss | approx KL | entropy |\n|---|---|{}---|---|---|---|\n",
+            "\n## Metrics: {}\n\nTrain success: the share of every rollout the collect step sampled that reached its goal (groups dynamic sampling dropped included; its summary's line). Mean reward and the update figures cover the groups it kept, `-` when it kept none.\n\n| iteration | train success | {}mean reward | update loss | approx KL | entropy |\n|---|---|{}---|---|---|---|\n",
             cell.name,
             eval_names.iter().map(|n| format!("{n} success | ")).collect::<String>(),
             "---|".repeat(eval_names.len()),
@@ -417,6 +441,30 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
 mod tests {
     use super::*;
     use embodyflow_plots::Png;
+
+    #[test]
+    fn train_success_sums_the_drawn_samples_of_every_shard() {
+        let tmp = tempfile::tempdir().unwrap();
+        let summary = |rate: &str| {
+            format!(
+                "## collect-rollouts\n\n| | |\n|---|---|\n| groups written | 0 of 4 wanted (0 trajectories) |\n{DRAWN_SUCCESS} {rate} |\n"
+            )
+        };
+        let path = tmp.path().join("_summary.collect-rollouts.md");
+        std::fs::write(&path, summary("0.000 (0 of 108)")).unwrap();
+        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), Some(0.0));
+        // The runner joins shard summaries into one file.
+        let shards = format!(
+            "<!-- shard 0/2 -->\n{}\n<!-- shard 1/2 -->\n{}",
+            summary("0.250 (3 of 12)"),
+            summary("0.750 (9 of 12)")
+        );
+        std::fs::write(&path, shards).unwrap();
+        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), Some(0.5));
+        assert_eq!(drawn_success(tmp.path(), "evaluate"), None);
+        std::fs::write(&path, summary("0.000 (0 of 0)")).unwrap();
+        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), None);
+    }
 
     #[test]
     fn success_curves_have_a_title_axes_and_a_legend() {
