@@ -168,7 +168,11 @@ impl TableDef {
                 return Err(format!("column `{}` is defined twice", column.name));
             }
             if let Some([lo, hi]) = column.range {
-                if !matches!(data_type, DataType::Int8 | DataType::Int32 | DataType::Int64) || lo > hi {
+                if !matches!(
+                    data_type,
+                    DataType::Int8 | DataType::Int32 | DataType::Int64
+                ) || lo > hi
+                {
                     return Err(format!(
                         "column `{}`: `range = [{lo}, {hi}]` needs an integer column and lo <= hi",
                         column.name

@@ -18,7 +18,7 @@ use std::process::Command;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{RewardRow, TableName};
-use embodyflow_tests::{Run, bin, run};
+use embodyflow_tests::{Run, TINY_POLICY, bin, run};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -104,27 +104,9 @@ fn demo_layout(root: &Path) {
             "1",
         ),
     ] {
-        ok(
-            "init-policy",
-            &[
-                "--out",
-                &out,
-                "--seed",
-                seed,
-                "--set",
-                "model.n_embd=32",
-                "--set",
-                "model.n_layer=1",
-                "--set",
-                "model.n_head=2",
-                "--set",
-                "model.n_ctx=1024",
-                "--set",
-                "tokenizer.vocab_size=400",
-                "--set",
-                "tokenizer.corpus_tasks=60",
-            ],
-        );
+        let mut init = vec!["--out", out.as_str(), "--seed", seed];
+        init.extend(TINY_POLICY);
+        ok("init-policy", &init);
     }
     ok(
         "collect-rollouts",

@@ -541,7 +541,10 @@ fn sharded_steps_equal_unsharded_ones() {
     let statuses = ok(&["run", s(&many), "--out", s(&out)]);
     assert_eq!(statuses["collect"], "cached");
     assert_eq!(statuses["score"], "ran");
-    assert!(out.join("score/_shards/2/rewards/_manifest.parquet").is_file());
+    assert!(
+        out.join("score/_shards/2/rewards/_manifest.parquet")
+            .is_file()
+    );
     let mut rewards: Vec<RewardRow> = rows(&out.join("score"), TableName::Rewards);
     let mut adv: Vec<AdvantageRow> = rows(&out.join("adv"), TableName::Advantages);
     assert!(!rewards.is_empty());

@@ -151,7 +151,9 @@ pub enum Error {
     },
     /// A stage produced a value that breaks its column's rule: a bug or a
     /// diverged computation; nothing is written.
-    #[error("writing table `{table}`: column `{column}` would hold {found} at row {key}; nothing was written")]
+    #[error(
+        "writing table `{table}`: column `{column}` would hold {found} at row {key}; nothing was written"
+    )]
     InvalidOutputValue {
         /// Table name.
         table: String,
