@@ -187,20 +187,27 @@ fn main() {
     });
     write_in_chunks(&gae.join("rewards"), TableName::Rewards, responses, reward);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let (secs, _) = measure(
-        "compute-advantages",
-        &[
-            "--input",
-            &s(&gae.join("rollouts")),
-            "--input",
-            &s(&gae.join("rewards")),
-            "--out",
-            &s(&gae.join("adv")),
-            "--set",
-            "estimator=gae",
-        ],
-        &[("RAYON_NUM_THREADS", "1")],
-    );
+    // One token-level GAE run of compute-advantages into `out`, one thread.
+    let gae_run = |out: &Path, env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.push(("RAYON_NUM_THREADS", "1"));
+        measure(
+            "compute-advantages",
+            &[
+                "--input",
+                &s(&gae.join("rollouts")),
+                "--input",
+                &s(&gae.join("rewards")),
+                "--out",
+                &s(out),
+                "--set",
+                "estimator=gae",
+            ],
+            &env,
+        )
+        .0
+    };
+    let secs = gae_run(&gae.join("adv"), &[]);
     println!(
         "process_gae_tokens_per_s {:.0}",
         (responses * tokens) as f64 / secs
@@ -211,26 +218,8 @@ fn main() {
     for round in 0..10 {
         let verify = round % 2;
         let out = gae.join(format!("adv-verify{round}"));
-        let (secs, _) = measure(
-            "compute-advantages",
-            &[
-                "--input",
-                &s(&gae.join("rollouts")),
-                "--input",
-                &s(&gae.join("rewards")),
-                "--out",
-                &s(&out),
-                "--set",
-                "estimator=gae",
-            ],
-            &[
-                ("RAYON_NUM_THREADS", "1"),
-                (
-                    "EMBODYFLOW_VERIFY_HASHES",
-                    if verify == 1 { "1" } else { "0" },
-                ),
-            ],
-        );
+        let flag = if verify == 1 { "1" } else { "0" };
+        let secs = gae_run(&out, &[("EMBODYFLOW_VERIFY_HASHES", flag)]);
         best[verify] = best[verify].min(secs);
         std::fs::remove_dir_all(&out).unwrap();
     }
