@@ -1,14 +1,16 @@
 //! Throughput of the default policy shape (init-policy: width 96, 4 layers) on this machine: KV-cached
 //! sampling (batch 128, 400-token prompts, 150 new tokens) and training
-//! (forward + backward over prompt + response, micro-batches of 16).
-//! Prints `sampling_tokens_per_s N` and `training_tokens_per_s N` (response
-//! tokens per second) and `training_all_tokens_per_s N` (prompt included).
+//! (forward + backward over prompt + response, micro-batches of 16, every
+//! prompt distinct, then in groups of 8 rows sharing a prompt).
+//! Prints `sampling_tokens_per_s N`, `training_tokens_per_s N` and
+//! `training_groups_of_8_tokens_per_s N` (response tokens per second) and
+//! their `_all_tokens_per_s` (prompt tokens included, each row's counted).
 
 use std::time::Instant;
 
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::gpt::GptConfig;
-use embodyflow_models::policy::{Sampling, sample, score_responses};
+use embodyflow_models::policy::{Entropy, Sampling, sample, score_responses};
 use embodyflow_models::tokenizer::train_bpe;
 use tch::Kind;
 
@@ -72,27 +74,31 @@ fn main() {
 
     let micro = 16usize;
     let responses: Vec<Vec<i32>> = samples.iter().map(|s| s.response_ids.clone()).collect();
-    let started = Instant::now();
-    let (mut response_tokens, mut all_tokens) = (0usize, 0usize);
-    for chunk in 0..batch / micro {
-        let rows = chunk * micro..(chunk + 1) * micro;
-        let p: Vec<&[i32]> = prompts[rows.clone()].iter().map(Vec::as_slice).collect();
-        let r: Vec<&[i32]> = responses[rows].iter().map(Vec::as_slice).collect();
-        let scores = score_responses(&policy, &p, &r, 1.6);
-        let loss =
-            -(scores.logprobs * &scores.mask).sum(Kind::Float) / scores.mask.sum(Kind::Float);
-        loss.backward();
-        response_tokens += r.iter().map(|x| x.len()).sum::<usize>();
-        all_tokens +=
-            r.iter().map(|x| x.len()).sum::<usize>() + p.iter().map(|x| x.len()).sum::<usize>();
+    // Distinct prompts (every row its own), then groups of 8 rows sharing a
+    // prompt (a GRPO group, as update-policy's micro-batches hold them).
+    for (name, group) in [("training", 1usize), ("training_groups_of_8", 8)] {
+        let started = Instant::now();
+        let (mut response_tokens, mut all_tokens) = (0usize, 0usize);
+        for chunk in 0..batch / micro {
+            let rows = chunk * micro..(chunk + 1) * micro;
+            let p: Vec<&[i32]> = rows
+                .clone()
+                .map(|row| prompts[row - row % group].as_slice())
+                .collect();
+            let r: Vec<&[i32]> = responses[rows].iter().map(Vec::as_slice).collect();
+            let scores = score_responses(&policy, &p, &r, 1.6, Entropy::Metric);
+            let loss =
+                -(scores.logprobs * &scores.mask).sum(Kind::Float) / scores.mask.sum(Kind::Float);
+            loss.backward();
+            response_tokens += r.iter().map(|x| x.len()).sum::<usize>();
+            all_tokens +=
+                r.iter().map(|x| x.len()).sum::<usize>() + p.iter().map(|x| x.len()).sum::<usize>();
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        println!(
+            "{name}_tokens_per_s {:.0}",
+            response_tokens as f64 / seconds
+        );
+        println!("{name}_all_tokens_per_s {:.0}", all_tokens as f64 / seconds);
     }
-    let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "training_tokens_per_s {:.0}",
-        response_tokens as f64 / seconds
-    );
-    println!(
-        "training_all_tokens_per_s {:.0}",
-        all_tokens as f64 / seconds
-    );
 }

@@ -9,6 +9,19 @@
 //! Parameters are named by path (`wte`, `wpe`, `h.{i}.attn.c_attn`, …) so a
 //! `model.safetensors` written by tch's `VarStore` maps one to one.
 //!
+//! Three ways to run it, by batch layout:
+//! - [`Gpt::hidden_causal`] / [`Gpt::forward`]: every row starts at position
+//!   0 and is right-padded; no mask, so SDPA's flash kernel skips the keys
+//!   after each query (half the attention of a full mask);
+//! - [`Gpt::hidden_masked`]: explicit positions and a mask, optionally with a
+//!   decoding [`KvCache`] (left-padded sampling);
+//! - [`Gpt::prefix`] then [`Gpt::hidden_after`]: prompts run once, their
+//!   keys and values shared by every row that continues them (a group's G
+//!   responses), gradients included.
+//!
+//! A bool mask becomes SDPA's additive float mask once per forward pass, not
+//! in every layer.
+//!
 //! ```
 //! use embodyflow_models::gpt::{Gpt, GptConfig};
 //! let vs = tch::nn::VarStore::new(tch::Device::Cpu);
@@ -66,18 +79,30 @@ impl Block {
     }
 
     /// `x` holds the new positions `[batch, new, embd]`; `mask` is `None` for
-    /// plain causal attention over `x`, else a bool `[batch, 1, new, keys]`
-    /// (true = attend) over the cached keys followed by the new ones.
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, cache: Option<&mut LayerCache>) -> Tensor {
+    /// plain causal attention over `x` (the flash kernel skips the keys after
+    /// each query), else an additive float `[batch, 1, new, keys]` (0 =
+    /// attend, -inf = not) over the keys `past` returns: it maps this layer's
+    /// new keys and values `[batch, heads, new, head_dim]` to all the keys and
+    /// values the new positions attend to (cached or shared prefix ones
+    /// first).
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, past: Past) -> Tensor {
         let (b, t, e) = x.size3().expect("x is [batch, time, embd]");
         let head_dim = e / self.n_head;
         let qkv = self.c_attn.forward(&self.ln_1.forward(x));
         let split = qkv.split(e, 2);
         let heads = |z: &Tensor| z.view([b, t, self.n_head, head_dim]).transpose(1, 2);
         let (q, k, v) = (heads(&split[0]), heads(&split[1]), heads(&split[2]));
-        let (k, v) = match cache {
-            Some(cache) => cache.append(&k, &v),
-            None => (k, v),
+        let (k, v) = match past {
+            Past::None => (k, v),
+            Past::Cache(cache) => cache.append(&k, &v),
+            Past::Record(layers) => {
+                layers.push((k.shallow_clone(), v.shallow_clone()));
+                (k, v)
+            }
+            Past::Prefix((keys, values), rows) => (
+                Tensor::cat(&[keys.index_select(0, rows), k], 2),
+                Tensor::cat(&[values.index_select(0, rows), v], 2),
+            ),
         };
         let attended = Tensor::scaled_dot_product_attention(
             &q,
@@ -94,6 +119,19 @@ impl Block {
         let hidden = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("tanh");
         &x + self.mlp_proj.forward(&hidden)
     }
+}
+
+/// What one layer's new keys and values join.
+enum Past<'a> {
+    /// Nothing: the new positions attend among themselves.
+    None,
+    /// A decoding cache: appended to it, attending to all of it.
+    Cache(&'a mut LayerCache),
+    /// Nothing, and the new keys and values are recorded (a [`Prefix`] being built).
+    Record(&'a mut Vec<(Tensor, Tensor)>),
+    /// A shared prefix's keys and values, each batch row taking the prefix
+    /// row `rows[row]`, followed by the new ones.
+    Prefix(&'a (Tensor, Tensor), &'a Tensor),
 }
 
 /// One layer's keys and values, preallocated for the longest sequence.
@@ -193,10 +231,51 @@ impl Gpt {
     /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (time <= n_ctx),
     /// every row starting at position 0 (plain causal attention).
     pub fn forward(&self, ids: &Tensor) -> Tensor {
+        self.logits(&self.hidden_causal(ids))
+    }
+
+    /// Final hidden states `[batch, time, embd]` (after the last layer norm)
+    /// of token ids `[batch, time]` (time <= n_ctx), every row starting at
+    /// position 0, under plain causal attention (no mask: the kernel skips
+    /// the keys after each query). Rows may be right-padded: a real position
+    /// never attends to the pads after it, so its hidden state is that of the
+    /// row alone.
+    pub fn hidden_causal(&self, ids: &Tensor) -> Tensor {
         let (batch, t) = ids.size2().expect("ids are [batch, time]");
         self.check_length(t);
         let positions = Tensor::arange(t, (Kind::Int64, ids.device())).expand([batch, t], false);
-        self.logits(&self.hidden(ids, &positions, None, None))
+        self.hidden(ids, &positions, None, Context::None)
+    }
+
+    /// [`Gpt::hidden_causal`] of a batch of prefixes (prompts), with every
+    /// layer's keys and values kept (and their gradients) so that many
+    /// continuations of each prefix attend to it without recomputing it
+    /// ([`Gpt::hidden_after`]).
+    pub fn prefix(&self, ids: &Tensor) -> (Tensor, Prefix) {
+        let (batch, t) = ids.size2().expect("ids are [batch, time]");
+        self.check_length(t);
+        let positions = Tensor::arange(t, (Kind::Int64, ids.device())).expand([batch, t], false);
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        let hidden = self.hidden(ids, &positions, None, Context::Record(&mut layers));
+        (hidden, Prefix { layers })
+    }
+
+    /// Final hidden states `[batch, new, embd]` of continuation ids `[batch,
+    /// new]` at `positions` `[batch, new]`: row `b` continues prefix row
+    /// `rows[b]` (`rows` a 1-D int64 tensor; many rows may share a prefix
+    /// row, and the gradient of a shared prefix is the sum over them).
+    /// `mask` (bool `[batch, 1, new, prefix_time + new]`, true = attend)
+    /// says which prefix keys (a shorter prefix's right pads are not) and
+    /// which new keys each new position attends to.
+    pub fn hidden_after(
+        &self,
+        prefix: &Prefix,
+        rows: &Tensor,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+    ) -> Tensor {
+        self.hidden(ids, positions, Some(mask), Context::Prefix(prefix, rows))
     }
 
     /// An empty cache for `batch` sequences of up to `max_len` positions.
@@ -232,7 +311,11 @@ impl Gpt {
         let (_, t) = ids.size2().expect("ids are [batch, time]");
         let cached = cache.as_ref().map_or(0, |cache| cache.len());
         self.check_length(cached + t);
-        self.hidden(ids, positions, Some(mask), cache)
+        let context = match cache {
+            Some(cache) => Context::Cache(cache),
+            None => Context::None,
+        };
+        self.hidden(ids, positions, Some(mask), context)
     }
 
     /// Logits `[.., vocab]` of final hidden states `[.., embd]` (the output
@@ -249,20 +332,47 @@ impl Gpt {
         );
     }
 
+    /// The blocks over the new positions. A bool `mask` becomes the additive
+    /// float mask SDPA applies (0 / -inf) once here, not in every layer.
     fn hidden(
         &self,
         ids: &Tensor,
         positions: &Tensor,
         mask: Option<&Tensor>,
-        mut cache: Option<&mut KvCache>,
+        mut context: Context,
     ) -> Tensor {
+        let mask = mask.map(|mask| {
+            Tensor::zeros(mask.size(), (self.wte.ws.kind(), mask.device()))
+                .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
+        });
         let mut x = self.wte.forward(ids) + self.wpe.forward(positions);
         for (index, block) in self.blocks.iter().enumerate() {
-            let layer = cache.as_deref_mut().map(|cache| &mut cache.layers[index]);
-            x = block.forward(&x, mask, layer);
+            let past = match &mut context {
+                Context::None => Past::None,
+                Context::Cache(cache) => Past::Cache(&mut cache.layers[index]),
+                Context::Record(layers) => Past::Record(layers),
+                Context::Prefix(prefix, rows) => Past::Prefix(&prefix.layers[index], rows),
+            };
+            x = block.forward(&x, mask.as_ref(), past);
         }
         self.ln_f.forward(&x)
     }
+}
+
+/// Every layer's keys and values `[prefixes, heads, time, head_dim]` of a
+/// batch of prefixes run once by [`Gpt::prefix`] (still attached to the
+/// graph when gradients are on).
+#[derive(Debug)]
+pub struct Prefix {
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+/// What a forward pass's new positions join, for all layers.
+enum Context<'a> {
+    None,
+    Cache(&'a mut KvCache),
+    Record(&'a mut Vec<(Tensor, Tensor)>),
+    Prefix(&'a Prefix, &'a Tensor),
 }
 
 #[cfg(test)]

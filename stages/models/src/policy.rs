@@ -1,12 +1,20 @@
 //! Running a policy on token sequences: batched sampling with a key/value
 //! cache, and the per-token log-probs the update recomputes.
 //!
-//! Both use one layout, so the log-probs the sampler records and the ones the
-//! update recomputes come from the same positions and masks (the PPO ratio
-//! starts at 1): prompts are left-padded to a common length `L` and every
-//! row's real tokens start at position 0; attention is causal, never reaches a
-//! pad key, and a pad query attends to itself only (a fully masked row would
-//! be NaN). Responses start at column `L`.
+//! Both place every row's real tokens at positions `0..`, and no real
+//! position ever attends to a pad, so the log-probs the sampler records and
+//! the ones the update recomputes are the same numbers up to float rounding
+//! (the PPO ratio starts at 1; `sampled_logprobs_match_the_recomputed_ones`
+//! checks 1e-4, and the scorer is checked against each row run alone). The
+//! layouts differ by what each does best:
+//! - sampling left-pads the prompts to a common length `L` (responses start
+//!   at column `L`, so the decoding cache grows one column per step for the
+//!   whole batch) under an explicit mask: causal, never reaching a pad key,
+//!   a pad query attending to itself only (a fully masked row would be NaN);
+//! - scoring ([`score_responses`]) right-pads each `prompt + response`, so
+//!   plain causal attention (no mask: the flash kernel skips the upper
+//!   triangle) is already right; when prompts repeat, each distinct prompt
+//!   runs once and its keys and values serve all its responses.
 //!
 //! Sampling: logits of the last position are divided by the temperature `T`,
 //! `log p = log_softmax(logits / T)`, and each row draws its token from its
@@ -20,11 +28,15 @@
 //! Identical prompts in a batch (a group's G samples) are encoded once.
 //!
 //! ```no_run
-//! use embodyflow_models::{checkpoint::Checkpoint, policy::{sample, Sampling}};
+//! use embodyflow_models::{checkpoint::Checkpoint, policy::{sample, score_responses, Entropy, Sampling}};
 //! let policy = Checkpoint::load("ckpt".as_ref(), tch::Device::Cpu).unwrap();
 //! let prompts = vec![vec![5, 9, 1], vec![7, 1]];
 //! let out = sample(&policy, &prompts, &[11, 12], &Sampling { temperature: 1.6, top_p: 1.0, max_new_tokens: 64 });
 //! assert_eq!(out[0].response_ids.len(), out[0].logprobs.len());
+//! let responses: Vec<&[i32]> = out.iter().map(|s| s.response_ids.as_slice()).collect();
+//! let prompts: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+//! let scores = score_responses(&policy, &prompts, &responses, 1.6, Entropy::Skip);
+//! assert_eq!(scores.logprobs.size()[0], 2);
 //! ```
 
 use std::collections::HashMap;
@@ -120,17 +132,7 @@ fn sample_batch(
     let max_new = sampling.max_new_tokens.min(n_ctx - width);
     // Identical prompts (the G samples of a group) are encoded once and
     // their cache rows copied.
-    let mut unique: Vec<&[i32]> = Vec::new();
-    let mut index_of: HashMap<&[i32], i64> = HashMap::new();
-    let rows: Vec<i64> = prompts
-        .iter()
-        .map(|prompt| {
-            *index_of.entry(prompt.as_slice()).or_insert_with(|| {
-                unique.push(prompt.as_slice());
-                unique.len() as i64 - 1
-            })
-        })
-        .collect();
+    let (unique, rows) = distinct(prompts.iter().map(Vec::as_slice));
     let (ids, pads) = left_padded(&unique, width, policy.special.pad);
     let width = width as i64;
     let ids = Tensor::from_slice(&ids)
@@ -267,99 +269,250 @@ fn arg_max(values: &[f32]) -> usize {
     best
 }
 
+/// Which entropies [`score_responses`] computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entropy {
+    /// None: nothing reads them (teacher-logp).
+    Skip,
+    /// Without gradients, for a metric only (update-policy with `ppo.entropy_coef = 0`).
+    Metric,
+    /// With gradients, for an entropy bonus in the loss.
+    Loss,
+}
+
 /// Per-token results of a forward pass over prompt + response pairs, each
 /// `[batch, longest response]`.
 pub struct ResponseScores {
     /// Log-prob of each response token under `logits / T`.
     pub logprobs: Tensor,
-    /// Entropy of the `logits / T` distribution at each response token.
-    pub entropy: Tensor,
+    /// Entropy of the `logits / T` distribution at each response token
+    /// (`None` with [`Entropy::Skip`]).
+    pub entropy: Option<Tensor>,
     /// 1 on real response tokens, 0 on padding (float).
     pub mask: Tensor,
 }
 
-/// Log-probs and entropies of `responses` after `prompts` under the policy at
-/// temperature `temperature` (1 for supervised training), with gradients.
+/// Each distinct prompt once, in order of first appearance, and the index
+/// of each row's prompt among them.
+fn distinct<'a>(prompts: impl Iterator<Item = &'a [i32]>) -> (Vec<&'a [i32]>, Vec<i64>) {
+    let mut unique: Vec<&[i32]> = Vec::new();
+    let mut index_of: HashMap<&[i32], i64> = HashMap::new();
+    let rows = prompts
+        .map(|prompt| {
+            *index_of.entry(prompt).or_insert_with(|| {
+                unique.push(prompt);
+                unique.len() as i64 - 1
+            })
+        })
+        .collect();
+    (unique, rows)
+}
+
+/// `rows` right-padded with `pad` into `[rows, width]` ids.
+fn right_padded<'a>(
+    rows: impl Iterator<Item = Vec<&'a [i32]>>,
+    width: usize,
+    pad: i32,
+) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for parts in rows {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        for part in parts {
+            ids.extend(part.iter().map(|&id| id as i64));
+        }
+        ids.extend(std::iter::repeat_n(pad as i64, width - len));
+    }
+    ids
+}
+
+/// Log-probs (and, as asked, entropies) of `responses` after `prompts` under
+/// the policy at temperature `temperature` (1 for supervised training), with
+/// gradients when gradients are on. Each prompt (at least one token) +
+/// response must fit in `n_ctx`.
 ///
-/// Each prompt + response must fit in `n_ctx`. The batch's layout is the
-/// longest prompt plus the longest response; when those come from different
-/// rows and do not fit together, the batch is scored in halves and the
-/// results stacked (padded to the longest response), so any batch of rows
-/// that fit alone can be scored.
+/// The layout: every row's real tokens start at position 0, as in the
+/// sampler, so the log-probs are the sampler's (see the module doc). When
+/// every prompt is distinct, each row is `prompt + response` right-padded
+/// and runs under plain causal attention (no mask). When prompts repeat (a
+/// group's G samples), each distinct prompt runs once ([`Gpt::prefix`],
+/// right-padded), and the responses continue it ([`Gpt::hidden_after`]),
+/// attending to its real keys and causally among themselves; the gradient
+/// reaching a shared prompt is the sum over its rows.
+///
+/// [`Gpt::prefix`]: crate::gpt::Gpt::prefix
+/// [`Gpt::hidden_after`]: crate::gpt::Gpt::hidden_after
 pub fn score_responses(
     policy: &Checkpoint,
     prompts: &[&[i32]],
     responses: &[&[i32]],
     temperature: f64,
+    entropy: Entropy,
 ) -> ResponseScores {
     assert_eq!(prompts.len(), responses.len());
+    let model = &policy.model;
     let device = policy.vars.device();
-    let batch = prompts.len() as i64;
-    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let longest = responses.iter().map(|r| r.len()).max().unwrap_or(0);
-    if prompts.len() > 1 && width + longest > policy.model.config().n_ctx as usize {
-        let half = prompts.len() / 2;
-        let parts = [
-            score_responses(policy, &prompts[..half], &responses[..half], temperature),
-            score_responses(policy, &prompts[half..], &responses[half..], temperature),
-        ];
-        let stack = |pick: fn(&ResponseScores) -> &Tensor| {
-            let padded: Vec<Tensor> = parts
-                .iter()
-                .map(|part| {
-                    let t = pick(part);
-                    t.constant_pad_nd([0, longest as i64 - t.size()[1]])
-                })
-                .collect();
-            Tensor::cat(&padded, 0)
-        };
-        return ResponseScores {
-            logprobs: stack(|s| &s.logprobs),
-            entropy: stack(|s| &s.entropy),
-            mask: stack(|s| &s.mask),
-        };
+    let n_ctx = model.config().n_ctx as usize;
+    let pad = policy.special.pad;
+    for (prompt, response) in prompts.iter().zip(responses) {
+        assert!(!prompt.is_empty(), "a prompt has at least one token");
+        assert!(
+            prompt.len() + response.len() <= n_ctx,
+            "prompt of {} + response of {} tokens exceeds n_ctx {n_ctx}",
+            prompt.len(),
+            response.len()
+        );
     }
-    let (ids, pads) = left_padded(prompts, width, policy.special.pad);
-    let total = width + longest;
-    // Append each response after its prompt row, right-padded.
-    let mut sequences = Vec::with_capacity(prompts.len() * total);
+    let batch = prompts.len() as i64;
+    let longest = responses.iter().map(|r| r.len()).max().unwrap_or(0);
     let mut mask = Vec::with_capacity(prompts.len() * longest);
-    for (row, response) in responses.iter().enumerate() {
-        sequences.extend_from_slice(&ids[row * width..(row + 1) * width]);
-        sequences.extend(response.iter().map(|&id| id as i64));
-        sequences.extend(std::iter::repeat_n(
-            policy.special.pad as i64,
-            longest - response.len(),
-        ));
+    for response in responses {
         mask.extend(std::iter::repeat_n(1.0f32, response.len()));
         mask.extend(std::iter::repeat_n(0.0f32, longest - response.len()));
     }
-    let (width, longest, total) = (width as i64, longest as i64, total as i64);
-    let sequences = Tensor::from_slice(&sequences)
-        .view([batch, total])
+    let targets = right_padded(responses.iter().map(|r| vec![*r]), longest, pad);
+    let longest = longest as i64;
+    let mask = Tensor::from_slice(&mask).view([batch, longest]).to(device);
+    if longest == 0 {
+        let empty = Tensor::zeros([batch, 0], (Kind::Float, device));
+        return ResponseScores {
+            logprobs: empty.shallow_clone(),
+            entropy: (entropy != Entropy::Skip).then(|| empty.shallow_clone()),
+            mask,
+        };
+    }
+    let (unique, rows) = distinct(prompts.iter().copied());
+    // The hidden state that predicts each response token: [batch, longest, embd].
+    let hidden = if unique.len() == prompts.len() {
+        causal_response_hidden(policy, prompts, responses, longest)
+    } else {
+        shared_prompt_response_hidden(policy, &unique, &rows, prompts, responses, longest)
+    };
+    let log_probs = (model.logits(&hidden) / temperature).log_softmax(-1, Kind::Float);
+    let targets = Tensor::from_slice(&targets)
+        .view([batch, longest])
         .to(device);
-    let pads = Tensor::from_slice(&pads).to(device);
-    let inputs = sequences.narrow(1, 0, total - 1);
-    let hidden = policy.model.hidden_masked(
-        &inputs,
-        &positions(&pads, 0, total - 1),
-        &prefix_mask(&pads, total - 1),
-        None,
-    );
-    // The hidden state at column c predicts the token at column c + 1; only
-    // the response's predictions need logits.
-    let response_logits = policy.model.logits(&hidden.narrow(1, width - 1, longest)) / temperature;
-    let log_probs = response_logits.log_softmax(-1, Kind::Float);
-    let targets = sequences.narrow(1, width, longest);
     let logprobs = log_probs
         .gather(2, &targets.unsqueeze(2), false)
         .squeeze_dim(2);
-    let entropy = -(log_probs.exp() * &log_probs).sum_dim_intlist(-1, false, Kind::Float);
+    let entropy_of = |lp: &Tensor| -(lp.exp() * lp).sum_dim_intlist(-1, false, Kind::Float);
+    let entropy = match entropy {
+        Entropy::Skip => None,
+        Entropy::Metric => Some(tch::no_grad(|| entropy_of(&log_probs))),
+        Entropy::Loss => Some(entropy_of(&log_probs)),
+    };
     ResponseScores {
         logprobs,
         entropy,
-        mask: Tensor::from_slice(&mask).view([batch, longest]).to(device),
+        mask,
     }
+}
+
+/// Every row `prompt + response` (the last response token is only a
+/// target) right-padded, under plain causal attention; the hidden states at
+/// columns `prompt - 1 ..` predict the response.
+fn causal_response_hidden(
+    policy: &Checkpoint,
+    prompts: &[&[i32]],
+    responses: &[&[i32]],
+    longest: i64,
+) -> Tensor {
+    let device = policy.vars.device();
+    let inputs = || {
+        prompts
+            .iter()
+            .zip(responses)
+            .map(|(prompt, response)| vec![*prompt, &response[..response.len().saturating_sub(1)]])
+    };
+    let width = inputs()
+        .map(|parts| parts.iter().map(|p| p.len()).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let batch = prompts.len() as i64;
+    let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
+        .view([batch, width as i64])
+        .to(device);
+    let hidden = policy.model.hidden_causal(&ids);
+    let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
+    for prompt in prompts {
+        let first = prompt.len() as i64 - 1;
+        columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
+    }
+    let columns = Tensor::from_slice(&columns)
+        .view([batch, longest, 1])
+        .to(device);
+    let embd = hidden.size()[2];
+    hidden.gather(1, &columns.expand([batch, longest, embd], false), false)
+}
+
+/// The distinct prompts `unique` run once, right-padded; row `b` continues
+/// prompt `rows[b]` with its response (but the last token) at positions
+/// `prompt + k`, attending to that prompt's real keys and causally to its
+/// own. The first response token is predicted by the prompt's last hidden
+/// state, the others by the continuation's.
+fn shared_prompt_response_hidden(
+    policy: &Checkpoint,
+    unique: &[&[i32]],
+    rows: &[i64],
+    prompts: &[&[i32]],
+    responses: &[&[i32]],
+    longest: i64,
+) -> Tensor {
+    let model = &policy.model;
+    let device = policy.vars.device();
+    let pad = policy.special.pad;
+    let batch = prompts.len() as i64;
+    let width = unique.iter().map(|p| p.len()).max().unwrap_or(0) as i64;
+    let prompt_ids = Tensor::from_slice(&right_padded(
+        unique.iter().map(|p| vec![*p]),
+        width as usize,
+        pad,
+    ))
+    .view([unique.len() as i64, width])
+    .to(device);
+    let (prompt_hidden, prefix) = model.prefix(&prompt_ids);
+    let embd = prompt_hidden.size()[2];
+    let last: Vec<i64> = rows
+        .iter()
+        .zip(prompts)
+        .map(|(&row, prompt)| row * width + prompt.len() as i64 - 1)
+        .collect();
+    let first = prompt_hidden
+        .view([-1, embd])
+        .index_select(0, &Tensor::from_slice(&last).to(device))
+        .unsqueeze(1);
+    let new = longest - 1;
+    if new == 0 {
+        return first;
+    }
+    let continuation = right_padded(
+        responses
+            .iter()
+            .map(|r| vec![&r[..r.len().saturating_sub(1)]]),
+        new as usize,
+        pad,
+    );
+    let ids = Tensor::from_slice(&continuation)
+        .view([batch, new])
+        .to(device);
+    let n_ctx = model.config().n_ctx;
+    let lengths: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+    let lengths = Tensor::from_slice(&lengths).to(device);
+    let steps = Tensor::arange(new, (Kind::Int64, device));
+    let positions = (lengths.unsqueeze(1) + steps.unsqueeze(0)).clamp_max(n_ctx - 1);
+    let prompt_keys = Tensor::arange(width, (Kind::Int64, device))
+        .unsqueeze(0)
+        .lt_tensor(&lengths.unsqueeze(1)) // [batch, width]: a real prompt key
+        .unsqueeze(1)
+        .expand([batch, new, width], false);
+    let causal = steps
+        .unsqueeze(0)
+        .le_tensor(&steps.unsqueeze(1)) // [query, key]: key <= query
+        .unsqueeze(0)
+        .expand([batch, new, new], false);
+    let mask = Tensor::cat(&[prompt_keys, causal], 2).unsqueeze(1);
+    let rows = Tensor::from_slice(rows).to(device);
+    let hidden = model.hidden_after(&prefix, &rows, &ids, &positions, &mask);
+    Tensor::cat(&[first, hidden], 1)
 }
 
 #[cfg(test)]
@@ -393,7 +546,8 @@ mod tests {
         let responses: Vec<&[i32]> = samples.iter().map(|s| s.response_ids.as_slice()).collect();
         let prompts = prompts();
         let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
-        let scores = tch::no_grad(|| score_responses(&policy, &prompt_refs, &responses, 1.6));
+        let scores =
+            tch::no_grad(|| score_responses(&policy, &prompt_refs, &responses, 1.6, Entropy::Skip));
         for (row, sampled) in samples.iter().enumerate() {
             assert!(!sampled.response_ids.is_empty());
             let recomputed: Vec<f32> = Vec::<f32>::try_from(
@@ -419,19 +573,27 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_wider_than_n_ctx_is_scored_in_parts() {
+    fn a_batch_wider_than_n_ctx_is_scored() {
         let policy = tiny_policy();
-        // 30 + 6 and 6 + 30 tokens fit n_ctx = 48 alone; together the layout
-        // would be 30 + 30.
+        // 30 + 6 and 6 + 30 tokens fit n_ctx = 48 alone; a common prompt
+        // column would be 30 + 30 wide (the short prompt repeats: its
+        // continuations attend to 30 prompt columns and 29 of their own).
         let long: Vec<i32> = (0..30).map(|i| 5 + i % 50).collect();
         let short: Vec<i32> = vec![7, 1, 9, 12, 30, 1];
         let prompts: [&[i32]; 3] = [&long, &short, &short];
         let responses: [&[i32]; 3] = [&short, &long, &short[..2]];
-        let together = tch::no_grad(|| score_responses(&policy, &prompts, &responses, 1.0));
+        let together =
+            tch::no_grad(|| score_responses(&policy, &prompts, &responses, 1.0, Entropy::Skip));
         assert_eq!(together.logprobs.size(), vec![3, 30]);
         for row in 0..3 {
             let alone = tch::no_grad(|| {
-                score_responses(&policy, &prompts[row..=row], &responses[row..=row], 1.0)
+                score_responses(
+                    &policy,
+                    &prompts[row..=row],
+                    &responses[row..=row],
+                    1.0,
+                    Entropy::Skip,
+                )
             });
             let n = responses[row].len() as i64;
             let a = Vec::<f32>::try_from(alone.logprobs.get(0)).unwrap();
@@ -447,6 +609,197 @@ mod tests {
                 .double_value(&[]);
             assert_eq!(mask as i64, n);
         }
+    }
+
+    /// The scoring layout before the causal path, kept as the reference the
+    /// new one must reproduce: prompts left-padded to the longest, responses
+    /// after them, one forward pass under the explicit `prefix_mask`.
+    fn left_padded_masked(
+        policy: &Checkpoint,
+        prompts: &[&[i32]],
+        responses: &[&[i32]],
+        temperature: f64,
+    ) -> Tensor {
+        let width = prompts.iter().map(|p| p.len()).max().unwrap();
+        let longest = responses.iter().map(|r| r.len()).max().unwrap();
+        let (ids, pads) = left_padded(prompts, width, policy.special.pad);
+        let total = width + longest;
+        let mut sequences = Vec::new();
+        for (row, response) in responses.iter().enumerate() {
+            sequences.extend_from_slice(&ids[row * width..(row + 1) * width]);
+            sequences.extend(response.iter().map(|&id| id as i64));
+            sequences.extend(std::iter::repeat_n(
+                policy.special.pad as i64,
+                longest - response.len(),
+            ));
+        }
+        let (width, longest, total) = (width as i64, longest as i64, total as i64);
+        let sequences = Tensor::from_slice(&sequences).view([prompts.len() as i64, total]);
+        let pads = Tensor::from_slice(&pads);
+        let hidden = policy.model.hidden_masked(
+            &sequences.narrow(1, 0, total - 1),
+            &positions(&pads, 0, total - 1),
+            &prefix_mask(&pads, total - 1),
+            None,
+        );
+        (policy.model.logits(&hidden.narrow(1, width - 1, longest)) / temperature)
+            .log_softmax(-1, Kind::Float)
+            .gather(2, &sequences.narrow(1, width, longest).unsqueeze(2), false)
+            .squeeze_dim(2)
+    }
+
+    /// The ground truth: the row alone, unpadded, through `Gpt::forward`.
+    fn alone(policy: &Checkpoint, prompt: &[i32], response: &[i32], temperature: f64) -> Vec<f32> {
+        let sequence: Vec<i64> = prompt.iter().chain(response).map(|&id| id as i64).collect();
+        let n = sequence.len() as i64;
+        let ids = Tensor::from_slice(&sequence).view([1, n]);
+        let logits = policy.model.forward(&ids.narrow(1, 0, n - 1));
+        let p = prompt.len() as i64;
+        let r = response.len() as i64;
+        let logp = (logits.narrow(1, p - 1, r) / temperature)
+            .log_softmax(-1, Kind::Float)
+            .gather(2, &ids.narrow(1, p, r).unsqueeze(2), false);
+        Vec::<f32>::try_from(logp.view([-1])).unwrap()
+    }
+
+    /// Prompts and responses of several lengths; `repeat` makes rows 3 and 4
+    /// repeat the prompts of rows 0 and 1 (the shared-prompt path).
+    fn pairs(repeat: bool) -> (Vec<Vec<i32>>, Vec<Vec<i32>>) {
+        let mut prompts = vec![
+            vec![5, 9, 12, 30, 1],
+            vec![7, 1],
+            vec![40, 41, 42, 43, 44, 45, 46, 1],
+            vec![8, 20, 1],
+            vec![50, 1],
+        ];
+        if repeat {
+            prompts[3] = prompts[0].clone();
+            prompts[4] = prompts[1].clone();
+        }
+        let responses = vec![
+            vec![60, 61, 62],
+            vec![63, 64, 65, 66, 67, 68, 69, 70, 71],
+            vec![72],
+            vec![73, 74, 75, 76, 77, 78],
+            vec![79, 80],
+        ];
+        (prompts, responses)
+    }
+
+    fn slices(rows: &[Vec<i32>]) -> Vec<&[i32]> {
+        rows.iter().map(Vec::as_slice).collect()
+    }
+
+    #[test]
+    fn scores_equal_each_row_alone_and_the_left_padded_masked_path() {
+        let policy = tiny_policy();
+        for repeat in [false, true] {
+            let (prompts, responses) = pairs(repeat);
+            let (p, r) = (slices(&prompts), slices(&responses));
+            let (scores, reference) = tch::no_grad(|| {
+                (
+                    score_responses(&policy, &p, &r, 1.3, Entropy::Skip),
+                    left_padded_masked(&policy, &p, &r, 1.3),
+                )
+            });
+            for row in 0..p.len() {
+                let n = r[row].len() as i64;
+                let ours =
+                    Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(0, 0, n)).unwrap();
+                let masked =
+                    Vec::<f32>::try_from(reference.get(row as i64).narrow(0, 0, n)).unwrap();
+                let truth = tch::no_grad(|| alone(&policy, p[row], r[row], 1.3));
+                for ((a, b), c) in ours.iter().zip(&masked).zip(&truth) {
+                    assert!(
+                        (a - c).abs() < 1e-5 && (b - c).abs() < 1e-5,
+                        "repeat {repeat} row {row}: scored {a}, left-padded {b}, alone {c}"
+                    );
+                }
+                let mask = Vec::<f32>::try_from(scores.mask.get(row as i64)).unwrap();
+                assert_eq!(mask.iter().sum::<f32>() as i64, n);
+            }
+        }
+    }
+
+    fn gradients(policy: &Checkpoint) -> Vec<(String, Tensor)> {
+        let mut grads: Vec<(String, Tensor)> = policy
+            .vars
+            .variables()
+            .into_iter()
+            .map(|(name, var)| (name, var.grad().copy()))
+            .collect();
+        grads.sort_by(|a, b| a.0.cmp(&b.0));
+        grads
+    }
+
+    fn zero_gradients(policy: &Checkpoint) {
+        for (_, var) in policy.vars.variables() {
+            let mut grad = var.grad();
+            if grad.defined() {
+                let _ = grad.zero_();
+            }
+        }
+    }
+
+    /// A shared prompt's gradient is the sum of its rows' gradients: the
+    /// batch with repeated prompts backpropagates what each row alone does.
+    #[test]
+    fn shared_prompt_gradients_equal_the_rows_alone() {
+        let policy = tiny_policy();
+        let (prompts, responses) = pairs(true);
+        let (p, r) = (slices(&prompts), slices(&responses));
+        // Token weights make every position's gradient count differently.
+        let weight = |row: usize, n: usize| -> Vec<f32> {
+            (0..n).map(|t| 0.5 + 0.1 * (row * 7 + t) as f32).collect()
+        };
+        let longest = r.iter().map(|x| x.len()).max().unwrap();
+        let weights: Vec<f32> = (0..p.len()).flat_map(|row| weight(row, longest)).collect();
+        let weights = Tensor::from_slice(&weights).view([p.len() as i64, longest as i64]);
+        zero_gradients(&policy);
+        let scores = score_responses(&policy, &p, &r, 1.0, Entropy::Skip);
+        (scores.logprobs * &scores.mask * &weights)
+            .sum(Kind::Float)
+            .backward();
+        let together = gradients(&policy);
+        zero_gradients(&policy);
+        for row in 0..p.len() {
+            let alone = score_responses(&policy, &p[row..=row], &r[row..=row], 1.0, Entropy::Skip);
+            let w = Tensor::from_slice(&weight(row, r[row].len())).view([1, -1]);
+            (alone.logprobs * w).sum(Kind::Float).backward();
+        }
+        let summed = gradients(&policy);
+        for ((name, a), (_, b)) in together.iter().zip(&summed) {
+            let scale = b.abs().max().double_value(&[]).max(1e-3);
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(
+                diff < 1e-4 * scale,
+                "{name}: gradients differ by {diff} (scale {scale})"
+            );
+        }
+    }
+
+    #[test]
+    fn entropy_is_computed_only_as_asked() {
+        let policy = tiny_policy();
+        let (prompts, responses) = pairs(false);
+        let (p, r) = (slices(&prompts), slices(&responses));
+        let skip = score_responses(&policy, &p, &r, 1.0, Entropy::Skip);
+        let metric = score_responses(&policy, &p, &r, 1.0, Entropy::Metric);
+        let loss = score_responses(&policy, &p, &r, 1.0, Entropy::Loss);
+        assert!(skip.entropy.is_none());
+        let (metric, loss_entropy) = (metric.entropy.unwrap(), loss.entropy.unwrap());
+        assert!(!metric.requires_grad() && loss_entropy.requires_grad());
+        assert!(skip.logprobs.requires_grad());
+        assert_eq!((metric - &loss_entropy).abs().max().double_value(&[]), 0.0);
+        // The entropy of a distribution over the vocabulary: in (0, ln V].
+        let vocab = policy.model.config().vocab_size as f64;
+        let values = Vec::<f32>::try_from(loss_entropy.flatten(0, -1)).unwrap();
+        assert!(
+            values
+                .iter()
+                .all(|&h| h > 0.0 && f64::from(h) <= vocab.ln() + 1e-4)
+        );
+        assert!(skip.logprobs.equal(&loss.logprobs));
     }
 
     #[test]

@@ -27,7 +27,11 @@
 //! that differs from the policy's or a template without its placeholder is an
 //! error before anything is written. Each batch of `batch_rows` steps runs
 //! its teacher and student contexts through the model together (one forward
-//! pass of 2 x `batch_rows` sequences).
+//! pass of 2 x `batch_rows` sequences). Steps are batched in [`batch_order`]:
+//! by context, so a group's G steps (one task, one prompt: the same two
+//! contexts) share a batch and the scorer encodes each context once for all
+//! of them, then by response length, so little of a batch is padding.
+//! Entropies are not computed (nothing here reads them).
 //!
 //! ```text
 //! teacher-logp --policy runs/it3/policy --teacher self --input runs/it3/rollouts \
@@ -49,7 +53,7 @@ use embodyflow_core::{Error, progress};
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::policy::score_responses;
+use embodyflow_models::policy::{Entropy, score_responses};
 use embodyflow_models::tokenizer::{decode, encode};
 use serde::{Deserialize, Serialize};
 
@@ -249,6 +253,23 @@ pub fn build_jobs(
     Ok((jobs, skipped))
 }
 
+/// Orders jobs for batching: by teacher context (length, then ids) and
+/// student context, so the steps of one group (the same contexts) are
+/// neighbours and share their contexts' encoding, then by response length
+/// (the sort is stable: equal jobs keep their order). A step's log-probs
+/// depend, by float rounding, on the steps batched with it, so a run and its
+/// shards order the whole job list this way before cutting it into batches.
+pub fn batch_order(jobs: &mut [Job]) {
+    jobs.sort_by(|a, b| {
+        a.teacher_context
+            .len()
+            .cmp(&b.teacher_context.len())
+            .then_with(|| a.teacher_context.cmp(&b.teacher_context))
+            .then_with(|| a.student_context.cmp(&b.student_context))
+            .then(a.response.len().cmp(&b.response.len()))
+    });
+}
+
 /// Teacher and student log-probs of each job's response tokens, `batch_rows`
 /// jobs (2 x `batch_rows` sequences) per forward pass.
 pub fn score_jobs(
@@ -271,7 +292,7 @@ pub fn score_jobs(
             .map(|j| j.response.as_slice())
             .collect();
         let logprobs = tch::no_grad(|| {
-            score_responses(teacher, &contexts, &responses, temperature)
+            score_responses(teacher, &contexts, &responses, temperature, Entropy::Skip)
                 .logprobs
                 .to_device(tch::Device::Cpu)
         });
@@ -354,7 +375,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let task_rows: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
     let tasks: HashMap<&str, &TaskRow> =
         task_rows.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    let (jobs, skipped) = build_jobs(
+    let (mut jobs, skipped) = build_jobs(
         teacher,
         &config.template,
         &trajectories,
@@ -362,6 +383,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         &tasks,
         args.strict,
     )?;
+    batch_order(&mut jobs);
     // A shard scores whole batches of the unsharded run: a step's log-probs
     // depend on the steps batched with it (`ShardSpec::owned_batches`).
     let mut owned = vec![false; jobs.len()];
@@ -536,6 +558,7 @@ mod tests {
                 &[&steps[0].prompt_ids],
                 &[&steps[0].response_ids],
                 1.0,
+                Entropy::Skip,
             )
             .logprobs
         });
@@ -554,6 +577,60 @@ mod tests {
         let pair = score_jobs(&policy, &[jobs[0].clone(), longer], 2, 1.0);
         for (a, b) in pair[0].0.iter().zip(teacher) {
             assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    /// A group's steps (the same contexts, other responses) are batched
+    /// side by side, and scoring them together (each context encoded once)
+    /// gives each step's log-probs alone.
+    #[test]
+    fn a_groups_steps_batch_together_and_score_as_alone() {
+        let policy = tiny_policy(128);
+        let (trajectories, steps, task) = rollout(&policy, mug_plan());
+        let tasks = HashMap::from([("t0", &task)]);
+        let (jobs, _) = build_jobs(
+            &policy,
+            &ContextTemplates::default(),
+            &trajectories,
+            &steps,
+            &tasks,
+            true,
+        )
+        .unwrap();
+        let sample = |index: i32, response: Vec<i32>| Job {
+            step_index: index,
+            response,
+            ..jobs[0].clone()
+        };
+        let other = Job {
+            teacher_context: jobs[0].teacher_context[2..].to_vec(),
+            student_context: jobs[0].student_context[1..].to_vec(),
+            ..sample(9, vec![30, 31, 32])
+        };
+        let mut batch = vec![
+            sample(0, jobs[0].response.clone()),
+            other,
+            sample(2, vec![40]),
+            sample(3, vec![50, 51, 52, 53, 54, 55]),
+        ];
+        batch_order(&mut batch);
+        let order: Vec<i32> = batch.iter().map(|j| j.step_index).collect();
+        assert_eq!(
+            order,
+            [9, 2, 0, 3],
+            "shorter context first, then the group by length"
+        );
+        let together = score_jobs(&policy, &batch, 4, 1.0);
+        for (job, (teacher, student)) in batch.iter().zip(&together) {
+            let alone = &score_jobs(&policy, std::slice::from_ref(job), 1, 1.0)[0];
+            assert_eq!(teacher.len(), job.response.len());
+            for (a, b) in teacher
+                .iter()
+                .chain(student)
+                .zip(alone.0.iter().chain(&alone.1))
+            {
+                assert!((a - b).abs() < 1e-5, "step {}: {a} vs {b}", job.step_index);
+            }
         }
     }
 

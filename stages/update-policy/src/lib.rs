@@ -25,6 +25,12 @@
 //! denominators of the whole step (its response tokens for `token-mean`,
 //! its sequences for the `seq-mean-*` modes: [`loss::Denominators`]), so
 //! the summed gradient is that of the step's k mini-batches in one piece.
+//! That lets a step order its examples freely before cutting them into
+//! micro-batches ([`micro_batches`]): by prompt, so a group's samples share
+//! one encoding of their prompt (`score_responses` runs each distinct prompt
+//! of a micro-batch once), and by length, so little is padding; the step is
+//! the same up to float rounding. The entropy is computed without gradients
+//! (the `entropy` metric) unless `ppo.entropy_coef > 0` puts it in the loss.
 //! The learning rate follows `optim.schedule` ([`LrSchedule`]: constant,
 //! linear warm-up or warm-up and cosine) at the position of the optimizer's
 //! step count; the AdamW state, step count included, is saved with the next
@@ -58,7 +64,7 @@ use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
-use embodyflow_models::policy::score_responses;
+use embodyflow_models::policy::{Entropy, score_responses};
 use embodyflow_models::tokenizer::encode;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -672,7 +678,6 @@ pub fn train(
     }
     let optim = &config.optim;
     let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
-    let device = policy.vars.device();
     let started = Instant::now();
     let mut metrics = Vec::new();
     let mut tokens = 0u64;
@@ -695,94 +700,36 @@ pub fn train(
                 sequences: step.len() as f64,
             };
             optimizer.zero_grad(&policy.vars);
-            let (mut loss_sum, mut pg_sum, mut entropy_sum, mut kl_loss_sum) = (0.0, 0.0, 0.0, 0.0);
-            let (mut clipped, mut clipped_lower, mut approx_kl) = (0.0, 0.0, 0.0);
-            let micros = step
-                .chunks(config.mini_batch)
-                .flat_map(|mini| mini.chunks(config.micro_batch));
-            for micro in micros {
-                let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
-                let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
-                let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
-                let temperature = batch[0].temperature as f64;
-                let scores = score_responses(policy, &prompts, &responses, temperature);
-                let entropy = aggregate(
-                    &scores.entropy,
-                    &scores.mask,
-                    config.ppo.loss_agg,
-                    denominators,
-                );
-                let mut loss = match config.objective {
-                    Objective::Sft => aggregate(
-                        &(-&scores.logprobs),
-                        &scores.mask,
-                        config.ppo.loss_agg,
-                        denominators,
-                    ),
-                    Objective::Ppo => {
-                        let old: Vec<&[f32]> =
-                            batch.iter().map(|e| e.old_logprobs.as_slice()).collect();
-                        let adv: Vec<&[f32]> =
-                            batch.iter().map(|e| e.advantages.as_slice()).collect();
-                        let out = policy_loss(
-                            &scores.logprobs,
-                            &pad_rows(&old, device),
-                            &pad_rows(&adv, device),
-                            &scores.mask,
-                            &config.ppo,
-                            denominators,
-                        );
-                        clipped += out.clipped_tokens;
-                        clipped_lower += out.clipped_lower_tokens;
-                        approx_kl += out.kl_sum;
-                        pg_sum += out.loss.double_value(&[]);
-                        out.loss - &entropy * config.ppo.entropy_coef
-                    }
-                };
-                if let (Some(reference), true) = (reference, config.ppo.kl_coef > 0.0) {
-                    let ref_logp = tch::no_grad(|| {
-                        score_responses(reference, &prompts, &responses, temperature).logprobs
-                    });
-                    let kl = aggregate(
-                        &kl_penalty(&scores.logprobs, &ref_logp, config.ppo.kl_estimator),
-                        &scores.mask,
-                        config.ppo.loss_agg,
-                        denominators,
-                    );
-                    kl_loss_sum += kl.double_value(&[]);
-                    loss += kl * config.ppo.kl_coef;
-                }
-                loss.backward();
-                loss_sum += loss.double_value(&[]);
-                entropy_sum += entropy.double_value(&[]);
-                tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
-            }
+            let micros = micro_batches(examples, step, config.micro_batch);
+            let sums = accumulate(policy, reference, examples, &micros, denominators, config);
+            tokens += sums.tokens;
             let grad_norm = optimizer.clip_grad_norm(&policy.vars, optim.grad_clip);
             let lr = optimizer.step(&policy.vars);
             policy.manifest.updates += 1;
             metrics.push(MetricRow {
                 iteration: config.iteration,
                 update: metrics.len() as i32,
-                loss: loss_sum as f32,
-                pg_loss: pg_sum as f32,
+                loss: sums.loss as f32,
+                pg_loss: sums.pg_loss as f32,
                 // PPO-only figures are null on SFT rows.
                 clipfrac: (config.objective == Objective::Ppo)
-                    .then_some((clipped / denominators.tokens) as f32),
+                    .then_some((sums.clipped / denominators.tokens) as f32),
                 clipfrac_lower: (config.objective == Objective::Ppo)
-                    .then_some((clipped_lower / denominators.tokens) as f32),
+                    .then_some((sums.clipped_lower / denominators.tokens) as f32),
                 approx_kl: (config.objective == Objective::Ppo)
-                    .then_some((approx_kl / denominators.tokens) as f32),
-                entropy: entropy_sum as f32,
-                kl_loss: (config.ppo.kl_coef > 0.0).then_some(kl_loss_sum as f32),
+                    .then_some((sums.approx_kl / denominators.tokens) as f32),
+                entropy: sums.entropy as f32,
+                kl_loss: (config.ppo.kl_coef > 0.0).then_some(sums.kl_loss as f32),
                 latent_loss: None,
                 end_loss: None,
                 value_loss: None,
                 grad_norm: grad_norm as f32,
                 lr: lr as f32,
             });
-            if !loss_sum.is_finite() {
+            if !sums.loss.is_finite() {
                 return Err(ModelError::Torch(format!(
-                    "the loss became {loss_sum} at update {} of epoch {epoch}; lower optim.lr",
+                    "the loss became {} at update {} of epoch {epoch}; lower optim.lr",
+                    sums.loss,
                     metrics.len() - 1
                 )));
             }
@@ -796,6 +743,133 @@ pub fn train(
         tokens,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The micro-batches of one optimizer step (`step`: indices into
+/// `examples`): its examples ordered by prompt (length, then ids, so a
+/// group's samples sit side by side and the scorer encodes their shared
+/// prompt once) and by response length (less padding), then cut into
+/// `micro_batch` rows. Every micro-batch's loss is normalised by the whole
+/// step's [`Denominators`] and the gradients add up, so this order changes
+/// the step only by float rounding; it is a function of the step's examples
+/// (ties keep the shuffled order), so the same seed gives the same run.
+pub fn micro_batches(examples: &[Example], step: &[usize], micro_batch: usize) -> Vec<Vec<usize>> {
+    let mut rows = step.to_vec();
+    rows.sort_by(|&a, &b| {
+        let (x, y) = (&examples[a], &examples[b]);
+        x.prompt
+            .len()
+            .cmp(&y.prompt.len())
+            .then_with(|| x.prompt.cmp(&y.prompt))
+            .then(x.response.len().cmp(&y.response.len()))
+    });
+    rows.chunks(micro_batch.max(1))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// What one optimizer step's micro-batches add up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepSums {
+    /// The loss (policy loss, entropy bonus and KL penalty).
+    pub loss: f64,
+    /// The policy-gradient loss (PPO).
+    pub pg_loss: f64,
+    /// The aggregated entropy (a metric unless `ppo.entropy_coef > 0`).
+    pub entropy: f64,
+    /// The aggregated KL penalty (with `ppo.kl_coef > 0`).
+    pub kl_loss: f64,
+    /// Tokens with `l2 > l1` (PPO).
+    pub clipped: f64,
+    /// Tokens under the dual clip (PPO).
+    pub clipped_lower: f64,
+    /// Sum of `old_logp - logp` (PPO).
+    pub approx_kl: f64,
+    /// Response tokens.
+    pub tokens: u64,
+}
+
+/// Runs forward and backward over `micros` (rows of `examples`), every loss
+/// aggregated with the step's `denominators`, accumulating the gradients in
+/// the policy's variables. The entropy is computed without gradients (a
+/// metric) unless the PPO loss has an entropy bonus.
+pub fn accumulate(
+    policy: &Checkpoint,
+    reference: Option<&Checkpoint>,
+    examples: &[Example],
+    micros: &[Vec<usize>],
+    denominators: Denominators,
+    config: &Config,
+) -> StepSums {
+    let device = policy.vars.device();
+    let bonus = config.objective == Objective::Ppo && config.ppo.entropy_coef > 0.0;
+    let entropy_mode = if bonus {
+        Entropy::Loss
+    } else {
+        Entropy::Metric
+    };
+    let mut sums = StepSums::default();
+    for micro in micros {
+        let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
+        let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+        let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
+        let temperature = batch[0].temperature as f64;
+        let scores = score_responses(policy, &prompts, &responses, temperature, entropy_mode);
+        let entropy = aggregate(
+            scores.entropy.as_ref().expect("entropy is asked for"),
+            &scores.mask,
+            config.ppo.loss_agg,
+            denominators,
+        );
+        let mut loss = match config.objective {
+            Objective::Sft => aggregate(
+                &(-&scores.logprobs),
+                &scores.mask,
+                config.ppo.loss_agg,
+                denominators,
+            ),
+            Objective::Ppo => {
+                let old: Vec<&[f32]> = batch.iter().map(|e| e.old_logprobs.as_slice()).collect();
+                let adv: Vec<&[f32]> = batch.iter().map(|e| e.advantages.as_slice()).collect();
+                let out = policy_loss(
+                    &scores.logprobs,
+                    &pad_rows(&old, device),
+                    &pad_rows(&adv, device),
+                    &scores.mask,
+                    &config.ppo,
+                    denominators,
+                );
+                sums.clipped += out.clipped_tokens;
+                sums.clipped_lower += out.clipped_lower_tokens;
+                sums.approx_kl += out.kl_sum;
+                sums.pg_loss += out.loss.double_value(&[]);
+                if bonus {
+                    out.loss - &entropy * config.ppo.entropy_coef
+                } else {
+                    out.loss
+                }
+            }
+        };
+        if let (Some(reference), true) = (reference, config.ppo.kl_coef > 0.0) {
+            let ref_logp = tch::no_grad(|| {
+                score_responses(reference, &prompts, &responses, temperature, Entropy::Skip)
+                    .logprobs
+            });
+            let kl = aggregate(
+                &kl_penalty(&scores.logprobs, &ref_logp, config.ppo.kl_estimator),
+                &scores.mask,
+                config.ppo.loss_agg,
+                denominators,
+            );
+            sums.kl_loss += kl.double_value(&[]);
+            loss += kl * config.ppo.kl_coef;
+        }
+        loss.backward();
+        sums.loss += loss.double_value(&[]);
+        sums.entropy += entropy.double_value(&[]);
+        sums.tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
+    }
+    sums
 }
 
 /// The summary's line on the schedule: its name, the optimizer steps this
@@ -1108,10 +1182,16 @@ mod tests {
 
     fn response_logprob(policy: &Checkpoint, example: &Example) -> f64 {
         tch::no_grad(|| {
-            score_responses(policy, &[&example.prompt], &[&example.response], 1.0)
-                .logprobs
-                .sum(Kind::Double)
-                .double_value(&[])
+            score_responses(
+                policy,
+                &[&example.prompt],
+                &[&example.response],
+                1.0,
+                Entropy::Skip,
+            )
+            .logprobs
+            .sum(Kind::Double)
+            .double_value(&[])
         })
     }
 
@@ -1122,8 +1202,9 @@ mod tests {
             let mut policy = tiny_policy();
             let prompt = vec![5, 6, 7, policy.special.plan];
             let response = vec![9, 12, 15, policy.special.eos];
-            let old =
-                tch::no_grad(|| score_responses(&policy, &[&prompt], &[&response], 1.0).logprobs);
+            let old = tch::no_grad(|| {
+                score_responses(&policy, &[&prompt], &[&response], 1.0, Entropy::Skip).logprobs
+            });
             let example = Example {
                 source: "test".into(),
                 old_logprobs: Vec::<f32>::try_from(old.view([-1])).unwrap(),
@@ -1175,7 +1256,9 @@ mod tests {
         let reference = tiny_policy();
         let prompt = vec![5, 6, 7, policy.special.plan];
         let response = vec![9, 12, 15, policy.special.eos];
-        let old = tch::no_grad(|| score_responses(&policy, &[&prompt], &[&response], 1.0).logprobs);
+        let old = tch::no_grad(|| {
+            score_responses(&policy, &[&prompt], &[&response], 1.0, Entropy::Skip).logprobs
+        });
         let example = Example {
             source: "test".into(),
             old_logprobs: Vec::<f32>::try_from(old.view([-1])).unwrap(),
@@ -1414,6 +1497,174 @@ mod tests {
             .unwrap();
             assert!(max_weight_difference(&separate, &union) > 1e-3);
         }
+    }
+
+    /// PPO examples in 3 groups of 3 samples sharing a prompt (prompts of
+    /// two lengths, responses of many), old log-probs near the policy's.
+    fn ppo_groups(policy: &Checkpoint) -> Vec<Example> {
+        let plan = policy.special.plan;
+        let prompts = [
+            vec![5, 6, 7, plan],
+            vec![8, 9, plan],
+            vec![10, 11, 12, plan],
+        ];
+        let mut examples = Vec::new();
+        for (g, prompt) in prompts.iter().enumerate() {
+            for sample in 0..3usize {
+                let n = 2 + (g * 3 + sample * 5) % 7;
+                let mut response: Vec<i32> = (0..n as i32 - 1)
+                    .map(|t| 20 + 5 * t + sample as i32)
+                    .collect();
+                response.push(policy.special.eos);
+                let old = tch::no_grad(|| {
+                    score_responses(policy, &[prompt], &[&response], 1.0, Entropy::Skip).logprobs
+                });
+                let old: Vec<f32> = Vec::<f32>::try_from(old.view([-1]))
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .map(|(t, lp)| lp + 0.05 * ((t + sample) % 3) as f32 - 0.05)
+                    .collect();
+                examples.push(Example {
+                    source: format!("group {g} sample {sample}"),
+                    prompt: prompt.clone(),
+                    response,
+                    old_logprobs: old,
+                    advantages: (0..n)
+                        .map(|t| sample as f32 - 1.0 + 0.1 * t as f32)
+                        .collect(),
+                    temperature: 1.0,
+                });
+            }
+        }
+        examples
+    }
+
+    fn gradients(policy: &Checkpoint) -> Vec<(String, tch::Tensor)> {
+        let mut grads: Vec<(String, tch::Tensor)> = policy
+            .vars
+            .variables()
+            .into_iter()
+            .map(|(name, var)| (name, var.grad().copy()))
+            .collect();
+        grads.sort_by(|a, b| a.0.cmp(&b.0));
+        grads
+    }
+
+    /// Micro-batches ordered by prompt and length (each group's prompt
+    /// encoded once) give the step the loss, metrics and gradient of the
+    /// shuffled order cut as it comes, up to float rounding, under every
+    /// aggregation, with and without an entropy bonus; and the same seed
+    /// trains to the same weights.
+    #[test]
+    fn length_and_prompt_ordered_micro_batches_step_like_plain_ones() {
+        let policy = tiny_policy();
+        let examples = ppo_groups(&policy);
+        let mut step: Vec<usize> = (0..examples.len()).collect();
+        step.shuffle(&mut ChaCha8Rng::seed_from_u64(5));
+        let ordered = micro_batches(&examples, &step, 4);
+        assert_eq!(ordered.concat().len(), step.len());
+        let first: Vec<&[i32]> = ordered[0]
+            .iter()
+            .map(|&i| examples[i].prompt.as_slice())
+            .collect();
+        assert!(
+            first.windows(2).filter(|w| w[0] == w[1]).count() >= 2,
+            "a group sits together"
+        );
+        let plain: Vec<Vec<usize>> = step.chunks(4).map(<[usize]>::to_vec).collect();
+        assert_ne!(ordered, plain);
+        let denominators = Denominators {
+            tokens: examples.iter().map(|e| e.response.len()).sum::<usize>() as f64,
+            sequences: examples.len() as f64,
+        };
+        for (loss_agg, entropy_coef) in [
+            (loss::LossAgg::TokenMean, 0.0),
+            (loss::LossAgg::TokenMean, 0.3),
+            (loss::LossAgg::SeqMeanTokenSum, 0.0),
+            (loss::LossAgg::SeqMeanTokenMean, 0.0),
+        ] {
+            let config = Config {
+                ppo: PpoConfig {
+                    loss_agg,
+                    entropy_coef,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let run = |micros: &[Vec<usize>]| {
+                for (_, var) in policy.vars.variables() {
+                    let mut grad = var.grad();
+                    if grad.defined() {
+                        let _ = grad.zero_();
+                    }
+                }
+                let sums = accumulate(&policy, None, &examples, micros, denominators, &config);
+                (sums, gradients(&policy))
+            };
+            let (a, grads_a) = run(&ordered);
+            let (b, grads_b) = run(&plain);
+            let context = format!("{loss_agg:?}, entropy_coef {entropy_coef}");
+            assert_eq!(a.tokens, b.tokens);
+            assert_eq!(
+                (a.clipped, a.clipped_lower),
+                (b.clipped, b.clipped_lower),
+                "{context}"
+            );
+            for (x, y) in [
+                (a.loss, b.loss),
+                (a.pg_loss, b.pg_loss),
+                (a.entropy, b.entropy),
+                (a.approx_kl, b.approx_kl),
+            ] {
+                assert!(
+                    (x - y).abs() < 1e-5 * y.abs().max(1.0),
+                    "{context}: {a:?} vs {b:?}"
+                );
+            }
+            // The entropy is the metric either way, and in the loss only with a bonus.
+            assert!(a.entropy > 0.0);
+            let bonus = a.pg_loss - entropy_coef * a.entropy;
+            assert!((a.loss - bonus).abs() < 1e-5, "{context}: {a:?}");
+            for ((name, x), (_, y)) in grads_a.iter().zip(&grads_b) {
+                let scale = y.abs().max().double_value(&[]).max(1e-3);
+                let diff = (x - y).abs().max().double_value(&[]);
+                assert!(
+                    diff < 1e-4 * scale,
+                    "{context}: {name} differs by {diff} ({scale})"
+                );
+            }
+        }
+        let config = Config {
+            epochs: 2,
+            mini_batch: 6,
+            micro_batch: 4,
+            optim: OptimConfig {
+                lr: 1e-2,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let trained = || {
+            let mut policy = tiny_policy();
+            train(
+                &mut policy,
+                None,
+                &examples,
+                &config,
+                7,
+                OptimizerState::fresh("ppo"),
+            )
+            .unwrap();
+            policy
+        };
+        let (x, y) = (trained(), trained());
+        assert!(max_weight_difference(&x, &tiny_policy()) > 1e-4);
+        assert_eq!(
+            max_weight_difference(&x, &y),
+            0.0,
+            "same seed, same weights"
+        );
     }
 
     /// Two calls through a checkpoint on disk (3 steps, then 5) follow the
