@@ -20,6 +20,12 @@
 //! not the widened `0.9900000095367432`), see [`defaults_tree`]. A
 //! `--config` file that cannot be read is bad usage (exit 2).
 //!
+//! A stage's thread keys (`threads`, `omp_wait_policy`: [`crate::threads`])
+//! are not in its struct: its spec declares its pool, and
+//! [`load_stage_config`] adds that pool's keys and defaults to the tree,
+//! checks them and takes them out before the rest becomes the struct (the
+//! resolved tree keeps them, so manifests record them).
+//!
 //! Each key's one-line meaning is declared once, in
 //! [`StageConfig::KEYS`]; [`keys_help`] renders `key = default   meaning`
 //! for `--help` from it and the defaults tree, and [`check_key_docs`] (run by
@@ -60,13 +66,17 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::spec::StageSpec;
 use crate::stage::{OutputConfig, StageConfig};
+use crate::threads::{Threads, ThreadsConfig};
 
 /// A config struct with its resolved JSON tree.
 #[derive(Debug, Clone)]
 pub struct Resolved<C> {
     /// The typed config.
     pub config: C,
+    /// The stage's thread keys (all 0 / unset for a stage without a pool).
+    pub threads: ThreadsConfig,
     /// The fully resolved tree (recorded in manifests).
     pub json: Value,
 }
@@ -118,7 +128,28 @@ impl ConfigReport {
         file: Option<&Path>,
         sets: &[String],
     ) -> Self {
-        let (config, problem) = match load_config::<C>(file, sets) {
+        Self::resolve_with::<C>(stage, Threads::Single, version, file, sets)
+    }
+
+    /// [`Self::resolve`] for the stage `spec` declares, with its thread keys
+    /// ([`load_stage_config`]): what `STAGE --print-config` prints.
+    pub fn for_stage<C: StageConfig>(
+        spec: &StageSpec,
+        version: &str,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Self {
+        Self::resolve_with::<C>(spec.name, spec.threads, version, file, sets)
+    }
+
+    fn resolve_with<C: StageConfig>(
+        stage: &str,
+        pool: Threads,
+        version: &str,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Self {
+        let (config, problem) = match load_with::<C>(pool, file, sets) {
             Ok(resolved) => (Some(resolved.json), None),
             Err(error) => {
                 let key = match &error {
@@ -154,7 +185,61 @@ pub fn refused_key<C: StageConfig>(sets: &[&str]) -> Option<String> {
 /// Loads a stage config: defaults, then `file`, then `sets` (`key=value`);
 /// then checks its values (`output.*`, then [`StageConfig::validate`]).
 pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Result<Resolved<C>> {
-    let defaults = defaults_tree::<C>();
+    load_with::<C>(Threads::Single, file, sets)
+}
+
+/// [`load_config`] with the thread keys of pool `pool` (the stage's
+/// [`StageSpec::threads`]): `threads` and, for torch, `omp_wait_policy`,
+/// checked here and returned in [`Resolved::threads`].
+///
+/// ```
+/// # use embodyflow_core::config::load_stage_config;
+/// # use embodyflow_core::stage::{OutputConfig, StageConfig};
+/// # use embodyflow_core::threads::{Threads, WaitPolicy};
+/// #[derive(serde::Serialize, serde::Deserialize, Default)]
+/// #[serde(default, deny_unknown_fields)]
+/// struct Config { lr: f64, output: OutputConfig }
+/// impl StageConfig for Config {
+///     const KEYS: &'static [(&'static str, &'static str)] = &[("lr", "learning rate")];
+///     fn output(&self) -> &OutputConfig { &self.output }
+/// }
+/// let r = load_stage_config::<Config>(Threads::Torch, None, &["threads=2".into()]).unwrap();
+/// assert_eq!((r.threads.threads, r.threads.omp_wait_policy), (2, Some(WaitPolicy::Passive)));
+/// assert_eq!(r.json["omp_wait_policy"], "passive");
+/// let err = load_stage_config::<Config>(Threads::Torch, None, &["omp_wait_policy=spin".into()]);
+/// assert!(err.err().unwrap().to_string().starts_with("config key `omp_wait_policy`: unknown variant `spin`"));
+/// let err = load_stage_config::<Config>(Threads::Single, None, &["threads=2".into()]);
+/// assert!(err.err().unwrap().to_string().starts_with("unknown config key `threads`"));
+/// ```
+pub fn load_stage_config<C: StageConfig>(
+    pool: Threads,
+    file: Option<&Path>,
+    sets: &[String],
+) -> Result<Resolved<C>> {
+    load_with::<C>(pool, file, sets)
+}
+
+/// The defaults of `C` with the keys of `pool`.
+fn defaults_with<C: StageConfig>(pool: Threads) -> Value {
+    let mut defaults = defaults_tree::<C>();
+    if let Value::Object(map) = &mut defaults {
+        for (key, value) in pool.defaults() {
+            assert!(
+                !map.contains_key(&key),
+                "`{key}` is a key of the stage's own config and of its thread pool"
+            );
+            map.insert(key, value);
+        }
+    }
+    defaults
+}
+
+fn load_with<C: StageConfig>(
+    pool: Threads,
+    file: Option<&Path>,
+    sets: &[String],
+) -> Result<Resolved<C>> {
+    let defaults = defaults_with::<C>(pool);
     let mut tree = defaults.clone();
     if let Some(path) = file {
         // The file is the user's input: missing or unreadable is bad usage.
@@ -177,14 +262,19 @@ pub fn load_config<C: StageConfig>(file: Option<&Path>, sets: &[String]) -> Resu
         }
         merge(&mut tree, &defaults, value, "")?;
     }
-    let config: C =
-        serde_path_to_error::deserialize(tree.clone()).map_err(|e| Error::BadValue {
-            key: e.path().to_string(),
-            reason: e.inner().to_string(),
-        })?;
+    let mut own = tree.clone();
+    let threads = ThreadsConfig::take_from(&mut own, pool)?;
+    let config: C = serde_path_to_error::deserialize(own).map_err(|e| Error::BadValue {
+        key: e.path().to_string(),
+        reason: e.inner().to_string(),
+    })?;
     check_output(config.output())?;
     config.validate()?;
-    Ok(Resolved { config, json: tree })
+    Ok(Resolved {
+        config,
+        threads,
+        json: tree,
+    })
 }
 
 /// The defaults of `C` as a JSON tree, each `f32` as its shortest decimal.
@@ -232,7 +322,12 @@ pub struct KeyHelp {
 /// Every key of `C`'s defaults tree (as [`Error::UnknownKey`] lists them:
 /// leaves, an open map as one key) with its default and meaning.
 pub fn key_help<C: StageConfig>() -> Vec<KeyHelp> {
-    let defaults = defaults_tree::<C>();
+    key_help_with::<C>(Threads::Single)
+}
+
+/// [`key_help`] with the thread keys of `pool`.
+fn key_help_with<C: StageConfig>(pool: Threads) -> Vec<KeyHelp> {
+    let defaults = defaults_with::<C>(pool);
     let mut keys = Vec::new();
     leaf_keys(&defaults, "", &mut keys);
     keys.into_iter()
@@ -245,6 +340,7 @@ pub fn key_help<C: StageConfig>() -> Vec<KeyHelp> {
             let meaning = C::KEYS
                 .iter()
                 .chain(OutputConfig::KEYS)
+                .chain(pool.keys())
                 .find(|(k, _)| *k == key)
                 .map(|(_, m)| *m);
             KeyHelp {
@@ -298,7 +394,12 @@ pub fn check_key_docs<C: StageConfig>() -> std::result::Result<(), String> {
 /// (a string default quoted as TOML writes it, an unset optional key as
 /// `unset`).
 pub fn keys_help<C: StageConfig>() -> String {
-    let keys = key_help::<C>();
+    keys_help_with::<C>(Threads::Single)
+}
+
+/// [`keys_help`] with the thread keys of `pool` (a stage's `--help`).
+pub fn keys_help_with<C: StageConfig>(pool: Threads) -> String {
+    let keys = key_help_with::<C>(pool);
     let lefts: Vec<String> = keys
         .iter()
         .map(|k| {

@@ -11,6 +11,7 @@
 //! - [`cli`]: the uniform stage command line, exit codes and error reports;
 //! - [`spec`]: what each stage is (reads, writes, sharding), declared once;
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
+//! - [`threads`]: a stage process's threads, OpenMP wait policy and CPUs;
 //! - [`progress`]: progress bars for long loops;
 //! - [`values`]: finite floats and declared integer ranges, checked on every read and write.
 //!
@@ -28,6 +29,7 @@ pub mod manifest;
 pub mod progress;
 pub mod spec;
 pub mod stage;
+pub mod threads;
 pub mod values;
 
 pub use embodyflow_schemas as schemas;

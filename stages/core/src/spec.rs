@@ -1,6 +1,8 @@
 //! What each stage is, declared once: its name, one-line purpose, the tables
 //! it reads (always, or under a config condition), the checkpoints it loads,
-//! what it writes, and whether `--shard i/n` splits its work.
+//! what it writes, whether `--shard i/n` splits its work, and the thread pool
+//! it computes on (libtorch's, rayon's or none: its thread keys and how its
+//! process is set up, [`crate::threads`]).
 //!
 //! Every consumer reads the same declaration: a stage passes its
 //! [`StageSpec`] to [`crate::stage::Stage::start`] (which refuses `--shard`
@@ -30,6 +32,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::manifest::Manifest;
 use crate::stage::StageConfig;
+pub use crate::threads::Threads;
 
 /// When a stage needs something it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +148,9 @@ pub struct StageSpec {
     pub writes: &'static [Output],
     /// Whether it shards.
     pub sharding: Sharding,
+    /// The thread pool it computes on: its thread config keys and how
+    /// [`crate::stage::Stage::start`] sets its process up.
+    pub threads: Threads,
 }
 
 impl StageSpec {
@@ -213,7 +219,11 @@ impl StageSpec {
     /// The `--help` text after the options: [`Self::help`], then each config
     /// key of `C` with its default and meaning ([`crate::config::keys_help`]).
     pub fn help_with_config<C: StageConfig>(&self) -> String {
-        format!("{}\n\n{}", self.help(), crate::config::keys_help::<C>())
+        format!(
+            "{}\n\n{}",
+            self.help(),
+            crate::config::keys_help_with::<C>(self.threads)
+        )
     }
 
     /// The stage's declaration for `--help`: reads, checkpoints, writes,
@@ -250,9 +260,18 @@ impl StageSpec {
                 );
             }
             Sharding::Refused(why) => {
-                let _ = write!(text, "Shards: no, --shard is refused ({why})");
+                let _ = writeln!(text, "Shards: no, --shard is refused ({why})");
             }
         }
+        let _ = write!(
+            text,
+            "Threads: {} (EMBODYFLOW_CPUS=LIST restricts the process to those CPUs)",
+            match self.threads {
+                Threads::Torch => "libtorch's OpenMP pool, keys threads and omp_wait_policy",
+                Threads::Rayon => "rayon's pool, key threads",
+                Threads::Single => "one",
+            }
+        );
         text
     }
 }
@@ -284,6 +303,7 @@ pub const GENERATE_TASKS: StageSpec = StageSpec {
     checkpoints: &[],
     writes: &[Output::Table(TableName::Tasks)],
     sharding: Sharding::ByKey("task_id"),
+    threads: Threads::Single,
 };
 
 /// `init-policy`.
@@ -294,6 +314,7 @@ pub const INIT_POLICY: StageSpec = StageSpec {
     checkpoints: &[],
     writes: &[Output::Checkpoint(".")],
     sharding: Sharding::Refused("it writes one checkpoint"),
+    threads: Threads::Torch,
 };
 
 /// `collect-rollouts`.
@@ -307,6 +328,7 @@ pub const COLLECT_ROLLOUTS: StageSpec = StageSpec {
         Output::Table(TableName::Steps),
     ],
     sharding: Sharding::ByKey("task_id"),
+    threads: Threads::Torch,
 };
 
 /// `score-rewards`.
@@ -323,6 +345,7 @@ pub const SCORE_REWARDS: StageSpec = StageSpec {
     checkpoints: &[],
     writes: &[Output::Table(TableName::Rewards)],
     sharding: Sharding::ByKey("group_id"),
+    threads: Threads::Rayon,
 };
 
 /// `teacher-logp`.
@@ -343,6 +366,7 @@ pub const TEACHER_LOGP: StageSpec = StageSpec {
     ],
     writes: &[Output::Table(TableName::TeacherLogp)],
     sharding: Sharding::ByKey("group_id"),
+    threads: Threads::Torch,
 };
 
 /// `judge-steps`.
@@ -357,6 +381,7 @@ pub const JUDGE_STEPS: StageSpec = StageSpec {
     checkpoints: &[],
     writes: &[Output::Table(TableName::StepGates)],
     sharding: Sharding::ByKey("group_id"),
+    threads: Threads::Single,
 };
 
 /// File name of compute-advantages' diagnostics.
@@ -388,6 +413,7 @@ pub const COMPUTE_ADVANTAGES: StageSpec = StageSpec {
         Output::File(DIAGNOSTICS_FILE),
     ],
     sharding: Sharding::ByKey("group_id"),
+    threads: Threads::Rayon,
 };
 
 /// `update-policy`.
@@ -406,6 +432,7 @@ pub const UPDATE_POLICY: StageSpec = StageSpec {
         Output::Checkpoint("policy"),
     ],
     sharding: Sharding::Refused("it trains one policy on every row of its inputs"),
+    threads: Threads::Torch,
 };
 
 /// `evaluate`.
@@ -416,6 +443,7 @@ pub const EVALUATE: StageSpec = StageSpec {
     checkpoints: &[POLICY],
     writes: &[Output::Table(TableName::Eval)],
     sharding: Sharding::ByKey("task_id"),
+    threads: Threads::Torch,
 };
 
 /// Every stage binary, in pipeline order.

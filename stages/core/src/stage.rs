@@ -6,6 +6,11 @@
 //! nothing a reader accepts, and one killed during it is completed by the next
 //! reader.
 //!
+//! [`Stage::start`] also sets up the process's threads and CPUs for the pool
+//! the stage's spec declares ([`crate::threads`]: `threads`,
+//! `omp_wait_policy`, `EMBODYFLOW_CPUS`; a torch stage may re-execute itself
+//! there), and [`Stage::commit`] ends the summary with what it ran with.
+//!
 //! ```no_run
 //! # use embodyflow_core::{stage::{Stage, StageConfig, OutputConfig, Summary}, cli::StageArgs};
 //! # use embodyflow_schemas::{TableName, RewardRow};
@@ -43,12 +48,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::StageArgs;
 use crate::commit::{self, Commit, Digest};
-use crate::config::{ConfigReport, load_config};
+use crate::config::{ConfigReport, load_stage_config};
 use crate::dataset::{TableReader, TableWriter, WriteOptions};
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::manifest::{InputRef, Manifest, Producer};
 use crate::spec::{Sharding, StageSpec};
+use crate::threads::Applied;
 
 /// How a stage lays out the tables it writes (`output.*` keys of every stage).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,6 +125,7 @@ pub struct Stage<C> {
     /// The resolved config.
     pub config: C,
     config_json: serde_json::Value,
+    threads: Applied,
     inputs: Inputs,
     read: Mutex<Vec<InputRef>>,
     pending: Mutex<Commit>,
@@ -131,7 +138,10 @@ impl<C: StageConfig> Stage<C> {
     /// the process (exit 0 when the config resolves, 2 when it does not)
     /// before looking at any input. `spec` declares the stage
     /// ([`crate::spec`]): one that cannot shard refuses `--shard i/n` with
-    /// n > 1 (a usage error) instead of doing the whole work.
+    /// n > 1 (a usage error) instead of doing the whole work. Then the
+    /// process's threads and CPUs are set up for the stage's pool
+    /// ([`crate::threads::apply`]; a torch stage whose OpenMP environment
+    /// differs re-executes itself here, before any input is opened).
     pub fn start(
         spec: &'static StageSpec,
         version: &'static str,
@@ -148,14 +158,15 @@ impl<C: StageConfig> Stage<C> {
         }
         if args.print_config {
             let report =
-                ConfigReport::resolve::<C>(name, version, args.config.as_deref(), &args.sets);
+                ConfigReport::for_stage::<C>(spec, version, args.config.as_deref(), &args.sets);
             println!(
                 "{}",
                 serde_json::to_string(&report).expect("a config report serialises")
             );
             std::process::exit(if report.problem.is_none() { 0 } else { 2 });
         }
-        let resolved = load_config::<C>(args.config.as_deref(), &args.sets)?;
+        let resolved = load_stage_config::<C>(spec.threads, args.config.as_deref(), &args.sets)?;
+        let threads = crate::threads::apply(name, spec.threads, &resolved.threads)?;
         let inputs = Inputs::resolve(&args.inputs)?;
         tracing::info!(stage = name, out = %args.out.display(), shard = %args.shard, "starting");
         Ok(Stage {
@@ -164,10 +175,16 @@ impl<C: StageConfig> Stage<C> {
             args: args.clone(),
             config: resolved.config,
             config_json: resolved.json,
+            threads,
             inputs,
             read: Mutex::new(Vec::new()),
             pending: Mutex::new(Commit::new(&args.out)),
         })
+    }
+
+    /// The threads and CPUs this run computes with.
+    pub fn threads(&self) -> &Applied {
+        &self.threads
     }
 
     /// Opens an input table and records it as lineage of every output.
@@ -259,10 +276,23 @@ impl<C: StageConfig> Stage<C> {
             .add(staged, target, digest, self.args.overwrite)
     }
 
-    /// Writes the summary to `<out>/_summary.<stage>.md` and commits it with
-    /// every staged output at once; then prints it. Returns the summary path.
+    /// The summary as Markdown, ended by the lines of
+    /// [`Applied::summary_lines`] (what a stage that commits its summary
+    /// itself writes).
+    pub fn summary_text(&self, summary: &Summary) -> String {
+        let mut summary = summary.clone();
+        for (key, value) in self.threads.summary_lines() {
+            summary.add(key, value);
+        }
+        summary.to_markdown()
+    }
+
+    /// Writes the summary, ended by the lines of [`Applied::summary_lines`]
+    /// (threads, CPUs, OpenMP wait policy), to `<out>/_summary.<stage>.md`
+    /// and commits it with every staged output at once; then prints it.
+    /// Returns the summary path.
     pub fn commit(&self, summary: &Summary) -> Result<PathBuf> {
-        let text = summary.to_markdown();
+        let text = self.summary_text(summary);
         let out = &self.args.out;
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
         let name = format!("_summary.{}.md", self.name);

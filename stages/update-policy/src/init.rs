@@ -207,7 +207,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add("parameters", policy.num_parameters())
         .add("architecture", format!("{gpt:?}"))
         .add("tokenizer", origin);
-    let text = summary.to_markdown();
+    let text = stage.summary_text(&summary);
     let summary_path = parent.join(&staged).join("_summary.init-policy.md");
     std::fs::write(&summary_path, &text)
         .and_then(|_| std::fs::File::open(&summary_path)?.sync_all())
