@@ -13,4 +13,5 @@ mod runner;
 mod score_rewards;
 mod sharding;
 mod stage_spec;
+mod threads;
 mod tools_open_tables;

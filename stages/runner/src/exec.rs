@@ -11,6 +11,16 @@
 //! `flock` that every stage process inherits, so a resumed run starts only
 //! once the killed run's processes have all exited and none of them can
 //! write into a step directory the new run is filling.
+//!
+//! The `shards = n` processes of a step run at once, so each gets its own
+//! equal, disjoint share of the runner's CPUs (`EMBODYFLOW_CPUS` when the
+//! runner's environment sets it, else the CPUs the runner may run on),
+//! passed in its environment as `EMBODYFLOW_CPUS`: the stage pins itself to
+//! it and sizes its thread pool by it ([`embodyflow_core::threads`]), so n
+//! processes on n shares do not fight over the same cores. With more shards
+//! than CPUs each gets one CPU, in turn. A step of one process, and every
+//! step after another (the runner runs one step at a time; only a step's
+//! shards run together), inherits the runner's CPUs.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -23,6 +33,7 @@ use std::time::{Duration, Instant};
 use embodyflow_core::commit::Commit;
 use embodyflow_core::dataset::stage_merged_table;
 use embodyflow_core::spec::Output;
+use embodyflow_core::threads::{CPUS_VAR, CpuList, env_cpus, shares};
 
 use crate::cache::{self, BinaryHashes, StepRecord, runner_dir};
 use crate::check::binary;
@@ -176,10 +187,34 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The CPUs the runner shares among a step's processes: `EMBODYFLOW_CPUS`
+/// when its environment sets it (a bad list is a usage error), else the
+/// CPUs it may run on.
+fn runner_cpus() -> Result<CpuList> {
+    match env_cpus().map_err(RunnerError::Usage)? {
+        Some(cpus) => Ok(cpus),
+        None => CpuList::of_this_thread()
+            .map_err(|e| RunnerError::io("/proc/self (sched_getaffinity)", e)),
+    }
+}
+
+/// The `EMBODYFLOW_CPUS` of each of a step's `n` processes: none for one
+/// process (it inherits the runner's), an equal disjoint share of `cpus`
+/// each for several.
+fn shard_cpus(cpus: &CpuList, n: u32) -> Vec<Option<CpuList>> {
+    if n <= 1 {
+        return vec![None; n as usize];
+    }
+    shares(cpus.cpus(), n as usize)
+        .into_iter()
+        .map(Some)
+        .collect()
+}
+
 /// Starts a stage process that receives SIGKILL when the calling thread
 /// ends (see the module documentation: call it from the thread that waits
-/// for the process).
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+/// for the process), on `cpus` when given (`EMBODYFLOW_CPUS`).
+fn spawn(bin: &Path, args: &[String], log: &Path, cpus: Option<&CpuList>) -> Result<Child> {
     let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
     let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
     let mut command = Command::new(bin);
@@ -188,6 +223,9 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err);
+    if let Some(cpus) = cpus {
+        command.env(CPUS_VAR, cpus.to_string());
+    }
     die_with_runner(&mut command);
     command.spawn().map_err(|e| RunnerError::io(bin, e))
 }
@@ -246,6 +284,11 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
     let base = instance.stage_args();
     let started = Instant::now();
     let n = instance.shards;
+    let cpus = if n > 1 {
+        shard_cpus(&runner_cpus()?, n)
+    } else {
+        vec![None]
+    };
     let mut commands = Vec::new();
     let mut children = Vec::new();
     for i in 0..n {
@@ -270,7 +313,7 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
         let mut command = vec![bin.display().to_string()];
         command.extend(args.iter().cloned());
         commands.push(command);
-        children.push((spawn(bin, &args, &log)?, log));
+        children.push((spawn(bin, &args, &log, cpus[i as usize].as_ref())?, log));
     }
     let mut failure = None;
     let mut logs_done = Vec::new();
@@ -592,6 +635,42 @@ mod tests {
     }
 
     #[test]
+    fn the_shards_of_a_step_get_disjoint_cpu_shares() {
+        let four: CpuList = "0-3".parse().unwrap();
+        assert_eq!(shard_cpus(&four, 1), vec![None], "one process inherits");
+        let two: Vec<String> = shard_cpus(&four, 2)
+            .into_iter()
+            .map(|c| c.unwrap().to_string())
+            .collect();
+        assert_eq!(two, ["0-1", "2-3"]);
+        let three: Vec<String> = shard_cpus(&four, 3)
+            .into_iter()
+            .map(|c| c.unwrap().to_string())
+            .collect();
+        assert_eq!(three, ["0-1", "2", "3"]);
+        // The runner's own CPUs, shared among as many shards as it has.
+        let mine = runner_cpus().unwrap();
+        let n = mine.len() as u32;
+        let mut seen: Vec<usize> = shard_cpus(&mine, n)
+            .into_iter()
+            .flat_map(|c| c.unwrap().cpus().to_vec())
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, mine.cpus(), "disjoint and covering");
+    }
+
+    #[test]
+    fn a_stage_process_is_given_its_cpus_in_its_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("env.log");
+        let cpus: CpuList = "0".parse().unwrap();
+        let mut child = spawn(Path::new("env"), &[], &log, Some(&cpus)).unwrap();
+        assert!(child.wait().unwrap().success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.lines().any(|l| l == "EMBODYFLOW_CPUS=0"), "{text}");
+    }
+
+    #[test]
     fn a_stage_process_dies_with_the_thread_that_started_it() {
         use std::os::unix::process::ExitStatusExt as _;
         let dir = tempfile::tempdir().unwrap();
@@ -600,7 +679,7 @@ mod tests {
         // `execute` starts and waits for its processes on one thread.
         let mut child = std::thread::scope(|scope| {
             scope
-                .spawn(|| spawn(Path::new("sleep"), &["30".into()], &log).unwrap())
+                .spawn(|| spawn(Path::new("sleep"), &["30".into()], &log, None).unwrap())
                 .join()
                 .unwrap()
         });

@@ -1,7 +1,8 @@
 //! The pipeline runner (`pipeline` binary): runs the stage binaries as a
 //! pipeline file says, skips every step whose inputs, config and binary are
-//! unchanged, runs sharded steps as parallel processes and merges their
-//! tables, expands sweeps over saved rollouts, and writes a run report.
+//! unchanged, runs sharded steps as parallel processes (each on its own share
+//! of the CPUs, [`exec`]) and merges their tables, expands sweeps over saved
+//! rollouts, and writes a run report.
 //!
 //! ```text
 //! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
@@ -36,7 +37,8 @@
 //! inputs = ["${tasks}"]                 # paths, or `${step}` = that step's output dir
 //! seed = "${iter}"
 //! set = { iteration = "${iter}", group_size = 8 }
-//! shards = 2                            # two processes, --shard 0/2 and 1/2
+//! shards = 2                            # two processes at once, --shard 0/2 and 1/2,
+//!                                       # each on its own half of the CPUs
 //! devices = ["cpu"]                     # given to the shards in turn
 //!
 //! [[loop.step]]
