@@ -62,6 +62,11 @@ impl TaskEnv {
                     .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
                 Ok(TaskEnv::Household(household::reseed(&task, run)))
             }
+            "tabletop" => Err(Error::BadInput(format!(
+                "task `{}`: environment `tabletop` is a closed-loop world (actions step by step); \
+                 this stage runs one-shot plans (household) only",
+                row.task_id
+            ))),
             other => Err(Error::BadInput(format!(
                 "task `{}`: environment `{other}` is not built in (known: household)",
                 row.task_id
@@ -249,8 +254,13 @@ mod tests {
         row.env = "tabletop".into();
         let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
         assert!(
-            error.contains("tabletop") && error.contains(&row.task_id),
+            error.contains("tabletop")
+                && error.contains(&row.task_id)
+                && error.contains("closed-loop"),
             "{error}"
         );
+        row.env = "gym".into();
+        let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
+        assert!(error.contains("`gym` is not built in"), "{error}");
     }
 }
