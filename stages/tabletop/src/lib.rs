@@ -18,6 +18,8 @@
 //!   val / unseen splits, deterministic from (suite, split, seed, index);
 //! - [`expert`]: the scripted expert (waypoints → actions, with noise) and
 //!   the push strategy;
+//! - [`batch`]: many episodes in lockstep (G copies per task, one action
+//!   chunk per decision), observed into contiguous buffers;
 //! - [`rows`]: tasks-table rows (the scene spec travels as JSON in the
 //!   `observation` column).
 //!
@@ -34,6 +36,7 @@
 //! assert!(episode.success && episode.steps <= task.max_steps);
 //! ```
 
+pub mod batch;
 pub mod expert;
 pub mod render;
 pub mod rows;
@@ -41,6 +44,7 @@ pub mod scene;
 pub mod suite;
 pub mod world;
 
+pub use batch::{Batch, ChunkOutcome};
 pub use expert::{Episode, Expert, ExpertConfig, Strategy, run_episode};
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 pub use rows::{ENV, task_from_row, task_row};
@@ -129,6 +133,32 @@ pub enum TabletopError {
         task: String,
         /// The goal.
         goal: String,
+    },
+    /// A batch's action chunks of the wrong shape.
+    #[error(
+        "action chunks for {episodes} episodes of k = {k} actions need episodes * k * 4 floats (k >= 1), found {found}"
+    )]
+    ChunkShape {
+        /// Episodes in the batch.
+        episodes: usize,
+        /// Actions per chunk.
+        k: usize,
+        /// Floats given.
+        found: usize,
+    },
+    /// A value of a batch's action chunk outside [-1, 1] or not finite.
+    #[error(
+        "episode {episode}, action {action} of its chunk, dimension {dim}: {value} is not a finite number in [-1, 1]"
+    )]
+    ChunkValue {
+        /// The episode.
+        episode: usize,
+        /// The action within the chunk.
+        action: usize,
+        /// The dimension.
+        dim: usize,
+        /// The value.
+        value: f32,
     },
     /// Expert noise that is negative or not finite.
     #[error("expert noise {0} must be a finite number >= 0")]

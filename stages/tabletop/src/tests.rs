@@ -682,6 +682,110 @@ proptest! {
 }
 
 #[test]
+fn a_batch_steps_its_episodes_as_they_step_alone() {
+    let tasks = vec![
+        generate(Suite::Object, Split::Train, 2, 0),
+        generate(Suite::Long, Split::Train, 2, 1),
+    ];
+    let (group, k) = (3, 8);
+    let mut batch = Batch::new(&tasks, group, 32).unwrap();
+    assert_eq!(batch.len(), 6);
+    assert_eq!(
+        batch.world(1),
+        batch.world(2),
+        "a group shares its initial state"
+    );
+    let mut alone: Vec<World> = (0..6).map(|i| batch.world(i).clone()).collect();
+    // Episode 0 follows its expert; the others wander with noise.
+    let mut expert = Expert::new(&alone[0], Strategy::Grasp, ExpertConfig::default()).unwrap();
+    let mut rng = 0u64;
+    let mut wander = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let mut frame = vec![0u8; frame_len(32)];
+    for _ in 0..30 {
+        batch.observe();
+        for (i, w) in alone.iter().enumerate() {
+            w.render(32, &mut frame).unwrap();
+            assert_eq!(
+                &batch.frames()[i * frame.len()..(i + 1) * frame.len()],
+                &frame[..]
+            );
+            assert_eq!(&batch.proprio()[i * 5..(i + 1) * 5], &w.proprio()[..]);
+        }
+        let mut chunk = Vec::new();
+        let mut probe = alone[0].clone();
+        for _ in 0..k {
+            let a = if probe.status() == Status::Running {
+                expert.act(&probe)
+            } else {
+                [0.0; 4]
+            };
+            if probe.status() == Status::Running {
+                probe.step(&a).unwrap();
+            }
+            chunk.extend_from_slice(&a);
+        }
+        for _ in 1..6 {
+            for _ in 0..k * 4 {
+                chunk.push(wander());
+            }
+        }
+        let outcomes = batch.step_chunks(&chunk, k).unwrap();
+        for (i, w) in alone.iter_mut().enumerate() {
+            let mut steps = 0;
+            for a in chunk[i * k * 4..(i + 1) * k * 4].chunks_exact(4) {
+                if w.status() == Status::Running {
+                    w.step(a).unwrap();
+                    steps += 1;
+                }
+            }
+            assert_eq!(outcomes[i].env_steps, steps);
+            assert_eq!(outcomes[i].done, w.status() != Status::Running);
+            assert_eq!(batch.world(i), w);
+        }
+        if batch.all_done() {
+            break;
+        }
+    }
+    assert!(
+        batch.world(0).status() == Status::Success,
+        "the expert's chunks solve episode 0"
+    );
+    // A bad chunk steps nothing and names the place.
+    let before: Vec<World> = (0..6).map(|i| batch.world(i).clone()).collect();
+    let mut chunk = vec![0.0f32; 6 * 2 * 4];
+    chunk[4 * 2 * 4 + 4 + 2] = f32::NAN;
+    let error = batch.step_chunks(&chunk, 2).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TabletopError::ChunkValue {
+                episode: 4,
+                action: 1,
+                dim: 2,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let error = batch.step_chunks(&chunk[1..], 2).unwrap_err().to_string();
+    assert!(
+        error.contains("6 episodes") && error.contains("47"),
+        "{error}"
+    );
+    assert!(batch.step_chunks(&[], 0).is_err());
+    assert!((0..6).all(|i| batch.world(i) == &before[i]));
+    assert!(matches!(
+        Batch::new(&tasks, 2, 2),
+        Err(TabletopError::FrameSize { .. })
+    ));
+}
+
+#[test]
 fn next_to_sides_point_their_way() {
     let t = generate(Suite::Goal, Split::Train, 1, 0);
     let a = &t.objects[2];
