@@ -6,8 +6,11 @@
 //! - [`gae`]: generalised advantage estimation at token level (veRL's
 //!   `compute_gae_advantage_return`) and at decision level (LaST-R1), and
 //!   veRL's masked whitening;
-//! - [`pass_at_k`]: the unbiased pass@k estimator (Chen et al. 2021).
+//! - [`pass_at_k`]: the unbiased pass@k estimator (Chen et al. 2021);
+//! - [`action_tokens`]: OpenVLA's 256-bin action tokenizer (continuous
+//!   actions <-> tokens of a closed-loop policy).
 
+pub mod action_tokens;
 pub mod gae;
 pub mod grpo;
 pub mod json_spans;
