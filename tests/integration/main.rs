@@ -13,5 +13,6 @@ mod runner;
 mod score_rewards;
 mod sharding;
 mod stage_spec;
+mod tabletop_tasks;
 mod threads;
 mod tools_open_tables;
