@@ -523,6 +523,29 @@ fn the_drawer_opens_by_its_handle_carries_its_contents_and_closes_by_a_push() {
 }
 
 #[test]
+fn a_block_released_over_the_cabinet_rests_on_top_and_can_be_taken_again() {
+    let mut drawer = obj(Kind::Drawer, Colour::Orange, 0.5, 0.85);
+    drawer.size = Size::Large;
+    let t = scene(
+        vec![drawer, obj(Kind::Block, Colour::Red, 0.2, 0.3)],
+        vec![Goal::OpenDrawer { drawer: 0 }],
+    );
+    let mut w = World::new(&t).unwrap();
+    go(&mut w, [0.2, 0.3, 0.25], -1.0);
+    go(&mut w, [0.2, 0.3, 0.02], -1.0);
+    w.step(&[0.0, 0.0, 0.0, 1.0]).unwrap();
+    go(&mut w, [0.5, 0.85, 0.28], 1.0);
+    w.step(&[0.0, 0.0, 0.0, -1.0]).unwrap();
+    let b = &w.bodies()[1];
+    assert_eq!((b.support, b.z), (Support::Top(0), 0.2));
+    // The cabinet stops the gripper at its top; there it grasps the block.
+    go(&mut w, [0.5, 0.85, 0.0], -1.0);
+    assert!((w.gripper().pos[2] - 0.2).abs() < 1e-6);
+    w.step(&[0.0, 0.0, 0.0, 1.0]).unwrap();
+    assert!(matches!(w.gripper().grip, Grip::Object { index: 1, .. }));
+}
+
+#[test]
 fn rendering_shows_each_object_in_its_colour_at_any_size() {
     let t = scene(
         vec![

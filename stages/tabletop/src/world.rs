@@ -31,7 +31,8 @@
 //!    stays on the table and out of the cabinet, and rests on a plate when
 //!    its centre ends over one. A low gripper moving +y into the open tray's
 //!    front pushes the drawer closed. The cabinet body stops a gripper
-//!    below its top.
+//!    below its top. Only the fingers push: a carried object passes over
+//!    (or through) what it meets.
 //! 5. *Release.* Opening the gripper drops the object where it is, onto
 //!    the first receptacle under its centre: a bowl (blocks; snapped to the
 //!    bowl's centre), the open tray (blocks, when it is open wider than the
