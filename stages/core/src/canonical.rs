@@ -18,10 +18,11 @@
 //! does not pays one extra write of its output, never memory beyond a run.
 //!
 //! **Layout.** Shards hold `rows_per_shard` rows (the last fewer), cut into
-//! row groups of `row_group_rows` rows from each shard's start, and each row
-//! group reaches the Parquet writer as one record batch ([`RowGroup`]): the
-//! Parquet encoder's page boundaries depend on how its input is batched, so
-//! this makes the bytes independent of the batches a stage happened to write.
+//! row groups of `row_group_rows` rows from each shard's start, and each
+//! column of a row group reaches the Parquet encoder as one array
+//! ([`RowGroup`], joined column by column by the writer): the encoder's page
+//! boundaries depend on how its input is batched, so this makes the bytes
+//! independent of the batches a stage happened to write.
 //!
 //! Hence sharding: every shardable stage assigns whole rows to shards
 //! (`--shard i/n`, by a hash of a grouping key) and computes each row as the
@@ -315,20 +316,11 @@ impl RowGroup {
         self.rows
     }
 
-    /// Every row held as one batch (`None` when empty); the group is emptied.
-    pub fn take(&mut self, def: &TableDef) -> Result<Option<RecordBatch>> {
+    /// The batches that make up the group, in order (none when empty); the
+    /// group is emptied. The writer joins them column by column.
+    pub fn take(&mut self) -> Vec<RecordBatch> {
         self.rows = 0;
-        let slices = std::mem::take(&mut self.slices);
-        match slices.as_slice() {
-            [] => Ok(None),
-            [one] => Ok(Some(one.clone())),
-            [first, ..] => concat_batches(&first.schema(), &slices)
-                .map(Some)
-                .map_err(|e| Error::RowConversion {
-                    table: def.name.clone(),
-                    reason: format!("joining a row group: {e}"),
-                }),
-        }
+        std::mem::take(&mut self.slices)
     }
 }
 

@@ -49,14 +49,16 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, FieldRef, Schema};
 use embodyflow_schemas::{META_TABLE, META_VERSION, Row, TableDef, TableName, format_type};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_writer::{ArrowRowGroupWriterFactory, compute_leaves};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
 
 use crate::canonical::{KeyOrder, RowGroup, Sorter, Source, Ties, merge_sorted};
 use crate::commit::{self, Commit, Digest, sync_dir};
@@ -103,10 +105,19 @@ impl Write for HashingFile {
     }
 }
 
+/// A shard being written: Parquet's file writer and what makes its column
+/// writers (the row groups are encoded column by column, [`encode_row_group`]).
 struct OpenShard {
-    writer: ArrowWriter<HashingFile>,
+    writer: SerializedFileWriter<HashingFile>,
+    columns: ShardColumns,
     file: String,
     rows: u64,
+}
+
+/// The factory of a shard's column writers and their mini-batch size.
+struct ShardColumns {
+    factory: ArrowRowGroupWriterFactory,
+    write_batch_size: usize,
 }
 
 /// Writes one table atomically (see the module doc).
@@ -236,20 +247,24 @@ impl TableWriter {
 
     /// Hands the buffered row group to the open shard's Parquet writer.
     fn write_group(&mut self) -> Result<()> {
-        let Some(group) = self.group.take(self.def)? else {
+        let slices = self.group.take();
+        if slices.is_empty() {
             return Ok(());
-        };
+        }
         let shard = self
             .current
             .as_mut()
             .expect("a row group belongs to an open shard");
-        shard
-            .writer
-            .write(&group)
-            .map_err(|source| Error::ParquetWrite {
-                path: PathBuf::from(&shard.file),
-                source,
-            })
+        encode_row_group(
+            &mut shard.writer,
+            &shard.columns,
+            &self.def.arrow_schema(),
+            slices,
+        )
+        .map_err(|source| Error::ParquetWrite {
+            path: PathBuf::from(&shard.file),
+            source,
+        })
     }
 
     fn open_shard(&mut self) -> Result<&mut OpenShard> {
@@ -262,42 +277,22 @@ impl TableWriter {
                 hasher: blake3::Hasher::new(),
                 bytes: 0,
             };
-            let mut props = WriterProperties::builder()
-                .set_compression(Compression::ZSTD(
-                    ZstdLevel::try_new(self.options.zstd_level).map_err(|e| {
-                        Error::Usage(format!("zstd level {}: {e}", self.options.zstd_level))
-                    })?,
-                ))
-                .set_max_row_group_row_count(Some(self.options.row_group_rows))
-                .set_key_value_metadata(Some(vec![
-                    KeyValue::new(META_TABLE.to_string(), self.def.name.clone()),
-                    KeyValue::new(META_VERSION.to_string(), self.def.version.to_string()),
-                ]));
-            // Float columns (log-probs, values, advantages) almost never repeat:
-            // dictionary encoding only costs time there, so it is off for them.
-            for column in &self.def.columns {
-                if float_leaf(&column.data_type) {
-                    let path = match &column.data_type {
-                        arrow::datatypes::DataType::List(item) => {
-                            vec![column.name.clone(), "list".into(), item.name().clone()]
-                        }
-                        _ => vec![column.name.clone()],
-                    };
-                    props = props.set_column_dictionary_enabled(
-                        parquet::schema::types::ColumnPath::new(path),
-                        false,
-                    );
-                }
-            }
-            let props = props.build();
-            let writer = ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props)).map_err(
-                |source| Error::ParquetWrite {
-                    path: path.clone(),
-                    source,
-                },
-            )?;
+            let props = writer_properties(self.def, &self.options)?;
+            let write_batch_size = props.write_batch_size();
+            let (writer, factory) =
+                ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props))
+                    .and_then(ArrowWriter::into_serialized_writer)
+                    .map_err(|source| Error::ParquetWrite {
+                        path: path.clone(),
+                        source,
+                    })?;
+            let columns = ShardColumns {
+                factory,
+                write_batch_size,
+            };
             self.current = Some(OpenShard {
                 writer,
+                columns,
                 file,
                 rows: 0,
             });
@@ -439,6 +434,171 @@ impl Drop for TableWriter {
             {
                 let _ = std::fs::remove_dir(out); // only succeeds when empty
             }
+        }
+    }
+}
+
+/// The Parquet settings of a table's shards: zstd at `options.zstd_level`,
+/// row groups of `options.row_group_rows`, the table's name and schema
+/// version in the file metadata, no dictionary for float columns.
+fn writer_properties(def: &TableDef, options: &WriteOptions) -> Result<WriterProperties> {
+    let level = ZstdLevel::try_new(options.zstd_level)
+        .map_err(|e| Error::Usage(format!("zstd level {}: {e}", options.zstd_level)))?;
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .set_max_row_group_row_count(Some(options.row_group_rows))
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new(META_TABLE.to_string(), def.name.clone()),
+            KeyValue::new(META_VERSION.to_string(), def.version.to_string()),
+        ]));
+    // Float columns (log-probs, values, advantages) almost never repeat:
+    // dictionary encoding only costs time there, so it is off for them.
+    for column in &def.columns {
+        if float_leaf(&column.data_type) {
+            let path = match &column.data_type {
+                DataType::List(item) => {
+                    vec![column.name.clone(), "list".into(), item.name().clone()]
+                }
+                _ => vec![column.name.clone()],
+            };
+            props = props.set_column_dictionary_enabled(
+                parquet::schema::types::ColumnPath::new(path),
+                false,
+            );
+        }
+    }
+    Ok(props.build())
+}
+
+/// Encodes one row group, given as the batches (`slices`) that make it up,
+/// into `writer`, column by column, each finished column chunk going to the
+/// file before the next column is encoded. The bytes are those of
+/// `ArrowWriter` writing the joined batch in one call, which hands each
+/// column to its encoder in one call; here:
+/// - a flat column's slices are joined and encoded in one call;
+/// - a list column is encoded in pieces of whole rows, each cut where the
+///   one-call encoder would start a mini-batch anyway ([`list_pieces`]), so
+///   the encoder sees the same mini-batches and writes the same pages, while
+///   the levels and value indices it builds (12 bytes per value) are those
+///   of one piece, not of the whole row group.
+fn encode_row_group(
+    writer: &mut SerializedFileWriter<HashingFile>,
+    shard: &ShardColumns,
+    schema: &Schema,
+    slices: Vec<RecordBatch>,
+) -> parquet::errors::Result<()> {
+    let mut leaves = shard
+        .factory
+        .create_column_writers(writer.flushed_row_groups().len())?
+        .into_iter();
+    let mut row_group = writer.next_row_group()?;
+    // The slices' arrays, column-major, so that each column is dropped once encoded.
+    let mut by_column: Vec<Vec<ArrayRef>> =
+        vec![Vec::with_capacity(slices.len()); schema.fields().len()];
+    for slice in slices {
+        for (column, array) in by_column.iter_mut().zip(slice.columns()) {
+            column.push(array.clone());
+        }
+    }
+    for (field, parts) in schema.fields().iter().zip(by_column) {
+        let pieces = match field.data_type() {
+            DataType::List(item) if item.data_type().is_primitive() => {
+                list_pieces(&parts, shard.write_batch_size)?
+            }
+            _ => vec![join(&parts, 0, parts.iter().map(|a| a.len()).sum())?],
+        };
+        drop(parts);
+        let mut columns = Vec::new();
+        for piece in pieces {
+            let piece_leaves = compute_leaves(field, &piece)?;
+            if columns.is_empty() {
+                columns = piece_leaves
+                    .iter()
+                    .map(|_| leaves.next().expect("a column writer per leaf"))
+                    .collect();
+            }
+            for (column, leaf) in columns.iter_mut().zip(&piece_leaves) {
+                column.write(leaf)?;
+            }
+        }
+        for column in columns {
+            column.close()?.append_to_row_group(&mut row_group)?;
+        }
+    }
+    row_group.close()?;
+    Ok(())
+}
+
+/// Levels (about) in each piece of a list column that [`encode_row_group`]
+/// hands the encoder at once.
+const PIECE_LEVELS: usize = 1 << 16;
+
+/// A list column of a row group (its slices, `parts`) cut into pieces of
+/// whole rows of about [`PIECE_LEVELS`] levels, where the encoder given the
+/// whole column in one call would start a mini-batch anyway: it cuts its
+/// input into runs of `write_batch_size` levels, each extended to the next
+/// row's start (a row has one level per item, one when null or empty), so a
+/// piece that starts at such a point and ends at one is cut the same way.
+/// Every piece holds a row of two or more items, so that its repetition
+/// levels vary and are written out (not stored as one repeated value, which
+/// would make the encoder cut it otherwise); a column without such a row
+/// stays whole.
+fn list_pieces(
+    parts: &[ArrayRef],
+    write_batch_size: usize,
+) -> parquet::errors::Result<Vec<ArrayRef>> {
+    let rows: usize = parts.iter().map(|a| a.len()).sum();
+    let mut cuts = vec![0];
+    let (mut row, mut level) = (0, 0);
+    let (mut mini_batch, mut piece) = (0, 0);
+    let mut piece_varies = false;
+    for part in parts {
+        let list = part.as_list::<i32>();
+        for i in 0..list.len() {
+            if row > 0 && level >= mini_batch + write_batch_size {
+                mini_batch = level;
+                if level - piece >= PIECE_LEVELS && piece_varies {
+                    cuts.push(row);
+                    piece = level;
+                    piece_varies = false;
+                }
+            }
+            let items = if list.is_null(i) {
+                0
+            } else {
+                list.value_length(i) as usize
+            };
+            piece_varies |= items >= 2;
+            level += items.max(1);
+            row += 1;
+        }
+    }
+    if !piece_varies && cuts.len() > 1 {
+        cuts.pop();
+    }
+    cuts.push(rows);
+    cuts.windows(2)
+        .map(|w| join(parts, w[0], w[1] - w[0]))
+        .collect()
+}
+
+/// Rows `start..start + len` of the arrays `parts` taken one after the
+/// other, as one array (a slice when they lie in one part, else joined).
+fn join(parts: &[ArrayRef], start: usize, len: usize) -> parquet::errors::Result<ArrayRef> {
+    let mut pieces: Vec<ArrayRef> = Vec::new();
+    let mut offset = 0;
+    for part in parts {
+        let (from, to) = (start.max(offset), (start + len).min(offset + part.len()));
+        if from < to {
+            pieces.push(part.slice(from - offset, to - from));
+        }
+        offset += part.len();
+    }
+    match pieces.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => {
+            let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+            Ok(arrow::compute::concat(&refs)?)
         }
     }
 }
@@ -1225,5 +1385,102 @@ fn layout_of(producer: &Producer) -> WriteOptions {
             .and_then(serde_json::Value::as_i64)
             .and_then(|v| i32::try_from(v).ok())
             .unwrap_or(defaults.zstd_level),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_schemas::StepRow;
+
+    use super::*;
+
+    /// Steps rows in key order with lists of every kind of length: long
+    /// (several pieces per row group), null, empty, one item, and runs of
+    /// rows with at most one item (pieces whose repetition levels would not
+    /// vary), drawn from a seeded xorshift.
+    fn steps(count: usize, seed: u64) -> Vec<StepRow> {
+        let mut state = seed | 1;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n) as usize
+        };
+        (0..count)
+            .map(|i| {
+                let short_run = (i / 40) % 3 == 1;
+                let tokens = match next(10) {
+                    _ if short_run => next(2),
+                    0 => 0,
+                    1 => 1,
+                    2 => next(3000),
+                    _ => next(1200),
+                };
+                let values =
+                    (next(7) != 0).then(|| (0..tokens).map(|t| t as f32 * 0.5 - 3.0).collect());
+                StepRow {
+                    trajectory_id: format!("t{i:06}"),
+                    step_index: 0,
+                    prompt_ids: (0..next(5) as i32).collect(),
+                    response_ids: (0..tokens).map(|t| (t * 7 % 301) as i32).collect(),
+                    old_logprobs: (0..tokens).map(|t| -(t as f32) / 1000.0).collect(),
+                    observation: None,
+                    old_value: None,
+                    old_values: values,
+                    latents: None,
+                    latent_dim: None,
+                    chosen_latent_len: None,
+                    old_latent_end_logprob: None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shards_are_the_bytes_of_arrow_writer_writing_each_row_group_in_one_call() {
+        let def = TableName::Steps.def();
+        for (seed, count, row_group_rows, chunk) in [
+            (1, 1500, 8192, 64),
+            (2, 500, 150, 37),
+            (3, 300, 1000, 300),
+            (4, 90, 8192, 1),
+        ] {
+            let rows = steps(count, seed);
+            let options = WriteOptions {
+                row_group_rows,
+                ..WriteOptions::default()
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let mut writer =
+                TableWriter::create(dir.path(), TableName::Steps, options, false).unwrap();
+            for part in rows.chunks(chunk) {
+                writer.write_rows(part).unwrap();
+            }
+            let producer = Producer {
+                stage: "test".into(),
+                version: "0".into(),
+                config: serde_json::json!({}),
+                seed: 0,
+                shard: "0/1".into(),
+            };
+            writer.finish(&producer, &[]).unwrap();
+            let ours = std::fs::read(dir.path().join("steps").join(shard_file_name(0))).unwrap();
+
+            let props = writer_properties(def, &options).unwrap();
+            let mut reference =
+                ArrowWriter::try_new(Vec::new(), def.arrow_schema(), Some(props)).unwrap();
+            for group in rows.chunks(row_group_rows) {
+                reference
+                    .write(&rows_to_batch(def, group).unwrap())
+                    .unwrap();
+            }
+            let theirs = reference.into_inner().unwrap();
+            assert!(
+                ours == theirs,
+                "seed {seed}: {} vs {} bytes",
+                ours.len(),
+                theirs.len()
+            );
+        }
     }
 }
