@@ -1,7 +1,7 @@
 //! World and renderer throughput on one core. Replays recorded expert
 //! episodes (noise 0.3, so with grasps, pushes, releases and retries) of
-//! 64 tasks over the four suites, and renders their states at 32 and 48
-//! pixels. Each figure is the best of 5 timed rounds of about 0.4 s after a
+//! 64 tasks over the four suites, and the push strategy's episodes (low, in
+//! contact), and renders their states at 32 and 48 pixels. Each figure is the best of 5 timed rounds of about 0.4 s after a
 //! warm-up round; printed as `name value` lines with the ratio to the
 //! world's targets (100 k steps/s, 20 k frames/s).
 use std::hint::black_box;
@@ -27,18 +27,25 @@ fn best_rate(mut round: impl FnMut() -> usize) -> f64 {
     best
 }
 
-fn main() {
-    let mut episodes: Vec<(World, Vec<[f32; 4]>, World)> = Vec::new();
-    let mut states: Vec<World> = Vec::new();
+/// Recorded episodes: (initial state, actions, final state).
+type Recorded = Vec<(World, Vec<[f32; 4]>, World)>;
+
+/// Episodes of `strategy` on up to 64 tasks over the four suites (tasks the
+/// strategy cannot do are skipped), and every 4th state visited.
+fn record(strategy: Strategy, noise: f32) -> (Recorded, Vec<World>) {
+    let mut episodes = Vec::new();
+    let mut states = Vec::new();
     for (i, suite) in Suite::ALL.iter().cycle().take(64).enumerate() {
         let task = generate(*suite, Split::Train, 1, i as u64);
         let start = World::new(&task).expect("generated tasks build");
         let mut world = start.clone();
         let config = ExpertConfig {
-            noise: 0.3,
+            noise,
             seed: i as u64,
         };
-        let mut expert = Expert::new(&world, Strategy::Grasp, config).expect("grasp expert");
+        let Ok(mut expert) = Expert::new(&world, strategy, config) else {
+            continue;
+        };
         let mut actions = Vec::new();
         while world.status() == embodyflow_tabletop::Status::Running {
             let a = expert.act(&world);
@@ -50,22 +57,36 @@ fn main() {
         }
         episodes.push((start, actions, world));
     }
-    let steps: usize = episodes.iter().map(|(_, a, _)| a.len()).sum();
-    let steps_per_s = best_rate(|| {
-        for (start, actions, end) in &episodes {
-            let mut world = start.clone();
-            for a in actions {
-                black_box(world.step(black_box(a)).expect("replay"));
-            }
-            assert!(world == *end, "a replay reproduces its episode");
+    (episodes, states)
+}
+
+/// Replays every episode once; returns the steps taken.
+fn replay(episodes: &Recorded) -> usize {
+    let mut steps = 0;
+    for (start, actions, end) in episodes {
+        let mut world = start.clone();
+        for a in actions {
+            black_box(world.step(black_box(a)).expect("replay"));
         }
-        steps
-    });
+        assert!(world == *end, "a replay reproduces its episode");
+        steps += actions.len();
+    }
+    steps
+}
+
+fn main() {
+    let (episodes, states) = record(Strategy::Grasp, 0.3);
+    let steps: usize = episodes.iter().map(|(_, a, _)| a.len()).sum();
+    let steps_per_s = best_rate(|| replay(&episodes));
     println!("tabletop_env_steps_per_s {steps_per_s:.0}");
     println!(
         "tabletop_env_steps_vs_target {:.1}",
         steps_per_s / 100_000.0
     );
+    // Pushing episodes spend most steps low, in contact (sub-stepped).
+    let (pushes, _) = record(Strategy::Push, 0.0);
+    let push_steps_per_s = best_rate(|| replay(&pushes));
+    println!("tabletop_env_steps_per_s_pushing {push_steps_per_s:.0}");
     for size in [32usize, 48] {
         let mut frame = vec![0u8; frame_len(size)];
         let frames_per_s = best_rate(|| {
@@ -95,8 +116,9 @@ fn main() {
     });
     println!("tabletop_steps_with_32px_frame_per_s {observed_steps_per_s:.0}");
     eprintln!(
-        "({} episodes, {steps} steps per replay, {} rendered states; one thread)",
+        "({} grasp episodes with noise 0.3, {steps} steps per replay; {} push episodes; {} rendered states; one thread)",
         episodes.len(),
+        pushes.len(),
         states.len()
     );
 }
