@@ -75,6 +75,29 @@ pub fn gae_tokens(
     offsets: &[usize],
     params: GaeParams,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (mut advantages, mut returns) = (Vec::new(), Vec::new());
+    gae_tokens_into(
+        rewards,
+        values,
+        offsets,
+        params,
+        &mut advantages,
+        &mut returns,
+    );
+    (advantages, returns)
+}
+
+/// [`gae_tokens`], appending the advantages and returns to the given
+/// vectors (a caller that streams batches reuses or grows its buffers
+/// instead of allocating two per batch).
+pub fn gae_tokens_into(
+    rewards: &[f32],
+    values: &[f32],
+    offsets: &[usize],
+    params: GaeParams,
+    advantages: &mut Vec<f32>,
+    returns: &mut Vec<f32>,
+) {
     assert_eq!(rewards.len(), values.len(), "one value per reward");
     assert_eq!(
         offsets.last().copied().unwrap_or(0),
@@ -86,27 +109,28 @@ pub fn gae_tokens(
         "offsets are non-decreasing"
     );
     let gamma = params.gamma;
+    let start = advantages.len();
+    advantages.reserve(rewards.len());
     // Pass 1 (vectorisable): TD errors, with V after a row's last position = 0.
-    let mut advantages = vec![0f32; rewards.len()];
     for row in offsets.windows(2) {
-        let (r, v, a) = (
-            &rewards[row[0]..row[1]],
-            &values[row[0]..row[1]],
-            &mut advantages[row[0]..row[1]],
-        );
+        let (r, v) = (&rewards[row[0]..row[1]], &values[row[0]..row[1]]);
         let Some(last) = r.len().checked_sub(1) else {
             continue;
         };
-        for t in 0..last {
-            a[t] = r[t] + gamma * v[t + 1] - v[t];
-        }
-        a[last] = r[last] - v[last];
+        advantages.extend(
+            r[..last]
+                .iter()
+                .zip(&v[1..])
+                .zip(&v[..last])
+                .map(|((&r, &next), &v)| r + gamma * next - v),
+        );
+        advantages.push(r[last] - v[last]);
     }
+    let new = &mut advantages[start..];
     // Pass 2: the serial part, A_t = delta_t + gamma * lambda * A_{t+1}.
-    discounted_suffix_sums(&mut advantages, offsets, gamma * params.lam);
+    discounted_suffix_sums(new, offsets, gamma * params.lam);
     // Pass 3 (vectorisable): returns = A + V.
-    let returns = advantages.iter().zip(values).map(|(a, v)| a + v).collect();
-    (advantages, returns)
+    returns.extend(new.iter().zip(values).map(|(a, v)| a + v));
 }
 
 /// In place, per row: `x_t <- x_t + decay * x_{t+1}` from the row's end. The

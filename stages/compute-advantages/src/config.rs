@@ -5,11 +5,12 @@
 //!
 //! ```text
 //! estimator = "gae"          # grpo | dr_grpo | gae | grpo_step
-//! batch_rows = 4096          # rows per record batch read from steps
+//! batch_rows = 256           # rows per record batch read from steps
 //! [gae]
 //! gamma = 0.99
 //! lam = 0.95
 //! level = "decision"         # token | decision
+//! hold_mib = 48              # raw advantages kept from pass 1 (else a 2nd pass)
 //! [filter]
 //! dynamic_sampling = true    # drop groups whose scores are all equal
 //! ```
@@ -81,6 +82,9 @@ pub struct GaeConfig {
     pub lam: f32,
     /// Token-level or decision-level values.
     pub level: GaeLevel,
+    /// MiB of raw advantages and returns the first pass keeps for writing;
+    /// a larger input is read a second time instead.
+    pub hold_mib: usize,
 }
 
 impl Default for GaeConfig {
@@ -89,6 +93,7 @@ impl Default for GaeConfig {
             gamma: 0.99,
             lam: 0.95,
             level: GaeLevel::Token,
+            hold_mib: 48,
         }
     }
 }
@@ -132,7 +137,7 @@ impl Default for Config {
             filter: FilterConfig::default(),
             step: StepConfig::default(),
             stepopsd: StepOpsdConfig::default(),
-            batch_rows: 4096,
+            batch_rows: 256,
             output: OutputConfig::default(),
         }
     }
@@ -153,6 +158,10 @@ impl StageConfig for Config {
             "drop groups whose scores are all equal",
         ),
         ("gae.gamma", "GAE discount gamma"),
+        (
+            "gae.hold_mib",
+            "MiB of raw advantages and returns kept from the first pass; a larger input is read twice",
+        ),
         ("gae.lam", "GAE lambda"),
         (
             "gae.level",

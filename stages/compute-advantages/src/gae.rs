@@ -21,26 +21,29 @@
 //! 0.2 - 0.1 + 0.99 * 0.95 * 0.8 = 0.8504, before whitening.
 //!
 //! **Streaming.** Whitening needs the statistics of the whole input before
-//! the first row can be written, so the steps table is read twice and memory
-//! is bounded by the record batch, not the dataset: pass 1 computes each
-//! kept trajectory's advantages and merges the whitening statistics (count,
-//! mean, squared deviations in f64, [`WhitenStats`]); pass 2 recomputes them,
-//! whitens and writes record batches of `batch_rows` as it goes. A
-//! trajectory's steps are gathered until it has `num_steps` of them, so with
-//! each trajectory's steps adjacent (as rollouts are written) only those cut
-//! by a batch boundary are open, and steps spread over the table are held
-//! until their trajectory is complete (correct, but then memory grows with
-//! the spread). Rows come out in the order trajectories complete, each
-//! trajectory's steps by index. A trajectory's steps must be exactly
-//! `0..num_steps`; missing, duplicated or extra steps and missing values are
-//! bad input.
+//! the first row can be written. Pass 1 streams the steps table, computes
+//! each kept trajectory's advantages and merges the whitening statistics
+//! (count, mean, squared deviations in f64, [`WhitenStats`]); it keeps the
+//! raw advantages and returns while they fit in `gae.hold_mib`, and those are
+//! then whitened and written without reading the table again. A larger
+//! input drops what it kept and is read a second time: pass 2 recomputes the
+//! advantages, whitens and writes them as it goes, so memory is bounded by
+//! `gae.hold_mib` and the record batch, not the dataset. Both ways write the
+//! same rows, bit for bit. A trajectory's steps are gathered until it has
+//! `num_steps` of them, so with each trajectory's steps adjacent (as
+//! rollouts are written) only those cut by a batch boundary are open, and
+//! steps spread over the table are held until their trajectory is complete
+//! (correct, but then memory grows with the spread). Rows come out in the
+//! order trajectories complete, each trajectory's steps by index. A
+//! trajectory's steps must be exactly `0..num_steps`; missing, duplicated or
+//! extra steps and missing values are bad input.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, Float32Array, Int32Array, ListArray, RecordBatch, StringArray};
 use arrow::buffer::OffsetBuffer;
-use embodyflow_algos::gae::{GaeParams, WhitenStats, gae_tokens};
+use embodyflow_algos::gae::{GaeParams, WhitenStats, Whitening, gae_tokens_into};
 use embodyflow_core::dataset::column;
 use embodyflow_core::{Error, Result, progress};
 
@@ -57,11 +60,11 @@ pub struct Gae {
 }
 
 impl Estimate for Gae {
-    /// Pass 1 computes every kept trajectory's raw advantages and gathers the
-    /// whitening statistics ([`WhitenStats`], merged per trajectory); pass 2
-    /// recomputes the raw advantages and returns, whitens them with the
-    /// pass-1 statistics and writes the owned steps' rows in record batches
-    /// of `batch_rows`.
+    /// Pass 1 computes every kept trajectory's raw advantages, gathers the
+    /// whitening statistics ([`WhitenStats`], merged per trajectory) and
+    /// keeps the raw advantages and returns while they fit in `gae.hold_mib`;
+    /// the kept ones, or else those of pass 2 (which recomputes them), are
+    /// whitened with the pass-1 statistics and the owned steps' rows written.
     fn write(
         &self,
         input: &StepsInput<'_>,
@@ -69,56 +72,170 @@ impl Estimate for Gae {
     ) -> Result<Option<StepDiagnostics>> {
         let gae = &self.config;
         let stream = GaeStream { input, gae };
-        // Pass 1: statistics (reads response_ids only to check old_values' lengths).
+        let params = GaeParams {
+            gamma: gae.gamma,
+            lam: gae.lam,
+        };
+        // Pass 1: statistics; response_ids give the token counts (checked
+        // against old_values at token level, broadcast to at decision level).
         let mut stats = WhitenStats::default();
-        stream.run(
-            gae.level == GaeLevel::Token,
-            "gae statistics",
-            |rows, advantages, _| {
-                for row in rows.offsets.windows(2) {
-                    stats.add(&advantages[row[0]..row[1]]);
+        let budget = gae.hold_mib.saturating_mul(1 << 20);
+        let mut held = Some(Computed::default());
+        let mut scratch = Computed::default();
+        stream.run(true, "gae statistics", |rows| {
+            let target = match &mut held {
+                Some(all) => all,
+                None => {
+                    scratch.clear();
+                    &mut scratch
                 }
-                Ok(())
-            },
-        )?;
+            };
+            let first = target.offsets.len() - 1;
+            target.append(rows, params);
+            for row in target.offsets[first..].windows(2) {
+                stats.add(&target.advantages[row[0]..row[1]]);
+            }
+            if held.as_ref().is_some_and(|all| all.bytes() > budget) {
+                held = None;
+            }
+            Ok(())
+        })?;
+        drop(scratch);
         let whitening = stats
             .whitening()
             .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
 
-        // Pass 2: whiten and write (token level: old_values' lengths are the token counts).
-        let mut pending = GaeOutput::default();
-        stream.run(
-            gae.level == GaeLevel::Decision,
-            "gae advantages",
-            |rows, advantages, returns| {
-                whitening.apply(advantages);
-                for (row, &e) in rows.episodes.iter().enumerate() {
-                    let episode = &input.episodes.list[e];
-                    if !input.groups.owns(episode) {
-                        continue;
-                    }
-                    let mut position = rows.offsets[row];
-                    for &(step_index, tokens) in
-                        &rows.steps[rows.step_offsets[row]..rows.step_offsets[row + 1]]
-                    {
-                        position = pending.push_step(
-                            episode,
-                            step_index,
-                            tokens,
-                            gae.level,
-                            position,
-                            (advantages, returns),
-                        );
-                        if pending.step_index.len() >= input.batch_rows {
-                            out.write_batch(&std::mem::take(&mut pending).into_batch())?;
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        out.write_batch(&pending.into_batch())?;
+        let mut writer = GaeWriter {
+            input,
+            level: gae.level,
+            whitening,
+            pending: GaeOutput::default(),
+            out,
+        };
+        match held {
+            Some(all) => writer.push(all)?,
+            // Pass 2 (token level: old_values' lengths are the token counts).
+            None => stream.run(gae.level == GaeLevel::Decision, "gae advantages", |rows| {
+                let mut computed = Computed::default();
+                computed.append(rows, params);
+                writer.push(computed)
+            })?,
+        }
+        writer.finish()?;
         Ok(None)
+    }
+}
+
+/// Whitens computed advantages and writes the owned steps' rows.
+struct GaeWriter<'a, 'o> {
+    input: &'a StepsInput<'a>,
+    level: GaeLevel,
+    whitening: Whitening,
+    /// Rows gathered for the next batch.
+    pending: GaeOutput<'a>,
+    out: &'o mut AdvantagesOut,
+}
+
+impl GaeWriter<'_, '_> {
+    /// Whitens `computed` and writes its owned steps. At token level, when
+    /// every trajectory in it is owned, its buffers become one batch's
+    /// columns as they are (no copy; the table writer cuts it into row groups
+    /// without copying either); otherwise its steps' rows are gathered into
+    /// batches of `batch_rows`.
+    fn push(&mut self, mut computed: Computed) -> Result<()> {
+        self.whitening.apply(&mut computed.advantages);
+        let (episodes, groups) = (self.input.episodes, self.input.groups);
+        let all_owned = computed
+            .episodes
+            .iter()
+            .all(|&e| groups.owns(&episodes.list[e]));
+        if self.level == GaeLevel::Token && all_owned {
+            self.flush()?;
+            let batch = token_batch(self.input, computed);
+            return self.out.write_batch(&batch);
+        }
+        let c = &computed;
+        for (row, &e) in c.episodes.iter().enumerate() {
+            let episode = &episodes.list[e];
+            if !groups.owns(episode) {
+                continue;
+            }
+            let mut position = c.offsets[row];
+            for &(step_index, tokens) in &c.steps[c.step_offsets[row]..c.step_offsets[row + 1]] {
+                position = self.pending.push_step(
+                    episode,
+                    step_index,
+                    tokens,
+                    self.level,
+                    position,
+                    (&c.advantages, &c.returns),
+                );
+                if self.pending.step_index.len() >= self.input.batch_rows {
+                    self.flush()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the gathered rows.
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.step_index.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.pending).into_batch();
+        self.out.write_batch(&batch)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.flush()
+    }
+}
+
+/// The rows of token-level `computed`, every trajectory owned: one per step,
+/// its tokens' whitened advantages and returns taken from `computed`'s
+/// buffers without a copy.
+fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
+    let Computed {
+        episodes,
+        steps,
+        step_offsets,
+        advantages,
+        returns,
+        ..
+    } = computed;
+    let mut ids = Vec::with_capacity(steps.len());
+    let mut step_index = Vec::with_capacity(steps.len());
+    let mut episode_adv = Vec::with_capacity(steps.len());
+    let mut lengths = Vec::with_capacity(steps.len());
+    let mut position = 0;
+    for (row, &e) in episodes.iter().enumerate() {
+        let id = input.episodes.list[e].trajectory_id.as_str();
+        for &(index, tokens) in &steps[step_offsets[row]..step_offsets[row + 1]] {
+            ids.push(id);
+            step_index.push(index);
+            episode_adv.push(mean(&advantages[position..position + tokens]));
+            lengths.push(tokens);
+            position += tokens;
+        }
+    }
+    advantages_batch(
+        Arc::new(StringArray::from(ids)),
+        Arc::new(Int32Array::from(step_index)),
+        OffsetBuffer::from_lengths(lengths),
+        advantages,
+        Some(returns),
+        episode_adv,
+        Estimator::Gae.name(),
+    )
+}
+
+/// The mean of a step's advantages (0 without tokens).
+fn mean(advantages: &[f32]) -> f32 {
+    if advantages.is_empty() {
+        0.0
+    } else {
+        advantages.iter().sum::<f32>() / advantages.len() as f32
     }
 }
 
@@ -144,8 +261,9 @@ struct OpenTrajectory {
 }
 
 /// The trajectories completed within one record batch of steps, flattened
-/// for [`gae_tokens`]: one row of positions (tokens or decisions) per
-/// trajectory, its outcome on the last position.
+/// for [`gae_tokens_into`]: one row of positions (tokens or decisions) per
+/// trajectory, its outcome on the last position. Its buffers are reused
+/// from batch to batch.
 #[derive(Default)]
 struct GaeRows {
     /// Episode of each row.
@@ -160,16 +278,83 @@ struct GaeRows {
     offsets: Vec<usize>,
 }
 
-impl GaeRows {
-    /// Empty, with room for `positions` values.
-    fn with_capacity(positions: usize) -> GaeRows {
-        GaeRows {
+/// Trajectories (those of a record batch, or every one pass 1 kept) with
+/// their raw (unwhitened) advantages and returns, one per position, laid
+/// out as in [`GaeRows`] without the values and rewards.
+struct Computed {
+    episodes: Vec<usize>,
+    steps: Vec<(i32, usize)>,
+    step_offsets: Vec<usize>,
+    offsets: Vec<usize>,
+    advantages: Vec<f32>,
+    returns: Vec<f32>,
+}
+
+impl Default for Computed {
+    fn default() -> Self {
+        Computed {
+            episodes: Vec::new(),
+            steps: Vec::new(),
             step_offsets: vec![0],
             offsets: vec![0],
-            values: Vec::with_capacity(positions),
-            rewards: Vec::with_capacity(positions),
-            ..GaeRows::default()
+            advantages: Vec::new(),
+            returns: Vec::new(),
         }
+    }
+}
+
+impl Computed {
+    /// Appends `rows` with their advantages and returns.
+    fn append(&mut self, rows: &GaeRows, params: GaeParams) {
+        let (steps, positions) = (self.steps.len(), self.advantages.len());
+        self.episodes.extend_from_slice(&rows.episodes);
+        self.steps.extend_from_slice(&rows.steps);
+        self.step_offsets
+            .extend(rows.step_offsets[1..].iter().map(|o| o + steps));
+        self.offsets
+            .extend(rows.offsets[1..].iter().map(|o| o + positions));
+        gae_tokens_into(
+            &rows.rewards,
+            &rows.values,
+            &rows.offsets,
+            params,
+            &mut self.advantages,
+            &mut self.returns,
+        );
+    }
+
+    /// Empties it, keeping its buffers.
+    fn clear(&mut self) {
+        self.episodes.clear();
+        self.steps.clear();
+        self.step_offsets.truncate(1);
+        self.offsets.truncate(1);
+        self.advantages.clear();
+        self.returns.clear();
+    }
+
+    /// Bytes held.
+    fn bytes(&self) -> usize {
+        let floats = self.advantages.capacity() + self.returns.capacity();
+        let words = self.episodes.capacity()
+            + self.step_offsets.capacity()
+            + self.offsets.capacity()
+            + 2 * self.steps.capacity();
+        4 * floats + std::mem::size_of::<usize>() * words
+    }
+}
+
+impl GaeRows {
+    /// Empties it, keeping its buffers.
+    fn clear(&mut self) {
+        self.episodes.clear();
+        self.steps.clear();
+        self.step_offsets.clear();
+        self.step_offsets.push(0);
+        self.values.clear();
+        self.rewards.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
     }
 
     /// Appends a trajectory whose step count reached `num_steps`, checking
@@ -216,16 +401,15 @@ impl GaeStream<'_> {
     /// it has `num_steps` of them (a trajectory's steps are normally adjacent,
     /// so at most the trajectories cut by a batch boundary are open; steps
     /// spread over the table are held until their trajectory is complete);
-    /// the trajectories completed in each record batch go through
-    /// [`gae_tokens`] together and `on_rows` gets them with their raw
-    /// advantages and returns. `read_tokens`: read `response_ids` (token
-    /// counts, checked against `old_values`); without it a step's token count
-    /// is its number of values (0 at decision level).
+    /// `on_rows` gets the trajectories completed in each record batch
+    /// together, with their values and rewards. `read_tokens`: read
+    /// `response_ids` (token counts, checked against `old_values`); without
+    /// it a step's token count is its number of values (0 at decision level).
     fn run(
         &self,
         read_tokens: bool,
         label: &str,
-        mut on_rows: impl FnMut(&GaeRows, &mut [f32], &[f32]) -> Result<()>,
+        mut on_rows: impl FnMut(&GaeRows) -> Result<()>,
     ) -> Result<()> {
         let (episodes, groups, gae) = (self.input.episodes, self.input.groups, self.gae);
         let value_column = match gae.level {
@@ -236,12 +420,9 @@ impl GaeStream<'_> {
         if read_tokens {
             columns.push("response_ids");
         }
-        let params = GaeParams {
-            gamma: gae.gamma,
-            lam: gae.lam,
-        };
         let mut open: HashMap<usize, OpenTrajectory> = HashMap::new();
         let mut complete = vec![false; episodes.list.len()];
+        let mut rows = GaeRows::default();
         let steps = self.input.steps;
         let bar = progress::bar(steps.num_rows(), label);
         for batch in steps.batches(Some(&columns), self.input.batch_rows)? {
@@ -250,14 +431,7 @@ impl GaeStream<'_> {
             let ids = column::<StringArray>(&batch, "trajectory_id");
             let index = column::<Int32Array>(&batch, "step_index");
             let responses = read_tokens.then(|| column::<ListArray>(&batch, "response_ids"));
-            let positions = match gae.level {
-                GaeLevel::Token => {
-                    let offsets = column::<ListArray>(&batch, "old_values").offsets();
-                    (offsets[offsets.len() - 1] - offsets[0]) as usize
-                }
-                GaeLevel::Decision => batch.num_rows(),
-            };
-            let mut rows = GaeRows::with_capacity(positions);
+            rows.clear();
             for i in 0..batch.num_rows() {
                 let id = ids.value(i);
                 let e = episodes.of_step(id)?;
@@ -343,9 +517,7 @@ impl GaeStream<'_> {
                 }
             }
             if !rows.episodes.is_empty() {
-                let (mut advantages, returns) =
-                    gae_tokens(&rows.rewards, &rows.values, &rows.offsets, params);
-                on_rows(&rows, &mut advantages, &returns)?;
+                on_rows(&rows)?;
             }
         }
         bar.finish_and_clear();
@@ -405,12 +577,7 @@ impl<'a> GaeOutput<'a> {
                 position + 1
             }
         };
-        let adv = &self.advantages[start..];
-        let episode_adv = if adv.is_empty() {
-            0.0
-        } else {
-            adv.iter().sum::<f32>() / adv.len() as f32
-        };
+        let episode_adv = mean(&self.advantages[start..]);
         self.ids.push(episode.trajectory_id.as_str());
         self.step_index.push(step_index);
         self.offsets.push(self.advantages.len() as i32);
@@ -441,7 +608,7 @@ impl<'a> GaeOutput<'a> {
 mod tests {
     use std::collections::HashMap;
 
-    use embodyflow_algos::gae::whiten;
+    use embodyflow_algos::gae::{gae_tokens, whiten};
     use embodyflow_core::schemas::{AdvantageRow, StepRow};
 
     use super::*;
@@ -472,14 +639,23 @@ mod tests {
         ]
     }
 
+    /// GAE that keeps pass 1's results (the input fits in `hold_mib`).
     fn gae(level: GaeLevel) -> Gae {
         Gae {
             config: GaeConfig {
                 gamma: 0.9,
                 lam: 0.8,
                 level,
+                hold_mib: 48,
             },
         }
+    }
+
+    /// GAE that keeps nothing and reads the steps a second time.
+    fn two_pass(level: GaeLevel) -> Gae {
+        let mut gae = gae(level);
+        gae.config.hold_mib = 0;
+        gae
     }
 
     /// GAE over every kept trajectory at once, whitened over the whole
@@ -583,9 +759,16 @@ mod tests {
             );
             // Batches of one row hold every multi-step trajectory open; one
             // batch holds none. The output is the same to the bit.
+            // Keeping pass 1's results or reading twice: the same too.
             for batch_rows in [1, 3, 64] {
-                let (again, ..) = f.run(&gae(level), &f.all_groups(), batch_rows).unwrap();
-                assert_eq!(again, rows, "{level:?}, batch_rows {batch_rows}");
+                for estimator in [gae(level), two_pass(level)] {
+                    let (again, ..) = f.run(&estimator, &f.all_groups(), batch_rows).unwrap();
+                    assert_eq!(
+                        again, rows,
+                        "{level:?}, batch_rows {batch_rows}, hold_mib {}",
+                        estimator.config.hold_mib
+                    );
+                }
             }
         }
     }
@@ -600,6 +783,7 @@ mod tests {
             owned: vec![true, false, true],
         };
         let (rows, ..) = f.run(&gae(level), &kept, 2).unwrap();
+        assert_eq!(f.run(&two_pass(level), &kept, 2).unwrap().0, rows);
         assert!(
             rows.iter()
                 .all(|r| r.trajectory_id != "c" && r.trajectory_id != "d")
@@ -611,7 +795,9 @@ mod tests {
                 kept: vec![true; 3],
                 owned,
             };
-            f.run(&gae(level), &groups, 2).unwrap().0
+            let rows = f.run(&gae(level), &groups, 2).unwrap().0;
+            assert_eq!(f.run(&two_pass(level), &groups, 2).unwrap().0, rows);
+            rows
         };
         let (whole, ..) = f.run(&gae(level), &f.all_groups(), 2).unwrap();
         let mut union = part(vec![true, false, false]);

@@ -87,13 +87,23 @@ fn grpo_batch(
         .iter()
         .map(|&e| groups.owns(&episodes.list[e]))
         .collect();
-    let batch =
-        filter_record_batch(batch, &BooleanArray::from(keep)).expect("mask has the batch's length");
-    let ids = column::<StringArray>(&batch, "trajectory_id");
+    let (batch, per_step): (RecordBatch, Vec<f32>) = if keep.iter().all(|&k| k) {
+        (
+            batch.clone(),
+            located.iter().map(|&e| advantages[e]).collect(),
+        )
+    } else {
+        let per_step = located
+            .iter()
+            .zip(&keep)
+            .filter(|&(_, &k)| k)
+            .map(|(&e, _)| advantages[e])
+            .collect();
+        let mask = BooleanArray::from(keep);
+        let batch = filter_record_batch(batch, &mask).expect("mask has the batch's length");
+        (batch, per_step)
+    };
     let responses = column::<ListArray>(&batch, "response_ids");
-    let per_step: Vec<f32> = (0..batch.num_rows())
-        .map(|i| advantages[episodes.get(ids.value(i)).expect("located above")])
-        .collect();
     let offsets = responses.offsets();
     let base = offsets[0] as usize;
     let mut tokens = Vec::with_capacity(offsets[offsets.len() - 1] as usize - base);
