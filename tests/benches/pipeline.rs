@@ -1,15 +1,20 @@
 //! Whole-process benchmarks of the offline stages, run as a user runs them
-//! (Parquet read and write included), printing `name value` lines for
-//! `scripts/bench`:
-//! - `process_gae_tokens_per_s`: compute-advantages, token-level GAE, on
-//!   4096 responses x 1024 tokens (BENCH_RESPONSES, BENCH_TOKENS);
-//! - `score_rewards_responses_per_s` and `grpo_step_rule_responses_per_s`: one
-//!   thread, 20 000 one-shot plans of about 200 tokens (the latter aligns
-//!   every response's tokens with its plan steps);
-//! - `grpo_peak_rss_mib_1x` / `_10x` and `gae_peak_rss_mib_1x` / `_10x`: peak
-//!   resident memory of compute-advantages (GRPO; token-level GAE, which
-//!   streams the steps twice) on 4096 responses of 256 tokens and on ten
-//!   times as many.
+//! (Parquet read and write included, one thread), printing `name value`
+//! lines for `scripts/bench`:
+//! - `process_gae_tokens_per_s` and `process_grpo_tokens_per_s`:
+//!   compute-advantages, token-level GAE and GRPO, on 4096 responses x 1024
+//!   tokens, every row full length (BENCH_RESPONSES, BENCH_TOKENS); best of
+//!   three runs after a warm-up run, hash checks on (the default);
+//! - `gae_peak_rss_mib_1x` / `_10x` and `grpo_peak_rss_mib_1x` / `_10x`: peak
+//!   resident memory of those runs, and of the same runs on ten times as many
+//!   rows of the same length;
+//! - `hash_check_on_read_overhead_pct`: the GAE run with shard hash checks on
+//!   vs off (alternating, best of five each);
+//! - `score_rewards_responses_per_s`, `grpo_step_rule_responses_per_s` and
+//!   `grpo_step_rule_word_level_responses_per_s`: one thread, 20 000 one-shot
+//!   plans of about 200 tokens (grpo_step aligns every response's tokens with
+//!   its plan steps: a byte-level BPE takes the prefix-sum path, a word-level
+//!   vocabulary with a Metaspace decoder the re-encode path).
 
 use std::path::Path;
 use std::process::Command;
@@ -105,7 +110,8 @@ fn reward(i: usize) -> RewardRow {
     }
 }
 
-/// Runs a binary to completion; returns wall time and peak RSS (MiB, polled).
+/// Runs a binary to completion; returns wall time and peak RSS (MiB: the
+/// kernel's high-water mark `VmHWM`, polled every millisecond).
 /// `env` is added to the process environment (e.g. `RAYON_NUM_THREADS`).
 fn measure(name: &str, args: &[&str], env: &[(&str, &str)]) -> (f64, f64) {
     let mut command = Command::new(bin(name));
@@ -133,7 +139,7 @@ fn measure(name: &str, args: &[&str], env: &[(&str, &str)]) -> (f64, f64) {
             assert!(status.success(), "{name} {args:?} failed");
             break;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(1));
     }
     (start.elapsed().as_secs_f64(), peak_kib as f64 / 1024.0)
 }
@@ -166,62 +172,144 @@ fn plan_text(i: usize) -> String {
     )
 }
 
-fn main() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-
-    // 1. compute-advantages, token-level GAE, whole process.
-    let (responses, tokens) = (
-        env_or("BENCH_RESPONSES", 4096),
-        env_or("BENCH_TOKENS", 1024),
-    );
-    let gae = d.join("gae");
+/// The GAE/GRPO input of `responses` full-length rows of `tokens` tokens:
+/// rollouts (trajectories, steps with token-level values) and rewards.
+fn write_advantage_input(dir: &Path, responses: usize, tokens: usize) {
     write_in_chunks(
-        &gae.join("rollouts"),
+        &dir.join("rollouts"),
         TableName::Trajectories,
         responses,
         |i| trajectory(i, None),
     );
-    write_in_chunks(&gae.join("rollouts"), TableName::Steps, responses, |i| {
+    write_in_chunks(&dir.join("rollouts"), TableName::Steps, responses, |i| {
         step(i, (0..tokens as i32).collect(), true)
     });
-    write_in_chunks(&gae.join("rewards"), TableName::Rewards, responses, reward);
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-    // One token-level GAE run of compute-advantages into `out`, one thread.
-    let gae_run = |out: &Path, env: &[(&str, &str)]| {
-        let mut env = env.to_vec();
-        env.push(("RAYON_NUM_THREADS", "1"));
-        measure(
-            "compute-advantages",
-            &[
-                "--input",
-                &s(&gae.join("rollouts")),
-                "--input",
-                &s(&gae.join("rewards")),
-                "--out",
-                &s(out),
-                "--set",
-                "estimator=gae",
-            ],
-            &env,
-        )
-        .0
-    };
-    let secs = gae_run(&gae.join("adv"), &[]);
-    println!(
-        "process_gae_tokens_per_s {:.0}",
-        (responses * tokens) as f64 / secs
+    write_in_chunks(&dir.join("rewards"), TableName::Rewards, responses, reward);
+}
+
+/// The path as a string argument.
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// One compute-advantages run on `dir`'s input into `out` with `estimator`,
+/// one thread; returns (seconds, peak RSS in MiB). `env` is added.
+fn advantages_run(dir: &Path, out: &Path, estimator: &str, env: &[(&str, &str)]) -> (f64, f64) {
+    let mut env = env.to_vec();
+    env.push(("RAYON_NUM_THREADS", "1"));
+    let result = measure(
+        "compute-advantages",
+        &[
+            "--input",
+            &s(&dir.join("rollouts")),
+            "--input",
+            &s(&dir.join("rewards")),
+            "--out",
+            &s(out),
+            "--set",
+            &format!("estimator={estimator}"),
+        ],
+        &env,
     );
-    // The cost of checking every shard's BLAKE3 as it is read: the same run
-    // with the check off, alternating, best of five each (warmed up above).
+    std::fs::remove_dir_all(out).unwrap();
+    result
+}
+
+/// A word-level vocabulary over `texts` (every space-separated piece, spaces
+/// as Metaspace's `▁`), with a Metaspace decoder that restores the spaces and
+/// `<|im_end|>` as a special token: a tokenizer that is not byte-level.
+fn word_level_tokenizer(texts: impl Iterator<Item = String>) -> tokenizers::Tokenizer {
+    let mut vocab: Vec<String> = vec!["<unk>".into()];
+    for text in texts {
+        let text = text.replace("<|im_end|>", " ");
+        for (k, piece) in text.split(' ').enumerate() {
+            if piece.is_empty() {
+                continue;
+            }
+            let piece = if k == 0 {
+                piece.to_string()
+            } else {
+                format!("\u{2581}{piece}")
+            };
+            if !vocab.contains(&piece) {
+                vocab.push(piece);
+            }
+        }
+    }
+    let end = vocab.len();
+    let vocab: serde_json::Map<String, serde_json::Value> = vocab
+        .into_iter()
+        .enumerate()
+        .map(|(id, piece)| (piece, id.into()))
+        .collect();
+    let metaspace = serde_json::json!({
+        "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "never", "split": true
+    });
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": end, "content": "<|im_end|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": metaspace, "post_processor": null,
+        "decoder": metaspace,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    json.to_string().parse().unwrap()
+}
+
+/// Writes the plans' steps tokenized by `tokenizer` into `dir/rollouts`
+/// (with their trajectories) and returns the mean tokens per plan.
+fn write_plans(dir: &Path, plans: usize, tokenizer: &tokenizers::Tokenizer) -> usize {
+    write_in_chunks(&dir.join("rollouts"), TableName::Trajectories, plans, |i| {
+        trajectory(i, Some(plan_text(i)))
+    });
+    let ids = |i: usize| -> Vec<i32> {
+        let encoding = tokenizer.encode(plan_text(i).as_str(), false).unwrap();
+        assert_eq!(
+            tokenizer.decode(encoding.get_ids(), false).unwrap(),
+            plan_text(i),
+            "the tokenizer round-trips the plan"
+        );
+        encoding.get_ids().iter().map(|&t| t as i32).collect()
+    };
+    write_in_chunks(&dir.join("rollouts"), TableName::Steps, plans, |i| {
+        step(i, ids(i), false)
+    });
+    (0..64).map(|i| ids(i).len()).sum::<usize>() / 64
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    // 1. compute-advantages, token-level GAE and GRPO, whole process, one
+    // thread: a warm-up run, then the best of three; peak memory of the best.
+    let (responses, tokens) = (
+        env_or("BENCH_RESPONSES", 4096),
+        env_or("BENCH_TOKENS", 1024),
+    );
+    let one = d.join("adv1x");
+    write_advantage_input(&one, responses, tokens);
+    let out = one.join("out");
+    let mut peaks = Vec::new();
+    for estimator in ["gae", "grpo"] {
+        advantages_run(&one, &out, estimator, &[]);
+        let (secs, peak) = (0..3)
+            .map(|_| advantages_run(&one, &out, estimator, &[]))
+            .fold((f64::INFINITY, 0f64), |(s, p), (t, q)| (s.min(t), p.max(q)));
+        println!(
+            "process_{estimator}_tokens_per_s {:.0}",
+            (responses * tokens) as f64 / secs
+        );
+        peaks.push((estimator, peak));
+    }
+    // The cost of checking every shard's BLAKE3 as it is read: the GAE run
+    // with the check off and on, alternating, best of five each.
     let mut best = [f64::INFINITY; 2];
     for round in 0..10 {
         let verify = round % 2;
-        let out = gae.join(format!("adv-verify{round}"));
         let flag = if verify == 1 { "1" } else { "0" };
-        let secs = gae_run(&out, &[("EMBODYFLOW_VERIFY_HASHES", flag)]);
+        let (secs, _) = advantages_run(&one, &out, "gae", &[("EMBODYFLOW_VERIFY_HASHES", flag)]);
         best[verify] = best[verify].min(secs);
-        std::fs::remove_dir_all(&out).unwrap();
     }
     println!("process_gae_s_hash_check_off {:.3}", best[0]);
     println!("process_gae_s_hash_check_on {:.3}", best[1]);
@@ -229,13 +317,20 @@ fn main() {
         "hash_check_on_read_overhead_pct {:.1}",
         100.0 * (best[1] / best[0] - 1.0)
     );
+    std::fs::remove_dir_all(&one).unwrap();
+    // The same runs on ten times the rows (one run each: memory, not time).
+    let ten = d.join("adv10x");
+    write_advantage_input(&ten, 10 * responses, tokens);
+    for (estimator, peak) in peaks {
+        let (_, peak10) = advantages_run(&ten, &ten.join("out"), estimator, &[]);
+        println!("{estimator}_peak_rss_mib_1x {peak:.1}");
+        println!("{estimator}_peak_rss_mib_10x {peak10:.1}");
+    }
+    std::fs::remove_dir_all(&ten).unwrap();
 
     // 2. score-rewards and grpo_step rule on ~200-token plans, one thread.
     let plans = 20_000;
-    let tokenizer = test_tokenizer();
     let p = d.join("plans");
-    std::fs::create_dir_all(&p).unwrap();
-    tokenizer.save(p.join("tokenizer.json"), false).unwrap();
     let gt: Vec<PlanAction> = ["find a Mug", "pick up the Mug", "find a Sink"]
         .iter()
         .enumerate()
@@ -255,28 +350,8 @@ fn main() {
         observation: None,
         gt_actions: Some(gt.clone()),
     });
-    write_in_chunks(&p.join("rollouts"), TableName::Trajectories, plans, |i| {
-        trajectory(i, Some(plan_text(i)))
-    });
-    let mean_tokens = (0..64)
-        .map(|i| {
-            tokenizer
-                .encode(plan_text(i).as_str(), false)
-                .unwrap()
-                .len()
-        })
-        .sum::<usize>()
-        / 64;
-    write_in_chunks(&p.join("rollouts"), TableName::Steps, plans, |i| {
-        let ids = tokenizer
-            .encode(plan_text(i).as_str(), false)
-            .unwrap()
-            .get_ids()
-            .iter()
-            .map(|&t| t as i32)
-            .collect();
-        step(i, ids, false)
-    });
+    let byte_level = test_tokenizer();
+    let mean_tokens = write_plans(&p, plans, &byte_level);
     let (secs, _) = measure(
         "score-rewards",
         &[
@@ -293,53 +368,35 @@ fn main() {
     );
     println!("plan_tokens_mean {mean_tokens}");
     println!("score_rewards_responses_per_s {:.0}", plans as f64 / secs);
-    let set_tokenizer = format!("step.tokenizer={}", s(&p.join("tokenizer.json")));
-    let (secs, _) = measure(
-        "compute-advantages",
-        &[
-            "--input",
-            &s(&p.join("rollouts")),
-            "--input",
-            &s(&p.join("rewards")),
-            "--out",
-            &s(&p.join("adv")),
-            "--set",
-            "estimator=grpo_step",
-            "--set",
-            &set_tokenizer,
-        ],
-        &[("RAYON_NUM_THREADS", "1")],
-    );
-    println!("grpo_step_rule_responses_per_s {:.0}", plans as f64 / secs);
-
-    // 3. Peak memory of compute-advantages (GRPO, then token-level GAE) on 1x
-    // and 10x the rows.
-    for (label, count) in [("1x", 4096usize), ("10x", 40_960)] {
-        let m = d.join(format!("mem{label}"));
-        write_in_chunks(&m.join("rollouts"), TableName::Trajectories, count, |i| {
-            trajectory(i, None)
-        });
-        write_in_chunks(&m.join("rollouts"), TableName::Steps, count, |i| {
-            step(i, (0..256).collect(), true)
-        });
-        write_in_chunks(&m.join("rewards"), TableName::Rewards, count, reward);
-        for estimator in ["grpo", "gae"] {
-            let (_, peak) = measure(
-                "compute-advantages",
-                &[
-                    "--input",
-                    &s(&m.join("rollouts")),
-                    "--input",
-                    &s(&m.join("rewards")),
-                    "--out",
-                    &s(&m.join(format!("adv-{estimator}"))),
-                    "--set",
-                    &format!("estimator={estimator}"),
-                ],
-                &[],
-            );
-            println!("{estimator}_peak_rss_mib_{label} {peak:.1}");
+    let word_level = word_level_tokenizer((0..6).map(plan_text));
+    for (label, tokenizer) in [("", &byte_level), ("_word_level", &word_level)] {
+        if !label.is_empty() {
+            std::fs::remove_dir_all(p.join("rollouts")).unwrap();
+            let mean = write_plans(&p, plans, tokenizer);
+            println!("plan_tokens_mean{label} {mean}");
         }
-        std::fs::remove_dir_all(&m).unwrap();
+        let file = p.join(format!("tokenizer{label}.json"));
+        tokenizer.save(&file, false).unwrap();
+        let set_tokenizer = format!("step.tokenizer={}", s(&file));
+        let (secs, _) = measure(
+            "compute-advantages",
+            &[
+                "--input",
+                &s(&p.join("rollouts")),
+                "--input",
+                &s(&p.join("rewards")),
+                "--out",
+                &s(&p.join(format!("adv{label}"))),
+                "--set",
+                "estimator=grpo_step",
+                "--set",
+                &set_tokenizer,
+            ],
+            &[("RAYON_NUM_THREADS", "1")],
+        );
+        println!(
+            "grpo_step_rule{label}_responses_per_s {:.0}",
+            plans as f64 / secs
+        );
     }
 }
