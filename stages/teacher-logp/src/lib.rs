@@ -28,10 +28,9 @@
 //! error before anything is written. Each batch of `batch_rows` steps runs
 //! its teacher and student contexts through the model together (one forward
 //! pass of 2 x `batch_rows` sequences). Steps are batched in [`batch_order`]:
-//! by context, so a group's G steps (one task, one prompt: the same two
-//! contexts) share a batch and the scorer encodes each context once for all
-//! of them, then by response length, so little of a batch is padding.
-//! Entropies are not computed (nothing here reads them).
+//! a group's G steps (one task, one prompt: the same two contexts) side by
+//! side, so they share a batch and the scorer encodes each context once for
+//! all of them. Entropies are not computed (nothing here reads them).
 //!
 //! ```text
 //! teacher-logp --policy runs/it3/policy --teacher self --input runs/it3/rollouts \
@@ -253,21 +252,32 @@ pub fn build_jobs(
     Ok((jobs, skipped))
 }
 
-/// Orders jobs for batching: by teacher context (length, then ids) and
-/// student context, so the steps of one group (the same contexts) are
-/// neighbours and share their contexts' encoding, then by response length
-/// (the sort is stable: equal jobs keep their order). A step's log-probs
-/// depend, by float rounding, on the steps batched with it, so a run and its
-/// shards order the whole job list this way before cutting it into batches.
+/// Orders jobs for batching: the steps of one group (one task, one prompt:
+/// the same teacher and student contexts) next to each other, groups in the
+/// order of their first step (a stable grouping: steps in key order, whose
+/// trajectory ids start with their group's, stay as they are), so a batch
+/// holds whole groups and the scorer encodes each context once for all its
+/// steps. Sorting by response length instead would scatter a group over
+/// batches and encode its contexts once per batch; within a batch the order
+/// changes nothing (a batch is padded to its longest response). A step's
+/// log-probs depend, by float rounding, on the steps batched with it, so a
+/// run and its shards order the whole job list this way before cutting it
+/// into batches.
 pub fn batch_order(jobs: &mut [Job]) {
-    jobs.sort_by(|a, b| {
-        a.teacher_context
-            .len()
-            .cmp(&b.teacher_context.len())
-            .then_with(|| a.teacher_context.cmp(&b.teacher_context))
-            .then_with(|| a.student_context.cmp(&b.student_context))
-            .then(a.response.len().cmp(&b.response.len()))
-    });
+    let mut first: HashMap<(&[i32], &[i32]), usize> = HashMap::new();
+    let group: Vec<usize> = jobs
+        .iter()
+        .enumerate()
+        .map(|(index, job)| {
+            *first
+                .entry((&job.teacher_context, &job.student_context))
+                .or_insert(index)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&index| group[index]);
+    let ordered: Vec<Job> = order.iter().map(|&index| jobs[index].clone()).collect();
+    jobs.clone_from_slice(&ordered);
 }
 
 /// Teacher and student log-probs of each job's response tokens, `batch_rows`
@@ -617,8 +627,8 @@ mod tests {
         let order: Vec<i32> = batch.iter().map(|j| j.step_index).collect();
         assert_eq!(
             order,
-            [9, 2, 0, 3],
-            "shorter context first, then the group by length"
+            [0, 2, 3, 9],
+            "the group together, in order of first appearance"
         );
         let together = score_jobs(&policy, &batch, 4, 1.0);
         for (job, (teacher, student)) in batch.iter().zip(&together) {
