@@ -599,8 +599,8 @@ fn object_held_out(colour: Colour, shape: Shape, on_plate: bool) -> bool {
         text_key(shape.as_str()),
         u64::from(on_plate),
         5,
-    ]) % 4
-        == 0
+    ])
+    .is_multiple_of(4)
 }
 
 fn random_colour(rng: &mut ChaCha8Rng) -> Colour {
@@ -913,7 +913,7 @@ const LONG_TYPES: [&str; 5] = [
 ];
 
 fn long_held_out(kind: usize, colour: Colour) -> bool {
-    mix(&[kind as u64, text_key(colour.as_str()), 17]) % 4 == 0
+    mix(&[kind as u64, text_key(colour.as_str()), 17]).is_multiple_of(4)
 }
 
 fn long(key: &Key, run: u32) -> TaskSpec {
