@@ -15,6 +15,10 @@
 //! that do not hold (at most three times). Everything is deterministic given
 //! the world and `seed`.
 //!
+//! [`demonstration`] records an expert episode as decisions of `k` actions
+//! (the frame and proprio at each chunk's start, then the chunk), the
+//! supervised data of an action-chunk policy.
+//!
 //! [`Strategy::Grasp`] picks and places (every goal); [`Strategy::Push`]
 //! never closes the gripper on an object: it lowers the gripper behind the
 //! object on the line from the object to its target and pushes it there
@@ -36,9 +40,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::TabletopError;
-use crate::scene::{CABINET_DEPTH, Goal, HANDLE_OFFSET, Kind, Side, TRAY_TRAVEL};
+use crate::render::frame_len;
+use crate::scene::{CABINET_DEPTH, Goal, HANDLE_OFFSET, Kind, Side, TRAY_TRAVEL, TaskSpec};
 use crate::suite::next_to_spot;
-use crate::world::{ACTION_DIM, GRIPPER_RADIUS, Grip, MAX_DXY, MAX_DZ, Status, Support, World};
+use crate::world::{
+    ACTION_DIM, GRIPPER_RADIUS, Grip, MAX_DXY, MAX_DZ, PROPRIO_DIM, Status, Support, World,
+};
 
 /// Travel height: above every object and the cabinet.
 const Z_TRAVEL: f32 = 0.25;
@@ -402,6 +409,79 @@ fn gaussian(rng: &mut ChaCha8Rng) -> f32 {
     let u1: f32 = rng.random::<f32>().max(f32::MIN_POSITIVE);
     let u2: f32 = rng.random();
     (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
+/// One decision of a demonstration: what the policy sees at the chunk's
+/// start and the chunk of actions the expert then took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The frame (`size × size × 3` bytes, see [`crate::render`]).
+    pub frame: Vec<u8>,
+    /// The proprio vector.
+    pub proprio: [f32; PROPRIO_DIM],
+    /// `k` actions; those after the episode ended hold still with the
+    /// gripper as it was (`[0, 0, 0, grip]`).
+    pub actions: Vec<[f32; ACTION_DIM]>,
+}
+
+/// An expert episode cut into decisions of `k` actions, for behaviour
+/// cloning of an action-chunk policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Demonstration {
+    /// The decisions, in order (`ceil(steps / k)` of them).
+    pub decisions: Vec<Decision>,
+    /// How the episode ended.
+    pub episode: Episode,
+}
+
+/// Runs the expert on `task` and records it as decisions of `k` actions
+/// observed at `size` pixels.
+pub fn demonstration(
+    task: &TaskSpec,
+    strategy: Strategy,
+    config: ExpertConfig,
+    k: usize,
+    size: usize,
+) -> Result<Demonstration, TabletopError> {
+    let mut world = World::new(task)?;
+    let mut expert = Expert::new(&world, strategy, config)?;
+    if k == 0 {
+        return Err(TabletopError::ChunkShape {
+            episodes: 1,
+            k,
+            found: 0,
+        });
+    }
+    let mut decisions = Vec::new();
+    while world.status() == Status::Running {
+        let mut frame = vec![0u8; frame_len(size)];
+        world.render(size, &mut frame)?;
+        let proprio = world.proprio();
+        let mut actions = Vec::with_capacity(k);
+        for _ in 0..k {
+            if world.status() == Status::Running {
+                let a = expert.act(&world);
+                world.step(&a)?;
+                actions.push(a);
+            } else {
+                actions.push([0.0, 0.0, 0.0, expert.grip_command()]);
+            }
+        }
+        decisions.push(Decision {
+            frame,
+            proprio,
+            actions,
+        });
+    }
+    Ok(Demonstration {
+        decisions,
+        episode: Episode {
+            success: world.status() == Status::Success,
+            steps: world.steps(),
+            target_ever_grasped: world.target_ever_grasped(),
+            any_grasped: (0..world.bodies().len()).any(|i| world.ever_grasped(i)),
+        },
+    })
 }
 
 /// What an episode came to.

@@ -45,7 +45,9 @@ pub mod suite;
 pub mod world;
 
 pub use batch::{Batch, ChunkOutcome};
-pub use expert::{Episode, Expert, ExpertConfig, Strategy, run_episode};
+pub use expert::{
+    Decision, Demonstration, Episode, Expert, ExpertConfig, Strategy, demonstration, run_episode,
+};
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 pub use rows::{ENV, task_from_row, task_row};
 pub use scene::{Goal, TaskSpec};

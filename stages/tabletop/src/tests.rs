@@ -809,6 +809,43 @@ fn a_batch_steps_its_episodes_as_they_step_alone() {
 }
 
 #[test]
+fn a_demonstration_replays_chunk_by_chunk_to_success() {
+    for suite in Suite::ALL {
+        let task = generate(suite, Split::Val, 8, 2);
+        let config = ExpertConfig {
+            noise: 0.2,
+            seed: 4,
+        };
+        let demo = demonstration(&task, Strategy::Grasp, config, 8, 32).unwrap();
+        assert!(demo.episode.success, "{suite}");
+        assert_eq!(
+            demo.decisions.len(),
+            (demo.episode.steps as usize).div_ceil(8)
+        );
+        let mut world = World::new(&task).unwrap();
+        let mut frame = vec![0u8; frame_len(32)];
+        for d in &demo.decisions {
+            world.render(32, &mut frame).unwrap();
+            assert_eq!((&d.frame, d.proprio), (&frame, world.proprio()));
+            assert_eq!(d.actions.len(), 8);
+            for a in &d.actions {
+                if world.status() == Status::Running {
+                    world.step(a).unwrap();
+                } else {
+                    assert_eq!(a[..3], [0.0; 3], "padding holds still");
+                }
+            }
+        }
+        assert_eq!(world.status(), Status::Success);
+        assert_eq!(world.steps(), demo.episode.steps);
+    }
+    let task = generate(Suite::Goal, Split::Train, 8, 2);
+    let config = ExpertConfig::default();
+    assert!(demonstration(&task, Strategy::Grasp, config, 0, 32).is_err());
+    assert!(demonstration(&task, Strategy::Grasp, config, 8, 3).is_err());
+}
+
+#[test]
 fn next_to_sides_point_their_way() {
     let t = generate(Suite::Goal, Split::Train, 1, 0);
     let a = &t.objects[2];
