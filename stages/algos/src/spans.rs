@@ -4,8 +4,12 @@
 //! 1. Decode the response ids (special tokens kept) and map every token to its
 //!    byte range in that text. With a byte-level (GPT-2 style) decoder the text
 //!    is the concatenation of the tokens' bytes, so the ranges are prefix sums,
-//!    exact by construction ([`Aligner`]); otherwise the tokenizer's own offsets when re-encoding the
-//!    text reproduces the ids exactly, otherwise incremental decoding (each
+//!    exact by construction ([`Aligner`]). With another decoder, when the
+//!    tokens' texts decoded one by one concatenate to the response decoded
+//!    whole (one decode checks it), the ranges are their prefix sums (e.g.
+//!    a word-level vocabulary with a Metaspace decoder); otherwise the tokenizer's own offsets when
+//!    re-encoding the text reproduces the ids exactly (an encode per
+//!    response, several times the cost), otherwise incremental decoding (each
 //!    token's range is the text it adds; tokens that complete no character
 //!    share the range of the text they produce together). Offsets of some tokenizers are known to be wrong
 //!    (huggingface/tokenizers issues 1517, 1553, 1688), so offsets that are not
@@ -15,9 +19,10 @@
 //! 3. A token belongs to an element (a step's id value, or its name without
 //!    the quotes) when it overlaps that element and no other: tokens that
 //!    straddle two elements, and all scaffolding, belong to none.
-//! 4. Every element's tokens are verified by decoding them: the decoded text
-//!    must contain the element's text, else the element gets no tokens and
-//!    the failure is counted.
+//! 4. Every element's tokens are verified by decoding them (byte-level and
+//!    token-text offsets: concatenating their bytes or texts): the decoded
+//!    text must contain the element's text, else the element gets no tokens
+//!    and the failure is counted.
 //!
 //! ```no_run
 //! # use embodyflow_algos::spans::{align, Alignment};
@@ -30,6 +35,7 @@
 //! ```
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -43,6 +49,10 @@ pub enum OffsetMethod {
     /// the decoded text is the concatenation of the tokens' bytes, so the
     /// offsets are exact by construction.
     ByteLevel,
+    /// Each token's text decoded alone (other decoders), when those texts
+    /// concatenated are the response decoded whole (checked by one decode):
+    /// the offsets are their prefix sums.
+    TokenText,
     /// The tokenizer's offset mapping after an exact re-encode.
     Reencode,
     /// Incremental decoding, token by token.
@@ -204,6 +214,9 @@ fn byte_level_chars() -> std::collections::HashMap<char, u8> {
 pub struct Aligner<'a> {
     tokenizer: &'a Tokenizer,
     token_bytes: Option<Vec<Option<Box<[u8]>>>>,
+    /// Other decoders: each token's text decoded alone, filled in as the
+    /// tokens are met (`None` inside when the id does not decode).
+    token_text: Vec<OnceLock<Option<Box<str>>>>,
 }
 
 impl<'a> Aligner<'a> {
@@ -234,10 +247,43 @@ impl<'a> Aligner<'a> {
                 })
                 .collect()
         });
+        let token_text = match token_bytes {
+            Some(_) => Vec::new(),
+            None => (0..tokenizer.get_vocab_size(true))
+                .map(|_| OnceLock::new())
+                .collect(),
+        };
         Aligner {
             tokenizer,
             token_bytes,
+            token_text,
         }
+    }
+
+    /// The text of token `id` decoded alone (other decoders than byte-level).
+    fn token_text(&self, id: u32) -> Option<&str> {
+        self.token_text
+            .get(id as usize)?
+            .get_or_init(|| self.tokenizer.decode(&[id], false).ok().map(Into::into))
+            .as_deref()
+    }
+
+    /// Offsets as prefix sums of the tokens' texts decoded alone, when they
+    /// concatenate to the response decoded whole.
+    fn token_text_offsets(&self, ids: &[u32]) -> Option<TokenOffsets> {
+        let mut text = String::new();
+        let mut offsets = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let piece = self.token_text(id)?;
+            let start = text.len();
+            text.push_str(piece);
+            offsets.push(start..text.len());
+        }
+        (self.tokenizer.decode(ids, false).ok()? == text).then_some(TokenOffsets {
+            text,
+            offsets,
+            method: OffsetMethod::TokenText,
+        })
     }
 
     /// Token offsets: exact by construction for byte-level vocabularies when
@@ -274,12 +320,18 @@ impl<'a> Aligner<'a> {
                     });
                 }
             }
+        } else if let Some(found) = self.token_text_offsets(ids) {
+            return Some(found);
         }
         token_offsets(self.tokenizer, ids)
     }
 
-    /// The text of `ids` decoded together.
-    fn decode(&self, ids: &[u32]) -> String {
+    /// The text of `ids` decoded together: their texts concatenated when
+    /// the offsets came from them ([`OffsetMethod::TokenText`]), else decoded.
+    fn decode(&self, ids: &[u32], method: OffsetMethod) -> String {
+        if method == OffsetMethod::TokenText {
+            return ids.iter().filter_map(|&id| self.token_text(id)).collect();
+        }
         match &self.token_bytes {
             Some(table) => {
                 let bytes: Vec<u8> = ids
@@ -354,7 +406,7 @@ impl<'a> Aligner<'a> {
             };
             let expected = &offsets.text[range.clone()];
             let selected: Vec<u32> = tokens.iter().map(|&t| ids[t]).collect();
-            let decoded = self.decode(&selected);
+            let decoded = self.decode(&selected, offsets.method);
             if expected.is_empty() || tokens.is_empty() || !decoded.contains(expected.trim()) {
                 if !expected.trim().is_empty() {
                     verify_failures += 1;
@@ -495,6 +547,60 @@ mod tests {
             steps[0].tokens(StepPart::Semantic).len(),
             steps[0].id_tokens.len() + steps[0].name_tokens.len()
         );
+    }
+
+    /// A word-level vocabulary of `text`'s space-separated pieces with a
+    /// Metaspace pre-tokenizer and decoder (`prepend_scheme`: `never` keeps
+    /// every token's space; `always` strips the first token's).
+    fn metaspace(text: &str, prepend_scheme: &str) -> Tokenizer {
+        let mut vocab = serde_json::Map::new();
+        vocab.insert("<unk>".into(), 0.into());
+        for (k, piece) in text.split(' ').enumerate() {
+            let piece = match k {
+                0 if prepend_scheme == "never" => piece.to_string(),
+                _ => format!("\u{2581}{piece}"),
+            };
+            let id = vocab.len();
+            vocab.entry(piece).or_insert(id.into());
+        }
+        let metaspace = serde_json::json!({
+            "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": prepend_scheme, "split": true
+        });
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": metaspace, "post_processor": null,
+            "decoder": metaspace,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+        })
+        .to_string()
+        .parse()
+        .unwrap()
+    }
+
+    #[test]
+    fn word_level_offsets_come_from_token_texts_as_re_encoding_gives_them() {
+        let text = r#"{"executable_plan": [{"action_id": 3, "action_name": "pick up the Mug"}, {"action_id": 1, "action_name": "find a Sink"}]}"#;
+        let tok = metaspace(text, "never");
+        let ids = ids(&tok, text);
+        let aligner = Aligner::new(&tok);
+        let fast = aligner.offsets(&ids).unwrap();
+        assert_eq!(fast.method, OffsetMethod::TokenText);
+        let slow = token_offsets(&tok, &ids).unwrap();
+        assert_eq!(slow.method, OffsetMethod::Reencode);
+        assert_eq!((&fast.text, &fast.offsets), (&slow.text, &slow.offsets));
+        let alignment = aligner.align(&ids);
+        let steps = alignment.steps.unwrap();
+        assert!(decode(&tok, &ids, &steps[0].name_tokens).contains("pick up the Mug"));
+        assert!(decode(&tok, &ids, &steps[1].id_tokens).contains('1'));
+        assert_eq!(alignment.verify_failures, 0);
+        // A decoder that drops the first token's space: the texts decoded
+        // alone do not concatenate to the response, so re-encoding decides.
+        let tok = metaspace(text, "always");
+        let ids: Vec<u32> = tok.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(tok.decode(&ids, false).unwrap(), text);
+        let alignment = Aligner::new(&tok).align(&ids);
+        assert_eq!(alignment.method, Some(OffsetMethod::Reencode));
+        assert!(alignment.steps.unwrap()[0].name_tokens.len() == 4);
     }
 
     #[test]
