@@ -336,8 +336,9 @@ fn right_padded<'a>(
 /// and runs under plain causal attention (no mask). When prompts repeat (a
 /// group's G samples), each distinct prompt runs once ([`Gpt::prefix`],
 /// right-padded), and the responses continue it ([`Gpt::hidden_after`]),
-/// attending to its real keys and causally among themselves; the gradient
-/// reaching a shared prompt is the sum over its rows.
+/// attending to its real keys and causally among themselves, in classes of
+/// similar length (a short response is not padded to the batch's longest);
+/// the gradient reaching a shared prompt is the sum over its rows.
 ///
 /// [`Gpt::prefix`]: crate::gpt::Gpt::prefix
 /// [`Gpt::hidden_after`]: crate::gpt::Gpt::hidden_after
@@ -447,8 +448,9 @@ fn causal_response_hidden(
 /// The distinct prompts `unique` run once, right-padded; row `b` continues
 /// prompt `rows[b]` with its response (but the last token) at positions
 /// `prompt + k`, attending to that prompt's real keys and causally to its
-/// own. The first response token is predicted by the prompt's last hidden
-/// state, the others by the continuation's.
+/// own, in classes of similar response length. The first response token is
+/// predicted by the prompt's last hidden state, the others by the
+/// continuation's.
 fn shared_prompt_response_hidden(
     policy: &Checkpoint,
     unique: &[&[i32]],
@@ -460,7 +462,6 @@ fn shared_prompt_response_hidden(
     let model = &policy.model;
     let device = policy.vars.device();
     let pad = policy.special.pad;
-    let batch = prompts.len() as i64;
     let width = unique.iter().map(|p| p.len()).max().unwrap_or(0) as i64;
     let prompt_ids = Tensor::from_slice(&right_padded(
         unique.iter().map(|p| vec![*p]),
@@ -484,18 +485,71 @@ fn shared_prompt_response_hidden(
     if new == 0 {
         return first;
     }
+    // The continuations run in length classes (widths within 2/3 of their
+    // class's longest), all on the one prefix: padding a short response to
+    // the longest of the batch would cost more than the extra passes.
+    let mut order: Vec<usize> = (0..prompts.len()).collect();
+    order.sort_by_key(|&row| std::cmp::Reverse(responses[row].len()));
+    let mut classes: Vec<Vec<usize>> = Vec::new();
+    for row in order {
+        let width = responses[row].len().saturating_sub(1);
+        match classes.last_mut() {
+            Some(class) if 3 * width >= 2 * responses[class[0]].len().saturating_sub(1) => {
+                class.push(row)
+            }
+            _ => classes.push(vec![row]),
+        }
+    }
+    let mut parts = Vec::with_capacity(classes.len());
+    for class in &classes {
+        let part = continue_prefix(policy, &prefix, width, rows, prompts, responses, class);
+        parts.push(part.constant_pad_nd([0, 0, 0, new - part.size()[1]]));
+    }
+    // Back from class order to the batch's.
+    let mut inverse = vec![0i64; prompts.len()];
+    for (at, &row) in classes.iter().flatten().enumerate() {
+        inverse[row] = at as i64;
+    }
+    let hidden = Tensor::cat(&parts, 0).index_select(0, &Tensor::from_slice(&inverse).to(device));
+    Tensor::cat(&[first, hidden], 1)
+}
+
+/// Hidden states `[class rows, widest - 1, embd]` of the responses of the
+/// batch rows `class` (but their last tokens), continuing `prefix` (prompts
+/// right-padded to `width`; row `b` continues prefix row `rows[b]`) at
+/// positions `prompt + k`, attending to their prompt's real keys and
+/// causally to their own.
+fn continue_prefix(
+    policy: &Checkpoint,
+    prefix: &crate::gpt::Prefix,
+    width: i64,
+    rows: &[i64],
+    prompts: &[&[i32]],
+    responses: &[&[i32]],
+    class: &[usize],
+) -> Tensor {
+    let model = &policy.model;
+    let device = policy.vars.device();
+    let batch = class.len() as i64;
+    let new = class
+        .iter()
+        .map(|&row| responses[row].len().saturating_sub(1))
+        .max()
+        .unwrap_or(0)
+        .max(1) as i64;
     let continuation = right_padded(
-        responses
-            .iter()
-            .map(|r| vec![&r[..r.len().saturating_sub(1)]]),
+        class.iter().map(|&row| {
+            let r = responses[row];
+            vec![&r[..r.len().saturating_sub(1)]]
+        }),
         new as usize,
-        pad,
+        policy.special.pad,
     );
     let ids = Tensor::from_slice(&continuation)
         .view([batch, new])
         .to(device);
     let n_ctx = model.config().n_ctx;
-    let lengths: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+    let lengths: Vec<i64> = class.iter().map(|&row| prompts[row].len() as i64).collect();
     let lengths = Tensor::from_slice(&lengths).to(device);
     let steps = Tensor::arange(new, (Kind::Int64, device));
     let positions = (lengths.unsqueeze(1) + steps.unsqueeze(0)).clamp_max(n_ctx - 1);
@@ -510,9 +564,9 @@ fn shared_prompt_response_hidden(
         .unsqueeze(0)
         .expand([batch, new, new], false);
     let mask = Tensor::cat(&[prompt_keys, causal], 2).unsqueeze(1);
-    let rows = Tensor::from_slice(rows).to(device);
-    let hidden = model.hidden_after(&prefix, &rows, &ids, &positions, &mask);
-    Tensor::cat(&[first, hidden], 1)
+    let prefix_rows: Vec<i64> = class.iter().map(|&row| rows[row]).collect();
+    let prefix_rows = Tensor::from_slice(&prefix_rows).to(device);
+    model.hidden_after(prefix, &prefix_rows, &ids, &positions, &mask)
 }
 
 #[cfg(test)]
