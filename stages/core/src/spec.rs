@@ -298,7 +298,7 @@ const POLICY: CheckpointRead = CheckpointRead {
 /// `generate-tasks`.
 pub const GENERATE_TASKS: StageSpec = StageSpec {
     name: "generate-tasks",
-    purpose: "Household planning tasks (train / val / unseen) as a tasks table",
+    purpose: "Tasks of an embedded world (household planning, tabletop manipulation; train / val / unseen) as a tasks table",
     reads: &[],
     checkpoints: &[],
     writes: &[Output::Table(TableName::Tasks)],
