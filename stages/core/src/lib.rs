@@ -13,6 +13,8 @@
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
 //! - [`threads`]: a stage process's threads, OpenMP wait policy and CPUs;
 //! - [`progress`]: progress bars for long loops;
+//! - [`observation`]: the bytes of a closed-loop observation (image and
+//!   proprio) in `steps.observation`;
 //! - [`values`]: finite floats and declared integer ranges, checked on every read and write.
 //!
 //! The table schemas themselves live in `embodyflow_schemas`, re-exported as
@@ -26,6 +28,7 @@ pub mod dataset;
 pub mod error;
 pub mod inputs;
 pub mod manifest;
+pub mod observation;
 pub mod progress;
 pub mod spec;
 pub mod stage;
