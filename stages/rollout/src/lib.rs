@@ -4,6 +4,8 @@
 //! sample the answers in batches of up to `batch_rows` sequences with the
 //! key/value cache, decode and execute them. `collect-rollouts` (temperature
 //! T, G samples per task) and `evaluate` (greedy) share it.
+//! [`closed_loop`] runs closed-loop policies (action chunks as tokens) in
+//! many episodes stepped in lockstep.
 //!
 //! ```no_run
 //! # use embodyflow_envs::TaskEnv;
@@ -14,6 +16,8 @@
 //! let episodes = run_episodes(&policy, &[Request { env: &env, seed: 0 }], &greedy, 64, "evaluating").unwrap();
 //! println!("success: {}", episodes[0].outcome.success);
 //! ```
+
+pub mod closed_loop;
 
 use embodyflow_core::progress;
 use embodyflow_envs::{Outcome, TaskEnv};

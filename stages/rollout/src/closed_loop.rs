@@ -1,0 +1,590 @@
+//! Closed-loop episodes: a policy that emits action chunks as tokens, run in
+//! many episodes stepped in lockstep (issue 15; SimpleVLA-RL's rollout
+//! loop). `collect-rollouts` (temperature T) and `evaluate` (greedy) share
+//! it, as they share [`crate::run_episodes`] for one-shot plans.
+//!
+//! Two interfaces meet here, and neither knows the other:
+//! - [`ChunkPolicy`]: observations of a batch of episodes (frames, proprio,
+//!   instruction token ids, one sampling seed per row) → per episode `K × D`
+//!   action tokens (bins) and their log-probs. The models crate knows no
+//!   world and does not depend on this crate; its VLA is adapted here (an
+//!   impl of this trait for the model type lives in this crate, which
+//!   depends on both).
+//! - [`ClosedLoopWorld`]: `n` episodes that render into contiguous buffers
+//!   and advance by one chunk of `K` actions each; implemented here for the
+//!   tabletop world by [`TabletopEpisodes`] (a [`Batch`]: G copies of each
+//!   task share its initial state). A
+//!   Gymnasium bridge would implement it the same way.
+//!
+//! One decision of the driver [`run_closed_loop`], repeated until every
+//! episode has ended or `max_decisions` decisions were taken:
+//!
+//! ```text
+//! observe all → gather the live episodes' frames and proprio → one policy
+//! call over them (row seed = decision_seed(episode seed, decision)) →
+//! check every row (K·D tokens in 0..n_bins, finite log-probs) → decode the
+//! bins to actions (ActionBins, OpenVLA's centres) → step every live
+//! episode through its chunk → record one decision per live episode:
+//! the observation bytes (embodyflow_core::observation), tokens, log-probs
+//! ```
+//!
+//! An episode ends when its world says so (success, or the world's
+//! `max_steps`: a failure, never an error); one still running after
+//! `max_decisions` is cut there, a failure marked `truncated`. A bad policy
+//! output (a bin outside `0..n_bins`, a chunk of the wrong length, a NaN
+//! log-prob) is an error naming the episode, its task and the decision, and
+//! nothing of that decision is stepped. Row seeds depend only on the
+//! episode's seed and the decision index, so an episode draws the same
+//! tokens whatever batch it runs in.
+//!
+//! ```no_run
+//! use embodyflow_algos::action_tokens::ActionBins;
+//! use embodyflow_rollout::closed_loop::{
+//!     ChunkPolicy, ClosedLoopConfig, TabletopEpisodes, run_closed_loop,
+//! };
+//! use embodyflow_tabletop::{Split, Suite, generate};
+//! # fn policy() -> impl ChunkPolicy { todo!() }
+//! let tasks = vec![generate(Suite::Goal, Split::Train, 7, 0)];
+//! let mut world = TabletopEpisodes::new(&tasks, 8, 32).unwrap(); // G = 8
+//! let seeds: Vec<u64> = (0..8).collect();
+//! let config = ClosedLoopConfig { max_decisions: 64, label: "rollouts" };
+//! let episodes =
+//!     run_closed_loop(&mut world, &mut policy(), &ActionBins::openvla(), &seeds, &config).unwrap();
+//! let rows = episodes[0].step_rows("it0/task/d0/s0"); // one steps row per decision
+//! ```
+
+use embodyflow_algos::action_tokens::ActionBins;
+use embodyflow_core::observation::{self, ObservationError, ObservationShape};
+use embodyflow_core::progress;
+use embodyflow_core::schemas::StepRow;
+use embodyflow_core::{Classify, ErrorKind};
+use embodyflow_tabletop as tabletop;
+use tabletop::Batch;
+
+/// An error of a world while stepping (the driver checks actions first, so
+/// this is a failure of the world).
+pub type WorldError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What one chunk did to one episode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkReport {
+    /// Actions of the chunk executed (0 for an episode that had ended).
+    pub env_steps: u32,
+    /// Whether the episode has ended.
+    pub done: bool,
+    /// Whether it ended in success.
+    pub success: bool,
+}
+
+/// Episodes of a closed-loop world, stepped together.
+pub trait ClosedLoopWorld {
+    /// Number of episodes.
+    fn len(&self) -> usize;
+    /// Whether there is no episode.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The shape of every episode's observation.
+    fn observation_shape(&self) -> ObservationShape;
+    /// Dimensions of one action.
+    fn action_dim(&self) -> usize;
+    /// Episode `i`'s task id.
+    fn task_id(&self, i: usize) -> &str;
+    /// Episode `i`'s instruction in words.
+    fn instruction(&self, i: usize) -> &str;
+    /// Whether episode `i` is still running.
+    fn running(&self, i: usize) -> bool;
+    /// Renders every episode into [`ClosedLoopWorld::frames`] and
+    /// [`ClosedLoopWorld::proprio`].
+    fn observe(&mut self);
+    /// The frames, episode after episode (`pixel_len()` bytes each).
+    fn frames(&self) -> &[u8];
+    /// The proprio vectors, episode after episode.
+    fn proprio(&self) -> &[f32];
+    /// Steps each running episode through its chunk of `k` actions
+    /// (`len() × k × action_dim()` values; an ended episode's are ignored).
+    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError>;
+    /// Whether an object a goal of episode `i` moves was ever grasped; `None`
+    /// for a world without grasping.
+    fn target_ever_grasped(&self, i: usize) -> Option<bool>;
+}
+
+/// The tabletop world's episodes ([`Batch`]: `G` copies of each task) with
+/// the frame size they render at.
+#[derive(Clone, Debug)]
+pub struct TabletopEpisodes {
+    batch: Batch,
+    size: usize,
+}
+
+impl TabletopEpisodes {
+    /// `group` copies of each task (episode `t * group + g` is copy `g` of
+    /// task `t`), observed at `size × size` pixels.
+    pub fn new(
+        tasks: &[tabletop::TaskSpec],
+        group: usize,
+        size: usize,
+    ) -> Result<TabletopEpisodes, tabletop::TabletopError> {
+        Ok(TabletopEpisodes {
+            batch: Batch::new(tasks, group, size)?,
+            size,
+        })
+    }
+
+    /// The episodes.
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+}
+
+impl ClosedLoopWorld for TabletopEpisodes {
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        ObservationShape {
+            height: self.size,
+            width: self.size,
+            channels: 3,
+            proprio: tabletop::PROPRIO_DIM,
+        }
+    }
+
+    fn action_dim(&self) -> usize {
+        tabletop::ACTION_DIM
+    }
+
+    fn task_id(&self, i: usize) -> &str {
+        self.batch.world(i).task_id()
+    }
+
+    fn instruction(&self, i: usize) -> &str {
+        self.batch.world(i).instruction()
+    }
+
+    fn running(&self, i: usize) -> bool {
+        self.batch.world(i).status() == tabletop::Status::Running
+    }
+
+    fn observe(&mut self) {
+        self.batch.observe()
+    }
+
+    fn frames(&self) -> &[u8] {
+        self.batch.frames()
+    }
+
+    fn proprio(&self) -> &[f32] {
+        self.batch.proprio()
+    }
+
+    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError> {
+        Ok(self
+            .batch
+            .step_chunks(actions, k)?
+            .into_iter()
+            .map(|o| ChunkReport {
+                env_steps: o.env_steps,
+                done: o.done,
+                success: o.success,
+            })
+            .collect())
+    }
+
+    fn target_ever_grasped(&self, i: usize) -> Option<bool> {
+        Some(self.batch.world(i).target_ever_grasped())
+    }
+}
+
+/// What a policy sees at one decision: one row per live episode.
+#[derive(Clone, Copy, Debug)]
+pub struct DecisionBatch<'a> {
+    /// The shape of each row's observation.
+    pub shape: ObservationShape,
+    /// The frames, row after row (`shape.pixel_len()` bytes each).
+    pub frames: &'a [u8],
+    /// The proprio vectors, row after row.
+    pub proprio: &'a [f32],
+    /// Each row's instruction token ids.
+    pub instructions: &'a [&'a [i32]],
+    /// Each row's episode (its index in the world).
+    pub episodes: &'a [usize],
+    /// Each row's sampling seed for this decision.
+    pub seeds: &'a [u64],
+    /// The decision's index in the episodes (the same for every row).
+    pub decision: usize,
+}
+
+impl DecisionBatch<'_> {
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.episodes.len()
+    }
+
+    /// Whether there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.episodes.is_empty()
+    }
+
+    /// Row `r`'s frame.
+    pub fn frame(&self, r: usize) -> &[u8] {
+        let len = self.shape.pixel_len();
+        &self.frames[r * len..(r + 1) * len]
+    }
+
+    /// Row `r`'s proprio vector.
+    pub fn proprio_of(&self, r: usize) -> &[f32] {
+        let len = self.shape.proprio;
+        &self.proprio[r * len..(r + 1) * len]
+    }
+}
+
+/// One decision of a policy: `K × D` action tokens (bins), step after step
+/// (token `t` is dimension `t % D` of action `t / D`), and the log-prob of
+/// each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkDecision {
+    /// The tokens.
+    pub tokens: Vec<u32>,
+    /// Their log-probs (nats, under the sampling temperature).
+    pub token_logprobs: Vec<f32>,
+}
+
+/// A policy that maps observations to action-token chunks.
+pub trait ChunkPolicy {
+    /// Its errors (bad input: e.g. an observation the checkpoint does not
+    /// take; failure: the model failed).
+    type Error: Classify + Send + Sync + 'static;
+    /// Actions per decision, `K`.
+    fn chunk_len(&self) -> usize;
+    /// Dimensions of one action, `D`.
+    fn action_dim(&self) -> usize;
+    /// The observation shape the policy takes.
+    fn observation_shape(&self) -> ObservationShape;
+    /// The token ids of an instruction (the decision's `prompt_ids`).
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error>;
+    /// One decision per row of `batch`, in row order.
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error>;
+}
+
+/// Why a closed-loop run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ClosedLoopError {
+    /// The policy failed or refused its input.
+    #[error("policy at decision {decision}: {source}")]
+    Policy {
+        /// The decision (0 for the instructions, before any).
+        decision: usize,
+        /// Who must act.
+        kind: ErrorKind,
+        /// The policy's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The world failed while stepping.
+    #[error("world at decision {decision}: {source}")]
+    World {
+        /// The decision.
+        decision: usize,
+        /// The world's error.
+        source: WorldError,
+    },
+    /// The world's observations are not what the policy takes.
+    #[error("the world's observations do not fit the policy: {0}")]
+    Observation(#[from] ObservationError),
+    /// A policy for another action size than the world's, or chunks of 0
+    /// actions.
+    #[error(
+        "the policy emits chunks of {chunk_len} actions of {policy} dimensions; the world takes actions of {world} dimensions (and chunks of at least 1)"
+    )]
+    ActionShape {
+        /// The policy's `K`.
+        chunk_len: usize,
+        /// The policy's `D`.
+        policy: usize,
+        /// The world's.
+        world: usize,
+    },
+    /// Sampling seeds not one per episode.
+    #[error("{found} sampling seeds for {episodes} episodes")]
+    SeedCount {
+        /// Seeds given.
+        found: usize,
+        /// Episodes.
+        episodes: usize,
+    },
+    /// The policy returned another number of decisions than rows.
+    #[error("policy at decision {decision}: {found} decisions for {rows} live episodes")]
+    DecisionCount {
+        /// The decision.
+        decision: usize,
+        /// Decisions returned.
+        found: usize,
+        /// Rows asked.
+        rows: usize,
+    },
+    /// A decision that cannot be applied, named by episode.
+    #[error("episode {episode} (task `{task}`), decision {decision}: {reason}")]
+    BadDecision {
+        /// The episode.
+        episode: usize,
+        /// Its task.
+        task: String,
+        /// The decision.
+        decision: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Classify for ClosedLoopError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ClosedLoopError::Policy { kind, .. } => *kind,
+            ClosedLoopError::Observation(_)
+            | ClosedLoopError::ActionShape { .. }
+            | ClosedLoopError::SeedCount { .. } => ErrorKind::BadInput,
+            ClosedLoopError::World { .. }
+            | ClosedLoopError::DecisionCount { .. }
+            | ClosedLoopError::BadDecision { .. } => ErrorKind::Failure,
+        }
+    }
+}
+
+/// How long to run.
+#[derive(Clone, Copy, Debug)]
+pub struct ClosedLoopConfig<'a> {
+    /// Decisions after which an episode still running is cut (a failure).
+    pub max_decisions: usize,
+    /// The progress bar's label.
+    pub label: &'a str,
+}
+
+/// One recorded decision of an episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedDecision {
+    /// The observation the policy saw ([`embodyflow_core::observation`]).
+    pub observation: Vec<u8>,
+    /// The action tokens.
+    pub tokens: Vec<u32>,
+    /// Their log-probs.
+    pub token_logprobs: Vec<f32>,
+    /// Actions of the chunk the world executed (fewer than `K` when the
+    /// episode ended within it).
+    pub env_steps: u32,
+}
+
+/// A finished closed-loop episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedLoopEpisode {
+    /// Its task.
+    pub task_id: String,
+    /// The instruction's token ids (every decision's prompt).
+    pub prompt_ids: Vec<i32>,
+    /// Its decisions, in order.
+    pub decisions: Vec<RecordedDecision>,
+    /// Whether it ended in success.
+    pub success: bool,
+    /// Environment steps executed.
+    pub env_steps: u32,
+    /// Whether it was still running after `max_decisions` (a failure).
+    pub truncated: bool,
+    /// Whether a goal's object was ever grasped (`None`: the world has no
+    /// grasping).
+    pub target_ever_grasped: Option<bool>,
+}
+
+impl ClosedLoopEpisode {
+    /// The episode's `steps` rows: one per decision (`step_index` = its
+    /// index), the instruction as `prompt_ids`, the tokens as `response_ids`,
+    /// their log-probs and the observation bytes; no values or latents.
+    pub fn step_rows(&self, trajectory_id: &str) -> Vec<StepRow> {
+        self.decisions
+            .iter()
+            .enumerate()
+            .map(|(index, d)| {
+                let mut row = StepRow::one_shot(
+                    trajectory_id.to_string(),
+                    self.prompt_ids.clone(),
+                    d.tokens.iter().map(|&t| t as i32).collect(),
+                    d.token_logprobs.clone(),
+                );
+                row.step_index = index as i32;
+                row.observation = Some(d.observation.clone());
+                row
+            })
+            .collect()
+    }
+}
+
+/// The sampling seed of one decision of an episode: BLAKE3 of the episode's
+/// seed and the decision index.
+pub fn decision_seed(episode_seed: u64, decision: usize) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&episode_seed.to_le_bytes());
+    hasher.update(&(decision as u64).to_le_bytes());
+    let bytes = hasher.finalize();
+    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+/// Runs every episode of `world` under `policy` (see the module doc);
+/// `seeds` holds one sampling seed per episode. Episodes come back in the
+/// world's order.
+pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+    world: &mut W,
+    policy: &mut P,
+    bins: &ActionBins,
+    seeds: &[u64],
+    config: &ClosedLoopConfig<'_>,
+) -> Result<Vec<ClosedLoopEpisode>, ClosedLoopError> {
+    let n = world.len();
+    if seeds.len() != n {
+        return Err(ClosedLoopError::SeedCount {
+            found: seeds.len(),
+            episodes: n,
+        });
+    }
+    let (k, d) = (policy.chunk_len(), world.action_dim());
+    if k == 0 || policy.action_dim() != d {
+        return Err(ClosedLoopError::ActionShape {
+            chunk_len: k,
+            policy: policy.action_dim(),
+            world: d,
+        });
+    }
+    let shape = world.observation_shape();
+    let wanted = policy.observation_shape();
+    if shape != wanted {
+        return Err(ObservationError::ShapeMismatch {
+            expected: wanted,
+            found: shape,
+        }
+        .into());
+    }
+    let policy_error = |decision: usize, e: P::Error| ClosedLoopError::Policy {
+        decision,
+        kind: e.kind(),
+        source: Box::new(e),
+    };
+    let mut episodes = Vec::with_capacity(n);
+    for i in 0..n {
+        let prompt_ids = policy
+            .instruction_ids(world.instruction(i))
+            .map_err(|e| policy_error(0, e))?;
+        episodes.push(ClosedLoopEpisode {
+            task_id: world.task_id(i).to_string(),
+            prompt_ids,
+            decisions: Vec::new(),
+            success: false,
+            env_steps: 0,
+            truncated: false,
+            target_ever_grasped: None,
+        });
+    }
+    let (pixel_len, proprio_len, per) = (shape.pixel_len(), shape.proprio, k * d);
+    let (mut frames, mut proprio) = (Vec::new(), Vec::new());
+    let mut actions = vec![0.0f32; n * per];
+    let mut live: Vec<usize> = (0..n).filter(|&i| world.running(i)).collect();
+    let bar = progress::bar(n as u64, config.label);
+    bar.inc((n - live.len()) as u64);
+    let mut decision = 0;
+    while !live.is_empty() && decision < config.max_decisions {
+        world.observe();
+        frames.clear();
+        proprio.clear();
+        for &i in &live {
+            frames.extend_from_slice(&world.frames()[i * pixel_len..(i + 1) * pixel_len]);
+            proprio.extend_from_slice(&world.proprio()[i * proprio_len..(i + 1) * proprio_len]);
+        }
+        let instructions: Vec<&[i32]> = live
+            .iter()
+            .map(|&i| episodes[i].prompt_ids.as_slice())
+            .collect();
+        let row_seeds: Vec<u64> = live
+            .iter()
+            .map(|&i| decision_seed(seeds[i], decision))
+            .collect();
+        let batch = DecisionBatch {
+            shape,
+            frames: &frames,
+            proprio: &proprio,
+            instructions: &instructions,
+            episodes: &live,
+            seeds: &row_seeds,
+            decision,
+        };
+        let chosen = policy
+            .decide(&batch)
+            .map_err(|e| policy_error(decision, e))?;
+        if chosen.len() != live.len() {
+            return Err(ClosedLoopError::DecisionCount {
+                decision,
+                found: chosen.len(),
+                rows: live.len(),
+            });
+        }
+        actions.fill(0.0);
+        let mut observations = Vec::with_capacity(live.len());
+        for (r, (&i, c)) in live.iter().zip(&chosen).enumerate() {
+            let bad = |reason: String| ClosedLoopError::BadDecision {
+                episode: i,
+                task: world.task_id(i).to_string(),
+                decision,
+                reason,
+            };
+            if c.tokens.len() != per || c.token_logprobs.len() != per {
+                return Err(bad(format!(
+                    "{} tokens and {} log-probs, a chunk of {k} actions x {d} dimensions has {per}",
+                    c.tokens.len(),
+                    c.token_logprobs.len()
+                )));
+            }
+            if let Some((at, lp)) = c
+                .token_logprobs
+                .iter()
+                .enumerate()
+                .find(|(_, lp)| !(lp.is_finite() && **lp <= 0.0))
+            {
+                return Err(bad(format!(
+                    "log-prob {lp} of token {at} is not a finite number <= 0"
+                )));
+            }
+            let values = bins.decode(&c.tokens).map_err(|e| bad(e.to_string()))?;
+            actions[i * per..(i + 1) * per].copy_from_slice(&values);
+            observations.push(
+                observation::encode(&shape, batch.frame(r), batch.proprio_of(r))
+                    .map_err(|e| bad(format!("its observation: {e}")))?,
+            );
+        }
+        let reports = world
+            .step_chunks(&actions, k)
+            .map_err(|source| ClosedLoopError::World { decision, source })?;
+        for ((&i, c), observation) in live.iter().zip(chosen).zip(observations) {
+            let report = reports[i];
+            let episode = &mut episodes[i];
+            episode.decisions.push(RecordedDecision {
+                observation,
+                tokens: c.tokens,
+                token_logprobs: c.token_logprobs,
+                env_steps: report.env_steps,
+            });
+            episode.env_steps += report.env_steps;
+            episode.success = report.success;
+        }
+        let before = live.len();
+        live.retain(|&i| !reports[i].done);
+        bar.inc((before - live.len()) as u64);
+        decision += 1;
+    }
+    bar.finish_and_clear();
+    for &i in &live {
+        episodes[i].truncated = true;
+    }
+    for (i, episode) in episodes.iter_mut().enumerate() {
+        episode.target_ever_grasped = world.target_ever_grasped(i);
+    }
+    Ok(episodes)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,438 @@
+use super::*;
+use embodyflow_core::observation::decode;
+use tabletop::{
+    ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Split, Status, Strategy, Suite, TaskSpec, World,
+    frame_len, generate, run_episode,
+};
+
+const SIZE: usize = 32;
+const K: usize = 8;
+
+fn shape() -> ObservationShape {
+    ObservationShape {
+        height: SIZE,
+        width: SIZE,
+        channels: 3,
+        proprio: PROPRIO_DIM,
+    }
+}
+
+fn config(max_decisions: usize) -> ClosedLoopConfig<'static> {
+    ClosedLoopConfig {
+        max_decisions,
+        label: "closed loop (test)",
+    }
+}
+
+/// Instructions as their bytes: the scripted policies need no tokenizer.
+fn byte_ids(instruction: &str) -> Vec<i32> {
+    instruction.bytes().map(i32::from).collect()
+}
+
+/// The scripted expert as a chunk policy: it keeps its own copy of each
+/// episode's world, steps it with the bin centres the real world receives
+/// (so the copies stay identical), and checks that every observation it is
+/// given is its copy's.
+struct ExpertPolicy {
+    worlds: Vec<World>,
+    experts: Vec<Expert>,
+    bins: ActionBins,
+}
+
+impl ExpertPolicy {
+    fn new(tasks: &[TaskSpec], group: usize, noise: f32) -> ExpertPolicy {
+        let (mut worlds, mut experts) = (Vec::new(), Vec::new());
+        for task in tasks {
+            for g in 0..group {
+                let world = World::new(task).unwrap();
+                let config = ExpertConfig {
+                    noise,
+                    seed: g as u64,
+                };
+                experts.push(Expert::new(&world, Strategy::Grasp, config).unwrap());
+                worlds.push(world);
+            }
+        }
+        ExpertPolicy {
+            worlds,
+            experts,
+            bins: ActionBins::openvla(),
+        }
+    }
+}
+
+impl ChunkPolicy for ExpertPolicy {
+    type Error = embodyflow_core::Error;
+
+    fn chunk_len(&self) -> usize {
+        K
+    }
+
+    fn action_dim(&self) -> usize {
+        ACTION_DIM
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        shape()
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error> {
+        Ok(byte_ids(instruction))
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
+        let mut frame = vec![0u8; frame_len(SIZE)];
+        let mut out = Vec::with_capacity(batch.len());
+        for (r, &episode) in batch.episodes.iter().enumerate() {
+            let (world, expert) = (&mut self.worlds[episode], &mut self.experts[episode]);
+            world.render(SIZE, &mut frame).unwrap();
+            assert_eq!(batch.frame(r), frame, "episode {episode}: the frame given");
+            assert_eq!(batch.proprio_of(r), world.proprio(), "episode {episode}");
+            assert_eq!(batch.instructions[r], byte_ids(world.instruction()));
+            let mut tokens = Vec::with_capacity(K * ACTION_DIM);
+            for _ in 0..K {
+                let chunk = if world.status() == Status::Running {
+                    let t = self.bins.encode(&expert.act(world)).unwrap();
+                    world.step(&self.bins.decode(&t).unwrap()).unwrap();
+                    t
+                } else {
+                    self.bins.encode(&[0.0; ACTION_DIM]).unwrap()
+                };
+                tokens.extend(chunk);
+            }
+            out.push(ChunkDecision {
+                token_logprobs: vec![0.0; tokens.len()],
+                tokens,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Uniform random tokens drawn from each row's seed (BLAKE3's output
+/// stream, one byte per token of 256 bins).
+struct RandomPolicy;
+
+impl ChunkPolicy for RandomPolicy {
+    type Error = embodyflow_core::Error;
+
+    fn chunk_len(&self) -> usize {
+        K
+    }
+
+    fn action_dim(&self) -> usize {
+        ACTION_DIM
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        shape()
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error> {
+        Ok(byte_ids(instruction))
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
+        Ok(batch
+            .seeds
+            .iter()
+            .map(|seed| {
+                let mut bytes = [0u8; K * ACTION_DIM];
+                blake3::Hasher::new()
+                    .update(&seed.to_le_bytes())
+                    .finalize_xof()
+                    .fill(&mut bytes);
+                ChunkDecision {
+                    tokens: bytes.iter().map(|&b| u32::from(b)).collect(),
+                    token_logprobs: vec![-(256f32.ln()); K * ACTION_DIM],
+                }
+            })
+            .collect())
+    }
+}
+
+/// The random policy, with one episode's decision spoiled.
+struct Faulty {
+    episode: usize,
+    decision: usize,
+    spoil: fn(&mut ChunkDecision),
+}
+
+impl ChunkPolicy for Faulty {
+    type Error = embodyflow_core::Error;
+
+    fn chunk_len(&self) -> usize {
+        K
+    }
+
+    fn action_dim(&self) -> usize {
+        ACTION_DIM
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        shape()
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error> {
+        Ok(byte_ids(instruction))
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
+        let mut out = RandomPolicy.decide(batch)?;
+        if batch.decision == self.decision
+            && let Some(r) = batch.episodes.iter().position(|&e| e == self.episode)
+        {
+            (self.spoil)(&mut out[r]);
+        }
+        Ok(out)
+    }
+}
+
+fn tasks(per_suite: u64) -> Vec<TaskSpec> {
+    Suite::ALL
+        .iter()
+        .flat_map(|&suite| (0..per_suite).map(move |i| generate(suite, Split::Train, 11, i)))
+        .collect()
+}
+
+fn seeds(n: usize, run: u64) -> Vec<u64> {
+    (0..n as u64).map(|i| run * 1000 + i).collect()
+}
+
+fn run<P: ChunkPolicy>(
+    tasks: &[TaskSpec],
+    group: usize,
+    policy: &mut P,
+    seeds: &[u64],
+    max_decisions: usize,
+) -> Result<Vec<ClosedLoopEpisode>, ClosedLoopError> {
+    let mut world = TabletopEpisodes::new(tasks, group, SIZE).unwrap();
+    run_closed_loop(
+        &mut world,
+        policy,
+        &ActionBins::openvla(),
+        seeds,
+        &config(max_decisions),
+    )
+}
+
+/// Replays an episode's recorded decisions in a fresh world: each
+/// observation must decode to what the world shows, and the tokens, decoded
+/// to bin centres, must take the world to the recorded outcome.
+fn replay(task: &TaskSpec, episode: &ClosedLoopEpisode) {
+    let bins = ActionBins::openvla();
+    let mut world = World::new(task).unwrap();
+    let mut frame = vec![0u8; frame_len(SIZE)];
+    for (n, d) in episode.decisions.iter().enumerate() {
+        let observation = decode(&d.observation).unwrap();
+        observation.expect_shape(&shape()).unwrap();
+        world.render(SIZE, &mut frame).unwrap();
+        assert_eq!(observation.pixels, frame, "decision {n}");
+        assert_eq!(observation.proprio, world.proprio(), "decision {n}");
+        let actions = bins.decode(&d.tokens).unwrap();
+        let last = n + 1 == episode.decisions.len();
+        assert!(d.env_steps as usize == K || last, "decision {n}");
+        for action in actions.chunks_exact(ACTION_DIM).take(d.env_steps as usize) {
+            world.step(action).unwrap();
+        }
+    }
+    assert_eq!(world.steps(), episode.env_steps);
+    assert_eq!(world.status() == Status::Success, episode.success);
+    assert_eq!(world.status() == Status::Running, episode.truncated);
+    assert_eq!(
+        Some(world.target_ever_grasped()),
+        episode.target_ever_grasped
+    );
+}
+
+#[test]
+fn the_expert_as_a_token_policy_succeeds_as_the_expert_does_and_replays() {
+    let tasks = tasks(3);
+    let group = 2;
+    let mut policy = ExpertPolicy::new(&tasks, group, 0.0);
+    let n = tasks.len() * group;
+    let episodes = run(&tasks, group, &mut policy, &seeds(n, 0), 1000).unwrap();
+    let mut expert_successes = 0;
+    for task in &tasks {
+        let mut world = World::new(task).unwrap();
+        let mut expert = Expert::new(&world, Strategy::Grasp, ExpertConfig::default()).unwrap();
+        expert_successes += run_episode(&mut world, |w| expert.act(w)).unwrap().success as usize;
+    }
+    let successes = episodes.iter().filter(|e| e.success).count();
+    // Both copies of a task see the same noiseless expert.
+    assert!(
+        successes + 1 >= group * expert_successes,
+        "{successes} of {n} vs the expert's {expert_successes} of {}",
+        tasks.len()
+    );
+    for (i, episode) in episodes.iter().enumerate() {
+        let task = &tasks[i / group];
+        assert_eq!(episode.task_id, task.task_id());
+        assert_eq!(episode.prompt_ids, byte_ids(&task.instruction));
+        assert_eq!(
+            episode.decisions.len(),
+            (episode.env_steps as usize).div_ceil(K)
+        );
+        replay(task, episode);
+    }
+    // Grasp tasks that succeeded grasped their object.
+    assert!(
+        episodes
+            .iter()
+            .any(|e| e.success && e.target_ever_grasped == Some(true))
+    );
+}
+
+#[test]
+fn noisy_copies_of_a_task_differ_and_still_replay() {
+    let tasks = tasks(1);
+    let mut policy = ExpertPolicy::new(&tasks, 3, 0.3);
+    let episodes = run(&tasks, 3, &mut policy, &seeds(12, 0), 1000).unwrap();
+    for (i, episode) in episodes.iter().enumerate() {
+        replay(&tasks[i / 3], episode);
+    }
+    // Copies start from the task's state: the same first observation.
+    assert_eq!(
+        episodes[0].decisions[0].observation,
+        episodes[1].decisions[0].observation
+    );
+    assert_ne!(episodes[0].decisions, episodes[1].decisions);
+}
+
+#[test]
+fn a_run_is_determined_by_its_seeds_whatever_batch_an_episode_is_in() {
+    let tasks = tasks(1);
+    let n = tasks.len() * 2;
+    let first = run(&tasks, 2, &mut RandomPolicy, &seeds(n, 1), 6).unwrap();
+    assert_eq!(
+        first,
+        run(&tasks, 2, &mut RandomPolicy, &seeds(n, 1), 6).unwrap()
+    );
+    assert_ne!(
+        first,
+        run(&tasks, 2, &mut RandomPolicy, &seeds(n, 2), 6).unwrap()
+    );
+    // Episode 5 (task 2, copy 1) alone, with its seed.
+    let alone = run(&tasks[2..3], 1, &mut RandomPolicy, &seeds(n, 1)[5..6], 6).unwrap();
+    assert_eq!(alone[0], first[5]);
+    for (i, episode) in first.iter().enumerate() {
+        replay(&tasks[i / 2], episode);
+        // Random tokens do not solve a task in 48 steps: cut, a failure.
+        assert!(episode.truncated && !episode.success);
+        assert_eq!(episode.decisions.len(), 6);
+        assert_eq!(episode.env_steps as usize, 6 * K);
+    }
+}
+
+#[test]
+fn an_episode_at_the_worlds_max_steps_is_a_failure_not_an_error() {
+    let mut tasks = tasks(1);
+    for task in &mut tasks {
+        task.max_steps = 13;
+    }
+    let episodes = run(&tasks, 2, &mut RandomPolicy, &seeds(8, 3), 1000).unwrap();
+    for (i, episode) in episodes.iter().enumerate() {
+        assert!(!episode.success && !episode.truncated, "{episode:?}");
+        assert_eq!(episode.env_steps, 13);
+        assert_eq!(
+            episode
+                .decisions
+                .iter()
+                .map(|d| d.env_steps)
+                .collect::<Vec<_>>(),
+            [8, 5]
+        );
+        replay(&tasks[i / 2], episode);
+    }
+}
+
+#[test]
+fn a_bad_policy_output_is_an_error_naming_the_episode() {
+    let tasks = tasks(1);
+    let out_of_range: fn(&mut ChunkDecision) = |d| d.tokens[3] = 256;
+    let short: fn(&mut ChunkDecision) = |d| {
+        d.tokens.pop();
+    };
+    let nan: fn(&mut ChunkDecision) = |d| d.token_logprobs[0] = f32::NAN;
+    for (spoil, expected) in [
+        (
+            out_of_range,
+            "action token 256 at position 3 is outside 0..256",
+        ),
+        (short, "31 tokens and 32 log-probs"),
+        (nan, "log-prob NaN of token 0"),
+    ] {
+        let mut policy = Faulty {
+            episode: 5,
+            decision: 2,
+            spoil,
+        };
+        let error = run(&tasks, 2, &mut policy, &seeds(8, 0), 10).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "episode 5 (task `{}`), decision 2: ",
+                tasks[2].task_id()
+            )) && text.contains(expected),
+            "{text}"
+        );
+        assert_eq!(error.kind(), ErrorKind::Failure);
+    }
+}
+
+#[test]
+fn a_policy_for_other_observations_or_actions_is_refused_before_any_step() {
+    struct Wide;
+    impl ChunkPolicy for Wide {
+        type Error = embodyflow_core::Error;
+        fn chunk_len(&self) -> usize {
+            K
+        }
+        fn action_dim(&self) -> usize {
+            ACTION_DIM
+        }
+        fn observation_shape(&self) -> ObservationShape {
+            ObservationShape {
+                height: 48,
+                width: 48,
+                ..shape()
+            }
+        }
+        fn instruction_ids(&self, _: &str) -> Result<Vec<i32>, Self::Error> {
+            Err(embodyflow_core::Error::BadInput("not reached".into()))
+        }
+        fn decide(&mut self, _: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
+            unreachable!("refused before any decision")
+        }
+    }
+    let tasks = tasks(1);
+    let error = run(&tasks, 1, &mut Wide, &seeds(4, 0), 10).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the world's observations do not fit the policy: observation is 32x32x3 image + 5 proprio, \
+         expected 48x48x3 image + 5 proprio"
+    );
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    let error = run(&tasks, 1, &mut RandomPolicy, &seeds(3, 0), 10).unwrap_err();
+    assert_eq!(error.to_string(), "3 sampling seeds for 4 episodes");
+}
+
+#[test]
+fn step_rows_carry_each_decision() {
+    let tasks = tasks(1);
+    let episodes = run(&tasks[..1], 1, &mut RandomPolicy, &seeds(1, 0), 3).unwrap();
+    let rows = episodes[0].step_rows("it0/t/d0/s0");
+    assert_eq!(rows.len(), 3);
+    for (index, (row, d)) in rows.iter().zip(&episodes[0].decisions).enumerate() {
+        assert_eq!(row.step_index, index as i32);
+        assert_eq!(row.trajectory_id, "it0/t/d0/s0");
+        assert_eq!(row.prompt_ids, episodes[0].prompt_ids);
+        assert_eq!(
+            row.response_ids,
+            d.tokens.iter().map(|&t| t as i32).collect::<Vec<_>>()
+        );
+        assert_eq!(row.old_logprobs, d.token_logprobs);
+        assert_eq!(row.observation.as_deref(), Some(&d.observation[..]));
+        assert!(row.old_value.is_none() && row.latents.is_none());
+    }
+}
