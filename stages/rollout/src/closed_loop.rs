@@ -48,10 +48,17 @@
 //! let mut world = TabletopEpisodes::new(&tasks, 8, 32).unwrap(); // G = 8
 //! let seeds: Vec<u64> = (0..8).collect();
 //! let config = ClosedLoopConfig { max_decisions: 64, label: "rollouts" };
-//! let episodes =
+//! let run =
 //!     run_closed_loop(&mut world, &mut policy(), &ActionBins::openvla(), &seeds, &config).unwrap();
-//! let rows = episodes[0].step_rows("it0/task/d0/s0"); // one steps row per decision
+//! let rows = run.episodes[0].step_rows("it0/task/d0/s0"); // one steps row per decision
+//! println!("world {:.1} s, policy {:.1} s", run.world_seconds, run.policy_seconds);
 //! ```
+//!
+//! The run reports its decisions, env steps and the seconds spent in the
+//! world (render, step) and in the policy, so a stage shows which one is
+//! the bottleneck.
+
+use std::time::{Duration, Instant};
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::{self, ObservationError, ObservationShape};
@@ -417,6 +424,21 @@ impl ClosedLoopEpisode {
     }
 }
 
+/// What a closed-loop run produced, and where its time went.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedLoopRun {
+    /// The episodes, in the world's order.
+    pub episodes: Vec<ClosedLoopEpisode>,
+    /// Policy rows decided (decisions over all episodes).
+    pub decisions: u64,
+    /// Environment steps over all episodes.
+    pub env_steps: u64,
+    /// Seconds in the world: rendering and stepping.
+    pub world_seconds: f64,
+    /// Seconds in the policy's calls.
+    pub policy_seconds: f64,
+}
+
 /// The sampling seed of one decision of an episode: BLAKE3 of the episode's
 /// seed and the decision index.
 pub fn decision_seed(episode_seed: u64, decision: usize) -> u64 {
@@ -428,15 +450,14 @@ pub fn decision_seed(episode_seed: u64, decision: usize) -> u64 {
 }
 
 /// Runs every episode of `world` under `policy` (see the module doc);
-/// `seeds` holds one sampling seed per episode. Episodes come back in the
-/// world's order.
+/// `seeds` holds one sampling seed per episode.
 pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     world: &mut W,
     policy: &mut P,
     bins: &ActionBins,
     seeds: &[u64],
     config: &ClosedLoopConfig<'_>,
-) -> Result<Vec<ClosedLoopEpisode>, ClosedLoopError> {
+) -> Result<ClosedLoopRun, ClosedLoopError> {
     let n = world.len();
     if seeds.len() != n {
         return Err(ClosedLoopError::SeedCount {
@@ -488,8 +509,11 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     let bar = progress::bar(n as u64, config.label);
     bar.inc((n - live.len()) as u64);
     let mut decision = 0;
+    let (mut world_time, mut policy_time) = (Duration::ZERO, Duration::ZERO);
     while !live.is_empty() && decision < config.max_decisions {
+        let started = Instant::now();
         world.observe();
+        world_time += started.elapsed();
         frames.clear();
         proprio.clear();
         for &i in &live {
@@ -513,9 +537,11 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
             seeds: &row_seeds,
             decision,
         };
+        let started = Instant::now();
         let chosen = policy
             .decide(&batch)
             .map_err(|e| policy_error(decision, e))?;
+        policy_time += started.elapsed();
         if chosen.len() != live.len() {
             return Err(ClosedLoopError::DecisionCount {
                 decision,
@@ -556,9 +582,11 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
                     .map_err(|e| bad(format!("its observation: {e}")))?,
             );
         }
+        let started = Instant::now();
         let reports = world
             .step_chunks(&actions, k)
             .map_err(|source| ClosedLoopError::World { decision, source })?;
+        world_time += started.elapsed();
         for ((&i, c), observation) in live.iter().zip(chosen).zip(observations) {
             let report = reports[i];
             let episode = &mut episodes[i];
@@ -583,8 +611,15 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     for (i, episode) in episodes.iter_mut().enumerate() {
         episode.target_ever_grasped = world.target_ever_grasped(i);
     }
-    Ok(episodes)
+    Ok(ClosedLoopRun {
+        decisions: episodes.iter().map(|e| e.decisions.len() as u64).sum(),
+        env_steps: episodes.iter().map(|e| u64::from(e.env_steps)).sum(),
+        episodes,
+        world_seconds: world_time.as_secs_f64(),
+        policy_seconds: policy_time.as_secs_f64(),
+    })
 }
+
 
 #[cfg(test)]
 mod tests;

@@ -207,13 +207,19 @@ fn run<P: ChunkPolicy>(
     max_decisions: usize,
 ) -> Result<Vec<ClosedLoopEpisode>, ClosedLoopError> {
     let mut world = TabletopEpisodes::new(tasks, group, SIZE).unwrap();
-    run_closed_loop(
+    let run = run_closed_loop(
         &mut world,
         policy,
         &ActionBins::openvla(),
         seeds,
         &config(max_decisions),
-    )
+    )?;
+    let decisions = run.episodes.iter().map(|e| e.decisions.len() as u64);
+    assert_eq!(run.decisions, decisions.sum::<u64>());
+    let env_steps = run.episodes.iter().map(|e| u64::from(e.env_steps));
+    assert_eq!(run.env_steps, env_steps.sum::<u64>());
+    assert!(run.world_seconds > 0.0 && run.policy_seconds > 0.0);
+    Ok(run.episodes)
 }
 
 /// Replays an episode's recorded decisions in a fresh world: each
