@@ -1,4 +1,7 @@
-//! Policy checkpoints: a directory with `config.json` (the [`GptConfig`]),
+//! Policy checkpoints: a directory with `config.json` (the architecture:
+//! a [`GptConfig`] for a plan policy, a [`VlaConfig`] for a VLA, told apart
+//! by its `kind` field, `"plan"` when absent as in checkpoints written before
+//! the VLA),
 //! `model.safetensors` (the weights, named by parameter path),
 //! `tokenizer.json` (Hugging Face format), `manifest.json` (id, parent and
 //! the stage that wrote it) and, when an update wrote it, the optimizer state
@@ -11,7 +14,10 @@
 //! place with `embodyflow_core::commit` (alone with [`Checkpoint::save`], or
 //! with a stage's other outputs via [`Checkpoint::save_staged`]), so a killed
 //! writer never leaves a checkpoint that looks complete and an old checkpoint
-//! is never absent while it is replaced. The checkpoint id is the first 16
+//! is never absent while it is replaced. The network type is a parameter,
+//! the plan policy ([`Gpt`]) by default: `Checkpoint::load` loads a plan
+//! policy, `Checkpoint::<Vla>::load_kind` a VLA, and loading one kind as the
+//! other names the kinds; [`policy_kind`] reads which one a directory holds. The checkpoint id is the first 16
 //! hex digits of the BLAKE3 hash of `model.safetensors`: the same weights have
 //! the same id wherever they were written.
 //!
@@ -34,6 +40,8 @@ use crate::ModelError;
 use crate::gpt::{Gpt, GptConfig};
 use crate::optimizer::OptimizerState;
 use crate::tokenizer::{self, SpecialIds};
+#[cfg(doc)]
+use crate::vla::{Vla, VlaConfig};
 
 /// The `manifest.json` of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,12 +57,106 @@ pub struct CheckpointManifest {
     pub updates: u64,
 }
 
-/// A loaded policy: weights, architecture and tokenizer.
-pub struct Checkpoint {
+/// Which network a checkpoint holds: `config.json`'s `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// A plan policy: a [`Gpt`] writing JSON plans (the default when
+    /// `kind` is absent).
+    Plan,
+    /// A vision-language-action policy ([`crate::vla::Vla`]).
+    Vla,
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PolicyKind::Plan => "plan",
+            PolicyKind::Vla => "vla",
+        })
+    }
+}
+
+/// A network a checkpoint can hold: its architecture is `config.json`.
+pub trait PolicyNet: Sized {
+    /// The architecture (`config.json` without `kind`).
+    type Config: Serialize + serde::de::DeserializeOwned;
+    /// The `kind` written into `config.json`.
+    const KIND: PolicyKind;
+    /// Why `config` describes no network, if it does not.
+    fn check(config: &Self::Config) -> Result<(), String>;
+    /// The tokenizer vocabulary the network embeds.
+    fn vocab_size(config: &Self::Config) -> i64;
+    /// Creates the parameters under `path`.
+    fn build(path: &tch::nn::Path, config: &Self::Config) -> Self;
+    /// The architecture.
+    fn config(&self) -> &Self::Config;
+}
+
+impl PolicyNet for Gpt {
+    type Config = GptConfig;
+    const KIND: PolicyKind = PolicyKind::Plan;
+
+    fn check(config: &GptConfig) -> Result<(), String> {
+        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
+            return Err(format!(
+                "n_head {} must divide n_embd {}",
+                config.n_head, config.n_embd
+            ));
+        }
+        Ok(())
+    }
+
+    fn vocab_size(config: &GptConfig) -> i64 {
+        config.vocab_size
+    }
+
+    fn build(path: &tch::nn::Path, config: &GptConfig) -> Gpt {
+        Gpt::new(path, config)
+    }
+
+    fn config(&self) -> &GptConfig {
+        Gpt::config(self)
+    }
+}
+
+/// `config.json` as written: the kind, then the architecture's fields.
+#[derive(Serialize)]
+struct Tagged<'a, C> {
+    kind: PolicyKind,
+    #[serde(flatten)]
+    config: &'a C,
+}
+
+/// The kind of policy checkpoint `dir` holds (`config.json`'s `kind`,
+/// `plan` when absent).
+pub fn policy_kind(dir: &Path) -> Result<PolicyKind, ModelError> {
+    let path = dir.join("config.json");
+    let (kind, _) = read_config(&path)?;
+    Ok(kind)
+}
+
+/// `config.json` split into its kind and the rest.
+fn read_config(path: &Path) -> Result<(PolicyKind, serde_json::Value), ModelError> {
+    let mut value: serde_json::Value = read_json(path)?;
+    let object = value
+        .as_object_mut()
+        .ok_or_else(|| bad(path, "is not a JSON object"))?;
+    let kind = match object.remove("kind") {
+        None => PolicyKind::Plan,
+        Some(kind) => serde_json::from_value(kind)
+            .map_err(|e| bad(path, format!("kind: {e} (expected \"plan\" or \"vla\")")))?,
+    };
+    Ok((kind, value))
+}
+
+/// A loaded policy: weights, architecture and tokenizer. `M` is the network:
+/// a plan policy ([`Gpt`], the default) or a VLA ([`crate::vla::Vla`]).
+pub struct Checkpoint<M: PolicyNet = Gpt> {
     /// The parameters.
     pub vars: VarStore,
     /// The network.
-    pub model: Gpt,
+    pub model: M,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
     /// Its special token ids.
@@ -78,31 +180,43 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelErro
     serde_json::from_str(&text).map_err(|e| bad(path, e.to_string()))
 }
 
-impl Checkpoint {
-    /// A freshly initialised policy (random weights, seeded by `tch::manual_seed`).
+impl Checkpoint<Gpt> {
+    /// A freshly initialised plan policy (random weights, seeded by `tch::manual_seed`).
     pub fn init(
         config: &GptConfig,
         tokenizer: Tokenizer,
         device: tch::Device,
     ) -> Result<Checkpoint, ModelError> {
+        Checkpoint::init_kind(config, tokenizer, device)
+    }
+
+    /// Loads the plan policy in `dir` onto `device`, checking that its files agree.
+    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
+        Checkpoint::load_kind(dir, device)
+    }
+}
+
+impl<M: PolicyNet> Checkpoint<M> {
+    /// A freshly initialised policy of network `M` (random weights, seeded
+    /// by `tch::manual_seed`).
+    pub fn init_kind(
+        config: &M::Config,
+        tokenizer: Tokenizer,
+        device: tch::Device,
+    ) -> Result<Checkpoint<M>, ModelError> {
         let special = SpecialIds::of(&tokenizer).ok_or_else(|| {
             ModelError::Tokenizer("the tokenizer lacks <|pad|>, <|plan|> or <|eos|>".into())
         })?;
         let vocab = tokenizer.get_vocab_size(true) as i64;
-        if vocab != config.vocab_size {
+        if vocab != M::vocab_size(config) {
             return Err(ModelError::Tokenizer(format!(
                 "tokenizer has {vocab} tokens, the model config {}",
-                config.vocab_size
+                M::vocab_size(config)
             )));
         }
-        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
-            return Err(ModelError::Tokenizer(format!(
-                "n_head {} must divide n_embd {}",
-                config.n_head, config.n_embd
-            )));
-        }
+        M::check(config).map_err(ModelError::Tokenizer)?;
         let vars = VarStore::new(device);
-        let model = Gpt::new(&vars.root(), config);
+        let model = M::build(&vars.root(), config);
         Ok(Checkpoint {
             vars,
             model,
@@ -118,8 +232,9 @@ impl Checkpoint {
         })
     }
 
-    /// Loads the checkpoint in `dir` onto `device`, checking that its files agree.
-    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
+    /// Loads the checkpoint of network `M` in `dir` onto `device`, checking
+    /// that its files agree and that it holds that kind.
+    pub fn load_kind(dir: &Path, device: tch::Device) -> Result<Checkpoint<M>, ModelError> {
         // A run killed while committing this checkpoint is completed first.
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             embodyflow_core::commit::settle(parent)?;
@@ -128,33 +243,33 @@ impl Checkpoint {
             return Err(bad(dir, "no such checkpoint directory"));
         }
         let config_path = dir.join("config.json");
-        let config: GptConfig = read_json(&config_path)?;
-        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
+        let (kind, value) = read_config(&config_path)?;
+        if kind != M::KIND {
             return Err(bad(
                 &config_path,
-                format!(
-                    "n_head {} must divide n_embd {}",
-                    config.n_head, config.n_embd
-                ),
+                format!("holds a {kind} policy, expected a {} policy", M::KIND),
             ));
         }
+        let config: M::Config =
+            serde_json::from_value(value).map_err(|e| bad(&config_path, e.to_string()))?;
+        M::check(&config).map_err(|reason| bad(&config_path, reason))?;
         let manifest: CheckpointManifest = read_json(&dir.join("manifest.json"))?;
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = tokenizer::load(&tokenizer_path)?;
         let vocab = tokenizer.get_vocab_size(true) as i64;
-        if vocab != config.vocab_size {
+        if vocab != M::vocab_size(&config) {
             return Err(bad(
                 &tokenizer_path,
                 format!(
                     "the tokenizer has {vocab} tokens but config.json says vocab_size {}",
-                    config.vocab_size
+                    M::vocab_size(&config)
                 ),
             ));
         }
         let special = SpecialIds::of(&tokenizer)
             .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
         let vars = VarStore::new(device);
-        let model = Gpt::new(&vars.root(), &config);
+        let model = M::build(&vars.root(), &config);
         let weights_path = dir.join("model.safetensors");
         load_weights(&vars, &weights_path)?;
         Ok(Checkpoint {
@@ -243,7 +358,11 @@ impl Checkpoint {
             let path = staging.join(file);
             std::fs::write(&path, text).map_err(|e| io(&path, e))
         };
-        write("config.json", pretty(self.model.config()))?;
+        let config = Tagged {
+            kind: M::KIND,
+            config: self.model.config(),
+        };
+        write("config.json", pretty(&config))?;
         write("manifest.json", pretty(&manifest))?;
         let tokenizer_path = staging.join("tokenizer.json");
         self.tokenizer.save(&tokenizer_path, false).map_err(|e| {
@@ -342,6 +461,43 @@ mod tests {
             .max()
             .double_value(&[]);
         assert_eq!(diff, 0.0);
+    }
+
+    #[test]
+    fn a_config_without_kind_is_a_plan_policy_and_kinds_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        let path = dir.path().join("ckpt");
+        policy.save(&path, "test", false).unwrap();
+        let written = std::fs::read_to_string(path.join("config.json")).unwrap();
+        assert!(written.contains("\"kind\": \"plan\""), "{written}");
+        assert_eq!(policy_kind(&path).unwrap(), PolicyKind::Plan);
+        // A checkpoint written before the VLA: the bare GptConfig.
+        std::fs::write(path.join("config.json"), pretty(&config(vocab))).unwrap();
+        assert_eq!(policy_kind(&path).unwrap(), PolicyKind::Plan);
+        let loaded = Checkpoint::load(&path, tch::Device::Cpu).unwrap();
+        assert_eq!(loaded.model.config(), &config(vocab));
+        // Another kind, or none we know, is named.
+        let vla = written.replace("\"kind\": \"plan\"", "\"kind\": \"vla\"");
+        std::fs::write(path.join("config.json"), vla).unwrap();
+        assert_eq!(policy_kind(&path).unwrap(), PolicyKind::Vla);
+        let error = Checkpoint::load(&path, tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("config.json") && error.contains("holds a vla policy, expected a plan"),
+            "{error}"
+        );
+        let odd = written.replace("\"kind\": \"plan\"", "\"kind\": \"diffusion\"");
+        std::fs::write(path.join("config.json"), odd).unwrap();
+        let error = policy_kind(&path).err().unwrap().to_string();
+        assert!(
+            error.contains("config.json") && error.contains("diffusion"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -332,20 +332,44 @@ impl Gpt {
         );
     }
 
-    /// The blocks over the new positions. A bool `mask` becomes the additive
-    /// float mask SDPA applies (0 / -inf) once here, not in every layer.
+    /// Token embeddings `[.., embd]` of ids `[..]`, without positions (the
+    /// VLA's instruction tokens, [`crate::vla`]).
+    pub(crate) fn embed_tokens(&self, ids: &Tensor) -> Tensor {
+        self.wte.forward(ids)
+    }
+
+    /// Learned position embeddings `[.., embd]` of positions `[..]` (< n_ctx).
+    pub(crate) fn embed_positions(&self, positions: &Tensor) -> Tensor {
+        self.wpe.forward(positions)
+    }
+
+    /// Final hidden states `[batch, time, embd]` of inputs already embedded
+    /// (positions included) `[batch, time, embd]`, attending under `mask`
+    /// (bool, broadcastable to `[batch, 1, time, time]`, true = attend): the
+    /// VLA's prefix-plus-placeholders pass ([`crate::vla`]).
+    pub(crate) fn hidden_of_embeddings(&self, x: Tensor, mask: &Tensor) -> Tensor {
+        self.blocks(x, Some(mask), Context::None)
+    }
+
     fn hidden(
         &self,
         ids: &Tensor,
         positions: &Tensor,
         mask: Option<&Tensor>,
-        mut context: Context,
+        context: Context,
     ) -> Tensor {
+        let x = self.wte.forward(ids) + self.wpe.forward(positions);
+        self.blocks(x, mask, context)
+    }
+
+    /// The blocks over the new positions' embeddings `x`. A bool `mask`
+    /// becomes the additive float mask SDPA applies (0 / -inf) once here, not
+    /// in every layer.
+    fn blocks(&self, mut x: Tensor, mask: Option<&Tensor>, mut context: Context) -> Tensor {
         let mask = mask.map(|mask| {
             Tensor::zeros(mask.size(), (self.wte.ws.kind(), mask.device()))
                 .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
         });
-        let mut x = self.wte.forward(ids) + self.wpe.forward(positions);
         for (index, block) in self.blocks.iter().enumerate() {
             let past = match &mut context {
                 Context::None => Past::None,

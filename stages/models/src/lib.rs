@@ -15,6 +15,9 @@
 //!   run of many `update-policy` calls optimises like one process;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
 //!   top-p) and the log-probs, entropies and masks the update needs;
+//! - [`vla`]: a vision-language-action policy decoding a whole action chunk
+//!   in one pass (image patches, proprio and instruction, 256-bin action
+//!   tokens), stored in the same checkpoint format with `kind = "vla"`;
 //! - `testing` (hidden from the docs): the one tiny policy that the tests of
 //!   this crate and of the stages share.
 //!
@@ -37,6 +40,7 @@ pub mod policy;
 #[doc(hidden)]
 pub mod testing;
 pub mod tokenizer;
+pub mod vla;
 
 /// Errors of loading, saving and running a policy.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +59,9 @@ pub enum ModelError {
     /// libtorch failed while running.
     #[error("torch: {0}")]
     Torch(String),
+    /// A VLA batch the policy cannot run (named by row).
+    #[error(transparent)]
+    Vla(#[from] vla::VlaError),
     /// An error of the shared core.
     #[error(transparent)]
     Core(#[from] embodyflow_core::Error),
@@ -65,6 +72,7 @@ impl Classify for ModelError {
         match self {
             ModelError::BadCheckpoint { .. } | ModelError::Tokenizer(_) => ErrorKind::BadInput,
             ModelError::Torch(_) => ErrorKind::Failure,
+            ModelError::Vla(error) => error.kind(),
             ModelError::Core(error) => error.kind(),
         }
     }

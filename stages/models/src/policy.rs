@@ -225,7 +225,7 @@ fn sample_batch(
 }
 
 /// Inverse-CDF draw from `logp`, restricted to the top-`top_p` nucleus.
-fn draw(logp: &[f32], top_p: f64, rng: &mut ChaCha8Rng) -> usize {
+pub(crate) fn draw(logp: &[f32], top_p: f64, rng: &mut ChaCha8Rng) -> usize {
     let u: f64 = rng.random();
     if top_p >= 1.0 {
         let mut cumulative = 0.0f64;
@@ -259,7 +259,7 @@ fn draw(logp: &[f32], top_p: f64, rng: &mut ChaCha8Rng) -> usize {
     order[0]
 }
 
-fn arg_max(values: &[f32]) -> usize {
+pub(crate) fn arg_max(values: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in values.iter().enumerate() {
         if v > values[best] {

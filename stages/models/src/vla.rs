@@ -1,0 +1,761 @@
+//! A vision-language-action policy (VLA) that decodes a whole action chunk
+//! in one forward pass, after OpenVLA-OFT's parallel decoding: the closed-loop
+//! policy of SimpleVLA-RL (issue 15).
+//!
+//! One decision reads an observation — an RGB image `S × S × 3` (bytes,
+//! row-major), a proprio vector of `proprio_dim` floats and the instruction's
+//! token ids (the checkpoint's tokenizer) — and emits `K × D` action tokens
+//! (`K = chunk_len` actions of `D = action_dim` dimensions, flattened step
+//! after step: token `t` is dimension `t % D` of action `t / D`), each a bin
+//! of `n_bins` over `[action_low, action_high]`:
+//! `embodyflow_algos::action_tokens::ActionBins` (OpenVLA's 256 bins over
+//! `[-1, 1]`) turns actions into tokens and back; the model knows only bins.
+//!
+//! The sequence, embedded and run through the [`Gpt`] trunk's blocks:
+//!
+//! ```text
+//! [ patch_1 … patch_P | proprio | instr_1 … instr_L | act_1 … act_{K·D} ]
+//!   P = (S / p)², patch_i = W_patch · pixels(p × p × 3) / 127.5 − 1
+//!   proprio = W_proprio · proprio,  instr_j = wte[id_j],  act_t = q (learned)
+//!   every input + wpe[position];  positions: prefix 0.., actions after
+//!   the longest instruction (P + 1 + max_instruction + t), whatever L is
+//! logits[b, t, :] = W_head · h_L[b, act_t]          ([B, K·D, n_bins])
+//! ```
+//!
+//! Attention (one bool mask per forward pass): the prefix (patches, proprio,
+//! instruction) is bidirectional among itself, as a ViT over patches is, and
+//! never sees the action placeholders, so its states do not depend on them;
+//! the placeholders see the whole prefix and each other (full attention: the
+//! chunk is decoded jointly, not token after token). Instruction pads are
+//! never attended to, so a row's logits do not depend on the batch it is in.
+//!
+//! A decision's distribution is the product of its token distributions at
+//! temperature `T`: `log π(a | o) = Σ_t log_softmax(logits[t] / T)[a_t]`
+//! (DESIGN §4: the chunk is one decision, its log-prob the sum over its
+//! tokens). Sampling draws each token by inverse CDF from one ChaCha8 stream
+//! per row seeded by the row's seed (as [`crate::policy`] does), tokens in
+//! order; `T = 0` is greedy (arg max, log-probs at `T = 1`). Behaviour
+//! cloning is the mean cross-entropy over the action tokens of the chunk
+//! steps that lie within the episode.
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::vla::{Observation, Vla};
+//! let policy = Checkpoint::<Vla>::load_kind("runs/sft/policy".as_ref(), tch::Device::Cpu).unwrap();
+//! let image = vec![0u8; 32 * 32 * 3];
+//! let proprio = [0.5f32, 0.1, 0.25, 0.0, 0.0];
+//! let instruction = [17, 42, 9];
+//! let row = Observation { image: &image, height: 32, width: 32, proprio: &proprio, instruction: &instruction };
+//! let decisions = policy.model.sample(&[row, row], &[7, 8], 1.6).unwrap();
+//! assert_eq!(decisions[0].tokens.len(), 8 * 4);
+//! let tokens: Vec<&[u32]> = decisions.iter().map(|d| d.tokens.as_slice()).collect();
+//! let logp = policy.model.decision_logprobs(&[row, row], &tokens, 1.6).unwrap(); // [2]
+//! ```
+
+use embodyflow_core::{Classify, ErrorKind};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::{PolicyKind, PolicyNet};
+use crate::gpt::{Gpt, GptConfig};
+use crate::policy::{arg_max, draw};
+
+/// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with
+/// `"kind": "vla"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VlaConfig {
+    /// Tokens in the instruction vocabulary (the tokenizer's).
+    pub vocab_size: i64,
+    /// Most instruction tokens.
+    pub max_instruction: i64,
+    /// Side of the square RGB image, in pixels.
+    pub image_size: i64,
+    /// Side of a square patch (must divide `image_size`).
+    pub patch_size: i64,
+    /// Length of the proprio vector.
+    pub proprio_dim: i64,
+    /// Actions per decision (`K`).
+    pub chunk_len: i64,
+    /// Dimensions per action (`D`).
+    pub action_dim: i64,
+    /// Bins (tokens) per action dimension.
+    pub n_bins: i64,
+    /// Lowest action value (the first bin's edge).
+    pub action_low: f64,
+    /// Highest action value (the last bin's edge).
+    pub action_high: f64,
+    /// Width of the residual stream.
+    pub n_embd: i64,
+    /// Attention heads (must divide `n_embd`).
+    pub n_head: i64,
+    /// Transformer blocks.
+    pub n_layer: i64,
+}
+
+impl VlaConfig {
+    /// The default shape, small enough for a CPU: 32 × 32 images in 16
+    /// patches of 8 × 8, proprio of 5, instructions of up to 32 tokens,
+    /// chunks of 8 actions of 4 dimensions, OpenVLA's 256 bins over
+    /// `[-1, 1]`, width 128, 4 heads, 4 layers.
+    pub fn small(vocab_size: i64) -> VlaConfig {
+        VlaConfig {
+            vocab_size,
+            max_instruction: 32,
+            image_size: 32,
+            patch_size: 8,
+            proprio_dim: 5,
+            chunk_len: 8,
+            action_dim: 4,
+            n_bins: 256,
+            action_low: -1.0,
+            action_high: 1.0,
+            n_embd: 128,
+            n_head: 4,
+            n_layer: 4,
+        }
+    }
+
+    /// Why this config describes no network, if it does not.
+    pub fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("image_size", self.image_size),
+            ("patch_size", self.patch_size),
+            ("proprio_dim", self.proprio_dim),
+            ("chunk_len", self.chunk_len),
+            ("action_dim", self.action_dim),
+            ("n_embd", self.n_embd),
+            ("n_head", self.n_head),
+            ("n_layer", self.n_layer),
+        ];
+        for (name, value) in positive {
+            if value < 1 {
+                return Err(format!("{name} must be at least 1, found {value}"));
+            }
+        }
+        if self.max_instruction < 0 {
+            return Err(format!(
+                "max_instruction must be at least 0, found {}",
+                self.max_instruction
+            ));
+        }
+        if self.image_size % self.patch_size != 0 {
+            return Err(format!(
+                "patch_size {} must divide image_size {}",
+                self.patch_size, self.image_size
+            ));
+        }
+        if self.n_bins < 2 {
+            return Err(format!("n_bins must be at least 2, found {}", self.n_bins));
+        }
+        if !(self.action_low.is_finite()
+            && self.action_high.is_finite()
+            && self.action_low < self.action_high)
+        {
+            return Err(format!(
+                "need finite action_low < action_high, found [{}, {}]",
+                self.action_low, self.action_high
+            ));
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(format!(
+                "n_head {} must divide n_embd {}",
+                self.n_head, self.n_embd
+            ));
+        }
+        Ok(())
+    }
+
+    /// Image patches per observation: `(image_size / patch_size)²`.
+    pub fn n_patches(&self) -> i64 {
+        let side = self.image_size / self.patch_size;
+        side * side
+    }
+
+    /// Action tokens per decision: `chunk_len × action_dim`.
+    pub fn n_action_tokens(&self) -> i64 {
+        self.chunk_len * self.action_dim
+    }
+
+    /// Positions before the action placeholders: patches, proprio and the
+    /// longest instruction.
+    fn prefix_len(&self) -> i64 {
+        self.n_patches() + 1 + self.max_instruction
+    }
+
+    /// The trunk: a [`Gpt`] over the whole sequence (its embedding embeds
+    /// the instruction; its tied output head is not used).
+    fn trunk(&self) -> GptConfig {
+        GptConfig {
+            vocab_size: self.vocab_size,
+            n_ctx: self.prefix_len() + self.n_action_tokens(),
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            n_layer: self.n_layer,
+        }
+    }
+}
+
+/// One row of a batch: what the policy sees at a decision.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// RGB bytes, `height × width × 3`, row-major.
+    pub image: &'a [u8],
+    /// Image height in pixels.
+    pub height: usize,
+    /// Image width in pixels.
+    pub width: usize,
+    /// The proprio vector.
+    pub proprio: &'a [f32],
+    /// The instruction's token ids.
+    pub instruction: &'a [i32],
+}
+
+/// A batch the policy cannot run, named by row.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VlaError {
+    /// No rows.
+    #[error("an empty batch")]
+    EmptyBatch,
+    /// A per-row argument whose length is not the batch's.
+    #[error("{what}: {found} given for a batch of {batch} rows")]
+    RowCount {
+        /// The argument.
+        what: &'static str,
+        /// Its length.
+        found: usize,
+        /// Rows in the batch.
+        batch: usize,
+    },
+    /// An image whose shape is not the config's.
+    #[error(
+        "row {row}: image of {height}x{width}x3 ({bytes} bytes), the policy takes {size}x{size}x3"
+    )]
+    ImageShape {
+        /// The row.
+        row: usize,
+        /// Its stated height.
+        height: usize,
+        /// Its stated width.
+        width: usize,
+        /// Its bytes.
+        bytes: usize,
+        /// The config's `image_size`.
+        size: i64,
+    },
+    /// A proprio vector of the wrong length or with a NaN or infinity.
+    #[error("row {row}: proprio {reason}")]
+    Proprio {
+        /// The row.
+        row: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An instruction too long or with a token outside the vocabulary.
+    #[error("row {row}: instruction {reason}")]
+    Instruction {
+        /// The row.
+        row: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A decision with the wrong number of action tokens.
+    #[error("row {row}: {found} action tokens, a decision has chunk_len x action_dim = {expected}")]
+    ChunkShape {
+        /// The row.
+        row: usize,
+        /// Tokens given.
+        found: usize,
+        /// Tokens a decision has.
+        expected: i64,
+    },
+    /// An action token that is not a bin.
+    #[error("row {row}: action token {token} at position {position} is outside 0..{n_bins}")]
+    BadActionToken {
+        /// The row.
+        row: usize,
+        /// Position in the flattened chunk.
+        position: usize,
+        /// The token.
+        token: u32,
+        /// Bins per dimension.
+        n_bins: i64,
+    },
+    /// A count of valid chunk steps outside `1..=chunk_len`.
+    #[error("row {row}: {found} valid chunk steps, expected 1..={chunk_len}")]
+    ValidSteps {
+        /// The row.
+        row: usize,
+        /// The count given.
+        found: usize,
+        /// Actions per decision.
+        chunk_len: i64,
+    },
+    /// A temperature that is negative or not finite.
+    #[error("temperature {0} must be finite and at least 0")]
+    Temperature(f64),
+}
+
+impl Classify for VlaError {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::BadInput
+    }
+}
+
+/// One sampled decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The `K × D` action tokens (bins), step after step.
+    pub tokens: Vec<u32>,
+    /// Log-prob of each token under `logits / T` (`T = 1` when greedy).
+    pub token_logprobs: Vec<f32>,
+    /// The decision's log-prob: the sum of its tokens'.
+    pub logprob: f32,
+}
+
+/// The network.
+#[derive(Debug)]
+pub struct Vla {
+    trunk: Gpt,
+    patch_embed: nn::Linear,
+    proprio_embed: nn::Linear,
+    action_query: Tensor,
+    action_head: nn::Linear,
+    config: VlaConfig,
+}
+
+impl PolicyNet for Vla {
+    type Config = VlaConfig;
+    const KIND: PolicyKind = PolicyKind::Vla;
+
+    fn check(config: &VlaConfig) -> Result<(), String> {
+        config.check()
+    }
+
+    fn vocab_size(config: &VlaConfig) -> i64 {
+        config.vocab_size
+    }
+
+    fn build(path: &nn::Path, config: &VlaConfig) -> Vla {
+        Vla::new(path, config)
+    }
+
+    fn config(&self) -> &VlaConfig {
+        &self.config
+    }
+}
+
+impl Vla {
+    /// Creates the parameters under `path`: the trunk's (`wte`, `wpe`,
+    /// `h.{i}.…`, `ln_f`), `patch_embed`, `proprio_embed`, `action_query`
+    /// and `action_head`. Panics on a config that [`VlaConfig::check`]
+    /// refuses (checkpoints check it first and name the file).
+    pub fn new(path: &nn::Path, config: &VlaConfig) -> Vla {
+        if let Err(reason) = config.check() {
+            panic!("invalid VLA config: {reason}");
+        }
+        let e = config.n_embd;
+        let patch_in = config.patch_size * config.patch_size * 3;
+        Vla {
+            trunk: Gpt::new(path, &config.trunk()),
+            patch_embed: nn::linear(path / "patch_embed", patch_in, e, Default::default()),
+            proprio_embed: nn::linear(
+                path / "proprio_embed",
+                config.proprio_dim,
+                e,
+                Default::default(),
+            ),
+            action_query: path.var(
+                "action_query",
+                &[e],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.02,
+                },
+            ),
+            action_head: nn::linear(path / "action_head", e, config.n_bins, Default::default()),
+            config: config.clone(),
+        }
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &VlaConfig {
+        &self.config
+    }
+
+    fn device(&self) -> Device {
+        self.action_query.device()
+    }
+
+    /// Logits `[batch, K × D, n_bins]` of a batch of observations (with
+    /// gradients when gradients are on).
+    pub fn logits(&self, batch: &[Observation]) -> Result<Tensor, VlaError> {
+        let (x, mask) = self.inputs(batch)?;
+        Ok(self.action_logits(&self.hidden(x, &mask)))
+    }
+
+    /// Samples one decision per row at `temperature` (`0` = greedy), row
+    /// `b` drawing from a ChaCha8 stream seeded by `seeds[b]`.
+    pub fn sample(
+        &self,
+        batch: &[Observation],
+        seeds: &[u64],
+        temperature: f64,
+    ) -> Result<Vec<Decision>, VlaError> {
+        check_rows("seeds", seeds.len(), batch.len())?;
+        check_temperature(temperature)?;
+        let logits = tch::no_grad(|| self.logits(batch))?;
+        let logp = log_softmax_at(&logits, temperature);
+        let logp = Vec::<f32>::try_from(logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
+        let (n_bins, tokens) = (self.config.n_bins as usize, self.tokens_per_decision());
+        let decisions = seeds
+            .iter()
+            .enumerate()
+            .map(|(row, &seed)| {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let mut decision = Decision {
+                    tokens: Vec::with_capacity(tokens),
+                    token_logprobs: Vec::with_capacity(tokens),
+                    logprob: 0.0,
+                };
+                let mut sum = 0.0f64;
+                for t in 0..tokens {
+                    let start = (row * tokens + t) * n_bins;
+                    let token_logp = &logp[start..start + n_bins];
+                    let token = if temperature > 0.0 {
+                        draw(token_logp, 1.0, &mut rng)
+                    } else {
+                        arg_max(token_logp)
+                    };
+                    decision.tokens.push(token as u32);
+                    decision.token_logprobs.push(token_logp[token]);
+                    sum += f64::from(token_logp[token]);
+                }
+                decision.logprob = sum as f32;
+                decision
+            })
+            .collect();
+        Ok(decisions)
+    }
+
+    /// Log-prob `[batch, K × D]` of each action token of `tokens` (one
+    /// decision per row) under `logits / temperature`, with gradients when
+    /// gradients are on.
+    pub fn token_logprobs(
+        &self,
+        batch: &[Observation],
+        tokens: &[&[u32]],
+        temperature: f64,
+    ) -> Result<Tensor, VlaError> {
+        check_temperature(temperature)?;
+        let targets = self.action_tokens(tokens, batch.len())?;
+        let logits = self.logits(batch)?;
+        Ok(logprobs_of(&logits, &targets, temperature))
+    }
+
+    /// Log-prob `[batch]` of each row's decision: the sum of
+    /// [`Vla::token_logprobs`] over its `K × D` tokens.
+    pub fn decision_logprobs(
+        &self,
+        batch: &[Observation],
+        tokens: &[&[u32]],
+        temperature: f64,
+    ) -> Result<Tensor, VlaError> {
+        Ok(self
+            .token_logprobs(batch, tokens, temperature)?
+            .sum_dim_intlist(1, false, Kind::Float))
+    }
+
+    /// Behaviour-cloning loss (a scalar with gradients): the mean
+    /// cross-entropy of the target `tokens` over the action tokens of each
+    /// row's first `valid_steps[row]` chunk steps (all `K` when `None`; the
+    /// steps after an episode's end are left out).
+    pub fn bc_loss(
+        &self,
+        batch: &[Observation],
+        tokens: &[&[u32]],
+        valid_steps: Option<&[usize]>,
+    ) -> Result<Tensor, VlaError> {
+        let targets = self.action_tokens(tokens, batch.len())?;
+        let (k, d) = (self.config.chunk_len, self.config.action_dim);
+        let mask = match valid_steps {
+            None => None,
+            Some(valid) => {
+                check_rows("valid_steps", valid.len(), batch.len())?;
+                let mut mask = Vec::with_capacity(valid.len() * (k * d) as usize);
+                for (row, &steps) in valid.iter().enumerate() {
+                    if steps == 0 || steps as i64 > k {
+                        return Err(VlaError::ValidSteps {
+                            row,
+                            found: steps,
+                            chunk_len: k,
+                        });
+                    }
+                    for step in 0..k as usize {
+                        let on = if step < steps { 1.0f32 } else { 0.0 };
+                        mask.extend(std::iter::repeat_n(on, d as usize));
+                    }
+                }
+                Some(
+                    Tensor::from_slice(&mask)
+                        .view([batch.len() as i64, k * d])
+                        .to(self.device()),
+                )
+            }
+        };
+        let logits = self.logits(batch)?;
+        let nll = -logprobs_of(&logits, &targets, 1.0);
+        Ok(match mask {
+            None => nll.mean(Kind::Float),
+            Some(mask) => (nll * &mask).sum(Kind::Float) / mask.sum(Kind::Float),
+        })
+    }
+
+    fn tokens_per_decision(&self) -> usize {
+        self.config.n_action_tokens() as usize
+    }
+
+    /// Target tokens `[batch, K × D]` (int64, on the device), checked.
+    fn action_tokens(&self, tokens: &[&[u32]], batch: usize) -> Result<Tensor, VlaError> {
+        check_rows("action tokens", tokens.len(), batch)?;
+        let per = self.tokens_per_decision();
+        let n_bins = self.config.n_bins;
+        let mut flat = Vec::with_capacity(batch * per);
+        for (row, decision) in tokens.iter().enumerate() {
+            if decision.len() != per {
+                return Err(VlaError::ChunkShape {
+                    row,
+                    found: decision.len(),
+                    expected: per as i64,
+                });
+            }
+            for (position, &token) in decision.iter().enumerate() {
+                if i64::from(token) >= n_bins {
+                    return Err(VlaError::BadActionToken {
+                        row,
+                        position,
+                        token,
+                        n_bins,
+                    });
+                }
+                flat.push(i64::from(token));
+            }
+        }
+        Ok(Tensor::from_slice(&flat)
+            .view([batch as i64, per as i64])
+            .to(self.device()))
+    }
+
+    /// The embedded sequence `[batch, time, embd]` and the bool attention
+    /// mask (`[1 or batch, 1, time, time]`, true = attend) of a batch.
+    fn inputs(&self, batch: &[Observation]) -> Result<(Tensor, Tensor), VlaError> {
+        self.check_batch(batch)?;
+        let config = &self.config;
+        let device = self.device();
+        let b = batch.len() as i64;
+        let (s, p) = (config.image_size, config.patch_size);
+        let side = s / p;
+        let n_patches = config.n_patches();
+        let mut pixels = Vec::with_capacity(batch.len() * (s * s * 3) as usize);
+        let mut proprio = Vec::with_capacity(batch.len() * config.proprio_dim as usize);
+        for row in batch {
+            pixels.extend_from_slice(row.image);
+            proprio.extend_from_slice(row.proprio);
+        }
+        // [b, s, s, 3] -> [b, side, p, side, p, 3] -> patches [b, side², p·p·3].
+        let pixels = Tensor::from_slice(&pixels)
+            .to(device)
+            .view([b, side, p, side, p, 3])
+            .permute([0, 1, 3, 2, 4, 5])
+            .reshape([b, n_patches, p * p * 3])
+            .to_kind(Kind::Float)
+            / 127.5
+            - 1.0;
+        let patches = self.patch_embed.forward(&pixels);
+        let proprio = self
+            .proprio_embed
+            .forward(
+                &Tensor::from_slice(&proprio)
+                    .view([b, config.proprio_dim])
+                    .to(device),
+            )
+            .unsqueeze(1);
+        let lengths: Vec<i64> = batch.iter().map(|r| r.instruction.len() as i64).collect();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut ids = Vec::with_capacity((b * longest) as usize);
+        for row in batch {
+            ids.extend(row.instruction.iter().map(|&id| i64::from(id)));
+            ids.extend(std::iter::repeat_n(
+                0i64,
+                longest as usize - row.instruction.len(),
+            ));
+        }
+        let instruction = self
+            .trunk
+            .embed_tokens(&Tensor::from_slice(&ids).view([b, longest]).to(device));
+        let actions = config.n_action_tokens();
+        let queries = self
+            .action_query
+            .view([1, 1, config.n_embd])
+            .expand([b, actions, config.n_embd], false);
+        let prefix = n_patches + 1 + longest;
+        let positions = Tensor::cat(
+            &[
+                Tensor::arange(prefix, (Kind::Int64, device)),
+                Tensor::arange_start(
+                    config.prefix_len(),
+                    config.prefix_len() + actions,
+                    (Kind::Int64, device),
+                ),
+            ],
+            0,
+        );
+        let x = Tensor::cat(&[patches, proprio, instruction, queries], 1)
+            + self.trunk.embed_positions(&positions).unsqueeze(0);
+        // Prefix queries see prefix keys; action queries see every key;
+        // an instruction pad is no one's key.
+        let time = prefix + actions;
+        let columns = Tensor::arange(time, (Kind::Int64, device));
+        let prefix_key = columns.lt(prefix).unsqueeze(0); // [1, key]
+        let action_query = columns.ge(prefix).unsqueeze(1); // [query, 1]
+        let allowed = prefix_key.logical_or(&action_query).unsqueeze(0); // [1, q, k]
+        let mask = if lengths.iter().all(|&len| len == longest) {
+            allowed
+        } else {
+            let lengths = Tensor::from_slice(&lengths).to(device);
+            let instruction_column = &columns - (n_patches + 1); // [k]
+            // The instruction's columns past the row's own length.
+            let in_instruction = instruction_column
+                .ge(0)
+                .logical_and(&instruction_column.lt(longest))
+                .unsqueeze(0); // [1, k]
+            let pad = in_instruction.logical_and(
+                &instruction_column
+                    .unsqueeze(0)
+                    .ge_tensor(&lengths.unsqueeze(1)),
+            ); // [b, k]
+            allowed.logical_and(&pad.logical_not().unsqueeze(1))
+        };
+        Ok((x, mask.unsqueeze(1)))
+    }
+
+    /// Final hidden states `[batch, time, embd]` of an embedded sequence.
+    fn hidden(&self, x: Tensor, mask: &Tensor) -> Tensor {
+        self.trunk.hidden_of_embeddings(x, mask)
+    }
+
+    /// Logits `[batch, K × D, n_bins]` of the action placeholders (the last
+    /// `K × D` positions) of hidden states `[batch, time, embd]`.
+    fn action_logits(&self, hidden: &Tensor) -> Tensor {
+        let actions = self.config.n_action_tokens();
+        let time = hidden.size()[1];
+        self.action_head
+            .forward(&hidden.narrow(1, time - actions, actions))
+    }
+
+    fn check_batch(&self, batch: &[Observation]) -> Result<(), VlaError> {
+        if batch.is_empty() {
+            return Err(VlaError::EmptyBatch);
+        }
+        let config = &self.config;
+        let size = config.image_size as usize;
+        for (row, observation) in batch.iter().enumerate() {
+            let Observation {
+                image,
+                height,
+                width,
+                proprio,
+                instruction,
+            } = *observation;
+            if height != size || width != size || image.len() != size * size * 3 {
+                return Err(VlaError::ImageShape {
+                    row,
+                    height,
+                    width,
+                    bytes: image.len(),
+                    size: config.image_size,
+                });
+            }
+            if proprio.len() as i64 != config.proprio_dim {
+                return Err(VlaError::Proprio {
+                    row,
+                    reason: format!(
+                        "has {} values, the config's proprio_dim is {}",
+                        proprio.len(),
+                        config.proprio_dim
+                    ),
+                });
+            }
+            if let Some(index) = proprio.iter().position(|v| !v.is_finite()) {
+                return Err(VlaError::Proprio {
+                    row,
+                    reason: format!("value {} at index {index} is not finite", proprio[index]),
+                });
+            }
+            if instruction.len() as i64 > config.max_instruction {
+                return Err(VlaError::Instruction {
+                    row,
+                    reason: format!(
+                        "of {} tokens exceeds max_instruction {}",
+                        instruction.len(),
+                        config.max_instruction
+                    ),
+                });
+            }
+            let vocab = config.vocab_size;
+            if let Some(position) = instruction
+                .iter()
+                .position(|&id| id < 0 || i64::from(id) >= vocab)
+            {
+                return Err(VlaError::Instruction {
+                    row,
+                    reason: format!(
+                        "token {} at position {position} is outside the vocabulary 0..{vocab}",
+                        instruction[position]
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Log-probs `[batch, K × D]` of `tokens` (int64 `[batch, K × D]`) under
+/// `logits / temperature` (`logits` `[batch, K × D, n_bins]`;
+/// `temperature = 0` reads as 1): the per-token terms of a decision's
+/// log-prob, for token-level losses on logits already computed.
+pub fn logprobs_of(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Tensor {
+    log_softmax_at(logits, temperature)
+        .gather(2, &tokens.unsqueeze(2), false)
+        .squeeze_dim(2)
+}
+
+/// `log_softmax(logits / T)` over the bins (`T = 0`: at 1, for greedy).
+fn log_softmax_at(logits: &Tensor, temperature: f64) -> Tensor {
+    if temperature > 0.0 && temperature != 1.0 {
+        (logits / temperature).log_softmax(-1, Kind::Float)
+    } else {
+        logits.log_softmax(-1, Kind::Float)
+    }
+}
+
+fn check_rows(what: &'static str, found: usize, batch: usize) -> Result<(), VlaError> {
+    if found != batch {
+        return Err(VlaError::RowCount { what, found, batch });
+    }
+    Ok(())
+}
+
+fn check_temperature(temperature: f64) -> Result<(), VlaError> {
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(VlaError::Temperature(temperature));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
