@@ -620,6 +620,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     })
 }
 
+pub mod vla;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,227 @@
+//! The VLA checkpoint ([`embodyflow_models::vla::Vla`]) as a
+//! [`ChunkPolicy`]: instructions through the checkpoint's tokenizer, one
+//! batched [`Vla::sample`] per decision at the run's temperature (`0`:
+//! greedy), row `r` drawing from `batch.seeds[r]`; the bins it decodes with
+//! are the checkpoint's ([`VlaPolicy::bins`]).
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::vla::Vla;
+//! use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
+//! # let tasks: Vec<embodyflow_tabletop::TaskSpec> = todo!();
+//! let checkpoint = Checkpoint::<Vla>::load_kind("runs/sft/policy".as_ref(), tch::Device::Cpu).unwrap();
+//! let mut policy = VlaPolicy::new(&checkpoint, 1.6).unwrap();
+//! let mut world = TabletopEpisodes::new(&tasks, 8, 32).unwrap();
+//! let seeds: Vec<u64> = (0..world.batch().len() as u64).collect();
+//! let config = ClosedLoopConfig { max_decisions: 64, label: "rollouts" };
+//! let run = run_closed_loop(&mut world, &mut policy, &policy.bins(), &seeds, &config).unwrap();
+//! ```
+
+use embodyflow_algos::action_tokens::ActionBins;
+use embodyflow_core::observation::ObservationShape;
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::tokenizer::encode;
+use embodyflow_models::vla::{Observation, Vla};
+
+use super::{ChunkDecision, ChunkPolicy, DecisionBatch};
+
+/// A VLA checkpoint sampling at one temperature.
+pub struct VlaPolicy<'a> {
+    checkpoint: &'a Checkpoint<Vla>,
+    temperature: f64,
+    bins: ActionBins,
+}
+
+impl<'a> VlaPolicy<'a> {
+    /// The checkpoint sampling at `temperature` (`0`: greedy).
+    pub fn new(checkpoint: &'a Checkpoint<Vla>, temperature: f64) -> Result<Self, ModelError> {
+        let config = checkpoint.model.config();
+        let bins = ActionBins::new(
+            config.n_bins as usize,
+            config.action_low,
+            config.action_high,
+        )
+        .map_err(|e| ModelError::Tokenizer(format!("the checkpoint's action bins: {e}")))?;
+        Ok(VlaPolicy {
+            checkpoint,
+            temperature,
+            bins,
+        })
+    }
+
+    /// The action bins of the checkpoint's config.
+    pub fn bins(&self) -> ActionBins {
+        self.bins.clone()
+    }
+}
+
+impl ChunkPolicy for VlaPolicy<'_> {
+    type Error = ModelError;
+
+    fn chunk_len(&self) -> usize {
+        self.checkpoint.model.config().chunk_len as usize
+    }
+
+    fn action_dim(&self) -> usize {
+        self.checkpoint.model.config().action_dim as usize
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        let config = self.checkpoint.model.config();
+        ObservationShape {
+            height: config.image_size as usize,
+            width: config.image_size as usize,
+            channels: 3,
+            proprio: config.proprio_dim as usize,
+        }
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, ModelError> {
+        let ids = encode(&self.checkpoint.tokenizer, instruction)?;
+        let most = self.checkpoint.model.config().max_instruction;
+        if ids.len() as i64 > most {
+            return Err(ModelError::Tokenizer(format!(
+                "instruction `{instruction}` is {} tokens, the checkpoint takes at most max_instruction = {most}",
+                ids.len()
+            )));
+        }
+        Ok(ids)
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, ModelError> {
+        let rows: Vec<Observation<'_>> = (0..batch.len())
+            .map(|r| Observation {
+                image: batch.frame(r),
+                height: batch.shape.height,
+                width: batch.shape.width,
+                proprio: batch.proprio_of(r),
+                instruction: batch.instructions[r],
+            })
+            .collect();
+        let decisions = self
+            .checkpoint
+            .model
+            .sample(&rows, batch.seeds, self.temperature)?;
+        Ok(decisions
+            .into_iter()
+            .map(|d| ChunkDecision {
+                tokens: d.tokens,
+                token_logprobs: d.token_logprobs,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use super::*;
+    use embodyflow_core::observation::decode;
+    use embodyflow_models::testing::{seed, tiny_tokenizer};
+    use embodyflow_models::vla::VlaConfig;
+    use embodyflow_tabletop::{Split, Suite, generate};
+
+    fn tiny() -> Checkpoint<Vla> {
+        let tokenizer = tiny_tokenizer();
+        let config = VlaConfig {
+            vocab_size: tokenizer.get_vocab_size(true) as i64,
+            max_instruction: 160,
+            image_size: 32,
+            patch_size: 8,
+            proprio_dim: 5,
+            chunk_len: 4,
+            action_dim: 4,
+            n_bins: 256,
+            action_low: -1.0,
+            action_high: 1.0,
+            n_embd: 32,
+            n_head: 4,
+            n_layer: 2,
+        };
+        let _generator = seed(5);
+        Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_vla_runs_closed_loop_and_its_stored_decisions_score_the_same_again() {
+        let checkpoint = tiny();
+        let mut policy = VlaPolicy::new(&checkpoint, 1.6).unwrap();
+        let tasks: Vec<_> = Suite::ALL
+            .iter()
+            .map(|&s| generate(s, Split::Train, 3, 0))
+            .collect();
+        let mut world = TabletopEpisodes::new(&tasks, 2, 32).unwrap();
+        let seeds: Vec<u64> = (0..8).collect();
+        let config = ClosedLoopConfig {
+            max_decisions: 3,
+            label: "vla (test)",
+        };
+        let bins = policy.bins();
+        let run = run_closed_loop(&mut world, &mut policy, &bins, &seeds, &config).unwrap();
+        assert_eq!((run.decisions, run.env_steps), (24, 24 * 4));
+        let episodes = run.episodes;
+        // The update's view: every stored row, decoded from its bytes alone,
+        // scores its tokens with the log-probs recorded while sampling.
+        let rows: Vec<_> = episodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.step_rows(&format!("t{i}")))
+            .collect();
+        assert_eq!(rows.len(), 8 * 3);
+        let decoded: Vec<_> = rows
+            .iter()
+            .map(|r| decode(r.observation.as_deref().unwrap()).unwrap())
+            .collect();
+        let observations: Vec<Observation<'_>> = decoded
+            .iter()
+            .zip(&rows)
+            .map(|(o, r)| Observation {
+                image: o.pixels,
+                height: o.shape.height,
+                width: o.shape.width,
+                proprio: &o.proprio,
+                instruction: &r.prompt_ids,
+            })
+            .collect();
+        let tokens: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|r| r.response_ids.iter().map(|&t| t as u32).collect())
+            .collect();
+        let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+        let again = tch::no_grad(|| {
+            checkpoint
+                .model
+                .token_logprobs(&observations, &tokens, 1.6)
+                .unwrap()
+        });
+        let again = Vec::<f32>::try_from(again.view([-1])).unwrap();
+        let stored: Vec<f32> = rows.iter().flat_map(|r| r.old_logprobs.clone()).collect();
+        assert_eq!(again.len(), stored.len());
+        let worst = again
+            .iter()
+            .zip(&stored)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "largest difference {worst}");
+        // Copies of a task start alike and draw differently.
+        assert_eq!(
+            episodes[0].decisions[0].observation,
+            episodes[1].decisions[0].observation
+        );
+        assert_ne!(
+            episodes[0].decisions[0].tokens,
+            episodes[1].decisions[0].tokens
+        );
+    }
+
+    #[test]
+    fn an_instruction_longer_than_the_checkpoint_takes_is_refused() {
+        let checkpoint = tiny();
+        let policy = VlaPolicy::new(&checkpoint, 0.0).unwrap();
+        let long = "put the red block in the blue bowl ".repeat(20);
+        let error = policy.instruction_ids(&long).unwrap_err().to_string();
+        assert!(error.contains("max_instruction = 160"), "{error}");
+    }
+}
