@@ -7,9 +7,8 @@
 //! - [`ChunkPolicy`]: observations of a batch of episodes (frames, proprio,
 //!   instruction token ids, one sampling seed per row) → per episode `K × D`
 //!   action tokens (bins) and their log-probs. The models crate knows no
-//!   world and does not depend on this crate; its VLA is adapted here (an
-//!   impl of this trait for the model type lives in this crate, which
-//!   depends on both).
+//!   world and does not depend on this crate; its VLA is adapted here by
+//!   [`vla::VlaPolicy`] (this crate depends on both).
 //! - [`ClosedLoopWorld`]: `n` episodes that render into contiguous buffers
 //!   and advance by one chunk of `K` actions each; implemented here for the
 //!   tabletop world by [`TabletopEpisodes`] (a [`Batch`]: G copies of each
