@@ -277,10 +277,22 @@ pub trait ChunkPolicy {
 /// Why a closed-loop run stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ClosedLoopError {
+    /// The policy cannot encode an episode's instruction.
+    #[error("episode {episode} (task `{task}`), its instruction: {source}")]
+    Instruction {
+        /// The episode.
+        episode: usize,
+        /// Its task.
+        task: String,
+        /// Who must act.
+        kind: ErrorKind,
+        /// The policy's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The policy failed or refused its input.
     #[error("policy at decision {decision}: {source}")]
     Policy {
-        /// The decision (0 for the instructions, before any).
+        /// The decision.
         decision: usize,
         /// Who must act.
         kind: ErrorKind,
@@ -346,7 +358,9 @@ pub enum ClosedLoopError {
 impl Classify for ClosedLoopError {
     fn kind(&self) -> ErrorKind {
         match self {
-            ClosedLoopError::Policy { kind, .. } => *kind,
+            ClosedLoopError::Policy { kind, .. } | ClosedLoopError::Instruction { kind, .. } => {
+                *kind
+            }
             ClosedLoopError::Observation(_)
             | ClosedLoopError::ActionShape { .. }
             | ClosedLoopError::SeedCount { .. } => ErrorKind::BadInput,
@@ -488,9 +502,14 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     };
     let mut episodes = Vec::with_capacity(n);
     for i in 0..n {
-        let prompt_ids = policy
-            .instruction_ids(world.instruction(i))
-            .map_err(|e| policy_error(0, e))?;
+        let prompt_ids = policy.instruction_ids(world.instruction(i)).map_err(|e| {
+            ClosedLoopError::Instruction {
+                episode: i,
+                task: world.task_id(i).to_string(),
+                kind: e.kind(),
+                source: Box::new(e),
+            }
+        })?;
         episodes.push(ClosedLoopEpisode {
             task_id: world.task_id(i).to_string(),
             prompt_ids,

@@ -223,5 +223,27 @@ mod tests {
         let long = "put the red block in the blue bowl ".repeat(20);
         let error = policy.instruction_ids(&long).unwrap_err().to_string();
         assert!(error.contains("max_instruction = 160"), "{error}");
+        // In a run: named by episode and task, bad input, nothing stepped.
+        let mut tasks = vec![generate(Suite::Goal, Split::Train, 3, 0); 2];
+        tasks[1].instruction = long;
+        let mut world = TabletopEpisodes::new(&tasks, 2, 32).unwrap();
+        let config = ClosedLoopConfig {
+            max_decisions: 3,
+            label: "vla (test)",
+        };
+        let mut policy = policy;
+        let bins = policy.bins();
+        let error =
+            run_closed_loop(&mut world, &mut policy, &bins, &[0, 1, 2, 3], &config).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::BadInput);
+        let text = error.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "episode 2 (task `{}`), its instruction: ",
+                tasks[1].task_id()
+            )) && text.contains("max_instruction = 160"),
+            "{text}"
+        );
+        assert!((0..4).all(|i| world.batch().world(i).steps() == 0));
     }
 }
