@@ -442,3 +442,40 @@ fn step_rows_carry_each_decision() {
         assert!(row.old_value.is_none() && row.latents.is_none());
     }
 }
+
+#[test]
+fn step_rows_survive_the_steps_table_and_decode_from_it() {
+    use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
+    use embodyflow_core::manifest::Producer;
+    use embodyflow_core::schemas::TableName;
+    let tasks = tasks(1);
+    let episodes = run(&tasks, 2, &mut RandomPolicy, &seeds(8, 4), 4).unwrap();
+    let rows: Vec<StepRow> = episodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, e)| e.step_rows(&format!("it0/{}/d0/s{}", e.task_id, i % 2)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer =
+        TableWriter::create(dir.path(), TableName::Steps, WriteOptions::default(), false).unwrap();
+    writer.write_rows(&rows).unwrap();
+    let producer = Producer {
+        stage: "test".into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    writer.finish(&producer, &[]).unwrap();
+    let reader = TableReader::open(&dir.path().join("steps"), TableName::Steps).unwrap();
+    let mut back: Vec<StepRow> = reader.read_rows().unwrap();
+    let mut rows = rows;
+    let key = |r: &StepRow| (r.trajectory_id.clone(), r.step_index);
+    rows.sort_by_key(key);
+    back.sort_by_key(key);
+    assert_eq!(back, rows);
+    for row in &back {
+        let observation = decode(row.observation.as_deref().unwrap()).unwrap();
+        observation.expect_shape(&shape()).unwrap();
+    }
+}
