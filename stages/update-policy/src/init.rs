@@ -10,8 +10,20 @@
 //! 0.58 M parameters with the household tokenizer) is sized for the
 //! household demo on a CPU.
 //!
+//! `kind = "vla"` writes a vision-language-action policy for the tabletop
+//! world instead ([`embodyflow_models::vla::Vla`], `config.json` with
+//! `"kind": "vla"`): its architecture is `vla.*` (defaults
+//! `VlaConfig::small`: 32 × 32 images in 8 × 8 patches, chunks of 8
+//! actions, 256 bins, width 128, 4 heads, 4 layers), the proprio length and
+//! action size are the tabletop world's (`PROPRIO_DIM`, `ACTION_DIM`) and
+//! the action bins span the world's `[-1, 1]`. Its tokenizer is trained on
+//! the instructions of `tokenizer.corpus_tasks` generated tabletop train
+//! tasks (all four suites in turn), and every one of them must fit in
+//! `vla.max_instruction` tokens.
+//!
 //! ```text
 //! init-policy --out runs/init --seed 0 --set model.n_layer=4 --set tokenizer.vocab_size=1024
+//! init-policy --out runs/vla --seed 0 --set kind=vla --set vla.n_layer=4 --set tokenizer.vocab_size=512
 //! ```
 
 use std::path::Path;
@@ -23,9 +35,11 @@ use embodyflow_core::config::{at_least, ensure};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::checkpoint::{Checkpoint, CheckpointManifest, PolicyKind};
 use embodyflow_models::gpt::GptConfig;
-use embodyflow_models::tokenizer::{load, train_bpe};
+use embodyflow_models::tokenizer::{encode, load, train_bpe};
+use embodyflow_models::vla::{Vla, VlaConfig};
+use embodyflow_tabletop as tabletop;
 use serde::{Deserialize, Serialize};
 
 /// Command line of `init-policy`.
@@ -90,12 +104,104 @@ impl Default for TokenizerConfig {
     }
 }
 
+/// `vla.*`: the VLA's architecture (`kind = "vla"`; the vocabulary comes
+/// from the tokenizer, the proprio length and action size from the tabletop
+/// world, the bins span `[-1, 1]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VlaKeys {
+    /// Most instruction tokens.
+    pub max_instruction: i64,
+    /// Side of the square RGB image in pixels.
+    pub image_size: i64,
+    /// Side of a square image patch (divides `image_size`).
+    pub patch_size: i64,
+    /// Actions per decision (K).
+    pub chunk_len: i64,
+    /// Bins per action dimension.
+    pub n_bins: i64,
+    /// Width.
+    pub n_embd: i64,
+    /// Attention heads.
+    pub n_head: i64,
+    /// Blocks.
+    pub n_layer: i64,
+}
+
+impl Default for VlaKeys {
+    fn default() -> Self {
+        let small = VlaConfig::small(1);
+        VlaKeys {
+            max_instruction: small.max_instruction,
+            image_size: small.image_size,
+            patch_size: small.patch_size,
+            chunk_len: small.chunk_len,
+            n_bins: small.n_bins,
+            n_embd: small.n_embd,
+            n_head: small.n_head,
+            n_layer: small.n_layer,
+        }
+    }
+}
+
+impl VlaKeys {
+    /// The VLA's config for a tokenizer of `vocab_size` tokens.
+    fn config(&self, vocab_size: i64) -> VlaConfig {
+        VlaConfig {
+            vocab_size,
+            max_instruction: self.max_instruction,
+            image_size: self.image_size,
+            patch_size: self.patch_size,
+            proprio_dim: tabletop::PROPRIO_DIM as i64,
+            chunk_len: self.chunk_len,
+            action_dim: tabletop::ACTION_DIM as i64,
+            n_bins: self.n_bins,
+            action_low: -1.0,
+            action_high: 1.0,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            n_layer: self.n_layer,
+        }
+    }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        at_least("vla.max_instruction", self.max_instruction, 1)?;
+        let (min, max) = (tabletop::MIN_FRAME_SIZE, tabletop::MAX_FRAME_SIZE);
+        ensure(
+            (min as i64..=max as i64).contains(&self.image_size),
+            "vla.image_size",
+            format!("a frame size the tabletop world renders, {min}..={max}"),
+            self.image_size,
+        )?;
+        ensure(
+            self.patch_size >= 1 && self.image_size % self.patch_size == 0,
+            "vla.patch_size",
+            format!("a positive divisor of vla.image_size = {}", self.image_size),
+            self.patch_size,
+        )?;
+        at_least("vla.chunk_len", self.chunk_len, 1)?;
+        at_least("vla.n_bins", self.n_bins, 2)?;
+        at_least("vla.n_head", self.n_head, 1)?;
+        at_least("vla.n_layer", self.n_layer, 1)?;
+        ensure(
+            self.n_embd >= 1 && self.n_embd % self.n_head == 0,
+            "vla.n_embd",
+            format!("a positive multiple of vla.n_head = {}", self.n_head),
+            self.n_embd,
+        )
+    }
+}
+
 /// The tool's config.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Architecture.
+    /// Which network: a plan policy (`model.*`) or a VLA (`vla.*`).
+    pub kind: Kind,
+    /// Architecture of a plan policy.
     pub model: ModelConfig,
+    /// Architecture of a VLA.
+    pub vla: VlaKeys,
     /// Tokenizer.
     pub tokenizer: TokenizerConfig,
     /// Unused (no tables are written); present for the uniform `output.*` keys.
@@ -104,13 +210,17 @@ pub struct Config {
 
 impl StageConfig for Config {
     const KEYS: &'static [(&'static str, &'static str)] = &[
+        (
+            "kind",
+            "plan (a plan policy, model.*) or vla (a VLA for the tabletop world, vla.*)",
+        ),
         ("model.n_ctx", "longest prompt + response, in tokens"),
         ("model.n_embd", "model width"),
         ("model.n_head", "attention heads"),
         ("model.n_layer", "transformer blocks"),
         (
             "tokenizer.corpus_tasks",
-            "generated training tasks whose prompts and answers train the tokenizer",
+            "generated training tasks whose texts train the tokenizer (household prompts and answers; tabletop instructions for kind = vla)",
         ),
         (
             "tokenizer.from",
@@ -120,6 +230,26 @@ impl StageConfig for Config {
             "tokenizer.vocab_size",
             "tokens in the vocabulary, special tokens included",
         ),
+        ("vla.chunk_len", "actions per decision, K (kind = vla)"),
+        (
+            "vla.image_size",
+            "side of the square RGB image in pixels (kind = vla)",
+        ),
+        (
+            "vla.max_instruction",
+            "most instruction tokens; every corpus instruction must fit (kind = vla)",
+        ),
+        (
+            "vla.n_bins",
+            "bins per action dimension over [-1, 1] (kind = vla)",
+        ),
+        ("vla.n_embd", "VLA width (kind = vla)"),
+        ("vla.n_head", "VLA attention heads (kind = vla)"),
+        ("vla.n_layer", "VLA transformer blocks (kind = vla)"),
+        (
+            "vla.patch_size",
+            "side of a square image patch, divides vla.image_size (kind = vla)",
+        ),
     ];
 
     fn output(&self) -> &OutputConfig {
@@ -127,6 +257,9 @@ impl StageConfig for Config {
     }
 
     fn validate(&self) -> embodyflow_core::Result<()> {
+        if self.kind == Kind::Vla {
+            self.vla.validate()?;
+        }
         let model = &self.model;
         at_least("model.n_ctx", model.n_ctx, 1)?;
         at_least("model.n_head", model.n_head, 1)?;
@@ -152,6 +285,17 @@ impl StageConfig for Config {
     }
 }
 
+/// `kind`: which network `init-policy` writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A plan policy (`model.*`).
+    #[default]
+    Plan,
+    /// A VLA for the tabletop world (`vla.*`).
+    Vla,
+}
+
 /// The smallest vocabulary a byte-level BPE has: 3 special tokens and 256 bytes.
 const MIN_VOCAB: usize = 3 + 256;
 
@@ -173,23 +317,74 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             (load(&file)?, format!("reused from {}", file.display()))
         }
         None => {
-            let corpus = embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed);
+            let corpus = match config.kind {
+                Kind::Plan => {
+                    embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed)
+                }
+                Kind::Vla => instructions(config.tokenizer.corpus_tasks, args.stage.seed),
+            };
             let tokenizer = train_bpe(&corpus, config.tokenizer.vocab_size)?;
             (tokenizer, format!("trained on {} texts", corpus.len()))
         }
     };
-    let model = &config.model;
-    let gpt = GptConfig {
-        vocab_size: tokenizer.get_vocab_size(true) as i64,
-        n_ctx: model.n_ctx,
-        n_embd: model.n_embd,
-        n_head: model.n_head,
-        n_layer: model.n_layer,
-    };
+    let vocab_size = tokenizer.get_vocab_size(true) as i64;
     tch::manual_seed(args.stage.seed as i64);
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
-    let policy = Checkpoint::init(&gpt, tokenizer, device)?;
-    // The checkpoint and its summary inside it are committed as one directory.
+    let (architecture, parameters, staged) = match config.kind {
+        Kind::Plan => {
+            let model = &config.model;
+            let gpt = GptConfig {
+                vocab_size,
+                n_ctx: model.n_ctx,
+                n_embd: model.n_embd,
+                n_head: model.n_head,
+                n_layer: model.n_layer,
+            };
+            let policy = Checkpoint::init(&gpt, tokenizer, device)?;
+            let staged = stage_checkpoint(&policy, out)?;
+            (format!("{gpt:?}"), policy.num_parameters(), staged)
+        }
+        Kind::Vla => {
+            let vla = config.vla.config(vocab_size);
+            let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
+            check_instructions(&policy, config.tokenizer.corpus_tasks, args.stage.seed)?;
+            let staged = stage_checkpoint(&policy, out)?;
+            (
+                format!("{:?}: {vla:?}", PolicyKind::Vla),
+                policy.num_parameters(),
+                staged,
+            )
+        }
+    };
+    let (parent, name, staged, manifest) = staged;
+    let mut commit = Commit::new(&parent);
+    commit.add(&staged, &name, Digest::DirAll, args.stage.overwrite)?;
+    let mut summary = Summary::new("init-policy");
+    summary
+        .add("checkpoint", format!("{} ({})", manifest.id, out.display()))
+        .add("parameters", parameters)
+        .add("architecture", architecture)
+        .add("tokenizer", origin);
+    let text = stage.summary_text(&summary);
+    let summary_path = parent.join(&staged).join("_summary.init-policy.md");
+    std::fs::write(&summary_path, &text)
+        .and_then(|_| std::fs::File::open(&summary_path)?.sync_all())
+        .map_err(|e| Error::io(&summary_path, e))?;
+    commit.apply()?;
+    print!("{text}");
+    Ok(())
+}
+
+/// Where a checkpoint is staged: the parent directory of `out`, its name,
+/// the staged directory and its manifest.
+type Staged = (std::path::PathBuf, String, String, CheckpointManifest);
+
+/// Writes `policy` into a staging directory beside `out` (the checkpoint
+/// and its summary inside it are committed as one directory).
+fn stage_checkpoint<M: embodyflow_models::checkpoint::PolicyNet>(
+    policy: &Checkpoint<M>,
+    out: &Path,
+) -> Result<Staged, ModelError> {
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -199,21 +394,34 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .and_then(|n| n.to_str())
         .ok_or_else(|| Error::Usage(format!("--out {}: not a directory name", out.display())))?;
     let (staged, manifest) = policy.save_staged(parent, name, "init-policy")?;
-    let mut commit = Commit::new(parent);
-    commit.add(&staged, name, Digest::DirAll, args.stage.overwrite)?;
-    let mut summary = Summary::new("init-policy");
-    summary
-        .add("checkpoint", format!("{} ({})", manifest.id, out.display()))
-        .add("parameters", policy.num_parameters())
-        .add("architecture", format!("{gpt:?}"))
-        .add("tokenizer", origin);
-    let text = stage.summary_text(&summary);
-    let summary_path = parent.join(&staged).join("_summary.init-policy.md");
-    std::fs::write(&summary_path, &text)
-        .and_then(|_| std::fs::File::open(&summary_path)?.sync_all())
-        .map_err(|e| Error::io(&summary_path, e))?;
-    commit.apply()?;
-    print!("{text}");
+    Ok((parent.to_path_buf(), name.to_string(), staged, manifest))
+}
+
+/// The instructions of `count` generated tabletop train tasks, the suites in
+/// turn (task `i` is index `i / 4` of suite `i % 4`): a VLA tokenizer's corpus.
+fn instructions(count: usize, seed: u64) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let suite = tabletop::Suite::ALL[i % tabletop::Suite::ALL.len()];
+            let index = (i / tabletop::Suite::ALL.len()) as u64;
+            tabletop::generate(suite, tabletop::Split::Train, seed, index).instruction
+        })
+        .collect()
+}
+
+/// Every corpus instruction fits in `vla.max_instruction` tokens (a longer
+/// one is refused naming the key, the instruction and its length).
+fn check_instructions(policy: &Checkpoint<Vla>, count: usize, seed: u64) -> Result<(), ModelError> {
+    let vla = policy.model.config();
+    for instruction in instructions(count, seed) {
+        let tokens = encode(&policy.tokenizer, &instruction)?.len() as i64;
+        ensure(
+            tokens <= vla.max_instruction,
+            "vla.max_instruction",
+            format!("at least {tokens} (the instruction `{instruction}`)"),
+            vla.max_instruction,
+        )?;
+    }
     Ok(())
 }
 
@@ -249,6 +457,63 @@ mod tests {
         ] {
             assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
+    }
+
+    #[test]
+    fn vla_keys_are_checked_when_loaded_for_a_vla() {
+        assert_eq!(
+            refused_key::<Config>(&["kind=vla"]),
+            None,
+            "the defaults pass"
+        );
+        assert_eq!(
+            refused_key::<Config>(&[
+                "kind=vla",
+                "vla.image_size=48",
+                "vla.patch_size=12",
+                "vla.n_embd=32",
+                "vla.n_head=2",
+                "vla.chunk_len=1",
+                "vla.n_bins=2"
+            ]),
+            None
+        );
+        // A plan policy ignores the VLA's keys.
+        assert_eq!(refused_key::<Config>(&["vla.patch_size=5"]), None);
+        assert_eq!(
+            refused_key::<Config>(&["kind=diffusion"]).as_deref(),
+            Some("kind")
+        );
+        for (set, key) in [
+            ("vla.max_instruction=0", "vla.max_instruction"),
+            ("vla.image_size=4", "vla.image_size"),
+            ("vla.image_size=1024", "vla.image_size"),
+            ("vla.patch_size=5", "vla.patch_size"),
+            ("vla.patch_size=0", "vla.patch_size"),
+            ("vla.chunk_len=0", "vla.chunk_len"),
+            ("vla.n_bins=1", "vla.n_bins"),
+            ("vla.n_head=0", "vla.n_head"),
+            ("vla.n_layer=0", "vla.n_layer"),
+            ("vla.n_embd=90", "vla.n_embd"),
+        ] {
+            assert_eq!(
+                refused_key::<Config>(&["kind=vla", set]).as_deref(),
+                Some(key),
+                "{set}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_vla_corpus_is_the_tabletop_train_instructions_of_every_suite() {
+        let corpus = instructions(8, 3);
+        assert_eq!(corpus.len(), 8);
+        for (i, text) in corpus.iter().enumerate() {
+            let suite = tabletop::Suite::ALL[i % 4];
+            let task = tabletop::generate(suite, tabletop::Split::Train, 3, (i / 4) as u64);
+            assert_eq!(text, &task.instruction);
+        }
+        assert_ne!(corpus, instructions(8, 4), "seeded");
     }
 }
 
