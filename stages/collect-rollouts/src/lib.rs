@@ -30,25 +30,51 @@
 //! counted in the summary and not written; a slot whose every draw was
 //! dropped writes nothing.
 //!
+//! Closed-loop tasks (env `tabletop`, issue 15) need a VLA checkpoint
+//! (`init-policy --set kind=vla`; [`policy_kind`]): each group is `G`
+//! episodes of its task sharing the initial state (`TabletopEpisodes`),
+//! every live episode of a batch stepped in lockstep with one batched VLA
+//! call per decision (`run_closed_loop`, `VlaPolicy` at `temperature`;
+//! `top_p` and `max_new_tokens` do not apply). Episode `<group>/s<k>` draws
+//! from `sampling_seed(--seed, trajectory id)` as an answer does; it ends
+//! at success or at the task's `max_steps` (a failure), so the run allows
+//! `ceil(max_steps / K)` decisions (`K` = the checkpoint's `chunk_len`).
+//! One `trajectories` row per episode (`num_steps` = decisions, `env_steps`,
+//! `complete` = success, `response_text` null) and one `steps` row per
+//! decision (the instruction ids, the `K × D` action tokens and their
+//! log-probs, the observation bytes of `embodyflow_core::observation`).
+//! Batches, shards, ids and dynamic sampling (on the episodes' successes)
+//! are as above, `batch_rows` counting episodes. The tasks must all be
+//! one-shot or all closed-loop, and the policy of the matching kind: any
+//! other pairing is bad input naming a task and the policy.
+//!
 //! ```text
 //! collect-rollouts --policy runs/it0/policy --input data/train --out runs/it0/rollouts \
 //!     --set iteration=0 --set tasks_per_iteration=32 --set dynamic_sampling.enabled=true
 //! ```
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
 use std::time::Instant;
 
-use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
 use embodyflow_models::policy::Sampling;
+use embodyflow_models::vla::Vla;
+use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::closed_loop::{
+    ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, TabletopEpisodes, run_closed_loop,
+};
 use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
+use embodyflow_tabletop as tabletop;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -67,6 +93,32 @@ pub struct Args {
     stage: StageArgs,
     #[command(flatten)]
     policy: PolicyArg,
+}
+
+/// Why `collect-rollouts` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    /// Loading or running the policy, reading or writing tables.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A closed-loop run (names the episode, task and decision).
+    #[error(transparent)]
+    ClosedLoop(#[from] ClosedLoopError),
+}
+
+impl From<Error> for CollectError {
+    fn from(error: Error) -> Self {
+        CollectError::Model(error.into())
+    }
+}
+
+impl Classify for CollectError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CollectError::Model(error) => error.kind(),
+            CollectError::ClosedLoop(error) => error.kind(),
+        }
+    }
 }
 
 /// `dynamic_sampling.*` settings.
@@ -187,8 +239,68 @@ fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
     format!("it{iteration}/{task_id}/d{draw}")
 }
 
+/// The run's task draws (see the module doc).
+struct Draws<'a> {
+    tasks: &'a [TaskRow],
+    order: Vec<usize>,
+    /// Slots (groups wanted).
+    wanted: usize,
+    /// Draws below this bound may be made.
+    limit: usize,
+}
+
+impl<'a> Draws<'a> {
+    fn task(&self, draw: usize) -> &'a TaskRow {
+        &self.tasks[self.order[draw % self.order.len()]]
+    }
+
+    /// The draws slot `slot` may make, in order.
+    fn of_slot(&self, slot: usize) -> impl Iterator<Item = usize> + use<'_, 'a> {
+        (slot..self.limit).step_by(self.wanted)
+    }
+}
+
+/// Which loop a run takes: one-shot answers or closed-loop episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    OneShot,
+    ClosedLoop,
+}
+
+/// The mode of `tasks` under the policy in `dir` (`kind`): all tasks one-shot
+/// with a plan policy, or all tabletop with a VLA; anything else is bad input
+/// naming a task and the policy.
+fn mode_of(tasks: &[TaskRow], kind: PolicyKind, dir: &Path) -> Result<Mode, Error> {
+    let closed = |t: &TaskRow| t.env == tabletop::ENV;
+    let first_closed = tasks.iter().find(|t| closed(t));
+    let first_open = tasks.iter().find(|t| !closed(t));
+    match (first_closed, first_open, kind) {
+        (Some(c), Some(o), _) => Err(Error::BadInput(format!(
+            "the tasks table mixes environments: task `{}` is env `{}` (closed loop) and task `{}` env `{}` (one-shot); a run collects one kind",
+            c.task_id, c.env, o.task_id, o.env
+        ))),
+        (Some(_), None, PolicyKind::Vla) => Ok(Mode::ClosedLoop),
+        (None, Some(_), PolicyKind::Plan) => Ok(Mode::OneShot),
+        (Some(c), None, PolicyKind::Plan) => Err(Error::BadInput(format!(
+            "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
+            c.task_id,
+            c.env,
+            dir.display()
+        ))),
+        (None, Some(o), PolicyKind::Vla) => Err(Error::BadInput(format!(
+            "task `{}` is env `{}`, a one-shot environment, but the policy {} is a VLA (closed loop): it needs a plan policy",
+            o.task_id,
+            o.env,
+            dir.display()
+        ))),
+        (None, None, _) => Err(Error::BadInput(
+            "no tasks to draw from: the tasks table is empty".into(),
+        )),
+    }
+}
+
 /// Runs the stage.
-pub fn run(args: Args) -> Result<(), ModelError> {
+pub fn run(args: Args) -> Result<(), CollectError> {
     let stage = Stage::<Config>::start(
         &spec::COLLECT_ROLLOUTS,
         env!("CARGO_PKG_VERSION"),
@@ -197,42 +309,73 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     stage.check_outputs(&[TableName::Trajectories, TableName::Steps])?;
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
-    let policy = Checkpoint::load(&args.policy.policy, device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    if tasks.is_empty() {
-        return Err(
-            Error::BadInput("no tasks to draw from: the tasks table is empty".into()).into(),
-        );
-    }
+    let mode = mode_of(
+        &tasks,
+        policy_kind(&args.policy.policy)?,
+        &args.policy.policy,
+    )?;
     let mut order: Vec<usize> = (0..tasks.len()).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(
         args.stage.seed ^ ((config.iteration as u64) << 32),
     ));
     let wanted = config.tasks_per_iteration.unwrap_or(tasks.len());
-    let draw_limit = wanted
-        + if config.dynamic_sampling.enabled {
-            config.dynamic_sampling.max_extra_draws
-        } else {
-            0
-        };
-    let task_of = |draw: usize| &tasks[order[draw % order.len()]];
+    let draws = Draws {
+        tasks: &tasks,
+        order,
+        wanted,
+        limit: wanted
+            + if config.dynamic_sampling.enabled {
+                config.dynamic_sampling.max_extra_draws
+            } else {
+                0
+            },
+    };
     // The slots this shard fills: whole sampling batches of the unsharded
     // run (a group's log-probs depend on the groups sampled with it).
     let batches = args.stage.shard.owned_batches(
         wanted,
         (config.batch_rows / config.group_size).max(1),
-        |s| group_id(config.iteration, &task_of(s).task_id, s),
+        |s| group_id(config.iteration, &draws.task(s).task_id, s),
     );
+    match mode {
+        Mode::OneShot => one_shot(&stage, &args, &draws, batches, device),
+        Mode::ClosedLoop => closed_loop(&stage, &args, &draws, batches, device),
+    }
+}
+
+/// "`kept` of `wanted` wanted (…, `rows` trajectories)".
+fn groups_written(args: &Args, kept: usize, wanted: usize, slots: usize, rows: usize) -> String {
+    format!(
+        "{kept} of {wanted} wanted{} ({rows} trajectories)",
+        if args.stage.shard.count > 1 {
+            format!(", {slots} slots in shard {}", args.stage.shard)
+        } else {
+            String::new()
+        },
+    )
+}
+
+/// One-shot answers of a plan policy (household tasks).
+fn one_shot(
+    stage: &Stage<Config>,
+    args: &Args,
+    draws: &Draws<'_>,
+    batches: Vec<Range<usize>>,
+    device: tch::Device,
+) -> Result<(), CollectError> {
+    let config = &stage.config;
+    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let wanted = draws.wanted;
+    let task_of = |draw: usize| draws.task(draw);
     let slots: usize = batches.iter().map(|b| b.len()).sum();
     let mut envs: HashMap<&str, TaskEnv> = HashMap::new();
     for slot in batches.iter().flat_map(|b| b.clone()) {
-        let mut draw = slot;
-        while draw < draw_limit {
+        for draw in draws.of_slot(slot) {
             let task = task_of(draw);
             if !envs.contains_key(task.task_id.as_str()) {
                 envs.insert(&task.task_id, TaskEnv::from_row(task, 0)?);
             }
-            draw += wanted;
         }
     }
     let sampling = Sampling {
@@ -242,7 +385,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     };
     let started = Instant::now();
     let mut kept: Vec<Group> = Vec::new();
-    let (mut draws, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
+    let (mut draw_count, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
     // Each batch is filled on its own: each round draws once for every slot
     // of the batch still open, in one sampling call, so what a slot draws
     // depends on its batch alone (see the module doc).
@@ -269,14 +412,14 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             let mut next = Vec::new();
             for (index, &draw) in pending.iter().enumerate() {
                 let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
-                draws += 1;
+                draw_count += 1;
                 let wins = group.iter().filter(|e| e.outcome.success).count();
                 successes += wins;
                 tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
                 let uniform = wins == 0 || wins == group.len();
                 if config.dynamic_sampling.enabled && uniform {
                     dropped += 1;
-                    if draw + wanted < draw_limit {
+                    if draw + wanted < draws.limit {
                         next.push(draw + wanted);
                     }
                     continue;
@@ -293,7 +436,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let samples = draws * config.group_size;
+    let samples = draw_count * config.group_size;
 
     let mut trajectories = stage.writer(TableName::Trajectories)?;
     let mut steps = stage.writer(TableName::Steps)?;
@@ -335,20 +478,11 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add("iteration", config.iteration)
         .add(
             "groups written",
-            format!(
-                "{} of {wanted} wanted{} ({} trajectories)",
-                kept.len(),
-                if args.stage.shard.count > 1 {
-                    format!(", {slots} slots in shard {}", args.stage.shard)
-                } else {
-                    String::new()
-                },
-                trajectory_rows.len()
-            ),
+            groups_written(args, kept.len(), wanted, slots, trajectory_rows.len()),
         )
         .add(
             "task draws",
-            format!("{draws} ({dropped} all-equal groups dropped)"),
+            format!("{draw_count} ({dropped} all-equal groups dropped)"),
         )
         .add(
             "success rate (all drawn samples)",
@@ -368,6 +502,202 @@ pub fn run(args: Args) -> Result<(), ModelError> {
                 tokens as f64 / seconds.max(1e-9),
                 seconds,
                 config.temperature
+            ),
+        );
+    stage.commit(&summary)?;
+    Ok(())
+}
+
+/// A drawn group of closed-loop episodes before it is written.
+struct EpisodeGroup<'a> {
+    task: &'a TaskRow,
+    draw: usize,
+    episodes: Vec<ClosedLoopEpisode>,
+    seeds: Vec<u64>,
+}
+
+/// Closed-loop episodes of a VLA on tabletop tasks (see the module doc).
+fn closed_loop(
+    stage: &Stage<Config>,
+    args: &Args,
+    draws: &Draws<'_>,
+    batches: Vec<Range<usize>>,
+    device: tch::Device,
+) -> Result<(), CollectError> {
+    let config = &stage.config;
+    let group_size = config.group_size;
+    let policy = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
+    let slots: usize = batches.iter().map(|b| b.len()).sum();
+    // Every task a slot may draw is built before any episode runs.
+    let mut specs: HashMap<&str, tabletop::TaskSpec> = HashMap::new();
+    for slot in batches.iter().flat_map(|b| b.clone()) {
+        for draw in draws.of_slot(slot) {
+            let task = draws.task(draw);
+            if !specs.contains_key(task.task_id.as_str()) {
+                let spec = tabletop::task_from_row(task)
+                    .map_err(|e| Error::BadInput(format!("tasks table: {e}")))?;
+                specs.insert(&task.task_id, spec);
+            }
+        }
+    }
+    let vla = policy.model.config();
+    let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
+    let mut sampler = VlaPolicy::new(&policy, config.temperature)?;
+    let bins = sampler.bins();
+    let started = Instant::now();
+    let mut kept: Vec<EpisodeGroup> = Vec::new();
+    let (mut draw_count, mut dropped, mut successes) = (0usize, 0usize, 0usize);
+    let (mut decisions, mut env_steps) = (0u64, 0u64);
+    let (mut world_seconds, mut policy_seconds) = (0.0f64, 0.0f64);
+    let (mut truncated, mut ungrasped_successes) = (0usize, 0usize);
+    for batch in batches {
+        let mut pending: Vec<usize> = batch.collect();
+        while !pending.is_empty() {
+            let tasks: Vec<tabletop::TaskSpec> = pending
+                .iter()
+                .map(|&draw| specs[draws.task(draw).task_id.as_str()].clone())
+                .collect();
+            let seeds: Vec<u64> = pending
+                .iter()
+                .flat_map(|&draw| {
+                    let group = group_id(config.iteration, &draws.task(draw).task_id, draw);
+                    (0..group_size)
+                        .map(move |k| sampling_seed(args.stage.seed, &format!("{group}/s{k}")))
+                })
+                .collect();
+            let mut world = TabletopEpisodes::new(&tasks, group_size, image_size)
+                .map_err(|e| Error::BadInput(format!("tasks table: {e}")))?;
+            // Each episode ends at its task's max_steps before this bound.
+            let max_steps = tasks
+                .iter()
+                .map(|t| t.max_steps as usize)
+                .max()
+                .unwrap_or(0);
+            let run = run_closed_loop(
+                &mut world,
+                &mut sampler,
+                &bins,
+                &seeds,
+                &ClosedLoopConfig {
+                    max_decisions: max_steps.div_ceil(chunk_len),
+                    label: "episodes",
+                },
+            )?;
+            decisions += run.decisions;
+            env_steps += run.env_steps;
+            world_seconds += run.world_seconds;
+            policy_seconds += run.policy_seconds;
+            let mut episodes = run.episodes.into_iter();
+            let mut next = Vec::new();
+            for (index, &draw) in pending.iter().enumerate() {
+                let group: Vec<ClosedLoopEpisode> = episodes.by_ref().take(group_size).collect();
+                draw_count += 1;
+                let wins = group.iter().filter(|e| e.success).count();
+                successes += wins;
+                truncated += group.iter().filter(|e| e.truncated).count();
+                ungrasped_successes += group
+                    .iter()
+                    .filter(|e| e.success && e.target_ever_grasped == Some(false))
+                    .count();
+                let uniform = wins == 0 || wins == group.len();
+                if config.dynamic_sampling.enabled && uniform {
+                    dropped += 1;
+                    if draw + draws.wanted < draws.limit {
+                        next.push(draw + draws.wanted);
+                    }
+                    continue;
+                }
+                let first = index * group_size;
+                kept.push(EpisodeGroup {
+                    task: draws.task(draw),
+                    draw,
+                    seeds: seeds[first..first + group_size].to_vec(),
+                    episodes: group,
+                });
+            }
+            pending = next;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let samples = draw_count * group_size;
+
+    let mut trajectories = stage.writer(TableName::Trajectories)?;
+    let mut steps = stage.writer(TableName::Steps)?;
+    let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
+    for group in &kept {
+        let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
+        for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
+            let trajectory_id = format!("{group_id}/s{k}");
+            trajectory_rows.push(TrajectoryRow {
+                trajectory_id: trajectory_id.clone(),
+                group_id: group_id.clone(),
+                task_id: group.task.task_id.clone(),
+                sample_index: k as i32,
+                iteration: config.iteration,
+                policy: policy.manifest.id.clone(),
+                temperature: config.temperature as f32,
+                num_steps: episode.decisions.len() as i32,
+                env_steps: episode.env_steps as i32,
+                complete: episode.success,
+                response_text: None,
+                seed: seed as i64,
+            });
+            step_rows.extend(episode.step_rows(&trajectory_id));
+        }
+    }
+    trajectories.write_rows(&trajectory_rows)?;
+    steps.write_rows(&step_rows)?;
+    stage.finish(trajectories)?;
+    stage.finish(steps)?;
+
+    let share = |part: f64| 100.0 * part / seconds.max(1e-9);
+    let mut summary = Summary::new("collect-rollouts");
+    summary
+        .add(
+            "policy",
+            format!("{} (vla, closed loop)", policy.manifest.id),
+        )
+        .add("iteration", config.iteration)
+        .add(
+            "groups written",
+            groups_written(args, kept.len(), draws.wanted, slots, trajectory_rows.len()),
+        )
+        .add(
+            "task draws",
+            format!("{draw_count} ({dropped} all-equal groups dropped)"),
+        )
+        .add(
+            "success rate (all drawn episodes)",
+            format!(
+                "{:.3} ({successes} of {samples}; {truncated} cut at the decision limit)",
+                successes as f64 / samples.max(1) as f64
+            ),
+        )
+        .add(
+            "successes that never grasped",
+            format!("{ungrasped_successes} of {successes}"),
+        )
+        .add(
+            "mean decisions per episode",
+            format!("{:.1}", decisions as f64 / samples.max(1) as f64),
+        )
+        .add(
+            "closed-loop throughput",
+            format!(
+                "{:.1} decisions/s, {:.0} env steps/s ({:.1} s, K = {chunk_len}, T = {})",
+                decisions as f64 / seconds.max(1e-9),
+                env_steps as f64 / seconds.max(1e-9),
+                seconds,
+                config.temperature
+            ),
+        )
+        .add(
+            "wall time",
+            format!(
+                "world {:.1} %, policy {:.1} %, other {:.1} %",
+                share(world_seconds),
+                share(policy_seconds),
+                (100.0 - share(world_seconds) - share(policy_seconds)).max(0.0)
             ),
         );
     stage.commit(&summary)?;
@@ -399,6 +729,54 @@ mod tests {
             ("output.zstd_level=0", "output.zstd_level"),
         ] {
             assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod modes {
+    use super::*;
+
+    fn row(task_id: &str, env: &str) -> TaskRow {
+        TaskRow {
+            task_id: task_id.into(),
+            suite: env.into(),
+            env: env.into(),
+            split: "train".into(),
+            task_type: None,
+            seed: 0,
+            instruction: String::new(),
+            observation: None,
+            gt_actions: None,
+        }
+    }
+
+    #[test]
+    fn tasks_and_the_policy_kind_must_agree() {
+        let dir = Path::new("runs/policy");
+        let tabletop = [row("t0", "tabletop"), row("t1", "tabletop")];
+        let household = [row("h0", "household")];
+        let mixed = [row("t0", "tabletop"), row("h0", "household")];
+        assert_eq!(
+            mode_of(&tabletop, PolicyKind::Vla, dir).unwrap(),
+            Mode::ClosedLoop
+        );
+        assert_eq!(
+            mode_of(&household, PolicyKind::Plan, dir).unwrap(),
+            Mode::OneShot
+        );
+        for (tasks, kind, named) in [
+            (&tabletop[..], PolicyKind::Plan, ["`t0`", "plan policy"]),
+            (&household[..], PolicyKind::Vla, ["`h0`", "is a VLA"]),
+            (&mixed[..], PolicyKind::Vla, ["`t0`", "`h0`"]),
+            (&mixed[..], PolicyKind::Plan, ["`t0`", "`h0`"]),
+            (&[], PolicyKind::Plan, ["empty", "tasks"]),
+        ] {
+            let error = mode_of(tasks, kind, dir).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::BadInput);
+            for word in named {
+                assert!(error.to_string().contains(word), "{word}: {error}");
+            }
         }
     }
 }
