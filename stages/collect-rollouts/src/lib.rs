@@ -71,7 +71,8 @@ use embodyflow_models::policy::Sampling;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
-    ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, TabletopEpisodes, run_closed_loop,
+    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, TabletopEpisodes,
+    run_closed_loop,
 };
 use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
 use embodyflow_tabletop as tabletop;
@@ -543,14 +544,26 @@ fn closed_loop(
     let vla = policy.model.config();
     let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
     let mut sampler = VlaPolicy::new(&policy, config.temperature)?;
+    // Every instruction fits the checkpoint before anything is written.
+    for (task_id, spec) in &specs {
+        sampler
+            .instruction_ids(&spec.instruction)
+            .map_err(|e| Error::BadInput(format!("task `{task_id}`: {e}")))?;
+    }
     let bins = sampler.bins();
-    let started = Instant::now();
-    let mut kept: Vec<EpisodeGroup> = Vec::new();
+    // Each batch's kept groups are written when it ends (the writers keep
+    // the key order), so memory holds one batch of episodes.
+    let mut trajectories = stage.writer(TableName::Trajectories)?;
+    let mut steps = stage.writer(TableName::Steps)?;
+    let (mut groups_kept, mut trajectories_written) = (0usize, 0usize);
+    let mut seconds = 0.0f64;
     let (mut draw_count, mut dropped, mut successes) = (0usize, 0usize, 0usize);
     let (mut decisions, mut env_steps) = (0u64, 0u64);
     let (mut world_seconds, mut policy_seconds) = (0.0f64, 0.0f64);
     let (mut truncated, mut ungrasped_successes) = (0usize, 0usize);
     for batch in batches {
+        let started = Instant::now();
+        let mut kept: Vec<EpisodeGroup> = Vec::new();
         let mut pending: Vec<usize> = batch.collect();
         while !pending.is_empty() {
             let tasks: Vec<tabletop::TaskSpec> = pending
@@ -617,36 +630,35 @@ fn closed_loop(
             }
             pending = next;
         }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let samples = draw_count * group_size;
-
-    let mut trajectories = stage.writer(TableName::Trajectories)?;
-    let mut steps = stage.writer(TableName::Steps)?;
-    let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
-    for group in &kept {
-        let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
-        for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
-            let trajectory_id = format!("{group_id}/s{k}");
-            trajectory_rows.push(TrajectoryRow {
-                trajectory_id: trajectory_id.clone(),
-                group_id: group_id.clone(),
-                task_id: group.task.task_id.clone(),
-                sample_index: k as i32,
-                iteration: config.iteration,
-                policy: policy.manifest.id.clone(),
-                temperature: config.temperature as f32,
-                num_steps: episode.decisions.len() as i32,
-                env_steps: episode.env_steps as i32,
-                complete: episode.success,
-                response_text: None,
-                seed: seed as i64,
-            });
-            step_rows.extend(episode.step_rows(&trajectory_id));
+        seconds += started.elapsed().as_secs_f64();
+        let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
+        for group in &kept {
+            let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
+            for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
+                let trajectory_id = format!("{group_id}/s{k}");
+                trajectory_rows.push(TrajectoryRow {
+                    trajectory_id: trajectory_id.clone(),
+                    group_id: group_id.clone(),
+                    task_id: group.task.task_id.clone(),
+                    sample_index: k as i32,
+                    iteration: config.iteration,
+                    policy: policy.manifest.id.clone(),
+                    temperature: config.temperature as f32,
+                    num_steps: episode.decisions.len() as i32,
+                    env_steps: episode.env_steps as i32,
+                    complete: episode.success,
+                    response_text: None,
+                    seed: seed as i64,
+                });
+                step_rows.extend(episode.step_rows(&trajectory_id));
+            }
         }
+        trajectories.write_rows(&trajectory_rows)?;
+        steps.write_rows(&step_rows)?;
+        groups_kept += kept.len();
+        trajectories_written += trajectory_rows.len();
     }
-    trajectories.write_rows(&trajectory_rows)?;
-    steps.write_rows(&step_rows)?;
+    let samples = draw_count * group_size;
     stage.finish(trajectories)?;
     stage.finish(steps)?;
 
@@ -660,7 +672,7 @@ fn closed_loop(
         .add("iteration", config.iteration)
         .add(
             "groups written",
-            groups_written(args, kept.len(), draws.wanted, slots, trajectory_rows.len()),
+            groups_written(args, groups_kept, draws.wanted, slots, trajectories_written),
         )
         .add(
             "task draws",
