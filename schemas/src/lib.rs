@@ -21,8 +21,10 @@
 
 mod def;
 mod rows;
+mod split;
 mod types;
 
 pub use def::{ColumnDef, META_TABLE, META_VERSION, TableDef, TableName, UnknownTable};
 pub use rows::*;
+pub use split::{Split, UnknownSplit};
 pub use types::{TypeParseError, format_type, parse_type};

@@ -21,12 +21,12 @@
 
 use std::collections::BTreeMap;
 
+use embodyflow_core::Result;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::{at_least, ensure};
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
-use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 use embodyflow_tabletop as tabletop;
@@ -192,19 +192,15 @@ pub fn run(args: Args) -> Result<()> {
         }
         Env::Tabletop => {
             let choice = config.suite.unwrap_or(SuiteChoice::All);
-            let tsplit: tabletop::Split = split
-                .as_str()
-                .parse()
-                .map_err(|e: tabletop::TabletopError| Error::BadInput(e.to_string()))?;
             let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
             let mut owned = 0usize;
             for i in 0..config.count {
                 let (suite, index) = choice.task(i);
-                let id = tabletop::suite::task_id_of(suite.as_str(), tsplit.as_str(), seed, index);
+                let id = tabletop::suite::task_id_of(suite.as_str(), split.as_str(), seed, index);
                 if !stage.args.shard.owns(&id) {
                     continue;
                 }
-                let task = tabletop::generate(suite, tsplit, seed, index);
+                let task = tabletop::generate(suite, split, seed, index);
                 *by_type
                     .entry(format!("{suite}: {}", task.task_type))
                     .or_default() += 1;

@@ -43,8 +43,8 @@ pub use world::{Action, action_id, action_list};
 #[derive(Debug, thiserror::Error)]
 pub enum HouseholdError {
     /// A split name other than train, val, unseen.
-    #[error("unknown split `{0}`; expected one of: train, val, unseen")]
-    UnknownSplit(String),
+    #[error(transparent)]
+    UnknownSplit(#[from] embodyflow_schemas::UnknownSplit),
     /// A task type name that is not an ALFRED task type.
     #[error(
         "unknown task type `{0}`; expected one of: pick_and_place, pick_clean_then_place, pick_heat_then_place, pick_cool_then_place, pick_two_obj_and_place, look_at_obj_in_light, pick_and_place_with_movable_recep"

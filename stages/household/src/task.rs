@@ -31,46 +31,7 @@ use crate::world::{
     id_of,
 };
 
-/// Data split.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Split {
-    /// Training tasks.
-    Train,
-    /// Seen task types and combinations, new scenes.
-    Val,
-    /// Held-out object–receptacle pairs and phrasings.
-    Unseen,
-}
-
-impl Split {
-    /// `train`, `val` or `unseen`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Val => "val",
-            Split::Unseen => "unseen",
-        }
-    }
-}
-
-impl fmt::Display for Split {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Split {
-    type Err = HouseholdError;
-    fn from_str(s: &str) -> Result<Split, HouseholdError> {
-        match s {
-            "train" => Ok(Split::Train),
-            "val" => Ok(Split::Val),
-            "unseen" => Ok(Split::Unseen),
-            other => Err(HouseholdError::UnknownSplit(other.to_string())),
-        }
-    }
-}
+pub use embodyflow_schemas::Split;
 
 /// ALFRED task type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Serialize, Deserialize)]

@@ -126,8 +126,8 @@ pub enum TabletopError {
     #[error("unknown tabletop suite `{0}`; expected one of: spatial, object, goal, long")]
     UnknownSuite(String),
     /// A split name that is not one of the three.
-    #[error("unknown split `{0}`; expected one of: train, val, unseen")]
-    UnknownSplit(String),
+    #[error(transparent)]
+    UnknownSplit(#[from] embodyflow_core::schemas::UnknownSplit),
     /// The push strategy asked for a goal pushing cannot reach.
     #[error("task `{task}`: goal {goal} cannot be reached by pushing")]
     NotPushable {

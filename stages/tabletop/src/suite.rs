@@ -99,46 +99,7 @@ impl FromStr for Suite {
     }
 }
 
-/// A data split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Split {
-    /// Training tasks.
-    Train,
-    /// Train combinations, new layouts.
-    Val,
-    /// Held-out object–goal combinations.
-    Unseen,
-}
-
-impl Split {
-    /// Every split.
-    pub const ALL: [Split; 3] = [Split::Train, Split::Val, Split::Unseen];
-
-    /// The split's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Val => "val",
-            Split::Unseen => "unseen",
-        }
-    }
-}
-
-impl fmt::Display for Split {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Split {
-    type Err = TabletopError;
-    fn from_str(s: &str) -> Result<Split, TabletopError> {
-        Split::ALL
-            .into_iter()
-            .find(|x| x.as_str() == s)
-            .ok_or_else(|| TabletopError::UnknownSplit(s.to_string()))
-    }
-}
+pub use embodyflow_core::schemas::Split;
 
 /// `tabletop-<suite>/<split>/<seed>/<index, six digits>`.
 pub fn task_id_of(suite: &str, split: &str, seed: u64, index: u64) -> String {
