@@ -144,6 +144,13 @@ impl TaskEnv {
     pub fn is_built_in(env: &str) -> bool {
         env == "household"
     }
+
+    /// Whether `env` names a closed-loop world (`tabletop`): its trajectories
+    /// are episodes of decisions with an outcome (`complete`), not one-shot
+    /// plans, so plan rewards and executors do not apply to them.
+    pub fn is_closed_loop(env: &str) -> bool {
+        env == "tabletop"
+    }
 }
 
 /// The language of the built-in environments, for training a policy's
@@ -262,5 +269,7 @@ mod tests {
         row.env = "gym".into();
         let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
         assert!(error.contains("`gym` is not built in"), "{error}");
+        assert!(TaskEnv::is_closed_loop("tabletop"));
+        assert!(!TaskEnv::is_closed_loop("household") && !TaskEnv::is_closed_loop("gym"));
     }
 }

@@ -16,6 +16,18 @@
 //! under `match.mode` (`exact` | `prefix` | `lcs`), found with the tolerant
 //! plan extraction whatever the reward.
 //!
+//! Closed-loop trajectories (issue 15: episodes of a VLA in a world that
+//! `embodyflow_envs::TaskEnv::is_closed_loop` names, `env = tabletop`, found
+//! through the tasks table) take the outcome reward only: `score =
+//! reward.reward_coef` when the episode succeeded (`complete`), else 0;
+//! `success = complete`, `format = 0`, `accuracy = score`, `parse_ok = true`
+//! (the schema's value for a policy that writes no plan), `pred_actions`,
+//! `step_match` and `step_valid` null, `reward_fn = outcome`. A plan reward
+//! (`embodied_r1`, `verify`) asked on them is refused (exit 2, naming a task
+//! and the function) rather than replaced silently: the run's config says
+//! what was scored. Without the tasks table every trajectory is scored as
+//! given (outcome needs nothing else).
+//!
 //! Rows are scored in parallel (rayon) and written in input order, so the
 //! output is the same for any thread count; `--shard i/n` scores the groups a
 //! process owns.
@@ -224,6 +236,47 @@ fn missing_tasks(
     Ok((missing, count))
 }
 
+/// The ids of the tasks in closed-loop worlds (`TaskEnv::is_closed_loop`
+/// of their `env`). Reads only the id and env columns.
+fn closed_loop_tasks(tasks: &TableReader) -> Result<HashSet<String>> {
+    let mut out = HashSet::new();
+    for batch in tasks.batches(Some(&["task_id", "env"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "task_id");
+        let envs = column::<StringArray>(&batch, "env");
+        out.extend(
+            (0..batch.num_rows())
+                .filter(|&i| TaskEnv::is_closed_loop(envs.value(i)))
+                .map(|i| ids.value(i).to_string()),
+        );
+    }
+    Ok(out)
+}
+
+/// The first owned trajectory (in input order) whose task is closed-loop:
+/// `(trajectory id, task id)`; reads only id columns.
+fn first_closed_loop(
+    trajectories: &TableReader,
+    closed: &HashSet<String>,
+    shard: embodyflow_core::cli::ShardSpec,
+) -> Result<Option<(String, String)>> {
+    if closed.is_empty() {
+        return Ok(None);
+    }
+    for batch in trajectories.batches(Some(&["trajectory_id", "group_id", "task_id"]), 65_536)? {
+        let batch = batch?;
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let groups = column::<StringArray>(&batch, "group_id");
+        let tasks = column::<StringArray>(&batch, "task_id");
+        if let Some(i) = (0..batch.num_rows())
+            .find(|&i| shard.owns(groups.value(i)) && closed.contains(tasks.value(i)))
+        {
+            return Ok(Some((ids.value(i).to_string(), tasks.value(i).to_string())));
+        }
+    }
+    Ok(None)
+}
+
 /// One trajectory as scoring sees it.
 #[derive(Debug, Clone)]
 pub struct Rollout<'a> {
@@ -425,6 +478,21 @@ pub fn run(args: Args) -> Result<()> {
             shown.join(", ")
         )));
     }
+    let closed = tasks
+        .as_ref()
+        .map(closed_loop_tasks)
+        .transpose()?
+        .unwrap_or_default();
+    if config.reward.function != RewardFn::Outcome
+        && let Some((trajectory, task)) =
+            first_closed_loop(&trajectories, &closed, stage.args.shard)?
+    {
+        return Err(Error::BadInput(format!(
+            "trajectory `{trajectory}` of {} is an episode of task `{task}`, a closed-loop world: reward.fn = {} scores one-shot plans; closed-loop episodes take reward.fn = outcome (reward.reward_coef on success)",
+            trajectories.dir().display(),
+            config.reward.function.name()
+        )));
+    }
     let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
     let envs = match (&tasks, config.reward.function) {
         (Some(tasks), RewardFn::Verify) => read_envs(tasks)?,
@@ -434,7 +502,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut writer = stage.writer(TableName::Rewards)?;
     let (mut scored, mut parse_failures, mut with_gt, mut score_sum, mut successes) =
         (0u64, 0u64, 0u64, 0f64, 0u64);
-    let (mut executed, mut executed_ok) = (0u64, 0u64);
+    let (mut executed, mut executed_ok, mut closed_loop) = (0u64, 0u64, 0u64);
     let bar = progress::bar(trajectories.num_rows(), "scoring");
     let columns = [
         "trajectory_id",
@@ -451,6 +519,11 @@ pub fn run(args: Args) -> Result<()> {
         let task_ids = column::<StringArray>(&batch, "task_id");
         let complete = column::<BooleanArray>(&batch, "complete");
         let texts = column::<StringArray>(&batch, "response_text");
+        closed_loop += (0..batch.num_rows())
+            .filter(|&i| {
+                stage.args.shard.owns(groups.value(i)) && closed.contains(task_ids.value(i))
+            })
+            .count() as u64;
         let rows: Vec<RewardRow> = (0..batch.num_rows())
             .into_par_iter()
             .filter(|&i| {
@@ -488,6 +561,7 @@ pub fn run(args: Args) -> Result<()> {
         .add("shard", stage.args.shard)
         .add("trajectories scored", scored)
         .add("skipped: task not in the tasks table", skipped)
+        .add("closed-loop episodes", closed_loop)
         .add("with a ground-truth plan", with_gt)
         .add("plan parse failures", parse_failures)
         .add(
@@ -538,6 +612,39 @@ mod tests {
             ("batch_rows=0", "batch_rows"),
         ] {
             assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
+        }
+    }
+
+    #[test]
+    fn a_closed_loop_episode_takes_the_outcome_reward_with_no_plan_columns() {
+        let config: Config = serde_json::from_value(
+            serde_json::json!({"reward": {"fn": "outcome", "reward_coef": 5.0}}),
+        )
+        .unwrap();
+        for complete in [true, false] {
+            let rollout = Rollout {
+                trajectory_id: "g/s1",
+                group_id: "g",
+                complete,
+                response_text: None,
+                gt: None,
+                env: None,
+            };
+            let row = score(&rollout, &config, None);
+            let expected = if complete { 5.0 } else { 0.0 };
+            assert_eq!(
+                (row.score, row.accuracy, row.format),
+                (expected, expected, 0.0)
+            );
+            assert_eq!(row.success, complete);
+            assert!(row.parse_ok, "no plan to parse");
+            assert!(row.pred_actions.is_none() && row.step_match.is_none());
+            assert!(row.step_valid.is_none());
+            assert_eq!(row.reward_fn, "outcome");
+            assert_eq!(
+                (row.trajectory_id.as_str(), row.group_id.as_str()),
+                ("g/s1", "g")
+            );
         }
     }
 
