@@ -2,6 +2,7 @@
 
 mod bad_config;
 mod bad_shards;
+mod closed_loop_learning;
 mod closed_loop_rollouts;
 mod commit;
 mod compute_advantages;

@@ -1,0 +1,287 @@
+//! Closed-loop rows through the learning stages (issue 15): tabletop tasks →
+//! a tiny VLA → `collect-rollouts` (G = 4) → `score-rewards` (outcome:
+//! `reward_coef` on success, no plan columns) → `compute-advantages` (GRPO,
+//! Dr. GRPO): one advantages row per decision, the episode advantage on every
+//! action token of every decision, summing to zero within a group. A plan
+//! reward asked on closed-loop episodes is refused (exit 2, nothing written).
+//! The untrained VLA succeeds in none of its episodes (every group scores
+//! 0, so GRPO gives 0), hence mixed groups come from the same rows with
+//! rewards set by hand: sample 0 of each group succeeds.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
+use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
+use embodyflow_core::schemas::{AdvantageRow, RewardRow, StepRow, TableName, TrajectoryRow};
+use embodyflow_tests::{read_advantages, run};
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn ok(name: &str, args: &[&str]) -> String {
+    let result = run(name, args);
+    assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
+    result.stdout
+}
+
+/// Six tabletop train tasks, a tiny VLA (width 32, one block, chunks of 8)
+/// and its closed-loop rollouts (G = 4) under `root`.
+fn rollouts(root: &Path) {
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&root.join("tasks")),
+            "--seed",
+            "1",
+            "--set",
+            "env=tabletop",
+            "--set",
+            "count=6",
+        ],
+    );
+    let vla = root.join("vla");
+    let mut init = vec!["--out", s(&vla), "--seed", "0"];
+    for set in [
+        "kind=vla",
+        "tokenizer.vocab_size=300",
+        "tokenizer.corpus_tasks=200",
+        "vla.max_instruction=48",
+        "vla.n_embd=32",
+        "vla.n_head=2",
+        "vla.n_layer=1",
+        "vla.chunk_len=8",
+    ] {
+        init.extend(["--set", set]);
+    }
+    ok("init-policy", &init);
+    ok(
+        "collect-rollouts",
+        &[
+            "--policy",
+            s(&vla),
+            "--input",
+            s(&root.join("tasks")),
+            "--out",
+            s(&root.join("rollouts")),
+            "--seed",
+            "5",
+            "--set",
+            "group_size=4",
+            "--set",
+            "batch_rows=8",
+        ],
+    );
+}
+
+fn read<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
+    TableReader::open(dir, table).unwrap().read_rows().unwrap()
+}
+
+fn advantages(root: &Path, rewards: &Path, out: &Path, extra: &[&str]) -> Vec<AdvantageRow> {
+    let collected = root.join("rollouts");
+    let mut args = vec![
+        "--input",
+        s(&collected),
+        "--input",
+        s(rewards),
+        "--out",
+        s(out),
+    ];
+    args.extend(extra);
+    ok("compute-advantages", &args);
+    read_advantages(&out.join("advantages"))
+}
+
+/// Every steps row has one advantages row carrying its episode's advantage
+/// on each of its K × D action tokens; returns the episode advantage by
+/// trajectory id.
+fn check_broadcast(steps: &[StepRow], rows: &[AdvantageRow]) -> HashMap<String, f32> {
+    assert_eq!(rows.len(), steps.len(), "one advantages row per decision");
+    let tokens: HashMap<(&str, i32), usize> = steps
+        .iter()
+        .map(|s| {
+            (
+                (s.trajectory_id.as_str(), s.step_index),
+                s.response_ids.len(),
+            )
+        })
+        .collect();
+    let mut episode: HashMap<String, f32> = HashMap::new();
+    for row in rows {
+        let len = tokens[&(row.trajectory_id.as_str(), row.step_index)];
+        assert_eq!(
+            row.advantages.len(),
+            len,
+            "{} {}",
+            row.trajectory_id,
+            row.step_index
+        );
+        assert!(row.advantages.iter().all(|&a| a == row.episode_adv));
+        let first = *episode
+            .entry(row.trajectory_id.clone())
+            .or_insert(row.episode_adv);
+        assert_eq!(
+            first, row.episode_adv,
+            "{}: decisions disagree",
+            row.trajectory_id
+        );
+    }
+    episode
+}
+
+#[test]
+fn closed_loop_episodes_are_scored_by_outcome_and_get_group_advantages_on_every_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    rollouts(root);
+    let trajectories: Vec<TrajectoryRow> =
+        read(&root.join("rollouts/trajectories"), TableName::Trajectories);
+    let steps: Vec<StepRow> = read(&root.join("rollouts/steps"), TableName::Steps);
+    assert_eq!(trajectories.len(), 6 * 4);
+    assert!(
+        trajectories.iter().any(|t| t.num_steps > 1),
+        "episodes of several decisions"
+    );
+
+    // score-rewards: outcome, reward_coef 2.
+    let rewards = root.join("rewards");
+    let summary = ok(
+        "score-rewards",
+        &[
+            "--input",
+            s(&root.join("rollouts")),
+            "--input",
+            s(&root.join("tasks")),
+            "--out",
+            s(&rewards),
+            "--set",
+            "reward.reward_coef=2",
+        ],
+    );
+    assert!(summary.contains("closed-loop episodes"), "{summary}");
+    let printed = ok("table", &["validate", s(&rewards.join("rewards"))]);
+    assert!(printed.starts_with("ok rewards"), "{printed}");
+    let scored: Vec<RewardRow> = read(&rewards.join("rewards"), TableName::Rewards);
+    assert_eq!(scored.len(), trajectories.len(), "one row per episode");
+    let by_id: HashMap<&str, &TrajectoryRow> = trajectories
+        .iter()
+        .map(|t| (t.trajectory_id.as_str(), t))
+        .collect();
+    for row in &scored {
+        let episode = by_id[row.trajectory_id.as_str()];
+        assert_eq!(row.group_id, episode.group_id);
+        assert_eq!(row.score, if episode.complete { 2.0 } else { 0.0 });
+        assert_eq!(row.success, episode.complete);
+        assert_eq!((row.format, row.accuracy), (0.0, row.score));
+        assert!(row.parse_ok);
+        assert!(row.pred_actions.is_none() && row.step_match.is_none() && row.step_valid.is_none());
+        assert_eq!(row.reward_fn, "outcome");
+    }
+
+    // A plan reward on closed-loop episodes: exit 2, named, nothing written.
+    for function in ["verify", "embodied_r1"] {
+        let out = root.join(format!("refused-{function}"));
+        let set = format!("reward.fn={function}");
+        let result = run(
+            "score-rewards",
+            &[
+                "--input",
+                s(&root.join("rollouts")),
+                "--input",
+                s(&root.join("tasks")),
+                "--out",
+                s(&out),
+                "--set",
+                &set,
+            ],
+        );
+        assert_eq!(result.code, 2, "{result}");
+        let text = result.to_string();
+        assert!(
+            text.contains("closed-loop") && text.contains(function) && text.contains("tabletop-"),
+            "{text}"
+        );
+        assert!(!out.join("rewards").exists());
+    }
+
+    // GRPO on the collected scores (whatever their mix).
+    let rows = advantages(root, &rewards, &root.join("adv"), &[]);
+    let episode = check_broadcast(&steps, &rows);
+    let mut groups: Vec<&str> = scored.iter().map(|r| r.group_id.as_str()).collect();
+    groups.sort();
+    groups.dedup();
+    let index: Vec<u32> = scored
+        .iter()
+        .map(|r| groups.binary_search(&r.group_id.as_str()).unwrap() as u32)
+        .collect();
+    let scores: Vec<f32> = scored.iter().map(|r| r.score).collect();
+    let expected = episode_advantages(&scores, &index, GroupNorm::default());
+    for (row, want) in scored.iter().zip(&expected) {
+        assert_eq!(episode[&row.trajectory_id], *want, "{}", row.trajectory_id);
+    }
+
+    // Mixed groups for sure: sample 0 of each group succeeds, the others not.
+    let table = rewards.join("rewards");
+    let producer = TableReader::open(&table, TableName::Rewards)
+        .unwrap()
+        .manifest()
+        .producer
+        .clone();
+    let mixed_dir = root.join("mixed");
+    let mixed: Vec<RewardRow> = scored
+        .iter()
+        .map(|r| {
+            let win = r.trajectory_id.ends_with("/s0");
+            RewardRow {
+                score: if win { 2.0 } else { 0.0 },
+                accuracy: if win { 2.0 } else { 0.0 },
+                success: win,
+                ..r.clone()
+            }
+        })
+        .collect();
+    let mut writer = TableWriter::create(
+        &mixed_dir,
+        TableName::Rewards,
+        WriteOptions::default(),
+        true,
+    )
+    .unwrap();
+    writer.write_rows(&mixed).unwrap();
+    writer.finish(&producer, &[]).unwrap();
+
+    for (estimator, winner, loser) in [
+        // std of (2, 0, 0, 0) is 1 (unbiased): (2 - 0.5) / 1, (0 - 0.5) / 1.
+        ("grpo", 1.5, -0.5),
+        // Dr. GRPO: no division by the std.
+        ("dr_grpo", 1.5, -0.5),
+    ] {
+        let set = format!("estimator={estimator}");
+        let out = root.join(format!("adv-{estimator}"));
+        let rows = advantages(
+            root,
+            &mixed_dir,
+            &out,
+            &["--set", &set, "--set", "filter.dynamic_sampling=true"],
+        );
+        let episode = check_broadcast(&steps, &rows);
+        assert_eq!(episode.len(), 6 * 4, "every group is mixed and kept");
+        let mut sums: HashMap<&str, f32> = HashMap::new();
+        for row in &mixed {
+            let a = episode[&row.trajectory_id];
+            let want = if row.success { winner } else { loser };
+            assert!(
+                (a - want).abs() < 1e-4,
+                "{estimator} {}: {a}",
+                row.trajectory_id
+            );
+            *sums.entry(&row.group_id).or_default() += a;
+        }
+        for (group, sum) in sums {
+            assert!(sum.abs() < 1e-4, "{estimator} group {group}: {sum}");
+        }
+    }
+}
