@@ -228,12 +228,100 @@ impl StageConfig for Config {
     }
 }
 
-/// A drawn group before it is written.
-struct Group<'a> {
+/// A drawn group before it is written: G one-shot answers or G closed-loop
+/// episodes of one task draw, with their sampling seeds.
+struct Group<'a, E> {
     task: &'a TaskRow,
     draw: usize,
-    episodes: Vec<Episode>,
+    episodes: Vec<E>,
     seeds: Vec<u64>,
+}
+
+/// The columns of a `trajectories` row that come from its episode.
+struct Facts {
+    num_steps: i32,
+    env_steps: i32,
+    complete: bool,
+    response_text: Option<String>,
+}
+
+/// What an episode of either loop contributes to its rows.
+trait Written {
+    /// Decisions, env steps, success and the answer text (one-shot only).
+    fn facts(&self) -> Facts;
+    /// Its `steps` rows under `trajectory_id`.
+    fn steps(&self, trajectory_id: &str) -> Vec<StepRow>;
+}
+
+impl Written for Episode {
+    fn facts(&self) -> Facts {
+        Facts {
+            num_steps: 1,
+            env_steps: self.outcome.env_steps as i32,
+            complete: self.outcome.success,
+            response_text: Some(self.text.clone()),
+        }
+    }
+    fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
+        vec![StepRow::one_shot(
+            trajectory_id.to_string(),
+            self.prompt_ids.clone(),
+            self.response_ids.clone(),
+            self.logprobs.clone(),
+        )]
+    }
+}
+
+impl Written for ClosedLoopEpisode {
+    fn facts(&self) -> Facts {
+        Facts {
+            num_steps: self.decisions.len() as i32,
+            env_steps: self.env_steps as i32,
+            complete: self.success,
+            response_text: None,
+        }
+    }
+    fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
+        self.step_rows(trajectory_id)
+    }
+}
+
+/// The `trajectories` and `steps` rows of kept groups: sample `k` of a group
+/// is trajectory `<group id>/s<k>`.
+fn rows_of<E: Written>(
+    groups: &[Group<'_, E>],
+    config: &Config,
+    policy_id: &str,
+) -> (Vec<TrajectoryRow>, Vec<StepRow>) {
+    let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
+    for group in groups {
+        let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
+        for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
+            let trajectory_id = format!("{group_id}/s{k}");
+            let Facts {
+                num_steps,
+                env_steps,
+                complete,
+                response_text,
+            } = episode.facts();
+            step_rows.extend(episode.steps(&trajectory_id));
+            trajectory_rows.push(TrajectoryRow {
+                trajectory_id,
+                group_id: group_id.clone(),
+                task_id: group.task.task_id.clone(),
+                sample_index: k as i32,
+                iteration: config.iteration,
+                policy: policy_id.to_string(),
+                temperature: config.temperature as f32,
+                num_steps,
+                env_steps,
+                complete,
+                response_text,
+                seed: seed as i64,
+            });
+        }
+    }
+    (trajectory_rows, step_rows)
 }
 
 fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
@@ -385,7 +473,7 @@ fn one_shot(
         max_new_tokens: config.max_new_tokens,
     };
     let started = Instant::now();
-    let mut kept: Vec<Group> = Vec::new();
+    let mut kept: Vec<Group<'_, Episode>> = Vec::new();
     let (mut draw_count, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
     // Each batch is filled on its own: each round draws once for every slot
     // of the batch still open, in one sampling call, so what a slot draws
@@ -441,33 +529,7 @@ fn one_shot(
 
     let mut trajectories = stage.writer(TableName::Trajectories)?;
     let mut steps = stage.writer(TableName::Steps)?;
-    let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
-    for group in &kept {
-        let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
-        for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
-            let trajectory_id = format!("{group_id}/s{k}");
-            trajectory_rows.push(TrajectoryRow {
-                trajectory_id: trajectory_id.clone(),
-                group_id: group_id.clone(),
-                task_id: group.task.task_id.clone(),
-                sample_index: k as i32,
-                iteration: config.iteration,
-                policy: policy.manifest.id.clone(),
-                temperature: config.temperature as f32,
-                num_steps: 1,
-                env_steps: episode.outcome.env_steps as i32,
-                complete: episode.outcome.success,
-                response_text: Some(episode.text.clone()),
-                seed: seed as i64,
-            });
-            step_rows.push(StepRow::one_shot(
-                trajectory_id,
-                episode.prompt_ids.clone(),
-                episode.response_ids.clone(),
-                episode.logprobs.clone(),
-            ));
-        }
-    }
+    let (trajectory_rows, step_rows) = rows_of(&kept, config, &policy.manifest.id);
     trajectories.write_rows(&trajectory_rows)?;
     steps.write_rows(&step_rows)?;
     stage.finish(trajectories)?;
@@ -507,14 +569,6 @@ fn one_shot(
         );
     stage.commit(&summary)?;
     Ok(())
-}
-
-/// A drawn group of closed-loop episodes before it is written.
-struct EpisodeGroup<'a> {
-    task: &'a TaskRow,
-    draw: usize,
-    episodes: Vec<ClosedLoopEpisode>,
-    seeds: Vec<u64>,
 }
 
 /// Closed-loop episodes of a VLA on tabletop tasks (see the module doc).
@@ -563,7 +617,7 @@ fn closed_loop(
     let (mut truncated, mut ungrasped_successes) = (0usize, 0usize);
     for batch in batches {
         let started = Instant::now();
-        let mut kept: Vec<EpisodeGroup> = Vec::new();
+        let mut kept: Vec<Group<'_, ClosedLoopEpisode>> = Vec::new();
         let mut pending: Vec<usize> = batch.collect();
         while !pending.is_empty() {
             let tasks: Vec<tabletop::TaskSpec> = pending
@@ -621,7 +675,7 @@ fn closed_loop(
                     continue;
                 }
                 let first = index * group_size;
-                kept.push(EpisodeGroup {
+                kept.push(Group {
                     task: draws.task(draw),
                     draw,
                     seeds: seeds[first..first + group_size].to_vec(),
@@ -631,28 +685,7 @@ fn closed_loop(
             pending = next;
         }
         seconds += started.elapsed().as_secs_f64();
-        let (mut trajectory_rows, mut step_rows) = (Vec::new(), Vec::new());
-        for group in &kept {
-            let group_id = group_id(config.iteration, &group.task.task_id, group.draw);
-            for (k, (episode, &seed)) in group.episodes.iter().zip(&group.seeds).enumerate() {
-                let trajectory_id = format!("{group_id}/s{k}");
-                trajectory_rows.push(TrajectoryRow {
-                    trajectory_id: trajectory_id.clone(),
-                    group_id: group_id.clone(),
-                    task_id: group.task.task_id.clone(),
-                    sample_index: k as i32,
-                    iteration: config.iteration,
-                    policy: policy.manifest.id.clone(),
-                    temperature: config.temperature as f32,
-                    num_steps: episode.decisions.len() as i32,
-                    env_steps: episode.env_steps as i32,
-                    complete: episode.success,
-                    response_text: None,
-                    seed: seed as i64,
-                });
-                step_rows.extend(episode.step_rows(&trajectory_id));
-            }
-        }
+        let (trajectory_rows, step_rows) = rows_of(&kept, config, &policy.manifest.id);
         trajectories.write_rows(&trajectory_rows)?;
         steps.write_rows(&step_rows)?;
         groups_kept += kept.len();
