@@ -72,7 +72,12 @@ const REEXEC_VAR: &str = "EMBODYFLOW_THREADS_REEXEC";
 
 /// Where a thread count comes from: the key, the library's variable, or the
 /// CPUs this process may run on.
-const SOURCES: &[&str] = &["threads", "OMP_NUM_THREADS", "RAYON_NUM_THREADS", "the CPUs"];
+const SOURCES: &[&str] = &[
+    "threads",
+    "OMP_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "the CPUs",
+];
 
 /// The most threads a `threads` key accepts.
 pub const MAX_THREADS: usize = 1024;
@@ -459,7 +464,11 @@ pub fn apply(name: &str, pool: Threads, config: &ThreadsConfig) -> Result<Applie
     // where the count came from is what that one decided.
     let reexecuted = match std::env::var(REEXEC_VAR) {
         Ok(first) => {
-            source = SOURCES.iter().copied().find(|s| *s == first).unwrap_or(source);
+            source = SOURCES
+                .iter()
+                .copied()
+                .find(|s| *s == first)
+                .unwrap_or(source);
             true
         }
         Err(_) => false,
