@@ -15,6 +15,8 @@
 //! - [`progress`]: progress bars for long loops;
 //! - [`observation`]: the bytes of a closed-loop observation (image and
 //!   proprio) in `steps.observation`;
+//! - [`observation_store`]: those observations written once into an Arrow
+//!   IPC file and served zero-copy from a memory mapping, epoch after epoch;
 //! - [`values`]: finite floats and declared integer ranges, checked on every read and write.
 //!
 //! The table schemas themselves live in `embodyflow_schemas`, re-exported as
@@ -29,6 +31,7 @@ pub mod error;
 pub mod inputs;
 pub mod manifest;
 pub mod observation;
+pub mod observation_store;
 pub mod progress;
 pub mod spec;
 pub mod stage;
