@@ -280,6 +280,20 @@ pub enum Entropy {
     Loss,
 }
 
+impl Entropy {
+    /// The entropy `-Σ p log p` over the last dimension of `log_probs`
+    /// (normalised log-probabilities, e.g. `[batch, tokens, vocab]`) as
+    /// asked: none, without gradients, or with them.
+    pub fn of(self, log_probs: &Tensor) -> Option<Tensor> {
+        let entropy = || -(log_probs.exp() * log_probs).sum_dim_intlist(-1, false, Kind::Float);
+        match self {
+            Entropy::Skip => None,
+            Entropy::Metric => Some(tch::no_grad(entropy)),
+            Entropy::Loss => Some(entropy()),
+        }
+    }
+}
+
 /// Per-token results of a forward pass over prompt + response pairs, each
 /// `[batch, longest response]`.
 pub struct ResponseScores {
@@ -395,15 +409,9 @@ pub fn score_responses(
     let logprobs = log_probs
         .gather(2, &targets.unsqueeze(2), false)
         .squeeze_dim(2);
-    let entropy_of = |lp: &Tensor| -(lp.exp() * lp).sum_dim_intlist(-1, false, Kind::Float);
-    let entropy = match entropy {
-        Entropy::Skip => None,
-        Entropy::Metric => Some(tch::no_grad(|| entropy_of(&log_probs))),
-        Entropy::Loss => Some(entropy_of(&log_probs)),
-    };
     ResponseScores {
         logprobs,
-        entropy,
+        entropy: entropy.of(&log_probs),
         mask,
     }
 }

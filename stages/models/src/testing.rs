@@ -4,7 +4,8 @@
 //! CPU. It is small enough to build in milliseconds and big enough to
 //! exercise what the tests check: a multi-layer key/value cache, batched
 //! scoring, a context limit (`n_ctx` is the caller's), a teacher context with
-//! a reference plan, and gradient steps that move log-probs.
+//! a reference plan, and gradient steps that move log-probs. [`tiny_vla`] is
+//! its VLA counterpart on the same tokenizer.
 //!
 //! Not part of the API: hidden from the docs and meant for `#[cfg(test)]`
 //! code (it is compiled in, rather than behind a cargo feature, so that
@@ -23,6 +24,7 @@ use tokenizers::Tokenizer;
 use crate::checkpoint::Checkpoint;
 use crate::gpt::GptConfig;
 use crate::tokenizer::train_bpe;
+use crate::vla::{Vla, VlaConfig};
 
 /// The seed `tiny_policy` initialises the weights from.
 pub const SEED: i64 = 3;
@@ -75,6 +77,24 @@ pub fn tiny_policy(n_ctx: i64) -> Checkpoint {
     let config = tiny_config(tokenizer.get_vocab_size(true) as i64, n_ctx);
     let _generator = seed(SEED);
     Checkpoint::init(&config, tokenizer, tch::Device::Cpu).expect("the tiny config is valid")
+}
+
+/// A tiny VLA on the tiny tokenizer (instructions of up to 160 tokens,
+/// 32 × 32 images in 8 × 8 patches, proprio 5, chunks of `chunk_len`
+/// actions of 4 dimensions, 256 bins over [-1, 1], width 32, 4 heads, 2
+/// layers), weights drawn after seeding with `SEED`, on the CPU.
+pub fn tiny_vla(chunk_len: i64) -> Checkpoint<Vla> {
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        chunk_len,
+        max_instruction: 160,
+        n_embd: 32,
+        n_layer: 2,
+        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
+    };
+    let _generator = seed(SEED);
+    Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu)
+        .expect("the tiny VLA config is valid")
 }
 
 #[cfg(test)]

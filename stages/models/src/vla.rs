@@ -61,7 +61,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{PolicyKind, PolicyNet};
 use crate::gpt::{Gpt, GptConfig};
-use crate::policy::{arg_max, draw};
+use crate::policy::{Entropy, arg_max, draw};
 
 /// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with
 /// `"kind": "vla"`).
@@ -451,10 +451,25 @@ impl Vla {
         tokens: &[&[u32]],
         temperature: f64,
     ) -> Result<Tensor, VlaError> {
+        let (logprobs, _) = self.token_scores(batch, tokens, temperature, Entropy::Skip)?;
+        Ok(logprobs)
+    }
+
+    /// [`Vla::token_logprobs`] and, as `entropy` asks, the entropy
+    /// `[batch, K × D]` of each action token's distribution under
+    /// `logits / temperature`, from one forward pass (a trainer's
+    /// log-probs and entropy metric or bonus).
+    pub fn token_scores(
+        &self,
+        batch: &[Observation],
+        tokens: &[&[u32]],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<(Tensor, Option<Tensor>), VlaError> {
         check_temperature(temperature)?;
         let targets = self.action_tokens(tokens, batch.len())?;
-        let logits = self.logits(batch)?;
-        Ok(logprobs_of(&logits, &targets, temperature))
+        let log_probs = log_softmax_at(&self.logits(batch)?, temperature);
+        Ok((gather_tokens(&log_probs, &targets), entropy.of(&log_probs)))
     }
 
     /// Log-prob `[batch]` of each row's decision: the sum of
@@ -729,7 +744,12 @@ impl Vla {
 /// `temperature = 0` reads as 1): the per-token terms of a decision's
 /// log-prob, for token-level losses on logits already computed.
 pub fn logprobs_of(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Tensor {
-    log_softmax_at(logits, temperature)
+    gather_tokens(&log_softmax_at(logits, temperature), tokens)
+}
+
+/// `log_probs[b, t, tokens[b, t]]`: `[batch, K × D]`.
+fn gather_tokens(log_probs: &Tensor, tokens: &Tensor) -> Tensor {
+    log_probs
         .gather(2, &tokens.unsqueeze(2), false)
         .squeeze_dim(2)
 }

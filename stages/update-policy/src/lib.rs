@@ -16,6 +16,17 @@
 //!   from `trajectories`; optional entropy bonus and KL penalty to a
 //!   reference checkpoint (`kl_reference`, with `ppo.kl_coef > 0`).
 //!
+//! The policy is a plan policy or a VLA (`config.json` `kind`,
+//! [`policy_kind`]); the loop below is one for both, a [`Trainable`]
+//! network supplying the checks and the per-token scores of its examples.
+//! On a VLA ([`vla`], issue 15) an example is one decision: the observation
+//! (frame and proprio, the `steps.observation` bytes), the instruction ids
+//! as the prompt and the `K × D` action tokens as the response.
+//! `objective = "sft"` is behaviour cloning on the scripted expert's
+//! demonstrations of the tabletop tasks in `tasks` (`sft.expert_noise`;
+//! failed demonstrations are dropped and counted); `objective = "ppo"`
+//! recomputes the tokens' log-probs from the stored observations.
+//!
 //! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
 //! mini-batches of `mini_batch` sequences; `grad_accumulation = k`
 //! consecutive mini-batches make one AdamW step (the last step of an epoch
@@ -62,10 +73,12 @@ use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind};
+use embodyflow_models::gpt::Gpt;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
-use embodyflow_models::policy::{Entropy, score_responses};
+use embodyflow_models::policy::{Entropy, ResponseScores, score_responses};
 use embodyflow_models::tokenizer::encode;
+use embodyflow_models::vla::Vla;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -75,6 +88,7 @@ use tch::Kind;
 pub mod init;
 pub mod loss;
 pub mod metrics_csv;
+pub mod vla;
 
 use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
 
@@ -210,7 +224,7 @@ impl Default for OptimConfig {
 }
 
 /// `sft.*` settings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SftConfig {
     /// Keep only the first N tasks of each task type.
@@ -221,6 +235,21 @@ pub struct SftConfig {
     /// templates `teacher-logp` reads, so a teacher is trained on the context
     /// it will score in.
     pub template: ContextTemplates,
+    /// The scripted expert's action noise on a VLA's demonstrations (its
+    /// `ExpertConfig::noise`: relative standard deviation on dx, dy, dz),
+    /// seeded by `--seed` and the task id.
+    pub expert_noise: f32,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            demos_per_task_type: None,
+            context: SftContext::default(),
+            template: ContextTemplates::default(),
+            expert_noise: 0.05,
+        }
+    }
 }
 
 /// What an SFT example's answer follows.
@@ -357,6 +386,10 @@ impl StageConfig for Config {
             "keep only the first N tasks of each task type (unset: all)",
         ),
         (
+            "sft.expert_noise",
+            "VLA: the expert's relative action noise in [0, 1] on demonstrations (seeded by --seed and task)",
+        ),
+        (
             "sft.template.name",
             "teacher template name (context = reference | both)",
         ),
@@ -413,6 +446,12 @@ impl StageConfig for Config {
         if let Some(n) = self.sft.demos_per_task_type {
             at_least("sft.demos_per_task_type", n, 1)?;
         }
+        ensure(
+            (0.0..=1.0).contains(&self.sft.expert_noise),
+            "sft.expert_noise",
+            "a number in [0, 1]",
+            self.sft.expert_noise,
+        )?;
         if self.sft.context != SftContext::Prompt {
             self.sft.template.check().map_err(|e| Error::BadValue {
                 key: "sft.template".into(),
@@ -498,6 +537,117 @@ pub struct Example {
     pub advantages: Vec<f32>,
     /// Sampling temperature of the response (1 for SFT).
     pub temperature: f32,
+    /// A VLA decision's observation bytes (`embodyflow_core::observation`;
+    /// `None` for plans): read through [`Example::observation`] alone.
+    pub observation: Option<Vec<u8>>,
+}
+
+impl Example {
+    /// The encoded observation a VLA decision was taken at, if any: the one
+    /// accessor of the observation (a store serving it from elsewhere
+    /// replaces this and [`vla::decode_observations`]).
+    pub fn observation(&self) -> Option<&[u8]> {
+        self.observation.as_deref()
+    }
+}
+
+/// The tasks SFT trains on: all, or the first `per_type` of each task type.
+pub fn kept_tasks(tasks: &[TaskRow], per_type: Option<usize>) -> Vec<&TaskRow> {
+    let mut taken: HashMap<Option<&str>, usize> = HashMap::new();
+    tasks
+        .iter()
+        .filter(|row| {
+            let count = taken.entry(row.task_type.as_deref()).or_default();
+            *count += 1;
+            per_type.is_none_or(|limit| *count <= limit)
+        })
+        .collect()
+}
+
+/// SFT examples with lines for the summary.
+#[derive(Debug, Clone, Default)]
+pub struct SftSet {
+    /// The examples.
+    pub examples: Vec<Example>,
+    /// Summary lines (key, value) on how they were made.
+    pub notes: Vec<(String, String)>,
+}
+
+/// A network `update-policy` trains: how its examples are made, checked
+/// and scored. [`train`] and [`accumulate`] (shuffle, steps, gradient
+/// accumulation, AdamW, schedule, metrics, optimizer state) are one for
+/// every kind: the plan policy ([`Gpt`], [`score_responses`]) and the VLA
+/// ([`Vla`], [`vla`]).
+pub trait Trainable: PolicyNet {
+    /// The SFT examples of `tasks` (`seed`: the run's `--seed`).
+    fn sft_examples(
+        policy: &Checkpoint<Self>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        seed: u64,
+    ) -> Result<SftSet, ModelError>;
+
+    /// Fails on an example the policy cannot score, naming it.
+    fn check_examples(policy: &Checkpoint<Self>, examples: &[Example]) -> Result<(), Error>;
+
+    /// Per-token log-probs `[B, T]` of a micro-batch's responses under
+    /// `logits / temperature`, the mask `[B, T]` (1 on the tokens of the
+    /// loss) and the entropies `entropy` asks for, with gradients when
+    /// gradients are on. The examples passed [`Trainable::check_examples`].
+    fn score(
+        policy: &Checkpoint<Self>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError>;
+}
+
+impl Trainable for Gpt {
+    fn sft_examples(
+        policy: &Checkpoint,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        Ok(SftSet {
+            examples: sft_examples(policy, tasks, sft)?,
+            notes: Vec::new(),
+        })
+    }
+
+    fn check_examples(policy: &Checkpoint, examples: &[Example]) -> Result<(), Error> {
+        check_vocabulary(examples, policy.model.config().vocab_size)?;
+        let n_ctx = policy.model.config().n_ctx as usize;
+        if let Some(long) = examples
+            .iter()
+            .find(|e| e.prompt.len() + e.response.len() > n_ctx)
+        {
+            return Err(Error::BadInput(format!(
+                "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
+                long.source,
+                long.prompt.len(),
+                long.response.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn score(
+        policy: &Checkpoint,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+        let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
+        Ok(score_responses(
+            policy,
+            &prompts,
+            &responses,
+            temperature,
+            entropy,
+        ))
+    }
 }
 
 /// SFT examples: the expert answers of `tasks` (the first `per_type` of each task type when set).
@@ -509,14 +659,8 @@ pub fn sft_examples(
     if sft.context != SftContext::Prompt {
         sft.template.check()?;
     }
-    let mut taken: HashMap<Option<&str>, usize> = HashMap::new();
     let mut examples = Vec::new();
-    for row in tasks {
-        let count = taken.entry(row.task_type.as_deref()).or_default();
-        if sft.demos_per_task_type.is_some_and(|limit| *count >= limit) {
-            continue;
-        }
-        *count += 1;
+    for row in kept_tasks(tasks, sft.demos_per_task_type) {
         let env = TaskEnv::from_row(row, 0)?;
         let answer = env.expert_answer().ok_or_else(|| {
             Error::BadInput(format!(
@@ -554,6 +698,7 @@ pub fn sft_examples(
                 old_logprobs: Vec::new(),
                 advantages: Vec::new(),
                 temperature: 1.0,
+                observation: None,
             });
         }
     }
@@ -613,6 +758,7 @@ pub fn ppo_examples(
             old_logprobs: step.old_logprobs,
             advantages: advantage.advantages,
             temperature,
+            observation: step.observation,
         });
     }
     if let Some(((trajectory, step), _)) = by_key.into_iter().next() {
@@ -623,8 +769,8 @@ pub fn ppo_examples(
     Ok(examples)
 }
 
-fn pad_rows(rows: &[&[f32]], device: tch::Device) -> tch::Tensor {
-    let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+/// `rows` right-padded with 0 to `width` columns.
+fn pad_rows(rows: &[&[f32]], width: usize, device: tch::Device) -> tch::Tensor {
     let mut flat = Vec::with_capacity(rows.len() * width);
     for row in rows {
         flat.extend_from_slice(row);
@@ -642,16 +788,19 @@ pub struct TrainReport {
     pub metrics: Vec<MetricRow>,
     /// Response tokens processed (forward and backward), over all epochs.
     pub tokens: u64,
+    /// Examples processed (sequences; a VLA's decisions), over all epochs.
+    pub sequences: u64,
     /// Wall time of the optimisation.
     pub seconds: f64,
 }
 
 /// Optimises `policy` on `examples`, continuing from the optimizer `state`
 /// (pure apart from the policy's weights; the final state is left in
-/// `policy.optimizer` for the checkpoint).
-pub fn train(
-    policy: &mut Checkpoint,
-    reference: Option<&Checkpoint>,
+/// `policy.optimizer` for the checkpoint). The examples are checked first
+/// ([`Trainable::check_examples`]).
+pub fn train<M: Trainable>(
+    policy: &mut Checkpoint<M>,
+    reference: Option<&Checkpoint<M>>,
     examples: &[Example],
     config: &Config,
     seed: u64,
@@ -663,24 +812,13 @@ pub fn train(
         )
         .into());
     }
-    let n_ctx = policy.model.config().n_ctx as usize;
-    if let Some(long) = examples
-        .iter()
-        .find(|e| e.prompt.len() + e.response.len() > n_ctx)
-    {
-        return Err(Error::BadInput(format!(
-            "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
-            long.source,
-            long.prompt.len(),
-            long.response.len()
-        ))
-        .into());
-    }
+    M::check_examples(policy, examples)?;
     let optim = &config.optim;
     let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
     let started = Instant::now();
     let mut metrics = Vec::new();
     let mut tokens = 0u64;
+    let mut sequences = 0u64;
     let per_step = config.mini_batch.saturating_mul(config.grad_accumulation);
     let steps_per_epoch = examples.len().div_ceil(per_step);
     let bar = progress::bar((steps_per_epoch * config.epochs) as u64, "updating");
@@ -701,8 +839,9 @@ pub fn train(
             };
             optimizer.zero_grad(&policy.vars);
             let micros = micro_batches(examples, step, config.micro_batch);
-            let sums = accumulate(policy, reference, examples, &micros, denominators, config);
+            let sums = accumulate(policy, reference, examples, &micros, denominators, config)?;
             tokens += sums.tokens;
+            sequences += step.len() as u64;
             let grad_norm = optimizer.clip_grad_norm(&policy.vars, optim.grad_clip);
             let lr = optimizer.step(&policy.vars);
             policy.manifest.updates += 1;
@@ -741,6 +880,7 @@ pub fn train(
     Ok(TrainReport {
         metrics,
         tokens,
+        sequences,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -793,14 +933,14 @@ pub struct StepSums {
 /// aggregated with the step's `denominators`, accumulating the gradients in
 /// the policy's variables. The entropy is computed without gradients (a
 /// metric) unless the PPO loss has an entropy bonus.
-pub fn accumulate(
-    policy: &Checkpoint,
-    reference: Option<&Checkpoint>,
+pub fn accumulate<M: Trainable>(
+    policy: &Checkpoint<M>,
+    reference: Option<&Checkpoint<M>>,
     examples: &[Example],
     micros: &[Vec<usize>],
     denominators: Denominators,
     config: &Config,
-) -> StepSums {
+) -> Result<StepSums, ModelError> {
     let device = policy.vars.device();
     let bonus = config.objective == Objective::Ppo && config.ppo.entropy_coef > 0.0;
     let entropy_mode = if bonus {
@@ -811,10 +951,9 @@ pub fn accumulate(
     let mut sums = StepSums::default();
     for micro in micros {
         let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
-        let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
-        let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
         let temperature = batch[0].temperature as f64;
-        let scores = score_responses(policy, &prompts, &responses, temperature, entropy_mode);
+        let scores = M::score(policy, &batch, temperature, entropy_mode)?;
+        let width = scores.logprobs.size()[1] as usize;
         let entropy = aggregate(
             scores.entropy.as_ref().expect("entropy is asked for"),
             &scores.mask,
@@ -833,8 +972,8 @@ pub fn accumulate(
                 let adv: Vec<&[f32]> = batch.iter().map(|e| e.advantages.as_slice()).collect();
                 let out = policy_loss(
                     &scores.logprobs,
-                    &pad_rows(&old, device),
-                    &pad_rows(&adv, device),
+                    &pad_rows(&old, width, device),
+                    &pad_rows(&adv, width, device),
                     &scores.mask,
                     &config.ppo,
                     denominators,
@@ -852,9 +991,8 @@ pub fn accumulate(
         };
         if let (Some(reference), true) = (reference, config.ppo.kl_coef > 0.0) {
             let ref_logp = tch::no_grad(|| {
-                score_responses(reference, &prompts, &responses, temperature, Entropy::Skip)
-                    .logprobs
-            });
+                M::score(reference, &batch, temperature, Entropy::Skip).map(|s| s.logprobs)
+            })?;
             let kl = aggregate(
                 &kl_penalty(&scores.logprobs, &ref_logp, config.ppo.kl_estimator),
                 &scores.mask,
@@ -869,7 +1007,7 @@ pub fn accumulate(
         sums.entropy += entropy.double_value(&[]);
         sums.tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;
     }
-    sums
+    Ok(sums)
 }
 
 /// The summary's line on the schedule: its name, the optimizer steps this
@@ -924,20 +1062,31 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         metrics_csv::METRICS_CSV,
         "policy",
     ])?;
+    match policy_kind(&args.policy.policy)? {
+        PolicyKind::Plan => update::<Gpt>(&stage, &args),
+        PolicyKind::Vla => update::<Vla>(&stage, &args),
+    }
+}
+
+/// The stage on a policy of network `M`: examples, training, outputs.
+fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
     let policy_out = args.stage.out.join("policy");
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     tch::manual_seed(args.stage.seed as i64);
-    let mut policy = Checkpoint::load(&args.policy.policy, device)?;
+    let mut policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     // Config::validate: ppo.kl_coef > 0 comes with a kl_reference.
     let reference = match (&config.kl_reference, config.ppo.kl_coef > 0.0) {
-        (Some(path), true) => Some(Checkpoint::load(path, device)?),
+        (Some(path), true) => Some(Checkpoint::<M>::load_kind(path, device)?),
         _ => None,
     };
+    let mut notes = Vec::new();
     let examples = match config.objective {
         Objective::Sft => {
             let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-            sft_examples(&policy, &tasks, &config.sft)?
+            let set = M::sft_examples(&policy, &tasks, &config.sft, args.stage.seed)?;
+            notes = set.notes;
+            set.examples
         }
         Objective::Ppo => {
             let trajectories: Vec<TrajectoryRow> =
@@ -950,7 +1099,6 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     if examples.is_empty() {
         return Err(Error::BadInput("no training examples in the inputs".into()).into());
     }
-    check_vocabulary(&examples, policy.model.config().vocab_size)?;
     // Log-probs are recomputed at the rollouts' temperature, one per micro-batch.
     if let Some(other) = examples
         .iter()
@@ -998,7 +1146,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let mut writer = stage.writer(TableName::Metrics)?;
     writer.write_rows(&report.metrics)?;
     stage.finish(writer)?;
-    metrics_csv::stage_metrics_csv(&stage, &report.metrics)?;
+    metrics_csv::stage_metrics_csv(stage, &report.metrics)?;
     let (staged, manifest) = policy.save_staged(&args.stage.out, "policy", "update-policy")?;
     stage.stage_output(&staged, "policy", Digest::DirAll)?;
     let first = report.metrics.first().map_or(f32::NAN, |m| m.loss);
@@ -1013,7 +1161,11 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             "policy",
             format!("{parent} -> {} ({})", manifest.id, policy_out.display()),
         )
-        .add("examples", examples.len())
+        .add("examples", examples.len());
+    for (key, value) in notes {
+        summary.add(key, value);
+    }
+    summary
         .add("optimizer steps", report.metrics.len())
         .add("optimizer", optimizer_note)
         .add(
@@ -1030,6 +1182,16 @@ pub fn run(args: Args) -> Result<(), ModelError> {
                 report.seconds
             ),
         );
+    if M::KIND == PolicyKind::Vla {
+        summary.add(
+            "decision throughput",
+            format!(
+                "{:.1} decisions/s ({} decisions, forward and backward)",
+                report.sequences as f64 / report.seconds.max(1e-9),
+                report.sequences
+            ),
+        );
+    }
     if config.objective == Objective::Ppo {
         let mean = |f: fn(&MetricRow) -> f32| {
             report.metrics.iter().map(|m| f(m) as f64).sum::<f64>() / report.metrics.len() as f64
@@ -1063,6 +1225,7 @@ mod tests {
             old_logprobs: vec![],
             advantages: vec![],
             temperature: 1.0,
+            observation: None,
         };
         assert!(check_vocabulary(&[example(vec![0, 299])], 300).is_ok());
         for bad in [300, -1, i32::MAX] {
@@ -1090,6 +1253,7 @@ mod tests {
                 "kl_reference=runs/init",
                 "sft.context=both",
                 "sft.demos_per_task_type=1",
+                "sft.expert_noise=0",
             ]),
             None
         );
@@ -1162,6 +1326,9 @@ mod tests {
             (&["ppo.kl_coef=-0.1"], "ppo.kl_coef"),
             (&["ppo.kl_coef=0.1"], "kl_reference"),
             (&["sft.demos_per_task_type=0"], "sft.demos_per_task_type"),
+            (&["sft.expert_noise=1.5"], "sft.expert_noise"),
+            (&["sft.expert_noise=-0.1"], "sft.expert_noise"),
+            (&["sft.expert_noise=nan"], "sft.expert_noise"),
             (
                 &["sft.context=reference", "sft.template.teacher={prompt}"],
                 "sft.template",
@@ -1212,6 +1379,7 @@ mod tests {
                 prompt,
                 response,
                 temperature: 1.0,
+                observation: None,
             };
             let before = response_logprob(&policy, &example);
             let config = Config {
@@ -1266,6 +1434,7 @@ mod tests {
             prompt,
             response,
             temperature: 1.0,
+            observation: None,
         };
         let config = Config {
             epochs: 3,
@@ -1311,6 +1480,7 @@ mod tests {
             old_logprobs: Vec::new(),
             advantages: Vec::new(),
             temperature: 1.0,
+            observation: None,
         };
         let before = response_logprob(&policy, &example);
         let config = Config {
@@ -1398,6 +1568,7 @@ mod tests {
                     old_logprobs: Vec::new(),
                     advantages: Vec::new(),
                     temperature: 1.0,
+                    observation: None,
                 }
             })
             .collect()
@@ -1534,6 +1705,7 @@ mod tests {
                         .map(|t| sample as f32 - 1.0 + 0.1 * t as f32)
                         .collect(),
                     temperature: 1.0,
+                    observation: None,
                 });
             }
         }
@@ -1599,7 +1771,8 @@ mod tests {
                         let _ = grad.zero_();
                     }
                 }
-                let sums = accumulate(&policy, None, &examples, micros, denominators, &config);
+                let sums =
+                    accumulate(&policy, None, &examples, micros, denominators, &config).unwrap();
                 (sums, gradients(&policy))
             };
             let (a, grads_a) = run(&ordered);

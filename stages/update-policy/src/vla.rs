@@ -1,0 +1,308 @@
+//! `update-policy` on a VLA checkpoint ([`Vla`], `config.json` `"kind":
+//! "vla"`, issue 15): how its examples are made, checked and scored; the
+//! training loop is the crate's ([`crate::train`]).
+//!
+//! An example is one decision: the observation (the frame and proprio,
+//! encoded with [`embodyflow_core::observation`] so demonstrations and
+//! rollouts take the same decoding path), the instruction ids as the prompt
+//! (the checkpoint's tokenizer through [`VlaPolicy`], as `collect-rollouts`
+//! tokenizes them) and the action tokens as the response, flattened step
+//! after step (token `t` is dimension `t % D` of action `t / D`).
+//!
+//! - SFT (behaviour cloning, [`sft_examples`]): for each kept tabletop task
+//!   (`sft.demos_per_task_type`), the scripted expert's grasping
+//!   demonstration (`embodyflow_tabletop::demonstration`, noise
+//!   `sft.expert_noise` seeded by `sampling_seed(--seed, task id)`) cut
+//!   into decisions of `K = chunk_len` actions observed at the checkpoint's
+//!   `image_size`; each decision's actions become tokens with the
+//!   checkpoint's bins (OpenVLA's 256 over [-1, 1] by default). A decision
+//!   keeps the tokens of the actions taken before the episode ended, so the
+//!   last one of an episode may have fewer than `K × D` (the steps after the
+//!   end are out of the loss, as `Vla::bc_loss`'s `valid_steps` leaves them
+//!   out). Demonstrations that fail are dropped and counted. The loss is
+//!   the token mean of `-log π(a_t | o)` over the step's tokens.
+//! - PPO: the `steps` rows of `collect-rollouts` (`K × D` tokens, their
+//!   behaviour log-probs, the `observation` bytes) joined with their
+//!   advantages and temperature by [`crate::ppo_examples`]; log-probs
+//!   recomputed as `log_softmax(logits / T)[a_t]` from the decoded
+//!   observation ([`Vla::token_scores`]), every token in the loss.
+//!
+//! Every example is checked before training ([`Trainable::check_examples`]):
+//! an observation missing, undecodable or of another shape than the
+//! checkpoint's, an instruction longer than `max_instruction` or outside the
+//! vocabulary, a decision of the wrong length, or a token outside
+//! `0..n_bins` is bad input naming the example (trajectory and step, or
+//! task and decision).
+//!
+//! ```text
+//! update-policy --policy runs/vla --input runs/tasks --out runs/bc \
+//!     --set objective=sft --set sft.demos_per_task_type=1 --set epochs=50
+//! ```
+
+use embodyflow_core::observation::{self, ObservationShape};
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::{Error, progress};
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::policy::{Entropy, ResponseScores};
+use embodyflow_models::vla::{Observation, Vla, VlaConfig};
+use embodyflow_rollout::closed_loop::ChunkPolicy;
+use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::sampling_seed;
+use embodyflow_tabletop::{self as tabletop, ExpertConfig, Strategy};
+
+use crate::{Example, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
+
+/// The observation shape a VLA checkpoint takes: `image_size² × 3` and its
+/// proprio length.
+pub fn observation_shape(config: &VlaConfig) -> ObservationShape {
+    ObservationShape {
+        height: config.image_size as usize,
+        width: config.image_size as usize,
+        channels: 3,
+        proprio: config.proprio_dim as usize,
+    }
+}
+
+/// The observations of a micro-batch decoded into contiguous buffers
+/// (`B × pixel_len` bytes, `B × proprio` floats), rows in order: the one
+/// place training reads examples' observations ([`Example::observation`]).
+pub fn decode_observations(
+    batch: &[&Example],
+    shape: &ObservationShape,
+) -> Result<(Vec<u8>, Vec<f32>), Error> {
+    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
+    let mut pixels = vec![0u8; batch.len() * pixel_len];
+    let mut proprio = vec![0f32; batch.len() * proprio_len];
+    for (r, example) in batch.iter().enumerate() {
+        let bytes = example.observation().ok_or_else(|| {
+            Error::BadInput(format!(
+                "{}: no observation (a VLA decision needs the steps.observation bytes)",
+                example.source
+            ))
+        })?;
+        observation::decode_into(
+            bytes,
+            shape,
+            &mut pixels[r * pixel_len..(r + 1) * pixel_len],
+            &mut proprio[r * proprio_len..(r + 1) * proprio_len],
+        )
+        .map_err(|e| {
+            Error::BadInput(format!(
+                "{}: {e} (the checkpoint takes {shape})",
+                example.source
+            ))
+        })?;
+    }
+    Ok((pixels, proprio))
+}
+
+/// Behaviour-cloning examples (see the module doc): the expert's grasping
+/// demonstration of each kept task, one example per decision; the notes
+/// count the demonstrations used and those dropped because they failed.
+pub fn sft_examples(
+    policy: &Checkpoint<Vla>,
+    tasks: &[TaskRow],
+    sft: &SftConfig,
+    seed: u64,
+) -> Result<SftSet, ModelError> {
+    if sft.context != SftContext::Prompt {
+        return Err(Error::BadValue {
+            key: "sft.context".into(),
+            reason: "a VLA is trained on its own observation and instruction: only `prompt`".into(),
+        }
+        .into());
+    }
+    let config = policy.model.config();
+    let world = (tabletop::ACTION_DIM as i64, tabletop::PROPRIO_DIM as i64);
+    if (config.action_dim, config.proprio_dim) != world {
+        return Err(Error::BadInput(format!(
+            "the VLA takes actions of {} and proprio of {}; the tabletop world's are {} and {}",
+            config.action_dim, config.proprio_dim, world.0, world.1
+        ))
+        .into());
+    }
+    let sampler = VlaPolicy::new(policy, 0.0)?;
+    let bins = sampler.bins();
+    let shape = observation_shape(config);
+    let (k, size) = (config.chunk_len as usize, config.image_size as usize);
+    let kept = kept_tasks(tasks, sft.demos_per_task_type);
+    let bar = progress::bar(kept.len() as u64, "demonstrations");
+    let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
+    for row in kept {
+        let named = |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: {e}"));
+        let task = tabletop::task_from_row(row).map_err(|e| named(&e))?;
+        let prompt = sampler
+            .instruction_ids(&task.instruction)
+            .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
+        let expert = ExpertConfig {
+            noise: sft.expert_noise,
+            seed: sampling_seed(seed, &row.task_id),
+        };
+        let demo = tabletop::demonstration(&task, Strategy::Grasp, expert, k, size)
+            .map_err(|e| named(&format!("task `{}`: {e}", row.task_id)))?;
+        bar.inc(1);
+        if !demo.episode.success {
+            dropped.push(row.task_id.clone());
+            continue;
+        }
+        used += 1;
+        let steps = demo.episode.steps as usize;
+        for (i, decision) in demo.decisions.iter().enumerate() {
+            let source = format!("task `{}` decision {i}", row.task_id);
+            // The actions taken before the episode ended (decision i began while it ran).
+            let valid = (steps - i * k).min(k);
+            let actions: Vec<f32> = decision.actions[..valid].concat();
+            let tokens = bins
+                .encode(&actions)
+                .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
+            let observation = observation::encode(&shape, &decision.frame, &decision.proprio)
+                .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
+            examples.push(Example {
+                source,
+                prompt: prompt.clone(),
+                response: tokens.iter().map(|&t| t as i32).collect(),
+                old_logprobs: Vec::new(),
+                advantages: Vec::new(),
+                temperature: 1.0,
+                observation: Some(observation),
+            });
+        }
+    }
+    bar.finish_and_clear();
+    let mut notes = vec![(
+        "demonstrations".to_string(),
+        format!(
+            "{used} successful expert demonstrations (grasp, noise {}), {} decisions",
+            sft.expert_noise,
+            examples.len()
+        ),
+    )];
+    notes.push((
+        "dropped demonstrations".to_string(),
+        match dropped.first() {
+            None => "0".to_string(),
+            Some(first) => format!(
+                "{} failed and were left out (first: task `{first}`)",
+                dropped.len()
+            ),
+        },
+    ));
+    Ok(SftSet { examples, notes })
+}
+
+impl Trainable for Vla {
+    fn sft_examples(
+        policy: &Checkpoint<Vla>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        sft_examples(policy, tasks, sft, seed)
+    }
+
+    fn check_examples(policy: &Checkpoint<Vla>, examples: &[Example]) -> Result<(), Error> {
+        let config = policy.model.config();
+        let (per, d) = (
+            config.n_action_tokens() as usize,
+            config.action_dim as usize,
+        );
+        let shape = observation_shape(config);
+        for example in examples {
+            let source = &example.source;
+            decode_observations(&[example], &shape)?;
+            let n = example.prompt.len();
+            if n as i64 > config.max_instruction {
+                return Err(Error::BadInput(format!(
+                    "{source}: an instruction of {n} tokens, the checkpoint takes at most max_instruction = {}",
+                    config.max_instruction
+                )));
+            }
+            if let Some(&id) = example
+                .prompt
+                .iter()
+                .find(|&&id| id < 0 || i64::from(id) >= config.vocab_size)
+            {
+                return Err(Error::BadInput(format!(
+                    "{source}: instruction token id {id} is outside the checkpoint's vocabulary of {} tokens",
+                    config.vocab_size
+                )));
+            }
+            let len = example.response.len();
+            // Rollouts hold whole chunks; a demonstration's last decision may stop early.
+            let whole = !example.old_logprobs.is_empty();
+            if (whole && len != per) || len == 0 || len > per || len % d != 0 {
+                return Err(Error::BadInput(format!(
+                    "{source}: {len} action tokens; a decision has chunk_len x action_dim = {per}{}",
+                    if whole {
+                        ""
+                    } else {
+                        " (a demonstration's last one: a multiple of action_dim)"
+                    }
+                )));
+            }
+            if let Some((position, token)) = example
+                .response
+                .iter()
+                .enumerate()
+                .find(|&(_, &t)| t < 0 || i64::from(t) >= config.n_bins)
+            {
+                return Err(Error::BadInput(format!(
+                    "{source}: action token {token} at position {position} is outside 0..{}",
+                    config.n_bins
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn score(
+        policy: &Checkpoint<Vla>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        let config = policy.model.config();
+        let shape = observation_shape(config);
+        let (pixels, proprio) = decode_observations(batch, &shape)?;
+        let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
+        let rows: Vec<Observation<'_>> = batch
+            .iter()
+            .enumerate()
+            .map(|(r, example)| Observation {
+                image: &pixels[r * pixel_len..(r + 1) * pixel_len],
+                height: shape.height,
+                width: shape.width,
+                proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
+                instruction: &example.prompt,
+            })
+            .collect();
+        // Every row's chunk is K x D tokens; those past a short decision's
+        // end are bin 0 and masked out.
+        let per = config.n_action_tokens() as usize;
+        let mut tokens = vec![0u32; batch.len() * per];
+        let mut mask = vec![0f32; batch.len() * per];
+        for (r, example) in batch.iter().enumerate() {
+            for (t, &token) in example.response.iter().enumerate() {
+                tokens[r * per + t] = token as u32;
+                mask[r * per + t] = 1.0;
+            }
+        }
+        let chunks: Vec<&[u32]> = tokens.chunks(per).collect();
+        let (logprobs, entropy) =
+            policy
+                .model
+                .token_scores(&rows, &chunks, temperature, entropy)?;
+        let mask = tch::Tensor::from_slice(&mask)
+            .view([batch.len() as i64, per as i64])
+            .to(policy.vars.device());
+        Ok(ResponseScores {
+            logprobs,
+            entropy,
+            mask,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

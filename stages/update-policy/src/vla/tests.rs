@@ -1,0 +1,434 @@
+use super::*;
+use crate::{Config, Objective, OptimConfig, train};
+use embodyflow_models::optimizer::OptimizerState;
+use embodyflow_models::testing::tiny_vla;
+use embodyflow_tabletop::{Split, Suite, World, frame_len, generate, task_row};
+
+const K: i64 = 4;
+
+fn sft_config() -> SftConfig {
+    SftConfig {
+        expert_noise: 0.05,
+        ..SftConfig::default()
+    }
+}
+
+/// Examples from two tabletop tasks decode back to the expert's
+/// demonstration: one per decision, the frame and proprio it saw, the
+/// instruction as collect-rollouts tokenizes it, and tokens within half a
+/// bin of the actions taken before the episode ended. A task whose
+/// demonstration fails (max_steps too short) is dropped and counted.
+#[test]
+fn sft_examples_are_the_experts_decisions() {
+    let policy = tiny_vla(K);
+    let tasks = [
+        generate(Suite::Goal, Split::Train, 3, 0),
+        generate(Suite::Spatial, Split::Train, 3, 1),
+    ];
+    let mut short = generate(Suite::Object, Split::Train, 3, 2);
+    short.max_steps = 6;
+    let rows: Vec<TaskRow> = tasks.iter().chain([&short]).map(task_row).collect();
+    let set = sft_examples(&policy, &rows, &sft_config(), 7).unwrap();
+    let sampler = VlaPolicy::new(&policy, 0.0).unwrap();
+    let bins = sampler.bins();
+    let half_bin = 1.0 / 255.0 + 1e-6;
+    let mut at = 0;
+    for task in &tasks {
+        let expert = ExpertConfig {
+            noise: 0.05,
+            seed: sampling_seed(7, &task.task_id()),
+        };
+        let demo = tabletop::demonstration(task, Strategy::Grasp, expert, K as usize, 32).unwrap();
+        assert!(demo.episode.success);
+        let steps = demo.episode.steps as usize;
+        let instruction = sampler.instruction_ids(&task.instruction).unwrap();
+        for (i, decision) in demo.decisions.iter().enumerate() {
+            let example = &set.examples[at];
+            at += 1;
+            assert_eq!(
+                example.source,
+                format!("task `{}` decision {i}", task.task_id())
+            );
+            assert_eq!(example.prompt, instruction);
+            let seen = observation::decode(example.observation().unwrap()).unwrap();
+            assert_eq!(seen.pixels, decision.frame.as_slice());
+            assert_eq!(seen.proprio, decision.proprio);
+            let valid = (steps - i * K as usize).min(K as usize);
+            assert_eq!(example.response.len(), valid * 4, "{}", example.source);
+            let tokens: Vec<u32> = example.response.iter().map(|&t| t as u32).collect();
+            let actions = bins.decode(&tokens).unwrap();
+            for (got, want) in actions.iter().zip(decision.actions.concat()) {
+                assert!(
+                    (got - want).abs() <= half_bin,
+                    "{}: {got} vs {want}",
+                    example.source
+                );
+            }
+        }
+        // Not every decision is whole: the episode ends inside the last one
+        // or on its boundary.
+        assert_eq!(demo.decisions.len(), steps.div_ceil(K as usize));
+    }
+    assert_eq!(at, set.examples.len(), "nothing from the failed task");
+    let notes: Vec<String> = set.notes.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    assert!(
+        notes[0].starts_with("demonstrations: 2 successful"),
+        "{notes:?}"
+    );
+    assert_eq!(
+        notes[1],
+        format!(
+            "dropped demonstrations: 1 failed and were left out (first: task `{}`)",
+            short.task_id()
+        )
+    );
+    // The first N of each task type: with one type, the first task alone.
+    let mut same_type = rows[..2].to_vec();
+    for row in &mut same_type {
+        row.task_type = Some("one type".into());
+    }
+    let one = SftConfig {
+        demos_per_task_type: Some(1),
+        ..sft_config()
+    };
+    let kept = sft_examples(&policy, &same_type, &one, 7).unwrap();
+    let first = sft_examples(&policy, &rows[..1], &sft_config(), 7).unwrap();
+    assert_eq!(kept.examples, first.examples);
+    // Tasks of another world are refused, named.
+    let mut household = rows[0].clone();
+    household.env = "household".into();
+    let error = sft_examples(&policy, &[household], &sft_config(), 7)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains(&tasks[0].task_id()), "{error}");
+}
+
+/// A rendered observation of a task's first frame, `size` pixels.
+fn first_observation(size: usize) -> Vec<u8> {
+    let task = generate(Suite::Goal, Split::Train, 3, 0);
+    let world = World::new(&task).unwrap();
+    let mut frame = vec![0u8; frame_len(size)];
+    world.render(size, &mut frame).unwrap();
+    let shape = ObservationShape {
+        height: size,
+        width: size,
+        channels: 3,
+        proprio: tabletop::PROPRIO_DIM,
+    };
+    observation::encode(&shape, &frame, &world.proprio()).unwrap()
+}
+
+/// A rollout decision sampled by `policy` at temperature 1 from the first
+/// frame, with `advantage` on every token.
+fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
+    let bytes = first_observation(32);
+    let seen = observation::decode(&bytes).unwrap();
+    let instruction = VlaPolicy::new(policy, 1.0)
+        .unwrap()
+        .instruction_ids("put the red block in the blue bowl")
+        .unwrap();
+    let row = Observation {
+        image: seen.pixels,
+        height: 32,
+        width: 32,
+        proprio: &seen.proprio,
+        instruction: &instruction,
+    };
+    let decision = policy.model.sample(&[row], &[11], 1.0).unwrap().remove(0);
+    Example {
+        source: "trajectory `t0` step 2".into(),
+        prompt: instruction,
+        response: decision.tokens.iter().map(|&t| t as i32).collect(),
+        old_logprobs: decision.token_logprobs,
+        advantages: vec![advantage; (K * 4) as usize],
+        temperature: 1.0,
+        observation: Some(bytes),
+    }
+}
+
+fn decision_logprob(policy: &Checkpoint<Vla>, example: &Example) -> f64 {
+    tch::no_grad(|| {
+        Vla::score(policy, &[example], 1.0, Entropy::Skip)
+            .unwrap()
+            .logprobs
+            .sum(tch::Kind::Double)
+            .double_value(&[])
+    })
+}
+
+fn ppo_config(epochs: usize) -> Config {
+    Config {
+        epochs,
+        mini_batch: 1,
+        micro_batch: 1,
+        optim: OptimConfig {
+            lr: 1e-2,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// PPO on a VLA decision moves its log-prob with the sign of the advantage;
+/// the first step starts at the behaviour policy (the log-probs recomputed
+/// from the stored observation are the sampler's), and the metrics are
+/// finite with an entropy.
+#[test]
+fn ppo_on_a_vla_follows_the_sign_of_the_advantage() {
+    for sign in [1.0f32, -1.0] {
+        let mut policy = tiny_vla(K);
+        let example = rollout(&policy, sign);
+        let before = decision_logprob(&policy, &example);
+        let report = train(
+            &mut policy,
+            None,
+            std::slice::from_ref(&example),
+            &ppo_config(4),
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .unwrap();
+        let first = &report.metrics[0];
+        assert!(
+            first.approx_kl.is_some_and(|kl| kl.abs() < 1e-5),
+            "{first:?}"
+        );
+        assert!(report.metrics.iter().all(|m| m.loss.is_finite()
+            && m.entropy > 0.0
+            && m.clipfrac.is_some_and(f32::is_finite)));
+        assert_eq!((report.sequences, report.tokens), (4, 4 * 16));
+        let after = decision_logprob(&policy, &example);
+        assert!(
+            (after - before) * f64::from(sign) > 0.0,
+            "advantage {sign}: log-prob {before} -> {after}"
+        );
+    }
+}
+
+/// An observation missing or of another shape, a token outside the bins or
+/// a decision of the wrong length: bad input naming the row, before any
+/// step.
+#[test]
+fn bad_vla_rows_are_named() {
+    let mut policy = tiny_vla(K);
+    let good = rollout(&policy, 1.0);
+    let cases: [(Example, &str); 5] = [
+        (
+            Example {
+                observation: Some(first_observation(16)),
+                ..good.clone()
+            },
+            "trajectory `t0` step 2: observation is 16x16x3 image + 5 proprio, expected 32x32x3 image + 5 proprio",
+        ),
+        (
+            Example {
+                observation: None,
+                ..good.clone()
+            },
+            "trajectory `t0` step 2: no observation",
+        ),
+        (
+            Example {
+                observation: Some(vec![1, 2, 3]),
+                ..good.clone()
+            },
+            "trajectory `t0` step 2: observation truncated",
+        ),
+        (
+            Example {
+                response: [vec![256], good.response[1..].to_vec()].concat(),
+                ..good.clone()
+            },
+            "trajectory `t0` step 2: action token 256 at position 0 is outside 0..256",
+        ),
+        (
+            Example {
+                response: good.response[..12].to_vec(),
+                old_logprobs: good.old_logprobs[..12].to_vec(),
+                advantages: good.advantages[..12].to_vec(),
+                ..good.clone()
+            },
+            "trajectory `t0` step 2: 12 action tokens; a decision has chunk_len x action_dim = 16",
+        ),
+    ];
+    for (bad, expected) in cases {
+        let examples = [good.clone(), bad];
+        let error = train(
+            &mut policy,
+            None,
+            &examples,
+            &ppo_config(1),
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput
+        );
+        let text = error.to_string();
+        assert!(text.contains(expected), "{text}\nexpected: {expected}");
+    }
+    assert!(Vla::check_examples(&policy, &[good]).is_ok());
+}
+
+/// Behaviour cloning on two demonstrations lowers the loss, and the VLA
+/// with its AdamW state goes through a checkpoint on disk: it reloads as a
+/// VLA and the state resumes at the steps taken.
+#[test]
+fn behaviour_cloning_learns_and_its_state_resumes() {
+    let mut policy = tiny_vla(K);
+    let rows: Vec<TaskRow> = [
+        generate(Suite::Goal, Split::Train, 3, 0),
+        generate(Suite::Object, Split::Train, 3, 1),
+    ]
+    .iter()
+    .map(task_row)
+    .collect();
+    let examples = sft_examples(&policy, &rows, &sft_config(), 0)
+        .unwrap()
+        .examples;
+    let config = Config {
+        objective: Objective::Sft,
+        epochs: 6,
+        mini_batch: 16,
+        micro_batch: 8,
+        optim: OptimConfig {
+            lr: 3e-3,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let report = train(
+        &mut policy,
+        None,
+        &examples,
+        &config,
+        0,
+        OptimizerState::fresh("sft"),
+    )
+    .unwrap();
+    let losses: Vec<f32> = report.metrics.iter().map(|m| m.loss).collect();
+    let steps = losses.len();
+    assert_eq!(steps, 6 * examples.len().div_ceil(16));
+    assert!(
+        losses[steps - 1] < 0.8 * losses[0],
+        "the loss falls: {losses:?}"
+    );
+    assert!(report.metrics[0].clipfrac.is_none());
+    let dir = tempfile::tempdir().unwrap();
+    policy
+        .save(&dir.path().join("policy"), "update-policy", false)
+        .unwrap();
+    let path = dir.path().join("policy");
+    assert_eq!(
+        embodyflow_models::checkpoint::policy_kind(&path).unwrap(),
+        embodyflow_models::checkpoint::PolicyKind::Vla
+    );
+    let reloaded = Checkpoint::<Vla>::load_kind(&path, tch::Device::Cpu).unwrap();
+    let state = OptimizerState::load(&path, &reloaded.vars)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (state.meta.steps, state.meta.objective.as_str()),
+        (steps as u64, "sft")
+    );
+    let example = &examples[0];
+    let (a, b) = (
+        decision_logprob(&policy, example),
+        decision_logprob(&reloaded, example),
+    );
+    assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+}
+
+/// The learning check, a measurement (run by hand, minutes at the default
+/// size): behaviour cloning of the default `VlaConfig::small` on the first
+/// `BC_TASKS` train tasks of suite `BC_SUITE` (default goal, 8 tasks) for
+/// `BC_EPOCHS` epochs (default 60), then the greedy VLA in closed loop on
+/// those tasks; prints the training throughput and the success rate every
+/// `BC_EVERY` epochs, and fails if no episode succeeds at the end.
+/// `cargo test --release --workspace -- --ignored --nocapture behaviour_cloning_solves`
+#[test]
+#[ignore = "a measurement: minutes of CPU"]
+fn behaviour_cloning_solves_training_tasks() {
+    use embodyflow_models::testing::{SEED, seed, tiny_tokenizer};
+    use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (n_tasks, epochs, every) = (
+        var("BC_TASKS", 8),
+        var("BC_EPOCHS", 60),
+        var("BC_EVERY", 20),
+    );
+    let suite = match std::env::var("BC_SUITE").as_deref() {
+        Ok("spatial") => Suite::Spatial,
+        Ok("object") => Suite::Object,
+        Ok("long") => Suite::Long,
+        _ => Suite::Goal,
+    };
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        max_instruction: 160,
+        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
+    };
+    let mut policy = {
+        let _generator = seed(SEED);
+        Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()
+    };
+    let tasks: Vec<_> = (0..n_tasks as u64)
+        .map(|i| generate(suite, Split::Train, 0, i))
+        .collect();
+    let rows: Vec<TaskRow> = tasks.iter().map(task_row).collect();
+    let set = sft_examples(&policy, &rows, &sft_config(), 0).unwrap();
+    println!("{:?}, {} decisions", set.notes, set.examples.len());
+    let train_config = Config {
+        objective: Objective::Sft,
+        epochs: every,
+        mini_batch: 64,
+        micro_batch: 64,
+        optim: OptimConfig {
+            lr: 1e-3,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut state = OptimizerState::fresh("sft");
+    let mut success = 0;
+    for round in 0..epochs.div_ceil(every) {
+        let report = train(
+            &mut policy,
+            None,
+            &set.examples,
+            &train_config,
+            round as u64,
+            state,
+        )
+        .unwrap();
+        state = policy.optimizer.take().unwrap();
+        let mut sampler = VlaPolicy::new(&policy, 0.0).unwrap();
+        let bins = sampler.bins();
+        let mut world = TabletopEpisodes::new(&tasks, 1, 32).unwrap();
+        let max_steps = tasks.iter().map(|t| t.max_steps as usize).max().unwrap();
+        let loop_config = ClosedLoopConfig {
+            max_decisions: max_steps.div_ceil(8),
+            label: "greedy",
+        };
+        let seeds = vec![0; tasks.len()];
+        let run = run_closed_loop(&mut world, &mut sampler, &bins, &seeds, &loop_config).unwrap();
+        success = run.episodes.iter().filter(|e| e.success).count();
+        println!(
+            "epoch {}: loss {:.3}, {:.1} decisions/s, greedy success {success}/{} on the train tasks",
+            (round + 1) * every,
+            report.metrics.last().unwrap().loss,
+            report.sequences as f64 / report.seconds,
+            tasks.len()
+        );
+    }
+    assert!(success > 0, "no training task solved");
+}
