@@ -142,6 +142,25 @@ impl crate::Classify for ObservationStoreError {
     }
 }
 
+/// The core's error of a store error, for stages whose errors wrap
+/// [`crate::Error`]: the file system's failures stay failures, a damaged
+/// file bad input, each naming the file.
+impl From<ObservationStoreError> for crate::Error {
+    fn from(error: ObservationStoreError) -> crate::Error {
+        match error {
+            ObservationStoreError::Io { path, source, .. } => crate::Error::Io { path, source },
+            ObservationStoreError::Write { path, source } => crate::Error::Io {
+                path,
+                source: std::io::Error::other(source),
+            },
+            ObservationStoreError::Directory(error) => error,
+            corrupt @ ObservationStoreError::Corrupt { .. } => {
+                crate::Error::BadInput(corrupt.to_string())
+            }
+        }
+    }
+}
+
 /// The schema of a store file.
 fn schema() -> SchemaRef {
     let metadata =

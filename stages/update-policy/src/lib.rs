@@ -25,7 +25,12 @@
 //! `objective = "sft"` is behaviour cloning on the scripted expert's
 //! demonstrations of the tabletop tasks in `tasks` (`sft.expert_noise`;
 //! failed demonstrations are dropped and counted); `objective = "ppo"`
-//! recomputes the tokens' log-probs from the stored observations.
+//! recomputes the tokens' log-probs from the stored observations. Every
+//! epoch reads every observation again: with `observations = "mmap"` (the
+//! default) they are written once into a memory-mapped Arrow IPC file in
+//! `--out` ([`store_observations`], `embodyflow_core::observation_store`;
+//! hidden, removed at the end) and read from the page cache, zero-copy;
+//! `"memory"` keeps them in the examples. Both train the same checkpoint.
 //!
 //! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
 //! mini-batches of `mini_batch` sequences; `grad_accumulation = k`
@@ -58,12 +63,16 @@
 //! ```
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::commit::Digest;
 use embodyflow_core::config::{at_least, ensure, positive};
+use embodyflow_core::observation_store::{
+    ObservationStore, ObservationStoreError, ObservationStoreWriter,
+};
 use embodyflow_core::schemas::{
     AdvantageRow, MetricRow, StepRow, TableName, TaskRow, TrajectoryRow,
 };
@@ -105,6 +114,18 @@ pub struct Args {
     stage: StageArgs,
     #[command(flatten)]
     policy: PolicyArg,
+}
+
+/// Where a VLA's observations are kept while it trains (`observations`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObservationsMode {
+    /// Each example holds its bytes (the process's own memory).
+    Memory,
+    /// Written once into a memory-mapped Arrow IPC file in the output
+    /// directory ([`store_observations`]): in the page cache, not the heap.
+    #[default]
+    Mmap,
 }
 
 /// What the update optimises.
@@ -290,6 +311,8 @@ pub struct Config {
     pub kl_reference: Option<PathBuf>,
     /// Supervised fine-tuning.
     pub sft: SftConfig,
+    /// Where a VLA's observations are kept while training.
+    pub observations: ObservationsMode,
     /// Output layout of the metrics table.
     pub output: OutputConfig,
 }
@@ -307,6 +330,7 @@ impl Default for Config {
             ppo: PpoConfig::default(),
             kl_reference: None,
             sft: SftConfig::default(),
+            observations: ObservationsMode::default(),
             output: OutputConfig::default(),
         }
     }
@@ -333,6 +357,10 @@ impl StageConfig for Config {
             "sequences per mini-batch (veRL ppo_mini_batch_size)",
         ),
         ("objective", "what to optimise: ppo or sft"),
+        (
+            "observations",
+            "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in --out, removed at the end) or memory",
+        ),
         ("optim.beta1", "AdamW beta1"),
         ("optim.beta2", "AdamW beta2"),
         ("optim.grad_clip", "largest gradient norm (0: no clipping)"),
@@ -539,16 +567,108 @@ pub struct Example {
     pub temperature: f32,
     /// A VLA decision's observation bytes (`embodyflow_core::observation`;
     /// `None` for plans): read through [`Example::observation`] alone.
-    pub observation: Option<Vec<u8>>,
+    pub observation: Option<ObservationBytes>,
 }
 
 impl Example {
     /// The encoded observation a VLA decision was taken at, if any: the one
-    /// accessor of the observation (a store serving it from elsewhere
-    /// replaces this and [`vla::decode_observations`]).
+    /// accessor of the observation (read by [`vla::decode_observations`]).
     pub fn observation(&self) -> Option<&[u8]> {
-        self.observation.as_deref()
+        self.observation.as_ref().map(ObservationBytes::bytes)
     }
+}
+
+/// Where an example's observation bytes are.
+#[derive(Debug, Clone)]
+pub enum ObservationBytes {
+    /// In the example.
+    Held(Vec<u8>),
+    /// Row `index` of a store the examples share ([`store_observations`]).
+    Stored {
+        /// The store.
+        store: Arc<ObservationStore>,
+        /// The row.
+        index: usize,
+    },
+}
+
+impl ObservationBytes {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            ObservationBytes::Held(bytes) => bytes,
+            ObservationBytes::Stored { store, index } => store.get(*index),
+        }
+    }
+}
+
+impl From<Vec<u8>> for ObservationBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        ObservationBytes::Held(bytes)
+    }
+}
+
+/// Equal when the bytes are, wherever they are.
+impl PartialEq for ObservationBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+/// The summary's line on where the examples' observations were: `None`
+/// without any (plans).
+fn observations_note(examples: &[Example]) -> Option<String> {
+    let first = examples.iter().find_map(|e| e.observation.as_ref())?;
+    let count = examples.iter().filter(|e| e.observation.is_some()).count();
+    Some(match first {
+        ObservationBytes::Held(_) => format!("{count} held in memory (observations = memory)"),
+        ObservationBytes::Stored { store, .. } => format!(
+            "{count} served from a memory-mapped Arrow IPC file of {:.1} MiB (observations = mmap)",
+            store.file_bytes() as f64 / f64::from(1 << 20)
+        ),
+    })
+}
+
+/// `observations = "mmap"`: moves the examples' held observation bytes, in
+/// example order, into one [`ObservationStore`] written in `scratch` (the
+/// stage's output directory; the file is hidden and removed when the last
+/// example referring to it is dropped), each freed as it is written, and
+/// points the examples at their rows. Epochs then read the observations
+/// from the mapped file, zero-copy, instead of the heap: the observation
+/// store bench (`cargo bench --workspace --bench observation_store`)
+/// measures an epoch over the store as fast as over held bytes and ~7x
+/// faster than decoding the Parquet steps table, with the observations out
+/// of the process's anonymous memory. Examples without an observation
+/// (plans) are left as they are, and no file is written for them.
+pub fn store_observations(
+    mut examples: Vec<Example>,
+    scratch: &Path,
+) -> Result<Vec<Example>, ObservationStoreError> {
+    if !examples
+        .iter()
+        .any(|e| matches!(e.observation, Some(ObservationBytes::Held(_))))
+    {
+        return Ok(examples);
+    }
+    let mut writer = ObservationStoreWriter::create(scratch)?;
+    let mut rows = Vec::new();
+    for (i, example) in examples.iter_mut().enumerate() {
+        match example.observation.take() {
+            Some(ObservationBytes::Held(bytes)) => {
+                rows.push((i, writer.len()));
+                writer.push(&bytes)?;
+            }
+            other => example.observation = other,
+        }
+    }
+    let store = Arc::new(writer.finish()?);
+    for (i, index) in rows {
+        examples[i].observation = Some(ObservationBytes::Stored {
+            store: Arc::clone(&store),
+            index,
+        });
+    }
+    Ok(examples)
 }
 
 /// The tasks SFT trains on: all, or the first `per_type` of each task type.
@@ -758,7 +878,7 @@ pub fn ppo_examples(
             old_logprobs: step.old_logprobs,
             advantages: advantage.advantages,
             temperature,
-            observation: step.observation,
+            observation: step.observation.map(ObservationBytes::Held),
         });
     }
     if let Some(((trajectory, step), _)) = by_key.into_iter().next() {
@@ -1110,6 +1230,12 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
         ))
         .into());
     }
+    let examples = match config.observations {
+        ObservationsMode::Memory => examples,
+        ObservationsMode::Mmap => {
+            store_observations(examples, &args.stage.out).map_err(Error::from)?
+        }
+    };
     let objective = config.objective.name();
     let saved = OptimizerState::load(&args.policy.policy, &policy.vars)?;
     let (state, optimizer_note) = match saved {
@@ -1162,6 +1288,9 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             format!("{parent} -> {} ({})", manifest.id, policy_out.display()),
         )
         .add("examples", examples.len());
+    if let Some(note) = observations_note(&examples) {
+        summary.add("observations", note);
+    }
     for (key, value) in notes {
         summary.add(key, value);
     }
@@ -1254,6 +1383,7 @@ mod tests {
                 "sft.context=both",
                 "sft.demos_per_task_type=1",
                 "sft.expert_noise=0",
+                "observations=memory",
             ]),
             None
         );
@@ -1276,6 +1406,7 @@ mod tests {
         );
         for (sets, key) in [
             (&["objective=dpo"][..], "objective"),
+            (&["observations=disk"], "observations"),
             (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
             (&["ppo.kl_estimator=k4"], "ppo.kl_estimator"),
             (&["sft.context=none"], "sft.context"),

@@ -165,7 +165,7 @@ pub fn sft_examples(
                 old_logprobs: Vec::new(),
                 advantages: Vec::new(),
                 temperature: 1.0,
-                observation: Some(observation),
+                observation: Some(observation.into()),
             });
         }
     }

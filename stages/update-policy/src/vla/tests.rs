@@ -143,7 +143,7 @@ fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
         old_logprobs: decision.token_logprobs,
         advantages: vec![advantage; (K * 4) as usize],
         temperature: 1.0,
-        observation: Some(bytes),
+        observation: Some(bytes.into()),
     }
 }
 
@@ -216,7 +216,7 @@ fn bad_vla_rows_are_named() {
     let cases: [(Example, &str); 5] = [
         (
             Example {
-                observation: Some(first_observation(16)),
+                observation: Some(first_observation(16).into()),
                 ..good.clone()
             },
             "trajectory `t0` step 2: observation is 16x16x3 image + 5 proprio, expected 32x32x3 image + 5 proprio",
@@ -230,7 +230,7 @@ fn bad_vla_rows_are_named() {
         ),
         (
             Example {
-                observation: Some(vec![1, 2, 3]),
+                observation: Some(vec![1, 2, 3].into()),
                 ..good.clone()
             },
             "trajectory `t0` step 2: observation truncated",
@@ -431,4 +431,71 @@ fn behaviour_cloning_solves_training_tasks() {
         );
     }
     assert!(success > 0, "no training task solved");
+}
+
+/// `observations = "mmap"` and `"memory"` train the very same checkpoint
+/// (same initial weights, seed and examples), by SFT on demonstrations and
+/// by PPO on rollout decisions: the store serves every example the bytes
+/// it held, in any order the epochs shuffle them into; its file lives in
+/// the scratch directory while examples refer to it, and goes with them.
+#[test]
+fn mmap_and_memory_observations_train_the_same_checkpoint() {
+    use crate::{ObservationBytes, store_observations};
+    let init = tiny_vla(K);
+    let rows: Vec<TaskRow> = [
+        generate(Suite::Goal, Split::Train, 3, 0),
+        generate(Suite::Long, Split::Train, 3, 1),
+    ]
+    .iter()
+    .map(task_row)
+    .collect();
+    let sft = sft_examples(&init, &rows, &sft_config(), 0)
+        .unwrap()
+        .examples;
+    let ppo = vec![
+        rollout(&init, 1.0),
+        rollout(&init, -0.5),
+        rollout(&init, 2.0),
+    ];
+    let sft_config = Config {
+        objective: Objective::Sft,
+        epochs: 3,
+        mini_batch: 8,
+        micro_batch: 4,
+        ..ppo_config(3)
+    };
+    for (examples, config) in [(sft, sft_config), (ppo, ppo_config(3))] {
+        let scratch = tempfile::tempdir().unwrap();
+        let stored = store_observations(examples.clone(), scratch.path()).unwrap();
+        assert!(
+            stored
+                .iter()
+                .all(|e| matches!(e.observation, Some(ObservationBytes::Stored { .. })))
+        );
+        assert_eq!(stored, examples, "the same bytes, example by example");
+        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 1);
+        let trained = |examples: &[Example]| {
+            let mut policy = tiny_vla(K);
+            let fresh = OptimizerState::fresh(config.objective.name());
+            let report = train(&mut policy, None, examples, &config, 5, fresh).unwrap();
+            (policy, report.metrics)
+        };
+        let (memory, memory_metrics) = trained(&examples);
+        let (mmap, mmap_metrics) = trained(&stored);
+        assert_eq!(memory_metrics, mmap_metrics, "{:?}", config.objective);
+        let (a, b) = (memory.vars.variables(), mmap.vars.variables());
+        assert_eq!(a.len(), b.len());
+        for (name, value) in &a {
+            assert!(
+                value.equal(&b[name]),
+                "{:?}: {name} differs",
+                config.objective
+            );
+        }
+        // Training moved the weights: the comparison can fail.
+        let start = init.vars.variables();
+        assert!(a.iter().any(|(name, value)| !value.equal(&start[name])));
+        drop((stored, memory, mmap));
+        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
+    }
 }
