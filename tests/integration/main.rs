@@ -18,3 +18,4 @@ mod stage_spec;
 mod tabletop_tasks;
 mod threads;
 mod tools_open_tables;
+mod vla_update;
