@@ -20,8 +20,11 @@
 //! proprio) and copying its pixels into a scratch buffer, as building an
 //! input batch does; that cost is common to every way.
 //!
-//! Each time is the median (and best) of 5 timed epochs after one warm-up
-//! epoch, all in the same process and run. Memory is measured in a fresh
+//! The ways take turns: each round runs one epoch of every way over the same
+//! fresh order, so a busy machine slows them alike; each time is the median
+//! (and best) of `ROUNDS` timed rounds after one warm-up round, all in the
+//! same process and run (the first epochs of the store after writing and
+//! after eviction are single measurements). Memory is measured in a fresh
 //! child process per way (this binary with `--memory`), from
 //! `/proc/self/status`: what each way holds after one epoch over the
 //! baseline (anonymous memory, the process's own; file-backed resident
@@ -48,7 +51,7 @@ use rand_chacha::ChaCha8Rng;
 
 const DECISIONS: usize = 20_000;
 const K: usize = 8;
-const EPOCHS: usize = 5;
+const ROUNDS: usize = 9;
 const SIZES: [usize; 2] = [32, 48];
 
 /// The steps rows of expert demonstrations until `DECISIONS` decisions,
@@ -198,17 +201,29 @@ fn seconds(f: impl FnOnce() -> u64) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
-/// (median, best) seconds of `EPOCHS` epochs of `epoch` after a warm-up.
-fn epochs(n: usize, mut epoch: impl FnMut(&[usize]) -> u64) -> (f64, f64) {
-    black_box(epoch(&shuffled(n, 0)));
-    let mut times: Vec<f64> = (1..=EPOCHS as u64)
-        .map(|e| {
-            let order = shuffled(n, e);
-            seconds(|| epoch(&order))
+/// One way of serving an epoch over an order of the rows.
+type Way<'a> = Box<dyn FnMut(&[usize]) -> u64 + 'a>;
+
+/// (median, best) seconds per epoch of each way, over `ROUNDS` rounds after
+/// a warm-up round; in a round every way runs one epoch of the same order.
+fn rounds(n: usize, ways: &mut [Way<'_>]) -> Vec<(f64, f64)> {
+    let mut times = vec![Vec::new(); ways.len()];
+    for round in 0..=ROUNDS as u64 {
+        let order = shuffled(n, round);
+        for (way, time) in ways.iter_mut().zip(&mut times) {
+            let t = seconds(|| way(&order));
+            if round > 0 {
+                time.push(t);
+            }
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            (t[ROUNDS / 2], t[0])
         })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    (times[EPOCHS / 2], times[0])
+        .collect()
 }
 
 fn report(prefix: &str, name: &str, (median, best): (f64, f64), n: usize) {
@@ -323,16 +338,7 @@ fn main() {
             parquet_bytes as f64 / (1 << 20) as f64
         );
         let mut pixels = Vec::new();
-
-        let a = epochs(n, |order| parquet_column_epoch(&table, order, &mut pixels));
-        report(&prefix, "parquet_column", a, n);
-        let a_rows = epochs(n, |order| parquet_rows_epoch(&table, order, &mut pixels));
-        report(&prefix, "parquet_rows", a_rows, n);
-
         let held: Vec<Vec<u8>> = rows.into_iter().filter_map(|r| r.observation).collect();
-        let b = epochs(n, |order| memory_epoch(&held, order, &mut pixels));
-        report(&prefix, "memory", b, n);
-
         let scratch = dir.path().join("scratch");
         let start = Instant::now();
         let store = ObservationStore::write(&scratch, &held).expect("the store");
@@ -344,8 +350,23 @@ fn main() {
         );
         let cold = seconds(|| store_epoch(&store, &shuffled(n, 100), &mut pixels));
         println!("{prefix}_mmap_cold_epoch_ms {:.1}", cold * 1e3);
-        let c = epochs(n, |order| store_epoch(&store, order, &mut pixels));
-        report(&prefix, "mmap_warm", c, n);
+
+        let names = ["parquet_column", "parquet_rows", "memory", "mmap_warm"];
+        let (table, held_ref, store_ref) = (&table, &held, &store);
+        let mut buffers = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let [p0, p1, p2, p3] = &mut buffers;
+        let mut ways: [Way<'_>; 4] = [
+            Box::new(|order| parquet_column_epoch(table, order, p0)),
+            Box::new(|order| parquet_rows_epoch(table, order, p1)),
+            Box::new(|order| memory_epoch(held_ref, order, p2)),
+            Box::new(|order| store_epoch(store_ref, order, p3)),
+        ];
+        let times = rounds(n, &mut ways);
+        drop(ways);
+        for (name, time) in names.iter().zip(&times) {
+            report(&prefix, name, *time, n);
+        }
+        let (a, b, c) = (times[0], times[2], times[3]);
         drop(store);
         let store = ObservationStore::write(&scratch, &held).expect("the store");
         evict(store.path());
