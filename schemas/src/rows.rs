@@ -80,6 +80,7 @@ row!(
         pub complete: bool,
         pub response_text: Option<String>,
         pub seed: i64,
+        pub ever_grasped: Option<bool>,
     }
 );
 
@@ -146,6 +147,7 @@ row!(
         pub step_match: Option<Vec<i8>>,
         pub step_valid: Option<Vec<bool>>,
         pub reward_fn: String,
+        pub ever_grasped: Option<bool>,
     }
 );
 
@@ -228,6 +230,7 @@ row!(
         pub success: bool,
         pub num_steps: i32,
         pub env_steps: i32,
+        pub ever_grasped: Option<bool>,
     }
 );
 
@@ -298,6 +301,7 @@ impl Examples for TrajectoryRow {
                 complete: s == 0,
                 response_text: (s == 0).then(|| "{\"executable_plan\": []}".into()),
                 seed: 1000 + i64::from(s),
+                ever_grasped: None,
             })
             .collect()
     }
@@ -366,6 +370,7 @@ impl Examples for RewardRow {
                 step_match: Some(vec![1, 0, 0]),
                 step_valid: Some(vec![true, false, true]),
                 reward_fn: "embodied_r1".into(),
+                ever_grasped: None,
             },
             RewardRow {
                 trajectory_id: "it0/household/train/7/000000/d0/s1".into(),
@@ -379,6 +384,7 @@ impl Examples for RewardRow {
                 step_match: None,
                 step_valid: None,
                 reward_fn: "embodied_r1".into(),
+                ever_grasped: None,
             },
         ]
     }
@@ -468,6 +474,7 @@ impl Examples for EvalRow {
             success: true,
             num_steps: 1,
             env_steps: 5,
+            ever_grasped: None,
         }]
     }
 }

@@ -73,6 +73,7 @@ fn trajectory(i: usize, text: Option<String>) -> TrajectoryRow {
         complete: i.is_multiple_of(3),
         response_text: text,
         seed: i as i64,
+        ever_grasped: None,
     }
 }
 
@@ -107,6 +108,7 @@ fn reward(i: usize) -> RewardRow {
         step_match: None,
         step_valid: None,
         reward_fn: "outcome".into(),
+        ever_grasped: None,
     }
 }
 

@@ -512,7 +512,74 @@ fn tables_of_an_older_schema_version_are_read_when_their_columns_widen() {
     as_older_version(&table, &v0, "rewards", 0);
     assert_rejected(
         &validate(&table),
-        &["`schema_version`", "is 0", "expected 1"],
+        &["`schema_version`", "is 0", "expected 2"],
+    );
+}
+
+/// `batch` without column `name` (a shard written before it was added).
+fn without_column(batch: &RecordBatch, name: &str) -> RecordBatch {
+    let mut batch = batch.clone();
+    batch.remove_column(batch.schema().index_of(name).unwrap());
+    batch
+}
+
+#[test]
+fn version_1_tables_without_ever_grasped_are_read_with_it_null() {
+    use arrow::array::BooleanArray;
+    use embodyflow_core::schemas::{EvalRow, Row, TrajectoryRow};
+    fn check<R: Row + Examples + PartialEq + std::fmt::Debug>(
+        name: &str,
+        grasped: fn(&mut R) -> &mut Option<bool>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = R::examples();
+        // Written with a value, the v1 shard drops it: read back as null.
+        for row in &mut rows {
+            *grasped(row) = Some(true);
+        }
+        embodyflow_tests::write_table(dir.path(), &rows);
+        let table = dir.path().join(name);
+        let batch = original_batch_of(&table, R::TABLE);
+        as_older_version(&table, &without_column(&batch, "ever_grasped"), name, 1);
+        let reader = TableReader::open(&table, R::TABLE).unwrap();
+        let read: Vec<R> = reader.read_rows().unwrap();
+        for row in &mut rows {
+            *grasped(row) = None;
+        }
+        assert_eq!(read, rows, "{name}");
+        // A projection naming the added column gets nulls, in schema order.
+        let key = R::TABLE.def().key[0].clone();
+        let projected = reader
+            .batches(Some(&["ever_grasped", key.as_str()]), 1024)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(projected.num_columns(), 2, "{name}");
+        assert_eq!(projected.schema().field(0).name(), &key, "{name}");
+        let column = projected
+            .column_by_name("ever_grasped")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .unwrap();
+        assert_eq!(column.null_count(), rows.len(), "{name}");
+        assert_eq!(validate(&table).code, 0, "{name}");
+    }
+    check::<TrajectoryRow>("trajectories", |r| &mut r.ever_grasped);
+    check::<RewardRow>("rewards", |r| &mut r.ever_grasped);
+    check::<EvalRow>("eval", |r| &mut r.ever_grasped);
+
+    // Only a nullable column may be missing: a v1 eval shard without
+    // `success` (not null) is refused.
+    let dir = tempfile::tempdir().unwrap();
+    embodyflow_tests::write_table(dir.path(), &EvalRow::examples());
+    let table = dir.path().join("eval");
+    let batch = original_batch_of(&table, TableName::Eval);
+    as_older_version(&table, &without_column(&batch, "success"), "eval", 1);
+    assert_rejected(
+        &validate(&table),
+        &["`eval`", "`schema_version`", "is 1", "expected 2"],
     );
 }
 

@@ -179,6 +179,8 @@ fn closed_loop_episodes_are_scored_by_outcome_and_get_group_advantages_on_every_
         assert!(row.parse_ok);
         assert!(row.pred_actions.is_none() && row.step_match.is_none() && row.step_valid.is_none());
         assert_eq!(row.reward_fn, "outcome");
+        assert!(row.ever_grasped.is_some());
+        assert_eq!(row.ever_grasped, episode.ever_grasped, "copied");
     }
 
     // A plan reward on closed-loop episodes: exit 2, named, nothing written.

@@ -138,6 +138,10 @@ fn a_vla_collects_closed_loop_episodes_that_validate_and_reproduce() {
             format!("{}/s{}", row.group_id, row.sample_index)
         );
         assert!(row.response_text.is_none());
+        assert!(
+            row.ever_grasped.is_some(),
+            "an episode records its grasp fact"
+        );
         let decisions = &per_episode[row.trajectory_id.as_str()];
         assert_eq!(
             decisions.len(),

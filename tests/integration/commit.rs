@@ -39,6 +39,7 @@ fn eval_jsonl(path: &Path, rows: usize, split: &str) {
                 success: i % 2 == 0,
                 num_steps: 1,
                 env_steps: 3,
+                ever_grasped: None,
             };
             serde_json::to_string(&row).unwrap() + "\n"
         })

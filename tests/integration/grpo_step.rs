@@ -91,6 +91,7 @@ fn fixture() -> Fixture {
                 complete: s == 0,
                 response_text: Some(text),
                 seed: 0,
+                ever_grasped: None,
             });
         }
     }

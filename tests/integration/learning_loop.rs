@@ -575,6 +575,7 @@ fn expert_rollouts(root: &Path, groups: usize) -> std::path::PathBuf {
                 complete: true,
                 response_text: Some(answer.to_string()),
                 seed: 0,
+                ever_grasped: None,
             });
         }
     }

@@ -82,6 +82,7 @@ fn write_fixture(dir: &Path, groups: usize) {
                 complete: s == 0,
                 response_text: response,
                 seed: 0,
+                ever_grasped: None,
             });
         }
     }
@@ -367,6 +368,7 @@ fn verify_executes_household_plans() {
             complete: false,
             response_text: Some(response.clone()),
             seed: 0,
+            ever_grasped: None,
         })
         .collect();
     write_table(&dir.path().join("data"), &[task]);

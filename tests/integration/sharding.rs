@@ -299,6 +299,7 @@ fn fixture_rollouts(root: &Path, groups: usize) -> PathBuf {
                 complete: sample == 0,
                 response_text: Some(answer.to_string()),
                 seed: 0,
+                ever_grasped: None,
             });
         }
     }

@@ -157,6 +157,7 @@ pub fn rollout_set(
                 complete: score > 0.0,
                 response_text: None,
                 seed: s as i64,
+                ever_grasped: None,
             });
             for k in 0..steps {
                 step_rows.push(StepRow {
@@ -190,6 +191,7 @@ pub fn rollout_set(
                 step_match: None,
                 step_valid: None,
                 reward_fn: "outcome".into(),
+                ever_grasped: None,
             });
         }
     }

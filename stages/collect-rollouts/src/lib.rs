@@ -31,7 +31,7 @@
 //! dropped writes nothing.
 //!
 //! Closed-loop tasks (env `tabletop`, issue 15) need a VLA checkpoint
-//! (`init-policy --set kind=vla`; [`policy_kind`]): each group is `G`
+//! (`init-policy --set kind=vla`; `embodyflow_rollout::mode_of`): each group is `G`
 //! episodes of its task sharing the initial state (`TabletopEpisodes`),
 //! every live episode of a batch stepped in lockstep with one batched VLA
 //! call per decision (`run_closed_loop`, `VlaPolicy` at `temperature`;
@@ -40,7 +40,8 @@
 //! at success or at the task's `max_steps` (a failure), so the run allows
 //! `ceil(max_steps / K)` decisions (`K` = the checkpoint's `chunk_len`).
 //! One `trajectories` row per episode (`num_steps` = decisions, `env_steps`,
-//! `complete` = success, `response_text` null) and one `steps` row per
+//! `complete` = success, `response_text` null, `ever_grasped`: whether an
+//! object a goal moves was ever grasped) and one `steps` row per
 //! decision (the instruction ids, the `K × D` action tokens and their
 //! log-probs, the observation bytes of `embodyflow_core::observation`).
 //! Batches, shards, ids and dynamic sampling (on the episodes' successes)
@@ -55,7 +56,6 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
@@ -66,15 +66,15 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::checkpoint::{Checkpoint, policy_kind};
 use embodyflow_models::policy::Sampling;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
-    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, TabletopEpisodes,
+    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, RunTotals, TabletopEpisodes,
     run_closed_loop,
 };
-use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
+use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
 use embodyflow_tabletop as tabletop;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -243,11 +243,13 @@ struct Facts {
     env_steps: i32,
     complete: bool,
     response_text: Option<String>,
+    ever_grasped: Option<bool>,
 }
 
 /// What an episode of either loop contributes to its rows.
 trait Written {
-    /// Decisions, env steps, success and the answer text (one-shot only).
+    /// Decisions, env steps, success, the answer text (one-shot only) and
+    /// whether a goal's object was ever grasped (closed loop only).
     fn facts(&self) -> Facts;
     /// Its `steps` rows under `trajectory_id`.
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow>;
@@ -260,6 +262,7 @@ impl Written for Episode {
             env_steps: self.outcome.env_steps as i32,
             complete: self.outcome.success,
             response_text: Some(self.text.clone()),
+            ever_grasped: None,
         }
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
@@ -279,6 +282,7 @@ impl Written for ClosedLoopEpisode {
             env_steps: self.env_steps as i32,
             complete: self.success,
             response_text: None,
+            ever_grasped: self.target_ever_grasped,
         }
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
@@ -303,6 +307,7 @@ fn rows_of<E: Written>(
                 env_steps,
                 complete,
                 response_text,
+                ever_grasped,
             } = episode.facts();
             step_rows.extend(episode.steps(&trajectory_id));
             trajectory_rows.push(TrajectoryRow {
@@ -318,6 +323,7 @@ fn rows_of<E: Written>(
                 complete,
                 response_text,
                 seed: seed as i64,
+                ever_grasped,
             });
         }
     }
@@ -346,45 +352,6 @@ impl<'a> Draws<'a> {
     /// The draws slot `slot` may make, in order.
     fn of_slot(&self, slot: usize) -> impl Iterator<Item = usize> + use<'_, 'a> {
         (slot..self.limit).step_by(self.wanted)
-    }
-}
-
-/// Which loop a run takes: one-shot answers or closed-loop episodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    OneShot,
-    ClosedLoop,
-}
-
-/// The mode of `tasks` under the policy in `dir` (`kind`): all tasks one-shot
-/// with a plan policy, or all tabletop with a VLA; anything else is bad input
-/// naming a task and the policy.
-fn mode_of(tasks: &[TaskRow], kind: PolicyKind, dir: &Path) -> Result<Mode, Error> {
-    let closed = |t: &TaskRow| t.env == tabletop::ENV;
-    let first_closed = tasks.iter().find(|t| closed(t));
-    let first_open = tasks.iter().find(|t| !closed(t));
-    match (first_closed, first_open, kind) {
-        (Some(c), Some(o), _) => Err(Error::BadInput(format!(
-            "the tasks table mixes environments: task `{}` is env `{}` (closed loop) and task `{}` env `{}` (one-shot); a run collects one kind",
-            c.task_id, c.env, o.task_id, o.env
-        ))),
-        (Some(_), None, PolicyKind::Vla) => Ok(Mode::ClosedLoop),
-        (None, Some(_), PolicyKind::Plan) => Ok(Mode::OneShot),
-        (Some(c), None, PolicyKind::Plan) => Err(Error::BadInput(format!(
-            "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
-            c.task_id,
-            c.env,
-            dir.display()
-        ))),
-        (None, Some(o), PolicyKind::Vla) => Err(Error::BadInput(format!(
-            "task `{}` is env `{}`, a one-shot environment, but the policy {} is a VLA (closed loop): it needs a plan policy",
-            o.task_id,
-            o.env,
-            dir.display()
-        ))),
-        (None, None, _) => Err(Error::BadInput(
-            "no tasks to draw from: the tasks table is empty".into(),
-        )),
     }
 }
 
@@ -610,10 +577,8 @@ fn closed_loop(
     let mut trajectories = stage.writer(TableName::Trajectories)?;
     let mut steps = stage.writer(TableName::Steps)?;
     let (mut groups_kept, mut trajectories_written) = (0usize, 0usize);
-    let mut seconds = 0.0f64;
+    let mut totals = RunTotals::default();
     let (mut draw_count, mut dropped, mut successes) = (0usize, 0usize, 0usize);
-    let (mut decisions, mut env_steps) = (0u64, 0u64);
-    let (mut world_seconds, mut policy_seconds) = (0.0f64, 0.0f64);
     let (mut truncated, mut ungrasped_successes) = (0usize, 0usize);
     for batch in batches {
         let started = Instant::now();
@@ -650,10 +615,7 @@ fn closed_loop(
                     label: "episodes",
                 },
             )?;
-            decisions += run.decisions;
-            env_steps += run.env_steps;
-            world_seconds += run.world_seconds;
-            policy_seconds += run.policy_seconds;
+            totals.add(&run);
             let mut episodes = run.episodes.into_iter();
             let mut next = Vec::new();
             for (index, &draw) in pending.iter().enumerate() {
@@ -684,7 +646,7 @@ fn closed_loop(
             }
             pending = next;
         }
-        seconds += started.elapsed().as_secs_f64();
+        totals.seconds += started.elapsed().as_secs_f64();
         let (trajectory_rows, step_rows) = rows_of(&kept, config, &policy.manifest.id);
         trajectories.write_rows(&trajectory_rows)?;
         steps.write_rows(&step_rows)?;
@@ -695,7 +657,6 @@ fn closed_loop(
     stage.finish(trajectories)?;
     stage.finish(steps)?;
 
-    let share = |part: f64| 100.0 * part / seconds.max(1e-9);
     let mut summary = Summary::new("collect-rollouts");
     summary
         .add(
@@ -724,27 +685,13 @@ fn closed_loop(
         )
         .add(
             "mean decisions per episode",
-            format!("{:.1}", decisions as f64 / samples.max(1) as f64),
+            format!("{:.1}", totals.decisions as f64 / samples.max(1) as f64),
         )
         .add(
             "closed-loop throughput",
-            format!(
-                "{:.1} decisions/s, {:.0} env steps/s ({:.1} s, K = {chunk_len}, T = {})",
-                decisions as f64 / seconds.max(1e-9),
-                env_steps as f64 / seconds.max(1e-9),
-                seconds,
-                config.temperature
-            ),
+            totals.throughput(&format!("K = {chunk_len}, T = {}", config.temperature)),
         )
-        .add(
-            "wall time",
-            format!(
-                "world {:.1} %, policy {:.1} %, other {:.1} %",
-                share(world_seconds),
-                share(policy_seconds),
-                (100.0 - share(world_seconds) - share(policy_seconds)).max(0.0)
-            ),
-        );
+        .add("wall time", totals.wall_time());
     stage.commit(&summary)?;
     Ok(())
 }
@@ -774,54 +721,6 @@ mod tests {
             ("output.zstd_level=0", "output.zstd_level"),
         ] {
             assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod modes {
-    use super::*;
-
-    fn row(task_id: &str, env: &str) -> TaskRow {
-        TaskRow {
-            task_id: task_id.into(),
-            suite: env.into(),
-            env: env.into(),
-            split: "train".into(),
-            task_type: None,
-            seed: 0,
-            instruction: String::new(),
-            observation: None,
-            gt_actions: None,
-        }
-    }
-
-    #[test]
-    fn tasks_and_the_policy_kind_must_agree() {
-        let dir = Path::new("runs/policy");
-        let tabletop = [row("t0", "tabletop"), row("t1", "tabletop")];
-        let household = [row("h0", "household")];
-        let mixed = [row("t0", "tabletop"), row("h0", "household")];
-        assert_eq!(
-            mode_of(&tabletop, PolicyKind::Vla, dir).unwrap(),
-            Mode::ClosedLoop
-        );
-        assert_eq!(
-            mode_of(&household, PolicyKind::Plan, dir).unwrap(),
-            Mode::OneShot
-        );
-        for (tasks, kind, named) in [
-            (&tabletop[..], PolicyKind::Plan, ["`t0`", "plan policy"]),
-            (&household[..], PolicyKind::Vla, ["`h0`", "is a VLA"]),
-            (&mixed[..], PolicyKind::Vla, ["`t0`", "`h0`"]),
-            (&mixed[..], PolicyKind::Plan, ["`t0`", "`h0`"]),
-            (&[], PolicyKind::Plan, ["empty", "tasks"]),
-        ] {
-            let error = mode_of(tasks, kind, dir).unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::BadInput);
-            for word in named {
-                assert!(error.to_string().contains(word), "{word}: {error}");
-            }
         }
     }
 }

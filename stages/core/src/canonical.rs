@@ -40,7 +40,7 @@
 //! let batch = |keys: &[(&str, i32)]| {
 //!     let rows: Vec<EvalRow> = keys.iter().map(|&(task, run)| EvalRow {
 //!         task_id: task.into(), run, split: "val".into(), task_type: None,
-//!         policy: "p".into(), success: false, num_steps: 1, env_steps: 1,
+//!         policy: "p".into(), success: false, num_steps: 1, env_steps: 1, ever_grasped: None,
 //!     }).collect();
 //!     rows_to_batch(def, &rows).unwrap()
 //! };
@@ -552,6 +552,7 @@ mod tests {
                 success: false,
                 num_steps: i as i32,
                 env_steps: 1,
+                ever_grasped: None,
             })
             .collect();
         crate::dataset::rows_to_batch(TableName::Eval.def(), &rows).unwrap()

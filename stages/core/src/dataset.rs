@@ -24,8 +24,9 @@
 //! present with the declared type and nullability, nothing extra). A shard of
 //! an older schema version is read when every column widens losslessly to
 //! the current type (wider integers or floats, non-null into nullable, lists
-//! and structs of such): its batches are cast as they stream, so tables
-//! written before such a change stay readable.
+//! and structs of such) and every column it lacks is nullable (a column
+//! added since, read as null): its batches are cast as they stream, so
+//! tables written before such a change stay readable.
 //!
 //! ```no_run
 //! # use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
@@ -940,11 +941,17 @@ impl TableReader {
             )));
         }
         let schema = builder.schema().clone();
+        // An older shard may lack a column added since (`widens_to`): it is
+        // filled with nulls by `upgrade_batch`, not read.
         let indices: Vec<usize> = match projection {
             None => (0..schema.fields().len()).collect(),
             Some(names) => names
                 .iter()
-                .map(|n| schema.index_of(n).expect("checked by check_schema"))
+                .filter_map(|n| {
+                    let index = schema.index_of(n).ok();
+                    assert!(upgrade || index.is_some(), "checked by check_schema");
+                    index
+                })
                 .collect(),
         };
         let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
@@ -990,42 +997,59 @@ fn widens(from: &DataType, from_nullable: bool, to: &DataType, to_nullable: bool
     }
 }
 
-/// Whether a shard of an older schema version holds exactly this version's
-/// columns, each widening losslessly ([`widens`]): such a shard is read and
-/// its batches cast ([`upgrade_batch`]), so tables written before a type was
-/// widened (`action_id` i32 -> i64) or a column became nullable stay
-/// readable.
+/// Whether a shard of an older schema version can be read as this version:
+/// each of its columns is one of this version's, widening losslessly
+/// ([`widens`]), and each column it lacks is nullable (added since). Such a
+/// shard is read and its batches cast ([`upgrade_batch`]), so tables written
+/// before a type was widened (`action_id` i32 -> i64), a column became
+/// nullable or a nullable column was added (`ever_grasped`) stay readable.
 fn widens_to(def: &TableDef, found: &Schema) -> bool {
-    found.fields().len() == def.columns.len()
-        && def.columns.iter().all(|column| {
-            found.field_with_name(&column.name).is_ok_and(|field| {
-                widens(
+    found
+        .fields()
+        .iter()
+        .all(|field| def.column(field.name()).is_some())
+        && def
+            .columns
+            .iter()
+            .all(|column| match found.field_with_name(&column.name) {
+                Ok(field) => widens(
                     field.data_type(),
                     field.is_nullable(),
                     &column.data_type,
                     column.nullable,
-                )
+                ),
+                Err(_) => column.nullable,
             })
-        })
 }
 
-/// Casts a batch of an older, widening shard to this version's column types.
-fn upgrade_batch(def: &TableDef, batch: &RecordBatch) -> std::result::Result<RecordBatch, String> {
-    let mut fields = Vec::with_capacity(batch.num_columns());
-    let mut columns = Vec::with_capacity(batch.num_columns());
-    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-        let column = def
-            .column(field.name())
-            .ok_or_else(|| format!("column `{}` is not in the schema", field.name()))?;
-        let cast = arrow::compute::cast(array, &column.data_type).map_err(|e| e.to_string())?;
+/// Casts a batch of an older, widening shard to this version's column types,
+/// in this version's column order: the columns of `projection` (all when
+/// `None`), a column the shard lacks as nulls.
+fn upgrade_batch(
+    def: &TableDef,
+    batch: &RecordBatch,
+    projection: Option<&[String]>,
+) -> std::result::Result<RecordBatch, String> {
+    let wanted = |name: &str| projection.is_none_or(|names| names.iter().any(|n| n == name));
+    let mut fields = Vec::with_capacity(def.columns.len());
+    let mut columns = Vec::with_capacity(def.columns.len());
+    for column in def.columns.iter().filter(|c| wanted(&c.name)) {
+        let array = match batch.column_by_name(&column.name) {
+            Some(array) => {
+                arrow::compute::cast(array, &column.data_type).map_err(|e| e.to_string())?
+            }
+            None => arrow::array::new_null_array(&column.data_type, batch.num_rows()),
+        };
         fields.push(arrow::datatypes::Field::new(
             column.name.as_str(),
             column.data_type.clone(),
             column.nullable,
         ));
-        columns.push(cast);
+        columns.push(array);
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options)
+        .map_err(|e| e.to_string())
 }
 
 /// Checks a shard's Arrow schema against the table definition.
@@ -1154,7 +1178,7 @@ impl Iterator for Batches<'_> {
                         }
                         let def = self.reader.table.def();
                         let batch = if upgrade {
-                            match upgrade_batch(def, &batch) {
+                            match upgrade_batch(def, &batch, self.projection.as_deref()) {
                                 Ok(batch) => batch,
                                 Err(e) => {
                                     let error = corrupt(format!(

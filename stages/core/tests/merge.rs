@@ -56,6 +56,7 @@ fn rows(tasks: i32) -> Vec<EvalRow> {
                 success: (i + run) % 2 == 0,
                 num_steps: i,
                 env_steps: 10 * i + run,
+                ever_grasped: None,
             })
         })
         .collect();

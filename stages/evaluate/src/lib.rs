@@ -268,6 +268,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             success: episode.outcome.success,
             num_steps: episode.outcome.step_valid.len() as i32,
             env_steps: episode.outcome.env_steps as i32,
+            ever_grasped: None,
         })
         .collect();
     let mut writer = stage.writer(TableName::Eval)?;
@@ -429,6 +430,7 @@ mod tests {
             success,
             num_steps: 1,
             env_steps: 1,
+            ever_grasped: None,
         }
     }
 

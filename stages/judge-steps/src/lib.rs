@@ -172,6 +172,7 @@ mod tests {
             step_match: None,
             step_valid: None,
             reward_fn: "outcome".into(),
+            ever_grasped: None,
         }
     }
 

@@ -1082,6 +1082,7 @@ mod tests {
             step_match: None,
             step_valid: None,
             reward_fn: "verify".into(),
+            ever_grasped: None,
         }
     }
 

@@ -452,6 +452,55 @@ pub struct ClosedLoopRun {
     pub policy_seconds: f64,
 }
 
+/// Closed-loop runs added up for a stage's summary: decisions, env steps
+/// and where the wall time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RunTotals {
+    /// Policy rows decided.
+    pub decisions: u64,
+    /// Environment steps.
+    pub env_steps: u64,
+    /// Seconds in the world.
+    pub world_seconds: f64,
+    /// Seconds in the policy.
+    pub policy_seconds: f64,
+    /// Wall-clock seconds of the runs (the caller's measure, which may
+    /// include its own work between runs).
+    pub seconds: f64,
+}
+
+impl RunTotals {
+    /// Adds a run's counts and world / policy seconds (not its wall time:
+    /// add that to `seconds`).
+    pub fn add(&mut self, run: &ClosedLoopRun) {
+        self.decisions += run.decisions;
+        self.env_steps += run.env_steps;
+        self.world_seconds += run.world_seconds;
+        self.policy_seconds += run.policy_seconds;
+    }
+
+    /// `"<d> decisions/s, <e> env steps/s (<s> s, <detail>)"`.
+    pub fn throughput(&self, detail: &str) -> String {
+        let seconds = self.seconds.max(1e-9);
+        format!(
+            "{:.1} decisions/s, {:.0} env steps/s ({:.1} s, {detail})",
+            self.decisions as f64 / seconds,
+            self.env_steps as f64 / seconds,
+            self.seconds
+        )
+    }
+
+    /// `"world <w> %, policy <p> %, other <o> %"` of the wall time.
+    pub fn wall_time(&self) -> String {
+        let share = |part: f64| 100.0 * part / self.seconds.max(1e-9);
+        let (world, policy) = (share(self.world_seconds), share(self.policy_seconds));
+        format!(
+            "world {world:.1} %, policy {policy:.1} %, other {:.1} %",
+            (100.0 - world - policy).max(0.0)
+        )
+    }
+}
+
 /// The sampling seed of one decision of an episode: BLAKE3 of the episode's
 /// seed and the decision index.
 pub fn decision_seed(episode_seed: u64, decision: usize) -> u64 {
@@ -638,6 +687,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     })
 }
 
+pub mod expert;
 pub mod vla;
 
 #[cfg(test)]

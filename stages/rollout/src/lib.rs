@@ -5,7 +5,8 @@
 //! key/value cache, decode and execute them. `collect-rollouts` (temperature
 //! T, G samples per task) and `evaluate` (greedy) share it.
 //! [`closed_loop`] runs closed-loop policies (action chunks as tokens) in
-//! many episodes stepped in lockstep.
+//! many episodes stepped in lockstep; [`mode_of`] says which of the two
+//! loops a tasks table and a checkpoint take.
 //!
 //! ```no_run
 //! # use embodyflow_envs::TaskEnv;
@@ -19,11 +20,14 @@
 
 pub mod closed_loop;
 
+use std::path::Path;
+
 use embodyflow_core::progress;
+use embodyflow_core::schemas::TaskRow;
 use embodyflow_envs::{Outcome, TaskEnv};
 
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
 use embodyflow_models::policy::{Sampling, sample};
 use embodyflow_models::tokenizer::{decode, encode};
 
@@ -110,4 +114,99 @@ pub fn run_episodes(
     }
     bar.finish_and_clear();
     Ok(episodes)
+}
+
+/// Which loop a run takes: one-shot answers or closed-loop episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A plan policy answers each task once ([`run_episodes`]).
+    OneShot,
+    /// A VLA acts step by step ([`closed_loop::run_closed_loop`]).
+    ClosedLoop,
+}
+
+/// The mode of `tasks` under the policy in `dir` (of kind `kind`, from
+/// `embodyflow_models::checkpoint::policy_kind`): all tasks one-shot with a
+/// plan policy, or all in a closed-loop world ([`TaskEnv::is_closed_loop`])
+/// with a VLA; anything else is bad input naming a task and the policy.
+/// `collect-rollouts` and `evaluate` choose their loop with it.
+pub fn mode_of(
+    tasks: &[TaskRow],
+    kind: PolicyKind,
+    dir: &Path,
+) -> Result<Mode, embodyflow_core::Error> {
+    use embodyflow_core::Error;
+    let closed = |t: &TaskRow| TaskEnv::is_closed_loop(&t.env);
+    let first_closed = tasks.iter().find(|t| closed(t));
+    let first_open = tasks.iter().find(|t| !closed(t));
+    match (first_closed, first_open, kind) {
+        (Some(c), Some(o), _) => Err(Error::BadInput(format!(
+            "the tasks table mixes environments: task `{}` is env `{}` (closed loop) and task `{}` env `{}` (one-shot); a run takes one kind",
+            c.task_id, c.env, o.task_id, o.env
+        ))),
+        (Some(_), None, PolicyKind::Vla) => Ok(Mode::ClosedLoop),
+        (None, Some(_), PolicyKind::Plan) => Ok(Mode::OneShot),
+        (Some(c), None, PolicyKind::Plan) => Err(Error::BadInput(format!(
+            "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
+            c.task_id,
+            c.env,
+            dir.display()
+        ))),
+        (None, Some(o), PolicyKind::Vla) => Err(Error::BadInput(format!(
+            "task `{}` is env `{}`, a one-shot environment, but the policy {} is a VLA (closed loop): it needs a plan policy",
+            o.task_id,
+            o.env,
+            dir.display()
+        ))),
+        (None, None, _) => Err(Error::BadInput("no tasks: the tasks table is empty".into())),
+    }
+}
+
+#[cfg(test)]
+mod modes {
+    use super::*;
+    use embodyflow_core::{Classify, ErrorKind};
+
+    fn row(task_id: &str, env: &str) -> TaskRow {
+        TaskRow {
+            task_id: task_id.into(),
+            suite: env.into(),
+            env: env.into(),
+            split: "train".into(),
+            task_type: None,
+            seed: 0,
+            instruction: String::new(),
+            observation: None,
+            gt_actions: None,
+        }
+    }
+
+    #[test]
+    fn tasks_and_the_policy_kind_must_agree() {
+        let dir = Path::new("runs/policy");
+        let tabletop = [row("t0", "tabletop"), row("t1", "tabletop")];
+        let household = [row("h0", "household")];
+        let mixed = [row("t0", "tabletop"), row("h0", "household")];
+        assert_eq!(
+            mode_of(&tabletop, PolicyKind::Vla, dir).unwrap(),
+            Mode::ClosedLoop
+        );
+        assert_eq!(
+            mode_of(&household, PolicyKind::Plan, dir).unwrap(),
+            Mode::OneShot
+        );
+        for (tasks, kind, named) in [
+            (&tabletop[..], PolicyKind::Plan, ["`t0`", "plan policy"]),
+            (&household[..], PolicyKind::Vla, ["`h0`", "is a VLA"]),
+            (&mixed[..], PolicyKind::Vla, ["`t0`", "`h0`"]),
+            (&mixed[..], PolicyKind::Plan, ["`t0`", "`h0`"]),
+            (&[], PolicyKind::Plan, ["empty", "tasks"]),
+        ] {
+            let error = mode_of(tasks, kind, dir).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::BadInput);
+            for word in named {
+                assert!(error.to_string().contains(word), "{word}: {error}");
+            }
+        }
+    }
 }

@@ -26,7 +26,9 @@
 //! (`embodied_r1`, `verify`) asked on them is refused (exit 2, naming a task
 //! and the function) rather than replaced silently: the run's config says
 //! what was scored. Without the tasks table every trajectory is scored as
-//! given (outcome needs nothing else).
+//! given (outcome needs nothing else). Every row copies its trajectory's
+//! `ever_grasped` (the episode's grasp fact, null for one-shot plans), so
+//! the analyses of pushing vs grasping read it next to the score.
 //!
 //! Rows are scored in parallel (rayon) and written in input order, so the
 //! output is the same for any thread count; `--shard i/n` scores the groups a
@@ -293,6 +295,9 @@ pub struct Rollout<'a> {
     /// The task in its environment (a built-in `env` with an observation);
     /// `verify` then executes the plan.
     pub env: Option<&'a TaskEnv>,
+    /// Whether the episode ever grasped a goal's object (closed loop; null
+    /// for a one-shot plan): copied to the row.
+    pub ever_grasped: Option<bool>,
 }
 
 /// Scores one trajectory (pure; the stage maps it over rows in parallel).
@@ -359,6 +364,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         step_match: matches,
         step_valid: execution.map(|e| e.step_valid),
         reward_fn: config.reward.function.name().to_string(),
+        ever_grasped: rollout.ever_grasped,
     }
 }
 
@@ -510,6 +516,7 @@ pub fn run(args: Args) -> Result<()> {
         "task_id",
         "complete",
         "response_text",
+        "ever_grasped",
     ];
     for batch in trajectories.batches(Some(&columns), config.batch_rows)? {
         let batch = batch?;
@@ -519,6 +526,7 @@ pub fn run(args: Args) -> Result<()> {
         let task_ids = column::<StringArray>(&batch, "task_id");
         let complete = column::<BooleanArray>(&batch, "complete");
         let texts = column::<StringArray>(&batch, "response_text");
+        let grasped = column::<BooleanArray>(&batch, "ever_grasped");
         closed_loop += (0..batch.num_rows())
             .filter(|&i| {
                 stage.args.shard.owns(groups.value(i)) && closed.contains(task_ids.value(i))
@@ -537,6 +545,7 @@ pub fn run(args: Args) -> Result<()> {
                     response_text: (!texts.is_null(i)).then(|| texts.value(i)),
                     gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
                     env: envs.get(task_ids.value(i)),
+                    ever_grasped: (!grasped.is_null(i)).then(|| grasped.value(i)),
                 };
                 score(&rollout, config, actions.as_ref())
             })
@@ -621,7 +630,7 @@ mod tests {
             serde_json::json!({"reward": {"fn": "outcome", "reward_coef": 5.0}}),
         )
         .unwrap();
-        for complete in [true, false] {
+        for (complete, ever_grasped) in [(true, Some(false)), (false, Some(true))] {
             let rollout = Rollout {
                 trajectory_id: "g/s1",
                 group_id: "g",
@@ -629,6 +638,7 @@ mod tests {
                 response_text: None,
                 gt: None,
                 env: None,
+                ever_grasped,
             };
             let row = score(&rollout, &config, None);
             let expected = if complete { 5.0 } else { 0.0 };
@@ -641,6 +651,7 @@ mod tests {
             assert!(row.pred_actions.is_none() && row.step_match.is_none());
             assert!(row.step_valid.is_none());
             assert_eq!(row.reward_fn, "outcome");
+            assert_eq!(row.ever_grasped, ever_grasped, "the grasp fact is copied");
             assert_eq!(
                 (row.trajectory_id.as_str(), row.group_id.as_str()),
                 ("g/s1", "g")

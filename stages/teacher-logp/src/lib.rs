@@ -524,6 +524,7 @@ mod tests {
             complete: true,
             response_text: None,
             seed: 0,
+            ever_grasped: None,
         };
         let step = StepRow::one_shot(
             "r0".into(),

@@ -1,3 +1,4 @@
+use super::expert::ExpertPolicy;
 use super::*;
 use embodyflow_core::observation::decode;
 use tabletop::{
@@ -27,86 +28,6 @@ fn config(max_decisions: usize) -> ClosedLoopConfig<'static> {
 /// Instructions as their bytes: the scripted policies need no tokenizer.
 fn byte_ids(instruction: &str) -> Vec<i32> {
     instruction.bytes().map(i32::from).collect()
-}
-
-/// The scripted expert as a chunk policy: it keeps its own copy of each
-/// episode's world, steps it with the bin centres the real world receives
-/// (so the copies stay identical), and checks that every observation it is
-/// given is its copy's.
-struct ExpertPolicy {
-    worlds: Vec<World>,
-    experts: Vec<Expert>,
-    bins: ActionBins,
-}
-
-impl ExpertPolicy {
-    fn new(tasks: &[TaskSpec], group: usize, noise: f32) -> ExpertPolicy {
-        let (mut worlds, mut experts) = (Vec::new(), Vec::new());
-        for task in tasks {
-            for g in 0..group {
-                let world = World::new(task).unwrap();
-                let config = ExpertConfig {
-                    noise,
-                    seed: g as u64,
-                };
-                experts.push(Expert::new(&world, Strategy::Grasp, config).unwrap());
-                worlds.push(world);
-            }
-        }
-        ExpertPolicy {
-            worlds,
-            experts,
-            bins: ActionBins::openvla(),
-        }
-    }
-}
-
-impl ChunkPolicy for ExpertPolicy {
-    type Error = embodyflow_core::Error;
-
-    fn chunk_len(&self) -> usize {
-        K
-    }
-
-    fn action_dim(&self) -> usize {
-        ACTION_DIM
-    }
-
-    fn observation_shape(&self) -> ObservationShape {
-        shape()
-    }
-
-    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error> {
-        Ok(byte_ids(instruction))
-    }
-
-    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
-        let mut frame = vec![0u8; frame_len(SIZE)];
-        let mut out = Vec::with_capacity(batch.len());
-        for (r, &episode) in batch.episodes.iter().enumerate() {
-            let (world, expert) = (&mut self.worlds[episode], &mut self.experts[episode]);
-            world.render(SIZE, &mut frame).unwrap();
-            assert_eq!(batch.frame(r), frame, "episode {episode}: the frame given");
-            assert_eq!(batch.proprio_of(r), world.proprio(), "episode {episode}");
-            assert_eq!(batch.instructions[r], byte_ids(world.instruction()));
-            let mut tokens = Vec::with_capacity(K * ACTION_DIM);
-            for _ in 0..K {
-                let chunk = if world.status() == Status::Running {
-                    let t = self.bins.encode(&expert.act(world)).unwrap();
-                    world.step(&self.bins.decode(&t).unwrap()).unwrap();
-                    t
-                } else {
-                    self.bins.encode(&[0.0; ACTION_DIM]).unwrap()
-                };
-                tokens.extend(chunk);
-            }
-            out.push(ChunkDecision {
-                token_logprobs: vec![0.0; tokens.len()],
-                tokens,
-            });
-        }
-        Ok(out)
-    }
 }
 
 /// Uniform random tokens drawn from each row's seed (BLAKE3's output
@@ -255,7 +176,7 @@ fn replay(task: &TaskSpec, episode: &ClosedLoopEpisode) {
 fn the_expert_as_a_token_policy_succeeds_as_the_expert_does_and_replays() {
     let tasks = tasks(3);
     let group = 2;
-    let mut policy = ExpertPolicy::new(&tasks, group, 0.0);
+    let mut policy = ExpertPolicy::new(&tasks, group, SIZE, K, Strategy::Grasp, 0.0).unwrap();
     let n = tasks.len() * group;
     let episodes = run(&tasks, group, &mut policy, &seeds(n, 0), 1000).unwrap();
     let mut expert_successes = 0;
@@ -292,7 +213,7 @@ fn the_expert_as_a_token_policy_succeeds_as_the_expert_does_and_replays() {
 #[test]
 fn noisy_copies_of_a_task_differ_and_still_replay() {
     let tasks = tasks(1);
-    let mut policy = ExpertPolicy::new(&tasks, 3, 0.3);
+    let mut policy = ExpertPolicy::new(&tasks, 3, SIZE, K, Strategy::Grasp, 0.3).unwrap();
     let episodes = run(&tasks, 3, &mut policy, &seeds(12, 0), 1000).unwrap();
     for (i, episode) in episodes.iter().enumerate() {
         replay(&tasks[i / 3], episode);
