@@ -15,6 +15,7 @@ mod runner;
 mod score_rewards;
 mod sharding;
 mod stage_spec;
+mod tabletop_eval;
 mod tabletop_tasks;
 mod threads;
 mod tools_open_tables;

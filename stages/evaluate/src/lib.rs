@@ -15,13 +15,37 @@
 //! `--seed` and `<task_id>/r<r>/s<k>`. The `eval` table keeps the greedy
 //! answers only.
 //!
+//! Closed-loop tasks (env `tabletop`, issue 15) take a VLA checkpoint
+//! (`init-policy --set kind=vla`); the loop is chosen as `collect-rollouts`
+//! chooses it ([`embodyflow_rollout::mode_of`]: all tasks one-shot with a
+//! plan policy or all closed-loop with a VLA; any other pairing is bad input,
+//! exit 2, naming a task and the policy). Each task in each run is one
+//! greedy episode (the VLA at temperature 0): run 0 is the task's own scene,
+//! run r the same goal in the layout `embodyflow_tabletop::reseed(task, r)`
+//! draws. Every live episode of a batch (`batch_rows` episodes) is stepped
+//! in lockstep, one batched policy call per decision, until success or the
+//! task's `max_steps` (`ceil(max_steps / K)` decisions). The `eval` row
+//! holds `success`, `num_steps` = decisions, `env_steps` and `ever_grasped`
+//! (whether an object a goal moves was ever grasped). The summary adds
+//! success by suite (`split / suite`), the successful episodes that never
+//! grasped (SimpleVLA-RL's pushcut), the decisions per episode, the
+//! throughput (decisions/s, env steps/s) and the wall-time shares of world
+//! and policy. pass@k draws episodes at `pass_at_k.temperature`, episode k
+//! of task t in run r from `sampling_seed(--seed, "<t>/r<r>/s<k>")`;
+//! `max_new_tokens` and `pass_at_k.top_p` apply to plan answers only. The
+//! episodes are played by [`closed_loop`]'s pure functions over any
+//! `ChunkPolicy`.
+//!
 //! ```text
 //! evaluate --policy runs/it9/policy --input data/val --out runs/it9/eval-val --set runs=3
 //! evaluate --policy runs/it9/policy --input data/val --out runs/it9/passk-val \
 //!     --set runs=1 --set pass_at_k.samples=64 --set pass_at_k.temperature=1.0
+//! evaluate --policy runs/vla-rl/policy --input data/tabletop-val --out runs/vla-rl/eval-val
 //! ```
 
-use std::collections::BTreeMap;
+pub mod closed_loop;
+
+use std::collections::{BTreeMap, HashMap};
 
 use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
 use embodyflow_core::cli::{PolicyArg, StageArgs};
@@ -29,11 +53,15 @@ use embodyflow_core::config::{at_least, ensure, positive};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
+use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::checkpoint::{Checkpoint, policy_kind};
 use embodyflow_models::policy::Sampling;
-use embodyflow_rollout::{Episode, Request, run_episodes, sampling_seed};
+use embodyflow_models::vla::Vla;
+use embodyflow_rollout::closed_loop::ClosedLoopError;
+use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `evaluate`.
@@ -51,15 +79,42 @@ pub struct Args {
     policy: PolicyArg,
 }
 
+/// Why `evaluate` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// Loading or running the policy, reading or writing tables.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A closed-loop run (names the episode, task and decision).
+    #[error(transparent)]
+    ClosedLoop(#[from] ClosedLoopError),
+}
+
+impl From<Error> for EvalError {
+    fn from(error: Error) -> Self {
+        EvalError::Model(error.into())
+    }
+}
+
+impl Classify for EvalError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            EvalError::Model(error) => error.kind(),
+            EvalError::ClosedLoop(error) => error.kind(),
+        }
+    }
+}
+
 /// The stage's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Scene layouts per task.
     pub runs: u32,
-    /// Most tokens per answer.
+    /// Most tokens per answer (plan policies).
     pub max_new_tokens: usize,
-    /// Sequences per decoding batch.
+    /// Sequences per decoding batch (episodes stepped together in a
+    /// closed-loop world).
     pub batch_rows: usize,
     /// Sampled answers for pass@k.
     pub pass_at_k: PassAtKConfig,
@@ -75,7 +130,7 @@ pub struct PassAtKConfig {
     pub samples: usize,
     /// Sampling temperature (> 0).
     pub temperature: f64,
-    /// Nucleus sampling mass (1: off).
+    /// Nucleus sampling mass (1: off; plan policies).
     pub top_p: f64,
 }
 
@@ -103,14 +158,20 @@ impl Default for Config {
 
 impl StageConfig for Config {
     const KEYS: &'static [(&'static str, &'static str)] = &[
-        ("batch_rows", "sequences per decoding batch"),
-        ("max_new_tokens", "most tokens per answer"),
+        (
+            "batch_rows",
+            "sequences per decoding batch (closed loop: episodes stepped together)",
+        ),
+        ("max_new_tokens", "most tokens per answer (plan policies)"),
         (
             "pass_at_k.samples",
             "sampled answers per task and layout for pass@k (0: no pass@k)",
         ),
         ("pass_at_k.temperature", "pass@k sampling temperature (> 0)"),
-        ("pass_at_k.top_p", "pass@k nucleus sampling mass (1: off)"),
+        (
+            "pass_at_k.top_p",
+            "pass@k nucleus sampling mass (1: off; plan policies)",
+        ),
         ("runs", "scene layouts per task"),
     ];
 
@@ -219,33 +280,137 @@ pub fn pass_at_k_by(tasks: &[SampledTask], samples: usize) -> Vec<GroupPassAtK> 
         .collect()
 }
 
+/// A breakdown of the summary: its label and a task's group in it.
+pub type Breakdown = (&'static str, fn(&TaskRow) -> String);
+
+/// Success by split.
+pub const BY_SPLIT: Breakdown = ("split", |t| t.split.clone());
+/// Success by suite within a split (`val / tabletop-long`).
+pub const BY_SUITE: Breakdown = ("suite", |t| format!("{} / {}", t.split, t.suite));
+/// Success by task type within a split (`val / place_in_bowl`).
+pub const BY_TYPE: Breakdown = ("task type", |t| {
+    format!("{} / {}", t.split, t.task_type.as_deref().unwrap_or("-"))
+});
+
+/// Summary rows: success of `rows` by each breakdown (the mean over runs
+/// and the range of per-run rates); `tasks` holds every row's task.
+pub fn add_success(
+    summary: &mut Summary,
+    rows: &[EvalRow],
+    tasks: &HashMap<&str, &TaskRow>,
+    breakdowns: &[Breakdown],
+) {
+    for (label, key) in breakdowns {
+        for (group, (mean, low, high, n)) in success_by(rows, |r| key(tasks[r.task_id.as_str()])) {
+            summary.add(
+                format!("success, {label} {group}"),
+                format!("{mean:.3} (runs {low:.3}..{high:.3}, {n} tasks)"),
+            );
+        }
+    }
+}
+
+/// Summary rows: pass@k by each breakdown; `successes[i]` of `n` samples
+/// of the task in layout `i` (`tasks[i]`).
+pub fn add_pass_at_k(
+    summary: &mut Summary,
+    tasks: &[&TaskRow],
+    successes: &[usize],
+    n: usize,
+    breakdowns: &[Breakdown],
+) {
+    for (label, key) in breakdowns {
+        let sampled: Vec<SampledTask> = tasks
+            .iter()
+            .zip(successes)
+            .map(|(task, &successes)| SampledTask {
+                group: key(task),
+                successes,
+            })
+            .collect();
+        for GroupPassAtK {
+            group,
+            estimates,
+            tasks,
+        } in pass_at_k_by(&sampled, n)
+        {
+            let figures: Vec<String> = estimates
+                .iter()
+                .map(|(k, p)| format!("@{k} {p:.3}"))
+                .collect();
+            summary.add(
+                format!("pass@k, {label} {group}"),
+                format!("{} ({tasks} task layouts)", figures.join(", ")),
+            );
+        }
+    }
+}
+
 /// Runs the stage.
-pub fn run(args: Args) -> Result<(), ModelError> {
+pub fn run(args: Args) -> Result<(), EvalError> {
     let stage = Stage::<Config>::start(&spec::EVALUATE, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Eval])?;
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
-    let policy = Checkpoint::load(&args.policy.policy, device)?;
     let all_tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
+    let mode = mode_of(
+        &all_tasks,
+        policy_kind(&args.policy.policy)?,
+        &args.policy.policy,
+    )?;
     let layouts: Vec<(u32, &TaskRow)> = (0..config.runs)
         .flat_map(|run| all_tasks.iter().map(move |task| (run, task)))
         .collect();
     // A shard plays whole batches of the unsharded run: greedy answers
     // depend on the episodes batched together (`ShardSpec::owned_batches`).
-    let owned = args
+    let owned: Vec<(u32, &TaskRow)> = args
         .stage
         .shard
         .owned_batches(layouts.len(), config.batch_rows, |i| {
             format!("{}/r{}", layouts[i].1.task_id, layouts[i].0)
-        });
+        })
+        .into_iter()
+        .flat_map(|batch| layouts[batch].iter().copied())
+        .collect();
+    let tasks: HashMap<&str, &TaskRow> = owned
+        .iter()
+        .map(|&(_, task)| (task.task_id.as_str(), task))
+        .collect();
+    let mut summary = Summary::new("evaluate");
+    let rows = match mode {
+        Mode::OneShot => one_shot(&stage, &args, &owned, &tasks, device, &mut summary)?,
+        Mode::ClosedLoop => {
+            closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?
+        }
+    };
+    let mut writer = stage.writer(TableName::Eval)?;
+    writer.write_rows(&rows)?;
+    stage.finish(writer)?;
+    stage.commit(&summary)?;
+    Ok(())
+}
+
+/// "`rows` (`tasks` tasks x `runs` runs, greedy)".
+fn episodes_line(rows: usize, tasks: usize, runs: u32) -> String {
+    format!("{rows} ({tasks} tasks x {runs} runs, greedy)")
+}
+
+/// Plan answers on one-shot tasks: the greedy `eval` rows of the `owned`
+/// layouts, their summary lines, and pass@k when asked.
+fn one_shot(
+    stage: &Stage<Config>,
+    args: &Args,
+    owned: &[(u32, &TaskRow)],
+    tasks: &HashMap<&str, &TaskRow>,
+    device: tch::Device,
+    summary: &mut Summary,
+) -> Result<Vec<EvalRow>, EvalError> {
+    let config = &stage.config;
+    let policy = Checkpoint::load(&args.policy.policy, device)?;
     let mut envs = Vec::new();
-    for &(run, task) in owned.into_iter().flat_map(|batch| &layouts[batch]) {
+    for &(run, task) in owned {
         envs.push((run, task, TaskEnv::from_row(task, run)?));
     }
-    let tasks: std::collections::BTreeSet<&str> = envs
-        .iter()
-        .map(|(_, task, _)| task.task_id.as_str())
-        .collect();
     let requests: Vec<Request> = envs
         .iter()
         .map(|(_, _, env)| Request { env, seed: 0 })
@@ -271,58 +436,38 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             ever_grasped: None,
         })
         .collect();
-    let mut writer = stage.writer(TableName::Eval)?;
-    writer.write_rows(&rows)?;
-    stage.finish(writer)?;
-
-    let mut summary = Summary::new("evaluate");
     summary.add("policy", &policy.manifest.id).add(
         "episodes",
-        format!(
-            "{} ({} tasks x {} runs, greedy)",
-            rows.len(),
-            tasks.len(),
-            config.runs
-        ),
+        episodes_line(rows.len(), tasks.len(), config.runs),
     );
     let parsed = episodes.iter().filter(|e| e.outcome.parsed).count();
     summary.add(
         "answers with a plan",
         format!("{parsed} of {}", episodes.len()),
     );
-    for (label, key) in [
-        (
-            "split",
-            (|r: &EvalRow| r.split.clone()) as fn(&EvalRow) -> String,
-        ),
-        ("task type", |r: &EvalRow| {
-            format!("{} / {}", r.split, r.task_type.as_deref().unwrap_or("-"))
-        }),
-    ] {
-        for (group, (mean, low, high, n)) in success_by(&rows, key) {
-            summary.add(
-                format!("success, {label} {group}"),
-                format!("{mean:.3} (runs {low:.3}..{high:.3}, {n} tasks)"),
-            );
-        }
-    }
+    let breakdowns = [BY_SPLIT, BY_TYPE];
+    add_success(summary, &rows, tasks, &breakdowns);
     if config.pass_at_k.samples > 0 {
+        let n = config.pass_at_k.samples;
         let sampled = sample_answers(&policy, &envs, config, args.stage.seed)?;
         summary.add(
             "pass@k answers",
             format!(
-                "{} ({} tasks x {} runs x {} samples, T {})",
+                "{} ({} tasks x {} runs x {n} samples, T {})",
                 sampled.len(),
                 tasks.len(),
                 config.runs,
-                config.pass_at_k.samples,
                 config.pass_at_k.temperature
             ),
         );
-        add_pass_at_k(&mut summary, &envs, &sampled, config.pass_at_k.samples);
+        let successes: Vec<usize> = sampled
+            .chunks(n)
+            .map(|answers| answers.iter().filter(|e| e.outcome.success).count())
+            .collect();
+        let layout_tasks: Vec<&TaskRow> = owned.iter().map(|&(_, task)| task).collect();
+        add_pass_at_k(summary, &layout_tasks, &successes, n, &breakdowns);
     }
-    stage.commit(&summary)?;
-    Ok(())
+    Ok(rows)
 }
 
 type TaskInLayout<'a> = (u32, &'a TaskRow, TaskEnv);
@@ -358,40 +503,116 @@ fn sample_answers(
     )
 }
 
-/// Summary rows: pass@k by split and by task type.
-fn add_pass_at_k(summary: &mut Summary, envs: &[TaskInLayout<'_>], sampled: &[Episode], n: usize) {
-    let successes: Vec<usize> = sampled
-        .chunks(n)
-        .map(|answers| answers.iter().filter(|e| e.outcome.success).count())
-        .collect();
-    let tasks_by = |key: &dyn Fn(&TaskRow) -> String| -> Vec<SampledTask> {
-        envs.iter()
-            .zip(&successes)
-            .map(|((_, task, _), &successes)| SampledTask {
-                group: key(task),
-                successes,
-            })
-            .collect()
-    };
-    let by_split = tasks_by(&|t| t.split.clone());
-    let by_type = tasks_by(&|t| format!("{} / {}", t.split, t.task_type.as_deref().unwrap_or("-")));
-    for (label, tasks) in [("split", by_split), ("task type", by_type)] {
-        for GroupPassAtK {
-            group,
-            estimates,
-            tasks,
-        } in pass_at_k_by(&tasks, n)
-        {
-            let figures: Vec<String> = estimates
-                .iter()
-                .map(|(k, p)| format!("@{k} {p:.3}"))
-                .collect();
-            summary.add(
-                format!("pass@k, {label} {group}"),
-                format!("{} ({tasks} task layouts)", figures.join(", ")),
-            );
-        }
+/// Greedy VLA episodes on closed-loop tasks (see the module doc): the
+/// `eval` rows of the `owned` layouts, their summary lines, and pass@k when
+/// asked.
+fn closed_loop_episodes(
+    stage: &Stage<Config>,
+    args: &Args,
+    owned: &[(u32, &TaskRow)],
+    tasks: &HashMap<&str, &TaskRow>,
+    device: tch::Device,
+    summary: &mut Summary,
+) -> Result<Vec<EvalRow>, EvalError> {
+    let config = &stage.config;
+    let checkpoint = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
+    let chunk_len = checkpoint.model.config().chunk_len;
+    let layouts = closed_loop::layouts(owned)?;
+    let mut greedy = VlaPolicy::new(&checkpoint, 0.0)?;
+    let bins = greedy.bins();
+    let (rows, played) = closed_loop::evaluate_layouts(
+        &mut greedy,
+        &bins,
+        &layouts,
+        &checkpoint.manifest.id,
+        config.batch_rows,
+    )?;
+    summary
+        .add(
+            "policy",
+            format!("{} (vla, closed loop)", checkpoint.manifest.id),
+        )
+        .add(
+            "episodes",
+            episodes_line(rows.len(), tasks.len(), config.runs),
+        );
+    add_success(summary, &rows, tasks, &[BY_SPLIT, BY_SUITE, BY_TYPE]);
+    add_closed_loop_lines(summary, &rows, &played, chunk_len, "greedy");
+    if config.pass_at_k.samples > 0 {
+        let n = config.pass_at_k.samples;
+        let mut sampler = VlaPolicy::new(&checkpoint, config.pass_at_k.temperature)?;
+        let (successes, sampled) = closed_loop::sample_layouts(
+            &mut sampler,
+            &bins,
+            &layouts,
+            n,
+            args.stage.seed,
+            config.batch_rows,
+        )?;
+        summary.add(
+            "pass@k episodes",
+            format!(
+                "{} ({} tasks x {} runs x {n} samples, T {})",
+                sampled.outcomes.len(),
+                tasks.len(),
+                config.runs,
+                config.pass_at_k.temperature
+            ),
+        );
+        let layout_tasks: Vec<&TaskRow> = layouts.iter().map(|l| l.task).collect();
+        add_pass_at_k(
+            summary,
+            &layout_tasks,
+            &successes,
+            n,
+            &[BY_SPLIT, BY_SUITE, BY_TYPE],
+        );
+        summary.add(
+            "pass@k throughput",
+            sampled.totals.throughput(&format!(
+                "K = {chunk_len}, T = {}",
+                config.pass_at_k.temperature
+            )),
+        );
     }
+    Ok(rows)
+}
+
+/// Summary rows of greedy closed-loop episodes: successes that never
+/// grasped, episodes cut at the decision limit, decisions per episode,
+/// throughput and the wall-time shares of world and policy.
+pub fn add_closed_loop_lines(
+    summary: &mut Summary,
+    rows: &[EvalRow],
+    played: &closed_loop::Played,
+    chunk_len: i64,
+    sampling: &str,
+) {
+    let (ungrasped, successes) = closed_loop::ungrasped_successes(rows);
+    let truncated = played.outcomes.iter().filter(|o| o.truncated).count();
+    summary
+        .add(
+            "successful episodes that never grasped",
+            format!("{ungrasped} of {successes}"),
+        )
+        .add(
+            "episodes cut at the decision limit",
+            format!("{truncated} of {}", played.outcomes.len()),
+        )
+        .add(
+            "mean decisions per episode",
+            format!(
+                "{:.1}",
+                played.totals.decisions as f64 / played.outcomes.len().max(1) as f64
+            ),
+        )
+        .add(
+            "closed-loop throughput",
+            played
+                .totals
+                .throughput(&format!("K = {chunk_len}, {sampling}")),
+        )
+        .add("wall time", played.totals.wall_time());
 }
 
 #[cfg(test)]

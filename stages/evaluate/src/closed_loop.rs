@@ -1,0 +1,410 @@
+//! Evaluation in a closed-loop world (issue 15): a policy acting step by
+//! step on tabletop tasks, as pure functions over any
+//! [`ChunkPolicy`] (the stage passes its VLA, tests the scripted expert).
+//!
+//! Task `t` in run (layout) `r` is [`Layout`]: run 0 is the task of the
+//! tasks row itself, run `r > 0` the same objects, goals and words in the
+//! layout [`embodyflow_tabletop::reseed`] draws for `r`. The episodes of a
+//! list of layouts are played `batch_rows` at a time, every live episode of
+//! a batch stepped in lockstep with one batched policy call per decision
+//! ([`run_closed_loop`]); an episode ends at success or at its task's
+//! `max_steps` (a failure), so a batch allows `ceil(max_steps / K)`
+//! decisions for its longest task. [`evaluate_layouts`] plays one greedy
+//! episode per layout and makes its `eval` row (`num_steps` = decisions,
+//! `env_steps`, `success`, `ever_grasped`); [`sample_layouts`] plays `n`
+//! episodes per layout for pass@k, episode `k` of task `t` in run `r`
+//! drawing from `sampling_seed(--seed, "<t>/r<r>/s<k>")`.
+//!
+//! ```no_run
+//! # use embodyflow_evaluate::closed_loop::{Layout, evaluate_layouts};
+//! # use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
+//! # use embodyflow_algos::action_tokens::ActionBins;
+//! # let (rows, layouts): (Vec<embodyflow_core::schemas::TaskRow>, Vec<Layout<'_>>) = todo!();
+//! let specs: Vec<_> = layouts.iter().map(|l| l.spec.clone()).collect();
+//! let mut expert =
+//!     ExpertPolicy::new(&specs, 1, 32, 8, embodyflow_tabletop::Strategy::Grasp, 0.0).unwrap();
+//! let (eval_rows, played) =
+//!     evaluate_layouts(&mut expert, &ActionBins::openvla(), &layouts, "expert", 256).unwrap();
+//! println!("{:.1} decisions/s", played.totals.decisions as f64 / played.totals.seconds);
+//! ```
+
+use std::time::Instant;
+
+use embodyflow_algos::action_tokens::ActionBins;
+use embodyflow_core::Error;
+use embodyflow_core::schemas::{EvalRow, TaskRow};
+use embodyflow_rollout::closed_loop::{
+    ChunkPolicy, ClosedLoopConfig, RunTotals, TabletopEpisodes, run_closed_loop,
+};
+use embodyflow_rollout::sampling_seed;
+use embodyflow_tabletop as tabletop;
+
+use crate::EvalError;
+
+/// A task in one layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout<'a> {
+    /// The task's row (id, split, suite, task type).
+    pub task: &'a TaskRow,
+    /// The run: 0 is the task as stored, `r` its layout `r`.
+    pub run: u32,
+    /// The scene the episode starts from.
+    pub spec: tabletop::TaskSpec,
+}
+
+/// The layouts `(run, task row)`, in order: run 0 is the row's own scene
+/// spec ([`tabletop::task_from_row`]), run `r` [`tabletop::reseed`] of it. A
+/// row the world cannot build is bad input naming it.
+pub fn layouts<'a>(owned: &[(u32, &'a TaskRow)]) -> Result<Vec<Layout<'a>>, Error> {
+    owned
+        .iter()
+        .map(|&(run, task)| {
+            let bad = |e: tabletop::TabletopError| Error::BadInput(format!("tasks table: {e}"));
+            let stored = tabletop::task_from_row(task).map_err(bad)?;
+            let spec = if run == 0 {
+                stored
+            } else {
+                tabletop::reseed(&stored, run).map_err(bad)?
+            };
+            Ok(Layout { task, run, spec })
+        })
+        .collect()
+}
+
+/// What one episode did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpisodeOutcome {
+    /// Whether the goal was reached.
+    pub success: bool,
+    /// Decisions taken.
+    pub decisions: u32,
+    /// Environment steps executed.
+    pub env_steps: u32,
+    /// Whether it was cut at the decision limit (a failure).
+    pub truncated: bool,
+    /// Whether an object a goal moves was ever grasped.
+    pub ever_grasped: Option<bool>,
+}
+
+/// The episodes played, in order, and what they cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Played {
+    /// One outcome per episode.
+    pub outcomes: Vec<EpisodeOutcome>,
+    /// Decisions, env steps, world / policy / wall seconds.
+    pub totals: RunTotals,
+}
+
+/// Plays one episode per `(scene, seed)`, `batch_rows` episodes at a time
+/// (see the module doc).
+pub fn play<P: ChunkPolicy>(
+    policy: &mut P,
+    bins: &ActionBins,
+    episodes: &[(&tabletop::TaskSpec, u64)],
+    batch_rows: usize,
+    label: &str,
+) -> Result<Played, EvalError> {
+    let size = policy.observation_shape().height;
+    let chunk_len = policy.chunk_len().max(1);
+    let mut played = Played {
+        outcomes: Vec::with_capacity(episodes.len()),
+        totals: RunTotals::default(),
+    };
+    for batch in episodes.chunks(batch_rows.max(1)) {
+        let started = Instant::now();
+        let specs: Vec<tabletop::TaskSpec> =
+            batch.iter().map(|(spec, _)| (*spec).clone()).collect();
+        let seeds: Vec<u64> = batch.iter().map(|&(_, seed)| seed).collect();
+        let mut world = TabletopEpisodes::new(&specs, 1, size)
+            .map_err(|e| Error::BadInput(format!("the policy's observations: {e}")))?;
+        // Each episode ends at its task's max_steps before this bound.
+        let max_steps = specs
+            .iter()
+            .map(|t| t.max_steps as usize)
+            .max()
+            .unwrap_or(0);
+        let run = run_closed_loop(
+            &mut world,
+            policy,
+            bins,
+            &seeds,
+            &ClosedLoopConfig {
+                max_decisions: max_steps.div_ceil(chunk_len),
+                label,
+            },
+        )?;
+        played.totals.add(&run);
+        played
+            .outcomes
+            .extend(run.episodes.iter().map(|e| EpisodeOutcome {
+                success: e.success,
+                decisions: e.decisions.len() as u32,
+                env_steps: e.env_steps,
+                truncated: e.truncated,
+                ever_grasped: e.target_ever_grasped,
+            }));
+        played.totals.seconds += started.elapsed().as_secs_f64();
+    }
+    Ok(played)
+}
+
+/// One greedy episode per layout under `policy` (which should decide
+/// greedily: the VLA at temperature 0) and its `eval` row, in layout order.
+pub fn evaluate_layouts<P: ChunkPolicy>(
+    policy: &mut P,
+    bins: &ActionBins,
+    layouts: &[Layout<'_>],
+    policy_id: &str,
+    batch_rows: usize,
+) -> Result<(Vec<EvalRow>, Played), EvalError> {
+    let episodes: Vec<(&tabletop::TaskSpec, u64)> = layouts.iter().map(|l| (&l.spec, 0)).collect();
+    let played = play(policy, bins, &episodes, batch_rows, "evaluating")?;
+    let rows = layouts
+        .iter()
+        .zip(&played.outcomes)
+        .map(|(layout, outcome)| EvalRow {
+            task_id: layout.task.task_id.clone(),
+            run: layout.run as i32,
+            split: layout.task.split.clone(),
+            task_type: layout.task.task_type.clone(),
+            policy: policy_id.to_string(),
+            success: outcome.success,
+            num_steps: outcome.decisions as i32,
+            env_steps: outcome.env_steps as i32,
+            ever_grasped: outcome.ever_grasped,
+        })
+        .collect();
+    Ok((rows, played))
+}
+
+/// `n` sampled episodes per layout under `policy` (sampling at the pass@k
+/// temperature), layout after layout; returns each layout's successes.
+pub fn sample_layouts<P: ChunkPolicy>(
+    policy: &mut P,
+    bins: &ActionBins,
+    layouts: &[Layout<'_>],
+    n: usize,
+    seed: u64,
+    batch_rows: usize,
+) -> Result<(Vec<usize>, Played), EvalError> {
+    let episodes: Vec<(&tabletop::TaskSpec, u64)> = layouts
+        .iter()
+        .flat_map(|l| {
+            (0..n).map(move |k| {
+                let id = format!("{}/r{}/s{k}", l.task.task_id, l.run);
+                (&l.spec, sampling_seed(seed, &id))
+            })
+        })
+        .collect();
+    let played = play(policy, bins, &episodes, batch_rows, "sampling for pass@k")?;
+    let successes = played
+        .outcomes
+        .chunks(n.max(1))
+        .map(|episodes| episodes.iter().filter(|e| e.success).count())
+        .collect();
+    Ok((successes, played))
+}
+
+/// "x of y": successful episodes that never grasped an object a goal
+/// moves (SimpleVLA-RL's pushcut), of all successful episodes.
+pub fn ungrasped_successes(rows: &[EvalRow]) -> (usize, usize) {
+    let successes = rows.iter().filter(|r| r.success).count();
+    let ungrasped = rows
+        .iter()
+        .filter(|r| r.success && r.ever_grasped == Some(false))
+        .count();
+    (ungrasped, successes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::stage::Summary;
+    use embodyflow_core::{Classify, ErrorKind};
+    use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
+    use tabletop::{
+        Expert, ExpertConfig, Split, Status, Strategy, Suite, World, generate, task_row,
+    };
+
+    const SIZE: usize = 32;
+    const K: usize = 8;
+
+    /// Tabletop task rows of every suite, in the val and unseen splits.
+    fn rows(per_suite: u64) -> Vec<TaskRow> {
+        [Split::Val, Split::Unseen]
+            .into_iter()
+            .flat_map(|split| {
+                Suite::ALL.into_iter().flat_map(move |suite| {
+                    (0..per_suite).map(move |i| task_row(&generate(suite, split, 4, i)))
+                })
+            })
+            .collect()
+    }
+
+    fn all_layouts(rows: &[TaskRow], runs: u32) -> Vec<Layout<'_>> {
+        let owned: Vec<(u32, &TaskRow)> = (0..runs)
+            .flat_map(|run| rows.iter().map(move |t| (run, t)))
+            .collect();
+        layouts(&owned).unwrap()
+    }
+
+    /// The expert's episode in `spec` played directly, with the bin centres
+    /// of its actions (what the world receives through tokens): success,
+    /// env steps, grasp fact.
+    fn direct(spec: &tabletop::TaskSpec, strategy: Strategy) -> (bool, u32, bool) {
+        let bins = ActionBins::openvla();
+        let mut world = World::new(spec).unwrap();
+        let mut expert = Expert::new(&world, strategy, ExpertConfig::default()).unwrap();
+        while world.status() == Status::Running {
+            let tokens = bins.encode(&expert.act(&world)).unwrap();
+            world.step(&bins.decode(&tokens).unwrap()).unwrap();
+        }
+        (
+            world.status() == Status::Success,
+            world.steps(),
+            world.target_ever_grasped(),
+        )
+    }
+
+    fn expert_rows(
+        layouts: &[Layout<'_>],
+        strategy: Strategy,
+        batch_rows: usize,
+    ) -> (Vec<EvalRow>, Played) {
+        let specs: Vec<tabletop::TaskSpec> = layouts.iter().map(|l| l.spec.clone()).collect();
+        let mut expert = ExpertPolicy::new(&specs, 1, SIZE, K, strategy, 0.0).unwrap();
+        evaluate_layouts(
+            &mut expert,
+            &ActionBins::openvla(),
+            layouts,
+            "expert",
+            batch_rows,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn run_zero_is_the_stored_task_and_later_runs_move_its_objects() {
+        let rows = rows(1);
+        let layouts = all_layouts(&rows, 2);
+        assert_eq!(layouts.len(), 2 * rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let (first, second) = (&layouts[i], &layouts[rows.len() + i]);
+            assert_eq!((first.run, second.run), (0, 1));
+            assert_eq!(first.spec, tabletop::task_from_row(row).unwrap());
+            assert_eq!(second.spec.task_id(), row.task_id);
+            assert_eq!(second.spec.instruction, row.instruction);
+            assert_eq!(second.spec.goals, first.spec.goals);
+            assert_ne!(second.spec.objects, first.spec.objects, "{}", row.task_id);
+        }
+        let mut bad = rows[0].clone();
+        bad.observation = None;
+        let error = layouts_of_one(&bad);
+        assert_eq!(error.kind(), ErrorKind::BadInput);
+        assert!(error.to_string().contains(&bad.task_id), "{error}");
+    }
+
+    fn layouts_of_one(row: &TaskRow) -> Error {
+        layouts(&[(1, row)]).unwrap_err()
+    }
+
+    #[test]
+    fn the_expert_evaluates_at_its_own_success_with_its_grasp_facts() {
+        let rows = rows(3);
+        let layouts = all_layouts(&rows, 2);
+        // The expert holds one world copy per episode of the batch it was
+        // built for: all layouts in one batch.
+        let (eval, played) = expert_rows(&layouts, Strategy::Grasp, layouts.len());
+        assert_eq!(eval.len(), layouts.len());
+        assert_eq!(played.outcomes.len(), layouts.len());
+        let mut wins = 0;
+        for ((row, layout), outcome) in eval.iter().zip(&layouts).zip(&played.outcomes) {
+            assert_eq!(row.task_id, layout.task.task_id);
+            assert_eq!(row.run, layout.run as i32);
+            assert_eq!(row.split, layout.task.split);
+            assert_eq!(row.task_type, layout.task.task_type);
+            assert_eq!(row.policy, "expert");
+            let (success, env_steps, grasped) = direct(&layout.spec, Strategy::Grasp);
+            assert_eq!(
+                (row.success, row.env_steps as u32, row.ever_grasped),
+                (success, env_steps, Some(grasped)),
+                "{} run {}",
+                row.task_id,
+                row.run
+            );
+            assert_eq!(row.num_steps as usize, (env_steps as usize).div_ceil(K));
+            assert!(!outcome.truncated, "the world's max_steps ends an episode");
+            wins += usize::from(success);
+        }
+        assert!(
+            wins * 10 >= eval.len() * 8,
+            "the expert solves {wins} of {}",
+            eval.len()
+        );
+        assert!(
+            eval.iter()
+                .any(|r| r.success && r.ever_grasped == Some(true))
+        );
+        assert_eq!(
+            played.totals.decisions,
+            eval.iter().map(|r| r.num_steps as u64).sum::<u64>()
+        );
+        assert_eq!(
+            played.totals.env_steps,
+            eval.iter().map(|r| r.env_steps as u64).sum::<u64>()
+        );
+        let (ungrasped, successes) = ungrasped_successes(&eval);
+        assert_eq!(successes, wins);
+        let mut summary = Summary::new("evaluate");
+        crate::add_closed_loop_lines(&mut summary, &eval, &played, K as i64, "greedy");
+        let text = summary.to_markdown();
+        assert!(
+            text.contains(&format!("{ungrasped} of {successes}")),
+            "{text}"
+        );
+        assert!(
+            text.contains("decisions/s") && text.contains("world "),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn successes_of_the_push_expert_never_grasp() {
+        let rows = rows(3);
+        let pushable: Vec<Layout<'_>> = all_layouts(&rows, 1)
+            .into_iter()
+            .filter(|l| {
+                let world = World::new(&l.spec).unwrap();
+                Expert::new(&world, Strategy::Push, ExpertConfig::default()).is_ok()
+            })
+            .collect();
+        assert!(!pushable.is_empty());
+        let (eval, _) = expert_rows(&pushable, Strategy::Push, pushable.len());
+        let (ungrasped, successes) = ungrasped_successes(&eval);
+        assert!(successes > 0, "pushing solves some tasks");
+        assert_eq!(ungrasped, successes, "{eval:?}");
+        for (row, layout) in eval.iter().zip(&pushable) {
+            let (success, _, grasped) = direct(&layout.spec, Strategy::Push);
+            assert_eq!((row.success, row.ever_grasped), (success, Some(grasped)));
+        }
+    }
+
+    #[test]
+    fn pass_at_k_plays_n_episodes_per_layout() {
+        let rows = rows(1);
+        let layouts = all_layouts(&rows, 1);
+        let n = 3;
+        let specs: Vec<tabletop::TaskSpec> = layouts.iter().map(|l| l.spec.clone()).collect();
+        // Noisy expert copies: copy k of a layout is its sample k.
+        let mut expert = ExpertPolicy::new(&specs, n, SIZE, K, Strategy::Grasp, 0.2).unwrap();
+        let bins = ActionBins::openvla();
+        let (successes, played) =
+            sample_layouts(&mut expert, &bins, &layouts, n, 9, layouts.len() * n).unwrap();
+        assert_eq!(successes.len(), layouts.len());
+        assert_eq!(played.outcomes.len(), layouts.len() * n);
+        for (layout, chunk) in successes.iter().zip(played.outcomes.chunks(n)) {
+            assert_eq!(*layout, chunk.iter().filter(|o| o.success).count());
+        }
+        assert!(successes.iter().sum::<usize>() > 0);
+    }
+}
