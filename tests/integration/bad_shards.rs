@@ -40,8 +40,9 @@ fn assert_rejected(result: &Run, needles: &[&str]) {
     }
 }
 
+/// The metadata of a current rewards shard (schema version 2).
 fn ours() -> [(&'static str, &'static str); 2] {
-    [(META_TABLE, "rewards"), (META_VERSION, "1")]
+    [(META_TABLE, "rewards"), (META_VERSION, "2")]
 }
 
 #[test]
@@ -106,7 +107,7 @@ fn a_wrong_schema_version_in_the_shard() {
     forge_first_shard(
         &table,
         &batch,
-        &[(META_TABLE, "rewards"), (META_VERSION, "2")],
+        &[(META_TABLE, "rewards"), (META_VERSION, "3")],
     );
     assert_rejected(
         &validate(&table),
@@ -114,8 +115,8 @@ fn a_wrong_schema_version_in_the_shard() {
             "`rewards`",
             "`part-00000.parquet`",
             "`schema_version`",
-            "expected 1",
-            "is 2",
+            "expected 2",
+            "is 3",
         ],
     );
 }
@@ -133,7 +134,7 @@ fn a_wrong_schema_version_in_the_manifest() {
             "`rewards`",
             "`_manifest.parquet`",
             "`schema_version`",
-            "expected 1",
+            "expected 2",
             "is 7",
         ],
     );
