@@ -35,9 +35,14 @@ fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Option<Vec<f64>
     means.into_iter().collect()
 }
 
-/// The summary line in which a rollout stage states the success of every
-/// sample it drew: `| success rate (all drawn samples) | 0.250 (3 of 12) |`.
-const DRAWN_SUCCESS: &str = "| success rate (all drawn samples) |";
+/// The summary lines in which a rollout stage states the success of every
+/// sample it drew: `| success rate (all drawn samples) | 0.250 (3 of 12) |`
+/// for one-shot plans, `| success rate (all drawn episodes) | … |` for
+/// closed-loop episodes.
+const DRAWN_SUCCESS: [&str; 2] = [
+    "| success rate (all drawn samples) |",
+    "| success rate (all drawn episodes) |",
+];
 
 /// The train success of a rollout step: successes over samples drawn, summed
 /// over the `DRAWN_SUCCESS` lines of its summary (one per shard). Dynamic
@@ -48,9 +53,13 @@ const DRAWN_SUCCESS: &str = "| success rate (all drawn samples) |";
 fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
     let text = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))).ok()?;
     let (mut successes, mut samples) = (0u64, 0u64);
-    for line in text.lines().filter(|l| l.starts_with(DRAWN_SUCCESS)) {
-        // "... | 0.250 (3 of 12) |"
+    for line in text
+        .lines()
+        .filter(|l| DRAWN_SUCCESS.iter().any(|label| l.starts_with(label)))
+    {
+        // "... | 0.250 (3 of 12) |" or "... | 0.034 (6 of 176; 0 cut at the decision limit) |"
         let counts = line.rsplit_once('(')?.1.split_once(')')?.0;
+        let counts = counts.split(';').next()?;
         let (s, n) = counts.split_once(" of ")?;
         successes += s.trim().parse::<u64>().ok()?;
         samples += n.trim().parse::<u64>().ok()?;
@@ -447,7 +456,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let summary = |rate: &str| {
             format!(
-                "## collect-rollouts\n\n| | |\n|---|---|\n| groups written | 0 of 4 wanted (0 trajectories) |\n{DRAWN_SUCCESS} {rate} |\n"
+                "## collect-rollouts\n\n| | |\n|---|---|\n| groups written | 0 of 4 wanted (0 trajectories) |\n{} {rate} |\n",
+                DRAWN_SUCCESS[0]
             )
         };
         let path = tmp.path().join("_summary.collect-rollouts.md");
@@ -464,6 +474,17 @@ mod tests {
         assert_eq!(drawn_success(tmp.path(), "evaluate"), None);
         std::fs::write(&path, summary("0.000 (0 of 0)")).unwrap();
         assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), None);
+        // Closed-loop episodes: a summary whose kept groups all succeeded
+        // still reports the drawn episodes' rate, not the kept table's.
+        let closed_loop = format!(
+            "| groups written | 1 of 8 wanted (8 trajectories) |\n{} 0.034 (6 of 176; 0 cut at the decision limit) |\n",
+            DRAWN_SUCCESS[1]
+        );
+        std::fs::write(&path, closed_loop).unwrap();
+        assert_eq!(
+            drawn_success(tmp.path(), "collect-rollouts"),
+            Some(6.0 / 176.0)
+        );
     }
 
     #[test]
