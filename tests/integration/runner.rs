@@ -667,3 +667,59 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
         "{forward:?}"
     );
 }
+
+/// The tabletop-grpo pipeline at test scale (a tiny VLA, few tasks).
+const TINY_TABLETOP: &[&str] = &[
+    "pretrain_count=4",
+    "pretrain_epochs=2",
+    "train_count=4",
+    "val_count=2",
+    "sft_epochs=2",
+    "iterations=2",
+    "tasks=2",
+    "group=2",
+    "extra_draws=2",
+    "eval_runs=1",
+    "init.tokenizer.vocab_size=300",
+    "init.tokenizer.corpus_tasks=200",
+    "init.vla.max_instruction=48",
+    "init.vla.n_embd=32",
+    "init.vla.n_head=2",
+    "init.vla.n_layer=1",
+];
+
+#[test]
+fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shipped("tabletop-grpo.toml");
+    let out = dir.path().join("run");
+    let mut args = vec!["run", s(&file), "--out", s(&out)];
+    for set in TINY_TABLETOP {
+        args.extend(["--set", set]);
+    }
+    let first = ok(&args);
+    // 7 setup steps, 2 iterations of collect / score / adv / update, the last one's eval.
+    assert_eq!(first.len(), 7 + 2 * 4 + 1, "{first:?}");
+    assert!(
+        first.values().all(|s| s == "ran" || s == "passed on"),
+        "{first:?}"
+    );
+    // The update read closed-loop rows (or passed the policy on when every
+    // group was dropped), and the evaluation played closed-loop episodes.
+    let eval = std::fs::read_to_string(out.join("it1/eval/_summary.evaluate.md")).unwrap();
+    assert!(eval.contains("(vla, closed loop)"), "{eval}");
+    assert!(eval.contains("| episodes | 2 (2 tasks x 1 runs, greedy) |"), "{eval}");
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    let train = report
+        .lines()
+        .find_map(|l| l.strip_prefix("| 0 | "))
+        .and_then(|rest| rest.split(" |").next())
+        .unwrap_or_else(|| panic!("no metrics row for iteration 0\n{report}"));
+    assert!(
+        train.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
+        "train success `{train}`\n{report}"
+    );
+    // A rerun finds every step cached.
+    let again = ok(&args);
+    assert!(again.values().all(|s| s == "cached"), "{again:?}");
+}
