@@ -708,7 +708,10 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     // group was dropped), and the evaluation played closed-loop episodes.
     let eval = std::fs::read_to_string(out.join("it1/eval/_summary.evaluate.md")).unwrap();
     assert!(eval.contains("(vla, closed loop)"), "{eval}");
-    assert!(eval.contains("| episodes | 2 (2 tasks x 1 runs, greedy) |"), "{eval}");
+    assert!(
+        eval.contains("| episodes | 2 (2 tasks x 1 runs, greedy) |"),
+        "{eval}"
+    );
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     let train = report
         .lines()
