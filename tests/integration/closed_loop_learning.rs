@@ -14,7 +14,7 @@ use std::path::Path;
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::schemas::{AdvantageRow, RewardRow, StepRow, TableName, TrajectoryRow};
-use embodyflow_tests::{read_advantages, run};
+use embodyflow_tests::{read_advantages, run, tiny_vla_init};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -43,20 +43,7 @@ fn rollouts(root: &Path) {
         ],
     );
     let vla = root.join("vla");
-    let mut init = vec!["--out", s(&vla), "--seed", "0"];
-    for set in [
-        "kind=vla",
-        "tokenizer.vocab_size=300",
-        "tokenizer.corpus_tasks=200",
-        "vla.max_instruction=48",
-        "vla.n_embd=32",
-        "vla.n_head=2",
-        "vla.n_layer=1",
-        "vla.chunk_len=8",
-    ] {
-        init.extend(["--set", set]);
-    }
-    ok("init-policy", &init);
+    ok("init-policy", &tiny_vla_init(s(&vla)));
     ok(
         "collect-rollouts",
         &[

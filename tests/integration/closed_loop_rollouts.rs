@@ -14,7 +14,7 @@ use embodyflow_core::dataset::TableReader;
 use embodyflow_core::manifest::Manifest;
 use embodyflow_core::observation::decode;
 use embodyflow_core::schemas::{StepRow, TableName, TrajectoryRow};
-use embodyflow_tests::{TINY_POLICY, run};
+use embodyflow_tests::{TINY_POLICY, run, tiny_vla_init};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -25,26 +25,6 @@ fn ok(name: &str, args: &[&str]) -> String {
     assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
     result.stdout
 }
-
-/// A tiny VLA: 32 × 32 images in 8 × 8 patches, chunks of 8, width 32, one block.
-const TINY_VLA: [&str; 16] = [
-    "--set",
-    "kind=vla",
-    "--set",
-    "tokenizer.vocab_size=300",
-    "--set",
-    "tokenizer.corpus_tasks=200",
-    "--set",
-    "vla.max_instruction=48",
-    "--set",
-    "vla.n_embd=32",
-    "--set",
-    "vla.n_head=2",
-    "--set",
-    "vla.n_layer=1",
-    "--set",
-    "vla.chunk_len=8",
-];
 
 /// Six tabletop train tasks and a tiny VLA under `root`.
 fn prepare(root: &Path) {
@@ -62,9 +42,7 @@ fn prepare(root: &Path) {
         ],
     );
     let vla = root.join("vla");
-    let mut init = vec!["--out", s(&vla), "--seed", "0"];
-    init.extend(TINY_VLA);
-    ok("init-policy", &init);
+    ok("init-policy", &tiny_vla_init(s(&vla)));
 }
 
 /// `collect-rollouts` of the VLA on the tasks into `out` (G = 2, batches
@@ -222,8 +200,7 @@ fn bad_vla_keys_and_a_policy_of_the_wrong_kind_are_refused() {
         ("vla.max_instruction=3", "vla.max_instruction"),
     ] {
         let out = root.join("refused");
-        let mut args = vec!["--out", s(&out)];
-        args.extend(TINY_VLA);
+        let mut args = tiny_vla_init(s(&out));
         args.extend(["--set", set]);
         let result = run("init-policy", &args);
         assert_eq!(result.code, 2, "{set}\n{result}");

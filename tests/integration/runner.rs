@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{AdvantageRow, RewardRow, TableName};
-use embodyflow_tests::{Run, bin, run};
+use embodyflow_tests::{Run, TINY_VLA, bin, run};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -680,12 +680,6 @@ const TINY_TABLETOP: &[&str] = &[
     "group=2",
     "extra_draws=2",
     "eval_runs=1",
-    "init.tokenizer.vocab_size=300",
-    "init.tokenizer.corpus_tasks=200",
-    "init.vla.max_instruction=48",
-    "init.vla.n_embd=32",
-    "init.vla.n_head=2",
-    "init.vla.n_layer=1",
 ];
 
 #[test]
@@ -693,8 +687,14 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let file = shipped("tabletop-grpo.toml");
     let out = dir.path().join("run");
+    // The tiny VLA's keys on the pipeline's init step (which sets kind = vla).
+    let init: Vec<String> = TINY_VLA.iter().map(|key| format!("init.{key}")).collect();
     let mut args = vec!["run", s(&file), "--out", s(&out)];
-    for set in TINY_TABLETOP {
+    for set in TINY_TABLETOP
+        .iter()
+        .copied()
+        .chain(init.iter().map(String::as_str))
+    {
         args.extend(["--set", set]);
     }
     let first = ok(&args);

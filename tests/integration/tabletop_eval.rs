@@ -12,7 +12,7 @@ use std::path::Path;
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::manifest::Manifest;
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
-use embodyflow_tests::{TINY_POLICY, run, write_table};
+use embodyflow_tests::{TINY_POLICY, run, tiny_vla_init, write_table};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -54,20 +54,7 @@ fn setup(root: &Path) -> Vec<TaskRow> {
     assert_eq!(tasks.len(), 8);
     write_table(&root.join("tasks"), &tasks);
     let vla = root.join("vla");
-    let mut init = vec!["--out", s(&vla), "--seed", "0"];
-    for set in [
-        "kind=vla",
-        "tokenizer.vocab_size=300",
-        "tokenizer.corpus_tasks=200",
-        "vla.max_instruction=48",
-        "vla.n_embd=32",
-        "vla.n_head=2",
-        "vla.n_layer=1",
-        "vla.chunk_len=8",
-    ] {
-        init.extend(["--set", set]);
-    }
-    ok("init-policy", &init);
+    ok("init-policy", &tiny_vla_init(s(&vla)));
     // In the table's order (by key): the first is the one a refusal names.
     TableReader::open(&root.join("tasks/tasks"), TableName::Tasks)
         .unwrap()

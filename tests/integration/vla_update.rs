@@ -13,7 +13,7 @@ use std::path::Path;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{MetricRow, RewardRow, StepRow, TableName};
-use embodyflow_tests::{read_advantages, run, write_table};
+use embodyflow_tests::{read_advantages, run, tiny_vla_init, write_table};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -63,20 +63,7 @@ fn a_vla_is_cloned_from_demonstrations_and_updated_on_its_rollouts() {
         ],
     );
     let vla = root.join("vla");
-    let mut init = vec!["--out", s(&vla), "--seed", "0"];
-    for set in [
-        "kind=vla",
-        "tokenizer.vocab_size=300",
-        "tokenizer.corpus_tasks=200",
-        "vla.max_instruction=48",
-        "vla.n_embd=32",
-        "vla.n_head=2",
-        "vla.n_layer=1",
-        "vla.chunk_len=8",
-    ] {
-        init.extend(["--set", set]);
-    }
-    ok("init-policy", &init);
+    ok("init-policy", &tiny_vla_init(s(&vla)));
 
     // Behaviour cloning.
     let sft = root.join("sft");

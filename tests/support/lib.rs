@@ -10,6 +10,29 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
+/// The tiny VLA of the closed-loop tests, as `init-policy --set` values: 32 × 32
+/// images in 8 × 8 patches, chunks of 8, width 32, one block, a 300-token
+/// tokenizer trained on 200 tabletop instructions.
+pub const TINY_VLA: [&str; 8] = [
+    "kind=vla",
+    "tokenizer.vocab_size=300",
+    "tokenizer.corpus_tasks=200",
+    "vla.max_instruction=48",
+    "vla.n_embd=32",
+    "vla.n_head=2",
+    "vla.n_layer=1",
+    "vla.chunk_len=8",
+];
+
+/// `init-policy` arguments writing the [`TINY_VLA`] to `out` (seed 0).
+pub fn tiny_vla_init(out: &str) -> Vec<&str> {
+    let mut args = vec!["--out", out, "--seed", "0"];
+    for set in TINY_VLA {
+        args.extend(["--set", set]);
+    }
+    args
+}
+
 /// The `init-policy` flags of the tests' tiny policy (one layer of width 32,
 /// a 400-token BPE vocabulary, 1 024 positions): it trains and samples in
 /// seconds on a CPU and fits the household prompts.
