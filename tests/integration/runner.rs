@@ -79,6 +79,20 @@ fn ok(args: &[&str]) -> BTreeMap<String, String> {
     statuses(&result)
 }
 
+/// The run report's train success of iteration 0 is a number in [0, 1]: the
+/// share of every sampled rollout, even when dynamic sampling kept no group.
+fn assert_train_success_is_a_rate(report: &str) {
+    let train = report
+        .lines()
+        .find_map(|l| l.strip_prefix("| 0 | "))
+        .and_then(|rest| rest.split(" |").next())
+        .unwrap_or_else(|| panic!("no metrics row for iteration 0\n{report}"));
+    assert!(
+        train.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
+        "train success `{train}`\n{report}"
+    );
+}
+
 /// Every step's recorded outputs (`_step.json`), by instance directory.
 fn outputs(out: &Path) -> BTreeMap<String, serde_json::Value> {
     let mut found = BTreeMap::new();
@@ -118,15 +132,7 @@ fn cache_hits_when_nothing_changed_and_misses_when_one_key_changes() {
     assert!(out.join("report/success-default.png").is_file());
     // Train success is the share of every sampled rollout: a number even when
     // dynamic sampling kept no group (the tiny policy solves nothing).
-    let train = report
-        .lines()
-        .find_map(|l| l.strip_prefix("| 0 | "))
-        .and_then(|rest| rest.split(" |").next())
-        .unwrap_or_else(|| panic!("no metrics row for iteration 0\n{report}"));
-    assert!(
-        train.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
-        "train success `{train}`\n{report}"
-    );
+    assert_train_success_is_a_rate(&report);
 
     let dry = ok(&{
         let mut a = args(&file, &out, &["iterations=1"]);
@@ -713,15 +719,7 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
         "{eval}"
     );
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
-    let train = report
-        .lines()
-        .find_map(|l| l.strip_prefix("| 0 | "))
-        .and_then(|rest| rest.split(" |").next())
-        .unwrap_or_else(|| panic!("no metrics row for iteration 0\n{report}"));
-    assert!(
-        train.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
-        "train success `{train}`\n{report}"
-    );
+    assert_train_success_is_a_rate(&report);
     // A rerun finds every step cached.
     let again = ok(&args);
     assert!(again.values().all(|s| s == "cached"), "{again:?}");

@@ -72,7 +72,7 @@ use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, RunTotals, TabletopEpisodes,
-    run_closed_loop,
+    max_decisions, run_closed_loop,
 };
 use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
 use embodyflow_tabletop as tabletop;
@@ -599,19 +599,13 @@ fn closed_loop(
                 .collect();
             let mut world = TabletopEpisodes::new(&tasks, group_size, image_size)
                 .map_err(|e| Error::BadInput(format!("tasks table: {e}")))?;
-            // Each episode ends at its task's max_steps before this bound.
-            let max_steps = tasks
-                .iter()
-                .map(|t| t.max_steps as usize)
-                .max()
-                .unwrap_or(0);
             let run = run_closed_loop(
                 &mut world,
                 &mut sampler,
                 &bins,
                 &seeds,
                 &ClosedLoopConfig {
-                    max_decisions: max_steps.div_ceil(chunk_len),
+                    max_decisions: max_decisions(&tasks, chunk_len),
                     label: "episodes",
                 },
             )?;

@@ -34,7 +34,7 @@ use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::Error;
 use embodyflow_core::schemas::{EvalRow, TaskRow};
 use embodyflow_rollout::closed_loop::{
-    ChunkPolicy, ClosedLoopConfig, RunTotals, TabletopEpisodes, run_closed_loop,
+    ChunkPolicy, ClosedLoopConfig, RunTotals, TabletopEpisodes, max_decisions, run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
 use embodyflow_tabletop as tabletop;
@@ -117,19 +117,13 @@ pub fn play<P: ChunkPolicy>(
         let seeds: Vec<u64> = batch.iter().map(|&(_, seed)| seed).collect();
         let mut world = TabletopEpisodes::new(&specs, 1, size)
             .map_err(|e| Error::BadInput(format!("the policy's observations: {e}")))?;
-        // Each episode ends at its task's max_steps before this bound.
-        let max_steps = specs
-            .iter()
-            .map(|t| t.max_steps as usize)
-            .max()
-            .unwrap_or(0);
         let run = run_closed_loop(
             &mut world,
             policy,
             bins,
             &seeds,
             &ClosedLoopConfig {
-                max_decisions: max_steps.div_ceil(chunk_len),
+                max_decisions: max_decisions(&specs, chunk_len),
                 label,
             },
         )?;
