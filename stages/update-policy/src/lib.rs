@@ -1567,6 +1567,18 @@ mod tests {
             temperature: 1.0,
             observation: None,
         };
+        assert_kl_penalty_grows(&mut policy, &reference, example);
+    }
+
+    /// Three PPO steps (lr 1e-2) on `example` with a KL penalty (coefficient
+    /// 0.5) to `reference`, which starts equal to `policy`: the penalty is 0
+    /// at the first step, positive at the third, and part of the loss.
+    /// Shared by the plan policy's test and the VLA's (`vla::tests`).
+    pub(crate) fn assert_kl_penalty_grows<M: Trainable>(
+        policy: &mut Checkpoint<M>,
+        reference: &Checkpoint<M>,
+        example: Example,
+    ) {
         let config = Config {
             epochs: 3,
             mini_batch: 1,
@@ -1583,8 +1595,8 @@ mod tests {
             ..Default::default()
         };
         let report = train(
-            &mut policy,
-            Some(&reference),
+            policy,
+            Some(reference),
             &[example],
             &config,
             0,

@@ -213,30 +213,7 @@ fn the_kl_penalty_to_a_vla_reference_grows_as_the_policy_moves() {
     let mut policy = tiny_vla(K);
     let reference = tiny_vla(K);
     let example = rollout(&policy, 1.0);
-    let config = Config {
-        ppo: crate::loss::PpoConfig {
-            kl_coef: 0.5,
-            ..Default::default()
-        },
-        kl_reference: Some("unused: the reference is passed in".into()),
-        ..ppo_config(3)
-    };
-    let report = train(
-        &mut policy,
-        Some(&reference),
-        &[example],
-        &config,
-        0,
-        OptimizerState::fresh("ppo"),
-    )
-    .unwrap();
-    let kl: Vec<f32> = report.metrics.iter().map(|m| m.kl_loss.unwrap()).collect();
-    assert!(kl[0].abs() < 1e-6 && kl[2] > 1e-6, "{kl:?}");
-    let last = &report.metrics[2];
-    assert!(
-        (last.loss - (last.pg_loss + 0.5 * last.kl_loss.unwrap())).abs() < 1e-5,
-        "{last:?}"
-    );
+    crate::tests::assert_kl_penalty_grows(&mut policy, &reference, example);
 }
 
 /// An observation missing or of another shape, a token outside the bins or
