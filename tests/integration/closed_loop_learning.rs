@@ -14,7 +14,7 @@ use std::path::Path;
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::schemas::{AdvantageRow, RewardRow, StepRow, TableName, TrajectoryRow};
-use embodyflow_tests::{read_advantages, run, tiny_vla_init};
+use embodyflow_tests::{read_advantages, run, tabletop_tasks_and_tiny_vla};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -29,21 +29,8 @@ fn ok(name: &str, args: &[&str]) -> String {
 /// Six tabletop train tasks, a tiny VLA (width 32, one block, chunks of 8)
 /// and its closed-loop rollouts (G = 4) under `root`.
 fn rollouts(root: &Path) {
-    ok(
-        "generate-tasks",
-        &[
-            "--out",
-            s(&root.join("tasks")),
-            "--seed",
-            "1",
-            "--set",
-            "env=tabletop",
-            "--set",
-            "count=6",
-        ],
-    );
+    tabletop_tasks_and_tiny_vla(root, 6);
     let vla = root.join("vla");
-    ok("init-policy", &tiny_vla_init(s(&vla)));
     ok(
         "collect-rollouts",
         &[

@@ -14,7 +14,7 @@ use embodyflow_core::dataset::TableReader;
 use embodyflow_core::manifest::Manifest;
 use embodyflow_core::observation::decode;
 use embodyflow_core::schemas::{StepRow, TableName, TrajectoryRow};
-use embodyflow_tests::{TINY_POLICY, run, tiny_vla_init};
+use embodyflow_tests::{TINY_POLICY, run, tabletop_tasks_and_tiny_vla, tiny_vla_init};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -28,21 +28,7 @@ fn ok(name: &str, args: &[&str]) -> String {
 
 /// Six tabletop train tasks and a tiny VLA under `root`.
 fn prepare(root: &Path) {
-    ok(
-        "generate-tasks",
-        &[
-            "--out",
-            s(&root.join("tasks")),
-            "--seed",
-            "1",
-            "--set",
-            "env=tabletop",
-            "--set",
-            "count=6",
-        ],
-    );
-    let vla = root.join("vla");
-    ok("init-policy", &tiny_vla_init(s(&vla)));
+    tabletop_tasks_and_tiny_vla(root, 6);
 }
 
 /// `collect-rollouts` of the VLA on the tasks into `out` (G = 2, batches

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{MetricRow, RewardRow, StepRow, TableName};
-use embodyflow_tests::{read_advantages, run, tiny_vla_init, write_table};
+use embodyflow_tests::{read_advantages, run, tabletop_tasks_and_tiny_vla, write_table};
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -49,21 +49,8 @@ fn a_vla_is_cloned_from_demonstrations_and_updated_on_its_rollouts() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let tasks = root.join("tasks");
-    ok(
-        "generate-tasks",
-        &[
-            "--out",
-            s(&tasks),
-            "--seed",
-            "1",
-            "--set",
-            "env=tabletop",
-            "--set",
-            "count=4",
-        ],
-    );
+    tabletop_tasks_and_tiny_vla(root, 4);
     let vla = root.join("vla");
-    ok("init-policy", &tiny_vla_init(s(&vla)));
 
     // Behaviour cloning.
     let sft = root.join("sft");

@@ -33,6 +33,31 @@ pub fn tiny_vla_init(out: &str) -> Vec<&str> {
     args
 }
 
+/// `count` generated tabletop train tasks (seed 1) in `root/tasks` and the
+/// [`TINY_VLA`] in `root/vla`: the start of the closed-loop tests.
+pub fn tabletop_tasks_and_tiny_vla(root: &Path, count: usize) {
+    let tasks = root.join("tasks");
+    let count = format!("count={count}");
+    let tasks_args = [
+        "--out",
+        tasks.to_str().unwrap(),
+        "--seed",
+        "1",
+        "--set",
+        "env=tabletop",
+        "--set",
+        &count,
+    ];
+    let vla = root.join("vla");
+    for (stage, args) in [
+        ("generate-tasks", tasks_args.to_vec()),
+        ("init-policy", tiny_vla_init(vla.to_str().unwrap())),
+    ] {
+        let result = run(stage, &args);
+        assert_eq!(result.code, 0, "{stage} {args:?}\n{result}");
+    }
+}
+
 /// The `init-policy` flags of the tests' tiny policy (one layer of width 32,
 /// a 400-token BPE vocabulary, 1 024 positions): it trains and samples in
 /// seconds on a CPU and fits the household prompts.
