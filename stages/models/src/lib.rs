@@ -34,6 +34,7 @@ use embodyflow_core::{Classify, ErrorKind};
 
 pub mod checkpoint;
 pub mod device;
+pub mod frame_encoder;
 pub mod gpt;
 pub mod optimizer;
 pub mod policy;
