@@ -95,6 +95,7 @@ use serde::{Deserialize, Serialize};
 use tch::Kind;
 
 pub mod init;
+pub mod lapo;
 pub mod loss;
 pub mod metrics_csv;
 pub mod vla;
