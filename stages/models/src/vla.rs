@@ -63,6 +63,11 @@ use crate::checkpoint::{PolicyKind, PolicyNet};
 use crate::gpt::{Gpt, GptConfig};
 use crate::policy::{Entropy, arg_max, draw};
 
+pub mod latent;
+
+pub use latent::{LatentConfig, LatentDecision, LatentScores, WarmupLoss, WarmupWeights};
+use latent::{LatentInput, LatentParts};
+
 /// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with
 /// `"kind": "vla"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +99,10 @@ pub struct VlaConfig {
     pub n_head: i64,
     /// Transformer blocks.
     pub n_layer: i64,
+    /// LaST-R1's latent chain of thought before the actions ([`latent`]);
+    /// absent: the actions follow the observation directly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latent: Option<LatentConfig>,
 }
 
 impl VlaConfig {
@@ -116,6 +125,7 @@ impl VlaConfig {
             n_embd: 128,
             n_head: 4,
             n_layer: 4,
+            latent: None,
         }
     }
 
@@ -167,6 +177,9 @@ impl VlaConfig {
                 self.n_head, self.n_embd
             ));
         }
+        if let Some(latent) = &self.latent {
+            latent.check()?;
+        }
         Ok(())
     }
 
@@ -181,10 +194,15 @@ impl VlaConfig {
         self.chunk_len * self.action_dim
     }
 
-    /// Positions before the action placeholders: patches, proprio and the
-    /// longest instruction.
+    /// Positions before the latent part: patches, proprio and the longest
+    /// instruction.
     fn prefix_len(&self) -> i64 {
         self.n_patches() + 1 + self.max_instruction
+    }
+
+    /// Positions of the latent part (0 without latents).
+    fn latent_positions(&self) -> i64 {
+        self.latent.as_ref().map_or(0, LatentConfig::positions)
     }
 
     /// The trunk: a [`Gpt`] over the whole sequence (its embedding embeds
@@ -192,7 +210,7 @@ impl VlaConfig {
     fn trunk(&self) -> GptConfig {
         GptConfig {
             vocab_size: self.vocab_size,
-            n_ctx: self.prefix_len() + self.n_action_tokens(),
+            n_ctx: self.prefix_len() + self.latent_positions() + self.n_action_tokens(),
             n_embd: self.n_embd,
             n_head: self.n_head,
             n_layer: self.n_layer,
@@ -298,6 +316,29 @@ pub enum VlaError {
     /// A temperature that is negative or not finite.
     #[error("temperature {0} must be finite and at least 0")]
     Temperature(f64),
+    /// A call that needs latents on a policy without them, or the reverse.
+    #[error("{0}")]
+    Latents(String),
+    /// A row's latent chain of the wrong size or with a NaN or infinity.
+    #[error("row {row}: latents {reason}")]
+    LatentShape {
+        /// The row.
+        row: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A stop (candidate index) beyond the candidates.
+    #[error(
+        "row {row}: stop {stop} is beyond the {candidates} <latent_end> candidates (0..{candidates})"
+    )]
+    Stop {
+        /// The row.
+        row: usize,
+        /// The stop given.
+        stop: usize,
+        /// Candidates per decision.
+        candidates: i64,
+    },
 }
 
 impl Classify for VlaError {
@@ -317,6 +358,16 @@ pub struct Decision {
     pub logprob: f32,
 }
 
+/// An embedded sequence ready for the trunk.
+struct Sequence {
+    /// Embeddings `[batch, time, embd]`.
+    x: Tensor,
+    /// Attention mask `[1 or batch, 1, time, time]`, true = attend.
+    mask: Tensor,
+    /// Positions before the latent part (this batch's longest instruction).
+    prefix: i64,
+}
+
 /// The network.
 #[derive(Debug)]
 pub struct Vla {
@@ -325,6 +376,7 @@ pub struct Vla {
     proprio_embed: nn::Linear,
     action_query: Tensor,
     action_head: nn::Linear,
+    latent: Option<LatentParts>,
     config: VlaConfig,
 }
 
@@ -352,7 +404,8 @@ impl PolicyNet for Vla {
 impl Vla {
     /// Creates the parameters under `path`: the trunk's (`wte`, `wpe`,
     /// `h.{i}.…`, `ln_f`), `patch_embed`, `proprio_embed`, `action_query`
-    /// and `action_head`. Panics on a config that [`VlaConfig::check`]
+    /// and `action_head` (and with latents `latent_start`, `latent_end`,
+    /// `end_head`, `value_head`). Panics on a config that [`VlaConfig::check`]
     /// refuses (checkpoints check it first and name the file).
     pub fn new(path: &nn::Path, config: &VlaConfig) -> Vla {
         if let Err(reason) = config.check() {
@@ -378,6 +431,7 @@ impl Vla {
                 },
             ),
             action_head: nn::linear(path / "action_head", e, config.n_bins, Default::default()),
+            latent: config.latent.as_ref().map(|_| LatentParts::new(path, e)),
             config: config.clone(),
         }
     }
@@ -394,8 +448,15 @@ impl Vla {
     /// Logits `[batch, K × D, n_bins]` of a batch of observations (with
     /// gradients when gradients are on).
     pub fn logits(&self, batch: &[Observation]) -> Result<Tensor, VlaError> {
-        let (x, mask) = self.inputs(batch)?;
-        Ok(self.action_logits(&self.hidden(x, &mask)))
+        if let Some(latent) = &self.config.latent {
+            return Err(VlaError::Latents(format!(
+                "this VLA thinks in latents (latent.length {}) before it acts: \
+                 sample_with_latents, latent_scores and warmup_loss run it",
+                latent.length
+            )));
+        }
+        let sequence = self.inputs(batch, None, true)?;
+        Ok(self.action_logits(&self.hidden(sequence.x, &sequence.mask)))
     }
 
     /// Samples one decision per row at `temperature` (`0` = greedy), row
@@ -409,14 +470,28 @@ impl Vla {
         check_rows("seeds", seeds.len(), batch.len())?;
         check_temperature(temperature)?;
         let logits = tch::no_grad(|| self.logits(batch))?;
-        let logp = log_softmax_at(&logits, temperature);
+        let mut rngs: Vec<ChaCha8Rng> = seeds
+            .iter()
+            .map(|&s| ChaCha8Rng::seed_from_u64(s))
+            .collect();
+        Ok(self.draw_decisions(&logits, &mut rngs, temperature))
+    }
+
+    /// One decision per row drawn from action logits `[batch, K × D,
+    /// n_bins]` at `temperature` (`0` = greedy), row `b` from `rngs[b]`,
+    /// tokens in order.
+    fn draw_decisions(
+        &self,
+        logits: &Tensor,
+        rngs: &mut [ChaCha8Rng],
+        temperature: f64,
+    ) -> Vec<Decision> {
+        let logp = log_softmax_at(logits, temperature);
         let logp = Vec::<f32>::try_from(logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
         let (n_bins, tokens) = (self.config.n_bins as usize, self.tokens_per_decision());
-        let decisions = seeds
-            .iter()
+        rngs.iter_mut()
             .enumerate()
-            .map(|(row, &seed)| {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            .map(|(row, rng)| {
                 let mut decision = Decision {
                     tokens: Vec::with_capacity(tokens),
                     token_logprobs: Vec::with_capacity(tokens),
@@ -427,7 +502,7 @@ impl Vla {
                     let start = (row * tokens + t) * n_bins;
                     let token_logp = &logp[start..start + n_bins];
                     let token = if temperature > 0.0 {
-                        draw(token_logp, 1.0, &mut rng)
+                        draw(token_logp, 1.0, rng)
                     } else {
                         arg_max(token_logp)
                     };
@@ -438,8 +513,7 @@ impl Vla {
                 decision.logprob = sum as f32;
                 decision
             })
-            .collect();
-        Ok(decisions)
+            .collect()
     }
 
     /// Log-prob `[batch, K × D]` of each action token of `tokens` (one
@@ -496,11 +570,23 @@ impl Vla {
         valid_steps: Option<&[usize]>,
     ) -> Result<Tensor, VlaError> {
         let targets = self.action_tokens(tokens, batch.len())?;
+        let mask = self.valid_mask(valid_steps, batch.len())?;
+        let logits = self.logits(batch)?;
+        Ok(masked_nll(&logits, &targets, mask.as_ref()))
+    }
+
+    /// 1 on the action tokens of each row's first `valid_steps[row]` chunk
+    /// steps, 0 after (`None`: every token counts), `[batch, K × D]`.
+    fn valid_mask(
+        &self,
+        valid_steps: Option<&[usize]>,
+        batch: usize,
+    ) -> Result<Option<Tensor>, VlaError> {
         let (k, d) = (self.config.chunk_len, self.config.action_dim);
-        let mask = match valid_steps {
+        Ok(match valid_steps {
             None => None,
             Some(valid) => {
-                check_rows("valid_steps", valid.len(), batch.len())?;
+                check_rows("valid_steps", valid.len(), batch)?;
                 let mut mask = Vec::with_capacity(valid.len() * (k * d) as usize);
                 for (row, &steps) in valid.iter().enumerate() {
                     if steps == 0 || steps as i64 > k {
@@ -517,16 +603,10 @@ impl Vla {
                 }
                 Some(
                     Tensor::from_slice(&mask)
-                        .view([batch.len() as i64, k * d])
+                        .view([batch as i64, k * d])
                         .to(self.device()),
                 )
             }
-        };
-        let logits = self.logits(batch)?;
-        let nll = -logprobs_of(&logits, &targets, 1.0);
-        Ok(match mask {
-            None => nll.mean(Kind::Float),
-            Some(mask) => (nll * &mask).sum(Kind::Float) / mask.sum(Kind::Float),
         })
     }
 
@@ -565,9 +645,23 @@ impl Vla {
             .to(self.device()))
     }
 
-    /// The embedded sequence `[batch, time, embd]` and the bool attention
-    /// mask (`[1 or batch, 1, time, time]`, true = attend) of a batch.
-    fn inputs(&self, batch: &[Observation]) -> Result<(Tensor, Tensor), VlaError> {
+    /// The embedded sequence of a batch and its attention mask:
+    /// `[ prefix | latent part | action placeholders ]`, the latent part
+    /// present when `latent` is given (its `latents` written into the slots),
+    /// the placeholders when `actions` is true.
+    ///
+    /// Every query sees the prefix keys (an instruction pad is no one's
+    /// key); latent queries see the latent part causally (keys up to their
+    /// own); action queries see each other and the first `visible[b]`
+    /// positions of the latent part (the chain up to the chosen
+    /// `<latent_end>`). The prefix sees nothing after it, so nothing before
+    /// a position depends on what comes after it.
+    fn inputs(
+        &self,
+        batch: &[Observation],
+        latent: Option<&LatentInput>,
+        actions: bool,
+    ) -> Result<Sequence, VlaError> {
         self.check_batch(batch)?;
         let config = &self.config;
         let device = self.device();
@@ -612,35 +706,73 @@ impl Vla {
         let instruction = self
             .trunk
             .embed_tokens(&Tensor::from_slice(&ids).view([b, longest]).to(device));
-        let actions = config.n_action_tokens();
-        let queries = self
-            .action_query
-            .view([1, 1, config.n_embd])
-            .expand([b, actions, config.n_embd], false);
         let prefix = n_patches + 1 + longest;
-        let positions = Tensor::cat(
-            &[
-                Tensor::arange(prefix, (Kind::Int64, device)),
-                Tensor::arange_start(
-                    config.prefix_len(),
-                    config.prefix_len() + actions,
+        let mut parts = vec![patches, proprio, instruction];
+        let mut positions = vec![Tensor::arange(prefix, (Kind::Int64, device))];
+        let mut next = config.prefix_len();
+        let latent_len = match latent {
+            None => 0,
+            Some(input) => {
+                let part = self.latent_part(&input.latents)?;
+                let len = part.size()[1];
+                parts.push(part);
+                positions.push(Tensor::arange_start(
+                    next,
+                    next + len,
                     (Kind::Int64, device),
-                ),
-            ],
-            0,
-        );
-        let x = Tensor::cat(&[patches, proprio, instruction, queries], 1)
-            + self.trunk.embed_positions(&positions).unsqueeze(0);
-        // Prefix queries see prefix keys; action queries see every key;
-        // an instruction pad is no one's key.
-        let time = prefix + actions;
-        let columns = Tensor::arange(time, (Kind::Int64, device));
-        let prefix_key = columns.lt(prefix).unsqueeze(0); // [1, key]
-        let action_query = columns.ge(prefix).unsqueeze(1); // [query, 1]
-        let allowed = prefix_key.logical_or(&action_query).unsqueeze(0); // [1, q, k]
-        let mask = if lengths.iter().all(|&len| len == longest) {
-            allowed
+                ));
+                next += len;
+                len
+            }
+        };
+        let action_len = if actions {
+            let n = config.n_action_tokens();
+            parts.push(
+                self.action_query
+                    .view([1, 1, config.n_embd])
+                    .expand([b, n, config.n_embd], false),
+            );
+            positions.push(Tensor::arange_start(next, next + n, (Kind::Int64, device)));
+            n
         } else {
+            0
+        };
+        let x = Tensor::cat(&parts, 1)
+            + self
+                .trunk
+                .embed_positions(&Tensor::cat(&positions, 0))
+                .unsqueeze(0);
+        let time = prefix + latent_len + action_len;
+        let columns = Tensor::arange(time, (Kind::Int64, device));
+        let is_prefix = columns.lt(prefix);
+        let is_latent = columns
+            .ge(prefix)
+            .logical_and(&columns.lt(prefix + latent_len));
+        let is_action = columns.ge(prefix + latent_len);
+        // [query, key]: every query sees the prefix; latent queries see the
+        // latent part causally; action queries see the actions.
+        let causal = columns.unsqueeze(0).le_tensor(&columns.unsqueeze(1));
+        let mut allowed = is_prefix
+            .unsqueeze(0)
+            .logical_or(
+                &is_latent
+                    .unsqueeze(1)
+                    .logical_and(&is_latent.unsqueeze(0))
+                    .logical_and(&causal),
+            )
+            .logical_or(&is_action.unsqueeze(1).logical_and(&is_action.unsqueeze(0)))
+            .unsqueeze(0); // [1, q, k]
+        if let (Some(input), true) = (latent, actions) {
+            check_rows("visible latent positions", input.visible.len(), batch.len())?;
+            let visible = Tensor::from_slice(&input.visible).to(device); // [b]
+            let latent_column = &columns - prefix; // [k]
+            let seen = is_latent
+                .unsqueeze(0)
+                .logical_and(&latent_column.unsqueeze(0).lt_tensor(&visible.unsqueeze(1))); // [b, k]
+            allowed =
+                allowed.logical_or(&is_action.view([1, time, 1]).logical_and(&seen.unsqueeze(1)));
+        }
+        if lengths.iter().any(|&len| len != longest) {
             let lengths = Tensor::from_slice(&lengths).to(device);
             let instruction_column = &columns - (n_patches + 1); // [k]
             // The instruction's columns past the row's own length.
@@ -653,9 +785,13 @@ impl Vla {
                     .unsqueeze(0)
                     .ge_tensor(&lengths.unsqueeze(1)),
             ); // [b, k]
-            allowed.logical_and(&pad.logical_not().unsqueeze(1))
-        };
-        Ok((x, mask.unsqueeze(1)))
+            allowed = allowed.logical_and(&pad.logical_not().unsqueeze(1));
+        }
+        Ok(Sequence {
+            x,
+            mask: allowed.unsqueeze(1),
+            prefix,
+        })
     }
 
     /// Final hidden states `[batch, time, embd]` of an embedded sequence.
@@ -745,6 +881,16 @@ impl Vla {
 /// log-prob, for token-level losses on logits already computed.
 pub fn logprobs_of(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Tensor {
     gather_tokens(&log_softmax_at(logits, temperature), tokens)
+}
+
+/// The mean cross-entropy of `targets` under `logits` (at `T = 1`) over
+/// the tokens `mask` keeps (all when `None`).
+fn masked_nll(logits: &Tensor, targets: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    let nll = -logprobs_of(logits, targets, 1.0);
+    match mask {
+        None => nll.mean(Kind::Float),
+        Some(mask) => (nll * mask).sum(Kind::Float) / mask.sum(Kind::Float),
+    }
 }
 
 /// `log_probs[b, t, tokens[b, t]]`: `[batch, K × D]`.

@@ -38,7 +38,7 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, CheckpointManifest, PolicyKind};
 use embodyflow_models::gpt::GptConfig;
 use embodyflow_models::tokenizer::{encode, load, train_bpe};
-use embodyflow_models::vla::{Vla, VlaConfig};
+use embodyflow_models::vla::{LatentConfig, Vla, VlaConfig};
 use embodyflow_tabletop as tabletop;
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +126,10 @@ pub struct VlaKeys {
     pub n_head: i64,
     /// Blocks.
     pub n_layer: i64,
+    /// Latents of LaST-R1's chain of thought before the actions (0: none).
+    pub latent_length: i64,
+    /// Latents per `<latent_end>` candidate (divides `latent_length`).
+    pub latent_group: i64,
 }
 
 impl Default for VlaKeys {
@@ -140,6 +144,8 @@ impl Default for VlaKeys {
             n_embd: small.n_embd,
             n_head: small.n_head,
             n_layer: small.n_layer,
+            latent_length: 0,
+            latent_group: 2,
         }
     }
 }
@@ -161,6 +167,10 @@ impl VlaKeys {
             n_embd: self.n_embd,
             n_head: self.n_head,
             n_layer: self.n_layer,
+            latent: (self.latent_length > 0).then(|| LatentConfig {
+                length: self.latent_length,
+                group: self.latent_group,
+            }),
         }
     }
 
@@ -183,6 +193,16 @@ impl VlaKeys {
         at_least("vla.n_bins", self.n_bins, 2)?;
         at_least("vla.n_head", self.n_head, 1)?;
         at_least("vla.n_layer", self.n_layer, 1)?;
+        at_least("vla.latent_length", self.latent_length, 0)?;
+        ensure(
+            self.latent_group >= 1 && self.latent_length % self.latent_group == 0,
+            "vla.latent_group",
+            format!(
+                "a positive divisor of vla.latent_length = {}",
+                self.latent_length
+            ),
+            self.latent_group,
+        )?;
         ensure(
             self.n_embd >= 1 && self.n_embd % self.n_head == 0,
             "vla.n_embd",
@@ -245,6 +265,14 @@ impl StageConfig for Config {
         ),
         ("vla.n_embd", "VLA width (kind = vla)"),
         ("vla.n_head", "VLA attention heads (kind = vla)"),
+        (
+            "vla.latent_length",
+            "latents of LaST-R1's chain of thought before the actions, 0 = none (kind = vla)",
+        ),
+        (
+            "vla.latent_group",
+            "latents per <latent_end> stop candidate, divides vla.latent_length (kind = vla)",
+        ),
         ("vla.n_layer", "VLA transformer blocks (kind = vla)"),
         (
             "vla.patch_size",

@@ -22,6 +22,7 @@ fn tiny_config(vocab_size: i64) -> VlaConfig {
         n_embd: 32,
         n_head: 4,
         n_layer: 2,
+        latent: None,
     }
 }
 
@@ -112,7 +113,7 @@ fn a_row_does_not_depend_on_its_batch() {
 fn placeholders_attend_to_each_other_and_the_prefix_never_to_them() {
     let policy = tiny(0);
     let rows = Rows::new(3);
-    let (x, mask) = policy.model.inputs(&rows.batch()).unwrap();
+    let Sequence { x, mask, .. } = policy.model.inputs(&rows.batch(), None, true).unwrap();
     let time = x.size()[1];
     let actions = policy.model.config().n_action_tokens();
     let prefix = time - actions;

@@ -139,6 +139,7 @@ mod tests {
             n_embd: 32,
             n_head: 4,
             n_layer: 2,
+            latent: None,
         };
         let _generator = seed(5);
         Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()

@@ -1,0 +1,595 @@
+//! LaST-R1's latent chain of thought (arXiv 2604.28192; DESIGN §5): a
+//! [`Vla`] that "thinks" in continuous latent vectors before it acts, with
+//! `<latent_end>` stop candidates and a value head (issue 16).
+//!
+//! With `latent = { length = L, group = G }` in the [`VlaConfig`], a
+//! decision's sequence gains a latent part between the observation prefix
+//! and the action placeholders — LaST-R1's grouped layout, `M = L / G`
+//! stop candidates:
+//!
+//! ```text
+//! [ prefix | <latent_start> z_1 … z_G <latent_end> z_{G+1} … z_{2G} <latent_end> … | act_1 … act_{K·D} ]
+//!   e.g. L = 8, G = 2: S z1 z2 E z3 z4 E z5 z6 E z7 z8 E   (candidates at 2, 4, 6, 8 latents)
+//! ```
+//!
+//! - **Latents.** `z_i` is the final hidden state (after the last layer
+//!   norm) at the position *before* slot `i` — LaST-R1's `pad_abs = start +
+//!   g (G + 1) + j − 1` — fed back as slot `i`'s input embedding: latents are
+//!   generated autoregressively, one trunk pass each, the latent part
+//!   attending causally. A rollout adds exploration noise `z_i + s ε`, `ε ~
+//!   N(0, I)` (`noise_std` = s; 0 = the policy's mean).
+//! - **Stop.** The `<latent_end>` logit of candidate `m` is `end_head(h)` at
+//!   the last latent of group `m` (the position that predicts
+//!   `<latent_end>`); the stop distribution is `softmax_m(l_m / T)` over the
+//!   `M` candidates. A rollout samples it; greedy evaluation stops at the
+//!   first candidate whose probability (at `T = 1`) is at least 0.99, else at
+//!   the most probable one (LaST-R1's confidence early exit).
+//! - **Actions.** The `K × D` placeholders see the prefix, each other and
+//!   the latent part up to the chosen `<latent_end>` (the unchosen suffix is
+//!   masked, as LaST-R1's attention mask does), decoded in one pass as
+//!   without latents.
+//! - **Value.** `value_head(h)` at the chosen `<latent_end>`
+//!   (`value_choice = latent_end`): the decision-level critic of GAE.
+//!
+//! A rollout stores every latent (all `L`: the candidates after the chosen
+//! stop still enter the stop's softmax), the chosen stop, the stop's and the
+//! actions' log-probs and the value; [`Vla::latent_scores`] recomputes them
+//! from those in one teacher-forced pass, the pass the rollout's action
+//! sampling ran, so under the same weights the log-probs agree.
+//!
+//! **Warm-up** ([`Vla::warmup_loss`]): the latent slots are teacher-forced
+//! with target features (a frozen image encoder's features of future
+//! frames), each rescaled to norm `√embd` (a layer-normed state's scale);
+//! per row a chosen length `L_b`; `loss = w_latent · mean_{i < L_b} (1 −
+//! cos(ẑ_i, z*_i)) + w_end · CE(stop at L_b) + w_action · CE(actions)`, 1 :
+//! 0.1 : 1 as LaST-R1's warm-up.
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::vla::{Observation, Vla};
+//! let policy = Checkpoint::<Vla>::load_kind("runs/warmup/policy".as_ref(), tch::Device::Cpu).unwrap();
+//! let image = vec![0u8; 32 * 32 * 3];
+//! let row = Observation { image: &image, height: 32, width: 32, proprio: &[0.0; 5], instruction: &[17, 42] };
+//! let out = policy.model.sample_with_latents(&[row], &[7], 1.6, 0.0).unwrap();
+//! println!("thought {} latents, value {}", out[0].latent_len, out[0].value);
+//! ```
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use super::{
+    Decision, Observation, Sequence, Vla, VlaError, check_rows, check_temperature, gather_tokens,
+    log_softmax_at, masked_nll,
+};
+use crate::policy::{Entropy, arg_max, draw};
+
+/// The latent chain's shape (a [`VlaConfig`](super::VlaConfig)'s `latent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatentConfig {
+    /// Most latent vectors before the actions (LaST-R1's `latent_length`, 8).
+    pub length: i64,
+    /// Latents per group; a `<latent_end>` candidate follows each group
+    /// (`latent_length / latent_end_num`, 2).
+    pub group: i64,
+}
+
+impl LatentConfig {
+    /// LaST-R1's LIBERO setting: 8 latents in groups of 2 (stops at 2, 4, 6, 8).
+    pub fn last_r1() -> LatentConfig {
+        LatentConfig {
+            length: 8,
+            group: 2,
+        }
+    }
+
+    /// Why this is no latent chain, if it is not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.length < 1 || self.group < 1 {
+            return Err(format!(
+                "latent.length and latent.group must be at least 1, found {} and {}",
+                self.length, self.group
+            ));
+        }
+        if self.length % self.group != 0 {
+            return Err(format!(
+                "latent.group {} must divide latent.length {}",
+                self.group, self.length
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stop candidates `M = length / group`.
+    pub fn candidates(&self) -> i64 {
+        self.length / self.group
+    }
+
+    /// Latent lengths of the candidates: `group, 2·group, …, length`.
+    pub fn candidate_lengths(&self) -> Vec<usize> {
+        (1..=self.candidates())
+            .map(|m| (m * self.group) as usize)
+            .collect()
+    }
+
+    /// Positions of the latent part: `<latent_start>`, the slots and one
+    /// `<latent_end>` per group.
+    pub fn positions(&self) -> i64 {
+        1 + self.length + self.candidates()
+    }
+
+    /// Position of latent slot `i` inside the latent part.
+    fn slot(&self, i: i64) -> i64 {
+        1 + i + i / self.group
+    }
+
+    /// Position of candidate `m`'s `<latent_end>` inside the latent part.
+    fn end(&self, m: i64) -> i64 {
+        (m + 1) * (self.group + 1)
+    }
+}
+
+/// The parameters a latent chain adds.
+#[derive(Debug)]
+pub(super) struct LatentParts {
+    start: Tensor,
+    end: Tensor,
+    end_head: nn::Linear,
+    value_head: nn::Linear,
+}
+
+impl LatentParts {
+    pub(super) fn new(path: &nn::Path, embd: i64) -> LatentParts {
+        let embedding = nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        LatentParts {
+            start: path.var("latent_start", &[embd], embedding),
+            end: path.var("latent_end", &[embd], embedding),
+            end_head: nn::linear(path / "end_head", embd, 1, Default::default()),
+            value_head: nn::linear(path / "value_head", embd, 1, Default::default()),
+        }
+    }
+}
+
+/// The latent part of a sequence to embed.
+pub(super) struct LatentInput {
+    /// The slots' inputs `[batch, L, embd]`.
+    pub(super) latents: Tensor,
+    /// Per row, the positions of the latent part the actions see.
+    pub(super) visible: Vec<i64>,
+}
+
+/// One decision of a thinking policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatentDecision {
+    /// The action chunk.
+    pub decision: Decision,
+    /// Every latent the policy generated (`L × embd`, slot after slot; the
+    /// first `latent_len` are the chosen chain).
+    pub latents: Vec<f32>,
+    /// The chosen candidate (0-based).
+    pub stop: usize,
+    /// Latents before the chosen `<latent_end>`: `(stop + 1) × group`.
+    pub latent_len: usize,
+    /// Log-prob of the chosen stop under `softmax(l / T)` (`T = 1` when greedy).
+    pub stop_logprob: f32,
+    /// The value head's estimate at the chosen `<latent_end>`.
+    pub value: f32,
+}
+
+/// What the update recomputes for a batch of stored decisions.
+pub struct LatentScores {
+    /// Log-prob `[batch, K × D]` of each stored action token under `logits / T`.
+    pub token_logprobs: Tensor,
+    /// Entropy `[batch, K × D]` of each action token's distribution, as asked.
+    pub entropy: Option<Tensor>,
+    /// The latents the policy predicts at each slot `[batch, L, embd]`
+    /// (teacher-forced on the stored ones).
+    pub latents: Tensor,
+    /// Log-prob `[batch]` of each row's stored stop.
+    pub stop_logprobs: Tensor,
+    /// The value head `[batch]` at each row's stored stop.
+    pub values: Tensor,
+}
+
+/// Weights of the warm-up loss's terms (LaST-R1: 1 : 0.1 : 1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmupWeights {
+    /// The latents' cosine term.
+    pub latent: f64,
+    /// The stop's cross-entropy.
+    pub end: f64,
+    /// The actions' cross-entropy.
+    pub action: f64,
+}
+
+impl Default for WarmupWeights {
+    fn default() -> Self {
+        WarmupWeights {
+            latent: 1.0,
+            end: 0.1,
+            action: 1.0,
+        }
+    }
+}
+
+/// The warm-up loss and its terms.
+pub struct WarmupLoss {
+    /// The weighted sum (with gradients).
+    pub total: Tensor,
+    /// Mean `1 − cos` over the chosen slots.
+    pub latent: f64,
+    /// Mean stop cross-entropy.
+    pub end: f64,
+    /// Mean action cross-entropy.
+    pub action: f64,
+}
+
+/// The stop of one decision from the candidates' log-probs `logp`: drawn
+/// from `rng` at `temperature > 0`, else (greedy) the first candidate of
+/// probability at least 0.99, or the most probable when none is.
+pub fn choose_stop(logp: &[f32], temperature: f64, rng: &mut ChaCha8Rng) -> usize {
+    if temperature > 0.0 {
+        draw(logp, 1.0, rng)
+    } else {
+        logp.iter()
+            .position(|&lp| f64::from(lp).exp() >= 0.99)
+            .unwrap_or_else(|| arg_max(logp))
+    }
+}
+
+/// A standard normal draw (Box–Muller) from `rng`.
+fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+impl Vla {
+    /// The latent chain's shape, or the error of a policy without one.
+    fn latent_shape(&self) -> Result<&LatentConfig, VlaError> {
+        self.config.latent.as_ref().ok_or_else(|| {
+            VlaError::Latents(
+                "this VLA has no latent chain of thought (its config has no `latent`)".into(),
+            )
+        })
+    }
+
+    fn latent_parts(&self) -> &LatentParts {
+        self.latent
+            .as_ref()
+            .expect("a latent config comes with latent parameters")
+    }
+
+    /// The latent part's embeddings `[batch, positions, embd]` with
+    /// `latents` `[batch, L, embd]` in the slots.
+    pub(super) fn latent_part(&self, latents: &Tensor) -> Result<Tensor, VlaError> {
+        let shape = self.latent_shape()?;
+        let parts = self.latent_parts();
+        let (b, e) = (latents.size()[0], self.config.n_embd);
+        let token = |t: &Tensor| t.view([1, 1, e]).expand([b, 1, e], false);
+        let mut pieces = vec![token(&parts.start)];
+        for m in 0..shape.candidates() {
+            pieces.push(latents.narrow(1, m * shape.group, shape.group));
+            pieces.push(token(&parts.end));
+        }
+        Ok(Tensor::cat(&pieces, 1))
+    }
+
+    /// From hidden states of a sequence with a latent part: the predicted
+    /// latents `[batch, L, embd]`, the `<latent_end>` logits `[batch, M]` and
+    /// the value at every candidate `[batch, M]`.
+    fn latent_readout(&self, hidden: &Tensor, prefix: i64) -> (Tensor, Tensor, Tensor) {
+        let shape = self.latent_shape().expect("checked by the caller");
+        let parts = self.latent_parts();
+        let device = hidden.device();
+        let index = |positions: Vec<i64>| {
+            let positions: Vec<i64> = positions.into_iter().map(|p| prefix + p).collect();
+            hidden.index_select(1, &Tensor::from_slice(&positions).to(device))
+        };
+        let latents = index((0..shape.length).map(|i| shape.slot(i) - 1).collect());
+        let candidates = 0..shape.candidates();
+        let before_end = index(candidates.clone().map(|m| shape.end(m) - 1).collect());
+        let at_end = index(candidates.map(|m| shape.end(m)).collect());
+        let end_logits = parts.end_head.forward(&before_end).squeeze_dim(2);
+        let values = parts.value_head.forward(&at_end).squeeze_dim(2);
+        (latents, end_logits, values)
+    }
+
+    /// Positions of the latent part the actions see when stopping at
+    /// candidate `stop`: up to and including its `<latent_end>`.
+    fn visible(shape: &LatentConfig, stop: usize) -> i64 {
+        shape.end(stop as i64) + 1
+    }
+
+    /// Generates the latent chain of a batch autoregressively, one trunk
+    /// pass per latent, each with noise `noise_std · ε` drawn from the row's
+    /// stream: `[batch, L, embd]`.
+    fn generate_latents(
+        &self,
+        batch: &[Observation],
+        rngs: &mut [ChaCha8Rng],
+        noise_std: f64,
+    ) -> Result<Tensor, VlaError> {
+        let shape = self.latent_shape()?;
+        let (b, e) = (batch.len() as i64, self.config.n_embd);
+        let latents = Tensor::zeros([b, shape.length, e], (Kind::Float, self.device()));
+        for i in 0..shape.length {
+            let input = LatentInput {
+                latents: latents.shallow_clone(),
+                visible: Vec::new(),
+            };
+            let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), false)?;
+            let hidden = self.hidden(x, &mask);
+            let mut z = hidden.select(1, prefix + shape.slot(i) - 1);
+            if noise_std > 0.0 {
+                let noise: Vec<f32> = rngs
+                    .iter_mut()
+                    .flat_map(|rng| {
+                        (0..e)
+                            .map(|_| (noise_std * standard_normal(rng)) as f32)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                z += Tensor::from_slice(&noise).view([b, e]).to(self.device());
+            }
+            latents.narrow(1, i, 1).copy_(&z.unsqueeze(1));
+        }
+        Ok(latents)
+    }
+
+    /// Samples one decision per row, thinking first: the latent chain
+    /// (with exploration noise `noise_std`), a stop drawn from
+    /// `softmax(l / T)` (greedy at `T = 0`: the first candidate of
+    /// probability ≥ 0.99, else the most probable), then the action chunk
+    /// at `temperature`, row `b` drawing everything from a ChaCha8 stream
+    /// seeded by `seeds[b]`.
+    pub fn sample_with_latents(
+        &self,
+        batch: &[Observation],
+        seeds: &[u64],
+        temperature: f64,
+        noise_std: f64,
+    ) -> Result<Vec<LatentDecision>, VlaError> {
+        check_rows("seeds", seeds.len(), batch.len())?;
+        check_temperature(temperature)?;
+        if !(noise_std.is_finite() && noise_std >= 0.0) {
+            return Err(VlaError::Latents(format!(
+                "latent noise_std {noise_std} must be finite and at least 0"
+            )));
+        }
+        let shape = self.latent_shape()?.clone();
+        let mut rngs: Vec<ChaCha8Rng> = seeds
+            .iter()
+            .map(|&s| ChaCha8Rng::seed_from_u64(s))
+            .collect();
+        tch::no_grad(|| {
+            let latents = self.generate_latents(batch, &mut rngs, noise_std)?;
+            // The stop logits do not depend on what the actions see.
+            let all = Self::visible(&shape, shape.candidates() as usize - 1);
+            let (_, end_logits, _) =
+                self.latent_forward(batch, &latents, &vec![all; batch.len()], false)?;
+            let stop_logp = log_softmax_at(&end_logits, temperature);
+            let stop_logp =
+                Vec::<f32>::try_from(stop_logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
+            let m = shape.candidates() as usize;
+            let stops: Vec<usize> = rngs
+                .iter_mut()
+                .enumerate()
+                .map(|(row, rng)| choose_stop(&stop_logp[row * m..(row + 1) * m], temperature, rng))
+                .collect();
+            let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(&shape, s)).collect();
+            let (hidden, end_logits, values) =
+                self.latent_forward(batch, &latents, &visible, true)?;
+            let decisions =
+                self.draw_decisions(&self.action_logits(&hidden), &mut rngs, temperature);
+            let stops_tensor =
+                Tensor::from_slice(&stops.iter().map(|&s| s as i64).collect::<Vec<_>>())
+                    .to(self.device());
+            let chosen_logp = log_softmax_at(&end_logits, temperature)
+                .gather(1, &stops_tensor.unsqueeze(1), false)
+                .squeeze_dim(1);
+            let chosen_value = values
+                .gather(1, &stops_tensor.unsqueeze(1), false)
+                .squeeze_dim(1);
+            let chosen_logp = Vec::<f32>::try_from(chosen_logp.to(Device::Cpu)).expect("f32");
+            let chosen_value = Vec::<f32>::try_from(chosen_value.to(Device::Cpu)).expect("f32");
+            let per_row = (shape.length * self.config.n_embd) as usize;
+            let flat = Vec::<f32>::try_from(latents.to(Device::Cpu).view([-1])).expect("f32");
+            Ok(decisions
+                .into_iter()
+                .enumerate()
+                .map(|(row, decision)| LatentDecision {
+                    decision,
+                    latents: flat[row * per_row..(row + 1) * per_row].to_vec(),
+                    stop: stops[row],
+                    latent_len: shape.candidate_lengths()[stops[row]],
+                    stop_logprob: chosen_logp[row],
+                    value: chosen_value[row],
+                })
+                .collect())
+        })
+    }
+
+    /// One pass over `[prefix | latent part (latents in the slots) |
+    /// actions when asked]`, the actions seeing `visible[b]` latent
+    /// positions: the hidden states, the stop logits `[batch, M]` and the
+    /// values `[batch, M]`.
+    fn latent_forward(
+        &self,
+        batch: &[Observation],
+        latents: &Tensor,
+        visible: &[i64],
+        actions: bool,
+    ) -> Result<(Tensor, Tensor, Tensor), VlaError> {
+        let input = LatentInput {
+            latents: latents.shallow_clone(),
+            visible: visible.to_vec(),
+        };
+        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), actions)?;
+        let hidden = self.hidden(x, &mask);
+        let (_, end_logits, values) = self.latent_readout(&hidden, prefix);
+        Ok((hidden, end_logits, values))
+    }
+
+    /// Stored latents `[batch, L, embd]` on the device, checked: `L × embd`
+    /// finite values per row.
+    fn latent_rows(&self, latents: &[&[f32]], batch: usize) -> Result<Tensor, VlaError> {
+        check_rows("latents", latents.len(), batch)?;
+        let shape = self.latent_shape()?;
+        let per_row = (shape.length * self.config.n_embd) as usize;
+        let mut flat = Vec::with_capacity(batch * per_row);
+        for (row, values) in latents.iter().enumerate() {
+            if values.len() != per_row {
+                return Err(VlaError::LatentShape {
+                    row,
+                    reason: format!(
+                        "have {} values, a chain has latent.length x n_embd = {} x {} = {per_row}",
+                        values.len(),
+                        shape.length,
+                        self.config.n_embd
+                    ),
+                });
+            }
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(VlaError::LatentShape {
+                    row,
+                    reason: format!("value {} at index {i} is not finite", values[i]),
+                });
+            }
+            flat.extend_from_slice(values);
+        }
+        Ok(Tensor::from_slice(&flat)
+            .view([batch as i64, shape.length, self.config.n_embd])
+            .to(self.device()))
+    }
+
+    /// Stops as an int64 tensor `[batch]`, checked against the candidates.
+    fn stop_rows(&self, stops: &[usize], batch: usize) -> Result<Tensor, VlaError> {
+        check_rows("stops", stops.len(), batch)?;
+        let candidates = self.latent_shape()?.candidates();
+        if let Some(row) = stops.iter().position(|&s| s as i64 >= candidates) {
+            return Err(VlaError::Stop {
+                row,
+                stop: stops[row],
+                candidates,
+            });
+        }
+        Ok(
+            Tensor::from_slice(&stops.iter().map(|&s| s as i64).collect::<Vec<_>>())
+                .to(self.device()),
+        )
+    }
+
+    /// Recomputes stored decisions in one teacher-forced pass (with
+    /// gradients when gradients are on): the action tokens' log-probs at
+    /// `temperature`, their entropy as asked, the predicted latents, the
+    /// stop's log-prob and the value at the stored stop.
+    pub fn latent_scores(
+        &self,
+        batch: &[Observation],
+        latents: &[&[f32]],
+        stops: &[usize],
+        tokens: &[&[u32]],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<LatentScores, VlaError> {
+        check_temperature(temperature)?;
+        let shape = self.latent_shape()?;
+        let stored = self.latent_rows(latents, batch.len())?;
+        let stop = self.stop_rows(stops, batch.len())?;
+        let targets = self.action_tokens(tokens, batch.len())?;
+        let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(shape, s)).collect();
+        let input = LatentInput {
+            latents: stored,
+            visible,
+        };
+        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), true)?;
+        let hidden = self.hidden(x, &mask);
+        let (predicted, end_logits, values) = self.latent_readout(&hidden, prefix);
+        let log_probs = log_softmax_at(&self.action_logits(&hidden), temperature);
+        let column = stop.unsqueeze(1);
+        Ok(LatentScores {
+            token_logprobs: gather_tokens(&log_probs, &targets),
+            entropy: entropy.of(&log_probs),
+            latents: predicted,
+            stop_logprobs: log_softmax_at(&end_logits, temperature)
+                .gather(1, &column, false)
+                .squeeze_dim(1),
+            values: values.gather(1, &column, false).squeeze_dim(1),
+        })
+    }
+
+    /// LaST-R1's warm-up loss (module doc): the slots teacher-forced with
+    /// `targets` (`L × embd` per row, rescaled to norm `√embd`), the chain
+    /// cut at each row's `stops[b]`, the actions' cross-entropy over each
+    /// row's first `valid_steps[b]` chunk steps (all when `None`).
+    pub fn warmup_loss(
+        &self,
+        batch: &[Observation],
+        targets: &[&[f32]],
+        stops: &[usize],
+        tokens: &[&[u32]],
+        valid_steps: Option<&[usize]>,
+        weights: WarmupWeights,
+    ) -> Result<WarmupLoss, VlaError> {
+        let shape = self.latent_shape()?;
+        let b = batch.len();
+        let goal = self.latent_rows(targets, b)?;
+        let stop = self.stop_rows(stops, b)?;
+        let action_targets = self.action_tokens(tokens, b)?;
+        let action_mask = self.valid_mask(valid_steps, b)?;
+        let norm = goal.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-6);
+        let inputs = &goal / norm * (self.config.n_embd as f64).sqrt();
+        let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(shape, s)).collect();
+        let chosen: Vec<f32> = stops
+            .iter()
+            .flat_map(|&s| {
+                let len = shape.candidate_lengths()[s];
+                (0..shape.length as usize).map(move |i| if i < len { 1.0 } else { 0.0 })
+            })
+            .collect();
+        let chosen = Tensor::from_slice(&chosen)
+            .view([b as i64, shape.length])
+            .to(self.device());
+        let input = LatentInput {
+            latents: inputs,
+            visible,
+        };
+        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), true)?;
+        let hidden = self.hidden(x, &mask);
+        let (predicted, end_logits, _) = self.latent_readout(&hidden, prefix);
+        let cosine = Tensor::cosine_similarity(&predicted, &goal, 2, 1e-8);
+        let distance: Tensor = cosine.neg() + 1.0;
+        let latent = (distance * &chosen).sum(Kind::Float) / chosen.sum(Kind::Float);
+        let end = -end_logits
+            .log_softmax(1, Kind::Float)
+            .gather(1, &stop.unsqueeze(1), false)
+            .mean(Kind::Float);
+        let action = masked_nll(
+            &self.action_logits(&hidden),
+            &action_targets,
+            action_mask.as_ref(),
+        );
+        let (latent_value, end_value, action_value) = (
+            latent.double_value(&[]),
+            end.double_value(&[]),
+            action.double_value(&[]),
+        );
+        Ok(WarmupLoss {
+            total: latent * weights.latent + end * weights.end + action * weights.action,
+            latent: latent_value,
+            end: end_value,
+            action: action_value,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
