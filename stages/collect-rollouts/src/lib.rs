@@ -43,7 +43,9 @@
 //! `complete` = success, `response_text` null, `ever_grasped`: whether an
 //! object a goal moves was ever grasped) and one `steps` row per
 //! decision (the instruction ids, the `K × D` action tokens and their
-//! log-probs, the observation bytes of `embodyflow_core::observation`).
+//! log-probs, the observation bytes of `embodyflow_core::observation`; a
+//! thinking VLA's (LaST-R1) also its latents, chosen length, stop log-prob
+//! and value, its latents explored with `latent_noise_std`).
 //! Batches, shards, ids and dynamic sampling (on the episodes' successes)
 //! are as above, `batch_rows` counting episodes. The tasks must all be
 //! one-shot or all closed-loop, and the policy of the matching kind: any
@@ -161,6 +163,9 @@ pub struct Config {
     pub batch_rows: usize,
     /// Dynamic sampling.
     pub dynamic_sampling: DynamicSampling,
+    /// Standard deviation of the exploration noise added to each latent a
+    /// thinking VLA (LaST-R1) generates (0: the policy's mean).
+    pub latent_noise_std: f64,
     /// Output layout.
     pub output: OutputConfig,
 }
@@ -176,6 +181,7 @@ impl Default for Config {
             tasks_per_iteration: None,
             batch_rows: 128,
             dynamic_sampling: DynamicSampling::default(),
+            latent_noise_std: 0.0,
             output: OutputConfig::default(),
         }
     }
@@ -194,6 +200,10 @@ impl StageConfig for Config {
         ),
         ("group_size", "answers per task draw, G (veRL rollout.n)"),
         ("iteration", "iteration recorded in the ids and rows"),
+        (
+            "latent_noise_std",
+            "exploration noise (std) on each latent of a thinking VLA (LaST-R1), >= 0",
+        ),
         ("max_new_tokens", "most tokens per answer"),
         (
             "tasks_per_iteration",
@@ -214,6 +224,12 @@ impl StageConfig for Config {
         at_least("iteration", self.iteration, 0)?;
         at_least("group_size", self.group_size, 1)?;
         positive("temperature", self.temperature)?;
+        ensure(
+            self.latent_noise_std.is_finite() && self.latent_noise_std >= 0.0,
+            "latent_noise_std",
+            "a finite number >= 0",
+            self.latent_noise_std,
+        )?;
         ensure(
             self.top_p > 0.0 && self.top_p <= 1.0,
             "top_p",
@@ -564,7 +580,8 @@ fn closed_loop(
     }
     let vla = policy.model.config();
     let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
-    let mut sampler = VlaPolicy::new(&policy, config.temperature)?;
+    let mut sampler =
+        VlaPolicy::new(&policy, config.temperature)?.with_latent_noise(config.latent_noise_std);
     // Every instruction fits the checkpoint before anything is written.
     for (task_id, spec) in &specs {
         sampler

@@ -268,6 +268,27 @@ pub struct ChunkDecision {
     pub tokens: Vec<u32>,
     /// Their log-probs (nats, under the sampling temperature).
     pub token_logprobs: Vec<f32>,
+    /// What a thinking policy (LaST-R1) decided before acting; `None` for
+    /// a policy without latents.
+    pub thought: Option<Thought>,
+}
+
+/// A thinking policy's latent chain of thought, stop and value at one
+/// decision (the `steps` columns `latents`, `latent_dim`,
+/// `chosen_latent_len`, `old_latent_end_logprob`, `old_value`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Thought {
+    /// Every latent it generated, flattened slot after slot (the chosen
+    /// chain first; the rest enter the stop's softmax).
+    pub latents: Vec<f32>,
+    /// Width of one latent.
+    pub latent_dim: u32,
+    /// Latents before the chosen `<latent_end>`.
+    pub latent_len: u32,
+    /// Log-prob of the chosen stop (nats).
+    pub stop_logprob: f32,
+    /// The value head's estimate at the chosen `<latent_end>`.
+    pub value: f32,
 }
 
 /// A policy that maps observations to action-token chunks.
@@ -402,6 +423,8 @@ pub struct RecordedDecision {
     pub tokens: Vec<u32>,
     /// Their log-probs.
     pub token_logprobs: Vec<f32>,
+    /// The latent chain, stop and value of a thinking policy.
+    pub thought: Option<Thought>,
     /// Actions of the chunk the world executed (fewer than `K` when the
     /// episode ended within it).
     pub env_steps: u32,
@@ -430,7 +453,8 @@ pub struct ClosedLoopEpisode {
 impl ClosedLoopEpisode {
     /// The episode's `steps` rows: one per decision (`step_index` = its
     /// index), the instruction as `prompt_ids`, the tokens as `response_ids`,
-    /// their log-probs and the observation bytes; no values or latents.
+    /// their log-probs and the observation bytes, and a thinking policy's
+    /// latents, chosen length, stop log-prob and value.
     pub fn step_rows(&self, trajectory_id: &str) -> Vec<StepRow> {
         self.decisions
             .iter()
@@ -444,6 +468,13 @@ impl ClosedLoopEpisode {
                 );
                 row.step_index = index as i32;
                 row.observation = Some(d.observation.clone());
+                if let Some(thought) = &d.thought {
+                    row.latents = Some(thought.latents.clone());
+                    row.latent_dim = Some(thought.latent_dim as i32);
+                    row.chosen_latent_len = Some(thought.latent_len as i32);
+                    row.old_latent_end_logprob = Some(thought.stop_logprob);
+                    row.old_value = Some(thought.value);
+                }
                 row
             })
             .collect()
@@ -674,6 +705,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
                 observation,
                 tokens: c.tokens,
                 token_logprobs: c.token_logprobs,
+                thought: c.thought,
                 env_steps: report.env_steps,
             });
             episode.env_steps += report.env_steps;

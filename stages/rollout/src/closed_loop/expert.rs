@@ -148,6 +148,7 @@ impl ChunkPolicy for ExpertPolicy {
             }
             out.push(ChunkDecision {
                 token_logprobs: vec![0.0; tokens.len()],
+                thought: None,
                 tokens,
             });
         }

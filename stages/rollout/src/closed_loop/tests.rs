@@ -65,6 +65,7 @@ impl ChunkPolicy for RandomPolicy {
                     .fill(&mut bytes);
                 ChunkDecision {
                     tokens: bytes.iter().map(|&b| u32::from(b)).collect(),
+                    thought: None,
                     token_logprobs: vec![-(256f32.ln()); K * ACTION_DIM],
                 }
             })

@@ -2,7 +2,10 @@
 //! [`ChunkPolicy`]: instructions through the checkpoint's tokenizer, one
 //! batched [`Vla::sample`] per decision at the run's temperature (`0`:
 //! greedy), row `r` drawing from `batch.seeds[r]`; the bins it decodes with
-//! are the checkpoint's ([`VlaPolicy::bins`]).
+//! are the checkpoint's ([`VlaPolicy::bins`]). A checkpoint with a latent
+//! chain of thought (LaST-R1) thinks first ([`Vla::sample_with_latents`],
+//! exploration noise [`VlaPolicy::with_latent_noise`]; greedy: the
+//! confident early exit) and each decision carries its [`Thought`].
 //!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
@@ -25,12 +28,13 @@ use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::tokenizer::encode;
 use embodyflow_models::vla::{Observation, Vla};
 
-use super::{ChunkDecision, ChunkPolicy, DecisionBatch};
+use super::{ChunkDecision, ChunkPolicy, DecisionBatch, Thought};
 
 /// A VLA checkpoint sampling at one temperature.
 pub struct VlaPolicy<'a> {
     checkpoint: &'a Checkpoint<Vla>,
     temperature: f64,
+    latent_noise: f64,
     bins: ActionBins,
 }
 
@@ -47,8 +51,17 @@ impl<'a> VlaPolicy<'a> {
         Ok(VlaPolicy {
             checkpoint,
             temperature,
+            latent_noise: 0.0,
             bins,
         })
+    }
+
+    /// Latents drawn with exploration noise of standard deviation `std`
+    /// around the policy's mean (a thinking checkpoint; 0, the default:
+    /// the mean itself).
+    pub fn with_latent_noise(mut self, std: f64) -> Self {
+        self.latent_noise = std;
+        self
     }
 
     /// The action bins of the checkpoint's config.
@@ -100,15 +113,33 @@ impl ChunkPolicy for VlaPolicy<'_> {
                 instruction: batch.instructions[r],
             })
             .collect();
-        let decisions = self
-            .checkpoint
-            .model
-            .sample(&rows, batch.seeds, self.temperature)?;
+        let model = &self.checkpoint.model;
+        if model.config().latent.is_none() {
+            let decisions = model.sample(&rows, batch.seeds, self.temperature)?;
+            return Ok(decisions
+                .into_iter()
+                .map(|d| ChunkDecision {
+                    tokens: d.tokens,
+                    token_logprobs: d.token_logprobs,
+                    thought: None,
+                })
+                .collect());
+        }
+        let decisions =
+            model.sample_with_latents(&rows, batch.seeds, self.temperature, self.latent_noise)?;
+        let latent_dim = model.config().n_embd as u32;
         Ok(decisions
             .into_iter()
             .map(|d| ChunkDecision {
-                tokens: d.tokens,
-                token_logprobs: d.token_logprobs,
+                tokens: d.decision.tokens,
+                token_logprobs: d.decision.token_logprobs,
+                thought: Some(Thought {
+                    latents: d.latents,
+                    latent_dim,
+                    latent_len: d.latent_len as u32,
+                    stop_logprob: d.stop_logprob,
+                    value: d.value,
+                }),
             })
             .collect())
     }
@@ -119,11 +150,16 @@ mod tests {
     use super::super::*;
     use super::*;
     use embodyflow_core::observation::decode;
+    use embodyflow_models::policy::Entropy;
     use embodyflow_models::testing::{seed, tiny_tokenizer};
-    use embodyflow_models::vla::VlaConfig;
+    use embodyflow_models::vla::{LatentConfig, VlaConfig};
     use embodyflow_tabletop::{Split, Suite, generate};
 
     fn tiny() -> Checkpoint<Vla> {
+        tiny_with(None)
+    }
+
+    fn tiny_with(latent: Option<LatentConfig>) -> Checkpoint<Vla> {
         let tokenizer = tiny_tokenizer();
         let config = VlaConfig {
             vocab_size: tokenizer.get_vocab_size(true) as i64,
@@ -139,7 +175,7 @@ mod tests {
             n_embd: 32,
             n_head: 4,
             n_layer: 2,
-            latent: None,
+            latent,
         };
         let _generator = seed(5);
         Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()
@@ -246,5 +282,99 @@ mod tests {
             "{text}"
         );
         assert!((0..4).all(|i| world.batch().world(i).steps() == 0));
+    }
+
+    #[test]
+    fn a_thinking_vla_stores_its_latents_stop_and_value_and_they_score_the_same_again() {
+        let checkpoint = tiny_with(Some(LatentConfig {
+            length: 4,
+            group: 2,
+        }));
+        let mut policy = VlaPolicy::new(&checkpoint, 1.6)
+            .unwrap()
+            .with_latent_noise(0.1);
+        let tasks: Vec<_> = Suite::ALL
+            .iter()
+            .map(|&s| generate(s, Split::Train, 3, 0))
+            .collect();
+        let mut world = TabletopEpisodes::new(&tasks, 2, 32).unwrap();
+        let seeds: Vec<u64> = (0..8).collect();
+        let config = ClosedLoopConfig {
+            max_decisions: 2,
+            label: "thinking vla (test)",
+        };
+        let bins = policy.bins();
+        let run = run_closed_loop(&mut world, &mut policy, &bins, &seeds, &config).unwrap();
+        let rows: Vec<_> = run
+            .episodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.step_rows(&format!("t{i}")))
+            .collect();
+        assert_eq!(rows.len(), 16);
+        let decoded: Vec<_> = rows
+            .iter()
+            .map(|r| decode(r.observation.as_deref().unwrap()).unwrap())
+            .collect();
+        let observations: Vec<Observation<'_>> = decoded
+            .iter()
+            .zip(&rows)
+            .map(|(o, r)| Observation {
+                image: o.pixels,
+                height: o.shape.height,
+                width: o.shape.width,
+                proprio: &o.proprio,
+                instruction: &r.prompt_ids,
+            })
+            .collect();
+        let mut lengths = std::collections::BTreeSet::new();
+        for r in &rows {
+            assert_eq!(r.latent_dim, Some(32));
+            assert_eq!(r.latents.as_ref().map(Vec::len), Some(4 * 32));
+            lengths.insert(r.chosen_latent_len.unwrap());
+            assert!(r.old_latent_end_logprob.unwrap() <= 0.0);
+            assert!(r.old_value.unwrap().is_finite());
+        }
+        assert!(lengths.iter().all(|l| [2, 4].contains(l)), "{lengths:?}");
+        let latents: Vec<&[f32]> = rows.iter().map(|r| r.latents.as_deref().unwrap()).collect();
+        let stops: Vec<usize> = rows
+            .iter()
+            .map(|r| r.chosen_latent_len.unwrap() as usize / 2 - 1)
+            .collect();
+        let tokens: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|r| r.response_ids.iter().map(|&t| t as u32).collect())
+            .collect();
+        let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+        let again = tch::no_grad(|| {
+            checkpoint
+                .model
+                .latent_scores(&observations, &latents, &stops, &tokens, 1.6, Entropy::Skip)
+                .unwrap()
+        });
+        let close = |a: &tch::Tensor, b: Vec<f32>| {
+            let a = Vec::<f32>::try_from(a.view([-1])).unwrap();
+            assert_eq!(a.len(), b.len());
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "largest difference {worst}");
+        };
+        close(
+            &again.token_logprobs,
+            rows.iter().flat_map(|r| r.old_logprobs.clone()).collect(),
+        );
+        close(
+            &again.stop_logprobs,
+            rows.iter()
+                .map(|r| r.old_latent_end_logprob.unwrap())
+                .collect(),
+        );
+        close(
+            &again.values,
+            rows.iter().map(|r| r.old_value.unwrap()).collect(),
+        );
     }
 }
