@@ -15,6 +15,20 @@
 //! episodes per layout for pass@k, episode `k` of task `t` in run `r`
 //! drawing from `sampling_seed(--seed, "<t>/r<r>/s<k>")`.
 //!
+//! A thinking policy (LaST-R1's latent chain of thought, issue 16) leaves
+//! its [`Thinking`] in [`Played::thinking`]: how many decisions chose each
+//! latent length (latents before the chosen `<latent_end>`), and the value
+//! head's estimate at each episode's first decision with the episode's
+//! outcome. The summary shows the lengths as whole percentages that sum to
+//! 100 (largest remainders, [`percentages`]) and the mean first value of
+//! successful and of failed episodes, a quick look at the critic's
+//! calibration ([`latent_length_line`], [`first_value_line`]):
+//!
+//! ```text
+//! | latent lengths (greedy decisions) | 2: 41 %, 4: 30 %, 6: 20 %, 8: 9 % (n = 812) |
+//! | value at the first decision | successful 0.412 (n = 12), failed 0.103 (n = 40) |
+//! ```
+//!
 //! ```no_run
 //! # use embodyflow_evaluate::closed_loop::{Layout, evaluate_layouts};
 //! # use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
@@ -28,13 +42,15 @@
 //! println!("{:.1} decisions/s", played.totals.decisions as f64 / played.totals.seconds);
 //! ```
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::Error;
 use embodyflow_core::schemas::{EvalRow, TaskRow};
 use embodyflow_rollout::closed_loop::{
-    ChunkPolicy, ClosedLoopConfig, RunTotals, TabletopEpisodes, max_decisions, run_closed_loop,
+    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, TabletopEpisodes, max_decisions,
+    run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
 use embodyflow_tabletop as tabletop;
@@ -93,6 +109,94 @@ pub struct Played {
     pub outcomes: Vec<EpisodeOutcome>,
     /// Decisions, env steps, world / policy / wall seconds.
     pub totals: RunTotals,
+    /// What a thinking policy's decisions showed; `None` when no decision
+    /// carried a thought (a policy without latents).
+    pub thinking: Option<Thinking>,
+}
+
+/// What a thinking policy's (LaST-R1) decisions showed over the episodes
+/// played.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Thinking {
+    /// Decisions by their chosen latent length (latents before the chosen
+    /// `<latent_end>`).
+    pub lengths: BTreeMap<u32, u64>,
+    /// For each episode whose first decision carried a thought, in order:
+    /// whether it succeeded and the value head's estimate at that decision.
+    pub first_values: Vec<(bool, f32)>,
+}
+
+impl Thinking {
+    /// Adds the thoughts of `episodes`' decisions.
+    pub fn add(&mut self, episodes: &[ClosedLoopEpisode]) {
+        for episode in episodes {
+            let thoughts = episode.decisions.iter().filter_map(|d| d.thought.as_ref());
+            for thought in thoughts {
+                *self.lengths.entry(thought.latent_len).or_default() += 1;
+            }
+            if let Some(first) = episode.decisions.first().and_then(|d| d.thought.as_ref()) {
+                self.first_values.push((episode.success, first.value));
+            }
+        }
+    }
+
+    /// Whether no decision carried a thought.
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+}
+
+/// Whole percentages of `counts` that sum to 100 (largest remainders: each
+/// gets `floor(100 c / n)`, and the points left go one each to the largest
+/// remainders `100 c mod n`, the earlier entry first on a tie); empty or
+/// all-zero counts give zeros. E.g. `[1, 2, 4]`: 14.3, 28.6, 57.1 → 14,
+/// 29, 57.
+pub fn percentages(counts: &[u64]) -> Vec<u64> {
+    let n: u64 = counts.iter().sum();
+    if n == 0 {
+        return vec![0; counts.len()];
+    }
+    let mut shares: Vec<u64> = counts.iter().map(|&c| 100 * c / n).collect();
+    let left = 100 - shares.iter().sum::<u64>();
+    let mut by_remainder: Vec<usize> = (0..counts.len()).collect();
+    // A stable sort keeps the earlier entry first among equal remainders.
+    by_remainder.sort_by_key(|&i| std::cmp::Reverse(100 * counts[i] % n));
+    for &i in by_remainder.iter().take(left as usize) {
+        shares[i] += 1;
+    }
+    shares
+}
+
+/// `2: 41 %, 4: 30 %, 6: 20 %, 8: 9 % (n = 812)`: the share of decisions
+/// per chosen latent length ([`percentages`]) and the number of decisions.
+pub fn latent_length_line(lengths: &BTreeMap<u32, u64>) -> String {
+    let counts: Vec<u64> = lengths.values().copied().collect();
+    let shares: Vec<String> = lengths
+        .keys()
+        .zip(percentages(&counts))
+        .map(|(length, share)| format!("{length}: {share} %"))
+        .collect();
+    format!("{} (n = {})", shares.join(", "), counts.iter().sum::<u64>())
+}
+
+/// `successful 0.412 (n = 12), failed 0.103 (n = 40)`: the mean value
+/// estimate at the first decision of successful and of failed episodes
+/// (`-` for a group without episodes).
+pub fn first_value_line(first_values: &[(bool, f32)]) -> String {
+    let mean = |success: bool| {
+        let values: Vec<f64> = first_values
+            .iter()
+            .filter(|&&(s, _)| s == success)
+            .map(|&(_, v)| f64::from(v))
+            .collect();
+        let shown = if values.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.3}", values.iter().sum::<f64>() / values.len() as f64)
+        };
+        format!("{shown} (n = {})", values.len())
+    };
+    format!("successful {}, failed {}", mean(true), mean(false))
 }
 
 /// Plays one episode per `(scene, seed)`, `batch_rows` episodes at a time
@@ -109,7 +213,9 @@ pub fn play<P: ChunkPolicy>(
     let mut played = Played {
         outcomes: Vec::with_capacity(episodes.len()),
         totals: RunTotals::default(),
+        thinking: None,
     };
+    let mut thinking = Thinking::default();
     for batch in episodes.chunks(batch_rows.max(1)) {
         let started = Instant::now();
         let specs: Vec<tabletop::TaskSpec> =
@@ -128,6 +234,7 @@ pub fn play<P: ChunkPolicy>(
             },
         )?;
         played.totals.add(&run);
+        thinking.add(&run.episodes);
         played
             .outcomes
             .extend(run.episodes.iter().map(|e| EpisodeOutcome {
@@ -139,6 +246,7 @@ pub fn play<P: ChunkPolicy>(
             }));
         played.totals.seconds += started.elapsed().as_secs_f64();
     }
+    played.thinking = (!thinking.is_empty()).then_some(thinking);
     Ok(played)
 }
 
@@ -358,6 +466,99 @@ mod tests {
         );
         assert!(
             text.contains("decisions/s") && text.contains("world "),
+            "{text}"
+        );
+    }
+
+    /// An episode whose decisions thought `(latent_len, value)` (or
+    /// nothing: `None`).
+    fn thought_episode(success: bool, thoughts: &[Option<(u32, f32)>]) -> ClosedLoopEpisode {
+        use embodyflow_rollout::closed_loop::{RecordedDecision, Thought};
+        ClosedLoopEpisode {
+            task_id: "t".into(),
+            prompt_ids: vec![1],
+            decisions: thoughts
+                .iter()
+                .map(|thought| RecordedDecision {
+                    observation: Vec::new(),
+                    tokens: vec![0],
+                    token_logprobs: vec![0.0],
+                    thought: thought.map(|(latent_len, value)| Thought {
+                        latents: vec![0.0; 8],
+                        latent_dim: 2,
+                        latent_len,
+                        stop_logprob: -0.5,
+                        value,
+                    }),
+                    env_steps: 1,
+                })
+                .collect(),
+            success,
+            env_steps: thoughts.len() as u32,
+            truncated: !success,
+            target_ever_grasped: None,
+        }
+    }
+
+    #[test]
+    fn thinking_counts_every_decisions_length_and_each_first_value() {
+        let mut thinking = Thinking::default();
+        thinking.add(&[
+            thought_episode(true, &[Some((2, 0.5)), Some((4, 0.9))]),
+            thought_episode(false, &[Some((2, 0.25)), Some((2, 0.0)), Some((4, 0.0))]),
+        ]);
+        thinking.add(&[thought_episode(false, &[Some((4, -0.5))])]);
+        assert_eq!(thinking.lengths, BTreeMap::from([(2, 3), (4, 3)]));
+        assert_eq!(
+            thinking.first_values,
+            [(true, 0.5), (false, 0.25), (false, -0.5)]
+        );
+        assert_eq!(
+            latent_length_line(&thinking.lengths),
+            "2: 50 %, 4: 50 % (n = 6)"
+        );
+        // failed: (0.25 - 0.5) / 2.
+        assert_eq!(
+            first_value_line(&thinking.first_values),
+            "successful 0.500 (n = 1), failed -0.125 (n = 2)"
+        );
+        assert_eq!(
+            first_value_line(&thinking.first_values[1..]),
+            "successful - (n = 0), failed -0.125 (n = 2)"
+        );
+        let mut none = Thinking::default();
+        none.add(&[thought_episode(true, &[None, None])]);
+        assert!(none.is_empty() && none.first_values.is_empty());
+    }
+
+    #[test]
+    fn latent_length_shares_are_whole_percents_summing_to_100() {
+        assert_eq!(percentages(&[41, 30, 20, 9]), [41, 30, 20, 9]);
+        // 14.29, 28.57, 57.14: the remainders 2, 4, 1 (of 7) give 28.57
+        // the point left.
+        assert_eq!(percentages(&[1, 2, 4]), [14, 29, 57]);
+        // Equal remainders: the earlier lengths first.
+        assert_eq!(percentages(&[1, 1, 1]), [34, 33, 33]);
+        assert_eq!(percentages(&[1, 0, 999]), [0, 0, 100]);
+        assert_eq!(percentages(&[0, 0]), [0, 0]);
+        let lengths = BTreeMap::from([(8, 73), (2, 333), (4, 244), (6, 162)]);
+        assert_eq!(
+            latent_length_line(&lengths),
+            "2: 41 %, 4: 30 %, 6: 20 %, 8: 9 % (n = 812)"
+        );
+    }
+
+    #[test]
+    fn a_policy_without_latents_leaves_no_thinking_and_no_lines() {
+        let rows = rows(1);
+        let layouts = all_layouts(&rows, 1);
+        let (eval, played) = expert_rows(&layouts, Strategy::Grasp, layouts.len());
+        assert_eq!(played.thinking, None);
+        let mut summary = Summary::new("evaluate");
+        crate::add_closed_loop_lines(&mut summary, &eval, &played, K as i64, "greedy");
+        let text = summary.to_markdown();
+        assert!(
+            !text.contains("latent") && !text.contains("value at"),
             "{text}"
         );
     }

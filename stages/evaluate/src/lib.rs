@@ -30,7 +30,10 @@
 //! success by suite (`split / suite`), the successful episodes that never
 //! grasped (SimpleVLA-RL's pushcut), the decisions per episode, the
 //! throughput (decisions/s, env steps/s) and the wall-time shares of world
-//! and policy. pass@k draws episodes at `pass_at_k.temperature`, episode k
+//! and policy; a thinking VLA (`vla.latent_length > 0`, LaST-R1) adds the
+//! share of its greedy decisions per chosen latent length and the mean
+//! value-head estimate at the first decision of successful and of failed
+//! episodes. pass@k draws episodes at `pass_at_k.temperature`, episode k
 //! of task t in run r from `sampling_seed(--seed, "<t>/r<r>/s<k>")`;
 //! `max_new_tokens` and `pass_at_k.top_p` apply to plan answers only. The
 //! episodes are played by [`closed_loop`]'s pure functions over any
@@ -580,7 +583,10 @@ fn closed_loop_episodes(
 
 /// Summary rows of greedy closed-loop episodes: successes that never
 /// grasped, episodes cut at the decision limit, decisions per episode,
-/// throughput and the wall-time shares of world and policy.
+/// throughput and the wall-time shares of world and policy; for a thinking
+/// VLA also the chosen latent lengths over all its decisions and the mean
+/// value at the first decision of successful and failed episodes
+/// ([`closed_loop::Thinking`]).
 pub fn add_closed_loop_lines(
     summary: &mut Summary,
     rows: &[EvalRow],
@@ -613,6 +619,17 @@ pub fn add_closed_loop_lines(
                 .throughput(&format!("K = {chunk_len}, {sampling}")),
         )
         .add("wall time", played.totals.wall_time());
+    if let Some(thinking) = &played.thinking {
+        summary
+            .add(
+                format!("latent lengths ({sampling} decisions)"),
+                closed_loop::latent_length_line(&thinking.lengths),
+            )
+            .add(
+                "value at the first decision",
+                closed_loop::first_value_line(&thinking.first_values),
+            );
+    }
 }
 
 #[cfg(test)]
