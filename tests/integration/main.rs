@@ -9,6 +9,7 @@ mod compute_advantages;
 mod examples;
 mod grpo_step;
 mod killed_writer;
+mod lapo_inputs;
 mod learning_loop;
 mod progress_logs;
 mod runner;

@@ -447,10 +447,16 @@ impl GaeStream<'_> {
                     )));
                 }
                 let missing = || {
+                    let (level, hint) = match gae.level {
+                        GaeLevel::Token => ("token", "was the policy run with a value head?"),
+                        GaeLevel::Decision => (
+                            "decision",
+                            "a VLA writes it when it thinks in latents: init-policy --set vla.latent_length=8",
+                        ),
+                    };
                     Error::BadInput(format!(
-                        "trajectory `{id}` step {}: `{value_column}` is null; gae.level = {:?} needs it (was the policy run with a value head?)",
+                        "steps table, trajectory `{id}` step {}: `{value_column}` is null; gae.level = {level} needs it ({hint})",
                         index.value(i),
-                        gae.level
                     ))
                 };
                 let decision: [f32; 1];
@@ -849,7 +855,10 @@ mod tests {
             vec![step("a", 0, 1), step("a", 1, 1), no_value],
             GaeLevel::Decision,
         );
-        assert!(error.contains("`b` step 0: `old_value` is null"), "{error}");
+        assert!(
+            error.contains("steps table, trajectory `b` step 0: `old_value` is null"),
+            "{error}"
+        );
         let mut short = step("b", 0, 3);
         short.old_values = Some(vec![0.0; 2]);
         let error = run(vec![step("a", 0, 1), step("a", 1, 1), short], token);
