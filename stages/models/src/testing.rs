@@ -97,6 +97,26 @@ pub fn tiny_vla(chunk_len: i64) -> Checkpoint<Vla> {
         .expect("the tiny VLA config is valid")
 }
 
+/// [`tiny_vla`] with LaST-R1's latent chain of thought: 4 latents in groups
+/// of 2 (stops after 2 or 4), a value head.
+pub fn tiny_thinking_vla(chunk_len: i64) -> Checkpoint<Vla> {
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        chunk_len,
+        max_instruction: 160,
+        n_embd: 32,
+        n_layer: 2,
+        latent: Some(crate::vla::LatentConfig {
+            length: 4,
+            group: 2,
+        }),
+        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
+    };
+    let _generator = seed(SEED);
+    Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu)
+        .expect("the tiny thinking VLA config is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,12 +87,12 @@ use embodyflow_models::gpt::Gpt;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
 use embodyflow_models::policy::{Entropy, ResponseScores, score_responses};
 use embodyflow_models::tokenizer::encode;
-use embodyflow_models::vla::Vla;
+use embodyflow_models::vla::{Vla, WarmupWeights};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 pub mod init;
 pub mod lapo;
@@ -100,6 +100,7 @@ pub mod loss;
 pub mod metrics_csv;
 pub mod vla;
 
+use lapo::LapoConfig;
 use loss::{Denominators, PpoConfig, aggregate, kl_penalty, policy_loss};
 
 /// Command line of `update-policy`.
@@ -137,6 +138,9 @@ pub enum Objective {
     Sft,
     /// The clipped policy-gradient surrogate on rollouts and advantages.
     Ppo,
+    /// LaST-R1's LAPO on a thinking VLA's rollouts: action, `<latent_end>`
+    /// and latent surrogates and the clipped value loss ([`lapo`]).
+    Lapo,
 }
 
 /// `optim.*` settings (AdamW).
@@ -197,6 +201,7 @@ impl Objective {
         match self {
             Objective::Sft => "sft",
             Objective::Ppo => "ppo",
+            Objective::Lapo => "lapo",
         }
     }
 }
@@ -261,6 +266,9 @@ pub struct SftConfig {
     /// `ExpertConfig::noise`: relative standard deviation on dx, dy, dz),
     /// seeded by `--seed` and the task id.
     pub expert_noise: f32,
+    /// A thinking VLA's warm-up weights: latent cosine, stop and action
+    /// cross-entropies (LaST-R1: 1 : 0.1 : 1).
+    pub warmup: WarmupWeights,
 }
 
 impl Default for SftConfig {
@@ -270,6 +278,7 @@ impl Default for SftConfig {
             context: SftContext::default(),
             template: ContextTemplates::default(),
             expert_noise: 0.05,
+            warmup: WarmupWeights::default(),
         }
     }
 }
@@ -308,6 +317,8 @@ pub struct Config {
     pub optim: OptimConfig,
     /// Policy loss.
     pub ppo: PpoConfig,
+    /// LAPO's weights, latent sigma and value clip (`objective = lapo`).
+    pub lapo: LapoConfig,
     /// Reference checkpoint of the KL penalty (needed when `ppo.kl_coef > 0`).
     pub kl_reference: Option<PathBuf>,
     /// Supervised fine-tuning.
@@ -329,6 +340,7 @@ impl Default for Config {
             grad_accumulation: 1,
             optim: OptimConfig::default(),
             ppo: PpoConfig::default(),
+            lapo: LapoConfig::default(),
             kl_reference: None,
             sft: SftConfig::default(),
             observations: ObservationsMode::default(),
@@ -357,7 +369,34 @@ impl StageConfig for Config {
             "mini_batch",
             "sequences per mini-batch (veRL ppo_mini_batch_size)",
         ),
-        ("objective", "what to optimise: ppo or sft"),
+        (
+            "lapo.latent_sigma",
+            "LAPO: sigma of the latent ratio exp(-0.5 sum ||z_old - z||^2 / sigma^2) (LaST-R1: 10)",
+        ),
+        (
+            "lapo.value_clip",
+            "LAPO: the value is clipped to old value +- this (LaST-R1: 0.2)",
+        ),
+        (
+            "lapo.value_coef",
+            "LAPO: weight of the value loss in the total (LaST-R1: 1)",
+        ),
+        (
+            "lapo.w_action",
+            "LAPO: weight of the action/stop mean (action_loss_weight, 1)",
+        ),
+        (
+            "lapo.w_end",
+            "LAPO: weight of the stop against the n_action action tokens (latent_end_loss_weight, 1)",
+        ),
+        (
+            "lapo.w_latent",
+            "LAPO: weight of the latent surrogate (latent_loss_weight, 0.1)",
+        ),
+        (
+            "objective",
+            "what to optimise: ppo, sft (a thinking VLA: its warm-up) or lapo (a thinking VLA's rollouts)",
+        ),
         (
             "observations",
             "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in --out, removed at the end) or memory",
@@ -417,6 +456,18 @@ impl StageConfig for Config {
         (
             "sft.expert_noise",
             "VLA: the expert's relative action noise in [0, 1] on demonstrations (seeded by --seed and task)",
+        ),
+        (
+            "sft.warmup.action",
+            "thinking VLA warm-up: weight of the action cross-entropy (1)",
+        ),
+        (
+            "sft.warmup.end",
+            "thinking VLA warm-up: weight of the <latent_end> cross-entropy (0.1)",
+        ),
+        (
+            "sft.warmup.latent",
+            "thinking VLA warm-up: weight of the latent cosine loss (1)",
         ),
         (
             "sft.template.name",
@@ -487,6 +538,21 @@ impl StageConfig for Config {
                 reason: e.to_string(),
             })?;
         }
+        let warmup = &self.sft.warmup;
+        for (key, weight) in [
+            ("sft.warmup.latent", warmup.latent),
+            ("sft.warmup.end", warmup.end),
+            ("sft.warmup.action", warmup.action),
+        ] {
+            non_negative(key, weight)?;
+        }
+        self.lapo.check().map_err(|e| {
+            let (key, reason) = e.split_once(": ").unwrap_or(("lapo", e.as_str()));
+            Error::BadValue {
+                key: key.to_string(),
+                reason: reason.to_string(),
+            }
+        })?;
         Ok(())
     }
 }
@@ -569,6 +635,30 @@ pub struct Example {
     /// A VLA decision's observation bytes (`embodyflow_core::observation`;
     /// `None` for plans): read through [`Example::observation`] alone.
     pub observation: Option<ObservationBytes>,
+    /// A thinking VLA's latent chain at this decision: the rollout's (LAPO)
+    /// or the warm-up's targets (SFT); `None` otherwise.
+    pub thought: Option<ExampleThought>,
+}
+
+/// The latent chain of a thinking VLA's example ([`vla::thinking`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExampleThought {
+    /// Every latent slot, flattened (`latent_length × n_embd`): the
+    /// rollout's latents (LAPO) or the warm-up's target features (SFT).
+    pub latents: Vec<f32>,
+    /// Width of one latent, as the table says (checked against the
+    /// checkpoint's `n_embd`).
+    pub latent_dim: usize,
+    /// Latents before the chosen `<latent_end>` (one of the checkpoint's
+    /// candidate lengths).
+    pub latent_len: usize,
+    /// The rollout's log-prob of that stop (LAPO; 0 for SFT).
+    pub old_stop_logprob: f32,
+    /// The rollout's value estimate (LAPO; 0 for SFT).
+    pub old_value: f32,
+    /// The value target: GAE's return, advantage + value before whitening
+    /// (LAPO; 0 for SFT).
+    pub target_return: f32,
 }
 
 impl Example {
@@ -614,6 +704,23 @@ impl PartialEq for ObservationBytes {
     fn eq(&self, other: &Self) -> bool {
         self.bytes() == other.bytes()
     }
+}
+
+/// The summary's line on the examples' chosen latent lengths (a thinking
+/// VLA's), e.g. `2: 40.0 %, 4: 60.0 % (n = 10)`; `None` without latents.
+fn latent_lengths_note(examples: &[Example]) -> Option<String> {
+    let mut counts = std::collections::BTreeMap::<usize, usize>::new();
+    for thought in examples.iter().filter_map(|e| e.thought.as_ref()) {
+        *counts.entry(thought.latent_len).or_default() += 1;
+    }
+    let n: usize = counts.values().sum();
+    (n > 0).then(|| {
+        let shares: Vec<String> = counts
+            .iter()
+            .map(|(len, count)| format!("{len}: {:.1} %", 100.0 * *count as f64 / n as f64))
+            .collect();
+        format!("{} (n = {n})", shares.join(", "))
+    })
 }
 
 /// The summary's line on where the examples' observations were: `None`
@@ -721,6 +828,45 @@ pub trait Trainable: PolicyNet {
         temperature: f64,
         entropy: Entropy,
     ) -> Result<ResponseScores, ModelError>;
+
+    /// A micro-batch's loss when the network computes it itself (a
+    /// thinking VLA: its warm-up under `sft`, LAPO under `lapo`), already
+    /// scaled to its share of the step (`denominators`); `None`: the
+    /// token-level path of [`accumulate`] (the default).
+    fn own_loss(
+        _policy: &Checkpoint<Self>,
+        _batch: &[&Example],
+        _config: &Config,
+        _denominators: Denominators,
+    ) -> Result<Option<OwnLoss>, ModelError> {
+        Ok(None)
+    }
+}
+
+/// A micro-batch's loss and its terms, each its share of the optimizer step
+/// ([`Trainable::own_loss`]).
+pub struct OwnLoss {
+    /// The loss to minimise (with gradients).
+    pub loss: Tensor,
+    /// The action term (LAPO's action surrogate; the warm-up's action
+    /// cross-entropy).
+    pub pg_loss: f64,
+    /// Mean entropy of the action tokens (a metric).
+    pub entropy: f64,
+    /// The latent term (LAPO's latent surrogate; the warm-up's cosine loss).
+    pub latent: f64,
+    /// The `<latent_end>` term.
+    pub end: f64,
+    /// LAPO's clipped value loss (`None` in the warm-up).
+    pub value: Option<f64>,
+    /// Fraction of the step's decisions whose action ratio was clipped.
+    pub clipfrac: f64,
+    /// Fraction held by the dual clip.
+    pub clipfrac_lower: f64,
+    /// Mean `old − new` action log-prob per decision.
+    pub approx_kl: f64,
+    /// Action tokens in the loss.
+    pub tokens: u64,
 }
 
 impl Trainable for Gpt {
@@ -820,17 +966,22 @@ pub fn sft_examples(
                 advantages: Vec::new(),
                 temperature: 1.0,
                 observation: None,
+                thought: None,
             });
         }
     }
     Ok(examples)
 }
 
-/// PPO examples: steps joined with their advantages and their trajectory's temperature.
+/// PPO examples: steps joined with their advantages and their trajectory's
+/// temperature; with `thoughts` (LAPO) each also carries the step's latent
+/// chain, stop, old value and its GAE return ([`ExampleThought`]), a null
+/// one being bad input naming the table and field.
 pub fn ppo_examples(
     trajectories: &[TrajectoryRow],
     steps: Vec<StepRow>,
     advantages: Vec<AdvantageRow>,
+    thoughts: bool,
 ) -> Result<Vec<Example>, Error> {
     let temperature: HashMap<&str, f32> = trajectories
         .iter()
@@ -869,6 +1020,11 @@ pub fn ppo_examples(
                 step.trajectory_id, step.step_index
             )));
         }
+        let thought = if thoughts {
+            Some(example_thought(&step, &advantage)?)
+        } else {
+            None
+        };
         examples.push(Example {
             source: format!(
                 "trajectory `{}` step {}",
@@ -880,6 +1036,7 @@ pub fn ppo_examples(
             advantages: advantage.advantages,
             temperature,
             observation: step.observation.map(ObservationBytes::Held),
+            thought,
         });
     }
     if let Some(((trajectory, step), _)) = by_key.into_iter().next() {
@@ -888,6 +1045,87 @@ pub fn ppo_examples(
         )));
     }
     Ok(examples)
+}
+
+/// A LAPO example's [`ExampleThought`] from its `steps` row (the latents,
+/// their width, the chosen length, the stop's log-prob, the old value) and
+/// its `advantages` row (the return of its first token: a decision's
+/// return is broadcast to its tokens); a null or unusable field is bad
+/// input naming the table, field and step.
+fn example_thought(step: &StepRow, advantage: &AdvantageRow) -> Result<ExampleThought, Error> {
+    let at = format!(
+        "trajectory `{}` step {}",
+        step.trajectory_id, step.step_index
+    );
+    let null = |table: &str, field: &str, hint: &str| {
+        Error::BadInput(format!(
+            "table `{table}` field `{field}` is null at {at}: objective = lapo {hint}"
+        ))
+    };
+    let rollouts = "needs a thinking VLA's rollouts (init-policy --set vla.latent_length=8)";
+    let latents = step
+        .latents
+        .clone()
+        .ok_or_else(|| null("steps", "latents", rollouts))?;
+    let latent_dim = step
+        .latent_dim
+        .ok_or_else(|| null("steps", "latent_dim", rollouts))?;
+    if latent_dim < 1 || latents.is_empty() || latents.len() % latent_dim as usize != 0 {
+        return Err(Error::BadInput(format!(
+            "table `steps` field `latents` at {at}: {} values are not whole latents of latent_dim {latent_dim}",
+            latents.len()
+        )));
+    }
+    if let Some(i) = latents.iter().position(|v| !v.is_finite()) {
+        return Err(Error::BadInput(format!(
+            "table `steps` field `latents` at {at}: value {} at index {i} is not finite",
+            latents[i]
+        )));
+    }
+    let latent_len = step
+        .chosen_latent_len
+        .ok_or_else(|| null("steps", "chosen_latent_len", rollouts))?;
+    let old_stop_logprob = step
+        .old_latent_end_logprob
+        .ok_or_else(|| null("steps", "old_latent_end_logprob", rollouts))?;
+    let old_value = step
+        .old_value
+        .ok_or_else(|| null("steps", "old_value", rollouts))?;
+    let target_return = advantage
+        .returns
+        .as_ref()
+        .and_then(|r| r.first().copied())
+        .ok_or_else(|| {
+            null(
+                "advantages",
+                "returns",
+                "needs GAE's returns (compute-advantages --set estimator=gae --set gae.level=decision)",
+            )
+        })?;
+    for (table, field, value) in [
+        ("steps", "old_latent_end_logprob", old_stop_logprob),
+        ("steps", "old_value", old_value),
+        ("advantages", "returns", target_return),
+    ] {
+        if !value.is_finite() {
+            return Err(Error::BadInput(format!(
+                "table `{table}` field `{field}` at {at}: {value} is not finite"
+            )));
+        }
+    }
+    if latent_len < 1 {
+        return Err(Error::BadInput(format!(
+            "table `steps` field `chosen_latent_len` at {at}: {latent_len} is not a latent length"
+        )));
+    }
+    Ok(ExampleThought {
+        latents,
+        latent_dim: latent_dim as usize,
+        latent_len: latent_len as usize,
+        old_stop_logprob,
+        old_value,
+        target_return,
+    })
 }
 
 /// `rows` right-padded with 0 to `width` columns.
@@ -972,17 +1210,17 @@ pub fn train<M: Trainable>(
                 loss: sums.loss as f32,
                 pg_loss: sums.pg_loss as f32,
                 // PPO-only figures are null on SFT rows.
-                clipfrac: (config.objective == Objective::Ppo)
+                clipfrac: (config.objective != Objective::Sft)
                     .then_some((sums.clipped / denominators.tokens) as f32),
-                clipfrac_lower: (config.objective == Objective::Ppo)
+                clipfrac_lower: (config.objective != Objective::Sft)
                     .then_some((sums.clipped_lower / denominators.tokens) as f32),
-                approx_kl: (config.objective == Objective::Ppo)
+                approx_kl: (config.objective != Objective::Sft)
                     .then_some((sums.approx_kl / denominators.tokens) as f32),
                 entropy: sums.entropy as f32,
                 kl_loss: (config.ppo.kl_coef > 0.0).then_some(sums.kl_loss as f32),
-                latent_loss: None,
-                end_loss: None,
-                value_loss: None,
+                latent_loss: sums.latent_terms.map(|t| t.latent as f32),
+                end_loss: sums.latent_terms.map(|t| t.end as f32),
+                value_loss: sums.latent_terms.and_then(|t| t.value.map(|v| v as f32)),
                 grad_norm: grad_norm as f32,
                 lr: lr as f32,
             });
@@ -1048,6 +1286,19 @@ pub struct StepSums {
     pub approx_kl: f64,
     /// Response tokens.
     pub tokens: u64,
+    /// A thinking VLA's latent, stop and value terms ([`OwnLoss`]).
+    pub latent_terms: Option<LatentTerms>,
+}
+
+/// A thinking VLA's step terms, summed over its micro-batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatentTerms {
+    /// The latent term.
+    pub latent: f64,
+    /// The `<latent_end>` term.
+    pub end: f64,
+    /// The value loss (LAPO).
+    pub value: Option<f64>,
 }
 
 /// Runs forward and backward over `micros` (rows of `examples`), every loss
@@ -1072,6 +1323,25 @@ pub fn accumulate<M: Trainable>(
     let mut sums = StepSums::default();
     for micro in micros {
         let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
+        if let Some(own) = M::own_loss(policy, &batch, config, denominators)? {
+            own.loss.backward();
+            sums.loss += own.loss.double_value(&[]);
+            sums.pg_loss += own.pg_loss;
+            sums.entropy += own.entropy;
+            // Decision fractions, kept as counts over the step's tokens
+            // (the metrics divide by them).
+            sums.clipped += own.clipfrac * denominators.tokens;
+            sums.clipped_lower += own.clipfrac_lower * denominators.tokens;
+            sums.approx_kl += own.approx_kl * denominators.tokens;
+            sums.tokens += own.tokens;
+            let terms = sums.latent_terms.get_or_insert_with(LatentTerms::default);
+            terms.latent += own.latent;
+            terms.end += own.end;
+            if let Some(value) = own.value {
+                *terms.value.get_or_insert(0.0) += value;
+            }
+            continue;
+        }
         let temperature = batch[0].temperature as f64;
         let scores = M::score(policy, &batch, temperature, entropy_mode)?;
         let width = scores.logprobs.size()[1] as usize;
@@ -1082,6 +1352,14 @@ pub fn accumulate<M: Trainable>(
             denominators,
         );
         let mut loss = match config.objective {
+            Objective::Lapo => {
+                return Err(Error::Usage(
+                    "objective = lapo trains a VLA with a latent chain of thought \
+                     (init-policy --set kind=vla --set vla.latent_length=8)"
+                        .into(),
+                )
+                .into());
+            }
             Objective::Sft => aggregate(
                 &(-&scores.logprobs),
                 &scores.mask,
@@ -1209,12 +1487,17 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             notes = set.notes;
             set.examples
         }
-        Objective::Ppo => {
+        Objective::Ppo | Objective::Lapo => {
             let trajectories: Vec<TrajectoryRow> =
                 stage.input(TableName::Trajectories)?.read_rows()?;
             let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
             let advantages: Vec<AdvantageRow> = stage.input(TableName::Advantages)?.read_rows()?;
-            ppo_examples(&trajectories, steps, advantages)?
+            ppo_examples(
+                &trajectories,
+                steps,
+                advantages,
+                config.objective == Objective::Lapo,
+            )?
         }
     };
     if examples.is_empty() {
@@ -1322,7 +1605,24 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             ),
         );
     }
-    if config.objective == Objective::Ppo {
+    if let Some(note) = latent_lengths_note(&examples) {
+        summary.add("chosen latent lengths", note);
+    }
+    if config.objective == Objective::Lapo {
+        let (values, returns): (Vec<f32>, Vec<f32>) = examples
+            .iter()
+            .filter_map(|e| e.thought.as_ref())
+            .map(|t| (t.old_value, t.target_return))
+            .unzip();
+        summary.add(
+            "value explained variance (rollout values vs returns)",
+            lapo::explained_variance(&values, &returns).map_or_else(
+                || "undefined (returns without variance)".to_string(),
+                |ev| format!("{ev:.4}"),
+            ),
+        );
+    }
+    if config.objective != Objective::Sft {
         let mean = |f: fn(&MetricRow) -> f32| {
             report.metrics.iter().map(|m| f(m) as f64).sum::<f64>() / report.metrics.len() as f64
         };
@@ -1336,6 +1636,18 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
                 format!("{:.5}", mean(|m| m.approx_kl.unwrap_or(f32::NAN))),
             )
             .add("mean entropy", format!("{:.4}", mean(|m| m.entropy)));
+        if config.objective == Objective::Lapo {
+            summary.add(
+                "mean LAPO terms",
+                format!(
+                    "action {:.4}, latent {:.4}, end {:.4}, value {:.4}",
+                    mean(|m| m.pg_loss),
+                    mean(|m| m.latent_loss.unwrap_or(f32::NAN)),
+                    mean(|m| m.end_loss.unwrap_or(f32::NAN)),
+                    mean(|m| m.value_loss.unwrap_or(f32::NAN))
+                ),
+            );
+        }
     }
     stage.commit(&summary)?;
     Ok(())
@@ -1356,6 +1668,7 @@ mod tests {
             advantages: vec![],
             temperature: 1.0,
             observation: None,
+            thought: None,
         };
         assert!(check_vocabulary(&[example(vec![0, 299])], 300).is_ok());
         for bad in [300, -1, i32::MAX] {
@@ -1512,6 +1825,7 @@ mod tests {
                 response,
                 temperature: 1.0,
                 observation: None,
+                thought: None,
             };
             let before = response_logprob(&policy, &example);
             let config = Config {
@@ -1567,6 +1881,7 @@ mod tests {
             response,
             temperature: 1.0,
             observation: None,
+            thought: None,
         };
         assert_kl_penalty_grows(&mut policy, &reference, example);
     }
@@ -1625,6 +1940,7 @@ mod tests {
             advantages: Vec::new(),
             temperature: 1.0,
             observation: None,
+            thought: None,
         };
         let before = response_logprob(&policy, &example);
         let config = Config {
@@ -1713,6 +2029,7 @@ mod tests {
                     advantages: Vec::new(),
                     temperature: 1.0,
                     observation: None,
+                    thought: None,
                 }
             })
             .collect()
@@ -1850,6 +2167,7 @@ mod tests {
                         .collect(),
                     temperature: 1.0,
                     observation: None,
+                    thought: None,
                 });
             }
         }

@@ -51,7 +51,10 @@ use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::sampling_seed;
 use embodyflow_tabletop::{self as tabletop, ExpertConfig, Strategy};
 
-use crate::{Example, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
+use crate::loss::Denominators;
+use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
+
+pub mod thinking;
 
 /// The observation shape a VLA checkpoint takes: `image_size² × 3` and its
 /// proprio length.
@@ -127,6 +130,9 @@ pub fn sft_examples(
     let shape = observation_shape(config);
     let (k, size) = (config.chunk_len as usize, config.image_size as usize);
     let kept = kept_tasks(tasks, sft.demos_per_task_type);
+    // A thinking VLA's warm-up also needs every demonstration frame.
+    let thinking = thinking::latent_of(policy).map(|l| l.length as usize);
+    let (mut futures, mut all_frames) = (Vec::new(), Vec::new());
     let bar = progress::bar(kept.len() as u64, "demonstrations");
     let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
     for row in kept {
@@ -148,7 +154,28 @@ pub fn sft_examples(
         }
         used += 1;
         let steps = demo.episode.steps as usize;
+        let step_frames = match thinking {
+            None => Vec::new(),
+            Some(_) => {
+                let per_step = tabletop::demonstration(&task, Strategy::Grasp, expert, 1, size)
+                    .map_err(|e| named(&format!("task `{}`: {e}", row.task_id)))?;
+                if per_step.episode != demo.episode {
+                    return Err(Error::Usage(format!(
+                        "task `{}`: the expert's episode differs when recorded step by step",
+                        row.task_id
+                    ))
+                    .into());
+                }
+                per_step.decisions.into_iter().map(|d| d.frame).collect()
+            }
+        };
         for (i, decision) in demo.decisions.iter().enumerate() {
+            if let Some(length) = thinking {
+                futures.push(thinking::FutureFrames {
+                    example: examples.len(),
+                    frames: thinking::future_frames(&step_frames, i, k, length),
+                });
+            }
             let source = format!("task `{}` decision {i}", row.task_id);
             // The actions taken before the episode ended (decision i began while it ran).
             let valid = (steps - i * k).min(k);
@@ -166,8 +193,10 @@ pub fn sft_examples(
                 advantages: Vec::new(),
                 temperature: 1.0,
                 observation: Some(observation.into()),
+                thought: None,
             });
         }
+        all_frames.extend(step_frames);
     }
     bar.finish_and_clear();
     let mut notes = vec![(
@@ -188,6 +217,11 @@ pub fn sft_examples(
             ),
         },
     ));
+    if thinking.is_some() {
+        let frames: Vec<&[u8]> = all_frames.iter().map(Vec::as_slice).collect();
+        let note = thinking::attach_warmup_targets(policy, &mut examples, &futures, &frames, seed)?;
+        notes.push(("latent targets".to_string(), note));
+    }
     Ok(SftSet { examples, notes })
 }
 
@@ -208,6 +242,7 @@ impl Trainable for Vla {
             config.action_dim as usize,
         );
         let shape = observation_shape(config);
+        thinking::check_thoughts(policy, examples)?;
         for example in examples {
             let source = &example.source;
             decode_observations(&[example], &shape)?;
@@ -301,6 +336,15 @@ impl Trainable for Vla {
             entropy,
             mask,
         })
+    }
+
+    fn own_loss(
+        policy: &Checkpoint<Vla>,
+        batch: &[&Example],
+        config: &Config,
+        denominators: Denominators,
+    ) -> Result<Option<OwnLoss>, ModelError> {
+        thinking::own_loss(policy, batch, config, denominators)
     }
 }
 

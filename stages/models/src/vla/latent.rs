@@ -229,6 +229,9 @@ pub struct WarmupLoss {
     pub end: f64,
     /// Mean action cross-entropy.
     pub action: f64,
+    /// Mean entropy of the action tokens' distributions (over the tokens
+    /// the loss keeps; a metric, without gradients).
+    pub entropy: f64,
 }
 
 /// The stop of one decision from the candidates' log-probs `logp`: drawn
@@ -572,11 +575,16 @@ impl Vla {
             .log_softmax(1, Kind::Float)
             .gather(1, &stop.unsqueeze(1), false)
             .mean(Kind::Float);
-        let action = masked_nll(
-            &self.action_logits(&hidden),
-            &action_targets,
-            action_mask.as_ref(),
-        );
+        let action_logits = self.action_logits(&hidden);
+        let action = masked_nll(&action_logits, &action_targets, action_mask.as_ref());
+        let token_entropy = Entropy::Metric
+            .of(&action_logits.log_softmax(-1, Kind::Float))
+            .expect("asked for");
+        let entropy = match &action_mask {
+            None => token_entropy.mean(Kind::Float),
+            Some(mask) => (token_entropy * mask).sum(Kind::Float) / mask.sum(Kind::Float),
+        }
+        .double_value(&[]);
         let (latent_value, end_value, action_value) = (
             latent.double_value(&[]),
             end.double_value(&[]),
@@ -587,6 +595,7 @@ impl Vla {
             latent: latent_value,
             end: end_value,
             action: action_value,
+            entropy,
         })
     }
 }

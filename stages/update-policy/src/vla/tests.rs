@@ -144,6 +144,7 @@ fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
         advantages: vec![advantage; (K * 4) as usize],
         temperature: 1.0,
         observation: Some(bytes.into()),
+        thought: None,
     }
 }
 

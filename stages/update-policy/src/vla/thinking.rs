@@ -1,0 +1,315 @@
+//! `update-policy` on a thinking VLA (LaST-R1's latent chain of thought,
+//! `embodyflow_models::vla::latent`, issue 16): the warm-up's latent targets
+//! and the two losses the network computes itself ([`crate::Trainable::own_loss`]).
+//!
+//! - **Warm-up** (`objective = sft`): each behaviour-cloning decision also
+//!   learns to think. Its latent targets are the features of the frames the
+//!   chunk is about to produce: slot `l` of `L` targets the frame after
+//!   action `ceil((l + 1) K / L)` of the chunk (clipped at the episode's
+//!   last frame; `K = L = 8`: one frame per action), under a frozen frame
+//!   encoder — LaST-R1 uses DINOv3's CLS (top-k channels); we fit a PCA to
+//!   `n_embd` components ([`FrameEncoder`]) once on every frame of the
+//!   warm-up's demonstrations and keep it fixed. Each example's chain length
+//!   is drawn uniformly from the stop candidates (seeded by `--seed` and the
+//!   example), as LaST-R1's multi-task warm-up draws from {2, 4, 6, 8}. The
+//!   loss is [`Vla::warmup_loss`] with `sft.warmup` (1 : 0.1 : 1).
+//! - **LAPO** (`objective = lapo`): the rollout's latents, stop, old value
+//!   and GAE return ([`crate::ExampleThought`]) through [`Vla::latent_scores`]
+//!   (one teacher-forced pass at the rollouts' temperature) into
+//!   [`crate::lapo::lapo_loss`]; a decision's advantage is its first token's
+//!   (decision-level GAE broadcasts it).
+//!
+//! Micro-batch losses are means over the micro-batch scaled by its share of
+//! the step's decisions (LAPO's are divided by the step's decisions inside
+//! `lapo_loss`), so the micro-batches of a step add up to its loss.
+
+use embodyflow_core::Error;
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::frame_encoder::FrameEncoder;
+use embodyflow_models::policy::Entropy;
+use embodyflow_models::vla::{LatentConfig, Observation, Vla};
+use embodyflow_rollout::sampling_seed;
+use tch::{Kind, Tensor};
+
+use super::{decode_observations, observation_shape};
+use crate::lapo::{LapoBatch, lapo_loss};
+use crate::loss::Denominators;
+use crate::{Config, Example, ExampleThought, Objective, OwnLoss};
+
+/// The latent chain a thinking checkpoint has, or `None`.
+pub fn latent_of(policy: &Checkpoint<Vla>) -> Option<&LatentConfig> {
+    policy.model.config().latent.as_ref()
+}
+
+/// One warm-up example's frames: its decision's future frames, slot by slot.
+pub struct FutureFrames {
+    /// Index of the example.
+    pub example: usize,
+    /// `L` frames (bytes), one per latent slot.
+    pub frames: Vec<Vec<u8>>,
+}
+
+/// The future frames of decision `decision` (chunks of `k` actions) of an
+/// episode whose frame before step `s` is `step_frames[s]`: slot `l` of
+/// `length` takes the frame after action `ceil((l + 1) k / length)` of the
+/// chunk, clipped at the last frame.
+pub fn future_frames(
+    step_frames: &[Vec<u8>],
+    decision: usize,
+    k: usize,
+    length: usize,
+) -> Vec<Vec<u8>> {
+    let last = step_frames.len() - 1;
+    (0..length)
+        .map(|l| {
+            let offset = ((l + 1) * k).div_ceil(length);
+            step_frames[(decision * k + offset).min(last)].clone()
+        })
+        .collect()
+}
+
+/// Gives each warm-up example its latent targets: a PCA frame encoder of
+/// `n_embd` components fitted on `all_frames`, each example's future frames
+/// encoded, its chain length drawn from the candidates. Returns the summary
+/// note on the encoder.
+pub fn attach_warmup_targets(
+    policy: &Checkpoint<Vla>,
+    examples: &mut [Example],
+    futures: &[FutureFrames],
+    all_frames: &[&[u8]],
+    seed: u64,
+) -> Result<String, ModelError> {
+    let latent = latent_of(policy).expect("a thinking checkpoint");
+    let config = policy.model.config();
+    let size = config.image_size as usize;
+    let dim = config.n_embd as usize;
+    let encoder = FrameEncoder::fit(all_frames, size, size, 3, dim).map_err(|e| {
+        Error::BadInput(format!(
+            "the warm-up's frame encoder (PCA of {} demonstration frames to n_embd = {dim}): {e}",
+            all_frames.len()
+        ))
+    })?;
+    let lengths = latent.candidate_lengths();
+    for future in futures {
+        let frames: Vec<&[u8]> = future.frames.iter().map(Vec::as_slice).collect();
+        let features = encoder
+            .encode(&frames)
+            .map_err(|e| Error::BadInput(format!("the warm-up's frame encoder: {e}")))?;
+        let latents = Vec::<f32>::try_from(features.contiguous().view([-1]))
+            .map_err(|e| ModelError::Torch(e.to_string()))?;
+        let example = &mut examples[future.example];
+        let draw = sampling_seed(seed, &example.source) as usize % lengths.len();
+        example.thought = Some(ExampleThought {
+            latents,
+            latent_dim: dim,
+            latent_len: lengths[draw],
+            old_stop_logprob: 0.0,
+            old_value: 0.0,
+            target_return: 0.0,
+        });
+    }
+    Ok(format!(
+        "PCA of {} demonstration frames to {dim} components (frozen; stands in for DINOv3 CLS top-k), \
+         targets the frames after the chunk's actions, chain lengths drawn from {lengths:?}",
+        all_frames.len()
+    ))
+}
+
+/// Fails on an example a checkpoint with (or without) a latent chain cannot
+/// train on, naming it and the `steps` field.
+pub fn check_thoughts(policy: &Checkpoint<Vla>, examples: &[Example]) -> Result<(), Error> {
+    let config = policy.model.config();
+    let Some(latent) = latent_of(policy) else {
+        if let Some(example) = examples.iter().find(|e| e.thought.is_some()) {
+            return Err(Error::BadInput(format!(
+                "{} carries a latent chain of thought, but the checkpoint has none (no `latent` in its config)",
+                example.source
+            )));
+        }
+        return Ok(());
+    };
+    let lengths = latent.candidate_lengths();
+    for example in examples {
+        let source = &example.source;
+        let Some(thought) = &example.thought else {
+            return Err(Error::BadInput(format!(
+                "{source}: no latent chain; a thinking VLA trains with objective = sft (its warm-up) \
+                 or lapo (its own rollouts' latents, stop and value)"
+            )));
+        };
+        if thought.latent_dim as i64 != config.n_embd {
+            return Err(Error::BadInput(format!(
+                "table `steps` field `latent_dim`, {source}: {}, the checkpoint's latents have n_embd = {}",
+                thought.latent_dim, config.n_embd
+            )));
+        }
+        let expected = (latent.length * config.n_embd) as usize;
+        if thought.latents.len() != expected {
+            return Err(Error::BadInput(format!(
+                "table `steps` field `latents`, {source}: {} values, the checkpoint's chain has \
+                 latent_length x n_embd = {} x {} = {expected}",
+                thought.latents.len(),
+                latent.length,
+                config.n_embd
+            )));
+        }
+        if !lengths.contains(&thought.latent_len) {
+            return Err(Error::BadInput(format!(
+                "table `steps` field `chosen_latent_len`, {source}: {} is not one of the checkpoint's \
+                 stop candidates {lengths:?}",
+                thought.latent_len
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A thinking checkpoint's micro-batch loss (module doc); `None` for a
+/// checkpoint without latents.
+pub fn own_loss(
+    policy: &Checkpoint<Vla>,
+    batch: &[&Example],
+    config: &Config,
+    denominators: Denominators,
+) -> Result<Option<OwnLoss>, ModelError> {
+    let Some(latent) = latent_of(policy) else {
+        return Ok(None);
+    };
+    let model_config = policy.model.config();
+    let shape = observation_shape(model_config);
+    let (pixels, proprio) = decode_observations(batch, &shape)?;
+    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
+    let rows: Vec<Observation<'_>> = batch
+        .iter()
+        .enumerate()
+        .map(|(r, example)| Observation {
+            image: &pixels[r * pixel_len..(r + 1) * pixel_len],
+            height: shape.height,
+            width: shape.width,
+            proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
+            instruction: &example.prompt,
+        })
+        .collect();
+    let thoughts: Vec<&ExampleThought> = batch
+        .iter()
+        .map(|e| e.thought.as_ref().expect("checked by check_examples"))
+        .collect();
+    let latents: Vec<&[f32]> = thoughts.iter().map(|t| t.latents.as_slice()).collect();
+    let group = latent.group as usize;
+    let stops: Vec<usize> = thoughts.iter().map(|t| t.latent_len / group - 1).collect();
+    let per = model_config.n_action_tokens() as usize;
+    let d = model_config.action_dim as usize;
+    // A demonstration's last decision may stop early: bin 0 past its end, masked.
+    let mut tokens = vec![0u32; batch.len() * per];
+    for (r, example) in batch.iter().enumerate() {
+        for (t, &token) in example.response.iter().enumerate() {
+            tokens[r * per + t] = token as u32;
+        }
+    }
+    let chunks: Vec<&[u32]> = tokens.chunks(per).collect();
+    let share = batch.len() as f64 / denominators.sequences;
+    match config.objective {
+        Objective::Sft => {
+            let valid: Vec<usize> = batch.iter().map(|e| e.response.len() / d).collect();
+            let warm = policy.model.warmup_loss(
+                &rows,
+                &latents,
+                &stops,
+                &chunks,
+                Some(&valid),
+                config.sft.warmup,
+            )?;
+            Ok(Some(OwnLoss {
+                loss: warm.total * share,
+                pg_loss: warm.action * share,
+                entropy: warm.entropy * share,
+                latent: warm.latent * share,
+                end: warm.end * share,
+                value: None,
+                clipfrac: 0.0,
+                clipfrac_lower: 0.0,
+                approx_kl: 0.0,
+                tokens: batch.iter().map(|e| e.response.len() as u64).sum(),
+            }))
+        }
+        Objective::Lapo => {
+            let temperature = f64::from(batch[0].temperature);
+            let scores = policy.model.latent_scores(
+                &rows,
+                &latents,
+                &stops,
+                &chunks,
+                temperature,
+                Entropy::Metric,
+            )?;
+            let device = policy.vars.device();
+            let b = batch.len() as i64;
+            let column = |values: Vec<f32>| Tensor::from_slice(&values).to(device);
+            let old_logprobs: Vec<f32> = batch
+                .iter()
+                .flat_map(|e| e.old_logprobs.iter().copied())
+                .collect();
+            let old_logprobs = column(old_logprobs).view([b, per as i64]);
+            let old_latents = column(latents.concat()).view_as(&scores.latents);
+            let mask: Vec<f32> = thoughts
+                .iter()
+                .flat_map(|t| {
+                    (0..latent.length as usize).map(move |i| f32::from(u8::from(i < t.latent_len)))
+                })
+                .collect();
+            let latent_mask = column(mask).view([b, latent.length]);
+            let advantages = column(batch.iter().map(|e| e.advantages[0]).collect());
+            let old_end = column(thoughts.iter().map(|t| t.old_stop_logprob).collect());
+            let old_values = column(thoughts.iter().map(|t| t.old_value).collect());
+            let returns = column(thoughts.iter().map(|t| t.target_return).collect());
+            let valid = Tensor::ones([b], (Kind::Float, device));
+            let out = lapo_loss(
+                &LapoBatch {
+                    action_logprobs: &scores.token_logprobs,
+                    old_action_logprobs: &old_logprobs,
+                    end_logprob: &scores.stop_logprobs,
+                    old_end_logprob: &old_end,
+                    latents: &scores.latents,
+                    old_latents: &old_latents,
+                    latent_mask: &latent_mask,
+                    advantages: &advantages,
+                    values: &scores.values,
+                    old_values: &old_values,
+                    returns: &returns,
+                    mask: &valid,
+                },
+                &config.ppo,
+                &config.lapo,
+                denominators.sequences,
+            )
+            .map_err(|e| ModelError::Torch(e.to_string()))?;
+            let entropy = scores
+                .entropy
+                .expect("asked for")
+                .mean(Kind::Float)
+                .double_value(&[]);
+            Ok(Some(OwnLoss {
+                loss: out.loss,
+                pg_loss: out.action.loss,
+                entropy: entropy * share,
+                latent: out.latent.loss,
+                end: out.end.loss,
+                value: Some(out.value),
+                clipfrac: out.action.clipfrac,
+                clipfrac_lower: out.action.clipfrac_lower,
+                approx_kl: out.action.approx_kl,
+                tokens: (batch.len() * per) as u64,
+            }))
+        }
+        Objective::Ppo => Err(Error::Usage(
+            "objective = ppo on a VLA with a latent chain of thought: use objective = lapo \
+             (its latents, stop and value enter the loss) or sft (its warm-up)"
+                .into(),
+        )
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+use super::*;
+use crate::{OptimConfig, SftConfig, Trainable, ppo_examples, train};
+use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
+use embodyflow_models::optimizer::OptimizerState;
+use embodyflow_models::testing::{tiny_thinking_vla, tiny_vla};
+use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
+use embodyflow_tabletop::{Split, Suite, generate, task_row};
+
+const K: i64 = 4;
+
+fn frames(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| vec![i as u8; 3]).collect()
+}
+
+#[test]
+fn future_frames_are_the_frames_after_the_chunks_actions() {
+    let steps = frames(20);
+    let ids = |f: Vec<Vec<u8>>| f.iter().map(|x| x[0]).collect::<Vec<u8>>();
+    // K = L = 8: one frame per action, after it.
+    assert_eq!(
+        ids(future_frames(&steps, 1, 8, 8)),
+        vec![9, 10, 11, 12, 13, 14, 15, 16]
+    );
+    // K = 4, L = 8: ceil((l + 1) 4 / 8) = 1, 1, 2, 2, 3, 3, 4, 4.
+    assert_eq!(
+        ids(future_frames(&steps, 0, 4, 8)),
+        vec![1, 1, 2, 2, 3, 3, 4, 4]
+    );
+    // K = 8, L = 4: every second action.
+    assert_eq!(ids(future_frames(&steps, 0, 8, 4)), vec![2, 4, 6, 8]);
+    // Past the episode's last frame: clipped.
+    assert_eq!(ids(future_frames(&steps, 2, 8, 4)), vec![18, 19, 19, 19]);
+}
+
+fn tasks() -> Vec<TaskRow> {
+    [
+        generate(Suite::Goal, Split::Train, 3, 0),
+        generate(Suite::Spatial, Split::Train, 3, 1),
+    ]
+    .iter()
+    .map(task_row)
+    .collect()
+}
+
+fn config(objective: Objective, epochs: usize, lr: f64) -> Config {
+    Config {
+        objective,
+        epochs,
+        mini_batch: 8,
+        micro_batch: 4,
+        optim: OptimConfig {
+            lr,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The warm-up's examples carry `L × n_embd` targets and a candidate
+/// length; training lowers every term, and the metrics hold the latent and
+/// stop terms (no value).
+#[test]
+fn the_warm_up_gives_targets_and_learns_them() {
+    let mut policy = tiny_thinking_vla(K);
+    let set = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
+    assert!(set.examples.len() > 10);
+    let mut lengths = std::collections::BTreeSet::new();
+    for example in &set.examples {
+        let thought = example.thought.as_ref().unwrap();
+        assert_eq!(thought.latents.len(), 4 * 32);
+        assert!(thought.latents.iter().all(|v| v.is_finite()));
+        lengths.insert(thought.latent_len);
+    }
+    assert_eq!(lengths, [2, 4].into_iter().collect());
+    let note = &set.notes.last().unwrap().1;
+    assert!(
+        note.contains("PCA") && note.contains("32 components"),
+        "{note}"
+    );
+    Vla::check_examples(&policy, &set.examples).unwrap();
+    let report = train(
+        &mut policy,
+        None,
+        &set.examples,
+        &config(Objective::Sft, 6, 3e-3),
+        0,
+        OptimizerState::fresh("sft"),
+    )
+    .unwrap();
+    let (first, last) = (&report.metrics[0], report.metrics.last().unwrap());
+    assert!(first.value_loss.is_none() && first.clipfrac.is_none());
+    let latent = |m: &crate::MetricRow| m.latent_loss.unwrap();
+    let end = |m: &crate::MetricRow| m.end_loss.unwrap();
+    assert!(latent(last) < latent(first), "{first:?} -> {last:?}");
+    assert!(end(last) < end(first), "{first:?} -> {last:?}");
+    assert!(last.pg_loss < first.pg_loss, "{first:?} -> {last:?}");
+    // The step's terms add up: loss = latent + 0.1 end + action.
+    let sum = latent(first) + 0.1 * end(first) + first.pg_loss;
+    assert!((first.loss - sum).abs() < 1e-4, "{first:?}");
+}
+
+/// Rollouts of a thinking VLA in closed loop, as steps, advantages
+/// (`advantage` on every decision, returns 1) and trajectories rows.
+fn lapo_inputs(
+    policy: &Checkpoint<Vla>,
+    advantage: f32,
+) -> (Vec<TrajectoryRow>, Vec<StepRow>, Vec<AdvantageRow>) {
+    let tasks = [generate(Suite::Goal, Split::Train, 3, 0)];
+    let mut world = TabletopEpisodes::new(&tasks, 4, 32).unwrap();
+    let mut sampler = VlaPolicy::new(policy, 1.0).unwrap().with_latent_noise(0.05);
+    let bins = sampler.bins();
+    let run_config = ClosedLoopConfig {
+        max_decisions: 2,
+        label: "test",
+    };
+    let run = run_closed_loop(&mut world, &mut sampler, &bins, &[1, 2, 3, 4], &run_config).unwrap();
+    let mut trajectories = Vec::new();
+    let mut steps = Vec::new();
+    let mut advantages = Vec::new();
+    for (i, episode) in run.episodes.iter().enumerate() {
+        let id = format!("t{i}");
+        trajectories.push(TrajectoryRow {
+            trajectory_id: id.clone(),
+            group_id: "g0".into(),
+            task_id: episode.task_id.clone(),
+            sample_index: i as i32,
+            iteration: 0,
+            policy: "test".into(),
+            temperature: 1.0,
+            num_steps: episode.decisions.len() as i32,
+            env_steps: episode.env_steps as i32,
+            complete: episode.success,
+            response_text: None,
+            seed: i as i64,
+            ever_grasped: None,
+        });
+        for row in episode.step_rows(&id) {
+            advantages.push(AdvantageRow {
+                trajectory_id: id.clone(),
+                step_index: row.step_index,
+                advantages: vec![advantage; row.response_ids.len()],
+                returns: Some(vec![1.0; row.response_ids.len()]),
+                episode_adv: advantage,
+                step_adv: None,
+                estimator: "gae".into(),
+            });
+            steps.push(row);
+        }
+    }
+    (trajectories, steps, advantages)
+}
+
+/// LAPO starts at ratio 1 (the stored latents, stop and log-probs are the
+/// policy's), fills every metric, pulls the value toward the returns, and
+/// moves the chosen stop's log-prob with the advantage's sign.
+#[test]
+fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
+    for sign in [1.0f32, -1.0] {
+        let mut policy = tiny_thinking_vla(K);
+        let (trajectories, steps, advantages) = lapo_inputs(&policy, sign);
+        let examples = ppo_examples(&trajectories, steps, advantages, true).unwrap();
+        assert_eq!(examples.len(), 8);
+        Vla::check_examples(&policy, &examples).unwrap();
+        let stop_logp = |policy: &Checkpoint<Vla>| -> f64 {
+            let refs: Vec<&Example> = examples.iter().collect();
+            tch::no_grad(|| {
+                let shape = observation_shape(policy.model.config());
+                let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
+                let rows: Vec<Observation> = refs
+                    .iter()
+                    .enumerate()
+                    .map(|(r, e)| Observation {
+                        image: &pixels[r * shape.pixel_len()..(r + 1) * shape.pixel_len()],
+                        height: 32,
+                        width: 32,
+                        proprio: &proprio[r * 5..(r + 1) * 5],
+                        instruction: &e.prompt,
+                    })
+                    .collect();
+                let latents: Vec<&[f32]> = refs
+                    .iter()
+                    .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
+                    .collect();
+                let stops: Vec<usize> = refs
+                    .iter()
+                    .map(|e| e.thought.as_ref().unwrap().latent_len / 2 - 1)
+                    .collect();
+                let tokens: Vec<Vec<u32>> = refs
+                    .iter()
+                    .map(|e| e.response.iter().map(|&t| t as u32).collect())
+                    .collect();
+                let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+                policy
+                    .model
+                    .latent_scores(&rows, &latents, &stops, &tokens, 1.0, Entropy::Skip)
+                    .unwrap()
+                    .stop_logprobs
+                    .sum(Kind::Double)
+                    .double_value(&[])
+            })
+        };
+        let before = stop_logp(&policy);
+        let report = train(
+            &mut policy,
+            None,
+            &examples,
+            &config(Objective::Lapo, 4, 1e-3),
+            0,
+            OptimizerState::fresh("lapo"),
+        )
+        .unwrap();
+        let first = &report.metrics[0];
+        assert!(first.approx_kl.unwrap().abs() < 1e-5, "{first:?}");
+        assert_eq!(first.clipfrac, Some(0.0), "{first:?}");
+        for m in &report.metrics {
+            for v in [
+                m.loss,
+                m.pg_loss,
+                m.entropy,
+                m.latent_loss.unwrap(),
+                m.end_loss.unwrap(),
+                m.value_loss.unwrap(),
+            ] {
+                assert!(v.is_finite(), "{m:?}");
+            }
+        }
+        let value = |m: &crate::MetricRow| m.value_loss.unwrap();
+        assert!(
+            value(report.metrics.last().unwrap()) < value(first),
+            "{:?}",
+            report.metrics
+        );
+        let after = stop_logp(&policy);
+        assert!(
+            (after - before) * f64::from(sign) > 0.0,
+            "advantage {sign}: {before} -> {after}"
+        );
+    }
+}
+
+/// Bad LAPO input is named by table and field: a null column, a latent of
+/// the wrong width, a stop beyond the candidates; a plain VLA refuses
+/// latents and a thinking one refuses to train without them.
+#[test]
+fn bad_lapo_input_names_the_table_and_field() {
+    let policy = tiny_thinking_vla(K);
+    let (trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
+    let fails = |steps: Vec<StepRow>, advantages: Vec<AdvantageRow>| {
+        ppo_examples(&trajectories, steps, advantages, true)
+            .unwrap_err()
+            .to_string()
+    };
+    let mut no_value = steps.clone();
+    no_value[1].old_value = None;
+    let e = fails(no_value, advantages.clone());
+    assert!(
+        e.contains("table `steps` field `old_value` is null at trajectory `t0` step 1"),
+        "{e}"
+    );
+    let mut no_latents = steps.clone();
+    no_latents[0].latents = None;
+    let e = fails(no_latents, advantages.clone());
+    assert!(e.contains("table `steps` field `latents` is null"), "{e}");
+    let mut no_returns = advantages.clone();
+    no_returns[0].returns = None;
+    let e = fails(steps.clone(), no_returns);
+    assert!(
+        e.contains("table `advantages` field `returns` is null") && e.contains("estimator=gae"),
+        "{e}"
+    );
+    let checked = |steps: Vec<StepRow>| {
+        let examples = ppo_examples(&trajectories, steps, advantages.clone(), true).unwrap();
+        Vla::check_examples(&policy, &examples)
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert_eq!(checked(steps.clone()), None);
+    let mut narrow = steps.clone();
+    narrow[2].latent_dim = Some(16);
+    narrow[2].latents = Some(vec![0.0; 8 * 16]);
+    let e = checked(narrow).unwrap();
+    assert!(
+        e.contains("table `steps` field `latent_dim`") && e.contains("n_embd = 32"),
+        "{e}"
+    );
+    let mut short = steps.clone();
+    short[2].latents = Some(vec![0.0; 3 * 32]);
+    let e = checked(short).unwrap();
+    assert!(
+        e.contains("table `steps` field `latents`") && e.contains("96 values") && e.contains("128"),
+        "{e}"
+    );
+    let mut beyond = steps.clone();
+    beyond[3].chosen_latent_len = Some(6);
+    let e = checked(beyond).unwrap();
+    assert!(
+        e.contains("table `steps` field `chosen_latent_len`")
+            && e.contains("6 is not one of")
+            && e.contains("[2, 4]"),
+        "{e}"
+    );
+    let examples = ppo_examples(&trajectories, steps.clone(), advantages.clone(), true).unwrap();
+    let plain = tiny_vla(K);
+    let e = Vla::check_examples(&plain, &examples)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the checkpoint has none"), "{e}");
+    let without = ppo_examples(&trajectories, steps, advantages, false).unwrap();
+    let e = Vla::check_examples(&policy, &without)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("objective = sft") && e.contains("lapo"), "{e}");
+}
