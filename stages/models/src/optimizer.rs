@@ -177,8 +177,8 @@ impl OptimizerState {
     }
 
     /// The state saved in checkpoint `dir`, `None` when it holds none.
-    /// Every moment must name a parameter of `vars` with its shape, and every
-    /// parameter must have both moments.
+    /// Every moment must name a parameter of `vars` with its shape, and a
+    /// parameter has both moments or neither (it was never updated).
     pub fn load(dir: &Path, vars: &VarStore) -> Result<Option<OptimizerState>, ModelError> {
         let meta_path = dir.join(META_FILE);
         let weights_path = dir.join(WEIGHTS_FILE);
@@ -224,14 +224,16 @@ impl OptimizerState {
             }
             moments.insert(parameter.to_string(), tensor.to_device(device));
         }
-        if meta.steps > 0 {
-            for name in parameters.keys() {
-                if !exp_avg.contains_key(name) || !exp_avg_sq.contains_key(name) {
-                    return Err(bad(
-                        &weights_path,
-                        format!("lacks the moments of parameter `{name}`"),
-                    ));
-                }
+        // A parameter that never had a gradient has no moments (PyTorch
+        // creates a parameter's state at its first update, so a value head
+        // left out of a warm-up's loss has none); one moment without the
+        // other is a damaged file.
+        for name in parameters.keys() {
+            if exp_avg.contains_key(name) != exp_avg_sq.contains_key(name) {
+                return Err(bad(
+                    &weights_path,
+                    format!("holds one of the two moments of parameter `{name}`, not both"),
+                ));
             }
         }
         Ok(Some(OptimizerState {
@@ -584,6 +586,37 @@ mod tests {
             .to_string();
         assert!(
             error.contains("optimizer.safetensors") && error.contains("missing"),
+            "{error}"
+        );
+    }
+
+    /// A parameter without a gradient (a head left out of the loss) gets no
+    /// moments, as in PyTorch; such a state saves, loads and resumes. One
+    /// moment without the other is refused, naming the parameter.
+    #[test]
+    fn a_parameter_never_updated_has_no_moments_and_still_resumes() {
+        let vars = VarStore::new(tch::Device::Cpu);
+        let used = tch::nn::linear(vars.root() / "used", 6, 2, Default::default());
+        let _unused = tch::nn::linear(vars.root() / "unused", 6, 2, Default::default());
+        let mut adam = AdamW::new(AdamWConfig::default(), OptimizerState::fresh("sft"));
+        adam.zero_grad(&vars);
+        backward(&used, 3);
+        adam.step(&vars);
+        assert!(!adam.state.exp_avg.contains_key("unused.weight"));
+        let dir = tempfile::tempdir().unwrap();
+        adam.state.save(dir.path()).unwrap();
+        let state = OptimizerState::load(dir.path(), &vars).unwrap().unwrap();
+        assert_eq!(state.meta.steps, 1);
+        assert!(state.exp_avg.contains_key("used.weight"));
+        let mut damaged = state;
+        damaged.exp_avg_sq.remove("used.bias");
+        damaged.save(dir.path()).unwrap();
+        let error = OptimizerState::load(dir.path(), &vars)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("one of the two moments of parameter `used.bias`"),
             "{error}"
         );
     }
