@@ -772,34 +772,43 @@ const TINY_TABLETOP: &[&str] = &[
     "iterations=2",
     "tasks=2",
     "group=2",
-    "extra_draws=2",
     "eval_runs=1",
 ];
 
-#[test]
-fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = shipped("tabletop-grpo.toml");
-    let out = dir.path().join("run");
+/// Runs a shipped tabletop pipeline at [`TINY_TABLETOP`] scale with the
+/// tiny VLA's keys (and `extra` keys) on its init step; returns the
+/// statuses, the run directory (kept by `dir`) and the arguments.
+fn run_tiny_tabletop(
+    dir: &Path,
+    name: &str,
+    vars: &[&str],
+    init_extra: &[&str],
+) -> (BTreeMap<String, String>, PathBuf, Vec<String>) {
+    let file = shipped(name);
+    let out = dir.join("run");
     // The tiny VLA's keys on the pipeline's init step (which sets kind = vla).
-    let init: Vec<String> = TINY_VLA.iter().map(|key| format!("init.{key}")).collect();
-    let mut args = vec!["run", s(&file), "--out", s(&out)];
-    for set in TINY_TABLETOP
+    let init = TINY_VLA
         .iter()
-        .copied()
-        .chain(init.iter().map(String::as_str))
-    {
-        args.extend(["--set", set]);
+        .chain(init_extra)
+        .map(|key| format!("init.{key}"));
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        s(&file).into(),
+        "--out".into(),
+        s(&out).into(),
+    ];
+    for set in vars.iter().map(|v| v.to_string()).chain(init) {
+        args.extend(["--set".to_string(), set]);
     }
-    let first = ok(&args);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let first = ok(&refs);
     // 7 setup steps, 2 iterations of collect / score / adv / update, the last one's eval.
     assert_eq!(first.len(), 7 + 2 * 4 + 1, "{first:?}");
     assert!(
         first.values().all(|s| s == "ran" || s == "passed on"),
         "{first:?}"
     );
-    // The update read closed-loop rows (or passed the policy on when every
-    // group was dropped), and the evaluation played closed-loop episodes.
+    // The evaluation played closed-loop episodes.
     let eval = std::fs::read_to_string(out.join("it1/eval/_summary.evaluate.md")).unwrap();
     assert!(eval.contains("(vla, closed loop)"), "{eval}");
     assert!(
@@ -808,7 +817,63 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     );
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert_train_success_is_a_rate(&report);
+    (first, out, args)
+}
+
+#[test]
+fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut vars = TINY_TABLETOP.to_vec();
+    vars.push("extra_draws=2");
+    let (_, _, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[]);
     // A rerun finds every step cached.
-    let again = ok(&args);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let again = ok(&refs);
     assert!(again.values().all(|s| s == "cached"), "{again:?}");
+}
+
+/// LaST-R1's pipeline at tiny scale: a thinking VLA's warm-up, rollouts
+/// with latents, decision-level GAE on its values, LAPO updates (every
+/// episode kept, so every iteration updates) and a greedy evaluation
+/// reporting the chosen latent lengths.
+#[test]
+fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, out, _) = run_tiny_tabletop(
+        dir.path(),
+        "tabletop-lapo.toml",
+        TINY_TABLETOP,
+        &["vla.latent_length=4", "vla.latent_group=2"],
+    );
+    assert_eq!(
+        (&*first["it0/update"], &*first["it1/update"]),
+        ("ran", "ran")
+    );
+    let sft = std::fs::read_to_string(out.join("sft/_summary.update-policy.md")).unwrap();
+    assert!(
+        sft.contains("latent targets") && sft.contains("PCA"),
+        "{sft}"
+    );
+    let update = std::fs::read_to_string(out.join("it1/update/_summary.update-policy.md")).unwrap();
+    for line in [
+        "chosen latent lengths",
+        "value explained variance",
+        "mean LAPO terms",
+    ] {
+        assert!(update.contains(line), "{line}: {update}");
+    }
+    let metrics: Vec<MetricRow> =
+        TableReader::open(&out.join("it1/update/metrics"), TableName::Metrics)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m.value_loss.is_some_and(f32::is_finite)
+                && m.latent_loss.is_some()
+                && m.end_loss.is_some())
+    );
+    let eval = std::fs::read_to_string(out.join("it1/eval/_summary.evaluate.md")).unwrap();
+    assert!(eval.contains("latent lengths (greedy decisions)"), "{eval}");
 }
