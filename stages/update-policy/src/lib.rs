@@ -546,6 +546,19 @@ impl StageConfig for Config {
         ] {
             non_negative(key, weight)?;
         }
+        if self.objective == Objective::Lapo {
+            for (key, value) in [
+                ("ppo.kl_coef", self.ppo.kl_coef),
+                ("ppo.entropy_coef", self.ppo.entropy_coef),
+            ] {
+                ensure(
+                    value == 0.0,
+                    key,
+                    "0 with objective = lapo (its loss has no KL penalty or entropy bonus, as LaST-R1's runs)",
+                    value,
+                )?;
+            }
+        }
         self.lapo.check().map_err(|e| {
             let (key, reason) = e.split_once(": ").unwrap_or(("lapo", e.as_str()));
             Error::BadValue {
@@ -1608,6 +1621,24 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
     if let Some(note) = latent_lengths_note(&examples) {
         summary.add("chosen latent lengths", note);
     }
+    if let (Objective::Sft, Some(first), Some(last)) = (
+        config.objective,
+        report.metrics.first().filter(|m| m.latent_loss.is_some()),
+        report.metrics.last(),
+    ) {
+        let terms = |m: &MetricRow| {
+            format!(
+                "latent {:.4}, end {:.4}, action {:.4}",
+                m.latent_loss.unwrap_or(f32::NAN),
+                m.end_loss.unwrap_or(f32::NAN),
+                m.pg_loss
+            )
+        };
+        summary.add(
+            "warm-up terms first -> last",
+            format!("{} -> {}", terms(first), terms(last)),
+        );
+    }
     if config.objective == Objective::Lapo {
         let (values, returns): (Vec<f32>, Vec<f32>) = examples
             .iter()
@@ -1724,6 +1755,17 @@ mod tests {
             (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
             (&["ppo.kl_estimator=k4"], "ppo.kl_estimator"),
             (&["sft.context=none"], "sft.context"),
+            (&["sft.warmup.end=-0.1"], "sft.warmup.end"),
+            (&["lapo.latent_sigma=0"], "lapo.latent_sigma"),
+            (&["lapo.w_latent=-1"], "lapo.w_latent"),
+            (
+                &["objective=lapo", "ppo.kl_coef=0.1", "kl_reference=runs/x"],
+                "ppo.kl_coef",
+            ),
+            (
+                &["objective=lapo", "ppo.entropy_coef=0.01"],
+                "ppo.entropy_coef",
+            ),
             (&["iteration=-1"], "iteration"),
             (&["epochs=0"], "epochs"),
             (&["mini_batch=0"], "mini_batch"),
