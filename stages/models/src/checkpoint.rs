@@ -5,7 +5,9 @@
 //! `model.safetensors` (the weights, named by parameter path),
 //! `tokenizer.json` (Hugging Face format), `manifest.json` (id, parent and
 //! the stage that wrote it) and, when an update wrote it, the optimizer state
-//! (`optimizer.safetensors`, `optimizer.json`: see [`crate::optimizer`]).
+//! (`optimizer.safetensors`, `optimizer.json`: see [`crate::optimizer`]),
+//! and for a thinking VLA its frozen frame encoder
+//! (`frame_encoder.safetensors`, [`crate::frame_encoder`]).
 //!
 //! Loading checks that the three agree — every tensor the config implies is in
 //! the weights with its shape and nothing else is, and the tokenizer's
@@ -30,6 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use embodyflow_core::commit::{Commit, Digest};
 use serde::{Deserialize, Serialize};
@@ -37,6 +40,7 @@ use tch::nn::VarStore;
 use tokenizers::Tokenizer;
 
 use crate::ModelError;
+use crate::frame_encoder::FrameEncoder;
 use crate::gpt::{Gpt, GptConfig};
 use crate::optimizer::OptimizerState;
 use crate::tokenizer::{self, SpecialIds};
@@ -166,7 +170,14 @@ pub struct Checkpoint<M: PolicyNet = Gpt> {
     /// Optimizer state saved with the weights (`None` on load: the
     /// optimizer reads it with [`OptimizerState::load`]).
     pub optimizer: Option<OptimizerState>,
+    /// A thinking VLA's frozen frame encoder (`frame_encoder.safetensors`):
+    /// fitted once by its first warm-up, then loaded and saved with every
+    /// checkpoint trained from it, so later warm-ups keep its targets.
+    pub frame_encoder: Option<Arc<FrameEncoder>>,
 }
+
+/// The frozen frame encoder's file in a checkpoint directory.
+pub const FRAME_ENCODER_FILE: &str = "frame_encoder.safetensors";
 
 fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
     ModelError::BadCheckpoint {
@@ -229,6 +240,7 @@ impl<M: PolicyNet> Checkpoint<M> {
                 updates: 0,
             },
             optimizer: None,
+            frame_encoder: None,
         })
     }
 
@@ -272,6 +284,14 @@ impl<M: PolicyNet> Checkpoint<M> {
         let model = M::build(&vars.root(), &config);
         let weights_path = dir.join("model.safetensors");
         load_weights(&vars, &weights_path)?;
+        let encoder_path = dir.join(FRAME_ENCODER_FILE);
+        let frame_encoder = if encoder_path.is_file() {
+            let encoder =
+                FrameEncoder::load(&encoder_path).map_err(|e| bad(&encoder_path, e.to_string()))?;
+            Some(Arc::new(encoder))
+        } else {
+            None
+        };
         Ok(Checkpoint {
             vars,
             model,
@@ -279,6 +299,7 @@ impl<M: PolicyNet> Checkpoint<M> {
             special,
             manifest,
             optimizer: None,
+            frame_encoder,
         })
     }
 
@@ -370,6 +391,12 @@ impl<M: PolicyNet> Checkpoint<M> {
         })?;
         if let Some(state) = &self.optimizer {
             state.save(staging)?;
+        }
+        if let Some(encoder) = &self.frame_encoder {
+            let path = staging.join(FRAME_ENCODER_FILE);
+            encoder
+                .save(&path)
+                .map_err(|e| ModelError::Torch(format!("writing {}: {e}", path.display())))?;
         }
         embodyflow_core::commit::sync_tree(staging)?;
         Ok(manifest)

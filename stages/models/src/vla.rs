@@ -65,7 +65,7 @@ use crate::policy::{Entropy, arg_max, draw};
 
 pub mod latent;
 
-pub use latent::{LatentConfig, LatentDecision, LatentScores, WarmupLoss, WarmupWeights};
+pub use latent::{LatentConfig, LatentDecision, LatentScores, WarmupConfig, WarmupLoss};
 use latent::{LatentInput, LatentParts};
 
 /// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with

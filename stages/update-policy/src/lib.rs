@@ -83,11 +83,12 @@ use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind};
+use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
 use embodyflow_models::policy::{Entropy, ResponseScores, score_responses};
 use embodyflow_models::tokenizer::encode;
-use embodyflow_models::vla::{Vla, WarmupWeights};
+use embodyflow_models::vla::{Vla, WarmupConfig};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -266,9 +267,10 @@ pub struct SftConfig {
     /// `ExpertConfig::noise`: relative standard deviation on dx, dy, dz),
     /// seeded by `--seed` and the task id.
     pub expert_noise: f32,
-    /// A thinking VLA's warm-up weights: latent cosine, stop and action
-    /// cross-entropies (LaST-R1: 1 : 0.1 : 1).
-    pub warmup: WarmupWeights,
+    /// A thinking VLA's warm-up: the weights of the latent cosine, stop
+    /// and action cross-entropies (LaST-R1: 1 : 0.1 : 1) and what fills the
+    /// latent slots.
+    pub warmup: WarmupConfig,
 }
 
 impl Default for SftConfig {
@@ -278,7 +280,7 @@ impl Default for SftConfig {
             context: SftContext::default(),
             template: ContextTemplates::default(),
             expert_noise: 0.05,
-            warmup: WarmupWeights::default(),
+            warmup: WarmupConfig::default(),
         }
     }
 }
@@ -468,6 +470,10 @@ impl StageConfig for Config {
         (
             "sft.warmup.latent",
             "thinking VLA warm-up: weight of the latent cosine loss (1)",
+        ),
+        (
+            "sft.warmup.self_forcing",
+            "thinking VLA warm-up: the latent slots hold the policy's own one-step predictions (true) or the targets (false: LaST-R1's teacher forcing)",
         ),
         (
             "sft.template.name",
@@ -812,6 +818,9 @@ pub struct SftSet {
     pub examples: Vec<Example>,
     /// Summary lines (key, value) on how they were made.
     pub notes: Vec<(String, String)>,
+    /// A thinking VLA's frozen frame encoder fitted for these examples (the
+    /// output checkpoint keeps it); `None` when the input already held one.
+    pub frame_encoder: Option<Arc<FrameEncoder>>,
 }
 
 /// A network `update-policy` trains: how its examples are made, checked
@@ -892,6 +901,7 @@ impl Trainable for Gpt {
         Ok(SftSet {
             examples: sft_examples(policy, tasks, sft)?,
             notes: Vec::new(),
+            frame_encoder: None,
         })
     }
 
@@ -1498,6 +1508,9 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
             let set = M::sft_examples(&policy, &tasks, &config.sft, args.stage.seed)?;
             notes = set.notes;
+            if let Some(encoder) = set.frame_encoder {
+                policy.frame_encoder = Some(encoder);
+            }
             set.examples
         }
         Objective::Ppo | Objective::Lapo => {

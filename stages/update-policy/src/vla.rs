@@ -217,12 +217,19 @@ pub fn sft_examples(
             ),
         },
     ));
+    let mut frame_encoder = None;
     if thinking.is_some() {
         let frames: Vec<&[u8]> = all_frames.iter().map(Vec::as_slice).collect();
-        let note = thinking::attach_warmup_targets(policy, &mut examples, &futures, &frames, seed)?;
+        let (note, fitted) =
+            thinking::attach_warmup_targets(policy, &mut examples, &futures, &frames, seed)?;
         notes.push(("latent targets".to_string(), note));
+        frame_encoder = fitted;
     }
-    Ok(SftSet { examples, notes })
+    Ok(SftSet {
+        examples,
+        notes,
+        frame_encoder,
+    })
 }
 
 impl Trainable for Vla {

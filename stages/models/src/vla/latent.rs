@@ -16,8 +16,11 @@
 //!   norm) at the position *before* slot `i` — LaST-R1's `pad_abs = start +
 //!   g (G + 1) + j − 1` — fed back as slot `i`'s input embedding: latents are
 //!   generated autoregressively, one trunk pass each, the latent part
-//!   attending causally. A rollout adds exploration noise `z_i + s ε`, `ε ~
-//!   N(0, I)` (`noise_std` = s; 0 = the policy's mean).
+//!   attending causally. A slot's input is its latent rescaled to norm
+//!   `√embd` (a layer-normed state's scale), whatever fills it — the
+//!   policy's own latents, a rollout's, or the warm-up's target features —
+//!   so all arrive at one scale. A rollout adds exploration noise `z_i + s
+//!   ε`, `ε ~ N(0, I)` (`noise_std` = s; 0 = the policy's mean).
 //! - **Stop.** The `<latent_end>` logit of candidate `m` is `end_head(h)` at
 //!   the last latent of group `m` (the position that predicts
 //!   `<latent_end>`); the stop distribution is `softmax_m(l_m / T)` over the
@@ -37,12 +40,18 @@
 //! from those in one teacher-forced pass, the pass the rollout's action
 //! sampling ran, so under the same weights the log-probs agree.
 //!
-//! **Warm-up** ([`Vla::warmup_loss`]): the latent slots are teacher-forced
-//! with target features (a frozen image encoder's features of future
-//! frames), each rescaled to norm `√embd` (a layer-normed state's scale);
+//! **Warm-up** ([`Vla::warmup_loss`]): target features `z*` (a frozen image
+//! encoder's features of future frames) supervise the predicted latents;
 //! per row a chosen length `L_b`; `loss = w_latent · mean_{i < L_b} (1 −
 //! cos(ẑ_i, z*_i)) + w_end · CE(stop at L_b) + w_action · CE(actions)`, 1 :
-//! 0.1 : 1 as LaST-R1's warm-up.
+//! 0.1 : 1 as LaST-R1's warm-up. LaST-R1 fills the slots with the targets
+//! (teacher forcing, `self_forcing = false`); then the actions learn to read
+//! the future frames' features, which the policy must predict itself when
+//! it acts, and at this scale that policy solved 0 of 40 training tasks
+//! greedily (the same warm-up without latents: 32). With `self_forcing`
+//! (the default) the slots hold the policy's own one-step predictions
+//! instead (a first pass without gradients, teacher-forced on the targets),
+//! so the actions learn from latents like those the policy will generate.
 //!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
@@ -197,24 +206,29 @@ pub struct LatentScores {
     pub values: Tensor,
 }
 
-/// Weights of the warm-up loss's terms (LaST-R1: 1 : 0.1 : 1).
+/// The warm-up loss's weights (LaST-R1: 1 : 0.1 : 1) and what fills the
+/// latent slots.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct WarmupWeights {
+pub struct WarmupConfig {
     /// The latents' cosine term.
     pub latent: f64,
     /// The stop's cross-entropy.
     pub end: f64,
     /// The actions' cross-entropy.
     pub action: f64,
+    /// Fill the slots with the policy's own one-step predictions (true) or
+    /// with the targets, LaST-R1's teacher forcing (false).
+    pub self_forcing: bool,
 }
 
-impl Default for WarmupWeights {
+impl Default for WarmupConfig {
     fn default() -> Self {
-        WarmupWeights {
+        WarmupConfig {
             latent: 1.0,
             end: 0.1,
             action: 1.0,
+            self_forcing: true,
         }
     }
 }
@@ -277,9 +291,11 @@ impl Vla {
         let parts = self.latent_parts();
         let (b, e) = (latents.size()[0], self.config.n_embd);
         let token = |t: &Tensor| t.view([1, 1, e]).expand([b, 1, e], false);
+        let norm = latents.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-6);
+        let slots = latents / norm * (e as f64).sqrt();
         let mut pieces = vec![token(&parts.start)];
         for m in 0..shape.candidates() {
-            pieces.push(latents.narrow(1, m * shape.group, shape.group));
+            pieces.push(slots.narrow(1, m * shape.group, shape.group));
             pieces.push(token(&parts.end));
         }
         Ok(Tensor::cat(&pieces, 1))
@@ -529,10 +545,11 @@ impl Vla {
         })
     }
 
-    /// LaST-R1's warm-up loss (module doc): the slots teacher-forced with
-    /// `targets` (`L × embd` per row, rescaled to norm `√embd`), the chain
-    /// cut at each row's `stops[b]`, the actions' cross-entropy over each
-    /// row's first `valid_steps[b]` chunk steps (all when `None`).
+    /// LaST-R1's warm-up loss (module doc): the predicted latents against
+    /// `targets` (`L × embd` per row), the slots filled with the targets or
+    /// (`self_forcing`) the policy's one-step predictions, the chain cut at
+    /// each row's `stops[b]`, the actions' cross-entropy over each row's
+    /// first `valid_steps[b]` chunk steps (all when `None`).
     pub fn warmup_loss(
         &self,
         batch: &[Observation],
@@ -540,7 +557,7 @@ impl Vla {
         stops: &[usize],
         tokens: &[&[u32]],
         valid_steps: Option<&[usize]>,
-        weights: WarmupWeights,
+        warmup: WarmupConfig,
     ) -> Result<WarmupLoss, VlaError> {
         let shape = self.latent_shape()?;
         let b = batch.len();
@@ -548,9 +565,20 @@ impl Vla {
         let stop = self.stop_rows(stops, b)?;
         let action_targets = self.action_tokens(tokens, b)?;
         let action_mask = self.valid_mask(valid_steps, b)?;
-        let norm = goal.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-6);
-        let inputs = &goal / norm * (self.config.n_embd as f64).sqrt();
         let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(shape, s)).collect();
+        let inputs = if warmup.self_forcing {
+            let (hidden, prefix) = tch::no_grad(|| {
+                let input = LatentInput {
+                    latents: goal.shallow_clone(),
+                    visible: visible.clone(),
+                };
+                let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), false)?;
+                Ok::<_, VlaError>((self.hidden(x, &mask), prefix))
+            })?;
+            self.latent_readout(&hidden, prefix).0.detach()
+        } else {
+            goal.shallow_clone()
+        };
         let chosen: Vec<f32> = stops
             .iter()
             .flat_map(|&s| {
@@ -591,7 +619,7 @@ impl Vla {
             action.double_value(&[]),
         );
         Ok(WarmupLoss {
-            total: latent * weights.latent + end * weights.end + action * weights.action,
+            total: latent * warmup.latent + end * warmup.end + action * warmup.action,
             latent: latent_value,
             end: end_value,
             action: action_value,

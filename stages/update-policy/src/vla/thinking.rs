@@ -8,8 +8,9 @@
 //!   action `ceil((l + 1) K / L)` of the chunk (clipped at the episode's
 //!   last frame; `K = L = 8`: one frame per action), under a frozen frame
 //!   encoder — LaST-R1 uses DINOv3's CLS (top-k channels); we fit a PCA to
-//!   `n_embd` components ([`FrameEncoder`]) once on every frame of the
-//!   warm-up's demonstrations and keep it fixed. Each example's chain length
+//!   `n_embd` components ([`FrameEncoder`]) on every frame of the first
+//!   warm-up's demonstrations and keep it fixed: the checkpoint carries it
+//!   (`frame_encoder.safetensors`) and every later warm-up uses it. Each example's chain length
 //!   is drawn uniformly from the stop candidates (seeded by `--seed` and the
 //!   example), as LaST-R1's multi-task warm-up draws from {2, 4, 6, 8}. The
 //!   loss is [`Vla::warmup_loss`] with `sft.warmup` (1 : 0.1 : 1).
@@ -22,6 +23,8 @@
 //! Micro-batch losses are means over the micro-batch scaled by its share of
 //! the step's decisions (LAPO's are divided by the step's decisions inside
 //! `lapo_loss`), so the micro-batches of a step add up to its loss.
+
+use std::sync::Arc;
 
 use embodyflow_core::Error;
 use embodyflow_models::ModelError;
@@ -69,27 +72,54 @@ pub fn future_frames(
         .collect()
 }
 
-/// Gives each warm-up example its latent targets: a PCA frame encoder of
-/// `n_embd` components fitted on `all_frames`, each example's future frames
-/// encoded, its chain length drawn from the candidates. Returns the summary
-/// note on the encoder.
+/// Gives each warm-up example its latent targets: the checkpoint's frozen
+/// frame encoder, or else a PCA of `n_embd` components fitted on
+/// `all_frames` (returned, for the output checkpoint to keep), each
+/// example's future frames encoded, its chain length drawn from the
+/// candidates. Returns the summary note on the encoder.
 pub fn attach_warmup_targets(
     policy: &Checkpoint<Vla>,
     examples: &mut [Example],
     futures: &[FutureFrames],
     all_frames: &[&[u8]],
     seed: u64,
-) -> Result<String, ModelError> {
+) -> Result<(String, Option<Arc<FrameEncoder>>), ModelError> {
     let latent = latent_of(policy).expect("a thinking checkpoint");
     let config = policy.model.config();
     let size = config.image_size as usize;
     let dim = config.n_embd as usize;
-    let encoder = FrameEncoder::fit(all_frames, size, size, 3, dim).map_err(|e| {
-        Error::BadInput(format!(
-            "the warm-up's frame encoder (PCA of {} demonstration frames to n_embd = {dim}): {e}",
-            all_frames.len()
-        ))
-    })?;
+    let (encoder, fitted, source) = match &policy.frame_encoder {
+        Some(encoder) => {
+            let shape = (encoder.height(), encoder.width(), encoder.dim());
+            if shape != (size, size, dim) {
+                return Err(Error::BadInput(format!(
+                    "the checkpoint's frame encoder takes {}x{} frames to {} features; \
+                     the VLA's are {size}x{size} and n_embd {dim}",
+                    shape.0, shape.1, shape.2
+                ))
+                .into());
+            }
+            (
+                Arc::clone(encoder),
+                None,
+                "the checkpoint's PCA".to_string(),
+            )
+        }
+        None => {
+            let encoder = FrameEncoder::fit(all_frames, size, size, 3, dim).map_err(|e| {
+                Error::BadInput(format!(
+                    "the warm-up's frame encoder (PCA of {} demonstration frames to n_embd = {dim}): {e}",
+                    all_frames.len()
+                ))
+            })?;
+            let encoder = Arc::new(encoder);
+            let source = format!(
+                "PCA of {} demonstration frames to {dim} components, fitted now and saved with the checkpoint",
+                all_frames.len()
+            );
+            (Arc::clone(&encoder), Some(encoder), source)
+        }
+    };
     let lengths = latent.candidate_lengths();
     for future in futures {
         let frames: Vec<&[u8]> = future.frames.iter().map(Vec::as_slice).collect();
@@ -109,11 +139,11 @@ pub fn attach_warmup_targets(
             target_return: 0.0,
         });
     }
-    Ok(format!(
-        "PCA of {} demonstration frames to {dim} components (frozen; stands in for DINOv3 CLS top-k), \
-         targets the frames after the chunk's actions, chain lengths drawn from {lengths:?}",
-        all_frames.len()
-    ))
+    let note = format!(
+        "{source} (frozen; stands in for DINOv3 CLS top-k), targets the frames after the \
+         chunk's actions, chain lengths drawn from {lengths:?}"
+    );
+    Ok((note, fitted))
 }
 
 /// Fails on an example a checkpoint with (or without) a latent chain cannot

@@ -303,7 +303,7 @@ fn the_warm_up_loss_weights_its_terms_and_learns_targets() {
             )
             .unwrap()
     };
-    let first = loss(&policy, WarmupWeights::default());
+    let first = loss(&policy, WarmupConfig::default());
     let total = first.total.double_value(&[]);
     let expected = first.latent + 0.1 * first.end + first.action;
     assert!((total - expected).abs() < 1e-5, "{total} vs {expected}");
@@ -312,9 +312,9 @@ fn the_warm_up_loss_weights_its_terms_and_learns_targets() {
     assert!((first.end - 2f64.ln()).abs() < 0.3, "{}", first.end);
     let mut opt = tch::nn::Adam::default().build(&policy.vars, 3e-3).unwrap();
     for _ in 0..60 {
-        opt.backward_step(&loss(&policy, WarmupWeights::default()).total);
+        opt.backward_step(&loss(&policy, WarmupConfig::default()).total);
     }
-    let last = loss(&policy, WarmupWeights::default());
+    let last = loss(&policy, WarmupConfig::default());
     assert!(
         last.latent < 0.5 * first.latent,
         "{} -> {}",
