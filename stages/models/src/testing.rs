@@ -84,37 +84,34 @@ pub fn tiny_policy(n_ctx: i64) -> Checkpoint {
 /// actions of 4 dimensions, 256 bins over [-1, 1], width 32, 4 heads, 2
 /// layers), weights drawn after seeding with `SEED`, on the CPU.
 pub fn tiny_vla(chunk_len: i64) -> Checkpoint<Vla> {
-    let tokenizer = tiny_tokenizer();
-    let config = VlaConfig {
-        chunk_len,
-        max_instruction: 160,
-        n_embd: 32,
-        n_layer: 2,
-        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
-    };
-    let _generator = seed(SEED);
-    Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu)
-        .expect("the tiny VLA config is valid")
+    tiny_vla_with(chunk_len, None)
 }
 
 /// [`tiny_vla`] with LaST-R1's latent chain of thought: 4 latents in groups
 /// of 2 (stops after 2 or 4), a value head.
 pub fn tiny_thinking_vla(chunk_len: i64) -> Checkpoint<Vla> {
+    tiny_vla_with(
+        chunk_len,
+        Some(crate::vla::LatentConfig {
+            length: 4,
+            group: 2,
+        }),
+    )
+}
+
+fn tiny_vla_with(chunk_len: i64, latent: Option<crate::vla::LatentConfig>) -> Checkpoint<Vla> {
     let tokenizer = tiny_tokenizer();
     let config = VlaConfig {
         chunk_len,
         max_instruction: 160,
         n_embd: 32,
         n_layer: 2,
-        latent: Some(crate::vla::LatentConfig {
-            length: 4,
-            group: 2,
-        }),
+        latent,
         ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
     };
     let _generator = seed(SEED);
     Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu)
-        .expect("the tiny thinking VLA config is valid")
+        .expect("the tiny VLA config is valid")
 }
 
 #[cfg(test)]

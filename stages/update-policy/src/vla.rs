@@ -100,6 +100,29 @@ pub fn decode_observations(
     Ok((pixels, proprio))
 }
 
+/// The policy's view of a micro-batch: row `r` the decoded observation of
+/// `batch[r]` (its slices of `pixels` and `proprio`, as
+/// [`decode_observations`] laid them out) and its instruction.
+pub fn observation_rows<'a>(
+    batch: &[&'a Example],
+    pixels: &'a [u8],
+    proprio: &'a [f32],
+    shape: &ObservationShape,
+) -> Vec<Observation<'a>> {
+    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
+    batch
+        .iter()
+        .enumerate()
+        .map(|(r, example)| Observation {
+            image: &pixels[r * pixel_len..(r + 1) * pixel_len],
+            height: shape.height,
+            width: shape.width,
+            proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
+            instruction: &example.prompt,
+        })
+        .collect()
+}
+
 /// Behaviour-cloning examples (see the module doc): the expert's grasping
 /// demonstration of each kept task, one example per decision; the notes
 /// count the demonstrations used and those dropped because they failed.
@@ -307,18 +330,7 @@ impl Trainable for Vla {
         let config = policy.model.config();
         let shape = observation_shape(config);
         let (pixels, proprio) = decode_observations(batch, &shape)?;
-        let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
-        let rows: Vec<Observation<'_>> = batch
-            .iter()
-            .enumerate()
-            .map(|(r, example)| Observation {
-                image: &pixels[r * pixel_len..(r + 1) * pixel_len],
-                height: shape.height,
-                width: shape.width,
-                proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
-                instruction: &example.prompt,
-            })
-            .collect();
+        let rows = observation_rows(batch, &pixels, &proprio, &shape);
         // Every row's chunk is K x D tokens; those past a short decision's
         // end are bin 0 and masked out.
         let per = config.n_action_tokens() as usize;

@@ -31,11 +31,11 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::policy::Entropy;
-use embodyflow_models::vla::{LatentConfig, Observation, Vla};
+use embodyflow_models::vla::{LatentConfig, Vla};
 use embodyflow_rollout::sampling_seed;
 use tch::{Kind, Tensor};
 
-use super::{decode_observations, observation_shape};
+use super::{decode_observations, observation_rows, observation_shape};
 use crate::lapo::{LapoBatch, lapo_loss};
 use crate::loss::Denominators;
 use crate::{Config, Example, ExampleThought, Objective, OwnLoss};
@@ -209,18 +209,7 @@ pub fn own_loss(
     let model_config = policy.model.config();
     let shape = observation_shape(model_config);
     let (pixels, proprio) = decode_observations(batch, &shape)?;
-    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
-    let rows: Vec<Observation<'_>> = batch
-        .iter()
-        .enumerate()
-        .map(|(r, example)| Observation {
-            image: &pixels[r * pixel_len..(r + 1) * pixel_len],
-            height: shape.height,
-            width: shape.width,
-            proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
-            instruction: &example.prompt,
-        })
-        .collect();
+    let rows = observation_rows(batch, &pixels, &proprio, &shape);
     let thoughts: Vec<&ExampleThought> = batch
         .iter()
         .map(|e| e.thought.as_ref().expect("checked by check_examples"))

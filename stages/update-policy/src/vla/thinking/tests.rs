@@ -169,17 +169,7 @@ fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
             tch::no_grad(|| {
                 let shape = observation_shape(policy.model.config());
                 let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
-                let rows: Vec<Observation> = refs
-                    .iter()
-                    .enumerate()
-                    .map(|(r, e)| Observation {
-                        image: &pixels[r * shape.pixel_len()..(r + 1) * shape.pixel_len()],
-                        height: 32,
-                        width: 32,
-                        proprio: &proprio[r * 5..(r + 1) * 5],
-                        instruction: &e.prompt,
-                    })
-                    .collect();
+                let rows = observation_rows(&refs, &pixels, &proprio, &shape);
                 let latents: Vec<&[f32]> = refs
                     .iter()
                     .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
@@ -322,7 +312,10 @@ fn bad_lapo_input_names_the_table_and_field() {
 fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
     let mut policy = tiny_thinking_vla(K);
     let first = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
-    let encoder = first.frame_encoder.clone().expect("fitted by the first warm-up");
+    let encoder = first
+        .frame_encoder
+        .clone()
+        .expect("fitted by the first warm-up");
     policy.frame_encoder = Some(encoder);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy");
@@ -344,5 +337,8 @@ fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
         "the carried encoder, not a new fit"
     );
     let same = Vla::sft_examples(&loaded, &tasks(), &SftConfig::default(), 3).unwrap();
-    assert_eq!(same.examples, first.examples, "the same frames, the same targets");
+    assert_eq!(
+        same.examples, first.examples,
+        "the same frames, the same targets"
+    );
 }
