@@ -360,3 +360,89 @@ fn evaluate_on_a_thinking_vla_reports_latent_lengths_and_first_values() {
         assert!(!plain.contains(key), "`{key}` in\n{plain}");
     }
 }
+
+/// `update-policy --set objective=lapo` on a thinking tiny VLA's rollouts
+/// and their decision-level GAE trains (value, latent and stop terms in
+/// its metrics); the same rollouts with a latent of the wrong width or a
+/// stop that is not a candidate exit 2 naming the table and field, and
+/// write nothing.
+#[test]
+fn lapo_updates_from_the_command_line_and_bad_latents_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    tabletop_tasks_and_tiny_vla(root, 2);
+    let policy = root.join("thinking");
+    thinking_vla(&policy, "4");
+    let rollouts = root.join("rollouts");
+    collect_and_score(root, &policy, &rollouts);
+    let adv = root.join("adv");
+    let gae = decision_gae(&rollouts, &rollouts.join("rewards"), &adv);
+    assert_eq!(gae.code, 0, "{gae}");
+    let update = |input: &Path, out: &Path| {
+        run(
+            "update-policy",
+            &[
+                "--policy",
+                s(&policy),
+                "--input",
+                s(input),
+                "--input",
+                s(&adv),
+                "--out",
+                s(out),
+                "--set",
+                "objective=lapo",
+                "--set",
+                "mini_batch=4",
+                "--set",
+                "micro_batch=2",
+            ],
+        )
+    };
+    let good = root.join("lapo");
+    let result = update(&rollouts, &good);
+    assert_eq!(result.code, 0, "{result}");
+    let metrics: Vec<embodyflow_core::schemas::MetricRow> =
+        read(&good.join("metrics"), TableName::Metrics);
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m.value_loss.is_some() && m.latent_loss.is_some() && m.end_loss.is_some())
+    );
+    assert!(
+        result.stdout.contains("value explained variance"),
+        "{result}"
+    );
+    let steps: Vec<StepRow> = read(&rollouts.join("steps"), TableName::Steps);
+    let trajectories: Vec<embodyflow_core::schemas::TrajectoryRow> =
+        read(&rollouts.join("trajectories"), TableName::Trajectories);
+    let cases: [(&str, fn(&mut StepRow), &[&str]); 2] = [
+        (
+            "narrow",
+            |row| {
+                row.latent_dim = Some(16);
+                row.latents = Some(vec![0.0; 8 * 16]);
+            },
+            &["table `steps` field `latent_dim`", "n_embd = 32"],
+        ),
+        (
+            "beyond",
+            |row| row.chosen_latent_len = Some(6),
+            &["table `steps` field `chosen_latent_len`", "[2, 4]"],
+        ),
+    ];
+    for (name, corrupt, words) in cases {
+        let bad = root.join(name);
+        let mut rows = steps.clone();
+        corrupt(&mut rows[1]);
+        embodyflow_tests::write_table(&bad, &rows);
+        embodyflow_tests::write_table(&bad, &trajectories);
+        let out = root.join(format!("{name}-out"));
+        let result = update(&bad, &out);
+        assert_eq!(result.code, 2, "{name}: {result}");
+        for word in words {
+            assert!(result.stderr.contains(word), "{name}: {word}\n{result}");
+        }
+        assert!(!out.join("policy").exists(), "{name}: nothing written");
+    }
+}

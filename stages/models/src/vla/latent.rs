@@ -45,13 +45,13 @@
 //! per row a chosen length `L_b`; `loss = w_latent · mean_{i < L_b} (1 −
 //! cos(ẑ_i, z*_i)) + w_end · CE(stop at L_b) + w_action · CE(actions)`, 1 :
 //! 0.1 : 1 as LaST-R1's warm-up. LaST-R1 fills the slots with the targets
-//! (teacher forcing, `self_forcing = false`); then the actions learn to read
-//! the future frames' features, which the policy must predict itself when
-//! it acts, and at this scale that policy solved 0 of 40 training tasks
-//! greedily (the same warm-up without latents: 32). With `self_forcing`
-//! (the default) the slots hold the policy's own one-step predictions
-//! instead (a first pass without gradients, teacher-forced on the targets),
-//! so the actions learn from latents like those the policy will generate.
+//! (teacher forcing, `self_forcing = false`), so the actions learn from
+//! latents better than those the policy generates when it acts; with
+//! `self_forcing` (the default) the slots hold the policy's own one-step
+//! predictions instead (a first pass without gradients, teacher-forced on
+//! the targets). Measured on the tabletop goal suite (README): both solve
+//! 29 of 40 training tasks greedily, and the self-forced policy's sampled
+//! episodes succeed 44 of 64 times against 28 of 64.
 //!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
