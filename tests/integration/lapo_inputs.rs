@@ -19,7 +19,7 @@
 //!   failed episodes; a plain VLA's summary has neither line.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::schemas::{AdvantageRow, EvalRow, RewardRow, StepRow, TableName};
@@ -81,6 +81,17 @@ fn collect_and_score(root: &Path, policy: &Path, out: &Path) {
             "reward.reward_coef=5",
         ],
     );
+}
+
+/// `count` tabletop tasks, a tiny VLA thinking in up to 4 latents
+/// (`root/thinking`), and its scored rollouts (`root/rollouts`).
+fn thinking_rollouts(root: &Path, count: usize) -> (PathBuf, PathBuf) {
+    tabletop_tasks_and_tiny_vla(root, count);
+    let policy = root.join("thinking");
+    thinking_vla(&policy, "4");
+    let rollouts = root.join("rollouts");
+    collect_and_score(root, &policy, &rollouts);
+    (policy, rollouts)
 }
 
 /// Decision-level GAE of `rollouts` (and its `rewards` directory) into `out`.
@@ -188,11 +199,7 @@ fn check_gae(steps: &[StepRow], rewards: &[RewardRow], rows: &[AdvantageRow]) {
 fn decision_gae_on_a_thinking_vlas_steps_is_the_hand_recurrence() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    tabletop_tasks_and_tiny_vla(root, 4);
-    let vla = root.join("thinking");
-    thinking_vla(&vla, "4");
-    let rollouts = root.join("rollouts");
-    collect_and_score(root, &vla, &rollouts);
+    let (_, rollouts) = thinking_rollouts(root, 4);
     let printed = ok("table", &["validate", s(&rollouts.join("steps"))]);
     assert!(printed.starts_with("ok steps"), "{printed}");
     let steps: Vec<StepRow> = read(&rollouts.join("steps"), TableName::Steps);
@@ -370,11 +377,7 @@ fn evaluate_on_a_thinking_vla_reports_latent_lengths_and_first_values() {
 fn lapo_updates_from_the_command_line_and_bad_latents_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    tabletop_tasks_and_tiny_vla(root, 2);
-    let policy = root.join("thinking");
-    thinking_vla(&policy, "4");
-    let rollouts = root.join("rollouts");
-    collect_and_score(root, &policy, &rollouts);
+    let (policy, rollouts) = thinking_rollouts(root, 2);
     let adv = root.join("adv");
     let gae = decision_gae(&rollouts, &rollouts.join("rewards"), &adv);
     assert_eq!(gae.code, 0, "{gae}");
