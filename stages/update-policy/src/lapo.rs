@@ -75,7 +75,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+use embodyflow_core::config::positive;
+
 use crate::loss::{Denominators, LossAgg, PolicyLoss, PpoConfig, aggregate, policy_loss};
+use crate::non_negative;
 
 /// `lapo.*` settings: the LAPO weights, the latent's sigma and the value loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,15 +114,11 @@ impl Default for LapoConfig {
 }
 
 impl LapoConfig {
-    /// Checks the settings; the error names the key (`lapo.<field>`), what
-    /// it expects and what it found.
-    pub fn check(&self) -> Result<(), String> {
-        if !(self.latent_sigma.is_finite() && self.latent_sigma > 0.0) {
-            return Err(format!(
-                "lapo.latent_sigma: expected a finite number above 0, found {}",
-                self.latent_sigma
-            ));
-        }
+    /// Checks the settings with the stage config's own checks; the error
+    /// (`Error::BadValue`) names the key (`lapo.<field>`), what it expects
+    /// and what it found.
+    pub fn check(&self) -> embodyflow_core::Result<()> {
+        positive("lapo.latent_sigma", self.latent_sigma)?;
         for (key, value) in [
             ("lapo.w_action", self.w_action),
             ("lapo.w_end", self.w_end),
@@ -127,11 +126,7 @@ impl LapoConfig {
             ("lapo.value_clip", self.value_clip),
             ("lapo.value_coef", self.value_coef),
         ] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(format!(
-                    "{key}: expected a finite number of at least 0, found {value}"
-                ));
-            }
+            non_negative(key, value)?;
         }
         Ok(())
     }
@@ -815,7 +810,7 @@ mod tests {
             (10.0, 1.0, 1.0, 0.1)
         );
         assert_eq!((defaults.value_clip, defaults.value_coef), (0.2, 1.0));
-        assert_eq!(defaults.check(), Ok(()));
+        defaults.check().unwrap();
         let parsed: LapoConfig = serde_json::from_str(r#"{"latent_sigma": 5}"#).unwrap();
         assert_eq!(
             parsed,
@@ -892,7 +887,10 @@ mod tests {
         ];
         for (config, key) in cases {
             let error = config.check().unwrap_err();
-            assert!(error.starts_with(&format!("{key}:")), "{key}: {error}");
+            assert!(
+                matches!(&error, embodyflow_core::Error::BadValue { key: k, .. } if k == key),
+                "{key}: {error}"
+            );
         }
         // Zero weights and a zero clip are allowed (a term switched off).
         let zeros = LapoConfig {
@@ -902,7 +900,7 @@ mod tests {
             value_coef: 0.0,
             ..defaults
         };
-        assert_eq!(zeros.check(), Ok(()));
+        zeros.check().unwrap();
     }
 
     #[test]

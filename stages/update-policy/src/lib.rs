@@ -565,14 +565,7 @@ impl StageConfig for Config {
                 )?;
             }
         }
-        self.lapo.check().map_err(|e| {
-            let (key, reason) = e.split_once(": ").unwrap_or(("lapo", e.as_str()));
-            Error::BadValue {
-                key: key.to_string(),
-                reason: reason.to_string(),
-            }
-        })?;
-        Ok(())
+        self.lapo.check()
     }
 }
 
