@@ -886,10 +886,14 @@ pub fn logprobs_of(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Tensor
 /// The mean cross-entropy of `targets` under `logits` (at `T = 1`) over
 /// the tokens `mask` keeps (all when `None`).
 fn masked_nll(logits: &Tensor, targets: &Tensor, mask: Option<&Tensor>) -> Tensor {
-    let nll = -logprobs_of(logits, targets, 1.0);
+    masked_mean(&-logprobs_of(logits, targets, 1.0), mask)
+}
+
+/// The mean of `values` over the entries `mask` keeps (all when `None`).
+fn masked_mean(values: &Tensor, mask: Option<&Tensor>) -> Tensor {
     match mask {
-        None => nll.mean(Kind::Float),
-        Some(mask) => (nll * mask).sum(Kind::Float) / mask.sum(Kind::Float),
+        None => values.mean(Kind::Float),
+        Some(mask) => (values * mask).sum(Kind::Float) / mask.sum(Kind::Float),
     }
 }
 

@@ -123,6 +123,19 @@ pub fn observation_rows<'a>(
         .collect()
 }
 
+/// Every row's action tokens as a whole chunk of `per` (`K × D`), row after
+/// row: a demonstration's last decision may stop early, and its tokens
+/// past the end are bin 0 (the losses mask them out).
+pub fn padded_chunks(batch: &[&Example], per: usize) -> Vec<u32> {
+    let mut tokens = vec![0u32; batch.len() * per];
+    for (r, example) in batch.iter().enumerate() {
+        for (t, &token) in example.response.iter().enumerate() {
+            tokens[r * per + t] = token as u32;
+        }
+    }
+    tokens
+}
+
 /// Behaviour-cloning examples (see the module doc): the expert's grasping
 /// demonstration of each kept task, one example per decision; the notes
 /// count the demonstrations used and those dropped because they failed.
@@ -331,17 +344,13 @@ impl Trainable for Vla {
         let shape = observation_shape(config);
         let (pixels, proprio) = decode_observations(batch, &shape)?;
         let rows = observation_rows(batch, &pixels, &proprio, &shape);
-        // Every row's chunk is K x D tokens; those past a short decision's
-        // end are bin 0 and masked out.
+        // The tokens past a short decision's end are masked out.
         let per = config.n_action_tokens() as usize;
-        let mut tokens = vec![0u32; batch.len() * per];
-        let mut mask = vec![0f32; batch.len() * per];
-        for (r, example) in batch.iter().enumerate() {
-            for (t, &token) in example.response.iter().enumerate() {
-                tokens[r * per + t] = token as u32;
-                mask[r * per + t] = 1.0;
-            }
-        }
+        let tokens = padded_chunks(batch, per);
+        let mask: Vec<f32> = batch
+            .iter()
+            .flat_map(|e| (0..per).map(move |t| f32::from(u8::from(t < e.response.len()))))
+            .collect();
         let chunks: Vec<&[u32]> = tokens.chunks(per).collect();
         let (logprobs, entropy) =
             policy

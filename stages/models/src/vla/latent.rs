@@ -71,7 +71,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::{
     Decision, Observation, Sequence, Vla, VlaError, check_rows, check_temperature, gather_tokens,
-    log_softmax_at, masked_nll,
+    log_softmax_at, masked_mean, masked_nll,
 };
 use crate::policy::{Entropy, arg_max, draw};
 
@@ -171,6 +171,19 @@ pub(super) struct LatentInput {
     pub(super) latents: Tensor,
     /// Per row, the positions of the latent part the actions see.
     pub(super) visible: Vec<i64>,
+}
+
+/// What one trunk pass over a sequence with a latent part gives.
+struct LatentPass {
+    /// Final hidden states `[batch, time, embd]`.
+    hidden: Tensor,
+    /// The latent each slot predicts `[batch, L, embd]` (the hidden state
+    /// before the slot).
+    predicted: Tensor,
+    /// The `<latent_end>` logit of every candidate `[batch, M]`.
+    end_logits: Tensor,
+    /// The value at every candidate's `<latent_end>` `[batch, M]`.
+    values: Tensor,
 }
 
 /// One decision of a thinking policy.
@@ -301,24 +314,61 @@ impl Vla {
         Ok(Tensor::cat(&pieces, 1))
     }
 
-    /// From hidden states of a sequence with a latent part: the predicted
-    /// latents `[batch, L, embd]`, the `<latent_end>` logits `[batch, M]` and
-    /// the value at every candidate `[batch, M]`.
-    fn latent_readout(&self, hidden: &Tensor, prefix: i64) -> (Tensor, Tensor, Tensor) {
-        let shape = self.latent_shape().expect("checked by the caller");
+    /// One trunk pass over `[prefix | latent part (`latents` in the slots) |
+    /// actions when asked]`, the actions seeing `visible[b]` positions of
+    /// the latent part (`visible` unread without actions), and what it
+    /// reads out: the predicted latents, the stop logits and the values.
+    /// The one forward pass of every latent path: generation, the stop's
+    /// choice, action sampling, the update's scores and the warm-up.
+    fn latent_pass(
+        &self,
+        batch: &[Observation],
+        latents: &Tensor,
+        visible: &[i64],
+        actions: bool,
+    ) -> Result<LatentPass, VlaError> {
+        let shape = self.latent_shape()?;
+        let input = LatentInput {
+            latents: latents.shallow_clone(),
+            visible: visible.to_vec(),
+        };
+        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), actions)?;
+        let hidden = self.hidden(x, &mask);
         let parts = self.latent_parts();
         let device = hidden.device();
         let index = |positions: Vec<i64>| {
             let positions: Vec<i64> = positions.into_iter().map(|p| prefix + p).collect();
             hidden.index_select(1, &Tensor::from_slice(&positions).to(device))
         };
-        let latents = index((0..shape.length).map(|i| shape.slot(i) - 1).collect());
+        let predicted = index((0..shape.length).map(|i| shape.slot(i) - 1).collect());
         let candidates = 0..shape.candidates();
         let before_end = index(candidates.clone().map(|m| shape.end(m) - 1).collect());
         let at_end = index(candidates.map(|m| shape.end(m)).collect());
-        let end_logits = parts.end_head.forward(&before_end).squeeze_dim(2);
-        let values = parts.value_head.forward(&at_end).squeeze_dim(2);
-        (latents, end_logits, values)
+        Ok(LatentPass {
+            end_logits: parts.end_head.forward(&before_end).squeeze_dim(2),
+            values: parts.value_head.forward(&at_end).squeeze_dim(2),
+            predicted,
+            hidden,
+        })
+    }
+
+    /// 1 on each row's chosen latents (the first `(stops[b] + 1) × group`
+    /// slots), 0 on the others: `[batch, L]`.
+    pub fn chosen_latents(&self, stops: &[usize]) -> Result<Tensor, VlaError> {
+        let shape = self.latent_shape()?;
+        let lengths = shape.candidate_lengths();
+        let mut mask = Vec::with_capacity(stops.len() * shape.length as usize);
+        for (row, &stop) in stops.iter().enumerate() {
+            let len = *lengths.get(stop).ok_or(VlaError::Stop {
+                row,
+                stop,
+                candidates: shape.candidates(),
+            })?;
+            mask.extend((0..shape.length as usize).map(|i| f32::from(u8::from(i < len))));
+        }
+        Ok(Tensor::from_slice(&mask)
+            .view([stops.len() as i64, shape.length])
+            .to(self.device()))
     }
 
     /// Positions of the latent part the actions see when stopping at
@@ -340,13 +390,10 @@ impl Vla {
         let (b, e) = (batch.len() as i64, self.config.n_embd);
         let latents = Tensor::zeros([b, shape.length, e], (Kind::Float, self.device()));
         for i in 0..shape.length {
-            let input = LatentInput {
-                latents: latents.shallow_clone(),
-                visible: Vec::new(),
-            };
-            let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), false)?;
-            let hidden = self.hidden(x, &mask);
-            let mut z = hidden.select(1, prefix + shape.slot(i) - 1);
+            let mut z = self
+                .latent_pass(batch, &latents, &[], false)?
+                .predicted
+                .select(1, i);
             if noise_std > 0.0 {
                 let noise: Vec<f32> = rngs
                     .iter_mut()
@@ -391,10 +438,8 @@ impl Vla {
         tch::no_grad(|| {
             let latents = self.generate_latents(batch, &mut rngs, noise_std)?;
             // The stop logits do not depend on what the actions see.
-            let all = Self::visible(&shape, shape.candidates() as usize - 1);
-            let (_, end_logits, _) =
-                self.latent_forward(batch, &latents, &vec![all; batch.len()], false)?;
-            let stop_logp = log_softmax_at(&end_logits, temperature);
+            let chain = self.latent_pass(batch, &latents, &[], false)?;
+            let stop_logp = log_softmax_at(&chain.end_logits, temperature);
             let stop_logp =
                 Vec::<f32>::try_from(stop_logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
             let m = shape.candidates() as usize;
@@ -404,19 +449,14 @@ impl Vla {
                 .map(|(row, rng)| choose_stop(&stop_logp[row * m..(row + 1) * m], temperature, rng))
                 .collect();
             let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(&shape, s)).collect();
-            let (hidden, end_logits, values) =
-                self.latent_forward(batch, &latents, &visible, true)?;
+            let acted = self.latent_pass(batch, &latents, &visible, true)?;
             let decisions =
-                self.draw_decisions(&self.action_logits(&hidden), &mut rngs, temperature);
-            let stops_tensor =
-                Tensor::from_slice(&stops.iter().map(|&s| s as i64).collect::<Vec<_>>())
-                    .to(self.device());
-            let chosen_logp = log_softmax_at(&end_logits, temperature)
-                .gather(1, &stops_tensor.unsqueeze(1), false)
+                self.draw_decisions(&self.action_logits(&acted.hidden), &mut rngs, temperature);
+            let column = self.stop_rows(&stops, batch.len())?.unsqueeze(1);
+            let chosen_logp = log_softmax_at(&acted.end_logits, temperature)
+                .gather(1, &column, false)
                 .squeeze_dim(1);
-            let chosen_value = values
-                .gather(1, &stops_tensor.unsqueeze(1), false)
-                .squeeze_dim(1);
+            let chosen_value = acted.values.gather(1, &column, false).squeeze_dim(1);
             let chosen_logp = Vec::<f32>::try_from(chosen_logp.to(Device::Cpu)).expect("f32");
             let chosen_value = Vec::<f32>::try_from(chosen_value.to(Device::Cpu)).expect("f32");
             let per_row = (shape.length * self.config.n_embd) as usize;
@@ -434,27 +474,6 @@ impl Vla {
                 })
                 .collect())
         })
-    }
-
-    /// One pass over `[prefix | latent part (latents in the slots) |
-    /// actions when asked]`, the actions seeing `visible[b]` latent
-    /// positions: the hidden states, the stop logits `[batch, M]` and the
-    /// values `[batch, M]`.
-    fn latent_forward(
-        &self,
-        batch: &[Observation],
-        latents: &Tensor,
-        visible: &[i64],
-        actions: bool,
-    ) -> Result<(Tensor, Tensor, Tensor), VlaError> {
-        let input = LatentInput {
-            latents: latents.shallow_clone(),
-            visible: visible.to_vec(),
-        };
-        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), actions)?;
-        let hidden = self.hidden(x, &mask);
-        let (_, end_logits, values) = self.latent_readout(&hidden, prefix);
-        Ok((hidden, end_logits, values))
     }
 
     /// Stored latents `[batch, L, embd]` on the device, checked: `L × embd`
@@ -525,23 +544,17 @@ impl Vla {
         let stop = self.stop_rows(stops, batch.len())?;
         let targets = self.action_tokens(tokens, batch.len())?;
         let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(shape, s)).collect();
-        let input = LatentInput {
-            latents: stored,
-            visible,
-        };
-        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), true)?;
-        let hidden = self.hidden(x, &mask);
-        let (predicted, end_logits, values) = self.latent_readout(&hidden, prefix);
-        let log_probs = log_softmax_at(&self.action_logits(&hidden), temperature);
+        let pass = self.latent_pass(batch, &stored, &visible, true)?;
+        let log_probs = log_softmax_at(&self.action_logits(&pass.hidden), temperature);
         let column = stop.unsqueeze(1);
         Ok(LatentScores {
             token_logprobs: gather_tokens(&log_probs, &targets),
             entropy: entropy.of(&log_probs),
-            latents: predicted,
-            stop_logprobs: log_softmax_at(&end_logits, temperature)
+            latents: pass.predicted,
+            stop_logprobs: log_softmax_at(&pass.end_logits, temperature)
                 .gather(1, &column, false)
                 .squeeze_dim(1),
-            values: values.gather(1, &column, false).squeeze_dim(1),
+            values: pass.values.gather(1, &column, false).squeeze_dim(1),
         })
     }
 
@@ -567,52 +580,26 @@ impl Vla {
         let action_mask = self.valid_mask(valid_steps, b)?;
         let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(shape, s)).collect();
         let inputs = if warmup.self_forcing {
-            let (hidden, prefix) = tch::no_grad(|| {
-                let input = LatentInput {
-                    latents: goal.shallow_clone(),
-                    visible: visible.clone(),
-                };
-                let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), false)?;
-                Ok::<_, VlaError>((self.hidden(x, &mask), prefix))
-            })?;
-            self.latent_readout(&hidden, prefix).0.detach()
+            tch::no_grad(|| self.latent_pass(batch, &goal, &[], false))?.predicted
         } else {
             goal.shallow_clone()
         };
-        let chosen: Vec<f32> = stops
-            .iter()
-            .flat_map(|&s| {
-                let len = shape.candidate_lengths()[s];
-                (0..shape.length as usize).map(move |i| if i < len { 1.0 } else { 0.0 })
-            })
-            .collect();
-        let chosen = Tensor::from_slice(&chosen)
-            .view([b as i64, shape.length])
-            .to(self.device());
-        let input = LatentInput {
-            latents: inputs,
-            visible,
-        };
-        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), true)?;
-        let hidden = self.hidden(x, &mask);
-        let (predicted, end_logits, _) = self.latent_readout(&hidden, prefix);
-        let cosine = Tensor::cosine_similarity(&predicted, &goal, 2, 1e-8);
+        let chosen = self.chosen_latents(stops)?;
+        let pass = self.latent_pass(batch, &inputs, &visible, true)?;
+        let cosine = Tensor::cosine_similarity(&pass.predicted, &goal, 2, 1e-8);
         let distance: Tensor = cosine.neg() + 1.0;
-        let latent = (distance * &chosen).sum(Kind::Float) / chosen.sum(Kind::Float);
-        let end = -end_logits
+        let latent = masked_mean(&distance, Some(&chosen));
+        let end = -pass
+            .end_logits
             .log_softmax(1, Kind::Float)
             .gather(1, &stop.unsqueeze(1), false)
             .mean(Kind::Float);
-        let action_logits = self.action_logits(&hidden);
+        let action_logits = self.action_logits(&pass.hidden);
         let action = masked_nll(&action_logits, &action_targets, action_mask.as_ref());
         let token_entropy = Entropy::Metric
             .of(&action_logits.log_softmax(-1, Kind::Float))
             .expect("asked for");
-        let entropy = match &action_mask {
-            None => token_entropy.mean(Kind::Float),
-            Some(mask) => (token_entropy * mask).sum(Kind::Float) / mask.sum(Kind::Float),
-        }
-        .double_value(&[]);
+        let entropy = masked_mean(&token_entropy, action_mask.as_ref()).double_value(&[]);
         let (latent_value, end_value, action_value) = (
             latent.double_value(&[]),
             end.double_value(&[]),

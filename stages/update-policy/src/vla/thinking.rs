@@ -35,7 +35,7 @@ use embodyflow_models::vla::{LatentConfig, Vla};
 use embodyflow_rollout::sampling_seed;
 use tch::{Kind, Tensor};
 
-use super::{decode_observations, observation_rows, observation_shape};
+use super::{decode_observations, observation_rows, observation_shape, padded_chunks};
 use crate::lapo::{LapoBatch, lapo_loss};
 use crate::loss::Denominators;
 use crate::{Config, Example, ExampleThought, Objective, OwnLoss};
@@ -219,13 +219,7 @@ pub fn own_loss(
     let stops: Vec<usize> = thoughts.iter().map(|t| t.latent_len / group - 1).collect();
     let per = model_config.n_action_tokens() as usize;
     let d = model_config.action_dim as usize;
-    // A demonstration's last decision may stop early: bin 0 past its end, masked.
-    let mut tokens = vec![0u32; batch.len() * per];
-    for (r, example) in batch.iter().enumerate() {
-        for (t, &token) in example.response.iter().enumerate() {
-            tokens[r * per + t] = token as u32;
-        }
-    }
+    let tokens = padded_chunks(batch, per);
     let chunks: Vec<&[u32]> = tokens.chunks(per).collect();
     let share = batch.len() as f64 / denominators.sequences;
     match config.objective {
@@ -271,13 +265,7 @@ pub fn own_loss(
                 .collect();
             let old_logprobs = column(old_logprobs).view([b, per as i64]);
             let old_latents = column(latents.concat()).view_as(&scores.latents);
-            let mask: Vec<f32> = thoughts
-                .iter()
-                .flat_map(|t| {
-                    (0..latent.length as usize).map(move |i| f32::from(u8::from(i < t.latent_len)))
-                })
-                .collect();
-            let latent_mask = column(mask).view([b, latent.length]);
+            let latent_mask = policy.model.chosen_latents(&stops)?;
             let advantages = column(batch.iter().map(|e| e.advantages[0]).collect());
             let old_end = column(thoughts.iter().map(|t| t.old_stop_logprob).collect());
             let old_values = column(thoughts.iter().map(|t| t.old_value).collect());
