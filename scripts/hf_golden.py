@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Reference outputs from transformers for the embodyflow-hf tests (stages/hf/tests).
+
+Two modes:
+
+  hf_golden.py make OUT
+      Creates tiny random decoders with transformers (seeded) and saves them in
+      the Hugging Face layout under OUT/<name>/, each with OUT/<name>/golden.json:
+      a left-padded prompt batch (input_ids, attention_mask), transformers'
+      logits on it (float64 lists) and its greedy tokens (generate,
+      do_sample=False) with the eos and pad ids used.
+
+        qwen2        q/k/v biases, GQA 4 heads / 2 kv heads, untied, f32
+        qwen2-bf16   the same weights saved and run in bf16
+        qwen3        q/k norms, head_dim 16 != hidden/heads 12, sharded
+                     (model.safetensors.index.json), f32
+        llama3       rope_type llama3 (low, medium and high frequencies all
+                     present), untied, attention and MLP biases, f32
+        llama-tied   rope_type linear, tied embeddings, f32
+
+  hf_golden.py logits MODEL_DIR INPUT_JSON OUT_JSON
+      Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained and writes its
+      logits on INPUT_JSON's input_ids / attention_mask (a model saved by us).
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+PAD = 0
+NEW_TOKENS = 6
+
+
+def randomize(model, seed):
+    """Weights large enough that logits differ by whole units between tokens
+    (transformers' 0.02 init leaves them all near zero), norms around 1."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            else:
+                p.copy_(0.25 * noise)
+
+
+def batch(vocab, seed):
+    """Three rows of lengths 7, 5 and 3, left-padded with PAD."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [7, 5, 3]
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, vocab, (n,), generator=gen)
+        mask[row, width - n :] = 1
+    return ids, mask
+
+
+def logits_of(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.double()
+
+
+def greedy(model, ids, mask, eos):
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=eos,
+    )
+    return out[:, ids.shape[1] :]
+
+
+def make_one(out, name, config, seed, dtype=torch.float32, shard=None):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    randomize(model, seed)
+    model = model.to(dtype).eval()
+    ids, mask = batch(config.vocab_size, seed + 1)
+    # An eos that greedy decoding meets: the third token row 0 generates
+    # without one, so generate's stop-and-pad path is exercised.
+    free = greedy(model, ids, mask, None)
+    eos = int(free[0, 2])
+    tokens = greedy(model, ids, mask, eos)
+    path = os.path.join(out, name)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(path, **kwargs)
+    golden = {
+        "input_ids": ids.tolist(),
+        "attention_mask": mask.tolist(),
+        "logits": logits_of(model, ids, mask).tolist(),
+        "greedy": tokens.tolist(),
+        "eos": eos,
+        "pad": PAD,
+        "max_new_tokens": NEW_TOKENS,
+    }
+    with open(os.path.join(path, "golden.json"), "w") as f:
+        json.dump(golden, f)
+
+
+def make(out):
+    torch.set_num_threads(1)
+    common = dict(
+        vocab_size=160,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+    )
+    qwen2 = transformers.Qwen2Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    make_one(out, "qwen2", qwen2, 11)
+    make_one(out, "qwen2-bf16", qwen2, 11, dtype=torch.bfloat16)
+    qwen3 = transformers.Qwen3Config(
+        **common, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+    )
+    make_one(out, "qwen3", qwen3, 12, shard="40KB")
+    llama3 = transformers.LlamaConfig(
+        **{**common, "hidden_size": 32},
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=False,
+        # head_dim 8, theta 100: wavelengths 6.3, 19.9, 62.8, 199 against
+        # 32 / 4 = 8 and 32 / 1 = 32: one kept, one smoothed, two divided.
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 100.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    )
+    make_one(out, "llama3", llama3, 13)
+    tied = transformers.LlamaConfig(
+        **{**common, "hidden_size": 32},
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+    )
+    make_one(out, "llama-tied", tied, 14)
+
+
+def logits(model_dir, input_json, out_json):
+    torch.set_num_threads(1)
+    with open(input_json) as f:
+        inputs = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    ids = torch.tensor(inputs["input_ids"], dtype=torch.long)
+    mask = torch.tensor(inputs["attention_mask"], dtype=torch.long)
+    with open(out_json, "w") as f:
+        json.dump({"logits": logits_of(model, ids, mask).tolist(), "dtype": str(model.dtype)}, f)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) == 5 and sys.argv[1] == "logits":
+        logits(*sys.argv[2:])
+    else:
+        sys.exit(__doc__)
