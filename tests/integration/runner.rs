@@ -187,6 +187,39 @@ fn cache_hits_when_nothing_changed_and_misses_when_one_key_changes() {
 }
 
 #[test]
+fn a_swept_loop_draws_every_cells_curves_on_one_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("swept.toml");
+    let text = std::fs::read_to_string(shipped("household-grpo.toml")).unwrap();
+    std::fs::write(&file, format!("{text}\n[sweep]\nlr = [\"1e-4\", \"3e-5\"]\n")).unwrap();
+    let out = dir.path().join("run");
+    let statuses = ok(&args(&file, &out, &["iterations=1"]));
+    assert_eq!(statuses["sft"], "ran", "setup is shared: {statuses:?}");
+    assert_eq!(statuses["it0/collect"], "ran", "{statuses:?}");
+    assert_eq!(
+        statuses.keys().filter(|id| id.starts_with("it0/update@")).count(),
+        2,
+        "{statuses:?}"
+    );
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    let every = report
+        .split("## Every cell")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no every-cell section\n{report}"));
+    for series in [
+        "lr=1e-4: train (sampled rollouts)",
+        "lr=1e-4: eval step eval",
+        "lr=3e-5: train (sampled rollouts)",
+        "lr=3e-5: eval step eval",
+    ] {
+        assert!(every.contains(series), "{series} missing\n{report}");
+    }
+    let png = embodyflow_plots::Png::read(&out.join("report/success-cells.png")).unwrap();
+    assert_eq!((png.width, png.height), (640, 400));
+    assert!(png.colours() > 20, "{} colours", png.colours());
+}
+
+#[test]
 fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let file = shipped("household-grpo.toml");

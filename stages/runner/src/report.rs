@@ -15,7 +15,7 @@
 //! written as Markdown.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::spec::{self, Output};
@@ -148,13 +148,12 @@ fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
 /// value is 0, whose points lie on the x axis, or there is none).
 fn plot_curves(
     path: &Path,
-    cell: &str,
+    title: &str,
     series: &[(String, Vec<(f64, f64)>)],
     iterations: f64,
 ) -> Result<()> {
     let draw = || -> std::result::Result<(), PlotError> {
         let root = embodyflow_plots::canvas(path, (640, 400))?;
-        let title = format!("Success per iteration: {cell}");
         let last = (iterations - 1.0).max(1.0);
         let whole = |x: &f64| {
             if x.fract() == 0.0 {
@@ -163,7 +162,7 @@ fn plot_curves(
                 String::new()
             }
         };
-        let mut chart = Frame::new(&title, "iteration", "success rate (fraction of episodes)")
+        let mut chart = Frame::new(title, "iteration", "success rate (fraction of episodes)")
             .ranges(-0.2..last + 0.2, -0.03..1.03)
             .x_ticks(((last + 1.0) as usize).min(12), &whole)
             .draw(&root)?;
@@ -326,7 +325,10 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         ));
     }
     let mut ablation: Vec<(String, BTreeMap<Option<u32>, Row>)> = Vec::new();
-    let mut plots: Vec<PathBuf> = Vec::new();
+    // Every cell's curves on one chart, named by cell, when a sweep compares
+    // cells (GRPO vs GiGPO from the same init, say).
+    let mut all_cells: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut all_iterations = 0;
     for (c, cell) in plan.cells.iter().enumerate() {
         let instances: Vec<&Instance> = plan
             .instances
@@ -383,7 +385,8 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 ));
             }
             let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
-            plot_curves(&path, &cell.name, &series, f64::from(iterations))?;
+            let title = format!("Success per iteration: {}", cell.name);
+            plot_curves(&path, &title, &series, f64::from(iterations))?;
             md.push_str(&format!(
                 "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); blue = train success of the sampled rollouts{}.\n",
                 cell.name,
@@ -395,9 +398,29 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                     .map(|(k, n)| format!(", {} = `{n}` success", PALETTE_NAMES[(k + 1) % PALETTE_NAMES.len()]))
                     .collect::<String>()
             ));
-            plots.push(path);
+            all_iterations = all_iterations.max(iterations);
+            all_cells.extend(
+                series
+                    .into_iter()
+                    .map(|(name, points)| (format!("{}: {name}", cell.name), points)),
+            );
         }
         ablation.push((cell.name.clone(), rows));
+    }
+    if plan.cells.len() > 1 && all_iterations > 0 {
+        let path = dir.join("success-cells.png");
+        let title = format!("Success per iteration: {} cells", plan.cells.len());
+        plot_curves(&path, &title, &all_cells, f64::from(all_iterations))?;
+        md.push_str(&format!(
+            "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series, in this order: {}.\n",
+            all_iterations - 1,
+            all_cells
+                .iter()
+                .enumerate()
+                .map(|(k, (name, _))| format!("{} = {name}", PALETTE_NAMES[k % PALETTE_NAMES.len()]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     if plan.cells.len() > 1 {
         let mut table = String::from(
@@ -442,7 +465,6 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
     }
     let path = dir.join("report.md");
     std::fs::write(&path, &md).map_err(|e| RunnerError::io(&path, e))?;
-    let _ = plots;
     Ok(summary.to_markdown())
 }
 
@@ -498,7 +520,7 @@ mod tests {
             ),
             ("eval step eval".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
         ];
-        plot_curves(&path, "base", &series, 3.0).unwrap();
+        plot_curves(&path, "Success per iteration: base", &series, 3.0).unwrap();
         let png = Png::read(&path).unwrap();
         assert_eq!((png.width, png.height), (640, 400));
         assert!(png.colours() > 20, "{} colours", png.colours());
