@@ -191,13 +191,20 @@ fn a_swept_loop_draws_every_cells_curves_on_one_chart() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("swept.toml");
     let text = std::fs::read_to_string(shipped("household-grpo.toml")).unwrap();
-    std::fs::write(&file, format!("{text}\n[sweep]\nlr = [\"1e-4\", \"3e-5\"]\n")).unwrap();
+    std::fs::write(
+        &file,
+        format!("{text}\n[sweep]\nlr = [\"1e-4\", \"3e-5\"]\n"),
+    )
+    .unwrap();
     let out = dir.path().join("run");
     let statuses = ok(&args(&file, &out, &["iterations=1"]));
     assert_eq!(statuses["sft"], "ran", "setup is shared: {statuses:?}");
     assert_eq!(statuses["it0/collect"], "ran", "{statuses:?}");
     assert_eq!(
-        statuses.keys().filter(|id| id.starts_with("it0/update@")).count(),
+        statuses
+            .keys()
+            .filter(|id| id.starts_with("it0/update@"))
+            .count(),
         2,
         "{statuses:?}"
     );
