@@ -7,8 +7,9 @@ Two modes:
       Creates tiny random decoders with transformers (seeded) and saves them in
       the Hugging Face layout under OUT/<name>/, each with OUT/<name>/golden.json:
       a left-padded prompt batch (input_ids, attention_mask), transformers'
-      logits on it (float64 lists) and its greedy tokens (generate,
-      do_sample=False) with the eos and pad ids used.
+      logits on it (float64 lists; position ids as generate computes them)
+      and its greedy tokens (generate, do_sample=False) with the eos and pad
+      ids used.
 
         qwen2        q/k/v biases, GQA 4 heads / 2 kv heads, untied, f32
         qwen2-bf16   the same weights saved and run in bf16
@@ -61,8 +62,11 @@ def batch(vocab, seed):
 
 
 def logits_of(model, ids, mask):
+    """Logits with the position ids generate uses for left padding
+    (cumsum(mask) - 1, 0 at padding; a plain forward would count padding)."""
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits.double()
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.double()
 
 
 def greedy(model, ids, mask, eos):
@@ -81,16 +85,20 @@ def make_one(out, name, config, seed, dtype=torch.float32, shard=None):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     randomize(model, seed)
-    model = model.to(dtype).eval()
+    model = model.to(dtype)
+    path = os.path.join(out, name)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(path, **kwargs)
+    # The references come from the saved checkpoint as from_pretrained loads
+    # it: `.to(bfloat16)` above also casts the rotary inv_freq buffer to
+    # bf16, which loading a bf16 checkpoint does not.
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     ids, mask = batch(config.vocab_size, seed + 1)
     # An eos that greedy decoding meets: the third token row 0 generates
     # without one, so generate's stop-and-pad path is exercised.
     free = greedy(model, ids, mask, None)
     eos = int(free[0, 2])
     tokens = greedy(model, ids, mask, eos)
-    path = os.path.join(out, name)
-    kwargs = {"max_shard_size": shard} if shard else {}
-    model.save_pretrained(path, **kwargs)
     golden = {
         "input_ids": ids.tolist(),
         "attention_mask": mask.tolist(),

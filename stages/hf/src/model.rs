@@ -1,0 +1,485 @@
+//! The decoder of transformers' `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
+//! `LlamaForCausalLM`, case by case as `modeling_qwen2.py`,
+//! `modeling_qwen3.py` and `modeling_llama.py` compute it:
+//!
+//! ```text
+//! h_0 = embed_tokens[ids]
+//! a   = h + o_proj(attn(input_layernorm(h)))            per layer
+//! h'  = a + down_proj(silu(gate_proj(n)) ⊙ up_proj(n)),  n = post_attention_layernorm(a)
+//! logits = lm_head(norm(h_L))                             (lm_head = embed_tokens when tied)
+//!
+//! rms(x) = w ⊙ cast(x / sqrt(mean(x²) + eps))            x in f32, cast back to the model dtype
+//! attn:  q, k, v = q_proj(x), k_proj(x), v_proj(x) per head (Qwen3: q = rms_q(q), k = rms_k(k) per head)
+//!        q, k = q cos(pθ) + rotate_half(q) sin(pθ), …    θ = config.inv_freq(), rotate_half(x) = [-x₂, x₁]
+//!        softmax(q kᵀ / √head_dim + M) v                 k, v repeated to every query head (GQA)
+//! ```
+//!
+//! `M` is 0 where a key is at or before its query and not padding, and the
+//! dtype's most negative finite value elsewhere (as transformers' masks), so
+//! a padding row's attention is uniform instead of NaN. Positions `p` come
+//! from the attention mask as `generate` computes them for left padding:
+//! `cumsum(mask) - 1`, 0 at padding; a left-padded row thus has the logits
+//! it has unpadded. Softmax runs in f32 inside libtorch's attention kernel
+//! for bf16 inputs.
+//!
+//! Parameters live in a [`tch::nn::VarStore`] under transformers' names
+//! (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`,
+//! …, `model.norm.weight`, `lm_head.weight` when untied), so training is an
+//! optimizer over [`HfDecoder::var_store`] and [`HfDecoder::save`] writes
+//! what `AutoModelForCausalLM.from_pretrained` reads.
+//!
+//! ```no_run
+//! use embodyflow_hf::{HfDecoder, KvCache};
+//! use tch::Tensor;
+//! let model = HfDecoder::load("Qwen2.5-0.5B".as_ref(), tch::Device::Cpu).unwrap();
+//! let ids = Tensor::from_slice(&[0i64, 0, 7, 8, 9, 10]).view([2, 3]);
+//! let mut mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1]).view([2, 3]);
+//! // Incremental decoding: the prompt once, then one token at a time.
+//! let mut cache = KvCache::default();
+//! let logits = model.forward_cached(&ids, &mask, &mut cache).unwrap();
+//! let next = logits.select(1, -1).argmax(-1, true);
+//! mask = Tensor::cat(&[mask, Tensor::ones([2, 1], (tch::Kind::Int64, tch::Device::Cpu))], 1);
+//! let logits = model.forward_cached(&next, &mask, &mut cache).unwrap(); // [2, 1, vocab]
+//! ```
+
+use std::path::Path;
+
+use serde_json::Value;
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::HfError;
+use crate::config::{HfConfig, ModelType};
+use crate::safetensors::{self, Weights};
+
+/// Keys and values of the positions run so far, per layer, for decoding one
+/// token at a time; empty before the first call.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    /// Positions cached (0 when empty).
+    pub fn len(&self) -> i64 {
+        self.layers.first().map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_layernorm: Tensor,
+    post_attention_layernorm: Tensor,
+    q_proj: nn::Linear,
+    k_proj: nn::Linear,
+    v_proj: nn::Linear,
+    o_proj: nn::Linear,
+    /// Qwen3's per-head norms.
+    q_k_norm: Option<(Tensor, Tensor)>,
+    gate_proj: nn::Linear,
+    up_proj: nn::Linear,
+    down_proj: nn::Linear,
+}
+
+/// Zero-initialised: every parameter is then loaded from the checkpoint.
+fn linear(path: nn::Path, input: i64, output: i64, bias: bool) -> nn::Linear {
+    let config = nn::LinearConfig {
+        ws_init: nn::Init::Const(0.0),
+        bs_init: Some(nn::Init::Const(0.0)),
+        bias,
+    };
+    nn::linear(path, input, output, config)
+}
+
+fn norm_weight(path: nn::Path, dim: i64) -> Tensor {
+    path.var("weight", &[dim], nn::Init::Const(1.0))
+}
+
+/// transformers' `RMSNorm`: in f32, cast back before the weight.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let h = x.to_kind(Kind::Float);
+    let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+    let h = h * (variance + eps).rsqrt();
+    weight * h.to_kind(x.kind())
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[x2.neg(), x1], -1)
+}
+
+/// `[B, KV, S, D]` → `[B, KV * n_rep, S, D]`, each key/value head repeated
+/// for its group of query heads.
+fn repeat_kv(x: &Tensor, n_rep: i64) -> Tensor {
+    if n_rep == 1 {
+        return x.shallow_clone();
+    }
+    let (b, kv, s, d) = x.size4().unwrap_or_default();
+    x.unsqueeze(2)
+        .expand([b, kv, n_rep, s, d], false)
+        .reshape([b, kv * n_rep, s, d])
+}
+
+/// The most negative finite value of `kind` (transformers' `finfo.min`).
+fn min_value(kind: Kind) -> f64 {
+    match kind {
+        Kind::BFloat16 => -3.3895313892515355e38,
+        Kind::Half => -65504.0,
+        Kind::Double => f64::MIN,
+        _ => f32::MIN as f64,
+    }
+}
+
+impl Layer {
+    fn new(path: &nn::Path, c: &HfConfig) -> Layer {
+        let attn = path / "self_attn";
+        let mlp = path / "mlp";
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let q_k_norm = (c.model_type == ModelType::Qwen3).then(|| {
+            (
+                norm_weight(&attn / "q_norm", d),
+                norm_weight(&attn / "k_norm", d),
+            )
+        });
+        Layer {
+            input_layernorm: norm_weight(path / "input_layernorm", h),
+            post_attention_layernorm: norm_weight(path / "post_attention_layernorm", h),
+            q_proj: linear(&attn / "q_proj", h, c.num_attention_heads * d, c.qkv_bias),
+            k_proj: linear(&attn / "k_proj", h, c.num_key_value_heads * d, c.qkv_bias),
+            v_proj: linear(&attn / "v_proj", h, c.num_key_value_heads * d, c.qkv_bias),
+            o_proj: linear(&attn / "o_proj", c.num_attention_heads * d, h, c.o_bias),
+            q_k_norm,
+            gate_proj: linear(&mlp / "gate_proj", h, c.intermediate_size, c.mlp_bias),
+            up_proj: linear(&mlp / "up_proj", h, c.intermediate_size, c.mlp_bias),
+            down_proj: linear(&mlp / "down_proj", c.intermediate_size, h, c.mlp_bias),
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &(Tensor, Tensor),
+        mask: &Tensor,
+        cache: Option<&mut (Tensor, Tensor)>,
+        c: &HfConfig,
+    ) -> (Tensor, Option<(Tensor, Tensor)>) {
+        let (b, t, _) = x.size3().unwrap_or_default();
+        let n = rms_norm(x, &self.input_layernorm, c.rms_norm_eps);
+        let heads = |y: Tensor| y.view([b, t, -1, c.head_dim]);
+        let (mut q, mut k) = (
+            heads(self.q_proj.forward(&n)),
+            heads(self.k_proj.forward(&n)),
+        );
+        if let Some((q_norm, k_norm)) = &self.q_k_norm {
+            q = rms_norm(&q, q_norm, c.rms_norm_eps);
+            k = rms_norm(&k, k_norm, c.rms_norm_eps);
+        }
+        let v = heads(self.v_proj.forward(&n)).transpose(1, 2);
+        let (cos, sin) = rope;
+        let q = q.transpose(1, 2);
+        let k = k.transpose(1, 2);
+        let q = &q * cos + rotate_half(&q) * sin;
+        let mut k = &k * cos + rotate_half(&k) * sin;
+        let mut v = v;
+        let mut new_entry = None;
+        match cache {
+            Some((past_k, past_v)) => {
+                k = Tensor::cat(&[&*past_k, &k], 2);
+                v = Tensor::cat(&[&*past_v, &v], 2);
+                *past_k = k.shallow_clone();
+                *past_v = v.shallow_clone();
+            }
+            None => new_entry = Some((k.shallow_clone(), v.shallow_clone())),
+        }
+        let n_rep = c.num_attention_heads / c.num_key_value_heads;
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &repeat_kv(&k, n_rep),
+            &repeat_kv(&v, n_rep),
+            Some(mask),
+            0.0,
+            false,
+            (c.head_dim as f64).powf(-0.5),
+            false,
+        );
+        let a = x + self.o_proj.forward(&y.transpose(1, 2).reshape([b, t, -1]));
+        let n = rms_norm(&a, &self.post_attention_layernorm, c.rms_norm_eps);
+        let mlp = self
+            .down_proj
+            .forward(&(self.gate_proj.forward(&n).silu() * self.up_proj.forward(&n)));
+        (a + mlp, new_entry)
+    }
+}
+
+/// A Hugging Face decoder: its config, its parameters and how to run them.
+#[derive(Debug)]
+pub struct HfDecoder {
+    config: HfConfig,
+    vs: nn::VarStore,
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<nn::Linear>,
+    /// `[head_dim / 2]` f32 on the model's device.
+    inv_freq: Tensor,
+}
+
+impl HfDecoder {
+    /// Loads `dir/config.json` and its weights onto `device`, in the dtype
+    /// the checkpoint stores `model.embed_tokens.weight` in (F32 or BF16;
+    /// other tensors are cast to it). Every parameter the config implies must
+    /// be present with its shape; tensors it does not imply are ignored, as
+    /// transformers ignores them.
+    pub fn load(dir: &Path, device: Device) -> Result<HfDecoder, HfError> {
+        let config = HfConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let kind = weights.kind("model.embed_tokens.weight")?;
+        let mut vs = nn::VarStore::new(device);
+        vs.set_kind(kind);
+        let model = HfDecoder::build(vs, config);
+        let mut variables: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+        variables.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| {
+            for (name, mut variable) in variables {
+                let value = weights.load(&name, &variable.size())?;
+                variable
+                    .f_copy_(&value)
+                    .map_err(|e| HfError::Torch(format!("{name}: {e}")))?;
+            }
+            Ok::<(), HfError>(())
+        })?;
+        Ok(model)
+    }
+
+    fn build(vs: nn::VarStore, config: HfConfig) -> HfDecoder {
+        let root = vs.root();
+        let model = &root / "model";
+        let c = &config;
+        let embed_tokens = (&model / "embed_tokens").var(
+            "weight",
+            &[c.vocab_size, c.hidden_size],
+            nn::Init::Const(0.0),
+        );
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| Layer::new(&(&model / "layers" / i), c))
+            .collect();
+        let norm = norm_weight(&model / "norm", c.hidden_size);
+        let lm_head = (!c.tie_word_embeddings)
+            .then(|| linear(&root / "lm_head", c.hidden_size, c.vocab_size, false));
+        let inv_freq = c.inv_freq().to_device(vs.device());
+        HfDecoder {
+            config,
+            vs,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        }
+    }
+
+    /// The resolved config.
+    pub fn config(&self) -> &HfConfig {
+        &self.config
+    }
+
+    /// The parameters, named as transformers names them (for an optimizer).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// The parameters' dtype (`Float` or `BFloat16`).
+    pub fn kind(&self) -> Kind {
+        self.embed_tokens.kind()
+    }
+
+    /// Logits `[B, T, vocab]` (in the model's dtype) of `input_ids` `[B, T]`
+    /// (i64) under `attention_mask` `[B, T]` (1 = token, 0 = padding, any
+    /// integer or bool kind), with gradients when they are enabled.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, HfError> {
+        self.run(input_ids, attention_mask, None)
+    }
+
+    /// As [`HfDecoder::forward`], continuing `cache`: `attention_mask` covers
+    /// the cached positions and then `input_ids` (`[B, cache.len() + T]`);
+    /// the new keys and values are appended to `cache`.
+    pub fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, HfError> {
+        self.run(input_ids, attention_mask, Some(cache))
+    }
+
+    fn run(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, HfError> {
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let (ids, keys) = self.check_batch(input_ids, attention_mask, past)?;
+        let device = self.vs.device();
+        let kind = self.kind();
+        let (b, t) = ids.size2().unwrap_or_default();
+        let s = past + t;
+        // generate's position ids: cumsum(mask) - 1, 0 at padding.
+        let positions = (keys.to_kind(Kind::Int64).cumsum(-1, Kind::Int64) - 1)
+            .masked_fill(&keys.logical_not(), 0)
+            .narrow(1, past, t);
+        let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * &self.inv_freq;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        let rope = (
+            emb.cos().to_kind(kind).unsqueeze(1),
+            emb.sin().to_kind(kind).unsqueeze(1),
+        );
+        let key_index = Tensor::arange(s, (Kind::Int64, device));
+        let query_index = Tensor::arange_start(past, s, (Kind::Int64, device));
+        let causal = key_index.unsqueeze(0).le_tensor(&query_index.unsqueeze(1));
+        let allowed = causal.unsqueeze(0).logical_and(&keys.unsqueeze(1));
+        let mask = Tensor::zeros([b, 1, t, s], (kind, device))
+            .masked_fill(&allowed.logical_not().unsqueeze(1), min_value(kind));
+        let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+        let mut cache = cache;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let entry = cache.as_mut().and_then(|c| c.layers.get_mut(i));
+            let (next, new_entry) = layer.forward(&h, &rope, &mask, entry, &self.config);
+            if let (Some(c), Some(e)) = (cache.as_mut(), new_entry) {
+                c.layers.push(e);
+            }
+            h = next;
+        }
+        let h = rms_norm(&h, &self.norm, self.config.rms_norm_eps);
+        Ok(match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => h.linear::<Tensor>(&self.embed_tokens, None),
+        })
+    }
+
+    /// The ids on the model's device and the mask as bool, after checking
+    /// shapes, kinds and ranges.
+    fn check_batch(
+        &self,
+        ids: &Tensor,
+        mask: &Tensor,
+        past: i64,
+    ) -> Result<(Tensor, Tensor), HfError> {
+        let bad = |reason: String| Err(HfError::BadBatch(reason));
+        if ids.dim() != 2 || ids.kind() != Kind::Int64 {
+            return bad(format!(
+                "input_ids must be [B, T] i64, got {:?} {:?}",
+                ids.size(),
+                ids.kind()
+            ));
+        }
+        let (b, t) = ids.size2().unwrap_or_default();
+        if t == 0 {
+            return bad("input_ids has no positions".into());
+        }
+        if mask.size() != [b, past + t] {
+            return bad(format!(
+                "attention_mask has shape {:?}, expected [{b}, {}] ({past} cached + {t} new)",
+                mask.size(),
+                past + t
+            ));
+        }
+        let device = self.vs.device();
+        let ids = ids.to_device(device);
+        let mask = mask.to_device(device);
+        let (lo, hi) = (ids.min().int64_value(&[]), ids.max().int64_value(&[]));
+        if lo < 0 || hi >= self.config.vocab_size {
+            return bad(format!(
+                "token ids span [{lo}, {hi}], the vocabulary is [0, {})",
+                self.config.vocab_size
+            ));
+        }
+        let keys = mask.ne(0);
+        if keys.logical_xor(&mask.eq(1)).any().int64_value(&[]) != 0 {
+            return bad("attention_mask holds values other than 0 and 1".into());
+        }
+        Ok((ids, keys))
+    }
+
+    /// Greedy decoding as transformers' `generate(do_sample=False)`: the
+    /// argmax token each step, at most `max_new_tokens`; once a row has
+    /// produced `eos` it continues with `pad`, and decoding stops when every
+    /// row has. Returns the new tokens `[B, n]`, `n <= max_new_tokens`.
+    pub fn greedy(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        max_new_tokens: i64,
+        eos: Option<i64>,
+        pad: i64,
+    ) -> Result<Tensor, HfError> {
+        let _guard = tch::no_grad_guard();
+        let device = self.vs.device();
+        let b = input_ids.size().first().copied().unwrap_or(0);
+        let mut cache = KvCache::default();
+        let mut mask = attention_mask.to_device(device).to_kind(Kind::Int64);
+        let mut input = input_ids.shallow_clone();
+        let mut finished = Tensor::zeros([b], (Kind::Bool, device));
+        let mut tokens = Vec::new();
+        for step in 0..max_new_tokens {
+            if step > 0 {
+                mask = Tensor::cat(&[&mask, &Tensor::ones([b, 1], (Kind::Int64, device))], 1);
+            }
+            let logits = self.forward_cached(&input, &mask, &mut cache)?;
+            let mut next = logits.select(1, -1).argmax(-1, false);
+            if let Some(eos) = eos {
+                next = next.masked_fill(&finished, pad);
+                finished = finished.logical_or(&next.eq(eos));
+            }
+            input = next.unsqueeze(1);
+            tokens.push(input.shallow_clone());
+            if finished.all().int64_value(&[]) != 0 {
+                break;
+            }
+        }
+        Ok(if tokens.is_empty() {
+            Tensor::zeros([b, 0], (Kind::Int64, device))
+        } else {
+            Tensor::cat(&tokens, 1)
+        })
+    }
+
+    /// Writes `dir/config.json` (the config as read, `dtype` set to the
+    /// parameters' dtype) and `dir/model.safetensors` (every parameter under
+    /// its transformers name), creating `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), HfError> {
+        let write = |file: &Path, source: std::io::Error| HfError::Write {
+            file: file.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
+        let mut config = self.config.source.clone();
+        let dtype = match self.kind() {
+            Kind::BFloat16 => "bfloat16",
+            _ => "float32",
+        };
+        config.insert("dtype".into(), Value::from(dtype));
+        if config.contains_key("torch_dtype") {
+            config.insert("torch_dtype".into(), Value::from(dtype));
+        }
+        let file = dir.join("config.json");
+        let text = serde_json::to_string_pretty(&Value::Object(config))
+            .map_err(|e| write(&file, e.into()))?;
+        let tmp = dir.join("config.json.tmp");
+        std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
+        std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
+        let mut tensors: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let tensors: Vec<(String, Tensor)> =
+            tensors.into_iter().map(|(n, t)| (n, t.detach())).collect();
+        safetensors::write(&dir.join(safetensors::SINGLE), &tensors)
+    }
+}
