@@ -22,6 +22,17 @@ Two modes:
   hf_golden.py logits MODEL_DIR INPUT_JSON OUT_JSON
       Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained and writes its
       logits on INPUT_JSON's input_ids / attention_mask (a model saved by us).
+
+  hf_golden.py bench-model OUT
+      Saves the benchmark's tiny random Qwen3 (width 256, 4 layers, 8 heads,
+      4 kv heads, head_dim 32, MLP 768, vocabulary 1024) to OUT.
+
+  hf_golden.py bench MODEL_DIR BATCH PROMPT NEW THREADS
+      transformers' speed on the batch stages/hf/benches/hf.rs builds (same
+      formula): greedy generate of NEW tokens after PROMPT-token prompts, and
+      a training step (forward + backward of the next-token loss) over
+      PROMPT + NEW tokens, on THREADS torch threads, one warm-up, best of 3.
+      Prints JSON {"greedy_tokens_per_s", "train_tokens_per_s"}.
 """
 import json
 import os
@@ -167,10 +178,86 @@ def logits(model_dir, input_json, out_json):
         json.dump({"logits": logits_of(model, ids, mask).tolist(), "dtype": str(model.dtype)}, f)
 
 
+def bench_model(out):
+    config = transformers.Qwen3Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize(model, 0)
+    model.save_pretrained(out)
+
+
+def bench_batch(vocab, batch, length):
+    """Row b: tokens 1 + (131 b + 17 t) mod (vocab - 1), its first b mod 4
+    positions padding (the same formula as the Rust benchmark)."""
+    ids = torch.tensor([[1 + (131 * b + 17 * t) % (vocab - 1) for t in range(length)] for b in range(batch)])
+    mask = torch.tensor([[0 if t < b % 4 else 1 for t in range(length)] for b in range(batch)])
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+def best_of_3(run):
+    import time
+
+    run()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench(model_dir, batch, prompt, new, threads):
+    batch, prompt, new, threads = int(batch), int(prompt), int(new), int(threads)
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
+    vocab = model.config.vocab_size
+    ids, mask = bench_batch(vocab, batch, prompt)
+
+    def sample():
+        with torch.no_grad():
+            model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                do_sample=False, pad_token_id=PAD, eos_token_id=None,
+            )
+
+    model.eval()
+    greedy_s = best_of_3(sample)
+    tids, tmask = bench_batch(vocab, batch, prompt + new)
+    positions = (tmask.cumsum(-1) - 1).masked_fill(tmask == 0, 0)
+    targets = tids[:, 1:].masked_fill(tmask[:, 1:] == 0, -100)
+
+    def train():
+        model.zero_grad(set_to_none=False)
+        logits = model(input_ids=tids, attention_mask=tmask, position_ids=positions).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), targets.reshape(-1))
+        loss.backward()
+
+    model.train()
+    train_s = best_of_3(train)
+    print(json.dumps({
+        "greedy_tokens_per_s": batch * new / greedy_s,
+        "train_tokens_per_s": batch * (prompt + new) / train_s,
+    }))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "bench-model":
+        bench_model(sys.argv[2])
+    elif len(sys.argv) == 7 and sys.argv[1] == "bench":
+        bench(*sys.argv[2:])
     else:
         sys.exit(__doc__)
