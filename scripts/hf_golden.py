@@ -19,6 +19,11 @@ Two modes:
                      present), untied, attention and MLP biases, f32
         llama-tied   rope_type linear, tied embeddings, f32
 
+      OUT/qwen2/ also gets a tokenizer with Qwen2.5-Instruct's chat template
+      (saved by transformers) and OUT/qwen2/chat.json: conversations (plain,
+      multi-turn, tool calls and responses with tool schemas) and their
+      apply_chat_template(tokenize=False, add_generation_prompt=True) text.
+
   hf_golden.py logits MODEL_DIR INPUT_JSON OUT_JSON
       Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained and writes its
       logits on INPUT_JSON's input_ids / attention_mask (a model saved by us).
@@ -123,6 +128,125 @@ def make_one(out, name, config, seed, dtype=torch.float32, shard=None):
         json.dump(golden, f)
 
 
+# Qwen2.5-Instruct's chat template, as its tokenizer_config.json ships it.
+QWEN25_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+# Keys in sorted order: our side keeps serde_json's (sorted) key order.
+WEATHER_TOOL = {
+    "function": {
+        "description": "Weather of a city",
+        "name": "get_weather",
+        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
+    },
+    "type": "function",
+}
+CHATS = [
+    {"messages": [{"role": "user", "content": "Put the cup in the sink."}], "tools": None},
+    {
+        "messages": [
+            {"role": "system", "content": "You control a household robot."},
+            {"role": "user", "content": "Where is the café mug? ☕"},
+            {"role": "assistant", "content": "  On the table.\n"},
+            {"role": "user", "content": "Bring it."},
+        ],
+        "tools": None,
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"function": {"arguments": {"city": "Paris", "days": 3}, "name": "get_weather"}, "type": "function"},
+                    {"function": {"arguments": {"city": "Rome", "days": 1}, "name": "get_weather"}, "type": "function"},
+                ],
+            },
+            {"role": "tool", "content": "sunny"},
+            {"role": "tool", "content": "rain"},
+        ],
+        "tools": [WEATHER_TOOL],
+    },
+]
+
+
+def save_chat(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "[UNK]": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="[UNK]"
+    )
+    fast.chat_template = QWEN25_TEMPLATE
+    fast.save_pretrained(path)
+    fast = transformers.AutoTokenizer.from_pretrained(path)
+    chats = [
+        {**chat, "text": fast.apply_chat_template(
+            chat["messages"], tools=chat["tools"], tokenize=False, add_generation_prompt=True
+        )}
+        for chat in CHATS
+    ]
+    with open(os.path.join(path, "chat.json"), "w") as f:
+        json.dump(chats, f, ensure_ascii=False)
+
+
 def make(out):
     torch.set_num_threads(1)
     common = dict(
@@ -137,6 +261,7 @@ def make(out):
     )
     qwen2 = transformers.Qwen2Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
     make_one(out, "qwen2", qwen2, 11)
+    save_chat(os.path.join(out, "qwen2"))
     make_one(out, "qwen2-bf16", qwen2, 11, dtype=torch.bfloat16)
     qwen3 = transformers.Qwen3Config(
         **common, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}

@@ -8,6 +8,9 @@
 //!   the `rope_parameters` and the older `rope_scaling` layout);
 //! - [`safetensors`]: the weight files, every fault naming its file and
 //!   tensor;
+//! - [`chat`]: the chat template (`chat_template.jinja` or
+//!   `tokenizer_config.json`) rendered with minijinja as transformers'
+//!   `apply_chat_template` renders it;
 //! - [`model`]: [`HfDecoder`], the decoder (RMSNorm, rotary embeddings with
 //!   the config's scaling, grouped-query attention, Qwen's q/k/v biases and
 //!   Qwen3's q/k norms, a SiLU-gated MLP) with a key/value cache, greedy
@@ -41,6 +44,7 @@ use std::path::PathBuf;
 
 use embodyflow_core::{Classify, ErrorKind};
 
+pub mod chat;
 pub mod config;
 pub mod model;
 pub mod safetensors;
@@ -149,6 +153,21 @@ pub enum HfError {
         /// The stored dtype.
         dtype: String,
     },
+    /// A model directory without a chat template.
+    #[error("{dir}: no chat_template.jinja and no `chat_template` in tokenizer_config.json")]
+    NoChatTemplate {
+        /// The model directory.
+        dir: PathBuf,
+    },
+    /// A chat template that does not compile or fails to render (its own
+    /// `raise_exception` included).
+    #[error("{file}: chat template: {reason}")]
+    BadChatTemplate {
+        /// The file holding the template.
+        file: PathBuf,
+        /// The engine's message.
+        reason: String,
+    },
     /// Token ids and mask the model cannot run.
     #[error("bad batch: {0}")]
     BadBatch(String),
@@ -161,7 +180,19 @@ impl Classify for HfError {
     fn kind(&self) -> ErrorKind {
         match self {
             HfError::Write { .. } | HfError::Torch(_) => ErrorKind::Failure,
-            _ => ErrorKind::BadInput,
+            HfError::Read { .. }
+            | HfError::BadConfig { .. }
+            | HfError::UnsupportedArchitecture { .. }
+            | HfError::UnsupportedRope { .. }
+            | HfError::NoWeights { .. }
+            | HfError::BadWeights { .. }
+            | HfError::MissingShard { .. }
+            | HfError::MissingTensor { .. }
+            | HfError::WrongShape { .. }
+            | HfError::UnsupportedDtype { .. }
+            | HfError::NoChatTemplate { .. }
+            | HfError::BadChatTemplate { .. }
+            | HfError::BadBatch(_) => ErrorKind::BadInput,
         }
     }
 }

@@ -5,6 +5,8 @@
 //! tied Llama with linear scaling) with transformers' logits on a
 //! left-padded batch and its greedy tokens. Needs the project venv with
 //! transformers (`scripts/setup`); without it every test fails saying so.
+//! The Qwen2 directory also holds Qwen2.5-Instruct's chat template and
+//! conversations rendered by `apply_chat_template`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -411,4 +413,19 @@ fn a_batch_the_model_cannot_run_is_refused() {
     assert!(err.to_string().contains("[0, 160)"), "{err}");
     let err = model.forward(&g.ids, &(&g.mask * 2)).unwrap_err();
     assert!(err.to_string().contains("other than 0 and 1"), "{err}");
+}
+
+#[test]
+fn chat_template_renders_as_apply_chat_template() {
+    let dir = fixture().join("qwen2");
+    let template = embodyflow_hf::chat::ChatTemplate::from_dir(&dir).unwrap();
+    let chats: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("chat.json")).unwrap()).unwrap();
+    let chats = chats.as_array().unwrap();
+    assert_eq!(chats.len(), 3);
+    for chat in chats {
+        let tools = chat["tools"].as_array().map(|_| &chat["tools"]);
+        let text = template.render(&chat["messages"], tools, true).unwrap();
+        assert_eq!(text, chat["text"].as_str().unwrap());
+    }
 }
