@@ -189,6 +189,23 @@ fn kv_cache_decoding_equals_the_full_forward() {
     assert!(err.to_string().contains("8 cached + 1 new"), "{err}");
 }
 
+#[test]
+fn a_left_padded_row_has_its_unpadded_logits() {
+    // Row 2 holds 3 tokens after 4 pads; alone it has positions 0..3 too.
+    let g = golden("llama3");
+    let model = load("llama3");
+    let _guard = tch::no_grad_guard();
+    let padded = model
+        .forward(&g.ids, &g.mask)
+        .unwrap()
+        .get(2)
+        .narrow(0, 4, 3);
+    let row = g.ids.get(2).narrow(0, 4, 3).unsqueeze(0);
+    let alone = model.forward(&row, &row.ones_like()).unwrap().get(0);
+    let diff = (padded - alone).abs().max().double_value(&[]);
+    assert!(diff <= 1e-5, "padded vs alone: {diff}");
+}
+
 /// One SGD step of next-token cross-entropy on the golden batch's tokens.
 fn train_step(model: &HfDecoder, g: &Golden) {
     use tch::nn::OptimizerConfig;
