@@ -321,67 +321,85 @@ impl GymEpisodes {
         .map_err(|e| format!("episode {i}'s observation: {e}"))
     }
 
+    /// Resets every episode: each worker builds (or reuses) and resets the
+    /// environments of its slots, sending progress frames as it goes. A
+    /// worker that crashes, stays silent past the build patience or sends a
+    /// malformed reply is counted, restarted and asked once more; a second
+    /// fault of the same worker is an error ([`BridgeError::Reset`]).
     fn reset(&mut self) -> Result<(), BridgeError> {
         let groups = self.by_worker(|_| true);
-        let timeout = self.pool.config.startup_timeout();
-        let python = self.pool.config.python.clone();
-        for (&w, members) in &groups {
-            let items: Vec<Value> = members
-                .iter()
-                .map(|&i| {
-                    let e = &self.episodes[i];
-                    let spec = &self.tasks[e.task].spec;
-                    json!({"slot": e.slot, "spec": spec.to_json(), "seed": spec.seed})
-                })
-                .collect();
-            self.pool
-                .worker(w)?
-                .send(&json!({"op": "reset", "episodes": items}));
+        for &w in groups.keys() {
+            self.send_reset(w, &groups[&w])?;
         }
-        let sent = Instant::now();
         for (&w, members) in &groups {
-            let worker = self.pool.worker(w)?;
-            let name = worker.name();
-            let startup = |fault: Fault| BridgeError::Startup {
-                worker: name.clone(),
-                request: "reset".into(),
-                fault,
-                python: python.clone(),
+            let Err(first) = self.read_reset(w, members)? else {
+                continue;
             };
-            let frame = match worker.receive(sent + timeout) {
-                Ok(Reply::Done(frame)) => frame,
-                Ok(Reply::Refused { bad_input, message }) => {
-                    return Err(BridgeError::Refused {
-                        worker: name,
-                        request: "reset".into(),
-                        message,
-                        bad_input,
-                    });
-                }
-                Err(fault) => {
-                    self.pool.fault(w, &fault);
-                    return Err(startup(fault));
-                }
-            };
-            let slots: Vec<usize> = members.iter().map(|&i| self.episodes[i].slot).collect();
-            let parsed = reply_episodes::<ResetEpisode>(&frame, &slots, |r| (r.slot, r.obs_len))
-                .and_then(|(replies, observations)| {
-                    for ((&i, reply), bytes) in members.iter().zip(replies).zip(observations) {
-                        self.store(i, bytes)?;
-                        let e = &mut self.episodes[i];
-                        e.instruction = reply.instruction;
-                        e.key = Some(reply.key);
-                        e.running = true;
-                    }
-                    Ok(())
+            let name = self.pool.worker(w)?.name();
+            self.pool.fault(w, &first);
+            self.send_reset(w, members)?;
+            if let Err(again) = self.read_reset(w, members)? {
+                let restarted = self.pool.worker(w)?.name();
+                self.pool.fault(w, &again);
+                return Err(BridgeError::Reset {
+                    first: format!("{name} {first}"),
+                    again: format!("{restarted} {again}"),
+                    python: self.pool.config.python.clone(),
                 });
-            if let Err(what) = parsed {
-                let fault = Fault::Malformed(what);
-                self.pool.fault(w, &fault);
-                return Err(startup(fault));
             }
         }
         Ok(())
+    }
+
+    fn send_reset(&mut self, w: usize, members: &[usize]) -> Result<(), BridgeError> {
+        let items: Vec<Value> = members
+            .iter()
+            .map(|&i| {
+                let e = &self.episodes[i];
+                let spec = &self.tasks[e.task].spec;
+                json!({"slot": e.slot, "spec": spec.to_json(), "seed": spec.seed})
+            })
+            .collect();
+        self.pool
+            .worker(w)?
+            .send(&json!({"op": "reset", "episodes": items}));
+        Ok(())
+    }
+
+    /// Worker `w`'s reply to `reset` for `members`: `Ok(Err(fault))` when
+    /// the worker failed (the caller restarts it), `Err` when it refused.
+    fn read_reset(
+        &mut self,
+        w: usize,
+        members: &[usize],
+    ) -> Result<Result<(), Fault>, BridgeError> {
+        let patience = self.pool.config.build_patience();
+        let worker = self.pool.worker(w)?;
+        let frame = match worker.receive_patiently(patience) {
+            Ok(Reply::Done(frame)) => frame,
+            Ok(Reply::Refused { bad_input, message }) => {
+                return Err(BridgeError::Refused {
+                    worker: worker.name(),
+                    request: "reset".into(),
+                    message,
+                    bad_input,
+                });
+            }
+            Err(fault) => return Ok(Err(fault)),
+        };
+        let slots: Vec<usize> = members.iter().map(|&i| self.episodes[i].slot).collect();
+        let parsed = reply_episodes::<ResetEpisode>(&frame, &slots, |r| (r.slot, r.obs_len))
+            .and_then(|(replies, observations)| {
+                for ((&i, reply), bytes) in members.iter().zip(replies).zip(observations) {
+                    self.store(i, bytes)?;
+                    let e = &mut self.episodes[i];
+                    e.instruction = reply.instruction;
+                    e.key = Some(reply.key);
+                    e.running = true;
+                }
+                Ok(())
+            });
+        Ok(parsed.map_err(Fault::Malformed))
     }
 
     /// The JSON actions of episode `i`'s chunk of `k`.

@@ -15,8 +15,6 @@
 //! assert!(demos[0].success);
 //! ```
 
-use std::time::Instant;
-
 use embodyflow_core::observation;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -150,8 +148,9 @@ fn parse(
 /// of different shapes, or that cannot be built are bad input; a worker
 /// fault, or an expert or environment that raises, ends that task's
 /// demonstration as a failure with its reason (a faulty worker is
-/// restarted for the next task). An expert episode may take up to
-/// [`BridgeConfig::startup_timeout`].
+/// restarted for the next task). A worker playing an expert episode sends
+/// progress frames: it is hung after [`BridgeConfig::build_patience`]
+/// without any.
 pub fn expert_demonstrations(
     config: &BridgeConfig,
     tasks: &[GymTask],
@@ -175,7 +174,7 @@ pub fn expert_demonstrations(
             tasks[0].task_id, tasks[0].spec.adapter
         )));
     }
-    let timeout = config.startup_timeout();
+    let patience = config.build_patience();
     let mut out = Vec::with_capacity(tasks.len());
     for wave in tasks.chunks(workers) {
         for (w, task) in wave.iter().enumerate() {
@@ -185,11 +184,10 @@ pub fn expert_demonstrations(
             });
             pool.worker(w)?.send(&request);
         }
-        let sent = Instant::now();
         for (w, task) in wave.iter().enumerate() {
             let worker = pool.worker(w)?;
             let name = worker.name();
-            let fault = match worker.receive(sent + timeout) {
+            let fault = match worker.receive_patiently(patience) {
                 Ok(Reply::Done(frame)) => {
                     match parse(&frame, &info, chunk_len, &task.task_id, &name) {
                         Ok(demo) => {

@@ -62,8 +62,9 @@ pub const DEFAULT_PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.ve
 /// The environment variable naming another Python for the workers.
 pub const PYTHON_VAR: &str = "EMBODYFLOW_GYM_PYTHON";
 
-/// How long a worker may take to start and build an environment (imports:
-/// ~1 s for Meta-World's MuJoCo), whatever the step timeout.
+/// The default [`BridgeConfig::startup_timeout`]: how long a worker may take
+/// to start and build an environment (imports: ~1 s for Meta-World's MuJoCo
+/// on an idle machine).
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The tasks table's `env` prefix of a bridge task (`gym:<adapter>`).
@@ -74,20 +75,25 @@ pub const ENV_PREFIX: &str = "gym:";
 pub struct BridgeConfig {
     /// Worker processes (episodes are split over them).
     pub workers: usize,
-    /// Longest wait for a reply to a step (hello and reset wait at least
-    /// [`STARTUP_TIMEOUT`]); past it the worker is hung.
+    /// Longest wait for a reply to a step; past it the worker is hung.
     pub timeout: Duration,
+    /// Longest silence of a worker starting (hello) or building and
+    /// resetting environments or playing an expert episode, which send
+    /// progress frames as they go: these wait at least this long between
+    /// two frames, whatever `timeout` (default [`STARTUP_TIMEOUT`]).
+    pub startup_timeout: Duration,
     /// The Python interpreter.
     pub python: PathBuf,
 }
 
 impl Default for BridgeConfig {
-    /// One worker, a 60 s timeout, `$EMBODYFLOW_GYM_PYTHON` or
+    /// One worker, 60 s timeouts, `$EMBODYFLOW_GYM_PYTHON` or
     /// [`DEFAULT_PYTHON`].
     fn default() -> BridgeConfig {
         BridgeConfig {
             workers: 1,
             timeout: Duration::from_secs(60),
+            startup_timeout: STARTUP_TIMEOUT,
             python: std::env::var_os(PYTHON_VAR)
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON)),
@@ -96,9 +102,10 @@ impl Default for BridgeConfig {
 }
 
 impl BridgeConfig {
-    /// The timeout of requests that build environments.
-    pub fn startup_timeout(&self) -> Duration {
-        self.timeout.max(STARTUP_TIMEOUT)
+    /// The longest silence of requests that build environments: the
+    /// larger of the two timeouts.
+    pub fn build_patience(&self) -> Duration {
+        self.timeout.max(self.startup_timeout)
     }
 }
 
@@ -370,8 +377,8 @@ pub enum BridgeError {
         /// Whether the request was at fault (else the worker failed).
         bad_input: bool,
     },
-    /// A worker failed while environments were being built (before any
-    /// step): a Python that cannot run the worker module shows here.
+    /// A worker failed to start (its hello): a Python that cannot run the
+    /// worker module shows here.
     #[error(
         "{worker} {fault} during {request} (python `{python}`; its traceback, if any, is on stderr)"
     )]
@@ -382,6 +389,19 @@ pub enum BridgeError {
         request: String,
         /// What happened.
         fault: Fault,
+        /// The interpreter.
+        python: PathBuf,
+    },
+    /// A worker failed twice resetting a batch's episodes: once, then
+    /// again after its restart (an environment that cannot be reset).
+    #[error(
+        "resetting episodes: {first}; restarted, then {again} (python `{python}`; its traceback, if any, is on stderr)"
+    )]
+    Reset {
+        /// The first fault, with the worker.
+        first: String,
+        /// The fault of the restarted worker.
+        again: String,
         /// The interpreter.
         python: PathBuf,
     },
@@ -403,7 +423,8 @@ impl Classify for BridgeError {
         match self {
             BridgeError::Refused {
                 bad_input: false, ..
-            } => ErrorKind::Failure,
+            }
+            | BridgeError::Reset { .. } => ErrorKind::Failure,
             BridgeError::Python { .. }
             | BridgeError::Refused { .. }
             | BridgeError::Startup { .. }
@@ -431,7 +452,7 @@ pub(crate) fn hello(
         "kwargs": spec.kwargs, "seed": spec.seed,
     });
     let what = format!("hello ({} {})", spec.adapter, spec.env_id);
-    match worker.request(&request, config.startup_timeout()) {
+    match worker.request(&request, config.build_patience()) {
         Ok(Reply::Done(frame)) => {
             AdapterInfo::from_header(&frame.header).ok_or_else(|| BridgeError::Startup {
                 worker: worker.name(),

@@ -9,6 +9,13 @@
 //! exits when its stdin ends or its parent process changes, so none
 //! outlives the driver.
 //!
+//! Long requests (a reset that builds many environments, an expert episode)
+//! send progress frames (`{"progress": true}`) while they work: a patient
+//! receive ([`Worker::receive_patiently`]) counts a worker as hung only
+//! after a whole timeout without any frame, so a loaded machine slows such
+//! a request down without failing it, and a worker that stopped is still
+//! found within one timeout. Progress frames never count as replies.
+//!
 //! ```no_run
 //! use embodyflow_gym::worker::Worker;
 //! use std::time::{Duration, Instant};
@@ -139,17 +146,45 @@ impl Worker {
         }
     }
 
-    /// The next reply, waiting until `deadline`.
+    /// The next reply, waiting until `deadline` (progress frames do not
+    /// move it).
     pub fn receive(&mut self, deadline: Instant) -> Result<Reply, Fault> {
         let wait = deadline.saturating_duration_since(Instant::now());
-        let frame = match self.replies.recv_timeout(wait) {
-            Ok(Ok(frame)) => frame,
-            Ok(Err(FrameError::Eof)) | Err(RecvTimeoutError::Disconnected) => {
-                return Err(Fault::Crashed(self.exit_status()));
+        self.receive_until(deadline, wait, None)
+    }
+
+    /// The next reply, hung only after `patience` without any frame: each
+    /// progress frame starts the wait again. A frame queued while the
+    /// caller waited on another worker counts from when it is read, so the
+    /// wait can only be longer than the worker's real silence, never shorter.
+    pub fn receive_patiently(&mut self, patience: Duration) -> Result<Reply, Fault> {
+        self.receive_until(Instant::now() + patience, patience, Some(patience))
+    }
+
+    fn receive_until(
+        &mut self,
+        mut deadline: Instant,
+        mut wait: Duration,
+        patience: Option<Duration>,
+    ) -> Result<Reply, Fault> {
+        let frame = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let frame = match self.replies.recv_timeout(left) {
+                Ok(Ok(frame)) => frame,
+                Ok(Err(FrameError::Eof)) | Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Fault::Crashed(self.exit_status()));
+                }
+                Ok(Err(FrameError::Io(e))) => return Err(Fault::Crashed(format!("pipe: {e}"))),
+                Ok(Err(e)) => return Err(Fault::Malformed(e.to_string())),
+                Err(RecvTimeoutError::Timeout) => return Err(Fault::Hung(wait)),
+            };
+            if frame.header.get("progress") != Some(&Value::Bool(true)) {
+                break frame;
             }
-            Ok(Err(FrameError::Io(e))) => return Err(Fault::Crashed(format!("pipe: {e}"))),
-            Ok(Err(e)) => return Err(Fault::Malformed(e.to_string())),
-            Err(RecvTimeoutError::Timeout) => return Err(Fault::Hung(wait)),
+            if let Some(patience) = patience {
+                deadline = Instant::now() + patience;
+                wait = patience;
+            }
         };
         match frame.header.get("ok") {
             Some(Value::Bool(true)) => Ok(Reply::Done(frame)),

@@ -2,7 +2,8 @@
 //! closed-loop driver, the scripted experts' demonstrations (BabyAI,
 //! Meta-World reach) and their replay, each worker fault (crash, hang,
 //! malformed frame) ending exactly the affected episodes with their reason
-//! while the others finish, and bad input named before anything runs.
+//! while the others finish, resets kept alive by progress frames and
+//! retried once after a fault, and bad input named before anything runs.
 //! Needs the packages of `scripts/setup` in `.venv`.
 
 use std::time::Duration;
@@ -522,4 +523,73 @@ fn expert_demonstrations_fail_per_task_on_faults() {
         assert_eq!(steps, [2, 1]);
         assert_eq!(demos[i].decisions[0].actions, [1.0, 1.0]);
     }
+}
+
+/// Counter tasks whose resets take `reset` kwargs, `group` copies each.
+fn reset_world(
+    kwargs: serde_json::Value,
+    group: usize,
+    patience: Duration,
+) -> Result<GymEpisodes, BridgeError> {
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = kwargs;
+    let config = BridgeConfig {
+        timeout: patience,
+        startup_timeout: patience,
+        ..config(1)
+    };
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    GymEpisodes::new(&config, &[task("counter", spec)], group, &bins)
+}
+
+#[test]
+fn a_reset_slower_than_the_timeout_in_all_is_kept_alive_by_progress_frames() {
+    // Six resets of 0.4 s on one worker: 2.4 s in all, past a 1 s patience,
+    // but never 1 s without a frame (Meta-World building 40 environments
+    // on a loaded machine).
+    let started = std::time::Instant::now();
+    let mut world = reset_world(json!({"reset_delay": 0.4}), 6, Duration::from_secs(1)).unwrap();
+    assert!(started.elapsed() > Duration::from_millis(2400));
+    assert_eq!(world.faults().total(), 0, "{}", world.faults());
+    let out = run(&mut world, 2, 10, |_, _, _| vec![1, 1]);
+    assert!(out.episodes.iter().all(|e| e.success), "{out:?}");
+}
+
+#[test]
+fn a_worker_that_fails_a_reset_once_is_restarted_and_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("crashed-once");
+    let kwargs = json!({"reset_fault": "crash", "reset_once": marker.to_str().unwrap()});
+    let mut world = reset_world(kwargs, 3, Duration::from_secs(20)).unwrap();
+    assert!(marker.exists());
+    let faults = world.faults();
+    assert_eq!((faults.crashed, faults.restarts), (1, 1), "{faults}");
+    let out = run(&mut world, 2, 10, |_, _, _| vec![1, 1]);
+    assert!(
+        out.episodes
+            .iter()
+            .all(|e| e.success && e.failure.is_none()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_reset_that_fails_again_after_the_restart_is_an_error_naming_both_faults() {
+    let started = std::time::Instant::now();
+    let error = reset_world(json!({"reset_fault": "hang"}), 2, Duration::from_secs(1))
+        .err()
+        .expect("a reset that always hangs");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(matches!(error, BridgeError::Reset { .. }), "{error}");
+    assert_eq!(error.kind(), ErrorKind::Failure);
+    let message = error.to_string();
+    assert_eq!(
+        message.matches("hung (no reply within 1.0 s)").count(),
+        2,
+        "{message}"
+    );
+    assert!(
+        message.contains("restarted, then worker 0 (pid "),
+        "{message}"
+    );
 }

@@ -15,6 +15,10 @@ Requests (header "op") and replies:
          + the observation of each decision (none, with `error`, when the
          expert or the env raised)
   close -> {} and exit
+While a reset or an expert episode works, the worker sends progress frames
+{progress: true} (at most one per PROGRESS_EVERY seconds, between
+environments or decisions): the Rust side counts a worker as hung only after
+a whole timeout without any frame, however many environments a reset builds.
 Every reply has "ok"; a failed request answers {ok: false, kind:
 "bad_input" | "failure", error}. A spec is {adapter, env_id, seed,
 max_steps, kwargs, instruction}: an episode ends at max_steps env steps (a
@@ -34,6 +38,9 @@ import traceback
 
 from . import adapters, protocol
 from .adapters import BadEnv
+
+
+PROGRESS_EVERY = 0.2  # seconds between two progress frames of a long request
 
 
 class RequestError(Exception):
@@ -103,14 +110,23 @@ def shape_of(space):
 class Worker:
     def __init__(self):
         self.slots = {}
-        # The env built by hello, kept for the first slot of the same spec
+        # Built environments no slot holds, by spec key: hello's, and a
+        # slot's when it moves to another spec, for the next slot of theirs
         # (building one may cost a second: Meta-World's MT1).
         self.spare = {}
+        self.last_progress = time.monotonic()
+
+    def progress(self):
+        now = time.monotonic()
+        if now - self.last_progress >= PROGRESS_EVERY:
+            protocol.write_frame(protocol.OUT, {"progress": True})
+            self.last_progress = now
 
     def hello(self, header, body):
-        episode = make_episode(header["adapter"], header["env_id"], header.get("kwargs"), header.get("seed", 0))
-        self.spare[spec_key(header)] = episode
-        return episode.space(), []
+        spare = self.spare.setdefault(spec_key(header), [])
+        if not spare:
+            spare.append(make_episode(header["adapter"], header["env_id"], header.get("kwargs"), header.get("seed", 0)))
+        return spare[-1].space(), []
 
     def reset(self, header, body):
         out, obs = [], []
@@ -118,7 +134,10 @@ class Worker:
             spec, seed = item["spec"], int(item["seed"])
             slot = self.slots.get(item["slot"])
             if slot is None or slot.key != spec_key(spec):
-                episode = self.spare.pop(spec_key(spec), None)
+                if slot is not None:
+                    self.spare.setdefault(slot.key, []).append(slot.episode)
+                spare = self.spare.get(spec_key(spec))
+                episode = spare.pop() if spare else None
                 if episode is None:
                     episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
                 slot = Slot(spec, episode, shape_of(episode.space()))
@@ -129,6 +148,7 @@ class Worker:
             o = slot.observe()
             obs.append(o)
             out.append({"slot": item["slot"], "instruction": instruction, "key": state_hash(slot.episode), "obs_len": len(o)})
+            self.progress()
         return {"episodes": out}, obs
 
     def step_chunk(self, header, body):
@@ -186,6 +206,7 @@ class Worker:
                         break
                 obs.append(o)
                 decisions.append({"actions": actions, "obs_len": len(o)})
+                self.progress()
         except Exception as e:  # the expert or the env raised: this task's demonstration fails
             traceback.print_exc()
             error = f"the expert episode raised {type(e).__name__}: {e}"

@@ -10,7 +10,10 @@ kwargs `fault` = "crash" (os._exit(3)), "hang" (sleeps forever),
 "malformed" (writes a frame with bad JSON to the protocol pipe) or "raise"
 (the env raises RuntimeError: only its episode fails), at env
 step `at_step` (default 1) of the episode; `delay` (seconds) sleeps at every
-step (a slow env, for timeout tests).
+step (a slow env, for timeout tests). At reset: `reset_delay` (seconds)
+sleeps in every reset (a slow build, as Meta-World's on a loaded machine);
+`reset_fault` = "crash" or "hang" fails the reset, only the first time when
+`reset_once` names a file (made then: the restarted worker finds it).
 """
 
 import os
@@ -23,6 +26,7 @@ from . import BadEnv
 
 PACKAGES = []
 FAULTS = ("crash", "hang", "malformed", "raise", None)
+RESET_FAULTS = ("crash", "hang", None)
 
 
 def make(env_id, kwargs, seed):
@@ -30,6 +34,8 @@ def make(env_id, kwargs, seed):
         raise BadEnv(f"the faulty adapter has one env, Counter-v0, not `{env_id}`")
     if kwargs.get("fault") not in FAULTS:
         raise BadEnv(f"fault {kwargs.get('fault')!r}: expected one of crash, hang, malformed, raise")
+    if kwargs.get("reset_fault") not in RESET_FAULTS:
+        raise BadEnv(f"reset_fault {kwargs.get('reset_fault')!r}: expected crash or hang")
     return Episode(kwargs)
 
 
@@ -39,6 +45,9 @@ class Episode:
         self.at_step = int(kwargs.get("at_step", 1))
         self.goal = int(kwargs.get("goal", 3))
         self.delay = float(kwargs.get("delay", 0.0))
+        self.reset_delay = float(kwargs.get("reset_delay", 0.0))
+        self.reset_fault = kwargs.get("reset_fault")
+        self.reset_once = kwargs.get("reset_once")
         self.position = 0
         self.steps = 0
 
@@ -54,6 +63,15 @@ class Episode:
         }
 
     def reset(self, seed):
+        if self.reset_delay:
+            time.sleep(self.reset_delay)
+        if self.reset_fault and not (self.reset_once and os.path.exists(self.reset_once)):
+            if self.reset_once:
+                open(self.reset_once, "w").close()
+            if self.reset_fault == "crash":
+                os._exit(4)
+            while True:
+                time.sleep(3600)
         self.position = 0
         self.steps = 0
         return f"count to {self.goal}"
