@@ -196,6 +196,17 @@ fn plot_curves(
     draw().map_err(plot_err(path))
 }
 
+/// Names each curve [`plot_curves`] draws by its colour, in drawing order:
+/// `blue = train (sampled rollouts), red = eval step eval`.
+fn colour_key(series: &[(String, Vec<(f64, f64)>)]) -> String {
+    series
+        .iter()
+        .enumerate()
+        .map(|(k, (name, _))| format!("{} = {name}", PALETTE_NAMES[k % PALETTE_NAMES.len()]))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One bar per sweep cell, numbered on the x axis and named in the key
 /// under the chart (a cell's name is too long for a tick), its value printed
 /// above it; all-zero values still show the axes, flat bars and a note.
@@ -384,19 +395,18 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                         .collect(),
                 ));
             }
+            // A setup step's evaluation has no iteration: it is in the table
+            // (row `setup`), not a curve.
+            series.retain(|(_, points)| !points.is_empty());
             let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
             let title = format!("Success per iteration: {}", cell.name);
             plot_curves(&path, &title, &series, f64::from(iterations))?;
             md.push_str(&format!(
-                "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); blue = train success of the sampled rollouts{}.\n",
+                "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); {}.\n",
                 cell.name,
                 path.file_name().unwrap().to_string_lossy(),
                 iterations - 1,
-                eval_names
-                    .iter()
-                    .enumerate()
-                    .map(|(k, n)| format!(", {} = `{n}` success", PALETTE_NAMES[(k + 1) % PALETTE_NAMES.len()]))
-                    .collect::<String>()
+                colour_key(&series),
             ));
             all_iterations = all_iterations.max(iterations);
             all_cells.extend(
@@ -412,14 +422,9 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         let title = format!("Success per iteration: {} cells", plan.cells.len());
         plot_curves(&path, &title, &all_cells, f64::from(all_iterations))?;
         md.push_str(&format!(
-            "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series, in this order: {}.\n",
+            "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series: {}.\n",
             all_iterations - 1,
-            all_cells
-                .iter()
-                .enumerate()
-                .map(|(k, (name, _))| format!("{} = {name}", PALETTE_NAMES[k % PALETTE_NAMES.len()]))
-                .collect::<Vec<_>>()
-                .join(", ")
+            colour_key(&all_cells),
         ));
     }
     if plan.cells.len() > 1 {
