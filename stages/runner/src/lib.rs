@@ -7,6 +7,7 @@
 //! ```text
 //! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
 //!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
+//!          [--sweep var=a,b]
 //! ```
 //!
 //! # Pipeline files (TOML)
@@ -49,7 +50,7 @@
 //! when = "lr != 0"                      # run only when a variable has a value
 //!
 //! [sweep]                               # one cell per combination (keys sorted)
-//! lr = [1e-5, 3e-5]
+//! lr = [1e-5, 3e-5]                     # or on the command line: --sweep lr=1e-5,3e-5
 //! ```
 //!
 //! Step fields: `name`, `stage`, `inputs`, `policy`, `teacher`, `config`,
@@ -128,6 +129,11 @@ enum Command {
         /// `var=value` or `step.key=value`; repeatable.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
+        /// `var=a,b,…`: sweep a variable over these values (one cell per
+        /// combination with the file's `[sweep]`, whose axis of the same
+        /// variable it replaces); repeatable.
+        #[arg(long = "sweep", value_name = "VAR=A,B")]
+        sweeps: Vec<String>,
         /// Directory of the stage binaries (default: beside this binary).
         #[arg(long, value_name = "DIR")]
         bin_dir: Option<PathBuf>,
@@ -151,10 +157,12 @@ pub fn run(args: Args) -> Result<()> {
             from,
             only,
             sets,
+            sweeps,
             bin_dir,
         } => {
             let started = std::time::Instant::now();
-            let pipeline = pipeline::Pipeline::load(&file)?;
+            let mut pipeline = pipeline::Pipeline::load(&file)?;
+            pipeline.sweep_from_command_line(&sweeps)?;
             let overrides = plan::Overrides::parse(&pipeline, &sets)?;
             let plan = plan::Plan::build(&pipeline, &out, &overrides)?;
             let plan_s = started.elapsed().as_secs_f64();

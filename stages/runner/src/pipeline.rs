@@ -725,6 +725,44 @@ impl Pipeline {
     }
 }
 
+impl Pipeline {
+    /// Applies `--sweep var=a,b,…` arguments: each replaces the file's axis
+    /// of that variable or adds one (axes stay sorted by variable, as the
+    /// file's). A variable that is not declared, or no values, is an error.
+    pub fn sweep_from_command_line(&mut self, sweeps: &[String]) -> Result<()> {
+        for arg in sweeps {
+            let bad = |message: String| RunnerError::Pipeline {
+                file: self.path.clone(),
+                line: 0,
+                message: format!("--sweep `{arg}`: {message}"),
+            };
+            let (var, values) = arg
+                .split_once('=')
+                .ok_or_else(|| bad("expected var=value,value,…".into()))?;
+            let var = var.trim();
+            if !self.vars.contains_key(var) {
+                let declared: Vec<&str> = self.vars.keys().map(String::as_str).collect();
+                return Err(bad(format!(
+                    "`{var}` is not a variable of this pipeline; variables: {}",
+                    declared.join(", ")
+                )));
+            }
+            let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+            if values.iter().any(String::is_empty) {
+                return Err(bad("an empty value".into()));
+            }
+            self.sweep.retain(|axis| axis.var != var);
+            self.sweep.push(SweepAxis {
+                var: var.to_string(),
+                values,
+                line: 0,
+            });
+            self.sweep.sort_by(|a, b| a.var.cmp(&b.var));
+        }
+        Ok(())
+    }
+}
+
 /// Names of steps and variables: letters, digits, `_`, `-`.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()

@@ -148,6 +148,11 @@ impl Overrides {
                 .filter(|(k, _)| !k.trim().is_empty())
                 .ok_or_else(|| bad("expected name=value or step.key=value".into()))?;
             let key = key.trim();
+            if pipeline.sweep.iter().any(|axis| axis.var == key) {
+                return Err(bad(format!(
+                    "`{key}` is swept (each cell sets it): give its values with --sweep {key}=a,b"
+                )));
+            }
             if pipeline.vars.contains_key(key) {
                 overrides.vars.push((key.to_string(), value.to_string()));
             } else if let Some((step, rest)) = key.split_once('.')
@@ -667,6 +672,38 @@ estimator = ["grpo", "grpo_step"]
             adv.stage_args().contains(&"step.omega=1.0".to_string()),
             "{:?}",
             adv.stage_args()
+        );
+    }
+
+    #[test]
+    fn sweeps_from_the_command_line_replace_or_add_axes_and_swept_sets_are_refused() {
+        let mut p = Pipeline::parse(Path::new("p.toml"), SWEEP).unwrap();
+        p.sweep_from_command_line(&["mode=lcs".into(), "omega=0.5, 1.0".into()])
+            .unwrap();
+        let plan = Plan::build(&p, Path::new("run"), &Overrides::default()).unwrap();
+        let cells: Vec<&str> = plan.cells.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            cells,
+            [
+                "estimator=grpo,mode=lcs,omega=0.5",
+                "estimator=grpo,mode=lcs,omega=1.0",
+                "estimator=grpo_step,mode=lcs,omega=0.5",
+                "estimator=grpo_step,mode=lcs,omega=1.0",
+            ]
+        );
+        for (arg, says) in [
+            ("nope=1,2", "`nope` is not a variable of this pipeline"),
+            ("omega=1,", "an empty value"),
+            ("omega", "expected var=value"),
+        ] {
+            let error = p.sweep_from_command_line(&[arg.into()]).unwrap_err();
+            assert!(error.to_string().contains(says), "{arg}: {error}");
+        }
+        // A --set of a swept variable would be overwritten by every cell.
+        let error = plan_err(SWEEP, &["estimator=gae"]);
+        assert!(
+            error.contains("`estimator` is swept") && error.contains("--sweep estimator=a,b"),
+            "{error}"
         );
     }
 
