@@ -7,6 +7,7 @@ mod closed_loop_rollouts;
 mod commit;
 mod compute_advantages;
 mod examples;
+mod foreign_rollouts;
 mod gigpo;
 mod grpo_step;
 mod gym_stages;

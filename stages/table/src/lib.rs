@@ -4,12 +4,18 @@
 //! table schema [NAME]                         tables, or one table's columns and example rows
 //! table import --table NAME --from F.jsonl --out DIR [--overwrite]
 //!                                              JSON lines (one row each) -> a table
+//! table import --format verl|trl --from DUMP.jsonl --tokenizer T --out DIR
+//!       [--group-column KEY | --group-size N] [--split S] [--temperature T]
+//!                                              another trainer's rollouts -> tasks,
+//!                                              trajectories, steps, rewards (`foreign`)
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
 //! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
 //! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
 //! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
 //! table export DIR --format csv|jsonl [--out FILE]
 //!                                              every row as CSV or JSON lines (stdout without --out)
+//! table export ADV --format verl --trajectories DIR [--rewards DIR] [--out FILE]
+//!                                              advantages keyed by uid, step, sample_index (`foreign`)
 //! ```
 //! `export` writes what other tools read. `jsonl`: one JSON object per row,
 //! the `table import` format (so `table import` reads it back to the same
@@ -50,6 +56,8 @@ use embodyflow_core::manifest::{MANIFEST_FILE, Manifest, Producer, is_table_dir}
 use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_type};
 use embodyflow_core::{Error, Result, progress};
 
+pub mod foreign;
+
 /// Command line of `table`.
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -69,14 +77,33 @@ enum Command {
         /// Table name.
         name: Option<TableName>,
     },
-    /// Import JSON lines (one row per line) as a table.
+    /// Import JSON lines (one row per line) as a table, or another trainer's
+    /// rollout dump (`--format verl|trl`) as tasks, trajectories, steps and rewards.
     Import {
-        /// Table the rows belong to.
+        /// Table the rows belong to (rows in our own format).
+        #[arg(long, required_unless_present = "format", conflicts_with = "format")]
+        table: Option<TableName>,
+        /// A trainer's dump instead: veRL rollout/validation JSON lines or TRL-style JSON lines.
         #[arg(long)]
-        table: TableName,
+        format: Option<foreign::Source>,
         /// JSON-lines file.
         #[arg(long, value_name = "FILE.jsonl")]
         from: PathBuf,
+        /// `--format`: tokenizer.json (or a directory holding one) that tokenises the texts.
+        #[arg(long, value_name = "DIR_OR_TOKENIZER_JSON", requires = "format")]
+        tokenizer: Option<PathBuf>,
+        /// `--format`: the key whose value names a row's group (veRL default: `uid`).
+        #[arg(long, requires = "format", conflicts_with = "group_size")]
+        group_column: Option<String>,
+        /// `--format`: groups are this many consecutive rows (veRL's rollout.n).
+        #[arg(long, requires = "format")]
+        group_size: Option<std::num::NonZeroUsize>,
+        /// `--format`: the split of the imported tasks.
+        #[arg(long, default_value = "train", requires = "format")]
+        split: String,
+        /// `--format`: sampling temperature recorded in trajectories (the dumps do not hold it).
+        #[arg(long, default_value_t = 1.0, requires = "format")]
+        temperature: f32,
         /// Output directory; the table is written to DIR/<table>.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
@@ -113,13 +140,20 @@ enum Command {
         #[arg(long)]
         overwrite: bool,
     },
-    /// Write every row of a table as CSV or JSON lines.
+    /// Write every row of a table as CSV or JSON lines, or advantages for veRL/TRL users.
     Export {
         /// Table directory.
         dir: PathBuf,
-        /// `csv` (header of column names; lists as JSON text) or `jsonl` (the import format).
+        /// `csv` (header of column names; lists as JSON text), `jsonl` (the
+        /// import format) or `verl` (advantages keyed by uid, step, sample_index).
         #[arg(long)]
         format: ExportFormat,
+        /// `verl`: the trajectories table (uid, step and sample_index of each row).
+        #[arg(long, value_name = "DIR")]
+        trajectories: Option<PathBuf>,
+        /// `verl`: a rewards table whose score is written as `rescored`.
+        #[arg(long, value_name = "DIR", requires = "trajectories")]
+        rewards: Option<PathBuf>,
         /// Write to this file instead of stdout.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -140,6 +174,20 @@ enum Command {
     },
 }
 
+/// The row-by-row export formats (any table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowFormat {
+    Csv,
+    Jsonl,
+}
+
+/// Where `table export` sends a table: row by row, or joined for veRL.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    Rows(RowFormat),
+    Verl(&'a Path),
+}
+
 /// What `table export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
@@ -147,6 +195,9 @@ pub enum ExportFormat {
     Csv,
     /// One JSON object per line (the `table import` format).
     Jsonl,
+    /// Advantages as JSON lines keyed by uid, step and sample_index
+    /// (`foreign::export_verl`), for veRL and TRL users.
+    Verl,
 }
 
 /// Runs the tool.
@@ -174,7 +225,13 @@ pub fn run(args: Args) -> Result<()> {
         }
         Command::Import {
             table,
+            format,
             from,
+            tokenizer,
+            group_column,
+            group_size,
+            split,
+            temperature,
             out: out_dir,
             overwrite,
             rows_per_shard,
@@ -185,16 +242,59 @@ pub fn run(args: Args) -> Result<()> {
                 row_group_rows,
                 ..WriteOptions::default()
             };
-            let manifest =
-                with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
-            writeln!(
-                out,
-                "imported {} rows into {} ({} shards)",
-                manifest.num_rows,
-                out_dir.join(table.as_str()).display(),
-                manifest.shards.len()
-            )
-            .map_err(write_err)?;
+            match (table, format) {
+                (Some(table), _) => {
+                    let manifest = with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
+                    writeln!(
+                        out,
+                        "imported {} rows into {} ({} shards)",
+                        manifest.num_rows,
+                        out_dir.join(table.as_str()).display(),
+                        manifest.shards.len()
+                    )
+                    .map_err(write_err)?;
+                }
+                (None, format) => {
+                    let source = format.ok_or_else(|| {
+                        Error::Usage("table import: give --table NAME or --format verl|trl".into())
+                    })?;
+                    let tokenizer = tokenizer.ok_or_else(|| {
+                        Error::Usage(format!(
+                            "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the texts are tokenised with it)",
+                            source.name()
+                        ))
+                    })?;
+                    let grouping = match (group_column, group_size, source) {
+                        (Some(key), _, _) => foreign::Grouping::Column(key),
+                        (None, Some(n), _) => foreign::Grouping::Size(n),
+                        (None, None, foreign::Source::Verl) => {
+                            foreign::Grouping::Column("uid".into())
+                        }
+                        (None, None, foreign::Source::Trl) => foreign::Grouping::Prompt,
+                    };
+                    if !temperature.is_finite() || temperature <= 0.0 {
+                        return Err(Error::Usage(format!(
+                            "table import: --temperature {temperature}: expected a positive number"
+                        )));
+                    }
+                    let import_options = foreign::ImportOptions {
+                        source,
+                        from: from.clone(),
+                        tokenizer,
+                        grouping,
+                        split,
+                        temperature,
+                    };
+                    let summary = foreign::import(&import_options, &out_dir, options, overwrite)?;
+                    writeln!(
+                        out,
+                        "imported {} into {} (tasks, trajectories, steps, rewards): {summary}",
+                        from.display(),
+                        out_dir.display()
+                    )
+                    .map_err(write_err)?;
+                }
+            }
         }
         Command::Manifest { dir } => {
             out.write_all(Manifest::read(&dir)?.to_json().as_bytes())
@@ -211,20 +311,51 @@ pub fn run(args: Args) -> Result<()> {
         Command::Export {
             dir,
             format,
+            trajectories,
+            rewards,
             out: file,
         } => {
             let table = table_of(&dir)?;
+            let target = match (format, &trajectories) {
+                (ExportFormat::Csv, None) => Target::Rows(RowFormat::Csv),
+                (ExportFormat::Jsonl, None) => Target::Rows(RowFormat::Jsonl),
+                (ExportFormat::Verl, Some(t)) if table == TableName::Advantages => Target::Verl(t),
+                (ExportFormat::Verl, Some(_)) => {
+                    return Err(Error::Usage(format!(
+                        "table export --format verl: {} is a `{table}` table; give an advantages table",
+                        dir.display()
+                    )));
+                }
+                (ExportFormat::Verl, None) => {
+                    return Err(Error::Usage(
+                        "table export --format verl: --trajectories DIR is required (it holds each row's uid, step and sample_index)".into(),
+                    ));
+                }
+                (_, Some(_)) => {
+                    return Err(Error::Usage(
+                        "table export: --trajectories and --rewards go with --format verl only"
+                            .into(),
+                    ));
+                }
+            };
+            let write_to = |writer: &mut dyn Write, label: &str| match target {
+                Target::Rows(f) => {
+                    with_row_type!(table, R => export::<R>(&dir, f, &mut &mut *writer, label))
+                }
+                Target::Verl(t) => {
+                    foreign::export_verl(&dir, t, rewards.as_deref(), &mut &mut *writer, label)
+                }
+            };
             match file {
                 None => {
-                    with_row_type!(table, R => export::<R>(&dir, format, &mut out, "<stdout>"))?;
+                    write_to(&mut out, "<stdout>")?;
                 }
                 Some(path) => {
                     let mut writer = std::io::BufWriter::new(
                         std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?,
                     );
                     let label = path.display().to_string();
-                    let rows =
-                        with_row_type!(table, R => export::<R>(&dir, format, &mut writer, &label))?;
+                    let rows = write_to(&mut writer, &label)?;
                     writer.flush().map_err(|e| Error::io(&path, e))?;
                     writeln!(out, "exported {rows} rows of {table} to {label}")
                         .map_err(write_err)?;
@@ -533,12 +664,7 @@ fn csv_cell(value: Option<&serde_json::Value>, f32s: bool) -> String {
 
 /// Writes every row of the table at `dir` to `out` in `format`; returns the
 /// number of rows. A closed pipe (`| head`) ends the export quietly.
-fn export<R: Row>(
-    dir: &Path,
-    format: ExportFormat,
-    out: &mut impl Write,
-    label: &str,
-) -> Result<u64> {
+fn export<R: Row>(dir: &Path, format: RowFormat, out: &mut impl Write, label: &str) -> Result<u64> {
     let reader = TableReader::open(dir, R::TABLE)?;
     let def = R::TABLE.def();
     let columns = def.column_names();
@@ -557,7 +683,7 @@ fn export<R: Row>(
         Err(e) => Err(Error::io(label, e)),
         Ok(()) => Ok(true),
     };
-    if format == ExportFormat::Csv && !write(&(columns.join(",") + "\n"))? {
+    if format == RowFormat::Csv && !write(&(columns.join(",") + "\n"))? {
         return Ok(0);
     }
     let mut rows = 0;
@@ -566,10 +692,10 @@ fn export<R: Row>(
         let mut text = String::new();
         for row in batch_to_rows::<R>(&batch)? {
             match format {
-                ExportFormat::Jsonl => {
+                RowFormat::Jsonl => {
                     text.push_str(&serde_json::to_string(&row).expect("rows serialise"))
                 }
-                ExportFormat::Csv => {
+                RowFormat::Csv => {
                     let value = serde_json::to_value(&row).expect("rows serialise");
                     let cells: Vec<String> = columns
                         .iter()
@@ -639,7 +765,7 @@ mod tests {
         let dir = tmp.path().join("a").join(R::TABLE.as_str());
 
         let mut jsonl = Vec::new();
-        let n = export::<R>(&dir, ExportFormat::Jsonl, &mut jsonl, "jsonl").unwrap();
+        let n = export::<R>(&dir, RowFormat::Jsonl, &mut jsonl, "jsonl").unwrap();
         assert_eq!(n, rows.len() as u64);
         let jsonl = String::from_utf8(jsonl).unwrap();
         assert_eq!(jsonl.lines().count(), rows.len(), "{}", R::TABLE);
@@ -655,7 +781,7 @@ mod tests {
         assert_eq!(again.content_hash, first.content_hash, "{}", R::TABLE);
 
         let mut csv = Vec::new();
-        export::<R>(&dir, ExportFormat::Csv, &mut csv, "csv").unwrap();
+        export::<R>(&dir, RowFormat::Csv, &mut csv, "csv").unwrap();
         let records = csv_records(&String::from_utf8(csv).unwrap());
         let columns = R::TABLE.def().column_names();
         assert_eq!(records[0], columns, "{}", R::TABLE);

@@ -1,0 +1,574 @@
+//! Rollouts from other trainers: a veRL-layout dump (the JSON lines
+//! `RayPPOTrainer._dump_generations` writes) imported with `table import
+//! --format verl`, rescored by score-rewards under two reward functions,
+//! turned into advantages by compute-advantages under two estimators, and
+//! exported with `table export --format verl` for a pandas join; TRL-style
+//! lines; and the bad inputs that must exit 2 with nothing written.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use embodyflow_algos::spans::test_tokenizer;
+use embodyflow_core::dataset::TableReader;
+use embodyflow_core::schemas::{
+    AdvantageRow, PlanAction, RewardRow, StepRow, TableName, TaskRow, TrajectoryRow,
+};
+use embodyflow_tests::{Run, read_advantages, run};
+
+const GT: [(i64, &str); 3] = [
+    (0, "find a Mug"),
+    (1, "pick up the Mug"),
+    (2, "find a Sink"),
+];
+
+fn plan_json(steps: &[(i64, &str)]) -> String {
+    let items: Vec<String> = steps
+        .iter()
+        .map(|(id, n)| format!("{{\"action_id\": {id}, \"action_name\": \"{n}\"}}"))
+        .collect();
+    format!(
+        "{{\"language_plan\": [\"find a Mug\"], \"executable_plan\": [{}]}}",
+        items.join(", ")
+    )
+}
+
+/// The four responses of every group, in sample order: perfect, a prefix of
+/// two, shifted (first step wrong), cut off (no JSON).
+fn responses() -> [String; 4] {
+    [
+        plan_json(&GT),
+        plan_json(&GT[..2]),
+        plan_json(&[GT[2], GT[0], GT[1]]),
+        "{\"executable_plan\": [{\"action_id\": 0, \"action_na".into(),
+    ]
+}
+
+/// veRL's scores of the three groups (rows in sample order).
+const SCORES: [[f64; 4]; 3] = [
+    [1.0, 0.0, 0.5, 0.0],
+    [1.0, 1.0, 0.25, 0.0],
+    [0.0, 0.0, 0.0, 2.0],
+];
+
+/// One dump line as veRL writes it: input, output, gts, score, step, then
+/// the reward extra infos (here `acc` and the `uid` a reward function returned).
+fn verl_line(group: usize, sample: usize, uid: bool) -> serde_json::Value {
+    let gts = match group {
+        // A list of actions, the plan as a JSON string, and a math answer.
+        0 => serde_json::json!(
+            GT.iter()
+                .map(|(id, n)| serde_json::json!({"action_id": id, "action_name": n}))
+                .collect::<Vec<_>>()
+        ),
+        1 => serde_json::json!(plan_json(&GT)),
+        _ => serde_json::json!("42"),
+    };
+    let mut line = serde_json::json!({
+        "input": format!("system\nYou plan.\nuser\nTask {group}: put a Mug in the Sink.\nassistant\n"),
+        "output": responses()[sample],
+        "gts": gts,
+        "score": SCORES[group][sample],
+        "step": 3,
+        "acc": SCORES[group][sample] > 0.0,
+    });
+    if uid {
+        line["uid"] = format!("uid-{group}").into();
+    }
+    line
+}
+
+fn write_lines(path: &Path, lines: &[serde_json::Value]) {
+    let text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+    std::fs::write(path, text).unwrap();
+}
+
+fn verl_dump(dir: &Path) -> PathBuf {
+    let path = dir.join("3.jsonl");
+    let lines: Vec<_> = (0..3)
+        .flat_map(|g| (0..4).map(move |s| verl_line(g, s, true)))
+        .collect();
+    write_lines(&path, &lines);
+    path
+}
+
+fn tokenizer(dir: &Path) -> PathBuf {
+    let path = dir.join("tokenizer.json");
+    test_tokenizer().save(&path, false).unwrap();
+    path
+}
+
+fn import(format: &str, dump: &Path, tokenizer: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "import",
+        "--format",
+        format,
+        "--from",
+        dump.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run("table", &args)
+}
+
+fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
+    TableReader::open(dir, table).unwrap().read_rows().unwrap()
+}
+
+fn by_id(mut rows: Vec<RewardRow>) -> Vec<RewardRow> {
+    rows.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
+    rows
+}
+
+/// veRL's GRPO of one group by hand: (R - mean) / (unbiased std + 1e-6),
+/// or R - mean without the std (Dr. GRPO).
+fn grpo_by_hand(scores: &[f64], norm_by_std: bool) -> Vec<f64> {
+    let n = scores.len() as f64;
+    let mean = scores.iter().sum::<f64>() / n;
+    let var = scores.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    scores
+        .iter()
+        .map(|s| {
+            if norm_by_std {
+                (s - mean) / (var.sqrt() + 1e-6)
+            } else {
+                s - mean
+            }
+        })
+        .collect()
+}
+
+fn advantages(imported: &Path, rewards: &Path, out: &Path, estimator: &str) -> Vec<AdvantageRow> {
+    let set = format!("estimator={estimator}");
+    let args = [
+        "--input",
+        imported.join("trajectories").to_str().unwrap(),
+        "--input",
+        imported.join("steps").to_str().unwrap(),
+        "--input",
+        rewards.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        &set,
+    ]
+    .map(String::from);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = run("compute-advantages", &args);
+    assert_eq!(result.code, 0, "{result}");
+    read_advantages(&out.join("advantages"))
+}
+
+fn assert_close(found: f32, expected: f64, what: &str) {
+    assert!(
+        (f64::from(found) - expected).abs() < 1e-5,
+        "{what}: {found} != {expected}"
+    );
+}
+
+#[test]
+fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dump, tok) = (verl_dump(tmp.path()), tokenizer(tmp.path()));
+    let imported = tmp.path().join("imported");
+    let result = import("verl", &dump, &tok, &imported, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(
+        result
+            .stdout
+            .contains("12 rows, 3 groups, 3 tasks (2 with a gold plan)"),
+        "{result}"
+    );
+    assert!(
+        result.stdout.contains("unmapped key `acc`: 12 rows"),
+        "{result}"
+    );
+    assert!(
+        result.stdout.contains("gts: 4 rows hold no plan"),
+        "{result}"
+    );
+
+    // The mapping, at exact points.
+    let tasks: Vec<TaskRow> = rows(&imported.join("tasks"), TableName::Tasks);
+    let gold: Vec<PlanAction> = GT
+        .iter()
+        .map(|(id, n)| PlanAction {
+            action_id: *id,
+            action_name: n.to_string(),
+        })
+        .collect();
+    let task = |id: &str| tasks.iter().find(|t| t.task_id == id).unwrap();
+    assert_eq!(task("uid-0").gt_actions.as_ref(), Some(&gold));
+    assert_eq!(task("uid-1").gt_actions.as_ref(), Some(&gold));
+    assert_eq!(task("uid-2").gt_actions, None);
+    assert_eq!(task("uid-1").instruction, verl_line(1, 0, true)["input"]);
+    let trajectories: Vec<TrajectoryRow> =
+        rows(&imported.join("trajectories"), TableName::Trajectories);
+    let t = trajectories
+        .iter()
+        .find(|t| t.trajectory_id == "it3/uid-1/d0/s2")
+        .unwrap();
+    assert_eq!(
+        (
+            t.group_id.as_str(),
+            t.task_id.as_str(),
+            t.sample_index,
+            t.iteration
+        ),
+        ("it3/uid-1/d0", "uid-1", 2, 3)
+    );
+    assert_eq!(t.response_text.as_deref(), Some(responses()[2].as_str()));
+    assert!(t.complete, "score 0.25 > 0");
+    let steps: Vec<StepRow> = rows(&imported.join("steps"), TableName::Steps);
+    let step = steps
+        .iter()
+        .find(|s| s.trajectory_id == "it3/uid-1/d0/s2")
+        .unwrap();
+    let ids = |text: &str| -> Vec<i32> {
+        test_tokenizer()
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .iter()
+            .map(|&i| i as i32)
+            .collect()
+    };
+    assert_eq!(step.response_ids, ids(&responses()[2]));
+    assert_eq!(
+        step.prompt_ids,
+        ids(verl_line(1, 2, true)["input"].as_str().unwrap())
+    );
+    let imported_rewards = by_id(rows(&imported.join("rewards"), TableName::Rewards));
+    let scores: Vec<f32> = imported_rewards.iter().map(|r| r.score).collect();
+    let expected: Vec<f32> = SCORES.iter().flatten().map(|&s| s as f32).collect();
+    assert_eq!(scores, expected);
+
+    // The dump's own scores: GRPO and Dr. GRPO of every group, by hand.
+    for (estimator, norm) in [("grpo", true), ("dr_grpo", false)] {
+        let adv = advantages(
+            &imported,
+            &imported.join("rewards"),
+            &tmp.path().join(format!("adv-{estimator}")),
+            estimator,
+        );
+        for (g, scores) in SCORES.iter().enumerate() {
+            for (s, expected) in grpo_by_hand(scores, norm).into_iter().enumerate() {
+                let row = &adv[g * 4 + s];
+                assert_eq!(row.trajectory_id, format!("it3/uid-{g}/d0/s{s}"));
+                assert_close(row.episode_adv, expected, &row.trajectory_id);
+                assert_eq!(row.advantages.len(), steps_len(&steps, &row.trajectory_id));
+                assert!(row.advantages.iter().all(|&a| a == row.episode_adv));
+            }
+        }
+    }
+
+    // Rescored: outcome (coef 2 on score > 0) and Embodied-R1 on the gold plans.
+    let score = |name: &str, sets: &[&str]| -> Vec<RewardRow> {
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "--input",
+            imported.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let result = run("score-rewards", &args);
+        assert_eq!(result.code, 0, "{result}");
+        by_id(rows(&out.join("rewards"), TableName::Rewards))
+    };
+    let outcome = score("outcome", &["reward.fn=outcome", "reward.reward_coef=2"]);
+    let outcome_scores: Vec<f32> = outcome.iter().map(|r| r.score).collect();
+    let expected: Vec<f32> = SCORES
+        .iter()
+        .flatten()
+        .map(|&s| if s > 0.0 { 2.0 } else { 0.0 })
+        .collect();
+    assert_eq!(outcome_scores, expected);
+    let r1 = score("r1", &["reward.fn=embodied_r1"]);
+    // Accuracy n(n+1)/(k(k+1)) of the leading matches: 3 of 3, 2 of 3, 0, unparsed.
+    for g in 0..2 {
+        let accuracy: Vec<f32> = r1[g * 4..g * 4 + 4].iter().map(|r| r.accuracy).collect();
+        assert_eq!(accuracy, [1.0, 0.5, 0.0, 0.0], "group uid-{g}");
+        assert_eq!(r1[g * 4 + 3].score, 0.0, "a parse failure scores 0");
+    }
+    let r1_adv = advantages(
+        &imported,
+        &tmp.path().join("r1/rewards"),
+        &tmp.path().join("adv-r1"),
+        "grpo",
+    );
+    let r1_group: Vec<f64> = r1[..4].iter().map(|r| f64::from(r.score)).collect();
+    for (s, expected) in grpo_by_hand(&r1_group, true).into_iter().enumerate() {
+        assert_close(r1_adv[s].episode_adv, expected, &r1_adv[s].trajectory_id);
+    }
+
+    // Exported for veRL, joined with the dump in pandas (the module doc's example).
+    let exported = tmp.path().join("adv.jsonl");
+    let result = run(
+        "table",
+        &[
+            "export",
+            tmp.path().join("adv-r1/advantages").to_str().unwrap(),
+            "--format",
+            "verl",
+            "--trajectories",
+            imported.join("trajectories").to_str().unwrap(),
+            "--rewards",
+            tmp.path().join("r1/rewards").to_str().unwrap(),
+            "--out",
+            exported.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let joined = pandas_join(&dump, &exported);
+    // print() ends the CSV (which ends its last line) with one more line break.
+    let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines[0], "uid,sample_index,score,rescored,advantage");
+    assert_eq!(lines.len(), 13, "{joined}");
+    for line in &lines[1..] {
+        let cells: Vec<&str> = line.split(',').collect();
+        let (g, s): (usize, usize) = (cells[0][4..].parse().unwrap(), cells[1].parse().unwrap());
+        assert_eq!(cells[2].parse::<f64>().unwrap(), SCORES[g][s], "{line}");
+        let row = r1_adv
+            .iter()
+            .find(|r| r.trajectory_id == format!("it3/uid-{g}/d0/s{s}"))
+            .unwrap();
+        assert_eq!(
+            cells[3].parse::<f32>().unwrap(),
+            r1[g * 4 + s].score,
+            "{line}"
+        );
+        assert_eq!(cells[4].parse::<f32>().unwrap(), row.episode_adv, "{line}");
+    }
+}
+
+fn steps_len(steps: &[StepRow], trajectory_id: &str) -> usize {
+    steps
+        .iter()
+        .find(|s| s.trajectory_id == trajectory_id)
+        .unwrap()
+        .response_ids
+        .len()
+}
+
+/// The module doc's pandas example, run with the project's Python.
+fn pandas_join(dump: &Path, exported: &Path) -> String {
+    let script = format!(
+        r#"import pandas as pd
+dump = pd.read_json("{}", lines=True)
+dump["sample_index"] = dump.groupby(["step", "uid"]).cumcount()
+adv = pd.read_json("{}", lines=True)
+rows = dump.merge(adv, on=["uid", "step", "sample_index"], validate="one_to_one")
+print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
+"#,
+        dump.display(),
+        exported.display()
+    );
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let output = Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/setup installs it)", python.display()));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn verl_dump_without_uid_groups_consecutive_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let dump = tmp.path().join("5.jsonl");
+    let lines: Vec<_> = (0..2)
+        .flat_map(|g| (0..2).map(move |s| verl_line(g, s, false)))
+        .collect();
+    write_lines(&dump, &lines);
+    let out = tmp.path().join("imported");
+    let result = import("verl", &dump, &tok, &out, &["--group-size", "2"]);
+    assert_eq!(result.code, 0, "{result}");
+    let mut trajectories: Vec<TrajectoryRow> =
+        rows(&out.join("trajectories"), TableName::Trajectories);
+    trajectories.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
+    let ids: Vec<&str> = trajectories
+        .iter()
+        .map(|t| t.trajectory_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "it3/r0/d0/s0",
+            "it3/r0/d0/s1",
+            "it3/r2/d0/s0",
+            "it3/r2/d0/s1"
+        ]
+    );
+}
+
+#[test]
+fn trl_lines_group_by_prompt_or_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let dump = tmp.path().join("trl.jsonl");
+    let lines: Vec<_> = (0..4)
+        .map(|i| {
+            serde_json::json!({
+                "prompt": format!("Task {}: put a Mug in the Sink.", i % 2),
+                "completion": [{"role": "assistant", "content": responses()[i]}],
+                "reward": i as f64 * 0.5,
+                "run": format!("g{}", i % 2),
+            })
+        })
+        .collect();
+    write_lines(&dump, &lines);
+    let out = tmp.path().join("by-prompt");
+    let result = import("trl", &dump, &tok, &out, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(
+        result.stdout.contains("4 rows, 2 groups, 2 tasks"),
+        "{result}"
+    );
+    assert!(
+        result.stdout.contains("unmapped key `run`: 4 rows"),
+        "{result}"
+    );
+    let rewards = by_id(rows(&out.join("rewards"), TableName::Rewards));
+    let got: Vec<(&str, f32)> = rewards
+        .iter()
+        .map(|r| (r.trajectory_id.as_str(), r.score))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("it0/p1/d0/s0", 0.0),
+            ("it0/p1/d0/s1", 1.0),
+            ("it0/p2/d0/s0", 0.5),
+            ("it0/p2/d0/s1", 1.5)
+        ]
+    );
+    let trajectories: Vec<TrajectoryRow> = rows(&out.join("trajectories"), TableName::Trajectories);
+    let t = trajectories
+        .iter()
+        .find(|t| t.trajectory_id == "it0/p2/d0/s1")
+        .unwrap();
+    assert_eq!(t.response_text.as_deref(), Some(responses()[3].as_str()));
+
+    let out = tmp.path().join("by-column");
+    let result = import("trl", &dump, &tok, &out, &["--group-column", "run"]);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(!result.stdout.contains("unmapped"), "{result}");
+    let tasks: Vec<TaskRow> = rows(&out.join("tasks"), TableName::Tasks);
+    let mut ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["g0", "g1"]);
+}
+
+/// Runs an import that must fail: exit 2, the message names `needles`, and
+/// nothing exists at the output.
+fn refused(format: &str, dump: &Path, tok: &Path, out: &Path, extra: &[&str], needles: &[&str]) {
+    let result = import(format, dump, tok, out, extra);
+    assert_eq!(result.code, 2, "{result}");
+    for needle in needles {
+        assert!(result.stderr.contains(needle), "{needle}\n{result}");
+    }
+    assert!(!out.exists(), "{} was written\n{result}", out.display());
+}
+
+#[test]
+fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let out = tmp.path().join("out");
+    let dump = tmp.path().join("dump.jsonl");
+    let good: Vec<_> = (0..4).map(|s| verl_line(0, s, true)).collect();
+
+    let mut lines = good.clone();
+    lines[2].as_object_mut().unwrap().remove("output");
+    write_lines(&dump, &lines);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl:3: key `output` is missing"],
+    );
+
+    let mut lines = good.clone();
+    lines[1]["score"] = "high".into();
+    write_lines(&dump, &lines);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl:2: key `score` is \"high\""],
+    );
+
+    let mut lines = good.clone();
+    lines[3]["input"] = "another prompt".into();
+    write_lines(&dump, &lines);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl: group `uid-0` mixes prompts: line 1 and line 4 differ"],
+    );
+
+    let lines: Vec<_> = (0..2).map(|s| verl_line(0, s, false)).collect();
+    write_lines(&dump, &lines);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl:1: key `uid` is missing", "--group-size"],
+    );
+
+    let bad_tok = tmp.path().join("bad-tokenizer.json");
+    std::fs::write(&bad_tok, "{\"model\": 1}").unwrap();
+    write_lines(&dump, &good);
+    refused(
+        "verl",
+        &dump,
+        &bad_tok,
+        &out,
+        &[],
+        &["--tokenizer", "bad-tokenizer.json: does not load"],
+    );
+    let empty = tmp.path().join("no-tokenizer");
+    std::fs::create_dir(&empty).unwrap();
+    refused(
+        "verl",
+        &dump,
+        &empty,
+        &out,
+        &[],
+        &["--tokenizer", "no-tokenizer/tokenizer.json: does not load"],
+    );
+
+    let chat = serde_json::json!({
+        "prompt": [{"role": "user", "content": "put a Mug in the Sink"}],
+        "completion": "{}",
+        "reward": 1.0,
+    });
+    write_lines(&dump, &[chat]);
+    refused(
+        "trl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl:1: key `prompt` is"],
+    );
+}
