@@ -59,7 +59,8 @@ fn ok(name: &str, args: &[&str]) {
 /// scripts/demo's layout at tiny scale in `root`: runs/demo/data/{train,val,
 /// pool}, runs/demo/sft/policy, runs/demo/rl/it0/rollouts (collected by that
 /// policy on the pool, as the demo's RL does), runs/demo/rl-data/{train ->
-/// pool, val}, and a second checkpoint at runs/generalist/policy.
+/// pool, val}, a second checkpoint at runs/generalist/policy, and a veRL dump
+/// imported to runs/verl/imported (pipelines/verl-rescore.toml reads it).
 fn demo_layout(root: &Path) {
     let release = bin("pipeline").parent().unwrap().to_path_buf();
     std::fs::create_dir_all(root.join("target")).unwrap();
@@ -123,6 +124,33 @@ fn demo_layout(root: &Path) {
             "group_size=3",
             "--set",
             "max_new_tokens=40",
+        ],
+    );
+    // A veRL rollout dump imported where pipelines/verl-rescore.toml reads it.
+    let verl = root.join("runs/verl");
+    std::fs::create_dir_all(&verl).unwrap();
+    let line = |output: &str, score: f64| {
+        serde_json::json!({"input": "put a Mug in the Sink", "output": output, "gts": null,
+            "score": score, "step": 3, "uid": "u0"})
+        .to_string()
+    };
+    std::fs::write(
+        verl.join("3.jsonl"),
+        format!("{}\n{}\n", line("{}", 1.0), line("[]", 0.0)),
+    )
+    .unwrap();
+    ok(
+        "table",
+        &[
+            "import",
+            "--format",
+            "verl",
+            "--from",
+            verl.join("3.jsonl").to_str().unwrap(),
+            "--tokenizer",
+            &p("sft/policy"),
+            "--out",
+            verl.join("imported").to_str().unwrap(),
         ],
     );
     std::fs::create_dir_all(demo.join("rl-data")).unwrap();
@@ -322,7 +350,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
             pipelines.extend(header);
         }
     }
-    assert_eq!(files, 8);
+    assert_eq!(files, 9);
     for command in &pipelines {
         let command = if command.contains("--dry-run") {
             command.clone()

@@ -572,3 +572,50 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
         &["dump.jsonl:1: key `prompt` is"],
     );
 }
+
+#[test]
+fn the_shipped_rescore_pipeline_sweeps_two_rewards_by_two_estimators() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dump, tok) = (verl_dump(tmp.path()), tokenizer(tmp.path()));
+    let imported = tmp.path().join("imported");
+    let result = import("verl", &dump, &tok, &imported, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipelines/verl-rescore.toml");
+    let out = tmp.path().join("run");
+    let set = format!("imported={}", imported.display());
+    let result = run(
+        "pipeline",
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            &set,
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let ablation = std::fs::read_to_string(out.join("report/ablation.md")).unwrap();
+    assert_eq!(ablation.lines().count(), 2 + 4, "{ablation}");
+    // Every cell at one exact point: group uid-0 under its reward and estimator.
+    for reward in ["outcome", "embodied_r1"] {
+        let rewards = by_id(rows(
+            &out.join(format!("score@reward={reward}/rewards")),
+            TableName::Rewards,
+        ));
+        let group: Vec<f64> = rewards[..4].iter().map(|r| f64::from(r.score)).collect();
+        if reward == "outcome" {
+            assert_eq!(group, [1.0, 0.0, 1.0, 0.0]);
+        }
+        for (estimator, norm) in [("grpo", true), ("dr_grpo", false)] {
+            let adv = read_advantages(&out.join(format!(
+                "adv@estimator={estimator},reward={reward}/advantages"
+            )));
+            assert_eq!(adv.len(), 12);
+            for (s, expected) in grpo_by_hand(&group, norm).into_iter().enumerate() {
+                assert_eq!(adv[s].estimator, estimator);
+                assert_close(adv[s].episode_adv, expected, &adv[s].trajectory_id);
+            }
+        }
+    }
+}
