@@ -306,6 +306,58 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         assert_close(r1_adv[s].episode_adv, expected, &r1_adv[s].trajectory_id);
     }
 
+    // Step rewards on the imported token ids: the rule's A^S sits on the
+    // action-name tokens the import's tokenizer aligns (given as step.tokenizer).
+    let set_tok = format!("step.tokenizer={}", tok.display());
+    let step_out = tmp.path().join("adv-step");
+    let result = run(
+        "compute-advantages",
+        &[
+            "--input",
+            imported.join("trajectories").to_str().unwrap(),
+            "--input",
+            imported.join("steps").to_str().unwrap(),
+            "--input",
+            tmp.path().join("r1/rewards").to_str().unwrap(),
+            "--out",
+            step_out.to_str().unwrap(),
+            "--set",
+            "estimator=grpo_step",
+            "--set",
+            "step.kind=rule",
+            "--set",
+            &set_tok,
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let step_adv = read_advantages(&step_out.join("advantages"));
+    let credited = |s: usize, sign: f32| -> String {
+        let row = &step_adv[s];
+        let ids: Vec<u32> = steps
+            .iter()
+            .find(|x| x.trajectory_id == row.trajectory_id)
+            .unwrap()
+            .response_ids
+            .iter()
+            .zip(row.step_adv.as_ref().unwrap())
+            .filter(|&(_, &a)| a == sign)
+            .map(|(&id, _)| id as u32)
+            .collect();
+        test_tokenizer().decode(&ids, false).unwrap()
+    };
+    // Sample 0 matches every gold step, sample 2 none, sample 3 does not parse.
+    assert_eq!(credited(0, 1.0), "find a Mugpick up the Mugfind a Sink");
+    assert_eq!(credited(0, -1.0), "");
+    assert_eq!(credited(2, -1.0), "find a Sinkfind a Mugpick up the Mug");
+    assert!(
+        step_adv[3]
+            .step_adv
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|&a| a == 0.0)
+    );
+
     // Exported for veRL, joined with the dump in pandas (the module doc's example).
     let exported = tmp.path().join("adv.jsonl");
     let result = run(
@@ -382,7 +434,7 @@ print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(ind
 }
 
 #[test]
-fn verl_dump_without_uid_groups_consecutive_rows() {
+fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
     let tmp = tempfile::tempdir().unwrap();
     let tok = tokenizer(tmp.path());
     let dump = tmp.path().join("5.jsonl");
@@ -393,21 +445,54 @@ fn verl_dump_without_uid_groups_consecutive_rows() {
     let out = tmp.path().join("imported");
     let result = import("verl", &dump, &tok, &out, &["--group-size", "2"]);
     assert_eq!(result.code, 0, "{result}");
-    let mut trajectories: Vec<TrajectoryRow> =
-        rows(&out.join("trajectories"), TableName::Trajectories);
-    trajectories.sort_by(|a, b| a.trajectory_id.cmp(&b.trajectory_id));
-    let ids: Vec<&str> = trajectories
-        .iter()
-        .map(|t| t.trajectory_id.as_str())
-        .collect();
+    let ids = |out: &Path| -> Vec<String> {
+        let mut ids: Vec<String> =
+            rows::<TrajectoryRow>(&out.join("trajectories"), TableName::Trajectories)
+                .into_iter()
+                .map(|t| t.trajectory_id)
+                .collect();
+        ids.sort();
+        ids
+    };
     assert_eq!(
-        ids,
+        ids(&out),
         [
             "it3/r0/d0/s0",
             "it3/r0/d0/s1",
             "it3/r2/d0/s0",
             "it3/r2/d0/s1"
         ]
+    );
+
+    // A training dump after balance_batch: the rows of a group are apart.
+    let shuffled = [&lines[0], &lines[2], &lines[3], &lines[1]].map(Clone::clone);
+    write_lines(&dump, &shuffled);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &tmp.path().join("by-size"),
+        &["--group-size", "2"],
+        &["5.jsonl: group `r0` mixes prompts: line 1 and line 2 differ"],
+    );
+    let out = tmp.path().join("by-prompt");
+    let result = import("verl", &dump, &tok, &out, &["--group-by-prompt"]);
+    assert_eq!(result.code, 0, "{result}");
+    assert_eq!(
+        ids(&out),
+        [
+            "it3/p1/d0/s0",
+            "it3/p1/d0/s1",
+            "it3/p2/d0/s0",
+            "it3/p2/d0/s1"
+        ]
+    );
+    let rewards = by_id(rows(&out.join("rewards"), TableName::Rewards));
+    let scores: Vec<f32> = rewards.iter().map(|r| r.score).collect();
+    assert_eq!(
+        scores,
+        [1.0, 0.0, 1.0, 1.0],
+        "p1 = lines 1 and 4, p2 = lines 2 and 3"
     );
 }
 

@@ -11,11 +11,18 @@
 //! (the prompt decoded with `skip_special_tokens=True`), `output` (the
 //! response, decoded the same way), `gts` (`reward_model.ground_truth`, may
 //! be null), `score` (`token_level_scores.sum(-1)`), `step`, then every
-//! reward extra info (`acc`, `pred`, `reward`, `request_id`, …; `uid` only
-//! when the reward function returns it). veRL repeats a prompt `rollout.n`
-//! times interleaved, so a group is `n` consecutive rows: `--group-size n`
-//! when the dump has no `uid`. (Read in veRL's `verl/trainer/ppo/ray_trainer.py`
-//! as of late 2025: `_dump_generations` gained `gts` after v0.4.)
+//! reward extra info (`acc`, `pred`, `reward`, …) — read in
+//! `verl/trainer/ppo/ray_trainer.py` at volcengine/verl commit b178a3cd
+//! (2026-01-29; `gts` came after v0.4). veRL does not dump the `uid`
+//! (`_log_rollout_data` adds `request_id` to the dict after copying it, so
+//! that is not dumped either): a dump has one when a reward function returns
+//! it as an extra info, or give the grouping: `--group-size n` takes `n =
+//! rollout.n` consecutive rows, right for validation dumps (`repeat(...,
+//! interleave=True)`) and training dumps with `trainer.balance_batch=false`;
+//! training dumps are written after `_balance_batch` reorders the batch, so
+//! there `--group-by-prompt` (rows of one step with the same prompt) is the
+//! grouping; a dataset with a prompt twice in one batch would merge its two
+//! groups.
 //!
 //! **TRL / prime-rl / open-instruct** JSON lines: `prompt` (a string),
 //! `completion` (a string, or TRL's conversational `[{"role": "assistant",
@@ -34,10 +41,10 @@
 //! | `uid` or `--group-column` | `--group-column` | `task_id` = the uid; `group_id` = `it<step>/<uid>/d0` |
 //! | `gts` | — | `tasks.gt_actions` when it is a plan (a list of `{action_id, action_name}`, an object with such an `executable_plan`, or a string holding either as JSON); else null and counted |
 //!
-//! Without a group key, `--group-size N` groups N consecutive rows (veRL)
-//! and their uid is `r<index of the group's first row, 0-based>`; for TRL
-//! without either, rows with the same prompt form a group whose uid is
-//! `p<line of its first row>`. `trajectory_id` = `<group_id>/s<k>`, k the
+//! With `--group-size N`, N consecutive rows form a group whose uid is `r<index
+//! of the group's first row, 0-based>`; with `--group-by-prompt` (the default
+//! for TRL without `--group-column`), rows with the same prompt do, uid `p<line
+//! of its first row>`. `trajectory_id` = `<group_id>/s<k>`, k the
 //! row's place in its group in file order (`sample_index`). Constants the
 //! dumps do not hold: `suite` = the format, `env` = `imported`, `split` =
 //! `--split` (train), `seed` = 0, `policy` = `<format>:<dump file name>`,
@@ -223,7 +230,8 @@ pub enum Grouping {
     Column(String),
     /// N consecutive rows (veRL's interleaved `rollout.n` repeat).
     Size(NonZeroUsize),
-    /// Rows with the same prompt (TRL without a group column).
+    /// Rows with the same prompt (TRL's default; veRL training dumps,
+    /// whose rows `balance_batch` reordered).
     Prompt,
 }
 
@@ -418,8 +426,9 @@ fn read_dump(
                 None => {
                     return Err(missing(
                         key,
-                        " (veRL writes `uid` only when the reward function returns it: \
-                         pass --group-size N for rollout.n consecutive rows, or --group-column)",
+                        " (veRL dumps `uid` only when the reward function returns it: pass \
+                         --group-by-prompt for a training dump, --group-size N (rollout.n \
+                         consecutive rows) for a validation dump, or --group-column KEY)",
                     ));
                 }
             },

@@ -5,7 +5,7 @@
 //! table import --table NAME --from F.jsonl --out DIR [--overwrite]
 //!                                              JSON lines (one row each) -> a table
 //! table import --format verl|trl --from DUMP.jsonl --tokenizer T --out DIR
-//!       [--group-column KEY | --group-size N] [--split S] [--temperature T]
+//!       [--group-column KEY | --group-size N | --group-by-prompt] [--split S] [--temperature T]
 //!                                              another trainer's rollouts -> tasks,
 //!                                              trajectories, steps, rewards (`foreign`)
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
@@ -96,8 +96,11 @@ enum Command {
         #[arg(long, requires = "format", conflicts_with = "group_size")]
         group_column: Option<String>,
         /// `--format`: groups are this many consecutive rows (veRL's rollout.n).
-        #[arg(long, requires = "format")]
+        #[arg(long, requires = "format", conflicts_with = "group_by_prompt")]
         group_size: Option<std::num::NonZeroUsize>,
+        /// `--format`: rows of one step with the same prompt form a group (TRL's default).
+        #[arg(long, requires = "format", conflicts_with = "group_column")]
+        group_by_prompt: bool,
         /// `--format`: the split of the imported tasks.
         #[arg(long, default_value = "train", requires = "format")]
         split: String,
@@ -230,6 +233,7 @@ pub fn run(args: Args) -> Result<()> {
             tokenizer,
             group_column,
             group_size,
+            group_by_prompt,
             split,
             temperature,
             out: out_dir,
@@ -264,13 +268,15 @@ pub fn run(args: Args) -> Result<()> {
                             source.name()
                         ))
                     })?;
-                    let grouping = match (group_column, group_size, source) {
-                        (Some(key), _, _) => foreign::Grouping::Column(key),
-                        (None, Some(n), _) => foreign::Grouping::Size(n),
-                        (None, None, foreign::Source::Verl) => {
+                    let grouping = match (group_column, group_size, group_by_prompt, source) {
+                        (Some(key), _, _, _) => foreign::Grouping::Column(key),
+                        (None, Some(n), _, _) => foreign::Grouping::Size(n),
+                        (None, None, true, _) | (None, None, false, foreign::Source::Trl) => {
+                            foreign::Grouping::Prompt
+                        }
+                        (None, None, false, foreign::Source::Verl) => {
                             foreign::Grouping::Column("uid".into())
                         }
-                        (None, None, foreign::Source::Trl) => foreign::Grouping::Prompt,
                     };
                     if !temperature.is_finite() || temperature <= 0.0 {
                         return Err(Error::Usage(format!(
