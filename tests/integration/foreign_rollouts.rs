@@ -642,6 +642,18 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
         &["--tokenizer", "no-tokenizer/tokenizer.json: does not load"],
     );
 
+    std::fs::write(&dump, "\n").unwrap();
+    refused("verl", &dump, &tok, &out, &[], &["dump.jsonl: no rows"]);
+    std::fs::write(&dump, format!("{}\n[1, 2]\n", good[0])).unwrap();
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl:2: not a JSON object"],
+    );
+
     let chat = serde_json::json!({
         "prompt": [{"role": "user", "content": "put a Mug in the Sink"}],
         "completion": "{}",

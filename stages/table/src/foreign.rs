@@ -64,7 +64,8 @@
 //! not load (naming the file).
 //!
 //! ```text
-//! table import --format verl --from rollouts/3.jsonl --tokenizer ckpt/ --out runs/verl3
+//! table import --format verl --from rollouts/3.jsonl --tokenizer ckpt/ --out runs/verl3 \
+//!     --group-by-prompt
 //! score-rewards --input runs/verl3 --out runs/verl3/r1 --set reward.fn=embodied_r1
 //! compute-advantages --input runs/verl3/trajectories --input runs/verl3/steps \
 //!     --input runs/verl3/r1/rewards --out runs/verl3/adv --set estimator=grpo
