@@ -464,6 +464,15 @@ fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
         ]
     );
 
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &tmp.path().join("by-3"),
+        &["--group-size", "3"],
+        &["5.jsonl: 4 rows are not groups of --group-size 3 (the last group would have 1)"],
+    );
+
     // A training dump after balance_batch: the rows of a group are apart.
     let shuffled = [&lines[0], &lines[2], &lines[3], &lines[1]].map(Clone::clone);
     write_lines(&dump, &shuffled);

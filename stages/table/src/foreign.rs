@@ -61,7 +61,8 @@
 //! that is not a JSON object, a mapped key missing or of the wrong type
 //! (named by file, line and key), a non-finite score, a uid whose rows have
 //! different prompts (naming the uid and both lines), a tokenizer that does
-//! not load (naming the file).
+//! not load (naming the file), `--group-size N` on a dump whose row count is
+//! not a multiple of N.
 //!
 //! ```text
 //! table import --format verl --from rollouts/3.jsonl --tokenizer ckpt/ --out runs/verl3 \
@@ -203,6 +204,20 @@ pub enum ForeignError {
         file: PathBuf,
         /// The loader's error.
         reason: String,
+    },
+    /// `--group-size N` on a dump whose row count is not a multiple of N.
+    #[error(
+        "{file}: {rows} rows are not groups of --group-size {size} (the last group would have {rest}); is N the run's rollout.n?"
+    )]
+    GroupSize {
+        /// The dump.
+        file: PathBuf,
+        /// Rows in the dump.
+        rows: usize,
+        /// The group size asked.
+        size: usize,
+        /// Rows left in the last group.
+        rest: usize,
     },
     /// The dump holds no row.
     #[error("{file}: no rows")]
@@ -449,6 +464,16 @@ fn read_dump(
     }
     if rows.is_empty() {
         return Err(ForeignError::Empty { file: file.clone() });
+    }
+    if let Grouping::Size(n) = options.grouping
+        && rows.len() % n.get() != 0
+    {
+        return Err(ForeignError::GroupSize {
+            file: file.clone(),
+            rows: rows.len(),
+            size: n.get(),
+            rest: rows.len() % n.get(),
+        });
     }
     if options.grouping == Grouping::Prompt {
         let mut first: HashMap<&str, usize> = HashMap::new();
