@@ -482,7 +482,7 @@ fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
         &tok,
         &tmp.path().join("by-size"),
         &["--group-size", "2"],
-        &["5.jsonl: group `r0` mixes prompts: line 1 and line 2 differ"],
+        &["5.jsonl: group `r0` mixes values of `input`: line 1 and line 2 differ"],
     );
     let out = tmp.path().join("by-prompt");
     let result = import("verl", &dump, &tok, &out, &["--group-by-prompt"]);
@@ -607,6 +607,18 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
     );
 
     let mut lines = good.clone();
+    lines[2]["gts"] = "[]".into();
+    write_lines(&dump, &lines);
+    refused(
+        "verl",
+        &dump,
+        &tok,
+        &out,
+        &[],
+        &["dump.jsonl: group `uid-0` mixes values of `gts`: line 1 and line 3 differ"],
+    );
+
+    let mut lines = good.clone();
     lines[3]["input"] = "another prompt".into();
     write_lines(&dump, &lines);
     refused(
@@ -615,7 +627,7 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
         &tok,
         &out,
         &[],
-        &["dump.jsonl: group `uid-0` mixes prompts: line 1 and line 4 differ"],
+        &["dump.jsonl: group `uid-0` mixes values of `input`: line 1 and line 4 differ"],
     );
 
     let lines: Vec<_> = (0..2).map(|s| verl_line(0, s, false)).collect();

@@ -60,7 +60,7 @@
 //! before a table is staged; the four tables are committed together): a row
 //! that is not a JSON object, a mapped key missing or of the wrong type
 //! (named by file, line and key), a non-finite score, a uid whose rows have
-//! different prompts (naming the uid and both lines), a tokenizer that does
+//! different prompts or `gts` (naming the uid, the key and both lines), a tokenizer that does
 //! not load (naming the file), `--group-size N` on a dump whose row count is
 //! not a multiple of N.
 //!
@@ -181,20 +181,18 @@ pub enum ForeignError {
         /// The value found (shortened).
         found: String,
     },
-    /// A group's rows have different prompts.
-    #[error(
-        "{file}: group `{uid}` mixes prompts: line {first} and line {other} differ (key `{key}`)"
-    )]
-    MixedPrompts {
+    /// A group's rows have different prompts (or veRL ground truths).
+    #[error("{file}: group `{uid}` mixes values of `{key}`: line {first} and line {other} differ")]
+    Mixed {
         /// The dump.
         file: PathBuf,
         /// The group's uid.
         uid: String,
-        /// The prompt key.
+        /// The prompt key, or `gts`.
         key: &'static str,
         /// Line of the group's first row.
         first: usize,
-        /// Line of the row with another prompt.
+        /// Line of the row with another value.
         other: usize,
     },
     /// The tokenizer does not load.
@@ -554,26 +552,33 @@ pub fn import(
 
     let mut tasks: Vec<TaskRow> = Vec::new();
     let (mut trajectories, mut steps, mut rewards) = (Vec::new(), Vec::new(), Vec::new());
-    // uid -> (index in tasks, line of its first row)
-    let mut task_of: HashMap<&str, (usize, usize)> = HashMap::new();
+    // uid -> its first row (the task's)
+    let mut task_of: HashMap<&str, &DumpRow> = HashMap::new();
     let mut group_sizes: HashMap<(i32, &str), i32> = HashMap::new();
     let mut gts_not_plans = 0;
     for row in &rows {
         match task_of.get(row.uid.as_str()) {
-            Some(&(task, first)) => {
-                if tasks[task].instruction != row.prompt {
-                    return Err(ForeignError::MixedPrompts {
+            Some(&first) => {
+                let key = if first.prompt != row.prompt {
+                    Some(prompt_key)
+                } else if first.gts != row.gts {
+                    Some("gts")
+                } else {
+                    None
+                };
+                if let Some(key) = key {
+                    return Err(ForeignError::Mixed {
                         file: file.clone(),
                         uid: row.uid.clone(),
-                        key: prompt_key,
-                        first,
+                        key,
+                        first: first.line,
                         other: row.line,
                     }
                     .into());
                 }
             }
             None => {
-                task_of.insert(&row.uid, (tasks.len(), row.line));
+                task_of.insert(&row.uid, row);
                 tasks.push(TaskRow {
                     task_id: row.uid.clone(),
                     suite: format.into(),
