@@ -305,6 +305,53 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
     for (s, expected) in grpo_by_hand(&r1_group, true).into_iter().enumerate() {
         assert_close(r1_adv[s].episode_adv, expected, &r1_adv[s].trajectory_id);
     }
+    // A dump holds no behaviour log-probs: a PPO update on it is refused.
+    let policy = tmp.path().join("policy");
+    let init = run(
+        "init-policy",
+        &[
+            "--out",
+            policy.to_str().unwrap(),
+            "--seed",
+            "0",
+            "--set",
+            "model.n_embd=16",
+            "--set",
+            "model.n_layer=1",
+            "--set",
+            "model.n_head=2",
+            "--set",
+            "tokenizer.vocab_size=300",
+            "--set",
+            "tokenizer.corpus_tasks=20",
+        ],
+    );
+    assert_eq!(init.code, 0, "{init}");
+    let update_out = tmp.path().join("update");
+    let update = run(
+        "update-policy",
+        &[
+            "--policy",
+            policy.to_str().unwrap(),
+            "--input",
+            imported.join("trajectories").to_str().unwrap(),
+            "--input",
+            imported.join("steps").to_str().unwrap(),
+            "--input",
+            tmp.path().join("adv-r1/advantages").to_str().unwrap(),
+            "--out",
+            update_out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(update.code, 2, "{update}");
+    assert!(
+        update
+            .stderr
+            .contains("was imported (policy `imported:verl:")
+            && update.stderr.contains("no behaviour log-probs"),
+        "{update}"
+    );
+    assert!(!update_out.join("policy").exists());
 
     // Step rewards on the imported token ids: the rule's A^S sits on the
     // action-name tokens the import's tokenizer aligns (given as step.tokenizer).

@@ -40,3 +40,10 @@ pub mod values;
 
 pub use embodyflow_schemas as schemas;
 pub use error::{Classify, Error, ErrorKind, Result};
+
+/// The start of `trajectories.policy` for rollouts imported from another
+/// trainer's dump (`table import --format verl|trl`): `imported:verl:3.jsonl`.
+/// Their `old_logprobs` are placeholders (a dump holds no behaviour
+/// log-probs), so rewards and advantages may be recomputed on them but a
+/// policy update must refuse them.
+pub const IMPORTED_POLICY_PREFIX: &str = "imported:";

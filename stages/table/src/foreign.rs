@@ -47,10 +47,11 @@
 //! of its first row>`. `trajectory_id` = `<group_id>/s<k>`, k the
 //! row's place in its group in file order (`sample_index`). Constants the
 //! dumps do not hold: `suite` = the format, `env` = `imported`, `split` =
-//! `--split` (train), `seed` = 0, `policy` = `<format>:<dump file name>`,
+//! `--split` (train), `seed` = 0, `policy` = `imported:<format>:<dump file name>`,
 //! `temperature` = `--temperature` (1.0), `num_steps` = `env_steps` = 1,
 //! `old_logprobs` = 0.0 per token (the dumps have none: advantages do not
-//! read them, update-policy would take them as behaviour log-probs),
+//! read them; update-policy refuses a trajectory whose `policy` starts with
+//! [`embodyflow_core::IMPORTED_POLICY_PREFIX`]),
 //! `parse_ok` = true, `reward_fn` = the format. Every other key is reported
 //! (`unmapped key `acc`: 12 rows`), never imported by guess. Char offsets for
 //! span alignment come from the same tokenizer: give it to compute-advantages
@@ -546,7 +547,8 @@ pub fn import(
     let [prompt_key, response_key, ..] = options.source.keys();
     let format = options.source.name();
     let policy = format!(
-        "{format}:{}",
+        "{}{format}:{}",
+        embodyflow_core::IMPORTED_POLICY_PREFIX,
         file.file_name().unwrap_or_default().to_string_lossy()
     );
 

@@ -1013,6 +1013,17 @@ pub fn ppo_examples(
     advantages: Vec<AdvantageRow>,
     thoughts: bool,
 ) -> Result<Vec<Example>, Error> {
+    if let Some(t) = trajectories.iter().find(|t| {
+        t.policy
+            .starts_with(embodyflow_core::IMPORTED_POLICY_PREFIX)
+    }) {
+        return Err(Error::BadInput(format!(
+            "trajectory `{}` was imported (policy `{}`): a dump holds no behaviour log-probs, so \
+             PPO cannot weigh it; rescore and recompute advantages on imported rollouts, update on \
+             rollouts collected here",
+            t.trajectory_id, t.policy
+        )));
+    }
     let temperature: HashMap<&str, f32> = trajectories
         .iter()
         .map(|t| (t.trajectory_id.as_str(), t.temperature))
