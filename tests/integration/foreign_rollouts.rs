@@ -629,53 +629,39 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
     let dump = tmp.path().join("dump.jsonl");
     let good: Vec<_> = (0..4).map(|s| verl_line(0, s, true)).collect();
 
-    let mut lines = good.clone();
-    lines[2].as_object_mut().unwrap().remove("output");
-    write_lines(&dump, &lines);
-    refused(
-        "verl",
-        &dump,
-        &tok,
-        &out,
-        &[],
-        &["dump.jsonl:3: key `output` is missing"],
-    );
-
-    let mut lines = good.clone();
-    lines[1]["score"] = "high".into();
-    write_lines(&dump, &lines);
-    refused(
-        "verl",
-        &dump,
-        &tok,
-        &out,
-        &[],
-        &["dump.jsonl:2: key `score` is \"high\""],
-    );
-
-    let mut lines = good.clone();
-    lines[2]["gts"] = "[]".into();
-    write_lines(&dump, &lines);
-    refused(
-        "verl",
-        &dump,
-        &tok,
-        &out,
-        &[],
-        &["dump.jsonl: group `uid-0` mixes values of `gts`: line 1 and line 3 differ"],
-    );
-
-    let mut lines = good.clone();
-    lines[3]["input"] = "another prompt".into();
-    write_lines(&dump, &lines);
-    refused(
-        "verl",
-        &dump,
-        &tok,
-        &out,
-        &[],
-        &["dump.jsonl: group `uid-0` mixes values of `input`: line 1 and line 4 differ"],
-    );
+    // One field of one line of a good dump spoiled: (line, key, value or
+    // removed, what the message says).
+    let spoiled: [(usize, &str, Option<serde_json::Value>, &str); 4] = [
+        (2, "output", None, "dump.jsonl:3: key `output` is missing"),
+        (
+            1,
+            "score",
+            Some("high".into()),
+            "dump.jsonl:2: key `score` is \"high\"",
+        ),
+        (
+            2,
+            "gts",
+            Some("[]".into()),
+            "dump.jsonl: group `uid-0` mixes values of `gts`: line 1 and line 3 differ",
+        ),
+        (
+            3,
+            "input",
+            Some("another prompt".into()),
+            "dump.jsonl: group `uid-0` mixes values of `input`: line 1 and line 4 differ",
+        ),
+    ];
+    for (line, key, value, says) in spoiled {
+        let mut lines = good.clone();
+        let row = lines[line].as_object_mut().unwrap();
+        match value {
+            Some(value) => row.insert(key.into(), value),
+            None => row.remove(key),
+        };
+        write_lines(&dump, &lines);
+        refused("verl", &dump, &tok, &out, &[], &[says]);
+    }
 
     let lines: Vec<_> = (0..2).map(|s| verl_line(0, s, false)).collect();
     write_lines(&dump, &lines);
