@@ -140,22 +140,23 @@ fn grpo_by_hand(scores: &[f64], norm_by_std: bool) -> Vec<f64> {
         .collect()
 }
 
-fn advantages(imported: &Path, rewards: &Path, out: &Path, estimator: &str) -> Vec<AdvantageRow> {
-    let set = format!("estimator={estimator}");
-    let args = [
+/// compute-advantages on the imported tables and `rewards` with `sets`
+/// (`key=value`), its rows.
+fn advantages(imported: &Path, rewards: &Path, out: &Path, sets: &[&str]) -> Vec<AdvantageRow> {
+    let (trajectories, steps) = (imported.join("trajectories"), imported.join("steps"));
+    let mut args = vec![
         "--input",
-        imported.join("trajectories").to_str().unwrap(),
+        trajectories.to_str().unwrap(),
         "--input",
-        imported.join("steps").to_str().unwrap(),
+        steps.to_str().unwrap(),
         "--input",
         rewards.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-        "--set",
-        &set,
-    ]
-    .map(String::from);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
     let result = run("compute-advantages", &args);
     assert_eq!(result.code, 0, "{result}");
     read_advantages(&out.join("advantages"))
@@ -251,7 +252,7 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
             &imported,
             &imported.join("rewards"),
             &tmp.path().join(format!("adv-{estimator}")),
-            estimator,
+            &[&format!("estimator={estimator}")],
         );
         for (g, scores) in SCORES.iter().enumerate() {
             for (s, expected) in grpo_by_hand(scores, norm).into_iter().enumerate() {
@@ -299,7 +300,7 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         &imported,
         &tmp.path().join("r1/rewards"),
         &tmp.path().join("adv-r1"),
-        "grpo",
+        &["estimator=grpo"],
     );
     let r1_group: Vec<f64> = r1[..4].iter().map(|r| f64::from(r.score)).collect();
     for (s, expected) in grpo_by_hand(&r1_group, true).into_iter().enumerate() {
@@ -356,28 +357,12 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
     // Step rewards on the imported token ids: the rule's A^S sits on the
     // action-name tokens the import's tokenizer aligns (given as step.tokenizer).
     let set_tok = format!("step.tokenizer={}", tok.display());
-    let step_out = tmp.path().join("adv-step");
-    let result = run(
-        "compute-advantages",
-        &[
-            "--input",
-            imported.join("trajectories").to_str().unwrap(),
-            "--input",
-            imported.join("steps").to_str().unwrap(),
-            "--input",
-            tmp.path().join("r1/rewards").to_str().unwrap(),
-            "--out",
-            step_out.to_str().unwrap(),
-            "--set",
-            "estimator=grpo_step",
-            "--set",
-            "step.kind=rule",
-            "--set",
-            &set_tok,
-        ],
+    let step_adv = advantages(
+        &imported,
+        &tmp.path().join("r1/rewards"),
+        &tmp.path().join("adv-step"),
+        &["estimator=grpo_step", "step.kind=rule", &set_tok],
     );
-    assert_eq!(result.code, 0, "{result}");
-    let step_adv = read_advantages(&step_out.join("advantages"));
     let credited = |s: usize, sign: f32| -> String {
         let row = &step_adv[s];
         let ids: Vec<u32> = steps
