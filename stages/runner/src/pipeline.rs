@@ -723,9 +723,7 @@ impl Pipeline {
         }
         Ok(())
     }
-}
 
-impl Pipeline {
     /// Applies `--sweep var=a,b,…` arguments: each replaces the file's axis
     /// of that variable or adds one (axes stay sorted by variable, as the
     /// file's). A variable that is not declared, or no values, is an error.
