@@ -13,33 +13,17 @@
 //! transformers N ratio R`. Needs the project venv (`scripts/setup`).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use embodyflow_hf::HfDecoder;
+use embodyflow_hf::testing::golden_script;
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
 
-const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/hf_golden.py");
 const BATCH: i64 = 8;
 const PROMPT: i64 = 32;
 const NEW: i64 = 64;
 const PAD: i64 = 0;
-
-fn python(args: &[&str]) -> String {
-    let out = Command::new(PYTHON)
-        .arg(SCRIPT)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {PYTHON} ({e}): run scripts/setup"));
-    assert!(
-        out.status.success(),
-        "{SCRIPT} {args:?} failed (run scripts/setup):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// The script's `bench_batch`: row b holds 1 + (131 b + 17 t) mod (vocab -
 /// 1), its first b mod 4 positions padding.
@@ -85,7 +69,7 @@ fn main() {
     tch::set_num_threads(threads);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hf-bench-qwen3");
     let _ = std::fs::remove_dir_all(&dir);
-    python(&["bench-model", dir.to_str().unwrap()]);
+    golden_script(&["bench-model", dir.to_str().unwrap()]);
     let model = HfDecoder::load(&dir, Device::Cpu).unwrap();
     let vocab = model.config().vocab_size;
 
@@ -116,7 +100,7 @@ fn main() {
     });
 
     let theirs: serde_json::Value = serde_json::from_str(
-        python(&[
+        golden_script(&[
             "bench",
             dir.to_str().unwrap(),
             &BATCH.to_string(),

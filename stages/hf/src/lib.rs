@@ -15,7 +15,9 @@
 //!   the config's scaling, grouped-query attention, Qwen's q/k/v biases and
 //!   Qwen3's q/k norms, a SiLU-gated MLP) with a key/value cache, greedy
 //!   decoding as transformers' `generate(do_sample=False)` does it, and
-//!   [`HfDecoder::save`].
+//!   [`HfDecoder::save`];
+//! - `testing` (hidden from the docs): running `scripts/hf_golden.py`, which
+//!   the tests and the benchmark share.
 //!
 //! The tests (`tests/golden.rs`) create tiny random models of each
 //! architecture with transformers (`scripts/hf_golden.py`) and check the
@@ -48,6 +50,8 @@ pub mod chat;
 pub mod config;
 pub mod model;
 pub mod safetensors;
+#[doc(hidden)]
+pub mod testing;
 
 pub use config::{HfConfig, ModelType, RopeScaling};
 pub use model::{HfDecoder, KvCache};

@@ -9,30 +9,15 @@
 //! conversations rendered by `apply_chat_template`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use embodyflow_core::{Classify, ErrorKind};
+use embodyflow_hf::testing::golden_script;
 use embodyflow_hf::{HfDecoder, HfError, KvCache};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
-const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/hf_golden.py");
 const F32_MODELS: [&str; 4] = ["qwen2", "qwen3", "llama3", "llama-tied"];
-
-fn python(args: &[&str]) {
-    let out = Command::new(PYTHON)
-        .arg(SCRIPT)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {PYTHON} ({e}): run scripts/setup"));
-    assert!(
-        out.status.success(),
-        "{PYTHON} {SCRIPT} {args:?} failed (transformers missing? run scripts/setup):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The models and references, made once per test run.
 fn fixture() -> &'static Path {
@@ -40,7 +25,7 @@ fn fixture() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hf-golden");
         let _ = std::fs::remove_dir_all(&dir);
-        python(&["make", dir.to_str().unwrap()]);
+        golden_script(&["make", dir.to_str().unwrap()]);
         dir
     })
 }
@@ -257,7 +242,7 @@ fn a_trained_model_saved_here_loads_in_transformers_with_the_same_logits() {
     )
     .unwrap();
     let output = dir.path().join("logits.json");
-    python(&[
+    golden_script(&[
         "logits",
         saved.to_str().unwrap(),
         input.to_str().unwrap(),
