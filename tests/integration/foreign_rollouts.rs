@@ -13,7 +13,7 @@ use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{
     AdvantageRow, PlanAction, RewardRow, StepRow, TableName, TaskRow, TrajectoryRow,
 };
-use embodyflow_tests::{Run, read_advantages, run};
+use embodyflow_tests::{Run, TINY_POLICY, read_advantages, run};
 
 const GT: [(i64, &str); 3] = [
     (0, "find a Mug"),
@@ -308,25 +308,9 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
     }
     // A dump holds no behaviour log-probs: a PPO update on it is refused.
     let policy = tmp.path().join("policy");
-    let init = run(
-        "init-policy",
-        &[
-            "--out",
-            policy.to_str().unwrap(),
-            "--seed",
-            "0",
-            "--set",
-            "model.n_embd=16",
-            "--set",
-            "model.n_layer=1",
-            "--set",
-            "model.n_head=2",
-            "--set",
-            "tokenizer.vocab_size=300",
-            "--set",
-            "tokenizer.corpus_tasks=20",
-        ],
-    );
+    let mut init_args = vec!["--out", policy.to_str().unwrap(), "--seed", "0"];
+    init_args.extend(TINY_POLICY);
+    let init = run("init-policy", &init_args);
     assert_eq!(init.code, 0, "{init}");
     let update_out = tmp.path().join("update");
     let update = run(
