@@ -104,6 +104,7 @@ row!(
         pub chosen_latent_len: Option<i32>,
         pub old_latent_end_logprob: Option<f32>,
         pub anchor_key: Option<String>,
+        pub response_mask: Option<Vec<bool>>,
     }
 );
 
@@ -130,6 +131,7 @@ impl StepRow {
             chosen_latent_len: None,
             old_latent_end_logprob: None,
             anchor_key: None,
+            response_mask: None,
         }
     }
 }
@@ -151,6 +153,7 @@ row!(
         pub step_valid: Option<Vec<bool>>,
         pub reward_fn: String,
         pub ever_grasped: Option<bool>,
+        pub token_rewards: Option<Vec<f32>>,
     }
 );
 
@@ -329,6 +332,7 @@ impl Examples for StepRow {
                 latent_dim: None,
                 chosen_latent_len: None,
                 old_latent_end_logprob: None,
+                response_mask: Some(vec![true, false, true]),
             },
             StepRow {
                 anchor_key: None,
@@ -344,6 +348,7 @@ impl Examples for StepRow {
                 latent_dim: Some(4),
                 chosen_latent_len: Some(2),
                 old_latent_end_logprob: Some(-0.3),
+                response_mask: None,
             },
         ]
     }
@@ -378,6 +383,7 @@ impl Examples for RewardRow {
                 step_valid: Some(vec![true, false, true]),
                 reward_fn: "embodied_r1".into(),
                 ever_grasped: None,
+                token_rewards: None,
             },
             RewardRow {
                 trajectory_id: "it0/household/train/7/000000/d0/s1".into(),
@@ -392,6 +398,7 @@ impl Examples for RewardRow {
                 step_valid: None,
                 reward_fn: "embodied_r1".into(),
                 ever_grasped: None,
+                token_rewards: Some(vec![0.0, -0.25, 0.25]),
             },
         ]
     }

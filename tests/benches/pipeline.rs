@@ -82,6 +82,7 @@ fn step(i: usize, ids: Vec<i32>, values: bool) -> StepRow {
     let n = ids.len();
     StepRow {
         anchor_key: None,
+        response_mask: None,
         trajectory_id: format!("it0/task{:06}/d0/s{}", i / 8, i % 8),
         step_index: 0,
         prompt_ids: vec![1, 2, 3],
@@ -111,6 +112,7 @@ fn reward(i: usize) -> RewardRow {
         step_valid: None,
         reward_fn: "outcome".into(),
         ever_grasped: None,
+        token_rewards: None,
     }
 }
 

@@ -40,9 +40,9 @@ fn assert_rejected(result: &Run, needles: &[&str]) {
     }
 }
 
-/// The metadata of a current rewards shard (schema version 2).
+/// The metadata of a current rewards shard (schema version 3).
 fn ours() -> [(&'static str, &'static str); 2] {
-    [(META_TABLE, "rewards"), (META_VERSION, "2")]
+    [(META_TABLE, "rewards"), (META_VERSION, "3")]
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn a_wrong_schema_version_in_the_shard() {
     forge_first_shard(
         &table,
         &batch,
-        &[(META_TABLE, "rewards"), (META_VERSION, "3")],
+        &[(META_TABLE, "rewards"), (META_VERSION, "4")],
     );
     assert_rejected(
         &validate(&table),
@@ -115,8 +115,8 @@ fn a_wrong_schema_version_in_the_shard() {
             "`rewards`",
             "`part-00000.parquet`",
             "`schema_version`",
-            "expected 2",
-            "is 3",
+            "expected 3",
+            "is 4",
         ],
     );
 }
@@ -134,7 +134,7 @@ fn a_wrong_schema_version_in_the_manifest() {
             "`rewards`",
             "`_manifest.parquet`",
             "`schema_version`",
-            "expected 2",
+            "expected 3",
             "is 7",
         ],
     );
@@ -513,7 +513,7 @@ fn tables_of_an_older_schema_version_are_read_when_their_columns_widen() {
     as_older_version(&table, &v0, "rewards", 0);
     assert_rejected(
         &validate(&table),
-        &["`schema_version`", "is 0", "expected 2"],
+        &["`schema_version`", "is 0", "expected 3"],
     );
 }
 
@@ -522,6 +522,55 @@ fn without_column(batch: &RecordBatch, name: &str) -> RecordBatch {
     let mut batch = batch.clone();
     batch.remove_column(batch.schema().index_of(name).unwrap());
     batch
+}
+
+#[test]
+fn version_2_steps_and_rewards_are_read_with_the_version_3_columns_null() {
+    use embodyflow_core::schemas::StepRow;
+    let dir = tempfile::tempdir().unwrap();
+    let steps = StepRow::examples();
+    assert!(steps.iter().any(|r| r.response_mask.is_some()));
+    embodyflow_tests::write_table(dir.path(), &steps);
+    let table = dir.path().join("steps");
+    let batch = original_batch_of(&table, TableName::Steps);
+    as_older_version(&table, &without_column(&batch, "response_mask"), "steps", 2);
+    let read: Vec<StepRow> = TableReader::open(&table, TableName::Steps)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let nulled: Vec<StepRow> = steps
+        .into_iter()
+        .map(|r| StepRow {
+            response_mask: None,
+            ..r
+        })
+        .collect();
+    assert_eq!(read, nulled);
+
+    let rewards = RewardRow::examples();
+    assert!(rewards.iter().any(|r| r.token_rewards.is_some()));
+    embodyflow_tests::write_table(dir.path(), &rewards);
+    let table = dir.path().join("rewards");
+    let batch = original_batch_of(&table, TableName::Rewards);
+    as_older_version(
+        &table,
+        &without_column(&batch, "token_rewards"),
+        "rewards",
+        2,
+    );
+    let read: Vec<RewardRow> = TableReader::open(&table, TableName::Rewards)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let nulled: Vec<RewardRow> = rewards
+        .into_iter()
+        .map(|r| RewardRow {
+            token_rewards: None,
+            ..r
+        })
+        .collect();
+    assert_eq!(read, nulled);
+    assert_eq!(validate(&table).code, 0);
 }
 
 #[test]
@@ -575,15 +624,17 @@ fn version_1_tables_without_the_columns_added_since_are_read_with_them_null() {
             r.failure_reason = set.then(|| "worker 0 crashed".to_string());
         },
     );
-    check::<RewardRow>("rewards", &["ever_grasped"], |r, set| {
-        r.ever_grasped = set.then_some(true)
+    check::<RewardRow>("rewards", &["ever_grasped", "token_rewards"], |r, set| {
+        r.ever_grasped = set.then_some(true);
+        r.token_rewards = set.then(|| vec![r.score]);
     });
     check::<EvalRow>("eval", &["ever_grasped", "failure_reason"], |r, set| {
         r.ever_grasped = set.then_some(true);
         r.failure_reason = set.then(|| "worker 0 hung".to_string());
     });
-    check::<StepRow>("steps", &["anchor_key"], |r, set| {
-        r.anchor_key = set.then(|| "00ff".to_string())
+    check::<StepRow>("steps", &["anchor_key", "response_mask"], |r, set| {
+        r.anchor_key = set.then(|| "00ff".to_string());
+        r.response_mask = set.then(|| vec![true; r.response_ids.len()]);
     });
 
     // Only a nullable column may be missing: a v1 eval shard without

@@ -461,3 +461,138 @@ fn gae_missing_duplicated_or_extra_steps_are_bad_input() {
         &["`it0/task000/d0/s0`", "more steps than num_steps = 2"],
     );
 }
+
+/// Our own tables with `rewards.token_rewards` (veRL's token_level_rewards)
+/// and `steps.response_mask` holes: GRPO takes the token rewards' sum as the
+/// score and writes 0 at the holes; token-level GAE takes r_t from them,
+/// skips the holes (veRL's masked recurrence) and whitens over the valid
+/// tokens; bad lengths and sums exit 2 naming the trajectory.
+#[test]
+fn token_rewards_and_response_masks_with_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let scores = groups();
+    let (rollouts, rewards) = rollout_set(dir.path(), &scores, 2, 5);
+    // The score on three tokens: two of step 0, the last of step 1 (a hole).
+    let spread = |score: f32| {
+        let mut t = vec![0.0; 10];
+        (t[1], t[3], t[9]) = (0.25 * score, 0.25 * score, 0.5 * score);
+        t
+    };
+    rewrite_rewards(&rewards, |rows| {
+        for r in rows {
+            r.token_rewards = Some(spread(r.score));
+        }
+    });
+    // Holes in step 1 at its first, middle and last token.
+    let mask = vec![false, true, false, true, false];
+    rewrite_steps(&rollouts, |rows| {
+        for s in rows.iter_mut().filter(|s| s.step_index == 1) {
+            s.response_mask = Some(mask.clone());
+        }
+    });
+
+    let out = dir.path().join("grpo");
+    let result = compute(&rollouts, &rewards, &out, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    let rows = read_advantages(&out.join("advantages"));
+    let index: Vec<u32> = scores
+        .iter()
+        .enumerate()
+        .flat_map(|(g, s)| vec![g as u32; s.len()])
+        .collect();
+    let expected = episode_advantages(&scores.concat(), &index, GroupNorm::default());
+    for (i, pair) in rows.chunks(2).enumerate() {
+        assert_eq!(pair[0].advantages, vec![expected[i]; 5]);
+        let holed: Vec<f32> = mask
+            .iter()
+            .map(|&m| if m { expected[i] } else { 0.0 })
+            .collect();
+        assert_eq!(pair[1].advantages, holed, "{}", pair[1].trajectory_id);
+    }
+
+    let out = dir.path().join("gae");
+    let result = compute(&rollouts, &rewards, &out, &["--set", "estimator=gae"]);
+    assert_eq!(result.code, 0, "{result}");
+    let rows = read_advantages(&out.join("advantages"));
+    let (mut values, mut token_rewards, mut valid, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), vec![0]);
+    for (s, &score) in scores.iter().flat_map(|g| g.iter().enumerate()) {
+        for k in 0..2 {
+            values.extend((0..5).map(|t| 0.05 * t as f32 + 0.01 * (k + s) as f32));
+            valid.extend(if k == 1 { mask.clone() } else { vec![true; 5] });
+        }
+        token_rewards.extend(spread(score));
+        offsets.push(values.len());
+    }
+    let (mut adv, mut ret) = (Vec::new(), Vec::new());
+    embodyflow_algos::gae::gae_tokens_masked_into(
+        &token_rewards,
+        &values,
+        &valid,
+        &offsets,
+        GaeParams::default(),
+        &mut adv,
+        &mut ret,
+    );
+    let mut stats = embodyflow_algos::gae::WhitenStats::default();
+    stats.add_masked(&adv, &valid);
+    stats.whitening().unwrap().apply(&mut adv);
+    embodyflow_algos::gae::zero_holes(&mut adv, &valid);
+    let got: Vec<f32> = rows.iter().flat_map(|r| r.advantages.clone()).collect();
+    let got_ret: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| r.returns.clone().unwrap())
+        .collect();
+    assert_eq!(got.len(), adv.len());
+    for (t, (x, y)) in got.iter().zip(&adv).enumerate() {
+        assert!((x - y).abs() <= 1e-6, "token {t}: {x} vs {y}");
+    }
+    assert_eq!(got_ret, ret);
+    // Half of each score sits on step 1's last token, a hole: it never
+    // reaches GAE, so trajectory 0's last valid token (8) returns 0.
+    assert_eq!((got[9], got_ret[9], got_ret[8]), (0.0, 0.0, 0.0));
+
+    // A sum that is not the score; a length that is not the response's.
+    let out = dir.path().join("bad");
+    rewrite_rewards(&rewards, |rows| {
+        rows[2].token_rewards.as_mut().unwrap()[0] += 0.5;
+    });
+    assert_bad_input(
+        &compute(&rollouts, &rewards, &out, &[]),
+        &out,
+        &[
+            "`it0/task000/d0/s2`",
+            "rewards.score is 0",
+            "token_rewards is 0.5",
+        ],
+    );
+    rewrite_rewards(&rewards, |rows| {
+        rows[2].token_rewards = Some(vec![0.0; 9]);
+    });
+    for estimator in ["grpo", "gae"] {
+        assert_bad_input(
+            &compute(
+                &rollouts,
+                &rewards,
+                &out,
+                &["--set", &format!("estimator={estimator}")],
+            ),
+            &out,
+            &[
+                "`it0/task000/d0/s2`",
+                "token_rewards has 9 entries",
+                "10 response tokens",
+            ],
+        );
+    }
+    rewrite_rewards(&rewards, |rows| rows[2].token_rewards = None);
+    rewrite_steps(&rollouts, |rows| {
+        rows[3].response_mask = Some(vec![true; 4])
+    });
+    let id = format!("`{}` step {}", "it0/task000/d0/s1", 1);
+    assert_bad_input(
+        &compute(&rollouts, &rewards, &out, &[]),
+        &out,
+        &[&id, "response_mask has 4 entries, expected 5"],
+    );
+}

@@ -211,6 +211,7 @@ pub fn rollout_set(
             for k in 0..steps {
                 step_rows.push(StepRow {
                     anchor_key: None,
+                    response_mask: None,
                     trajectory_id: trajectory_id.clone(),
                     step_index: k as i32,
                     prompt_ids: vec![1, 2, 3],
@@ -242,6 +243,7 @@ pub fn rollout_set(
                 step_valid: None,
                 reward_fn: "outcome".into(),
                 ever_grasped: None,
+                token_rewards: None,
             });
         }
     }

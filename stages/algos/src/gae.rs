@@ -17,6 +17,19 @@
 //! over one position per decision step: one value per step, the outcome reward
 //! on the last step; each step's advantage is then broadcast to its response
 //! tokens by the caller.
+//! **Masks with holes** ([`gae_tokens_masked_into`], [`WhitenStats::add_masked`],
+//! [`zero_holes`]): a position whose mask is false (a token a tool or the
+//! environment inserted into a multi-turn response) is skipped as current
+//! veRL skips it: its reward and value are ignored, and the position before
+//! it takes `V_{t+1}` and `A_{t+1}` from the next valid position
+//! (`nextvalues` and `lastgaelam` carried across). That is plain GAE on the
+//! valid positions alone, scattered back; holes get advantage and return 0
+//! (veRL leaves the carried values there, which its losses then mask out),
+//! and whitening takes its statistics from the valid positions only.
+//! E.g. r = [0, 9, 1], V = [0.5, 7, 0.25], mask = [1, 0, 1], gamma = lambda
+//! = 1: A = [0.5, 0, 0.75], as the row [0, 1] / [0.5, 0.25] without the hole
+//! (the example below).
+//!
 //! [`whiten`] is veRL's `masked_whiten` with every position valid: the mean
 //! divides by `n + 1e-8`, the variance is the unbiased masked variance, and
 //! fewer than two positions is an error rather than a NaN.
@@ -133,6 +146,58 @@ pub fn gae_tokens_into(
     returns.extend(new.iter().zip(values).map(|(a, v)| a + v));
 }
 
+/// [`gae_tokens_into`] with a mask: positions whose `mask` is false are holes,
+/// skipped as veRL's `compute_gae_advantage_return` skips them (`nextvalues`
+/// and `lastgaelam` carried across; their rewards and values unused), and
+/// given advantage and return 0. Equal to GAE over each row's valid
+/// positions alone.
+pub fn gae_tokens_masked_into(
+    rewards: &[f32],
+    values: &[f32],
+    mask: &[bool],
+    offsets: &[usize],
+    params: GaeParams,
+    advantages: &mut Vec<f32>,
+    returns: &mut Vec<f32>,
+) {
+    assert_eq!(rewards.len(), values.len(), "one value per reward");
+    assert_eq!(rewards.len(), mask.len(), "one mask entry per reward");
+    assert_eq!(
+        offsets.last().copied().unwrap_or(0),
+        rewards.len(),
+        "offsets cover the rows"
+    );
+    let start = advantages.len();
+    advantages.resize(start + rewards.len(), 0.0);
+    returns.resize(start + rewards.len(), 0.0);
+    let (adv, ret) = (&mut advantages[start..], &mut returns[start..]);
+    let decay = params.gamma * params.lam;
+    for row in offsets.windows(2) {
+        let (mut next_value, mut running) = (0f32, 0f32);
+        for t in (row[0]..row[1]).rev() {
+            if !mask[t] {
+                continue;
+            }
+            let delta = rewards[t] + params.gamma * next_value - values[t];
+            running = delta + decay * running;
+            next_value = values[t];
+            adv[t] = running;
+            ret[t] = running + values[t];
+        }
+    }
+}
+
+/// Sets `values` to 0 where `mask` is false (veRL multiplies by the
+/// response mask).
+pub fn zero_holes(values: &mut [f32], mask: &[bool]) {
+    assert_eq!(values.len(), mask.len(), "one mask entry per value");
+    for (v, &keep) in values.iter_mut().zip(mask) {
+        if !keep {
+            *v = 0.0;
+        }
+    }
+}
+
 /// In place, per row: `x_t <- x_t + decay * x_{t+1}` from the row's end. The
 /// recurrence is a chain of dependent multiply-adds, so four rows run side by
 /// side over their common tail to give the processor independent chains.
@@ -215,6 +280,23 @@ impl WhitenStats {
     /// Adds a piece of values.
     pub fn add(&mut self, values: &[f32]) {
         self.merge(&WhitenStats::of(values));
+    }
+
+    /// Adds the values whose `mask` is true (veRL's `masked_whiten` takes
+    /// its statistics from the valid positions only).
+    pub fn add_masked(&mut self, values: &[f32], mask: &[bool]) {
+        assert_eq!(values.len(), mask.len(), "one mask entry per value");
+        if mask.iter().all(|&m| m) {
+            self.add(values);
+        } else {
+            let kept: Vec<f32> = values
+                .iter()
+                .zip(mask)
+                .filter(|&(_, &m)| m)
+                .map(|(&v, _)| v)
+                .collect();
+            self.add(&kept);
+        }
     }
 
     /// Merges statistics gathered elsewhere (Chan, Golub and LeVeque 1979).
@@ -321,6 +403,61 @@ mod tests {
             assert!((adv[i] - expect_adv[i]).abs() < 1e-6, "{adv:?}");
             assert!((ret[i] - expect_ret[i]).abs() < 1e-6, "{ret:?}");
         }
+    }
+
+    #[test]
+    fn holes_are_skipped_as_verl_skips_them() {
+        let p = GaeParams {
+            gamma: 0.5,
+            lam: 0.5,
+        };
+        let masked = |r: &[f32], v: &[f32], m: &[bool]| {
+            let (mut adv, mut ret) = (Vec::new(), Vec::new());
+            gae_tokens_masked_into(r, v, m, &[0, r.len()], p, &mut adv, &mut ret);
+            (adv, ret)
+        };
+        // Hole in the middle: r = [0, 9, 1], V = [0.2, 5, 0.4], mask [1, 0, 1]
+        //   t2: delta = 1 - 0.4 = 0.6,                        A2 = 0.6
+        //   t1: hole, A1 = 0, nextvalue stays 0.4, running stays 0.6
+        //   t0: delta = 0 + 0.5*0.4 - 0.2 = 0,  A0 = 0 + 0.25*0.6 = 0.15
+        // (the example of hand_computed_two_rows without the hole).
+        let (adv, ret) = masked(&[0.0, 9.0, 1.0], &[0.2, 5.0, 0.4], &[true, false, true]);
+        let (want_adv, want_ret) = ([0.15, 0.0, 0.6], [0.35, 0.0, 1.0]);
+        for i in 0..3 {
+            assert!((adv[i] - want_adv[i]).abs() < 1e-6, "{adv:?}");
+            assert!((ret[i] - want_ret[i]).abs() < 1e-6, "{ret:?}");
+        }
+        // Hole first: the valid tail is untouched, the hole 0.
+        //   t1: delta = 1 - 0.4 = 0.6; t0 hole.
+        let (adv, ret) = masked(&[7.0, 1.0], &[3.0, 0.4], &[false, true]);
+        assert_eq!(adv[0], 0.0);
+        assert_eq!(ret[0], 0.0);
+        assert!((adv[1] - 0.6).abs() < 1e-6 && (ret[1] - 1.0).abs() < 1e-6);
+        // Hole last: its reward 2 is dropped and V after the valid part is 0.
+        //   t1: delta = 1 - 0.4 = 0.6 (not 1 + 0.5*3 - 0.4)
+        let (adv, _) = masked(&[0.0, 1.0, 2.0], &[0.2, 0.4, 3.0], &[true, true, false]);
+        for (got, want) in adv.iter().zip([0.15, 0.6, 0.0]) {
+            assert!((got - want).abs() < 1e-6, "{adv:?}");
+        }
+        // Every position a hole: all 0.
+        let (adv, ret) = masked(&[1.0, 2.0], &[0.5, 0.5], &[false, false]);
+        assert_eq!((adv, ret), (vec![0.0, 0.0], vec![0.0, 0.0]));
+        // No hole: the unmasked recurrence, bit for bit.
+        let (r, v) = ([0.0, 1.0, 2.0], [0.2, 0.4, 1.0]);
+        let mut adv = Vec::new();
+        let mut ret = Vec::new();
+        gae_tokens_masked_into(&r, &v, &[true; 3], &[0, 2, 3], p, &mut adv, &mut ret);
+        assert_eq!((adv, ret), gae_tokens(&r, &v, &[0, 2, 3], p));
+    }
+
+    #[test]
+    fn masked_statistics_take_the_valid_positions_only() {
+        let mut masked = WhitenStats::default();
+        masked.add_masked(&[1.0, 100.0, 2.0, 3.0], &[true, false, true, true]);
+        assert_eq!(masked, WhitenStats::of(&[1.0, 2.0, 3.0]));
+        let mut v = [1.0f32, 100.0, 3.0];
+        zero_holes(&mut v, &[true, false, true]);
+        assert_eq!(v, [1.0, 0.0, 3.0]);
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! Golden tests against veRL 0.9.1 (`verl/trainer/ppo/core_algos.py`): the
 //! fixtures in `tests/fixtures/verl/` hold veRL's own outputs on seeded inputs,
 //! written by `scripts/verl_golden.py`. Maximum absolute difference: 1e-6.
+//! `holes.json` (`scripts/verl_golden.py --holes`) holds the numerics of
+//! veRL's masked GAE, masked whitening and GRPO on response masks with holes
+//! and rewards on several tokens; there veRL leaves values at holes that its
+//! losses mask out, so GAE is compared on the valid tokens and ours are 0 at
+//! the holes.
 
 use std::collections::HashMap;
 
-use embodyflow_algos::gae::{GaeParams, gae_tokens, whiten};
+use embodyflow_algos::gae::{
+    GaeParams, WhitenStats, gae_tokens, gae_tokens_masked_into, whiten, zero_holes,
+};
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
 use serde::Deserialize;
 
@@ -36,14 +43,57 @@ struct GaeCase {
 }
 
 fn load<C: for<'de> Deserialize<'de>>(name: &str) -> Fixture<C> {
+    let fixture: Fixture<C> = serde_json::from_str(&read(name)).unwrap();
+    assert_eq!(fixture.verl_version, "0.9.1");
+    fixture
+}
+
+fn read(name: &str) -> String {
     let path = format!(
         "{}/../../tests/fixtures/verl/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let fixture: Fixture<C> = serde_json::from_str(&text).unwrap();
-    assert_eq!(fixture.verl_version, "0.9.1");
-    fixture
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[derive(Deserialize)]
+struct Holes {
+    verl_version: String,
+    gae: Vec<HolesGae>,
+    grpo: Vec<HolesGrpo>,
+}
+
+#[derive(Deserialize)]
+struct HolesGae {
+    gamma: f32,
+    lam: f32,
+    response_mask: Vec<Vec<bool>>,
+    token_rewards: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    advantages: Vec<Vec<f32>>,
+    returns: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct HolesGrpo {
+    norm_adv_by_std: bool,
+    epsilon: f64,
+    group: Vec<String>,
+    response_mask: Vec<Vec<bool>>,
+    token_rewards: Vec<Vec<f32>>,
+    advantages: Vec<Vec<f32>>,
+}
+
+/// Dense group indices in first-appearance order.
+fn dense(groups: &[String]) -> Vec<u32> {
+    let mut index: HashMap<&str, u32> = HashMap::new();
+    groups
+        .iter()
+        .map(|g| {
+            let next = index.len() as u32;
+            *index.entry(g.as_str()).or_insert(next)
+        })
+        .collect()
 }
 
 fn max_abs_diff(a: impl IntoIterator<Item = f32>, b: impl IntoIterator<Item = f32>) -> f64 {
@@ -130,5 +180,103 @@ fn gae_advantage_return_matches_verl() {
             case.gamma,
             case.lam
         );
+    }
+}
+
+#[test]
+fn masked_gae_with_token_rewards_matches_verl() {
+    let fixture: Holes = serde_json::from_str(&read("holes.json")).unwrap();
+    assert_eq!(fixture.verl_version, "0.9.1");
+    for case in fixture.gae {
+        let mut offsets = vec![0];
+        for row in &case.values {
+            offsets.push(offsets.last().unwrap() + row.len());
+        }
+        let mask: Vec<bool> = case.response_mask.concat();
+        let holes = mask.iter().filter(|&&m| !m).count();
+        assert!(
+            holes > 0
+                && case
+                    .token_rewards
+                    .concat()
+                    .iter()
+                    .filter(|&&r| r != 0.0)
+                    .count()
+                    > case.values.len()
+        );
+        let (mut advantages, mut returns) = (Vec::new(), Vec::new());
+        gae_tokens_masked_into(
+            &case.token_rewards.concat(),
+            &case.values.concat(),
+            &mask,
+            &offsets,
+            GaeParams {
+                gamma: case.gamma,
+                lam: case.lam,
+            },
+            &mut advantages,
+            &mut returns,
+        );
+        let mut stats = WhitenStats::default();
+        stats.add_masked(&advantages, &mask);
+        stats.whitening().unwrap().apply(&mut advantages);
+        zero_holes(&mut advantages, &mask);
+        let valid = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .zip(&mask)
+                .filter(|&(_, &m)| m)
+                .map(|(x, _)| x)
+                .collect()
+        };
+        let diff_adv = max_abs_diff(valid(advantages.clone()), valid(case.advantages.concat()));
+        let diff_ret = max_abs_diff(valid(returns.clone()), valid(case.returns.concat()));
+        eprintln!(
+            "masked gae gamma {} lam {}: {} tokens ({holes} holes), max abs diff {diff_adv:e} (advantages) {diff_ret:e} (returns)",
+            case.gamma,
+            case.lam,
+            mask.len()
+        );
+        assert!(diff_adv <= TOLERANCE, "advantages differ by {diff_adv:e}");
+        assert!(diff_ret <= TOLERANCE, "returns differ by {diff_ret:e}");
+        assert!(
+            advantages
+                .iter()
+                .zip(&returns)
+                .zip(&mask)
+                .all(|((&a, &r), &m)| m || (a == 0.0 && r == 0.0)),
+            "holes get 0"
+        );
+    }
+}
+
+#[test]
+fn grpo_on_token_rewards_with_holes_matches_verl() {
+    let fixture: Holes = serde_json::from_str(&read("holes.json")).unwrap();
+    for case in fixture.grpo {
+        // veRL's score: the sum of every token reward, holes included.
+        let scores: Vec<f32> = case
+            .token_rewards
+            .iter()
+            .map(|r| r.iter().map(|&x| f64::from(x)).sum::<f64>() as f32)
+            .collect();
+        let norm = GroupNorm {
+            norm_by_std: case.norm_adv_by_std,
+            eps: case.epsilon,
+        };
+        let ours = episode_advantages(&scores, &dense(&case.group), norm);
+        let ours_tokens = case
+            .response_mask
+            .iter()
+            .zip(&ours)
+            .flat_map(|(mask, &a)| mask.iter().map(move |&m| if m { a } else { 0.0 }));
+        let diff = max_abs_diff(ours_tokens, case.advantages.iter().flatten().copied());
+        let holes = case.response_mask.iter().flatten().filter(|&&m| !m).count();
+        eprintln!(
+            "grpo with holes norm_by_std={}: {} tokens ({holes} holes), max abs diff {diff:e}",
+            case.norm_adv_by_std,
+            case.advantages.iter().map(Vec::len).sum::<usize>()
+        );
+        assert!(holes > 0);
+        assert!(diff <= TOLERANCE, "max abs diff {diff:e}");
     }
 }

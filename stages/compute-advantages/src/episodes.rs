@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{Array, Float32Array, Int32Array, StringArray};
+use arrow::array::{Array, Float32Array, Int32Array, ListArray, StringArray};
 use embodyflow_algos::grpo::is_mixed;
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::dataset::{TableReader, column};
@@ -40,7 +40,60 @@ pub struct Episode {
     pub score: f32,
     /// Decision steps it has.
     pub num_steps: i32,
+    /// Its per-token rewards (`rewards.token_rewards`, veRL's
+    /// token_level_rewards), one per response token over its steps in step
+    /// order; `score` is then their sum.
+    pub token_rewards: Option<Vec<f32>>,
 }
+
+impl Episode {
+    /// Checks that its token rewards (when it has them) cover its
+    /// `tokens` response tokens.
+    pub fn check_token_rewards(&self, tokens: usize) -> Result<()> {
+        match &self.token_rewards {
+            Some(rewards) if rewards.len() != tokens => Err(Error::BadInput(format!(
+                "trajectory `{}`: rewards.token_rewards has {} entries, its steps have {tokens} response tokens (one reward per response token, steps in order)",
+                self.trajectory_id,
+                rewards.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Per-step rewards from its token rewards: each step's sum over its
+    /// response tokens (`tokens` per step, in step order), the reward of
+    /// the decision; without token rewards, the score on the last step.
+    /// The token counts must cover the token rewards
+    /// ([`Episode::check_token_rewards`]).
+    pub fn step_rewards(&self, tokens: &[usize]) -> Result<Vec<f32>> {
+        let mut rewards = vec![0f32; tokens.len()];
+        match &self.token_rewards {
+            None => {
+                if let Some(last) = rewards.last_mut() {
+                    *last = self.score;
+                }
+            }
+            Some(token_rewards) => {
+                self.check_token_rewards(tokens.iter().sum())?;
+                let mut at = 0;
+                for (reward, &n) in rewards.iter_mut().zip(tokens) {
+                    *reward = sum_f64(&token_rewards[at..at + n]);
+                    at += n;
+                }
+            }
+        }
+        Ok(rewards)
+    }
+}
+
+/// The sum of `values` accumulated in f64.
+fn sum_f64(values: &[f32]) -> f32 {
+    values.iter().map(|&v| f64::from(v)).sum::<f64>() as f32
+}
+
+/// Relative tolerance between a rewards row's `score` and the sum of its
+/// `token_rewards` (absolute below 1).
+pub const TOKEN_SUM_TOLERANCE: f64 = 1e-4;
 
 /// The batch's trajectories joined with their rewards, grouped.
 #[derive(Debug, Clone, Default)]
@@ -74,20 +127,70 @@ impl Episodes {
             }
         }
         let mut scores = Vec::with_capacity(rewards.num_rows() as usize);
-        for batch in rewards.batches(Some(&["trajectory_id", "group_id", "score"]), 65_536)? {
+        let mut token_rewards = Vec::new();
+        for batch in rewards.batches(
+            Some(&["trajectory_id", "group_id", "score", "token_rewards"]),
+            65_536,
+        )? {
             let batch = batch?;
             let ids = column::<StringArray>(&batch, "trajectory_id");
             let groups = column::<StringArray>(&batch, "group_id");
             let score = column::<Float32Array>(&batch, "score");
+            let per_token = column::<ListArray>(&batch, "token_rewards");
             for i in 0..batch.num_rows() {
                 scores.push((
                     ids.value(i).to_string(),
                     groups.value(i).to_string(),
                     score.value(i),
                 ));
+                if per_token.is_valid(i) {
+                    let list = per_token.value(i);
+                    let values = list
+                        .as_any()
+                        .downcast_ref::<Float32Array>()
+                        .expect("list<f32>")
+                        .values()
+                        .to_vec();
+                    token_rewards.push((ids.value(i).to_string(), values));
+                }
             }
         }
-        Episodes::join(traj, scores)
+        let mut episodes = Episodes::join(traj, scores)?;
+        for (trajectory_id, rewards) in token_rewards {
+            episodes.set_token_rewards(&trajectory_id, rewards)?;
+        }
+        Ok(episodes)
+    }
+
+    /// Gives a joined trajectory its token rewards: their sum becomes its
+    /// score (veRL's GRPO sums token_level_rewards), which must equal the
+    /// rewards row's `score` within [`TOKEN_SUM_TOLERANCE`] relative
+    /// (absolute below 1); every token reward must be finite.
+    pub fn set_token_rewards(&mut self, trajectory_id: &str, rewards: Vec<f32>) -> Result<()> {
+        let i = self.index[trajectory_id];
+        let episode = &mut self.list[i];
+        if let Some(t) = rewards.iter().position(|r| !r.is_finite()) {
+            return Err(Error::BadInput(format!(
+                "trajectory `{trajectory_id}`: rewards.token_rewards[{t}] is {}, expected a finite number",
+                rewards[t]
+            )));
+        }
+        let sum = rewards.iter().map(|&r| f64::from(r)).sum::<f64>();
+        let score = f64::from(episode.score);
+        let scale = score.abs().max(sum.abs()).max(1.0);
+        if (score - sum).abs() > TOKEN_SUM_TOLERANCE * scale {
+            return Err(Error::BadInput(format!(
+                "trajectory `{trajectory_id}`: rewards.score is {score}, the sum of its token_rewards is {sum}; they must agree within {TOKEN_SUM_TOLERANCE} relative"
+            )));
+        }
+        episode.score = sum as f32;
+        episode.token_rewards = Some(rewards);
+        Ok(())
+    }
+
+    /// Whether any trajectory has token rewards.
+    pub fn has_token_rewards(&self) -> bool {
+        self.list.iter().any(|e| e.token_rewards.is_some())
     }
 
     /// Joins trajectories `(trajectory_id, group_id, num_steps)` with rewards
@@ -121,6 +224,7 @@ impl Episodes {
                 group,
                 score: f32::NAN,
                 num_steps,
+                token_rewards: None,
             });
         }
         let mut scored = vec![false; episodes.list.len()];
@@ -241,6 +345,8 @@ impl Groups {
 pub struct StepCounts<'a> {
     episodes: &'a Episodes,
     counts: Vec<i32>,
+    /// Response tokens seen per episode (when counted: [`StepCounts::count_tokens`]).
+    tokens: Option<Vec<usize>>,
 }
 
 impl<'a> StepCounts<'a> {
@@ -249,6 +355,20 @@ impl<'a> StepCounts<'a> {
         StepCounts {
             episodes,
             counts: vec![0; episodes.list.len()],
+            tokens: None,
+        }
+    }
+
+    /// Adds the response tokens of the steps rows `located` (from
+    /// [`StepCounts::locate`] on the same batch), so that
+    /// [`StepCounts::check`] also checks every trajectory's token rewards
+    /// against its response tokens.
+    pub fn count_tokens(&mut self, located: &[usize], responses: &ListArray) {
+        let tokens = self
+            .tokens
+            .get_or_insert_with(|| vec![0; self.counts.len()]);
+        for (i, &e) in located.iter().enumerate() {
+            tokens[e] += responses.value_length(i) as usize;
         }
     }
 
@@ -264,21 +384,26 @@ impl<'a> StepCounts<'a> {
             .collect()
     }
 
-    /// Checks that every trajectory had exactly `num_steps` steps rows.
+    /// Checks that every trajectory had exactly `num_steps` steps rows and,
+    /// when tokens were counted, that its token rewards (if any) have one
+    /// entry per response token.
     pub fn check(&self) -> Result<()> {
         let list = &self.episodes.list;
-        match self
+        if let Some((e, &count)) = self
             .counts
             .iter()
             .enumerate()
             .find(|&(e, &c)| c != list[e].num_steps)
         {
-            None => Ok(()),
-            Some((e, &count)) => Err(Error::BadInput(format!(
+            return Err(Error::BadInput(format!(
                 "trajectory `{}`: steps table has {count} steps, expected {} (num_steps)",
                 list[e].trajectory_id, list[e].num_steps
-            ))),
+            )));
         }
+        for (episode, &n) in list.iter().zip(self.tokens.iter().flatten()) {
+            episode.check_token_rewards(n)?;
+        }
+        Ok(())
     }
 }
 

@@ -20,6 +20,18 @@
 //! lambda = 0.95, score 1, V = [0.1, 0.2]: A_1 = 1 - 0.2 = 0.8, A_0 = 0.99 *
 //! 0.2 - 0.1 + 0.99 * 0.95 * 0.8 = 0.8504, before whitening.
 //!
+//! **Token rewards and holes.** With `rewards.token_rewards`, token level
+//! takes r_t from them (veRL's token_level_rewards) and decision level takes
+//! each step's sum of its tokens' rewards as the step's reward (the score
+//! on the last step is that notion's special case). Hole tokens of
+//! `steps.response_mask` are skipped at token level as veRL skips them
+//! (`gae_tokens_masked_into`: their rewards and values unused, V_{t+1} and
+//! A_{t+1} carried from the next valid token), get advantage and return 0,
+//! and are left out of the whitening statistics; a step's `episode_adv` is
+//! the mean over its valid tokens. At decision level a step stays one
+//! position whatever its holes (its reward sums all its tokens' rewards);
+//! its hole tokens are written 0.
+//!
 //! **Streaming.** Whitening needs the statistics of the whole input before
 //! the first row can be written. Pass 1 streams the steps table, computes
 //! each kept trajectory's advantages and merges the whitening statistics
@@ -43,12 +55,15 @@ use std::sync::Arc;
 
 use arrow::array::{Array, Float32Array, Int32Array, ListArray, RecordBatch, StringArray};
 use arrow::buffer::OffsetBuffer;
-use embodyflow_algos::gae::{GaeParams, WhitenStats, Whitening, gae_tokens_into};
+use embodyflow_algos::gae::{
+    GaeParams, WhitenStats, Whitening, gae_tokens_into, gae_tokens_masked_into, zero_holes,
+};
 use embodyflow_core::dataset::column;
 use embodyflow_core::{Error, Result, progress};
 
 use crate::config::{Estimator, GaeConfig, GaeLevel};
 use crate::episodes::Episode;
+use crate::holes::Holes;
 use crate::output::{AdvantagesOut, advantages_batch};
 use crate::{Estimate, Reported, StepsInput};
 
@@ -88,7 +103,12 @@ impl Estimate for Gae {
             let first = target.offsets.len() - 1;
             target.append(rows, params);
             for row in target.offsets[first..].windows(2) {
-                stats.add(&target.advantages[row[0]..row[1]]);
+                let range = row[0]..row[1];
+                if target.masked {
+                    stats.add_masked(&target.advantages[range.clone()], &target.mask[range]);
+                } else {
+                    stats.add(&target.advantages[range]);
+                }
             }
             if held.as_ref().is_some_and(|all| all.bytes() > budget) {
                 held = None;
@@ -139,6 +159,9 @@ impl GaeWriter<'_, '_> {
     /// batches of `batch_rows`.
     fn push(&mut self, mut computed: Computed) -> Result<()> {
         self.whitening.apply(&mut computed.advantages);
+        if computed.masked {
+            zero_holes(&mut computed.advantages, &computed.mask);
+        }
         let (episodes, groups) = (self.input.episodes, self.input.groups);
         let all_owned = computed
             .episodes
@@ -163,7 +186,7 @@ impl GaeWriter<'_, '_> {
                     tokens,
                     self.level,
                     position,
-                    (&c.advantages, &c.returns),
+                    (&c.advantages, &c.returns, &c.mask),
                 );
                 if self.pending.step_index.len() >= self.input.batch_rows {
                     self.flush()?;
@@ -197,6 +220,7 @@ fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
         step_offsets,
         advantages,
         returns,
+        mask,
         ..
     } = computed;
     let mut ids = Vec::with_capacity(steps.len());
@@ -209,7 +233,8 @@ fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
         for &(index, tokens) in &steps[step_offsets[row]..step_offsets[row + 1]] {
             ids.push(id);
             step_index.push(index);
-            episode_adv.push(mean(&advantages[position..position + tokens]));
+            let range = position..position + tokens;
+            episode_adv.push(mean_valid(&advantages[range.clone()], &mask[range]));
             lengths.push(tokens);
             position += tokens;
         }
@@ -232,6 +257,25 @@ fn mean(advantages: &[f32]) -> f32 {
     } else {
         advantages.iter().sum::<f32>() / advantages.len() as f32
     }
+}
+
+/// The mean of a step's advantages over its valid (`mask` true) tokens (0
+/// without any); [`mean`] when it has no hole.
+fn mean_valid(advantages: &[f32], mask: &[bool]) -> f32 {
+    if mask.iter().all(|&m| m) {
+        return mean(advantages);
+    }
+    let valid = mask.iter().filter(|&&m| m).count();
+    if valid == 0 {
+        return 0.0;
+    }
+    let sum: f32 = advantages
+        .iter()
+        .zip(mask)
+        .filter(|&(_, &m)| m)
+        .map(|(a, _)| a)
+        .sum();
+    sum / valid as f32
 }
 
 /// One pass of GAE over the steps table.
@@ -269,6 +313,11 @@ struct GaeRows {
     step_offsets: Vec<usize>,
     values: Vec<f32>,
     rewards: Vec<f32>,
+    /// Per position: valid (true) or a hole (token level; every decision
+    /// is valid).
+    mask: Vec<bool>,
+    /// Whether any position is a hole.
+    masked: bool,
     /// Row r's positions are `offsets[r]..offsets[r + 1]`.
     offsets: Vec<usize>,
 }
@@ -283,6 +332,10 @@ struct Computed {
     offsets: Vec<usize>,
     advantages: Vec<f32>,
     returns: Vec<f32>,
+    /// Per position: valid or a hole, as in [`GaeRows`].
+    mask: Vec<bool>,
+    /// Whether any position is a hole.
+    masked: bool,
 }
 
 impl Default for Computed {
@@ -294,6 +347,8 @@ impl Default for Computed {
             offsets: vec![0],
             advantages: Vec::new(),
             returns: Vec::new(),
+            mask: Vec::new(),
+            masked: false,
         }
     }
 }
@@ -308,14 +363,28 @@ impl Computed {
             .extend(rows.step_offsets[1..].iter().map(|o| o + steps));
         self.offsets
             .extend(rows.offsets[1..].iter().map(|o| o + positions));
-        gae_tokens_into(
-            &rows.rewards,
-            &rows.values,
-            &rows.offsets,
-            params,
-            &mut self.advantages,
-            &mut self.returns,
-        );
+        self.mask.extend_from_slice(&rows.mask);
+        self.masked |= rows.masked;
+        if rows.masked {
+            gae_tokens_masked_into(
+                &rows.rewards,
+                &rows.values,
+                &rows.mask,
+                &rows.offsets,
+                params,
+                &mut self.advantages,
+                &mut self.returns,
+            );
+        } else {
+            gae_tokens_into(
+                &rows.rewards,
+                &rows.values,
+                &rows.offsets,
+                params,
+                &mut self.advantages,
+                &mut self.returns,
+            );
+        }
     }
 
     /// Empties it, keeping its buffers.
@@ -326,16 +395,19 @@ impl Computed {
         self.offsets.truncate(1);
         self.advantages.clear();
         self.returns.clear();
+        self.mask.clear();
+        self.masked = false;
     }
 
     /// Bytes held.
     fn bytes(&self) -> usize {
         let floats = self.advantages.capacity() + self.returns.capacity();
+        let flags = self.mask.capacity();
         let words = self.episodes.capacity()
             + self.step_offsets.capacity()
             + self.offsets.capacity()
             + 2 * self.steps.capacity();
-        4 * floats + std::mem::size_of::<usize>() * words
+        4 * floats + flags + std::mem::size_of::<usize>() * words
     }
 }
 
@@ -348,33 +420,64 @@ impl GaeRows {
         self.step_offsets.push(0);
         self.values.clear();
         self.rewards.clear();
+        self.mask.clear();
+        self.masked = false;
         self.offsets.clear();
         self.offsets.push(0);
     }
 
     /// Appends a trajectory whose step count reached `num_steps`, checking
     /// that its steps are exactly 0..num_steps; `values` holds the steps'
-    /// value ranges.
+    /// value ranges. Its rewards: the token rewards (token level) or their
+    /// per-step sums (decision level) when it has them, else the score on
+    /// its last position; its mask from `holes` (token level).
     fn push(
         &mut self,
         e: usize,
         episode: &Episode,
         steps: &mut [PendingStep],
         values: &[f32],
+        (level, holes): (GaeLevel, &Holes),
     ) -> Result<()> {
         steps.sort_by_key(|s| s.step_index);
         if !steps.iter().map(|s| s.step_index).eq(0..episode.num_steps) {
             return Err(step_indices_error(episode, steps));
         }
+        let start = self.values.len();
         for step in steps.iter() {
             self.values.extend_from_slice(&values[step.values.clone()]);
             self.steps.push((step.step_index, step.tokens));
+            let mask = match level {
+                GaeLevel::Token => {
+                    holes.of_step(&episode.trajectory_id, step.step_index, step.tokens)?
+                }
+                GaeLevel::Decision => None,
+            };
+            match mask {
+                Some(mask) => {
+                    self.mask.extend_from_slice(mask);
+                    self.masked = true;
+                }
+                None => self.mask.resize(self.values.len(), true),
+            }
         }
-        self.rewards.resize(self.values.len(), 0.0);
-        // A trajectory without positions (token level, every response empty)
-        // has nowhere to carry its outcome: it adds nothing to GAE.
-        if self.values.len() > *self.offsets.last().expect("leading 0") {
-            *self.rewards.last_mut().expect("a position") = episode.score;
+        match (level, &episode.token_rewards) {
+            (GaeLevel::Token, Some(rewards)) => {
+                episode.check_token_rewards(self.values.len() - start)?;
+                self.rewards.extend_from_slice(rewards);
+            }
+            (GaeLevel::Decision, Some(_)) => {
+                let tokens: Vec<usize> = steps.iter().map(|s| s.tokens).collect();
+                self.rewards.extend(episode.step_rewards(&tokens)?);
+            }
+            (_, None) => {
+                self.rewards.resize(self.values.len(), 0.0);
+                // A trajectory without positions (token level, every response
+                // empty) has nowhere to carry its outcome: it adds nothing to GAE.
+                if self.values.len() > start {
+                    *self.rewards.last_mut().expect("a position") = episode.score;
+                }
+            }
         }
         self.episodes.push(e);
         self.step_offsets.push(self.steps.len());
@@ -407,6 +510,7 @@ impl GaeStream<'_> {
         mut on_rows: impl FnMut(&GaeRows) -> Result<()>,
     ) -> Result<()> {
         let (episodes, groups, gae) = (self.input.episodes, self.input.groups, self.gae);
+        let holes = self.input.holes;
         let value_column = match gae.level {
             GaeLevel::Token => "old_values",
             GaeLevel::Decision => "old_value",
@@ -501,7 +605,7 @@ impl GaeStream<'_> {
                 if i64::from(episode.num_steps) <= 1 && !open.contains_key(&e) {
                     // Complete on arrival (a one-step trajectory): no staging.
                     complete[e] = true;
-                    rows.push(e, episode, &mut [step], step_values)?;
+                    rows.push(e, episode, &mut [step], step_values, (gae.level, holes))?;
                     continue;
                 }
                 let trajectory = open.entry(e).or_default();
@@ -514,7 +618,13 @@ impl GaeStream<'_> {
                 if trajectory.steps.len() as i64 >= i64::from(episode.num_steps) {
                     let mut trajectory = open.remove(&e).expect("opened above");
                     complete[e] = true;
-                    rows.push(e, episode, &mut trajectory.steps, &trajectory.values)?;
+                    rows.push(
+                        e,
+                        episode,
+                        &mut trajectory.steps,
+                        &trajectory.values,
+                        (gae.level, holes),
+                    )?;
                 }
             }
             if !rows.episodes.is_empty() {
@@ -561,24 +671,24 @@ impl<'a> GaeOutput<'a> {
         tokens: usize,
         level: GaeLevel,
         position: usize,
-        (advantages, returns): (&[f32], &[f32]),
+        (advantages, returns, mask): (&[f32], &[f32], &[bool]),
     ) -> usize {
         let start = self.advantages.len();
-        let next = match level {
+        let (next, episode_adv) = match level {
             GaeLevel::Token => {
                 let range = position..position + tokens;
                 self.advantages
                     .extend_from_slice(&advantages[range.clone()]);
-                self.returns.extend_from_slice(&returns[range]);
-                position + tokens
+                self.returns.extend_from_slice(&returns[range.clone()]);
+                let episode_adv = mean_valid(&self.advantages[start..], &mask[range]);
+                (position + tokens, episode_adv)
             }
             GaeLevel::Decision => {
                 self.advantages.resize(start + tokens, advantages[position]);
                 self.returns.resize(start + tokens, returns[position]);
-                position + 1
+                (position + 1, mean(&self.advantages[start..]))
             }
         };
-        let episode_adv = mean(&self.advantages[start..]);
         self.ids.push(episode.trajectory_id.as_str());
         self.step_index.push(step_index);
         self.offsets.push(self.advantages.len() as i32);
@@ -863,6 +973,198 @@ mod tests {
         );
         let error = run(vec![step("b", 0, 1)], token);
         assert!(error.contains("expected 0..2"), "{error}");
+    }
+
+    /// The trajectories of [`holed`]: `(id, group, score, num_steps)`.
+    const HOLED: [(&str, &str, f32, i32); 5] = [
+        ("a", "g0", 5.0, 3),
+        ("b", "g0", 0.0, 1),
+        ("c", "g1", 0.5, 1),
+        ("d", "g1", 0.5, 2),
+        ("e", "g2", 2.0, 1),
+    ];
+
+    /// Steps with holes (first, middle and last token; a step all holes)
+    /// and token rewards on several tokens, holes included.
+    fn holed() -> (Vec<StepRow>, Vec<(&'static str, Vec<f32>)>) {
+        let masked = |id, index, tokens, mask: &[bool]| {
+            let mut row = step(id, index, tokens);
+            row.response_mask = Some(mask.to_vec());
+            row
+        };
+        let steps = vec![
+            masked("a", 0, 4, &[false, true, false, true]),
+            masked("a", 1, 2, &[false, false]),
+            masked("a", 2, 3, &[true, true, false]),
+            step("b", 0, 3),
+            masked("c", 0, 2, &[true, false]),
+            step("d", 0, 2),
+            step("d", 1, 1),
+            masked("e", 0, 3, &[true, true, true]),
+        ];
+        let rewards = vec![
+            ("a", vec![0.0, 0.5, 7.0, 0.0, -3.0, 0.0, 0.25, 0.0, 0.25]),
+            ("b", vec![0.0, 0.0, 0.0]),
+            ("c", vec![0.25, 0.25]),
+            ("d", vec![0.5, 0.0, 0.0]),
+            ("e", vec![0.0, 1.0, 1.0]),
+        ];
+        (steps, rewards)
+    }
+
+    fn with_rewards(mut f: Fixture, rewards: &[(&str, Vec<f32>)]) -> Fixture {
+        for (id, r) in rewards {
+            f = f.with_token_rewards(id, r).unwrap();
+        }
+        f
+    }
+
+    #[test]
+    fn token_level_skips_holes_as_if_they_were_not_there() {
+        // The same trajectories with every hole token cut out (and its
+        // reward with it: veRL's GAE drops rewards on holes) give the same
+        // advantages and returns on the valid tokens; the holes get 0.
+        let (steps, rewards) = holed();
+        let f = with_rewards(Fixture::new(&HOLED, &steps), &rewards);
+        let mut cut_steps = Vec::new();
+        let mut cut_rewards: Vec<(&str, Vec<f32>)> = Vec::new();
+        let mut masks = HashMap::new();
+        for (id, r) in &rewards {
+            let mut own: Vec<&StepRow> = steps.iter().filter(|s| s.trajectory_id == *id).collect();
+            own.sort_by_key(|s| s.step_index);
+            let mut kept_rewards = Vec::new();
+            let mut at = 0;
+            for s in own {
+                let mask = s
+                    .response_mask
+                    .clone()
+                    .unwrap_or(vec![true; s.response_ids.len()]);
+                let keep = |v: &[f32]| -> Vec<f32> {
+                    v.iter()
+                        .zip(&mask)
+                        .filter(|(_, m)| **m)
+                        .map(|(x, _)| *x)
+                        .collect()
+                };
+                let mut cut = s.clone();
+                cut.response_ids = s
+                    .response_ids
+                    .iter()
+                    .zip(&mask)
+                    .filter(|(_, m)| **m)
+                    .map(|(x, _)| *x)
+                    .collect();
+                cut.old_logprobs = keep(&s.old_logprobs);
+                cut.old_values = Some(keep(s.old_values.as_ref().unwrap()));
+                cut.response_mask = None;
+                cut_steps.push(cut);
+                kept_rewards.extend(keep(&r[at..at + mask.len()]));
+                at += mask.len();
+                masks.insert((id.to_string(), s.step_index), mask);
+            }
+            cut_rewards.push((id, kept_rewards));
+        }
+        // The scores without the hole rewards (a's 7 and -3, c's 0.25).
+        let cut_scores: Vec<(&str, &str, f32, i32)> = HOLED
+            .iter()
+            .zip(&cut_rewards)
+            .map(|(&(id, group, _, n), (_, r))| (id, group, r.iter().sum(), n))
+            .collect();
+        let cut = with_rewards(Fixture::new(&cut_scores, &cut_steps), &cut_rewards);
+        let (want, ..) = cut
+            .run(&gae(GaeLevel::Token), &cut.all_groups(), 64)
+            .unwrap();
+        for batch_rows in [1, 3, 64] {
+            for estimator in [gae(GaeLevel::Token), two_pass(GaeLevel::Token)] {
+                let (rows, ..) = f.run(&estimator, &f.all_groups(), batch_rows).unwrap();
+                assert_eq!(rows.len(), want.len());
+                for (row, cut_row) in rows.iter().zip(&want) {
+                    let mask = &masks[&(row.trajectory_id.clone(), row.step_index)];
+                    let returns = row.returns.as_ref().unwrap();
+                    let valid = |v: &[f32]| -> Vec<f32> {
+                        v.iter()
+                            .zip(mask)
+                            .filter(|(_, m)| **m)
+                            .map(|(x, _)| *x)
+                            .collect()
+                    };
+                    for (x, y) in valid(&row.advantages).iter().zip(&cut_row.advantages) {
+                        assert!(
+                            (x - y).abs() <= 1e-6 * y.abs().max(1.0),
+                            "{row:?} vs {cut_row:?}"
+                        );
+                    }
+                    for (x, y) in valid(returns).iter().zip(cut_row.returns.as_ref().unwrap()) {
+                        assert!(
+                            (x - y).abs() <= 1e-6 * y.abs().max(1.0),
+                            "{row:?} vs {cut_row:?}"
+                        );
+                    }
+                    assert_eq!(valid(&row.advantages).len(), cut_row.advantages.len());
+                    for (t, &m) in mask.iter().enumerate() {
+                        if !m {
+                            assert_eq!((row.advantages[t], returns[t]), (0.0, 0.0), "{row:?}");
+                        }
+                    }
+                    assert!(
+                        (row.episode_adv - cut_row.episode_adv).abs() <= 1e-6,
+                        "{row:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn token_rewards_on_the_last_token_are_the_score_and_decisions_sum_their_tokens() {
+        // Token rewards that put the score on the last token are the score.
+        let (steps, _) = holed();
+        let plain: Vec<StepRow> = steps
+            .into_iter()
+            .map(|mut s| {
+                s.response_mask = None;
+                s
+            })
+            .collect();
+        let tokens = |id: &str| -> usize {
+            plain
+                .iter()
+                .filter(|s| s.trajectory_id == id)
+                .map(|s| s.response_ids.len())
+                .sum()
+        };
+        let f = Fixture::new(&HOLED, &plain);
+        let mut last = Fixture::new(&HOLED, &plain);
+        for &(id, _, score, _) in &HOLED {
+            let mut r = vec![0.0; tokens(id)];
+            *r.last_mut().unwrap() = score;
+            last = last.with_token_rewards(id, &r).unwrap();
+        }
+        for level in [GaeLevel::Token, GaeLevel::Decision] {
+            let (want, ..) = f.run(&gae(level), &f.all_groups(), 4).unwrap();
+            let (got, ..) = last.run(&gae(level), &last.all_groups(), 4).unwrap();
+            assert_eq!(got, want, "{level:?}");
+        }
+        // Decision level: a decision's reward is the sum of its tokens'.
+        // a's steps have 4, 2 and 3 tokens; rewards 1 on step 0, 1 on step 2:
+        // the same as rewards [1, 0, 1] per decision.
+        let p = GaeParams {
+            gamma: 0.9,
+            lam: 0.8,
+        };
+        let f = Fixture::new(&[("a", "g", 2.0, 3), ("b", "g", 0.0, 1)], &plain[..4])
+            .with_token_rewards("a", &[0.25, 0.75, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+            .unwrap();
+        let (rows, ..) = f.run(&gae(GaeLevel::Decision), &f.all_groups(), 4).unwrap();
+        let values: Vec<f32> = plain[..4].iter().map(|s| s.old_value.unwrap()).collect();
+        let (mut adv, _) = gae_tokens(&[1.0, 0.0, 1.0, 0.0], &values, &[0, 3, 4], p);
+        whiten(&mut adv).unwrap();
+        for (row, a) in rows.iter().zip(&adv) {
+            assert!(
+                row.advantages.iter().all(|x| (x - a).abs() < 1e-6),
+                "{row:?} vs {a}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! `gigpo/core_gigpo.py`). Per decision t of trajectory i in group g:
 //!
 //! ```text
-//! r_t   = score_i on the last decision, 0 before      (as GAE's decision level)
+//! r_t   = score_i on the last decision, 0 before      (as GAE's decision level;
+//!         with rewards.token_rewards: the sum of decision t's token rewards)
 //! R_t   = r_t + gamma R_{t+1}
 //! A^E_i = (S_i - mean_g S) / (std_g S + eps)          (norm = "mean": S_i - mean_g S)
 //! A^S_t = (R_t - mean_s R) / (std_s R + eps)          s: the steps of g with t's anchor_key
@@ -122,19 +123,27 @@ impl Gigpo {
         let (episodes, groups) = (input.episodes, input.groups);
         let mut anchor_ids: HashMap<String, u32> = HashMap::new();
         // Per kept episode: (step_index, interned anchor key).
-        let mut seen: Vec<Vec<(i32, u32)>> = vec![Vec::new(); episodes.list.len()];
+        // Per kept episode: (step_index, interned anchor key, response tokens).
+        let mut seen: Vec<Vec<(i32, u32, usize)>> = vec![Vec::new(); episodes.list.len()];
         let mut counts = StepCounts::new(episodes);
+        // Token rewards are summed per step: their steps' token counts.
+        let token_rewards = episodes.has_token_rewards();
+        let mut columns = vec!["trajectory_id", "step_index", "anchor_key"];
+        if token_rewards {
+            columns.push("response_ids");
+        }
         let bar = progress::bar(input.steps.num_rows(), "gigpo step groups");
-        for batch in input.steps.batches(
-            Some(&["trajectory_id", "step_index", "anchor_key"]),
-            input.batch_rows,
-        )? {
+        for batch in input.steps.batches(Some(&columns), input.batch_rows)? {
             let batch = batch?;
             bar.inc(batch.num_rows() as u64);
             let ids = column::<StringArray>(&batch, "trajectory_id");
             let index = column::<Int32Array>(&batch, "step_index");
             let anchors = column::<StringArray>(&batch, "anchor_key");
+            let responses = token_rewards.then(|| column::<ListArray>(&batch, "response_ids"));
             let located = counts.locate(ids)?;
+            if let Some(responses) = responses {
+                counts.count_tokens(&located, responses);
+            }
             for (i, &e) in located.iter().enumerate() {
                 if !groups.keeps(&episodes.list[e]) {
                     continue;
@@ -154,7 +163,8 @@ impl Gigpo {
                         next
                     }
                 };
-                seen[e].push((index.value(i), key));
+                let tokens = responses.map_or(0, |r| r.value_length(i) as usize);
+                seen[e].push((index.value(i), key, tokens));
             }
         }
         bar.finish_and_clear();
@@ -181,11 +191,9 @@ impl Gigpo {
             kept_groups.push(episode.group);
             scores.push(episode.score);
             anchors.extend(steps.iter().map(|s| s.1));
-            rewards.resize(rewards.len() + steps.len(), 0.0);
-            // The outcome on the last decision.
-            if let Some(last) = rewards[start[e]..].last_mut() {
-                *last = episode.score;
-            }
+            // The outcome on the last decision, or each decision's token rewards summed.
+            let tokens: Vec<usize> = steps.iter().map(|s| s.2).collect();
+            rewards.extend(episode.step_rewards(&tokens)?);
             offsets.push(rewards.len());
         }
         let out = gigpo(
@@ -315,6 +323,52 @@ mod tests {
                 .unwrap();
             assert_eq!(again, rows);
         }
+    }
+
+    #[test]
+    fn token_rewards_summed_per_decision_are_the_step_rewards() {
+        // a's score 1 as token rewards 0.5 on its first token (decision 0,
+        // 3 tokens) and 0.5 on its last (decision 1, 2 tokens): r = [0.5, 0.5].
+        // Returns: a [0.5 + 0.95 * 0.5, 0.5] = [0.975, 0.5], b [0, 0], c [0.95, 1].
+        // s0 in g: {0.975, 0, 0.95}, mean 0.641667; s1 in g: {0.5, 0}, mean 0.25.
+        // A^E as before (scores 1, 0, 1 and 2): 1/3, -2/3, 1/3, 2.
+        let f = fixture()
+            .with_token_rewards("a", &[0.5, 0.0, 0.0, 0.0, 0.5])
+            .unwrap();
+        let (rows, ..) = f
+            .run_reported(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), 2)
+            .unwrap();
+        let m0 = 1.925 / 3.0;
+        let expected: [(&str, i32, f64, f64); 7] = [
+            ("a", 0, 1.0 / 3.0, 0.975 - m0),
+            ("a", 1, 1.0 / 3.0, 0.25),
+            ("b", 0, -2.0 / 3.0, -m0),
+            ("b", 1, -2.0 / 3.0, -0.25),
+            ("c", 0, 1.0 / 3.0, 0.95 - m0),
+            ("c", 1, 1.0 / 3.0, 0.0),
+            ("d", 0, 2.0, 0.0),
+        ];
+        for (row, (id, index, ae, as_)) in rows.iter().zip(expected) {
+            assert_eq!((row.trajectory_id.as_str(), row.step_index), (id, index));
+            assert!(close(row.episode_adv, ae), "{row:?}");
+            assert!(
+                row.advantages.iter().all(|&a| close(a, ae + as_)),
+                "{row:?}"
+            );
+        }
+        // Five token rewards for a's five tokens; four are bad input.
+        let error = fixture()
+            .with_token_rewards("a", &[0.5, 0.0, 0.0, 0.5])
+            .unwrap()
+            .run(&estimator(StepNorm::Mean, 1.0), &fixture().all_groups(), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "`a`: rewards.token_rewards has 4 entries, its steps have 5 response tokens"
+            ),
+            "{error}"
+        );
     }
 
     #[test]

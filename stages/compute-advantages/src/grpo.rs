@@ -14,7 +14,10 @@
 //! record batches of `batch_rows`; each batch's owned rows are written as
 //! one advantages batch that reuses the input's id and offset arrays, so
 //! memory is bounded by the batch. Every trajectory must have exactly
-//! `num_steps` steps rows.
+//! `num_steps` steps rows. With `rewards.token_rewards`, R_i is their sum
+//! (veRL's `token_level_rewards.sum(-1)`, hole tokens included) and their
+//! count must be the trajectory's response tokens; hole tokens of
+//! `steps.response_mask` get 0 (`holes.rs`).
 
 use arrow::array::{BooleanArray, ListArray, RecordBatch, StringArray};
 use arrow::buffer::OffsetBuffer;
@@ -45,6 +48,7 @@ impl Estimate for Grpo {
         let advantages = episode_advantages_of(input.episodes, self.norm);
         let bar = progress::bar(input.steps.num_rows(), "advantages");
         let mut counts = StepCounts::new(input.episodes);
+        let token_rewards = input.episodes.has_token_rewards();
         for batch in input.steps.batches(
             Some(&["trajectory_id", "step_index", "response_ids"]),
             input.batch_rows,
@@ -52,6 +56,9 @@ impl Estimate for Grpo {
             let batch = batch?;
             bar.inc(batch.num_rows() as u64);
             let located = counts.locate(column::<StringArray>(&batch, "trajectory_id"))?;
+            if token_rewards {
+                counts.count_tokens(&located, column::<ListArray>(&batch, "response_ids"));
+            }
             out.write_batch(&grpo_batch(
                 &batch,
                 &located,
@@ -209,6 +216,78 @@ mod tests {
         let error = missing.run(&grpo(), &groups, 8).unwrap_err().to_string();
         assert!(
             error.contains("`a`: steps table has 1 steps, expected 2"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn token_rewards_sum_to_the_score_and_holes_get_zero() {
+        // a: one step of 4 tokens, holes first, in the middle and last;
+        // b: a step of 2 tokens all holes, then a step of 3 without mask.
+        let mut a = step("a", 0, 4);
+        a.response_mask = Some(vec![false, true, false, false]);
+        let mut b0 = step("b", 0, 2);
+        b0.response_mask = Some(vec![false, false]);
+        let mut b1 = step("b", 1, 3);
+        b1.response_mask = Some(vec![true, true, true]);
+        let f = Fixture::new(&[("a", "g", 1.0, 1), ("b", "g", 0.0, 2)], &[a, b0, b1])
+            // Rewards on several tokens, one on a hole (veRL sums them all).
+            .with_token_rewards("a", &[0.25, 0.5, 0.0, 0.25])
+            .unwrap()
+            .with_token_rewards("b", &[0.5, 0.0, 0.0, -0.25, -0.25])
+            .unwrap();
+        assert_eq!(f.episodes.scores(), [1.0, 0.0]);
+        for batch_rows in [1, 8] {
+            let (rows, ..) = f.run(&grpo(), &f.all_groups(), batch_rows).unwrap();
+            // Scores 1 and 0: mean 0.5, unbiased std 0.7071: A = ±0.7071.
+            let a = 0.5 / 0.5f32.sqrt() / (1.0 + 1e-6 / 0.5f32.sqrt());
+            let want: [(&str, Vec<f32>); 3] = [
+                ("a", vec![0.0, a, 0.0, 0.0]),
+                ("b", vec![0.0, 0.0]),
+                ("b", vec![-a; 3]),
+            ];
+            for (row, (id, advantages)) in rows.iter().zip(&want) {
+                assert_eq!(row.trajectory_id, *id);
+                for (x, y) in row.advantages.iter().zip(advantages) {
+                    assert!((x - y).abs() < 1e-6, "{row:?}");
+                }
+                assert_eq!(row.advantages.len(), advantages.len());
+            }
+        }
+    }
+
+    #[test]
+    fn token_rewards_of_another_sum_or_length_and_masks_of_another_length_are_bad_input() {
+        let f = fixture();
+        let mut f = f;
+        let error = f
+            .episodes
+            .set_token_rewards("a", vec![0.5, 0.25, 0.0, 0.0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`a`: rewards.score is 1, the sum of its token_rewards is 0.75"),
+            "{error}"
+        );
+        // Within 1e-4 relative it is the sum that counts.
+        f.episodes
+            .set_token_rewards("d", vec![1.0, 1.00005])
+            .unwrap();
+        assert!((f.episodes.list[3].score - 2.00005).abs() < 1e-6);
+        // d's step has no tokens: two token rewards are one too many.
+        let error = f.run(&grpo(), &f.all_groups(), 2).unwrap_err().to_string();
+        assert!(
+            error.contains(
+                "`d`: rewards.token_rewards has 2 entries, its steps have 0 response tokens"
+            ),
+            "{error}"
+        );
+        let mut short = step("a", 0, 3);
+        short.response_mask = Some(vec![true, false]);
+        let f = Fixture::new(&[("a", "g", 1.0, 1)], &[short]);
+        let error = f.run(&grpo(), &f.all_groups(), 2).unwrap_err().to_string();
+        assert!(
+            error.contains("trajectory `a` step 0: response_mask has 2 entries, expected 3"),
             "{error}"
         );
     }

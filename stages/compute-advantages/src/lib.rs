@@ -39,11 +39,22 @@
 //!     --out runs/it0/adv --set estimator=gae --set gae.level=decision
 //! ```
 //!
+//! **Token rewards and masks** (veRL's `token_level_rewards` and
+//! `response_mask`): a rewards row's `token_rewards` (one per response token
+//! of the trajectory, steps in order) makes their sum the score (GRPO, Dr.
+//! GRPO, grpo_step's A^E, GiGPO's A^E; `score` must agree within 1e-4
+//! relative), token-level GAE's r_t, and, summed per step, the step reward
+//! of decision-level GAE and GiGPO. A step's `response_mask` marks tool or
+//! observation tokens (false): advantage 0 there from every estimator
+//! (`holes.rs`), skipped by token-level GAE and left out of its whitening.
+//!
 //! Bad input (exit 2, nothing written): a trajectory without a rewards row or
 //! with two, a rewards row whose trajectory or group is unknown, a score that
 //! is NaN or infinite, missing, duplicated or extra steps, values missing or of the
 //! wrong length for GAE, teacher_logp rows missing, of the wrong length or not
-//! finite when forward_proxy or StepOPSD needs them.
+//! finite when forward_proxy or StepOPSD needs them, token rewards whose sum is
+//! not the score or whose length is not the trajectory's response tokens, a
+//! response mask whose length is not the step's response.
 
 mod config;
 mod diagnostics;
@@ -52,6 +63,7 @@ mod gae;
 mod gigpo;
 mod grpo;
 mod heatmap;
+mod holes;
 mod output;
 mod step;
 #[cfg(test)]
@@ -75,6 +87,7 @@ pub use episodes::{Episode, Episodes};
 pub use step::{Gate, StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
 
 use episodes::Groups;
+use holes::Holes;
 use output::AdvantagesOut;
 
 /// Command line of `compute-advantages`.
@@ -107,6 +120,8 @@ pub(crate) struct StepsInput<'a> {
     pub groups: &'a Groups,
     /// Rows per record batch read from `steps`.
     pub batch_rows: usize,
+    /// The steps' response masks with holes.
+    pub holes: &'a Holes,
 }
 
 /// What an estimator counted beyond the rows it wrote.
@@ -174,15 +189,18 @@ pub fn run(args: Args) -> Result<()> {
     let episodes = Episodes::read(&trajectories, &rewards)?;
     let groups = Groups::select(&episodes, config.filter.dynamic_sampling, stage.args.shard);
     let estimator = estimator(&stage, args.policy.as_deref(), &rewards)?;
+    let holes = std::sync::Arc::new(Holes::read(&steps, config.batch_rows)?);
     let input = StepsInput {
         steps: &steps,
         episodes: &episodes,
         groups: &groups,
         batch_rows: config.batch_rows,
+        holes: &holes,
     };
     let mut out = AdvantagesOut::new(
         stage.writer(TableName::Advantages)?,
         args.heatmaps.unwrap_or(0),
+        holes.clone(),
     );
     let reported = estimator.write(&input, &mut out)?;
     let (writer, stats, heatmap_rows) = out.into_parts();

@@ -12,6 +12,10 @@
 //!                                              └─► heatmap rows (first N)
 //! ```
 //!
+//! Steps with holes in their response mask ([`Holes`]) are written with
+//! advantage (and return) 0 at the holes, whichever estimator wrote them;
+//! a mask of another length than the step's response is bad input.
+//!
 //! E.g. with `--heatmaps 2`, rows written in the order a (A^S = 0), b
 //! (A^S != 0), c (A^S = 0), d (A^S != 0) are drawn as b, d; with only a and c
 //! written, as a, c.
@@ -19,35 +23,49 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, Float32Array, ListArray, RecordBatch, StringArray, new_null_array,
+    Array, ArrayRef, Float32Array, Int32Array, ListArray, RecordBatch, StringArray, new_null_array,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::DataType;
+use embodyflow_algos::gae::zero_holes;
 use embodyflow_core::Result;
 use embodyflow_core::dataset::{TableWriter, batch_to_rows, column};
 use embodyflow_core::schemas::{AdvantageRow, TableName};
 
 use crate::diagnostics::AdvantageStats;
+use crate::holes::Holes;
 
 /// The advantages table being written, with the statistics of what went in.
 pub struct AdvantagesOut {
     writer: TableWriter,
     stats: AdvantageStats,
     heatmaps: HeatmapRows,
+    holes: Arc<Holes>,
 }
 
 impl AdvantagesOut {
-    /// Writes through `writer`, keeping up to `heatmaps` rows to draw.
-    pub fn new(writer: TableWriter, heatmaps: usize) -> AdvantagesOut {
+    /// Writes through `writer`, keeping up to `heatmaps` rows to draw and
+    /// zeroing the steps' `holes`.
+    pub fn new(writer: TableWriter, heatmaps: usize, holes: Arc<Holes>) -> AdvantagesOut {
         AdvantagesOut {
             writer,
             stats: AdvantageStats::default(),
             heatmaps: HeatmapRows::new(heatmaps),
+            holes,
         }
     }
 
     /// Writes a batch of the advantages schema (e.g. from [`advantages_batch`]).
     pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.holes.is_empty() {
+            return self.write_masked_batch(batch);
+        }
+        let batch = zero_holes_of_batch(batch, &self.holes)?;
+        self.write_masked_batch(&batch)
+    }
+
+    /// Writes a batch whose holes are zeroed.
+    fn write_masked_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         let episode_adv = column::<Float32Array>(batch, "episode_adv");
         let advantages = column::<ListArray>(batch, "advantages");
         for i in 0..batch.num_rows() {
@@ -60,6 +78,27 @@ impl AdvantagesOut {
 
     /// Writes rows.
     pub fn write_rows(&mut self, rows: &[AdvantageRow]) -> Result<()> {
+        if !self.holes.is_empty() {
+            let mut rows = rows.to_vec();
+            for row in &mut rows {
+                let tokens = row.advantages.len();
+                if let Some(mask) =
+                    self.holes
+                        .of_step(&row.trajectory_id, row.step_index, tokens)?
+                {
+                    zero_holes(&mut row.advantages, mask);
+                    if let Some(returns) = &mut row.returns {
+                        zero_holes(returns, mask);
+                    }
+                }
+            }
+            return self.write_masked_rows(&rows);
+        }
+        self.write_masked_rows(rows)
+    }
+
+    /// Writes rows whose holes are zeroed.
+    fn write_masked_rows(&mut self, rows: &[AdvantageRow]) -> Result<()> {
         for row in rows {
             self.stats.add(row.episode_adv, row.advantages.len());
             self.heatmaps.offer(row);
@@ -139,6 +178,51 @@ impl HeatmapRows {
     }
 }
 
+/// `batch` with its steps' advantages and returns set to 0 at their holes.
+fn zero_holes_of_batch(batch: &RecordBatch, holes: &Holes) -> Result<RecordBatch> {
+    let ids = column::<StringArray>(batch, "trajectory_id");
+    let index = column::<Int32Array>(batch, "step_index");
+    let mut columns = batch.columns().to_vec();
+    for name in ["advantages", "returns"] {
+        let at = batch.schema().index_of(name).expect("advantages schema");
+        let list = column::<ListArray>(batch, name);
+        if list.null_count() == list.len() {
+            continue;
+        }
+        let offsets = list.value_offsets();
+        let (first, last) = (offsets[0] as usize, offsets[list.len()] as usize);
+        let flat = list
+            .values()
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .expect("list<f32>");
+        let mut values = flat.values()[first..last].to_vec();
+        let mut changed = false;
+        for i in 0..batch.num_rows() {
+            let range = offsets[i] as usize - first..offsets[i + 1] as usize - first;
+            if let Some(mask) = holes.of_step(ids.value(i), index.value(i), range.len())? {
+                zero_holes(&mut values[range], mask);
+                changed = true;
+            }
+        }
+        if !changed {
+            continue;
+        }
+        let rebased = OffsetBuffer::new(offsets.iter().map(|&o| o - first as i32).collect());
+        let item = match list.data_type() {
+            DataType::List(item) => item.clone(),
+            other => unreachable!("{name} is a list, not {other}"),
+        };
+        columns[at] = Arc::new(ListArray::new(
+            item,
+            rebased,
+            Arc::new(Float32Array::from(values)),
+            list.nulls().cloned(),
+        ));
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns).expect("the same schema"))
+}
+
 /// An advantages record batch from its columns: per-token `advantages` (and
 /// `returns`, same offsets) as flat values with list offsets; `step_adv` null.
 pub fn advantages_batch(
@@ -183,8 +267,6 @@ pub fn advantages_batch(
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::Int32Array;
-
     use super::*;
 
     fn row(id: &str, step_adv: Option<Vec<f32>>) -> AdvantageRow {

@@ -828,8 +828,11 @@ fn step_batch(
     let ids = column::<StringArray>(batch, "trajectory_id");
     let index = column::<Int32Array>(batch, "step_index");
     let responses = column::<ListArray>(batch, "response_ids");
-    let work: Vec<(usize, usize)> = counts
-        .locate(ids)?
+    let located = counts.locate(ids)?;
+    if episodes.has_token_rewards() {
+        counts.count_tokens(&located, responses);
+    }
+    let work: Vec<(usize, usize)> = located
         .into_iter()
         .enumerate()
         .filter(|&(_, e)| groups.owns(&episodes.list[e]))

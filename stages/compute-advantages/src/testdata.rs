@@ -13,7 +13,10 @@ use embodyflow_core::manifest::Producer;
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TableName};
 
 use crate::diagnostics::AdvantageStats;
+use std::sync::Arc;
+
 use crate::episodes::{Episodes, Groups};
+use crate::holes::Holes;
 use crate::output::AdvantagesOut;
 use crate::step::StepDiagnostics;
 use crate::{Estimate, Reported, StepsInput};
@@ -25,6 +28,8 @@ pub struct Fixture {
     pub steps: TableReader,
     /// The trajectories joined with their scores.
     pub episodes: Episodes,
+    /// The steps' response masks.
+    pub holes: Arc<Holes>,
 }
 
 /// Step `index` of trajectory `id` with `tokens` response tokens (ids 3, 4,
@@ -66,12 +71,25 @@ impl Fixture {
                 .map(|&(id, group, score, _)| (id.to_string(), group.to_string(), score)),
         )
         .expect("consistent trajectories");
+        let mut holes = Holes::default();
+        for row in steps {
+            if let Some(mask) = &row.response_mask {
+                holes.insert(&row.trajectory_id, row.step_index, mask.clone());
+            }
+        }
         Fixture {
+            holes: Arc::new(holes),
             steps: TableReader::open(&rollouts.join(TableName::Steps.as_str()), TableName::Steps)
                 .expect("the steps table"),
             episodes,
             dir,
         }
+    }
+
+    /// Gives trajectory `id` its token rewards (their sum must be its score).
+    pub fn with_token_rewards(mut self, id: &str, rewards: &[f32]) -> Result<Fixture> {
+        self.episodes.set_token_rewards(id, rewards.to_vec())?;
+        Ok(self)
     }
 
     /// Every group kept and owned.
@@ -110,12 +128,13 @@ impl Fixture {
             WriteOptions::default(),
             false,
         )?;
-        let mut sink = AdvantagesOut::new(writer, 0);
+        let mut sink = AdvantagesOut::new(writer, 0, self.holes.clone());
         let input = StepsInput {
             steps: &self.steps,
             episodes: &self.episodes,
             groups,
             batch_rows,
+            holes: &self.holes,
         };
         let reported = estimator.write(&input, &mut sink)?;
         let (writer, stats, _) = sink.into_parts();

@@ -1444,6 +1444,7 @@ mod tests {
                     (next(7) != 0).then(|| (0..tokens).map(|t| t as f32 * 0.5 - 3.0).collect());
                 StepRow {
                     anchor_key: None,
+                    response_mask: None,
                     trajectory_id: format!("t{i:06}"),
                     step_index: 0,
                     prompt_ids: (0..next(5) as i32).collect(),

@@ -21,7 +21,7 @@
 //! `_manifest.json` beside the shards, are still read.
 //!
 //! ```json
-//! { "format": "embodyflow.manifest/1", "table": "rewards", "schema_version": 2,
+//! { "format": "embodyflow.manifest/1", "table": "rewards", "schema_version": 3,
 //!   "num_rows": 4096, "content_hash": "4f1c…",
 //!   "shards": [{ "file": "part-00000.parquet", "rows": 4096, "bytes": 81234, "hash": "9ab2…" }],
 //!   "producer": { "stage": "score-rewards", "version": "0.1.0", "config": {…}, "seed": 0, "shard": "0/1" },

@@ -173,6 +173,7 @@ mod tests {
             step_valid: None,
             reward_fn: "outcome".into(),
             ever_grasped: None,
+            token_rewards: None,
         }
     }
 

@@ -1083,6 +1083,7 @@ mod tests {
             step_valid: None,
             reward_fn: "verify".into(),
             ever_grasped: None,
+            token_rewards: None,
         }
     }
 

@@ -365,6 +365,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         step_valid: execution.map(|e| e.step_valid),
         reward_fn: config.reward.function.name().to_string(),
         ever_grasped: rollout.ever_grasped,
+        token_rewards: None,
     }
 }
 

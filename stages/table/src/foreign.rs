@@ -643,6 +643,7 @@ pub fn import(
             step_valid: None,
             reward_fn: format.into(),
             ever_grasped: None,
+            token_rewards: None,
         });
     }
 
