@@ -664,6 +664,11 @@ pub struct Example {
     /// A thinking VLA's latent chain at this decision: the rollout's (LAPO)
     /// or the warm-up's targets (SFT); `None` otherwise.
     pub thought: Option<ExampleThought>,
+    /// Which response tokens are the policy's (`steps.response_mask`):
+    /// false marks a token a tool or the environment inserted, left out of
+    /// the loss, the entropy, the KL penalty and the token counts (its old
+    /// log-prob and advantage are never used). `None`: every token.
+    pub response_mask: Option<Vec<bool>>,
 }
 
 /// The latent chain of a thinking VLA's example ([`vla::thinking`]).
@@ -688,6 +693,26 @@ pub struct ExampleThought {
 }
 
 impl Example {
+    /// Response tokens in the loss: the policy's (mask true), all without a mask.
+    pub fn loss_tokens(&self) -> usize {
+        self.response_mask
+            .as_ref()
+            .map_or(self.response.len(), |m| m.iter().filter(|&&v| v).count())
+    }
+
+    /// `values` (one per response token) with 0 at the holes of the
+    /// response mask, so that nothing at a hole reaches the loss.
+    fn hole_free<'a>(&self, values: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        match &self.response_mask {
+            Some(mask) => values
+                .iter()
+                .zip(mask)
+                .map(|(&v, &m)| if m { v } else { 0.0 })
+                .collect::<Vec<f32>>()
+                .into(),
+            None => values.into(),
+        }
+    }
     /// The encoded observation a VLA decision was taken at, if any: the one
     /// accessor of the observation (read by [`vla::decode_observations`]).
     pub fn observation(&self) -> Option<&[u8]> {
@@ -997,6 +1022,7 @@ pub fn sft_examples(
                 temperature: 1.0,
                 observation: None,
                 thought: None,
+                response_mask: None,
             });
         }
     }
@@ -1061,6 +1087,16 @@ pub fn ppo_examples(
                 step.trajectory_id, step.step_index
             )));
         }
+        if let Some(mask) = &step.response_mask
+            && mask.len() != n
+        {
+            return Err(Error::BadInput(format!(
+                "trajectory `{}` step {}: response_mask has {} entries, expected {n} (one per response id)",
+                step.trajectory_id,
+                step.step_index,
+                mask.len()
+            )));
+        }
         let thought = if thoughts {
             Some(example_thought(&step, &advantage)?)
         } else {
@@ -1078,6 +1114,7 @@ pub fn ppo_examples(
             temperature,
             observation: step.observation.map(ObservationBytes::Held),
             thought,
+            response_mask: step.response_mask.filter(|mask| mask.contains(&false)),
         });
     }
     if let Some(((trajectory, step), _)) = by_key.into_iter().next() {
@@ -1232,7 +1269,7 @@ pub fn train<M: Trainable>(
             let denominators = Denominators {
                 tokens: step
                     .iter()
-                    .map(|&i| examples[i].response.len())
+                    .map(|&i| examples[i].loss_tokens())
                     .sum::<usize>()
                     .max(1) as f64,
                 sequences: step.len() as f64,
@@ -1365,6 +1402,13 @@ pub fn accumulate<M: Trainable>(
     for micro in micros {
         let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
         if let Some(own) = M::own_loss(policy, &batch, config, denominators)? {
+            if let Some(e) = batch.iter().find(|e| e.response_mask.is_some()) {
+                return Err(Error::BadInput(format!(
+                    "{}: its response_mask has holes, which this policy's own loss (a VLA's decisions) does not take",
+                    e.source
+                ))
+                .into());
+            }
             own.loss.backward();
             sums.loss += own.loss.double_value(&[]);
             sums.pg_loss += own.pg_loss;
@@ -1384,8 +1428,20 @@ pub fn accumulate<M: Trainable>(
             continue;
         }
         let temperature = batch[0].temperature as f64;
-        let scores = M::score(policy, &batch, temperature, entropy_mode)?;
+        let mut scores = M::score(policy, &batch, temperature, entropy_mode)?;
         let width = scores.logprobs.size()[1] as usize;
+        if batch.iter().any(|e| e.response_mask.is_some()) {
+            // Holes of the response masks leave every term below.
+            let rows: Vec<Vec<f32>> = batch
+                .iter()
+                .map(|e| match &e.response_mask {
+                    Some(mask) => mask.iter().map(|&m| f32::from(u8::from(m))).collect(),
+                    None => vec![1.0; e.response.len()],
+                })
+                .collect();
+            let rows: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+            scores.mask = &scores.mask * pad_rows(&rows, width, device).to_kind(scores.mask.kind());
+        }
         let entropy = aggregate(
             scores.entropy.as_ref().expect("entropy is asked for"),
             &scores.mask,
@@ -1408,8 +1464,10 @@ pub fn accumulate<M: Trainable>(
                 denominators,
             ),
             Objective::Ppo => {
-                let old: Vec<&[f32]> = batch.iter().map(|e| e.old_logprobs.as_slice()).collect();
-                let adv: Vec<&[f32]> = batch.iter().map(|e| e.advantages.as_slice()).collect();
+                let old: Vec<_> = batch.iter().map(|e| e.hole_free(&e.old_logprobs)).collect();
+                let adv: Vec<_> = batch.iter().map(|e| e.hole_free(&e.advantages)).collect();
+                let old: Vec<&[f32]> = old.iter().map(|v| v.as_ref()).collect();
+                let adv: Vec<&[f32]> = adv.iter().map(|v| v.as_ref()).collect();
                 let out = policy_loss(
                     &scores.logprobs,
                     &pad_rows(&old, width, device),
@@ -1731,6 +1789,7 @@ mod tests {
             temperature: 1.0,
             observation: None,
             thought: None,
+            response_mask: None,
         };
         assert!(check_vocabulary(&[example(vec![0, 299])], 300).is_ok());
         for bad in [300, -1, i32::MAX] {
@@ -1899,6 +1958,7 @@ mod tests {
                 temperature: 1.0,
                 observation: None,
                 thought: None,
+                response_mask: None,
             };
             let before = response_logprob(&policy, &example);
             let config = Config {
@@ -1935,6 +1995,103 @@ mod tests {
         }
     }
 
+    /// Tokens at the holes of a response mask (first, middle and last):
+    /// changing their old log-probs (to NaN) and advantages changes neither
+    /// the loss nor the gradient under every aggregation, with the entropy
+    /// bonus and the KL penalty on, and they are not counted; without the
+    /// mask the same example gives another loss.
+    #[test]
+    fn hole_tokens_change_neither_the_loss_nor_the_gradient() {
+        let policy = tiny_policy();
+        let reference = tiny_policy();
+        let prompt = vec![5, 6, 7, policy.special.plan];
+        let response = vec![9, 12, 15, 18, policy.special.eos];
+        let old: Vec<f32> = Vec::<f32>::try_from(
+            tch::no_grad(|| {
+                score_responses(&policy, &[&prompt], &[&response], 1.0, Entropy::Skip).logprobs
+            })
+            .view([-1]),
+        )
+        .unwrap();
+        let mask = vec![false, true, false, true, false];
+        let example = |hole_old: f32, hole_adv: f32, masked: bool| Example {
+            source: "test".into(),
+            old_logprobs: old
+                .iter()
+                .zip(&mask)
+                .map(|(&o, &m)| if m { o - 0.1 } else { hole_old })
+                .collect(),
+            advantages: mask
+                .iter()
+                .enumerate()
+                .map(|(t, &m)| if m { t as f32 - 1.5 } else { hole_adv })
+                .collect(),
+            prompt: prompt.clone(),
+            response: response.clone(),
+            temperature: 1.0,
+            observation: None,
+            thought: None,
+            response_mask: masked.then(|| mask.clone()),
+        };
+        for loss_agg in [
+            loss::LossAgg::TokenMean,
+            loss::LossAgg::SeqMeanTokenSum,
+            loss::LossAgg::SeqMeanTokenMean,
+        ] {
+            let config = Config {
+                ppo: PpoConfig {
+                    loss_agg,
+                    entropy_coef: 0.01,
+                    kl_coef: 0.5,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let run = |example: Example| {
+                for mut var in policy.vars.trainable_variables() {
+                    var.zero_grad();
+                }
+                let denominators = Denominators {
+                    tokens: example.loss_tokens() as f64,
+                    sequences: 1.0,
+                };
+                let examples = [example];
+                let sums = accumulate(
+                    &policy,
+                    Some(&reference),
+                    &examples,
+                    &[vec![0]],
+                    denominators,
+                    &config,
+                )
+                .unwrap();
+                let grads: Vec<tch::Tensor> = policy
+                    .vars
+                    .trainable_variables()
+                    .iter()
+                    .map(|v| v.grad().copy())
+                    .collect();
+                (sums.loss, sums.tokens, grads)
+            };
+            let (loss, tokens, grads) = run(example(-0.5, 0.0, true));
+            let (changed, _, changed_grads) = run(example(f32::NAN, 100.0, true));
+            assert!(loss.is_finite(), "{loss_agg:?}: {loss}");
+            assert_eq!(loss, changed, "{loss_agg:?}");
+            assert_eq!(tokens, 2, "{loss_agg:?}");
+            assert!(
+                grads.iter().zip(&changed_grads).all(|(a, b)| a.equal(b)),
+                "{loss_agg:?}: the gradient moved"
+            );
+            assert!(
+                grads
+                    .iter()
+                    .any(|g| g.abs().sum(Kind::Double).double_value(&[]) > 0.0)
+            );
+            let (unmasked, ..) = run(example(-0.5, 0.0, false));
+            assert_ne!(loss, unmasked, "{loss_agg:?}: the mask changed nothing");
+        }
+    }
+
     /// The KL penalty to a reference that starts equal to the policy: 0 at
     /// the first step, positive once the policy has moved, and in the loss.
     #[test]
@@ -1955,6 +2112,7 @@ mod tests {
             temperature: 1.0,
             observation: None,
             thought: None,
+            response_mask: None,
         };
         assert_kl_penalty_grows(&mut policy, &reference, example);
     }
@@ -2014,6 +2172,7 @@ mod tests {
             temperature: 1.0,
             observation: None,
             thought: None,
+            response_mask: None,
         };
         let before = response_logprob(&policy, &example);
         let config = Config {
@@ -2103,6 +2262,7 @@ mod tests {
                     temperature: 1.0,
                     observation: None,
                     thought: None,
+                    response_mask: None,
                 }
             })
             .collect()
@@ -2241,6 +2401,7 @@ mod tests {
                     temperature: 1.0,
                     observation: None,
                     thought: None,
+                    response_mask: None,
                 });
             }
         }

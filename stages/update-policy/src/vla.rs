@@ -353,6 +353,7 @@ fn demonstration_example(
         temperature: 1.0,
         observation: Some(observation.into()),
         thought: None,
+        response_mask: None,
     }
 }
 

@@ -145,6 +145,7 @@ fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
         temperature: 1.0,
         observation: Some(bytes.into()),
         thought: None,
+        response_mask: None,
     }
 }
 
