@@ -515,6 +515,65 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "{result}"
     );
     assert!(!root.join("z").exists(), "nothing written");
+
+    // collect-rollouts writes no response mask. Our own steps with holes
+    // (tool tokens) train; a mask of the wrong length is bad input.
+    assert!(steps.iter().all(|s| s.response_mask.is_none()));
+    let advantages: Vec<embodyflow_core::schemas::AdvantageRow> = steps
+        .iter()
+        .map(|step| embodyflow_core::schemas::AdvantageRow {
+            trajectory_id: step.trajectory_id.clone(),
+            step_index: step.step_index,
+            advantages: vec![0.5; step.response_ids.len()],
+            returns: None,
+            episode_adv: 0.5,
+            step_adv: None,
+            estimator: "grpo".into(),
+        })
+        .collect();
+    write_table(&root.join("adv-ok"), &advantages);
+    let trajectories: Vec<TrajectoryRow> =
+        TableReader::open(&rollouts.join("trajectories"), TableName::Trajectories)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    let with_masks = |name: &str, mask: &dyn Fn(usize) -> Vec<bool>| {
+        let dir = root.join(name);
+        write_table(&dir, &trajectories);
+        let masked: Vec<StepRow> = steps
+            .iter()
+            .map(|s| StepRow {
+                response_mask: Some(mask(s.response_ids.len())),
+                ..s.clone()
+            })
+            .collect();
+        write_table(&dir, &masked);
+        run(
+            "update-policy",
+            &[
+                "--policy",
+                s(&policy),
+                "--input",
+                s(&dir),
+                "--input",
+                s(&root.join("adv-ok")),
+                "--out",
+                s(&root.join(format!("{name}-out"))),
+            ],
+        )
+    };
+    let holes = with_masks("holes", &|n| (0..n).map(|t| t % 3 != 1).collect());
+    assert_eq!(holes.code, 0, "{holes}");
+    let short = with_masks("short", &|n| vec![true; n + 1]);
+    assert_eq!(short.code, 2, "{short}");
+    assert!(
+        short.stderr.contains("response_mask has")
+            && short
+                .stderr
+                .contains(&format!("`{}` step 0", steps[0].trajectory_id)),
+        "{short}"
+    );
+    assert!(!root.join("short-out").exists(), "nothing written");
 }
 
 /// Rollouts whose answers are the expert plans of the first `groups` train
