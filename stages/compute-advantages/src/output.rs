@@ -309,6 +309,83 @@ mod tests {
         assert_eq!(ids(&few.into_rows()), ["b", "a", "c"]);
     }
 
+    /// Writes `a` as a batch (advantages and returns) and `b` as rows.
+    struct BatchAndRows;
+
+    impl crate::Estimate for BatchAndRows {
+        fn write(
+            &self,
+            _: &crate::StepsInput<'_>,
+            out: &mut AdvantagesOut,
+        ) -> Result<crate::Reported> {
+            out.write_batch(&advantages_batch(
+                Arc::new(StringArray::from(vec!["a", "a"])),
+                Arc::new(Int32Array::from(vec![0, 1])),
+                OffsetBuffer::from_lengths(vec![3, 2]),
+                vec![1.0, 2.0, 3.0, 4.0, 5.0],
+                Some(vec![0.5; 5]),
+                vec![2.0, 4.5],
+                "gae",
+            ))?;
+            out.write_rows(&[AdvantageRow {
+                returns: Some(vec![0.5; 2]),
+                ..row("b", Some(vec![1.0, 1.0]))
+            }])?;
+            Ok(crate::Reported::default())
+        }
+    }
+
+    #[test]
+    fn holes_are_written_zero_from_batches_and_rows_and_checked() {
+        use crate::testdata::{Fixture, step};
+        let masked = |id, index, tokens, mask: &[bool]| {
+            let mut row = step(id, index, tokens);
+            row.response_mask = Some(mask.to_vec());
+            row
+        };
+        let f = Fixture::new(
+            &[("a", "g", 1.0, 2), ("b", "g", 0.0, 1)],
+            &[
+                masked("a", 0, 3, &[false, true, false]),
+                step("a", 1, 2),
+                masked("b", 0, 2, &[true, false]),
+            ],
+        );
+        let (rows, ..) = f.run(&BatchAndRows, &f.all_groups(), 8).unwrap();
+        let got: Vec<(&str, &[f32], &[f32])> = rows
+            .iter()
+            .map(|r| {
+                let returns = r.returns.as_deref().unwrap();
+                (r.trajectory_id.as_str(), r.advantages.as_slice(), returns)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", &[0.0, 2.0, 0.0][..], &[0.0, 0.5, 0.0][..]),
+                ("a", &[4.0, 5.0][..], &[0.5, 0.5][..]),
+                ("b", &[0.5, 0.0][..], &[0.5, 0.0][..]),
+            ]
+        );
+        // A mask of another length than the written step's tokens.
+        let f = Fixture::new(
+            &[("a", "g", 1.0, 2), ("b", "g", 0.0, 1)],
+            &[
+                step("a", 0, 3),
+                step("a", 1, 2),
+                masked("b", 0, 3, &[true; 3]),
+            ],
+        );
+        let error = f
+            .run(&BatchAndRows, &f.all_groups(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("trajectory `b` step 0: response_mask has 3 entries, expected 2"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn heatmaps_of_batches_keep_the_first_rows_written() {
         let batch = |ids: Vec<&str>| {
