@@ -46,7 +46,9 @@ use std::path::PathBuf;
 
 use embodyflow_core::{Classify, ErrorKind};
 
-pub mod chat;
+/// Chat templates: the `embodyflow-chat` crate (no libtorch; the `table`
+/// tool uses it too), its errors converting into [`HfError`].
+pub use embodyflow_chat as chat;
 pub mod config;
 pub mod model;
 pub mod safetensors;
@@ -178,6 +180,19 @@ pub enum HfError {
     /// libtorch failed while running.
     #[error("torch: {0}")]
     Torch(String),
+}
+
+impl From<chat::ChatError> for HfError {
+    fn from(e: chat::ChatError) -> HfError {
+        use chat::ChatError;
+        match e {
+            ChatError::Read { file, source } => HfError::Read { file, source },
+            ChatError::BadConfig { file, reason } => HfError::BadConfig { file, reason },
+            ChatError::NoChatTemplate { dir } => HfError::NoChatTemplate { dir },
+            ChatError::BadChatTemplate { file, reason }
+            | ChatError::BadMessages { file, reason } => HfError::BadChatTemplate { file, reason },
+        }
+    }
 }
 
 impl Classify for HfError {
