@@ -3,7 +3,9 @@
 //! --format verl`, rescored by score-rewards under two reward functions,
 //! turned into advantages by compute-advantages under two estimators, and
 //! exported with `table export --format verl` for a pandas join; TRL-style
-//! lines; and the bad inputs that must exit 2 with nothing written.
+//! lines, conversational ones rendered as TRL renders them (checked against
+//! transformers' `apply_chat_template`); Parquet files mapped with
+//! `--column`; and the bad inputs that must exit 2 with nothing written.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -679,7 +681,7 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
 
     let chat = serde_json::json!({
         "prompt": [{"role": "user", "content": "put a Mug in the Sink"}],
-        "completion": "{}",
+        "completion": [{"role": "assistant", "content": "{}"}],
         "reward": 1.0,
     });
     write_lines(&dump, &[chat]);
@@ -689,7 +691,11 @@ fn bad_dumps_and_tokenizers_exit_2_naming_file_line_and_key() {
         &tok,
         &out,
         &[],
-        &["dump.jsonl:1: key `prompt` is"],
+        &[
+            "dump.jsonl:1: key `prompt` is a list of chat messages and cannot be rendered",
+            "no chat_template.jinja",
+            "--chat-template",
+        ],
     );
 }
 
@@ -738,4 +744,633 @@ fn the_shipped_rescore_pipeline_sweeps_two_rewards_by_two_estimators() {
             }
         }
     }
+}
+
+/// The project venv's Python running tests/python/trl_chat.py.
+fn trl_chat_py(args: &[&str]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("../.venv/bin/python");
+    let output = Command::new(&python)
+        .arg(root.join("python/trl_chat.py"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/setup installs it)", python.display()));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A ChatML template like Qwen's: content trimmed, and Qwen3's empty
+/// thinking block after the generation prompt when `enable_thinking` is false.
+const CHATML: &str = "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim + '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}";
+
+/// A model directory: the test tokenizer with ChatML's special tokens,
+/// saved by transformers with [`CHATML`] (tokenizer_config.json,
+/// chat_template.jinja); and TRL's rendering of `examples` there, with
+/// token ids, from transformers.
+fn chat_model(dir: &Path, examples: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut tok = test_tokenizer();
+    tok.add_special_tokens(&[
+        tokenizers::AddedToken::from("<|im_start|>", true),
+        tokenizers::AddedToken::from("<|im_end|>", true),
+    ]);
+    tok.save(dir.join("tokenizer.json"), false).unwrap();
+    let spec =
+        serde_json::json!({"template": CHATML, "eos_token": "<|im_end|>", "examples": examples});
+    let (spec_file, out_file) = (dir.join("spec.json"), dir.join("reference.json"));
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    trl_chat_py(&[
+        "chat",
+        dir.to_str().unwrap(),
+        spec_file.to_str().unwrap(),
+        out_file.to_str().unwrap(),
+    ]);
+    assert!(dir.join("chat_template.jinja").is_file());
+    serde_json::from_str(&std::fs::read_to_string(out_file).unwrap()).unwrap()
+}
+
+/// Rows as a Parquet file written by pyarrow (`Table.from_pylist`).
+fn parquet_file(path: &Path, rows: &[serde_json::Value]) {
+    let rows_file = path.with_extension("rows.json");
+    std::fs::write(
+        &rows_file,
+        serde_json::Value::from(rows.to_vec()).to_string(),
+    )
+    .unwrap();
+    trl_chat_py(&[
+        "parquet",
+        path.to_str().unwrap(),
+        rows_file.to_str().unwrap(),
+    ]);
+}
+
+fn ids_of(value: &serde_json::Value) -> Vec<i32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_i64().unwrap() as i32)
+        .collect()
+}
+
+fn by_trajectory<R>(mut rows: Vec<R>, id: impl Fn(&R) -> &str) -> Vec<R> {
+    rows.sort_by(|a, b| id(a).cmp(id(b)));
+    rows
+}
+
+/// The four chat examples: a system + user prompt twice (one group), a
+/// prompt ending with the assistant's message (continued), and one with
+/// `chat_template_kwargs` whose generation prompt the completion's
+/// rendering lacks (TRL keeps the common prefix).
+fn chat_examples() -> Vec<serde_json::Value> {
+    let user = |task: usize| format!("Task {task}: put a Mug in the Sink.");
+    let assistant = |text: &str| serde_json::json!([{"role": "assistant", "content": text}]);
+    let task0 = serde_json::json!([
+        {"role": "system", "content": "You plan."},
+        {"role": "user", "content": user(0)},
+    ]);
+    vec![
+        serde_json::json!({"prompt": task0, "completion": assistant(&responses()[0])}),
+        serde_json::json!({"prompt": task0, "completion": assistant(&responses()[1])}),
+        serde_json::json!({
+            "prompt": [{"role": "user", "content": user(1)}, {"role": "assistant", "content": "{\"executable_plan\": "}],
+            "completion": assistant("[{\"action_id\": 0, \"action_name\": \"find a Mug\"}]}"),
+        }),
+        serde_json::json!({
+            "prompt": [{"role": "user", "content": user(2)}],
+            "completion": assistant(&responses()[2]),
+            "chat_template_kwargs": {"enable_thinking": false},
+        }),
+    ]
+}
+
+#[test]
+fn trl_conversational_rows_render_as_trl_with_transformers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let examples = chat_examples();
+    let reference = chat_model(&model, &examples);
+    // Exact points of the reference itself: the completion is the message
+    // and its end of turn; the continued prompt stops at its trimmed text;
+    // the thinking block is not part of the prompt (not in the whole rendering).
+    assert_eq!(
+        reference[0]["completion"],
+        format!("{}<|im_end|>\n", responses()[0])
+    );
+    assert!(
+        reference[2]["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n{\"executable_plan\":"),
+        "{}",
+        reference[2]["prompt"]
+    );
+    assert!(
+        reference[3]["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n"),
+        "{}",
+        reference[3]["prompt"]
+    );
+
+    let dump = tmp.path().join("trl.jsonl");
+    let mut lines: Vec<serde_json::Value> = examples
+        .iter()
+        .zip([1.0, 0.0, 0.5, 0.25])
+        .map(|(e, reward)| {
+            let mut line = e.clone();
+            line["reward"] = reward.into();
+            line
+        })
+        .collect();
+    // A string prompt next to them: its kwargs are not used, so reported.
+    lines.push(serde_json::json!({
+        "prompt": "Task 3: put a Mug in the Sink.", "completion": responses()[3],
+        "reward": 0.0, "chat_template_kwargs": {"enable_thinking": false},
+    }));
+    write_lines(&dump, &lines);
+    let out = tmp.path().join("imported");
+    let result = import("trl", &dump, &model, &out, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    for needle in [
+        "5 rows, 4 groups, 4 tasks",
+        "chat messages: 4 rows rendered with the chat template",
+        "unmapped key `chat_template_kwargs`: 1 rows",
+    ] {
+        assert!(result.stdout.contains(needle), "{needle}\n{result}");
+    }
+    let tasks: Vec<TaskRow> = rows(&out.join("tasks"), TableName::Tasks);
+    let trajectories: Vec<TrajectoryRow> = rows(&out.join("trajectories"), TableName::Trajectories);
+    let steps: Vec<StepRow> = rows(&out.join("steps"), TableName::Steps);
+    // Rows 1 and 2 share their prompt (group p1); rows 3, 4 start their own.
+    let ids = [
+        "it0/p1/d0/s0",
+        "it0/p1/d0/s1",
+        "it0/p3/d0/s0",
+        "it0/p4/d0/s0",
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        let t = trajectories
+            .iter()
+            .find(|t| t.trajectory_id == *id)
+            .unwrap();
+        let task = tasks.iter().find(|k| k.task_id == t.task_id).unwrap();
+        let step = steps.iter().find(|s| s.trajectory_id == *id).unwrap();
+        assert_eq!(
+            task.instruction,
+            reference[i]["prompt"].as_str().unwrap(),
+            "{id}"
+        );
+        assert_eq!(
+            t.response_text.as_deref(),
+            reference[i]["completion"].as_str(),
+            "{id}"
+        );
+        assert_eq!(step.prompt_ids, ids_of(&reference[i]["prompt_ids"]), "{id}");
+        assert_eq!(
+            step.response_ids,
+            ids_of(&reference[i]["completion_ids"]),
+            "{id}"
+        );
+    }
+    let plain = trajectories
+        .iter()
+        .find(|t| t.trajectory_id == "it0/p5/d0/s0")
+        .unwrap();
+    assert_eq!(
+        plain.response_text.as_deref(),
+        Some(responses()[3].as_str())
+    );
+
+    // The same chat rows in Parquet (prompt and completion as
+    // list<struct<content, role>>): the same steps.
+    let parquet = tmp.path().join("chat.parquet");
+    let chat_rows: Vec<serde_json::Value> = lines[..3].to_vec();
+    parquet_file(&parquet, &chat_rows);
+    let from_parquet = tmp.path().join("from-parquet");
+    let result = import(
+        "parquet",
+        &parquet,
+        &model,
+        &from_parquet,
+        &[
+            "--column",
+            "prompt=prompt",
+            "--column",
+            "response=completion",
+            "--column",
+            "reward=reward",
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let parquet_steps: Vec<StepRow> = rows(&from_parquet.join("steps"), TableName::Steps);
+    let mut got: Vec<(Vec<i32>, Vec<i32>)> = parquet_steps
+        .into_iter()
+        .map(|s| (s.prompt_ids, s.response_ids))
+        .collect();
+    got.sort();
+    let mut expected: Vec<(Vec<i32>, Vec<i32>)> = reference[..3]
+        .iter()
+        .map(|r| (ids_of(&r["prompt_ids"]), ids_of(&r["completion_ids"])))
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected);
+
+    // Without a template: refused, naming the row; --chat-template gives it.
+    let bare = tmp.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    std::fs::copy(model.join("tokenizer.json"), bare.join("tokenizer.json")).unwrap();
+    refused(
+        "trl",
+        &dump,
+        &bare,
+        &tmp.path().join("no-template"),
+        &[],
+        &[
+            "trl.jsonl:1: key `prompt` is a list of chat messages and cannot be rendered",
+            "bare: no chat_template.jinja",
+        ],
+    );
+    let with_template = tmp.path().join("with-template");
+    let model_arg = model.to_str().unwrap().to_string();
+    let result = import(
+        "trl",
+        &dump,
+        &bare,
+        &with_template,
+        &["--chat-template", &model_arg],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let sorted = |dir: &Path| {
+        by_trajectory(rows::<StepRow>(&dir.join("steps"), TableName::Steps), |s| {
+            &s.trajectory_id
+        })
+    };
+    assert_eq!(sorted(&with_template), sorted(&out));
+
+    // Chat rows TRL cannot render either: a string completion after chat
+    // messages, a prompt ending with a system message.
+    let mut bad = lines[0].clone();
+    bad["completion"] = "{}".into();
+    write_lines(&dump, &[bad]);
+    refused(
+        "trl",
+        &dump,
+        &model,
+        &tmp.path().join("bad"),
+        &[],
+        &["trl.jsonl:1: key `completion` is \"{}\", expected a list of chat messages"],
+    );
+    let mut bad = lines[0].clone();
+    bad["prompt"] = serde_json::json!([{"role": "system", "content": "You plan."}]);
+    write_lines(&dump, &[lines[1].clone(), bad]);
+    refused(
+        "trl",
+        &dump,
+        &model,
+        &tmp.path().join("bad"),
+        &[],
+        &[
+            "trl.jsonl:2: key `prompt` is a list of chat messages and cannot be rendered",
+            "invalid role in the last message of the prompt: system",
+        ],
+    );
+}
+
+/// Four rollouts in two groups as Parquet rows (`question`, `answer`,
+/// `score`, `run_step`, `run`, an `extra` column), and as TRL lines.
+fn plain_rows() -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let parquet = (0..4)
+        .map(|i| {
+            serde_json::json!({
+                "question": format!("Task {}: put a Mug in the Sink.", i % 2),
+                "answer": responses()[i],
+                "score": i as f64 * 0.5,
+                "run_step": 7,
+                "run": format!("g{}", i % 2),
+                "extra": "x",
+            })
+        })
+        .collect::<Vec<_>>();
+    let trl = parquet
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "prompt": r["question"], "completion": r["answer"], "reward": r["score"],
+                "step": r["run_step"], "run": r["run"],
+            })
+        })
+        .collect();
+    (parquet, trl)
+}
+
+const PLAIN_COLUMNS: [&str; 10] = [
+    "--column",
+    "prompt=question",
+    "--column",
+    "response=answer",
+    "--column",
+    "reward=score",
+    "--column",
+    "step=run_step",
+    "--column",
+    "group=run",
+];
+
+#[test]
+fn parquet_columns_map_as_the_json_lines_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let (parquet_rows, trl_rows) = plain_rows();
+    let file = tmp.path().join("rollouts.parquet");
+    parquet_file(&file, &parquet_rows);
+    let out = tmp.path().join("parquet");
+    let result = import("parquet", &file, &tok, &out, &PLAIN_COLUMNS);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(
+        result.stdout.contains("4 rows, 2 groups, 2 tasks"),
+        "{result}"
+    );
+    assert!(
+        result
+            .stdout
+            .contains("unmapped column `extra`: 4 rows (not imported)"),
+        "{result}"
+    );
+    let dump = tmp.path().join("rollouts.jsonl");
+    write_lines(&dump, &trl_rows);
+    let jsonl = tmp.path().join("jsonl");
+    let result = import("trl", &dump, &tok, &jsonl, &["--group-column", "run"]);
+    assert_eq!(result.code, 0, "{result}");
+    // Row for row the same, but for the format's name.
+    let steps = |dir: &Path| {
+        by_trajectory(rows::<StepRow>(&dir.join("steps"), TableName::Steps), |s| {
+            &s.trajectory_id
+        })
+    };
+    assert_eq!(steps(&out), steps(&jsonl));
+    assert_eq!(steps(&out)[0].trajectory_id, "it7/g0/d0/s0");
+    let rewards = |dir: &Path| -> Vec<(String, f32)> {
+        by_id(rows(&dir.join("rewards"), TableName::Rewards))
+            .into_iter()
+            .map(|r| (r.trajectory_id, r.score))
+            .collect()
+    };
+    assert_eq!(rewards(&out), rewards(&jsonl));
+    assert_eq!(rewards(&out)[1], ("it7/g0/d0/s1".to_string(), 1.0));
+    let tasks = |dir: &Path| -> Vec<(String, String)> {
+        let mut tasks: Vec<(String, String)> =
+            rows::<TaskRow>(&dir.join("tasks"), TableName::Tasks)
+                .into_iter()
+                .map(|t| (t.task_id, t.instruction))
+                .collect();
+        tasks.sort();
+        tasks
+    };
+    assert_eq!(tasks(&out), tasks(&jsonl));
+    let policies: Vec<String> =
+        rows::<TrajectoryRow>(&out.join("trajectories"), TableName::Trajectories)
+            .into_iter()
+            .map(|t| t.policy)
+            .collect();
+    assert!(
+        policies
+            .iter()
+            .all(|p| p == "imported:parquet:rollouts.parquet"),
+        "{policies:?}"
+    );
+
+    // Two files read in order: the same import.
+    let (a, b) = (tmp.path().join("a.parquet"), tmp.path().join("b.parquet"));
+    parquet_file(&a, &parquet_rows[..1]);
+    parquet_file(&b, &parquet_rows[1..]);
+    let two = tmp.path().join("two");
+    let mut args = PLAIN_COLUMNS.to_vec();
+    args.extend(["--from", b.to_str().unwrap()]);
+    let result = import("parquet", &a, &tok, &two, &args);
+    assert_eq!(result.code, 0, "{result}");
+    assert_eq!(steps(&two), steps(&out));
+
+    // Token ids given: no tokenizer needed; the prompt text stays the instruction.
+    let tokenised: Vec<serde_json::Value> = (0..2)
+        .map(|i| {
+            serde_json::json!({
+                "question": "Task 0: put a Mug in the Sink.",
+                "prompt_ids": [5, 6, 7],
+                "response_ids": [8 + i, 9],
+                "score": 1.0 - i as f64,
+            })
+        })
+        .collect();
+    let ids_file = tmp.path().join("ids.parquet");
+    parquet_file(&ids_file, &tokenised);
+    let ids_out = tmp.path().join("ids");
+    let columns = [
+        "--column",
+        "prompt=question",
+        "--column",
+        "prompt_ids=prompt_ids",
+        "--column",
+        "response_ids=response_ids",
+        "--column",
+        "reward=score",
+    ];
+    let mut args = vec![
+        "import",
+        "--format",
+        "parquet",
+        "--from",
+        ids_file.to_str().unwrap(),
+        "--out",
+        ids_out.to_str().unwrap(),
+    ];
+    args.extend(columns);
+    let result = run("table", &args);
+    assert_eq!(result.code, 0, "{result}");
+    let got: Vec<(String, Vec<i32>, Vec<i32>)> = steps(&ids_out)
+        .into_iter()
+        .map(|s| (s.trajectory_id, s.prompt_ids, s.response_ids))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("it0/p0/d0/s0".to_string(), vec![5, 6, 7], vec![8, 9]),
+            ("it0/p0/d0/s1".to_string(), vec![5, 6, 7], vec![9, 9]),
+        ]
+    );
+    let trajectories: Vec<TrajectoryRow> =
+        rows(&ids_out.join("trajectories"), TableName::Trajectories);
+    assert!(trajectories.iter().all(|t| t.response_text.is_none()));
+    assert_eq!(
+        tasks(&ids_out),
+        [(
+            "p0".to_string(),
+            "Task 0: put a Mug in the Sink.".to_string()
+        )]
+    );
+}
+
+#[test]
+fn bad_parquet_exits_2_naming_file_column_and_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let (good, _) = plain_rows();
+    let file = tmp.path().join("bad.parquet");
+    let out = tmp.path().join("out");
+    parquet_file(&file, &good);
+    let mut nope = PLAIN_COLUMNS.to_vec();
+    nope[1] = "prompt=nope";
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &nope,
+        &[
+            "bad.parquet: column `nope` (--column prompt=nope) does not exist; its columns are: answer, extra, question, run, run_step, score",
+        ],
+    );
+
+    // A column spoiled, in every row (pyarrow infers one type per column)
+    // or in one row (None: a null): (column, value, row, what the message says).
+    let spoiled: [(&str, serde_json::Value, Option<usize>, &str); 5] = [
+        (
+            "score",
+            "high".into(),
+            None,
+            "bad.parquet: row 0: column `score` is \"high\", expected a finite number (f32)",
+        ),
+        (
+            "score",
+            serde_json::Value::Null,
+            Some(3),
+            "bad.parquet: row 3: column `score` is null, expected a finite number",
+        ),
+        (
+            "question",
+            serde_json::Value::Null,
+            Some(2),
+            "bad.parquet: row 2: column `question` is null, expected a string or a list of chat messages",
+        ),
+        (
+            "run_step",
+            2.5.into(),
+            None,
+            "bad.parquet: row 0: column `run_step` is 2.5, expected an integer (i32)",
+        ),
+        (
+            "answer",
+            serde_json::json!([1, 2]),
+            None,
+            "bad.parquet: row 0: column `answer` is [1,2], expected a string",
+        ),
+    ];
+    for (column, value, row, says) in spoiled {
+        let mut rows = good.clone();
+        for (i, r) in rows.iter_mut().enumerate() {
+            if row.is_none_or(|row| row == i) {
+                r[column] = value.clone();
+            }
+        }
+        parquet_file(&file, &rows);
+        refused("parquet", &file, &tok, &out, &PLAIN_COLUMNS, &[says]);
+    }
+
+    // Token ids that are not integers; text without a tokenizer.
+    let ids = |value: serde_json::Value| {
+        vec![serde_json::json!({"question": "q", "prompt_ids": value, "answer": "a", "score": 1.0})]
+    };
+    parquet_file(&file, &ids(serde_json::json!([1.5, 2.0])));
+    let ids_columns = [
+        "--column",
+        "prompt=question",
+        "--column",
+        "prompt_ids=prompt_ids",
+        "--column",
+        "response=answer",
+        "--column",
+        "reward=score",
+    ];
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &ids_columns,
+        &[
+            "bad.parquet: row 0: column `prompt_ids` is [1.5,2.0], expected a list of integer token ids (i32)",
+        ],
+    );
+    parquet_file(&file, &ids(serde_json::json!([1, 2])));
+    let mut args = vec![
+        "import",
+        "--format",
+        "parquet",
+        "--from",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(ids_columns);
+    let result = run("table", &args);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains(
+            "bad.parquet: row 0: column `answer` is text; tokenising it needs --tokenizer"
+        ),
+        "{result}"
+    );
+    assert!(!out.exists());
+
+    // A group whose rows, in two files, have different prompts.
+    let (a, b) = (tmp.path().join("a.parquet"), tmp.path().join("b.parquet"));
+    parquet_file(&a, &good[..2]);
+    let mut other = good[2..].to_vec();
+    other[1]["run"] = "g0".into();
+    parquet_file(&b, &other);
+    let mut args = PLAIN_COLUMNS.to_vec();
+    args.extend(["--from", b.to_str().unwrap()]);
+    refused(
+        "parquet",
+        &a,
+        &tok,
+        &out,
+        &args,
+        &[
+            "a.parquet: group `g0` mixes values of `question`: row 0 and ",
+            "b.parquet row 1 differ",
+        ],
+    );
+
+    // Not Parquet; a mapping without a reward; --column on JSON lines.
+    std::fs::write(&file, "question,answer\n").unwrap();
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &PLAIN_COLUMNS,
+        &["--from ", "bad.parquet: cannot read it"],
+    );
+    parquet_file(&file, &good);
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &PLAIN_COLUMNS[..4],
+        &["--format parquet needs --column reward=COLUMN"],
+    );
+    refused(
+        "trl",
+        &file,
+        &tok,
+        &out,
+        &PLAIN_COLUMNS[..2],
+        &["--column goes with --format parquet"],
+    );
 }

@@ -1,7 +1,8 @@
-//! Rollouts from other trainers: `table import --format verl|trl` turns a
-//! JSON-lines dump of veRL or TRL into our tasks, trajectories, steps and
-//! rewards tables, so score-rewards and compute-advantages rescore it
-//! unchanged; `table export ADV --format verl` writes the advantages back in
+//! Rollouts from other trainers: `table import --format verl|trl|parquet`
+//! turns a JSON-lines dump of veRL or TRL, or any Parquet file whose
+//! columns are named on the command line, into our tasks, trajectories,
+//! steps and rewards tables, so score-rewards and compute-advantages rescore
+//! it unchanged; `table export ADV --format verl` writes the advantages back in
 //! rows a veRL or TRL user joins with their batch.
 //!
 //! **veRL** (`trainer.rollout_data_dir` / `validation_data_dir`):
@@ -24,27 +25,73 @@
 //! grouping; a dataset with a prompt twice in one batch would merge its two
 //! groups.
 //!
-//! **TRL / prime-rl / open-instruct** JSON lines: `prompt` (a string),
-//! `completion` (a string, or TRL's conversational `[{"role": "assistant",
-//! "content": …}]` with one message), `reward`, optional `step`; a prompt
-//! given as chat messages needs a chat template and is refused (exit 2), not
-//! rendered by guess.
+//! **TRL / prime-rl / open-instruct** JSON lines: `prompt`, `completion`,
+//! `reward`, optional `step`. `prompt` is a string, or (TRL's
+//! conversational format) a list of chat messages `{role, content, …}`;
+//! `completion` is a string or one assistant message after a string prompt,
+//! and a list of messages after a conversational one. Conversational rows
+//! are rendered as TRL renders them, `trl/data_utils.py` `apply_chat_template`
+//! (its prompt-completion case), read at huggingface/trl commit f2cd5771
+//! (2026-07-24), with [`embodyflow_chat::ChatTemplate::render_prompt_completion`]:
+//! the prompt with `add_generation_prompt=True` when its last message is
+//! from `user` or `tool` (continuing the final message when it is from
+//! `assistant`, another role refused), prompt + completion rendered whole,
+//! the prompt cut to the common prefix of the two, the completion the rest
+//! of the whole (e.g. `It is blue.<|im_end|>\n`). A row's
+//! `chat_template_kwargs` object goes to the template as TRL passes it (on
+//! a string-prompt row TRL ignores it: reported as unmapped). The template
+//! is `--chat-template DIR`'s (`chat_template.jinja`, else
+//! `tokenizer_config.json`), by default the `--tokenizer` directory's; a
+//! conversational row with no template is refused (exit 2, naming the file,
+//! the line and the template looked for), never rendered by guess. TRL's
+//! `tools` (trainer arguments, not in the rows) are not passed.
+//!
+//! **Parquet** (`--format parquet --from F.parquet [G.parquet …]`): every
+//! file is read in order (Snappy or zstd; other codecs are refused, named),
+//! and `--column ROLE=COLUMN` names the column of each role: `prompt` and
+//! `response` (text, or chat messages as `list<struct<role, content>>`,
+//! rendered as above), `prompt_ids` and `response_ids` (`list<int>` token
+//! ids, used as they are instead of tokenising the text; the text, when
+//! also mapped, stays the instruction and response text), `reward`
+//! (number), `step` (integer; 0 when not mapped), `group` (string or
+//! integer, the same as `--group-column COLUMN`). `reward`, `prompt` or
+//! `prompt_ids`, and `response` or `response_ids` are needed; the
+//! tokenizer only for text without ids. A row is read into the same
+//! row model as a JSON line (its mapped cells as JSON values: text,
+//! numbers, booleans, lists and structs of them), so the formats map alike
+//! and only differ in how a row is read. Errors name the file, the column
+//! and the 0-based row (`rollouts.parquet: row 2: column `question` is
+//! null, expected a string …`); a mapped column missing names the file's
+//! columns; unmapped columns are listed in the summary (`unmapped column
+//! `extra`: 4 rows (not imported)`). Without text, `tasks.instruction` is
+//! empty and `trajectories.response_text` null. With `--group-by-prompt`
+//! (the default) the uid is `p<row of the prompt's first row, 0-based,
+//! counted over all files>`.
+//!
+//! ```text
+//! table import --format parquet --from rollouts-00.parquet rollouts-01.parquet \
+//!     --column prompt=question --column response=answer --column reward=score \
+//!     --column step=global_step --column group=uid --tokenizer ckpt/ --out runs/pq
+//! ```
 //!
 //! Column mapping (`source key -> table.column`):
 //!
-//! | veRL | TRL | goes to |
-//! |---|---|---|
-//! | `input` | `prompt` | `tasks.instruction`; `steps.prompt_ids` (tokenised, no special tokens added) |
-//! | `output` | `completion` | `trajectories.response_text`; `steps.response_ids` (tokenised, no special tokens added) |
-//! | `score` | `reward` | `rewards.score` = `rewards.accuracy`; `complete` = `success` = `score > 0` |
-//! | `step` | `step` (optional, else 0) | `trajectories.iteration` |
-//! | `uid` or `--group-column` | `--group-column` | `task_id` = the uid; `group_id` = `it<step>/<uid>/d0` |
-//! | `gts` | — | `tasks.gt_actions` when it is a plan (a list of `{action_id, action_name}`, an object with such an `executable_plan`, or a string holding either as JSON); else null and counted |
+//! | veRL | TRL | Parquet `--column` | goes to |
+//! |---|---|---|---|
+//! | `input` | `prompt` (rendered when chat messages) | `prompt=C` | `tasks.instruction`; `steps.prompt_ids` (tokenised, no special tokens added) |
+//! | — | — | `prompt_ids=C` | `steps.prompt_ids` as given |
+//! | `output` | `completion` (rendered when chat messages) | `response=C` | `trajectories.response_text`; `steps.response_ids` (tokenised, no special tokens added) |
+//! | — | — | `response_ids=C` | `steps.response_ids` as given |
+//! | `score` | `reward` | `reward=C` | `rewards.score` = `rewards.accuracy`; `complete` = `success` = `score > 0` |
+//! | `step` | `step` (optional, else 0) | `step=C` (else 0) | `trajectories.iteration` |
+//! | `uid` or `--group-column` | `--group-column` | `group=C` or `--group-column` | `task_id` = the uid; `group_id` = `it<step>/<uid>/d0` |
+//! | `gts` | — | — | `tasks.gt_actions` when it is a plan (a list of `{action_id, action_name}`, an object with such an `executable_plan`, or a string holding either as JSON); else null and counted |
+//! | — | `chat_template_kwargs` | — | the chat template's extra variables |
 //!
 //! With `--group-size N`, N consecutive rows form a group whose uid is `r<index
 //! of the group's first row, 0-based>`; with `--group-by-prompt` (the default
-//! for TRL without `--group-column`), rows with the same prompt do, uid `p<line
-//! of its first row>`. `trajectory_id` = `<group_id>/s<k>`, k the
+//! for TRL and Parquet without a group column), rows with the same prompt do, uid `p<line
+//! of its first row>` (Parquet: its 0-based row). `trajectory_id` = `<group_id>/s<k>`, k the
 //! row's place in its group in file order (`sample_index`). Constants the
 //! dumps do not hold: `suite` = the format, `env` = `imported`, `split` =
 //! `--split` (train), `seed` = 0, `policy` = `imported:<format>:<dump file name>`,
@@ -59,8 +106,10 @@
 //!
 //! Bad input, exit 2 and nothing written (every row is read and checked
 //! before a table is staged; the four tables are committed together): a row
-//! that is not a JSON object, a mapped key missing or of the wrong type
-//! (named by file, line and key), a non-finite score, a uid whose rows have
+//! that is not a JSON object, a mapped key (column) missing, null or of the
+//! wrong type (named by file, line or row, and key), chat messages that
+//! cannot be rendered (no template, the template's own error, a last role
+//! TRL refuses), text to tokenise without `--tokenizer`, a non-finite score, a uid whose rows have
 //! different prompts or `gts` (naming the uid, the key and both lines), a tokenizer that does
 //! not load (naming the file), `--group-size N` on a dump whose row count is
 //! not a multiple of N.
@@ -96,6 +145,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{
+    DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type,
+    UInt16Type, UInt32Type, UInt64Type,
+};
+use embodyflow_chat::ChatTemplate;
 use embodyflow_core::commit::Commit;
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::error::{Classify, ErrorKind};
@@ -104,6 +159,8 @@ use embodyflow_core::schemas::{
     AdvantageRow, PlanAction, RewardRow, Row, StepRow, TableName, TaskRow, TrajectoryRow,
 };
 use embodyflow_core::{Error, Result};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
 /// The trainer whose dump is read.
@@ -113,27 +170,115 @@ pub enum Source {
     Verl,
     /// TRL / prime-rl / open-instruct JSON lines (prompt, completion, reward).
     Trl,
+    /// Any Parquet file, its columns named with `--column ROLE=COLUMN`.
+    Parquet,
 }
 
 impl Source {
-    /// The format's name (`verl`, `trl`).
+    /// The format's name (`verl`, `trl`, `parquet`).
     pub fn name(self) -> &'static str {
         match self {
             Source::Verl => "verl",
             Source::Trl => "trl",
+            Source::Parquet => "parquet",
         }
     }
 
-    /// Keys of the prompt, the response, the score and the step.
-    fn keys(self) -> [&'static str; 4] {
+    /// What a source value is called in messages: a JSON `key` or a Parquet `column`.
+    fn noun(self) -> &'static str {
         match self {
-            Source::Verl => ["input", "output", "score", "step"],
-            Source::Trl => ["prompt", "completion", "reward", "step"],
+            Source::Parquet => "column",
+            Source::Verl | Source::Trl => "key",
         }
     }
 }
 
-/// Bad dumps and tokenizers; all are bad input (exit 2, nothing written).
+/// The roles `--format parquet --column ROLE=COLUMN` maps a column to.
+pub const ROLES: [&str; 7] = [
+    "prompt",
+    "prompt_ids",
+    "response",
+    "response_ids",
+    "reward",
+    "step",
+    "group",
+];
+
+/// The source key (JSON key or Parquet column) of each role.
+#[derive(Debug, Clone)]
+struct Keys {
+    prompt: Option<String>,
+    prompt_ids: Option<String>,
+    response: Option<String>,
+    response_ids: Option<String>,
+    score: String,
+    /// The step's key, and whether a row must have it.
+    step: Option<(String, bool)>,
+    gts: Option<String>,
+}
+
+impl Keys {
+    fn of(options: &ImportOptions) -> Keys {
+        let key = |k: &str| Some(k.to_string());
+        match options.source {
+            Source::Verl => Keys {
+                prompt: key("input"),
+                prompt_ids: None,
+                response: key("output"),
+                response_ids: None,
+                score: "score".into(),
+                step: Some(("step".into(), true)),
+                gts: key("gts"),
+            },
+            Source::Trl => Keys {
+                prompt: key("prompt"),
+                prompt_ids: None,
+                response: key("completion"),
+                response_ids: None,
+                score: "reward".into(),
+                step: Some(("step".into(), false)),
+                gts: None,
+            },
+            Source::Parquet => {
+                let column = |role: &str| options.columns.get(role).cloned();
+                Keys {
+                    prompt: column("prompt"),
+                    prompt_ids: column("prompt_ids"),
+                    response: column("response"),
+                    response_ids: column("response_ids"),
+                    score: column("reward").unwrap_or_default(),
+                    step: column("step").map(|c| (c, true)),
+                    gts: None,
+                }
+            }
+        }
+    }
+
+    /// Every key the mapping reads (the group's too).
+    fn all<'a>(&'a self, grouping: &'a Grouping) -> Vec<&'a str> {
+        let mut keys: Vec<&str> = [
+            &self.prompt,
+            &self.prompt_ids,
+            &self.response,
+            &self.response_ids,
+            &self.gts,
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+        keys.push(&self.score);
+        if let Some((step, _)) = &self.step {
+            keys.push(step);
+        }
+        if let Grouping::Column(c) = grouping {
+            keys.push(c);
+        }
+        keys
+    }
+}
+
+/// Bad dumps, tokenizers and templates; all are bad input (exit 2, nothing written).
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignError {
     /// The dump cannot be read.
@@ -141,7 +286,7 @@ pub enum ForeignError {
     Read {
         /// The dump.
         file: PathBuf,
-        /// The I/O error.
+        /// The I/O or Parquet error.
         reason: String,
     },
     /// A line is not one JSON object.
@@ -154,47 +299,61 @@ pub enum ForeignError {
         /// Why.
         reason: String,
     },
-    /// A mapped key is missing.
-    #[error("{file}:{line}: key `{key}` is missing; the {format} mapping needs it{hint}")]
+    /// A mapped key is missing from a row.
+    #[error("{at}: {noun} `{key}` is missing; the {format} mapping needs it{hint}")]
     MissingKey {
-        /// The dump.
-        file: PathBuf,
-        /// 1-based line.
-        line: usize,
+        /// `file:line` or `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
         /// The key.
         key: String,
-        /// `verl` or `trl`.
+        /// The format's name.
         format: &'static str,
         /// What to do about it.
         hint: &'static str,
     },
-    /// A mapped key holds a value of another type.
-    #[error("{file}:{line}: key `{key}` is {found}, expected {expected}")]
-    WrongType {
-        /// The dump.
+    /// A mapped Parquet column the file does not have.
+    #[error(
+        "{file}: column `{column}` (--column {role}={column}) does not exist; its columns are: {columns}"
+    )]
+    NoColumn {
+        /// The Parquet file.
         file: PathBuf,
-        /// 1-based line.
-        line: usize,
+        /// The role it was mapped to.
+        role: String,
+        /// The column.
+        column: String,
+        /// The file's columns, comma-separated.
+        columns: String,
+    },
+    /// A mapped key holds a value of another type.
+    #[error("{at}: {noun} `{key}` is {found}, expected {expected}")]
+    WrongType {
+        /// `file:line` or `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
         /// The key.
         key: String,
         /// What the mapping needs.
         expected: &'static str,
-        /// The value found (shortened).
+        /// The value found (shortened), or the column's type.
         found: String,
     },
     /// A group's rows have different prompts (or veRL ground truths).
-    #[error("{file}: group `{uid}` mixes values of `{key}`: line {first} and line {other} differ")]
+    #[error("{file}: group `{uid}` mixes values of `{key}`: {first} and {other} differ")]
     Mixed {
-        /// The dump.
+        /// The dump holding the group's first row.
         file: PathBuf,
         /// The group's uid.
         uid: String,
         /// The prompt key, or `gts`.
-        key: &'static str,
-        /// Line of the group's first row.
-        first: usize,
-        /// Line of the row with another value.
-        other: usize,
+        key: String,
+        /// The group's first row (`line 3`, `row 2`).
+        first: String,
+        /// The row with another value (with its file when that differs).
+        other: String,
     },
     /// The tokenizer does not load.
     #[error("--tokenizer {file}: does not load as a Hugging Face tokenizer.json: {reason}")]
@@ -204,12 +363,41 @@ pub enum ForeignError {
         /// The loader's error.
         reason: String,
     },
+    /// Text to tokenise, and no `--tokenizer`.
+    #[error("{at}: {noun} `{key}` is text; tokenising it needs --tokenizer (or map its token ids)")]
+    NoTokenizer {
+        /// `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
+        /// The key.
+        key: String,
+    },
+    /// Chat messages that cannot be rendered: no template, or the template
+    /// or TRL's rules refuse them.
+    #[error("{at}: {noun} `{key}` is a list of chat messages and cannot be rendered: {reason}")]
+    Template {
+        /// `file:line` or `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// `--chat-template DIR` does not load.
+    #[error("--chat-template {reason}")]
+    BadTemplate {
+        /// The loader's error (it names the file).
+        reason: String,
+    },
     /// `--group-size N` on a dump whose row count is not a multiple of N.
     #[error(
         "{file}: {rows} rows are not groups of --group-size {size} (the last group would have {rest}); is N the run's rollout.n?"
     )]
     GroupSize {
-        /// The dump.
+        /// The (last) dump.
         file: PathBuf,
         /// Rows in the dump.
         rows: usize,
@@ -250,15 +438,21 @@ pub enum Grouping {
     Prompt,
 }
 
-/// What `table import --format verl|trl` needs.
+/// What `table import --format verl|trl|parquet` needs.
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
     /// Dump format.
     pub source: Source,
-    /// The JSON-lines dump.
-    pub from: PathBuf,
-    /// `tokenizer.json`, or a directory holding one.
-    pub tokenizer: PathBuf,
+    /// The dump: one JSON-lines file, or Parquet files read in this order.
+    pub from: Vec<PathBuf>,
+    /// `tokenizer.json`, or a directory holding one (optional only for
+    /// Parquet whose texts all come with token ids).
+    pub tokenizer: Option<PathBuf>,
+    /// A model directory whose chat template renders conversational rows
+    /// (default: the tokenizer's directory).
+    pub chat_template: Option<PathBuf>,
+    /// Parquet: role (one of [`ROLES`] but `group`) -> column.
+    pub columns: BTreeMap<String, String>,
     /// How rows form groups.
     pub grouping: Grouping,
     /// `tasks.split` of the imported tasks.
@@ -267,17 +461,38 @@ pub struct ImportOptions {
     pub temperature: f32,
 }
 
-/// One row of the dump, checked.
+/// One row of a dump as read, before it is mapped: a JSON line, or a
+/// Parquet row's mapped columns as JSON values.
+struct RawRow {
+    /// Index into [`ImportOptions::from`].
+    file: usize,
+    /// 1-based line (JSON lines) or 0-based row (Parquet) in its file.
+    index: usize,
+    object: Map<String, Value>,
+}
+
+/// One row of the dump, checked, rendered and tokenised.
 #[derive(Debug)]
 struct DumpRow {
-    line: usize,
+    file: usize,
+    index: usize,
+    /// What `p<tag>` names a prompt group by: the line, or the row counted
+    /// over all Parquet files.
+    tag: usize,
     prompt: String,
-    response: String,
+    prompt_ids: Vec<i32>,
+    response: Option<String>,
+    response_ids: Vec<i32>,
     score: f32,
     step: i32,
     uid: String,
     gts: Option<Value>,
+    /// Whether TRL's `chat_template_kwargs` rendered its messages.
+    kwargs_used: bool,
 }
+
+/// TRL's per-example keyword arguments of the chat template.
+const KWARGS: &str = "chat_template_kwargs";
 
 /// What an import wrote and left out.
 #[derive(Debug)]
@@ -292,8 +507,12 @@ pub struct ImportSummary {
     pub gold_plans: usize,
     /// Rows whose non-null `gts` is not a plan.
     pub gts_not_plans: usize,
-    /// Keys not mapped and the number of rows holding each.
+    /// Rows whose prompt and completion were chat messages, rendered with the template.
+    pub rendered: usize,
+    /// Keys (columns) not mapped and the number of rows holding each.
     pub unmapped: BTreeMap<String, usize>,
+    /// `key` or `column`.
+    pub noun: &'static str,
 }
 
 impl std::fmt::Display for ImportSummary {
@@ -303,6 +522,13 @@ impl std::fmt::Display for ImportSummary {
             "{} rows, {} groups, {} tasks ({} with a gold plan)",
             self.rows, self.groups, self.tasks, self.gold_plans
         )?;
+        if self.rendered > 0 {
+            write!(
+                f,
+                "\nchat messages: {} rows rendered with the chat template",
+                self.rendered
+            )?;
+        }
         if self.gts_not_plans > 0 {
             write!(
                 f,
@@ -311,7 +537,11 @@ impl std::fmt::Display for ImportSummary {
             )?;
         }
         for (key, count) in &self.unmapped {
-            write!(f, "\nunmapped key `{key}`: {count} rows (not imported)")?;
+            write!(
+                f,
+                "\nunmapped {} `{key}`: {count} rows (not imported)",
+                self.noun
+            )?;
         }
         Ok(())
     }
@@ -338,36 +568,113 @@ pub fn load_tokenizer(path: &Path) -> std::result::Result<tokenizers::Tokenizer,
     })
 }
 
-/// Reads and checks every row of the dump.
-fn read_dump(
+/// The tokenizer and the chat template, the template loaded when a first
+/// conversational row needs it (unless `--chat-template` named it).
+struct Texts {
+    tokenizer: Option<tokenizers::Tokenizer>,
+    template: Option<std::result::Result<ChatTemplate, String>>,
+    /// Where the template is looked up when it is first needed.
+    template_dir: Option<PathBuf>,
+}
+
+impl Texts {
+    fn new(options: &ImportOptions) -> std::result::Result<Texts, ForeignError> {
+        let tokenizer = options
+            .tokenizer
+            .as_deref()
+            .map(load_tokenizer)
+            .transpose()?;
+        let template = match &options.chat_template {
+            Some(dir) => Some(Ok(ChatTemplate::from_dir(dir).map_err(|e| {
+                ForeignError::BadTemplate {
+                    reason: e.to_string(),
+                }
+            })?)),
+            None => None,
+        };
+        let template_dir = options.tokenizer.as_ref().map(|t| {
+            if t.is_dir() {
+                t.clone()
+            } else {
+                t.parent().unwrap_or(Path::new(".")).to_path_buf()
+            }
+        });
+        Ok(Texts {
+            tokenizer,
+            template,
+            template_dir,
+        })
+    }
+
+    fn template(&mut self) -> std::result::Result<&ChatTemplate, String> {
+        let dir = &self.template_dir;
+        self.template
+            .get_or_insert_with(|| match dir {
+                Some(dir) => ChatTemplate::from_dir(dir).map_err(|e| {
+                    format!("{e} (give --chat-template DIR, a model directory with one)")
+                }),
+                None => Err("no chat template: give --chat-template DIR (a model directory with chat_template.jinja or tokenizer_config.json)".into()),
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// A prompt or response value: plain text, or chat messages.
+enum Text {
+    Plain(String),
+    Chat(Value),
+}
+
+/// Whether `value` is a non-empty list of chat messages (objects with a `role`).
+fn is_chat(value: &Value) -> bool {
+    value.as_array().is_some_and(|m| {
+        !m.is_empty()
+            && m.iter()
+                .all(|m| m.get("role").is_some_and(Value::is_string))
+    })
+}
+
+/// The dump's rows as read: every JSON line of a JSON-lines dump, or the
+/// mapped columns of every row of every Parquet file; and the keys
+/// (columns) not mapped with the rows holding each.
+fn read_raw(
     options: &ImportOptions,
-) -> std::result::Result<(Vec<DumpRow>, BTreeMap<String, usize>), ForeignError> {
-    let file = &options.from;
+    keys: &Keys,
+) -> std::result::Result<(Vec<RawRow>, BTreeMap<String, usize>), ForeignError> {
+    let mapped = keys.all(&options.grouping);
+    let (mut rows, mut unmapped) = (Vec::new(), BTreeMap::new());
+    for (index, file) in options.from.iter().enumerate() {
+        if options.source == Source::Parquet {
+            read_parquet(index, file, options, &mut rows, &mut unmapped)?;
+        } else {
+            read_lines(index, file, &mapped, &mut rows, &mut unmapped)?;
+        }
+    }
+    Ok((rows, unmapped))
+}
+
+fn read_lines(
+    index: usize,
+    file: &Path,
+    mapped: &[&str],
+    rows: &mut Vec<RawRow>,
+    unmapped: &mut BTreeMap<String, usize>,
+) -> std::result::Result<(), ForeignError> {
     let read_err = |e: std::io::Error| ForeignError::Read {
-        file: file.clone(),
+        file: file.to_path_buf(),
         reason: e.to_string(),
     };
     let reader = BufReader::new(std::fs::File::open(file).map_err(read_err)?);
-    let [prompt_key, response_key, score_key, step_key] = options.source.keys();
-    let format = options.source.name();
-    let mut mapped = vec![prompt_key, response_key, score_key, step_key];
-    if let Grouping::Column(c) = &options.grouping {
-        mapped.push(c);
-    }
-    if options.source == Source::Verl {
-        mapped.push("gts");
-    }
-    let (mut rows, mut unmapped) = (Vec::new(), BTreeMap::new());
-    for (index, line) in reader.lines().enumerate() {
-        let line_no = index + 1;
+    for (at, line) in reader.lines().enumerate() {
         let text = line.map_err(read_err)?;
         if text.trim().is_empty() {
             continue;
         }
         let object: Map<String, Value> =
             serde_json::from_str(&text).map_err(|e| ForeignError::NotJson {
-                file: file.clone(),
-                line: line_no,
+                file: file.to_path_buf(),
+                line: at + 1,
                 reason: e.to_string(),
             })?;
         for key in object.keys() {
@@ -375,116 +682,415 @@ fn read_dump(
                 *unmapped.entry(key.clone()).or_insert(0) += 1;
             }
         }
-        let missing = |key: &str, hint: &'static str| ForeignError::MissingKey {
-            file: file.clone(),
-            line: line_no,
-            key: key.to_string(),
-            format,
-            hint,
-        };
-        let wrong = |key: &str, expected: &'static str, value: &Value| ForeignError::WrongType {
-            file: file.clone(),
-            line: line_no,
-            key: key.to_string(),
-            expected,
-            found: shorten(value),
-        };
-        let get = |key: &str| object.get(key).ok_or_else(|| missing(key, ""));
-        let prompt = match get(prompt_key)? {
-            Value::String(s) => s.clone(),
-            other => {
-                return Err(wrong(
-                    prompt_key,
-                    "a string (a prompt of chat messages needs a chat template: render it first)",
-                    other,
-                ));
-            }
-        };
-        let response = match get(response_key)? {
-            Value::String(s) => s.clone(),
-            Value::Array(messages) if options.source == Source::Trl => match messages.as_slice() {
-                [message]
-                    if message.get("role").and_then(Value::as_str) == Some("assistant")
-                        && message.get("content").is_some_and(Value::is_string) =>
-                {
-                    message["content"].as_str().unwrap_or_default().to_string()
-                }
-                _ => {
-                    return Err(wrong(
-                        response_key,
-                        "a string or one assistant message with string content",
-                        &Value::Array(messages.clone()),
-                    ));
-                }
-            },
-            other => return Err(wrong(response_key, "a string", other)),
-        };
-        let score_value = get(score_key)?;
-        let score = score_value
-            .as_f64()
-            .map(|s| s as f32)
-            .filter(|s| s.is_finite())
-            .ok_or_else(|| wrong(score_key, "a finite number (f32)", score_value))?;
-        let step = match (object.get(step_key), options.source) {
-            (None, Source::Trl) => 0,
-            (None, Source::Verl) => return Err(missing(step_key, "")),
-            (Some(value), _) => value
-                .as_i64()
-                .and_then(|s| i32::try_from(s).ok())
-                .ok_or_else(|| wrong(step_key, "an integer (i32)", value))?,
-        };
-        let uid = match &options.grouping {
-            Grouping::Column(key) => match object.get(key.as_str()) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-                Some(other) => return Err(wrong(key, "a string or an integer", other)),
-                None => {
-                    return Err(missing(
-                        key,
-                        " (veRL dumps `uid` only when the reward function returns it: pass \
-                         --group-by-prompt for a training dump, --group-size N (rollout.n \
-                         consecutive rows) for a validation dump, or --group-column KEY)",
-                    ));
-                }
-            },
-            Grouping::Size(n) => format!("r{}", rows.len() / n.get() * n.get()),
-            Grouping::Prompt => String::new(),
-        };
-        let gts = object.get("gts").filter(|_| options.source == Source::Verl);
-        rows.push(DumpRow {
-            line: line_no,
-            prompt,
-            response,
-            score,
-            step,
-            uid,
-            gts: gts.cloned(),
+        rows.push(RawRow {
+            file: index,
+            index: at + 1,
+            object,
         });
     }
+    Ok(())
+}
+
+fn read_parquet(
+    index: usize,
+    file: &Path,
+    options: &ImportOptions,
+    rows: &mut Vec<RawRow>,
+    unmapped: &mut BTreeMap<String, usize>,
+) -> std::result::Result<(), ForeignError> {
+    let read_err = |reason: String| ForeignError::Read {
+        file: file.to_path_buf(),
+        reason,
+    };
+    let handle = std::fs::File::open(file).map_err(|e| read_err(e.to_string()))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(handle).map_err(|e| read_err(e.to_string()))?;
+    let schema = builder.schema().clone();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let mut mapped: Vec<(String, String)> = options
+        .columns
+        .iter()
+        .map(|(r, c)| (r.clone(), c.clone()))
+        .collect();
+    if let Grouping::Column(c) = &options.grouping {
+        mapped.push(("group".into(), c.clone()));
+    }
+    let mut roots = Vec::new();
+    for (role, column) in &mapped {
+        match names.iter().position(|n| n == column) {
+            Some(at) => roots.push(at),
+            None => {
+                return Err(ForeignError::NoColumn {
+                    file: file.to_path_buf(),
+                    role: role.clone(),
+                    column: column.clone(),
+                    columns: names.join(", "),
+                });
+            }
+        }
+    }
+    let total = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+    for name in &names {
+        if !mapped.iter().any(|(_, c)| c == name) {
+            *unmapped.entry(name.to_string()).or_insert(0) += total;
+        }
+    }
+    let projection = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let reader = builder
+        .with_projection(projection)
+        .build()
+        .map_err(|e| read_err(e.to_string()))?;
+    let mut row = 0;
+    for batch in reader {
+        let batch = batch.map_err(|e| read_err(e.to_string()))?;
+        let columns: Vec<(&String, &std::sync::Arc<dyn Array>)> = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| f.name())
+            .zip(batch.columns())
+            .collect();
+        for i in 0..batch.num_rows() {
+            let mut object = Map::new();
+            for (name, array) in &columns {
+                let value = cell(array.as_ref(), i).map_err(|found| ForeignError::WrongType {
+                    at: format!("{}: row {row}", file.display()),
+                    noun: "column",
+                    key: name.to_string(),
+                    expected: "text, numbers, booleans, or lists and structs of them",
+                    found: format!("of type {found}"),
+                })?;
+                object.insert(name.to_string(), value);
+            }
+            rows.push(RawRow {
+                file: index,
+                index: row,
+                object,
+            });
+            row += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A Parquet cell as a JSON value (null for null); the column's type when
+/// it is not text, a number, a boolean or a list or struct of them.
+fn cell(array: &dyn Array, row: usize) -> std::result::Result<Value, DataType> {
+    if array.is_null(row) {
+        return Ok(Value::Null);
+    }
+    let float = |x: f64| {
+        serde_json::Number::from_f64(x).map_or_else(|| Value::String(x.to_string()), Value::Number)
+    };
+    let list = |items: std::sync::Arc<dyn Array>| -> std::result::Result<Value, DataType> {
+        (0..items.len()).map(|i| cell(items.as_ref(), i)).collect()
+    };
+    Ok(match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().value(row).into(),
+        DataType::LargeUtf8 => array.as_string::<i64>().value(row).into(),
+        DataType::Utf8View => array.as_string_view().value(row).into(),
+        DataType::Boolean => array.as_boolean().value(row).into(),
+        DataType::Int8 => array.as_primitive::<Int8Type>().value(row).into(),
+        DataType::Int16 => array.as_primitive::<Int16Type>().value(row).into(),
+        DataType::Int32 => array.as_primitive::<Int32Type>().value(row).into(),
+        DataType::Int64 => array.as_primitive::<Int64Type>().value(row).into(),
+        DataType::UInt8 => array.as_primitive::<UInt8Type>().value(row).into(),
+        DataType::UInt16 => array.as_primitive::<UInt16Type>().value(row).into(),
+        DataType::UInt32 => array.as_primitive::<UInt32Type>().value(row).into(),
+        DataType::UInt64 => array.as_primitive::<UInt64Type>().value(row).into(),
+        DataType::Float32 => float(f64::from(array.as_primitive::<Float32Type>().value(row))),
+        DataType::Float64 => float(array.as_primitive::<Float64Type>().value(row)),
+        DataType::List(_) => list(array.as_list::<i32>().value(row))?,
+        DataType::LargeList(_) => list(array.as_list::<i64>().value(row))?,
+        DataType::Struct(fields) => {
+            let columns = array.as_struct().columns();
+            let mut object = Map::new();
+            for (field, column) in fields.iter().zip(columns) {
+                object.insert(field.name().clone(), cell(column.as_ref(), row)?);
+            }
+            Value::Object(object)
+        }
+        other => return Err(other.clone()),
+    })
+}
+
+/// Maps every raw row, renders chat messages, tokenises texts and forms
+/// the groups; the summary's counts of rendered rows.
+fn read_dump(
+    options: &ImportOptions,
+    texts: &mut Texts,
+) -> std::result::Result<(Vec<DumpRow>, BTreeMap<String, usize>, usize), ForeignError> {
+    let keys = Keys::of(options);
+    let (raw, mut unmapped) = read_raw(options, &keys)?;
+    let mut rows = Vec::with_capacity(raw.len());
+    let (mut rendered, mut kwargs_used) = (0, 0);
+    for raw in raw {
+        let row = map_row(options, &keys, texts, raw, rows.len(), &mut rendered)?;
+        kwargs_used += usize::from(row.kwargs_used);
+        rows.push(row);
+    }
+    // TRL's per-example template arguments are mapped where a row's chat
+    // messages were rendered with them; elsewhere they are unmapped.
+    if let Some(count) = unmapped.get_mut(KWARGS) {
+        *count -= kwargs_used;
+        if *count == 0 {
+            unmapped.remove(KWARGS);
+        }
+    }
+    let last = options.from.last().cloned().unwrap_or_default();
     if rows.is_empty() {
-        return Err(ForeignError::Empty { file: file.clone() });
+        return Err(ForeignError::Empty { file: last });
     }
     if let Grouping::Size(n) = options.grouping
         && rows.len() % n.get() != 0
     {
         return Err(ForeignError::GroupSize {
-            file: file.clone(),
+            file: last,
             rows: rows.len(),
             size: n.get(),
             rest: rows.len() % n.get(),
         });
     }
     if options.grouping == Grouping::Prompt {
-        let mut first: HashMap<&str, usize> = HashMap::new();
+        let mut first: HashMap<(&str, &[i32]), usize> = HashMap::new();
         let uids: Vec<String> = rows
             .iter()
-            .map(|r| format!("p{}", first.entry(&r.prompt).or_insert(r.line)))
+            .map(|r| {
+                let prompt = (r.prompt.as_str(), r.prompt_ids.as_slice());
+                format!("p{}", first.entry(prompt).or_insert(r.tag))
+            })
             .collect();
         for (row, uid) in rows.iter_mut().zip(uids) {
             row.uid = uid;
         }
     }
-    Ok((rows, unmapped))
+    Ok((rows, unmapped, rendered))
+}
+
+/// One row mapped (module doc): the same for every format, which differ
+/// only in the keys and in how a row is read.
+fn map_row(
+    options: &ImportOptions,
+    keys: &Keys,
+    texts: &mut Texts,
+    raw: RawRow,
+    order: usize,
+    rendered: &mut usize,
+) -> std::result::Result<DumpRow, ForeignError> {
+    let file = &options.from[raw.file];
+    let format = options.source.name();
+    let noun = options.source.noun();
+    let parquet = options.source == Source::Parquet;
+    let at = if parquet {
+        format!("{}: row {}", file.display(), raw.index)
+    } else {
+        format!("{}:{}", file.display(), raw.index)
+    };
+    let object = &raw.object;
+    let missing = |key: &str, hint: &'static str| ForeignError::MissingKey {
+        at: at.clone(),
+        noun,
+        key: key.to_string(),
+        format,
+        hint,
+    };
+    let wrong = |key: &str, expected: &'static str, value: &Value| ForeignError::WrongType {
+        at: at.clone(),
+        noun,
+        key: key.to_string(),
+        expected,
+        found: shorten(value),
+    };
+    let get = |key: &str| object.get(key).ok_or_else(|| missing(key, ""));
+    let chats = options.source != Source::Verl;
+    let mut kwargs_used = false;
+
+    let prompt = match &keys.prompt {
+        None => None,
+        Some(key) => Some(match get(key)? {
+            Value::String(s) => Text::Plain(s.clone()),
+            value if chats && is_chat(value) => Text::Chat(value.clone()),
+            other if chats => {
+                return Err(wrong(
+                    key,
+                    "a string or a list of chat messages ({role, content})",
+                    other,
+                ));
+            }
+            other => return Err(wrong(key, "a string", other)),
+        }),
+    };
+    let conversational = matches!(prompt, Some(Text::Chat(_)));
+    let response = match &keys.response {
+        None => None,
+        Some(key) => Some(match get(key)? {
+            value if conversational => {
+                if !is_chat(value) {
+                    return Err(wrong(
+                        key,
+                        "a list of chat messages ({role, content}), as the prompt is",
+                        value,
+                    ));
+                }
+                Text::Chat(value.clone())
+            }
+            Value::String(s) => Text::Plain(s.clone()),
+            Value::Array(messages) if chats => match messages.as_slice() {
+                [message]
+                    if message.get("role").and_then(Value::as_str) == Some("assistant")
+                        && message.get("content").is_some_and(Value::is_string) =>
+                {
+                    Text::Plain(message["content"].as_str().unwrap_or_default().to_string())
+                }
+                _ => {
+                    return Err(wrong(
+                        key,
+                        "a string or one assistant message with string content",
+                        &Value::Array(messages.clone()),
+                    ));
+                }
+            },
+            other => return Err(wrong(key, "a string", other)),
+        }),
+    };
+
+    // Chat messages rendered as TRL renders them.
+    let (prompt, response) = match (prompt, response) {
+        (Some(Text::Chat(p)), response) => {
+            let key = keys.prompt.as_deref().unwrap_or_default();
+            let kwargs = match object.get(KWARGS) {
+                None => None,
+                Some(Value::Object(map)) => Some(map),
+                Some(other) => return Err(wrong(KWARGS, "an object", other)),
+            };
+            kwargs_used = kwargs.is_some();
+            let template = texts.template().map_err(|reason| ForeignError::Template {
+                at: at.clone(),
+                noun,
+                key: key.to_string(),
+                reason,
+            })?;
+            let failed = |e: embodyflow_chat::ChatError| ForeignError::Template {
+                at: at.clone(),
+                noun,
+                key: key.to_string(),
+                reason: e.to_string(),
+            };
+            *rendered += 1;
+            match response {
+                Some(Text::Chat(c)) => {
+                    let (p, c) = template
+                        .render_prompt_completion(&p, &c, None, kwargs)
+                        .map_err(failed)?;
+                    (Some(p), Some(c))
+                }
+                _ => (
+                    Some(template.render_prompt(&p, None, kwargs).map_err(failed)?),
+                    None,
+                ),
+            }
+        }
+        (Some(Text::Plain(p)), Some(Text::Plain(r))) => (Some(p), Some(r)),
+        (Some(Text::Plain(p)), _) => (Some(p), None),
+        (None, Some(Text::Plain(r))) => (None, Some(r)),
+        (None, _) => (None, None),
+    };
+
+    let ids_of = |key: &Option<String>| -> std::result::Result<Option<Vec<i32>>, ForeignError> {
+        let Some(key) = key else { return Ok(None) };
+        let value = get(key)?;
+        let ids = value.as_array().and_then(|items| {
+            items
+                .iter()
+                .map(|i| i.as_i64().and_then(|i| i32::try_from(i).ok()))
+                .collect::<Option<Vec<i32>>>()
+        });
+        ids.map(Some)
+            .ok_or_else(|| wrong(key, "a list of integer token ids (i32)", value))
+    };
+    let tokenise = |text: &Option<String>,
+                    key: &Option<String>,
+                    ids: Option<Vec<i32>>|
+     -> std::result::Result<Vec<i32>, ForeignError> {
+        if let Some(ids) = ids {
+            return Ok(ids);
+        }
+        let (Some(text), Some(key)) = (text, key) else {
+            return Ok(Vec::new());
+        };
+        let Some(tokenizer) = &texts.tokenizer else {
+            return Err(ForeignError::NoTokenizer {
+                at: at.clone(),
+                noun,
+                key: key.clone(),
+            });
+        };
+        let encoding =
+            tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| ForeignError::WrongType {
+                    at: at.clone(),
+                    noun,
+                    key: key.clone(),
+                    expected: "text the tokenizer encodes",
+                    found: e.to_string(),
+                })?;
+        Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
+    };
+    let prompt_ids = ids_of(&keys.prompt_ids)?;
+    let response_ids = ids_of(&keys.response_ids)?;
+    let prompt_ids = tokenise(&prompt, &keys.prompt, prompt_ids)?;
+    let response_ids = tokenise(&response, &keys.response, response_ids)?;
+
+    let score_value = get(&keys.score)?;
+    let score = score_value
+        .as_f64()
+        .map(|s| s as f32)
+        .filter(|s| s.is_finite())
+        .ok_or_else(|| wrong(&keys.score, "a finite number (f32)", score_value))?;
+    let step = match &keys.step {
+        None => 0,
+        Some((key, required)) => match object.get(key.as_str()) {
+            None if !required => 0,
+            None => return Err(missing(key, "")),
+            Some(value) => value
+                .as_i64()
+                .and_then(|s| i32::try_from(s).ok())
+                .ok_or_else(|| wrong(key, "an integer (i32)", value))?,
+        },
+    };
+    let uid = match &options.grouping {
+        Grouping::Column(key) => match object.get(key.as_str()) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+            Some(other) => return Err(wrong(key, "a string or an integer", other)),
+            None => {
+                return Err(missing(
+                    key,
+                    " (veRL dumps `uid` only when the reward function returns it: pass \
+                     --group-by-prompt for a training dump, --group-size N (rollout.n \
+                     consecutive rows) for a validation dump, or --group-column KEY)",
+                ));
+            }
+        },
+        Grouping::Size(n) => format!("r{}", order / n.get() * n.get()),
+        Grouping::Prompt => String::new(),
+    };
+    let gts = keys.gts.as_ref().and_then(|k| object.get(k)).cloned();
+    Ok(DumpRow {
+        file: raw.file,
+        index: raw.index,
+        tag: if parquet { order } else { raw.index },
+        prompt: prompt.unwrap_or_default(),
+        prompt_ids,
+        response,
+        response_ids,
+        score,
+        step,
+        uid,
+        gts,
+        kwargs_used,
+    })
 }
 
 /// A gold plan from a veRL `gts` value: a list of `{action_id, action_name}`,
@@ -514,43 +1120,37 @@ fn gold_plan(value: &Value) -> Option<Vec<PlanAction>> {
         .collect()
 }
 
-fn ids(
-    tokenizer: &tokenizers::Tokenizer,
-    text: &str,
-    file: &Path,
-    line: usize,
-    key: &str,
-) -> std::result::Result<Vec<i32>, ForeignError> {
-    let encoding = tokenizer
-        .encode(text, false)
-        .map_err(|e| ForeignError::WrongType {
-            file: file.to_path_buf(),
-            line,
-            key: key.to_string(),
-            expected: "text the tokenizer encodes",
-            found: e.to_string(),
-        })?;
-    Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
-}
-
-/// Imports a veRL or TRL dump into `out/{tasks,trajectories,steps,rewards}`,
-/// all four committed together; nothing is written on bad input.
+/// Imports a veRL, TRL or Parquet dump into
+/// `out/{tasks,trajectories,steps,rewards}`, all four committed together;
+/// nothing is written on bad input.
 pub fn import(
     options: &ImportOptions,
     out: &Path,
     write: WriteOptions,
     overwrite: bool,
 ) -> Result<ImportSummary> {
-    let tokenizer = load_tokenizer(&options.tokenizer)?;
-    let (rows, unmapped) = read_dump(options)?;
-    let file = &options.from;
-    let [prompt_key, response_key, ..] = options.source.keys();
+    let mut texts = Texts::new(options)?;
+    let (rows, unmapped, rendered) = read_dump(options, &mut texts)?;
+    let files = &options.from;
+    let keys = Keys::of(options);
+    let prompt_key = keys
+        .prompt
+        .as_deref()
+        .or(keys.prompt_ids.as_deref())
+        .unwrap_or_default();
     let format = options.source.name();
     let policy = format!(
         "{}{format}:{}",
         embodyflow_core::IMPORTED_POLICY_PREFIX,
-        file.file_name().unwrap_or_default().to_string_lossy()
+        files[0].file_name().unwrap_or_default().to_string_lossy()
     );
+    let place = |row: &DumpRow| {
+        if options.source == Source::Parquet {
+            format!("row {}", row.index)
+        } else {
+            format!("line {}", row.index)
+        }
+    };
 
     let mut tasks: Vec<TaskRow> = Vec::new();
     let (mut trajectories, mut steps, mut rewards) = (Vec::new(), Vec::new(), Vec::new());
@@ -561,7 +1161,7 @@ pub fn import(
     for row in &rows {
         match task_of.get(row.uid.as_str()) {
             Some(&first) => {
-                let key = if first.prompt != row.prompt {
+                let key = if first.prompt != row.prompt || first.prompt_ids != row.prompt_ids {
                     Some(prompt_key)
                 } else if first.gts != row.gts {
                     Some("gts")
@@ -569,12 +1169,17 @@ pub fn import(
                     None
                 };
                 if let Some(key) = key {
+                    let other = if row.file == first.file {
+                        place(row)
+                    } else {
+                        format!("{} {}", files[row.file].display(), place(row))
+                    };
                     return Err(ForeignError::Mixed {
-                        file: file.clone(),
+                        file: files[first.file].clone(),
                         uid: row.uid.clone(),
-                        key,
-                        first: first.line,
-                        other: row.line,
+                        key: key.to_string(),
+                        first: place(first),
+                        other,
                     }
                     .into());
                 }
@@ -615,20 +1220,17 @@ pub fn import(
             num_steps: 1,
             env_steps: 1,
             complete: row.score > 0.0,
-            response_text: Some(row.response.clone()),
+            response_text: row.response.clone(),
             seed: 0,
             ever_grasped: None,
             failure_reason: None,
         });
         *sample += 1;
-        let prompt_ids = ids(&tokenizer, &row.prompt, file, row.line, prompt_key)?;
-        let response_ids = ids(&tokenizer, &row.response, file, row.line, response_key)?;
-        let old_logprobs = vec![0.0; response_ids.len()];
         steps.push(StepRow::one_shot(
             trajectory_id.clone(),
-            prompt_ids,
-            response_ids,
-            old_logprobs,
+            row.prompt_ids.clone(),
+            row.response_ids.clone(),
+            vec![0.0; row.response_ids.len()],
         ));
         rewards.push(RewardRow {
             trajectory_id,
@@ -652,8 +1254,10 @@ pub fn import(
         version: env!("CARGO_PKG_VERSION").into(),
         config: serde_json::json!({
             "format": format,
-            "from": file,
+            "from": files,
             "tokenizer": options.tokenizer,
+            "chat_template": options.chat_template,
+            "columns": options.columns,
             "grouping": format!("{:?}", options.grouping),
             "split": options.split,
             "temperature": options.temperature,
@@ -673,7 +1277,9 @@ pub fn import(
         tasks: tasks.len(),
         gold_plans: tasks.iter().filter(|t| t.gt_actions.is_some()).count(),
         gts_not_plans,
+        rendered,
         unmapped,
+        noun: options.source.noun(),
     })
 }
 

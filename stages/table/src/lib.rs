@@ -4,8 +4,9 @@
 //! table schema [NAME]                         tables, or one table's columns and example rows
 //! table import --table NAME --from F.jsonl --out DIR [--overwrite]
 //!                                              JSON lines (one row each) -> a table
-//! table import --format verl|trl --from DUMP.jsonl --tokenizer T --out DIR
+//! table import --format verl|trl --from DUMP.jsonl --tokenizer T --out DIR [--chat-template DIR]
 //!       [--group-column KEY | --group-size N | --group-by-prompt] [--split S] [--temperature T]
+//! table import --format parquet --from F.parquet... --column ROLE=COLUMN... [--tokenizer T] --out DIR
 //!                                              another trainer's rollouts -> tasks,
 //!                                              trajectories, steps, rewards (`foreign`)
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
@@ -78,27 +79,40 @@ enum Command {
         name: Option<TableName>,
     },
     /// Import JSON lines (one row per line) as a table, or another trainer's
-    /// rollout dump (`--format verl|trl`) as tasks, trajectories, steps and rewards.
+    /// rollout dump (`--format verl|trl|parquet`) as tasks, trajectories, steps and rewards.
     Import {
         /// Table the rows belong to (rows in our own format).
         #[arg(long, required_unless_present = "format", conflicts_with = "format")]
         table: Option<TableName>,
-        /// A trainer's dump instead: veRL rollout/validation JSON lines or TRL-style JSON lines.
+        /// A trainer's dump instead: veRL rollout/validation JSON lines, TRL-style
+        /// JSON lines, or Parquet with `--column`.
         #[arg(long)]
         format: Option<foreign::Source>,
-        /// JSON-lines file.
-        #[arg(long, value_name = "FILE.jsonl")]
-        from: PathBuf,
-        /// `--format`: tokenizer.json (or a directory holding one) that tokenises the texts.
+        /// JSON-lines file; with `--format parquet`, one or more Parquet files
+        /// (`--from a.parquet b.parquet`), read in order.
+        #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
+        from: Vec<PathBuf>,
+        /// `--format`: tokenizer.json (or a directory holding one) that tokenises the texts
+        /// (`parquet`: needed only for text columns without token ids).
         #[arg(long, value_name = "DIR_OR_TOKENIZER_JSON", requires = "format")]
         tokenizer: Option<PathBuf>,
+        /// `--format trl|parquet`: model directory whose chat template
+        /// (chat_template.jinja or tokenizer_config.json) renders prompts given
+        /// as chat messages (default: the --tokenizer's directory).
+        #[arg(long, value_name = "DIR", requires = "format")]
+        chat_template: Option<PathBuf>,
+        /// `--format parquet`: ROLE=COLUMN, repeated; roles: prompt, prompt_ids,
+        /// response, response_ids, reward, step, group. Needs reward, prompt or
+        /// prompt_ids, response or response_ids; `group=C` is --group-column C.
+        #[arg(long = "column", value_name = "ROLE=COLUMN", requires = "format")]
+        columns: Vec<String>,
         /// `--format`: the key whose value names a row's group (veRL default: `uid`).
         #[arg(long, requires = "format", conflicts_with = "group_size")]
         group_column: Option<String>,
         /// `--format`: groups are this many consecutive rows (veRL's rollout.n).
         #[arg(long, requires = "format", conflicts_with = "group_by_prompt")]
         group_size: Option<std::num::NonZeroUsize>,
-        /// `--format`: rows of one step with the same prompt form a group (TRL's default).
+        /// `--format`: rows of one step with the same prompt form a group (TRL's and Parquet's default).
         #[arg(long, requires = "format", conflicts_with = "group_column")]
         group_by_prompt: bool,
         /// `--format`: the split of the imported tasks.
@@ -231,6 +245,8 @@ pub fn run(args: Args) -> Result<()> {
             format,
             from,
             tokenizer,
+            chat_template,
+            columns,
             group_column,
             group_size,
             group_by_prompt,
@@ -248,7 +264,8 @@ pub fn run(args: Args) -> Result<()> {
             };
             match (table, format) {
                 (Some(table), _) => {
-                    let manifest = with_row_type!(table, R => import::<R>(&from, &out_dir, options, overwrite))?;
+                    let from = one_file(&from, "--table")?;
+                    let manifest = with_row_type!(table, R => import::<R>(from, &out_dir, options, overwrite))?;
                     writeln!(
                         out,
                         "imported {} rows into {} ({} shards)",
@@ -260,23 +277,35 @@ pub fn run(args: Args) -> Result<()> {
                 }
                 (None, format) => {
                     let source = format.ok_or_else(|| {
-                        Error::Usage("table import: give --table NAME or --format verl|trl".into())
+                        Error::Usage(
+                            "table import: give --table NAME or --format verl|trl|parquet".into(),
+                        )
                     })?;
-                    let tokenizer = tokenizer.ok_or_else(|| {
-                        Error::Usage(format!(
-                            "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the texts are tokenised with it)",
-                            source.name()
-                        ))
-                    })?;
-                    let grouping = match (group_column, group_size, group_by_prompt, source) {
-                        (Some(key), _, _, _) => foreign::Grouping::Column(key),
-                        (None, Some(n), _, _) => foreign::Grouping::Size(n),
-                        (None, None, true, _) | (None, None, false, foreign::Source::Trl) => {
-                            foreign::Grouping::Prompt
+                    if source != foreign::Source::Parquet {
+                        one_file(&from, &format!("--format {}", source.name()))?;
+                        if tokenizer.is_none() {
+                            return Err(Error::Usage(format!(
+                                "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the texts are tokenised with it)",
+                                source.name()
+                            )));
                         }
-                        (None, None, false, foreign::Source::Verl) => {
+                    }
+                    let (columns, group) = column_mapping(source, &columns)?;
+                    let grouping = match (group, group_column, group_size, group_by_prompt, source)
+                    {
+                        (Some(_), Some(_), ..)
+                        | (Some(_), _, Some(_), ..)
+                        | (Some(_), _, _, true, _) => {
+                            return Err(Error::Usage(
+                                "table import: --column group=COLUMN is --group-column COLUMN; give one grouping".into(),
+                            ));
+                        }
+                        (Some(key), ..) | (None, Some(key), ..) => foreign::Grouping::Column(key),
+                        (None, None, Some(n), ..) => foreign::Grouping::Size(n),
+                        (None, None, None, false, foreign::Source::Verl) => {
                             foreign::Grouping::Column("uid".into())
                         }
+                        (None, None, None, ..) => foreign::Grouping::Prompt,
                     };
                     if !temperature.is_finite() || temperature <= 0.0 {
                         return Err(Error::Usage(format!(
@@ -287,15 +316,18 @@ pub fn run(args: Args) -> Result<()> {
                         source,
                         from: from.clone(),
                         tokenizer,
+                        chat_template,
+                        columns,
                         grouping,
                         split,
                         temperature,
                     };
                     let summary = foreign::import(&import_options, &out_dir, options, overwrite)?;
+                    let names: Vec<String> = from.iter().map(|f| f.display().to_string()).collect();
                     writeln!(
                         out,
                         "imported {} into {} (tasks, trajectories, steps, rewards): {summary}",
-                        from.display(),
+                        names.join(", "),
                         out_dir.display()
                     )
                     .map_err(write_err)?;
@@ -488,6 +520,70 @@ fn tables_in(dir: &Path) -> Result<Vec<String>> {
     }
     names.sort();
     Ok(names)
+}
+
+/// The one `--from` file of a JSON-lines import.
+fn one_file<'a>(from: &'a [PathBuf], what: &str) -> Result<&'a Path> {
+    match from {
+        [file] => Ok(file),
+        _ => Err(Error::Usage(format!(
+            "table import {what}: --from takes one JSON-lines file ({} given)",
+            from.len()
+        ))),
+    }
+}
+
+/// `--column ROLE=COLUMN` values: role -> column, and the `group` column;
+/// only `--format parquet` takes them, and it needs a reward, a prompt and
+/// a response (text or token ids).
+fn column_mapping(
+    source: foreign::Source,
+    values: &[String],
+) -> Result<(std::collections::BTreeMap<String, String>, Option<String>)> {
+    let usage = |m: String| Err(Error::Usage(format!("table import: {m}")));
+    if source != foreign::Source::Parquet {
+        if values.is_empty() {
+            return Ok(Default::default());
+        }
+        return usage(format!(
+            "--column goes with --format parquet (the {} mapping is fixed: see --help)",
+            source.name()
+        ));
+    }
+    let mut columns = std::collections::BTreeMap::new();
+    for value in values {
+        let Some((role, column)) = value.split_once('=') else {
+            return usage(format!("--column {value}: expected ROLE=COLUMN"));
+        };
+        if !foreign::ROLES.contains(&role) || column.is_empty() {
+            return usage(format!(
+                "--column {value}: ROLE is one of {} and COLUMN a column name",
+                foreign::ROLES.join(", ")
+            ));
+        }
+        if columns
+            .insert(role.to_string(), column.to_string())
+            .is_some()
+        {
+            return usage(format!("--column {role}=…: given twice"));
+        }
+    }
+    let group = columns.remove("group");
+    for (needed, either) in [
+        ("reward", ""),
+        ("prompt", "prompt_ids"),
+        ("response", "response_ids"),
+    ] {
+        if !columns.contains_key(needed) && (either.is_empty() || !columns.contains_key(either)) {
+            let roles = if either.is_empty() {
+                format!("--column {needed}=COLUMN")
+            } else {
+                format!("--column {needed}=COLUMN or --column {either}=COLUMN")
+            };
+            return usage(format!("--format parquet needs {roles}"));
+        }
+    }
+    Ok((columns, group))
 }
 
 /// The table a directory's manifest names.
