@@ -575,6 +575,8 @@ struct Texts {
     template: Option<std::result::Result<ChatTemplate, String>>,
     /// Where the template is looked up when it is first needed.
     template_dir: Option<PathBuf>,
+    /// Token ids of the prompts tokenised so far.
+    prompt_ids: HashMap<String, Vec<i32>>,
 }
 
 impl Texts {
@@ -603,6 +605,7 @@ impl Texts {
             tokenizer,
             template,
             template_dir,
+            prompt_ids: HashMap::new(),
         })
     }
 
@@ -1037,10 +1040,19 @@ fn map_row(
                 })?;
         Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
     };
-    let prompt_ids = ids_of(&keys.prompt_ids)?;
+    // A group's rows share their prompt: it is tokenised once.
+    let prompt_ids = match (ids_of(&keys.prompt_ids)?, &prompt) {
+        (None, Some(text)) => texts.prompt_ids.get(text).cloned(),
+        (ids, _) => ids,
+    };
     let response_ids = ids_of(&keys.response_ids)?;
     let prompt_ids = tokenise(&prompt, &keys.prompt, prompt_ids)?;
     let response_ids = tokenise(&response, &keys.response, response_ids)?;
+    if let (None, Some(text)) = (&keys.prompt_ids, &prompt)
+        && !texts.prompt_ids.contains_key(text)
+    {
+        texts.prompt_ids.insert(text.clone(), prompt_ids.clone());
+    }
 
     let score_value = get(&keys.score)?;
     let score = score_value
@@ -1385,5 +1397,77 @@ mod tests {
         assert_eq!(gold_plan(&Value::String(object.to_string())), Some(plan));
         assert_eq!(gold_plan(&serde_json::json!("42")), None);
         assert_eq!(gold_plan(&serde_json::json!([{"action_id": "3"}])), None);
+    }
+
+    /// Parquet cells as JSON values, for the types pyarrow's inference does
+    /// not write in the integration tests: large and view strings, unsigned
+    /// and narrow integers, f32, NaN, nested lists of structs with nulls;
+    /// binary is refused with its type.
+    #[test]
+    fn parquet_cells_become_json_values() {
+        use arrow::array::{
+            ArrayRef, BinaryArray, Float32Array, Int8Array, LargeStringArray, ListArray,
+            StringArray, StringViewArray, StructArray, UInt64Array,
+        };
+        use arrow::datatypes::{Field, Fields};
+        use std::sync::Arc;
+
+        assert_eq!(
+            cell(&LargeStringArray::from(vec![Some("a"), None]), 0),
+            Ok(serde_json::json!("a"))
+        );
+        assert_eq!(
+            cell(&LargeStringArray::from(vec![Some("a"), None]), 1),
+            Ok(Value::Null)
+        );
+        assert_eq!(
+            cell(&StringViewArray::from(vec!["v"]), 0),
+            Ok(serde_json::json!("v"))
+        );
+        assert_eq!(
+            cell(&UInt64Array::from(vec![u64::MAX]), 0),
+            Ok(serde_json::json!(u64::MAX))
+        );
+        assert_eq!(
+            cell(&Int8Array::from(vec![-3]), 0),
+            Ok(serde_json::json!(-3))
+        );
+        assert_eq!(
+            cell(&Float32Array::from(vec![0.1f32]), 0),
+            Ok(serde_json::json!(f64::from(0.1f32)))
+        );
+        assert_eq!(
+            cell(&Float32Array::from(vec![f32::NAN]), 0),
+            Ok(serde_json::json!("NaN"))
+        );
+        let fields = Fields::from(vec![
+            Field::new("content", DataType::Utf8, true),
+            Field::new("role", DataType::Utf8, false),
+        ]);
+        let messages = StructArray::new(
+            fields.clone(),
+            vec![
+                Arc::new(StringArray::from(vec![Some("hi"), None])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["user", "assistant"])) as ArrayRef,
+            ],
+            None,
+        );
+        let list = ListArray::new(
+            Arc::new(Field::new("item", DataType::Struct(fields), true)),
+            arrow::buffer::OffsetBuffer::new(vec![0, 2].into()),
+            Arc::new(messages),
+            None,
+        );
+        assert_eq!(
+            cell(&list, 0),
+            Ok(serde_json::json!([
+                {"content": "hi", "role": "user"},
+                {"content": null, "role": "assistant"}
+            ]))
+        );
+        assert_eq!(
+            cell(&BinaryArray::from(vec![b"x".as_slice()]), 0),
+            Err(DataType::Binary)
+        );
     }
 }
