@@ -157,6 +157,26 @@ row!(
     }
 );
 
+/// Relative tolerance (absolute below 1) within which a rewards row's
+/// `score` must equal the sum of its `token_rewards`: compute-advantages
+/// and `table import` check it alike.
+pub const TOKEN_SUM_TOLERANCE: f64 = 1e-4;
+
+/// The sum of `token_rewards` accumulated in f64, and whether `score`
+/// agrees with it within [`TOKEN_SUM_TOLERANCE`] relative (absolute below 1).
+///
+/// ```
+/// use embodyflow_schemas::token_sum;
+/// assert_eq!(token_sum(1.0, &[0.25, 0.75]), (1.0, true));
+/// assert_eq!(token_sum(1.0, &[0.25, 0.5]), (0.75, false));
+/// ```
+pub fn token_sum(score: f32, token_rewards: &[f32]) -> (f64, bool) {
+    let sum = token_rewards.iter().map(|&r| f64::from(r)).sum::<f64>();
+    let score = f64::from(score);
+    let scale = score.abs().max(sum.abs()).max(1.0);
+    (sum, (score - sum).abs() <= TOKEN_SUM_TOLERANCE * scale)
+}
+
 row!(
     TeacherLogp,
     /// A row of `teacher_logp` (see `schemas/teacher_logp.toml`).

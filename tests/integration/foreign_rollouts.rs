@@ -5,7 +5,10 @@
 //! exported with `table export --format verl` for a pandas join; TRL-style
 //! lines, conversational ones rendered as TRL renders them (checked against
 //! transformers' `apply_chat_template`); Parquet files mapped with
-//! `--column`; and the bad inputs that must exit 2 with nothing written.
+//! `--column`, veRL's per-token tensors included (token_level_rewards,
+//! response_mask with holes, values: GRPO and token-level GAE on them
+//! checked against veRL's numerics by hand); and the bad inputs that must
+//! exit 2 with nothing written.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1372,5 +1375,352 @@ fn bad_parquet_exits_2_naming_file_column_and_row() {
         &out,
         &PLAIN_COLUMNS[..2],
         &["--column goes with --format parquet"],
+    );
+}
+
+/// Six rollouts of two groups with veRL's per-token tensors as Parquet
+/// columns: `uid`, `prompt`, `resp` (token ids), `tr` (token_level_rewards,
+/// dyadic so their sums are exact), `mask` (response_mask with holes at the
+/// start, middle and end; rewards on some holes), `vals` (critic values) and
+/// `score` (the sums; row 2's off by 1e-5, within the tolerance).
+fn per_token_rows() -> Vec<serde_json::Value> {
+    let rows: [(&str, Vec<f64>, Vec<bool>); 6] = [
+        (
+            "a",
+            vec![0.0, -0.125, 0.0, 0.375, 1.0],
+            vec![true, true, false, false, true],
+        ),
+        ("a", vec![0.0, 0.0, 0.5, 0.0], vec![true, false, true, true]),
+        ("a", vec![-0.0625, 0.0, 0.0, 0.0, 0.0, 0.25], vec![true; 6]),
+        (
+            "b",
+            vec![0.0, 0.0, 0.75, 0.125],
+            vec![true, true, true, false],
+        ),
+        ("b", vec![0.0, 0.0, 0.0], vec![false, true, true]),
+        (
+            "b",
+            vec![0.125, 0.0, 0.0, 0.0, -0.25],
+            vec![true, false, true, false, true],
+        ),
+    ];
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, (uid, tr, mask))| {
+            let n = tr.len();
+            let score = tr.iter().sum::<f64>() + if i == 2 { 1e-5 } else { 0.0 };
+            serde_json::json!({
+                "uid": uid,
+                "prompt": if uid == "a" { vec![5, 6, 7] } else { vec![8, 9] },
+                "resp": (0..n).map(|t| 10 + t as i32).collect::<Vec<_>>(),
+                "tr": tr,
+                "mask": mask,
+                "vals": (0..n).map(|t| 0.1 * (t + 1) as f64 + 0.05 * i as f64).collect::<Vec<_>>(),
+                "score": score,
+            })
+        })
+        .collect()
+}
+
+const PER_TOKEN_COLUMNS: [&str; 14] = [
+    "--column",
+    "prompt_ids=prompt",
+    "--column",
+    "response_ids=resp",
+    "--column",
+    "reward=score",
+    "--column",
+    "token_rewards=tr",
+    "--column",
+    "response_mask=mask",
+    "--column",
+    "values=vals",
+    "--column",
+    "group=uid",
+];
+
+fn f32s(value: &serde_json::Value) -> Vec<f32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn bools(value: &serde_json::Value) -> Vec<bool> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_bool().unwrap())
+        .collect()
+}
+
+/// veRL's `compute_gae_advantage_return` with a response mask, by hand:
+/// the raw advantages and returns of one response (hole tokens keep the
+/// carried lastgaelam, as veRL leaves them).
+fn verl_masked_gae(r: &[f32], v: &[f32], m: &[bool], gamma: f64, lam: f64) -> (Vec<f64>, Vec<f64>) {
+    let (mut next_value, mut last) = (0.0, 0.0);
+    let mut adv = vec![0.0; r.len()];
+    for t in (0..r.len()).rev() {
+        let delta = f64::from(r[t]) + gamma * next_value - f64::from(v[t]);
+        let candidate = delta + gamma * lam * last;
+        if m[t] {
+            (next_value, last) = (f64::from(v[t]), candidate);
+        }
+        adv[t] = last;
+    }
+    let ret = adv.iter().zip(v).map(|(a, &v)| a + f64::from(v)).collect();
+    (adv, ret)
+}
+
+/// A Parquet file holding veRL's token_level_rewards, a response mask with
+/// holes and critic values: imported, then GRPO sums the token rewards
+/// (holes' too) into the score and writes 0 at the holes; token-level GAE
+/// runs veRL's masked recurrence (a hole's reward never reaches it) and
+/// whitens over the valid tokens alone (veRL's masked_whiten).
+#[test]
+fn parquet_token_rewards_and_masks_with_holes_reach_grpo_and_gae() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let source = per_token_rows();
+    let file = tmp.path().join("verl-batch.parquet");
+    parquet_file(&file, &source);
+    let out = tmp.path().join("imported");
+    let result = import("parquet", &file, &tok, &out, &PER_TOKEN_COLUMNS);
+    assert_eq!(result.code, 0, "{result}");
+    for says in [
+        "6 rows, 2 groups, 2 tasks",
+        "token rewards: 6 rows (rewards.token_rewards; the score is their sum)",
+        "response masks: 6 rows, 7 hole tokens (steps.response_mask)",
+        "critic values: 6 rows (steps.old_values)",
+    ] {
+        assert!(result.stdout.contains(says), "{says}\n{result}");
+    }
+    let ids: Vec<String> = (0..6)
+        .map(|i| format!("it0/{}/d0/s{}", if i < 3 { "a" } else { "b" }, i % 3))
+        .collect();
+    let steps = by_trajectory(rows::<StepRow>(&out.join("steps"), TableName::Steps), |s| {
+        &s.trajectory_id
+    });
+    let rewards = by_id(rows(&out.join("rewards"), TableName::Rewards));
+    for (i, row) in source.iter().enumerate() {
+        assert_eq!(steps[i].trajectory_id, ids[i]);
+        assert_eq!(steps[i].response_mask, Some(bools(&row["mask"])));
+        assert_eq!(steps[i].old_values, Some(f32s(&row["vals"])));
+        assert_eq!(rewards[i].token_rewards, Some(f32s(&row["tr"])));
+        assert_eq!(rewards[i].score, row["score"].as_f64().unwrap() as f32);
+    }
+
+    // GRPO: the score is the token rewards' sum, a hole's reward included
+    // (b/s0: 0.75 + 0.125 on its last token, a hole).
+    let sums: Vec<f64> = source
+        .iter()
+        .map(|r| f32s(&r["tr"]).iter().map(|&x| f64::from(x)).sum())
+        .collect();
+    assert_eq!(sums[3], 0.875);
+    let expected: Vec<f64> = [&sums[..3], &sums[3..]]
+        .iter()
+        .flat_map(|g| grpo_by_hand(g, true))
+        .collect();
+    let grpo = advantages(&out, &out.join("rewards"), &tmp.path().join("grpo"), &[]);
+    assert_eq!(grpo.len(), 6);
+    for (i, row) in grpo.iter().enumerate() {
+        assert_eq!(row.trajectory_id, ids[i]);
+        assert_close(row.episode_adv, expected[i], &ids[i]);
+        for (t, (&a, &m)) in row
+            .advantages
+            .iter()
+            .zip(&bools(&source[i]["mask"]))
+            .enumerate()
+        {
+            if m {
+                assert_close(a, expected[i], &format!("{} token {t}", ids[i]));
+            } else {
+                assert_eq!(a, 0.0, "{} token {t} is a hole", ids[i]);
+            }
+        }
+    }
+
+    // Token-level GAE as veRL computes it, whitened over the valid tokens.
+    let (gamma, lam) = (0.99, 0.95);
+    let gae = advantages(
+        &out,
+        &out.join("rewards"),
+        &tmp.path().join("gae"),
+        &[
+            "estimator=gae",
+            "gae.level=token",
+            "gae.gamma=0.99",
+            "gae.lam=0.95",
+        ],
+    );
+    let (mut raw, mut returns, mut valid) = (Vec::new(), Vec::new(), Vec::new());
+    for row in &source {
+        let mask = bools(&row["mask"]);
+        let (a, r) = verl_masked_gae(&f32s(&row["tr"]), &f32s(&row["vals"]), &mask, gamma, lam);
+        raw.push(a);
+        returns.push(r);
+        valid.push(mask);
+    }
+    let kept: Vec<f64> = raw
+        .iter()
+        .flatten()
+        .zip(valid.iter().flatten())
+        .filter_map(|(&a, &m)| m.then_some(a))
+        .collect();
+    let n = kept.len() as f64;
+    assert_eq!(n, 20.0);
+    let mean = kept.iter().sum::<f64>() / (n + 1e-8);
+    let var = kept.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n + 1e-8) * n / (n - 1.0);
+    assert_eq!(gae.len(), 6);
+    for (i, row) in gae.iter().enumerate() {
+        assert_eq!(row.trajectory_id, ids[i]);
+        let got_returns = row.returns.as_ref().unwrap();
+        for t in 0..valid[i].len() {
+            let at = format!("{} token {t}", ids[i]);
+            if valid[i][t] {
+                let whitened = (raw[i][t] - mean) / (var + 1e-8).sqrt();
+                assert_close(row.advantages[t], whitened, &at);
+                assert_close(got_returns[t], returns[i][t], &at);
+            } else {
+                assert_eq!(
+                    (row.advantages[t], got_returns[t]),
+                    (0.0, 0.0),
+                    "{at} is a hole"
+                );
+            }
+        }
+    }
+    // b/s0's last token is a hole holding 0.125: GAE skips it, so its last
+    // valid token returns its own reward alone.
+    assert_close(gae[3].returns.as_ref().unwrap()[2], 0.75, "b/s0 token 2");
+
+    // No reward column: the score is the sum. A 0/1 integer mask reads as booleans.
+    let ints: Vec<serde_json::Value> = source
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r["mask"] = bools(&r["mask"]).iter().map(|&m| i64::from(m)).collect();
+            r
+        })
+        .collect();
+    let ints_file = tmp.path().join("int-mask.parquet");
+    parquet_file(&ints_file, &ints);
+    let sum_out = tmp.path().join("sums");
+    let mut columns = PER_TOKEN_COLUMNS.to_vec();
+    columns.drain(4..6);
+    let result = import("parquet", &ints_file, &tok, &sum_out, &columns);
+    assert_eq!(result.code, 0, "{result}");
+    let scored = by_id(rows(&sum_out.join("rewards"), TableName::Rewards));
+    let got: Vec<f32> = scored.iter().map(|r| r.score).collect();
+    let want: Vec<f32> = sums.iter().map(|&s| s as f32).collect();
+    assert_eq!(got, want);
+    let masks = |dir: &Path| -> Vec<Option<Vec<bool>>> {
+        by_trajectory(rows::<StepRow>(&dir.join("steps"), TableName::Steps), |s| {
+            &s.trajectory_id
+        })
+        .into_iter()
+        .map(|s| s.response_mask)
+        .collect()
+    };
+    assert_eq!(masks(&sum_out), masks(&out));
+}
+
+#[test]
+fn bad_token_rewards_and_masks_exit_2_naming_file_column_row_and_lengths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer(tmp.path());
+    let good = per_token_rows();
+    let file = tmp.path().join("bad.parquet");
+    let out = tmp.path().join("out");
+    // (row, column, value, what the message says)
+    let spoiled: [(usize, &str, serde_json::Value, &str); 4] = [
+        (
+            1,
+            "tr",
+            serde_json::json!([0.0, 0.5, 0.0]),
+            "bad.parquet: row 1: column `tr` has 3 entries, the response has 4 tokens (column `resp`); it needs one per response token",
+        ),
+        (
+            4,
+            "mask",
+            serde_json::json!([true, true]),
+            "bad.parquet: row 4: column `mask` has 2 entries, the response has 3 tokens (column `resp`)",
+        ),
+        (
+            0,
+            "score",
+            1.5.into(),
+            "bad.parquet: row 0: column `score` is 1.5, the sum of column `tr` is 1.25; they must agree within 0.0001 relative",
+        ),
+        (
+            5,
+            "vals",
+            serde_json::json!([0.1]),
+            "bad.parquet: row 5: column `vals` has 1 entries, the response has 5 tokens",
+        ),
+    ];
+    for (row, column, value, says) in spoiled {
+        let mut rows = good.clone();
+        rows[row][column] = value;
+        parquet_file(&file, &rows);
+        refused("parquet", &file, &tok, &out, &PER_TOKEN_COLUMNS, &[says]);
+    }
+    // A mask entry that is neither a boolean nor 0/1 (integer masks).
+    let mut rows: Vec<serde_json::Value> = good.clone();
+    for r in &mut rows {
+        r["mask"] = bools(&r["mask"]).iter().map(|&m| i64::from(m)).collect();
+    }
+    rows[2]["mask"][3] = 2.into();
+    parquet_file(&file, &rows);
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &PER_TOKEN_COLUMNS,
+        &[
+            "bad.parquet: row 2: column `mask` is [1,1,1,2,1,1], expected a list of booleans or 0/1 integers",
+        ],
+    );
+
+    // A tokenised response: the mask is measured against its tokens.
+    let text = "put a Mug in the Sink";
+    let tokens = test_tokenizer()
+        .encode(text, false)
+        .unwrap()
+        .get_ids()
+        .len();
+    let rows = vec![serde_json::json!({
+        "prompt": [5, 6], "answer": text, "mask": vec![true; tokens + 1], "score": 1.0,
+    })];
+    parquet_file(&file, &rows);
+    let columns = [
+        "--column",
+        "prompt_ids=prompt",
+        "--column",
+        "response=answer",
+        "--column",
+        "response_mask=mask",
+        "--column",
+        "reward=score",
+    ];
+    let says = format!(
+        "bad.parquet: row 0: column `mask` has {} entries, the response has {tokens} tokens (column `answer` tokenised)",
+        tokens + 1
+    );
+    refused("parquet", &file, &tok, &out, &columns, &[&says]);
+
+    // Neither a reward nor token rewards mapped.
+    parquet_file(&file, &good);
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &PER_TOKEN_COLUMNS[..4],
+        &["--format parquet needs --column reward=COLUMN or --column token_rewards=COLUMN"],
     );
 }

@@ -27,6 +27,7 @@ use arrow::array::{Array, Float32Array, Int32Array, ListArray, StringArray};
 use embodyflow_algos::grpo::is_mixed;
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::dataset::{TableReader, column};
+use embodyflow_core::schemas::{TOKEN_SUM_TOLERANCE, token_sum};
 use embodyflow_core::{Error, Result};
 
 /// One trajectory with its reward, as the estimators see it.
@@ -90,10 +91,6 @@ impl Episode {
 fn sum_f64(values: &[f32]) -> f32 {
     values.iter().map(|&v| f64::from(v)).sum::<f64>() as f32
 }
-
-/// Relative tolerance between a rewards row's `score` and the sum of its
-/// `token_rewards` (absolute below 1).
-pub const TOKEN_SUM_TOLERANCE: f64 = 1e-4;
 
 /// The batch's trajectories joined with their rewards, grouped.
 #[derive(Debug, Clone, Default)]
@@ -175,10 +172,9 @@ impl Episodes {
                 rewards[t]
             )));
         }
-        let sum = rewards.iter().map(|&r| f64::from(r)).sum::<f64>();
-        let score = f64::from(episode.score);
-        let scale = score.abs().max(sum.abs()).max(1.0);
-        if (score - sum).abs() > TOKEN_SUM_TOLERANCE * scale {
+        let (sum, agrees) = token_sum(episode.score, &rewards);
+        if !agrees {
+            let score = f64::from(episode.score);
             return Err(Error::BadInput(format!(
                 "trajectory `{trajectory_id}`: rewards.score is {score}, the sum of its token_rewards is {sum}; they must agree within {TOKEN_SUM_TOLERANCE} relative"
             )));

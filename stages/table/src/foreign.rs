@@ -53,10 +53,19 @@
 //! rendered as above), `prompt_ids` and `response_ids` (`list<int>` token
 //! ids, used as they are instead of tokenising the text; the text, when
 //! also mapped, stays the instruction and response text), `reward`
-//! (number), `step` (integer; 0 when not mapped), `group` (string or
-//! integer, the same as `--group-column COLUMN`). `reward`, `prompt` or
-//! `prompt_ids`, and `response` or `response_ids` are needed; the
-//! tokenizer only for text without ids. A row is read into the same
+//! (number), `token_rewards` (`list<float>`, veRL's `token_level_rewards`),
+//! `response_mask` (`list<bool>` or `list<int>` of 0/1, veRL's
+//! `response_mask` / a multi-turn `loss_mask`: false marks a hole, a tool or
+//! observation token), `values` (`list<float>`, veRL's critic `values`, for
+//! token-level GAE), `step` (integer; 0 when not mapped), `group` (string
+//! or integer, the same as `--group-column COLUMN`). The three per-token
+//! roles hold one entry per response token (the `response_ids` given, or
+//! the response tokenised). With `token_rewards` the score is their sum: a
+//! `reward` also mapped must agree with it within
+//! [`TOKEN_SUM_TOLERANCE`] relative (absolute below 1), as compute-advantages
+//! checks; without one the sum is the score. `reward` or `token_rewards`,
+//! `prompt` or `prompt_ids`, and `response` or `response_ids` are needed;
+//! the tokenizer only for text without ids. A row is read into the same
 //! row model as a JSON line (its mapped cells as JSON values: text,
 //! numbers, booleans, lists and structs of them), so the formats map alike
 //! and only differ in how a row is read. Errors name the file, the column
@@ -67,6 +76,11 @@
 //! empty and `trajectories.response_text` null. With `--group-by-prompt`
 //! (the default) the uid is `p<row of the prompt's first row, 0-based,
 //! counted over all files>`.
+//! The JSON-lines formats take no per-token roles: veRL's
+//! `_dump_generations` writes the summed `score` alone and TRL's rows one
+//! `reward`, so a key by another name would be a layout of our invention;
+//! a dataframe of a veRL batch (`token_level_rewards`, `response_mask`,
+//! `values`) comes in as Parquet.
 //!
 //! ```text
 //! table import --format parquet --from rollouts-00.parquet rollouts-01.parquet \
@@ -83,6 +97,9 @@
 //! | `output` | `completion` (rendered when chat messages) | `response=C` | `trajectories.response_text`; `steps.response_ids` (tokenised, no special tokens added) |
 //! | — | — | `response_ids=C` | `steps.response_ids` as given |
 //! | `score` | `reward` | `reward=C` | `rewards.score` = `rewards.accuracy`; `complete` = `success` = `score > 0` |
+//! | — | — | `token_rewards=C` | `rewards.token_rewards`; their sum is the score |
+//! | — | — | `response_mask=C` | `steps.response_mask` (holes: advantage 0, out of update-policy's loss) |
+//! | — | — | `values=C` | `steps.old_values` (token-level GAE's V_t) |
 //! | `step` | `step` (optional, else 0) | `step=C` (else 0) | `trajectories.iteration` |
 //! | `uid` or `--group-column` | `--group-column` | `group=C` or `--group-column` | `task_id` = the uid; `group_id` = `it<step>/<uid>/d0` |
 //! | `gts` | — | — | `tasks.gt_actions` when it is a plan (a list of `{action_id, action_name}`, an object with such an `executable_plan`, or a string holding either as JSON); else null and counted |
@@ -109,7 +126,9 @@
 //! that is not a JSON object, a mapped key (column) missing, null or of the
 //! wrong type (named by file, line or row, and key), chat messages that
 //! cannot be rendered (no template, the template's own error, a last role
-//! TRL refuses), text to tokenise without `--tokenizer`, a non-finite score, a uid whose rows have
+//! TRL refuses), text to tokenise without `--tokenizer`, a non-finite score, a per-token column
+//! whose length is not the response's token count (naming the file, the row, the column and both
+//! lengths), a score that is not the sum of the token rewards (naming both values), a uid whose rows have
 //! different prompts or `gts` (naming the uid, the key and both lines), a tokenizer that does
 //! not load (naming the file), `--group-size N` on a dump whose row count is
 //! not a multiple of N.
@@ -156,7 +175,8 @@ use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::error::{Classify, ErrorKind};
 use embodyflow_core::manifest::{Manifest, Producer};
 use embodyflow_core::schemas::{
-    AdvantageRow, PlanAction, RewardRow, Row, StepRow, TableName, TaskRow, TrajectoryRow,
+    AdvantageRow, PlanAction, RewardRow, Row, StepRow, TOKEN_SUM_TOLERANCE, TableName, TaskRow,
+    TrajectoryRow, token_sum,
 };
 use embodyflow_core::{Error, Result};
 use parquet::arrow::ProjectionMask;
@@ -194,12 +214,15 @@ impl Source {
 }
 
 /// The roles `--format parquet --column ROLE=COLUMN` maps a column to.
-pub const ROLES: [&str; 7] = [
+pub const ROLES: [&str; 10] = [
     "prompt",
     "prompt_ids",
     "response",
     "response_ids",
     "reward",
+    "token_rewards",
+    "response_mask",
+    "values",
     "step",
     "group",
 ];
@@ -211,7 +234,11 @@ struct Keys {
     prompt_ids: Option<String>,
     response: Option<String>,
     response_ids: Option<String>,
-    score: String,
+    /// The score's key; a Parquet mapping may give token rewards instead.
+    score: Option<String>,
+    token_rewards: Option<String>,
+    response_mask: Option<String>,
+    values: Option<String>,
     /// The step's key, and whether a row must have it.
     step: Option<(String, bool)>,
     gts: Option<String>,
@@ -226,7 +253,10 @@ impl Keys {
                 prompt_ids: None,
                 response: key("output"),
                 response_ids: None,
-                score: "score".into(),
+                score: key("score"),
+                token_rewards: None,
+                response_mask: None,
+                values: None,
                 step: Some(("step".into(), true)),
                 gts: key("gts"),
             },
@@ -235,7 +265,10 @@ impl Keys {
                 prompt_ids: None,
                 response: key("completion"),
                 response_ids: None,
-                score: "reward".into(),
+                score: key("reward"),
+                token_rewards: None,
+                response_mask: None,
+                values: None,
                 step: Some(("step".into(), false)),
                 gts: None,
             },
@@ -246,7 +279,10 @@ impl Keys {
                     prompt_ids: column("prompt_ids"),
                     response: column("response"),
                     response_ids: column("response_ids"),
-                    score: column("reward").unwrap_or_default(),
+                    score: column("reward"),
+                    token_rewards: column("token_rewards"),
+                    response_mask: column("response_mask"),
+                    values: column("values"),
                     step: column("step").map(|c| (c, true)),
                     gts: None,
                 }
@@ -261,13 +297,16 @@ impl Keys {
             &self.prompt_ids,
             &self.response,
             &self.response_ids,
+            &self.score,
+            &self.token_rewards,
+            &self.response_mask,
+            &self.values,
             &self.gts,
         ]
         .into_iter()
         .flatten()
         .map(String::as_str)
         .collect();
-        keys.push(&self.score);
         if let Some((step, _)) = &self.step {
             keys.push(step);
         }
@@ -340,6 +379,44 @@ pub enum ForeignError {
         expected: &'static str,
         /// The value found (shortened), or the column's type.
         found: String,
+    },
+    /// A per-token column whose length is not the response's token count.
+    #[error(
+        "{at}: {noun} `{key}` has {found} entries, the response has {tokens} tokens ({tokens_of}); it needs one per response token"
+    )]
+    Length {
+        /// `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
+        /// The per-token key.
+        key: String,
+        /// Its entries.
+        found: usize,
+        /// The response's tokens.
+        tokens: usize,
+        /// Where they come from: the ids' key, or the text's key tokenised.
+        tokens_of: String,
+    },
+    /// A score that is not the sum of the row's token rewards.
+    #[error(
+        "{at}: {noun} `{score_key}` is {score}, the sum of {noun} `{key}` is {sum}; they must agree within {tolerance} relative (the score is the token rewards' sum)"
+    )]
+    TokenSum {
+        /// `file: row r`.
+        at: String,
+        /// `key` or `column`.
+        noun: &'static str,
+        /// The score's key.
+        score_key: String,
+        /// The score.
+        score: f32,
+        /// The token rewards' key.
+        key: String,
+        /// Their sum.
+        sum: f64,
+        /// [`TOKEN_SUM_TOLERANCE`].
+        tolerance: f64,
     },
     /// A group's rows have different prompts (or veRL ground truths).
     #[error("{file}: group `{uid}` mixes values of `{key}`: {first} and {other} differ")]
@@ -484,6 +561,12 @@ struct DumpRow {
     response: Option<String>,
     response_ids: Vec<i32>,
     score: f32,
+    /// veRL's token_level_rewards, one per response token.
+    token_rewards: Option<Vec<f32>>,
+    /// veRL's response_mask (false: a hole), one per response token.
+    response_mask: Option<Vec<bool>>,
+    /// The critic's values, one per response token.
+    values: Option<Vec<f32>>,
     step: i32,
     uid: String,
     gts: Option<Value>,
@@ -509,6 +592,12 @@ pub struct ImportSummary {
     pub gts_not_plans: usize,
     /// Rows whose prompt and completion were chat messages, rendered with the template.
     pub rendered: usize,
+    /// Rows with token rewards (`rewards.token_rewards`).
+    pub token_rewards: usize,
+    /// Rows with a response mask (`steps.response_mask`), and their hole tokens.
+    pub masks: (usize, usize),
+    /// Rows with critic values (`steps.old_values`).
+    pub values: usize,
     /// Keys (columns) not mapped and the number of rows holding each.
     pub unmapped: BTreeMap<String, usize>,
     /// `key` or `column`.
@@ -527,6 +616,27 @@ impl std::fmt::Display for ImportSummary {
                 f,
                 "\nchat messages: {} rows rendered with the chat template",
                 self.rendered
+            )?;
+        }
+        if self.token_rewards > 0 {
+            write!(
+                f,
+                "\ntoken rewards: {} rows (rewards.token_rewards; the score is their sum)",
+                self.token_rewards
+            )?;
+        }
+        if self.masks.0 > 0 {
+            write!(
+                f,
+                "\nresponse masks: {} rows, {} hole tokens (steps.response_mask)",
+                self.masks.0, self.masks.1
+            )?;
+        }
+        if self.values > 0 {
+            write!(
+                f,
+                "\ncritic values: {} rows (steps.old_values)",
+                self.values
             )?;
         }
         if self.gts_not_plans > 0 {
@@ -1054,12 +1164,125 @@ fn map_row(
         texts.prompt_ids.insert(text.clone(), prompt_ids.clone());
     }
 
-    let score_value = get(&keys.score)?;
-    let score = score_value
-        .as_f64()
-        .map(|s| s as f32)
-        .filter(|s| s.is_finite())
-        .ok_or_else(|| wrong(&keys.score, "a finite number (f32)", score_value))?;
+    // Per-token columns: one entry per response token.
+    let check_len = |key: &String, found: usize| {
+        if found == response_ids.len() {
+            return Ok(());
+        }
+        let tokens_of = match (&keys.response_ids, &keys.response) {
+            (Some(ids), _) => format!("{noun} `{ids}`"),
+            (None, Some(text)) => format!("{noun} `{text}` tokenised"),
+            (None, None) => "no response mapped".into(),
+        };
+        Err(ForeignError::Length {
+            at: at.clone(),
+            noun,
+            key: key.clone(),
+            found,
+            tokens: response_ids.len(),
+            tokens_of,
+        })
+    };
+    let floats = |key: &String, expected| -> std::result::Result<Vec<f32>, ForeignError> {
+        let value = get(key)?;
+        let floats = value
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|v| v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()))
+                    .collect::<Option<Vec<f32>>>()
+            })
+            .ok_or_else(|| wrong(key, expected, value))?;
+        check_len(key, floats.len())?;
+        Ok(floats)
+    };
+    let token_rewards = keys
+        .token_rewards
+        .as_ref()
+        .map(|key| {
+            floats(
+                key,
+                "a list of finite numbers (f32), one reward per response token",
+            )
+            .map(|rewards| (key, rewards))
+        })
+        .transpose()?;
+    let values = keys
+        .values
+        .as_ref()
+        .map(|key| {
+            floats(
+                key,
+                "a list of finite numbers (f32), one value per response token",
+            )
+        })
+        .transpose()?;
+    let response_mask = keys
+        .response_mask
+        .as_ref()
+        .map(|key| -> std::result::Result<Vec<bool>, ForeignError> {
+            let value = get(key)?;
+            let flag = |v: &Value| match v {
+                Value::Bool(b) => Some(*b),
+                Value::Number(n) => match n.as_u64() {
+                    Some(0) => Some(false),
+                    Some(1) => Some(true),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let mask = value
+                .as_array()
+                .and_then(|items| items.iter().map(flag).collect::<Option<Vec<bool>>>())
+                .ok_or_else(|| {
+                    wrong(
+                        key,
+                        "a list of booleans or 0/1 integers, one per response token",
+                        value,
+                    )
+                })?;
+            check_len(key, mask.len())?;
+            Ok(mask)
+        })
+        .transpose()?;
+
+    // The score: the reward's key, which must agree with the token rewards'
+    // sum when both are mapped; else that sum.
+    let score_of = |key: &String| {
+        let value = get(key)?;
+        value
+            .as_f64()
+            .map(|s| s as f32)
+            .filter(|s| s.is_finite())
+            .ok_or_else(|| wrong(key, "a finite number (f32)", value))
+    };
+    let score = match (&keys.score, &token_rewards) {
+        (Some(key), None) => score_of(key)?,
+        (Some(key), Some((tokens_key, rewards))) => {
+            let score = score_of(key)?;
+            let (sum, agrees) = token_sum(score, rewards);
+            if !agrees {
+                return Err(ForeignError::TokenSum {
+                    at: at.clone(),
+                    noun,
+                    score_key: key.clone(),
+                    score,
+                    key: (*tokens_key).clone(),
+                    sum,
+                    tolerance: TOKEN_SUM_TOLERANCE,
+                });
+            }
+            score
+        }
+        (None, Some((_, rewards))) => rewards.iter().map(|&r| f64::from(r)).sum::<f64>() as f32,
+        (None, None) => {
+            return Err(missing(
+                "reward",
+                " (map --column reward=COLUMN or --column token_rewards=COLUMN)",
+            ));
+        }
+    };
     let step = match &keys.step {
         None => 0,
         Some((key, required)) => match object.get(key.as_str()) {
@@ -1098,6 +1321,9 @@ fn map_row(
         response,
         response_ids,
         score,
+        token_rewards: token_rewards.map(|(_, rewards)| rewards),
+        response_mask,
+        values,
         step,
         uid,
         gts,
@@ -1238,12 +1464,15 @@ pub fn import(
             failure_reason: None,
         });
         *sample += 1;
-        steps.push(StepRow::one_shot(
+        let mut step = StepRow::one_shot(
             trajectory_id.clone(),
             row.prompt_ids.clone(),
             row.response_ids.clone(),
             vec![0.0; row.response_ids.len()],
-        ));
+        );
+        step.response_mask = row.response_mask.clone();
+        step.old_values = row.values.clone();
+        steps.push(step);
         rewards.push(RewardRow {
             trajectory_id,
             group_id,
@@ -1257,7 +1486,7 @@ pub fn import(
             step_valid: None,
             reward_fn: format.into(),
             ever_grasped: None,
-            token_rewards: None,
+            token_rewards: row.token_rewards.clone(),
         });
     }
 
@@ -1290,6 +1519,14 @@ pub fn import(
         gold_plans: tasks.iter().filter(|t| t.gt_actions.is_some()).count(),
         gts_not_plans,
         rendered,
+        token_rewards: rows.iter().filter(|r| r.token_rewards.is_some()).count(),
+        masks: rows
+            .iter()
+            .filter_map(|r| r.response_mask.as_ref())
+            .fold((0, 0), |(n, holes), mask| {
+                (n + 1, holes + mask.iter().filter(|&&m| !m).count())
+            }),
+        values: rows.iter().filter(|r| r.values.is_some()).count(),
         unmapped,
         noun: options.source.noun(),
     })

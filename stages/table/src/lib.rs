@@ -102,8 +102,9 @@ enum Command {
         #[arg(long, value_name = "DIR", requires = "format")]
         chat_template: Option<PathBuf>,
         /// `--format parquet`: ROLE=COLUMN, repeated; roles: prompt, prompt_ids,
-        /// response, response_ids, reward, step, group. Needs reward, prompt or
-        /// prompt_ids, response or response_ids; `group=C` is --group-column C.
+        /// response, response_ids, reward, token_rewards, response_mask, values,
+        /// step, group. Needs reward or token_rewards, prompt or prompt_ids,
+        /// response or response_ids; `group=C` is --group-column C.
         #[arg(long = "column", value_name = "ROLE=COLUMN", requires = "format")]
         columns: Vec<String>,
         /// `--format`: the key whose value names a row's group (veRL default: `uid`).
@@ -534,8 +535,8 @@ fn one_file<'a>(from: &'a [PathBuf], what: &str) -> Result<&'a Path> {
 }
 
 /// `--column ROLE=COLUMN` values: role -> column, and the `group` column;
-/// only `--format parquet` takes them, and it needs a reward, a prompt and
-/// a response (text or token ids).
+/// only `--format parquet` takes them, and it needs a reward (a score or
+/// token rewards), a prompt and a response (text or token ids).
 fn column_mapping(
     source: foreign::Source,
     values: &[String],
@@ -570,17 +571,14 @@ fn column_mapping(
     }
     let group = columns.remove("group");
     for (needed, either) in [
-        ("reward", ""),
+        ("reward", "token_rewards"),
         ("prompt", "prompt_ids"),
         ("response", "response_ids"),
     ] {
-        if !columns.contains_key(needed) && (either.is_empty() || !columns.contains_key(either)) {
-            let roles = if either.is_empty() {
-                format!("--column {needed}=COLUMN")
-            } else {
-                format!("--column {needed}=COLUMN or --column {either}=COLUMN")
-            };
-            return usage(format!("--format parquet needs {roles}"));
+        if !columns.contains_key(needed) && !columns.contains_key(either) {
+            return usage(format!(
+                "--format parquet needs --column {needed}=COLUMN or --column {either}=COLUMN"
+            ));
         }
     }
     Ok((columns, group))
