@@ -91,6 +91,28 @@ pub enum RunnerError {
     /// Bad command-line usage.
     #[error("{0}")]
     Usage(String),
+    /// A backend that cannot run this pipeline as asked (no `sbatch`, an
+    /// unknown partition, a step no node holds, a path no node sees),
+    /// found before anything is submitted.
+    #[error("{0}")]
+    Backend(String),
+    /// A Slurm command that failed while the run was submitted or waited for.
+    #[error("slurm: {0}")]
+    Slurm(String),
+    /// A Slurm job of a step that ended without completing it.
+    #[error("step `{step}` failed: job {job} {what}; Slurm's log {log}:\n{tail}")]
+    JobFailed {
+        /// The step instance.
+        step: String,
+        /// The job (`id` or `id_task`).
+        job: String,
+        /// What happened.
+        what: String,
+        /// Slurm's log of the job.
+        log: PathBuf,
+        /// Its last lines.
+        tail: String,
+    },
     /// An error of the shared core (manifests, merges, I/O).
     #[error(transparent)]
     Core(#[from] embodyflow_core::Error),
@@ -123,6 +145,8 @@ impl Classify for RunnerError {
     fn kind(&self) -> ErrorKind {
         match self {
             RunnerError::StageFailed { .. }
+            | RunnerError::Slurm(_)
+            | RunnerError::JobFailed { .. }
             | RunnerError::MissingOutput { .. }
             | RunnerError::Plot { .. } => ErrorKind::Failure,
             RunnerError::Core(e) => e.kind(),
@@ -130,7 +154,8 @@ impl Classify for RunnerError {
             | RunnerError::MissingBinary { .. }
             | RunnerError::Locked { .. }
             | RunnerError::Leftovers { .. }
-            | RunnerError::Usage(_) => ErrorKind::BadInput,
+            | RunnerError::Usage(_)
+            | RunnerError::Backend(_) => ErrorKind::BadInput,
         }
     }
 }

@@ -114,21 +114,21 @@ pub struct RunOutcome {
 /// How long a new runner waits for the stage processes of a killed runner
 /// to exit (they were sent SIGKILL when it died; exiting takes milliseconds
 /// unless a process is in uninterruptible I/O).
-const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Holds `OUT/_runner/lock` while a runner uses the run directory: an
 /// exclusive `flock` on the file, which also names the runner's pid. Its
 /// descriptor stays open across `exec`, so every stage process the runner
 /// starts holds the lock too, and it is free again only when the runner and
 /// all of them have exited.
-struct Lock {
+pub(crate) struct Lock {
     _file: File,
 }
 
 impl Lock {
     /// Takes the lock, waiting up to `wait` for the stage processes of a
     /// runner that is gone.
-    fn take(out: &Path, wait: Duration) -> Result<Lock> {
+    pub(crate) fn take(out: &Path, wait: Duration) -> Result<Lock> {
         use rustix::fs::{FlockOperation, flock};
         let dir = runner_dir(out);
         std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
@@ -181,7 +181,8 @@ impl Lock {
     }
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+/// The last `lines` lines of a log.
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -214,7 +215,12 @@ fn shard_cpus(cpus: &CpuList, n: u32) -> Vec<Option<CpuList>> {
 /// Starts a stage process that receives SIGKILL when the calling thread
 /// ends (see the module documentation: call it from the thread that waits
 /// for the process), on `cpus` when given (`EMBODYFLOW_CPUS`).
-fn spawn(bin: &Path, args: &[String], log: &Path, cpus: Option<&CpuList>) -> Result<Child> {
+pub(crate) fn spawn(
+    bin: &Path,
+    args: &[String],
+    log: &Path,
+    cpus: Option<&CpuList>,
+) -> Result<Child> {
     let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
     let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
     let mut command = Command::new(bin);
@@ -255,7 +261,7 @@ fn die_with_runner(command: &mut Command) {
 
 /// The first output the stage declares that `out` (one process's `--out`)
 /// lacks.
-fn missing_output(instance: &Instance, out: &Path) -> Option<PathBuf> {
+pub(crate) fn missing_output(instance: &Instance, out: &Path) -> Option<PathBuf> {
     instance.stage.writes.iter().find_map(|output| {
         let path = out.join(output.path());
         let present = match output {
@@ -267,21 +273,98 @@ fn missing_output(instance: &Instance, out: &Path) -> Option<PathBuf> {
     })
 }
 
-/// Runs one instance into its directory; returns the command lines and the
-/// stage wall seconds.
-fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<String>>, f64)> {
+/// The output directory of process `i` of an instance: the step's
+/// directory, or `_shards/<i>/` in it when the step is sharded.
+pub fn process_out(instance: &Instance, i: u32) -> PathBuf {
+    if instance.shards == 1 {
+        instance.dir.clone()
+    } else {
+        instance.dir.join("_shards").join(i.to_string())
+    }
+}
+
+/// The command line of process `i` of an instance, binary first: the
+/// stage's arguments, `--out`, `--device` and, for a sharded step,
+/// `--shard i/n`. Every backend runs exactly this.
+pub fn stage_command(instance: &Instance, bin: &Path, i: u32, device: &str) -> Vec<String> {
+    let mut command = vec![bin.display().to_string()];
+    command.extend(instance.stage_args());
+    command.extend([
+        "--out".to_string(),
+        process_out(instance, i).display().to_string(),
+        "--device".to_string(),
+        device.to_string(),
+    ]);
+    if instance.shards > 1 {
+        command.extend(["--shard".to_string(), format!("{i}/{}", instance.shards)]);
+    }
+    command
+}
+
+/// Where the log of process `i` of an instance is written while it runs
+/// (it moves into the step directory when the step completes).
+pub fn process_log(out: &Path, instance: &Instance, i: u32) -> PathBuf {
+    runner_dir(out)
+        .join("logs")
+        .join(&instance.id)
+        .join(format!("{i}.log"))
+}
+
+/// Moves the logs of a completed step's processes into its directory
+/// (`_stage.log`, or `_stage.<i>.log` for a sharded step).
+pub(crate) fn keep_logs(out: &Path, instance: &Instance) {
+    for i in 0..instance.shards {
+        let name = if instance.shards == 1 {
+            "_stage.log".to_string()
+        } else {
+            format!("_stage.{i}.log")
+        };
+        let _ = std::fs::rename(process_log(out, instance, i), instance.dir.join(name));
+    }
+    let _ = std::fs::remove_dir(runner_dir(out).join("logs").join(&instance.id));
+}
+
+/// Removes a step's record and directory before it runs again: a run
+/// killed from here on is never taken for complete.
+pub(crate) fn clear(instance: &Instance) -> Result<()> {
     let dir = &instance.dir;
-    // The old record goes first: a run killed from here on is never taken
-    // for complete.
     let _ = std::fs::remove_file(dir.join(cache::STEP_FILE));
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
     }
+    Ok(())
+}
+
+/// Writes the record of a step that completed (`_step.json`, last).
+pub(crate) fn complete(
+    instance: &Instance,
+    (key, key_parts): (String, serde_json::Value),
+    commands: Vec<Vec<String>>,
+    wall_s: f64,
+) -> Result<()> {
+    let record = StepRecord {
+        format: cache::STEP_FORMAT.into(),
+        key,
+        key_parts,
+        id: instance.id.clone(),
+        stage: instance.stage.name.to_string(),
+        commands,
+        outputs: cache::outputs_of(instance)?,
+        wall_s,
+        finished_unix: unix_now(),
+    };
+    cache::write_record(&instance.dir, &record)
+}
+
+/// Runs one instance into its directory; returns the command lines and the
+/// stage wall seconds.
+fn execute(instance: &Instance, bin: &Path, out: &Path) -> Result<(Vec<Vec<String>>, f64)> {
+    let dir = &instance.dir;
+    clear(instance)?;
     // The stage creates its output directory (init-policy insists on a new
     // one); logs go to the runner's directory and move in on success.
-    let log_base = logs.join(&instance.id);
+    let log_base = runner_dir(out).join("logs").join(&instance.id);
     std::fs::create_dir_all(&log_base).map_err(|e| RunnerError::io(&log_base, e))?;
-    let base = instance.stage_args();
     let started = Instant::now();
     let n = instance.shards;
     let cpus = if n > 1 {
@@ -291,29 +374,19 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
     };
     let mut commands = Vec::new();
     let mut children = Vec::new();
+    if n > 1 {
+        let shards = dir.join("_shards");
+        std::fs::create_dir_all(&shards).map_err(|e| RunnerError::io(&shards, e))?;
+    }
     for i in 0..n {
-        let out = if n == 1 {
-            dir.clone()
-        } else {
-            let shards = dir.join("_shards");
-            std::fs::create_dir_all(&shards).map_err(|e| RunnerError::io(&shards, e))?;
-            shards.join(i.to_string())
-        };
-        let log = log_base.join(format!("{i}.log"));
-        let mut args = base.clone();
-        args.extend([
-            "--out".to_string(),
-            out.display().to_string(),
-            "--device".to_string(),
-            instance.devices[i as usize % instance.devices.len()].clone(),
-        ]);
-        if n > 1 {
-            args.extend(["--shard".to_string(), format!("{i}/{n}")]);
-        }
-        let mut command = vec![bin.display().to_string()];
-        command.extend(args.iter().cloned());
+        let log = process_log(out, instance, i);
+        let device = &instance.devices[i as usize % instance.devices.len()];
+        let command = stage_command(instance, bin, i, device);
+        children.push((
+            spawn(bin, &command[1..], &log, cpus[i as usize].as_ref())?,
+            log,
+        ));
         commands.push(command);
-        children.push((spawn(bin, &args, &log, cpus[i as usize].as_ref())?, log));
     }
     let mut failure = None;
     let mut logs_done = Vec::new();
@@ -333,14 +406,8 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
     if let Some(failure) = failure {
         return Err(failure);
     }
-    for (command, log) in commands.iter().zip(&logs_done) {
-        let out = command
-            .iter()
-            .skip_while(|a| *a != "--out")
-            .nth(1)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| dir.clone());
-        if let Some(path) = missing_output(instance, &out) {
+    for (i, log) in (0..n).zip(&logs_done) {
+        if let Some(path) = missing_output(instance, &process_out(instance, i)) {
             return Err(RunnerError::MissingOutput {
                 step: instance.id.clone(),
                 stage: instance.stage.name,
@@ -354,22 +421,14 @@ fn execute(instance: &Instance, bin: &Path, logs: &Path) -> Result<(Vec<Vec<Stri
         merge_shards(instance, dir)?;
     }
     std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
-    for (i, log) in logs_done.iter().enumerate() {
-        let name = if n == 1 {
-            "_stage.log".to_string()
-        } else {
-            format!("_stage.{i}.log")
-        };
-        let _ = std::fs::rename(log, dir.join(name));
-    }
-    let _ = std::fs::remove_dir(&log_base);
+    keep_logs(out, instance);
     Ok((commands, wall))
 }
 
 /// Merges the tables the stage declares from `dir/_shards/<i>/` into `dir/`
 /// and joins the shards' summaries (a declared file, not a table, stays in
 /// each shard's directory).
-fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
+pub(crate) fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
     let shard_dirs: Vec<PathBuf> = (0..instance.shards)
         .map(|i| dir.join("_shards").join(i.to_string()))
         .collect();
@@ -397,7 +456,7 @@ fn merge_shards(instance: &Instance, dir: &Path) -> Result<()> {
 }
 
 /// Whether the `skip_if_empty` table holds no rows.
-fn is_empty(table: Option<&Path>) -> Result<bool> {
+pub(crate) fn is_empty(table: Option<&Path>) -> Result<bool> {
     match table {
         None => Ok(false),
         Some(dir) => Ok(embodyflow_core::manifest::Manifest::read(dir)?.num_rows == 0),
@@ -405,12 +464,9 @@ fn is_empty(table: Option<&Path>) -> Result<bool> {
 }
 
 /// An update with nothing to learn from: `policy/` links to the input policy.
-fn pass_on(instance: &Instance) -> Result<()> {
+pub(crate) fn pass_on(instance: &Instance) -> Result<()> {
     let dir = &instance.dir;
-    let _ = std::fs::remove_file(dir.join(cache::STEP_FILE));
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
-    }
+    clear(instance)?;
     std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
     let policy = instance
         .policy
@@ -437,6 +493,32 @@ fn recorded_wall_s(dir: &Path) -> f64 {
         .map_or(0.0, |record| record.wall_s)
 }
 
+/// The BLAKE3 hash of each stage binary the plan runs, by stage (those
+/// built; remembered in `_runner/binaries.json` unless `dry_run`).
+pub(crate) fn hash_binaries(
+    plan: &Plan,
+    options: &RunOptions,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let hashes_path = runner_dir(&plan.out).join("binaries.json");
+    let mut hashes = BinaryHashes::load(&hashes_path);
+    let mut binaries = std::collections::BTreeMap::new();
+    for stage in plan
+        .instances
+        .iter()
+        .map(|i| i.stage.name)
+        .collect::<BTreeSet<_>>()
+    {
+        let bin = binary(&options.bin_dir, stage);
+        if bin.is_file() {
+            binaries.insert(stage.to_string(), hashes.hash(&bin)?);
+        }
+    }
+    if !options.dry_run {
+        hashes.save(&hashes_path)?;
+    }
+    Ok(binaries)
+}
+
 /// Runs (or under `dry_run`, describes) the plan. `say` receives one line per
 /// instance as it completes.
 pub fn run_plan(
@@ -460,25 +542,9 @@ pub fn run_plan(
     } else {
         Some(Lock::take(&plan.out, LEFTOVER_WAIT)?)
     };
-    let hashes_path = runner_dir(&plan.out).join("binaries.json");
-    let mut hashes = BinaryHashes::load(&hashes_path);
     let hash_started = Instant::now();
-    let mut binaries = std::collections::BTreeMap::new();
-    for stage in plan
-        .instances
-        .iter()
-        .map(|i| i.stage.name)
-        .collect::<BTreeSet<_>>()
-    {
-        let bin = binary(&options.bin_dir, stage);
-        if bin.is_file() {
-            binaries.insert(stage.to_string(), hashes.hash(&bin)?);
-        }
-    }
+    let binaries = hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();
-    if !options.dry_run {
-        hashes.save(&hashes_path)?;
-    }
     let bar = embodyflow_core::progress::bar(plan.instances.len() as u64, &plan.name);
     let mut steps = Vec::new();
     let mut pending: BTreeSet<usize> = BTreeSet::new();
@@ -532,22 +598,10 @@ pub fn run_plan(
                     } else {
                         let line = format!("{} ({}) …", instance.id, instance.stage.name);
                         bar.set_message(line);
-                        let (commands, wall) =
-                            execute(instance, &bin, &runner_dir(&plan.out).join("logs"))?;
+                        let (commands, wall) = execute(instance, &bin, &plan.out)?;
                         (commands, wall, Status::Ran)
                     };
-                    let record = StepRecord {
-                        format: cache::STEP_FORMAT.into(),
-                        key,
-                        key_parts: parts,
-                        id: instance.id.clone(),
-                        stage: instance.stage.name.to_string(),
-                        commands,
-                        outputs: cache::outputs_of(instance)?,
-                        wall_s: wall,
-                        finished_unix: unix_now(),
-                    };
-                    cache::write_record(&instance.dir, &record)?;
+                    complete(instance, (key, parts), commands, wall)?;
                     outcome.status = status;
                     outcome.wall_s = wall;
                 }

@@ -7,7 +7,8 @@
 //! ```text
 //! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
 //!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
-//!          [--sweep var=a,b]
+//!          [--sweep var=a,b] [--backend local|slurm]
+//! pipeline cancel runs/grpo              # cancel the run's queued and running Slurm jobs
 //! ```
 //!
 //! # Pipeline files (TOML)
@@ -55,7 +56,10 @@
 //!
 //! Step fields: `name`, `stage`, `inputs`, `policy`, `teacher`, `config`,
 //! `set`, `seed`, `shards`, `devices`, `every` (loop steps), `when`
-//! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are).
+//! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are),
+//! and what one process asks a cluster for: `cpus`, `mem`, `gpus`
+//! ([`backend`]). A `[backend]` table says where the processes run: this
+//! machine ([`exec`], the default) or a Slurm cluster ([`slurm`]).
 //! Templates: `${var}`, `${step}` (an earlier step's output directory; in a
 //! loop step, this iteration's instance), `${iter}`, `${policy}`, `${out}`
 //! (the run directory). An `inputs` entry naming a step that does not run
@@ -88,6 +92,7 @@
 //! Stage processes die with the runner, even under `kill -9` of the runner
 //! alone, and a resumed run starts only once they are gone ([`exec`]).
 
+pub mod backend;
 pub mod cache;
 pub mod check;
 pub mod error;
@@ -95,6 +100,7 @@ pub mod exec;
 pub mod pipeline;
 pub mod plan;
 pub mod report;
+pub mod slurm;
 
 use std::path::PathBuf;
 
@@ -137,6 +143,27 @@ enum Command {
         /// Directory of the stage binaries (default: beside this binary).
         #[arg(long, value_name = "DIR")]
         bin_dir: Option<PathBuf>,
+        /// Where the stage processes run (default: the file's `[backend]
+        /// kind`, else local).
+        #[arg(long, value_enum)]
+        backend: Option<backend::Kind>,
+        /// Slurm: seconds between two looks at the queue.
+        #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+        poll: f64,
+    },
+    /// Cancel the queued and running Slurm jobs of a run directory.
+    Cancel {
+        /// The run directory.
+        out: PathBuf,
+    },
+    /// Run one task of a step in a Slurm job (the job scripts call it).
+    #[command(hide = true)]
+    Task {
+        /// The step's `spec.json`.
+        spec: PathBuf,
+        /// Merge the shards' tables instead of running a shard.
+        #[arg(long)]
+        merge: bool,
     },
 }
 
@@ -159,6 +186,8 @@ pub fn run(args: Args) -> Result<()> {
             sets,
             sweeps,
             bin_dir,
+            backend,
+            poll,
         } => {
             let started = std::time::Instant::now();
             let mut pipeline = pipeline::Pipeline::load(&file)?;
@@ -180,7 +209,37 @@ pub fn run(args: Args) -> Result<()> {
                 plan.cells.len(),
                 out.display()
             );
-            let outcome = exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?;
+            let kind = backend.unwrap_or(pipeline.backend.kind);
+            let outcome = match kind {
+                backend::Kind::Local => {
+                    // Jobs of a Slurm submission would write into the same steps.
+                    if slurm::slurm_dir(&out).join("jobs.jsonl").is_file() {
+                        let live = slurm::live_jobs(&out)?;
+                        if !live.is_empty() {
+                            return Err(RunnerError::Backend(format!(
+                                "Slurm jobs of an earlier submission into {} are still queued or running; wait for them or `pipeline cancel {}`",
+                                out.display(),
+                                out.display()
+                            )));
+                        }
+                    }
+                    exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?
+                }
+                backend::Kind::Slurm => {
+                    if !poll.is_finite() || poll <= 0.0 {
+                        return Err(RunnerError::Usage(format!(
+                            "--poll {poll}: expected a positive number of seconds"
+                        )));
+                    }
+                    slurm::run_plan(
+                        &plan,
+                        &options,
+                        &pipeline.backend,
+                        std::time::Duration::from_secs_f64(poll),
+                        &mut |line| println!("{line}"),
+                    )?
+                }
+            };
             for note in &outcome.notes {
                 println!("note: {note}");
             }
@@ -211,5 +270,20 @@ pub fn run(args: Args) -> Result<()> {
             print!("{report}");
             Ok(())
         }
+        Command::Cancel { out } => {
+            let cancelled = slurm::cancel(&out)?;
+            if cancelled.is_empty() {
+                println!("no job of {} is queued or running", out.display());
+            } else {
+                println!(
+                    "cancelled {} job(s) of {}: {}",
+                    cancelled.len(),
+                    out.display(),
+                    cancelled.join(", ")
+                );
+            }
+            Ok(())
+        }
+        Command::Task { spec, merge } => slurm::task(&spec, merge),
     }
 }

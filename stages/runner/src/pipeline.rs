@@ -12,6 +12,7 @@ use embodyflow_core::spec::{self, CheckpointFlag, Need, Sharding, StageSpec};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::backend::{Backend, RawBackend, Resources, parse_mem};
 use crate::error::{Result, RunnerError};
 
 /// Names a template may use besides variables and steps.
@@ -29,6 +30,7 @@ struct RawFile {
     looped: Option<Spanned<RawLoop>>,
     #[serde(default)]
     sweep: BTreeMap<Spanned<String>, Spanned<Vec<toml::Value>>>,
+    backend: Option<Spanned<RawBackend>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +65,9 @@ struct RawStep {
     seed: Option<Spanned<toml::Value>>,
     shards: Option<Spanned<u32>>,
     devices: Option<Spanned<Vec<String>>>,
+    cpus: Option<Spanned<u32>>,
+    mem: Option<Spanned<String>>,
+    gpus: Option<Spanned<u32>>,
     every: Option<Spanned<u32>>,
     when: Option<Spanned<String>>,
     skip_if_empty: Option<Spanned<String>>,
@@ -180,6 +185,8 @@ pub struct StepDef {
     pub shards: u32,
     /// Devices given to the shards in turn.
     pub devices: Vec<String>,
+    /// What one of its processes asks a cluster for ([`crate::backend`]).
+    pub resources: Resources,
     /// Loop steps: run in iterations where `(iter + 1) % every == 0` and in the last.
     pub every: Option<u32>,
     /// Run only when this holds.
@@ -253,6 +260,8 @@ pub struct Pipeline {
     pub looped: Option<LoopDef>,
     /// The sweep axes, if any.
     pub sweep: Vec<SweepAxis>,
+    /// Where the stage processes run (`[backend]`).
+    pub backend: Backend,
 }
 
 /// Converts a TOML value to the text passed on a command line or substituted
@@ -376,6 +385,13 @@ impl Pipeline {
                 text: value_text(s.get_ref()),
                 line: line(s.span()),
             });
+            let devices = step
+                .devices
+                .as_ref()
+                .map_or_else(|| vec!["cpu".to_string()], |d| d.get_ref().clone());
+            let resources = resources(step, &devices, &line).map_err(|(l, message)| {
+                err(l, format!("step `{}`: {message}", step.name.get_ref()))
+            })?;
             let stage_line = line(step.stage.span());
             let stage = spec::stage(step.stage.get_ref()).ok_or_else(|| {
                 err(
@@ -400,10 +416,8 @@ impl Pipeline {
                 sets,
                 seed,
                 shards: step.shards.as_ref().map_or(1, |s| *s.get_ref()),
-                devices: step
-                    .devices
-                    .as_ref()
-                    .map_or_else(|| vec!["cpu".to_string()], |d| d.get_ref().clone()),
+                devices,
+                resources,
                 every: step.every.as_ref().map(|e| *e.get_ref()),
                 when,
                 args: step.args.iter().map(t).collect(),
@@ -458,6 +472,21 @@ impl Pipeline {
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default()
             });
+        let backend = match raw.backend {
+            None => Backend::default(),
+            Some(table) => {
+                let at = line(table.span());
+                let names: Vec<&str> = setup
+                    .iter()
+                    .chain(looped.iter().flat_map(|l| l.steps.iter()))
+                    .map(|s| s.name.as_str())
+                    .collect();
+                table
+                    .into_inner()
+                    .check(at, &line, &names)
+                    .map_err(|(l, message)| err(l, message))?
+            }
+        };
         let pipeline = Pipeline {
             path: path.to_path_buf(),
             name,
@@ -466,6 +495,7 @@ impl Pipeline {
             setup,
             looped,
             sweep,
+            backend,
         };
         pipeline.check()?;
         Ok(pipeline)
@@ -759,6 +789,61 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// A step's `cpus`, `mem` and `gpus`: a CUDA step asks for one GPU unless it
+/// says otherwise, and a step on the CPU for none.
+fn resources(
+    step: &RawStep,
+    devices: &[String],
+    line: &dyn Fn(std::ops::Range<usize>) -> usize,
+) -> std::result::Result<Resources, (usize, String)> {
+    let cuda = devices.iter().any(|d| d.starts_with("cuda"));
+    let mem_mb = match &step.mem {
+        None => None,
+        Some(mem) => Some(parse_mem(mem.get_ref()).ok_or_else(|| {
+            (
+                line(mem.span()),
+                format!(
+                    "mem `{}`: expected a size such as 512M or 8G (MiB without a suffix)",
+                    mem.get_ref()
+                ),
+            )
+        })?),
+    };
+    if let Some(cpus) = &step.cpus
+        && *cpus.get_ref() == 0
+    {
+        return Err((line(cpus.span()), "cpus must be at least 1".into()));
+    }
+    let gpus = match &step.gpus {
+        None => u32::from(cuda),
+        Some(gpus) => {
+            let n = *gpus.get_ref();
+            if n > 0 && !cuda {
+                return Err((
+                    line(gpus.span()),
+                    format!(
+                        "gpus = {n} on a step whose devices are {devices:?}: add `devices = [\"cuda\"]` or remove `gpus`"
+                    ),
+                ));
+            }
+            if n == 0 && cuda {
+                return Err((
+                    line(gpus.span()),
+                    format!(
+                        "gpus = 0 on a step whose devices are {devices:?}: a CUDA step needs a GPU"
+                    ),
+                ));
+            }
+            n
+        }
+    };
+    Ok(Resources {
+        cpus: step.cpus.as_ref().map(|c| *c.get_ref()),
+        mem_mb,
+        gpus,
+    })
 }
 
 /// Names of steps and variables: letters, digits, `_`, `-`.

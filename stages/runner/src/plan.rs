@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use embodyflow_core::spec::StageSpec;
+use serde::{Deserialize, Serialize};
 
+use crate::backend::Resources;
 use crate::error::{Result, RunnerError};
 use crate::pipeline::{Pipeline, StepDef, Template, render};
 
@@ -25,14 +27,16 @@ pub struct Cell {
 }
 
 /// A step run once: a setup step, or a loop step in one iteration, in one
-/// group of sweep cells.
-#[derive(Debug, Clone, PartialEq)]
+/// group of sweep cells. It is written as JSON for the cluster job that runs
+/// it ([`crate::slurm`]), the stage by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Instance {
     /// Directory relative to the run directory, e.g. `it0/collect`.
     pub id: String,
     /// The step's name.
     pub step: String,
     /// The stage it runs.
+    #[serde(with = "stage_name")]
     pub stage: &'static StageSpec,
     /// Iteration of a loop step.
     pub iteration: Option<u32>,
@@ -58,6 +62,8 @@ pub struct Instance {
     pub shards: u32,
     /// Devices for the shards, in turn.
     pub devices: Vec<String>,
+    /// What one of its processes asks a cluster for.
+    pub resources: Resources,
     /// Extra arguments.
     pub extra: Vec<String>,
     /// When this table has no rows the stage is not run (see `StepDef`).
@@ -70,6 +76,21 @@ pub struct Instance {
     pub external: Vec<PathBuf>,
     /// The sweep cells that use it.
     pub cells: Vec<usize>,
+}
+
+/// A stage in JSON: its name.
+mod stage_name {
+    use embodyflow_core::spec::{self, StageSpec};
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(stage: &&'static StageSpec, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(stage.name)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'static StageSpec, D::Error> {
+        let name = String::deserialize(d)?;
+        spec::stage(&name).ok_or_else(|| D::Error::custom(format!("unknown stage `{name}`")))
+    }
 }
 
 impl Instance {
@@ -400,6 +421,7 @@ impl Builder<'_> {
             seed,
             shards: step.shards,
             devices: step.devices.clone(),
+            resources: step.resources.clone(),
             extra,
             skip_if_empty,
             deps,
