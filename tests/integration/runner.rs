@@ -54,7 +54,7 @@ fn args<'a>(file: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// Runs the pipeline and returns each instance's status word, by id.
-fn statuses(result: &Run) -> BTreeMap<String, String> {
+pub(crate) fn statuses(result: &Run) -> BTreeMap<String, String> {
     result
         .stdout
         .lines()
@@ -94,7 +94,7 @@ fn assert_train_success_is_a_rate(report: &str) {
 }
 
 /// Every step's recorded outputs (`_step.json`), by instance directory.
-fn outputs(out: &Path) -> BTreeMap<String, serde_json::Value> {
+pub(crate) fn outputs(out: &Path) -> BTreeMap<String, serde_json::Value> {
     let mut found = BTreeMap::new();
     let mut stack = vec![out.to_path_buf()];
     while let Some(dir) = stack.pop() {

@@ -1,0 +1,442 @@
+//! The runner's Slurm backend on a real single-node cluster that
+//! `scripts/slurm-local` installs and starts (root, Debian packages): bad
+//! input refused before anything is submitted, a sharded pipeline whose
+//! outputs equal the local backend's, a job cancelled mid-run and a resumed
+//! run that submits only what is missing, and `pipeline cancel`. The
+//! daemons are stopped at the end, also when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use embodyflow_tests::{Run, bin, run_with_env};
+
+use crate::runner::{outputs, statuses};
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-local")
+}
+
+/// The local cluster while the test runs: started unless it already ran,
+/// and then stopped when the guard drops (a panic included).
+struct Cluster {
+    conf: String,
+    started: bool,
+}
+
+impl Cluster {
+    fn up() -> Cluster {
+        let running = Command::new(script())
+            .arg("status")
+            .output()
+            .unwrap()
+            .status
+            .success();
+        let cluster = Cluster {
+            conf: String::from_utf8(Command::new(script()).arg("env").output().unwrap().stdout)
+                .unwrap()
+                .trim()
+                .trim_start_matches("export SLURM_CONF=")
+                .to_string(),
+            started: !running,
+        };
+        if !running {
+            let started = Instant::now();
+            let output = Command::new(script()).arg("start").output().unwrap();
+            assert!(
+                output.status.success(),
+                "scripts/slurm-local start: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            eprintln!(
+                "local Slurm started in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        cluster
+    }
+
+    fn env(&self) -> [(&str, &str); 1] {
+        [("SLURM_CONF", self.conf.as_str())]
+    }
+
+    /// Runs `pipeline` with the cluster's configuration.
+    fn pipeline(&self, args: &[&str]) -> Run {
+        run_with_env("pipeline", args, &self.env())
+    }
+
+    /// The jobs of `ids` Slurm still has queued or running.
+    fn queued(&self, ids: &[String]) -> Vec<String> {
+        let output = Command::new("squeue")
+            .args(["--noheader", "--array", "--format=%F"])
+            .arg(format!("--jobs={}", ids.join(",")))
+            .envs(self.env())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = Command::new(script()).arg("stop").status();
+        }
+    }
+}
+
+/// A small offline pipeline with sharded steps; `BACKEND` is replaced by
+/// the `[backend]` table.
+const PIPELINE: &str = r#"
+[[step]]
+name = "train"
+stage = "generate-tasks"
+seed = 1
+set = { split = "train", count = 14 }
+
+[[step]]
+name = "init"
+stage = "init-policy"
+set = { model = { n_embd = 32, n_layer = 1, n_head = 2, n_ctx = 1024 }, tokenizer = { vocab_size = 400, corpus_tasks = 60 } }
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${init}"
+inputs = ["${train}"]
+seed = 3
+set = { group_size = 3, max_new_tokens = 40, temperature = 1.6 }
+shards = 2
+cpus = 1
+mem = "2G"
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+inputs = ["${collect}", "${train}"]
+set = { "reward.fn" = "embodied_r1", "reward.tolerant" = true }
+shards = 3
+
+[[step]]
+name = "adv"
+stage = "compute-advantages"
+policy = "${init}"
+inputs = ["${collect}", "${score}"]
+set = { estimator = "grpo_step", "step.kind" = "rule" }
+shards = 2
+
+BACKEND
+"#;
+
+fn pipeline_file(dir: &Path, name: &str, backend: &str, step_extra: &str) -> PathBuf {
+    let text = PIPELINE
+        .replace("BACKEND", backend)
+        .replace("shards = 3\n", &format!("shards = 3\n{step_extra}"));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The jobs a run directory lists (`_runner/slurm/jobs.jsonl`).
+fn jobs(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("_runner/slurm/jobs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn job_ids(out: &Path) -> Vec<String> {
+    jobs(out)
+        .iter()
+        .map(|j| j["job"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn spawn_run(cluster: &Cluster, file: &Path, out: &Path, log: &Path) -> Child {
+    Command::new(bin("pipeline"))
+        .args(["run", s(file), "--out", s(out), "--backend", "slurm"])
+        .args(["--poll", "0.2"])
+        .envs(cluster.env())
+        .stdout(std::fs::File::create(log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// The pid of the process whose command line has `--out OUT`.
+fn process_writing(out: &Path) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if args
+            .windows(2)
+            .any(|w| w[0] == b"--out" && w[1] == out.as_os_str().as_encoded_bytes())
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn wait_until(what: &str, child: &mut Child, limit: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{what}: the runner ended first"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_input() {
+    let cluster = Cluster::up();
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bin_dir = bin("pipeline").parent().unwrap().to_path_buf();
+    let shared = format!(
+        "shared = [{:?}, {:?}, {:?}]",
+        s(dir.path()),
+        s(&workspace.canonicalize().unwrap()),
+        s(&bin_dir)
+    );
+    let backend = format!(
+        "[backend]\nkind = \"slurm\"\ntime = \"00:10:00\"\n{shared}\n\n[backend.step.collect]\nsbatch = [\"--comment=collect\"]\n"
+    );
+    let file = pipeline_file(dir.path(), "p.toml", &backend, "");
+
+    // Bad input: exit 2 before anything is submitted.
+    let elsewhere = tempfile::tempdir_in("/var/tmp").unwrap();
+    // The pipeline file, the run directory, extra environment, the message.
+    type Case<'a> = (PathBuf, PathBuf, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            file.clone(),
+            dir.path().join("no-sbatch"),
+            vec![("PATH", "/nonexistent")],
+            "`sbatch` is not on PATH",
+        ),
+        (
+            pipeline_file(
+                dir.path(),
+                "partition.toml",
+                &backend.replace("kind = ", "partition = \"nope\"\nkind = "),
+                "",
+            ),
+            dir.path().join("partition"),
+            vec![],
+            "partition `nope` does not exist; the cluster's partitions: debug*",
+        ),
+        (
+            pipeline_file(
+                dir.path(),
+                "gpus.toml",
+                &backend,
+                "devices = [\"cuda\"]\ngpus = 2\n",
+            ),
+            dir.path().join("gpus"),
+            vec![],
+            "step `score` asks for 1 CPU(s), the default memory and 2 GPU(s) per process; no node of partition `debug` has that",
+        ),
+        (
+            file.clone(),
+            elsewhere.path().join("run"),
+            vec![],
+            "the run directory, /var/tmp/",
+        ),
+    ];
+    for (file, out, env, says) in &cases {
+        let mut all_env = cluster.env().to_vec();
+        all_env.extend(env.iter().copied());
+        let result = run_with_env(
+            "pipeline",
+            &["run", s(file), "--out", s(out), "--backend", "slurm"],
+            &all_env,
+        );
+        assert_eq!(result.code, 2, "{says}\n{result}");
+        assert!(result.stderr.contains(says), "expected `{says}`:\n{result}");
+        assert!(jobs(out).is_empty(), "{says}: jobs were submitted");
+    }
+
+    // The same pipeline on this machine and through Slurm.
+    let local = dir.path().join("local");
+    let result = cluster.pipeline(&["run", s(&file), "--out", s(&local), "--backend", "local"]);
+    assert_eq!(result.code, 0, "{result}");
+    let slurm = dir.path().join("slurm");
+    let result = cluster.pipeline(&["run", s(&file), "--out", s(&slurm), "--poll", "0.2"]);
+    assert_eq!(result.code, 0, "{result}");
+    eprintln!("{}", result.stdout);
+    let ran = statuses(&result);
+    assert_eq!(ran.len(), 5, "{ran:?}");
+    assert!(ran.values().all(|s| s == "ran"), "{ran:?}");
+    assert_eq!(
+        outputs(&local),
+        outputs(&slurm),
+        "Slurm's outputs differ from the local backend's"
+    );
+    // One job per step, an array and a merge job per sharded step.
+    let listed = jobs(&slurm);
+    let described: Vec<(String, String, u64)> = listed
+        .iter()
+        .map(|j| {
+            (
+                j["instance"].as_str().unwrap().to_string(),
+                j["kind"].as_str().unwrap().to_string(),
+                j["tasks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, u64)> = [
+        ("train", "stage", 1),
+        ("init", "stage", 1),
+        ("collect", "stage", 2),
+        ("collect", "merge", 1),
+        ("score", "stage", 3),
+        ("score", "merge", 1),
+        ("adv", "stage", 2),
+        ("adv", "merge", 1),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), *c))
+    .collect();
+    assert_eq!(described, expected);
+    assert!(slurm.join("score/_stage.2.log").is_file());
+    assert!(slurm.join("train/_stage.log").is_file());
+    assert!(
+        result
+            .stdout
+            .contains("slurm queue: submission to start: median"),
+        "{result}"
+    );
+    // A rerun submits nothing.
+    let again = cluster.pipeline(&["run", s(&file), "--out", s(&slurm)]);
+    assert_eq!(again.code, 0, "{again}");
+    assert!(statuses(&again).values().all(|s| s == "cached"), "{again}");
+    assert_eq!(
+        jobs(&slurm).len(),
+        listed.len(),
+        "a cached run submitted jobs"
+    );
+
+    // A job cancelled mid-run: collect's shard 0 is stopped while it runs
+    // (so that it cannot finish first), then its job array cancelled.
+    let killed = dir.path().join("killed");
+    let log = dir.path().join("killed.log");
+    let mut child = spawn_run(&cluster, &file, &killed, &log);
+    let shard = killed.join("collect/_shards/0");
+    let mut pid = None;
+    wait_until(
+        "collect's shard 0 starts",
+        &mut child,
+        Duration::from_secs(60),
+        || {
+            pid = process_writing(&shard);
+            pid.is_some()
+        },
+    );
+    let status = Command::new("kill")
+        .args(["-STOP", &pid.unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let collect_job = jobs(&killed)
+        .iter()
+        .find(|j| j["instance"] == "collect" && j["kind"] == "stage")
+        .map(|j| j["job"].as_str().unwrap().to_string())
+        .unwrap();
+    let status = Command::new("scancel")
+        .arg(&collect_job)
+        .envs(cluster.env())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the runner did not end after its job was cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "{text}");
+    let seen = statuses(&Run {
+        code: 1,
+        stdout: text.clone(),
+        stderr: String::new(),
+    });
+    assert_eq!(seen["train"], "ran", "{text}");
+    assert_eq!(seen["collect"], "failed", "{text}");
+    assert_eq!(seen["score"], "not", "{text}");
+    assert_eq!(seen["adv"], "not", "{text}");
+    assert!(
+        text.contains("ended without an exit status"),
+        "the cancelled job is reported:\n{text}"
+    );
+    assert!(
+        cluster.queued(&job_ids(&killed)).is_empty(),
+        "Slurm still runs jobs of the cancelled run"
+    );
+    assert!(!killed.join("collect/_step.json").exists());
+    let before = jobs(&killed).len();
+    let resumed = cluster.pipeline(&["run", s(&file), "--out", s(&killed), "--poll", "0.2"]);
+    assert_eq!(resumed.code, 0, "{resumed}");
+    let seen = statuses(&resumed);
+    for (id, status) in [
+        ("train", "cached"),
+        ("init", "cached"),
+        ("collect", "ran"),
+        ("score", "ran"),
+        ("adv", "ran"),
+    ] {
+        assert_eq!(seen[id], status, "{id}: {resumed}");
+    }
+    let resubmitted: Vec<String> = jobs(&killed)[before..]
+        .iter()
+        .map(|j| j["instance"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        resubmitted,
+        ["collect", "collect", "score", "score", "adv", "adv"],
+        "only the missing steps are submitted again"
+    );
+    assert_eq!(outputs(&local), outputs(&killed));
+
+    // `pipeline cancel` takes every queued and running job of a run.
+    let cancelled = dir.path().join("cancelled");
+    let log = dir.path().join("cancelled.log");
+    let mut child = spawn_run(&cluster, &file, &cancelled, &log);
+    wait_until(
+        "every job is submitted",
+        &mut child,
+        Duration::from_secs(60),
+        || jobs(&cancelled).len() == expected.len(),
+    );
+    let result = cluster.pipeline(&["cancel", s(&cancelled)]);
+    assert_eq!(result.code, 0, "{result}");
+    assert!(result.stdout.starts_with("cancelled "), "{result}");
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(cluster.queued(&job_ids(&cancelled)).is_empty());
+    let again = cluster.pipeline(&["cancel", s(&cancelled)]);
+    assert!(again.stdout.starts_with("no job of "), "{again}");
+}
