@@ -28,6 +28,22 @@ Two modes:
       Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained and writes its
       logits on INPUT_JSON's input_ids / attention_mask (a model saved by us).
 
+  hf_golden.py plan-policy OUT TOKENIZER_JSON
+      A tiny random Qwen3 plan policy (width 32, 1 layer, 2 heads, 1 kv head,
+      context 1024, tied) whose tokenizer is TOKENIZER_JSON (our household
+      BPE) plus Qwen's <|endoftext|>, <|im_start|> and <|im_end|>, with
+      Qwen2.5-Instruct's chat template and a generation_config.json whose eos
+      is <|im_end|>; the embedding has the tokenizer's size rounded up to a
+      multiple of 64 rows, as Qwen pads it. Saved by transformers to OUT.
+      Prints JSON {"prompt_text", "prompt_ids"}: a user message's
+      apply_chat_template(add_generation_prompt=True) text and ids.
+
+  hf_golden.py logprobs MODEL_DIR INPUT_JSON OUT_JSON
+      Loads MODEL_DIR (AutoModelForCausalLM and AutoTokenizer, as a user
+      would) and writes, for each {"prompt_ids", "response_ids"} of
+      INPUT_JSON's "rows", the log-prob of each response token under
+      log_softmax(logits / INPUT_JSON's "temperature"), each row run alone.
+
   hf_golden.py bench-model OUT
       Saves the benchmark's tiny random Qwen3 (width 256, 4 layers, 8 heads,
       4 kv heads, head_dim 32, MLP 768, vocabulary 1024) to OUT.
@@ -375,11 +391,76 @@ def bench(model_dir, batch, prompt, new, threads):
     }))
 
 
+def plan_policy(out, tokenizer_json):
+    from tokenizers import Tokenizer
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    torch.manual_seed(21)
+    tok = Tokenizer.from_file(tokenizer_json)
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = QWEN25_TEMPLATE
+    im_end = fast.convert_tokens_to_ids("<|im_end|>")
+    pad = fast.convert_tokens_to_ids("<|endoftext|>")
+    vocab = (len(fast) + 63) // 64 * 64
+    config = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=im_end,
+        pad_token_id=pad,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    model = transformers.Qwen3ForCausalLM(config)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    GenerationConfig(eos_token_id=[im_end], pad_token_id=pad).save_pretrained(out)
+    messages = [{"role": "user", "content": "Task: put the Mug in the Sink."}]
+    print(json.dumps({
+        "prompt_text": "Task: put the Mug in the Sink.",
+        "prompt_ids": fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False),
+    }))
+
+
+def logprobs(model_dir, input_json, out_json):
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    AutoTokenizer.from_pretrained(model_dir)
+    with open(input_json) as f:
+        inputs = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for row in inputs["rows"]:
+            ids = torch.tensor([row["prompt_ids"] + row["response_ids"]], dtype=torch.long)
+            logits = model(input_ids=ids).logits[0].double() / inputs["temperature"]
+            logp = logits.log_softmax(-1)
+            start = len(row["prompt_ids"]) - 1
+            rows.append([
+                logp[start + k, token].item() for k, token in enumerate(row["response_ids"])
+            ])
+    with open(out_json, "w") as f:
+        json.dump({"logprobs": rows}, f)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "plan-policy":
+        plan_policy(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "logprobs":
+        logprobs(*sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "bench-model":
         bench_model(sys.argv[2])
     elif len(sys.argv) == 7 and sys.argv[1] == "bench":

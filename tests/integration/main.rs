@@ -11,6 +11,7 @@ mod foreign_rollouts;
 mod gigpo;
 mod grpo_step;
 mod gym_stages;
+mod hf_policy;
 mod killed_writer;
 mod lapo_inputs;
 mod learning_loop;

@@ -70,8 +70,10 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, policy_kind};
-use embodyflow_models::policy::Sampling;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::gpt::Gpt;
+use embodyflow_models::hf::HfNet;
+use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
@@ -398,11 +400,8 @@ pub fn run(args: Args) -> Result<(), CollectError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let mode = mode_of(
-        &tasks,
-        policy_kind(&args.policy.policy)?,
-        &args.policy.policy,
-    )?;
+    let kind = policy_kind(&args.policy.policy)?;
+    let mode = mode_of(&tasks, kind, &args.policy.policy)?;
     let mut order: Vec<usize> = (0..tasks.len()).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(
         args.stage.seed ^ ((config.iteration as u64) << 32),
@@ -427,7 +426,10 @@ pub fn run(args: Args) -> Result<(), CollectError> {
         |s| group_id(config.iteration, &draws.task(s).task_id, s),
     );
     match mode {
-        Mode::OneShot => one_shot(&stage, &args, &draws, batches, device),
+        Mode::OneShot if kind == PolicyKind::Hf => {
+            one_shot::<HfNet>(&stage, &args, &draws, batches, device)
+        }
+        Mode::OneShot => one_shot::<Gpt>(&stage, &args, &draws, batches, device),
         Mode::ClosedLoop => closed_loop(&stage, &args, &draws, batches, device),
     }
 }
@@ -444,8 +446,9 @@ fn groups_written(args: &Args, kept: usize, wanted: usize, slots: usize, rows: u
     )
 }
 
-/// One-shot answers of a plan policy (household tasks).
-fn one_shot(
+/// One-shot answers of a plan policy (household tasks): ours ([`Gpt`]) or
+/// a Hugging Face decoder ([`HfNet`]).
+fn one_shot<M: PlanNet>(
     stage: &Stage<Config>,
     args: &Args,
     draws: &Draws<'_>,
@@ -453,7 +456,7 @@ fn one_shot(
     device: tch::Device,
 ) -> Result<(), CollectError> {
     let config = &stage.config;
-    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let wanted = draws.wanted;
     let task_of = |draw: usize| draws.task(draw);
     let slots: usize = batches.iter().map(|b| b.len()).sum();

@@ -59,8 +59,10 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, policy_kind};
-use embodyflow_models::policy::Sampling;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::gpt::Gpt;
+use embodyflow_models::hf::HfNet;
+use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::ClosedLoopError;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
@@ -367,11 +369,8 @@ pub fn run(args: Args) -> Result<(), EvalError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let all_tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let mode = mode_of(
-        &all_tasks,
-        policy_kind(&args.policy.policy)?,
-        &args.policy.policy,
-    )?;
+    let kind = policy_kind(&args.policy.policy)?;
+    let mode = mode_of(&all_tasks, kind, &args.policy.policy)?;
     let layouts: Vec<(u32, &TaskRow)> = (0..config.runs)
         .flat_map(|run| all_tasks.iter().map(move |task| (run, task)))
         .collect();
@@ -392,7 +391,10 @@ pub fn run(args: Args) -> Result<(), EvalError> {
         .collect();
     let mut summary = Summary::new("evaluate");
     let rows = match mode {
-        Mode::OneShot => one_shot(&stage, &args, &owned, &tasks, device, &mut summary)?,
+        Mode::OneShot if kind == PolicyKind::Hf => {
+            one_shot::<HfNet>(&stage, &args, &owned, &tasks, device, &mut summary)?
+        }
+        Mode::OneShot => one_shot::<Gpt>(&stage, &args, &owned, &tasks, device, &mut summary)?,
         Mode::ClosedLoop => {
             closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?
         }
@@ -410,8 +412,9 @@ fn episodes_line(rows: usize, tasks: usize, runs: u32) -> String {
 }
 
 /// Plan answers on one-shot tasks: the greedy `eval` rows of the `owned`
-/// layouts, their summary lines, and pass@k when asked.
-fn one_shot(
+/// layouts, their summary lines, and pass@k when asked; the policy is ours
+/// ([`Gpt`]) or a Hugging Face decoder ([`HfNet`]).
+fn one_shot<M: PlanNet>(
     stage: &Stage<Config>,
     args: &Args,
     owned: &[(u32, &TaskRow)],
@@ -420,7 +423,7 @@ fn one_shot(
     summary: &mut Summary,
 ) -> Result<Vec<EvalRow>, EvalError> {
     let config = &stage.config;
-    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let mut envs = Vec::new();
     for &(run, task) in owned {
         envs.push((run, task, TaskEnv::from_row(task, run)?));
@@ -488,8 +491,8 @@ fn one_shot(
 type TaskInLayout<'a> = (u32, &'a TaskRow, TaskEnv);
 
 /// `pass_at_k.samples` answers for each task and layout, in `envs` order.
-fn sample_answers(
-    policy: &Checkpoint,
+fn sample_answers<M: PlanNet>(
+    policy: &Checkpoint<M>,
     envs: &[TaskInLayout<'_>],
     config: &Config,
     seed: u64,

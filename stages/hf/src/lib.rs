@@ -56,7 +56,7 @@ pub mod safetensors;
 pub mod testing;
 
 pub use config::{HfConfig, ModelType, RopeScaling};
-pub use model::{HfDecoder, KvCache};
+pub use model::{HfDecoder, HfNet, KvCache};
 
 /// Errors of loading, running and saving a Hugging Face decoder.
 #[derive(Debug, thiserror::Error)]

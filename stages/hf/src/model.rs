@@ -69,6 +69,15 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Keeps the cached rows `rows` (a 1-D i64 tensor of row indices, in
+    /// that order; an index may repeat, copying its row).
+    pub fn keep_rows(&mut self, rows: &Tensor) {
+        for (keys, values) in &mut self.layers {
+            *keys = keys.index_select(0, rows);
+            *values = values.index_select(0, rows);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -218,11 +227,13 @@ impl Layer {
     }
 }
 
-/// A Hugging Face decoder: its config, its parameters and how to run them.
+/// The network of a Hugging Face decoder: its config and its parameters
+/// (tensors of a [`nn::VarStore`] its owner keeps), and how to run them.
+/// [`HfDecoder`] owns one with its store; a policy checkpoint
+/// (`embodyflow_models`) keeps the store beside it.
 #[derive(Debug)]
-pub struct HfDecoder {
+pub struct HfNet {
     config: HfConfig,
-    vs: nn::VarStore,
     embed_tokens: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -230,6 +241,13 @@ pub struct HfDecoder {
     lm_head: Option<nn::Linear>,
     /// `[head_dim / 2]` f32 on the model's device.
     inv_freq: Tensor,
+}
+
+/// A Hugging Face decoder: its network and the store of its parameters.
+#[derive(Debug)]
+pub struct HfDecoder {
+    vs: nn::VarStore,
+    net: HfNet,
 }
 
 impl HfDecoder {
@@ -240,28 +258,75 @@ impl HfDecoder {
     /// transformers ignores them.
     pub fn load(dir: &Path, device: Device) -> Result<HfDecoder, HfError> {
         let config = HfConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::open(dir)?;
-        let kind = weights.kind("model.embed_tokens.weight")?;
         let mut vs = nn::VarStore::new(device);
-        vs.set_kind(kind);
-        let model = HfDecoder::build(vs, config);
-        let mut variables: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-        variables.sort_by(|a, b| a.0.cmp(&b.0));
-        tch::no_grad(|| {
-            for (name, mut variable) in variables {
-                let value = weights.load(&name, &variable.size())?;
-                variable
-                    .f_copy_(&value)
-                    .map_err(|e| HfError::Torch(format!("{name}: {e}")))?;
-            }
-            Ok::<(), HfError>(())
-        })?;
-        Ok(model)
+        let net = HfNet::new(&vs.root(), config);
+        HfNet::load_weights(&mut vs, dir)?;
+        Ok(HfDecoder { vs, net })
     }
 
-    fn build(vs: nn::VarStore, config: HfConfig) -> HfDecoder {
-        let root = vs.root();
-        let model = &root / "model";
+    /// The network.
+    pub fn net(&self) -> &HfNet {
+        &self.net
+    }
+
+    /// The parameters, named as transformers names them (for an optimizer).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// The resolved config.
+    pub fn config(&self) -> &HfConfig {
+        self.net.config()
+    }
+
+    /// The parameters' dtype (`Float` or `BFloat16`).
+    pub fn kind(&self) -> Kind {
+        self.net.kind()
+    }
+
+    /// Logits `[B, T, vocab]` (in the model's dtype) of `input_ids` `[B, T]`
+    /// (i64) under `attention_mask` `[B, T]` (1 = token, 0 = padding, any
+    /// integer or bool kind), with gradients when they are enabled.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, HfError> {
+        self.net.forward(input_ids, attention_mask)
+    }
+
+    /// As [`HfDecoder::forward`], continuing `cache` ([`HfNet::forward_cached`]).
+    pub fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, HfError> {
+        self.net.forward_cached(input_ids, attention_mask, cache)
+    }
+
+    /// Greedy decoding ([`HfNet::greedy`]).
+    pub fn greedy(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        max_new_tokens: i64,
+        eos: Option<i64>,
+        pad: i64,
+    ) -> Result<Tensor, HfError> {
+        self.net
+            .greedy(input_ids, attention_mask, max_new_tokens, eos, pad)
+    }
+
+    /// Writes `dir/config.json` and `dir/model.safetensors`
+    /// ([`HfNet::save`]), creating `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), HfError> {
+        self.net.save(&self.vs, dir)
+    }
+}
+
+impl HfNet {
+    /// The parameters of `config` under `root` (transformers' names:
+    /// `model.…` and `lm_head.weight` when untied), zero-initialised:
+    /// [`HfNet::load_weights`] fills them.
+    pub fn new(root: &nn::Path, config: HfConfig) -> HfNet {
+        let model = root / "model";
         let c = &config;
         let embed_tokens = (&model / "embed_tokens").var(
             "weight",
@@ -273,11 +338,10 @@ impl HfDecoder {
             .collect();
         let norm = norm_weight(&model / "norm", c.hidden_size);
         let lm_head = (!c.tie_word_embeddings)
-            .then(|| linear(&root / "lm_head", c.hidden_size, c.vocab_size, false));
-        let inv_freq = c.inv_freq().to_device(vs.device());
-        HfDecoder {
+            .then(|| linear(root / "lm_head", c.hidden_size, c.vocab_size, false));
+        let inv_freq = c.inv_freq().to_device(root.device());
+        HfNet {
             config,
-            vs,
             embed_tokens,
             layers,
             norm,
@@ -286,19 +350,41 @@ impl HfDecoder {
         }
     }
 
+    /// Fills the parameters in `vs` (the store an [`HfNet`] was built in)
+    /// from the weights of model directory `dir`, first setting the store to the
+    /// dtype `model.embed_tokens.weight` is stored in (F32 or BF16; other
+    /// tensors are cast to it). Every parameter must be present with its
+    /// shape; tensors the config does not imply are ignored, as
+    /// transformers ignores them.
+    pub fn load_weights(vs: &mut nn::VarStore, dir: &Path) -> Result<(), HfError> {
+        let weights = Weights::open(dir)?;
+        vs.set_kind(weights.kind("model.embed_tokens.weight")?);
+        let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        variables.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| {
+            for (name, mut variable) in variables {
+                let value = weights.load(&name, &variable.size())?;
+                variable
+                    .f_copy_(&value)
+                    .map_err(|e| HfError::Torch(format!("{name}: {e}")))?;
+            }
+            Ok::<(), HfError>(())
+        })
+    }
+
     /// The resolved config.
     pub fn config(&self) -> &HfConfig {
         &self.config
     }
 
-    /// The parameters, named as transformers names them (for an optimizer).
-    pub fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-
     /// The parameters' dtype (`Float` or `BFloat16`).
     pub fn kind(&self) -> Kind {
         self.embed_tokens.kind()
+    }
+
+    /// The device the parameters are on.
+    pub fn device(&self) -> Device {
+        self.embed_tokens.device()
     }
 
     /// Logits `[B, T, vocab]` (in the model's dtype) of `input_ids` `[B, T]`
@@ -308,7 +394,7 @@ impl HfDecoder {
         self.run(input_ids, attention_mask, None)
     }
 
-    /// As [`HfDecoder::forward`], continuing `cache`: `attention_mask` covers
+    /// As [`HfNet::forward`], continuing `cache`: `attention_mask` covers
     /// the cached positions and then `input_ids` (`[B, cache.len() + T]`);
     /// the new keys and values are appended to `cache`.
     pub fn forward_cached(
@@ -328,7 +414,7 @@ impl HfDecoder {
     ) -> Result<Tensor, HfError> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (ids, keys) = self.check_batch(input_ids, attention_mask, past)?;
-        let device = self.vs.device();
+        let device = self.device();
         let kind = self.kind();
         let (b, t) = ids.size2().unwrap_or_default();
         let s = past + t;
@@ -392,7 +478,7 @@ impl HfDecoder {
                 past + t
             ));
         }
-        let device = self.vs.device();
+        let device = self.device();
         let ids = ids.to_device(device);
         let mask = mask.to_device(device);
         let (lo, hi) = (ids.min().int64_value(&[]), ids.max().int64_value(&[]));
@@ -422,7 +508,7 @@ impl HfDecoder {
         pad: i64,
     ) -> Result<Tensor, HfError> {
         let _guard = tch::no_grad_guard();
-        let device = self.vs.device();
+        let device = self.device();
         let b = input_ids.size().first().copied().unwrap_or(0);
         let mut cache = KvCache::default();
         let mut mask = attention_mask.to_device(device).to_kind(Kind::Int64);
@@ -452,15 +538,9 @@ impl HfDecoder {
         })
     }
 
-    /// Writes `dir/config.json` (the config as read, `dtype` set to the
-    /// parameters' dtype) and `dir/model.safetensors` (every parameter under
-    /// its transformers name), creating `dir`.
-    pub fn save(&self, dir: &Path) -> Result<(), HfError> {
-        let write = |file: &Path, source: std::io::Error| HfError::Write {
-            file: file.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
+    /// `config.json` as saved: the config as read, `dtype` (and
+    /// `torch_dtype` when present) set to the parameters' dtype.
+    pub fn config_json(&self) -> Value {
         let mut config = self.config.source.clone();
         let dtype = match self.kind() {
             Kind::BFloat16 => "bfloat16",
@@ -470,16 +550,33 @@ impl HfDecoder {
         if config.contains_key("torch_dtype") {
             config.insert("torch_dtype".into(), Value::from(dtype));
         }
+        Value::Object(config)
+    }
+
+    /// Writes every parameter of `vs` (the store an [`HfNet`] was built
+    /// in) under its transformers name to the safetensors file `path`.
+    pub fn write_weights(vs: &nn::VarStore, path: &Path) -> Result<(), HfError> {
+        let mut tensors: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let tensors: Vec<(String, Tensor)> =
+            tensors.into_iter().map(|(n, t)| (n, t.detach())).collect();
+        safetensors::write(path, &tensors)
+    }
+
+    /// Writes `dir/config.json` ([`HfNet::config_json`]) and
+    /// `dir/model.safetensors` ([`HfNet::write_weights`]), creating `dir`.
+    pub fn save(&self, vs: &nn::VarStore, dir: &Path) -> Result<(), HfError> {
+        let write = |file: &Path, source: std::io::Error| HfError::Write {
+            file: file.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
         let file = dir.join("config.json");
-        let text = serde_json::to_string_pretty(&Value::Object(config))
+        let text = serde_json::to_string_pretty(&self.config_json())
             .map_err(|e| write(&file, e.into()))?;
         let tmp = dir.join("config.json.tmp");
         std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
         std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
-        let mut tensors: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let tensors: Vec<(String, Tensor)> =
-            tensors.into_iter().map(|(n, t)| (n, t.detach())).collect();
-        safetensors::write(&dir.join(safetensors::SINGLE), &tensors)
+        HfNet::write_weights(vs, &dir.join(safetensors::SINGLE))
     }
 }

@@ -46,6 +46,7 @@ use crate::optimizer::OptimizerState;
 use crate::tokenizer::{self, SpecialIds};
 #[cfg(doc)]
 use crate::vla::{Vla, VlaConfig};
+use embodyflow_hf::chat::ChatTemplate;
 
 /// The `manifest.json` of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +71,18 @@ pub enum PolicyKind {
     Plan,
     /// A vision-language-action policy ([`crate::vla::Vla`]).
     Vla,
+    /// A plan policy that is a Hugging Face decoder (Qwen2, Qwen3, Llama:
+    /// [`embodyflow_hf::HfNet`]), in transformers' layout: its `config.json`
+    /// has no `kind` but a `model_type`.
+    Hf,
+}
+
+impl PolicyKind {
+    /// Whether the policy answers a task in one go (a plan policy, ours or
+    /// a Hugging Face decoder) rather than acting step by step (a VLA).
+    pub fn is_one_shot(self) -> bool {
+        matches!(self, PolicyKind::Plan | PolicyKind::Hf)
+    }
 }
 
 impl std::fmt::Display for PolicyKind {
@@ -77,16 +90,67 @@ impl std::fmt::Display for PolicyKind {
         f.write_str(match self {
             PolicyKind::Plan => "plan",
             PolicyKind::Vla => "vla",
+            PolicyKind::Hf => "hugging face",
         })
     }
 }
 
 /// A network a checkpoint can hold: its architecture is `config.json`.
+/// The provided methods are our own layout (a `kind`-tagged config, one
+/// `model.safetensors` named by parameter path, a tokenizer with
+/// `<|pad|>`, `<|plan|>` and `<|eos|>`); a Hugging Face decoder overrides
+/// them with transformers' (`crate::hf`).
 pub trait PolicyNet: Sized {
     /// The architecture (`config.json` without `kind`).
-    type Config: Serialize + serde::de::DeserializeOwned;
+    type Config;
     /// The `kind` written into `config.json`.
     const KIND: PolicyKind;
+    /// The architecture from `config.json` (`value`, without `kind`; our
+    /// networks: [`serde_config`]).
+    fn parse_config(value: serde_json::Value) -> Result<Self::Config, String>;
+    /// `config.json` as written (our networks: [`tagged_config`]).
+    fn config_json(&self) -> serde_json::Value;
+    /// Fills the parameters in `vars` (built by [`PolicyNet::build`]) from
+    /// the weights in checkpoint `dir`. Ours: `model.safetensors` holding
+    /// exactly the architecture's tensors, named by parameter path.
+    fn load_weights(vars: &mut VarStore, dir: &Path) -> Result<(), ModelError> {
+        load_weights(vars, &dir.join(WEIGHTS_FILE))
+    }
+    /// Writes the parameters as `staging/model.safetensors`.
+    fn write_weights(vars: &VarStore, staging: &Path) -> Result<(), ModelError> {
+        let weights = staging.join(WEIGHTS_FILE);
+        vars.save(&weights)
+            .map_err(|e| ModelError::Torch(format!("writing {}: {e}", weights.display())))
+    }
+    /// The special ids and the prompt format of the tokenizer loaded from
+    /// `dir`, after checking that its vocabulary is the network's. Ours:
+    /// `<|pad|>`, `<|plan|>` and `<|eos|>` in a vocabulary of exactly
+    /// `vocab_size` tokens, [`PromptFormat::Plan`]; the files to carry into
+    /// every checkpoint trained from it (none).
+    fn tokens(
+        dir: &Path,
+        tokenizer: &Tokenizer,
+        config: &Self::Config,
+    ) -> Result<Tokens, ModelError> {
+        let tokenizer_path = dir.join(TOKENIZER_FILE);
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        if vocab != Self::vocab_size(config) {
+            return Err(bad(
+                &tokenizer_path,
+                format!(
+                    "the tokenizer has {vocab} tokens but config.json says vocab_size {}",
+                    Self::vocab_size(config)
+                ),
+            ));
+        }
+        let special = SpecialIds::of(tokenizer)
+            .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
+        Ok(Tokens {
+            special,
+            format: PromptFormat::Plan,
+            carried: BTreeMap::new(),
+        })
+    }
     /// Why `config` describes no network, if it does not.
     fn check(config: &Self::Config) -> Result<(), String>;
     /// The tokenizer vocabulary the network embeds.
@@ -100,6 +164,14 @@ pub trait PolicyNet: Sized {
 impl PolicyNet for Gpt {
     type Config = GptConfig;
     const KIND: PolicyKind = PolicyKind::Plan;
+
+    fn parse_config(value: serde_json::Value) -> Result<GptConfig, String> {
+        serde_config(value)
+    }
+
+    fn config_json(&self) -> serde_json::Value {
+        tagged_config(Self::KIND, self.config())
+    }
 
     fn check(config: &GptConfig) -> Result<(), String> {
         if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
@@ -132,6 +204,55 @@ struct Tagged<'a, C> {
     config: &'a C,
 }
 
+/// [`PolicyNet::parse_config`] of our networks: the config's serde fields.
+pub fn serde_config<C: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<C, String> {
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+/// [`PolicyNet::config_json`] of our networks: `kind`, then the config's
+/// serde fields.
+pub fn tagged_config<C: Serialize>(kind: PolicyKind, config: &C) -> serde_json::Value {
+    serde_json::to_value(Tagged { kind, config }).expect("plain structs serialize")
+}
+
+/// The weights file of a checkpoint directory.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The tokenizer file of a checkpoint directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// The manifest file of a checkpoint directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// How a plan policy's prompt is made from a task's text, and where its
+/// answer ends.
+#[derive(Debug, Clone)]
+pub enum PromptFormat {
+    /// Ours: the text's tokens, then `<|plan|>`; answers end with `<|eos|>`.
+    Plan,
+    /// A Hugging Face model's: the chat template's rendering of one user
+    /// message with the generation prompt (transformers'
+    /// `apply_chat_template(add_generation_prompt=True)`), tokenised without
+    /// adding special tokens; or, for a model without a template, the text
+    /// as `tokenizer(text)` encodes it. Answers end with any of `stop`
+    /// (`generation_config.json`'s `eos_token_id`, one id or a list).
+    Chat {
+        /// The template (`None`: a base model's plain text).
+        template: Option<Arc<ChatTemplate>>,
+        /// The ids that end an answer; the first is [`SpecialIds::eos`].
+        stop: Vec<i32>,
+    },
+}
+
+/// What [`PolicyNet::tokens`] reads from a checkpoint's tokenizer files.
+pub struct Tokens {
+    /// The special ids.
+    pub special: SpecialIds,
+    /// The prompt format.
+    pub format: PromptFormat,
+    /// Files (name, bytes) that every checkpoint saved from this one carries
+    /// unchanged (a Hugging Face model's tokenizer and generation files).
+    pub carried: BTreeMap<String, Vec<u8>>,
+}
+
 /// The kind of policy checkpoint `dir` holds (`config.json`'s `kind`,
 /// `plan` when absent).
 pub fn policy_kind(dir: &Path) -> Result<PolicyKind, ModelError> {
@@ -147,6 +268,7 @@ fn read_config(path: &Path) -> Result<(PolicyKind, serde_json::Value), ModelErro
         .as_object_mut()
         .ok_or_else(|| bad(path, "is not a JSON object"))?;
     let kind = match object.remove("kind") {
+        None if object.contains_key("model_type") => PolicyKind::Hf,
         None => PolicyKind::Plan,
         Some(kind) => serde_json::from_value(kind)
             .map_err(|e| bad(path, format!("kind: {e} (expected \"plan\" or \"vla\")")))?,
@@ -163,8 +285,14 @@ pub struct Checkpoint<M: PolicyNet = Gpt> {
     pub model: M,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
-    /// Its special token ids.
+    /// Its special token ids (for a Hugging Face model, which has no
+    /// `<|plan|>`, `plan` is its first stop id, as `eos`: prompts come from
+    /// [`Checkpoint::prompt_ids`]).
     pub special: SpecialIds,
+    /// How prompts are made and answers end.
+    pub format: PromptFormat,
+    /// Files every checkpoint saved from this one carries unchanged.
+    pub carried: BTreeMap<String, Vec<u8>>,
     /// The manifest it was loaded with (or will be saved with).
     pub manifest: CheckpointManifest,
     /// Optimizer state saved with the weights (`None` on load: the
@@ -233,6 +361,8 @@ impl<M: PolicyNet> Checkpoint<M> {
             model,
             tokenizer,
             special,
+            format: PromptFormat::Plan,
+            carried: BTreeMap::new(),
             manifest: CheckpointManifest {
                 id: String::new(),
                 parent: None,
@@ -262,28 +392,31 @@ impl<M: PolicyNet> Checkpoint<M> {
                 format!("holds a {kind} policy, expected a {} policy", M::KIND),
             ));
         }
-        let config: M::Config =
-            serde_json::from_value(value).map_err(|e| bad(&config_path, e.to_string()))?;
+        let config = M::parse_config(value).map_err(|reason| bad(&config_path, reason))?;
         M::check(&config).map_err(|reason| bad(&config_path, reason))?;
-        let manifest: CheckpointManifest = read_json(&dir.join("manifest.json"))?;
-        let tokenizer_path = dir.join("tokenizer.json");
+        let manifest_path = dir.join(MANIFEST_FILE);
+        // A Hugging Face model as downloaded has no manifest: its id is its
+        // weights', and it has no parent.
+        let manifest: CheckpointManifest = if M::KIND == PolicyKind::Hf && !manifest_path.exists() {
+            CheckpointManifest {
+                id: weights_id(dir)?,
+                parent: None,
+                written_by: "huggingface".into(),
+                updates: 0,
+            }
+        } else {
+            read_json(&manifest_path)?
+        };
+        let tokenizer_path = dir.join(TOKENIZER_FILE);
         let tokenizer = tokenizer::load(&tokenizer_path)?;
-        let vocab = tokenizer.get_vocab_size(true) as i64;
-        if vocab != M::vocab_size(&config) {
-            return Err(bad(
-                &tokenizer_path,
-                format!(
-                    "the tokenizer has {vocab} tokens but config.json says vocab_size {}",
-                    M::vocab_size(&config)
-                ),
-            ));
-        }
-        let special = SpecialIds::of(&tokenizer)
-            .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
-        let vars = VarStore::new(device);
+        let Tokens {
+            special,
+            format,
+            carried,
+        } = M::tokens(dir, &tokenizer, &config)?;
+        let mut vars = VarStore::new(device);
         let model = M::build(&vars.root(), &config);
-        let weights_path = dir.join("model.safetensors");
-        load_weights(&vars, &weights_path)?;
+        M::load_weights(&mut vars, dir)?;
         let encoder_path = dir.join(FRAME_ENCODER_FILE);
         let frame_encoder = if encoder_path.is_file() {
             let encoder =
@@ -297,10 +430,71 @@ impl<M: PolicyNet> Checkpoint<M> {
             model,
             tokenizer,
             special,
+            format,
+            carried,
             manifest,
             optimizer: None,
             frame_encoder,
         })
+    }
+
+    /// The prompt a plan policy sees for a task's `text` ([`PromptFormat`]).
+    pub fn prompt_ids(&self, text: &str) -> Result<Vec<i32>, ModelError> {
+        match &self.format {
+            PromptFormat::Plan => {
+                let mut ids = tokenizer::encode(&self.tokenizer, text)?;
+                ids.push(self.special.plan);
+                Ok(ids)
+            }
+            PromptFormat::Chat {
+                template: Some(template),
+                ..
+            } => tokenizer::encode(&self.tokenizer, &crate::hf::render_user(template, text)?),
+            PromptFormat::Chat { template: None, .. } => {
+                let encoding = self
+                    .tokenizer
+                    .encode(text, true)
+                    .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
+                Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
+            }
+        }
+    }
+
+    /// The task text of a prompt [`Checkpoint::prompt_ids`] made (its
+    /// inverse); a prompt of another format is bad input.
+    pub fn prompt_text(&self, ids: &[i32]) -> Result<String, ModelError> {
+        match &self.format {
+            PromptFormat::Plan => {
+                let text = ids.strip_suffix(&[self.special.plan]).unwrap_or(ids);
+                tokenizer::decode(&self.tokenizer, text)
+            }
+            PromptFormat::Chat { template, .. } => {
+                let raw: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
+                let decoded = self
+                    .tokenizer
+                    .decode(&raw, template.is_none())
+                    .map_err(|e| ModelError::Tokenizer(format!("decoding failed: {e}")))?;
+                match template {
+                    None => Ok(decoded),
+                    Some(template) => crate::hf::user_text(template, &decoded)?
+                        .map(str::to_string)
+                        .ok_or_else(|| {
+                            ModelError::Tokenizer(format!(
+                                "the prompt {decoded:?} is not one user message in the model's chat template"
+                            ))
+                        }),
+                }
+            }
+        }
+    }
+
+    /// Whether `token` ends an answer (`<|eos|>`, or any of a Hugging Face
+    /// model's end-of-turn ids).
+    pub fn stops(&self, token: i32) -> bool {
+        match &self.format {
+            PromptFormat::Plan => token == self.special.eos,
+            PromptFormat::Chat { stop, .. } => stop.contains(&token),
+        }
     }
 
     /// Number of trainable parameters.
@@ -364,10 +558,8 @@ impl<M: PolicyNet> Checkpoint<M> {
         staging: &Path,
         written_by: &str,
     ) -> Result<CheckpointManifest, ModelError> {
-        let weights = staging.join("model.safetensors");
-        self.vars
-            .save(&weights)
-            .map_err(|e| ModelError::Torch(format!("writing {}: {e}", weights.display())))?;
+        M::write_weights(&self.vars, staging)?;
+        let weights = staging.join(WEIGHTS_FILE);
         let bytes = std::fs::read(&weights).map_err(|e| io(&weights, e))?;
         let manifest = CheckpointManifest {
             id: blake3::hash(&bytes).to_hex()[..16].to_string(),
@@ -379,16 +571,18 @@ impl<M: PolicyNet> Checkpoint<M> {
             let path = staging.join(file);
             std::fs::write(&path, text).map_err(|e| io(&path, e))
         };
-        let config = Tagged {
-            kind: M::KIND,
-            config: self.model.config(),
-        };
-        write("config.json", pretty(&config))?;
-        write("manifest.json", pretty(&manifest))?;
-        let tokenizer_path = staging.join("tokenizer.json");
-        self.tokenizer.save(&tokenizer_path, false).map_err(|e| {
-            ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display()))
-        })?;
+        write("config.json", pretty(&self.model.config_json()))?;
+        write(MANIFEST_FILE, pretty(&manifest))?;
+        for (name, bytes) in &self.carried {
+            let path = staging.join(name);
+            std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
+        }
+        if !self.carried.contains_key(TOKENIZER_FILE) {
+            let tokenizer_path = staging.join(TOKENIZER_FILE);
+            self.tokenizer.save(&tokenizer_path, false).map_err(|e| {
+                ModelError::Tokenizer(format!("writing {}: {e}", tokenizer_path.display()))
+            })?;
+        }
         if let Some(state) = &self.optimizer {
             state.save(staging)?;
         }
@@ -409,6 +603,30 @@ fn pretty<T: Serialize>(value: &T) -> String {
 
 fn io(path: &Path, source: std::io::Error) -> ModelError {
     ModelError::Core(embodyflow_core::Error::io(PathBuf::from(path), source))
+}
+
+/// The id of a checkpoint without a manifest: the first 16 hex digits of
+/// the BLAKE3 hash of its weight files (`model*.safetensors`, by name).
+fn weights_id(dir: &Path) -> Result<String, ModelError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(bad(dir, "no model*.safetensors weights"));
+    }
+    let mut hasher = blake3::Hasher::new();
+    for file in &files {
+        let mut reader = std::fs::File::open(file).map_err(|e| io(file, e))?;
+        std::io::copy(&mut reader, &mut hasher).map_err(|e| io(file, e))?;
+    }
+    Ok(hasher.finalize().to_hex()[..16].to_string())
 }
 
 /// Copies the tensors of `path` into `vars`, requiring the same names and shapes.

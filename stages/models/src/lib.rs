@@ -15,6 +15,8 @@
 //!   run of many `update-policy` calls optimises like one process;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
 //!   top-p) and the log-probs, entropies and masks the update needs;
+//! - [`hf`]: a Hugging Face decoder (Qwen2, Qwen3, Llama) as a plan
+//!   policy, in transformers' own directory layout;
 //! - [`vla`]: a vision-language-action policy decoding a whole action chunk
 //!   in one pass (image patches, proprio and instruction, 256-bin action
 //!   tokens), stored in the same checkpoint format with `kind = "vla"`;
@@ -36,6 +38,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod frame_encoder;
 pub mod gpt;
+pub mod hf;
 pub mod optimizer;
 pub mod policy;
 #[doc(hidden)]
@@ -63,6 +66,9 @@ pub enum ModelError {
     /// A VLA batch the policy cannot run (named by row).
     #[error(transparent)]
     Vla(#[from] vla::VlaError),
+    /// A Hugging Face model that cannot be loaded, run or saved.
+    #[error(transparent)]
+    Hf(#[from] embodyflow_hf::HfError),
     /// An error of the shared core.
     #[error(transparent)]
     Core(#[from] embodyflow_core::Error),
@@ -74,6 +80,7 @@ impl Classify for ModelError {
             ModelError::BadCheckpoint { .. } | ModelError::Tokenizer(_) => ErrorKind::BadInput,
             ModelError::Torch(_) => ErrorKind::Failure,
             ModelError::Vla(error) => error.kind(),
+            ModelError::Hf(error) => error.kind(),
             ModelError::Core(error) => error.kind(),
         }
     }

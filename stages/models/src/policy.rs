@@ -45,7 +45,97 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, PolicyNet};
+use crate::gpt::{Gpt, KvCache};
+
+/// A network that writes answers token by token: our plan policy ([`Gpt`])
+/// or a Hugging Face decoder (`crate::hf`). [`sample`] and
+/// [`score_responses`] run any of them; rows' real tokens start at position
+/// 0 whatever their padding.
+pub trait PlanNet: PolicyNet {
+    /// The key/value cache of incremental decoding.
+    type Cache;
+    /// The longest sequence (prompt + answer) it runs.
+    fn max_len(&self) -> usize;
+    /// Logits per position.
+    fn vocab(&self) -> usize;
+    /// Logits `[rows, vocab]` (f32) at the last column of left-padded
+    /// prompts `ids` `[rows, width]` (`pads`: each row's pad count), and the
+    /// cache holding them, with room for `capacity` positions in all.
+    fn start(&self, ids: &Tensor, pads: &Tensor, capacity: i64) -> (Tensor, Self::Cache);
+    /// Logits `[rows, vocab]` (f32) after one more token per row, `next`
+    /// `[rows]`, at column `column` of the left-padded batch.
+    fn step(&self, cache: &mut Self::Cache, next: &Tensor, pads: &Tensor, column: i64) -> Tensor;
+    /// Keeps the cache's rows `rows` (1-D i64, in that order, may repeat).
+    fn keep_rows(cache: &mut Self::Cache, rows: &Tensor);
+    /// Logits `[batch, longest, vocab]` (f32, with gradients when they are
+    /// on) at the positions that predict each response token.
+    fn response_logits(
+        policy: &Checkpoint<Self>,
+        prompts: &[&[i32]],
+        responses: &[&[i32]],
+        longest: i64,
+    ) -> Tensor;
+}
+
+impl PlanNet for Gpt {
+    type Cache = KvCache;
+
+    fn max_len(&self) -> usize {
+        self.config().n_ctx as usize
+    }
+
+    fn vocab(&self) -> usize {
+        self.config().vocab_size as usize
+    }
+
+    fn start(&self, ids: &Tensor, pads: &Tensor, capacity: i64) -> (Tensor, KvCache) {
+        let (rows, width) = ids.size2().expect("ids are [rows, width]");
+        let mut cache = self.empty_cache(rows, capacity);
+        let hidden = self.hidden_masked(
+            ids,
+            &positions(pads, 0, width),
+            &prefix_mask(pads, width),
+            Some(&mut cache),
+        );
+        (self.logits(&hidden.select(1, width - 1)), cache)
+    }
+
+    fn step(&self, cache: &mut KvCache, next: &Tensor, pads: &Tensor, column: i64) -> Tensor {
+        let keys = Tensor::arange(column + 1, (Kind::Int64, next.device()));
+        let mask = keys
+            .unsqueeze(0)
+            .ge_tensor(&pads.unsqueeze(1))
+            .view([-1, 1, 1, column + 1]);
+        let hidden = self.hidden_masked(
+            &next.unsqueeze(1),
+            &positions(pads, column, 1),
+            &mask,
+            Some(cache),
+        );
+        self.logits(&hidden.select(1, 0))
+    }
+
+    fn keep_rows(cache: &mut KvCache, rows: &Tensor) {
+        cache.keep_rows(rows);
+    }
+
+    fn response_logits(
+        policy: &Checkpoint,
+        prompts: &[&[i32]],
+        responses: &[&[i32]],
+        longest: i64,
+    ) -> Tensor {
+        let (unique, rows) = distinct(prompts.iter().copied());
+        // The hidden state that predicts each response token: [batch, longest, embd].
+        let hidden = if unique.len() == prompts.len() {
+            causal_response_hidden(policy, prompts, responses, longest)
+        } else {
+            shared_prompt_response_hidden(policy, &unique, &rows, prompts, responses, longest)
+        };
+        policy.model.logits(&hidden)
+    }
+}
 
 /// How to draw responses.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,8 +192,8 @@ fn prefix_mask(pads: &Tensor, time: i64) -> Tensor {
 
 /// Draws responses for `prompts` (each ending with `<|plan|>`), one stream per
 /// row seeded by `seeds[row]`.
-pub fn sample(
-    policy: &Checkpoint,
+pub fn sample<M: PlanNet>(
+    policy: &Checkpoint<M>,
     prompts: &[Vec<i32>],
     seeds: &[u64],
     sampling: &Sampling,
@@ -115,8 +205,8 @@ pub fn sample(
     tch::no_grad(|| sample_batch(policy, prompts, seeds, sampling))
 }
 
-fn sample_batch(
-    policy: &Checkpoint,
+fn sample_batch<M: PlanNet>(
+    policy: &Checkpoint<M>,
     prompts: &[Vec<i32>],
     seeds: &[u64],
     sampling: &Sampling,
@@ -124,7 +214,7 @@ fn sample_batch(
     let model = &policy.model;
     let device = policy.vars.device();
     let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let n_ctx = model.config().n_ctx as usize;
+    let n_ctx = model.max_len();
     assert!(
         width < n_ctx,
         "prompt of {width} tokens leaves no room in n_ctx {n_ctx}"
@@ -139,19 +229,11 @@ fn sample_batch(
         .view([unique.len() as i64, width])
         .to(device);
     let pads = Tensor::from_slice(&pads).to(device);
-    let mut cache = model.empty_cache(unique.len() as i64, width + max_new as i64);
-    let hidden = model.hidden_masked(
-        &ids,
-        &positions(&pads, 0, width),
-        &prefix_mask(&pads, width),
-        Some(&mut cache),
-    );
+    let (last, mut cache) = model.start(&ids, &pads, width + max_new as i64);
     let rows = Tensor::from_slice(&rows).to(device);
-    let mut last = model
-        .logits(&hidden.select(1, width - 1))
-        .index_select(0, &rows);
+    let mut last = last.index_select(0, &rows);
     let mut pads = pads.index_select(0, &rows);
-    cache.keep_rows(&rows);
+    M::keep_rows(&mut cache, &rows);
     let mut outputs: Vec<Sampled> = prompts
         .iter()
         .map(|_| Sampled {
@@ -166,7 +248,7 @@ fn sample_batch(
     // Batch row -> output index, for the rows still running.
     let mut running: Vec<usize> = (0..prompts.len()).collect();
     let mut done = vec![false; prompts.len()];
-    let vocab = model.config().vocab_size as usize;
+    let vocab = model.vocab();
     for step in 0..max_new {
         let logp = if sampling.temperature > 0.0 {
             (last / sampling.temperature).log_softmax(-1, Kind::Float)
@@ -190,7 +272,7 @@ fn sample_batch(
             outputs[out].response_ids.push(token as i32);
             outputs[out].logprobs.push(row_logp[token]);
             next.push(token as i64);
-            done[out] = token as i32 == policy.special.eos;
+            done[out] = policy.stops(token as i32);
         }
         let still: Vec<usize> = (0..running.len())
             .filter(|&row| !done[running[row]])
@@ -202,24 +284,12 @@ fn sample_batch(
         if still.len() * 4 <= running.len() * 3 {
             let keep =
                 Tensor::from_slice(&still.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(device);
-            cache.keep_rows(&keep);
+            M::keep_rows(&mut cache, &keep);
             pads = pads.index_select(0, &keep);
             next = next.index_select(0, &keep);
             running = still.iter().map(|&row| running[row]).collect();
         }
-        let column = width + step as i64;
-        let keys = Tensor::arange(column + 1, (Kind::Int64, device));
-        let mask = keys
-            .unsqueeze(0)
-            .ge_tensor(&pads.unsqueeze(1))
-            .view([-1, 1, 1, column + 1]);
-        let hidden = model.hidden_masked(
-            &next.unsqueeze(1),
-            &positions(&pads, column, 1),
-            &mask,
-            Some(&mut cache),
-        );
-        last = model.logits(&hidden.select(1, 0));
+        last = model.step(&mut cache, &next, &pads, width + step as i64);
     }
     outputs
 }
@@ -323,7 +393,7 @@ fn distinct<'a>(prompts: impl Iterator<Item = &'a [i32]>) -> (Vec<&'a [i32]>, Ve
 }
 
 /// `rows` right-padded with `pad` into `[rows, width]` ids.
-fn right_padded<'a>(
+pub(crate) fn right_padded<'a>(
     rows: impl Iterator<Item = Vec<&'a [i32]>>,
     width: usize,
     pad: i32,
@@ -356,17 +426,16 @@ fn right_padded<'a>(
 ///
 /// [`Gpt::prefix`]: crate::gpt::Gpt::prefix
 /// [`Gpt::hidden_after`]: crate::gpt::Gpt::hidden_after
-pub fn score_responses(
-    policy: &Checkpoint,
+pub fn score_responses<M: PlanNet>(
+    policy: &Checkpoint<M>,
     prompts: &[&[i32]],
     responses: &[&[i32]],
     temperature: f64,
     entropy: Entropy,
 ) -> ResponseScores {
     assert_eq!(prompts.len(), responses.len());
-    let model = &policy.model;
     let device = policy.vars.device();
-    let n_ctx = model.config().n_ctx as usize;
+    let n_ctx = policy.model.max_len();
     let pad = policy.special.pad;
     for (prompt, response) in prompts.iter().zip(responses) {
         assert!(!prompt.is_empty(), "a prompt has at least one token");
@@ -395,14 +464,8 @@ pub fn score_responses(
             mask,
         };
     }
-    let (unique, rows) = distinct(prompts.iter().copied());
-    // The hidden state that predicts each response token: [batch, longest, embd].
-    let hidden = if unique.len() == prompts.len() {
-        causal_response_hidden(policy, prompts, responses, longest)
-    } else {
-        shared_prompt_response_hidden(policy, &unique, &rows, prompts, responses, longest)
-    };
-    let log_probs = (model.logits(&hidden) / temperature).log_softmax(-1, Kind::Float);
+    let logits = M::response_logits(policy, prompts, responses, longest);
+    let log_probs = (logits / temperature).log_softmax(-1, Kind::Float);
     let targets = Tensor::from_slice(&targets)
         .view([batch, longest])
         .to(device);

@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::{PolicyKind, PolicyNet};
+use crate::checkpoint::{self, PolicyKind, PolicyNet};
 use crate::gpt::{Gpt, GptConfig};
 use crate::policy::{Entropy, arg_max, draw};
 
@@ -389,6 +389,14 @@ pub struct Vla {
 impl PolicyNet for Vla {
     type Config = VlaConfig;
     const KIND: PolicyKind = PolicyKind::Vla;
+
+    fn parse_config(value: serde_json::Value) -> Result<VlaConfig, String> {
+        checkpoint::serde_config(value)
+    }
+
+    fn config_json(&self) -> serde_json::Value {
+        checkpoint::tagged_config(Self::KIND, &self.config)
+    }
 
     fn check(config: &VlaConfig) -> Result<(), String> {
         config.check()

@@ -28,8 +28,8 @@ use embodyflow_envs::{Outcome, TaskEnv};
 
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
-use embodyflow_models::policy::{Sampling, sample};
-use embodyflow_models::tokenizer::{decode, encode};
+use embodyflow_models::policy::{PlanNet, Sampling, sample};
+use embodyflow_models::tokenizer::decode;
 
 /// Sampling seed of one answer: BLAKE3 of the run's `--seed` and the
 /// answer's id (a trajectory id), so an answer draws the same tokens whatever
@@ -54,9 +54,10 @@ pub struct Request<'a> {
 /// A drawn and executed answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Episode {
-    /// Prompt ids (ending with `<|plan|>`).
+    /// Prompt ids (ours end with `<|plan|>`; a Hugging Face model's are its
+    /// chat template's).
     pub prompt_ids: Vec<i32>,
-    /// Response ids (ending with `<|eos|>` unless cut at the limit).
+    /// Response ids (ending with a stop id unless cut at the limit).
     pub response_ids: Vec<i32>,
     /// Log-prob of each response token under `logits / T`.
     pub logprobs: Vec<f32>,
@@ -67,19 +68,18 @@ pub struct Episode {
 }
 
 /// Samples and executes one answer per request, in request order.
-pub fn run_episodes(
-    policy: &Checkpoint,
+pub fn run_episodes<M: PlanNet>(
+    policy: &Checkpoint<M>,
     requests: &[Request<'_>],
     sampling: &Sampling,
     batch_rows: usize,
     label: &str,
 ) -> Result<Vec<Episode>, ModelError> {
     let batch_rows = batch_rows.max(1);
-    let n_ctx = policy.model.config().n_ctx as usize;
+    let n_ctx = policy.model.max_len();
     let mut prompts = Vec::with_capacity(requests.len());
     for request in requests {
-        let mut ids = encode(&policy.tokenizer, &request.env.prompt())?;
-        ids.push(policy.special.plan);
+        let ids = policy.prompt_ids(&request.env.prompt())?;
         if ids.len() >= n_ctx {
             return Err(embodyflow_core::Error::BadInput(format!(
                 "task `{}`: its prompt of {} tokens leaves no room for an answer in the model's context n_ctx = {n_ctx}",
@@ -145,8 +145,8 @@ pub fn mode_of(
             c.task_id, c.env, o.task_id, o.env
         ))),
         (Some(_), None, PolicyKind::Vla) => Ok(Mode::ClosedLoop),
-        (None, Some(_), PolicyKind::Plan) => Ok(Mode::OneShot),
-        (Some(c), None, PolicyKind::Plan) => Err(Error::BadInput(format!(
+        (None, Some(_), PolicyKind::Plan | PolicyKind::Hf) => Ok(Mode::OneShot),
+        (Some(c), None, PolicyKind::Plan | PolicyKind::Hf) => Err(Error::BadInput(format!(
             "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
             c.task_id,
             c.env,

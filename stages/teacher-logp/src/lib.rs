@@ -51,9 +51,10 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::policy::{Entropy, score_responses};
-use embodyflow_models::tokenizer::{decode, encode};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind};
+use embodyflow_models::gpt::Gpt;
+use embodyflow_models::hf::HfNet;
+use embodyflow_models::policy::{Entropy, PlanNet, score_responses};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `teacher-logp`.
@@ -166,17 +167,16 @@ pub struct Skipped {
 
 /// Builds the two contexts of every step, checking the response ids against
 /// the teacher's vocabulary.
-pub fn build_jobs(
-    teacher: &Checkpoint,
+pub fn build_jobs<M: PlanNet>(
+    teacher: &Checkpoint<M>,
     templates: &ContextTemplates,
     trajectories: &[TrajectoryRow],
     steps: &[StepRow],
     tasks: &HashMap<&str, &TaskRow>,
     strict: bool,
 ) -> Result<(Vec<Job>, Skipped), ModelError> {
-    let vocab = teacher.model.config().vocab_size;
-    let n_ctx = teacher.model.config().n_ctx as usize;
-    let plan = teacher.special.plan;
+    let vocab = M::vocab_size(teacher.model.config());
+    let n_ctx = teacher.model.max_len();
     let task_of: HashMap<&str, &str> = trajectories
         .iter()
         .map(|t| (t.trajectory_id.as_str(), t.task_id.as_str()))
@@ -221,16 +221,8 @@ pub fn build_jobs(
             skipped.no_reference += 1;
             continue;
         };
-        let seen = step
-            .prompt_ids
-            .strip_suffix(&[plan])
-            .unwrap_or(&step.prompt_ids);
-        let prompt = decode(&teacher.tokenizer, seen)?;
-        let context = |text: String| -> Result<Vec<i32>, ModelError> {
-            let mut ids = encode(&teacher.tokenizer, &text)?;
-            ids.push(plan);
-            Ok(ids)
-        };
+        let prompt = teacher.prompt_text(&step.prompt_ids)?;
+        let context = |text: String| teacher.prompt_ids(&text);
         let teacher_context = context(templates.render_teacher(
             &prompt,
             &task.instruction,
@@ -282,8 +274,8 @@ pub fn batch_order(jobs: &mut [Job]) {
 
 /// Teacher and student log-probs of each job's response tokens, `batch_rows`
 /// jobs (2 x `batch_rows` sequences) per forward pass.
-pub fn score_jobs(
-    teacher: &Checkpoint,
+pub fn score_jobs<M: PlanNet>(
+    teacher: &Checkpoint<M>,
     jobs: &[Job],
     batch_rows: usize,
     temperature: f64,
@@ -338,9 +330,9 @@ pub fn contrast_stats(scores: &[(Vec<f32>, Vec<f32>)]) -> Option<(f64, f64, f64,
     Some((mean, var.sqrt(), min, max))
 }
 
-fn same_tokenizer(
-    policy: &Checkpoint,
-    teacher: &Checkpoint,
+fn same_tokenizer<M: PolicyNet>(
+    policy: &Checkpoint<M>,
+    teacher: &Checkpoint<M>,
     teacher_dir: &Path,
 ) -> Result<(), ModelError> {
     let ours = policy.tokenizer.get_vocab(true);
@@ -368,15 +360,25 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage =
         Stage::<Config>::start(&spec::TEACHER_LOGP, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
+    match policy_kind(&args.policy.policy)? {
+        PolicyKind::Hf => score_steps::<HfNet>(&stage, &args),
+        // A VLA is refused by the plan policy's loader, naming the kinds.
+        PolicyKind::Plan | PolicyKind::Vla => score_steps::<Gpt>(&stage, &args),
+    }
+}
+
+/// The stage with a policy (and teacher) of network `M`: ours ([`Gpt`]) or
+/// a Hugging Face decoder ([`HfNet`]), the teacher of the same kind.
+fn score_steps<M: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
-    let policy = Checkpoint::load(&args.policy.policy, device)?;
+    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let is_self = args.teacher.teacher.as_os_str() == "self";
     let loaded;
     let (teacher, teacher_name) = if is_self {
         (&policy, "self".to_string())
     } else {
-        loaded = Checkpoint::load(&args.teacher.teacher, device)?;
+        loaded = Checkpoint::<M>::load_kind(&args.teacher.teacher, device)?;
         same_tokenizer(&policy, &loaded, &args.teacher.teacher)?;
         (&loaded, loaded.manifest.id.clone())
     };
@@ -492,6 +494,7 @@ mod tests {
     }
     use embodyflow_core::schemas::PlanAction;
     use embodyflow_models::testing::tiny_policy;
+    use embodyflow_models::tokenizer::encode;
 
     fn rollout(
         policy: &Checkpoint,

@@ -85,8 +85,9 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind};
 use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::gpt::Gpt;
+use embodyflow_models::hf::HfNet;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
-use embodyflow_models::policy::{Entropy, ResponseScores, score_responses};
+use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, score_responses};
 use embodyflow_models::tokenizer::encode;
 use embodyflow_models::vla::{Vla, WarmupConfig};
 use embodyflow_worlds::BridgeKeys;
@@ -713,6 +714,7 @@ impl Example {
             None => values.into(),
         }
     }
+
     /// The encoded observation a VLA decision was taken at, if any: the one
     /// accessor of the observation (read by [`vla::decode_observations`]).
     pub fn observation(&self) -> Option<&[u8]> {
@@ -930,28 +932,11 @@ impl Trainable for Gpt {
         sft: &SftConfig,
         _seed: u64,
     ) -> Result<SftSet, ModelError> {
-        Ok(SftSet {
-            examples: sft_examples(policy, tasks, sft)?,
-            notes: Vec::new(),
-            frame_encoder: None,
-        })
+        plan_sft_set(policy, tasks, sft)
     }
 
     fn check_examples(policy: &Checkpoint, examples: &[Example]) -> Result<(), Error> {
-        check_vocabulary(examples, policy.model.config().vocab_size)?;
-        let n_ctx = policy.model.config().n_ctx as usize;
-        if let Some(long) = examples
-            .iter()
-            .find(|e| e.prompt.len() + e.response.len() > n_ctx)
-        {
-            return Err(Error::BadInput(format!(
-                "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
-                long.source,
-                long.prompt.len(),
-                long.response.len()
-            )));
-        }
-        Ok(())
+        check_plan_examples(policy, examples)
     }
 
     fn score(
@@ -960,21 +945,86 @@ impl Trainable for Gpt {
         temperature: f64,
         entropy: Entropy,
     ) -> Result<ResponseScores, ModelError> {
-        let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
-        let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
-        Ok(score_responses(
-            policy,
-            &prompts,
-            &responses,
-            temperature,
-            entropy,
-        ))
+        Ok(score_plan_examples(policy, batch, temperature, entropy))
     }
 }
 
+/// A Hugging Face decoder trains as our plan policy does (full
+/// fine-tuning), its prompts from its chat template.
+impl Trainable for HfNet {
+    fn sft_examples(
+        policy: &Checkpoint<HfNet>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        plan_sft_set(policy, tasks, sft)
+    }
+
+    fn check_examples(policy: &Checkpoint<HfNet>, examples: &[Example]) -> Result<(), Error> {
+        check_plan_examples(policy, examples)
+    }
+
+    fn score(
+        policy: &Checkpoint<HfNet>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        Ok(score_plan_examples(policy, batch, temperature, entropy))
+    }
+}
+
+/// [`Trainable::sft_examples`] of a plan policy.
+fn plan_sft_set<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    tasks: &[TaskRow],
+    sft: &SftConfig,
+) -> Result<SftSet, ModelError> {
+    Ok(SftSet {
+        examples: sft_examples(policy, tasks, sft)?,
+        notes: Vec::new(),
+        frame_encoder: None,
+    })
+}
+
+/// [`Trainable::check_examples`] of a plan policy: ids in its vocabulary,
+/// prompt + response within its context.
+fn check_plan_examples<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    examples: &[Example],
+) -> Result<(), Error> {
+    check_vocabulary(examples, M::vocab_size(policy.model.config()))?;
+    let n_ctx = policy.model.max_len();
+    if let Some(long) = examples
+        .iter()
+        .find(|e| e.prompt.len() + e.response.len() > n_ctx)
+    {
+        return Err(Error::BadInput(format!(
+            "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
+            long.source,
+            long.prompt.len(),
+            long.response.len()
+        )));
+    }
+    Ok(())
+}
+
+/// [`Trainable::score`] of a plan policy ([`score_responses`]).
+fn score_plan_examples<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    batch: &[&Example],
+    temperature: f64,
+    entropy: Entropy,
+) -> ResponseScores {
+    let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+    let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
+    score_responses(policy, &prompts, &responses, temperature, entropy)
+}
+
 /// SFT examples: the expert answers of `tasks` (the first `per_type` of each task type when set).
-pub fn sft_examples(
-    policy: &Checkpoint,
+pub fn sft_examples<M: PlanNet>(
+    policy: &Checkpoint<M>,
     tasks: &[TaskRow],
     sft: &SftConfig,
 ) -> Result<Vec<Example>, ModelError> {
@@ -1011,8 +1061,7 @@ pub fn sft_examples(
             )?);
         }
         for context in contexts {
-            let mut prompt = encode(&policy.tokenizer, &context)?;
-            prompt.push(policy.special.plan);
+            let prompt = policy.prompt_ids(&context)?;
             examples.push(Example {
                 source: format!("task `{}`", row.task_id),
                 prompt,
@@ -1563,6 +1612,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     match policy_kind(&args.policy.policy)? {
         PolicyKind::Plan => update::<Gpt>(&stage, &args),
         PolicyKind::Vla => update::<Vla>(&stage, &args),
+        PolicyKind::Hf => update::<HfNet>(&stage, &args),
     }
 }
 

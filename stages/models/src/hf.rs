@@ -1,0 +1,615 @@
+//! A Hugging Face decoder ([`HfNet`]: Qwen2 / Qwen2.5, Qwen3, Llama) as a
+//! plan policy: a model directory as transformers writes it is a
+//! [`Checkpoint<HfNet>`] that every plan-policy stage (collect-rollouts,
+//! teacher-logp, update-policy, evaluate) loads with `--policy` /
+//! `--teacher`, and that update-policy saves back in the same layout.
+//!
+//! The directory: `config.json` (with `model_type`, no `kind`: that is how
+//! [`crate::checkpoint::policy_kind`] tells it from ours),
+//! `model.safetensors` or a sharded `model.safetensors.index.json`,
+//! `tokenizer.json`, and optionally `tokenizer_config.json` (chat template,
+//! special tokens), `chat_template.jinja` and `generation_config.json`.
+//! Our `manifest.json` is optional (a downloaded model has none: its id is
+//! the hash of its weights). Saving writes `config.json` (the one read,
+//! `dtype` set), one `model.safetensors` under transformers' names,
+//! `manifest.json`, the optimizer state, and copies the tokenizer and
+//! generation files unchanged, so `AutoModelForCausalLM.from_pretrained`
+//! and `AutoTokenizer.from_pretrained` read the result.
+//!
+//! Prompts ([`crate::checkpoint::PromptFormat::Chat`]): a task's text is
+//! one user message rendered by the model's chat template with the
+//! generation prompt, as `tokenizer.apply_chat_template(messages,
+//! add_generation_prompt=True, tokenize=True)` does it (the rendered text
+//! tokenised without adding special tokens); a model without a template
+//! (a base model) reads the text as `tokenizer(text)` encodes it. An answer
+//! ends at any id of `generation_config.json`'s `eos_token_id` (else
+//! `config.json`'s, else `tokenizer_config.json`'s `eos_token`); padding is
+//! the first `pad_token_id` found in the same order, else the first stop
+//! id. The tokenizer's vocabulary may be smaller than the embedding (Qwen
+//! pads it to a multiple of 64) but never larger.
+//!
+//! Sampling runs the prompts left-padded with transformers' attention mask
+//! and position ids (`cumsum(mask) - 1`) and a key/value cache; scoring
+//! runs `prompt + response` right-padded in one pass. Both give each row
+//! the logits it has alone, so the PPO ratio starts at 1.
+//!
+//! ```no_run
+//! use embodyflow_hf::HfNet;
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::policy::{sample, Sampling};
+//! let policy = Checkpoint::<HfNet>::load_kind("Qwen3-0.6B".as_ref(), tch::Device::Cpu).unwrap();
+//! let prompt = policy.prompt_ids("Put the mug in the sink.").unwrap();
+//! let greedy = Sampling { temperature: 0.0, top_p: 1.0, max_new_tokens: 64 };
+//! let answer = &sample(&policy, &[prompt], &[0], &greedy)[0];
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use embodyflow_hf::HfNet;
+use embodyflow_hf::chat::{ChatError, ChatTemplate};
+use embodyflow_hf::{HfConfig, HfError, KvCache};
+use serde_json::{Map, Value};
+use tch::nn::VarStore;
+use tch::{Kind, Tensor};
+use tokenizers::Tokenizer;
+
+use crate::ModelError;
+use crate::checkpoint::{
+    Checkpoint, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens, WEIGHTS_FILE,
+};
+use crate::policy::{PlanNet, right_padded};
+use crate::tokenizer::SpecialIds;
+
+/// The files of a Hugging Face model directory besides its config and
+/// weights that a checkpoint trained from it carries unchanged.
+pub const CARRIED_FILES: [&str; 8] = [
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+];
+
+fn bad(file: &Path, reason: impl Into<String>) -> ModelError {
+    ModelError::BadCheckpoint {
+        file: file.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// A JSON object file of the model directory, `None` when absent.
+fn json_object(file: &Path) -> Result<Option<Map<String, Value>>, ModelError> {
+    if !file.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| bad(file, e.to_string()))?;
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => Err(bad(file, "is not a JSON object")),
+        Err(e) => Err(bad(file, e.to_string())),
+    }
+}
+
+/// Token ids of `key` in `object`: one id or a list of ids.
+fn ids_of(object: &Map<String, Value>, key: &str, file: &Path) -> Result<Vec<i32>, ModelError> {
+    let id = |value: &Value| {
+        value
+            .as_i64()
+            .and_then(|id| i32::try_from(id).ok())
+            .filter(|&id| id >= 0)
+            .ok_or_else(|| bad(file, format!("`{key}`: {value} is not a token id")))
+    };
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(values)) => values.iter().map(id).collect(),
+        Some(value) => Ok(vec![id(value)?]),
+    }
+}
+
+/// The id of `tokenizer_config.json`'s `key` (a token's text, or an
+/// object with its `content`).
+fn token_of(
+    object: &Map<String, Value>,
+    key: &str,
+    tokenizer: &Tokenizer,
+    file: &Path,
+) -> Result<Vec<i32>, ModelError> {
+    let text = match object.get(key) {
+        Some(Value::String(text)) => text.as_str(),
+        Some(Value::Object(token)) => match token.get("content") {
+            Some(Value::String(text)) => text.as_str(),
+            _ => return Err(bad(file, format!("`{key}` has no `content` string"))),
+        },
+        _ => return Ok(Vec::new()),
+    };
+    let id = tokenizer.token_to_id(text).ok_or_else(|| {
+        bad(
+            file,
+            format!("`{key}` {text:?} is not a token of tokenizer.json"),
+        )
+    })?;
+    Ok(vec![id as i32])
+}
+
+/// The first non-empty id list among the sources, in order.
+fn first_found(
+    sources: impl IntoIterator<Item = Result<Vec<i32>, ModelError>>,
+) -> Result<Vec<i32>, ModelError> {
+    for ids in sources {
+        let ids = ids?;
+        if !ids.is_empty() {
+            return Ok(ids);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// `text` as one user message with the generation prompt.
+pub(crate) fn render_user(template: &ChatTemplate, text: &str) -> Result<String, ModelError> {
+    let messages = serde_json::json!([{"role": "user", "content": text}]);
+    Ok(template
+        .render(&messages, None, true)
+        .map_err(HfError::from)?)
+}
+
+/// The user message's text inside a prompt [`render_user`] rendered:
+/// `decoded` without the template's text before and after the message;
+/// `None` when it is not such a prompt.
+pub(crate) fn user_text<'a>(
+    template: &ChatTemplate,
+    decoded: &'a str,
+) -> Result<Option<&'a str>, ModelError> {
+    const MARK: &str = "\u{e000}embodyflow-user-text\u{e000}";
+    let rendered = render_user(template, MARK)?;
+    let Some((before, after)) = rendered.split_once(MARK) else {
+        return Ok(None);
+    };
+    Ok(decoded
+        .strip_prefix(before)
+        .and_then(|rest| rest.strip_suffix(after)))
+}
+
+impl PolicyNet for HfNet {
+    type Config = HfConfig;
+    const KIND: PolicyKind = PolicyKind::Hf;
+
+    fn parse_config(value: Value) -> Result<HfConfig, String> {
+        HfConfig::parse(&value.to_string(), Path::new("config.json")).map_err(|e| match e {
+            HfError::BadConfig { reason, .. } => reason,
+            other => other.to_string(),
+        })
+    }
+
+    fn config_json(&self) -> Value {
+        HfNet::config_json(self)
+    }
+
+    fn check(_config: &HfConfig) -> Result<(), String> {
+        // HfConfig::parse resolved and checked it.
+        Ok(())
+    }
+
+    fn vocab_size(config: &HfConfig) -> i64 {
+        config.vocab_size
+    }
+
+    fn build(path: &tch::nn::Path, config: &HfConfig) -> HfNet {
+        HfNet::new(path, config.clone())
+    }
+
+    fn config(&self) -> &HfConfig {
+        HfNet::config(self)
+    }
+
+    fn load_weights(vars: &mut VarStore, dir: &Path) -> Result<(), ModelError> {
+        Ok(HfNet::load_weights(vars, dir)?)
+    }
+
+    fn write_weights(vars: &VarStore, staging: &Path) -> Result<(), ModelError> {
+        Ok(HfNet::write_weights(vars, &staging.join(WEIGHTS_FILE))?)
+    }
+
+    fn tokens(dir: &Path, tokenizer: &Tokenizer, config: &HfConfig) -> Result<Tokens, ModelError> {
+        let tokenizer_file = dir.join(TOKENIZER_FILE);
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        if vocab > config.vocab_size {
+            return Err(bad(
+                &tokenizer_file,
+                format!(
+                    "the tokenizer has {vocab} tokens but the embedding has {} rows (config.json `vocab_size`): another model's tokenizer?",
+                    config.vocab_size
+                ),
+            ));
+        }
+        let generation_file = dir.join("generation_config.json");
+        let config_file = dir.join("config.json");
+        let tokenizer_config_file = dir.join("tokenizer_config.json");
+        let generation = json_object(&generation_file)?.unwrap_or_default();
+        let tokenizer_config = json_object(&tokenizer_config_file)?.unwrap_or_default();
+        let stop = first_found([
+            ids_of(&generation, "eos_token_id", &generation_file),
+            ids_of(&config.source, "eos_token_id", &config_file),
+            token_of(
+                &tokenizer_config,
+                "eos_token",
+                tokenizer,
+                &tokenizer_config_file,
+            ),
+        ])?;
+        let Some(&eos) = stop.first() else {
+            return Err(bad(
+                &generation_file,
+                "no end-of-answer token: none of generation_config.json / config.json `eos_token_id` or tokenizer_config.json `eos_token` is set",
+            ));
+        };
+        if let Some(&outside) = stop.iter().find(|&&id| i64::from(id) >= config.vocab_size) {
+            return Err(bad(
+                &generation_file,
+                format!(
+                    "end-of-answer id {outside} is outside the embedding of {} rows",
+                    config.vocab_size
+                ),
+            ));
+        }
+        let pad = first_found([
+            ids_of(&generation, "pad_token_id", &generation_file),
+            ids_of(&config.source, "pad_token_id", &config_file),
+            token_of(
+                &tokenizer_config,
+                "pad_token",
+                tokenizer,
+                &tokenizer_config_file,
+            ),
+        ])?
+        .first()
+        .copied()
+        .unwrap_or(eos);
+        let template = match ChatTemplate::from_dir(dir) {
+            Ok(template) => Some(Arc::new(template)),
+            Err(ChatError::NoChatTemplate { .. }) => None,
+            Err(other) => return Err(HfError::from(other).into()),
+        };
+        let mut carried = BTreeMap::new();
+        for name in CARRIED_FILES {
+            let file = dir.join(name);
+            if file.is_file() {
+                let bytes = std::fs::read(&file).map_err(|e| bad(&file, e.to_string()))?;
+                carried.insert(name.to_string(), bytes);
+            }
+        }
+        Ok(Tokens {
+            special: SpecialIds {
+                pad,
+                plan: eos,
+                eos,
+            },
+            format: PromptFormat::Chat { template, stop },
+            carried,
+        })
+    }
+}
+
+/// The decoding state of [`HfNet`]: the keys and values, and the attention
+/// mask over them (0 at a row's left padding).
+pub struct HfCache {
+    keys_values: KvCache,
+    mask: Tensor,
+}
+
+/// Logits of the model's dtype as f32; a fault is a bug of ours (ids and
+/// masks are built here, the ids checked against the vocabulary first).
+fn float_logits(logits: Result<Tensor, HfError>) -> Tensor {
+    logits
+        .unwrap_or_else(|e| panic!("a batch built by the sampler or scorer failed: {e}"))
+        .to_kind(Kind::Float)
+}
+
+impl PlanNet for HfNet {
+    type Cache = HfCache;
+
+    fn max_len(&self) -> usize {
+        self.config().max_position_embeddings as usize
+    }
+
+    fn vocab(&self) -> usize {
+        self.config().vocab_size as usize
+    }
+
+    fn start(&self, ids: &Tensor, pads: &Tensor, _capacity: i64) -> (Tensor, HfCache) {
+        let (_, width) = ids.size2().expect("ids are [rows, width]");
+        let columns = Tensor::arange(width, (Kind::Int64, ids.device()));
+        let mask = columns
+            .unsqueeze(0)
+            .ge_tensor(&pads.unsqueeze(1))
+            .to_kind(Kind::Int64);
+        let mut keys_values = KvCache::default();
+        let logits = float_logits(self.forward_cached(ids, &mask, &mut keys_values));
+        (logits.select(1, width - 1), HfCache { keys_values, mask })
+    }
+
+    fn step(&self, cache: &mut HfCache, next: &Tensor, _pads: &Tensor, _column: i64) -> Tensor {
+        let rows = next.size()[0];
+        let ones = Tensor::ones([rows, 1], (Kind::Int64, next.device()));
+        cache.mask = Tensor::cat(&[&cache.mask, &ones], 1);
+        let logits = float_logits(self.forward_cached(
+            &next.unsqueeze(1),
+            &cache.mask,
+            &mut cache.keys_values,
+        ));
+        logits.select(1, 0)
+    }
+
+    fn keep_rows(cache: &mut HfCache, rows: &Tensor) {
+        cache.keys_values.keep_rows(rows);
+        cache.mask = cache.mask.index_select(0, rows);
+    }
+
+    fn response_logits(
+        policy: &Checkpoint<HfNet>,
+        prompts: &[&[i32]],
+        responses: &[&[i32]],
+        longest: i64,
+    ) -> Tensor {
+        let device = policy.vars.device();
+        let inputs = || {
+            prompts.iter().zip(responses).map(|(prompt, response)| {
+                vec![*prompt, &response[..response.len().saturating_sub(1)]]
+            })
+        };
+        let lengths: Vec<usize> = inputs()
+            .map(|parts| parts.iter().map(|p| p.len()).sum())
+            .collect();
+        let width = lengths.iter().copied().max().unwrap_or(0);
+        let batch = prompts.len() as i64;
+        let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
+            .view([batch, width as i64])
+            .to(device);
+        let mut mask = Vec::with_capacity(prompts.len() * width);
+        for &length in &lengths {
+            mask.extend(std::iter::repeat_n(1i64, length));
+            mask.extend(std::iter::repeat_n(0i64, width - length));
+        }
+        let mask = Tensor::from_slice(&mask)
+            .view([batch, width as i64])
+            .to(device);
+        let logits = float_logits(policy.model.forward(&ids, &mask));
+        let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
+        for prompt in prompts {
+            let first = prompt.len() as i64 - 1;
+            columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
+        }
+        let columns = Tensor::from_slice(&columns)
+            .view([batch, longest, 1])
+            .to(device);
+        let vocab = logits.size()[2];
+        logits.gather(1, &columns.expand([batch, longest, vocab], false), false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Entropy, Sampling, sample, score_responses};
+    use crate::testing::{seed, tiny_tokenizer};
+    use tokenizers::AddedToken;
+
+    /// A chat template of one user turn: `<|im_start|>user\n…<|im_end|>\n`,
+    /// then `<|im_start|>assistant\n` as the generation prompt.
+    const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    /// A tiny random Qwen3 in transformers' layout in `dir`: the tiny
+    /// policy's BPE plus the chat tokens, an embedding of `vocab` rows,
+    /// and the given generation config (`None`: no file).
+    fn write_model(dir: &Path, vocab: Option<i64>, generation: Option<Value>) {
+        let mut tokenizer = tiny_tokenizer();
+        tokenizer.add_special_tokens(&[
+            AddedToken::from("<|im_start|>", true),
+            AddedToken::from("<|im_end|>", true),
+        ]);
+        let size = tokenizer.get_vocab_size(true) as i64;
+        let config = serde_json::json!({
+            "model_type": "qwen3",
+            "vocab_size": vocab.unwrap_or((size + 63) / 64 * 64),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "max_position_embeddings": 128,
+            "tie_word_embeddings": true,
+            "rms_norm_eps": 1e-6,
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let parsed = HfNet::parse_config(config).unwrap();
+        let _guard = seed(7);
+        let vars = VarStore::new(tch::Device::Cpu);
+        let _net = HfNet::new(&vars.root(), parsed);
+        tch::no_grad(|| {
+            for (_, mut variable) in vars.variables() {
+                variable.copy_(&(Tensor::randn_like(&variable) * 0.5));
+            }
+        });
+        HfNet::write_weights(&vars, &dir.join(WEIGHTS_FILE)).unwrap();
+        tokenizer.save(dir.join(TOKENIZER_FILE), false).unwrap();
+        let tokenizer_config =
+            serde_json::json!({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"});
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            tokenizer_config.to_string(),
+        )
+        .unwrap();
+        if let Some(generation) = generation {
+            std::fs::write(dir.join("generation_config.json"), generation.to_string()).unwrap();
+        }
+    }
+
+    fn load(dir: &Path) -> Result<Checkpoint<HfNet>, ModelError> {
+        Checkpoint::<HfNet>::load_kind(dir, tch::Device::Cpu)
+    }
+
+    #[test]
+    fn prompts_are_the_chat_template_and_read_back_to_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let policy = load(dir.path()).unwrap();
+        assert_eq!(
+            crate::checkpoint::policy_kind(dir.path()).unwrap(),
+            PolicyKind::Hf
+        );
+        let im_end = policy.tokenizer.token_to_id("<|im_end|>").unwrap() as i32;
+        // No generation_config.json: the stop id is tokenizer_config's eos_token.
+        assert!(policy.stops(im_end) && !policy.stops(im_end - 1));
+        let text = "Task: find a Mug 3";
+        let ids = policy.prompt_ids(text).unwrap();
+        let im_start = policy.tokenizer.token_to_id("<|im_start|>").unwrap() as i32;
+        assert_eq!(ids[0], im_start);
+        assert_eq!(policy.prompt_text(&ids).unwrap(), text);
+        // Ids that are not one user turn of the template are refused.
+        let plain = crate::tokenizer::encode(&policy.tokenizer, text).unwrap();
+        let error = policy.prompt_text(&plain).unwrap_err();
+        assert!(error.to_string().contains("chat template"), "{error}");
+    }
+
+    #[test]
+    fn sampled_logprobs_are_the_scored_ones_and_answers_end_at_a_stop_id() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let policy = load(dir.path()).unwrap();
+        // Prompts of different lengths (left padding), one repeated.
+        let prompts: Vec<Vec<i32>> = ["Task: find a Mug 1", "put the apple", "Task: find a Mug 1"]
+            .iter()
+            .map(|t| policy.prompt_ids(t).unwrap())
+            .collect();
+        let sampling = Sampling {
+            temperature: 1.3,
+            top_p: 1.0,
+            max_new_tokens: 12,
+        };
+        let sampled = sample(&policy, &prompts, &[1, 2, 3], &sampling);
+        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
+        let scores = score_responses(&policy, &prompt_refs, &responses, 1.3, Entropy::Skip);
+        for (row, s) in sampled.iter().enumerate() {
+            assert!(!s.response_ids.is_empty());
+            let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));
+            assert!(stop_at.is_none_or(|at| at + 1 == s.response_ids.len()));
+            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
+                0,
+                0,
+                s.logprobs.len() as i64,
+            ))
+            .unwrap();
+            for (a, b) in s.logprobs.iter().zip(&scored) {
+                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
+            }
+        }
+        // Each row's sample is its own: the same seed alone draws the same
+        // tokens (log-probs to float rounding: the batch pads the row).
+        let alone = sample(&policy, &prompts[1..2], &[2], &sampling);
+        assert_eq!(alone[0].response_ids, sampled[1].response_ids);
+        for (a, b) in alone[0].logprobs.iter().zip(&sampled[1].logprobs) {
+            assert!((a - b).abs() < 1e-5, "alone {a}, in the batch {b}");
+        }
+    }
+
+    #[test]
+    fn a_saved_policy_reloads_with_its_files_and_the_same_logits() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(
+            dir.path(),
+            None,
+            Some(serde_json::json!({"eos_token_id": [5, 6]})),
+        );
+        let policy = load(dir.path()).unwrap();
+        assert!(policy.stops(5) && policy.stops(6));
+        // A downloaded model has no manifest: its id is its weights'.
+        assert_eq!(policy.manifest.id.len(), 16);
+        assert_eq!(policy.manifest.parent, None);
+        let out = tempfile::tempdir().unwrap();
+        let saved = out.path().join("policy");
+        policy.save(&saved, "update-policy", false).unwrap();
+        for file in [
+            "tokenizer_config.json",
+            "generation_config.json",
+            "manifest.json",
+        ] {
+            assert!(saved.join(file).is_file(), "{file} carried");
+        }
+        assert_eq!(
+            std::fs::read(saved.join("generation_config.json")).unwrap(),
+            std::fs::read(dir.path().join("generation_config.json")).unwrap()
+        );
+        let again = load(&saved).unwrap();
+        assert_eq!(
+            again.manifest.parent.as_deref(),
+            Some(policy.manifest.id.as_str())
+        );
+        let ids = [policy.prompt_ids("put the apple").unwrap()];
+        let refs: Vec<&[i32]> = ids.iter().map(Vec::as_slice).collect();
+        let response: [&[i32]; 1] = [&[20, 21, 22]];
+        let a = score_responses(&policy, &refs, &response, 1.0, Entropy::Skip).logprobs;
+        let b = score_responses(&again, &refs, &response, 1.0, Entropy::Skip).logprobs;
+        assert_eq!(
+            Vec::<f32>::try_from(a.view([-1])).unwrap(),
+            Vec::<f32>::try_from(b.view([-1])).unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_model_directories_name_the_file_and_what_is_wrong() {
+        // A tokenizer larger than the embedding.
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), Some(64), None);
+        let error = load(dir.path()).err().unwrap().to_string();
+        assert!(
+            error.contains("tokenizer.json") && error.contains("64 rows"),
+            "{error}"
+        );
+        // No end-of-answer token anywhere.
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();
+        let error = load(dir.path()).err().unwrap().to_string();
+        assert!(error.contains("no end-of-answer token"), "{error}");
+        // A stop id outside the embedding.
+        let dir = tempfile::tempdir().unwrap();
+        write_model(
+            dir.path(),
+            None,
+            Some(serde_json::json!({"eos_token_id": 100000})),
+        );
+        let error = load(dir.path()).err().unwrap().to_string();
+        assert!(
+            error.contains("generation_config.json") && error.contains("100000"),
+            "{error}"
+        );
+        // An architecture we do not implement.
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let config_file = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&config_file).unwrap();
+        std::fs::write(&config_file, text.replace("qwen3", "gpt2")).unwrap();
+        let error = load(dir.path()).err().unwrap().to_string();
+        assert!(
+            error.contains("config.json") && error.contains("gpt2"),
+            "{error}"
+        );
+        // Loading it as our plan policy names both kinds.
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let error = Checkpoint::load(dir.path(), tch::Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("hugging face") && error.contains("plan"),
+            "{error}"
+        );
+    }
+}
