@@ -7,9 +7,9 @@
 //!
 //! [`Holes::read`] streams `(trajectory_id, step_index, response_mask)` once
 //! before the estimator runs (a null column, as collect-rollouts writes and
-//! older tables read, costs no more than the ids) and keeps, per step with
-//! a mask, its length and, when it has a hole, the mask itself: memory
-//! grows with the masked steps alone. [`AdvantagesOut`](crate::output)
+//! older tables read, is found so by reading that column alone) and keeps,
+//! per step with a mask, its length and, when it has a hole, the mask
+//! itself: memory grows with the masked steps alone. [`AdvantagesOut`](crate::output)
 //! zeroes the advantages (and returns) of every written step at its holes
 //! and refuses a mask whose length is not the step's response length.
 //!
@@ -39,9 +39,22 @@ pub struct Holes {
 }
 
 impl Holes {
-    /// Reads every non-null `response_mask` of `steps`.
+    /// Reads every non-null `response_mask` of `steps`: a first pass over
+    /// the mask column alone stops at the first mask, and only a table with
+    /// one is read again with its keys.
     pub fn read(steps: &TableReader, batch_rows: usize) -> Result<Holes> {
         let mut holes = Holes::default();
+        let mut any = false;
+        for batch in steps.batches(Some(&["response_mask"]), batch_rows)? {
+            let batch = batch?;
+            if column::<ListArray>(&batch, "response_mask").null_count() < batch.num_rows() {
+                any = true;
+                break;
+            }
+        }
+        if !any {
+            return Ok(holes);
+        }
         let bar = progress::bar(steps.num_rows(), "response masks");
         for batch in steps.batches(
             Some(&["trajectory_id", "step_index", "response_mask"]),
