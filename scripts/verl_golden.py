@@ -2,30 +2,36 @@
 """Write the veRL golden fixtures that the Rust tests compare against.
 
 Runs veRL 0.9.1's own `compute_grpo_outcome_advantage` and
-`compute_gae_advantage_return` (verl/trainer/ppo/core_algos.py) on small,
-seeded inputs and writes inputs and outputs as JSON into
-tests/fixtures/verl/. Only the fixtures are committed, not veRL.
+`compute_gae_advantage_return` (verl/trainer/ppo/core_algos.py; the latter
+whitens with `verl.utils.torch_functional.masked_whiten`) on small, seeded
+inputs and writes inputs and outputs as JSON into tests/fixtures/verl/.
+Only the fixtures are committed, not veRL.
 
-It needs a Python where `import verl` works, e.g.:
+It needs a Python where `from verl.trainer.ppo import core_algos` works.
+veRL is never installed into the project: install it without its heavy
+dependencies into a directory of its own, with the light pure-Python
+packages its import chain needs (the list is in the header of
+scripts/bench), and run the project's .venv Python (it has torch) with
+that directory, VERL_PYTHONPATH, on PYTHONPATH:
 
-    python3 -m venv /tmp/verlenv
-    /tmp/verlenv/bin/pip install torch==2.13.0 verl==0.9.1
-    /tmp/verlenv/bin/python scripts/verl_golden.py
+    .venv/bin/pip install --no-deps --target /tmp/verl-pkg verl==0.9.1 ...
+    export VERL_PYTHONPATH=/tmp/verl-pkg
+    PYTHONPATH=$VERL_PYTHONPATH .venv/bin/python scripts/verl_golden.py
+    PYTHONPATH=$VERL_PYTHONPATH .venv/bin/python scripts/verl_golden.py --holes
 
 Inputs are padded batches whose response mask is a run of ones followed by
 padding, the layout veRL sees; the fixtures store the valid part of each row
 (the ragged layout our tables use).
 
-`--holes` writes tests/fixtures/verl/holes.json instead, without veRL (torch
-alone): masks with holes inside the response (tool / observation tokens of a
-multi-turn agent) and non-zero token rewards on several tokens, holes
-included, through a transcription of the numerics of veRL 0.9.1's
-`compute_gae_advantage_return` (a hole carries `nextvalues` and `lastgaelam`
-across, its reward and value unused), `masked_whiten` (statistics over the
-mask) and `compute_grpo_outcome_advantage` (score = sum of every token
-reward, advantage times the mask), written from their definitions:
-
-    .venv/bin/python scripts/verl_golden.py --holes
+`--holes` writes tests/fixtures/verl/holes.json instead: the same two veRL
+functions on masks with holes inside the response (tool / observation
+tokens of a multi-turn agent: runs of holes, holes on the first and the
+last valid token, a row that is all holes) and non-zero token rewards on
+every token, holes included. veRL's GAE skips a hole (its reward and value
+unused, `nextvalues` and `lastgaelam` carried across it, the carried
+advantage left at the hole and whitened with the rest), takes the
+whitening statistics over the mask only; GRPO's score is the sum of every
+token reward, holes included, and its advantage is multiplied by the mask.
 """
 import json
 import pathlib
@@ -101,49 +107,6 @@ def gae_case(rng, rows, width, gamma, lam):
     }
 
 
-def transcribed_gae(rewards, values, mask, gamma, lam):
-    """veRL's masked GAE, position by position from the end of the rows: a
-    valid position updates the running advantage and the next value, a hole
-    leaves both as they were (and shows the running advantage)."""
-    rows, width = rewards.shape
-    running = torch.zeros(rows)
-    next_value = torch.zeros(rows)
-    advantages = torch.zeros(rows, width)
-    for t in range(width - 1, -1, -1):
-        valid = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        updated = delta + gamma * lam * running
-        next_value = torch.where(valid > 0, values[:, t], next_value)
-        running = torch.where(valid > 0, updated, running)
-        advantages[:, t] = running
-    returns = advantages + values
-    return transcribed_whiten(advantages, mask), returns
-
-
-def transcribed_whiten(values, mask):
-    """veRL's masked_whiten: masked mean over (n + 1e-8), unbiased masked
-    variance, (x - mean) * rsqrt(var + 1e-8)."""
-    n = mask.sum()
-    mean = (values * mask).sum() / (n + 1e-8)
-    var = (((values - mean) ** 2) * mask).sum() / (n + 1e-8) * (n / (n - 1))
-    return (values - mean) * torch.rsqrt(var + 1e-8)
-
-
-def transcribed_grpo(rewards, mask, index, epsilon, norm):
-    """veRL's GRPO outcome advantage: each row's score is the sum of all its
-    token rewards; a group of one has mean 0 and std 1, else mean and
-    unbiased std of its scores; the advantage is broadcast times the mask."""
-    scores = rewards.sum(dim=-1)
-    out = scores.clone()
-    for g in set(index):
-        rows = [i for i in range(len(index)) if index[i] == g]
-        group = scores[rows]
-        mean, std = (torch.tensor(0.0), torch.tensor(1.0)) if len(rows) == 1 else (group.mean(), group.std())
-        for i in rows:
-            out[i] = (scores[i] - mean) / (std + epsilon) if norm else scores[i] - mean
-    return out.unsqueeze(-1) * mask
-
-
 def holed_mask(rng, lengths, width):
     """Padding after each row's length, and holes inside it: runs of tool
     tokens, a hole on the first and on the last valid token of some rows,
@@ -170,7 +133,9 @@ def holes_gae_case(rng, rows, width, gamma, lam):
     rewards = torch.tensor(rng.normal(0.0, 0.5, (rows, width)), dtype=torch.float32) * valid
     for i, n in enumerate(lengths):
         rewards[i, n - 1] += float(rng.integers(0, 2))
-    adv, ret = transcribed_gae(rewards, values, mask, gamma, lam)
+    adv, ret = core_algos.compute_gae_advantage_return(
+        token_level_rewards=rewards, values=values, response_mask=mask, gamma=torch.tensor(gamma), lam=torch.tensor(lam)
+    )
     return {
         "gamma": gamma,
         "lam": lam,
@@ -188,7 +153,13 @@ def holes_grpo_case(rng, group_sizes, width, norm):
     mask = holed_mask(rng, lengths, width)
     valid = padded(lengths, width)
     rewards = torch.tensor(rng.normal(0.0, 0.3, (len(lengths), width)), dtype=torch.float32) * valid
-    adv = transcribed_grpo(rewards, mask, index, 1e-6, norm)
+    adv, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=np.array(index, dtype=object),
+        epsilon=1e-6,
+        norm_adv_by_std_in_grpo=norm,
+    )
     return {
         "norm_adv_by_std": norm,
         "epsilon": 1e-6,
@@ -202,9 +173,7 @@ def holes_grpo_case(rng, group_sizes, width, norm):
 def holes():
     rng = np.random.default_rng(20261202)
     data = {
-        "verl_version": "0.9.1",
-        "numerics": "transcription of veRL 0.9.1 core_algos.compute_gae_advantage_return, "
-        "compute_grpo_outcome_advantage and torch_functional.masked_whiten (scripts/verl_golden.py --holes)",
+        "verl_version": verl.__version__,
         "gae": [holes_gae_case(rng, 12, 20, 0.99, 0.95), holes_gae_case(rng, 7, 9, 1.0, 1.0)],
         "grpo": [holes_grpo_case(rng, [4, 4, 1, 3], 12, True), holes_grpo_case(rng, [4, 4, 1, 3], 12, False)],
     }
@@ -214,12 +183,13 @@ def holes():
 
 
 def main():
+    global core_algos, verl
+    import verl
+    from verl.trainer.ppo import core_algos
+
     if "--holes" in sys.argv[1:]:
         holes()
         return
-    global core_algos
-    import verl
-    from verl.trainer.ppo import core_algos
     rng = np.random.default_rng(20261129)
     OUT.mkdir(parents=True, exist_ok=True)
     sizes = [8, 8, 1, 5, 8, 8, 2, 8]

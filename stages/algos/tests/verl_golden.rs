@@ -1,11 +1,11 @@
 //! Golden tests against veRL 0.9.1 (`verl/trainer/ppo/core_algos.py`): the
 //! fixtures in `tests/fixtures/verl/` hold veRL's own outputs on seeded inputs,
 //! written by `scripts/verl_golden.py`. Maximum absolute difference: 1e-6.
-//! `holes.json` (`scripts/verl_golden.py --holes`) holds the numerics of
-//! veRL's masked GAE, masked whitening and GRPO on response masks with holes
-//! and rewards on several tokens; there veRL leaves values at holes that its
-//! losses mask out, so GAE is compared on the valid tokens and ours are 0 at
-//! the holes.
+//! `holes.json` (`scripts/verl_golden.py --holes`) holds veRL's own masked
+//! GAE (whitened by its `masked_whiten`) and GRPO on response masks with
+//! holes and rewards on several tokens, holes included; there veRL's GAE
+//! leaves values at holes that its losses mask out, so GAE is compared on
+//! the valid tokens and ours are 0 at the holes.
 
 use std::collections::HashMap;
 
