@@ -21,6 +21,12 @@
 //! than CPUs each gets one CPU, in turn. A step of one process, and every
 //! step after another (the runner runs one step at a time; only a step's
 //! shards run together), inherits the runner's CPUs.
+//!
+//! The processes take the step's `devices` in turn. A CUDA device `cuda:N`
+//! becomes the only GPU its process sees (`CUDA_VISIBLE_DEVICES`: GPU N, or
+//! the N-th of the runner's own `CUDA_VISIBLE_DEVICES`) and the process runs
+//! with `--device cuda`, as a Slurm job does on the GPU Slurm grants it
+//! ([`local_device`]); a CPU process keeps the runner's environment.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -214,12 +220,13 @@ fn shard_cpus(cpus: &CpuList, n: u32) -> Vec<Option<CpuList>> {
 
 /// Starts a stage process that receives SIGKILL when the calling thread
 /// ends (see the module documentation: call it from the thread that waits
-/// for the process), on `cpus` when given (`EMBODYFLOW_CPUS`).
+/// for the process), with `env` added to its environment (its CPUs,
+/// `EMBODYFLOW_CPUS`, and GPU, `CUDA_VISIBLE_DEVICES`).
 pub(crate) fn spawn(
     bin: &Path,
     args: &[String],
     log: &Path,
-    cpus: Option<&CpuList>,
+    env: &[(&str, String)],
 ) -> Result<Child> {
     let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
     let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
@@ -229,11 +236,48 @@ pub(crate) fn spawn(
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err);
-    if let Some(cpus) = cpus {
-        command.env(CPUS_VAR, cpus.to_string());
-    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     die_with_runner(&mut command);
     command.spawn().map_err(|e| RunnerError::io(bin, e))
+}
+
+/// The variable naming the GPUs a CUDA process sees.
+pub(crate) const GPUS_VAR: &str = "CUDA_VISIBLE_DEVICES";
+
+/// The `--device` of a local process of a step and the
+/// `CUDA_VISIBLE_DEVICES` it runs with, for the device `device` of the
+/// step's list: `cuda:N` is the runner's N-th GPU (the N-th entry of its own
+/// `CUDA_VISIBLE_DEVICES` when `visible` has it, else GPU N), the only one
+/// the process sees, so its device is `cuda` (as under Slurm, where Slurm
+/// sets the variable); a CPU device is passed as it is, the environment
+/// untouched. A GPU beyond the runner's visible ones is an error.
+pub fn local_device(
+    device: &str,
+    visible: Option<&str>,
+) -> std::result::Result<(String, Option<String>), String> {
+    use embodyflow_core::cli::Device;
+    match device.parse::<Device>().map_err(|e| e.to_string())? {
+        Device::Cpu => Ok((device.to_string(), None)),
+        Device::Cuda(n) => {
+            let gpu = match visible {
+                None => n.to_string(),
+                Some(list) => {
+                    let ids: Vec<&str> = list
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|id| !id.is_empty())
+                        .collect();
+                    ids.get(n).map(|id| id.to_string()).ok_or_else(|| {
+                        format!(
+                            "device {device}, and the runner's {GPUS_VAR}={list:?} makes {} GPU(s) visible",
+                            ids.len()
+                        )
+                    })?
+                }
+            };
+            Ok(("cuda".to_string(), Some(gpu)))
+        }
+    }
 }
 
 /// Sets `PR_SET_PDEATHSIG` = SIGKILL in the child before it runs the stage,
@@ -378,14 +422,21 @@ fn execute(instance: &Instance, bin: &Path, out: &Path) -> Result<(Vec<Vec<Strin
         let shards = dir.join("_shards");
         std::fs::create_dir_all(&shards).map_err(|e| RunnerError::io(&shards, e))?;
     }
+    let visible = std::env::var(GPUS_VAR).ok();
     for i in 0..n {
         let log = process_log(out, instance, i);
         let device = &instance.devices[i as usize % instance.devices.len()];
-        let command = stage_command(instance, bin, i, device);
-        children.push((
-            spawn(bin, &command[1..], &log, cpus[i as usize].as_ref())?,
-            log,
-        ));
+        let (device, gpu) = local_device(device, visible.as_deref())
+            .map_err(|message| RunnerError::Usage(format!("step `{}`: {message}", instance.id)))?;
+        let command = stage_command(instance, bin, i, &device);
+        let mut env = Vec::new();
+        if let Some(cpus) = &cpus[i as usize] {
+            env.push((CPUS_VAR, cpus.to_string()));
+        }
+        if let Some(gpu) = gpu {
+            env.push((GPUS_VAR, gpu));
+        }
+        children.push((spawn(bin, &command[1..], &log, &env)?, log));
         commands.push(command);
     }
     let mut failure = None;
@@ -528,6 +579,14 @@ pub fn run_plan(
 ) -> Result<RunOutcome> {
     let started = Instant::now();
     let notes = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let visible = std::env::var(GPUS_VAR).ok();
+    for instance in &plan.instances {
+        for device in &instance.devices {
+            local_device(device, visible.as_deref()).map_err(|message| {
+                RunnerError::Usage(format!("step `{}`: {message}", instance.id))
+            })?;
+        }
+    }
     let check_s = started.elapsed().as_secs_f64();
     let from = match &options.from {
         Some(name) => plan.select(name)?.into_iter().next(),
@@ -714,14 +773,42 @@ mod tests {
     }
 
     #[test]
+    fn a_cuda_shard_sees_only_its_gpu_and_runs_on_cuda() {
+        let cases: [(&str, Option<&str>, Result<(&str, Option<&str>), &str>); 7] = [
+            ("cpu", None, Ok(("cpu", None))),
+            ("cpu", Some("0,1"), Ok(("cpu", None))),
+            ("cuda", None, Ok(("cuda", Some("0")))),
+            ("cuda:3", None, Ok(("cuda", Some("3")))),
+            ("cuda:1", Some("4, 6"), Ok(("cuda", Some("6")))),
+            ("cuda:0", Some("GPU-1a2b"), Ok(("cuda", Some("GPU-1a2b")))),
+            ("cuda:2", Some("4,6"), Err("makes 2 GPU(s) visible")),
+        ];
+        for (device, visible, expected) in cases {
+            let got = local_device(device, visible);
+            match (got, expected) {
+                (Ok((d, gpu)), Ok((want_d, want_gpu))) => {
+                    assert_eq!((d.as_str(), gpu.as_deref()), (want_d, want_gpu), "{device}")
+                }
+                (Err(e), Err(says)) => assert!(e.contains(says), "{device}: {e}"),
+                (got, _) => panic!("{device} with {visible:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn a_stage_process_is_given_its_cpus_in_its_environment() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("env.log");
         let cpus: CpuList = "0".parse().unwrap();
-        let mut child = spawn(Path::new("env"), &[], &log, Some(&cpus)).unwrap();
+        let env = [(CPUS_VAR, cpus.to_string()), (GPUS_VAR, "3".to_string())];
+        let mut child = spawn(Path::new("env"), &[], &log, &env).unwrap();
         assert!(child.wait().unwrap().success());
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.lines().any(|l| l == "EMBODYFLOW_CPUS=0"), "{text}");
+        assert!(
+            text.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=3"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -733,7 +820,7 @@ mod tests {
         // `execute` starts and waits for its processes on one thread.
         let mut child = std::thread::scope(|scope| {
             scope
-                .spawn(|| spawn(Path::new("sleep"), &["30".into()], &log, None).unwrap())
+                .spawn(|| spawn(Path::new("sleep"), &["30".into()], &log, &[]).unwrap())
                 .join()
                 .unwrap()
         });

@@ -1245,7 +1245,7 @@ fn run_task(spec: &TaskSpec, i: u32) -> Result<()> {
     }
     let bin = Path::new(&command[0]);
     let started = Instant::now();
-    let status = exec::spawn(bin, &command[1..], &log, None)?
+    let status = exec::spawn(bin, &command[1..], &log, &[])?
         .wait()
         .map_err(|e| RunnerError::io(bin, e))?;
     let wall = started.elapsed().as_secs_f64();
