@@ -333,6 +333,46 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
         "a cached run submitted jobs"
     );
 
+    // A failed task: its exit code and the tail of its log.
+    let spoiled = dir.path().join("spoiled");
+    std::fs::create_dir_all(&spoiled).unwrap();
+    let tasks = spoiled.join("tasks");
+    std::fs::create_dir_all(&tasks).unwrap();
+    for entry in std::fs::read_dir(slurm.join("train/tasks")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tasks.join(path.file_name().unwrap())).unwrap();
+    }
+    let shard = tasks.join("part-00000.parquet");
+    let size = std::fs::metadata(&shard).unwrap().len() as usize;
+    std::fs::write(&shard, vec![0u8; size]).unwrap();
+    let failing = dir.path().join("failing.toml");
+    std::fs::write(
+        &failing,
+        format!(
+            "[[step]]\nname = \"collect\"\nstage = \"collect-rollouts\"\npolicy = {:?}\ninputs = [{:?}]\n\n{backend}",
+            s(&slurm.join("init")),
+            s(&spoiled)
+        ),
+    )
+    .unwrap();
+    let failed = cluster.pipeline(&[
+        "run",
+        s(&failing),
+        "--out",
+        s(&dir.path().join("failed")),
+        "--poll",
+        "0.2",
+    ]);
+    assert_eq!(failed.code, 1, "{failed}");
+    assert_eq!(statuses(&failed)["collect"], "failed", "{failed}");
+    assert!(
+        failed
+            .stderr
+            .contains("step `collect` (collect-rollouts) failed with exit code 2; log ")
+            && failed.stderr.contains("content hash is"),
+        "the exit code and the log's tail:\n{failed}"
+    );
+
     // A job cancelled mid-run: collect's shard 0 is stopped while it runs
     // (so that it cannot finish first), then its job array cancelled.
     let killed = dir.path().join("killed");
