@@ -1,9 +1,11 @@
 //! The runner's Slurm backend on a real single-node cluster that
 //! `scripts/slurm-local` installs and starts (root, Debian packages): bad
 //! input refused before anything is submitted, a sharded pipeline whose
-//! outputs equal the local backend's, a job cancelled mid-run and a resumed
-//! run that submits only what is missing, and `pipeline cancel`. The
-//! daemons are stopped at the end, also when the test fails.
+//! outputs equal the local backend's, a failed task reported with its exit
+//! code, a job cancelled mid-run and a resumed run that submits only what is
+//! missing, and a runner killed after submitting, whose jobs refuse new runs
+//! into the directory until `pipeline cancel` takes them. The daemons are
+//! stopped at the end, also when the test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -460,7 +462,8 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
     );
     assert_eq!(outputs(&local), outputs(&killed));
 
-    // `pipeline cancel` takes every queued and running job of a run.
+    // The runner killed after submitting: its jobs go on, and no run into
+    // that directory starts until they end or `pipeline cancel` takes them.
     let cancelled = dir.path().join("cancelled");
     let log = dir.path().join("cancelled.log");
     let mut child = spawn_run(&cluster, &file, &cancelled, &log);
@@ -470,12 +473,28 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
         Duration::from_secs(60),
         || jobs(&cancelled).len() == expected.len(),
     );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for backend in ["local", "slurm"] {
+        let refused = cluster.pipeline(&[
+            "run",
+            s(&file),
+            "--out",
+            s(&cancelled),
+            "--backend",
+            backend,
+        ]);
+        assert_eq!(refused.code, 2, "{backend}: {refused}");
+        assert!(
+            refused
+                .stderr
+                .contains("jobs of an earlier submission into"),
+            "{backend}: {refused}"
+        );
+    }
     let result = cluster.pipeline(&["cancel", s(&cancelled)]);
     assert_eq!(result.code, 0, "{result}");
     assert!(result.stdout.starts_with("cancelled "), "{result}");
-    let status = child.wait().unwrap();
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(1), "{text}");
     assert!(cluster.queued(&job_ids(&cancelled)).is_empty());
     let again = cluster.pipeline(&["cancel", s(&cancelled)]);
     assert!(again.stdout.starts_with("no job of "), "{again}");

@@ -213,16 +213,7 @@ pub fn run(args: Args) -> Result<()> {
             let outcome = match kind {
                 backend::Kind::Local => {
                     // Jobs of a Slurm submission would write into the same steps.
-                    if slurm::slurm_dir(&out).join("jobs.jsonl").is_file() {
-                        let live = slurm::live_jobs(&out)?;
-                        if !live.is_empty() {
-                            return Err(RunnerError::Backend(format!(
-                                "Slurm jobs of an earlier submission into {} are still queued or running; wait for them or `pipeline cancel {}`",
-                                out.display(),
-                                out.display()
-                            )));
-                        }
-                    }
+                    slurm::refuse_live_jobs(&out)?;
                     exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?
                 }
                 backend::Kind::Slurm => {

@@ -342,6 +342,27 @@ fn preflight(plan: &Plan, backend: &Backend, options: &RunOptions, exe: &Path) -
     Ok(())
 }
 
+/// Refuses a run directory whose earlier Slurm jobs are still queued or
+/// running (they would write into the steps a new run fills). Without
+/// `squeue` on `PATH` this machine is not the cluster's, and there is
+/// nothing to ask.
+pub fn refuse_live_jobs(out: &Path) -> Result<()> {
+    if !jobs_file(out).is_file() || on_path("squeue").is_none() {
+        return Ok(());
+    }
+    let live = live_jobs(out)?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = live.iter().map(|e| e.job.as_str()).collect();
+    Err(bad(format!(
+        "jobs of an earlier submission into {} are still queued or running ({}): wait for them, or cancel them with `pipeline cancel {}`",
+        out.display(),
+        ids.join(", "),
+        out.display()
+    )))
+}
+
 /// The jobs of `out`'s earlier submissions that are still queued or running.
 pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
     let entries = read_jobs(out)?;
@@ -797,16 +818,7 @@ pub fn run_plan(
     } else {
         Some(exec::Lock::take(&plan.out, exec::LEFTOVER_WAIT)?)
     };
-    let live = live_jobs(&plan.out)?;
-    if !live.is_empty() {
-        let ids: Vec<&str> = live.iter().map(|e| e.job.as_str()).collect();
-        return Err(bad(format!(
-            "jobs of an earlier submission into {} are still queued or running ({}): wait for them, or cancel them with `pipeline cancel {}`",
-            plan.out.display(),
-            ids.join(", "),
-            plan.out.display()
-        )));
-    }
+    refuse_live_jobs(&plan.out)?;
     let hash_started = Instant::now();
     let binaries = exec::hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();
