@@ -10,6 +10,7 @@
 //! checked against veRL's numerics by hand); and the bad inputs that must
 //! exit 2 with nothing written.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -732,6 +733,23 @@ fn the_shipped_rescore_pipeline_sweeps_two_rewards_by_two_estimators() {
             &out.join(format!("score@reward={reward}/rewards")),
             TableName::Rewards,
         ));
+        // The ablation's share of groups GRPO learns from: scores that differ.
+        let mut groups: BTreeMap<&str, Vec<f32>> = BTreeMap::new();
+        for r in &rewards {
+            groups.entry(&r.group_id).or_default().push(r.score);
+        }
+        let differ = groups
+            .values()
+            .filter(|s| s.iter().any(|&x| x != s[0]))
+            .count();
+        let share = format!(" {:.3} ", differ as f64 / groups.len() as f64);
+        for line in ablation
+            .lines()
+            .filter(|l| l.contains(&format!("reward={reward} ")))
+        {
+            let cells: Vec<&str> = line.split('|').collect();
+            assert_eq!(cells[5], share, "groups with signal: {line}");
+        }
         let group: Vec<f64> = rewards[..4].iter().map(|r| f64::from(r.score)).collect();
         if reward == "outcome" {
             assert_eq!(group, [1.0, 0.0, 1.0, 0.0]);

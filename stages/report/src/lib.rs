@@ -179,6 +179,38 @@ pub fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Result<Vec<
         .collect()
 }
 
+/// The groups of a rewards table whose scores are not all equal — the
+/// groups a group-relative estimator (GRPO, Dr. GRPO) draws a gradient
+/// from — and all its groups: `(with_signal, groups)`, one lazy pass.
+pub fn groups_with_signal(dir: &Path) -> Result<(u64, u64)> {
+    let (frame, _) = scan(dir, TableName::Rewards)?;
+    let counts = query(
+        &dir.display().to_string(),
+        frame
+            .group_by([col("group_id")])
+            .agg([(col("score").max() - col("score").min())
+                .gt(lit(0.0))
+                .alias("signal")])
+            .select([
+                col("signal")
+                    .cast(DataType::UInt64)
+                    .sum()
+                    .alias("with_signal"),
+                col("signal").count().alias("groups"),
+            ])
+            .collect(),
+    )?;
+    let count = |name: &str| -> Result<u64> {
+        let column = query(
+            name,
+            counts.column(name).and_then(|c| c.cast(&DataType::UInt64)),
+        )?;
+        let column = query(name, column.u64().cloned())?;
+        Ok(column.get(0).unwrap_or(0))
+    };
+    Ok((count("with_signal")?, count("groups")?))
+}
+
 const EXPLODE: ExplodeOptions = ExplodeOptions {
     empty_as_null: false,
     keep_nulls: true,
@@ -735,6 +767,10 @@ pub struct VariantDiagnostics {
     pub groups: u64,
     /// Groups kept by dynamic sampling.
     pub kept_groups: u64,
+    /// Standard deviation of the episode advantages written (absent in
+    /// diagnostics written before it was recorded).
+    #[serde(default)]
+    pub episode_adv_std: Option<f64>,
     /// The step path's figures.
     #[serde(default)]
     pub step: Option<StepPart>,
@@ -1252,6 +1288,31 @@ mod tests {
         );
         let means = column_means(rewards.dir(), TableName::Rewards, &["success", "score"]).unwrap();
         assert_eq!(means, vec![Some(0.25), Some(-0.5)]);
+    }
+
+    #[test]
+    fn groups_with_signal_are_those_whose_scores_differ() {
+        let root = tempfile::tempdir().unwrap();
+        let in_group = |id: &str, group: &str, score: f32| RewardRow {
+            group_id: group.into(),
+            score,
+            ..reward(id, score > 0.0)
+        };
+        let rewards = write_rewards(
+            root.path(),
+            &[
+                in_group("a", "all-fail", -1.0),
+                in_group("b", "all-fail", -1.0),
+                in_group("c", "mixed", -1.0),
+                in_group("d", "mixed", 1.0),
+                in_group("e", "partial", 0.5),
+                in_group("f", "partial", 0.5),
+                in_group("g", "partial", 0.7),
+                in_group("h", "alone", 1.0),
+            ],
+            false,
+        );
+        assert_eq!(groups_with_signal(rewards.dir()).unwrap(), (2, 4));
     }
 
     #[test]

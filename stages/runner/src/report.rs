@@ -3,7 +3,9 @@
 //! of every sampled rollout, dropped groups included, success of each evaluate step, mean update loss,
 //! approx KL and entropy), the ablation table when the pipeline sweeps (one
 //! row per cell: last evaluation successes, train success, mean reward,
-//! kept groups and the grpo_step diagnostics), and PNG plots: a success
+//! the share of groups whose rewards differ (the groups GRPO learns from),
+//! kept groups, the episode advantages' std and the grpo_step
+//! diagnostics), and PNG plots: a success
 //! curve per variant and a bar per cell, each with a title, labelled axes
 //! and a legend or the cells' names ([`embodyflow_plots`]); `report.md` says
 //! what their lines and bars are too.
@@ -79,13 +81,16 @@ struct Row {
     /// Mean loss, approx KL and entropy; approx KL is null on SFT rows.
     update: Option<Vec<Option<f64>>>,
     score: Option<f64>,
+    /// Groups of the rewards table whose scores differ, and all groups.
+    signal: Option<(u64, u64)>,
     diagnostics: Option<VariantDiagnostics>,
 }
 
 /// Gathers each instance's figures from the outputs its stage declares: the
 /// train success of a rollout step (its drawn samples, [`drawn_success`]), the success of an eval table
-/// (by step), the update figures of a metrics table, the mean score of a
-/// rewards table and compute-advantages' diagnostics.
+/// (by step), the update figures of a metrics table, the mean score and
+/// the groups with signal of a rewards table and compute-advantages'
+/// diagnostics.
 fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
     let mut rows: BTreeMap<Option<u32>, Row> = BTreeMap::new();
     for instance in instances {
@@ -112,7 +117,11 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
                     .ok()
                 }
                 Output::Table(TableName::Rewards) => {
-                    row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0])
+                    row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0]);
+                    row.signal = embodyflow_report::groups_with_signal(
+                        &dir.join(TableName::Rewards.as_str()),
+                    )
+                    .ok();
                 }
                 Output::File(spec::DIAGNOSTICS_FILE) => {
                     row.diagnostics = VariantDiagnostics::read(dir).ok().flatten()
@@ -429,7 +438,7 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
     }
     if plan.cells.len() > 1 {
         let mut table = String::from(
-            "| cell | last eval success | last train success | mean reward | kept groups | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|\n",
+            "| cell | last eval success | last train success | mean reward | groups with signal | kept groups | A^E std | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|---|---|\n",
         );
         let (mut bars, mut names) = (Vec::new(), Vec::new());
         for (name, rows) in &ablation {
@@ -442,12 +451,16 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             let with_step = step.and_then(|s| ratio(s.responses_with_step_adv, s.responses));
             let flips = step.and_then(|s| ratio(s.sign_flips.flipped, s.sign_flips.tokens));
             let score = last(&|r: &Row| r.score);
+            let signal = last(&|r: &Row| r.signal.and_then(|(s, n)| ratio(s, n)));
+            let adv_std = d.and_then(|d| d.episode_adv_std);
             table.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 fmt(eval),
                 fmt(last(&|r: &Row| r.train)),
                 fmt(score),
+                fmt(signal),
                 fmt(kept),
+                fmt(adv_std),
                 fmt(with_step),
                 fmt(flips),
             ));
