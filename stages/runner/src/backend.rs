@@ -5,11 +5,13 @@
 //! process; a step whose `devices` are CUDA asks for one unless it says
 //! otherwise). The local backend runs the processes on this machine as
 //! before (a sharded step's processes share its CPUs, [`crate::exec`]); the
-//! Slurm backend ([`crate::slurm`]) turns them into `sbatch` requests.
+//! Slurm backend ([`crate::slurm`]) turns them into `sbatch` requests, the
+//! Ray backend ([`crate::ray`]) into Ray jobs' `entrypoint_num_cpus`,
+//! `entrypoint_memory` and `entrypoint_num_gpus`.
 //!
 //! ```toml
 //! [backend]
-//! kind = "slurm"                 # or "local" (the default); `--backend` overrides
+//! kind = "slurm"                 # "ray", or "local" (the default); `--backend` overrides
 //! partition = "gpu"              # default: the cluster's default partition
 //! account = "lab"
 //! time = "02:00:00"              # every job's time limit
@@ -19,6 +21,17 @@
 //! [backend.step.update]          # per step (by name)
 //! time = "08:00:00"
 //! sbatch = ["--constraint=h100"]
+//! ```
+//!
+//! Ray reads `address` (its dashboard's HTTP address, else
+//! `$RAY_API_SERVER_ADDRESS`) and `shared`; the Slurm keys are left to
+//! Slurm, so one file serves both with `--backend`:
+//!
+//! ```toml
+//! [backend]
+//! kind = "ray"
+//! address = "http://head:8265"
+//! shared = ["/shared/me"]
 //! ```
 
 use std::collections::BTreeMap;
@@ -62,6 +75,8 @@ pub enum Kind {
     Local,
     /// A Slurm cluster: one job (or job array) per step.
     Slurm,
+    /// A Ray cluster: one Ray job per process of a step.
+    Ray,
 }
 
 /// The `[backend]` table of a pipeline file.
@@ -79,6 +94,8 @@ pub struct Backend {
     pub sbatch: Vec<String>,
     /// Roots of the filesystems every node sees.
     pub shared: Vec<PathBuf>,
+    /// The Ray dashboard's HTTP address (`http://head:8265`).
+    pub address: Option<String>,
     /// Per step name: its time limit and extra flags.
     pub steps: BTreeMap<String, StepBackend>,
     /// Line of `[backend]` (0 when the file has none).
@@ -108,6 +125,7 @@ pub(crate) struct RawBackend {
     sbatch: Vec<String>,
     #[serde(default)]
     shared: Vec<String>,
+    address: Option<String>,
     #[serde(default)]
     step: BTreeMap<Spanned<String>, StepBackend>,
 }
@@ -127,10 +145,11 @@ impl RawBackend {
             Some(kind) => match kind.get_ref().as_str() {
                 "local" => Kind::Local,
                 "slurm" => Kind::Slurm,
+                "ray" => Kind::Ray,
                 other => {
                     return Err((
                         line(kind.span()),
-                        format!("[backend] kind `{other}`: expected `local` or `slurm`"),
+                        format!("[backend] kind `{other}`: expected `local`, `slurm` or `ray`"),
                     ));
                 }
             },
@@ -159,6 +178,7 @@ impl RawBackend {
             time: self.time,
             sbatch: self.sbatch,
             shared: self.shared.iter().map(PathBuf::from).collect(),
+            address: self.address,
             steps: per_step,
             line: at,
         })

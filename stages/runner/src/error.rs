@@ -92,23 +92,31 @@ pub enum RunnerError {
     #[error("{0}")]
     Usage(String),
     /// A backend that cannot run this pipeline as asked (no `sbatch`, an
-    /// unknown partition, a step no node holds, a path no node sees),
-    /// found before anything is submitted.
+    /// unknown partition, an unreachable Ray cluster, a step no node holds,
+    /// a path no node sees), found before anything is submitted.
     #[error("{0}")]
     Backend(String),
-    /// A Slurm command that failed while the run was submitted or waited for.
-    #[error("slurm: {0}")]
-    Slurm(String),
-    /// A Slurm job of a step that ended without completing it.
-    #[error("step `{step}` failed: job {job} {what}; Slurm's log {log}:\n{tail}")]
+    /// A cluster (Slurm, Ray) that failed while the run was submitted or
+    /// waited for.
+    #[error("{backend}: {message}")]
+    Cluster {
+        /// `Slurm` or `Ray`.
+        backend: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// A cluster job of a step that ended without completing it.
+    #[error("step `{step}` failed: job {job} {what}; {backend}'s log {log}:\n{tail}")]
     JobFailed {
         /// The step instance.
         step: String,
-        /// The job (`id` or `id_task`).
+        /// The job (Slurm: `id` or `id_task`; Ray: its submission id).
         job: String,
         /// What happened.
         what: String,
-        /// Slurm's log of the job.
+        /// `Slurm` or `Ray`.
+        backend: &'static str,
+        /// The cluster's log of the job.
         log: PathBuf,
         /// Its last lines.
         tail: String,
@@ -145,7 +153,7 @@ impl Classify for RunnerError {
     fn kind(&self) -> ErrorKind {
         match self {
             RunnerError::StageFailed { .. }
-            | RunnerError::Slurm(_)
+            | RunnerError::Cluster { .. }
             | RunnerError::JobFailed { .. }
             | RunnerError::MissingOutput { .. }
             | RunnerError::Plot { .. } => ErrorKind::Failure,

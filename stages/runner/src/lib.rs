@@ -7,8 +7,8 @@
 //! ```text
 //! pipeline run pipelines/household-grpo.toml --out runs/grpo [--dry-run]
 //!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
-//!          [--sweep var=a,b] [--backend local|slurm]
-//! pipeline cancel runs/grpo              # cancel the run's queued and running Slurm jobs
+//!          [--sweep var=a,b] [--backend local|slurm|ray]
+//! pipeline cancel runs/grpo              # cancel the run's queued and running Slurm or Ray jobs
 //! ```
 //!
 //! # Pipeline files (TOML)
@@ -59,7 +59,9 @@
 //! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are),
 //! and what one process asks a cluster for: `cpus`, `mem`, `gpus`
 //! ([`backend`]). A `[backend]` table says where the processes run: this
-//! machine ([`exec`], the default) or a Slurm cluster ([`slurm`]).
+//! machine ([`exec`], the default), a Slurm cluster ([`slurm`]) or a Ray
+//! cluster ([`ray`]); the two clusters share the submission, the wait and
+//! the reports ([`cluster`]).
 //! Templates: `${var}`, `${step}` (an earlier step's output directory; in a
 //! loop step, this iteration's instance), `${iter}`, `${policy}`, `${out}`
 //! (the run directory). An `inputs` entry naming a step that does not run
@@ -95,10 +97,12 @@
 pub mod backend;
 pub mod cache;
 pub mod check;
+pub mod cluster;
 pub mod error;
 pub mod exec;
 pub mod pipeline;
 pub mod plan;
+pub mod ray;
 pub mod report;
 pub mod slurm;
 
@@ -147,16 +151,16 @@ enum Command {
         /// kind`, else local).
         #[arg(long, value_enum)]
         backend: Option<backend::Kind>,
-        /// Slurm: seconds between two looks at the queue.
+        /// Slurm, Ray: seconds between two looks at the queue.
         #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
         poll: f64,
     },
-    /// Cancel the queued and running Slurm jobs of a run directory.
+    /// Cancel the queued and running Slurm or Ray jobs of a run directory.
     Cancel {
         /// The run directory.
         out: PathBuf,
     },
-    /// Run one task of a step in a Slurm job (the job scripts call it).
+    /// Run one task of a step in a cluster job (the jobs call it).
     #[command(hide = true)]
     Task {
         /// The step's `spec.json`.
@@ -164,6 +168,9 @@ enum Command {
         /// Merge the shards' tables instead of running a shard.
         #[arg(long)]
         merge: bool,
+        /// The task (shard) to run (default: `$SLURM_ARRAY_TASK_ID`, else 0).
+        #[arg(long, conflicts_with = "merge")]
+        index: Option<u32>,
     },
 }
 
@@ -212,23 +219,23 @@ pub fn run(args: Args) -> Result<()> {
             let kind = backend.unwrap_or(pipeline.backend.kind);
             let outcome = match kind {
                 backend::Kind::Local => {
-                    // Jobs of a Slurm submission would write into the same steps.
-                    slurm::refuse_live_jobs(&out)?;
+                    // Jobs of a cluster submission would write into the same steps.
+                    cluster::refuse_live_jobs(&out)?;
                     exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?
                 }
-                backend::Kind::Slurm => {
+                backend::Kind::Slurm | backend::Kind::Ray => {
                     if !poll.is_finite() || poll <= 0.0 {
                         return Err(RunnerError::Usage(format!(
                             "--poll {poll}: expected a positive number of seconds"
                         )));
                     }
-                    slurm::run_plan(
-                        &plan,
-                        &options,
-                        &pipeline.backend,
-                        std::time::Duration::from_secs_f64(poll),
-                        &mut |line| println!("{line}"),
-                    )?
+                    let poll = std::time::Duration::from_secs_f64(poll);
+                    let say = &mut |line: &str| println!("{line}");
+                    if kind == backend::Kind::Slurm {
+                        slurm::run_plan(&plan, &options, &pipeline.backend, poll, say)?
+                    } else {
+                        ray::run_plan(&plan, &options, &pipeline.backend, poll, say)?
+                    }
                 }
             };
             for note in &outcome.notes {
@@ -262,7 +269,7 @@ pub fn run(args: Args) -> Result<()> {
             Ok(())
         }
         Command::Cancel { out } => {
-            let cancelled = slurm::cancel(&out)?;
+            let cancelled = cluster::cancel(&out)?;
             if cancelled.is_empty() {
                 println!("no job of {} is queued or running", out.display());
             } else {
@@ -275,6 +282,6 @@ pub fn run(args: Args) -> Result<()> {
             }
             Ok(())
         }
-        Command::Task { spec, merge } => slurm::task(&spec, merge),
+        Command::Task { spec, merge, index } => cluster::task(&spec, merge, index),
     }
 }
