@@ -13,10 +13,15 @@ use std::time::{Duration, Instant};
 
 use embodyflow_tests::{Run, bin, run_with_env};
 
+use crate::cluster::{
+    exit_code, failing_pipeline, freeze, jobs as journal, pipeline_file, process_writing, s,
+    wait_until,
+};
 use crate::runner::{outputs, statuses};
 
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
+/// The jobs a run directory lists (`_runner/slurm/jobs.jsonl`).
+fn jobs(out: &Path) -> Vec<serde_json::Value> {
+    journal(out, "slurm")
 }
 
 fn script() -> PathBuf {
@@ -94,67 +99,6 @@ impl Drop for Cluster {
     }
 }
 
-/// A small offline pipeline with sharded steps; `BACKEND` is replaced by
-/// the `[backend]` table.
-const PIPELINE: &str = r#"
-[[step]]
-name = "train"
-stage = "generate-tasks"
-seed = 1
-set = { split = "train", count = 14 }
-
-[[step]]
-name = "init"
-stage = "init-policy"
-set = { model = { n_embd = 32, n_layer = 1, n_head = 2, n_ctx = 1024 }, tokenizer = { vocab_size = 400, corpus_tasks = 60 } }
-
-[[step]]
-name = "collect"
-stage = "collect-rollouts"
-policy = "${init}"
-inputs = ["${train}"]
-seed = 3
-set = { group_size = 3, max_new_tokens = 40, temperature = 1.6 }
-shards = 2
-cpus = 1
-mem = "2G"
-
-[[step]]
-name = "score"
-stage = "score-rewards"
-inputs = ["${collect}", "${train}"]
-set = { "reward.fn" = "embodied_r1", "reward.tolerant" = true }
-shards = 3
-
-[[step]]
-name = "adv"
-stage = "compute-advantages"
-policy = "${init}"
-inputs = ["${collect}", "${score}"]
-set = { estimator = "grpo_step", "step.kind" = "rule" }
-shards = 2
-
-BACKEND
-"#;
-
-fn pipeline_file(dir: &Path, name: &str, backend: &str, step_extra: &str) -> PathBuf {
-    let text = PIPELINE
-        .replace("BACKEND", backend)
-        .replace("shards = 3\n", &format!("shards = 3\n{step_extra}"));
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// The jobs a run directory lists (`_runner/slurm/jobs.jsonl`).
-fn jobs(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("_runner/slurm/jobs.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 fn job_ids(out: &Path) -> Vec<String> {
     jobs(out)
         .iter()
@@ -171,38 +115,6 @@ fn spawn_run(cluster: &Cluster, file: &Path, out: &Path, log: &Path) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap()
-}
-
-/// The pid of the process whose command line has `--out OUT`.
-fn process_writing(out: &Path) -> Option<u32> {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if args
-            .windows(2)
-            .any(|w| w[0] == b"--out" && w[1] == out.as_os_str().as_encoded_bytes())
-        {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-fn wait_until(what: &str, child: &mut Child, limit: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "{what}: the runner ended first"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]
@@ -336,27 +248,12 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
     );
 
     // A failed task: its exit code and the tail of its log.
-    let spoiled = dir.path().join("spoiled");
-    std::fs::create_dir_all(&spoiled).unwrap();
-    let tasks = spoiled.join("tasks");
-    std::fs::create_dir_all(&tasks).unwrap();
-    for entry in std::fs::read_dir(slurm.join("train/tasks")).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, tasks.join(path.file_name().unwrap())).unwrap();
-    }
-    let shard = tasks.join("part-00000.parquet");
-    let size = std::fs::metadata(&shard).unwrap().len() as usize;
-    std::fs::write(&shard, vec![0u8; size]).unwrap();
-    let failing = dir.path().join("failing.toml");
-    std::fs::write(
-        &failing,
-        format!(
-            "[[step]]\nname = \"collect\"\nstage = \"collect-rollouts\"\npolicy = {:?}\ninputs = [{:?}]\n\n{backend}",
-            s(&slurm.join("init")),
-            s(&spoiled)
-        ),
-    )
-    .unwrap();
+    let failing = failing_pipeline(
+        dir.path(),
+        &slurm.join("train/tasks"),
+        &slurm.join("init"),
+        &backend,
+    );
     let failed = cluster.pipeline(&[
         "run",
         s(&failing),
@@ -391,11 +288,7 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
             pid.is_some()
         },
     );
-    let status = Command::new("kill")
-        .args(["-STOP", &pid.unwrap().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    freeze(pid.unwrap());
     let collect_job = jobs(&killed)
         .iter()
         .find(|j| j["instance"] == "collect" && j["kind"] == "stage")
@@ -407,17 +300,7 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
         .status()
         .unwrap();
     assert!(status.success());
-    let started = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the runner did not end after its job was cancelled"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let code = exit_code(&mut child, Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(code, Some(1), "{text}");
     let seen = statuses(&Run {
