@@ -58,6 +58,12 @@ const GRACE: Duration = Duration::from_secs(3);
 /// gives up on the run (its jobs may still run; a resumed run finds them).
 const UNANSWERED: Duration = Duration::from_secs(300);
 
+/// How long a finished run, or `pipeline cancel`, waits for its jobs to
+/// leave the queue: the cluster lists a job a moment after its task
+/// recorded its end (Slurm's completing state, Ray's job supervisor), and
+/// a rerun or a cancel right after must not find it live.
+const SETTLE: Duration = Duration::from_secs(60);
+
 /// `OUT/_runner/<backend>`: the backend's journal and a directory per step.
 pub fn backend_dir(out: &Path, backend: &str) -> PathBuf {
     runner_dir(out).join(backend)
@@ -673,6 +679,7 @@ pub(crate) fn run_plan(
     let mut ids: Vec<String> = Vec::new();
     let mut unanswered: Option<Instant> = None;
     let mut failures: Vec<RunnerError> = Vec::new();
+    let mut settling: Option<Instant> = None;
     loop {
         let mut live = match queue.live(&ids) {
             Ok(live) => {
@@ -811,7 +818,10 @@ pub(crate) fn run_plan(
             say(&line(submitted[k].index, "submitted", &submitted[k].label));
         }
         if submitted.iter().all(|s| s.state.finished()) {
-            break;
+            let since = *settling.get_or_insert_with(Instant::now);
+            if live.is_empty() || since.elapsed() >= SETTLE {
+                break;
+            }
         }
         std::thread::sleep(poll);
     }
@@ -982,6 +992,13 @@ pub fn cancel(out: &Path) -> Result<Vec<String>> {
     }
     let mut cancelled = crate::slurm::cancel(out)?;
     cancelled.extend(crate::ray::cancel(out)?);
+    // Cancelling is asynchronous: return once the jobs have left the queue.
+    let started = Instant::now();
+    while started.elapsed() < SETTLE
+        && !(crate::slurm::live_jobs(out)?.is_empty() && crate::ray::live_jobs(out)?.is_empty())
+    {
+        std::thread::sleep(Duration::from_millis(250));
+    }
     Ok(cancelled)
 }
 
