@@ -501,14 +501,7 @@ pub(crate) fn runs(
     options: &RunOptions,
     binaries: &BTreeMap<String, String>,
 ) -> Result<(Vec<StepOutcome>, BTreeSet<usize>)> {
-    let from = match &options.from {
-        Some(name) => plan.select(name)?.into_iter().next(),
-        None => None,
-    };
-    let only = match &options.only {
-        Some(name) => Some(plan.select(name)?),
-        None => None,
-    };
+    let selection = exec::Selection::of(plan, options)?;
     let mut steps: Vec<StepOutcome> = Vec::new();
     let mut to_run: BTreeSet<usize> = BTreeSet::new();
     for (index, instance) in plan.instances.iter().enumerate() {
@@ -518,22 +511,12 @@ pub(crate) fn runs(
             wall_s: 0.0,
             overhead_s: 0.0,
         };
-        if let Some(only) = &only
-            && !only.contains(&index)
-        {
-            if !options.dry_run && !instance.dir.join(cache::STEP_FILE).is_file() {
-                return Err(RunnerError::Usage(format!(
-                    "--only: step `{}` has not completed in {}; run the pipeline without --only first",
-                    instance.id,
-                    plan.out.display()
-                )));
-            }
+        if selection.kept(plan, index, options.dry_run)? {
             outcome.status = Status::Kept;
             steps.push(outcome);
             continue;
         }
-        let forced =
-            from.is_some_and(|f| index >= f) || only.as_ref().is_some_and(|o| o.contains(&index));
+        let forced = selection.forced(index);
         let blocked = instance.deps.iter().any(|d| to_run.contains(d));
         let hit = match binaries.get(instance.stage.name) {
             Some(hash) if !forced && !blocked => {

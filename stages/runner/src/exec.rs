@@ -570,6 +570,54 @@ pub(crate) fn hash_binaries(
     Ok(binaries)
 }
 
+/// The steps `--from` and `--only` name, for every backend: forced to
+/// run, or kept as they are.
+pub(crate) struct Selection {
+    from: Option<usize>,
+    only: Option<BTreeSet<usize>>,
+}
+
+impl Selection {
+    pub(crate) fn of(plan: &Plan, options: &RunOptions) -> Result<Selection> {
+        Ok(Selection {
+            from: match &options.from {
+                Some(name) => plan.select(name)?.into_iter().next(),
+                None => None,
+            },
+            only: match &options.only {
+                Some(name) => Some(plan.select(name)?),
+                None => None,
+            },
+        })
+    }
+
+    /// Runs whatever the cache says: from `--from` on, or named by `--only`.
+    pub(crate) fn forced(&self, index: usize) -> bool {
+        self.from.is_some_and(|f| index >= f)
+            || self.only.as_ref().is_some_and(|o| o.contains(&index))
+    }
+
+    /// Kept as it is: outside `--only`, which needs the step completed
+    /// (a dry run does not ask).
+    pub(crate) fn kept(&self, plan: &Plan, index: usize, dry_run: bool) -> Result<bool> {
+        let Some(only) = &self.only else {
+            return Ok(false);
+        };
+        if only.contains(&index) {
+            return Ok(false);
+        }
+        let instance = &plan.instances[index];
+        if !dry_run && !instance.dir.join(cache::STEP_FILE).is_file() {
+            return Err(RunnerError::Usage(format!(
+                "--only: step `{}` has not completed in {}; run the pipeline without --only first",
+                instance.id,
+                plan.out.display()
+            )));
+        }
+        Ok(true)
+    }
+}
+
 /// Runs (or under `dry_run`, describes) the plan. `say` receives one line per
 /// instance as it completes.
 pub fn run_plan(
@@ -588,14 +636,7 @@ pub fn run_plan(
         }
     }
     let check_s = started.elapsed().as_secs_f64();
-    let from = match &options.from {
-        Some(name) => plan.select(name)?.into_iter().next(),
-        None => None,
-    };
-    let only = match &options.only {
-        Some(name) => Some(plan.select(name)?),
-        None => None,
-    };
+    let selection = Selection::of(plan, options)?;
     let _lock = if options.dry_run {
         None
     } else {
@@ -610,8 +651,7 @@ pub fn run_plan(
     for (index, instance) in plan.instances.iter().enumerate() {
         bar.set_message(instance.id.clone());
         let t0 = Instant::now();
-        let forced =
-            from.is_some_and(|f| index >= f) || only.as_ref().is_some_and(|o| o.contains(&index));
+        let forced = selection.forced(index);
         let bin = binary(&options.bin_dir, instance.stage.name);
         let mut outcome = StepOutcome {
             index,
@@ -619,16 +659,7 @@ pub fn run_plan(
             wall_s: 0.0,
             overhead_s: 0.0,
         };
-        if let Some(only) = &only
-            && !only.contains(&index)
-        {
-            if !options.dry_run && !instance.dir.join(cache::STEP_FILE).is_file() {
-                return Err(RunnerError::Usage(format!(
-                    "--only: step `{}` has not completed in {}; run the pipeline without --only first",
-                    instance.id,
-                    plan.out.display()
-                )));
-            }
+        if selection.kept(plan, index, options.dry_run)? {
             outcome.status = Status::Kept;
             outcome.wall_s = recorded_wall_s(&instance.dir);
         } else if options.dry_run {
