@@ -513,6 +513,7 @@ mod tests {
                 .iter()
                 .map(|thought| RecordedDecision {
                     anchor_key: None,
+                    prompt_ids: None,
                     observation: Vec::new(),
                     tokens: vec![0],
                     token_logprobs: vec![0.0],

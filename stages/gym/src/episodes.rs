@@ -152,6 +152,8 @@ struct ResetEpisode {
     instruction: String,
     key: String,
     obs_len: usize,
+    #[serde(default)]
+    text: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +164,8 @@ struct StepEpisode {
     success: bool,
     key: String,
     obs_len: usize,
+    #[serde(default)]
+    text: Option<String>,
     #[serde(default)]
     error: Option<String>,
 }
@@ -204,6 +208,8 @@ struct Episode {
     slot: usize,
     instruction: String,
     key: Option<String>,
+    /// The text of its last observation (an env that observes text).
+    text: Option<String>,
     running: bool,
 }
 
@@ -265,6 +271,7 @@ impl GymEpisodes {
                 slot: e - first,
                 instruction: String::new(),
                 key: None,
+                text: None,
                 running: true,
             });
         }
@@ -309,7 +316,20 @@ impl GymEpisodes {
         out
     }
 
-    fn store(&mut self, i: usize, bytes: &[u8]) -> Result<(), String> {
+    /// Keeps episode `i`'s observation: its bytes decoded into the frames
+    /// and proprio, its text (which an env that observes text must send,
+    /// and no other may).
+    fn store(&mut self, i: usize, bytes: &[u8], text: Option<String>) -> Result<(), String> {
+        match (&text, self.info.text) {
+            (None, 1..) => return Err(format!("episode {i}'s observation has no text")),
+            (Some(_), 0) => {
+                return Err(format!(
+                    "episode {i}'s observation has a text, the env announced none"
+                ));
+            }
+            _ => {}
+        }
+        self.episodes[i].text = text;
         let shape = self.info.shape;
         let (pl, pp) = (shape.pixel_len(), shape.proprio);
         observation::decode_into(
@@ -391,7 +411,7 @@ impl GymEpisodes {
         let parsed = reply_episodes::<ResetEpisode>(&frame, &slots, |r| (r.slot, r.obs_len))
             .and_then(|(replies, observations)| {
                 for ((&i, reply), bytes) in members.iter().zip(replies).zip(observations) {
-                    self.store(i, bytes)?;
+                    self.store(i, bytes, reply.text)?;
                     let e = &mut self.episodes[i];
                     e.instruction = reply.instruction;
                     e.key = Some(reply.key);
@@ -469,7 +489,7 @@ impl GymEpisodes {
                 };
                 continue;
             }
-            self.store(i, bytes)?;
+            self.store(i, bytes, reply.text)?;
             let e = &mut self.episodes[i];
             e.key = Some(reply.key);
             e.running = !reply.done;
@@ -522,24 +542,31 @@ pub(crate) fn describe(pool: &mut Pool, tasks: &[GymTask]) -> Result<AdapterInfo
                 }
             }
         };
-        match &first {
+        let observed = |info: &AdapterInfo| {
+            let text = if info.text > 0 { " and text" } else { "" };
+            format!("observes {}{text} and acts in {}", info.shape, info.action)
+        };
+        match &mut first {
             None => first = Some((task, info)),
-            Some((t0, i0)) if i0.shape != info.shape || i0.action != info.action => {
+            Some((t0, i0))
+                if i0.shape != info.shape
+                    || i0.action != info.action
+                    || (i0.text > 0) != (info.text > 0) =>
+            {
                 return Err(BridgeError::Mismatch(format!(
-                    "task `{}` ({} {}) observes {} and acts in {}, task `{}` ({} {}) observes {} and acts in {}: one batch takes one observation shape and action space",
+                    "task `{}` ({} {}) {}, task `{}` ({} {}) {}: one batch takes one observation shape and action space",
                     t0.task_id,
                     t0.spec.adapter,
                     t0.spec.env_id,
-                    i0.shape,
-                    i0.action,
+                    observed(i0),
                     task.task_id,
                     spec.adapter,
                     spec.env_id,
-                    info.shape,
-                    info.action
+                    observed(&info),
                 )));
             }
-            Some(_) => {}
+            // The longest text of any task's env bounds the batch's.
+            Some((_, i0)) => i0.text = i0.text.max(info.text),
         }
     }
     Ok(first.expect("at least one task").1)
@@ -663,5 +690,9 @@ impl ClosedLoopWorld for GymEpisodes {
 
     fn anchor_key(&self, i: usize) -> Option<String> {
         self.episodes[i].key.clone()
+    }
+
+    fn observation_text(&self, i: usize) -> Option<&str> {
+        self.episodes[i].text.as_deref()
     }
 }

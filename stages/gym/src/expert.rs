@@ -34,6 +34,10 @@ pub struct DemonstrationDecision {
     pub actions: Vec<f32>,
     /// Actions executed (`K`, fewer on the last decision).
     pub env_steps: u32,
+    /// The observation's text, for an env that observes text (the
+    /// decision's prompt is then
+    /// [`embodyflow_rollout::closed_loop::observed_prompt`]).
+    pub text: Option<String>,
 }
 
 /// A scripted expert's episode of one task.
@@ -56,6 +60,8 @@ pub struct Demonstration {
 struct ExpertDecision {
     actions: Vec<Value>,
     obs_len: usize,
+    #[serde(default)]
+    text: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +105,13 @@ fn parse(
         observation::decode(bytes)
             .and_then(|o| o.expect_shape(&info.shape))
             .map_err(|e| format!("decision {d}'s observation: {e}"))?;
+        if decision.text.is_some() != (info.text > 0) {
+            return Err(format!(
+                "decision {d}: {} text for an env that observes {}",
+                if decision.text.is_some() { "a" } else { "no" },
+                if info.text > 0 { "text" } else { "none" }
+            ));
+        }
         if decision.actions.is_empty() || decision.actions.len() > chunk_len {
             return Err(format!(
                 "decision {d}: {} actions for chunks of {chunk_len}",
@@ -132,6 +145,7 @@ fn parse(
             observation: bytes.to_vec(),
             env_steps: decision.actions.len() as u32,
             actions,
+            text: decision.text.clone(),
         });
     }
     Ok(Demonstration {

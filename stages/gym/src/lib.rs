@@ -326,6 +326,11 @@ impl std::fmt::Display for ActionSpace {
 pub struct AdapterInfo {
     /// Its observations' shape (a `0x0x3` image for a state-only env).
     pub shape: ObservationShape,
+    /// The longest text an observation carries, in characters (a
+    /// Gymnasium `Text` space's `max_length`); 0 when the env observes no
+    /// text. A text observation is appended to the instruction in each
+    /// decision's prompt ([`embodyflow_rollout::closed_loop::observed_prompt`]).
+    pub text: usize,
     /// Its actions.
     pub action: ActionSpace,
     /// Whether it gives an instruction.
@@ -344,6 +349,7 @@ impl AdapterInfo {
                 channels: size("channels")?,
                 proprio: size("proprio")?,
             },
+            text: size("text")?,
             action: ActionSpace::from_json(header.get("action")?)?,
             instruction: header.get("instruction")?.as_bool()?,
             expert: header.get("expert")?.as_bool()?,

@@ -593,3 +593,185 @@ fn a_reset_that_fails_again_after_the_restart_is_an_error_naming_both_faults() {
         "{message}"
     );
 }
+
+const TEXT_ENV: &str = "embodyflow_gym.envs:TextKeyRoom-v0";
+
+/// A policy that reads its prompt (the driver's `observed_prompt`: the
+/// instruction, then the observed text) and walks to the key's room: it
+/// succeeds only if each decision's text reaches it.
+struct TextReader;
+
+impl ChunkPolicy for TextReader {
+    type Error = Error;
+
+    fn chunk_len(&self) -> usize {
+        1
+    }
+
+    fn action_dim(&self) -> usize {
+        1
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        ObservationShape {
+            height: 0,
+            width: 0,
+            channels: 3,
+            proprio: 0,
+        }
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Error> {
+        Ok(instruction.bytes().map(i32::from).collect())
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Error> {
+        let rooms = |prompt: &[i32]| -> (u32, u32) {
+            let text: String = prompt.iter().map(|&b| b as u8 as char).collect();
+            let line = text.lines().last().unwrap().to_string();
+            let numbers: Vec<u32> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            assert_eq!(numbers.len(), 2, "{text}");
+            (numbers[0], numbers[1])
+        };
+        Ok(batch
+            .instructions
+            .iter()
+            .map(|prompt| {
+                let (room, key) = rooms(prompt);
+                // 0 west, 1 east, 2 pick up.
+                let action = match room.cmp(&key) {
+                    std::cmp::Ordering::Less => 1,
+                    std::cmp::Ordering::Greater => 0,
+                    std::cmp::Ordering::Equal => 2,
+                };
+                ChunkDecision {
+                    tokens: vec![action],
+                    token_logprobs: vec![-0.5],
+                    thought: None,
+                }
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_text_observation_reaches_each_decisions_prompt() {
+    let info = probe(&config(1), "generic", TEXT_ENV).unwrap();
+    // "you are in room 4; the key is in room 4": the Text space's max_length.
+    assert_eq!(info.text, 39);
+    assert_eq!(info.shape.pixel_len() + info.shape.proprio, 0);
+    let tasks: Vec<GymTask> = (0..3)
+        .map(|seed| {
+            let mut spec = GymTaskSpec::new("generic", TEXT_ENV, seed, 12);
+            spec.instruction = Some("find the key".into());
+            task(&format!("keyroom/{seed}"), spec)
+        })
+        .collect();
+    let bins = info.action.bins();
+    let mut world = GymEpisodes::new(&config(2), &tasks, 2, &bins).unwrap();
+    let first = world.observation_text(0).unwrap().to_string();
+    assert!(first.starts_with("you are in room "), "{first}");
+    let config = ClosedLoopConfig {
+        max_decisions: 12,
+        label: "test",
+    };
+    let seeds: Vec<u64> = (0..world.len() as u64).collect();
+    let out = run_closed_loop(&mut world, &mut TextReader, &bins, &seeds, &config).unwrap();
+    for episode in &out.episodes {
+        assert!(episode.success, "{:?}", episode.failure);
+        assert_eq!(
+            episode.prompt_ids,
+            b"find the key"
+                .iter()
+                .map(|&b| i32::from(b))
+                .collect::<Vec<_>>()
+        );
+        // Each steps row holds the prompt of its own decision.
+        let rows = episode.step_rows("t");
+        let prompts: Vec<String> = rows
+            .iter()
+            .map(|row| row.prompt_ids.iter().map(|&b| b as u8 as char).collect())
+            .collect();
+        assert!(
+            prompts
+                .iter()
+                .all(|p| p.starts_with("find the key\nyou are in room "))
+        );
+        assert_eq!(
+            prompts.last().map(String::as_str).map(|p| {
+                let numbers: Vec<&str> = p
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                numbers[0] == numbers[1]
+            }),
+            Some(true),
+            "the last decision picks up in the key's room: {prompts:?}"
+        );
+        if rows.len() > 1 {
+            assert_ne!(
+                prompts[0], prompts[1],
+                "the text changes as the agent walks"
+            );
+        }
+    }
+    assert_eq!(
+        out.episodes[0].step_rows("t")[0].prompt_ids,
+        format!("find the key\n{first}")
+            .bytes()
+            .map(i32::from)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
+    // MiniGrid's own observation: {direction: Discrete(4), image: 7x7x3,
+    // mission: a space of strings}; "minigrid:" imports the package that
+    // registers the id.
+    let env_id = "minigrid:MiniGrid-Empty-5x5-v0";
+    let info = probe(&config(1), "generic", env_id).unwrap();
+    assert_eq!(
+        info.shape,
+        ObservationShape {
+            height: 7,
+            width: 7,
+            channels: 3,
+            proprio: 4
+        }
+    );
+    assert_eq!(
+        info.text, 256,
+        "a mission space has no bound: text_max_length"
+    );
+    let tasks = vec![task("empty/1", GymTaskSpec::new("generic", env_id, 1, 8))];
+    let world = GymEpisodes::new(&config(1), &tasks, 1, &info.action.bins()).unwrap();
+    assert_eq!(
+        world.observation_text(0),
+        Some("get to the green goal square")
+    );
+    // A text longer than the bound the kwargs announce is refused, named.
+    let mut short = GymTaskSpec::new("generic", env_id, 1, 8);
+    short.kwargs = json!({"text_max_length": 5});
+    let Err(error) = GymEpisodes::new(
+        &config(1),
+        &[task("empty/1", short)],
+        1,
+        &info.action.bins(),
+    ) else {
+        panic!("a 28-character mission under a 5-character bound accepted");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("a text observation of 28 characters, beyond the 5"),
+        "{error}"
+    );
+    // A space the adapter does not take is bad input naming it.
+    let error = probe(&config(1), "generic", "Blackjack-v1").unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    assert!(error.to_string().contains("Tuple("), "{error}");
+}

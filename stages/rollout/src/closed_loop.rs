@@ -12,14 +12,15 @@
 //! - [`ClosedLoopWorld`]: `n` episodes that render into contiguous buffers
 //!   and advance by one chunk of `K` actions each; implemented here for the
 //!   tabletop world by [`TabletopEpisodes`] (a [`Batch`]: G copies of each
-//!   task share its initial state). A
-//!   Gymnasium bridge would implement it the same way.
+//!   task share its initial state); the Gymnasium bridge
+//!   (`embodyflow_gym::GymEpisodes`) implements it the same way.
 //!
 //! One decision of the driver [`run_closed_loop`], repeated until every
 //! episode has ended or `max_decisions` decisions were taken:
 //!
 //! ```text
-//! observe all → gather the live episodes' frames and proprio → one policy
+//! observe all → gather the live episodes' frames and proprio (and, in a
+//! world that observes text, each decision's prompt: observed_prompt) → one policy
 //! call over them (row seed = decision_seed(episode seed, decision)) →
 //! check every row (K·D tokens in 0..n_bins, finite log-probs) → decode the
 //! bins to actions (ActionBins, OpenVLA's centres) → step every live
@@ -35,6 +36,12 @@
 //! nothing of that decision is stepped. Row seeds depend only on the
 //! episode's seed and the decision index, so an episode draws the same
 //! tokens whatever batch it runs in.
+//!
+//! A world whose observations carry text (a Gymnasium `Text` space:
+//! [`ClosedLoopWorld::observation_text`]) gives each decision its own
+//! prompt, the instruction and the text on the next line
+//! ([`observed_prompt`]), tokenised by the policy; it is recorded in the
+//! decision's `steps.prompt_ids`, where update-policy reads it back.
 //!
 //! ```no_run
 //! use embodyflow_algos::action_tokens::ActionBins;
@@ -124,6 +131,32 @@ pub trait ClosedLoopWorld {
     fn anchor_key(&self, i: usize) -> Option<String> {
         let _ = i;
         None
+    }
+    /// The text episode `i` observes as last observed (a Gymnasium `Text`
+    /// observation), which the driver appends to the instruction in the
+    /// decision's prompt ([`observed_prompt`]); `None` for a world whose
+    /// observations carry no text.
+    fn observation_text(&self, i: usize) -> Option<&str> {
+        let _ = i;
+        None
+    }
+}
+
+/// The prompt of a decision in a world that observes text: the instruction,
+/// then the observation's text on the next line (the text alone when there
+/// is no instruction). The driver and a demonstration's decisions
+/// (update-policy's behaviour cloning) both build it here.
+///
+/// ```
+/// use embodyflow_rollout::closed_loop::observed_prompt;
+/// assert_eq!(observed_prompt("find the key", "you are in room 1"), "find the key\nyou are in room 1");
+/// assert_eq!(observed_prompt("", "you are in room 1"), "you are in room 1");
+/// ```
+pub fn observed_prompt(instruction: &str, text: &str) -> String {
+    if instruction.is_empty() {
+        text.to_string()
+    } else {
+        format!("{instruction}\n{text}")
     }
 }
 
@@ -330,6 +363,23 @@ pub enum ClosedLoopError {
         /// The policy's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The policy cannot encode a decision's prompt in a world that
+    /// observes text (the instruction and the observation's text).
+    #[error(
+        "episode {episode} (task `{task}`), decision {decision}, its prompt with the observed text: {source}"
+    )]
+    ObservedPrompt {
+        /// The episode.
+        episode: usize,
+        /// Its task.
+        task: String,
+        /// The decision.
+        decision: usize,
+        /// Who must act.
+        kind: ErrorKind,
+        /// The policy's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The policy failed or refused its input.
     #[error("policy at decision {decision}: {source}")]
     Policy {
@@ -399,9 +449,9 @@ pub enum ClosedLoopError {
 impl Classify for ClosedLoopError {
     fn kind(&self) -> ErrorKind {
         match self {
-            ClosedLoopError::Policy { kind, .. } | ClosedLoopError::Instruction { kind, .. } => {
-                *kind
-            }
+            ClosedLoopError::Policy { kind, .. }
+            | ClosedLoopError::Instruction { kind, .. }
+            | ClosedLoopError::ObservedPrompt { kind, .. } => *kind,
             ClosedLoopError::Observation(_)
             | ClosedLoopError::ActionShape { .. }
             | ClosedLoopError::SeedCount { .. } => ErrorKind::BadInput,
@@ -435,6 +485,10 @@ pub struct RecordedDecision {
     /// The anchor state the decision was taken in
     /// ([`ClosedLoopWorld::anchor_key`]).
     pub anchor_key: Option<String>,
+    /// The decision's prompt when it is not the episode's: in a world that
+    /// observes text, the instruction and the observed text
+    /// ([`observed_prompt`]), tokenised.
+    pub prompt_ids: Option<Vec<i32>>,
     /// Actions of the chunk the world executed (fewer than `K` when the
     /// episode ended within it).
     pub env_steps: u32,
@@ -445,7 +499,8 @@ pub struct RecordedDecision {
 pub struct ClosedLoopEpisode {
     /// Its task.
     pub task_id: String,
-    /// The instruction's token ids (every decision's prompt).
+    /// The instruction's token ids (every decision's prompt, unless the
+    /// decision has its own: [`RecordedDecision::prompt_ids`]).
     pub prompt_ids: Vec<i32>,
     /// Its decisions, in order.
     pub decisions: Vec<RecordedDecision>,
@@ -465,7 +520,8 @@ pub struct ClosedLoopEpisode {
 
 impl ClosedLoopEpisode {
     /// The episode's `steps` rows: one per decision (`step_index` = its
-    /// index), the instruction as `prompt_ids`, the tokens as `response_ids`,
+    /// index), the decision's prompt as `prompt_ids` (the instruction, or
+    /// its own in a world that observes text), the tokens as `response_ids`,
     /// their log-probs and the observation bytes, and a thinking policy's
     /// latents, chosen length, stop log-prob and value.
     pub fn step_rows(&self, trajectory_id: &str) -> Vec<StepRow> {
@@ -475,7 +531,9 @@ impl ClosedLoopEpisode {
             .map(|(index, d)| {
                 let mut row = StepRow::one_shot(
                     trajectory_id.to_string(),
-                    self.prompt_ids.clone(),
+                    d.prompt_ids
+                        .clone()
+                        .unwrap_or_else(|| self.prompt_ids.clone()),
                     d.tokens.iter().map(|&t| t as i32).collect(),
                     d.token_logprobs.clone(),
                 );
@@ -646,9 +704,28 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
             frames.extend_from_slice(&world.frames()[i * pixel_len..(i + 1) * pixel_len]);
             proprio.extend_from_slice(&world.proprio()[i * proprio_len..(i + 1) * proprio_len]);
         }
+        let prompts: Vec<Option<Vec<i32>>> = live
+            .iter()
+            .map(|&i| {
+                let Some(text) = world.observation_text(i) else {
+                    return Ok(None);
+                };
+                let prompt = observed_prompt(world.instruction(i), text);
+                policy.instruction_ids(&prompt).map(Some).map_err(|e| {
+                    ClosedLoopError::ObservedPrompt {
+                        episode: i,
+                        task: world.task_id(i).to_string(),
+                        decision,
+                        kind: e.kind(),
+                        source: Box::new(e),
+                    }
+                })
+            })
+            .collect::<Result<_, _>>()?;
         let instructions: Vec<&[i32]> = live
             .iter()
-            .map(|&i| episodes[i].prompt_ids.as_slice())
+            .zip(&prompts)
+            .map(|(&i, own)| own.as_deref().unwrap_or(&episodes[i].prompt_ids))
             .collect();
         let row_seeds: Vec<u64> = live
             .iter()
@@ -714,8 +791,12 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
             .step_chunks(&actions, k)
             .map_err(|source| ClosedLoopError::World { decision, source })?;
         world_time += started.elapsed();
-        for (((&i, c), observation), anchor_key) in
-            live.iter().zip(chosen).zip(observations).zip(anchors)
+        for ((((&i, c), observation), anchor_key), prompt_ids) in live
+            .iter()
+            .zip(chosen)
+            .zip(observations)
+            .zip(anchors)
+            .zip(prompts)
         {
             let report = &reports[i];
             let episode = &mut episodes[i];
@@ -725,6 +806,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
                 token_logprobs: c.token_logprobs,
                 thought: c.thought,
                 anchor_key,
+                prompt_ids,
                 env_steps: report.env_steps,
             });
             episode.env_steps += report.env_steps;

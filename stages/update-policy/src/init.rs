@@ -431,7 +431,10 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             };
             let vla = config.vla.config(vocab_size, &shape)?;
             let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
-            check_instructions(&policy, &corpus)?;
+            let text = world
+                .as_ref()
+                .map_or(0, |(shape, _)| shape.observation_text);
+            check_instructions(&policy, &corpus, text)?;
             let staged = stage_checkpoint(&policy, out)?;
             (
                 format!("{:?}: {vla:?}", PolicyKind::Vla),
@@ -494,15 +497,32 @@ fn instructions(count: usize, seed: u64) -> Vec<String> {
 }
 
 /// Every corpus instruction fits in `vla.max_instruction` tokens (a longer
-/// one is refused naming the key, the instruction and its length).
-fn check_instructions(policy: &Checkpoint<Vla>, corpus: &[String]) -> Result<(), ModelError> {
+/// one is refused naming the key, the instruction and its length); in a
+/// world that observes text of up to `text` characters, with room for it
+/// after the instruction: a newline and one token per character (a
+/// byte-level BPE never needs more for ASCII text; a longer prompt is
+/// still refused at its decision).
+fn check_instructions(
+    policy: &Checkpoint<Vla>,
+    corpus: &[String],
+    text: usize,
+) -> Result<(), ModelError> {
     let vla = policy.model.config();
+    let room = if text > 0 { 1 + text as i64 } else { 0 };
     for instruction in corpus {
         let tokens = encode(&policy.tokenizer, instruction)?.len() as i64;
+        let why = if text > 0 {
+            format!(
+                "at least {} (the instruction `{instruction}`: {tokens} tokens, then a newline and an observed text of up to {text} characters)",
+                tokens + room
+            )
+        } else {
+            format!("at least {tokens} (the instruction `{instruction}`)")
+        };
         ensure(
-            tokens <= vla.max_instruction,
+            tokens + room <= vla.max_instruction,
             "vla.max_instruction",
-            format!("at least {tokens} (the instruction `{instruction}`)"),
+            why,
             vla.max_instruction,
         )?;
     }

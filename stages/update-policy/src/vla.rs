@@ -47,8 +47,8 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{Entropy, ResponseScores};
 use embodyflow_models::vla::{Observation, Vla, VlaConfig};
-use embodyflow_rollout::closed_loop::ChunkPolicy;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
 use embodyflow_rollout::sampling_seed;
 use embodyflow_tabletop::{self as tabletop, ExpertConfig, Strategy};
 
@@ -305,13 +305,23 @@ fn bridge_sft_examples(
             .map_err(|e| Error::BadInput(format!("task `{}`: {e}", demo.task_id)))?;
         for (i, decision) in demo.decisions.iter().enumerate() {
             let source = format!("task `{}` decision {i}", demo.task_id);
+            // An env that observes text: the decision's own prompt, as the driver builds it.
+            let observed = match &decision.text {
+                Some(text) => Some(
+                    sampler
+                        .instruction_ids(&observed_prompt(&demo.instruction, text))
+                        .map_err(|e| Error::BadInput(format!("{source}: {e}")))?,
+                ),
+                None => None,
+            };
+            let prompt = observed.as_deref().unwrap_or(&prompt);
             let tokens = info
                 .action
                 .tokens(&bins, &decision.actions)
                 .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
             examples.push(demonstration_example(
                 source,
-                &prompt,
+                prompt,
                 &tokens,
                 decision.observation.clone(),
             ));

@@ -136,6 +136,10 @@ pub struct PolicyShape {
     /// per action and one more, `ActionSpace::bins`); `None` when any bins
     /// over `[-1, 1]` do (the tabletop world).
     pub bins: Option<ActionBins>,
+    /// The longest text an observation carries, in characters (a
+    /// Gymnasium `Text` observation, which each decision's prompt holds
+    /// after the instruction); 0 when the world observes no text.
+    pub observation_text: usize,
 }
 
 /// The shape of a policy for the tabletop world at frames of `image_size`
@@ -150,6 +154,7 @@ pub fn tabletop_shape(image_size: usize) -> PolicyShape {
         },
         action_dim: tabletop::ACTION_DIM,
         bins: None,
+        observation_text: 0,
     }
 }
 
@@ -169,6 +174,7 @@ pub fn policy_shape(
                 observation: info.shape,
                 action_dim: info.action.dim(),
                 bins: Some(info.action.bins()),
+                observation_text: info.text,
             })
         }
     }

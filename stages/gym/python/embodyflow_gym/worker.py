@@ -4,14 +4,14 @@ stdin/stdout frames (`protocol`). stderr passes through (tracebacks).
 
 Requests (header "op") and replies:
   hello {adapter, env_id, kwargs, seed}
-      -> {height, width, channels, proprio, action, instruction, expert}
+      -> {height, width, channels, proprio, text, action, instruction, expert}
   reset {episodes: [{slot, spec, seed}]}
-      -> {episodes: [{slot, instruction, key, obs_len}]} + observations
+      -> {episodes: [{slot, instruction, key, obs_len, text?}]} + observations
   step_chunk {episodes: [{slot, actions: [a, ...]}]}
-      -> {episodes: [{slot, steps, done, success, key, obs_len, error?}]}
+      -> {episodes: [{slot, steps, done, success, key, obs_len, text?, error?}]}
          + observations (after the chunk)
   expert_episode {spec, seed, k}
-      -> {instruction, success, decisions: [{actions, obs_len}], error?}
+      -> {instruction, success, decisions: [{actions, obs_len, text?}], error?}
          + the observation of each decision (none, with `error`, when the
          expert or the env raised)
   close -> {} and exit
@@ -22,8 +22,12 @@ a whole timeout without any frame, however many environments a reset builds.
 Every reply has "ok"; a failed request answers {ok: false, kind:
 "bad_input" | "failure", error}. A spec is {adapter, env_id, seed,
 max_steps, kwargs, instruction}: an episode ends at max_steps env steps (a
-failure unless it succeeded at that step). The worker exits when stdin
-ends or its parent changes (the Rust side died).
+failure unless it succeeded at that step). `text` in hello is the longest
+text observation in characters (0: the env observes no text; an adapter
+that leaves it out observes none); when it is not 0 every observation
+carries its text (`text`), and a text longer than announced ends its
+episode as a failure. The worker exits when stdin ends or its parent
+changes (the Rust side died).
 """
 
 import hashlib
@@ -82,20 +86,42 @@ def state_hash(episode):
     return hashlib.blake2b(episode.state_key(), digest_size=16).hexdigest()
 
 
+def space_of(episode):
+    """The adapter's space() with `text` (0 when it leaves it out)."""
+    space = dict(episode.space())
+    space["text"] = int(space.get("text") or 0)
+    return space
+
+
+def observation_text(episode, text_max):
+    """The episode's text observation, checked against its bound."""
+    text = str(episode.observation_text())
+    if len(text) > text_max:
+        raise ValueError(
+            f"a text observation of {len(text)} characters, beyond the {text_max} the adapter "
+            f"announced (a space of strings without a bound: raise kwargs text_max_length)"
+        )
+    return text
+
+
 class Slot:
-    def __init__(self, spec, episode, shape):
+    def __init__(self, spec, episode, space):
         self.spec = spec
         self.key = spec_key(spec)
         self.episode = episode
-        self.shape = shape
+        self.shape = shape_of(space)
+        self.text_max = space["text"]
         self.steps = 0
         self.done = False
         self.header = None
 
-    def observe(self):
+    def observe(self, reply):
+        """The observation's EFOB bytes; its text goes into `reply`."""
         pixels, proprio = self.episode.observation()
         if self.header is None:
             self.header = protocol.efob_header(self.shape, len(proprio))
+        if self.text_max:
+            reply["text"] = observation_text(self.episode, self.text_max)
         return protocol.efob(pixels, self.shape, proprio, self.header)
 
 
@@ -126,7 +152,7 @@ class Worker:
         spare = self.spare.setdefault(spec_key(header), [])
         if not spare:
             spare.append(make_episode(header["adapter"], header["env_id"], header.get("kwargs"), header.get("seed", 0)))
-        return spare[-1].space(), []
+        return space_of(spare[-1]), []
 
     def reset(self, header, body):
         out, obs = [], []
@@ -140,14 +166,16 @@ class Worker:
                 episode = spare.pop() if spare else None
                 if episode is None:
                     episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
-                slot = Slot(spec, episode, shape_of(episode.space()))
+                slot = Slot(spec, episode, space_of(episode))
                 self.slots[item["slot"]] = slot
             slot.spec = spec
             instruction = slot.episode.reset(seed) or spec.get("instruction") or ""
             slot.steps, slot.done = 0, False
-            o = slot.observe()
+            reply = {"slot": item["slot"], "instruction": instruction, "key": state_hash(slot.episode)}
+            o = slot.observe(reply)
             obs.append(o)
-            out.append({"slot": item["slot"], "instruction": instruction, "key": state_hash(slot.episode), "obs_len": len(o)})
+            reply["obs_len"] = len(o)
+            out.append(reply)
             self.progress()
         return {"episodes": out}, obs
 
@@ -157,7 +185,8 @@ class Worker:
             slot = self.slots.get(item["slot"])
             if slot is None:
                 raise RequestError("failure", f"slot {item['slot']} was never reset")
-            steps, success, error = 0, False, None
+            steps, success = 0, False
+            reply = {"slot": item["slot"]}
             try:
                 for action in item["actions"]:
                     if slot.done:
@@ -167,23 +196,21 @@ class Worker:
                     slot.steps += 1
                     if done or slot.steps >= int(slot.spec["max_steps"]):
                         slot.done = True
+                o = slot.observe(reply)
+                reply["key"] = state_hash(slot.episode)
             except Exception as e:  # the env raised: this episode fails, the others go on
                 traceback.print_exc()
-                slot.done, success = True, False
-                error = f"the environment raised {type(e).__name__}: {e}"
-            o = slot.observe() if error is None else b""
+                slot.done, success, o = True, False, b""
+                reply = {"slot": item["slot"], "key": "", "error": f"the environment raised {type(e).__name__}: {e}"}
             obs.append(o)
-            reply = {"slot": item["slot"], "steps": steps, "done": slot.done, "success": bool(success), "obs_len": len(o)}
-            reply["key"] = state_hash(slot.episode) if error is None else ""
-            if error is not None:
-                reply["error"] = error
+            reply.update({"steps": steps, "done": slot.done, "success": bool(success), "obs_len": len(o)})
             out.append(reply)
         return {"episodes": out}, obs
 
     def expert_episode(self, header, body):
         spec, seed, k = header["spec"], int(header["seed"]), int(header["k"])
         episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
-        space = episode.space()
+        space = space_of(episode)
         if not space["expert"]:
             raise RequestError("bad_input", f"adapter `{spec['adapter']}` has no scripted expert")
         shape = shape_of(space)
@@ -194,6 +221,9 @@ class Worker:
             while not done:
                 pixels, proprio = episode.observation()
                 o = protocol.efob(pixels, shape, proprio)
+                decision = {"obs_len": len(o)}
+                if space["text"]:
+                    decision["text"] = observation_text(episode, space["text"])
                 actions = []
                 for _ in range(k):
                     action = episode.expert_action()
@@ -205,7 +235,8 @@ class Worker:
                     if done:
                         break
                 obs.append(o)
-                decisions.append({"actions": actions, "obs_len": len(o)})
+                decision["actions"] = actions
+                decisions.append(decision)
                 self.progress()
         except Exception as e:  # the expert or the env raised: this task's demonstration fails
             traceback.print_exc()

@@ -17,10 +17,14 @@ and the Episode it returns has:
     space() -> {"height", "width", "channels", "proprio",
                 "action": {"kind": "discrete", "n": N}
                         | {"kind": "box", "dim": D, "low": [...], "high": [...]},
-                "instruction": bool, "expert": bool}
+                "instruction": bool, "expert": bool,
+                "text": N}                # optional: the longest text observation
+                                          # in characters (0 or absent: no text)
     reset(seed) -> instruction text (the same seed gives the same state)
     step(action) -> (done, success)      # action: int (discrete) or list of floats
     observation() -> (pixels (H, W, C) uint8, proprio float vector)
+    observation_text() -> str            # only when space()["text"]: appended to
+                                          # the instruction in each decision's prompt
     state_key() -> bytes                 # hashed into the anchor key (GiGPO)
     expert_action() -> action            # only when space()["expert"]
 

@@ -1,12 +1,29 @@
-"""Any Gymnasium env id whose observation is an image (Box HxWx3 uint8) or
-a flat vector (Box of floats, as proprio with a 0x0x3 frame), with a
-Discrete(n) or a 1-d Box action space. No expert; the instruction is the
-task spec's (the worker falls back to it when an adapter gives none).
+"""Any Gymnasium env id whose observation is an image, a vector, a discrete
+index, text, or a Dict of those, with a Discrete(n) or a 1-d Box action
+space. No expert; the instruction is the task spec's (the worker falls back
+to it when an adapter gives none).
+
+Observation parts, by space:
+- Box uint8 of shape HxWx3: the frame (at most one per observation);
+- Box of one dimension: proprio values; Discrete(n): a one-hot of n;
+- Text (or any space whose values are strings, as MiniGrid's mission): the
+  observation's text, appended to the instruction in every decision's
+  prompt by the closed-loop driver. A Dict joins its entries in its key
+  order: the vectors into one proprio vector, several texts as
+  "key: text" lines.
+A frameless observation is a 0x0x3 frame; any other space is refused naming
+it. A space of strings that is not a `Text` has no length bound: its texts
+are announced as at most `text_max_length` characters (kwargs, default
+256), and a longer one ends its episode as a failure naming the lengths.
+
 `kwargs` go to gymnasium.make, except `success`, the rule of success:
 "terminal_reward" (default: terminated with a positive reward, MiniGrid's
 goal convention) or "info" (info["success"] or info["is_success"] true at
 the step; an env like CartPole, whose termination is a failure, never
-succeeds under it). State key = the observation's bytes.
+succeeds under it), and `text_max_length`. An env id "module:EnvId" imports
+the module first (Gymnasium's form for environments registered by a
+package, as `embodyflow_gym.envs:TextKeyRoom-v0`). State key = the
+observation's exact bytes, every part in key order (a text's UTF-8).
 """
 
 import numpy as np
@@ -15,45 +32,137 @@ from . import BadEnv
 
 PACKAGES = ["gymnasium==1.4.0"]
 
-
 SUCCESS_RULES = ("terminal_reward", "info")
+DEFAULT_TEXT_MAX = 256
 
 
 def make(env_id, kwargs, seed):
     import gymnasium
-    from gymnasium import spaces
 
     kwargs = dict(kwargs)
     rule = kwargs.pop("success", "terminal_reward")
     if rule not in SUCCESS_RULES:
         raise BadEnv(f"success rule {rule!r}: expected one of {', '.join(SUCCESS_RULES)}")
+    text_max = int(kwargs.pop("text_max_length", DEFAULT_TEXT_MAX))
     try:
         env = gymnasium.make(env_id, **kwargs)
     except gymnasium.error.Error as e:
         raise BadEnv(f"environment `{env_id}` does not exist: {e}") from e
-    obs = env.observation_space
-    if not isinstance(obs, spaces.Box):
-        raise BadEnv(f"`{env_id}` observes {obs}: the generic adapter takes a Box image (HxWx3 uint8) or a flat Box vector")
-    image = obs.dtype == np.uint8 and len(obs.shape) == 3 and obs.shape[2] == 3
-    if not image and len(obs.shape) != 1:
-        raise BadEnv(f"`{env_id}` observes {obs}: the generic adapter takes a Box image (HxWx3 uint8) or a flat Box vector")
+    layout = Layout(env.observation_space, env_id, text_max)
     act = env.action_space
-    if not isinstance(act, spaces.Discrete) and not (isinstance(act, spaces.Box) and len(act.shape) == 1):
+    if not isinstance(act, gymnasium.spaces.Discrete) and not (
+        isinstance(act, gymnasium.spaces.Box) and len(act.shape) == 1
+    ):
         raise BadEnv(f"`{env_id}` acts in {act}: the generic adapter takes Discrete(n) or a 1-d Box")
-    return Episode(env, image, rule)
+    return Episode(env, layout, rule)
+
+
+def is_image(space):
+    from gymnasium import spaces
+
+    return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] == 3
+
+
+def is_text(space):
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Text):
+        return True
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.Dict, spaces.Tuple, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return False
+    try:
+        return isinstance(space.sample(), str)
+    except Exception:
+        return False
+
+
+class Layout:
+    """Where each part of an observation goes: the frame, the proprio
+    vector (with its length) and the text (with its announced bound)."""
+
+    def __init__(self, space, env_id, text_max):
+        from gymnasium import spaces
+
+        self.image = None  # None, or the Dict key (or "" for the whole observation)
+        self.vectors = []  # [(key, size, n for Discrete one-hot or None)]
+        self.texts = []  # [key]
+        self.text_max = 0
+        self.dict = isinstance(space, spaces.Dict)
+        entries = list(space.spaces.items()) if self.dict else [("", space)]
+        accepted = (
+            "a Box image (HxWx3 uint8), a 1-d Box, a Discrete, a Text, or a Dict of those"
+        )
+        for key, part in entries:
+            where = f"`{env_id}` observes {space}" + (f" (entry `{key}`: {part})" if self.dict else "")
+            if is_image(part):
+                if self.image is not None:
+                    raise BadEnv(f"{where}: the generic adapter takes one image per observation")
+                self.image = key
+                self.shape = part.shape
+            elif isinstance(part, spaces.Box) and len(part.shape) == 1:
+                self.vectors.append((key, int(part.shape[0]), None))
+            elif isinstance(part, spaces.Discrete):
+                self.vectors.append((key, int(part.n), int(part.start)))
+            elif is_text(part):
+                self.texts.append(key)
+                bound = part.max_length if isinstance(part, spaces.Text) else text_max
+                # Several texts are joined as "key: text" lines.
+                self.text_max += bound + (len(key) + 3 if self.dict else 0)
+            else:
+                raise BadEnv(f"{where}: the generic adapter takes {accepted}")
+        if self.image is None and not self.vectors and not self.texts:
+            raise BadEnv(f"`{env_id}` observes {space}: nothing the generic adapter takes ({accepted})")
+        if self.dict and len(self.texts) == 1:
+            self.text_max -= len(self.texts[0]) + 3
+
+    def proprio_len(self):
+        return sum(size for _, size, _ in self.vectors)
+
+    def part(self, obs, key):
+        return obs[key] if self.dict else obs
+
+    def pixels(self, obs):
+        if self.image is None:
+            return np.zeros((0, 0, 3), dtype=np.uint8)
+        return self.part(obs, self.image)
+
+    def proprio(self, obs):
+        values = []
+        for key, size, start in self.vectors:
+            value = self.part(obs, key)
+            if start is None:
+                values.append(np.asarray(value, dtype=np.float32).reshape(size))
+            else:
+                one_hot = np.zeros(size, dtype=np.float32)
+                one_hot[int(value) - start] = 1.0
+                values.append(one_hot)
+        return np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
+
+    def state_key(self, obs):
+        """Every part's exact bytes in key order (a text's UTF-8)."""
+        keys = [k for k, _, _ in self.vectors] + self.texts + ([self.image] if self.image is not None else [])
+        parts = []
+        for key in sorted(keys):
+            value = self.part(obs, key)
+            parts.append(value.encode("utf-8") if isinstance(value, str) else np.ascontiguousarray(value).tobytes())
+        return b"".join(parts)
+
+    def text(self, obs):
+        if len(self.texts) == 1:
+            return str(self.part(obs, self.texts[0]))
+        return "\n".join(f"{key}: {self.part(obs, key)}" for key in self.texts)
 
 
 class Episode:
-    def __init__(self, env, image, rule):
+    def __init__(self, env, layout, rule):
         self.env = env
-        self.image = image
+        self.layout = layout
         self.rule = rule
         self.obs = None
 
     def space(self):
         from gymnasium import spaces
 
-        shape = self.env.observation_space.shape
         act = self.env.action_space
         if isinstance(act, spaces.Discrete):
             action = {"kind": "discrete", "n": int(act.n)}
@@ -64,12 +173,13 @@ class Episode:
                 "low": [float(v) for v in act.low],
                 "high": [float(v) for v in act.high],
             }
-        height, width = (shape[0], shape[1]) if self.image else (0, 0)
+        height, width = (self.layout.shape[0], self.layout.shape[1]) if self.layout.image is not None else (0, 0)
         return {
             "height": int(height),
             "width": int(width),
             "channels": 3,
-            "proprio": 0 if self.image else int(shape[0]),
+            "proprio": self.layout.proprio_len(),
+            "text": self.layout.text_max if self.layout.texts else 0,
             "action": action,
             "instruction": False,
             "expert": False,
@@ -84,7 +194,7 @@ class Episode:
 
         act = self.env.action_space
         if isinstance(act, spaces.Discrete):
-            action = int(action)
+            action = int(action) + int(act.start)
         else:
             action = np.clip(np.asarray(action, dtype=act.dtype), act.low, act.high)
         self.obs, reward, terminated, truncated, info = self.env.step(action)
@@ -95,9 +205,10 @@ class Episode:
         return success or terminated or truncated, success
 
     def observation(self):
-        if self.image:
-            return self.obs, np.zeros(0, dtype=np.float32)
-        return np.zeros((0, 0, 3), dtype=np.uint8), self.obs
+        return self.layout.pixels(self.obs), self.layout.proprio(self.obs)
+
+    def observation_text(self):
+        return self.layout.text(self.obs)
 
     def state_key(self):
-        return np.ascontiguousarray(self.obs).tobytes()
+        return self.layout.state_key(self.obs)
