@@ -260,3 +260,160 @@ fn a_worker_that_crashes_hangs_or_lies_fails_its_own_episodes_with_the_reason() 
         }
     }
 }
+
+/// Tasks of the example text environment (`embodyflow_gym.envs`, through
+/// the generic adapter): the observation is a sentence naming the agent's
+/// room and the key's.
+const TEXT_ENV: &str = "embodyflow_gym.envs:TextKeyRoom-v0";
+
+#[test]
+fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (tasks, vla) = (root.join("tasks"), root.join("vla"));
+    let env_ids = format!("gym.env_ids=[\"{TEXT_ENV}\"]");
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&tasks),
+            "--seed",
+            "2",
+            "--set",
+            "env=gym",
+            "--set",
+            "gym.adapter=generic",
+            "--set",
+            &env_ids,
+            "--set",
+            "gym.max_steps=8",
+            "--set",
+            "gym.kwargs={n_rooms = 4}",
+            "--set",
+            "gym.instruction=find the key",
+            "--set",
+            "count=3",
+        ],
+    );
+    let task_rows: Vec<TaskRow> = rows(&tasks, TableName::Tasks);
+    assert!(task_rows.iter().all(|r| r.instruction == "find the key"));
+
+    // The observed text needs room in the prompt: 32 tokens are too few.
+    let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
+    init.extend_from_slice(TINY_VLA);
+    let refused = run("init-policy", &init);
+    assert_eq!(refused.code, 2, "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("vla.max_instruction")
+            && text.contains("observed text of up to 39 characters"),
+        "{text}"
+    );
+    assert!(!vla.exists());
+    init.extend(["--set", "vla.max_instruction=64"]);
+    ok("init-policy", &init);
+
+    let rollouts = root.join("rollouts");
+    ok(
+        "collect-rollouts",
+        &[
+            "--policy",
+            s(&vla),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&rollouts),
+            "--set",
+            "group_size=2",
+        ],
+    );
+    let tokenizer = tokenizers::Tokenizer::from_file(vla.join("tokenizer.json")).unwrap();
+    let steps: Vec<StepRow> = rows(&rollouts, TableName::Steps);
+    let prompts: Vec<String> = steps
+        .iter()
+        .map(|step| {
+            let ids: Vec<u32> = step.prompt_ids.iter().map(|&id| id as u32).collect();
+            tokenizer.decode(&ids, false).unwrap()
+        })
+        .collect();
+    for prompt in &prompts {
+        assert!(
+            prompt.starts_with("find the key\nyou are in room ")
+                && prompt.contains("the key is in room"),
+            "{prompt:?}"
+        );
+    }
+    // The text follows the agent: a trajectory that moved sees another room.
+    let moved = steps
+        .windows(2)
+        .zip(prompts.windows(2))
+        .any(|(s, p)| s[0].trajectory_id == s[1].trajectory_id && p[0] != p[1]);
+    assert!(moved, "{prompts:?}");
+
+    // PPO rebuilds each decision's prompt from its steps row: at the
+    // first update the policy is the behaviour policy (KL ~ 0).
+    let (rewards, adv, ppo) = (root.join("rewards"), root.join("adv"), root.join("ppo"));
+    ok(
+        "score-rewards",
+        &[
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&rewards),
+        ],
+    );
+    ok(
+        "compute-advantages",
+        &[
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&rewards),
+            "--out",
+            s(&adv),
+        ],
+    );
+    ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(&vla),
+            "--input",
+            s(&rollouts),
+            "--input",
+            s(&adv),
+            "--out",
+            s(&ppo),
+            "--set",
+            "objective=ppo",
+            "--set",
+            &format!("mini_batch={}", steps.len()),
+        ],
+    );
+    let metrics: Vec<embodyflow_core::schemas::MetricRow> = rows(&ppo, TableName::Metrics);
+    let kl = metrics[0].approx_kl.unwrap();
+    assert!(
+        kl.abs() < 1e-4,
+        "the rebuilt prompts are the collected ones: KL {kl}"
+    );
+
+    let eval = root.join("eval");
+    ok(
+        "evaluate",
+        &[
+            "--policy",
+            s(&ppo.join("policy")),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&eval),
+            "--set",
+            "runs=1",
+        ],
+    );
+    let eval_rows: Vec<EvalRow> = rows(&eval, TableName::Eval);
+    assert_eq!(eval_rows.len(), 3);
+    assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
+}

@@ -522,7 +522,23 @@ fn expert_demonstrations_fail_per_task_on_faults() {
         let steps: Vec<u32> = demos[i].decisions.iter().map(|d| d.env_steps).collect();
         assert_eq!(steps, [2, 1]);
         assert_eq!(demos[i].decisions[0].actions, [1.0, 1.0]);
+        assert!(demos[i].decisions.iter().all(|d| d.text.is_none()));
     }
+}
+
+#[test]
+fn expert_decisions_carry_the_text_they_observed() {
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = json!({"text": true});
+    let demos = expert_demonstrations(&config(1), &[task("text", spec)], 2).unwrap();
+    assert!(demos[0].success, "{:?}", demos[0].failure);
+    let texts: Vec<Option<&str>> = demos[0]
+        .decisions
+        .iter()
+        .map(|d| d.text.as_deref())
+        .collect();
+    // Chunks of 2 then 1 from 0: the text before each chunk.
+    assert_eq!(texts, [Some("at 0"), Some("at 2")]);
 }
 
 /// Counter tasks whose resets take `reset` kwargs, `group` copies each.

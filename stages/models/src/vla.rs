@@ -16,7 +16,8 @@
 //! ```text
 //! [ patch_1 … patch_P | proprio | instr_1 … instr_L | act_1 … act_{K·D} ]
 //!   P = (S / p)², patch_i = W_patch · pixels(p × p × 3) / 127.5 − 1
-//!   proprio = W_proprio · proprio,  instr_j = wte[id_j],  act_t = q (learned)
+//!   proprio = W_proprio · proprio (a constant 0 when proprio_dim = 0: a
+//!   world without proprio, as a text-only env),  instr_j = wte[id_j],  act_t = q (learned)
 //!   every input + wpe[position];  positions: prefix 0.., actions after
 //!   the longest instruction (P + 1 + max_instruction + t), whatever L is
 //! logits[b, t, :] = W_head · h_L[b, act_t]          ([B, K·D, n_bins])
@@ -135,7 +136,6 @@ impl VlaConfig {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("patch_size", self.patch_size),
-            ("proprio_dim", self.proprio_dim),
             ("chunk_len", self.chunk_len),
             ("action_dim", self.action_dim),
             ("n_embd", self.n_embd),
@@ -146,6 +146,12 @@ impl VlaConfig {
             if value < 1 {
                 return Err(format!("{name} must be at least 1, found {value}"));
             }
+        }
+        if self.proprio_dim < 0 {
+            return Err(format!(
+                "proprio_dim must be at least 0 (0: a world without proprio), found {}",
+                self.proprio_dim
+            ));
         }
         if self.image_size < 0 {
             return Err(format!(
@@ -430,9 +436,11 @@ impl Vla {
         Vla {
             trunk: Gpt::new(path, &config.trunk()),
             patch_embed: nn::linear(path / "patch_embed", patch_in, e, Default::default()),
+            // A world without proprio feeds one constant 0: the token is then
+            // the layer's learned bias.
             proprio_embed: nn::linear(
                 path / "proprio_embed",
-                config.proprio_dim,
+                config.proprio_dim.max(1),
                 e,
                 Default::default(),
             ),
@@ -684,10 +692,14 @@ impl Vla {
         let side = s / p;
         let n_patches = config.n_patches();
         let mut pixels = Vec::with_capacity(batch.len() * (s * s * 3) as usize);
-        let mut proprio = Vec::with_capacity(batch.len() * config.proprio_dim as usize);
+        let proprio_in = config.proprio_dim.max(1);
+        let mut proprio = Vec::with_capacity(batch.len() * proprio_in as usize);
         for row in batch {
             pixels.extend_from_slice(row.image);
-            proprio.extend_from_slice(row.proprio);
+            match config.proprio_dim {
+                0 => proprio.push(0.0),
+                _ => proprio.extend_from_slice(row.proprio),
+            }
         }
         // [b, s, s, 3] -> [b, side, p, side, p, 3] -> patches [b, side², p·p·3].
         let pixels = Tensor::from_slice(&pixels)
@@ -703,7 +715,7 @@ impl Vla {
             .proprio_embed
             .forward(
                 &Tensor::from_slice(&proprio)
-                    .view([b, config.proprio_dim])
+                    .view([b, proprio_in])
                     .to(device),
             )
             .unsqueeze(1);

@@ -135,11 +135,9 @@ pub trait ClosedLoopWorld {
     /// The text episode `i` observes as last observed (a Gymnasium `Text`
     /// observation), which the driver appends to the instruction in the
     /// decision's prompt ([`observed_prompt`]); `None` for a world whose
-    /// observations carry no text.
-    fn observation_text(&self, i: usize) -> Option<&str> {
-        let _ = i;
-        None
-    }
+    /// observations carry no text. No default: a world that wraps others
+    /// must pass it on.
+    fn observation_text(&self, i: usize) -> Option<&str>;
 }
 
 /// The prompt of a decision in a world that observes text: the instruction,
@@ -253,6 +251,11 @@ impl ClosedLoopWorld for TabletopEpisodes {
     fn anchor_key(&self, i: usize) -> Option<String> {
         let hash = blake3::hash(&self.batch.world(i).state_bytes());
         Some(hash.to_hex()[..32].to_string())
+    }
+
+    /// The tabletop world observes no text.
+    fn observation_text(&self, _: usize) -> Option<&str> {
+        None
     }
 }
 

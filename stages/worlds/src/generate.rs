@@ -17,7 +17,9 @@
 //! `env = gym` writes tasks of Gymnasium environments run through the
 //! bridge ([`embodyflow_gym`]): `gym.adapter` (`babyai`, `metaworld`, ...),
 //! `gym.env_ids` (task `i` is index `i div n` of env id `i mod n`, so a
-//! list of BabyAI levels alternates) and `gym.max_steps`. Each task's reset
+//! list of BabyAI levels alternates), `gym.max_steps`, `gym.kwargs` (the
+//! adapter's, for every task) and `gym.instruction` (for environments that
+//! give none, as the generic adapter's). Each task's reset
 //! seed is a hash of `--seed`, the split, the env id and the index (so the
 //! splits hold disjoint seeds: held-out seeds for val and unseen), its
 //! `task_type` is its env id and its instruction is the one the environment
@@ -89,6 +91,12 @@ pub struct GymKeys {
     pub max_steps: u32,
     /// Worker processes resetting the tasks for their instructions.
     pub workers: usize,
+    /// The adapter's keyword arguments for every task (a JSON object:
+    /// `gymnasium.make`'s for most adapters).
+    pub kwargs: serde_json::Value,
+    /// The instruction of environments that give none (the generic
+    /// adapter's); an environment's own (BabyAI's mission) comes first.
+    pub instruction: Option<String>,
 }
 
 impl Default for GymKeys {
@@ -98,6 +106,8 @@ impl Default for GymKeys {
             env_ids: vec!["BabyAI-GoToLocal-v0".into()],
             max_steps: 64,
             workers: 1,
+            kwargs: serde_json::json!({}),
+            instruction: None,
         }
     }
 }
@@ -182,6 +192,14 @@ impl StageConfig for Config {
             "environment steps per episode for env = gym (at least 1)",
         ),
         (
+            "gym.kwargs",
+            "the adapter's keyword arguments for every task, a JSON object (gymnasium.make's for most adapters)",
+        ),
+        (
+            "gym.instruction",
+            "the instruction of environments that give none (the generic adapter's)",
+        ),
+        (
             "gym.workers",
             "bridge workers resetting the tasks to read their instructions (at least 1)",
         ),
@@ -201,6 +219,12 @@ impl StageConfig for Config {
         at_least("count", self.count, 1)?;
         at_least("gym.max_steps", self.gym.max_steps, 1)?;
         at_least("gym.workers", self.gym.workers, 1)?;
+        ensure(
+            self.gym.kwargs.is_object(),
+            "gym.kwargs",
+            "a JSON object of keyword arguments",
+            &self.gym.kwargs,
+        )?;
         ensure(
             !self.gym.env_ids.is_empty() && self.gym.env_ids.iter().all(|id| !id.is_empty()),
             "gym.env_ids",
@@ -300,12 +324,14 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                 if !stage.args.shard.owns(&id) {
                     continue;
                 }
-                let spec = GymTaskSpec::new(
+                let mut spec = GymTaskSpec::new(
                     &keys.adapter,
                     env_id,
                     reset_seed(seed, split.as_str(), env_id, index),
                     keys.max_steps,
                 );
+                spec.kwargs = keys.kwargs.clone();
+                spec.instruction.clone_from(&keys.instruction);
                 tasks.push(GymTask { task_id: id, spec });
             }
             let instructions = gym_instructions(&tasks, keys.workers)?;

@@ -410,4 +410,7 @@ impl ClosedLoopWorld for Episodes {
     fn anchor_key(&self, i: usize) -> Option<String> {
         self.world().anchor_key(i)
     }
+    fn observation_text(&self, i: usize) -> Option<&str> {
+        self.world().observation_text(i)
+    }
 }

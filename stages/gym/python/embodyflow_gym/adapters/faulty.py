@@ -9,7 +9,9 @@ Expert: always +1.
 kwargs `fault` = "crash" (os._exit(3)), "hang" (sleeps forever),
 "malformed" (writes a frame with bad JSON to the protocol pipe) or "raise"
 (the env raises RuntimeError: only its episode fails), at env
-step `at_step` (default 1) of the episode; `delay` (seconds) sleeps at every
+step `at_step` (default 1) of the episode; `text` (true) adds a text
+observation, "at N" (the expert's demonstrations then carry it);
+`delay` (seconds) sleeps at every
 step (a slow env, for timeout tests). At reset: `reset_delay` (seconds)
 sleeps in every reset (a slow build, as Meta-World's on a loaded machine);
 `reset_fault` = "crash" or "hang" fails the reset, only the first time when
@@ -48,6 +50,7 @@ class Episode:
         self.reset_delay = float(kwargs.get("reset_delay", 0.0))
         self.reset_fault = kwargs.get("reset_fault")
         self.reset_once = kwargs.get("reset_once")
+        self.text = bool(kwargs.get("text", False))
         self.position = 0
         self.steps = 0
 
@@ -60,6 +63,7 @@ class Episode:
             "action": {"kind": "discrete", "n": 3},
             "instruction": True,
             "expert": True,
+            "text": 16 if self.text else 0,
         }
 
     def reset(self, seed):
@@ -101,6 +105,9 @@ class Episode:
     def observation(self):
         value = max(0, min(255, self.position * 40))
         return np.full((2, 2, 3), value, dtype=np.uint8), np.array([self.position], dtype=np.float32)
+
+    def observation_text(self):
+        return f"at {self.position}"
 
     def state_key(self):
         return struct.pack("<q", self.position)
