@@ -15,13 +15,15 @@
 //! malformed ([`FrameError`]); the caller kills the worker that sent it.
 //!
 //! ```
-//! use embodyflow_gym::protocol::{encode_frame, read_frame, MAX_FRAME};
+//! use embodyflow_gym::protocol::{FrameBuffer, MAX_FRAME, encode_frame};
 //! let bytes = encode_frame(&serde_json::json!({"op": "close"}), b"");
-//! let frame = read_frame(&mut &bytes[..], MAX_FRAME).unwrap();
+//! let mut buffer = FrameBuffer::new(MAX_FRAME);
+//! buffer.push(&bytes[..5]); // a read may return part of a frame
+//! assert!(buffer.next_frame().unwrap().is_none());
+//! buffer.push(&bytes[5..]);
+//! let frame = buffer.next_frame().unwrap().unwrap();
 //! assert_eq!(frame.header["op"], "close");
 //! ```
-
-use std::io::Read;
 
 use serde_json::{Map, Value};
 
@@ -96,42 +98,77 @@ pub fn encode_frame(header: &Value, body: &[u8]) -> Vec<u8> {
     out
 }
 
-fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> Result<usize, std::io::Error> {
-    let mut got = 0;
-    while got < buf.len() {
-        match reader.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
+/// Frames cut from the bytes of a stream as they arrive: [`FrameBuffer::push`]
+/// what a read returned, take every complete frame with
+/// [`FrameBuffer::next_frame`], and call [`FrameBuffer::end`] when the
+/// stream ends. A length beyond the limit is malformed as soon as its four
+/// bytes are in, before anything is allocated for it.
+#[derive(Debug)]
+pub struct FrameBuffer {
+    bytes: Vec<u8>,
+    limit: usize,
 }
 
-/// Reads one frame whose payload is at most `limit` bytes.
-pub fn read_frame<R: Read>(reader: &mut R, limit: usize) -> Result<Frame, FrameError> {
-    let mut word = [0u8; 4];
-    match read_full(reader, &mut word)? {
-        0 => return Err(FrameError::Eof),
-        4 => {}
-        found => return Err(FrameError::Truncated { expected: 4, found }),
-    }
-    let length = u32::from_le_bytes(word) as usize;
-    if !(4..=limit).contains(&length) {
-        return Err(FrameError::BadLength {
-            length: length as u64,
+impl FrameBuffer {
+    /// A buffer for frames of at most `limit` payload bytes.
+    pub fn new(limit: usize) -> FrameBuffer {
+        FrameBuffer {
+            bytes: Vec::new(),
             limit,
-        });
+        }
     }
-    let mut payload = vec![0u8; length];
-    let found = read_full(reader, &mut payload)?;
-    if found < length {
-        return Err(FrameError::Truncated {
-            expected: length,
-            found,
-        });
+
+    /// Appends bytes read from the stream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.bytes.extend_from_slice(bytes);
     }
+
+    /// The next complete frame, `None` until all its bytes are in.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let Some(word) = self.bytes.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let length = u32::from_le_bytes(*word) as usize;
+        if !(4..=self.limit).contains(&length) {
+            return Err(FrameError::BadLength {
+                length: length as u64,
+                limit: self.limit,
+            });
+        }
+        if self.bytes.len() < 4 + length {
+            return Ok(None);
+        }
+        let payload: Vec<u8> = self.bytes.drain(..4 + length).skip(4).collect();
+        decode_payload(payload).map(Some)
+    }
+
+    /// Whether a whole frame is in.
+    pub fn has_frame(&self) -> bool {
+        self.bytes
+            .first_chunk::<4>()
+            .is_some_and(|word| self.bytes.len() >= 4 + u32::from_le_bytes(*word) as usize)
+    }
+
+    /// The stream has ended: [`FrameError::Eof`] between frames,
+    /// [`FrameError::Truncated`] inside one.
+    pub fn end(&self) -> FrameError {
+        match self.bytes.first_chunk::<4>() {
+            None if self.bytes.is_empty() => FrameError::Eof,
+            None => FrameError::Truncated {
+                expected: 4,
+                found: self.bytes.len(),
+            },
+            Some(word) => FrameError::Truncated {
+                expected: u32::from_le_bytes(*word) as usize,
+                found: self.bytes.len() - 4,
+            },
+        }
+    }
+}
+
+/// A payload's header and body.
+fn decode_payload(mut payload: Vec<u8>) -> Result<Frame, FrameError> {
+    let length = payload.len();
     let header_len = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
     if header_len > length - 4 {
         return Err(FrameError::BadHeaderLength {
@@ -169,6 +206,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The first frame of a stream made of `bytes`, or the error at its end.
+    fn read_frame(bytes: &mut &[u8], limit: usize) -> Result<Frame, FrameError> {
+        let mut buffer = FrameBuffer::new(limit);
+        buffer.push(bytes);
+        let frame = buffer.next_frame()?.ok_or_else(|| buffer.end());
+        *bytes = &bytes[bytes.len()..];
+        frame
+    }
+
     #[test]
     fn a_frame_round_trips_with_its_body() {
         let bytes = encode_frame(&json!({"op": "reset", "n": 2}), &[1, 2, 3]);
@@ -180,6 +226,32 @@ mod tests {
         assert_eq!(frame.header["op"], "reset");
         assert_eq!(frame.body, [1, 2, 3]);
         assert!(read_frame(&mut reader, MAX_FRAME).unwrap_err().is_end());
+    }
+
+    #[test]
+    fn frames_come_out_whole_whatever_pieces_the_reads_return() {
+        let mut bytes = encode_frame(&json!({"ok": true}), &[7; 3]);
+        bytes.extend(encode_frame(&json!({"progress": true}), b""));
+        let mut buffer = FrameBuffer::new(MAX_FRAME);
+        let mut frames = Vec::new();
+        for byte in &bytes {
+            buffer.push(&[*byte]);
+            while let Some(frame) = buffer.next_frame().unwrap() {
+                frames.push(frame);
+            }
+        }
+        assert_eq!(frames.len(), 2);
+        assert_eq!(
+            (&frames[0].header["ok"], &frames[0].body[..]),
+            (&json!(true), &[7u8; 3][..])
+        );
+        assert_eq!(frames[1].header["progress"], true);
+        assert!(buffer.end().is_end(), "the stream ended between frames");
+        buffer.push(&bytes[..6]);
+        assert!(matches!(
+            buffer.end(),
+            FrameError::Truncated { found: 2, .. }
+        ));
     }
 
     #[test]
