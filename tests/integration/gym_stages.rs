@@ -33,6 +33,23 @@ fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R
         .unwrap()
 }
 
+/// `evaluate`'s rows for `policy` on `tasks`, `runs` per task.
+fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize) -> Vec<EvalRow> {
+    let runs = format!("runs={runs}");
+    let args = [
+        "--policy",
+        s(policy),
+        "--input",
+        s(tasks),
+        "--out",
+        s(out),
+        "--set",
+        &runs,
+    ];
+    ok("evaluate", &args);
+    rows(out, TableName::Eval)
+}
+
 const TINY_VLA: &[&str] = &[
     "--set",
     "kind=vla",
@@ -165,21 +182,7 @@ fn babyai_tasks_run_through_every_closed_loop_stage() {
     assert_eq!(first_keys[2], first_keys[3]);
     assert_ne!(first_keys[0], first_keys[2]);
 
-    let eval = dir.path().join("eval");
-    ok(
-        "evaluate",
-        &[
-            "--policy",
-            s(&sft.join("policy")),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&eval),
-            "--set",
-            "runs=2",
-        ],
-    );
-    let eval_rows: Vec<EvalRow> = rows(&eval, TableName::Eval);
+    let eval_rows = evaluate(&sft.join("policy"), &tasks, &dir.path().join("eval"), 2);
     assert_eq!(eval_rows.len(), 4);
     assert!(
         eval_rows
@@ -399,21 +402,7 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
         "the rebuilt prompts are the collected ones: KL {kl}"
     );
 
-    let eval = root.join("eval");
-    ok(
-        "evaluate",
-        &[
-            "--policy",
-            s(&ppo.join("policy")),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&eval),
-            "--set",
-            "runs=1",
-        ],
-    );
-    let eval_rows: Vec<EvalRow> = rows(&eval, TableName::Eval);
+    let eval_rows = evaluate(&ppo.join("policy"), &tasks, &root.join("eval"), 1);
     assert_eq!(eval_rows.len(), 3);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }
