@@ -614,8 +614,11 @@ const TEXT_ENV: &str = "embodyflow_gym.envs:TextKeyRoom-v0";
 
 /// A policy that reads its prompt (the driver's `observed_prompt`: the
 /// instruction, then the observed text) and walks to the key's room: it
-/// succeeds only if each decision's text reaches it.
-struct TextReader;
+/// succeeds only if each decision's text reaches it. It refuses prompts
+/// longer than `max_prompt` bytes.
+struct TextReader {
+    max_prompt: usize,
+}
 
 impl ChunkPolicy for TextReader {
     type Error = Error;
@@ -638,6 +641,13 @@ impl ChunkPolicy for TextReader {
     }
 
     fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Error> {
+        if instruction.len() > self.max_prompt {
+            return Err(Error::BadInput(format!(
+                "a prompt of {} bytes, at most {}",
+                instruction.len(),
+                self.max_prompt
+            )));
+        }
         Ok(instruction.bytes().map(i32::from).collect())
     }
 
@@ -690,12 +700,13 @@ fn a_text_observation_reaches_each_decisions_prompt() {
     let mut world = GymEpisodes::new(&config(2), &tasks, 2, &bins).unwrap();
     let first = world.observation_text(0).unwrap().to_string();
     assert!(first.starts_with("you are in room "), "{first}");
-    let config = ClosedLoopConfig {
+    let run_config = ClosedLoopConfig {
         max_decisions: 12,
         label: "test",
     };
     let seeds: Vec<u64> = (0..world.len() as u64).collect();
-    let out = run_closed_loop(&mut world, &mut TextReader, &bins, &seeds, &config).unwrap();
+    let mut reader = TextReader { max_prompt: 64 };
+    let out = run_closed_loop(&mut world, &mut reader, &bins, &seeds, &run_config).unwrap();
     for episode in &out.episodes {
         assert!(episode.success, "{:?}", episode.failure);
         assert_eq!(
@@ -740,6 +751,18 @@ fn a_text_observation_reaches_each_decisions_prompt() {
             .bytes()
             .map(i32::from)
             .collect::<Vec<_>>()
+    );
+    // A policy that cannot take the instruction with the text: bad input
+    // naming the episode, its task and the decision, before any step.
+    let mut world = GymEpisodes::new(&config(1), &tasks[..1], 1, &bins).unwrap();
+    let mut short = TextReader { max_prompt: 20 };
+    let error = run_closed_loop(&mut world, &mut short, &bins, &[0], &run_config).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    assert!(
+        error.to_string().starts_with(
+            "episode 0 (task `keyroom/0`), decision 0, its prompt with the observed text: a prompt of"
+        ),
+        "{error}"
     );
 }
 
