@@ -350,7 +350,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
             pipelines.extend(header);
         }
     }
-    assert_eq!(files, 9);
+    assert_eq!(files, 10);
     for command in &pipelines {
         let command = if command.contains("--dry-run") {
             command.clone()
