@@ -85,8 +85,7 @@ class Layout:
 
         self.image = None  # None, or the Dict key (or "" for the whole observation)
         self.vectors = []  # [(key, size, n for Discrete one-hot or None)]
-        self.texts = []  # [key]
-        self.text_max = 0
+        self.texts = []  # [(key, its bound in characters)]
         self.dict = isinstance(space, spaces.Dict)
         entries = list(space.spaces.items()) if self.dict else [("", space)]
         accepted = (
@@ -104,16 +103,19 @@ class Layout:
             elif isinstance(part, spaces.Discrete):
                 self.vectors.append((key, int(part.n), int(part.start)))
             elif is_text(part):
-                self.texts.append(key)
                 bound = part.max_length if isinstance(part, spaces.Text) else text_max
-                # Several texts are joined as "key: text" lines.
-                self.text_max += bound + (len(key) + 3 if self.dict else 0)
+                self.texts.append((key, bound))
             else:
                 raise BadEnv(f"{where}: the generic adapter takes {accepted}")
         if self.image is None and not self.vectors and not self.texts:
             raise BadEnv(f"`{env_id}` observes {space}: nothing the generic adapter takes ({accepted})")
-        if self.dict and len(self.texts) == 1:
-            self.text_max -= len(self.texts[0]) + 3
+
+    def text_max(self):
+        """The longest text `text` can return (0: no text): one text as it
+        is, several as "key: text" lines."""
+        if len(self.texts) == 1:
+            return self.texts[0][1]
+        return sum(len(key) + 2 + bound for key, bound in self.texts) + max(0, len(self.texts) - 1)
 
     def proprio_len(self):
         return sum(size for _, size, _ in self.vectors)
@@ -140,7 +142,7 @@ class Layout:
 
     def state_key(self, obs):
         """Every part's exact bytes in key order (a text's UTF-8)."""
-        keys = [k for k, _, _ in self.vectors] + self.texts + ([self.image] if self.image is not None else [])
+        keys = [k for k, _, _ in self.vectors] + [k for k, _ in self.texts] + ([self.image] if self.image is not None else [])
         parts = []
         for key in sorted(keys):
             value = self.part(obs, key)
@@ -149,8 +151,8 @@ class Layout:
 
     def text(self, obs):
         if len(self.texts) == 1:
-            return str(self.part(obs, self.texts[0]))
-        return "\n".join(f"{key}: {self.part(obs, key)}" for key in self.texts)
+            return str(self.part(obs, self.texts[0][0]))
+        return "\n".join(f"{key}: {self.part(obs, key)}" for key, _ in self.texts)
 
 
 class Episode:
@@ -179,7 +181,7 @@ class Episode:
             "width": int(width),
             "channels": 3,
             "proprio": self.layout.proprio_len(),
-            "text": self.layout.text_max if self.layout.texts else 0,
+            "text": self.layout.text_max(),
             "action": action,
             "instruction": False,
             "expert": False,
