@@ -320,15 +320,9 @@ impl GymEpisodes {
     /// and proprio, its text (which an env that observes text must send,
     /// and no other may).
     fn store(&mut self, i: usize, bytes: &[u8], text: Option<String>) -> Result<(), String> {
-        match (&text, self.info.text) {
-            (None, 1..) => return Err(format!("episode {i}'s observation has no text")),
-            (Some(_), 0) => {
-                return Err(format!(
-                    "episode {i}'s observation has a text, the env announced none"
-                ));
-            }
-            _ => {}
-        }
+        self.info
+            .check_text(text.is_some())
+            .map_err(|e| format!("episode {i}'s observation has {e}"))?;
         self.episodes[i].text = text;
         let shape = self.info.shape;
         let (pl, pp) = (shape.pixel_len(), shape.proprio);

@@ -105,13 +105,8 @@ fn parse(
         observation::decode(bytes)
             .and_then(|o| o.expect_shape(&info.shape))
             .map_err(|e| format!("decision {d}'s observation: {e}"))?;
-        if decision.text.is_some() != (info.text > 0) {
-            return Err(format!(
-                "decision {d}: {} text for an env that observes {}",
-                if decision.text.is_some() { "a" } else { "no" },
-                if info.text > 0 { "text" } else { "none" }
-            ));
-        }
+        info.check_text(decision.text.is_some())
+            .map_err(|e| format!("decision {d}'s observation has {e}"))?;
         if decision.actions.is_empty() || decision.actions.len() > chunk_len {
             return Err(format!(
                 "decision {d}: {} actions for chunks of {chunk_len}",

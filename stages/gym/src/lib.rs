@@ -340,6 +340,16 @@ pub struct AdapterInfo {
 }
 
 impl AdapterInfo {
+    /// Whether an observation with (`true`) or without a text fits: an env
+    /// that observes text sends it with every observation, no other may.
+    pub(crate) fn check_text(&self, has_text: bool) -> Result<(), &'static str> {
+        match (has_text, self.text > 0) {
+            (false, true) => Err("no text, the env observes text"),
+            (true, false) => Err("a text, the env announced none"),
+            _ => Ok(()),
+        }
+    }
+
     fn from_header(header: &serde_json::Map<String, Value>) -> Option<AdapterInfo> {
         let size = |key: &str| usize::try_from(header.get(key)?.as_u64()?).ok();
         Some(AdapterInfo {

@@ -211,10 +211,11 @@ impl Worker {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let timeout = Timespec::try_from(left).expect("a wait shorter than 2^63 s");
-            let writing = !self.unsent.is_empty() && self.stdin.is_some();
             let (readable, writable) = {
                 let mut fds = vec![PollFd::new(&self.stdout, PollFlags::IN)];
-                if let (true, Some(stdin)) = (writing, &self.stdin) {
+                if !self.unsent.is_empty()
+                    && let Some(stdin) = &self.stdin
+                {
                     fds.push(PollFd::new(stdin, PollFlags::OUT));
                 }
                 match poll(&mut fds, Some(&timeout)) {
