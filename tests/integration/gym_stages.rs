@@ -33,6 +33,16 @@ fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R
         .unwrap()
 }
 
+/// `collect-rollouts` of `policy` on `tasks` in groups of 2, with more
+/// `--set` values; its summary.
+fn collect(policy: &Path, tasks: &Path, out: &Path, sets: &[&str]) -> String {
+    let mut args = vec!["--policy", s(policy), "--input", s(tasks), "--out", s(out)];
+    for set in ["group_size=2"].iter().chain(sets) {
+        args.extend(["--set", set]);
+    }
+    ok("collect-rollouts", &args)
+}
+
 /// `evaluate`'s rows for `policy` on `tasks`, `runs` per task.
 fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize) -> Vec<EvalRow> {
     let runs = format!("runs={runs}");
@@ -143,20 +153,11 @@ fn babyai_tasks_run_through_every_closed_loop_stage() {
     );
 
     let rollouts = dir.path().join("rollouts");
-    let summary = ok(
-        "collect-rollouts",
-        &[
-            "--policy",
-            s(&sft.join("policy")),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&rollouts),
-            "--set",
-            "group_size=2",
-            "--set",
-            "bridge.workers=2",
-        ],
+    let summary = collect(
+        &sft.join("policy"),
+        &tasks,
+        &rollouts,
+        &["bridge.workers=2"],
     );
     assert!(
         summary.contains("| gym bridge faults | worker faults: 0 crashed"),
@@ -221,22 +222,11 @@ fn a_worker_that_crashes_hangs_or_lies_fails_its_own_episodes_with_the_reason() 
         let tasks = dir.path().join(format!("tasks-{fault}"));
         faulty_tasks(&tasks, fault);
         let out = dir.path().join(format!("rollouts-{fault}"));
-        let summary = ok(
-            "collect-rollouts",
-            &[
-                "--policy",
-                s(&vla),
-                "--input",
-                s(&tasks),
-                "--out",
-                s(&out),
-                "--set",
-                "group_size=2",
-                "--set",
-                "bridge.workers=2",
-                "--set",
-                "bridge.timeout_s=2",
-            ],
+        let summary = collect(
+            &vla,
+            &tasks,
+            &out,
+            &["bridge.workers=2", "bridge.timeout_s=2"],
         );
         assert!(
             summary.contains(&format!("1 {reason}")) && summary.contains("1 restarts"),
@@ -317,19 +307,7 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
     ok("init-policy", &init);
 
     let rollouts = root.join("rollouts");
-    ok(
-        "collect-rollouts",
-        &[
-            "--policy",
-            s(&vla),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&rollouts),
-            "--set",
-            "group_size=2",
-        ],
-    );
+    collect(&vla, &tasks, &rollouts, &[]);
     let tokenizer = tokenizers::Tokenizer::from_file(vla.join("tokenizer.json")).unwrap();
     let steps: Vec<StepRow> = rows(&rollouts, TableName::Steps);
     let prompts: Vec<String> = steps
