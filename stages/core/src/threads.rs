@@ -31,6 +31,15 @@
 //!   run on), n > 0 builds it with n threads.
 //! - [`Threads::Single`] stages take no key (only `EMBODYFLOW_CPUS` applies).
 //!
+//! The pipeline runner makes the thread count a pure function of what a
+//! step declares, the same on every backend and whatever machine or shard
+//! it lands on ([`step_threads`]): the `threads` key when above 0, else the
+//! step's `cpus`. It starts each stage process with that count in
+//! `OMP_NUM_THREADS`, `MKL_NUM_THREADS` and `RAYON_NUM_THREADS`
+//! ([`thread_environment`]), which `threads = 0` takes, and puts it into the
+//! step's cache key ([`crate::numerics`]): libtorch's and rayon's
+//! reductions add in an order that depends on it.
+//!
 //! Only the stage's own binary is set up (its file name is the stage's
 //! name); a test or library calling a stage's `run` in its own process is
 //! left as it is, and its summary says so. What was set goes into the run's
@@ -356,6 +365,41 @@ pub fn torch_environment(threads: usize, wait: WaitPolicy) -> Vec<(&'static str,
         ("MKL_NUM_THREADS", Some(threads.to_string())),
         ("OMP_WAIT_POLICY", wait),
     ]
+}
+
+/// The thread count of a stage process whose step declares `cpus` CPUs
+/// per process and whose resolved thread keys are `config`: the `threads`
+/// key when above 0, else `cpus`; `None` for a [`Threads::Single`] stage.
+/// A pure function of the step's declaration: the pipeline runner starts
+/// the process with it ([`thread_environment`]) on every backend and keys
+/// its cache on it.
+///
+/// ```
+/// use embodyflow_core::threads::{Threads, ThreadsConfig, step_threads};
+/// let auto = ThreadsConfig::default();
+/// assert_eq!(step_threads(Threads::Torch, &auto, 4), Some(4));
+/// let two = ThreadsConfig { threads: 2, ..auto };
+/// assert_eq!(step_threads(Threads::Rayon, &two, 4), Some(2));
+/// assert_eq!(step_threads(Threads::Single, &two, 4), None);
+/// ```
+pub fn step_threads(pool: Threads, config: &ThreadsConfig, cpus: usize) -> Option<usize> {
+    (pool != Threads::Single).then(|| {
+        if config.threads > 0 {
+            config.threads
+        } else {
+            cpus.max(1)
+        }
+    })
+}
+
+/// The environment that gives a stage process `threads` threads whatever
+/// its pool, as `threads = 0` reads it in [`apply`]: `OMP_NUM_THREADS` and
+/// `MKL_NUM_THREADS` (libtorch's pool) and `RAYON_NUM_THREADS` (rayon's).
+pub fn thread_environment(threads: usize) -> Vec<(&'static str, String)> {
+    ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"]
+        .into_iter()
+        .map(|var| (var, threads.to_string()))
+        .collect()
 }
 
 /// What a stage process runs with, once [`apply`] has set it up.
