@@ -1,4 +1,4 @@
-//! Closed-loop rows through the learning stages (issue 15): tabletop tasks →
+//! Closed-loop rows through the learning stages: tabletop tasks →
 //! a tiny VLA → `collect-rollouts` (G = 4) → `score-rewards` (outcome:
 //! `reward_coef` on success, no plan columns) → `compute-advantages` (GRPO,
 //! Dr. GRPO): one advantages row per decision, the episode advantage on every

@@ -1,4 +1,4 @@
-//! Closed-loop collection from the command line (issue 15): tabletop tasks
+//! Closed-loop collection from the command line: tabletop tasks
 //! from `generate-tasks --set env=tabletop`, a VLA from `init-policy --set
 //! kind=vla`, `collect-rollouts` with G = 2 → `trajectories` (one row per
 //! episode: decisions, env steps, success, no response text) and `steps`

@@ -1,4 +1,4 @@
-//! GiGPO through the compute-advantages binary (issue 17): a rollout set
+//! GiGPO through the compute-advantages binary: a rollout set
 //! whose decisions carry anchor keys gets A = A^E + omega * A^S on every
 //! response token, the step group sizes in diagnostics.json and the
 //! summary; a decision without an anchor key is bad input that names the

@@ -1,4 +1,4 @@
-//! Bridge tasks through the stages (issue 17): `generate-tasks --set
+//! Bridge tasks through the stages: `generate-tasks --set
 //! env=gym` (BabyAI, instructions read from a reset) → `init-policy
 //! --input` (a VLA shaped by the adapter: 7 × 7 symbolic frames, a 4-long
 //! direction one-hot, Discrete(7) as 8 bins) → `update-policy` SFT on the

@@ -1,4 +1,4 @@
-//! What LAPO (LaST-R1, issue 16) reads, made from the command line: a
+//! What LAPO (LaST-R1) reads, made from the command line: a
 //! thinking tiny VLA (`init-policy --set vla.latent_length=L --set
 //! vla.latent_group=2`) → `collect-rollouts` → `score-rewards` (outcome) →
 //! `compute-advantages --set estimator=gae --set gae.level=decision`.

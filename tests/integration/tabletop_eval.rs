@@ -1,4 +1,4 @@
-//! `evaluate` on the tabletop world (issue 15): tabletop tasks of two splits
+//! `evaluate` on the tabletop world: tabletop tasks of two splits
 //! → a tiny VLA (`init-policy kind=vla`) → `evaluate`: one greedy
 //! closed-loop episode per task and run (3 runs by default), the eval table
 //! valid, the same content on a rerun and under another `--seed` (greedy),

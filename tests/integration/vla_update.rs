@@ -1,4 +1,4 @@
-//! `update-policy` on a VLA (issue 15), both objectives, through the
+//! `update-policy` on a VLA, both objectives, through the
 //! stages: tabletop tasks → a tiny VLA → behaviour cloning on the expert's
 //! demonstrations (`objective = sft`: the loss falls over the epochs, the
 //! checkpoint stays a VLA and `collect-rollouts` loads it) → closed-loop

@@ -12,7 +12,7 @@
 //!    response, several times the cost), otherwise incremental decoding (each
 //!    token's range is the text it adds; tokens that complete no character
 //!    share the range of the text they produce together). Offsets of some tokenizers are known to be wrong
-//!    (huggingface/tokenizers issues 1517, 1553, 1688), so offsets that are not
+//!    (huggingface/tokenizers#1517, #1553, #1688), so offsets that are not
 //!    monotonic or fall off the text also send us to the fallback, which is
 //!    counted.
 //! 2. Extract the plan with byte spans ([`crate::plan::extract`]).

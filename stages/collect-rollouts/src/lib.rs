@@ -30,8 +30,8 @@
 //! counted in the summary and not written; a slot whose every draw was
 //! dropped writes nothing.
 //!
-//! Closed-loop tasks (env `tabletop`, issue 15, or `gym:<adapter>`, a
-//! Gymnasium environment through the bridge, issue 17; the world is built
+//! Closed-loop tasks (env `tabletop`, or `gym:<adapter>`, a
+//! Gymnasium environment through the bridge; the world is built
 //! by `embodyflow_worlds`, workers set by `bridge.*`) need a VLA checkpoint
 //! (`init-policy --set kind=vla`; `embodyflow_rollout::mode_of`): each group is `G`
 //! episodes of its task sharing the initial state (`TabletopEpisodes`),

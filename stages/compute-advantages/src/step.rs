@@ -27,8 +27,8 @@
 //!
 //! `step.position_norm = true` (rule only) normalises the rule score of plan
 //! step k over the group's trajectories that have a rule match at k, GiGPO's
-//! step level with position k as the anchor (the seed notes' optional
-//! upgrade): `A^S_k^i = (r_k^i - mean_j r_k^j) / (std_j + eps)`, unbiased std,
+//! step level with position k as the anchor (the step-reward notes'
+//! optional upgrade): `A^S_k^i = (r_k^i - mean_j r_k^j) / (std_j + eps)`, unbiased std,
 //! eps = `grpo.eps`; a position only one trajectory reaches gets 0. E.g. a
 //! group whose matches are [1, 1] and [1, 0]: step 0 is right in both (A^S =
 //! 0 for both), step 1 gets ±1 / (sqrt(2) + eps).

@@ -1,4 +1,4 @@
-//! The command line every stage shares (DESIGN §3), and the one path by which
+//! The command line every stage shares (docs/src/command-line.md), and the one path by which
 //! binaries report errors and choose their exit code.
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! Evaluation in a closed-loop world (issue 15): a policy acting step by
+//! Evaluation in a closed-loop world: a policy acting step by
 //! step on the tasks of a closed-loop world (the tabletop world, a
 //! Gymnasium environment through the bridge: [`embodyflow_worlds`]), as
 //! pure functions over any
@@ -17,7 +17,7 @@
 //! episodes per layout for pass@k, episode `k` of task `t` in run `r`
 //! drawing from `sampling_seed(--seed, "<t>/r<r>/s<k>")`.
 //!
-//! A thinking policy (LaST-R1's latent chain of thought, issue 16) leaves
+//! A thinking policy (LaST-R1's latent chain of thought) leaves
 //! its [`Thinking`] in [`Played::thinking`]: how many decisions chose each
 //! latent length (latents before the chosen `<latent_end>`), and the value
 //! head's estimate at each episode's first decision with the episode's

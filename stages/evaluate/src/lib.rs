@@ -15,7 +15,7 @@
 //! `--seed` and `<task_id>/r<r>/s<k>`. The `eval` table keeps the greedy
 //! answers only.
 //!
-//! Closed-loop tasks (env `tabletop`, issue 15) take a VLA checkpoint
+//! Closed-loop tasks (env `tabletop`) take a VLA checkpoint
 //! (`init-policy --set kind=vla`); the loop is chosen as `collect-rollouts`
 //! chooses it ([`embodyflow_rollout::mode_of`]: all tasks one-shot with a
 //! plan policy or all closed-loop with a VLA; any other pairing is bad input,

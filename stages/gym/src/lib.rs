@@ -1,4 +1,4 @@
-//! The Gymnasium bridge (issue 17): any Gymnasium environment as a
+//! The Gymnasium bridge: any Gymnasium environment as a
 //! [`ClosedLoopWorld`](embodyflow_rollout::closed_loop::ClosedLoopWorld)
 //! of the closed-loop driver, through Python worker processes.
 //!

@@ -1,6 +1,6 @@
 //! The `judge-steps` stage: a built-in rule judge that writes the
 //! `step_gates` table read by `compute-advantages --set step.gate=prompt`
-//! (DESIGN §4: `gate = decision * (1 - redundancy) * (0.5 + 0.5 * causal)`,
+//! (`gate = decision * (1 - redundancy) * (0.5 + 0.5 * causal)`,
 //! the prompt gate of `easyr1-embody-stepopsd-notes` §5). Any external judge
 //! (an LLM asked about each step, say) can write the same table instead.
 //!

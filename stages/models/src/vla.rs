@@ -1,6 +1,6 @@
 //! A vision-language-action policy (VLA) that decodes a whole action chunk
 //! in one forward pass, after OpenVLA-OFT's parallel decoding: the closed-loop
-//! policy of SimpleVLA-RL (issue 15).
+//! policy of SimpleVLA-RL.
 //!
 //! One decision reads an observation — an RGB image `S × S × 3` (bytes,
 //! row-major), a proprio vector of `proprio_dim` floats and the instruction's
@@ -32,7 +32,7 @@
 //!
 //! A decision's distribution is the product of its token distributions at
 //! temperature `T`: `log π(a | o) = Σ_t log_softmax(logits[t] / T)[a_t]`
-//! (DESIGN §4: the chunk is one decision, its log-prob the sum over its
+//! (the chunk is one decision, its log-prob the sum over its
 //! tokens). Sampling draws each token by inverse CDF from one ChaCha8 stream
 //! per row seeded by the row's seed (as [`crate::policy`] does), tokens in
 //! order; `T = 0` is greedy (arg max, log-probs at `T = 1`). Behaviour

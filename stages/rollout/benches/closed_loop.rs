@@ -1,5 +1,5 @@
-//! Closed-loop collection throughput with the policy in the loop (issue 15,
-//! "Speed"): an untrained `VlaConfig::small` VLA (32 × 32 images, K = 8,
+//! Closed-loop collection throughput with the policy in the loop: an
+//! untrained `VlaConfig::small` VLA (32 × 32 images, K = 8,
 //! width 128, 4 layers; a BPE trained on tabletop instructions) drives 16
 //! tabletop tasks × G = 8 = 128 episodes for 8 decisions at T = 1.6 through
 //! `run_closed_loop`; the same loop with a policy that costs nothing

@@ -1,5 +1,5 @@
 //! Closed-loop episodes: a policy that emits action chunks as tokens, run in
-//! many episodes stepped in lockstep (issue 15; SimpleVLA-RL's rollout
+//! many episodes stepped in lockstep (SimpleVLA-RL's rollout
 //! loop). `collect-rollouts` (temperature T) and `evaluate` (greedy) share
 //! it, as they share [`crate::run_episodes`] for one-shot plans.
 //!

@@ -16,7 +16,7 @@
 //! under `match.mode` (`exact` | `prefix` | `lcs`), found with the tolerant
 //! plan extraction whatever the reward.
 //!
-//! Closed-loop trajectories (issue 15: episodes of a VLA in a world that
+//! Closed-loop trajectories (episodes of a VLA in a world that
 //! `embodyflow_envs::TaskEnv::is_closed_loop` names, `env = tabletop`, found
 //! through the tasks table) take the outcome reward only: `score =
 //! reward.reward_coef` when the episode succeeded (`complete`), else 0;

@@ -1,5 +1,5 @@
-//! Serving a closed-loop update's observations epoch after epoch (issue 15,
-//! `update-policy`): the per-epoch cost of getting every observation of a
+//! Serving a closed-loop update's observations epoch after epoch
+//! (`update-policy`): the per-epoch cost of getting every observation of a
 //! steps table once, in a fresh shuffled order, three ways:
 //!
 //! - (a) re-reading the Parquet steps table with the project's reader

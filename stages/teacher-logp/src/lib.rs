@@ -1,6 +1,6 @@
 //! The `teacher-logp` stage: the log-prob of every response token of a
 //! rollout set under two contexts of one teacher model, for forward_proxy
-//! step rewards and StepOPSD (DESIGN §4, `step-reward-gigpo-opsd-notes`
+//! step rewards and StepOPSD (docs/src/algorithms/grpo-step.md, `step-reward-gigpo-opsd-notes`
 //! §6.2, §9.3):
 //!
 //! ```text

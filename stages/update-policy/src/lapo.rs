@@ -1,4 +1,4 @@
-//! The LAPO loss of LaST-R1 (DESIGN §4, "LAPO"): PPO on a VLA that thinks
+//! The LAPO loss of LaST-R1 (docs/src/algorithms/lapo.md): PPO on a VLA that thinks
 //! in continuous latents before it acts, one row per decision step. Each
 //! decision has three things the policy chose, and each enters the clipped
 //! surrogate of [`crate::loss::policy_loss`] (clip-higher, dual-clip; the
@@ -41,7 +41,7 @@
 //!
 //! Reference: LaST-R1 (arXiv 2604.28192), `verl/trainer/ppo/core_algos.py::
 //! compute_policy_loss_with_latent` and `compute_value_loss`, and the actor's
-//! `update_policy` in `dp_rob.py` (notes: `shared/seeds/last-r1-lapo-notes.zh.txt`
+//! `update_policy` in `dp_rob.py` (the LaST-R1 notes,
 //! §8.4–8.9).
 //!
 //! ```no_run

@@ -19,7 +19,7 @@
 //! The policy is a plan policy or a VLA (`config.json` `kind`,
 //! [`policy_kind`]); the loop below is one for both, a [`Trainable`]
 //! network supplying the checks and the per-token scores of its examples.
-//! On a VLA ([`vla`], issue 15) an example is one decision: the observation
+//! On a VLA ([`vla`]) an example is one decision: the observation
 //! (frame and proprio, the `steps.observation` bytes), the instruction ids
 //! as the prompt and the `K × D` action tokens as the response.
 //! `objective = "sft"` is behaviour cloning on the scripted expert's

@@ -1,4 +1,4 @@
-//! The PPO policy loss of DESIGN §4, with veRL's numerics
+//! The PPO policy loss (docs/src/algorithms/ppo.md), with veRL's numerics
 //! (`verl/trainer/ppo/core_algos.py::compute_policy_loss`, `agg_loss`):
 //!
 //! ```text

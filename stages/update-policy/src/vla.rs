@@ -1,5 +1,5 @@
 //! `update-policy` on a VLA checkpoint ([`Vla`], `config.json` `"kind":
-//! "vla"`, issue 15): how its examples are made, checked and scored; the
+//! "vla"`): how its examples are made, checked and scored; the
 //! training loop is the crate's ([`crate::train`]).
 //!
 //! An example is one decision: the observation (the frame and proprio,

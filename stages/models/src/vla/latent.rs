@@ -1,6 +1,6 @@
-//! LaST-R1's latent chain of thought (arXiv 2604.28192; DESIGN §5): a
+//! LaST-R1's latent chain of thought (arXiv 2604.28192): a
 //! [`Vla`] that "thinks" in continuous latent vectors before it acts, with
-//! `<latent_end>` stop candidates and a value head (issue 16).
+//! `<latent_end>` stop candidates and a value head.
 //!
 //! With `latent = { length = L, group = G }` in the [`VlaConfig`], a
 //! decision's sequence gains a latent part between the observation prefix

@@ -1,5 +1,5 @@
 //! `update-policy` on a thinking VLA (LaST-R1's latent chain of thought,
-//! `embodyflow_models::vla::latent`, issue 16): the warm-up's latent targets
+//! `embodyflow_models::vla::latent`): the warm-up's latent targets
 //! and the two losses the network computes itself ([`crate::Trainable::own_loss`]).
 //!
 //! - **Warm-up** (`objective = sft`): each behaviour-cloning decision also
