@@ -150,7 +150,11 @@ fn ray_runs_the_local_commands_resumes_after_a_stopped_job_and_refuses_bad_input
         s(&workspace()),
         s(&bin_dir)
     );
-    let backend = format!("[backend]\nkind = \"ray\"\naddress = \"{ADDRESS}\"\n{shared}\n");
+    // A record shows at once on this machine's own filesystem: a stopped
+    // job is reported after 5 s, not the default grace for NFS.
+    let backend = format!(
+        "[backend]\nkind = \"ray\"\naddress = \"{ADDRESS}\"\nrecord_grace_s = 5\n{shared}\n"
+    );
     let file = pipeline_file(dir.path(), "p.toml", &backend, "");
 
     // Bad input: exit 2 before anything is submitted.
@@ -230,6 +234,16 @@ fn ray_runs_the_local_commands_resumes_after_a_stopped_job_and_refuses_bad_input
         outputs(&ray),
         "Ray's outputs differ from the local backend's"
     );
+    // Ray grants CPUs without binding them: each process still computes
+    // with its step's one thread (libtorch's and rayon's pools alike).
+    for summary in [
+        "collect/_shards/0/_summary.collect-rollouts.md",
+        "init/_summary.init-policy.md",
+        "score/_shards/1/_summary.score-rewards.md",
+    ] {
+        let text = std::fs::read_to_string(ray.join(summary)).unwrap();
+        assert!(text.contains("| threads | 1 (CPUs "), "{summary}: {text}");
+    }
     // One job per process, and a merge job per sharded step once its
     // shards succeeded; a step's jobs after the steps it reads.
     let listed = jobs(&ray);

@@ -650,6 +650,25 @@ fn a_sweep_collects_rollouts_once_and_gathers_one_table() {
     assert_eq!(more["collect"], "cached");
     assert_eq!(more["score@mode=lcs"], "cached");
     assert_eq!(more["adv@estimator=grpo_step,mode=lcs"], "ran");
+    // Settings the file already makes, given again on the command line: the
+    // argument lists differ, the resolved configs do not, nothing reruns.
+    let same = ok(&[
+        "run",
+        s(&file),
+        "--out",
+        s(&out),
+        "--set",
+        "adv.step.omega=0.5",
+        "--set",
+        "train.split=train",
+        "--set",
+        "collect.group_size=3",
+        "--set",
+        "collect.temperature=1.6",
+        "--set",
+        "score.output.zstd_level=3",
+    ]);
+    assert!(same.values().all(|s| s == "cached"), "{same:?}");
 }
 
 fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
@@ -752,6 +771,22 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
             "config key `split`: unknown variant `bogus`",
         ),
     ];
+    // SFT without its tasks: update-policy reads `tasks` when its resolved
+    // config has objective = sft.
+    let sft = format!(
+        "{}\n[[step]]\nname = \"sft\"\nstage = \"update-policy\"\npolicy = \"${{init}}\"\ninputs = [\"${{collect}}\"]\nset = {{ objective = \"sft\", epochs = 1 }}\n",
+        offline(1, 1, false)
+    );
+    let sft_line = format!(
+        "bad.toml:{}:",
+        sft.lines().position(|l| l == "name = \"sft\"").unwrap() + 1
+    );
+    let mut cases = cases.to_vec();
+    cases.push((
+        sft,
+        sft_line.as_str(),
+        "step `sft` (update-policy) reads table `tasks` when objective = sft, as its config has it, and none of its inputs holds it",
+    ));
     for (text, line, needle) in cases {
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, text).unwrap();
@@ -788,6 +823,27 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
         "{result}"
     );
     assert!(!out.join("train").exists(), "{result}");
+    // An absurd iteration count is refused at once, not planned.
+    let started = Instant::now();
+    let result = run(
+        "pipeline",
+        &[
+            "run",
+            s(&shipped("household-grpo.toml")),
+            "--out",
+            s(&out),
+            "--dry-run",
+            "--set",
+            "iterations=100000000",
+        ],
+    );
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.stderr.contains("loop `iterations` = 100000000 makes")
+            && result.stderr.contains("a plan has at most 100000"),
+        "{result}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     // The shipped pipeline naming teacher-logp at least plans.
     let forward = ok(&[
         "run",

@@ -4,8 +4,10 @@
 //! outputs equal the local backend's, a failed task reported with its exit
 //! code, a job cancelled mid-run and a resumed run that submits only what is
 //! missing, and a runner killed after submitting, whose jobs refuse new runs
-//! into the directory until `pipeline cancel` takes them. The daemons are
-//! stopped at the end, also when the test fails.
+//! into the directory until `pipeline cancel` takes them; each job bound to
+//! the CPUs it was granted, computing with its step's thread count, and its
+//! sbatch command kept to resubmit it by hand. The daemons are stopped at
+//! the end, also when the test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -129,8 +131,10 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
         s(&workspace.canonicalize().unwrap()),
         s(&bin_dir)
     );
+    // A record shows at once on this machine's own filesystem: a cancelled
+    // job is reported after 5 s, not the default grace for NFS.
     let backend = format!(
-        "[backend]\nkind = \"slurm\"\ntime = \"00:10:00\"\n{shared}\n\n[backend.step.collect]\nsbatch = [\"--comment=collect\"]\n"
+        "[backend]\nkind = \"slurm\"\ntime = \"00:10:00\"\nrecord_grace_s = 5\n{shared}\n\n[backend.step.collect]\nsbatch = [\"--comment=collect\"]\n"
     );
     let file = pipeline_file(dir.path(), "p.toml", &backend, "");
 
@@ -237,6 +241,42 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
             .contains("slurm queue: submission to start: median"),
         "{result}"
     );
+    // Each shard ran bound to the one CPU Slurm granted it, with one thread.
+    for i in 0..2 {
+        let summary = slurm.join(format!(
+            "collect/_shards/{i}/_summary.collect-rollouts.md"
+        ));
+        let text = std::fs::read_to_string(&summary).unwrap();
+        let threads = text
+            .lines()
+            .find_map(|l| l.strip_prefix("| threads | "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cpus = threads
+            .strip_prefix("1 (CPUs ")
+            .and_then(|t| t.strip_suffix(") |"))
+            .unwrap_or_else(|| panic!("shard {i}: {threads}"));
+        assert!(cpus.parse::<u32>().is_ok(), "shard {i}: not bound to one CPU: {threads}");
+    }
+    // The sbatch commands are kept: a job is resubmitted by hand.
+    let kept = slurm.join("_runner/slurm/train/sbatch.sh");
+    let text = std::fs::read_to_string(&kept).unwrap();
+    assert!(
+        text.contains("--cpus-per-task=1") && text.contains("/train/stage.sh"),
+        "{text}"
+    );
+    let by_hand = Command::new("bash")
+        .arg(&kept)
+        .envs(cluster.env())
+        .output()
+        .unwrap();
+    assert!(by_hand.status.success(), "{by_hand:?}");
+    let job = String::from_utf8_lossy(&by_hand.stdout).trim().to_string();
+    let started = Instant::now();
+    while !cluster.queued(std::slice::from_ref(&job)).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "job {job} still queued");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(slurm.join("train/_step.json").is_file());
     // A rerun submits nothing.
     let again = cluster.pipeline(&["run", s(&file), "--out", s(&slurm)]);
     assert_eq!(again.code, 0, "{again}");

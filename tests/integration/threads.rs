@@ -4,7 +4,8 @@
 //! `threads` and `omp_wait_policy` keys (and only when they differ from its
 //! environment), pins itself to `EMBODYFLOW_CPUS`, and says what it ran with
 //! in its summary and log; bad settings are refused naming them; and the
-//! runner hands the concurrent shards of a step disjoint CPU sets.
+//! runner hands the concurrent shards of a step disjoint CPU sets, and
+//! every process of a step the thread count the step declares.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -296,31 +297,54 @@ set = { group_size = 2, max_new_tokens = 8, tasks_per_iteration = 4 }
 shards = SHARDS
 "#;
 
+/// The content hash of table `table` in `dir`.
+fn content_hash(dir: &Path, table: &str) -> String {
+    embodyflow_core::manifest::Manifest::read(&dir.join(table))
+        .unwrap()
+        .content_hash
+}
+
+/// The numerics a step's record keys it on.
+fn numerics(step: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(step.join("_step.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    record["key_parts"]["numerics"].clone()
+}
+
+/// The thread count of every process is the step's `cpus` (one when it
+/// says none), whatever the machine has and however many shards share it:
+/// sharded and unsharded runs compute alike, and the key holds the count.
 #[test]
-fn the_runner_gives_concurrent_shards_disjoint_cpus() {
+fn the_runner_gives_concurrent_shards_disjoint_cpus_and_the_steps_thread_count() {
     let dir = tempfile::tempdir().unwrap();
     let mine = CpuList::of_this_thread().unwrap();
     let shards = mine.len().clamp(2, 4);
-    let file = dir.path().join("p.toml");
-    std::fs::write(&file, PIPELINE.replace("SHARDS", &shards.to_string())).unwrap();
-    let out = dir.path().join("run");
-    ok(
-        run_with_env(
-            "pipeline",
-            &["run", s(&file), "--out", s(&out)],
-            &[("OMP_NUM_THREADS", ""), ("EMBODYFLOW_CPUS", "")],
-        ),
-        "pipeline",
-    );
+    // The environment the tests run in must not decide the outcome.
+    let env = [
+        ("OMP_NUM_THREADS", "8"),
+        ("RAYON_NUM_THREADS", "8"),
+        ("EMBODYFLOW_CPUS", ""),
+    ];
+    let run_pipeline = |name: &str, text: String| {
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = dir.path().join(name);
+        ok(
+            run_with_env("pipeline", &["run", s(&file), "--out", s(&out)], &env),
+            name,
+        );
+        out
+    };
+    let sharded = run_pipeline("sharded", PIPELINE.replace("SHARDS", &shards.to_string()));
     let mut seen = Vec::new();
     for i in 0..shards {
-        let shard = out.join("collect/_shards").join(i.to_string());
+        let shard = sharded.join("collect/_shards").join(i.to_string());
         let threads = summary_value(&shard, "collect-rollouts", "threads");
         let cpus = cpus_of(&threads);
         assert_eq!(
             threads,
-            format!("{} (CPUs {cpus})", cpus.len()),
-            "shard {i}: one thread per CPU of its share"
+            format!("1 (CPUs {cpus})"),
+            "shard {i}: the step's one CPU's thread, on its share"
         );
         assert!(
             cpus.cpus().iter().all(|c| mine.cpus().contains(c)),
@@ -339,4 +363,34 @@ fn the_runner_gives_concurrent_shards_disjoint_cpus() {
     } else {
         assert_eq!(distinct.len(), mine.len(), "{seen:?}");
     }
+    // Unsharded, on every CPU of the machine: still the step's one thread,
+    // and the very tables of the sharded run.
+    let whole = run_pipeline("whole", PIPELINE.replace("SHARDS", "1"));
+    let collect = whole.join("collect");
+    assert_eq!(
+        summary_value(&collect, "collect-rollouts", "threads"),
+        format!("1 (CPUs {mine})")
+    );
+    for table in ["trajectories", "steps"] {
+        assert_eq!(
+            content_hash(&collect, table),
+            content_hash(&sharded.join("collect"), table),
+            "{table}"
+        );
+    }
+    let expected = serde_json::json!(1);
+    assert_eq!(numerics(&collect)["threads"], expected);
+    assert_eq!(numerics(&sharded.join("collect"))["threads"], expected);
+    assert!(numerics(&collect)["cpu_capability"].is_string());
+    assert!(numerics(&whole.join("train"))["threads"].is_null());
+    // `cpus = 2`: two threads, and another key.
+    let two = run_pipeline(
+        "two",
+        PIPELINE.replace("shards = SHARDS", "cpus = 2"),
+    );
+    assert_eq!(
+        summary_value(&two.join("collect"), "collect-rollouts", "threads"),
+        format!("2 (CPUs {mine})")
+    );
+    assert_eq!(numerics(&two.join("collect"))["threads"], serde_json::json!(2));
 }

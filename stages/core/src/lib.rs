@@ -12,6 +12,8 @@
 //! - [`spec`]: what each stage is (reads, writes, sharding), declared once;
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
 //! - [`threads`]: a stage process's threads, OpenMP wait policy and CPUs;
+//! - [`numerics`]: what bit-identical results depend on besides inputs and
+//!   config (thread count, libtorch's CPU dispatch level and version);
 //! - [`progress`]: progress bars for long loops;
 //! - [`observation`]: the bytes of a closed-loop observation (image and
 //!   proprio) in `steps.observation`;
@@ -30,6 +32,7 @@ pub mod dataset;
 pub mod error;
 pub mod inputs;
 pub mod manifest;
+pub mod numerics;
 pub mod observation;
 pub mod observation_store;
 pub mod progress;

@@ -1,12 +1,16 @@
 //! Where a pipeline's stage processes run, and what each asks for there.
 //!
-//! A step may say what one of its processes needs on a cluster: `cpus`
-//! (per process), `mem` (`512M`, `8G`; per process) and `gpus` (per
-//! process; a step whose `devices` are CUDA asks for one unless it says
-//! otherwise). The local backend runs the processes on this machine as
-//! before (a sharded step's processes share its CPUs, [`crate::exec`]); the
-//! Slurm backend ([`crate::slurm`]) turns them into `sbatch` requests, the
-//! Ray backend ([`crate::ray`]) into Ray jobs' `entrypoint_num_cpus`,
+//! A step may say what one of its processes needs: `cpus` (per process,
+//! [`DEFAULT_CPUS`] when it says none), `mem` (`512M`, `8G`; per process)
+//! and `gpus` (per process; a step whose `devices` are CUDA asks for one
+//! unless it says otherwise). `cpus` is also the thread count each process
+//! computes with, on every backend
+//! ([`embodyflow_core::threads::step_threads`]; the stage's `threads` key,
+//! when set, takes precedence), so a step's results do not depend on where
+//! it runs. The local backend runs the processes on this machine (a sharded
+//! step's processes share its CPUs, [`crate::exec`]); the Slurm backend
+//! ([`crate::slurm`]) turns them into `sbatch` requests, the Ray backend
+//! ([`crate::ray`]) into Ray jobs' `entrypoint_num_cpus`,
 //! `entrypoint_memory` and `entrypoint_num_gpus`.
 //!
 //! ```toml
@@ -17,15 +21,25 @@
 //! time = "02:00:00"              # every job's time limit
 //! sbatch = ["--qos=normal"]      # extra flags of every job
 //! shared = ["/shared/me", "/shared/models"]  # filesystems every node sees
+//! record_grace_s = 90            # how long a step record may take to show
 //!
 //! [backend.step.update]          # per step (by name)
 //! time = "08:00:00"
 //! sbatch = ["--constraint=h100"]
 //! ```
 //!
+//! `shared` roots and the paths checked against them are compared with
+//! their symbolic links resolved (a `/home` that links to `/mnt/home` is
+//! the same filesystem). `record_grace_s` ([`DEFAULT_RECORD_GRACE_S`] by
+//! default) is how long the runner waits for a step's record (`_step.json`,
+//! written on the node) to show after the step's jobs left the queue before
+//! it counts the step as failed: a network filesystem's attribute cache can
+//! hide a file another machine wrote for 30 to 60 s (NFS's `acdirmax`
+//! defaults to 60 s).
+//!
 //! Ray reads `address` (its dashboard's HTTP address, else
-//! `$RAY_API_SERVER_ADDRESS`) and `shared`; the Slurm keys are left to
-//! Slurm, so one file serves both with `--backend`:
+//! `$RAY_API_SERVER_ADDRESS`), `shared` and `record_grace_s`; the Slurm keys
+//! are left to Slurm, so one file serves both with `--backend`:
 //!
 //! ```toml
 //! [backend]
@@ -40,15 +54,31 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+/// The CPUs (and threads) of a process whose step declares none: one, what
+/// Slurm grants a job without `--cpus-per-task`.
+pub const DEFAULT_CPUS: u32 = 1;
+
+/// Seconds a step's record may take to show after its jobs left the queue
+/// (`[backend] record_grace_s`).
+pub const DEFAULT_RECORD_GRACE_S: f64 = 90.0;
+
 /// What one process of a step asks a cluster for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resources {
-    /// CPUs (`--cpus-per-task`); the cluster's default when absent.
+    /// CPUs (`--cpus-per-task`) and threads; [`DEFAULT_CPUS`] when absent.
     pub cpus: Option<u32>,
     /// Memory in MiB (`--mem`); the cluster's default when absent.
     pub mem_mb: Option<u64>,
     /// GPUs (`--gres=gpu:N`).
     pub gpus: u32,
+}
+
+impl Resources {
+    /// The CPUs one process gets and computes with: `cpus`, else
+    /// [`DEFAULT_CPUS`].
+    pub fn cpus_or_default(&self) -> u32 {
+        self.cpus.unwrap_or(DEFAULT_CPUS)
+    }
 }
 
 /// Reads a memory size as Slurm writes it: a whole number of MiB, or with a
@@ -80,7 +110,7 @@ pub enum Kind {
 }
 
 /// The `[backend]` table of a pipeline file.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Backend {
     /// The backend the file asks for (`--backend` overrides it).
     pub kind: Kind,
@@ -96,10 +126,30 @@ pub struct Backend {
     pub shared: Vec<PathBuf>,
     /// The Ray dashboard's HTTP address (`http://head:8265`).
     pub address: Option<String>,
+    /// How long a step's record may take to show after its jobs left the
+    /// queue.
+    pub record_grace: std::time::Duration,
     /// Per step name: its time limit and extra flags.
     pub steps: BTreeMap<String, StepBackend>,
     /// Line of `[backend]` (0 when the file has none).
     pub line: usize,
+}
+
+impl Default for Backend {
+    fn default() -> Backend {
+        Backend {
+            kind: Kind::default(),
+            partition: None,
+            account: None,
+            time: None,
+            sbatch: Vec::new(),
+            shared: Vec::new(),
+            address: None,
+            record_grace: std::time::Duration::from_secs_f64(DEFAULT_RECORD_GRACE_S),
+            steps: BTreeMap::new(),
+            line: 0,
+        }
+    }
 }
 
 /// A step's own `[backend.step.NAME]` settings.
@@ -126,6 +176,7 @@ pub(crate) struct RawBackend {
     #[serde(default)]
     shared: Vec<String>,
     address: Option<String>,
+    record_grace_s: Option<Spanned<f64>>,
     #[serde(default)]
     step: BTreeMap<Spanned<String>, StepBackend>,
 }
@@ -157,6 +208,21 @@ impl RawBackend {
         if let Some(root) = self.shared.iter().find(|r| r.trim().is_empty()) {
             return Err((at, format!("[backend] shared: an empty path ({root:?})")));
         }
+        let record_grace_s = match &self.record_grace_s {
+            None => DEFAULT_RECORD_GRACE_S,
+            Some(grace) => {
+                let seconds = *grace.get_ref();
+                if !(seconds.is_finite() && (0.0..=86400.0).contains(&seconds)) {
+                    return Err((
+                        line(grace.span()),
+                        format!(
+                            "[backend] record_grace_s = {seconds}: expected seconds from 0 to 86400"
+                        ),
+                    ));
+                }
+                seconds
+            }
+        };
         let mut per_step = BTreeMap::new();
         for (name, settings) in self.step {
             if !steps.contains(&name.get_ref().as_str()) {
@@ -179,6 +245,7 @@ impl RawBackend {
             sbatch: self.sbatch,
             shared: self.shared.iter().map(PathBuf::from).collect(),
             address: self.address,
+            record_grace: std::time::Duration::from_secs_f64(record_grace_s),
             steps: per_step,
             line: at,
         })
@@ -188,6 +255,29 @@ impl RawBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_record_grace_is_seconds_with_a_default_for_nfs() {
+        let parse = |backend: &str| {
+            crate::pipeline::Pipeline::parse(
+                std::path::Path::new("p.toml"),
+                &format!("[[step]]\nname = \"t\"\nstage = \"generate-tasks\"\n\n[backend]\n{backend}\n"),
+            )
+            .map(|p| p.backend.record_grace.as_secs_f64())
+        };
+        assert_eq!(parse("").unwrap(), DEFAULT_RECORD_GRACE_S);
+        assert_eq!(Backend::default().record_grace.as_secs_f64(), DEFAULT_RECORD_GRACE_S);
+        assert_eq!(parse("record_grace_s = 120").unwrap(), 120.0);
+        assert_eq!(parse("record_grace_s = 2.5").unwrap(), 2.5);
+        for bad in ["-1", "inf", "1e9"] {
+            let err = parse(&format!("record_grace_s = {bad}")).unwrap_err().to_string();
+            assert!(
+                err.starts_with("p.toml:6: [backend] record_grace_s = ")
+                    && err.contains("expected seconds from 0 to 86400"),
+                "{bad}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn memory_sizes_read_as_slurm_reads_them() {

@@ -1,9 +1,18 @@
 //! The content-addressed step cache.
 //!
 //! A step instance's key is BLAKE3 over: the stage name and its binary's
-//! BLAKE3 hash; its arguments (inputs, policy, teacher, config, `--set`s,
-//! seed, extra flags) with every path replaced by the identity of what it
-//! holds; the shard count and the device kind. The identity of a table is
+//! BLAKE3 hash; its resolved config (what `STAGE --print-config` prints for
+//! the step's `--config` and `--set`s: defaults, file and overrides layered
+//! by the stage's own code, [`embodyflow_core::config`]), in its canonical
+//! form (serde_json's text of the tree, keys sorted); its other arguments
+//! (inputs, policy, teacher, seed, extra flags) with every path replaced by
+//! the identity of what it holds; the shard count; the device kind; and the
+//! numerics it computes with ([`embodyflow_core::numerics`]: the thread
+//! count its step's `cpus` and `threads` key give, libtorch's CPU dispatch
+//! level and version). So two argument lists that resolve to the same
+//! config (a `--set` given twice, a default set explicitly, keys in another
+//! order) have one key, and a step computed with another thread count or
+//! dispatch level is not taken for this one. The identity of a table is
 //! its manifest's `content_hash`, of a dataset directory the content hashes
 //! of the tables in it (what a stage's `--input` finds), of a checkpoint its
 //! `manifest.json` id plus the hashes of its small files (config,
@@ -12,18 +21,20 @@
 //! hashed it once while writing).
 //!
 //! After a stage succeeds the runner writes `_step.json` into the step's
-//! directory, last: the key, the command, and the content hashes of what the
-//! step wrote (the tables and checkpoints its stage declares). A step is
-//! cached when that file exists, its key equals the key computed now, and
-//! every output it lists still has that content hash. A step killed midway
-//! has no `_step.json` and is run again.
+//! directory, last: the key, what it was computed from, the command, and
+//! the content hashes of what the step wrote (the tables and checkpoints its
+//! stage declares). A step is cached when that file exists, its key equals
+//! the key computed now, and every output it lists still has that content
+//! hash. A step killed midway has no `_step.json` and is run again.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use embodyflow_core::manifest::{Manifest, is_table_dir};
+use embodyflow_core::numerics::{Fingerprint, Machine, fingerprint, libtorch_version};
 use embodyflow_core::spec;
+use embodyflow_core::threads::{ThreadsConfig, step_threads, thread_environment};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RunnerError};
@@ -32,7 +43,7 @@ use crate::plan::Instance;
 /// File name of the completion record in a step's directory.
 pub const STEP_FILE: &str = "_step.json";
 /// Format tag of `_step.json`.
-pub const STEP_FORMAT: &str = "embodyflow.step/1";
+pub const STEP_FORMAT: &str = "embodyflow.step/2";
 
 /// What a path holds, for cache keys.
 pub fn identity(path: &Path) -> Result<String> {
@@ -85,24 +96,104 @@ pub fn tables_in(dir: &Path) -> Result<BTreeMap<String, String>> {
     Ok(tables)
 }
 
-/// The key of an instance run with the binary whose hash is `binary`.
-pub fn step_key(instance: &Instance, binary: &str) -> Result<(String, serde_json::Value)> {
+/// What an instance's key is computed from besides its arguments: the
+/// hash of its stage binary, its resolved config and its numerics. The
+/// runner computes it before the step runs; a cluster job is handed it
+/// (`spec.json`) and keys the record it writes with it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyInputs {
+    /// BLAKE3 of the stage binary.
+    pub binary: String,
+    /// The resolved config (`--print-config`).
+    pub config: serde_json::Value,
+    /// The numerics it computes with.
+    pub numerics: Fingerprint,
+}
+
+impl KeyInputs {
+    /// The key inputs of `instance`, whose stage binary hashes to `binary`
+    /// and whose config resolves to `config`, run on `machine`: its thread
+    /// count is [`step_threads`] of its stage's pool, its resolved thread
+    /// keys and its step's `cpus`.
+    pub fn of(
+        instance: &Instance,
+        binary: &str,
+        config: &serde_json::Value,
+        machine: &Machine,
+    ) -> KeyInputs {
+        let pool = instance.stage.threads;
+        // The stage resolved and checked these keys; defaults otherwise.
+        let keys = ThreadsConfig::take_from(&mut config.clone(), pool).unwrap_or_default();
+        let threads = step_threads(pool, &keys, instance.resources.cpus_or_default() as usize);
+        KeyInputs {
+            binary: binary.to_string(),
+            config: config.clone(),
+            numerics: fingerprint(pool, threads.unwrap_or(1), machine),
+        }
+    }
+}
+
+/// The environment every backend starts a process of `instance` with, on
+/// `machine`: the thread count its step's `cpus` gives, in the variables
+/// libtorch and rayon read ([`thread_environment`]), and libtorch's dispatch
+/// level (`ATEN_CPU_CAPABILITY`), so that the process computes with the
+/// numerics of its key wherever it runs.
+pub fn process_environment(instance: &Instance, machine: &Machine) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> =
+        thread_environment(instance.resources.cpus_or_default() as usize)
+            .into_iter()
+            .map(|(var, value)| (var.to_string(), value))
+            .collect();
+    env.push((
+        embodyflow_core::numerics::CAPABILITY_VAR.to_string(),
+        machine.cpu_capability.to_string(),
+    ));
+    env
+}
+
+/// The machine the runner's stage processes compute on: libtorch's
+/// dispatch level for a process started from here, and the version of the
+/// libtorch the stage binaries in `bin_dir` load (the one their rpath names,
+/// `bin_dir/../../.venv/libtorch`, else the one they were built against).
+pub fn machine(bin_dir: &Path) -> Machine {
+    let linked = bin_dir.join("../../.venv/libtorch");
+    let built = option_env!("LIBTORCH").map(PathBuf::from);
+    let libtorch = std::iter::once(linked)
+        .chain(built)
+        .find_map(|dir| libtorch_version(&dir))
+        .unwrap_or_else(|| "unknown".to_string());
+    Machine {
+        cpu_capability: embodyflow_core::numerics::this_process_capability(),
+        libtorch,
+    }
+}
+
+/// The key of an instance: its arguments other than `--config` and `--set`
+/// (the resolved config stands for them) with paths replaced by
+/// identities, and `inputs` (see the module documentation).
+pub fn step_key(instance: &Instance, inputs: &KeyInputs) -> Result<(String, serde_json::Value)> {
     let mut args = Vec::new();
     let mut iter = instance.stage_args().into_iter();
     while let Some(arg) = iter.next() {
-        let is_path = matches!(
-            arg.as_str(),
-            "--input" | "--policy" | "--teacher" | "--config"
-        );
-        args.push(arg);
-        if is_path && let Some(path) = iter.next() {
-            // `--teacher self` names the policy, already in the key.
-            let self_teacher = path == "self" && args.last().is_some_and(|a| a == "--teacher");
-            args.push(if self_teacher {
-                path
-            } else {
-                identity(Path::new(&path))?
-            });
+        match arg.as_str() {
+            // In the resolved config.
+            "--config" | "--set" => {
+                iter.next();
+            }
+            "--input" | "--policy" | "--teacher" => {
+                let flag = arg;
+                if let Some(path) = iter.next() {
+                    // `--teacher self` names the policy, already in the key.
+                    let value = if path == "self" && flag == "--teacher" {
+                        path
+                    } else {
+                        identity(Path::new(&path))?
+                    };
+                    args.push(flag);
+                    args.push(value);
+                }
+            }
+            _ => args.push(arg),
         }
     }
     let device_kind = if instance.devices.iter().all(|d| d == "cpu") {
@@ -113,11 +204,15 @@ pub fn step_key(instance: &Instance, binary: &str) -> Result<(String, serde_json
     let parts = serde_json::json!({
         "format": STEP_FORMAT,
         "stage": instance.stage.name,
-        "binary": binary,
+        "binary": inputs.binary,
+        "config": inputs.config,
         "args": args,
         "shards": instance.shards,
         "device": device_kind,
+        "numerics": inputs.numerics,
     });
+    // serde_json's text of a tree is canonical: object keys sorted (its
+    // maps are ordered), numbers in their shortest form.
     let key = blake3::hash(parts.to_string().as_bytes())
         .to_hex()
         .to_string();
@@ -262,4 +357,160 @@ impl BinaryHashes {
 /// Paths under the run directory that belong to the runner.
 pub fn runner_dir(out: &Path) -> PathBuf {
     out.join("_runner")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Pipeline;
+    use crate::plan::{Overrides, Plan};
+    use embodyflow_core::numerics::CpuCapability;
+    use serde_json::json;
+
+    /// Instances of a torch stage (collect-rollouts), a rayon stage
+    /// (score-rewards) and a single-threaded one (generate-tasks), reading a
+    /// policy file and a table directory under `dir`.
+    fn instances(dir: &Path) -> Vec<Instance> {
+        let policy = dir.join("policy.bin");
+        std::fs::write(&policy, b"weights").unwrap();
+        let text = format!(
+            r#"
+[[step]]
+name = "tasks"
+stage = "generate-tasks"
+set = {{ split = "train" }}
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "{}"
+set = {{ group_size = 3 }}
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+"#,
+            policy.display()
+        );
+        let pipeline = Pipeline::parse(Path::new("p.toml"), &text).unwrap();
+        Plan::build(&pipeline, &dir.join("run"), &Overrides::default())
+            .unwrap()
+            .instances
+    }
+
+    fn machine() -> Machine {
+        Machine {
+            cpu_capability: CpuCapability::Avx2,
+            libtorch: "2.13.0".into(),
+        }
+    }
+
+    fn key(instance: &Instance, config: &serde_json::Value, machine: &Machine) -> String {
+        step_key(instance, &KeyInputs::of(instance, "bin", config, machine))
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn argument_lists_that_resolve_to_one_config_have_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = instances(dir.path());
+        let config = json!({"split": "train", "count": 8, "output": {"zstd_level": 3}});
+        let tasks = &all[0];
+        // The same setting given twice (a pipeline's `set` and a `--set
+        // tasks.split=train`), or once in a config file: one resolved config.
+        let mut twice = tasks.clone();
+        twice.sets.push(("split".into(), "train".into(), 0));
+        let mut by_file = tasks.clone();
+        by_file.sets.clear();
+        by_file.config = Some(dir.path().join("policy.bin"));
+        for other in [&twice, &by_file] {
+            assert_eq!(key(tasks, &config, &machine()), key(other, &config, &machine()));
+        }
+        // The canonical form: the order keys were written in does not count.
+        let reordered: serde_json::Value =
+            serde_json::from_str(r#"{"output": {"zstd_level": 3}, "count": 8, "split": "train"}"#)
+                .unwrap();
+        assert_eq!(key(tasks, &config, &machine()), key(tasks, &reordered, &machine()));
+        // Another value is another key.
+        let val = json!({"split": "val", "count": 8, "output": {"zstd_level": 3}});
+        assert_ne!(key(tasks, &config, &machine()), key(tasks, &val, &machine()));
+        // Paths, seeds and shards still count.
+        let mut seeded = tasks.clone();
+        seeded.seed = Some(4);
+        assert_ne!(key(tasks, &config, &machine()), key(&seeded, &config, &machine()));
+        let (_, parts) = step_key(tasks, &KeyInputs::of(tasks, "bin", &config, &machine())).unwrap();
+        assert_eq!(parts["config"], config);
+        assert!(
+            !parts["args"].to_string().contains("--set"),
+            "{}",
+            parts["args"]
+        );
+    }
+
+    #[test]
+    fn the_key_holds_the_numerics_each_pool_depends_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = instances(dir.path());
+        let config = json!({"threads": 0});
+        let (tasks, collect, score) = (&all[0], &all[1], &all[2]);
+        let other_cpu = Machine {
+            cpu_capability: CpuCapability::Avx512,
+            ..machine()
+        };
+        let other_torch = Machine {
+            libtorch: "2.14.0".into(),
+            ..machine()
+        };
+        let mut two = [tasks.clone(), collect.clone(), score.clone()];
+        for instance in &mut two {
+            instance.resources.cpus = Some(2);
+        }
+        // A torch stage: threads, dispatch level and libtorch.
+        let base = key(collect, &config, &machine());
+        assert_ne!(base, key(&two[1], &config, &machine()));
+        assert_ne!(base, key(collect, &config, &other_cpu));
+        assert_ne!(base, key(collect, &config, &other_torch));
+        // The `threads` key decides over `cpus`.
+        let four = json!({"threads": 4});
+        assert_eq!(key(collect, &four, &machine()), key(&two[1], &four, &machine()));
+        let (_, parts) =
+            step_key(collect, &KeyInputs::of(collect, "bin", &four, &machine())).unwrap();
+        assert_eq!(
+            parts["numerics"],
+            json!({"threads": 4, "cpu_capability": "avx2", "libtorch": "2.13.0"})
+        );
+        // A rayon stage: threads alone.
+        let base = key(score, &config, &machine());
+        assert_ne!(base, key(&two[2], &config, &machine()));
+        assert_eq!(base, key(score, &config, &other_cpu));
+        // A single-threaded stage: none of them.
+        let config = json!({"split": "train"});
+        let base = key(tasks, &config, &machine());
+        assert_eq!(base, key(&two[0], &config, &machine()));
+        assert_eq!(base, key(tasks, &config, &other_torch));
+    }
+
+    #[test]
+    fn every_process_gets_its_steps_thread_count_and_dispatch_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut collect = instances(dir.path()).remove(1);
+        let env = |instance: &Instance| -> Vec<String> {
+            process_environment(instance, &machine())
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect()
+        };
+        assert_eq!(
+            env(&collect),
+            [
+                "OMP_NUM_THREADS=1",
+                "MKL_NUM_THREADS=1",
+                "RAYON_NUM_THREADS=1",
+                "ATEN_CPU_CAPABILITY=avx2"
+            ]
+        );
+        collect.resources.cpus = Some(3);
+        assert_eq!(env(&collect)[..3], ["OMP_NUM_THREADS=3", "MKL_NUM_THREADS=3", "RAYON_NUM_THREADS=3"]);
+    }
 }

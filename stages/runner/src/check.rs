@@ -1,21 +1,32 @@
 //! Checks before any stage runs: every stage binary is built, every path a
-//! step reads that no step writes exists, every table a stage reads on every
-//! run (its declaration, [`embodyflow_core::spec`]) is among the step's
-//! inputs — written by the earlier step an input names, or on disk — and
-//! every step's config resolves
+//! step reads that no step writes exists, every step's config resolves
 //! (each stage is asked with `--print-config`, which resolves defaults,
 //! `--config` and `--set` exactly as a run would and exits without reading
-//! anything). One check per step and sweep variant, in parallel; an unknown
-//! key or bad value is reported at the line of the `set` entry that gave it.
+//! anything; an unknown key or bad value is reported at the line of the
+//! `set` entry that gave it), and every table a stage reads (its
+//! declaration, [`embodyflow_core::spec`]) is among the step's inputs —
+//! written by the earlier step an input names, or on disk. A table read on
+//! every run must be there; one read under a condition written `key =
+//! value` (update-policy's `tasks` when `objective = sft`) must be there
+//! when the step's resolved config has that value.
+//!
+//! The resolved configs are what the cache keys on ([`crate::cache`]). One
+//! `--print-config` per distinct stage binary, `--config` file and `--set`
+//! list, in parallel; a resolved config is remembered in
+//! `OUT/_runner/configs.json` by the binary's hash, the config file's
+//! identity and the `--set`s, so a resumed or repeated run starts no
+//! process for it.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use embodyflow_core::config::ConfigReport;
 use embodyflow_core::manifest::{Manifest, is_table_dir};
 use embodyflow_core::schemas::TableName;
+use embodyflow_core::spec::Need;
 use rayon::prelude::*;
+use serde_json::Value;
 
 use crate::error::{Result, RunnerError};
 use crate::plan::{Instance, Plan};
@@ -40,8 +51,18 @@ pub fn line_of_key(instance: &Instance, key: Option<&str>) -> usize {
         .map_or(instance.config_line, |(_, _, line)| *line)
 }
 
-/// Runs the checks; returns notes (e.g. a stage not built, under `dry_run`).
-pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<String>> {
+/// What the checks found: notes (a stage not built, under a dry run) and
+/// each instance's resolved config (none for a stage not built).
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Notes for the user.
+    pub notes: Vec<String>,
+    /// The resolved config of each instance, in plan order.
+    pub configs: Vec<Option<Value>>,
+}
+
+/// Runs the checks and resolves every instance's config.
+pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked> {
     let mut notes = Vec::new();
     for instance in &plan.instances {
         for path in &instance.external {
@@ -58,65 +79,85 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
             }
         }
     }
+    let mut built = BTreeMap::new();
+    let mut hashes = crate::cache::BinaryHashes::load(
+        &crate::cache::runner_dir(&plan.out).join("binaries.json"),
+    );
     for instance in &plan.instances {
-        check_reads(plan, instance)?;
-    }
-    // One check per step and variant: iterations differ only in values like
-    // `${iter}`, which do not change the keys.
-    let mut seen = BTreeSet::new();
-    let mut todo: Vec<&Instance> = Vec::new();
-    for instance in &plan.instances {
-        let variant = instance.id.split_once('@').map_or("", |(_, tag)| tag);
-        if !seen.insert((instance.step.clone(), variant.to_string())) {
+        let name = instance.stage.name;
+        if built.contains_key(name) {
             continue;
         }
-        let bin = binary(bin_dir, instance.stage.name);
-        if !bin.is_file() {
-            if dry_run {
-                let note = format!(
-                    "stage `{}` is not built ({}): keys of step `{}` not checked",
-                    instance.stage.name,
-                    bin.display(),
-                    instance.step
-                );
-                if !notes.contains(&note) {
-                    notes.push(note);
-                }
-                continue;
-            }
+        let bin = binary(bin_dir, name);
+        if bin.is_file() {
+            built.insert(name, Some(hashes.hash(&bin)?));
+        } else if dry_run {
+            notes.push(format!(
+                "stage `{name}` is not built ({}): keys of its steps not checked",
+                bin.display()
+            ));
+            built.insert(name, None);
+        } else {
             return Err(RunnerError::MissingBinary {
                 step: instance.id.clone(),
                 path: bin,
             });
         }
-        todo.push(instance);
     }
-    // A check that passed is remembered by the binary's hash and the
-    // arguments, so a resumed or repeated run starts no process for it.
-    let memo_path = crate::cache::runner_dir(&plan.out).join("checked.json");
-    let mut memo: BTreeSet<String> = std::fs::read_to_string(&memo_path)
+    // The instances by what their config resolves from.
+    let memo_path = crate::cache::runner_dir(&plan.out).join("configs.json");
+    let mut memo: BTreeMap<String, Value> = std::fs::read_to_string(&memo_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
-    let mut hashes = crate::cache::BinaryHashes::load(
-        &crate::cache::runner_dir(&plan.out).join("binaries.json"),
-    );
-    let mut keyed = Vec::new();
-    for instance in todo {
-        let hash = hashes.hash(&binary(bin_dir, instance.stage.name))?;
-        let key = blake3::hash(format!("{hash}\n{:?}", instance.stage_args()).as_bytes())
-            .to_hex()
-            .to_string();
-        if !memo.contains(&key) {
-            keyed.push((instance, key));
+    let mut memo_keys: Vec<Option<String>> = Vec::new();
+    let mut todo: BTreeMap<String, &Instance> = BTreeMap::new();
+    for instance in &plan.instances {
+        let Some(Some(hash)) = built.get(instance.stage.name) else {
+            memo_keys.push(None);
+            continue;
+        };
+        let config = match &instance.config {
+            Some(path) => Some(crate::cache::identity(path)?),
+            None => None,
+        };
+        let sets: Vec<(&str, &str)> = instance
+            .sets
+            .iter()
+            .map(|(k, v, _)| (k.as_str(), v.as_str()))
+            .collect();
+        let key = blake3::hash(
+            serde_json::json!([hash, config, sets, instance.extra])
+                .to_string()
+                .as_bytes(),
+        )
+        .to_hex()
+        .to_string();
+        if !memo.contains_key(&key) {
+            todo.entry(key.clone()).or_insert(instance);
+        }
+        memo_keys.push(Some(key));
+    }
+    let todo: Vec<(String, &Instance)> = todo.into_iter().collect();
+    let results: Vec<Result<(String, Value)>> = todo
+        .par_iter()
+        .map(|(key, instance)| resolve_config(plan, instance, bin_dir).map(|c| (key.clone(), c)))
+        .collect();
+    // Report the first problem in plan order.
+    let mut problems = Vec::new();
+    for result in results {
+        match result {
+            Ok((key, config)) => {
+                memo.insert(key, config);
+            }
+            Err(e) => problems.push(e),
         }
     }
-    let results: Vec<Result<String>> = keyed
-        .par_iter()
-        .map(|(instance, key)| check_config(plan, instance, bin_dir).map(|()| key.clone()))
-        .collect();
-    for result in results {
-        memo.insert(result?);
+    if let Some(first) = problems.into_iter().min_by_key(|e| match e {
+        RunnerError::Pipeline { line, .. } => *line,
+        _ => usize::MAX,
+    }) {
+        return Err(first);
     }
     if !dry_run && std::fs::create_dir_all(crate::cache::runner_dir(&plan.out)).is_ok() {
         let _ = std::fs::write(
@@ -124,7 +165,37 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Vec<Stri
             serde_json::to_string(&memo).expect("serialises"),
         );
     }
-    Ok(notes)
+    let configs: Vec<Option<Value>> = memo_keys
+        .into_iter()
+        .map(|key| key.and_then(|k| memo.get(&k).cloned()))
+        .collect();
+    for (instance, config) in plan.instances.iter().zip(&configs) {
+        check_reads(plan, instance, config.as_ref())?;
+    }
+    Ok(Checked { notes, configs })
+}
+
+/// Whether condition `condition` of a stage's declaration holds for the
+/// resolved config `config`: `Some` for a condition written `key = value`
+/// (a dotted key, a plain value), `None` for one written for people only.
+pub fn condition_holds(condition: &str, config: &Value) -> Option<bool> {
+    let (key, value) = condition.split_once(" = ")?;
+    let plain = |text: &str| {
+        !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    };
+    if !plain(key) || !plain(value) {
+        return None;
+    }
+    let found = key
+        .split('.')
+        .try_fold(config, |tree, part| tree.get(part))?;
+    Some(match found {
+        Value::String(text) => text == value,
+        other => other.to_string() == value,
+    })
 }
 
 /// The tables input `input` of `instance` holds: those its producing step's
@@ -148,8 +219,10 @@ fn tables_of(plan: &Plan, instance: &Instance, input: &Path) -> Option<Vec<Table
     Some(tables.keys().filter_map(|t| t.parse().ok()).collect())
 }
 
-/// Every table the stage reads on every run is held by one of the inputs.
-fn check_reads(plan: &Plan, instance: &Instance) -> Result<()> {
+/// Every table the stage reads on every run, and every table it reads
+/// under a condition its resolved config meets ([`condition_holds`]), is
+/// held by one of the inputs.
+fn check_reads(plan: &Plan, instance: &Instance, config: Option<&Value>) -> Result<()> {
     let mut held = Vec::new();
     let mut described = Vec::new();
     for input in &instance.inputs {
@@ -161,22 +234,38 @@ fn check_reads(plan: &Plan, instance: &Instance) -> Result<()> {
         described.push(format!("{} ({})", input.display(), names.join(", ")));
         held.extend(tables);
     }
-    match instance.stage.always_reads().find(|t| !held.contains(t)) {
+    let needed = instance.stage.reads.iter().find(|read| {
+        let needed = match read.need {
+            Need::Always => true,
+            Need::When(condition) => {
+                config.and_then(|c| condition_holds(condition, c)) == Some(true)
+            }
+        };
+        needed && !held.contains(&read.table)
+    });
+    match needed {
         None => Ok(()),
-        Some(table) => Err(RunnerError::Pipeline {
+        Some(read) => Err(RunnerError::Pipeline {
             file: plan.file.clone(),
             line: instance.line,
             message: format!(
-                "step `{}` ({}) reads table `{table}` on every run, and none of its inputs holds it; inputs: [{}]",
+                "step `{}` ({}) reads table `{}` {}, and none of its inputs holds it; inputs: [{}]",
                 instance.id,
                 instance.stage.name,
+                read.table,
+                match read.need {
+                    Need::Always => "on every run".to_string(),
+                    Need::When(condition) => format!("when {condition}, as its config has it"),
+                },
                 described.join(", ")
             ),
         }),
     }
 }
 
-fn check_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<()> {
+/// The config `instance`'s stage resolves (`--print-config`); a problem
+/// is reported at the line of the setting it names.
+fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<Value> {
     let bin = binary(bin_dir, instance.stage.name);
     let output = Command::new(&bin)
         .args(instance.stage_args())
@@ -205,7 +294,10 @@ fn check_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<()> 
             line_of_key(instance, problem.key.as_deref()),
             problem.message,
         )),
-        Some(_) if output.status.success() => Ok(()),
+        Some(ConfigReport {
+            config: Some(config),
+            ..
+        }) if output.status.success() => Ok(config),
         _ => {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
@@ -224,6 +316,33 @@ fn check_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<()> 
                     }
                 ),
             ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_written_key_equals_value_are_checked_against_the_config() {
+        let config = serde_json::json!({
+            "objective": "sft",
+            "epochs": 2,
+            "step": {"kind": "rule", "gate": "prompt"},
+        });
+        for (condition, holds) in [
+            ("objective = sft", Some(true)),
+            ("objective = ppo", Some(false)),
+            ("step.kind = rule", Some(true)),
+            ("epochs = 2", Some(true)),
+            // A key the config does not have, or prose: not decidable.
+            ("objective.kind = sft", None),
+            ("reward.fn = embodied_r1 or verify (ground-truth plans, scenes)", None),
+            ("estimator = grpo_step with step.gate = prompt", None),
+            ("stepopsd.enabled or estimator = grpo_step", None),
+        ] {
+            assert_eq!(condition_holds(condition, &config), holds, "{condition}");
         }
     }
 }

@@ -42,17 +42,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use embodyflow_core::numerics::{CpuCapability, best_capability};
+
 use crate::backend::{Backend, Resources};
-use crate::cache::{self, StepRecord, runner_dir};
+use crate::cache::{self, KeyInputs, StepRecord, runner_dir};
 use crate::check::binary;
 use crate::error::{Result, RunnerError};
 use crate::exec::{self, RunOptions, RunOutcome, Status, StepOutcome};
 use crate::plan::{Instance, Plan};
-
-/// How long a step may be missing from the queue without a record before
-/// it counts as failed: time for a record written on a node to show on the
-/// submitting machine's view of a network filesystem.
-const GRACE: Duration = Duration::from_secs(3);
 
 /// How long the runner keeps asking a queue that does not answer before it
 /// gives up on the run (its jobs may still run; a resumed run finds them).
@@ -92,10 +89,17 @@ pub(crate) struct TaskSpec {
     pub out: PathBuf,
     /// The step instance.
     pub instance: Instance,
-    /// BLAKE3 of its stage binary (part of the cache key).
-    pub binary_hash: String,
+    /// What its cache key is computed from besides its arguments (the
+    /// runner's: the record a job writes is keyed as the runner checks it).
+    pub key_inputs: KeyInputs,
     /// The command line of each task.
     pub commands: Vec<Vec<String>>,
+    /// What each task's stage process finds in its environment
+    /// ([`cache::process_environment`]): its thread count and libtorch's
+    /// dispatch level.
+    pub environment: Vec<(String, String)>,
+    /// That dispatch level, which the node's CPU must have.
+    pub cpu_capability: CpuCapability,
 }
 
 /// A task's record: `task-<i>.json` (a shard) or `merge.json`.
@@ -213,6 +217,28 @@ pub(crate) fn absolute(path: &Path, cwd: &Path) -> PathBuf {
     out
 }
 
+/// A path as the filesystem resolves it: made [`absolute`], then its
+/// longest existing part with every symbolic link resolved
+/// (`canonicalize`), the rest (outputs that do not exist yet) appended.
+/// `/home/me/run` is `/mnt/home/me/run` when `/home` links to `/mnt/home`.
+pub(crate) fn resolved(path: &Path, cwd: &Path) -> PathBuf {
+    let full = absolute(path, cwd);
+    let mut head = full.as_path();
+    let mut tail = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(head) {
+            return tail.iter().rev().fold(real, |p, part| p.join(part));
+        }
+        match (head.parent(), head.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_os_string());
+                head = parent;
+            }
+            _ => return full,
+        }
+    }
+}
+
 /// A word for a shell command line, quoted only when needed.
 pub(crate) fn quote(word: &str) -> String {
     if !word.is_empty()
@@ -305,7 +331,9 @@ pub(crate) fn check_shared(
             plan.file.display()
         )));
     }
-    let roots: Vec<PathBuf> = backend.shared.iter().map(|r| absolute(r, &cwd)).collect();
+    // Compared as the filesystem resolves them: a root or a path may be
+    // reached through a symbolic link.
+    let roots: Vec<PathBuf> = backend.shared.iter().map(|r| resolved(r, &cwd)).collect();
     let mut paths: Vec<(String, PathBuf)> = vec![
         ("the run directory".into(), plan.out.clone()),
         (
@@ -321,7 +349,7 @@ pub(crate) fn check_shared(
         }
     }
     for (what, path) in paths {
-        let full = absolute(&path, &cwd);
+        let full = resolved(&path, &cwd);
         if !roots.iter().any(|root| full.starts_with(root)) {
             return Err(bad(format!(
                 "{}: {what}, {}, is not under a shared root ([backend] shared: {}); every node must see it",
@@ -499,7 +527,7 @@ pub(crate) fn failure(
 pub(crate) fn runs(
     plan: &Plan,
     options: &RunOptions,
-    binaries: &BTreeMap<String, String>,
+    keys: &[Option<KeyInputs>],
 ) -> Result<(Vec<StepOutcome>, BTreeSet<usize>)> {
     let selection = exec::Selection::of(plan, options)?;
     let mut steps: Vec<StepOutcome> = Vec::new();
@@ -518,9 +546,9 @@ pub(crate) fn runs(
         }
         let forced = selection.forced(index);
         let blocked = instance.deps.iter().any(|d| to_run.contains(d));
-        let hit = match binaries.get(instance.stage.name) {
-            Some(hash) if !forced && !blocked => {
-                let (key, _) = cache::step_key(instance, hash)?;
+        let hit = match &keys[index] {
+            Some(inputs) if !forced && !blocked => {
+                let (key, _) = cache::step_key(instance, inputs)?;
                 cache::cached(instance, &key)
             }
             _ => None,
@@ -548,7 +576,8 @@ fn prepare(
     backend: &str,
     index: usize,
     options: &RunOptions,
-    binaries: &BTreeMap<String, String>,
+    keys: &[Option<KeyInputs>],
+    machine: &embodyflow_core::numerics::Machine,
 ) -> Result<Submitted> {
     let instance = &plan.instances[index];
     exec::clear(instance)?;
@@ -571,8 +600,12 @@ fn prepare(
     let spec = TaskSpec {
         out: plan.out.clone(),
         instance: instance.clone(),
-        binary_hash: binaries[instance.stage.name].clone(),
+        key_inputs: keys[index]
+            .clone()
+            .expect("checked: every stage is built and every config resolved"),
         commands,
+        environment: cache::process_environment(instance, machine),
+        cpu_capability: machine.cpu_capability,
     };
     write_file(
         &spec_path,
@@ -590,6 +623,64 @@ fn prepare(
     })
 }
 
+/// The state of submitted step `s` this round, from the jobs `live` says
+/// are queued or running, its record, and the verdicts on the steps it
+/// reads (`failed`, `unfinished`); with the error of a step that failed.
+/// A step whose jobs are gone without a record fails at once when a task
+/// recorded a non-zero exit, else once its record has not shown for
+/// `grace` (a network filesystem may show a file written on a node late).
+fn next_state(
+    plan: &Plan,
+    queue: &mut dyn Queue,
+    s: &mut Submitted,
+    live: &BTreeMap<String, Vec<JobState>>,
+    failed: &BTreeSet<usize>,
+    unfinished: &BTreeSet<usize>,
+    grace: Duration,
+) -> (State, Option<RunnerError>) {
+    let instance = &plan.instances[s.index];
+    let states: Vec<JobState> = s
+        .jobs
+        .iter()
+        .filter_map(|j| live.get(j))
+        .flatten()
+        .copied()
+        .collect();
+    let record = std::fs::read_to_string(instance.dir.join(cache::STEP_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str::<StepRecord>(&t).ok());
+    if !states.is_empty() {
+        s.gone_since = None;
+    }
+    let new = if let Some(record) = record {
+        State::Done(record)
+    } else if let Some(dep) = instance.deps.iter().find(|d| failed.contains(d)) {
+        State::NotRun(plan.instances[*dep].id.clone())
+    } else if states.contains(&JobState::Running) {
+        State::Running
+    } else if !states.is_empty() {
+        // A sharded step whose merge job waits has been running.
+        if s.state == State::Running {
+            State::Running
+        } else {
+            State::Pending
+        }
+    } else if s.jobs.is_empty() || instance.deps.iter().any(|d| unfinished.contains(d)) {
+        // Not submitted yet, or Slurm cancels a job whose input
+        // failed: wait for the verdict on what it reads.
+        s.state.clone()
+    } else {
+        let gone = *s.gone_since.get_or_insert_with(Instant::now);
+        let why = failure(&plan.out, queue, instance, &s.jobs);
+        if matches!(why, RunnerError::StageFailed { .. }) || gone.elapsed() >= grace {
+            let text = why.to_string();
+            return (State::Failed(text), Some(why));
+        }
+        s.state.clone()
+    };
+    (new, None)
+}
+
 /// Submits the steps that must run through `queue` and waits for them;
 /// `say` receives a line per step whenever its state changes.
 pub(crate) fn run_plan(
@@ -597,12 +688,14 @@ pub(crate) fn run_plan(
     options: &RunOptions,
     queue: &mut dyn Queue,
     poll: Duration,
+    grace: Duration,
     say: &mut dyn FnMut(&str),
 ) -> Result<RunOutcome> {
     let started = Instant::now();
     let exe = std::env::current_exe().map_err(|e| RunnerError::io("pipeline", e))?;
     queue.preflight(plan, options, &exe)?;
-    let notes = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let checked = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let machine = cache::machine(&options.bin_dir);
     let check_s = started.elapsed().as_secs_f64();
     let _lock = if options.dry_run {
         None
@@ -613,7 +706,11 @@ pub(crate) fn run_plan(
     let hash_started = Instant::now();
     let binaries = exec::hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();
-    let (mut steps, to_run) = runs(plan, options, &binaries)?;
+    let keys: Vec<Option<KeyInputs>> = (0..plan.instances.len())
+        .map(|index| exec::key_inputs(plan, &checked, &binaries, &machine, index))
+        .collect();
+    let (mut steps, to_run) = runs(plan, options, &keys)?;
+    let notes = checked.notes;
     let total = plan.instances.len();
     let line = |index: usize, word: &str, detail: &str| {
         let instance = &plan.instances[index];
@@ -657,7 +754,7 @@ pub(crate) fn run_plan(
 
     let mut submitted: Vec<Submitted> = to_run
         .iter()
-        .map(|&index| prepare(plan, queue.name(), index, options, &binaries))
+        .map(|&index| prepare(plan, queue.name(), index, options, &keys, &machine))
         .collect::<Result<_>>()?;
     let mut ids: Vec<String> = Vec::new();
     let mut unanswered: Option<Instant> = None;
@@ -725,49 +822,7 @@ pub(crate) fn run_plan(
             .map(|s| s.index)
             .collect();
         for s in submitted.iter_mut().filter(|s| !s.state.finished()) {
-            let instance = &plan.instances[s.index];
-            let states: Vec<JobState> = s
-                .jobs
-                .iter()
-                .filter_map(|j| live.get(j))
-                .flatten()
-                .copied()
-                .collect();
-            let record = std::fs::read_to_string(instance.dir.join(cache::STEP_FILE))
-                .ok()
-                .and_then(|t| serde_json::from_str::<StepRecord>(&t).ok());
-            let mut error = None;
-            if !states.is_empty() {
-                s.gone_since = None;
-            }
-            let new = if let Some(record) = record {
-                State::Done(record)
-            } else if let Some(dep) = instance.deps.iter().find(|d| failed.contains(d)) {
-                State::NotRun(plan.instances[*dep].id.clone())
-            } else if states.contains(&JobState::Running) {
-                State::Running
-            } else if !states.is_empty() {
-                // A sharded step whose merge job waits has been running.
-                if s.state == State::Running {
-                    State::Running
-                } else {
-                    State::Pending
-                }
-            } else if s.jobs.is_empty() || instance.deps.iter().any(|d| unfinished.contains(d)) {
-                // Not submitted yet, or Slurm cancels a job whose input
-                // failed: wait for the verdict on what it reads.
-                s.state.clone()
-            } else {
-                let gone = *s.gone_since.get_or_insert_with(Instant::now);
-                let why = failure(&plan.out, queue, instance, &s.jobs);
-                if matches!(why, RunnerError::StageFailed { .. }) || gone.elapsed() >= GRACE {
-                    let text = why.to_string();
-                    error = Some(why);
-                    State::Failed(text)
-                } else {
-                    s.state.clone()
-                }
-            };
+            let (new, error) = next_state(plan, queue, s, &live, &failed, &unfinished, grace);
             if new.finished() {
                 unfinished.remove(&s.index);
             }
@@ -1060,7 +1115,7 @@ fn run_task(spec: &TaskSpec, i: u32) -> Result<()> {
         // The merge job (or, for one process, this task) passes the policy on.
         if instance.shards == 1 {
             exec::pass_on(instance)?;
-            let key = cache::step_key(instance, &spec.binary_hash)?;
+            let key = cache::step_key(instance, &spec.key_inputs)?;
             exec::complete(instance, key, Vec::new(), 0.0)?;
         }
         return Ok(());
@@ -1079,9 +1134,10 @@ fn run_task(spec: &TaskSpec, i: u32) -> Result<()> {
     if let Some(parent) = log.parent() {
         std::fs::create_dir_all(parent).map_err(|e| RunnerError::io(parent, e))?;
     }
+    check_capability(spec, &embodyflow_core::numerics::cpuinfo())?;
     let bin = Path::new(&command[0]);
     let started = Instant::now();
-    let status = exec::spawn(bin, &command[1..], &log, &[])?
+    let status = exec::spawn(bin, &command[1..], &log, &spec.environment)?
         .wait()
         .map_err(|e| RunnerError::io(bin, e))?;
     let wall = started.elapsed().as_secs_f64();
@@ -1104,10 +1160,26 @@ fn run_task(spec: &TaskSpec, i: u32) -> Result<()> {
     }
     if instance.shards == 1 {
         exec::keep_logs(&spec.out, instance);
-        let key = cache::step_key(instance, &spec.binary_hash)?;
+        let key = cache::step_key(instance, &spec.key_inputs)?;
         exec::complete(instance, key, spec.commands.clone(), wall)?;
     }
     Ok(())
+}
+
+/// Bad input when this node's CPU (its `/proc/cpuinfo`) lacks the libtorch
+/// dispatch level the run computes at: the runner's, which every step's
+/// key holds; a node without it would compute other numerics, or fault.
+fn check_capability(spec: &TaskSpec, cpuinfo: &str) -> Result<()> {
+    let best = best_capability(cpuinfo);
+    if spec.cpu_capability <= best {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "step `{}`: node {} dispatches libtorch at most at {best}, and the run computes at {} (the level of the machine `pipeline run` ran on, which the cache keys hold): run `pipeline` with ATEN_CPU_CAPABILITY={best}, or keep the step off this node",
+        spec.instance.id,
+        node_name(),
+        spec.cpu_capability
+    )))
 }
 
 /// The merge job of a sharded step: every shard succeeded (the cluster
@@ -1117,7 +1189,7 @@ fn finish_sharded(spec: &TaskSpec, dir: &Path) -> Result<()> {
     let instance = &spec.instance;
     if exec::is_empty(instance.skip_if_empty.as_deref())? {
         exec::pass_on(instance)?;
-        let key = cache::step_key(instance, &spec.binary_hash)?;
+        let key = cache::step_key(instance, &spec.key_inputs)?;
         return exec::complete(instance, key, Vec::new(), 0.0);
     }
     let mut span = (f64::MAX, f64::MIN);
@@ -1137,7 +1209,7 @@ fn finish_sharded(spec: &TaskSpec, dir: &Path) -> Result<()> {
     }
     exec::merge_shards(instance, &instance.dir)?;
     exec::keep_logs(&spec.out, instance);
-    let key = cache::step_key(instance, &spec.binary_hash)?;
+    let key = cache::step_key(instance, &spec.key_inputs)?;
     exec::complete(
         instance,
         key,
@@ -1149,6 +1221,159 @@ fn finish_sharded(spec: &TaskSpec, dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::Pipeline;
+    use crate::plan::Overrides;
+
+    /// A plan of one step (generate-tasks) writing under `out`.
+    fn one_step(out: &Path) -> Plan {
+        let text = "[[step]]\nname = \"tasks\"\nstage = \"generate-tasks\"\n";
+        let pipeline = Pipeline::parse(Path::new("p.toml"), text).unwrap();
+        Plan::build(&pipeline, out, &Overrides::default()).unwrap()
+    }
+
+    /// A queue whose jobs have all left it, leaving no exit status.
+    struct Gone;
+
+    impl Queue for Gone {
+        fn name(&self) -> &'static str {
+            "slurm"
+        }
+        fn title(&self) -> &'static str {
+            "Slurm"
+        }
+        fn submits_when_ready(&self) -> bool {
+            false
+        }
+        fn preflight(&mut self, _: &Plan, _: &RunOptions, _: &Path) -> Result<()> {
+            Ok(())
+        }
+        fn describe(&self, _: &Plan, _: &Instance, _: &[String]) -> String {
+            String::new()
+        }
+        fn advance(&mut self, _: &Plan, _: &mut [Submitted]) -> Result<Vec<usize>> {
+            Ok(Vec::new())
+        }
+        fn live(
+            &mut self,
+            _: &[String],
+        ) -> std::result::Result<BTreeMap<String, Vec<JobState>>, String> {
+            Ok(BTreeMap::new())
+        }
+        fn lost(&mut self, out: &Path, _: &Instance, jobs: &[String], _: Option<u32>) -> Lost {
+            Lost {
+                job: jobs[0].clone(),
+                what: "ended without an exit status".into(),
+                log: out.join("slurm-0.out"),
+            }
+        }
+        fn cancel(&mut self, _: &[String]) -> std::result::Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_record_that_shows_late_on_a_shared_filesystem_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = one_step(&dir.path().join("run"));
+        let instance = &plan.instances[0];
+        std::fs::create_dir_all(&instance.dir).unwrap();
+        let mut step = Submitted {
+            index: 0,
+            spec: PathBuf::new(),
+            commands: Vec::new(),
+            jobs: vec!["7".into()],
+            label: String::new(),
+            submitted_unix: 0.0,
+            state: State::Running,
+            // The job left the queue 4 s ago; its record is not visible yet
+            // (an NFS attribute cache hides it for 30 to 60 s).
+            gone_since: Some(Instant::now() - Duration::from_secs(4)),
+        };
+        let none = BTreeSet::new();
+        let round = |grace: Duration, step: &mut Submitted| {
+            next_state(&plan, &mut Gone, step, &BTreeMap::new(), &none, &none, grace)
+        };
+        let grace = Backend::default().record_grace;
+        assert!(grace >= Duration::from_secs(60), "{grace:?}");
+        let (state, error) = round(grace, &mut step);
+        assert_eq!(state, State::Running, "still waiting for the record");
+        assert!(error.is_none());
+        // The record shows: the step ran.
+        let record = StepRecord {
+            format: cache::STEP_FORMAT.into(),
+            key: "k".into(),
+            key_parts: serde_json::Value::Null,
+            id: instance.id.clone(),
+            stage: instance.stage.name.into(),
+            commands: Vec::new(),
+            outputs: Vec::new(),
+            wall_s: 1.0,
+            finished_unix: 0,
+        };
+        cache::write_record(&instance.dir, &record).unwrap();
+        assert!(matches!(round(grace, &mut step).0, State::Done(_)));
+        // Past a shorter grace, a step without a record has failed.
+        std::fs::remove_file(instance.dir.join(cache::STEP_FILE)).unwrap();
+        let (state, error) = round(Duration::from_secs(3), &mut step);
+        assert!(matches!(state, State::Failed(_)), "{state:?}");
+        assert!(
+            matches!(error, Some(RunnerError::JobFailed { .. })),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn shared_roots_and_paths_are_compared_with_their_links_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("mnt/home");
+        std::fs::create_dir_all(real.join("me/data")).unwrap();
+        let home = dir.path().join("home");
+        std::os::unix::fs::symlink(&real, &home).unwrap();
+        let cwd = real.join("me");
+        // A root given through the link, paths reached without it (and a
+        // run directory that does not exist yet), and the other way round.
+        let root = resolved(&home, &cwd);
+        for path in ["data", "run/it0/collect", "../me/./data"] {
+            let full = resolved(Path::new(path), &cwd);
+            assert!(full.starts_with(&root), "{} under {}", full.display(), root.display());
+        }
+        let through_link = resolved(&home.join("me/run"), &cwd);
+        assert!(through_link.starts_with(resolved(&real, &cwd)));
+        assert_eq!(through_link, real.canonicalize().unwrap().join("me/run"));
+        // Not under it.
+        assert!(!resolved(Path::new("/tmp"), &cwd).starts_with(&root));
+    }
+
+    #[test]
+    fn a_node_without_the_runs_dispatch_level_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = one_step(&dir.path().join("run"));
+        let spec = TaskSpec {
+            out: plan.out.clone(),
+            instance: plan.instances[0].clone(),
+            key_inputs: KeyInputs {
+                binary: "b".into(),
+                config: serde_json::Value::Null,
+                numerics: embodyflow_core::numerics::Fingerprint {
+                    threads: None,
+                    cpu_capability: None,
+                    libtorch: None,
+                },
+            },
+            commands: Vec::new(),
+            environment: Vec::new(),
+            cpu_capability: CpuCapability::Avx512,
+        };
+        let avx2 = "flags\t: fpu avx avx2 fma\n";
+        let avx512 = "flags\t: fpu avx avx2 fma avx512f avx512dq avx512bw avx512vl\n";
+        check_capability(&spec, avx512).unwrap();
+        let err = check_capability(&spec, avx2).unwrap_err().to_string();
+        assert!(
+            err.contains("at most at avx2, and the run computes at avx512")
+                && err.contains("ATEN_CPU_CAPABILITY=avx2"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn paths_are_made_absolute_without_the_filesystem() {

@@ -12,15 +12,24 @@
 //! once the killed run's processes have all exited and none of them can
 //! write into a step directory the new run is filling.
 //!
+//! Every process computes with the thread count its step declares
+//! (`cpus`, one by default; the stage's `threads` key when set), whatever
+//! this machine has, as on the cluster backends: the runner passes it in
+//! `OMP_NUM_THREADS`, `MKL_NUM_THREADS` and `RAYON_NUM_THREADS`, and
+//! libtorch's dispatch level in `ATEN_CPU_CAPABILITY`
+//! ([`cache::process_environment`]), which the step's cache key holds. So a
+//! sharded step's shards compute exactly as its unsharded run, and a step
+//! gives the same bits here, under Slurm and under Ray.
+//!
 //! The `shards = n` processes of a step run at once, so each gets its own
 //! equal, disjoint share of the runner's CPUs (`EMBODYFLOW_CPUS` when the
 //! runner's environment sets it, else the CPUs the runner may run on),
-//! passed in its environment as `EMBODYFLOW_CPUS`: the stage pins itself to
-//! it and sizes its thread pool by it ([`embodyflow_core::threads`]), so n
-//! processes on n shares do not fight over the same cores. With more shards
-//! than CPUs each gets one CPU, in turn. A step of one process, and every
-//! step after another (the runner runs one step at a time; only a step's
-//! shards run together), inherits the runner's CPUs.
+//! passed in its environment as `EMBODYFLOW_CPUS`, which the stage pins
+//! itself to ([`embodyflow_core::threads`]), so n processes on n shares do
+//! not fight over the same cores. With more shards than CPUs each gets one
+//! CPU, in turn. A step of one process, and every step after another (the
+//! runner runs one step at a time; only a step's shards run together), runs
+//! on the runner's CPUs.
 //!
 //! The processes take the step's `devices` in turn. A CUDA device `cuda:N`
 //! becomes the only GPU its process sees (`CUDA_VISIBLE_DEVICES`: GPU N, or
@@ -41,8 +50,8 @@ use embodyflow_core::dataset::stage_merged_table;
 use embodyflow_core::spec::Output;
 use embodyflow_core::threads::{CPUS_VAR, CpuList, env_cpus, shares};
 
-use crate::cache::{self, BinaryHashes, StepRecord, runner_dir};
-use crate::check::binary;
+use crate::cache::{self, BinaryHashes, KeyInputs, StepRecord, runner_dir};
+use crate::check::{Checked, binary};
 use crate::error::{Result, RunnerError};
 use crate::plan::{Instance, Plan};
 
@@ -226,7 +235,7 @@ pub(crate) fn spawn(
     bin: &Path,
     args: &[String],
     log: &Path,
-    env: &[(&str, String)],
+    env: &[(String, String)],
 ) -> Result<Child> {
     let file = File::create(log).map_err(|e| RunnerError::io(log, e))?;
     let err = file.try_clone().map_err(|e| RunnerError::io(log, e))?;
@@ -400,9 +409,15 @@ pub(crate) fn complete(
     cache::write_record(&instance.dir, &record)
 }
 
-/// Runs one instance into its directory; returns the command lines and the
-/// stage wall seconds.
-fn execute(instance: &Instance, bin: &Path, out: &Path) -> Result<(Vec<Vec<String>>, f64)> {
+/// Runs one instance into its directory, each process with `env` added to
+/// its environment ([`cache::process_environment`]); returns the command
+/// lines and the stage wall seconds.
+fn execute(
+    instance: &Instance,
+    bin: &Path,
+    out: &Path,
+    env: &[(String, String)],
+) -> Result<(Vec<Vec<String>>, f64)> {
     let dir = &instance.dir;
     clear(instance)?;
     // The stage creates its output directory (init-policy insists on a new
@@ -429,12 +444,12 @@ fn execute(instance: &Instance, bin: &Path, out: &Path) -> Result<(Vec<Vec<Strin
         let (device, gpu) = local_device(device, visible.as_deref())
             .map_err(|message| RunnerError::Usage(format!("step `{}`: {message}", instance.id)))?;
         let command = stage_command(instance, bin, i, &device);
-        let mut env = Vec::new();
+        let mut env = env.to_vec();
         if let Some(cpus) = &cpus[i as usize] {
-            env.push((CPUS_VAR, cpus.to_string()));
+            env.push((CPUS_VAR.to_string(), cpus.to_string()));
         }
         if let Some(gpu) = gpu {
-            env.push((GPUS_VAR, gpu));
+            env.push((GPUS_VAR.to_string(), gpu));
         }
         children.push((spawn(bin, &command[1..], &log, &env)?, log));
         commands.push(command);
@@ -626,7 +641,8 @@ pub fn run_plan(
     say: &mut dyn FnMut(&str),
 ) -> Result<RunOutcome> {
     let started = Instant::now();
-    let notes = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let checked = crate::check::check_plan(plan, &options.bin_dir, options.dry_run)?;
+    let machine = cache::machine(&options.bin_dir);
     let visible = std::env::var(GPUS_VAR).ok();
     for instance in &plan.instances {
         for device in &instance.devices {
@@ -665,9 +681,9 @@ pub fn run_plan(
         } else if options.dry_run {
             let blocked = instance.deps.iter().any(|d| pending.contains(d));
             let hit = (!forced && !blocked)
-                .then(|| binaries.get(instance.stage.name))
+                .then(|| key_inputs(plan, &checked, &binaries, &machine, index))
                 .flatten()
-                .and_then(|b| cache::step_key(instance, b).ok())
+                .and_then(|inputs| cache::step_key(instance, &inputs).ok())
                 .and_then(|(key, _)| cache::cached(instance, &key));
             match hit {
                 Some(record) => outcome.wall_s = record.wall_s,
@@ -677,8 +693,9 @@ pub fn run_plan(
                 }
             }
         } else {
-            let binary_hash = &binaries[instance.stage.name];
-            let (key, parts) = cache::step_key(instance, binary_hash)?;
+            let inputs = key_inputs(plan, &checked, &binaries, &machine, index)
+                .expect("checked: every stage is built and every config resolved");
+            let (key, parts) = cache::step_key(instance, &inputs)?;
             match (!forced).then(|| cache::cached(instance, &key)).flatten() {
                 Some(record) => outcome.wall_s = record.wall_s,
                 None => {
@@ -688,7 +705,8 @@ pub fn run_plan(
                     } else {
                         let line = format!("{} ({}) …", instance.id, instance.stage.name);
                         bar.set_message(line);
-                        let (commands, wall) = execute(instance, &bin, &plan.out)?;
+                        let env = cache::process_environment(instance, &machine);
+                        let (commands, wall) = execute(instance, &bin, &plan.out, &env)?;
                         (commands, wall, Status::Ran)
                     };
                     complete(instance, (key, parts), commands, wall)?;
@@ -723,11 +741,26 @@ pub fn run_plan(
     bar.finish_and_clear();
     Ok(RunOutcome {
         steps,
-        notes,
+        notes: checked.notes,
         check_s,
         binary_hash_s,
         total_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The key inputs of instance `index` ([`KeyInputs::of`]); none when its
+/// stage is not built (a dry run).
+pub(crate) fn key_inputs(
+    plan: &Plan,
+    checked: &Checked,
+    binaries: &std::collections::BTreeMap<String, String>,
+    machine: &embodyflow_core::numerics::Machine,
+    index: usize,
+) -> Option<KeyInputs> {
+    let instance = &plan.instances[index];
+    let binary = binaries.get(instance.stage.name)?;
+    let config = checked.configs.get(index)?.as_ref()?;
+    Some(KeyInputs::of(instance, binary, config, machine))
 }
 
 #[cfg(test)]
@@ -831,7 +864,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("env.log");
         let cpus: CpuList = "0".parse().unwrap();
-        let env = [(CPUS_VAR, cpus.to_string()), (GPUS_VAR, "3".to_string())];
+        let env = [
+            (CPUS_VAR.to_string(), cpus.to_string()),
+            (GPUS_VAR.to_string(), "3".to_string()),
+        ];
         let mut child = spawn(Path::new("env"), &[], &log, &env).unwrap();
         assert!(child.wait().unwrap().success());
         let text = std::fs::read_to_string(&log).unwrap();

@@ -6,16 +6,30 @@
 //! (loop), plus `@var=value,…` naming the swept variables it depends on,
 //! directly or through the steps and policy it reads. Cells that agree on
 //! those variables therefore share the instance, and it runs once.
+//!
+//! The plan is built whole, before anything runs, so its size is bounded: a
+//! pipeline whose sweep cells, setup steps and loop iterations make more
+//! than [`MAX_INSTANCES`] step instances is refused (bad input, at the line
+//! of `iterations` or of the sweep) before any is expanded. A path a step
+//! reads from an earlier step's directory must be something that step's
+//! stage declares it writes ([`embodyflow_core::spec`]): an input the
+//! directory itself or one of its tables, a `policy` or `teacher` (and the
+//! loop's `init_policy` and `policy`) one of its checkpoints, a
+//! `skip_if_empty` one of its tables; anything else is an error at its line.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use embodyflow_core::spec::StageSpec;
+use embodyflow_core::spec::{Output, StageSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Resources;
 use crate::error::{Result, RunnerError};
 use crate::pipeline::{Pipeline, StepDef, Template, render};
+
+/// The most step instances a plan may have (sweep cells times setup and
+/// loop steps, each one a stage run).
+pub const MAX_INSTANCES: u64 = 100_000;
 
 /// One sweep cell: the values of the swept variables.
 #[derive(Debug, Clone, PartialEq)]
@@ -211,6 +225,17 @@ enum Bound {
     Skipped(String),
 }
 
+/// What a path read from an earlier step's directory must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// An `--input`: the directory, or one of the tables in it.
+    Input,
+    /// A `--policy` or `--teacher`: a checkpoint.
+    Checkpoint,
+    /// A table (`skip_if_empty`).
+    Table,
+}
+
 /// A rendered template.
 struct Rendered {
     text: String,
@@ -265,6 +290,70 @@ impl Builder<'_> {
         Ok(Ok(Rendered { text, deps, vars }))
     }
 
+    /// Checks that `rendered`, when it is a path inside the directory of a
+    /// step it names, is what that step's stage declares it writes, as
+    /// `written` needs; `what` and `line` name the field in the error.
+    fn check_declared(
+        &self,
+        rendered: &Rendered,
+        written: Written,
+        line: usize,
+        what: &str,
+    ) -> Result<()> {
+        let path = Path::new(&rendered.text);
+        let Some((producer, rest)) = rendered.deps.iter().find_map(|&d| {
+            let producer = &self.instances[d];
+            Some((producer, path.strip_prefix(&producer.dir).ok()?))
+        }) else {
+            return Ok(());
+        };
+        if rest
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Ok(());
+        }
+        let rest = rest.to_string_lossy();
+        let declared = producer.stage.writes.iter().any(|output| match output {
+            Output::Table(table) => {
+                matches!(written, Written::Input | Written::Table) && rest == table.as_str()
+            }
+            Output::Checkpoint(at) => {
+                written == Written::Checkpoint && (rest == *at || (*at == "." && rest.is_empty()))
+            }
+            Output::File(_) => false,
+        });
+        if declared || (written == Written::Input && rest.is_empty()) {
+            return Ok(());
+        }
+        let writes: Vec<String> = producer
+            .stage
+            .writes
+            .iter()
+            .map(|o| match o {
+                Output::Table(table) => format!("{table}/ (table)"),
+                Output::Checkpoint(".") => "its directory itself (checkpoint)".to_string(),
+                Output::Checkpoint(at) => format!("{at}/ (checkpoint)"),
+                Output::File(at) => format!("{at} (file)"),
+            })
+            .collect();
+        Err(self.err(
+            line,
+            format!(
+                "{what} names {}, which step `{}` ({}) does not write (it writes {}); expected {}",
+                rendered.text,
+                producer.step,
+                producer.stage.name,
+                writes.join(", "),
+                match written {
+                    Written::Input => "its directory or one of its tables",
+                    Written::Checkpoint => "one of its checkpoints",
+                    Written::Table => "one of its tables",
+                }
+            ),
+        ))
+    }
+
     fn required(
         &self,
         step: &StepDef,
@@ -315,28 +404,45 @@ impl Builder<'_> {
         for template in &step.inputs {
             // An input naming a step that does not run here is left out.
             if let Ok(r) = self.render(template, ctx)? {
+                let what = format!("step `{}` field `inputs`", step.name);
+                self.check_declared(&r, Written::Input, template.line, &what)?;
                 inputs.push(PathBuf::from(take(r, true, &mut external)));
             }
         }
         let mut path_field = |field: &str,
                               t: &Option<Template>,
+                              written: Option<Written>,
                               external: &mut Vec<PathBuf>|
          -> Result<Option<PathBuf>> {
             t.as_ref()
                 .map(|t| {
-                    self.required(step, field, t, ctx)
-                        .map(|r| PathBuf::from(take(r, true, external)))
+                    let r = self.required(step, field, t, ctx)?;
+                    if let Some(written) = written {
+                        let what = format!("step `{}` field `{field}`", step.name);
+                        self.check_declared(&r, written, t.line, &what)?;
+                    }
+                    Ok(PathBuf::from(take(r, true, external)))
                 })
                 .transpose()
         };
-        let policy = path_field("policy", &step.policy, &mut external)?;
-        let mut teacher = path_field("teacher", &step.teacher, &mut external)?;
+        let policy = path_field(
+            "policy",
+            &step.policy,
+            Some(Written::Checkpoint),
+            &mut external,
+        )?;
+        let mut teacher = path_field(
+            "teacher",
+            &step.teacher,
+            Some(Written::Checkpoint),
+            &mut external,
+        )?;
         if teacher.as_deref() == Some(Path::new("self")) {
             // `--teacher self`: the policy is its own teacher, not a path.
             external.retain(|p| p != Path::new("self"));
             teacher = Some(PathBuf::from("self"));
         }
-        let config = path_field("config", &step.config, &mut external)?;
+        let config = path_field("config", &step.config, None, &mut external)?;
         let mut sets = Vec::new();
         for set in &step.sets {
             let r = self.required(step, "set", &set.value, ctx)?;
@@ -376,11 +482,12 @@ impl Builder<'_> {
         }
         let skip_if_empty = match &step.skip_if_empty {
             None => None,
-            Some(t) => Some(PathBuf::from(take(
-                self.required(step, "skip_if_empty", t, ctx)?,
-                false,
-                &mut external,
-            ))),
+            Some(t) => {
+                let r = self.required(step, "skip_if_empty", t, ctx)?;
+                let what = format!("step `{}` field `skip_if_empty`", step.name);
+                self.check_declared(&r, Written::Table, t.line, &what)?;
+                Some(PathBuf::from(take(r, false, &mut external)))
+            }
         };
         let tag: Vec<String> = self
             .swept
@@ -458,6 +565,20 @@ impl Plan {
             defaults.insert(k.clone(), v.clone());
         }
         let swept: Vec<String> = pipeline.sweep.iter().map(|a| a.var.clone()).collect();
+        let cell_count = pipeline
+            .sweep
+            .iter()
+            .fold(1u64, |n, axis| n.saturating_mul(axis.values.len() as u64));
+        let setup_count = pipeline.setup.len() as u64;
+        if cell_count.saturating_mul(setup_count.max(1)) > MAX_INSTANCES {
+            return Err(RunnerError::Pipeline {
+                file: pipeline.path.clone(),
+                line: pipeline.sweep.first().map_or(0, |a| a.line),
+                message: format!(
+                    "the sweep makes {cell_count} cells; a plan has at most {MAX_INSTANCES} step instances (each a stage run): sweep fewer values"
+                ),
+            });
+        }
         let mut cells = vec![Cell {
             name: "default".into(),
             values: Vec::new(),
@@ -529,12 +650,30 @@ impl Plan {
                     ),
                 )
             })?;
+            let loop_steps = looped.steps.len() as u64;
+            let count = cell_count.saturating_mul(
+                setup_count.saturating_add(u64::from(iterations).saturating_mul(loop_steps)),
+            );
+            if count > MAX_INSTANCES {
+                return Err(builder.err(
+                    looped.iterations.line,
+                    format!(
+                        "loop `iterations` = {iterations} makes {count} step instances ({cell_count} sweep cell(s) x ({setup_count} setup steps + {iterations} iterations x {loop_steps} loop steps)); a plan has at most {MAX_INSTANCES}, each a stage run: lower `iterations`"
+                    ),
+                ));
+            }
             let init = builder.render(&looped.init_policy, &ctx)?.map_err(|why| {
                 builder.err(
                     looped.init_policy.line,
                     format!("loop `init_policy` names {why}"),
                 )
             })?;
+            builder.check_declared(
+                &init,
+                Written::Checkpoint,
+                looped.init_policy.line,
+                "loop `init_policy`",
+            )?;
             let mut policy = Bound::Text {
                 text: init.text,
                 deps: init.deps,
@@ -565,6 +704,12 @@ impl Plan {
                         format!("loop `policy` names {why} (iteration {i})"),
                     )
                 })?;
+                builder.check_declared(
+                    &next,
+                    Written::Checkpoint,
+                    looped.policy.line,
+                    "loop `policy`",
+                )?;
                 policy = Bound::Text {
                     text: next.text,
                     deps: next.deps,
@@ -739,7 +884,7 @@ name = "init"
 stage = "init-policy"
 [loop]
 iterations = "${n}"
-init_policy = "${init}/policy"
+init_policy = "${init}"
 policy = "${update}/policy"
 [[loop.step]]
 name = "update"
@@ -766,10 +911,7 @@ every = 2
                 "it3/eval"
             ]
         );
-        assert_eq!(
-            plan.instances[1].policy,
-            Some(PathBuf::from("run/init/policy"))
-        );
+        assert_eq!(plan.instances[1].policy, Some(PathBuf::from("run/init")));
         assert_eq!(
             plan.instances[2].policy,
             Some(PathBuf::from("run/it0/update/policy"))
@@ -787,6 +929,114 @@ every = 2
             err.contains("(command line): --set `m=1`") && err.contains("[n]"),
             "{err}"
         );
+    }
+
+    /// A loop of two steps over `iterations`, with `init_policy`, `policy`
+    /// and the update's `inputs` as given.
+    fn looped(iterations: &str, init: &str, policy: &str, inputs: &str) -> String {
+        format!(
+            r#"
+[[step]]
+name = "init"
+stage = "init-policy"
+[[step]]
+name = "tasks"
+stage = "generate-tasks"
+[loop]
+iterations = {iterations}
+init_policy = "{init}"
+policy = "{policy}"
+[[loop.step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${{policy}}"
+inputs = ["${{tasks}}"]
+[[loop.step]]
+name = "update"
+stage = "update-policy"
+policy = "${{policy}}"
+inputs = {inputs}
+"#
+        )
+    }
+
+    #[test]
+    fn a_path_a_step_does_not_write_is_an_error_at_its_line() {
+        let good = looped("2", "${init}", "${update}/policy", r#"["${collect}"]"#);
+        plan(&good, &[]).unwrap();
+        let tables = looped(
+            "2",
+            "${init}",
+            "${update}/policy",
+            r#"["${collect}/trajectories", "${collect}/steps", "${tasks}/tasks"]"#,
+        );
+        plan(&tables, &[]).unwrap();
+        for (text, line, says) in [
+            (
+                looped("2", "${init}", "${update}/polcy", r#"["${collect}"]"#),
+                11,
+                "loop `policy` names run/it0/update/polcy, which step `update` (update-policy) does not write (it writes metrics/ (table), policy/ (checkpoint)); expected one of its checkpoints",
+            ),
+            (
+                // The update's metrics are a table, not a policy.
+                looped("2", "${init}", "${update}/metrics", r#"["${collect}"]"#),
+                11,
+                "loop `policy` names run/it0/update/metrics",
+            ),
+            (
+                // init-policy's checkpoint is its directory itself.
+                looped("2", "${init}/policy", "${update}/policy", r#"["${collect}"]"#),
+                10,
+                "loop `init_policy` names run/init/policy, which step `init` (init-policy) does not write (it writes its directory itself (checkpoint))",
+            ),
+            (
+                looped("2", "${init}", "${update}/policy", r#"["${collect}/rewards"]"#),
+                21,
+                "step `update` field `inputs` names run/it0/collect/rewards, which step `collect` (collect-rollouts) does not write",
+            ),
+        ] {
+            let err = plan_err(&text, &[]);
+            assert!(
+                err.starts_with(&format!("p.toml:{line}: ")) && err.contains(says),
+                "expected line {line}, `{says}`: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_absurd_plan_is_refused_before_it_is_expanded() {
+        let text = looped("100000000", "${init}", "${update}/policy", r#"["${collect}"]"#);
+        let started = std::time::Instant::now();
+        let err = plan_err(&text, &[]);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            err.starts_with("p.toml:9: loop `iterations` = 100000000 makes 200000002 step instances")
+                && err.contains(&format!("a plan has at most {MAX_INSTANCES}")),
+            "{err}"
+        );
+        // The bound counts every sweep cell.
+        let swept = format!(
+            "[vars]\nx = 0\n{}\n[sweep]\nx = [{}]\n",
+            looped("1000", "${init}", "${update}/policy", r#"["${collect}"]"#),
+            (0..100).map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        let err = plan_err(&swept, &[]);
+        assert!(err.contains("makes 200200 step instances (100 sweep cell(s)"), "{err}");
+        let wide = format!(
+            "[vars]\nx = 0\ny = 0\n{}\n[sweep]\nx = [{list}]\ny = [{list}]\n",
+            looped("1", "${init}", "${update}/policy", r#"["${collect}"]"#),
+            list = (0..400).map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        let err = plan_err(&wide, &[]);
+        assert!(err.contains("the sweep makes 160000 cells"), "{err}");
+        // Up to the bound, it plans.
+        let most = (MAX_INSTANCES - 2) / 2;
+        let text = looped(&most.to_string(), "${init}", "${update}/policy", r#"["${collect}"]"#);
+        assert_eq!(plan(&text, &[]).unwrap().instances.len() as u64, MAX_INSTANCES);
     }
 
     fn plan_err(text: &str, sets: &[&str]) -> String {

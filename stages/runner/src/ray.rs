@@ -13,7 +13,10 @@
 //! (`entrypoint_num_cpus`, 1 unless the step says), `gpus`
 //! (`entrypoint_num_gpus`; Ray sets `CUDA_VISIBLE_DEVICES` to the GPUs it
 //! grants, and a CUDA device becomes `--device cuda`) and `mem`
-//! (`entrypoint_memory`).
+//! (`entrypoint_memory`). Its stage process computes with as many threads
+//! as the step's `cpus` (libtorch's and rayon's pools alike, not every core
+//! of the node) and at the runner's libtorch dispatch level
+//! ([`crate::cache::process_environment`]), as locally.
 //!
 //! Ray has no dependencies between jobs, so the runner keeps them: it
 //! submits a step's jobs once every step it reads has completed (its
@@ -266,7 +269,7 @@ impl Ray<'_> {
         let r = &instance.resources;
         let mut body = json!({
             "entrypoint": self.entrypoint(spec, task),
-            "entrypoint_num_cpus": if task.is_some() { r.cpus.unwrap_or(1) } else { 1 },
+            "entrypoint_num_cpus": if task.is_some() { r.cpus_or_default() } else { 1 },
             "entrypoint_num_gpus": if task.is_some() { r.gpus } else { 0 },
         });
         if let Some(mem) = r.mem_mb {
@@ -556,7 +559,7 @@ pub fn run_plan(
         stamp: format!("{started_ms:x}"),
         seen: BTreeMap::new(),
     };
-    cluster::run_plan(plan, options, &mut queue, poll, say)
+    cluster::run_plan(plan, options, &mut queue, poll, backend.record_grace, say)
 }
 
 /// The jobs of `out`'s earlier Ray submissions that are not over. A

@@ -7,9 +7,12 @@
 //! small merge job `afterok` on the array; a step's jobs wait `afterok` for
 //! the last job of every step it reads, and `--kill-on-invalid-dep=yes`
 //! lets Slurm cancel what depends on a failed job. A job asks for the step's
-//! `cpus`, `mem` and `gpus` ([`crate::backend`]; `--cpus-per-task`, `--mem`,
-//! `--gres=gpu:N`), and a CUDA device becomes `--device cuda`, the first of
-//! the GPUs Slurm grants (it sets `CUDA_VISIBLE_DEVICES`).
+//! `cpus`, `mem` and `gpus` ([`crate::backend`]; `--cpus-per-task`, always,
+//! one when the step says none; `--mem`, `--gres=gpu:N`), and a CUDA device
+//! becomes `--device cuda`, the first of the GPUs Slurm grants (it sets
+//! `CUDA_VISIBLE_DEVICES`). Its stage process computes with as many threads
+//! as the step's `cpus`, whatever the node has, and at the runner's libtorch
+//! dispatch level ([`crate::cache::process_environment`]), as locally.
 //!
 //! A job runs `pipeline task SPEC` on its node ([`cluster::task`]): the stage command
 //! of its shard, its log in `OUT/_runner/logs/<step>/<i>.log` as locally,
@@ -33,6 +36,11 @@
 //! record does not match (as locally) or when a step it reads is submitted
 //! too (its inputs do not exist yet, so it cannot be a cache hit). A run
 //! directory whose earlier jobs are still queued or running is refused.
+//!
+//! Each step's Slurm directory (`OUT/_runner/slurm/<step>/`) keeps the
+//! batch scripts (`stage.sh`, `merge.sh`) and the `sbatch` command of each
+//! job as submitted (`sbatch.sh`, [`SBATCH_FILE`]), so a job can be
+//! resubmitted by hand.
 //!
 //! Every node must see the run directory, the inputs, the binaries and the
 //! directory `pipeline` runs in (jobs start there): `[backend] shared`
@@ -292,9 +300,8 @@ fn sbatch_args(
     if merge {
         args.push("--cpus-per-task=1".to_string());
     } else {
-        if let Some(cpus) = r.cpus {
-            args.push(format!("--cpus-per-task={cpus}"));
-        }
+        // Always: the CPUs are the step's thread count too.
+        args.push(format!("--cpus-per-task={}", r.cpus_or_default()));
         if r.gpus > 0 {
             args.push(format!("--gres=gpu:{}", r.gpus));
         }
@@ -307,6 +314,36 @@ fn sbatch_args(
         args.extend(step.sbatch.iter().cloned());
     }
     args
+}
+
+/// The file in a step's Slurm directory that keeps the `sbatch` command of
+/// each of its jobs, as submitted.
+pub const SBATCH_FILE: &str = "sbatch.sh";
+
+/// Appends the `sbatch` command of a job (its arguments `args`, the batch
+/// script last) to the step's [`SBATCH_FILE`], so that a job can be
+/// resubmitted by hand: `bash sbatch.sh` (or one of its lines) submits
+/// again from the directory `pipeline` ran in.
+fn keep_command(dir: &Path, cwd: &Path, args: &[String]) -> Result<()> {
+    use std::io::Write as _;
+    let path = dir.join(SBATCH_FILE);
+    let new = !path.exists();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| RunnerError::io(&path, e))?;
+    let mut text = String::new();
+    if new {
+        text.push_str(&format!(
+            "#!/bin/bash\n# The sbatch commands of this step's jobs, as `pipeline run` submitted them.\n# To resubmit a job by hand, run its line again (drop a --dependency on jobs that are gone).\ncd {}\n",
+            quote(&cwd.display().to_string())
+        ));
+    }
+    let words: Vec<String> = args.iter().map(|w| quote(w)).collect();
+    text.push_str(&format!("sbatch {}\n", words.join(" ")));
+    file.write_all(text.as_bytes())
+        .map_err(|e| RunnerError::io(&path, e))
 }
 
 /// The batch script of a stage or merge job: it runs `pipeline task`, and
@@ -368,6 +405,7 @@ impl Slurm<'_> {
     ) -> Result<String> {
         let mut args = sbatch_args(plan, self.backend, instance, merge, &after, &self.cwd);
         args.push(script_path.display().to_string());
+        keep_command(&step_dir(&plan.out, NAME, instance), &self.cwd, &args)?;
         let submitted_unix = now();
         let text = slurm("sbatch", &args).map_err(|e| RunnerError::Cluster {
             backend: "Slurm",
@@ -541,12 +579,47 @@ pub fn run_plan(
         journal: Journal::new(&plan.out, NAME),
         submitted: false,
     };
-    cluster::run_plan(plan, options, &mut queue, poll, say)
+    cluster::run_plan(plan, options, &mut queue, poll, backend.record_grace, say)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sbatch_commands_are_kept_to_resubmit_by_hand() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = Path::new("/shared/me/work dir");
+        let stage = [
+            "--parsable".to_string(),
+            "--job-name=p:it0/collect@lr=1e-5".to_string(),
+            "--cpus-per-task=2".to_string(),
+            "/shared/run/_runner/slurm/collect/stage.sh".to_string(),
+        ];
+        keep_command(dir.path(), cwd, &stage).unwrap();
+        let merge = [
+            "--dependency=afterok:41".to_string(),
+            "/shared/run/_runner/slurm/collect/merge.sh".to_string(),
+        ];
+        keep_command(dir.path(), cwd, &merge).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(SBATCH_FILE)).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "cd '/shared/me/work dir'",
+                "sbatch --parsable --job-name=p:it0/collect@lr=1e-5 --cpus-per-task=2 /shared/run/_runner/slurm/collect/stage.sh",
+                "sbatch --dependency=afterok:41 /shared/run/_runner/slurm/collect/merge.sh",
+            ]
+        );
+        // A shell reads it back as the same words.
+        let output = Command::new("bash")
+            .arg("-n")
+            .arg(dir.path().join(SBATCH_FILE))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+    }
 
     #[test]
     fn gpus_are_counted_from_sinfo_gres() {
