@@ -13,7 +13,7 @@
 //! ```
 //! use embodyflow_schemas::TableName;
 //! let def = TableName::Rewards.def();
-//! assert_eq!(def.version, 3);
+//! assert_eq!(def.version, 4);
 //! let schema = def.arrow_schema();
 //! let step_match = schema.field_with_name("step_match").unwrap();
 //! assert_eq!(embodyflow_schemas::format_type(step_match.data_type()), "list<i8>");

@@ -82,8 +82,17 @@ row!(
         pub seed: i64,
         pub ever_grasped: Option<bool>,
         pub failure_reason: Option<String>,
+        pub infra_fault: Option<bool>,
     }
 );
+
+impl TrajectoryRow {
+    /// Whether infrastructure ended the episode (`infra_fault`; null, as
+    /// in tables written before the column, is no fault).
+    pub fn faulted(&self) -> bool {
+        self.infra_fault == Some(true)
+    }
+}
 
 row!(
     Steps,
@@ -154,8 +163,17 @@ row!(
         pub reward_fn: String,
         pub ever_grasped: Option<bool>,
         pub token_rewards: Option<Vec<f32>>,
+        pub infra_fault: Option<bool>,
     }
 );
+
+impl RewardRow {
+    /// Whether infrastructure ended the scored episode (`infra_fault`;
+    /// null is no fault).
+    pub fn faulted(&self) -> bool {
+        self.infra_fault == Some(true)
+    }
+}
 
 /// Relative tolerance (absolute below 1) within which a rewards row's
 /// `score` must equal the sum of its `token_rewards`: compute-advantages
@@ -330,6 +348,7 @@ impl Examples for TrajectoryRow {
                 response_text: (s == 0).then(|| "{\"executable_plan\": []}".into()),
                 seed: 1000 + i64::from(s),
                 ever_grasped: None,
+                infra_fault: Some(false),
             })
             .collect()
     }
@@ -404,6 +423,7 @@ impl Examples for RewardRow {
                 reward_fn: "embodied_r1".into(),
                 ever_grasped: None,
                 token_rewards: None,
+                infra_fault: Some(false),
             },
             RewardRow {
                 trajectory_id: "it0/household/train/7/000000/d0/s1".into(),
@@ -419,6 +439,7 @@ impl Examples for RewardRow {
                 reward_fn: "embodied_r1".into(),
                 ever_grasped: None,
                 token_rewards: Some(vec![0.0, -0.25, 0.25]),
+                infra_fault: None,
             },
         ]
     }

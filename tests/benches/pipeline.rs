@@ -61,6 +61,7 @@ fn write_in_chunks<R: Row>(dir: &Path, table: TableName, count: usize, make: imp
 
 fn trajectory(i: usize, text: Option<String>) -> TrajectoryRow {
     TrajectoryRow {
+        infra_fault: None,
         failure_reason: None,
         trajectory_id: format!("it0/task{:06}/d0/s{}", i / 8, i % 8),
         group_id: format!("it0/task{:06}/d0", i / 8),
@@ -100,6 +101,7 @@ fn step(i: usize, ids: Vec<i32>, values: bool) -> StepRow {
 
 fn reward(i: usize) -> RewardRow {
     RewardRow {
+        infra_fault: None,
         trajectory_id: format!("it0/task{:06}/d0/s{}", i / 8, i % 8),
         group_id: format!("it0/task{:06}/d0", i / 8),
         score: i.is_multiple_of(3) as i32 as f32,

@@ -554,7 +554,7 @@ fn version_2_steps_and_rewards_are_read_with_the_version_3_columns_null() {
     let batch = original_batch_of(&table, TableName::Rewards);
     as_older_version(
         &table,
-        &without_column(&batch, "token_rewards"),
+        &without_column(&without_column(&batch, "token_rewards"), "infra_fault"),
         "rewards",
         2,
     );
@@ -565,6 +565,7 @@ fn version_2_steps_and_rewards_are_read_with_the_version_3_columns_null() {
     let nulled: Vec<RewardRow> = rewards
         .into_iter()
         .map(|r| RewardRow {
+            infra_fault: None,
             token_rewards: None,
             ..r
         })
@@ -618,16 +619,22 @@ fn version_1_tables_without_the_columns_added_since_are_read_with_them_null() {
     }
     check::<TrajectoryRow>(
         "trajectories",
-        &["ever_grasped", "failure_reason"],
+        &["ever_grasped", "failure_reason", "infra_fault"],
         |r, set| {
             r.ever_grasped = set.then_some(true);
             r.failure_reason = set.then(|| "worker 0 crashed".to_string());
+            r.infra_fault = set.then_some(true);
         },
     );
-    check::<RewardRow>("rewards", &["ever_grasped", "token_rewards"], |r, set| {
-        r.ever_grasped = set.then_some(true);
-        r.token_rewards = set.then(|| vec![r.score]);
-    });
+    check::<RewardRow>(
+        "rewards",
+        &["ever_grasped", "token_rewards", "infra_fault"],
+        |r, set| {
+            r.ever_grasped = set.then_some(true);
+            r.token_rewards = set.then(|| vec![r.score]);
+            r.infra_fault = set.then_some(true);
+        },
+    );
     check::<EvalRow>("eval", &["ever_grasped", "failure_reason"], |r, set| {
         r.ever_grasped = set.then_some(true);
         r.failure_reason = set.then(|| "worker 0 hung".to_string());

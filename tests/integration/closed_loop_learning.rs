@@ -212,6 +212,7 @@ fn closed_loop_episodes_are_scored_by_outcome_and_get_group_advantages_on_every_
         .map(|r| {
             let win = r.trajectory_id.ends_with("/s0");
             RewardRow {
+                infra_fault: None,
                 score: if win { 2.0 } else { 0.0 },
                 accuracy: if win { 2.0 } else { 0.0 },
                 success: win,

@@ -79,6 +79,7 @@ fn fixture() -> Fixture {
                 .collect();
             steps.push(one_shot_step(&trajectory_id, ids));
             trajectories.push(TrajectoryRow {
+                infra_fault: None,
                 failure_reason: None,
                 trajectory_id,
                 group_id: format!("it0/{task_id}/d0"),

@@ -16,17 +16,17 @@ use embodyflow_core::schemas::{EvalRow, StepRow, TableName, TaskRow, TrajectoryR
 use embodyflow_gym::{GymTaskSpec, task_row};
 use embodyflow_tests::{run, write_table};
 
-fn s(path: &Path) -> &str {
+pub(crate) fn s(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-fn ok(name: &str, args: &[&str]) -> String {
+pub(crate) fn ok(name: &str, args: &[&str]) -> String {
     let result = run(name, args);
     assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
     result.stdout
 }
 
-fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
+pub(crate) fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
     TableReader::open(&dir.join(table.as_str()), table)
         .unwrap()
         .read_rows()
@@ -60,7 +60,7 @@ fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize) -> Vec<EvalRow
     rows(out, TableName::Eval)
 }
 
-const TINY_VLA: &[&str] = &[
+pub(crate) const TINY_VLA: &[&str] = &[
     "--set",
     "kind=vla",
     "--set",

@@ -235,6 +235,7 @@ fn decision_gae_on_a_thinking_vlas_steps_is_the_hand_recurrence() {
             let win = r.trajectory_id.ends_with("/s0");
             let score = if win { 5.0 } else { 0.0 };
             RewardRow {
+                infra_fault: None,
                 score,
                 accuracy: score,
                 success: win,

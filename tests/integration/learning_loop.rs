@@ -622,6 +622,7 @@ fn expert_rollouts(root: &Path, groups: usize) -> std::path::PathBuf {
                 logprobs,
             ));
             trajectories.push(TrajectoryRow {
+                infra_fault: None,
                 failure_reason: None,
                 trajectory_id,
                 group_id,

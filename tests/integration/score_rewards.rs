@@ -70,6 +70,7 @@ fn write_fixture(dir: &Path, groups: usize) {
         });
         for (s, response) in responses().into_iter().enumerate() {
             trajectories.push(TrajectoryRow {
+                infra_fault: None,
                 failure_reason: None,
                 trajectory_id: format!("it0/{task_id}/d0/s{s}"),
                 group_id: format!("it0/{task_id}/d0"),
@@ -357,6 +358,7 @@ fn verify_executes_household_plans() {
         .iter()
         .enumerate()
         .map(|(s, response)| TrajectoryRow {
+            infra_fault: None,
             failure_reason: None,
             trajectory_id: format!("it0/{}/d0/s{s}", task.task_id),
             group_id: format!("it0/{}/d0", task.task_id),

@@ -139,6 +139,7 @@ fn a_vla_is_cloned_from_demonstrations_and_updated_on_its_rollouts() {
             let win = r.trajectory_id.ends_with("/s0");
             let score = if win { 1.0 } else { 0.0 };
             RewardRow {
+                infra_fault: None,
                 score,
                 accuracy: score,
                 success: win,

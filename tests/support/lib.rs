@@ -193,6 +193,7 @@ pub fn rollout_set(
         for (s, &score) in group.iter().enumerate() {
             let trajectory_id = format!("{group_id}/s{s}");
             trajectories.push(TrajectoryRow {
+                infra_fault: None,
                 failure_reason: None,
                 trajectory_id: trajectory_id.clone(),
                 group_id: group_id.clone(),
@@ -231,6 +232,7 @@ pub fn rollout_set(
                 });
             }
             rewards.push(RewardRow {
+                infra_fault: None,
                 trajectory_id,
                 group_id: group_id.clone(),
                 score,

@@ -27,8 +27,15 @@
 //! `max_extra_draws` extra draws and an all-solved task set ends instead of
 //! looping. A batch redraws for its open slots together, so what a slot
 //! keeps depends on its batch alone, not on the sharding. Dropped groups are
-//! counted in the summary and not written; a slot whose every draw was
-//! dropped writes nothing.
+//! not written; a slot whose every draw was dropped writes nothing.
+//! Outcomes are judged over the episodes that really ran: an episode ended
+//! by infrastructure (`infra_fault`) is no outcome, and a group left with
+//! fewer than 2 that ran is dropped as too few valid ([`Verdict`]). The
+//! summary counts the dropped groups by reason (all success, all failure,
+//! too few valid after faults), and a run that leaves slots empty says so
+//! on stderr and in the summary (`warning`): after a saturating SFT every
+//! group is all-success and an RL iteration would otherwise learn nothing
+//! without a word.
 //!
 //! Closed-loop tasks (env `tabletop`, or `gym:<adapter>`, a
 //! Gymnasium environment through the bridge; the world is built
@@ -274,6 +281,7 @@ struct Facts {
     response_text: Option<String>,
     ever_grasped: Option<bool>,
     failure_reason: Option<String>,
+    infra_fault: bool,
 }
 
 /// What an episode of either loop contributes to its rows.
@@ -294,6 +302,7 @@ impl Written for Episode {
             response_text: Some(self.text.clone()),
             ever_grasped: None,
             failure_reason: None,
+            infra_fault: false,
         }
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
@@ -315,10 +324,142 @@ impl Written for ClosedLoopEpisode {
             response_text: None,
             ever_grasped: self.target_ever_grasped,
             failure_reason: self.failure.clone(),
+            infra_fault: self.infra_fault(),
         }
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
         self.step_rows(trajectory_id)
+    }
+}
+
+/// Dynamic sampling's verdict on a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Outcomes differ among the episodes that ran: GRPO has a signal.
+    Mixed,
+    /// Every episode that ran succeeded.
+    AllSuccess,
+    /// Every episode that ran failed.
+    AllFailure,
+    /// Faults left fewer than 2 episodes that ran.
+    TooFewValid,
+}
+
+impl Verdict {
+    /// The verdict on a group from each episode's `(success, infra_fault)`.
+    /// A group without faults is judged on all its episodes (a group of one
+    /// is uniform); faulted episodes are no outcome, and a group they leave
+    /// with fewer than 2 episodes that ran is [`Verdict::TooFewValid`].
+    ///
+    /// ```text
+    /// (success, fault): [(true, no), (false, no)]             → Mixed
+    ///                   [(true, no), (false, yes), (true, no)] → AllSuccess
+    ///                   [(false, no), (false, yes)]           → TooFewValid
+    /// ```
+    pub fn of(outcomes: impl IntoIterator<Item = (bool, bool)>) -> Verdict {
+        let (mut ran, mut wins, mut faults) = (0usize, 0usize, 0usize);
+        for (success, fault) in outcomes {
+            if fault {
+                faults += 1;
+            } else {
+                ran += 1;
+                wins += usize::from(success);
+            }
+        }
+        if faults > 0 && ran < 2 {
+            Verdict::TooFewValid
+        } else if wins == 0 {
+            Verdict::AllFailure
+        } else if wins == ran {
+            Verdict::AllSuccess
+        } else {
+            Verdict::Mixed
+        }
+    }
+}
+
+/// Groups dynamic sampling dropped, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Every episode that ran succeeded.
+    pub all_success: usize,
+    /// Every episode that ran failed.
+    pub all_failure: usize,
+    /// Faults left fewer than 2 that ran.
+    pub too_few_valid: usize,
+}
+
+impl Dropped {
+    /// Counts a group `verdict` drops; whether it drops it (every verdict
+    /// but [`Verdict::Mixed`]).
+    pub fn count(&mut self, verdict: Verdict) -> bool {
+        match verdict {
+            Verdict::Mixed => return false,
+            Verdict::AllSuccess => self.all_success += 1,
+            Verdict::AllFailure => self.all_failure += 1,
+            Verdict::TooFewValid => self.too_few_valid += 1,
+        }
+        true
+    }
+
+    /// Groups dropped.
+    pub fn total(&self) -> usize {
+        self.all_success + self.all_failure + self.too_few_valid
+    }
+
+    /// The warning of a run with dynamic sampling that filled `kept` of its
+    /// `slots`: `None` when every slot kept a group.
+    ///
+    /// ```text
+    /// dynamic sampling filled 0 of 2 slots; 4 groups dropped (4 all success, 0 all failure,
+    /// 0 too few valid after faults) within dynamic_sampling.max_extra_draws; no group written:
+    /// the update has nothing to learn from
+    /// ```
+    pub fn warning(&self, kept: usize, slots: usize) -> Option<String> {
+        (kept < slots).then(|| {
+            let consequence = if kept == 0 {
+                "no group written: the update has nothing to learn from"
+            } else {
+                "the update learns from fewer groups than asked"
+            };
+            format!(
+                "dynamic sampling filled {kept} of {slots} slots; {self} within dynamic_sampling.max_extra_draws; {consequence}"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for Dropped {
+    /// `"<n> groups dropped (<a> all success, <b> all failure, <c> too few valid after faults)"`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} groups dropped ({} all success, {} all failure, {} too few valid after faults)",
+            self.total(),
+            self.all_success,
+            self.all_failure,
+            self.too_few_valid
+        )
+    }
+}
+
+/// Adds the dynamic sampling lines to a summary: the draws and the groups
+/// dropped by reason, and a warning (also on stderr) when slots stayed empty.
+fn add_draws(
+    summary: &mut Summary,
+    config: &Config,
+    draws: usize,
+    dropped: &Dropped,
+    kept: usize,
+    slots: usize,
+) {
+    summary.add("task draws", format!("{draws} ({dropped})"));
+    if !config.dynamic_sampling.enabled {
+        return;
+    }
+    if let Some(warning) = dropped.warning(kept, slots) {
+        tracing::warn!("{warning}");
+        summary.add("warning", warning);
     }
 }
 
@@ -341,6 +482,7 @@ fn rows_of<E: Written>(
                 response_text,
                 ever_grasped,
                 failure_reason,
+                infra_fault,
             } = episode.facts();
             step_rows.extend(episode.steps(&trajectory_id));
             trajectory_rows.push(TrajectoryRow {
@@ -358,6 +500,7 @@ fn rows_of<E: Written>(
                 seed: seed as i64,
                 ever_grasped,
                 failure_reason,
+                infra_fault: Some(infra_fault),
             });
         }
     }
@@ -476,7 +619,8 @@ fn one_shot<M: PlanNet>(
     };
     let started = Instant::now();
     let mut kept: Vec<Group<'_, Episode>> = Vec::new();
-    let (mut draw_count, mut dropped, mut successes, mut tokens) = (0usize, 0usize, 0usize, 0usize);
+    let (mut draw_count, mut successes, mut tokens) = (0usize, 0usize, 0usize);
+    let mut dropped = Dropped::default();
     // Each batch is filled on its own: each round draws once for every slot
     // of the batch still open, in one sampling call, so what a slot draws
     // depends on its batch alone (see the module doc).
@@ -507,9 +651,8 @@ fn one_shot<M: PlanNet>(
                 let wins = group.iter().filter(|e| e.outcome.success).count();
                 successes += wins;
                 tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
-                let uniform = wins == 0 || wins == group.len();
-                if config.dynamic_sampling.enabled && uniform {
-                    dropped += 1;
+                let verdict = Verdict::of(group.iter().map(|e| (e.outcome.success, false)));
+                if config.dynamic_sampling.enabled && dropped.count(verdict) {
                     if draw + wanted < draws.limit {
                         next.push(draw + wanted);
                     }
@@ -544,11 +687,16 @@ fn one_shot<M: PlanNet>(
         .add(
             "groups written",
             groups_written(args, kept.len(), wanted, slots, trajectory_rows.len()),
-        )
-        .add(
-            "task draws",
-            format!("{draw_count} ({dropped} all-equal groups dropped)"),
-        )
+        );
+    add_draws(
+        &mut summary,
+        config,
+        draw_count,
+        &dropped,
+        kept.len(),
+        slots,
+    );
+    summary
         .add(
             "success rate (all drawn samples)",
             format!(
@@ -617,7 +765,8 @@ fn closed_loop(
     let mut steps = stage.writer(TableName::Steps)?;
     let (mut groups_kept, mut trajectories_written) = (0usize, 0usize);
     let mut totals = RunTotals::default();
-    let (mut draw_count, mut dropped, mut successes) = (0usize, 0usize, 0usize);
+    let (mut draw_count, mut successes) = (0usize, 0usize);
+    let mut dropped = Dropped::default();
     let (mut truncated, mut ungrasped_successes, mut failed) = (0usize, 0usize, 0usize);
     let mut grasp_known = false;
     for batch in batches {
@@ -658,15 +807,14 @@ fn closed_loop(
                 let wins = group.iter().filter(|e| e.success).count();
                 successes += wins;
                 truncated += group.iter().filter(|e| e.truncated).count();
-                failed += group.iter().filter(|e| e.failure.is_some()).count();
+                failed += group.iter().filter(|e| e.infra_fault()).count();
                 grasp_known |= group.iter().any(|e| e.target_ever_grasped.is_some());
                 ungrasped_successes += group
                     .iter()
                     .filter(|e| e.success && e.target_ever_grasped == Some(false))
                     .count();
-                let uniform = wins == 0 || wins == group.len();
-                if config.dynamic_sampling.enabled && uniform {
-                    dropped += 1;
+                let verdict = Verdict::of(group.iter().map(|e| (e.success, e.infra_fault())));
+                if config.dynamic_sampling.enabled && dropped.count(verdict) {
                     if draw + draws.wanted < draws.limit {
                         next.push(draw + draws.wanted);
                     }
@@ -703,16 +851,23 @@ fn closed_loop(
         .add(
             "groups written",
             groups_written(args, groups_kept, draws.wanted, slots, trajectories_written),
-        )
-        .add(
-            "task draws",
-            format!("{draw_count} ({dropped} all-equal groups dropped)"),
-        )
+        );
+    add_draws(
+        &mut summary,
+        config,
+        draw_count,
+        &dropped,
+        groups_kept,
+        slots,
+    );
+    // Faulted episodes are no outcome: the rate is over the episodes that ran.
+    let ran = samples - failed;
+    summary
         .add(
             "success rate (all drawn episodes)",
             format!(
-                "{:.3} ({successes} of {samples}; {truncated} cut at the decision limit)",
-                successes as f64 / samples.max(1) as f64
+                "{:.3} ({successes} of {ran}; {truncated} cut at the decision limit; {failed} ended by an infrastructure fault, left out)",
+                successes as f64 / ran.max(1) as f64
             ),
         )
         .add(
@@ -746,6 +901,55 @@ fn closed_loop(
 mod tests {
     use super::*;
     use embodyflow_core::config::refused_key;
+
+    #[test]
+    fn dynamic_sampling_judges_the_episodes_that_ran_and_names_why_it_drops() {
+        let of = |o: &[(bool, bool)]| Verdict::of(o.iter().copied());
+        assert_eq!(of(&[(true, false), (false, false)]), Verdict::Mixed);
+        assert_eq!(of(&[(true, false), (true, false)]), Verdict::AllSuccess);
+        assert_eq!(of(&[(false, false), (false, false)]), Verdict::AllFailure);
+        // A group of one without faults is uniform, as before faults counted.
+        assert_eq!(of(&[(true, false)]), Verdict::AllSuccess);
+        // A faulted episode is no failure: the rest all succeeded.
+        assert_eq!(
+            of(&[(true, false), (false, true), (true, false)]),
+            Verdict::AllSuccess
+        );
+        assert_eq!(
+            of(&[(true, false), (false, true), (false, false)]),
+            Verdict::Mixed
+        );
+        assert_eq!(of(&[(true, false), (false, true)]), Verdict::TooFewValid);
+        assert_eq!(of(&[(false, true), (false, true)]), Verdict::TooFewValid);
+
+        let mut dropped = Dropped::default();
+        for verdict in [
+            Verdict::AllSuccess,
+            Verdict::Mixed,
+            Verdict::AllSuccess,
+            Verdict::AllFailure,
+            Verdict::TooFewValid,
+        ] {
+            assert_eq!(dropped.count(verdict), verdict != Verdict::Mixed);
+        }
+        assert_eq!(
+            dropped.to_string(),
+            "4 groups dropped (2 all success, 1 all failure, 1 too few valid after faults)"
+        );
+        assert_eq!(dropped.warning(3, 3), None, "every slot filled");
+        let some = dropped.warning(1, 3).unwrap();
+        assert!(
+            some.starts_with(
+                "dynamic sampling filled 1 of 3 slots; 4 groups dropped (2 all success"
+            ) && some.ends_with("the update learns from fewer groups than asked"),
+            "{some}"
+        );
+        let none = dropped.warning(0, 3).unwrap();
+        assert!(
+            none.ends_with("no group written: the update has nothing to learn from"),
+            "{none}"
+        );
+    }
 
     #[test]
     fn config_values_are_checked_when_loaded() {

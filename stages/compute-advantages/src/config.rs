@@ -57,6 +57,13 @@ impl Estimator {
             Estimator::Gigpo => "gigpo",
         }
     }
+
+    /// Whether its advantages compare a trajectory with its group's (every
+    /// estimator but GAE, whose critic needs no siblings): a group that
+    /// faults leave with fewer than 2 trajectories has no signal then.
+    pub fn group_relative(self) -> bool {
+        self != Estimator::Gae
+    }
 }
 
 /// Where GAE's values live.

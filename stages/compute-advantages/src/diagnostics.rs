@@ -70,8 +70,14 @@ pub struct Diagnostics {
     pub groups: usize,
     /// Groups kept by dynamic sampling (all when it is off).
     pub kept_groups: usize,
-    /// Groups dropped because every score was equal.
+    /// Groups dropped because every score was equal (dynamic sampling).
     pub dropped_groups: usize,
+    /// Groups dropped because faults left fewer than 2 trajectories that
+    /// ran (group-relative estimators).
+    pub dropped_too_few_valid: usize,
+    /// Trajectories ended by infrastructure: in no group's statistics, no
+    /// row written.
+    pub faulted_trajectories: usize,
     /// Steps written by this process.
     pub steps_written: u64,
     /// Response tokens written by this process.
@@ -99,12 +105,20 @@ impl Diagnostics {
         step: Option<StepDiagnostics>,
     ) -> Diagnostics {
         let kept = groups.kept.iter().filter(|k| **k).count();
+        let too_few = groups
+            .kept
+            .iter()
+            .zip(episodes.too_few_valid())
+            .filter(|&(&k, few)| !k && few)
+            .count();
         Diagnostics {
             estimator: estimator.to_string(),
             trajectories: episodes.list.len(),
             groups: episodes.group_ids.len(),
             kept_groups: kept,
-            dropped_groups: groups.kept.len() - kept,
+            dropped_groups: groups.kept.len() - kept - too_few,
+            dropped_too_few_valid: too_few,
+            faulted_trajectories: episodes.faulted(),
             steps_written: stats.steps,
             tokens_written: stats.tokens,
             episode_adv_mean: stats.mean(),
@@ -112,6 +126,18 @@ impl Diagnostics {
             step,
             step_groups: None,
         }
+    }
+
+    /// The warning of a run that kept no group of a non-empty input (every
+    /// group all-equal or left with too few trajectories by faults): no row
+    /// is written, so the update has nothing to learn from.
+    pub fn warning(&self) -> Option<String> {
+        (self.groups > 0 && self.kept_groups == 0).then(|| {
+            format!(
+                "no group kept of {}: {} dropped as all-equal (filter.dynamic_sampling), {} as too few valid after faults; the update has nothing to learn from",
+                self.groups, self.dropped_groups, self.dropped_too_few_valid
+            )
+        })
     }
 
     /// `diagnostics.json`: pretty JSON and a final newline.
@@ -126,10 +152,14 @@ impl Diagnostics {
             .add("shard", shard)
             .add("trajectories", self.trajectories)
             .add(
-                "groups (kept / dropped as all-equal)",
+                "trajectories ended by an infrastructure fault (left out)",
+                self.faulted_trajectories,
+            )
+            .add(
+                "groups (kept / dropped as all-equal / dropped as too few valid after faults)",
                 format!(
-                    "{} ({} / {})",
-                    self.groups, self.kept_groups, self.dropped_groups
+                    "{} ({} / {} / {})",
+                    self.groups, self.kept_groups, self.dropped_groups, self.dropped_too_few_valid
                 ),
             )
             .add("steps written", self.steps_written)
@@ -138,6 +168,10 @@ impl Diagnostics {
                 "episode advantage mean ± std",
                 format!("{:.4} ± {:.4}", self.episode_adv_mean, self.episode_adv_std),
             );
+        if let Some(warning) = self.warning() {
+            tracing::warn!("{warning}");
+            summary.add("warning", warning);
+        }
         if let Some(step) = &self.step {
             add_step_lines(&mut summary, step);
         }
@@ -260,6 +294,65 @@ mod tests {
         assert!((stats.std() - var.sqrt()).abs() < 1e-12);
         let empty = AdvantageStats::default();
         assert_eq!((empty.mean(), empty.std()), (0.0, 0.0));
+    }
+
+    #[test]
+    fn faults_and_the_groups_they_empty_are_counted_and_an_empty_run_warns() {
+        let pair = |id: &str, g: &str| (id.to_string(), g.to_string(), 1);
+        let score = |id: &str, g: &str, s: f32| (id.to_string(), g.to_string(), s);
+        let mut episodes = Episodes::join(
+            [
+                pair("a", "g"),
+                pair("b", "g"),
+                pair("c", "h"),
+                pair("d", "h"),
+            ],
+            [
+                score("a", "g", 1.0),
+                score("b", "g", 0.0),
+                score("c", "h", 1.0),
+                score("d", "h", 1.0),
+            ],
+        )
+        .unwrap();
+        episodes.set_faulted("b");
+        // g is left with a alone; h is all-equal.
+        let groups = Groups::select(&episodes, true, true, embodyflow_core::cli::ShardSpec::ALL);
+        assert_eq!(groups.kept, [false, false]);
+        let stats = AdvantageStats::default();
+        let run = Diagnostics::new("grpo", &episodes, &groups, &stats, None);
+        assert_eq!(
+            (
+                run.faulted_trajectories,
+                run.dropped_groups,
+                run.dropped_too_few_valid
+            ),
+            (1, 1, 1)
+        );
+        let markdown = run.summary("0/1").to_markdown();
+        assert!(
+            markdown.contains("| trajectories ended by an infrastructure fault (left out) | 1 |")
+                && markdown.contains("| 2 (0 / 1 / 1) |"),
+            "{markdown}"
+        );
+        assert!(
+            markdown.contains("| warning | no group kept of 2: 1 dropped as all-equal (filter.dynamic_sampling), 1 as too few valid after faults; the update has nothing to learn from |"),
+            "{markdown}"
+        );
+        // GAE needs no siblings: g stays, without b.
+        let gae = Groups::select(
+            &episodes,
+            false,
+            false,
+            embodyflow_core::cli::ShardSpec::ALL,
+        );
+        assert_eq!(gae.kept, [true, true]);
+        assert!(gae.keeps(&episodes.list[0]) && !gae.keeps(&episodes.list[1]));
+        assert!(
+            Diagnostics::new("gae", &episodes, &gae, &stats, None)
+                .warning()
+                .is_none()
+        );
     }
 
     #[test]

@@ -8,6 +8,16 @@
 //! writes the steps of the groups it owns (stable hash of `group_id`), so the
 //! shards' outputs together equal the unsharded output.
 //!
+//! A trajectory ended by infrastructure (`trajectories.infra_fault`) is no
+//! outcome of the policy: it is joined and its steps checked like any
+//! other, but [`Groups::keeps`] and [`Groups::owns`] are false for it, so
+//! no estimator counts it in its group's statistics (GRPO's mean and std,
+//! GiGPO's step groups, GAE's whitening, dynamic sampling) or writes a row
+//! for it: update-policy trains only steps with an advantages row. Its
+//! group is computed over the trajectories that ran, exactly as if it had
+//! not been there; a group-relative estimator drops a group that faults
+//! leave with fewer than 2 ([`Groups::select`]).
+//!
 //! ```text
 //! trajectories (id, group, num_steps) ─┐
 //!                                      ├─► Episodes (id, dense group, score, num_steps)
@@ -23,7 +33,7 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{Array, Float32Array, Int32Array, ListArray, StringArray};
+use arrow::array::{Array, BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
 use embodyflow_algos::grpo::is_mixed;
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::dataset::{TableReader, column};
@@ -45,6 +55,9 @@ pub struct Episode {
     /// token_level_rewards), one per response token over its steps in step
     /// order; `score` is then their sum.
     pub token_rewards: Option<Vec<f32>>,
+    /// Whether infrastructure ended it (`trajectories.infra_fault`): no
+    /// estimator counts or writes it.
+    pub faulted: bool,
 }
 
 impl Episode {
@@ -107,20 +120,26 @@ impl Episodes {
     /// `(trajectory_id, group_id, score)` of the rewards and joins them
     /// ([`Episodes::join`]).
     pub fn read(trajectories: &TableReader, rewards: &TableReader) -> Result<Episodes> {
+        let mut faulted = Vec::new();
         let mut traj = Vec::with_capacity(trajectories.num_rows() as usize);
-        for batch in
-            trajectories.batches(Some(&["trajectory_id", "group_id", "num_steps"]), 65_536)?
-        {
+        for batch in trajectories.batches(
+            Some(&["trajectory_id", "group_id", "num_steps", "infra_fault"]),
+            65_536,
+        )? {
             let batch = batch?;
             let ids = column::<StringArray>(&batch, "trajectory_id");
             let groups = column::<StringArray>(&batch, "group_id");
             let steps = column::<Int32Array>(&batch, "num_steps");
+            let fault = column::<BooleanArray>(&batch, "infra_fault");
             for i in 0..batch.num_rows() {
                 traj.push((
                     ids.value(i).to_string(),
                     groups.value(i).to_string(),
                     steps.value(i),
                 ));
+                if fault.is_valid(i) && fault.value(i) {
+                    faulted.push(ids.value(i).to_string());
+                }
             }
         }
         let mut scores = Vec::with_capacity(rewards.num_rows() as usize);
@@ -156,7 +175,21 @@ impl Episodes {
         for (trajectory_id, rewards) in token_rewards {
             episodes.set_token_rewards(&trajectory_id, rewards)?;
         }
+        for trajectory_id in faulted {
+            episodes.set_faulted(&trajectory_id);
+        }
         Ok(episodes)
+    }
+
+    /// Marks a joined trajectory as ended by infrastructure.
+    pub fn set_faulted(&mut self, trajectory_id: &str) {
+        let i = self.index[trajectory_id];
+        self.list[i].faulted = true;
+    }
+
+    /// Trajectories ended by infrastructure.
+    pub fn faulted(&self) -> usize {
+        self.list.iter().filter(|e| e.faulted).count()
     }
 
     /// Gives a joined trajectory its token rewards: their sum becomes its
@@ -221,6 +254,7 @@ impl Episodes {
                 score: f32::NAN,
                 num_steps,
                 token_rewards: None,
+                faulted: false,
             });
         }
         let mut scored = vec![false; episodes.list.len()];
@@ -289,33 +323,66 @@ impl Episodes {
         self.list.iter().map(|e| e.group).collect()
     }
 
-    /// Per group: whether dynamic sampling keeps it (scores not all equal).
+    /// Per group: whether dynamic sampling keeps it (the scores of the
+    /// trajectories that ran not all equal).
     pub fn mixed_groups(&self) -> Vec<bool> {
         let mut scores: Vec<Vec<f32>> = vec![Vec::new(); self.group_ids.len()];
-        for e in &self.list {
+        for e in self.list.iter().filter(|e| !e.faulted) {
             scores[e.group as usize].push(e.score);
         }
         scores.into_iter().map(is_mixed).collect()
+    }
+
+    /// Per group: whether faults left it with fewer than 2 trajectories
+    /// that ran (a group without faults never is).
+    pub fn too_few_valid(&self) -> Vec<bool> {
+        let (mut ran, mut faulted) = (
+            vec![0usize; self.group_ids.len()],
+            vec![false; self.group_ids.len()],
+        );
+        for e in &self.list {
+            if e.faulted {
+                faulted[e.group as usize] = true;
+            } else {
+                ran[e.group as usize] += 1;
+            }
+        }
+        ran.iter().zip(faulted).map(|(&n, f)| f && n < 2).collect()
     }
 }
 
 /// Which groups a run computes over and which it writes, by dense group index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Groups {
-    /// Kept by dynamic sampling (every group when it is off): GAE whitens over these.
+    /// Kept by dynamic sampling (every group when it is off) and, for a
+    /// group-relative estimator, not left with fewer than 2 trajectories
+    /// that ran: GAE whitens over these.
     pub kept: Vec<bool>,
     /// Kept and owned by this process's `--shard`: their steps are written.
     pub owned: Vec<bool>,
 }
 
 impl Groups {
-    /// The groups of `episodes` kept by dynamic sampling (when on) and owned by `shard`.
-    pub fn select(episodes: &Episodes, dynamic_sampling: bool, shard: ShardSpec) -> Groups {
-        let kept = if dynamic_sampling {
+    /// The groups of `episodes` kept by dynamic sampling (when on) and owned
+    /// by `shard`; with `group_relative` (every estimator but GAE, whose
+    /// advantages need no siblings), a group that faults left with fewer
+    /// than 2 trajectories that ran has no signal and is not kept either.
+    pub fn select(
+        episodes: &Episodes,
+        dynamic_sampling: bool,
+        group_relative: bool,
+        shard: ShardSpec,
+    ) -> Groups {
+        let mut kept = if dynamic_sampling {
             episodes.mixed_groups()
         } else {
             vec![true; episodes.group_ids.len()]
         };
+        if group_relative {
+            for (k, few) in kept.iter_mut().zip(episodes.too_few_valid()) {
+                *k &= !few;
+            }
+        }
         let owned = episodes
             .group_ids
             .iter()
@@ -325,14 +392,16 @@ impl Groups {
         Groups { kept, owned }
     }
 
-    /// Whether `episode`'s group is kept.
+    /// Whether `episode` counts: its group is kept and it ran (no
+    /// infrastructure fault ended it).
     pub fn keeps(&self, episode: &Episode) -> bool {
-        self.kept[episode.group as usize]
+        self.kept[episode.group as usize] && !episode.faulted
     }
 
-    /// Whether `episode`'s steps are written by this process.
+    /// Whether `episode`'s steps are written by this process: it counts
+    /// ([`Groups::keeps`]) and its group is owned.
     pub fn owns(&self, episode: &Episode) -> bool {
-        self.owned[episode.group as usize]
+        self.owned[episode.group as usize] && !episode.faulted
     }
 }
 
@@ -468,15 +537,15 @@ mod tests {
             ],
         )
         .unwrap();
-        let all = Groups::select(&episodes, false, ShardSpec::ALL);
+        let all = Groups::select(&episodes, false, true, ShardSpec::ALL);
         assert_eq!(all.kept, [true, true]);
         assert_eq!(all.owned, [true, true]);
-        let mixed = Groups::select(&episodes, true, ShardSpec::ALL);
+        let mixed = Groups::select(&episodes, true, true, ShardSpec::ALL);
         assert_eq!(mixed.kept, [true, false]);
         assert_eq!(mixed.owned, [true, false]);
         // Two shards own each kept group exactly once.
         let halves: Vec<Groups> = (0..2)
-            .map(|index| Groups::select(&episodes, false, ShardSpec { index, count: 2 }))
+            .map(|index| Groups::select(&episodes, false, true, ShardSpec { index, count: 2 }))
             .collect();
         for g in 0..2 {
             assert_eq!(halves.iter().filter(|h| h.owned[g]).count(), 1);

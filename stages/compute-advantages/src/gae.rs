@@ -724,7 +724,7 @@ mod tests {
 
     use super::*;
     use crate::episodes::Groups;
-    use crate::testdata::{Fixture, step};
+    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
 
     const TRAJECTORIES: [(&str, &str, f32, i32); 5] = [
         ("a", "g0", 1.0, 3),
@@ -748,6 +748,24 @@ mod tests {
             step("d", 1, 2),
             step("a", 1, 1),
         ]
+    }
+
+    #[test]
+    fn golden_a_group_with_a_faulted_member_equals_the_group_without_it() {
+        // `f` (group g0, two steps spread among the others) ended by a fault.
+        let mut trajectories = TRAJECTORIES.to_vec();
+        trajectories.insert(1, ("f", "g0", 0.0, 2));
+        let mut steps = spread_steps();
+        steps.insert(2, step("f", 1, 3));
+        steps.insert(6, step("f", 0, 2));
+        for level in [GaeLevel::Token, GaeLevel::Decision] {
+            for estimator in [gae(level), two_pass(level)] {
+                let (with, without) =
+                    with_and_without_fault(&trajectories, &steps, "f", &estimator, false);
+                assert_eq!(with.len(), 9, "f's steps have no row");
+                assert_eq!(exact(&with), exact(&without), "{level:?}");
+            }
+        }
     }
 
     /// GAE that keeps pass 1's results (the input fits in `hold_mib`).

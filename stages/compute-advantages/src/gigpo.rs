@@ -225,7 +225,7 @@ mod tests {
 
     use super::*;
     use crate::episodes::Groups;
-    use crate::testdata::{Fixture, step};
+    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
 
     fn anchored(
         id: &str,
@@ -271,6 +271,37 @@ mod tests {
                 anchored("d", 0, 2, Some("s0")),
             ],
         )
+    }
+
+    #[test]
+    fn golden_a_group_with_a_faulted_member_equals_the_group_without_it() {
+        // Group g: a (1), b (0) and c (1) as in `fixture`, and e (0), ended by
+        // a fault after deciding from s0 and s1 (it would join both step groups).
+        let trajectories = [
+            ("a", "g", 1.0, 2),
+            ("b", "g", 0.0, 2),
+            ("e", "g", 0.0, 2),
+            ("c", "g", 1.0, 2),
+            ("d", "h", 2.0, 1),
+        ];
+        let steps = [
+            anchored("c", 1, 1, Some("s2")),
+            anchored("e", 1, 2, Some("s1")),
+            anchored("a", 0, 3, Some("s0")),
+            anchored("a", 1, 2, Some("s1")),
+            anchored("e", 0, 1, Some("s0")),
+            anchored("b", 0, 1, Some("s0")),
+            anchored("b", 1, 4, Some("s1")),
+            anchored("c", 0, 2, Some("s0")),
+            anchored("d", 0, 2, Some("s0")),
+        ];
+        for (norm, weight) in [(StepNorm::Mean, 1.0), (StepNorm::Std, 0.5)] {
+            let estimator = estimator(norm, weight);
+            let (with, without) =
+                with_and_without_fault(&trajectories, &steps, "e", &estimator, true);
+            assert_eq!(with.len(), 7, "e's steps have no row");
+            assert_eq!(exact(&with), exact(&without), "{norm:?}");
+        }
     }
 
     fn close(a: f32, b: f64) -> bool {

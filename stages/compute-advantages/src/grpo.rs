@@ -30,9 +30,20 @@ use crate::episodes::{Episodes, Groups, StepCounts};
 use crate::output::{AdvantagesOut, advantages_batch};
 use crate::{Estimate, Reported, StepsInput};
 
-/// The episode advantage of every episode, in episode order.
+/// The episode advantage of every episode, in episode order, normalised
+/// over the trajectories of its group that ran: a faulted trajectory is
+/// left out of the statistics (and gets 0, never written).
 pub fn episode_advantages_of(episodes: &Episodes, norm: GroupNorm) -> Vec<f32> {
-    episode_advantages(&episodes.scores(), &episodes.groups(), norm)
+    let ran: Vec<usize> = (0..episodes.list.len())
+        .filter(|&e| !episodes.list[e].faulted)
+        .collect();
+    let scores: Vec<f32> = ran.iter().map(|&e| episodes.list[e].score).collect();
+    let groups: Vec<u32> = ran.iter().map(|&e| episodes.list[e].group).collect();
+    let mut advantages = vec![0.0; episodes.list.len()];
+    for (&e, a) in ran.iter().zip(episode_advantages(&scores, &groups, norm)) {
+        advantages[e] = a;
+    }
+    advantages
 }
 
 /// GRPO or Dr. GRPO.
@@ -127,7 +138,7 @@ fn grpo_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testdata::{Fixture, step};
+    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
 
     /// Two groups; trajectory `b` has two steps, `d` a step without tokens.
     fn fixture() -> Fixture {
@@ -290,6 +301,70 @@ mod tests {
             error.contains("trajectory `a` step 0: response_mask has 2 entries, expected 3"),
             "{error}"
         );
+    }
+
+    /// Group g0: `b` (two steps) ended by an infrastructure fault among
+    /// three that ran; group g1 without faults.
+    const FAULTED_GROUP: [(&str, &str, f32, i32); 6] = [
+        ("a", "g0", 1.0, 1),
+        ("b", "g0", 0.0, 2),
+        ("c", "g0", 0.0, 1),
+        ("d", "g0", 1.0, 1),
+        ("e", "g1", 0.5, 1),
+        ("f", "g1", 2.0, 1),
+    ];
+
+    fn faulted_group_steps() -> Vec<embodyflow_core::schemas::StepRow> {
+        vec![
+            step("b", 1, 1),
+            step("a", 0, 2),
+            step("b", 0, 3),
+            step("c", 0, 2),
+            step("d", 0, 4),
+            step("e", 0, 1),
+            step("f", 0, 2),
+        ]
+    }
+
+    #[test]
+    fn golden_a_group_with_a_faulted_member_equals_the_group_without_it() {
+        let steps = faulted_group_steps();
+        for norm_by_std in [true, false] {
+            let estimator = Grpo {
+                norm: GroupNorm {
+                    norm_by_std,
+                    eps: 1e-6,
+                },
+                name: if norm_by_std { "grpo" } else { "dr_grpo" },
+            };
+            let (with, without) =
+                with_and_without_fault(&FAULTED_GROUP, &steps, "b", &estimator, true);
+            assert_eq!(with.len(), 5, "b's two steps have no row: {with:?}");
+            assert_eq!(exact(&with), exact(&without), "norm_by_std = {norm_by_std}");
+            // Counted as a failure, b would move its siblings' advantages.
+            let counted = Fixture::new(&FAULTED_GROUP, &steps);
+            let (rows, ..) = counted.run(&estimator, &counted.all_groups(), 3).unwrap();
+            assert_ne!(rows[0].episode_adv, with[0].episode_adv);
+        }
+    }
+
+    #[test]
+    fn a_group_that_faults_leave_with_one_trajectory_has_no_signal() {
+        let trajectories = [
+            ("a", "g", 1.0, 1),
+            ("b", "g", 0.0, 1),
+            ("c", "h", 1.0, 1),
+            ("d", "h", 0.0, 1),
+        ];
+        let steps = [
+            step("a", 0, 1),
+            step("b", 0, 1),
+            step("c", 0, 1),
+            step("d", 0, 1),
+        ];
+        let (with, _) = with_and_without_fault(&trajectories, &steps, "b", &grpo(), true);
+        let ids: Vec<&str> = with.iter().map(|r| r.trajectory_id.as_str()).collect();
+        assert_eq!(ids, ["c", "d"], "group g is left with a alone: no row");
     }
 
     #[test]

@@ -29,6 +29,10 @@
 //! and the summary appear together or not at all (`embodyflow_core::commit`).
 //!
 //! `filter.dynamic_sampling = true` drops groups whose scores are all equal.
+//! A trajectory ended by infrastructure (`trajectories.infra_fault`) is left
+//! out of its group by every estimator and gets no row (`episodes.rs`); a
+//! group-relative estimator drops a group that faults leave with fewer than
+//! 2. A run that keeps no group of a non-empty input warns.
 //! With `--shard i/n` a process writes the steps of the groups it owns
 //! (stable hash of `group_id`); group statistics and GAE whitening are always
 //! computed over the whole input, so the shards' outputs together equal the
@@ -187,7 +191,12 @@ pub fn run(args: Args) -> Result<()> {
     let config = &stage.config;
 
     let episodes = Episodes::read(&trajectories, &rewards)?;
-    let groups = Groups::select(&episodes, config.filter.dynamic_sampling, stage.args.shard);
+    let groups = Groups::select(
+        &episodes,
+        config.filter.dynamic_sampling,
+        config.estimator.group_relative(),
+        stage.args.shard,
+    );
     let estimator = estimator(&stage, args.policy.as_deref(), &rewards)?;
     let holes = std::sync::Arc::new(Holes::read(&steps, config.batch_rows)?);
     let input = StepsInput {

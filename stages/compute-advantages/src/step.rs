@@ -321,7 +321,7 @@ pub fn position_normalised(
     // score, group and position.
     let mut lengths = Vec::new();
     let (mut scores, mut groups, mut positions) = (Vec::new(), Vec::new(), Vec::new());
-    for episode in &episodes.list {
+    for episode in episodes.list.iter().filter(|e| !e.faulted) {
         let Some(m) = rule
             .get(&episode.trajectory_id)
             .and_then(|r| r.step_match.as_ref())

@@ -92,6 +92,12 @@ impl Fixture {
         Ok(self)
     }
 
+    /// Marks trajectory `id` as ended by infrastructure (`infra_fault`).
+    pub fn with_fault(mut self, id: &str) -> Fixture {
+        self.episodes.set_faulted(id);
+        self
+    }
+
     /// Every group kept and owned.
     pub fn all_groups(&self) -> Groups {
         let n = self.episodes.group_ids.len();
@@ -147,6 +153,48 @@ impl Fixture {
         });
         Ok((rows, stats, reported))
     }
+}
+
+/// The rows `estimator` writes for `trajectories` and `steps` with
+/// trajectory `faulted` ended by infrastructure, and the rows it writes for
+/// the same input without that trajectory and its steps (groups as
+/// [`Groups::select`] chooses them for a group-relative estimator or not):
+/// leaving a faulted trajectory out of its group must give the same rows.
+pub fn with_and_without_fault(
+    trajectories: &[(&str, &str, f32, i32)],
+    steps: &[StepRow],
+    faulted: &str,
+    estimator: &dyn Estimate,
+    group_relative: bool,
+) -> (Vec<AdvantageRow>, Vec<AdvantageRow>) {
+    let run = |f: &Fixture| {
+        let groups = Groups::select(
+            &f.episodes,
+            false,
+            group_relative,
+            embodyflow_core::cli::ShardSpec::ALL,
+        );
+        f.run(estimator, &groups, 3).expect("the estimator runs").0
+    };
+    let with = Fixture::new(trajectories, steps).with_fault(faulted);
+    let others: Vec<_> = trajectories
+        .iter()
+        .filter(|t| t.0 != faulted)
+        .copied()
+        .collect();
+    let their_steps: Vec<StepRow> = steps
+        .iter()
+        .filter(|s| s.trajectory_id != faulted)
+        .cloned()
+        .collect();
+    let without = Fixture::new(&others, &their_steps);
+    (run(&with), run(&without))
+}
+
+/// The rows as Debug text: every float in its shortest exact form (-0 and
+/// 0 apart), so that equal text means bit-identical rows.
+pub fn exact(rows: &[AdvantageRow]) -> String {
+    format!("{rows:#?}")
 }
 
 fn producer() -> Producer {

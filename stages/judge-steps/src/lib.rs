@@ -161,6 +161,7 @@ mod tests {
 
     fn reward(trajectory_id: &str, plan: Option<Vec<PredictedAction>>) -> RewardRow {
         RewardRow {
+            infra_fault: None,
             trajectory_id: trajectory_id.into(),
             group_id: "g".into(),
             score: 0.0,

@@ -182,8 +182,14 @@ pub fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Result<Vec<
 /// The groups of a rewards table whose scores are not all equal — the
 /// groups a group-relative estimator (GRPO, Dr. GRPO) draws a gradient
 /// from — and all its groups: `(with_signal, groups)`, one lazy pass.
+/// Rows of episodes ended by infrastructure (`infra_fault`) are no outcome
+/// and left out (a table written before the column has none).
 pub fn groups_with_signal(dir: &Path) -> Result<(u64, u64)> {
-    let (frame, _) = scan(dir, TableName::Rewards)?;
+    let (mut frame, _) = scan(dir, TableName::Rewards)?;
+    let name = dir.display().to_string();
+    if query(&name, frame.collect_schema())?.contains("infra_fault") {
+        frame = frame.filter(col("infra_fault").fill_null(lit(false)).not());
+    }
     let counts = query(
         &dir.display().to_string(),
         frame
@@ -1107,6 +1113,7 @@ mod tests {
 
     fn reward(id: &str, success: bool) -> RewardRow {
         RewardRow {
+            infra_fault: None,
             trajectory_id: id.into(),
             group_id: "g".into(),
             score: if success { 1.0 } else { -1.0 },
@@ -1294,6 +1301,7 @@ mod tests {
     fn groups_with_signal_are_those_whose_scores_differ() {
         let root = tempfile::tempdir().unwrap();
         let in_group = |id: &str, group: &str, score: f32| RewardRow {
+            infra_fault: None,
             group_id: group.into(),
             score,
             ..reward(id, score > 0.0)
@@ -1309,10 +1317,16 @@ mod tests {
                 in_group("f", "partial", 0.5),
                 in_group("g", "partial", 0.7),
                 in_group("h", "alone", 1.0),
+                // A fault is no outcome: "faulted" has one score, no signal.
+                in_group("i", "faulted", 1.0),
+                RewardRow {
+                    infra_fault: Some(true),
+                    ..in_group("j", "faulted", -1.0)
+                },
             ],
             false,
         );
-        assert_eq!(groups_with_signal(rewards.dir()).unwrap(), (2, 4));
+        assert_eq!(groups_with_signal(rewards.dir()).unwrap(), (2, 5));
     }
 
     #[test]

@@ -522,6 +522,14 @@ pub struct ClosedLoopEpisode {
 }
 
 impl ClosedLoopEpisode {
+    /// Whether infrastructure ended it ([`ChunkReport::failure`]: a worker
+    /// that crashed, hung or sent a malformed frame, an environment that
+    /// raised): no outcome of the policy, left out of learning (the
+    /// `infra_fault` column).
+    pub fn infra_fault(&self) -> bool {
+        self.failure.is_some()
+    }
+
     /// The episode's `steps` rows: one per decision (`step_index` = its
     /// index), the decision's prompt as `prompt_ids` (the instruction, or
     /// its own in a world that observes text), the tokens as `response_ids`,

@@ -30,6 +30,14 @@
 //! `ever_grasped` (the episode's grasp fact, null for one-shot plans), so
 //! the analyses of pushing vs grasping read it next to the score.
 //!
+//! An episode ended by infrastructure (`trajectories.infra_fault`: a
+//! crashed, hung or malformed environment worker, an environment that
+//! raised) is no outcome of the policy: its row is scored as the reward
+//! function scores it (it did not succeed) and carries the fault
+//! (`rewards.infra_fault`), so compute-advantages and the analyses leave it
+//! out; the summary counts such rows apart and its success rate and mean
+//! score are over the trajectories that ran.
+//!
 //! Rows are scored in parallel (rayon) and written in input order, so the
 //! output is the same for any thread count; `--shard i/n` scores the groups a
 //! process owns.
@@ -298,6 +306,8 @@ pub struct Rollout<'a> {
     /// Whether the episode ever grasped a goal's object (closed loop; null
     /// for a one-shot plan): copied to the row.
     pub ever_grasped: Option<bool>,
+    /// Whether infrastructure ended the episode: copied to the row.
+    pub infra_fault: bool,
 }
 
 /// Scores one trajectory (pure; the stage maps it over rows in parallel).
@@ -366,6 +376,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         reward_fn: config.reward.function.name().to_string(),
         ever_grasped: rollout.ever_grasped,
         token_rewards: None,
+        infra_fault: Some(rollout.infra_fault),
     }
 }
 
@@ -509,7 +520,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut writer = stage.writer(TableName::Rewards)?;
     let (mut scored, mut parse_failures, mut with_gt, mut score_sum, mut successes) =
         (0u64, 0u64, 0u64, 0f64, 0u64);
-    let (mut executed, mut executed_ok, mut closed_loop) = (0u64, 0u64, 0u64);
+    let (mut executed, mut executed_ok, mut closed_loop, mut faulted) = (0u64, 0u64, 0u64, 0u64);
     let bar = progress::bar(trajectories.num_rows(), "scoring");
     let columns = [
         "trajectory_id",
@@ -518,6 +529,7 @@ pub fn run(args: Args) -> Result<()> {
         "complete",
         "response_text",
         "ever_grasped",
+        "infra_fault",
     ];
     for batch in trajectories.batches(Some(&columns), config.batch_rows)? {
         let batch = batch?;
@@ -528,6 +540,7 @@ pub fn run(args: Args) -> Result<()> {
         let complete = column::<BooleanArray>(&batch, "complete");
         let texts = column::<StringArray>(&batch, "response_text");
         let grasped = column::<BooleanArray>(&batch, "ever_grasped");
+        let fault = column::<BooleanArray>(&batch, "infra_fault");
         closed_loop += (0..batch.num_rows())
             .filter(|&i| {
                 stage.args.shard.owns(groups.value(i)) && closed.contains(task_ids.value(i))
@@ -547,12 +560,17 @@ pub fn run(args: Args) -> Result<()> {
                     gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
                     env: envs.get(task_ids.value(i)),
                     ever_grasped: (!grasped.is_null(i)).then(|| grasped.value(i)),
+                    infra_fault: fault.is_valid(i) && fault.value(i),
                 };
                 score(&rollout, config, actions.as_ref())
             })
             .collect();
         for row in &rows {
             scored += 1;
+            if row.faulted() {
+                faulted += 1;
+                continue;
+            }
             parse_failures += u64::from(!row.parse_ok);
             with_gt += u64::from(row.step_match.is_some());
             score_sum += f64::from(row.score);
@@ -572,15 +590,19 @@ pub fn run(args: Args) -> Result<()> {
         .add("trajectories scored", scored)
         .add("skipped: task not in the tasks table", skipped)
         .add("closed-loop episodes", closed_loop)
+        .add(
+            "ended by an infrastructure fault (no outcome, left out below)",
+            faulted,
+        )
         .add("with a ground-truth plan", with_gt)
         .add("plan parse failures", parse_failures)
         .add(
             "success rate",
-            format!("{:.3}", successes as f64 / scored.max(1) as f64),
+            format!("{:.3}", successes as f64 / (scored - faulted).max(1) as f64),
         )
         .add(
             "mean score",
-            format!("{:.4}", score_sum / scored.max(1) as f64),
+            format!("{:.4}", score_sum / (scored - faulted).max(1) as f64),
         )
         .add(
             "match mode",
@@ -640,6 +662,7 @@ mod tests {
                 gt: None,
                 env: None,
                 ever_grasped,
+                infra_fault: !complete,
             };
             let row = score(&rollout, &config, None);
             let expected = if complete { 5.0 } else { 0.0 };
@@ -653,6 +676,7 @@ mod tests {
             assert!(row.step_valid.is_none());
             assert_eq!(row.reward_fn, "outcome");
             assert_eq!(row.ever_grasped, ever_grasped, "the grasp fact is copied");
+            assert_eq!(row.infra_fault, Some(!complete), "the fault is carried");
             assert_eq!(
                 (row.trajectory_id.as_str(), row.group_id.as_str()),
                 ("g/s1", "g")

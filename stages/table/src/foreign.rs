@@ -1448,6 +1448,7 @@ pub fn import(
         let group_id = format!("it{}/{}/d0", row.step, row.uid);
         let trajectory_id = format!("{group_id}/s{sample}");
         trajectories.push(TrajectoryRow {
+            infra_fault: None,
             trajectory_id: trajectory_id.clone(),
             group_id: group_id.clone(),
             task_id: row.uid.clone(),
@@ -1474,6 +1475,7 @@ pub fn import(
         step.old_values = row.values.clone();
         steps.push(step);
         rewards.push(RewardRow {
+            infra_fault: None,
             trajectory_id,
             group_id,
             score: row.score,

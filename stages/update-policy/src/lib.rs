@@ -1081,7 +1081,9 @@ pub fn sft_examples<M: PlanNet>(
 /// PPO examples: steps joined with their advantages and their trajectory's
 /// temperature; with `thoughts` (LAPO) each also carries the step's latent
 /// chain, stop, old value and its GAE return ([`ExampleThought`]), a null
-/// one being bad input naming the table and field.
+/// one being bad input naming the table and field. The steps of a
+/// trajectory ended by infrastructure (`trajectories.infra_fault`) are no
+/// outcome of the policy: skipped, with any advantages row they have.
 pub fn ppo_examples(
     trajectories: &[TrajectoryRow],
     steps: Vec<StepRow>,
@@ -1103,6 +1105,11 @@ pub fn ppo_examples(
         .iter()
         .map(|t| (t.trajectory_id.as_str(), t.temperature))
         .collect();
+    let faulted: std::collections::HashSet<&str> = trajectories
+        .iter()
+        .filter(|t| t.faulted())
+        .map(|t| t.trajectory_id.as_str())
+        .collect();
     let mut by_key: HashMap<(String, i32), AdvantageRow> = advantages
         .into_iter()
         .map(|row| ((row.trajectory_id.clone(), row.step_index), row))
@@ -1114,6 +1121,9 @@ pub fn ppo_examples(
         let Some(advantage) = by_key.remove(&key) else {
             continue;
         };
+        if faulted.contains(step.trajectory_id.as_str()) {
+            continue;
+        }
         let Some(&temperature) = temperature.get(step.trajectory_id.as_str()) else {
             return Err(Error::BadInput(format!(
                 "step {} of trajectory `{}` has no row in the trajectories table",
@@ -1644,6 +1654,16 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
                 stage.input(TableName::Trajectories)?.read_rows()?;
             let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
             let advantages: Vec<AdvantageRow> = stage.input(TableName::Advantages)?.read_rows()?;
+            let faulted: Vec<&TrajectoryRow> =
+                trajectories.iter().filter(|t| t.faulted()).collect();
+            notes.push((
+                "skipped: ended by an infrastructure fault".to_string(),
+                format!(
+                    "{} trajectories ({} steps)",
+                    faulted.len(),
+                    faulted.iter().map(|t| i64::from(t.num_steps)).sum::<i64>()
+                ),
+            ));
             ppo_examples(
                 &trajectories,
                 steps,

@@ -123,6 +123,7 @@ fn lapo_inputs(
     for (i, episode) in run.episodes.iter().enumerate() {
         let id = format!("t{i}");
         trajectories.push(TrajectoryRow {
+            infra_fault: None,
             failure_reason: None,
             trajectory_id: id.clone(),
             group_id: "g0".into(),
@@ -152,6 +153,22 @@ fn lapo_inputs(
         }
     }
     (trajectories, steps, advantages)
+}
+
+/// The steps of a trajectory ended by infrastructure are not trained on,
+/// even when an advantages row names them.
+#[test]
+fn steps_of_a_trajectory_ended_by_a_fault_are_skipped() {
+    let policy = tiny_thinking_vla(K);
+    let (mut trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
+    let all = ppo_examples(&trajectories, steps.clone(), advantages.clone(), true).unwrap();
+    trajectories[1].infra_fault = Some(true);
+    let trained = ppo_examples(&trajectories, steps, advantages, true).unwrap();
+    let of_t1 = |e: &&Example| e.source.starts_with("trajectory `t1`");
+    let faulted = all.iter().filter(of_t1).count();
+    assert!(faulted > 0);
+    assert_eq!(trained.iter().filter(of_t1).count(), 0);
+    assert_eq!(trained.len(), all.len() - faulted);
 }
 
 /// LAPO starts at ratio 1 (the stored latents, stop and log-probs are the
