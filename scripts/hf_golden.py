@@ -28,7 +28,7 @@ Two modes:
       Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained and writes its
       logits on INPUT_JSON's input_ids / attention_mask (a model saved by us).
 
-  hf_golden.py plan-policy OUT TOKENIZER_JSON
+  hf_golden.py plan-policy OUT TOKENIZER_JSON [sharp]
       A tiny random Qwen3 plan policy (width 32, 1 layer, 2 heads, 1 kv head,
       context 1024, tied) whose tokenizer is TOKENIZER_JSON (our household
       BPE) plus Qwen's <|endoftext|>, <|im_start|> and <|im_end|>, with
@@ -36,7 +36,15 @@ Two modes:
       is <|im_end|>; the embedding has the tokenizer's size rounded up to a
       multiple of 64 rows, as Qwen pads it. Saved by transformers to OUT.
       Prints JSON {"prompt_text", "prompt_ids"}: a user message's
-      apply_chat_template(add_generation_prompt=True) text and ids.
+      apply_chat_template(add_generation_prompt=True) text and ids. With
+      `sharp`, the weights are those of `make` (randomize: logits whole units
+      apart, so no two tokens are near a tie for the arg max).
+
+  hf_golden.py greedy MODEL_DIR INPUT_JSON OUT_JSON
+      Loads MODEL_DIR as `logprobs` does and writes, for each {"prompt_ids"}
+      of INPUT_JSON's "rows", generate(do_sample=False, max_new_tokens =
+      INPUT_JSON's "max_new_tokens") with the directory's generation config,
+      each row run alone: {"responses": [[new token ids], ...]}.
 
   hf_golden.py logprobs MODEL_DIR INPUT_JSON OUT_JSON
       Loads MODEL_DIR (AutoModelForCausalLM and AutoTokenizer, as a user
@@ -391,7 +399,7 @@ def bench(model_dir, batch, prompt, new, threads):
     }))
 
 
-def plan_policy(out, tokenizer_json):
+def plan_policy(out, tokenizer_json, sharp=None):
     from tokenizers import Tokenizer
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
@@ -420,6 +428,10 @@ def plan_policy(out, tokenizer_json):
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     model = transformers.Qwen3ForCausalLM(config)
+    if sharp == "sharp":
+        randomize(model, 21)
+    elif sharp is not None:
+        sys.exit(f"plan-policy: unknown option {sharp!r}")
     model.save_pretrained(out)
     fast.save_pretrained(out)
     GenerationConfig(eos_token_id=[im_end], pad_token_id=pad).save_pretrained(out)
@@ -452,13 +464,38 @@ def logprobs(model_dir, input_json, out_json):
         json.dump({"logprobs": rows}, f)
 
 
+def greedy_responses(model_dir, input_json, out_json):
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    AutoTokenizer.from_pretrained(model_dir)
+    with open(input_json) as f:
+        inputs = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    responses = []
+    with torch.no_grad():
+        for row in inputs["rows"]:
+            ids = torch.tensor([row["prompt_ids"]], dtype=torch.long)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=inputs["max_new_tokens"],
+            )
+            responses.append(out[0, ids.shape[1]:].tolist())
+    with open(out_json, "w") as f:
+        json.dump({"responses": responses}, f)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
-    elif len(sys.argv) == 4 and sys.argv[1] == "plan-policy":
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "plan-policy":
         plan_policy(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "greedy":
+        greedy_responses(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "logprobs":
         logprobs(*sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "bench-model":

@@ -37,6 +37,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::HfError;
+use crate::safetensors::Expected;
 
 /// The architectures we run, by `config.json`'s `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +236,11 @@ impl HfConfig {
                 "`head_dim` is {head_dim}, expected even and > 0"
             )));
         }
+        if heads.checked_mul(head_dim).is_none() {
+            return Err(bad(format!(
+                "`num_attention_heads` {heads} × `head_dim` {head_dim} overflows"
+            )));
+        }
         let (rope_theta, rope_scaling) = rope(&raw, file)?;
         let (qkv_bias, o_bias, mlp_bias) = match model_type {
             ModelType::Qwen2 => (true, false, false),
@@ -267,6 +273,92 @@ impl HfConfig {
             dtype: raw.dtype.or(raw.torch_dtype),
             source,
         })
+    }
+
+    /// Every parameter the config implies, under transformers' names, in
+    /// the order [`crate::HfNet::new`] creates them: the embedding, each
+    /// layer's, the final norm and the untied head. Lazy, so that checking
+    /// a config of 10^9 layers against the weights ([`Weights::check`])
+    /// stops at the first layer the files lack.
+    ///
+    /// [`Weights::check`]: crate::safetensors::Weights::check
+    pub fn tensors(&self) -> impl Iterator<Item = Expected> + '_ {
+        let (h, d, i) = (self.hidden_size, self.head_dim, self.intermediate_size);
+        let (q, kv) = (self.num_attention_heads * d, self.num_key_value_heads * d);
+        let embed = Expected::new(
+            "model.embed_tokens.weight",
+            &[self.vocab_size, h],
+            "vocab_size, hidden_size",
+        );
+        let layers = (0..self.num_hidden_layers).flat_map(move |layer| {
+            const LAYER: &str = "num_hidden_layers, hidden_size";
+            const ATTENTION: &str =
+                "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim";
+            const MLP: &str = "num_hidden_layers, hidden_size, intermediate_size";
+            let at = |name: &str| format!("model.layers.{layer}.{name}");
+            let mut tensors = vec![
+                Expected::new(at("input_layernorm.weight"), &[h], LAYER),
+                Expected::new(at("post_attention_layernorm.weight"), &[h], LAYER),
+            ];
+            for (proj, rows, bias) in [
+                ("q_proj", q, self.qkv_bias),
+                ("k_proj", kv, self.qkv_bias),
+                ("v_proj", kv, self.qkv_bias),
+            ] {
+                tensors.push(Expected::new(
+                    at(&format!("self_attn.{proj}.weight")),
+                    &[rows, h],
+                    ATTENTION,
+                ));
+                if bias {
+                    tensors.push(Expected::new(
+                        at(&format!("self_attn.{proj}.bias")),
+                        &[rows],
+                        ATTENTION,
+                    ));
+                }
+            }
+            tensors.push(Expected::new(at("self_attn.o_proj.weight"), &[h, q], ATTENTION));
+            if self.o_bias {
+                tensors.push(Expected::new(at("self_attn.o_proj.bias"), &[h], ATTENTION));
+            }
+            if self.model_type == ModelType::Qwen3 {
+                for norm in ["q_norm", "k_norm"] {
+                    tensors.push(Expected::new(
+                        at(&format!("self_attn.{norm}.weight")),
+                        &[d],
+                        "num_hidden_layers, head_dim",
+                    ));
+                }
+            }
+            for (proj, shape) in [
+                ("gate_proj", [i, h]),
+                ("up_proj", [i, h]),
+                ("down_proj", [h, i]),
+            ] {
+                tensors.push(Expected::new(at(&format!("mlp.{proj}.weight")), &shape, MLP));
+                if self.mlp_bias {
+                    tensors.push(Expected::new(
+                        at(&format!("mlp.{proj}.bias")),
+                        &shape[..1],
+                        MLP,
+                    ));
+                }
+            }
+            tensors
+        });
+        let norm = Expected::new("model.norm.weight", &[h], "hidden_size");
+        let head = (!self.tie_word_embeddings).then(|| {
+            Expected::new(
+                "lm_head.weight",
+                &[self.vocab_size, h],
+                "vocab_size, hidden_size, tie_word_embeddings",
+            )
+        });
+        std::iter::once(embed)
+            .chain(layers)
+            .chain(std::iter::once(norm))
+            .chain(head)
     }
 
     /// The rotary inverse frequencies, `[head_dim / 2]` f32, computed with

@@ -130,15 +130,19 @@ pub enum HfError {
         shard: String,
     },
     /// A parameter the config implies that the weights lack.
-    #[error("{file}: tensor `{name}` is missing")]
+    #[error("{file}: tensor `{name}` is missing (implied by config.json's {keys})")]
     MissingTensor {
         /// The parameter name, as transformers writes it.
         name: String,
         /// The weights file (or index) searched.
         file: PathBuf,
+        /// The config keys that imply it.
+        keys: &'static str,
     },
     /// A parameter of another shape than the config implies.
-    #[error("{file}: tensor `{name}` has shape {found:?}, the config implies {expected:?}")]
+    #[error(
+        "{file}: tensor `{name}` has shape {found:?}, the config implies {expected:?} (config.json's {keys})"
+    )]
     WrongShape {
         /// The parameter name.
         name: String,
@@ -148,6 +152,17 @@ pub enum HfError {
         expected: Vec<i64>,
         /// The stored shape.
         found: Vec<i64>,
+        /// The config keys the shape follows from.
+        keys: &'static str,
+    },
+    /// A weights path that is not a regular file (a FIFO would block the
+    /// reader, a directory cannot be read).
+    #[error("{file}: is {what}, not a regular file")]
+    NotAFile {
+        /// The path.
+        file: PathBuf,
+        /// What it is instead: `a FIFO`, `a directory`, …
+        what: &'static str,
     },
     /// A parameter stored in a dtype we do not load.
     #[error("{file}: tensor `{name}` has dtype {dtype}, supported: F32, BF16")]
@@ -208,6 +223,7 @@ impl Classify for HfError {
             | HfError::MissingShard { .. }
             | HfError::MissingTensor { .. }
             | HfError::WrongShape { .. }
+            | HfError::NotAFile { .. }
             | HfError::UnsupportedDtype { .. }
             | HfError::NoChatTemplate { .. }
             | HfError::BadChatTemplate { .. }

@@ -254,13 +254,15 @@ impl HfDecoder {
     /// Loads `dir/config.json` and its weights onto `device`, in the dtype
     /// the checkpoint stores `model.embed_tokens.weight` in (F32 or BF16;
     /// other tensors are cast to it). Every parameter the config implies must
-    /// be present with its shape; tensors it does not imply are ignored, as
-    /// transformers ignores them.
+    /// be present with its shape, which is checked on the files' headers
+    /// before any parameter is allocated ([`HfNet::open_weights`]); tensors
+    /// it does not imply are ignored, as transformers ignores them.
     pub fn load(dir: &Path, device: Device) -> Result<HfDecoder, HfError> {
         let config = HfConfig::from_file(&dir.join("config.json"))?;
+        let weights = HfNet::open_weights(dir, &config)?;
         let mut vs = nn::VarStore::new(device);
         let net = HfNet::new(&vs.root(), config);
-        HfNet::load_weights(&mut vs, dir)?;
+        net.load_weights(&mut vs, &weights)?;
         Ok(HfDecoder { vs, net })
     }
 
@@ -350,26 +352,24 @@ impl HfNet {
         }
     }
 
-    /// Fills the parameters in `vs` (the store an [`HfNet`] was built in)
-    /// from the weights of model directory `dir`, first setting the store to the
-    /// dtype `model.embed_tokens.weight` is stored in (F32 or BF16; other
-    /// tensors are cast to it). Every parameter must be present with its
-    /// shape; tensors the config does not imply are ignored, as
-    /// transformers ignores them.
-    pub fn load_weights(vs: &mut nn::VarStore, dir: &Path) -> Result<(), HfError> {
+    /// The weights of model directory `dir` ([`Weights::open`]), checked
+    /// against every parameter `config` implies ([`HfConfig::tensors`]) on
+    /// the files' headers alone: a config whose sizes the weights do not
+    /// hold (a vocabulary of 2^40, 10^9 layers) is an error naming the
+    /// tensor, the file and the keys before anything is allocated.
+    pub fn open_weights(dir: &Path, config: &HfConfig) -> Result<Weights, HfError> {
         let weights = Weights::open(dir)?;
+        weights.check(config.tensors())?;
+        Ok(weights)
+    }
+
+    /// Fills the parameters in `vs` (the store this network was built in)
+    /// from `weights` ([`HfNet::open_weights`]), first setting the store to
+    /// the dtype `model.embed_tokens.weight` is stored in (F32 or BF16;
+    /// other tensors are cast to it).
+    pub fn load_weights(&self, vs: &mut nn::VarStore, weights: &Weights) -> Result<(), HfError> {
         vs.set_kind(weights.kind("model.embed_tokens.weight")?);
-        let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        variables.sort_by(|a, b| a.0.cmp(&b.0));
-        tch::no_grad(|| {
-            for (name, mut variable) in variables {
-                let value = weights.load(&name, &variable.size())?;
-                variable
-                    .f_copy_(&value)
-                    .map_err(|e| HfError::Torch(format!("{name}: {e}")))?;
-            }
-            Ok::<(), HfError>(())
-        })
+        weights.fill(vs, self.config.tensors())
     }
 
     /// The resolved config.
@@ -578,5 +578,34 @@ impl HfNet {
         std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
         std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
         HfNet::write_weights(vs, &dir.join(safetensors::SINGLE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::assert_tensors_are_the_variables;
+
+    /// The tensor list the weights are checked against before allocation
+    /// is the network `HfNet::new` builds, for every architecture and
+    /// option that changes the parameters.
+    #[test]
+    fn the_config_lists_exactly_the_networks_parameters() {
+        let base = r#""vocab_size": 40, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 32"#;
+        for extra in [
+            r#""model_type": "qwen2""#,
+            r#""model_type": "qwen3", "head_dim": 6, "tie_word_embeddings": true"#,
+            r#""model_type": "qwen3", "attention_bias": true"#,
+            r#""model_type": "llama", "attention_bias": true, "mlp_bias": true"#,
+            r#""model_type": "llama", "tie_word_embeddings": true"#,
+        ] {
+            let text = format!("{{{base}, {extra}}}");
+            let config = HfConfig::parse(&text, Path::new("config.json")).unwrap();
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _net = HfNet::new(&vs.root(), config.clone());
+            assert_tensors_are_the_variables(&vs, config.tensors());
+        }
     }
 }

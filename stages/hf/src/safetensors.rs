@@ -22,10 +22,12 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
-use tch::{Kind, Tensor};
+use tch::{Kind, Tensor, nn};
 
 use crate::HfError;
 
@@ -34,27 +36,51 @@ pub const SINGLE: &str = "model.safetensors";
 /// The shard index name.
 pub const INDEX: &str = "model.safetensors.index.json";
 
+/// A tensor that a config implies: its name, its shape and the config keys
+/// the shape (or the tensor's existence) follows from, which an error names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expected {
+    /// The parameter name.
+    pub name: String,
+    /// The shape the config implies.
+    pub shape: Vec<i64>,
+    /// The config keys it follows from, e.g. `vocab_size, hidden_size`.
+    pub keys: &'static str,
+}
+
+impl Expected {
+    /// `name` of `shape`, following from `keys`.
+    pub fn new(name: impl Into<String>, shape: &[i64], keys: &'static str) -> Expected {
+        Expected {
+            name: name.into(),
+            shape: shape.to_vec(),
+            keys,
+        }
+    }
+}
+
 /// One tensor's place in a file.
 #[derive(Debug)]
 struct Entry {
     dtype: String,
     shape: Vec<i64>,
-    begin: usize,
-    end: usize,
+    begin: u64,
+    end: u64,
 }
 
-/// A parsed safetensors file, its bytes in memory.
+/// A safetensors file's header, parsed without reading its data: tensors
+/// are read one by one when loaded.
 #[derive(Debug)]
 struct File {
     path: PathBuf,
-    bytes: Vec<u8>,
-    data_start: usize,
+    handle: std::fs::File,
+    data_start: u64,
     entries: BTreeMap<String, Entry>,
 }
 
 /// Bytes per element of the dtypes the format defines (for checking
 /// offsets); `None` for names the format does not define.
-fn dtype_size(dtype: &str) -> Option<usize> {
+fn dtype_size(dtype: &str) -> Option<u64> {
     Some(match dtype {
         "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
         "I16" | "U16" | "F16" | "BF16" => 2,
@@ -64,27 +90,75 @@ fn dtype_size(dtype: &str) -> Option<usize> {
     })
 }
 
+/// Whether `path` is a regular file (symbolic links followed, as a Hugging
+/// Face cache links its blobs): `Ok(false)` when absent; a FIFO, a directory
+/// or a device there is an error naming it, found before anything opens it
+/// (opening a FIFO blocks until a writer comes).
+pub fn regular_file(path: &Path) -> Result<bool, HfError> {
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(HfError::Read {
+                file: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let file_type = metadata.file_type();
+    if file_type.is_file() {
+        return Ok(true);
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let what = if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "a device"
+    } else {
+        "not a file"
+    };
+    Err(HfError::NotAFile {
+        file: path.to_path_buf(),
+        what,
+    })
+}
+
 impl File {
+    /// Parses the header of the safetensors file `path`, checking every
+    /// tensor's offsets against its shape and the file's length.
     fn open(path: &Path) -> Result<File, HfError> {
-        let bytes = std::fs::read(path).map_err(|source| HfError::Read {
+        let read_error = |source| HfError::Read {
             file: path.to_path_buf(),
             source,
-        })?;
+        };
         let bad = |reason: String| HfError::BadWeights {
             file: path.to_path_buf(),
             reason,
         };
-        let n = bytes
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize)
-            .ok_or_else(|| bad("shorter than the 8-byte header length".into()))?;
-        let data_start = 8usize
+        if !regular_file(path)? {
+            return Err(read_error(std::io::ErrorKind::NotFound.into()));
+        }
+        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        let len = file.metadata().map_err(read_error)?.len();
+        let mut prefix = [0u8; 8];
+        if len < 8 {
+            return Err(bad("shorter than the 8-byte header length".into()));
+        }
+        file.read_exact(&mut prefix).map_err(read_error)?;
+        let n = u64::from_le_bytes(prefix);
+        let data_start = 8u64
             .checked_add(n)
-            .filter(|&end| end <= bytes.len())
+            .filter(|&end| end <= len)
             .ok_or_else(|| bad(format!("header length {n} runs past the end of the file")))?;
-        let header: Map<String, Value> = serde_json::from_slice(&bytes[8..data_start])
-            .map_err(|e| bad(format!("header: {e}")))?;
-        let data_len = bytes.len() - data_start;
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(read_error)?;
+        let header: Map<String, Value> =
+            serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
+        let data_len = len - data_start;
         let mut entries = BTreeMap::new();
         for (name, info) in header {
             if name == "__metadata__" {
@@ -116,19 +190,28 @@ impl File {
                     offsets.len()
                 )));
             };
-            let (begin, end) = (begin as usize, end as usize);
             if begin > end || end > data_len {
                 return Err(bad(format!(
                     "tensor `{name}`: data_offsets [{begin}, {end}] outside the {data_len} data bytes"
                 )));
             }
-            let numel: u64 = shape.iter().product();
+            // The element count of a forged shape may overflow: it then
+            // cannot fit the data either.
+            let numel = shape
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .filter(|&n| i64::try_from(n).is_ok());
+            let Some(numel) = numel else {
+                return Err(bad(format!(
+                    "tensor `{name}`: shape {shape:?} has more elements than any file holds"
+                )));
+            };
             if let Some(size) = dtype_size(&dtype)
-                && numel as usize * size != end - begin
+                && numel.checked_mul(size) != Some(end - begin)
             {
                 return Err(bad(format!(
                     "tensor `{name}`: {dtype} {shape:?} needs {} bytes, data_offsets give {}",
-                    numel as usize * size,
+                    numel.saturating_mul(size),
                     end - begin
                 )));
             }
@@ -145,15 +228,30 @@ impl File {
         }
         Ok(File {
             path: path.to_path_buf(),
-            bytes,
+            handle: file,
             data_start,
             entries,
         })
     }
+
+    /// The bytes of `entry`, read from the file.
+    fn read(&self, entry: &Entry) -> Result<Vec<u8>, HfError> {
+        let read_error = |source| HfError::Read {
+            file: self.path.clone(),
+            source,
+        };
+        let mut data = vec![0u8; (entry.end - entry.begin) as usize];
+        self.handle
+            .read_exact_at(&mut data, self.data_start + entry.begin)
+            .map_err(read_error)?;
+        Ok(data)
+    }
 }
 
 /// The weights of a checkpoint directory: every tensor name with the file
-/// that holds it.
+/// that holds it. Opening parses the headers only; [`Weights::check`]
+/// compares them with what a config implies before any parameter is
+/// allocated, and [`Weights::fill`] reads the tensors.
 #[derive(Debug)]
 pub struct Weights {
     files: Vec<File>,
@@ -168,17 +266,11 @@ impl Weights {
     /// `dir/model.safetensors.index.json` names.
     pub fn open(dir: &Path) -> Result<Weights, HfError> {
         let single = dir.join(SINGLE);
-        if single.is_file() {
-            let file = File::open(&single)?;
-            let by_name = file.entries.keys().map(|n| (n.clone(), 0)).collect();
-            return Ok(Weights {
-                files: vec![file],
-                by_name,
-                source: single,
-            });
+        if regular_file(&single)? {
+            return Weights::open_file(&single);
         }
         let index = dir.join(INDEX);
-        if !index.is_file() {
+        if !regular_file(&index)? {
             return Err(HfError::NoWeights {
                 dir: dir.to_path_buf(),
             });
@@ -209,7 +301,7 @@ impl Weights {
         // Every shard must exist before any is read: a missing one is named
         // with the index that lists it.
         for shard in shards.keys() {
-            if !dir.join(shard).is_file() {
+            if !regular_file(&dir.join(shard))? {
                 return Err(HfError::MissingShard {
                     index: index.clone(),
                     shard: shard.clone(),
@@ -222,10 +314,9 @@ impl Weights {
             let file = File::open(&dir.join(&shard))?;
             for name in names {
                 if !file.entries.contains_key(&name) {
-                    return Err(HfError::MissingTensor {
-                        name,
-                        file: file.path.clone(),
-                    });
+                    return Err(bad(format!(
+                        "`weight_map` puts tensor `{name}` in {shard}, which lacks it"
+                    )));
                 }
                 by_name.insert(name, files.len());
             }
@@ -238,8 +329,30 @@ impl Weights {
         })
     }
 
+    /// Opens the one safetensors file `path`.
+    pub fn open_file(path: &Path) -> Result<Weights, HfError> {
+        let file = File::open(path)?;
+        let by_name = file.entries.keys().map(|n| (n.clone(), 0)).collect();
+        Ok(Weights {
+            files: vec![file],
+            by_name,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// The single file, or the index of the shards.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Every tensor name the files hold.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
     /// The file holding `name` and its entry there.
-    fn entry(&self, name: &str) -> Result<(&File, &Entry), HfError> {
+    fn entry(&self, expected: &Expected) -> Result<(&File, &Entry), HfError> {
+        let name = &expected.name;
         let file = self
             .by_name
             .get(name)
@@ -247,40 +360,101 @@ impl Weights {
             .ok_or_else(|| HfError::MissingTensor {
                 name: name.to_string(),
                 file: self.source.clone(),
+                keys: expected.keys,
             })?;
-        Ok((file, &file.entries[name]))
-    }
-
-    /// The kind tensor `name` is stored in: `Float` (F32) or `BFloat16`
-    /// (BF16); any other dtype is an error naming the tensor and its file.
-    pub fn kind(&self, name: &str) -> Result<Kind, HfError> {
-        let (file, entry) = self.entry(name)?;
-        match entry.dtype.as_str() {
-            "F32" => Ok(Kind::Float),
-            "BF16" => Ok(Kind::BFloat16),
-            other => Err(HfError::UnsupportedDtype {
-                name: name.to_string(),
-                file: file.path.clone(),
-                dtype: other.to_string(),
-            }),
-        }
-    }
-
-    /// The tensor `name` in its stored kind (see [`Weights::kind`]),
-    /// checked to have `shape`.
-    pub fn load(&self, name: &str, shape: &[i64]) -> Result<Tensor, HfError> {
-        let (file, entry) = self.entry(name)?;
-        if entry.shape != shape {
+        let entry = &file.entries[name];
+        if entry.shape != expected.shape {
             return Err(HfError::WrongShape {
                 name: name.to_string(),
                 file: file.path.clone(),
-                expected: shape.to_vec(),
+                expected: expected.shape.clone(),
                 found: entry.shape.clone(),
+                keys: expected.keys,
             });
         }
-        let kind = self.kind(name)?;
-        let data = &file.bytes[file.data_start + entry.begin..file.data_start + entry.end];
-        Tensor::f_from_data_size(data, shape, kind).map_err(|e| HfError::Torch(e.to_string()))
+        Ok((file, entry))
+    }
+
+    /// The kind tensor `name` is stored in: `Float` (F32) or `BFloat16`
+    /// (BF16); any other dtype, or a tensor absent, is an error naming the
+    /// tensor and its file.
+    pub fn kind(&self, name: &str) -> Result<Kind, HfError> {
+        let file = self
+            .by_name
+            .get(name)
+            .map(|&i| &self.files[i])
+            .ok_or_else(|| HfError::MissingTensor {
+                name: name.to_string(),
+                file: self.source.clone(),
+                keys: "model_type",
+            })?;
+        kind_of(file, name, &file.entries[name])
+    }
+
+    /// Checks that every tensor of `expected` is stored with its shape and
+    /// a dtype we load, reading nothing but the headers: a config that
+    /// implies a vocabulary of 2^40 rows or 10^9 layers is an error naming
+    /// the tensor, the file and the config keys before anything is
+    /// allocated. The first mismatch ends the walk, so an absurd layer
+    /// count costs no more than the tensors the files hold.
+    pub fn check(&self, expected: impl IntoIterator<Item = Expected>) -> Result<(), HfError> {
+        for expected in expected {
+            let (file, entry) = self.entry(&expected)?;
+            kind_of(file, &expected.name, entry)?;
+        }
+        Ok(())
+    }
+
+    /// The tensor `expected` names, in its stored kind, checked to have the
+    /// expected shape.
+    pub fn load(&self, expected: &Expected) -> Result<Tensor, HfError> {
+        let (file, entry) = self.entry(expected)?;
+        let kind = kind_of(file, &expected.name, entry)?;
+        let data = file.read(entry)?;
+        Tensor::f_from_data_size(&data, &expected.shape, kind)
+            .map_err(|e| HfError::Torch(e.to_string()))
+    }
+
+    /// Copies every tensor of `expected` into the variable of its name in
+    /// `vs` (cast to the variable's kind); a variable `expected` names that
+    /// `vs` lacks, or one it leaves unloaded, is a bug of ours (the two
+    /// describe one network).
+    pub fn fill(
+        &self,
+        vs: &nn::VarStore,
+        expected: impl IntoIterator<Item = Expected>,
+    ) -> Result<(), HfError> {
+        let mut variables = vs.variables();
+        tch::no_grad(|| {
+            for expected in expected {
+                let value = self.load(&expected)?;
+                let mut variable = variables.remove(&expected.name).ok_or_else(|| {
+                    HfError::Torch(format!("no parameter `{}` to load into", expected.name))
+                })?;
+                variable
+                    .f_copy_(&value)
+                    .map_err(|e| HfError::Torch(format!("{}: {e}", expected.name)))?;
+            }
+            match variables.keys().next() {
+                Some(name) => Err(HfError::Torch(format!(
+                    "parameter `{name}` is not among the tensors to load"
+                ))),
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+/// The kind of a stored tensor we load (F32 or BF16).
+fn kind_of(file: &File, name: &str, entry: &Entry) -> Result<Kind, HfError> {
+    match entry.dtype.as_str() {
+        "F32" => Ok(Kind::Float),
+        "BF16" => Ok(Kind::BFloat16),
+        other => Err(HfError::UnsupportedDtype {
+            name: name.to_string(),
+            file: file.path.clone(),
+            dtype: other.to_string(),
+        }),
     }
 }
 
@@ -351,17 +525,61 @@ mod tests {
         // 6 f32 + 2 bf16 = 28 data bytes after the header.
         assert_eq!(bytes.len(), 8 + n + 28);
         let w = Weights::open(dir.path()).unwrap();
-        assert!(w.load("a", &[2, 3]).unwrap().equal(&a));
-        let back = w.load("b", &[2]).unwrap();
+        let expect = |name: &str, shape: &[i64]| Expected::new(name, shape, "n");
+        assert!(w.load(&expect("a", &[2, 3])).unwrap().equal(&a));
+        let back = w.load(&expect("b", &[2])).unwrap();
         assert_eq!(back.kind(), Kind::BFloat16);
         assert!(back.equal(&b));
-        let err = w.load("a", &[3, 2]).unwrap_err().to_string();
+        let err = w.load(&expect("a", &[3, 2])).unwrap_err().to_string();
         assert!(
             err.contains("`a`") && err.contains("[3, 2]") && err.contains("[2, 3]"),
             "{err}"
         );
-        let err = w.load("c", &[1]).unwrap_err().to_string();
+        let err = w.load(&expect("c", &[1])).unwrap_err().to_string();
         assert!(err.contains("`c`") && err.contains(SINGLE), "{err}");
+    }
+
+    /// A header whose shape claims more elements than any file holds (the
+    /// count overflows) is refused, not wrapped into a size that matches.
+    #[test]
+    fn a_shape_whose_element_count_overflows_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let huge = 1u64 << 32;
+        let head = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[{huge},{huge},{huge},{huge}],"data_offsets":[0,0]}}}}"#
+        );
+        let mut bytes = (head.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(head.as_bytes());
+        std::fs::write(dir.path().join(SINGLE), bytes).unwrap();
+        let err = Weights::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("`w`") && err.contains("more elements"),
+            "{err}"
+        );
+    }
+
+    /// A FIFO or a directory named `model.safetensors` is refused by its
+    /// type before it is opened: opening a FIFO would block until a writer
+    /// came.
+    #[test]
+    fn a_fifo_or_a_directory_in_place_of_the_weights_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SINGLE);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = Weights::open(dir.path()).unwrap_err();
+        assert!(matches!(err, HfError::NotAFile { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(SINGLE) && text.contains("a FIFO"), "{text}");
+        let err = Weights::open_file(&path).unwrap_err().to_string();
+        assert!(err.contains("a FIFO"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let err = Weights::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(SINGLE) && err.contains("a directory"), "{err}");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! What the tests and the benchmark of this crate share: running
 //! `scripts/hf_golden.py` with the project venv's Python (`scripts/setup`
-//! installs transformers there). Not part of the crate's API.
+//! installs transformers there), and checking a network's tensor list
+//! against its parameters (the policy networks of `embodyflow-models` use
+//! it too). Not part of the crate's API.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+
+use crate::safetensors::Expected;
 
 /// The project venv's Python.
 pub const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
@@ -23,4 +28,25 @@ pub fn golden_script(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts that `expected` lists exactly the variables of `vs`, each with
+/// its shape: a network's tensor list and its constructor describe one
+/// network.
+pub fn assert_tensors_are_the_variables(
+    vs: &tch::nn::VarStore,
+    expected: impl IntoIterator<Item = Expected>,
+) {
+    let variables: BTreeMap<String, Vec<i64>> = vs
+        .variables()
+        .into_iter()
+        .map(|(name, tensor)| (name, tensor.size()))
+        .collect();
+    let listed: Vec<(String, Vec<i64>)> = expected.into_iter().map(|e| (e.name, e.shape)).collect();
+    assert_eq!(
+        listed.len(),
+        variables.len(),
+        "{listed:?}\nvs\n{variables:?}"
+    );
+    assert_eq!(listed.into_iter().collect::<BTreeMap<_, _>>(), variables);
 }

@@ -376,6 +376,48 @@ fn a_tensor_of_the_wrong_shape_or_missing_is_named() {
     );
 }
 
+/// Sizes no weights hold (a vocabulary of 2^40 rows, a width of 2^31, 10^9
+/// layers) are refused on the weights' headers, naming the tensor, the file
+/// and the config keys, before any parameter is allocated (allocating them
+/// aborted the process).
+#[test]
+fn absurd_sizes_in_config_json_are_refused_before_allocating() {
+    for (key, value, tensor) in [
+        (
+            "vocab_size",
+            1i64 << 40,
+            "`model.embed_tokens.weight` has shape",
+        ),
+        (
+            "hidden_size",
+            1 << 31,
+            "`model.embed_tokens.weight` has shape",
+        ),
+        (
+            "intermediate_size",
+            1 << 40,
+            "`model.layers.0.mlp.gate_proj.weight` has shape",
+        ),
+        (
+            "num_hidden_layers",
+            1_000_000_000,
+            "`model.layers.2.input_layernorm.weight` is missing",
+        ),
+    ] {
+        let dir = copy_model("qwen2");
+        let file = dir.path().join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        config[key] = Value::from(value);
+        std::fs::write(&file, config.to_string()).unwrap();
+        let err = load_err(dir.path()).to_string();
+        assert!(
+            err.contains(tensor) && err.contains("model.safetensors") && err.contains(key),
+            "{key}: {err}"
+        );
+    }
+}
+
 #[test]
 fn an_unsupported_dtype_is_named_with_its_tensor() {
     let dir = copy_model("qwen2");

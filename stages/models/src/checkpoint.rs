@@ -30,7 +30,7 @@
 //! policy.save("runs/it1/policy".as_ref(), "update-policy", false).unwrap();
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,6 +47,7 @@ use crate::tokenizer::{self, SpecialIds};
 #[cfg(doc)]
 use crate::vla::{Vla, VlaConfig};
 use embodyflow_hf::chat::ChatTemplate;
+use embodyflow_hf::safetensors::{Expected, Weights};
 
 /// The `manifest.json` of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,11 +111,36 @@ pub trait PolicyNet: Sized {
     fn parse_config(value: serde_json::Value) -> Result<Self::Config, String>;
     /// `config.json` as written (our networks: [`tagged_config`]).
     fn config_json(&self) -> serde_json::Value;
+    /// Every parameter the architecture has, by name and shape, with the
+    /// config keys each follows from, lazily (a config of 10^9 layers is
+    /// walked only as far as the weights go).
+    fn tensors(config: &Self::Config) -> Box<dyn Iterator<Item = Expected> + '_>;
+    /// The weights of checkpoint `dir`, checked against every tensor
+    /// `config` implies on the file headers alone, before any parameter is
+    /// allocated: a `vocab_size` of 2^40 or an `n_layer` of 10^9 is an error
+    /// naming the tensor, the file and the keys. Ours: `model.safetensors`
+    /// holding exactly the architecture's tensors, named by parameter path.
+    fn open_weights(dir: &Path, config: &Self::Config) -> Result<Weights, ModelError> {
+        let path = dir.join(WEIGHTS_FILE);
+        let weights = Weights::open_file(&path)?;
+        weights.check(Self::tensors(config))?;
+        // The walk above matched every tensor to one in the file: the set
+        // is no larger than the file's.
+        let expected: BTreeSet<String> = Self::tensors(config).map(|e| e.name).collect();
+        if let Some(extra) = weights.names().find(|name| !expected.contains(*name)) {
+            return Err(bad(
+                &path,
+                format!(
+                    "holds tensor `{extra}` that the architecture in config.json does not have"
+                ),
+            ));
+        }
+        Ok(weights)
+    }
     /// Fills the parameters in `vars` (built by [`PolicyNet::build`]) from
-    /// the weights in checkpoint `dir`. Ours: `model.safetensors` holding
-    /// exactly the architecture's tensors, named by parameter path.
-    fn load_weights(vars: &mut VarStore, dir: &Path) -> Result<(), ModelError> {
-        load_weights(vars, &dir.join(WEIGHTS_FILE))
+    /// `weights` ([`PolicyNet::open_weights`]).
+    fn load_weights(&self, vars: &mut VarStore, weights: &Weights) -> Result<(), ModelError> {
+        Ok(weights.fill(vars, Self::tensors(self.config()))?)
     }
     /// Writes the parameters as `staging/model.safetensors`.
     fn write_weights(vars: &VarStore, staging: &Path) -> Result<(), ModelError> {
@@ -174,13 +200,11 @@ impl PolicyNet for Gpt {
     }
 
     fn check(config: &GptConfig) -> Result<(), String> {
-        if config.n_head <= 0 || config.n_embd % config.n_head != 0 {
-            return Err(format!(
-                "n_head {} must divide n_embd {}",
-                config.n_head, config.n_embd
-            ));
-        }
-        Ok(())
+        config.check()
+    }
+
+    fn tensors(config: &GptConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
+        Box::new(config.tensors("n_ctx, n_embd"))
     }
 
     fn vocab_size(config: &GptConfig) -> i64 {
@@ -384,6 +408,7 @@ impl<M: PolicyNet> Checkpoint<M> {
         if !dir.is_dir() {
             return Err(bad(dir, "no such checkpoint directory"));
         }
+        check_file_types(dir)?;
         let config_path = dir.join("config.json");
         let (kind, value) = read_config(&config_path)?;
         if kind != M::KIND {
@@ -414,9 +439,12 @@ impl<M: PolicyNet> Checkpoint<M> {
             format,
             carried,
         } = M::tokens(dir, &tokenizer, &config)?;
+        // The config against the weights' headers, before anything the
+        // config sizes is allocated.
+        let weights = M::open_weights(dir, &config)?;
         let mut vars = VarStore::new(device);
         let model = M::build(&vars.root(), &config);
-        M::load_weights(&mut vars, dir)?;
+        model.load_weights(&mut vars, &weights)?;
         let encoder_path = dir.join(FRAME_ENCODER_FILE);
         let frame_encoder = if encoder_path.is_file() {
             let encoder =
@@ -605,6 +633,28 @@ fn io(path: &Path, source: std::io::Error) -> ModelError {
     ModelError::Core(embodyflow_core::Error::io(PathBuf::from(path), source))
 }
 
+/// The files a checkpoint's loader opens must be regular files where
+/// present (symbolic links followed): a FIFO in their place would block the
+/// stage until a writer came, a directory fail it late. Each is checked by
+/// its type before anything is opened, and named.
+fn check_file_types(dir: &Path) -> Result<(), ModelError> {
+    let names = [
+        "config.json",
+        MANIFEST_FILE,
+        WEIGHTS_FILE,
+        embodyflow_hf::safetensors::INDEX,
+        FRAME_ENCODER_FILE,
+        crate::optimizer::WEIGHTS_FILE,
+        crate::optimizer::META_FILE,
+    ]
+    .into_iter()
+    .chain(crate::hf::CARRIED_FILES);
+    for name in names {
+        embodyflow_hf::safetensors::regular_file(&dir.join(name))?;
+    }
+    Ok(())
+}
+
 /// The id of a checkpoint without a manifest: the first 16 hex digits of
 /// the BLAKE3 hash of its weight files (`model*.safetensors`, by name).
 fn weights_id(dir: &Path) -> Result<String, ModelError> {
@@ -623,51 +673,13 @@ fn weights_id(dir: &Path) -> Result<String, ModelError> {
     }
     let mut hasher = blake3::Hasher::new();
     for file in &files {
+        // A shard's name may be any `model*.safetensors`: its type is
+        // checked here, before it is opened.
+        embodyflow_hf::safetensors::regular_file(file)?;
         let mut reader = std::fs::File::open(file).map_err(|e| io(file, e))?;
         std::io::copy(&mut reader, &mut hasher).map_err(|e| io(file, e))?;
     }
     Ok(hasher.finalize().to_hex()[..16].to_string())
-}
-
-/// Copies the tensors of `path` into `vars`, requiring the same names and shapes.
-fn load_weights(vars: &VarStore, path: &Path) -> Result<(), ModelError> {
-    let stored: BTreeMap<String, tch::Tensor> = tch::Tensor::read_safetensors(path)
-        .map_err(|e| bad(path, e.to_string()))?
-        .into_iter()
-        .collect();
-    let mut expected = vars.variables();
-    for (name, tensor) in &stored {
-        let Some(var) = expected.remove(name) else {
-            return Err(bad(
-                path,
-                format!("holds tensor `{name}` that the architecture in config.json does not have"),
-            ));
-        };
-        if var.size() != tensor.size() {
-            return Err(bad(
-                path,
-                format!(
-                    "tensor `{name}` has shape {:?}, config.json implies {:?}",
-                    tensor.size(),
-                    var.size()
-                ),
-            ));
-        }
-        tch::no_grad(|| {
-            let mut var = var;
-            var.copy_(tensor)
-        });
-    }
-    if let Some(name) = expected.keys().min() {
-        return Err(bad(
-            path,
-            format!(
-                "lacks tensor `{name}` that config.json implies ({} missing)",
-                expected.len()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -786,7 +798,10 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(error.contains("lacks tensor `h.2."), "{error}");
+        assert!(
+            error.contains("tensor `h.2.ln_1.weight` is missing") && error.contains("n_layer"),
+            "{error}"
+        );
 
         std::fs::write(path.join("config.json"), "{\"vocab_size\": 3}").unwrap();
         let error = Checkpoint::load(&path, tch::Device::Cpu)
@@ -794,5 +809,90 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(error.contains("config.json"), "{error}");
+    }
+
+    /// Sizes no weights hold in a saved policy's config.json are refused on
+    /// the weights' header, naming the tensor, the file and the keys,
+    /// before any parameter is allocated (allocating them aborted the
+    /// process); a vocabulary of 2^40 is the tokenizer's mismatch.
+    #[test]
+    fn absurd_sizes_in_config_json_are_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        let path = dir.path().join("ckpt");
+        policy.save(&path, "test", false).unwrap();
+        let cases: [(&str, i64, &str); 5] = [
+            ("n_layer", 1_000_000_000, "`h.2.ln_1.weight` is missing"),
+            ("n_embd", 1 << 31, "`wte.weight` has shape"),
+            ("n_ctx", 1 << 40, "`wpe.weight` has shape"),
+            ("vocab_size", 1 << 40, "tokenizer.json"),
+            ("n_embd", 1 << 62, "4 n_embd overflows"),
+        ];
+        for (key, value, needle) in cases {
+            let mut written = serde_json::to_value(config(vocab)).unwrap();
+            written[key] = serde_json::Value::from(value);
+            std::fs::write(path.join("config.json"), written.to_string()).unwrap();
+            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput,
+                "{key}: {error}"
+            );
+            let error = error.to_string();
+            assert!(
+                error.contains(needle) && error.contains(key),
+                "{key}: {error}"
+            );
+        }
+    }
+
+    /// A FIFO or a directory in place of a checkpoint file is refused by its
+    /// type before anything opens it (opening the FIFO blocked the stage
+    /// until a writer came; the directory failed late, as an I/O error).
+    #[test]
+    fn a_fifo_or_a_directory_in_place_of_a_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        let path = dir.path().join("ckpt");
+        policy.save(&path, "test", false).unwrap();
+        for name in [WEIGHTS_FILE, "config.json", TOKENIZER_FILE] {
+            let file = path.join(name);
+            let saved = std::fs::read(&file).unwrap();
+            std::fs::remove_file(&file).unwrap();
+            let made = std::process::Command::new("mkfifo")
+                .arg(&file)
+                .status()
+                .unwrap();
+            assert!(made.success());
+            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput
+            );
+            let error = error.to_string();
+            assert!(
+                error.contains(name) && error.contains("is a FIFO"),
+                "{error}"
+            );
+            std::fs::remove_file(&file).unwrap();
+            std::fs::create_dir(&file).unwrap();
+            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput
+            );
+            let error = error.to_string();
+            assert!(
+                error.contains(name) && error.contains("is a directory"),
+                "{error}"
+            );
+            std::fs::remove_dir(&file).unwrap();
+            std::fs::write(&file, saved).unwrap();
+        }
+        Checkpoint::load(&path, tch::Device::Cpu).unwrap();
     }
 }

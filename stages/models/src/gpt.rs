@@ -31,6 +31,7 @@
 //! assert_eq!(model.forward(&ids).size(), [1, 3, 16]);
 //! ```
 
+use embodyflow_hf::safetensors::Expected;
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -49,6 +50,78 @@ pub struct GptConfig {
     pub n_head: i64,
     /// Transformer blocks.
     pub n_layer: i64,
+}
+
+impl GptConfig {
+    /// Why this config describes no network, if it does not: every size at
+    /// least 1, `n_head` dividing `n_embd`, and the MLP's `4 n_embd` an
+    /// i64.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("n_ctx", self.n_ctx),
+            ("n_embd", self.n_embd),
+            ("n_head", self.n_head),
+            ("n_layer", self.n_layer),
+        ] {
+            if value < 1 {
+                return Err(format!("{name} must be at least 1, found {value}"));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(format!(
+                "n_head {} must divide n_embd {}",
+                self.n_head, self.n_embd
+            ));
+        }
+        if self.n_embd.checked_mul(4).is_none() {
+            return Err(format!(
+                "n_embd {} is too large (4 n_embd overflows)",
+                self.n_embd
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every parameter [`Gpt::new`] creates, by name and shape, with the
+    /// config keys it follows from (`n_ctx_keys` for the position
+    /// embedding: a VLA derives `n_ctx` from its own keys). Lazy: checking
+    /// a config of 10^9 layers against a file stops at the first layer the
+    /// file lacks.
+    pub fn tensors(&self, n_ctx_keys: &'static str) -> impl Iterator<Item = Expected> + use<> {
+        let e = self.n_embd;
+        let head = [
+            Expected::new("wte.weight", &[self.vocab_size, e], "vocab_size, n_embd"),
+            Expected::new("wpe.weight", &[self.n_ctx, e], n_ctx_keys),
+        ];
+        let blocks = (0..self.n_layer).flat_map(move |i| {
+            const KEYS: &str = "n_layer, n_embd";
+            let at = |name: &str| format!("h.{i}.{name}");
+            let mut tensors = Vec::with_capacity(12);
+            for norm in ["ln_1", "ln_2"] {
+                for part in ["weight", "bias"] {
+                    tensors.push(Expected::new(at(&format!("{norm}.{part}")), &[e], KEYS));
+                }
+            }
+            for (name, rows, columns) in [
+                ("attn.c_attn", 3 * e, e),
+                ("attn.c_proj", e, e),
+                ("mlp.c_fc", 4 * e, e),
+                ("mlp.c_proj", e, 4 * e),
+            ] {
+                tensors.push(Expected::new(
+                    at(&format!("{name}.weight")),
+                    &[rows, columns],
+                    KEYS,
+                ));
+                tensors.push(Expected::new(at(&format!("{name}.bias")), &[rows], KEYS));
+            }
+            tensors
+        });
+        let ln_f =
+            ["weight", "bias"].map(|part| Expected::new(format!("ln_f.{part}"), &[e], "n_embd"));
+        head.into_iter().chain(blocks).chain(ln_f)
+    }
 }
 
 #[derive(Debug)]
@@ -412,6 +485,15 @@ mod tests {
             n_head: 2,
             n_layer: 2,
         }
+    }
+
+    /// The tensor list a checkpoint's weights are checked against before
+    /// allocation is the network `Gpt::new` builds.
+    #[test]
+    fn the_config_lists_exactly_the_networks_parameters() {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let _model = Gpt::new(&vs.root(), &tiny());
+        embodyflow_hf::testing::assert_tensors_are_the_variables(&vs, tiny().tensors("n_ctx"));
     }
 
     #[test]

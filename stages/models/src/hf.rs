@@ -49,6 +49,7 @@ use std::sync::Arc;
 
 pub use embodyflow_hf::HfNet;
 use embodyflow_hf::chat::{ChatError, ChatTemplate};
+use embodyflow_hf::safetensors::{Expected, Weights};
 use embodyflow_hf::{HfConfig, HfError, KvCache};
 use serde_json::{Map, Value};
 use tch::nn::VarStore;
@@ -149,6 +150,80 @@ fn first_found(
     Ok(Vec::new())
 }
 
+/// The special tokens the model directory names that `tokenizer` lacks:
+/// `tokenizer_config.json`'s `bos_token`, `eos_token`, `pad_token`,
+/// `unk_token` and `additional_special_tokens` that are no token, its
+/// `added_tokens_decoder` entries whose text is not that id, and the
+/// `<|…|>` markers the chat template writes around a user message (Qwen's
+/// `<|im_start|>`, Llama 3's `<|start_header_id|>`) that are no token — a
+/// tokenizer without them would encode the markers as characters.
+fn missing_specials(
+    tokenizer: &Tokenizer,
+    tokenizer_config: &Map<String, Value>,
+    template: Option<&ChatTemplate>,
+) -> Result<Vec<String>, ModelError> {
+    let content = |value: &Value| match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Object(token) => token
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    };
+    let mut named: Vec<String> = ["bos_token", "eos_token", "pad_token", "unk_token"]
+        .iter()
+        .filter_map(|key| tokenizer_config.get(*key).and_then(content))
+        .collect();
+    if let Some(Value::Array(tokens)) = tokenizer_config.get("additional_special_tokens") {
+        named.extend(tokens.iter().filter_map(content));
+    }
+    if let Some(template) = template {
+        named.extend(markers(&render_user(template, USER_MARK)?).map(str::to_string));
+    }
+    let mut missing: Vec<String> = named
+        .into_iter()
+        .filter(|token| tokenizer.token_to_id(token).is_none())
+        .map(|token| format!("`{token}`"))
+        .collect();
+    if let Some(Value::Object(added)) = tokenizer_config.get("added_tokens_decoder") {
+        for (id, token) in added {
+            let Some(text) = content(token) else { continue };
+            if tokenizer
+                .token_to_id(&text)
+                .map(|found| found.to_string())
+                .as_deref()
+                != Some(id)
+            {
+                missing.push(format!("`{text}` as id {id}"));
+            }
+        }
+    }
+    Ok(missing)
+}
+
+/// The `<|name|>` markers in `text` (no space inside), in order.
+fn markers(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        loop {
+            let start = rest.find("<|")?;
+            let after = &rest[start + 2..];
+            let end = after.find("|>")?;
+            let inner = &after[..end];
+            if !inner.is_empty() && !inner.contains(|c: char| c.is_whitespace() || c == '<') {
+                let marker = &rest[start..start + 2 + end + 2];
+                rest = &after[end + 2..];
+                return Some(marker);
+            }
+            rest = after;
+        }
+    })
+}
+
+/// A user message's text that no task writes (a private-use character
+/// around a name), to find where a template puts the message.
+const USER_MARK: &str = "\u{e000}embodyflow-user-text\u{e000}";
+
 /// `text` as one user message with the generation prompt.
 pub(crate) fn render_user(template: &ChatTemplate, text: &str) -> Result<String, ModelError> {
     let messages = serde_json::json!([{"role": "user", "content": text}]);
@@ -164,9 +239,8 @@ pub(crate) fn user_text<'a>(
     template: &ChatTemplate,
     decoded: &'a str,
 ) -> Result<Option<&'a str>, ModelError> {
-    const MARK: &str = "\u{e000}embodyflow-user-text\u{e000}";
-    let rendered = render_user(template, MARK)?;
-    let Some((before, after)) = rendered.split_once(MARK) else {
+    let rendered = render_user(template, USER_MARK)?;
+    let Some((before, after)) = rendered.split_once(USER_MARK) else {
         return Ok(None);
     };
     Ok(decoded
@@ -206,8 +280,16 @@ impl PolicyNet for HfNet {
         HfNet::config(self)
     }
 
-    fn load_weights(vars: &mut VarStore, dir: &Path) -> Result<(), ModelError> {
-        Ok(HfNet::load_weights(vars, dir)?)
+    fn tensors(config: &HfConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
+        Box::new(config.tensors())
+    }
+
+    fn open_weights(dir: &Path, config: &HfConfig) -> Result<Weights, ModelError> {
+        Ok(HfNet::open_weights(dir, config)?)
+    }
+
+    fn load_weights(&self, vars: &mut VarStore, weights: &Weights) -> Result<(), ModelError> {
+        Ok(HfNet::load_weights(self, vars, weights)?)
     }
 
     fn write_weights(vars: &VarStore, staging: &Path) -> Result<(), ModelError> {
@@ -274,6 +356,28 @@ impl PolicyNet for HfNet {
             Err(ChatError::NoChatTemplate { .. }) => None,
             Err(other) => return Err(HfError::from(other).into()),
         };
+        let mut missing = missing_specials(tokenizer, &tokenizer_config, template.as_deref())?;
+        for (what, id) in stop
+            .iter()
+            .map(|&id| ("end-of-answer", id))
+            .chain([("padding", pad)])
+        {
+            if tokenizer.id_to_token(id as u32).is_none() {
+                missing.push(format!("{what} id {id}"));
+            }
+        }
+        if !missing.is_empty() {
+            let mut seen = std::collections::BTreeSet::new();
+            missing.retain(|what| seen.insert(what.clone()));
+            return Err(bad(
+                &tokenizer_file,
+                format!(
+                    "does not match the model: it has {vocab} tokens (the embedding {}, config.json `vocab_size`) and lacks {}: another model's tokenizer?",
+                    config.vocab_size,
+                    missing.join(", ")
+                ),
+            ));
+        }
         let mut carried = BTreeMap::new();
         for name in CARRIED_FILES {
             let file = dir.join(name);
@@ -611,5 +715,103 @@ mod tests {
             error.contains("hugging face") && error.contains("plan"),
             "{error}"
         );
+    }
+
+    /// A tokenizer that is not the model's (here the tiny BPE without the
+    /// chat tokens, beside a generation config whose end-of-answer id it
+    /// lacks) is refused, naming both sizes and what it lacks: accepted, the
+    /// chat markers were encoded as characters and the stop id was no token.
+    #[test]
+    fn a_tokenizer_without_the_models_special_tokens_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let im_end = load(dir.path())
+            .unwrap()
+            .tokenizer
+            .token_to_id("<|im_end|>")
+            .unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            serde_json::json!({"eos_token_id": im_end}).to_string(),
+        )
+        .unwrap();
+        load(dir.path()).unwrap();
+        let other = tiny_tokenizer();
+        let size = other.get_vocab_size(true);
+        other.save(dir.path().join(TOKENIZER_FILE), false).unwrap();
+        let error = load(dir.path()).err().unwrap();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput
+        );
+        let error = error.to_string();
+        for needle in [
+            TOKENIZER_FILE.to_string(),
+            format!("{size} tokens"),
+            "vocab_size".to_string(),
+            "`<|im_start|>`".to_string(),
+            "`<|im_end|>`".to_string(),
+            format!("end-of-answer id {im_end}"),
+        ] {
+            assert!(error.contains(&needle), "lacks {needle}: {error}");
+        }
+    }
+
+    /// Greedy sampling (T = 0) of a Hugging Face decoder is its greedy
+    /// search (`HfNet::greedy`, transformers' `generate(do_sample=False)`
+    /// in the golden tests), each row as alone, with the log-probs at T = 1
+    /// that the scorer gives at T = 0.
+    #[test]
+    fn greedy_sampling_is_the_decoders_greedy_search() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), None, None);
+        let policy = load(dir.path()).unwrap();
+        let prompts: Vec<Vec<i32>> = ["Task: find a Mug 1", "put the apple", "Task: find a Mug 1"]
+            .iter()
+            .map(|t| policy.prompt_ids(t).unwrap())
+            .collect();
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            max_new_tokens: 10,
+        };
+        let sampled = sample(&policy, &prompts, &[1, 2, 3], &greedy);
+        assert_eq!(sampled, sample(&policy, &prompts, &[7, 7, 7], &greedy));
+        for (prompt, s) in prompts.iter().zip(&sampled) {
+            let ids: Vec<i64> = prompt.iter().map(|&id| i64::from(id)).collect();
+            let ids = Tensor::from_slice(&ids).view([1, -1]);
+            let mask = ids.ones_like();
+            let eos = policy.special.eos;
+            let tokens = policy
+                .model
+                .greedy(
+                    &ids,
+                    &mask,
+                    10,
+                    Some(i64::from(eos)),
+                    i64::from(policy.special.pad),
+                )
+                .unwrap();
+            let tokens: Vec<i32> = Vec::<i64>::try_from(tokens.view([-1]))
+                .unwrap()
+                .into_iter()
+                .map(|t| t as i32)
+                .collect();
+            assert_eq!(s.response_ids, tokens);
+        }
+        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
+        let scores = score_responses(&policy, &prompt_refs, &responses, 0.0, Entropy::Skip);
+        for (row, s) in sampled.iter().enumerate() {
+            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
+                0,
+                0,
+                s.logprobs.len() as i64,
+            ))
+            .unwrap();
+            for (a, b) in s.logprobs.iter().zip(&scored) {
+                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
+            }
+        }
     }
 }

@@ -153,8 +153,8 @@ pub struct OptimizerState {
     exp_avg_sq: BTreeMap<String, Tensor>,
 }
 
-const WEIGHTS_FILE: &str = "optimizer.safetensors";
-const META_FILE: &str = "optimizer.json";
+pub(crate) const WEIGHTS_FILE: &str = "optimizer.safetensors";
+pub(crate) const META_FILE: &str = "optimizer.json";
 
 fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
     ModelError::BadCheckpoint {

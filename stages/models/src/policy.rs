@@ -22,7 +22,12 @@
 //! 1` from the smallest set of tokens whose probability reaches `top_p`,
 //! renormalised). The recorded log-prob is `log p` of the drawn token under
 //! the full `logits / T` distribution, as veRL's actor recomputes it. Greedy
-//! decoding takes the arg max and records `log_softmax(logits)`. A row stops
+//! decoding (`T = 0`, transformers' `generate(do_sample=False)`) takes the
+//! arg max (the lowest id among equal maxima) and records
+//! `log_softmax(logits)`, the log-prob at `T = 1`: a distribution at
+//! `T → 0` puts all its mass on the arg max (log-prob 0 whatever the
+//! model), so PPO's `old_logprobs` are the model's own, and
+//! [`score_responses`] at `T = 0` scores at 1 to match. A row stops
 //! after writing `<|eos|>` or `max_new_tokens`; finished rows leave the batch
 //! (the cache keeps only the running rows) once a quarter of it is done.
 //! Identical prompts in a batch (a group's G samples) are encoded once.
@@ -251,12 +256,20 @@ fn sample_batch<M: PlanNet>(
     let vocab = model.vocab();
     for step in 0..max_new {
         let logp = if sampling.temperature > 0.0 {
-            (last / sampling.temperature).log_softmax(-1, Kind::Float)
+            (&last / sampling.temperature).log_softmax(-1, Kind::Float)
         } else {
             last.log_softmax(-1, Kind::Float)
         };
         let logp: Vec<f32> =
             Vec::<f32>::try_from(logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
+        // Greedy: the arg max of the logits themselves (the first on a tie,
+        // as torch's `argmax` in transformers' greedy search), not of the
+        // rounded log-probs.
+        let greedy: Vec<i64> = if sampling.temperature > 0.0 {
+            Vec::new()
+        } else {
+            Vec::<i64>::try_from(last.argmax(-1, false).to(Device::Cpu)).expect("i64 ids")
+        };
         let mut next = Vec::with_capacity(running.len());
         for (row, &out) in running.iter().enumerate() {
             if done[out] {
@@ -267,7 +280,7 @@ fn sample_batch<M: PlanNet>(
             let token = if sampling.temperature > 0.0 {
                 draw(row_logp, sampling.top_p, &mut rngs[out])
             } else {
-                arg_max(row_logp)
+                greedy[row] as usize
             };
             outputs[out].response_ids.push(token as i32);
             outputs[out].logprobs.push(row_logp[token]);
@@ -410,7 +423,8 @@ pub(crate) fn right_padded<'a>(
 }
 
 /// Log-probs (and, as asked, entropies) of `responses` after `prompts` under
-/// the policy at temperature `temperature` (1 for supervised training), with
+/// the policy at temperature `temperature` (1 for supervised training; 0,
+/// greedy decoding's, reads as 1), with
 /// gradients when gradients are on. Each prompt (at least one token) +
 /// response must fit in `n_ctx`.
 ///
@@ -465,7 +479,9 @@ pub fn score_responses<M: PlanNet>(
         };
     }
     let logits = M::response_logits(policy, prompts, responses, longest);
-    let log_probs = (logits / temperature).log_softmax(-1, Kind::Float);
+    // T = 0 is greedy decoding, whose recorded log-probs are at T = 1.
+    let scale = if temperature > 0.0 { temperature } else { 1.0 };
+    let log_probs = (logits / scale).log_softmax(-1, Kind::Float);
     let targets = Tensor::from_slice(&targets)
         .view([batch, longest])
         .to(device);
@@ -958,6 +974,68 @@ mod tests {
             match eos_at {
                 Some(i) => assert_eq!(i + 1, sampled.response_ids.len()),
                 None => assert_eq!(sampled.response_ids.len(), 7),
+            }
+        }
+    }
+
+    /// Greedy decoding (T = 0) takes the arg max of the logits at each step
+    /// (checked against the model run on `prompt + response so far` alone),
+    /// records the log-prob at T = 1, which the scorer at T = 0 reproduces,
+    /// and draws nothing: any seeds give the same answers.
+    #[test]
+    fn greedy_is_the_arg_max_at_each_step_with_log_probs_at_1_and_seed_free() {
+        let policy = tiny_policy();
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            max_new_tokens: 9,
+        };
+        let sampled = sample(&policy, &prompts(), &[1, 2, 3, 4], &greedy);
+        let again = sample(&policy, &prompts(), &[90, 91, 92, 93], &greedy);
+        assert_eq!(sampled, again, "greedy draws nothing from the seeds");
+        for (row, (prompt, s)) in prompts().iter().zip(&sampled).enumerate() {
+            for (t, (&token, &logp)) in s.response_ids.iter().zip(&s.logprobs).enumerate() {
+                let ids: Vec<i64> = prompt
+                    .iter()
+                    .chain(&s.response_ids[..t])
+                    .map(|&id| i64::from(id))
+                    .collect();
+                let n = ids.len() as i64;
+                let logits =
+                    tch::no_grad(|| policy.model.forward(&Tensor::from_slice(&ids).view([1, n])))
+                        .get(0)
+                        .get(n - 1);
+                assert_eq!(
+                    logits.argmax(-1, false).int64_value(&[]),
+                    i64::from(token),
+                    "row {row} step {t}"
+                );
+                let at_one = logits
+                    .log_softmax(-1, Kind::Float)
+                    .double_value(&[i64::from(token)]);
+                assert!(
+                    (f64::from(logp) - at_one).abs() < 1e-4,
+                    "row {row} step {t}: {logp} vs {at_one}"
+                );
+            }
+        }
+        let prompts = prompts();
+        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
+        let scores =
+            tch::no_grad(|| score_responses(&policy, &prompt_refs, &responses, 0.0, Entropy::Skip));
+        for (row, s) in sampled.iter().enumerate() {
+            let scored = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
+                0,
+                0,
+                s.logprobs.len() as i64,
+            ))
+            .unwrap();
+            for (a, b) in s.logprobs.iter().zip(&scored) {
+                assert!(
+                    (a - b).abs() < 1e-4,
+                    "row {row}: sampled {a}, scored at T = 0 {b}"
+                );
             }
         }
     }

@@ -63,6 +63,7 @@ use tch::{Device, Kind, Tensor};
 use crate::checkpoint::{self, PolicyKind, PolicyNet};
 use crate::gpt::{Gpt, GptConfig};
 use crate::policy::{Entropy, arg_max, draw};
+use embodyflow_hf::safetensors::Expected;
 
 pub mod latent;
 
@@ -192,7 +193,86 @@ impl VlaConfig {
         if let Some(latent) = &self.latent {
             latent.check()?;
         }
+        if self.sequence_len().is_none() {
+            return Err(format!(
+                "the sequence of (image_size / patch_size)² patches, proprio, max_instruction, \
+                 latent and chunk_len × action_dim action tokens is too long to count \
+                 (image_size {}, patch_size {}, max_instruction {}, chunk_len {}, action_dim {})",
+                self.image_size,
+                self.patch_size,
+                self.max_instruction,
+                self.chunk_len,
+                self.action_dim
+            ));
+        }
+        if self
+            .patch_size
+            .checked_mul(self.patch_size)
+            .and_then(|n| n.checked_mul(3))
+            .is_none()
+            || self.n_embd.checked_mul(4).is_none()
+        {
+            return Err(format!(
+                "patch_size {} or n_embd {} is too large to count the parameters",
+                self.patch_size, self.n_embd
+            ));
+        }
         Ok(())
+    }
+
+    /// The trunk's `n_ctx`: patches, proprio, the longest instruction, the
+    /// latent part and the action tokens; `None` when it overflows.
+    fn sequence_len(&self) -> Option<i64> {
+        let side = self.image_size.checked_div(self.patch_size)?;
+        let latent = match &self.latent {
+            Some(latent) => latent
+                .length
+                .checked_add(latent.candidates())?
+                .checked_add(1)?,
+            None => 0,
+        };
+        side.checked_mul(side)?
+            .checked_add(1)?
+            .checked_add(self.max_instruction)?
+            .checked_add(latent)?
+            .checked_add(self.chunk_len.checked_mul(self.action_dim)?)
+    }
+
+    /// Every parameter [`Vla::new`] creates, by name and shape, with the
+    /// config keys it follows from: the trunk's ([`GptConfig::tensors`],
+    /// its `n_ctx` derived from the sequence), then the VLA's own. Lazy, as
+    /// the trunk's.
+    pub fn tensors(&self) -> impl Iterator<Item = Expected> + use<> {
+        let e = self.n_embd;
+        let p = self.patch_size;
+        let mut own = vec![
+            Expected::new("patch_embed.weight", &[e, p * p * 3], "patch_size, n_embd"),
+            Expected::new("patch_embed.bias", &[e], "n_embd"),
+            Expected::new(
+                "proprio_embed.weight",
+                &[e, self.proprio_dim.max(1)],
+                "proprio_dim, n_embd",
+            ),
+            Expected::new("proprio_embed.bias", &[e], "n_embd"),
+            Expected::new("action_query", &[e], "n_embd"),
+            Expected::new("action_head.weight", &[self.n_bins, e], "n_bins, n_embd"),
+            Expected::new("action_head.bias", &[self.n_bins], "n_bins"),
+        ];
+        if self.latent.is_some() {
+            for name in ["latent_start", "latent_end"] {
+                own.push(Expected::new(name, &[e], "latent, n_embd"));
+            }
+            for head in ["end_head", "value_head"] {
+                own.push(Expected::new(
+                    format!("{head}.weight"),
+                    &[1, e],
+                    "latent, n_embd",
+                ));
+                own.push(Expected::new(format!("{head}.bias"), &[1], "latent"));
+            }
+        }
+        let keys = "image_size, patch_size, max_instruction, latent, chunk_len, action_dim, n_embd";
+        self.trunk().tensors(keys).chain(own)
     }
 
     /// Image patches per observation: `(image_size / patch_size)²`.
@@ -212,17 +292,14 @@ impl VlaConfig {
         self.n_patches() + 1 + self.max_instruction
     }
 
-    /// Positions of the latent part (0 without latents).
-    fn latent_positions(&self) -> i64 {
-        self.latent.as_ref().map_or(0, LatentConfig::positions)
-    }
-
     /// The trunk: a [`Gpt`] over the whole sequence (its embedding embeds
     /// the instruction; its tied output head is not used).
     fn trunk(&self) -> GptConfig {
         GptConfig {
             vocab_size: self.vocab_size,
-            n_ctx: self.prefix_len() + self.latent_positions() + self.n_action_tokens(),
+            // Counted without overflow by `check`; a config it refuses
+            // gets a length no weights have.
+            n_ctx: self.sequence_len().unwrap_or(i64::MAX),
             n_embd: self.n_embd,
             n_head: self.n_head,
             n_layer: self.n_layer,
@@ -406,6 +483,10 @@ impl PolicyNet for Vla {
 
     fn check(config: &VlaConfig) -> Result<(), String> {
         config.check()
+    }
+
+    fn tensors(config: &VlaConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
+        Box::new(config.tensors())
     }
 
     fn vocab_size(config: &VlaConfig) -> i64 {

@@ -435,6 +435,62 @@ fn checkpoints_round_trip_and_name_their_kind() {
     );
 }
 
+/// The tensor list a checkpoint's weights are checked against before
+/// allocation is the network `Vla::new` builds, with and without latents,
+/// proprio and frames.
+#[test]
+fn the_config_lists_exactly_the_networks_parameters() {
+    let thinking = VlaConfig {
+        latent: Some(LatentConfig::last_r1()),
+        ..tiny_config(50)
+    };
+    let blind = VlaConfig {
+        image_size: 0,
+        proprio_dim: 0,
+        ..tiny_config(50)
+    };
+    for config in [tiny_config(50), thinking, blind] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _model = Vla::new(&vs.root(), &config);
+        embodyflow_hf::testing::assert_tensors_are_the_variables(&vs, config.tensors());
+    }
+}
+
+/// Sizes no weights hold in a saved VLA's config.json (10^9 layers, 2^40
+/// bins or chunk steps, 2^31-pixel images) are refused on the weights'
+/// header, naming the tensor, the file and the keys, before any parameter
+/// is allocated (allocating them aborted the process); sizes whose
+/// sequence cannot even be counted are refused by the config check.
+#[test]
+fn absurd_sizes_in_config_json_are_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vla");
+    tiny(0).save(&path, "test", false).unwrap();
+    let text = std::fs::read_to_string(path.join("config.json")).unwrap();
+    let cases: [(&str, i64, &str); 6] = [
+        ("n_layer", 1_000_000_000, "`h.2.ln_1.weight` is missing"),
+        ("n_bins", 1 << 40, "`action_head.weight` has shape"),
+        ("chunk_len", 1 << 40, "`wpe.weight` has shape"),
+        ("image_size", 1 << 31, "`wpe.weight` has shape"),
+        ("n_embd", 1 << 31, "`wte.weight` has shape"),
+        ("image_size", 1 << 40, "too long to count"),
+    ];
+    for (key, value, needle) in cases {
+        let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+        config[key] = serde_json::Value::from(value);
+        std::fs::write(path.join("config.json"), config.to_string()).unwrap();
+        let error = Checkpoint::<Vla>::load_kind(&path, Device::Cpu)
+            .err()
+            .unwrap();
+        assert_eq!(error.kind(), ErrorKind::BadInput, "{key}: {error}");
+        let error = error.to_string();
+        assert!(
+            error.contains(needle) && error.contains(key),
+            "{key}: {error}"
+        );
+    }
+}
+
 /// A change to a good config and the words of the error it must raise.
 type ConfigCase = (fn(&mut VlaConfig), &'static str);
 
