@@ -11,6 +11,7 @@ mod examples;
 mod foreign_rollouts;
 mod gigpo;
 mod grpo_step;
+mod gym_faults;
 mod gym_stages;
 mod hf_policy;
 mod killed_writer;

@@ -9,7 +9,9 @@ Expert: always +1.
 kwargs `fault` = "crash" (os._exit(3)), "hang" (sleeps forever),
 "malformed" (writes a frame with bad JSON to the protocol pipe) or "raise"
 (the env raises RuntimeError: only its episode fails), at env
-step `at_step` (default 1) of the episode; `text` (true) adds a text
+step `at_step` (default 1) of the episode, only in the first episode to
+get there when `fault_once` names a file (one episode of a group then
+fails, its siblings run); `text` (true) adds a text
 observation, "at N" (the expert's demonstrations then carry it);
 `delay` (seconds) sleeps at every
 step (a slow env, for timeout tests). At reset: `reset_delay` (seconds)
@@ -41,6 +43,19 @@ def make(env_id, kwargs, seed):
     return Episode(kwargs)
 
 
+def once(marker):
+    """Whether a fault marked by the file `marker` (None: every time) is due;
+    the file is made then, so it is due only once."""
+    if marker is None:
+        return True
+    try:
+        # Made atomically: of workers racing to it, one finds it due.
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 class Episode:
     def __init__(self, kwargs):
         self.fault = kwargs.get("fault")
@@ -50,6 +65,7 @@ class Episode:
         self.reset_delay = float(kwargs.get("reset_delay", 0.0))
         self.reset_fault = kwargs.get("reset_fault")
         self.reset_once = kwargs.get("reset_once")
+        self.fault_once = kwargs.get("fault_once")
         self.text = bool(kwargs.get("text", False))
         self.position = 0
         self.steps = 0
@@ -84,7 +100,7 @@ class Episode:
         self.steps += 1
         if self.delay:
             time.sleep(self.delay)
-        if self.steps == self.at_step:
+        if self.steps == self.at_step and self.fault and once(self.fault_once):
             if self.fault == "crash":
                 os._exit(3)
             if self.fault == "hang":
