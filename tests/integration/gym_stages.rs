@@ -7,7 +7,9 @@
 //! the `faulty` adapter that crashes, hangs or lies at step 2 ends exactly
 //! its own episodes, as failures with the reason in `failure_reason`, the
 //! other worker's episodes run to their end, the run exits 0 and the
-//! summary counts the fault.
+//! summary counts the fault; so do an environment that raises in its reset
+//! and a worker that dies building its environment (before any decision),
+//! and a hung worker's environments' own processes die with it.
 
 use std::path::Path;
 
@@ -252,6 +254,108 @@ fn a_worker_that_crashes_hangs_or_lies_fails_its_own_episodes_with_the_reason() 
             }
         }
     }
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'))
+        .unwrap_or(true)
+}
+
+#[test]
+fn an_env_that_raises_in_reset_or_dies_starting_fails_only_its_tasks_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let children = dir.path().join("children");
+    let counter = |seed: u64, kwargs: serde_json::Value| {
+        let mut spec = GymTaskSpec::new("faulty", "Counter-v0", seed, 6);
+        spec.kwargs = kwargs;
+        spec
+    };
+    let specs = [
+        counter(0, serde_json::json!({"reset_fault": "raise"})),
+        counter(1, serde_json::json!({"start_fault": "crash"})),
+        // Starts a child process (a simulator's server), then hangs.
+        counter(
+            2,
+            serde_json::json!({"child": s(&children), "fault": "hang", "at_step": 2}),
+        ),
+        counter(3, serde_json::json!({})),
+    ];
+    let task_rows: Vec<TaskRow> = specs
+        .iter()
+        .enumerate()
+        .map(|(t, spec)| task_row(&format!("counter/{t}"), "train", spec).unwrap())
+        .collect();
+    let tasks = dir.path().join("tasks");
+    write_table(&tasks, &task_rows);
+    let clean = dir.path().join("clean");
+    faulty_tasks(&clean, "crash");
+    let vla = dir.path().join("vla");
+    let mut init = vec!["--out", s(&vla), "--input", s(&clean), "--seed", "0"];
+    init.extend_from_slice(TINY_VLA);
+    ok("init-policy", &init);
+    // One worker per task: each fault stays with its own task's episodes.
+    let bridge = ["bridge.workers=4", "bridge.timeout_s=1"];
+    let why = |reason: &Option<String>, t: usize| -> Result<(), String> {
+        let reason = reason.as_deref().unwrap_or_default();
+        let expected = [
+            "the environment raised RuntimeError in reset: counter cannot be reset",
+            "crashed (exit status: 5) during hello (faulty Counter-v0), the last of 3 attempts",
+            "hung (no reply within 1.0 s) at decision 1",
+        ];
+        match expected.get(t) {
+            Some(what) if reason.contains(what) => Ok(()),
+            None if reason.is_empty() => Ok(()),
+            _ => Err(format!("task {t}: {reason:?}")),
+        }
+    };
+    let task_of = |id: &str| -> usize { id["counter/".len()..].parse().unwrap() };
+    let out = dir.path().join("rollouts");
+    collect(&vla, &tasks, &out, &bridge);
+    let trajectories: Vec<TrajectoryRow> = rows(&out, TableName::Trajectories);
+    assert_eq!(trajectories.len(), 8, "never dropped");
+    for t in &trajectories {
+        let task = task_of(&t.task_id);
+        why(&t.failure_reason, task).unwrap();
+        let decisions = if task < 2 { 0..=0 } else { 1..=6 };
+        assert!(decisions.contains(&t.num_steps), "{t:?}");
+    }
+    let eval_out = dir.path().join("eval");
+    let mut args = vec![
+        "--policy",
+        s(&vla),
+        "--input",
+        s(&tasks),
+        "--out",
+        s(&eval_out),
+    ];
+    for set in bridge.iter().chain(&["runs=1"]) {
+        args.extend(["--set", set]);
+    }
+    ok("evaluate", &args);
+    let eval: Vec<EvalRow> = rows(&eval_out, TableName::Eval);
+    assert_eq!(eval.len(), 4);
+    for row in &eval {
+        why(&row.failure_reason, task_of(&row.task_id)).unwrap();
+    }
+    // The hung worker's environments' children died with its process
+    // group: none outlives the stages.
+    let pids: Vec<u32> = std::fs::read_to_string(&children)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(pids.len() >= 4, "{pids:?}");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !pids.iter().all(|&p| gone(p)) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let alive: Vec<&u32> = pids.iter().filter(|&&p| !gone(p)).collect();
+    assert!(
+        alive.is_empty(),
+        "children alive after the stages: {alive:?}"
+    );
 }
 
 /// Tasks of the example text environment (`embodyflow_gym.envs`, through

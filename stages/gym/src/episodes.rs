@@ -18,8 +18,14 @@
 //! malformed frame is killed and restarted; each of its live episodes ends
 //! with `ChunkReport { done: true, success: false, failure: Some(reason) }`,
 //! the reason naming the worker, what happened and the decision. An
-//! environment that raises ends only its own episode the same way. The
-//! counts are [`GymEpisodes::faults`].
+//! environment that raises ends only its own episode the same way. Before
+//! the first decision: a worker that dies saying hello or resetting is
+//! restarted and asked again, [`START_ATTEMPTS`] times in all; then the
+//! episodes it was to host end before their first decision
+//! ([`ClosedLoopWorld::start_failure`] says why), as does an episode whose
+//! environment raises in its reset, and the others run. The counts are
+//! [`GymEpisodes::faults`]. Dropping the pool closes its workers (each
+//! closes its environments) and kills their process groups.
 //!
 //! ```no_run
 //! use embodyflow_gym::{BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, probe};
@@ -34,7 +40,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::Duration;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::{self, ObservationShape};
@@ -44,7 +50,13 @@ use serde_json::{Value, json};
 
 use crate::protocol::{Frame, split_body};
 use crate::worker::{Fault, Reply, Worker};
-use crate::{ActionSpace, AdapterInfo, BridgeConfig, BridgeError, GymTask, GymTaskSpec};
+use crate::{
+    ActionSpace, AdapterInfo, BridgeConfig, BridgeError, GymTask, GymTaskSpec, START_ATTEMPTS,
+};
+
+/// The longest wait for a worker to close its environments and exit
+/// (shorter when the bridge's timeout is); then its group is killed.
+pub const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Faults of a pool's workers, for a stage's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +140,20 @@ impl Pool {
         Ok(self.workers[w].as_mut().expect("just started"))
     }
 
+    /// Asks every worker to close (each closes its environments and
+    /// exits), waits for their answers (at most [`CLOSE_PATIENCE`] or the
+    /// timeout, together) and kills their process groups.
+    fn close(&mut self) {
+        let patience = self.config.timeout.min(CLOSE_PATIENCE);
+        for worker in self.workers.iter_mut().flatten() {
+            worker.send(&json!({"op": "close"}));
+        }
+        for mut worker in self.workers.iter_mut().filter_map(Option::take) {
+            let _ = worker.receive(patience);
+            worker.kill();
+        }
+    }
+
     /// Counts `fault` of worker `w`, kills it and starts another (a
     /// failed start is retried at the next use).
     pub(crate) fn fault(&mut self, w: usize, fault: &Fault) {
@@ -146,6 +172,12 @@ impl Pool {
     }
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 #[derive(Deserialize)]
 struct ResetEpisode {
     slot: usize,
@@ -154,6 +186,9 @@ struct ResetEpisode {
     obs_len: usize,
     #[serde(default)]
     text: Option<String>,
+    /// The environment raised building or resetting (the episode fails).
+    #[serde(default)]
+    error: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -211,6 +246,9 @@ struct Episode {
     /// The text of its last observation (an env that observes text).
     text: Option<String>,
     running: bool,
+    /// Why it ended before its first decision (its environment could not
+    /// be started or reset).
+    failure: Option<String>,
 }
 
 /// `G` copies of each Gymnasium task, stepped by a [`Pool`] (module doc).
@@ -229,8 +267,9 @@ impl GymEpisodes {
     /// `group` copies of each task on a new pool of `config.workers`
     /// workers, reset; `bins` are the policy's (checked against the action
     /// space). Bad input (an unknown adapter or env id, a missing package,
-    /// a Python that cannot start, tasks of different shapes, bins that do
-    /// not fit) is an error before any step.
+    /// a Python that cannot be started, tasks of different shapes, bins
+    /// that do not fit) is an error before any step; an episode whose
+    /// environment could not be started or reset is not (module doc).
     pub fn new(
         config: &BridgeConfig,
         tasks: &[GymTask],
@@ -255,7 +294,7 @@ impl GymEpisodes {
                 tasks.len()
             )));
         }
-        let info = describe(&mut pool, tasks)?;
+        let (info, unstarted) = describe(&mut pool, tasks)?;
         info.action
             .check_bins(bins)
             .map_err(|e| BridgeError::Mismatch(format!("the policy's action bins: {e}")))?;
@@ -265,6 +304,7 @@ impl GymEpisodes {
         for e in 0..n {
             let worker = e * w_count / n;
             let first = (worker * n).div_ceil(w_count);
+            let failure = unstarted[e / group].clone();
             episodes.push(Episode {
                 task: e / group,
                 worker,
@@ -272,7 +312,8 @@ impl GymEpisodes {
                 instruction: String::new(),
                 key: None,
                 text: None,
-                running: true,
+                running: failure.is_none(),
+                failure,
             });
         }
         let mut world = GymEpisodes {
@@ -335,32 +376,39 @@ impl GymEpisodes {
         .map_err(|e| format!("episode {i}'s observation: {e}"))
     }
 
-    /// Resets every episode: each worker builds (or reuses) and resets the
-    /// environments of its slots, sending progress frames as it goes. A
-    /// worker that crashes, stays silent past the build patience or sends a
-    /// malformed reply is counted, restarted and asked once more; a second
-    /// fault of the same worker is an error ([`BridgeError::Reset`]).
+    /// Resets every episode that started: each worker builds (or reuses)
+    /// and resets the environments of its slots, sending progress frames as
+    /// it goes. A worker that crashes, stays silent past the timeout (its
+    /// start-up patience before its first frame) or sends a malformed reply
+    /// is counted, restarted and asked again, [`START_ATTEMPTS`] times in
+    /// all; then its episodes fail with the last fault. An episode whose
+    /// environment raised fails alone.
     fn reset(&mut self) -> Result<(), BridgeError> {
-        let groups = self.by_worker(|_| true);
-        for &w in groups.keys() {
-            self.send_reset(w, &groups[&w])?;
-        }
-        for (&w, members) in &groups {
-            let Err(first) = self.read_reset(w, members)? else {
-                continue;
-            };
-            let name = self.pool.worker(w)?.name();
-            self.pool.fault(w, &first);
-            self.send_reset(w, members)?;
-            if let Err(again) = self.read_reset(w, members)? {
-                let restarted = self.pool.worker(w)?.name();
-                self.pool.fault(w, &again);
-                return Err(BridgeError::Reset {
-                    first: format!("{name} {first}"),
-                    again: format!("{restarted} {again}"),
-                    python: self.pool.config.python.clone(),
-                });
+        let mut pending = self.by_worker(|e| e.failure.is_none());
+        for attempt in 1..=START_ATTEMPTS {
+            for (&w, members) in &pending {
+                self.send_reset(w, members)?;
             }
+            let mut again = BTreeMap::new();
+            for (w, members) in pending {
+                let name = self.pool.worker(w)?.name();
+                let Err(fault) = self.read_reset(w, &members)? else {
+                    continue;
+                };
+                self.pool.fault(w, &fault);
+                if attempt == START_ATTEMPTS {
+                    let reason = format!(
+                        "{name} {fault} in reset, the last of {START_ATTEMPTS} attempts; killed and restarted"
+                    );
+                    for &i in &members {
+                        self.episodes[i].running = false;
+                        self.episodes[i].failure = Some(reason.clone());
+                    }
+                } else {
+                    again.insert(w, members);
+                }
+            }
+            pending = again;
         }
         Ok(())
     }
@@ -387,9 +435,10 @@ impl GymEpisodes {
         w: usize,
         members: &[usize],
     ) -> Result<Result<(), Fault>, BridgeError> {
-        let patience = self.pool.config.build_patience();
+        let (timeout, start) = (self.pool.config.timeout, self.pool.config.startup_timeout);
         let worker = self.pool.worker(w)?;
-        let frame = match worker.receive_patiently(patience) {
+        let name = worker.name();
+        let frame = match worker.receive_patiently(timeout, start) {
             Ok(Reply::Done(frame)) => frame,
             Ok(Reply::Refused { bad_input, message }) => {
                 return Err(BridgeError::Refused {
@@ -405,6 +454,12 @@ impl GymEpisodes {
         let parsed = reply_episodes::<ResetEpisode>(&frame, &slots, |r| (r.slot, r.obs_len))
             .and_then(|(replies, observations)| {
                 for ((&i, reply), bytes) in members.iter().zip(replies).zip(observations) {
+                    if let Some(error) = reply.error {
+                        let e = &mut self.episodes[i];
+                        e.running = false;
+                        e.failure = Some(format!("{name}: {error}"));
+                        continue;
+                    }
                     self.store(i, bytes, reply.text)?;
                     let e = &mut self.episodes[i];
                     e.instruction = reply.instruction;
@@ -500,42 +555,56 @@ impl GymEpisodes {
 
 /// The one shape and action space of every task's environment (a `hello`
 /// to worker 0 per distinct adapter, env id and kwargs the pool has not
-/// seen).
-pub(crate) fn describe(pool: &mut Pool, tasks: &[GymTask]) -> Result<AdapterInfo, BridgeError> {
-    let config = pool.config.clone();
+/// seen), and for each task why it cannot start (`None`: it can): a worker
+/// that died saying hello [`START_ATTEMPTS`] times, an environment that
+/// raised while it was built. Bad input (a refusal naming the request),
+/// tasks of different shapes, and no task that can start (in a pool that
+/// never described one) are errors.
+pub(crate) fn describe(
+    pool: &mut Pool,
+    tasks: &[GymTask],
+) -> Result<(AdapterInfo, Vec<Option<String>>), BridgeError> {
     let mut first: Option<(&GymTask, AdapterInfo)> = None;
-    let mut seen: Vec<(&str, &str, &Value)> = Vec::new();
+    let mut unstartable: Option<BridgeError> = None;
+    let mut outcomes: Vec<((&str, &str, &Value), Option<String>)> = Vec::new();
+    let mut unstarted = Vec::with_capacity(tasks.len());
     for task in tasks {
         let spec: &GymTaskSpec = &task.spec;
         let key = (spec.adapter.as_str(), spec.env_id.as_str(), &spec.kwargs);
-        if seen.contains(&key) {
+        if let Some((_, outcome)) = outcomes.iter().find(|(k, _)| *k == key) {
+            unstarted.push(outcome.clone());
             continue;
         }
-        seen.push(key);
         let known = pool
             .infos
             .iter()
             .find(|(a, e, k, _)| (a.as_str(), e.as_str(), k) == (key.0, key.1, key.2));
         let info = match known {
             Some((.., info)) => info.clone(),
-            None => {
-                let worker = pool.worker(0)?;
-                match crate::hello(worker, &config, spec) {
-                    Ok(info) => {
-                        let entry = (spec.adapter.clone(), spec.env_id.clone());
-                        pool.infos
-                            .push((entry.0, entry.1, spec.kwargs.clone(), info.clone()));
-                        info
-                    }
-                    Err(e) => {
-                        if let BridgeError::Startup { fault, .. } = &e {
-                            pool.fault(0, fault);
-                        }
-                        return Err(e);
-                    }
+            None => match crate::hello(pool, 0, spec) {
+                Ok(info) => {
+                    let entry = (spec.adapter.clone(), spec.env_id.clone());
+                    pool.infos
+                        .push((entry.0, entry.1, spec.kwargs.clone(), info.clone()));
+                    info
                 }
-            }
+                Err(
+                    e @ (BridgeError::Startup { .. }
+                    | BridgeError::Refused {
+                        bad_input: false, ..
+                    }),
+                ) => {
+                    let reason = e.to_string();
+                    outcomes.push((key, Some(reason.clone())));
+                    unstarted.push(Some(reason));
+                    unstartable.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
         };
+        outcomes.push((key, None));
+        unstarted.push(None);
         let observed = |info: &AdapterInfo| {
             let text = if info.text > 0 { " and text" } else { "" };
             format!("observes {}{text} and acts in {}", info.shape, info.action)
@@ -563,7 +632,15 @@ pub(crate) fn describe(pool: &mut Pool, tasks: &[GymTask]) -> Result<AdapterInfo
             Some((_, i0)) => i0.text = i0.text.max(info.text),
         }
     }
-    Ok(first.expect("at least one task").1)
+    // No task can start: the episodes of an earlier batch (the same
+    // policy's) tell their shape, else there is none to run.
+    let info = match (first, pool.infos.first(), unstartable) {
+        (Some((_, info)), ..) => info,
+        (None, Some((.., info)), _) => info.clone(),
+        (None, None, Some(e)) => return Err(e),
+        (None, None, None) => unreachable!("every task is described or unstartable"),
+    };
+    Ok((info, unstarted))
 }
 
 impl ClosedLoopWorld for GymEpisodes {
@@ -640,7 +717,7 @@ impl ClosedLoopWorld for GymEpisodes {
             match self.pool.worker(w) {
                 Ok(worker) => {
                     worker.send(&json!({"op": "step_chunk", "episodes": items}));
-                    sent.push((w, members, worker.name(), Instant::now()));
+                    sent.push((w, members, worker.name()));
                 }
                 Err(e) => {
                     let reason =
@@ -650,11 +727,8 @@ impl ClosedLoopWorld for GymEpisodes {
             }
         }
         let timeout = self.pool.config.timeout;
-        for (w, members, name, at) in sent {
-            let reply = self
-                .pool
-                .worker(w)
-                .map(|worker| worker.receive(at + timeout));
+        for (w, members, name) in sent {
+            let reply = self.pool.worker(w).map(|worker| worker.receive(timeout));
             let fault = match reply {
                 Ok(Ok(Reply::Done(frame))) => {
                     match self.read_step(&frame, &members, k, (&name, decision), &mut reports) {
@@ -688,5 +762,9 @@ impl ClosedLoopWorld for GymEpisodes {
 
     fn observation_text(&self, i: usize) -> Option<&str> {
         self.episodes[i].text.as_deref()
+    }
+
+    fn start_failure(&self, i: usize) -> Option<&str> {
+        self.episodes[i].failure.as_deref()
     }
 }

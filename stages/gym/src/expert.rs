@@ -154,12 +154,13 @@ fn parse(
 
 /// Each task's scripted-expert episode in chunks of `chunk_len` actions, on
 /// `config.workers` workers. Tasks without an expert (the generic adapter),
-/// of different shapes, or that cannot be built are bad input; a worker
-/// fault, or an expert or environment that raises, ends that task's
+/// of different shapes, or of an unknown adapter or env id are bad input; a
+/// worker fault, or an expert or environment that raises, ends that task's
 /// demonstration as a failure with its reason (a faulty worker is
-/// restarted for the next task). A worker playing an expert episode sends
-/// progress frames: it is hung after [`BridgeConfig::build_patience`]
-/// without any.
+/// restarted for the next task), as does a worker that keeps dying saying
+/// hello ([`crate::START_ATTEMPTS`]). A worker playing an expert episode
+/// sends progress frames: it is hung after `config.timeout` without any
+/// (`config.startup_timeout` before its first frame).
 pub fn expert_demonstrations(
     config: &BridgeConfig,
     tasks: &[GymTask],
@@ -176,57 +177,75 @@ pub fn expert_demonstrations(
         workers,
         ..config.clone()
     })?;
-    let info = crate::episodes::describe(&mut pool, tasks)?;
+    let (info, unstarted) = crate::episodes::describe(&mut pool, tasks)?;
     if !info.expert {
         return Err(BridgeError::Mismatch(format!(
             "task `{}`: adapter `{}` has no scripted expert",
             tasks[0].task_id, tasks[0].spec.adapter
         )));
     }
-    let patience = config.build_patience();
-    let mut out = Vec::with_capacity(tasks.len());
-    for wave in tasks.chunks(workers) {
-        for (w, task) in wave.iter().enumerate() {
+    let (timeout, start) = (config.timeout, config.startup_timeout);
+    let failed = |task: &GymTask, failure: String| Demonstration {
+        task_id: task.task_id.clone(),
+        instruction: String::new(),
+        decisions: Vec::new(),
+        success: false,
+        failure: Some(failure),
+    };
+    // The demonstrations in task order: those of tasks that cannot start
+    // now, the others as their waves end.
+    let mut out: Vec<Option<Demonstration>> = Vec::with_capacity(tasks.len());
+    for (task, why) in tasks.iter().zip(&unstarted) {
+        out.push(why.clone().map(|why| failed(task, why)));
+    }
+    let ready: Vec<usize> = (0..tasks.len()).filter(|&t| out[t].is_none()).collect();
+    for wave in ready.chunks(workers) {
+        for (w, &t) in wave.iter().enumerate() {
+            let spec = &tasks[t].spec;
             let request = json!({
-                "op": "expert_episode", "spec": task.spec.to_json(),
-                "seed": task.spec.seed, "k": chunk_len,
+                "op": "expert_episode", "spec": spec.to_json(),
+                "seed": spec.seed, "k": chunk_len,
             });
             pool.worker(w)?.send(&request);
         }
-        for (w, task) in wave.iter().enumerate() {
+        for (w, &t) in wave.iter().enumerate() {
+            let task = &tasks[t];
             let worker = pool.worker(w)?;
             let name = worker.name();
-            let fault = match worker.receive_patiently(patience) {
+            let fault = match worker.receive_patiently(timeout, start) {
                 Ok(Reply::Done(frame)) => {
                     match parse(&frame, &info, chunk_len, &task.task_id, &name) {
                         Ok(demo) => {
-                            out.push(demo);
+                            out[t] = Some(demo);
                             continue;
                         }
                         Err(what) => Fault::Malformed(what),
                     }
                 }
-                Ok(Reply::Refused { bad_input, message }) => {
+                Ok(Reply::Refused {
+                    bad_input: false,
+                    message,
+                }) => {
+                    out[t] = Some(failed(task, format!("{name}: {message}")));
+                    continue;
+                }
+                Ok(Reply::Refused { message, .. }) => {
                     return Err(BridgeError::Refused {
                         worker: name,
                         request: format!("expert_episode (task `{}`)", task.task_id),
                         message,
-                        bad_input,
+                        bad_input: true,
                     });
                 }
                 Err(fault) => fault,
             };
             pool.fault(w, &fault);
-            out.push(Demonstration {
-                task_id: task.task_id.clone(),
-                instruction: String::new(),
-                decisions: Vec::new(),
-                success: false,
-                failure: Some(format!(
-                    "{name} {fault} in the expert episode; killed and restarted"
-                )),
-            });
+            let reason = format!("{name} {fault} in the expert episode; killed and restarted");
+            out[t] = Some(failed(task, reason));
         }
     }
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .map(|d| d.expect("every task played or failed"))
+        .collect())
 }

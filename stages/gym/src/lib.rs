@@ -10,13 +10,19 @@
 //!
 //! - [`protocol`]: frames over the pipes (u32 length + JSON header + binary
 //!   body of EFOB observations), bounded; anything else is malformed.
-//! - [`worker`]: one process, with a deadline on every reply; its
+//! - [`worker`]: one process in its own process group, with a deadline on
+//!   every reply and an id that ties each reply to its request; its
 //!   [`worker::Fault`]s (crashed, hung, malformed).
 //! - [`episodes`]: [`GymEpisodes`], `G` copies of each task sharing the
 //!   reset seed (so the initial state), actions decoded from the policy's
 //!   bins, anchor keys from the worker's state hash; a faulty worker is
-//!   killed and restarted and each of its live episodes ends as a failure
-//!   with the reason, never dropped, never a hang.
+//!   killed (with its process group) and restarted and each of its live
+//!   episodes ends as a failure with the reason, never dropped, never a
+//!   hang. A worker that dies starting or resetting is restarted up to
+//!   [`START_ATTEMPTS`] times, then its episodes fail with the reason; an
+//!   environment that raises in its reset fails its own episode. Only bad
+//!   input (an unknown adapter or env id, a missing package, a Python that
+//!   cannot be started) stops a stage.
 //! - [`expert`]: the adapters' scripted experts' whole episodes
 //!   ([`expert_demonstrations`]).
 //!
@@ -67,6 +73,10 @@ pub const PYTHON_VAR: &str = "EMBODYFLOW_GYM_PYTHON";
 /// on an idle machine).
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How many times a worker is started for a hello or a reset before the
+/// episodes it was to host fail: the first start and two restarts.
+pub const START_ATTEMPTS: usize = 3;
+
 /// The tasks table's `env` prefix of a bridge task (`gym:<adapter>`).
 pub const ENV_PREFIX: &str = "gym:";
 
@@ -75,12 +85,13 @@ pub const ENV_PREFIX: &str = "gym:";
 pub struct BridgeConfig {
     /// Worker processes (episodes are split over them).
     pub workers: usize,
-    /// Longest wait for a reply to a step; past it the worker is hung.
+    /// Longest wait for a reply to a step, and longest silence between two
+    /// frames of a reset or an expert episode (which send progress frames
+    /// as they go); past it the worker is hung.
     pub timeout: Duration,
-    /// Longest silence of a worker starting (hello) or building and
-    /// resetting environments or playing an expert episode, which send
-    /// progress frames as they go: these wait at least this long between
-    /// two frames, whatever `timeout` (default [`STARTUP_TIMEOUT`]).
+    /// Longest wait for a starting worker's first frame (its Python
+    /// imports and first environment), when longer than `timeout`
+    /// (default [`STARTUP_TIMEOUT`]); after that frame `timeout` applies.
     pub startup_timeout: Duration,
     /// The Python interpreter.
     pub python: PathBuf,
@@ -98,14 +109,6 @@ impl Default for BridgeConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON)),
         }
-    }
-}
-
-impl BridgeConfig {
-    /// The longest silence of requests that build environments: the
-    /// larger of the two timeouts.
-    pub fn build_patience(&self) -> Duration {
-        self.timeout.max(self.startup_timeout)
     }
 }
 
@@ -393,10 +396,11 @@ pub enum BridgeError {
         /// Whether the request was at fault (else the worker failed).
         bad_input: bool,
     },
-    /// A worker failed to start (its hello): a Python that cannot run the
-    /// worker module shows here.
+    /// A worker failed to start (its hello), [`START_ATTEMPTS`] times: a
+    /// Python that cannot run the worker module, an environment that kills
+    /// its process while it is built.
     #[error(
-        "{worker} {fault} during {request} (python `{python}`; its traceback, if any, is on stderr)"
+        "{worker} {fault} during {request}, the last of {START_ATTEMPTS} attempts (python `{python}`; its traceback, if any, is on stderr)"
     )]
     Startup {
         /// The worker.
@@ -405,19 +409,6 @@ pub enum BridgeError {
         request: String,
         /// What happened.
         fault: Fault,
-        /// The interpreter.
-        python: PathBuf,
-    },
-    /// A worker failed twice resetting a batch's episodes: once, then
-    /// again after its restart (an environment that cannot be reset).
-    #[error(
-        "resetting episodes: {first}; restarted, then {again} (python `{python}`; its traceback, if any, is on stderr)"
-    )]
-    Reset {
-        /// The first fault, with the worker.
-        first: String,
-        /// The fault of the restarted worker.
-        again: String,
         /// The interpreter.
         python: PathBuf,
     },
@@ -440,10 +431,9 @@ impl Classify for BridgeError {
             BridgeError::Refused {
                 bad_input: false, ..
             }
-            | BridgeError::Reset { .. } => ErrorKind::Failure,
+            | BridgeError::Startup { .. } => ErrorKind::Failure,
             BridgeError::Python { .. }
             | BridgeError::Refused { .. }
-            | BridgeError::Startup { .. }
             | BridgeError::Mismatch(_)
             | BridgeError::TaskRow { .. } => ErrorKind::BadInput,
         }
@@ -457,10 +447,13 @@ pub(crate) fn spawn(config: &BridgeConfig, index: usize) -> Result<Worker, Bridg
     })
 }
 
-/// Sends `hello` for an adapter, env and kwargs to `worker`.
+/// What `spec`'s environment looks like, asked of the pool's worker `w`
+/// (`hello`): a worker that crashes, hangs or sends a malformed reply is
+/// restarted and asked again, [`START_ATTEMPTS`] times in all
+/// ([`BridgeError::Startup`] then); a refusal is the worker's answer.
 pub(crate) fn hello(
-    worker: &mut Worker,
-    config: &BridgeConfig,
+    pool: &mut Pool,
+    w: usize,
     spec: &GymTaskSpec,
 ) -> Result<AdapterInfo, BridgeError> {
     let request = json!({
@@ -468,47 +461,55 @@ pub(crate) fn hello(
         "kwargs": spec.kwargs, "seed": spec.seed,
     });
     let what = format!("hello ({} {})", spec.adapter, spec.env_id);
-    match worker.request(&request, config.build_patience()) {
-        Ok(Reply::Done(frame)) => {
-            AdapterInfo::from_header(&frame.header).ok_or_else(|| BridgeError::Startup {
-                worker: worker.name(),
+    let (timeout, start) = (pool.config().timeout, pool.config().startup_timeout);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let worker = pool.worker(w)?;
+        let name = worker.name();
+        worker.send(&request);
+        let fault = match worker.receive_patiently(timeout, start) {
+            Ok(Reply::Done(frame)) => match AdapterInfo::from_header(&frame.header) {
+                Some(info) => return Ok(info),
+                None => Fault::Malformed("a hello reply without the shape and action space".into()),
+            },
+            Ok(Reply::Refused { bad_input, message }) => {
+                return Err(BridgeError::Refused {
+                    worker: name,
+                    request: what,
+                    message,
+                    bad_input,
+                });
+            }
+            Err(fault) => fault,
+        };
+        pool.fault(w, &fault);
+        if attempt == START_ATTEMPTS {
+            return Err(BridgeError::Startup {
+                worker: name,
                 request: what,
-                fault: Fault::Malformed("a hello reply without the shape and action space".into()),
-                python: config.python.clone(),
-            })
+                fault,
+                python: pool.config().python.clone(),
+            });
         }
-        Ok(Reply::Refused { bad_input, message }) => Err(BridgeError::Refused {
-            worker: worker.name(),
-            request: what,
-            message,
-            bad_input,
-        }),
-        Err(fault) => Err(BridgeError::Startup {
-            worker: worker.name(),
-            request: what,
-            fault,
-            python: config.python.clone(),
-        }),
     }
 }
 
 /// What `adapter`'s environment `env_id` looks like, asked of a fresh
 /// worker (which then exits). An unknown adapter, an env id that does not
-/// exist, a missing package or a Python that cannot start is bad input
-/// naming what is missing and how to install it.
+/// exist, a missing package or a Python that cannot be started is bad
+/// input naming what is missing and how to install it; a worker that dies
+/// [`START_ATTEMPTS`] times is a failure ([`BridgeError::Startup`]).
 pub fn probe(
     config: &BridgeConfig,
     adapter: &str,
     env_id: &str,
 ) -> Result<AdapterInfo, BridgeError> {
-    let mut worker = spawn(config, 0)?;
-    let info = hello(
-        &mut worker,
-        config,
-        &GymTaskSpec::new(adapter, env_id, 0, 1),
-    )?;
-    worker.close(config.timeout);
-    Ok(info)
+    let mut pool = Pool::new(&BridgeConfig {
+        workers: 1,
+        ..config.clone()
+    })?;
+    hello(&mut pool, 0, &GymTaskSpec::new(adapter, env_id, 0, 1))
 }
 
 #[cfg(test)]

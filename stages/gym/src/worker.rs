@@ -8,36 +8,49 @@
 //! wake-ups per request: at K = 1 a request carries a single step per
 //! episode, and those hand-offs were a visible share of its cost.)
 //!
+//! Each request carries an id (`"id"`, counting from 0 per worker) that
+//! its reply and progress frames echo: a frame with another id (a reply
+//! sent twice, a frame too many) is malformed, never taken for the answer
+//! to a later request.
+//!
 //! What can go wrong with a worker is a [`Fault`]: it exited (crashed), it
 //! did not answer within the timeout (hung), or it sent bytes that are not
-//! a frame of the protocol (malformed). The caller kills it
-//! ([`Worker::kill`], also on drop) and starts another. The worker itself
-//! exits when its stdin ends or its parent process changes, so none
-//! outlives the driver.
+//! a frame of the protocol, or a frame that does not answer the request
+//! (malformed). The caller kills it ([`Worker::kill`], also on drop) and
+//! starts another. The worker runs in its own process group, and a kill
+//! ends the whole group: an environment's own processes (a simulator's
+//! server) die with it. The worker itself exits when its stdin ends or its
+//! parent process changes (then killing its group), so none outlives the
+//! driver.
 //!
 //! Long requests (a reset that builds many environments, an expert episode)
 //! send progress frames (`{"progress": true}`) while they work: a patient
 //! receive ([`Worker::receive_patiently`]) counts a worker as hung only
 //! after a whole timeout without any frame, so a loaded machine slows such
 //! a request down without failing it, and a worker that stopped is still
-//! found within one timeout. Progress frames never count as replies.
+//! found within one timeout. Progress frames never count as replies. A
+//! worker that has sent no frame yet is starting (the Python imports, the
+//! first environment built): its first frame may take a longer start-up
+//! patience.
 //!
 //! ```no_run
 //! use embodyflow_gym::worker::Worker;
-//! use std::time::{Duration, Instant};
+//! use std::time::Duration;
 //! let mut worker = Worker::spawn(std::path::Path::new(".venv/bin/python"), 0).unwrap();
 //! worker.send(&serde_json::json!({"op": "close"}));
-//! let reply = worker.receive(Instant::now() + Duration::from_secs(5)).unwrap();
+//! let reply = worker.receive(Duration::from_secs(5)).unwrap();
 //! ```
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+use rustix::process::{Pid, Signal, kill_process_group};
 use serde_json::Value;
 
 use crate::protocol::{self, Frame, FrameBuffer, FrameError, MAX_FRAME};
@@ -97,6 +110,12 @@ pub struct Worker {
     unsent: Vec<u8>,
     /// Reply bytes read and not yet a whole frame.
     replies: FrameBuffer,
+    /// The id the next request gets.
+    next_id: u64,
+    /// The request awaiting its reply: its id and when it was sent.
+    awaiting: Option<(u64, Instant)>,
+    /// Whether it has sent a frame (it is up).
+    started: bool,
 }
 
 /// Sets `O_NONBLOCK` on a pipe end.
@@ -108,7 +127,8 @@ fn non_blocking(fd: impl AsFd) -> std::io::Result<()> {
 
 impl Worker {
     /// Starts worker `index` (its name in messages) with `python`, the
-    /// package directory on its `PYTHONPATH`; stderr passes through.
+    /// package directory on its `PYTHONPATH`, in a process group of its
+    /// own; stderr passes through.
     pub fn spawn(python: &Path, index: usize) -> std::io::Result<Worker> {
         let mut path = std::ffi::OsString::from(PYTHON_DIR);
         if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
@@ -121,6 +141,7 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .process_group(0)
             .spawn()?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -133,6 +154,9 @@ impl Worker {
             stdout,
             unsent: Vec::new(),
             replies: FrameBuffer::new(MAX_FRAME),
+            next_id: 0,
+            awaiting: None,
+            started: false,
         })
     }
 
@@ -141,12 +165,20 @@ impl Worker {
         format!("worker {} (pid {})", self.index, self.child.id())
     }
 
-    /// Sends a request: writes what the pipe takes now and keeps the rest
-    /// for the next receive; never blocks (a worker that is gone shows at
-    /// the next receive).
+    /// Sends a request (`header`, a JSON object, with the request's id
+    /// added): writes what the pipe takes now and keeps the rest for the
+    /// next receive; never blocks (a worker that is gone shows at the next
+    /// receive). One request at a time: its reply is received before the
+    /// next is sent.
     pub fn send(&mut self, header: &Value) {
+        debug_assert!(self.awaiting.is_none(), "a request awaits its reply");
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut header = header.clone();
+        header["id"] = id.into();
         self.unsent
-            .extend_from_slice(&protocol::encode_frame(header, &[]));
+            .extend_from_slice(&protocol::encode_frame(&header, &[]));
+        self.awaiting = Some((id, Instant::now()));
         self.write_unsent();
     }
 
@@ -173,39 +205,65 @@ impl Worker {
         }
     }
 
-    /// The next reply, waiting until `deadline` (progress frames do not
-    /// move it).
-    pub fn receive(&mut self, deadline: Instant) -> Result<Reply, Fault> {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        self.receive_until(deadline, wait, None)
+    /// The reply to the request sent last, waiting at most `timeout` from
+    /// its send (progress frames do not move that deadline).
+    pub fn receive(&mut self, timeout: Duration) -> Result<Reply, Fault> {
+        self.receive_until(timeout, None)
     }
 
-    /// The next reply, hung only after `patience` without any frame: each
-    /// progress frame starts the wait again. A frame that arrived while the
-    /// caller waited on another worker counts from when it is read, so the
-    /// wait can only be longer than the worker's real silence, never shorter.
-    pub fn receive_patiently(&mut self, patience: Duration) -> Result<Reply, Fault> {
-        self.receive_until(Instant::now() + patience, patience, Some(patience))
+    /// The reply to the request sent last, hung only after `patience`
+    /// without any frame (`start` while the worker has sent none yet, when
+    /// longer): each progress frame starts the wait again. A frame that
+    /// arrived while the caller waited on another worker counts from when
+    /// it is read, so the wait can only be longer than the worker's real
+    /// silence, never shorter.
+    pub fn receive_patiently(
+        &mut self,
+        patience: Duration,
+        start: Duration,
+    ) -> Result<Reply, Fault> {
+        let first = if self.started {
+            patience
+        } else {
+            patience.max(start)
+        };
+        self.receive_until(first, Some(patience))
     }
 
-    /// The next frame that is not a progress frame, polling the pipes until
-    /// `deadline` (moved by `patience` at each progress frame).
+    /// The next frame that answers the request sent last and is not a
+    /// progress frame, polling the pipes until `wait` after the send
+    /// (moved to `patience` after each progress frame).
     fn receive_until(
         &mut self,
-        mut deadline: Instant,
         mut wait: Duration,
         patience: Option<Duration>,
     ) -> Result<Reply, Fault> {
+        let Some((id, sent)) = self.awaiting else {
+            return Err(Fault::Malformed("a reply awaited without a request".into()));
+        };
+        let mut deadline = sent + wait;
         let frame = loop {
             match self.replies.next_frame() {
-                Ok(Some(frame)) if frame.header.get("progress") == Some(&Value::Bool(true)) => {
+                Ok(Some(frame)) => {
+                    self.started = true;
+                    let answers = frame.header.get("id").and_then(Value::as_u64);
+                    if answers != Some(id) {
+                        return Err(Fault::Malformed(match frame.header.get("id") {
+                            Some(other) => {
+                                format!("a frame for request {other}, awaiting request {id}")
+                            }
+                            None => format!("a frame without a request id, awaiting request {id}"),
+                        }));
+                    }
+                    if frame.header.get("progress") != Some(&Value::Bool(true)) {
+                        break frame;
+                    }
                     if let Some(patience) = patience {
                         deadline = Instant::now() + patience;
                         wait = patience;
                     }
                     continue;
                 }
-                Ok(Some(frame)) => break frame,
                 Ok(None) => {}
                 Err(e) => return Err(Fault::Malformed(e.to_string())),
             }
@@ -237,6 +295,7 @@ impl Worker {
                 return Err(Fault::Hung(wait));
             }
         };
+        self.awaiting = None;
         match frame.header.get("ok") {
             Some(Value::Bool(true)) => Ok(Reply::Done(frame)),
             Some(Value::Bool(false)) => Ok(Reply::Refused {
@@ -280,7 +339,7 @@ impl Worker {
     /// Sends `header` and waits for the reply at most `timeout`.
     pub fn request(&mut self, header: &Value, timeout: Duration) -> Result<Reply, Fault> {
         self.send(header);
-        self.receive(Instant::now() + timeout)
+        self.receive(timeout)
     }
 
     /// How the process ended, waiting for it a moment (it closed its
@@ -297,18 +356,14 @@ impl Worker {
         }
     }
 
-    /// Kills the process and reaps it.
+    /// Kills its process group (the worker and every process it or its
+    /// environments started) and reaps the worker. The group id stays
+    /// taken while any member lives, so it names no other group.
     pub fn kill(&mut self) {
         self.stdin = None;
+        let _ = kill_process_group(Pid::from_child(&self.child), Signal::KILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-
-    /// Asks the worker to exit (`close`), killing it if it does not answer
-    /// within `timeout`.
-    pub fn close(mut self, timeout: Duration) {
-        let _ = self.request(&serde_json::json!({"op": "close"}), timeout);
-        self.kill();
     }
 }
 

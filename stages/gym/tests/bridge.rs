@@ -1,10 +1,14 @@
 //! The bridge with real Python workers: BabyAI episodes through the
 //! closed-loop driver, the scripted experts' demonstrations (BabyAI,
 //! Meta-World reach) and their replay, each worker fault (crash, hang,
-//! malformed frame) ending exactly the affected episodes with their reason
-//! while the others finish, resets kept alive by progress frames and
-//! retried once after a fault, and bad input named before anything runs.
-//! Needs the packages of `scripts/setup` in `.venv`.
+//! malformed frame, a reply sent twice) ending exactly the affected
+//! episodes with their reason while the others finish, resets kept alive
+//! by progress frames, workers that die starting or resetting restarted a
+//! bounded number of times and then failing only their own episodes, an
+//! environment that raises in its reset failing only its episode, the
+//! timeout honoured by resets and expert episodes, workers' process groups
+//! killed and their environments closed, and bad input named before
+//! anything runs. Needs the packages of `scripts/setup` in `.venv`.
 
 use std::time::Duration;
 
@@ -258,13 +262,13 @@ fn metaworld_reach_expert_reaches_success() {
     assert_eq!(world.proprio()[..39], first.proprio[..]);
 }
 
-/// Tasks of the faulty counter: task 0 faults at its episodes' 2nd step,
-/// task 1 does not; 2 copies each, on 2 workers (worker 0 hosts task 0's
-/// copies, worker 1 task 1's). The policy always moves +1 (bin 1), K = 1:
-/// an unfaulty episode succeeds at step 3.
-fn faulty_run(fault: &str, timeout: Duration) -> (GymEpisodes, ClosedLoopRun) {
+/// Tasks of the faulty counter: task 0 faults at its episodes' step
+/// `at_step`, task 1 does not; 2 copies each, on 2 workers (worker 0 hosts
+/// task 0's copies, worker 1 task 1's). The policy always moves +1 (bin
+/// 1), K = 1: an unfaulty episode succeeds at step 3.
+fn faulty_run(fault: &str, at_step: u32, timeout: Duration) -> (GymEpisodes, ClosedLoopRun) {
     let mut faulty = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
-    faulty.kwargs = json!({"fault": fault, "at_step": 2});
+    faulty.kwargs = json!({"fault": fault, "at_step": at_step});
     let tasks = vec![
         task("faulty", faulty),
         task("fine", GymTaskSpec::new("faulty", "Counter-v0", 0, 10)),
@@ -279,8 +283,11 @@ fn faulty_run(fault: &str, timeout: Duration) -> (GymEpisodes, ClosedLoopRun) {
     (world, out)
 }
 
-fn check_fault(fault: &str, timeout: Duration, what: &str) {
-    let (world, out) = faulty_run(fault, timeout);
+/// Checks [`faulty_run`]: worker 0's episodes end at decision 1 with the
+/// fault `what`, after one env step; worker 1's succeed; the restarted
+/// worker serves the next batch.
+fn check_fault(fault: &str, at_step: u32, timeout: Duration, what: &str) {
+    let (world, out) = faulty_run(fault, at_step, timeout);
     for (i, episode) in out.episodes.iter().enumerate().take(2) {
         let reason = episode
             .failure
@@ -321,7 +328,12 @@ fn check_fault(fault: &str, timeout: Duration, what: &str) {
 
 #[test]
 fn a_crashed_worker_ends_its_episodes_with_the_reason_and_is_restarted() {
-    check_fault("crash", Duration::from_secs(20), "crashed (exit status: 3)");
+    check_fault(
+        "crash",
+        2,
+        Duration::from_secs(20),
+        "crashed (exit status: 3)",
+    );
 }
 
 #[test]
@@ -329,6 +341,7 @@ fn a_hung_worker_is_killed_after_the_timeout() {
     let started = std::time::Instant::now();
     check_fault(
         "hang",
+        2,
         Duration::from_millis(1500),
         "hung (no reply within 1.5 s)",
     );
@@ -339,9 +352,43 @@ fn a_hung_worker_is_killed_after_the_timeout() {
 fn a_malformed_frame_ends_the_workers_episodes() {
     check_fault(
         "malformed",
+        2,
         Duration::from_secs(20),
         "sent a malformed frame (header is not a JSON object",
     );
+}
+
+#[test]
+fn a_reply_sent_twice_is_malformed_by_its_request_id() {
+    // The reply to decision 0 (request 3 of worker 0, after two hellos and
+    // a reset) comes twice: the copy is not the answer to decision 1
+    // (which would shift every later reply by one).
+    check_fault(
+        "duplicate",
+        1,
+        Duration::from_secs(20),
+        "sent a malformed frame (a frame for request 3, awaiting request 4)",
+    );
+}
+
+#[test]
+fn two_hung_workers_both_name_the_whole_timeout() {
+    let tasks = vec![task("a", faulty("hang")), task("b", faulty("hang"))];
+    let config = BridgeConfig {
+        timeout: Duration::from_secs(1),
+        ..config(2)
+    };
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let mut world = GymEpisodes::new(&config, &tasks, 1, &bins).unwrap();
+    let out = run(&mut world, 1, 10, |_, _, _| vec![1]);
+    for episode in &out.episodes {
+        let reason = episode.failure.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("hung (no reply within 1.0 s) at decision 1"),
+            "{reason}"
+        );
+    }
+    assert_eq!(world.faults().hung, 2);
 }
 
 #[test]
@@ -589,25 +636,270 @@ fn a_worker_that_fails_a_reset_once_is_restarted_and_asked_again() {
     );
 }
 
+/// Counter tasks with kwargs `broken` and without, `group` copies each, on
+/// 2 workers (each hosts one task's copies) that time out after 1 s (3 s
+/// to start); `bridge` changes the config further.
+fn broken_and_fine(
+    broken: serde_json::Value,
+    group: usize,
+) -> Result<(GymEpisodes, ClosedLoopRun), BridgeError> {
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = broken;
+    let tasks = vec![
+        task("broken", spec),
+        task("fine", GymTaskSpec::new("faulty", "Counter-v0", 0, 10)),
+    ];
+    let config = BridgeConfig {
+        timeout: Duration::from_secs(1),
+        startup_timeout: Duration::from_secs(3),
+        ..config(2)
+    };
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let mut world = GymEpisodes::new(&config, &tasks, group, &bins)?;
+    let out = run(&mut world, 1, 10, |_, _, _| vec![1]);
+    Ok((world, out))
+}
+
+/// Checks a [`broken_and_fine`] run: the broken task's episodes ended
+/// before their first decision with a reason containing `what`, the fine
+/// task's succeeded.
+fn check_unstarted(out: &ClosedLoopRun, group: usize, what: &str) {
+    for episode in &out.episodes[..group] {
+        let reason = episode.failure.as_deref().unwrap_or_default();
+        assert!(reason.contains(what), "{reason}");
+        assert!(!episode.success && !episode.truncated);
+        assert!(episode.decisions.is_empty() && episode.env_steps == 0);
+    }
+    for episode in &out.episodes[group..] {
+        assert!(episode.success && episode.failure.is_none(), "{episode:?}");
+    }
+}
+
 #[test]
-fn a_reset_that_fails_again_after_the_restart_is_an_error_naming_both_faults() {
-    let started = std::time::Instant::now();
-    let error = reset_world(json!({"reset_fault": "hang"}), 2, Duration::from_secs(1))
-        .err()
-        .expect("a reset that always hangs");
-    assert!(started.elapsed() < Duration::from_secs(15));
-    assert!(matches!(error, BridgeError::Reset { .. }), "{error}");
-    assert_eq!(error.kind(), ErrorKind::Failure);
-    let message = error.to_string();
-    assert_eq!(
-        message.matches("hung (no reply within 1.0 s)").count(),
+fn an_env_that_raises_in_its_reset_fails_only_its_own_episodes() {
+    let (world, out) = broken_and_fine(json!({"reset_fault": "raise"}), 2).unwrap();
+    check_unstarted(
+        &out,
         2,
-        "{message}"
+        "the environment raised RuntimeError in reset: counter cannot be reset",
     );
     assert!(
-        message.contains("restarted, then worker 0 (pid "),
-        "{message}"
+        out.episodes[0]
+            .failure
+            .as_deref()
+            .unwrap()
+            .starts_with("worker 0 (pid ")
     );
+    assert_eq!(world.faults().total(), 0, "{}", world.faults());
+    // The environment that raised is built again for the next batch.
+    let pool = world.into_pool();
+    let tasks = vec![task(
+        "again",
+        GymTaskSpec::new("faulty", "Counter-v0", 0, 10),
+    )];
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let mut world = GymEpisodes::with_pool(pool, &tasks, 4, &bins).unwrap();
+    let out = run(&mut world, 1, 10, |_, _, _| vec![1]);
+    assert!(out.episodes.iter().all(|e| e.success), "{out:?}");
+}
+
+#[test]
+fn a_worker_that_keeps_failing_its_reset_fails_its_episodes_within_the_timeout() {
+    let started = std::time::Instant::now();
+    let (world, out) = broken_and_fine(json!({"reset_fault": "hang"}), 2).unwrap();
+    check_unstarted(
+        &out,
+        2,
+        "hung (no reply within 1.0 s) in reset, the last of 3 attempts",
+    );
+    let faults = world.faults();
+    assert_eq!((faults.hung, faults.restarts), (3, 3), "{faults}");
+    // Three waits of 1 s, not of the 3 s start-up patience.
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_worker_that_dies_starting_is_restarted_then_fails_only_its_tasks_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("crashed-once");
+    let once = json!({"start_fault": "crash", "start_once": marker.to_str().unwrap()});
+    let (world, out) = broken_and_fine(once, 2).unwrap();
+    assert!(marker.exists());
+    assert!(out.episodes.iter().all(|e| e.success), "{out:?}");
+    let faults = world.faults();
+    assert_eq!((faults.crashed, faults.restarts), (1, 1), "{faults}");
+
+    let (world, out) = broken_and_fine(json!({"start_fault": "crash"}), 2).unwrap();
+    check_unstarted(
+        &out,
+        2,
+        "crashed (exit status: 5) during hello (faulty Counter-v0), the last of 3 attempts",
+    );
+    assert_eq!(world.faults().crashed, 3, "{}", world.faults());
+    // With no task that can start there is nothing to run: a failure, not
+    // bad input.
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = json!({"start_fault": "crash"});
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let Err(error) = GymEpisodes::new(&config(1), &[task("dies", spec)], 1, &bins) else {
+        panic!("a world whose every worker dies starting");
+    };
+    assert_eq!(error.kind(), ErrorKind::Failure, "{error}");
+    assert!(matches!(error, BridgeError::Startup { .. }), "{error}");
+}
+
+#[test]
+fn expert_episodes_honour_the_timeout() {
+    let tasks: Vec<GymTask> = (0..4)
+        .map(|t| {
+            let mut spec = faulty("hang");
+            spec.kwargs["at_step"] = json!(1);
+            task(&format!("hangs/{t}"), spec)
+        })
+        .collect();
+    let config = BridgeConfig {
+        timeout: Duration::from_secs(1),
+        startup_timeout: Duration::from_secs(3),
+        ..config(1)
+    };
+    let started = std::time::Instant::now();
+    let demos = expert_demonstrations(&config, &tasks, 2).unwrap();
+    for demo in &demos {
+        let failure = demo.failure.as_deref().unwrap_or_default();
+        assert!(
+            failure.contains("hung (no reply within 1.0 s) in the expert episode"),
+            "{failure}"
+        );
+    }
+    // Four waits of 1 s (and four starts), not of the 3 s start-up patience.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The processes whose process group is `group` (zombies aside).
+fn group_members(group: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...: comm may hold spaces.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        if fields[0] != "Z" && fields[2].parse::<u32>() == Ok(group) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The pids a `child` file lists.
+fn pids(path: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+/// Waits up to 5 s for `check` to hold.
+fn eventually(check: impl Fn() -> bool) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check()
+}
+
+#[test]
+fn a_workers_process_group_dies_with_it_and_its_environments_are_closed() {
+    use std::os::fd::AsFd;
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    // A lock that a parent holds and lets its children inherit, as the
+    // pipeline runner does with its run directory's.
+    let lock_path = dir.path().join("lock");
+    let lock = std::fs::File::create(&lock_path).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    rustix::io::fcntl_setfd(lock.as_fd(), rustix::io::FdFlags::empty()).unwrap();
+    let broken = json!({"child": file("hung-children"), "fault": "hang", "at_step": 2});
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = broken;
+    let mut fine = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    fine.kwargs = json!({"child": file("children"), "closed": file("closed")});
+    let tasks = vec![task("broken", spec), task("fine", fine)];
+    let config = BridgeConfig {
+        timeout: Duration::from_secs(1),
+        ..config(2)
+    };
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let mut world = GymEpisodes::new(&config, &tasks, 2, &bins).unwrap();
+    // Each environment started a child of its worker (worker 0 built one
+    // of each task's for its hello); neither the workers nor the children
+    // hold the inherited lock.
+    let hung = pids(&dir.path().join("hung-children"));
+    let children = pids(&dir.path().join("children"));
+    assert_eq!((hung.len(), children.len()), (2, 3));
+    let parent = |pid: u32| -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let holds_lock = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).ok().as_deref() == Some(lock_path.as_path()))
+    };
+    let w0 = parent(hung[0]);
+    let w1 = children
+        .iter()
+        .map(|&c| parent(c))
+        .find(|&p| p != w0)
+        .unwrap();
+    assert_eq!(group_members(w0).len(), 4, "worker 0 and its 3 children");
+    for pid in [w0, w1].iter().chain(&hung).chain(&children) {
+        assert!(!holds_lock(*pid), "process {pid} holds the lock");
+    }
+    assert!(holds_lock(std::process::id()));
+    drop(lock);
+    // Worker 0 hangs at decision 1 and is killed with its group: the
+    // environments' children too, though nothing closed them.
+    let out = run(&mut world, 1, 10, |_, _, _| vec![1]);
+    assert!(out.episodes[0].failure.as_deref().unwrap().contains("hung"));
+    assert!(
+        eventually(|| group_members(w0).is_empty()),
+        "{:?}",
+        group_members(w0)
+    );
+    assert!(out.episodes[2..].iter().all(|e| e.success), "{out:?}");
+    // Dropping the pool closes the other worker's environments and ends
+    // its group.
+    assert_eq!(group_members(w1).len(), 3, "worker 1 and its 2 children");
+    drop(world);
+    assert!(
+        eventually(|| group_members(w1).is_empty()),
+        "{:?}",
+        group_members(w1)
+    );
+    let closed = std::fs::read_to_string(dir.path().join("closed")).unwrap();
+    assert_eq!(closed.lines().count(), 2, "{closed}");
 }
 
 const TEXT_ENV: &str = "embodyflow_gym.envs:TextKeyRoom-v0";
@@ -792,22 +1084,24 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
         world.observation_text(0),
         Some("get to the green goal square")
     );
-    // A text longer than the bound the kwargs announce is refused, named.
+    // A text longer than the bound the kwargs announce fails its episode
+    // at the reset, named.
     let mut short = GymTaskSpec::new("generic", env_id, 1, 8);
     short.kwargs = json!({"text_max_length": 5});
-    let Err(error) = GymEpisodes::new(
+    let world = GymEpisodes::new(
         &config(1),
         &[task("empty/1", short)],
         1,
         &info.action.bins(),
-    ) else {
-        panic!("a 28-character mission under a 5-character bound accepted");
-    };
+    )
+    .unwrap();
+    assert!(!world.running(0));
+    let failure = world.start_failure(0).unwrap_or_default();
     assert!(
-        error
-            .to_string()
-            .contains("a text observation of 28 characters, beyond the 5"),
-        "{error}"
+        failure.contains(
+            "raised ValueError in reset: a text observation of 28 characters, beyond the 5"
+        ),
+        "{failure}"
     );
     // A space the adapter does not take is bad input naming it.
     let error = probe(&config(1), "generic", "Blackjack-v1").unwrap_err();

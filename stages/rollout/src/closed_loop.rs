@@ -30,7 +30,10 @@
 //!
 //! An episode ends when its world says so (success, or the world's
 //! `max_steps`: a failure, never an error); one still running after
-//! `max_decisions` is cut there, a failure marked `truncated`. A bad policy
+//! `max_decisions` is cut there, a failure marked `truncated`. One whose
+//! environment could not be started or reset
+//! ([`ClosedLoopWorld::start_failure`]) ends before its first decision, a
+//! failure with that reason and no decisions. A bad policy
 //! output (a bin outside `0..n_bins`, a chunk of the wrong length, a NaN
 //! log-prob) is an error naming the episode, its task and the decision, and
 //! nothing of that decision is stepped. Row seeds depend only on the
@@ -138,6 +141,11 @@ pub trait ClosedLoopWorld {
     /// observations carry no text. No default: a world that wraps others
     /// must pass it on.
     fn observation_text(&self, i: usize) -> Option<&str>;
+    /// Why episode `i` ended before its first decision (its environment
+    /// could not be started or reset: a failure with a reason, as
+    /// [`ChunkReport::failure`]); `None` for an episode that started. No
+    /// default: a world that wraps others must pass it on.
+    fn start_failure(&self, i: usize) -> Option<&str>;
 }
 
 /// The prompt of a decision in a world that observes text: the instruction,
@@ -255,6 +263,10 @@ impl ClosedLoopWorld for TabletopEpisodes {
 
     /// The tabletop world observes no text.
     fn observation_text(&self, _: usize) -> Option<&str> {
+        None
+    }
+
+    fn start_failure(&self, _: usize) -> Option<&str> {
         None
     }
 }
@@ -694,7 +706,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
             env_steps: 0,
             truncated: false,
             target_ever_grasped: None,
-            failure: None,
+            failure: world.start_failure(i).map(str::to_string),
         });
     }
     let (pixel_len, proprio_len, per) = (shape.pixel_len(), shape.proprio, k * d);

@@ -392,9 +392,18 @@ fn gym_instructions(
     });
     let tasks: Vec<WorldTask> = tasks.iter().cloned().map(WorldTask::Gym).collect();
     let episodes = worlds.episodes(&tasks, 1)?;
-    let instructions = (0..tasks.len())
-        .map(|i| episodes.instruction(i).to_string())
-        .collect();
+    let mut instructions = Vec::with_capacity(tasks.len());
+    for (i, task) in tasks.iter().enumerate() {
+        // A task whose environment cannot be reset is no task to write.
+        if let Some(reason) = episodes.start_failure(i) {
+            return Err(embodyflow_core::Error::BadInput(format!(
+                "task `{}`: its environment could not be reset: {reason}",
+                task.task_id()
+            ))
+            .into());
+        }
+        instructions.push(episodes.instruction(i).to_string());
+    }
     worlds.done(episodes);
     Ok(instructions)
 }

@@ -231,8 +231,11 @@ impl Episodes {
 pub struct BridgeKeys {
     /// Worker processes; 0: one per CPU this process may run on.
     pub workers: usize,
-    /// Seconds a worker may take to answer a step before it counts as hung
-    /// (killed and restarted; its episodes fail with the reason).
+    /// Seconds a worker may take to answer a step, or stay silent in a
+    /// reset or an expert episode (which send progress frames as they go),
+    /// before it counts as hung (killed and restarted; its episodes fail
+    /// with the reason). A starting worker's first frame may take longer
+    /// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
     pub timeout_s: f64,
 }
 
@@ -254,7 +257,7 @@ impl BridgeKeys {
         ),
         (
             "bridge.timeout_s",
-            "seconds a gym bridge worker may take per step before it counts as hung, > 0",
+            "seconds a gym bridge worker may take per step, or stay silent in a reset or expert episode, before it counts as hung, > 0",
         ),
     ];
 
@@ -412,5 +415,8 @@ impl ClosedLoopWorld for Episodes {
     }
     fn observation_text(&self, i: usize) -> Option<&str> {
         self.world().observation_text(i)
+    }
+    fn start_failure(&self, i: usize) -> Option<&str> {
+        self.world().start_failure(i)
     }
 }

@@ -2,11 +2,14 @@
 hosting many episodes (slots), driven by the Rust side (stages/gym) over
 stdin/stdout frames (`protocol`). stderr passes through (tracebacks).
 
-Requests (header "op") and replies:
+Requests (header "op", and "id", a number each request has its own of) and
+replies (each with the "id" of its request):
   hello {adapter, env_id, kwargs, seed}
       -> {height, width, channels, proprio, text, action, instruction, expert}
   reset {episodes: [{slot, spec, seed}]}
-      -> {episodes: [{slot, instruction, key, obs_len, text?}]} + observations
+      -> {episodes: [{slot, instruction, key, obs_len, text?, error?}]}
+         + observations (none for an episode with `error`: its environment
+         raised while it was built or reset)
   step_chunk {episodes: [{slot, actions: [a, ...]}]}
       -> {episodes: [{slot, steps, done, success, key, obs_len, text?, error?}]}
          + observations (after the chunk)
@@ -14,11 +17,14 @@ Requests (header "op") and replies:
       -> {instruction, success, decisions: [{actions, obs_len, text?}], error?}
          + the observation of each decision (none, with `error`, when the
          expert or the env raised)
-  close -> {} and exit
+  close -> {} and exit (after closing every environment)
 While a reset or an expert episode works, the worker sends progress frames
-{progress: true} (at most one per PROGRESS_EVERY seconds, between
-environments or decisions): the Rust side counts a worker as hung only after
-a whole timeout without any frame, however many environments a reset builds.
+{progress: true, id} (one after each environment it builds, else at most
+one per PROGRESS_EVERY seconds, between environments or decisions): the
+Rust side counts a worker as hung only after a whole timeout without any
+frame, however many environments a reset builds. A reply or progress frame
+whose id is not the request's is malformed (one frame too many would
+otherwise shift every later reply).
 Every reply has "ok"; a failed request answers {ok: false, kind:
 "bad_input" | "failure", error}. A spec is {adapter, env_id, seed,
 max_steps, kwargs, instruction}: an episode ends at max_steps env steps (a
@@ -26,8 +32,14 @@ failure unless it succeeded at that step). `text` in hello is the longest
 text observation in characters (0: the env observes no text; an adapter
 that leaves it out observes none); when it is not 0 every observation
 carries its text (`text`), and a text longer than announced ends its
-episode as a failure. The worker exits when stdin ends or its parent
-changes (the Rust side died).
+episode as a failure.
+
+The worker runs in its own process group (the Rust side kills the group, so
+an environment's own processes go with it), closes the descriptors it
+inherited beyond stdin, stdout and stderr (a lock its parent holds must not
+outlive the parent in a worker stuck in native code), closes every
+environment it ends, and exits when stdin ends or its parent changes (the
+Rust side died), then killing its group.
 """
 
 import hashlib
@@ -35,6 +47,7 @@ import importlib
 import json
 import os
 import pkgutil
+import signal
 import sys
 import threading
 import time
@@ -141,12 +154,26 @@ class Worker:
         # (building one may cost a second: Meta-World's MT1).
         self.spare = {}
         self.last_progress = time.monotonic()
+        # The id of the request being served.
+        self.request = None
 
-    def progress(self):
-        now = time.monotonic()
-        if now - self.last_progress >= PROGRESS_EVERY:
-            protocol.write_frame(protocol.OUT, {"progress": True})
-            self.last_progress = now
+    def send(self, header, body=b""):
+        header["id"] = self.request
+        protocol.write_frame(protocol.OUT, header, body)
+
+    def progress(self, now=False):
+        """A progress frame, at most one per PROGRESS_EVERY unless `now`."""
+        at = time.monotonic()
+        if now or at - self.last_progress >= PROGRESS_EVERY:
+            self.send({"progress": True})
+            self.last_progress = at
+
+    def build(self, spec, seed):
+        """A new environment of `spec`; a progress frame follows (the
+        first tells the Rust side that the worker is up)."""
+        episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
+        self.progress(now=True)
+        return episode
 
     def hello(self, header, body):
         spare = self.spare.setdefault(spec_key(header), [])
@@ -154,30 +181,52 @@ class Worker:
             spare.append(make_episode(header["adapter"], header["env_id"], header.get("kwargs"), header.get("seed", 0)))
         return space_of(spare[-1]), []
 
+    def slot(self, item):
+        """The slot of a reset item, holding an environment of its spec."""
+        spec = item["spec"]
+        slot = self.slots.get(item["slot"])
+        if slot is not None and slot.key == spec_key(spec):
+            return slot
+        if slot is not None:
+            del self.slots[item["slot"]]
+            self.spare.setdefault(slot.key, []).append(slot.episode)
+        spare = self.spare.get(spec_key(spec))
+        episode = spare.pop() if spare else self.build(spec, int(item["seed"]))
+        slot = Slot(spec, episode, space_of(episode))
+        self.slots[item["slot"]] = slot
+        return slot
+
     def reset(self, header, body):
         out, obs = [], []
         for item in header["episodes"]:
-            spec, seed = item["spec"], int(item["seed"])
-            slot = self.slots.get(item["slot"])
-            if slot is None or slot.key != spec_key(spec):
-                if slot is not None:
-                    self.spare.setdefault(slot.key, []).append(slot.episode)
-                spare = self.spare.get(spec_key(spec))
-                episode = spare.pop() if spare else None
-                if episode is None:
-                    episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
-                slot = Slot(spec, episode, space_of(episode))
-                self.slots[item["slot"]] = slot
-            slot.spec = spec
-            instruction = slot.episode.reset(seed) or spec.get("instruction") or ""
-            slot.steps, slot.done = 0, False
-            reply = {"slot": item["slot"], "instruction": instruction, "key": state_hash(slot.episode)}
-            o = slot.observe(reply)
+            reply = {"slot": item["slot"]}
+            try:
+                slot = self.slot(item)
+                slot.spec = item["spec"]
+                spec = slot.spec
+                reply["instruction"] = slot.episode.reset(int(item["seed"])) or spec.get("instruction") or ""
+                slot.steps, slot.done = 0, False
+                reply["key"] = state_hash(slot.episode)
+                o = slot.observe(reply)
+            except RequestError:
+                raise
+            except Exception as e:  # the env raised: this episode fails, the others go on
+                traceback.print_exc()
+                self.discard(item["slot"])
+                o = b""
+                reply = {"slot": item["slot"], "instruction": "", "key": "",
+                         "error": f"the environment raised {type(e).__name__} in reset: {e}"}
             obs.append(o)
             reply["obs_len"] = len(o)
             out.append(reply)
             self.progress()
         return {"episodes": out}, obs
+
+    def discard(self, slot):
+        """Closes and forgets the environment of `slot` (one that raised)."""
+        held = self.slots.pop(slot, None)
+        if held is not None:
+            close(held.episode)
 
     def step_chunk(self, header, body):
         out, obs = [], []
@@ -209,15 +258,22 @@ class Worker:
 
     def expert_episode(self, header, body):
         spec, seed, k = header["spec"], int(header["seed"]), int(header["k"])
-        episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
+        episode = self.build(spec, seed)
+        try:
+            return self.play_expert(episode, spec, seed, k)
+        finally:
+            close(episode)
+
+    def play_expert(self, episode, spec, seed, k):
         space = space_of(episode)
         if not space["expert"]:
             raise RequestError("bad_input", f"adapter `{spec['adapter']}` has no scripted expert")
         shape = shape_of(space)
-        instruction = episode.reset(seed) or spec.get("instruction") or ""
+        instruction = ""
         decisions, obs = [], []
         steps, done, success = 0, False, False
         try:
+            instruction = episode.reset(seed) or spec.get("instruction") or ""
             while not done:
                 pixels, proprio = episode.observation()
                 o = protocol.efob(pixels, shape, proprio)
@@ -244,16 +300,57 @@ class Worker:
             return {"instruction": instruction, "success": False, "decisions": [], "error": error}, []
         return {"instruction": instruction, "success": bool(success), "decisions": decisions}, obs
 
+    def close_all(self):
+        """Closes every environment (the worker is exiting)."""
+        for slot in self.slots.values():
+            close(slot.episode)
+        for spare in self.spare.values():
+            for episode in spare:
+                close(episode)
+        self.slots, self.spare = {}, {}
+
+
+def close(episode):
+    """`episode.close()`; an environment that raises there is reported, not
+    fatal (the worker is ending it anyway)."""
+    try:
+        episode.close()
+    except Exception:
+        traceback.print_exc()
+
+
+def close_inherited():
+    """Closes the descriptors this process inherited beyond stdin, stdout and
+    stderr: the ones not marked close-on-exec in the parent (Python opens
+    its own non-inheritable), such as the run directory's lock of a
+    pipeline runner, which a worker stuck in native code would otherwise
+    keep after every stage process is gone."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+
 
 def watch_parent():
     parent = os.getppid()
     while True:
         time.sleep(0.5)
         if os.getppid() != parent:
+            # The Rust side died without killing the group: end it here,
+            # the environments' own processes with it.
+            if os.getpgid(0) == os.getpid():
+                os.killpg(0, signal.SIGKILL)
             os._exit(0)
 
 
 def main():
+    close_inherited()
     # Frames go to the original stdout only; fd 1 then points at stderr so
     # that prints of any library cannot corrupt the protocol.
     protocol.OUT = os.fdopen(os.dup(1), "wb")
@@ -268,14 +365,23 @@ def main():
         "step_chunk": worker.step_chunk,
         "expert_episode": worker.expert_episode,
     }
+    try:
+        serve(worker, handlers, stdin)
+    finally:
+        worker.close_all()
+
+
+def serve(worker, handlers, stdin):
     while True:
         frame = protocol.read_frame(stdin)
         if frame is None:
             return
         header, body = frame
+        worker.request = header.get("id")
         op = header.get("op")
         if op == "close":
-            protocol.write_frame(protocol.OUT, {"ok": True})
+            worker.close_all()
+            worker.send({"ok": True})
             return
         handler = handlers.get(op)
         try:
@@ -288,7 +394,7 @@ def main():
         except Exception as e:
             traceback.print_exc()
             reply, obs = {"ok": False, "kind": "failure", "error": f"{type(e).__name__}: {e}"}, []
-        protocol.write_frame(protocol.OUT, reply, b"".join(obs))
+        worker.send(reply, b"".join(obs))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ and the Episode it returns has:
                                           # the instruction in each decision's prompt
     state_key() -> bytes                 # hashed into the anchor key (GiGPO)
     expert_action() -> action            # only when space()["expert"]
+    close()                              # ends the environment (its simulator,
+                                          # windows, processes); called once
 
 The worker enforces the task's max_steps, encodes observations (EFOB) and
 hashes state keys (BLAKE2b-128, hex).

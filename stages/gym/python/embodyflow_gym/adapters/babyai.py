@@ -80,6 +80,9 @@ class Episode:
         proprio[int(self.obs["direction"])] = 1.0
         return image, proprio
 
+    def close(self):
+        self.env.close()
+
     def state_key(self):
         u = self.env.unwrapped
         carrying = u.carrying.encode() if u.carrying is not None else (0, 0, 0)

@@ -212,5 +212,8 @@ class Episode:
     def observation_text(self):
         return self.layout.text(self.obs)
 
+    def close(self):
+        self.env.close()
+
     def state_key(self):
         return self.layout.state_key(self.obs)

@@ -93,6 +93,9 @@ class Episode:
     def observation(self):
         return np.zeros((0, 0, 3), dtype=np.uint8), self.obs
 
+    def close(self):
+        self.env.close()
+
     def state_key(self):
         return np.asarray(self.obs, dtype="<f8").tobytes()
 
