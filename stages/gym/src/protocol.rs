@@ -5,7 +5,9 @@
 //! ```text
 //! frame   = u32 LE payload length | payload            (length <= limit)
 //! payload = u32 LE header length  | header | body
-//! header  = a UTF-8 JSON object ("op" in requests, "ok" in replies)
+//! header  = a UTF-8 JSON object ("op" and "id" in requests; "ok" and the
+//!           request's "id" in replies, "progress" and the id in progress
+//!           frames; [`crate::worker`] checks the ids)
 //! body    = the reply's observations, EFOB bytes (embodyflow_core::observation)
 //!           one after the other, their lengths in the header's obs_len fields
 //! ```

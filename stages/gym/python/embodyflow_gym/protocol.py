@@ -4,7 +4,9 @@ stages/gym/src/protocol.rs; both must agree byte for byte).
 A frame is `u32 LE length` + payload; the payload is `u32 LE header length`
 + the header (UTF-8 JSON object) + the body (binary: the observations of the
 reply, EFOB bytes one after the other, their lengths in the header's
-`obs_len` fields in order). Requests carry an empty body.
+`obs_len` fields in order). Requests carry an empty body. A request's
+header has its "id", which every frame answering it (the reply, progress
+frames) carries too (see worker.py).
 
 EFOB (embodyflow_core::observation, version 1): b"EFOB", u16 version 1,
 u16 height, width, channels, proprio length, then H*W*C pixel bytes (HWC)
