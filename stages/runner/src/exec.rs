@@ -134,8 +134,11 @@ pub(crate) const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
 /// Holds `OUT/_runner/lock` while a runner uses the run directory: an
 /// exclusive `flock` on the file, which also names the runner's pid. Its
 /// descriptor stays open across `exec`, so every stage process the runner
-/// starts holds the lock too, and it is free again only when the runner and
-/// all of them have exited.
+/// starts holds the lock too (a stage re-executing itself keeps it), and it
+/// is free again only when the runner and all of them have exited. A
+/// stage's helper processes do not hold it: the Gymnasium bridge's workers
+/// close the descriptors they inherit when they start, so a worker stuck in
+/// native code after its stage is gone cannot keep a run from resuming.
 pub(crate) struct Lock {
     _file: File,
 }
