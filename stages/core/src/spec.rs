@@ -472,6 +472,76 @@ pub fn names() -> String {
     STAGES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
+/// Every stage of [`STAGES`] as one Markdown table row: its name, purpose,
+/// the tables it reads (always; `(if configured)` for those read under a
+/// config condition), the checkpoints it loads, what it writes under
+/// `--out` and how `--shard` splits it. README.md's stage table is this
+/// text (`pipeline stages --markdown` prints it; a test compares the two).
+///
+/// ```
+/// let table = embodyflow_core::spec::markdown_table();
+/// assert!(table.starts_with("| stage | what it does |"));
+/// assert!(table.contains("| `update-policy` |"));
+/// assert_eq!(table.lines().count(), 2 + embodyflow_core::spec::STAGES.len());
+/// ```
+pub fn markdown_table() -> String {
+    let code = |text: &str| format!("`{text}`");
+    let list = |items: Vec<String>| {
+        if items.is_empty() {
+            "-".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    let mut table = String::from(
+        "| stage | what it does | reads (tables) | loads | writes (under `--out`) | `--shard i/n` |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for spec in STAGES {
+        let reads = spec
+            .reads
+            .iter()
+            .map(|r| match r.need {
+                Need::Always => code(r.table.as_str()),
+                Need::When(_) => format!("{} (if configured)", code(r.table.as_str())),
+            })
+            .collect();
+        let loads = spec
+            .checkpoints
+            .iter()
+            .map(|c| match c.need {
+                Need::Always => code(c.flag.flag()),
+                Need::When(_) => format!("{} (if configured)", code(c.flag.flag())),
+            })
+            .collect();
+        let writes = spec
+            .writes
+            .iter()
+            .map(|o| match o {
+                Output::Table(table) => format!("{} table", code(table.as_str())),
+                Output::Checkpoint(".") => "checkpoint (`--out` itself)".to_string(),
+                Output::Checkpoint(path) => format!("{} checkpoint", code(path)),
+                Output::File(path) => code(path),
+            })
+            .collect();
+        let shards = match spec.sharding {
+            Sharding::ByKey(key) => format!("by {}", code(key)),
+            Sharding::Refused(why) => format!("no: {why}"),
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {} | {} | {} |",
+            code(spec.name),
+            spec.purpose.replace('|', "\\|"),
+            list(reads),
+            list(loads),
+            list(writes),
+            shards
+        );
+    }
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,6 +604,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("written by `score-rewards`"), "{err}");
+    }
+
+    #[test]
+    fn markdown_table_has_one_row_per_stage_with_its_declaration() {
+        let table = markdown_table();
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(rows.len(), STAGES.len());
+        for (row, spec) in rows.iter().zip(STAGES) {
+            assert!(row.starts_with(&format!("| `{}` | ", spec.name)), "{row}");
+            assert_eq!(row.matches(" | ").count(), 5, "{row}");
+        }
+        assert!(
+            table.contains(
+                "| `compute-advantages` | Per-token advantages from rollouts and rewards | \
+                 `trajectories`, `rewards`, `steps`, `teacher_logp` (if configured), \
+                 `step_gates` (if configured) | `--policy` (if configured) | \
+                 `advantages` table, `diagnostics.json` | by `group_id` |"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| checkpoint (`--out` itself) | no: it writes one checkpoint |"),
+            "{table}"
+        );
     }
 
     #[test]

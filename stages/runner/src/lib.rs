@@ -9,6 +9,7 @@
 //!          [--from STEP] [--only STEP] [--set var=value] [--set step.key=value]
 //!          [--sweep var=a,b] [--backend local|slurm|ray]
 //! pipeline cancel runs/grpo              # cancel the run's queued and running Slurm or Ray jobs
+//! pipeline stages [--markdown]           # the stages a step may name (README's stage table)
 //! ```
 //!
 //! # Pipeline files (TOML)
@@ -155,6 +156,14 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
         poll: f64,
     },
+    /// List the stages a pipeline step may name: each with what it does,
+    /// or with --markdown a table of what each reads, loads, writes and
+    /// whether it shards (README.md's stage table).
+    Stages {
+        /// Print the Markdown table.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Cancel the queued and running Slurm or Ray jobs of a run directory.
     Cancel {
         /// The run directory.
@@ -266,6 +275,16 @@ pub fn run(args: Args) -> Result<()> {
             }
             let report = report::write_report(&plan, &outcome, plan_s)?;
             print!("{report}");
+            Ok(())
+        }
+        Command::Stages { markdown } => {
+            if markdown {
+                print!("{}", embodyflow_core::spec::markdown_table());
+            } else {
+                for stage in embodyflow_core::spec::STAGES {
+                    println!("{:<20} {}", stage.name, stage.purpose);
+                }
+            }
             Ok(())
         }
         Command::Cancel { out } => {
