@@ -12,6 +12,10 @@
 //! (`#id` without a tokenizer) and [`token_strip`] draws them above a
 //! heatmap's columns, read bottom to top ([`TOKEN_CELL`] pixels a column).
 //!
+//! Success per iteration: [`success_curves`] draws named series of
+//! (iteration, success) on [0, 1] (the run report's curves, `report
+//! --curve`), [`colour_key`] names them by colour for the Markdown beside.
+//!
 //! Colours: [`diverging`] is the seeds' `RdBu_r` centred at 0 (red positive,
 //! blue negative, white zero), [`PALETTE`] the series colours (tab10).
 //!
@@ -193,6 +197,68 @@ pub fn legend<'a, DB: DrawingBackend + 'a>(
 /// A legend entry's marker: a filled square of `colour`.
 pub fn swatch(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
     move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+}
+
+/// Success per iteration, as a PNG of 640 × 400 at `path`: each named series
+/// of (iteration, success) on [0, 1] in [`PALETTE`] order over iterations
+/// 0 to `iterations - 1`, with a legend (and a note when every
+/// value is 0, whose points lie on the x axis, or there is none).
+pub fn success_curves(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    iterations: f64,
+) -> Result<()> {
+    let root = canvas(path, (640, 400))?;
+    let last = (iterations - 1.0).max(1.0);
+    let whole = |x: &f64| {
+        if x.fract() == 0.0 {
+            format!("{x:.0}")
+        } else {
+            String::new()
+        }
+    };
+    let mut chart = Frame::new(title, "iteration", "success rate (fraction of episodes)")
+        .ranges(-0.2..last + 0.2, -0.03..1.03)
+        .x_ticks(((last + 1.0) as usize).min(12), &whole)
+        .draw(&root)?;
+    for (k, (name, points)) in series.iter().enumerate() {
+        let colour = PALETTE[k % PALETTE.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(swatch(colour));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+    }
+    let points: Vec<f64> = series.iter().flat_map(|(_, p)| p).map(|p| p.1).collect();
+    let note = if points.is_empty() {
+        Some("no success figures in this run")
+    } else if points.iter().all(|&y| y == 0.0) {
+        Some("every success rate is 0")
+    } else {
+        None
+    };
+    if let Some(note) = note {
+        chart.draw_series(std::iter::once(Text::new(
+            note,
+            (last * 0.35, 0.5),
+            text(16),
+        )))?;
+    }
+    legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+/// Names each curve [`success_curves`] draws by its colour, in drawing order:
+/// `blue = train (sampled rollouts), red = eval step eval`.
+pub fn colour_key(series: &[(String, Vec<(f64, f64)>)]) -> String {
+    series
+        .iter()
+        .enumerate()
+        .map(|(k, (name, _))| format!("{} = {name}", PALETTE_NAMES[k % PALETTE_NAMES.len()]))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Red for positive, blue for negative, white for zero (`RdBu_r` centred at
@@ -487,5 +553,29 @@ mod tests {
         let blank = Png::read(&blank).unwrap();
         assert_eq!(blank.colours(), 1);
         assert_eq!(blank.dark_in(0..64, 0..32), 0);
+    }
+
+    #[test]
+    fn success_curves_have_a_title_axes_and_a_legend() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = test_dir(tmp.path()).join("success.png");
+        let series = vec![
+            (
+                "train (sampled rollouts)".to_string(),
+                vec![(0.0, 0.1), (1.0, 0.3), (2.0, 0.5)],
+            ),
+            ("eval step eval".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
+        ];
+        success_curves(&path, "Success per iteration: base", &series, 3.0).unwrap();
+        let png = Png::read(&path).unwrap();
+        assert_eq!((png.width, png.height), (640, 400));
+        assert!(png.colours() > 20, "{} colours", png.colours());
+        assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+        assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
+        assert!(png.dark_in(250..400, 370..400) > 30, "no x axis label");
+        assert_eq!(
+            colour_key(&series),
+            "blue = train (sampled rollouts), red = eval step eval"
+        );
     }
 }

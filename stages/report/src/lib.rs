@@ -34,6 +34,16 @@
 //! and per teacher the contrast `teacher_logp - student_logp` per token
 //! (mean, std, min, max) and the spread of its per-step mean.
 //!
+//! Each `--curve NAME=FILE` is an RL run's success per iteration
+//! (scripts/rl_loop's `curve.tsv`): a table of its first and last figures
+//! and `success.png`, the train success of the sampled rollouts and the
+//! greedy val success per iteration ([`embodyflow_plots::success_curves`]);
+//! with curves alone the Markdown is `success.md`:
+//!
+//! ```text
+//! report --curve household-grpo=runs/demo/rl/curve.tsv --out runs/demo/report
+//! ```
+//!
 //! ```text
 //! report --variant rule=runs/adv-rule --variant proxy-self=runs/adv-proxy-self \
 //!     --teacher self=runs/teacher-self --teacher generalist=runs/teacher-gen \
@@ -64,6 +74,12 @@ pub struct Args {
     /// A teacher: NAME=DIR (a teacher-logp output).
     #[arg(long = "teacher", value_name = "NAME=DIR", value_parser = named_dir)]
     pub teachers: Vec<(String, PathBuf)>,
+    /// An RL run's success per iteration: NAME=FILE, a tab-separated
+    /// `iteration, train_success, val_success` file with a header line
+    /// (scripts/rl_loop's RUN/curve.tsv; `-` where a value is missing),
+    /// drawn as `success.png`.
+    #[arg(long = "curve", value_name = "NAME=FILE", value_parser = named_dir)]
+    pub curves: Vec<(String, PathBuf)>,
     /// The policy's tokenizer.json, to draw each token's text in the
     /// heatmaps (token ids as #id without it or --policy).
     #[arg(long, value_name = "FILE", conflicts_with = "policy")]
@@ -71,7 +87,8 @@ pub struct Args {
     /// A policy checkpoint whose tokenizer.json decodes the heatmaps' tokens.
     #[arg(long, value_name = "CKPT")]
     pub policy: Option<PathBuf>,
-    /// Directory for `step-credit.md` and the PNGs.
+    /// Directory for `step-credit.md` (`success.md` with only --curve) and
+    /// the PNGs.
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -1038,6 +1055,104 @@ pub fn build_report(
     Ok(md)
 }
 
+/// One RL run's success per iteration: train success of the sampled
+/// rollouts and, where evaluated, greedy val success.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Curve {
+    /// (iteration, train success).
+    pub train: Vec<(f64, f64)>,
+    /// (iteration, val success), the evaluated iterations only.
+    pub val: Vec<(f64, f64)>,
+}
+
+/// Reads a curve file (see [`Args::curves`]): a header line, then
+/// `iteration<TAB>train<TAB>val` rows, `-` for a missing value. A row
+/// that is not three fields, an iteration that is not an integer, or a
+/// success outside [0, 1] is an error naming the file and line.
+pub fn read_curve(path: &Path) -> Result<Curve> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ReportError::BadInput(format!("curve {}: {e}", path.display())))?;
+    let mut curve = Curve::default();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let bad = |what: &str| {
+            ReportError::BadInput(format!(
+                "curve {} line {}: {what}: `{line}`",
+                path.display(),
+                n + 1
+            ))
+        };
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [iteration, train, val] = fields[..] else {
+            return Err(bad("expected iteration, train_success, val_success"));
+        };
+        let iteration: u32 = iteration
+            .parse()
+            .map_err(|_| bad("the iteration is not a whole number"))?;
+        for (value, series) in [(train, &mut curve.train), (val, &mut curve.val)] {
+            if value == "-" {
+                continue;
+            }
+            let success: f64 = value
+                .parse()
+                .ok()
+                .filter(|v| (0.0..=1.0).contains(v))
+                .ok_or_else(|| bad("a success is `-` or a number in [0, 1]"))?;
+            series.push((f64::from(iteration), success));
+        }
+    }
+    Ok(curve)
+}
+
+/// The curves' table and `success.png` in `out` (per curve a train line
+/// and a val line, each drawn where it has points), as Markdown under a
+/// heading the caller writes.
+pub fn curves_report(curves: &[(String, PathBuf)], out: &Path) -> Result<String> {
+    let mut series = Vec::new();
+    let mut iterations = 0.0_f64;
+    let mut md = String::from(
+        "| run | iterations | first train success | last train success | last val success |\n|---|---|---|---|---|\n",
+    );
+    for (name, path) in curves {
+        let curve = read_curve(path)?;
+        let last = |points: &[(f64, f64)]| points.last().map(|p| p.1);
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            curve.train.len(),
+            opt(curve.train.first().map(|p| p.1)),
+            opt(last(&curve.train)),
+            opt(last(&curve.val)),
+        );
+        iterations = curve
+            .train
+            .iter()
+            .chain(&curve.val)
+            .map(|p| p.0 + 1.0)
+            .fold(iterations, f64::max);
+        series.push((format!("{name}: train (sampled rollouts)"), curve.train));
+        series.push((format!("{name}: val (greedy)"), curve.val));
+    }
+    series.retain(|(_, points)| !points.is_empty());
+    let path = out.join("success.png");
+    let title = match curves {
+        [(name, _)] => format!("Success per iteration: {name}"),
+        _ => format!("Success per iteration: {} runs", curves.len()),
+    };
+    embodyflow_plots::success_curves(&path, &title, &series, iterations).map_err(|e| {
+        ReportError::Write {
+            path: path.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    let _ = writeln!(
+        md,
+        "\n![success per iteration](success.png): x = iteration 0…{}, y = success 0…1; {}.",
+        (iterations - 1.0).max(0.0),
+        embodyflow_plots::colour_key(&series)
+    );
+    Ok(md)
+}
+
 /// Responses drawn in each variant's heatmap (each with its token text, at
 /// 12 pixels a token).
 const HEATMAP_RESPONSES: u32 = 8;
@@ -1054,12 +1169,13 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-/// Runs the tool: writes `out/step-credit.md` (atomically) and the PNGs, and
-/// prints the Markdown.
+/// Runs the tool: writes `out/step-credit.md` (`out/success.md` when only
+/// curves are given; atomically) and the PNGs, and prints the Markdown.
 pub fn run(args: Args) -> Result<()> {
-    if args.variants.is_empty() && args.teachers.is_empty() {
+    if args.variants.is_empty() && args.teachers.is_empty() && args.curves.is_empty() {
         return Err(ReportError::BadInput(
-            "nothing to report: give --variant NAME=DIR and/or --teacher NAME=DIR".into(),
+            "nothing to report: give --variant NAME=DIR, --teacher NAME=DIR and/or --curve NAME=FILE"
+                .into(),
         ));
     }
     let tokenizer = match (&args.tokenizer, &args.policy) {
@@ -1076,14 +1192,32 @@ pub fn run(args: Args) -> Result<()> {
         path: args.out.clone(),
         reason: e.to_string(),
     })?;
-    let md = build_report(
-        &args.variants,
-        &args.teachers,
-        tokenizer.as_ref(),
-        &args.out,
-    )?;
-    let path = args.out.join("step-credit.md");
-    let staging = args.out.join(".step-credit.md.writing");
+    let step_credit = !args.variants.is_empty() || !args.teachers.is_empty();
+    let mut md = if step_credit {
+        build_report(
+            &args.variants,
+            &args.teachers,
+            tokenizer.as_ref(),
+            &args.out,
+        )?
+    } else {
+        String::new()
+    };
+    if !args.curves.is_empty() {
+        md.push_str(if step_credit {
+            "\n## Success per iteration\n\n"
+        } else {
+            "# Success per iteration\n\n"
+        });
+        md.push_str(&curves_report(&args.curves, &args.out)?);
+    }
+    let name = if step_credit {
+        "step-credit.md"
+    } else {
+        "success.md"
+    };
+    let path = args.out.join(name);
+    let staging = args.out.join(format!(".{name}.writing"));
     std::fs::write(&staging, &md)
         .and_then(|()| std::fs::rename(&staging, &path))
         .map_err(|e| ReportError::Write {
@@ -1295,6 +1429,38 @@ mod tests {
         );
         let means = column_means(rewards.dir(), TableName::Rewards, &["success", "score"]).unwrap();
         assert_eq!(means, vec![Some(0.25), Some(-0.5)]);
+    }
+
+    #[test]
+    fn a_curve_is_read_with_its_missing_values_and_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("curve.tsv");
+        std::fs::write(
+            &path,
+            "iteration\ttrain_success\tval_success\n0\t0.250\t-\n1\t0.5\t0.400\n",
+        )
+        .unwrap();
+        let curve = read_curve(&path).unwrap();
+        assert_eq!(curve.train, [(0.0, 0.25), (1.0, 0.5)]);
+        assert_eq!(curve.val, [(1.0, 0.4)]);
+        let out = embodyflow_plots::test_dir(dir.path());
+        let md = curves_report(&[("grpo".into(), path.clone())], &out).unwrap();
+        assert!(md.contains("| grpo | 2 | 0.250 | 0.500 | 0.400 |"), "{md}");
+        assert!(
+            md.contains("blue = grpo: train (sampled rollouts), red = grpo: val (greedy)"),
+            "{md}"
+        );
+        let png = embodyflow_plots::Png::read(&out.join("success.png")).unwrap();
+        assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+        for (text, why) in [
+            ("h\n0\t0.5\n", "expected iteration"),
+            ("h\nzero\t0.5\t-\n", "not a whole number"),
+            ("h\n0\t1.5\t-\n", "in [0, 1]"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_curve(&path).unwrap_err().to_string();
+            assert!(err.contains(why) && err.contains("line 2"), "{err}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::path::Path;
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::spec::{self, Output};
 use embodyflow_core::stage::Summary;
-use embodyflow_plots::{Frame, PALETTE, PALETTE_NAMES, PlotError};
+use embodyflow_plots::{Frame, PALETTE, PlotError};
 use embodyflow_report::VariantDiagnostics;
 use plotters::prelude::*;
 
@@ -150,70 +150,6 @@ fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
         path: path.to_path_buf(),
         reason: reason.to_string(),
     }
-}
-
-/// Success curves of one cell: each named series of (iteration, success)
-/// on [0, 1] in [`PALETTE`] order, with a legend (and a note when every
-/// value is 0, whose points lie on the x axis, or there is none).
-fn plot_curves(
-    path: &Path,
-    title: &str,
-    series: &[(String, Vec<(f64, f64)>)],
-    iterations: f64,
-) -> Result<()> {
-    let draw = || -> std::result::Result<(), PlotError> {
-        let root = embodyflow_plots::canvas(path, (640, 400))?;
-        let last = (iterations - 1.0).max(1.0);
-        let whole = |x: &f64| {
-            if x.fract() == 0.0 {
-                format!("{x:.0}")
-            } else {
-                String::new()
-            }
-        };
-        let mut chart = Frame::new(title, "iteration", "success rate (fraction of episodes)")
-            .ranges(-0.2..last + 0.2, -0.03..1.03)
-            .x_ticks(((last + 1.0) as usize).min(12), &whole)
-            .draw(&root)?;
-        for (k, (name, points)) in series.iter().enumerate() {
-            let colour = PALETTE[k % PALETTE.len()];
-            chart
-                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
-                .label(name.as_str())
-                .legend(embodyflow_plots::swatch(colour));
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
-        }
-        let points: Vec<f64> = series.iter().flat_map(|(_, p)| p).map(|p| p.1).collect();
-        let note = if points.is_empty() {
-            Some("no success figures in this run")
-        } else if points.iter().all(|&y| y == 0.0) {
-            Some("every success rate is 0")
-        } else {
-            None
-        };
-        if let Some(note) = note {
-            chart.draw_series(std::iter::once(Text::new(
-                note,
-                (last * 0.35, 0.5),
-                embodyflow_plots::text(16),
-            )))?;
-        }
-        embodyflow_plots::legend(&mut chart)?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(plot_err(path))
-}
-
-/// Names each curve [`plot_curves`] draws by its colour, in drawing order:
-/// `blue = train (sampled rollouts), red = eval step eval`.
-fn colour_key(series: &[(String, Vec<(f64, f64)>)]) -> String {
-    series
-        .iter()
-        .enumerate()
-        .map(|(k, (name, _))| format!("{} = {name}", PALETTE_NAMES[k % PALETTE_NAMES.len()]))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// One bar per sweep cell, numbered on the x axis and named in the key
@@ -409,13 +345,14 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             series.retain(|(_, points)| !points.is_empty());
             let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
             let title = format!("Success per iteration: {}", cell.name);
-            plot_curves(&path, &title, &series, f64::from(iterations))?;
+            embodyflow_plots::success_curves(&path, &title, &series, f64::from(iterations))
+                .map_err(plot_err(&path))?;
             md.push_str(&format!(
                 "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); {}.\n",
                 cell.name,
                 path.file_name().unwrap().to_string_lossy(),
                 iterations - 1,
-                colour_key(&series),
+                embodyflow_plots::colour_key(&series),
             ));
             all_iterations = all_iterations.max(iterations);
             all_cells.extend(
@@ -429,11 +366,12 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
     if plan.cells.len() > 1 && all_iterations > 0 {
         let path = dir.join("success-cells.png");
         let title = format!("Success per iteration: {} cells", plan.cells.len());
-        plot_curves(&path, &title, &all_cells, f64::from(all_iterations))?;
+        embodyflow_plots::success_curves(&path, &title, &all_cells, f64::from(all_iterations))
+            .map_err(plot_err(&path))?;
         md.push_str(&format!(
             "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series: {}.\n",
             all_iterations - 1,
-            colour_key(&all_cells),
+            embodyflow_plots::colour_key(&all_cells),
         ));
     }
     if plan.cells.len() > 1 {
@@ -525,26 +463,6 @@ mod tests {
             drawn_success(tmp.path(), "collect-rollouts"),
             Some(6.0 / 176.0)
         );
-    }
-
-    #[test]
-    fn success_curves_have_a_title_axes_and_a_legend() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = embodyflow_plots::test_dir(tmp.path()).join("runner-success.png");
-        let series = vec![
-            (
-                "train (sampled rollouts)".to_string(),
-                vec![(0.0, 0.1), (1.0, 0.3), (2.0, 0.5)],
-            ),
-            ("eval step eval".to_string(), vec![(0.0, 0.0), (2.0, 0.4)]),
-        ];
-        plot_curves(&path, "Success per iteration: base", &series, 3.0).unwrap();
-        let png = Png::read(&path).unwrap();
-        assert_eq!((png.width, png.height), (640, 400));
-        assert!(png.colours() > 20, "{} colours", png.colours());
-        assert!(png.dark_in(200..440, 0..30) > 50, "no title");
-        assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
-        assert!(png.dark_in(250..400, 370..400) > 30, "no x axis label");
     }
 
     #[test]
