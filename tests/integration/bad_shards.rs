@@ -304,6 +304,48 @@ fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
 }
 
 #[test]
+fn a_forged_row_count_fails_compute_advantages_as_bad_input_not_an_allocation() {
+    // A manifest whose shard list, row total and content hash agree, but
+    // whose counts no file holds: nothing may be sized by them.
+    for rows in [1u64 << 62, 1 << 36] {
+        for table in ["trajectories", "rewards"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (rollouts, rewards) =
+                embodyflow_tests::rollout_set(dir.path(), &[vec![1.0, 0.0]], 1, 2);
+            let table_dir = if table == "rewards" {
+                rewards.join(table)
+            } else {
+                rollouts.join(table)
+            };
+            let mut manifest = Manifest::read(&table_dir).unwrap();
+            manifest.shards[0].rows = rows;
+            reseal(&table_dir, manifest);
+            let out = dir.path().join("adv");
+            let result = run(
+                "compute-advantages",
+                &[
+                    "--input",
+                    rollouts.to_str().unwrap(),
+                    "--input",
+                    rewards.to_str().unwrap(),
+                    "--out",
+                    out.to_str().unwrap(),
+                ],
+            );
+            assert_rejected(
+                &result,
+                &[
+                    &format!("`{table}`"),
+                    "`part-00000.parquet`",
+                    &format!("expected {rows}"),
+                ],
+            );
+            assert!(!out.join("advantages").exists());
+        }
+    }
+}
+
+#[test]
 fn a_directory_without_a_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let table = rewards_table(dir.path());
@@ -325,6 +367,82 @@ fn a_sound_table_validates_deeply() {
     std::fs::write(&shard, &bytes).unwrap();
     let result = run("table", &["validate", "--deep", table.to_str().unwrap()]);
     assert_ne!(result.code, 0, "{result}");
+}
+
+#[test]
+fn a_shard_file_the_manifest_does_not_list_is_an_error() {
+    // pandas, polars and duckdb read every file of the directory: a copy of
+    // a shard doubles the table for them while the manifest says 2 rows.
+    let dir = tempfile::tempdir().unwrap();
+    let table = rewards_table(dir.path());
+    std::fs::copy(
+        table.join("part-00000.parquet"),
+        table.join("part-00001.parquet"),
+    )
+    .unwrap();
+    for deep in [&["--deep"][..], &[]] {
+        let mut args = vec!["validate"];
+        args.extend_from_slice(deep);
+        args.push(table.to_str().unwrap());
+        assert_rejected(
+            &run("table", &args),
+            &[
+                "`rewards`",
+                "not listed in its manifest",
+                "part-00001.parquet",
+                "2 rows",
+            ],
+        );
+    }
+    // Hidden names (a writer's leftovers, the manifest) are not read by them.
+    std::fs::rename(
+        table.join("part-00001.parquet"),
+        table.join(".part-00001.parquet"),
+    )
+    .unwrap();
+    let result = run("table", &["validate", "--deep", table.to_str().unwrap()]);
+    assert_eq!(result.code, 0, "{result}");
+}
+
+#[test]
+fn an_imported_step_index_outside_its_range_is_bad_input() {
+    use embodyflow_core::schemas::StepRow;
+    let dir = tempfile::tempdir().unwrap();
+    let (rollouts, _) = embodyflow_tests::rollout_set(dir.path(), &[vec![1.0]], 1, 2);
+    let mut rows: Vec<StepRow> = TableReader::open(&rollouts.join("steps"), TableName::Steps)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    rows[0].step_index = i32::MAX;
+    let jsonl = dir.path().join("steps.jsonl");
+    let text: String = rows
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    std::fs::write(&jsonl, text).unwrap();
+    let out = dir.path().join("imported");
+    let result = run(
+        "table",
+        &[
+            "import",
+            "--table",
+            "steps",
+            "--from",
+            jsonl.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_rejected(
+        &result,
+        &[
+            "`steps`",
+            "`step_index`",
+            &format!("{} (allowed: 0 to 1000000)", i32::MAX),
+            &rows[0].trajectory_id,
+        ],
+    );
+    assert!(!out.join("steps").exists());
 }
 
 #[test]

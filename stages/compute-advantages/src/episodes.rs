@@ -121,7 +121,9 @@ impl Episodes {
     /// ([`Episodes::join`]).
     pub fn read(trajectories: &TableReader, rewards: &TableReader) -> Result<Episodes> {
         let mut faulted = Vec::new();
-        let mut traj = Vec::with_capacity(trajectories.num_rows() as usize);
+        // Manifest row counts are untrusted: the vectors grow as rows are
+        // read, never sized by them.
+        let mut traj = Vec::new();
         for batch in trajectories.batches(
             Some(&["trajectory_id", "group_id", "num_steps", "infra_fault"]),
             65_536,
@@ -142,7 +144,7 @@ impl Episodes {
                 }
             }
         }
-        let mut scores = Vec::with_capacity(rewards.num_rows() as usize);
+        let mut scores = Vec::new();
         let mut token_rewards = Vec::new();
         for batch in rewards.batches(
             Some(&["trajectory_id", "group_id", "score", "token_rewards"]),

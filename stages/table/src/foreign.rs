@@ -1115,11 +1115,20 @@ fn map_row(
         let ids = value.as_array().and_then(|items| {
             items
                 .iter()
-                .map(|i| i.as_i64().and_then(|i| i32::try_from(i).ok()))
+                .map(|i| {
+                    i.as_i64()
+                        .and_then(|i| i32::try_from(i).ok())
+                        .filter(|&i| i >= 0)
+                })
                 .collect::<Option<Vec<i32>>>()
         });
-        ids.map(Some)
-            .ok_or_else(|| wrong(key, "a list of integer token ids (i32)", value))
+        ids.map(Some).ok_or_else(|| {
+            wrong(
+                key,
+                "a list of non-negative integer token ids (i32)",
+                value,
+            )
+        })
     };
     let tokenise = |text: &Option<String>,
                     key: &Option<String>,
@@ -1543,7 +1552,7 @@ fn stage<R: Row>(
     producer: &Producer,
 ) -> Result<Manifest> {
     let mut writer = TableWriter::create(out, R::TABLE, write, overwrite)?;
-    writer.write_rows(rows)?;
+    writer.write_rows(rows).map_err(crate::refused_row)?;
     let (manifest, staged) = writer.finish_staged(producer, &[])?.into_parts();
     commit.absorb(staged)?;
     Ok(manifest)

@@ -27,10 +27,11 @@
 //! failed demonstrations are dropped and counted); `objective = "ppo"`
 //! recomputes the tokens' log-probs from the stored observations. Every
 //! epoch reads every observation again: with `observations = "mmap"` (the
-//! default) they are written once into a memory-mapped Arrow IPC file in
-//! `--out` ([`store_observations`], `embodyflow_core::observation_store`;
-//! hidden, removed at the end) and read from the page cache, zero-copy;
-//! `"memory"` keeps them in the examples. Both train the same checkpoint.
+//! default) they are written once into a memory-mapped Arrow IPC file
+//! ([`store_observations`], `embodyflow_core::observation_store`: a sealed
+//! memory file no other process can truncate or rewrite, gone with the
+//! process) and read from the mapping, zero-copy; `"memory"` keeps them in
+//! the examples. Both train the same checkpoint.
 //!
 //! Each epoch shuffles the examples (seeded by `--seed` and the epoch) into
 //! mini-batches of `mini_batch` sequences; `grad_accumulation = k`
@@ -63,7 +64,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -127,8 +128,8 @@ pub struct Args {
 pub enum ObservationsMode {
     /// Each example holds its bytes (the process's own memory).
     Memory,
-    /// Written once into a memory-mapped Arrow IPC file in the output
-    /// directory ([`store_observations`]): in the page cache, not the heap.
+    /// Written once into a memory-mapped Arrow IPC file
+    /// ([`store_observations`]): sealed shared memory, not the heap.
     #[default]
     Mmap,
 }
@@ -407,7 +408,7 @@ impl StageConfig for Config {
         ),
         (
             "observations",
-            "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in --out, removed at the end) or memory",
+            "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in sealed shared memory) or memory",
         ),
         ("optim.beta1", "AdamW beta1"),
         ("optim.beta2", "AdamW beta2"),
@@ -791,10 +792,9 @@ fn observations_note(examples: &[Example]) -> Option<String> {
 }
 
 /// `observations = "mmap"`: moves the examples' held observation bytes, in
-/// example order, into one [`ObservationStore`] written in `scratch` (the
-/// stage's output directory; the file is hidden and removed when the last
-/// example referring to it is dropped), each freed as it is written, and
-/// points the examples at their rows. Epochs then read the observations
+/// example order, into one [`ObservationStore`] (a sealed memory file, freed
+/// when the last example referring to it is dropped), each freed as it is
+/// written, and points the examples at their rows. Epochs then read the observations
 /// from the mapped file, zero-copy, instead of the heap: the observation
 /// store bench (`cargo bench --workspace --bench observation_store`)
 /// measures an epoch over the store as fast as over held bytes and ~7x
@@ -803,7 +803,6 @@ fn observations_note(examples: &[Example]) -> Option<String> {
 /// (plans) are left as they are, and no file is written for them.
 pub fn store_observations(
     mut examples: Vec<Example>,
-    scratch: &Path,
 ) -> Result<Vec<Example>, ObservationStoreError> {
     if !examples
         .iter()
@@ -811,7 +810,7 @@ pub fn store_observations(
     {
         return Ok(examples);
     }
-    let mut writer = ObservationStoreWriter::create(scratch)?;
+    let mut writer = ObservationStoreWriter::create()?;
     let mut rows = Vec::new();
     for (i, example) in examples.iter_mut().enumerate() {
         match example.observation.take() {
@@ -1689,7 +1688,7 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
     let examples = match config.observations {
         ObservationsMode::Memory => examples,
         ObservationsMode::Mmap => {
-            store_observations(examples, &args.stage.out).map_err(Error::from)?
+            store_observations(examples).map_err(Error::from)?
         }
     };
     let objective = config.objective.name();
