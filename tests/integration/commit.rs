@@ -306,3 +306,172 @@ fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
         hidden_entries(&out)
     );
 }
+
+#[test]
+fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.path().join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+
+    // The directory fsync right after the journal is renamed in fails: the
+    // run fails, and takes its journal with its staged outputs.
+    let failed = import(
+        &new,
+        &out,
+        &[("EMBODYFLOW_FAULT_ERR", "commit:journal-sync")],
+    );
+    assert_eq!(failed.code, 1, "{failed}");
+    assert!(failed.stderr.contains("Input/output error"), "{failed}");
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
+    assert_eq!(eval_rows(&out.join("eval")).len(), 5);
+
+    // What a run that could not remove its journal either leaves: the
+    // journal, its staged outputs gone. Every reader and writer rolls it
+    // back by itself; the old table is intact.
+    let killed = import(&new, &out, &[("EMBODYFLOW_FAULT_AT", "commit:journaled")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    for name in hidden_entries(&out) {
+        if name.starts_with(".eval.tmp-") {
+            std::fs::remove_dir_all(out.join(name)).unwrap();
+        }
+    }
+    assert!(
+        hidden_entries(&out).iter().any(|n| n.starts_with(".commit-")),
+        "{:?}",
+        hidden_entries(&out)
+    );
+    let validated = run("table", &["validate", s(&out.join("eval"))]);
+    assert_eq!(validated.code, 0, "{validated}");
+    assert!(validated.stdout.starts_with("ok eval 5 rows"), "{validated}");
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
+    let again = import(&new, &out, &[]);
+    assert_eq!(again.code, 0, "{again}");
+    assert_eq!(eval_rows(&out.join("eval")).len(), 7);
+}
+
+#[test]
+fn a_failure_after_the_last_swap_is_a_committed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.path().join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+    // The directory fsync after the last swap fails: the new table is in
+    // place, so the run succeeded; what is left to clean the next reader
+    // finishes.
+    let done = import(
+        &new,
+        &out,
+        &[("EMBODYFLOW_FAULT_ERR", "commit:swapped-sync")],
+    );
+    assert_eq!(done.code, 0, "{done}");
+    assert!(done.stderr.contains("the outputs are committed"), "{done}");
+    let rows = eval_rows(&out.join("eval"));
+    assert_eq!(rows.len(), 7);
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
+}
+
+#[test]
+fn the_table_tool_completes_an_interrupted_commit_instead_of_saying_not_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.path().join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+    for command in ["validate", "manifest", "show"] {
+        let killed = import(
+            &new,
+            &out,
+            &[
+                ("EMBODYFLOW_NO_RENAME_EXCHANGE", "1"),
+                ("EMBODYFLOW_FAULT_AT", "commit:aside:1"),
+            ],
+        );
+        assert_eq!(killed.code, -1, "{killed}");
+        assert!(!out.join("eval").exists());
+        let result = run("table", &[command, s(&out.join("eval"))]);
+        assert_eq!(result.code, 0, "table {command}\n{result}");
+        assert_eq!(eval_rows(&out.join("eval")).len(), 7, "table {command}");
+        assert!(hidden_entries(&out).is_empty(), "table {command}");
+        assert_eq!(import(&old, &out, &[]).code, 0);
+    }
+}
+
+#[test]
+fn a_rerun_after_a_kill_mid_commit_recognises_its_own_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let generate = |out: &Path, count: &str, env: &[(&str, &str)]| {
+        let count = format!("count={count}");
+        run_with_env(
+            "generate-tasks",
+            &["--out", s(out), "--set", "split=train", "--set", &count],
+            env,
+        )
+    };
+    let out = dir.path().join("train");
+    let killed = generate(&out, "5", &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    // The same command again: it completes the dead run's commit, sees that
+    // run was its twin, and has nothing left to do.
+    let rerun = generate(&out, "5", &[]);
+    assert_eq!(rerun.code, 0, "{rerun}");
+    assert!(rerun.stdout.contains("nothing to do"), "{rerun}");
+    assert!(out.join("_summary.generate-tasks.md").exists());
+    assert!(
+        hidden_entries(&out).is_empty(),
+        "{:?}",
+        hidden_entries(&out)
+    );
+    // Run again once complete, it is refused as before: the table exists.
+    let third = generate(&out, "5", &[]);
+    assert_eq!(third.code, 2, "{third}");
+    assert!(third.stderr.contains("already exists"), "{third}");
+
+    // Another command (another config) is refused: those outputs are not its.
+    let out = dir.path().join("train2");
+    let killed = generate(&out, "5", &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    let different = generate(&out, "6", &[]);
+    assert_eq!(different.code, 2, "{different}");
+    assert!(different.stderr.contains("already exists"), "{different}");
+
+    // A stage with inputs: its twin read the same tables (by content hash).
+    let (rollouts, rewards) = embodyflow_tests::rollout_set(dir.path(), &[vec![1.0, 0.0]], 1, 2);
+    let adv = dir.path().join("adv");
+    let advantages = |env: &[(&str, &str)]| {
+        run_with_env(
+            "compute-advantages",
+            &[
+                "--input",
+                s(&rollouts),
+                "--input",
+                s(&rewards),
+                "--out",
+                s(&adv),
+            ],
+            env,
+        )
+    };
+    let killed = advantages(&[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
+    assert_eq!(killed.code, -1, "{killed}");
+    let rerun = advantages(&[]);
+    assert_eq!(rerun.code, 0, "{rerun}");
+    assert!(rerun.stdout.contains("nothing to do"), "{rerun}");
+}

@@ -1323,7 +1323,19 @@ fn bad_parquet_exits_2_naming_file_column_and_row() {
         &out,
         &ids_columns,
         &[
-            "bad.parquet: row 0: column `prompt_ids` is [1.5,2.0], expected a list of integer token ids (i32)",
+            "bad.parquet: row 0: column `prompt_ids` is [1.5,2.0], expected a list of non-negative integer token ids (i32)",
+        ],
+    );
+    // A negative id is no token: refused, not stored for a model to index.
+    parquet_file(&file, &ids(serde_json::json!([3, -1])));
+    refused(
+        "parquet",
+        &file,
+        &tok,
+        &out,
+        &ids_columns,
+        &[
+            "bad.parquet: row 0: column `prompt_ids` is [3,-1], expected a list of non-negative integer token ids (i32)",
         ],
     );
     parquet_file(&file, &ids(serde_json::json!([1, 2])));

@@ -428,6 +428,10 @@ where
     }
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(done) if done.kind() == ErrorKind::Done => {
+            println!("{done}");
+            std::process::ExitCode::SUCCESS
+        }
         Err(error) => {
             report(&error);
             let code = error.kind().exit_code();

@@ -15,7 +15,13 @@
 //!    the old content lands at the staged name); elsewhere (`EINVAL`,
 //!    `ENOSYS`, `EOPNOTSUPP`) the documented fallback renames the old target
 //!    aside to `.<name>.old-<pid>-<nanos>`, then the staged path into place;
-//! 3. removes the journal — the commit point — and only then the old content.
+//! 3. removes the journal and only then the old content.
+//!
+//! Once every swap is done the commit is: what follows (fsyncing the
+//! directory, removing the journal and the old content) is cleanup, and a
+//! failure there is a warning, not a failed run — the journal it may leave
+//! rolls forward to the very same state, and the old content under its
+//! hidden name is removed by the next writer.
 //!
 //! **Recovery.** A process killed during step 2 leaves the journal. Whoever
 //! next opens a table of that directory, or writes into it, finds the journal,
@@ -24,8 +30,14 @@
 //! digest is done, one whose staged path has it is swapped in now, and a
 //! target left absent by the fallback is never deleted around. A reader
 //! therefore never sees `trajectories` without the `steps` committed with it.
-//! An error inside `apply` (not a kill) swaps back what it had swapped, so a
-//! run that exits non-zero leaves nothing a reader accepts.
+//! A journal some of whose staged outputs are gone while nothing of it was
+//! swapped (a run that failed right after writing its journal and removed its
+//! staged outputs, but could not remove the journal) is **rolled back**: the
+//! journal and what is left staged are removed, the old content stays.
+//! Only a journal with an output swapped in and another lost is an error.
+//! An error inside `apply` (not a kill) swaps back what it had swapped and
+//! removes the journal before the staged outputs, so a run that exits
+//! non-zero leaves nothing a reader accepts, and nothing that blocks one.
 //!
 //! Writers also clear **stale leftovers** of dead processes ([`clean_stale`]):
 //! staged `.<name>.tmp-<pid>-…` and `.<name>.writing-<pid>` directories are
@@ -38,8 +50,10 @@
 //! `commit:aside:<k>` between the fallback's two renames). With
 //! `EMBODYFLOW_NO_RENAME_EXCHANGE=1` the fallback is used even where the
 //! exchange works, so tests reach it; with `EMBODYFLOW_FAULT_ERR=<point>` an
-//! I/O step fails with `ENOSPC` ([`fault_error`]; point `stage:summary`, the
-//! summary write of [`crate::stage::Stage::commit`]).
+//! I/O step fails ([`fault_error`]; points `stage:summary`, the summary write
+//! of [`crate::stage::Stage::commit`], with `ENOSPC`; `commit:journal-sync`,
+//! the directory fsync right after the journal is renamed in, and
+//! `commit:swapped-sync`, the one after the last swap, with `EIO`).
 //!
 //! ```no_run
 //! # use embodyflow_core::commit::{Commit, Digest};
@@ -153,11 +167,11 @@ pub fn fault_point(point: &str) {
     }
 }
 
-/// Fails with `ENOSPC` when `EMBODYFLOW_FAULT_ERR` names `point` (a test
-/// hook: a full disk at an exact point of a run).
-pub fn fault_error(point: &str) -> std::io::Result<()> {
+/// Fails with OS error `errno` when `EMBODYFLOW_FAULT_ERR` names `point` (a
+/// test hook: a full disk or a failing one at an exact point of a run).
+pub fn fault_error(point: &str, errno: rustix::io::Errno) -> std::io::Result<()> {
     if std::env::var("EMBODYFLOW_FAULT_ERR").is_ok_and(|p| p == point) {
-        return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        return Err(errno.into());
     }
     Ok(())
 }
@@ -166,6 +180,13 @@ pub fn fault_error(point: &str) -> std::io::Result<()> {
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// [`sync_dir`] at fault point `point` (which fails it with `EIO`).
+fn sync_dir_at(dir: &Path, point: &str) -> Result<()> {
+    fault_error(point, rustix::io::Errno::IO)
+        .and_then(|_| File::open(dir)?.sync_all())
         .map_err(|e| Error::io(dir, e))
 }
 
@@ -438,9 +459,15 @@ impl Commit {
             .and_then(|_| file.sync_all())
             .map_err(|e| Error::io(&tmp, e))
             .and_then(|_| std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e)))
-            .and_then(|_| sync_dir(&out));
+            .and_then(|_| sync_dir_at(&out, "commit:journal-sync"));
         if let Err(e) = written {
+            // Nothing was swapped: the journal goes before the staged
+            // outputs do (when this returns), so no reader finds a journal
+            // whose outputs are gone; one left all the same (its removal
+            // failed too) is rolled back by the next reader.
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&path);
+            let _ = sync_dir(&out);
             return Err(e);
         }
         // From here the journal owns the staged paths.
@@ -471,14 +498,21 @@ impl Commit {
             }
             fault_point(&format!("commit:swapped:{}", k + 1));
         }
-        sync_dir(&out)?;
-        std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-        sync_dir(&out)?;
+        // Every output is in place: the commit is done, the rest is cleanup.
+        let cleanup = sync_dir_at(&out, "commit:swapped-sync")
+            .and_then(|_| std::fs::remove_file(&path).map_err(|e| Error::io(&path, e)))
+            .and_then(|_| sync_dir(&out));
         drop(file); // releases the lock
-        for (k, how) in &done {
-            if let Some(old) = old_location(&out, &journal.entries[*k].staged, how) {
-                remove_path(&old)?;
-            }
+        let olds = done
+            .iter()
+            .filter_map(|(k, how)| old_location(&out, &journal.entries[*k].staged, how));
+        let cleanup = olds.fold(cleanup, |result, old| result.and(remove_path(&old)));
+        if let Err(error) = cleanup {
+            tracing::warn!(
+                out = %out.display(),
+                error = ?error,
+                "the outputs are committed; cleaning up after the commit failed, and the next writer into the directory finishes it"
+            );
         }
         Ok(())
     }
@@ -494,11 +528,13 @@ impl Drop for Commit {
 }
 
 /// Completes every interrupted commit in `dir` (see the module doc): waits for
-/// a live committer, rolls a dead one's journal forward. Cheap when there is
-/// none (one directory listing).
-pub fn settle(dir: &Path) -> Result<()> {
+/// a live committer, rolls a dead one's journal forward (or back, when its
+/// staged outputs are gone and nothing was swapped). Returns the targets of
+/// the commits it completed. Cheap when there is none (one directory
+/// listing).
+pub fn settle(dir: &Path) -> Result<Vec<String>> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let mut journals: Vec<PathBuf> = entries
         .flatten()
@@ -509,16 +545,54 @@ pub fn settle(dir: &Path) -> Result<()> {
         .map(|e| e.path())
         .collect();
     journals.sort();
+    let mut completed = Vec::new();
     for journal in journals {
-        roll_forward(dir, &journal)?;
+        completed.extend(roll_forward(dir, &journal)?);
     }
-    Ok(())
+    Ok(completed)
 }
 
-fn roll_forward(dir: &Path, path: &Path) -> Result<()> {
+/// Where one entry of a dead run's journal stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryState {
+    /// The target holds the new content; `swapped` when the old content is
+    /// evidently aside (at the staged name or an `.old-` name of the run).
+    InPlace { swapped: bool },
+    /// The staged path holds the new content, intact.
+    Staged,
+    /// Neither: the staged output is gone.
+    Lost,
+}
+
+/// Where `entry` of the journal of process `pid` stands in `dir`.
+fn entry_state(dir: &Path, entry: &JournalEntry, pid: u32) -> Result<EntryState> {
+    let new = Some(entry.digest.as_str());
+    let staged = dir.join(&entry.staged);
+    let staged_digest = digest(&staged, &entry.digest_of)?;
+    if digest(&dir.join(&entry.target), &entry.digest_of)?.as_deref() == new {
+        let aside = format!(".{}.old-{pid}-", entry.target);
+        let swapped = (std::fs::symlink_metadata(&staged).is_ok()
+            && staged_digest.as_deref() != new)
+            || std::fs::read_dir(dir)
+                .map_err(|e| Error::io(dir, e))?
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&aside));
+        return Ok(EntryState::InPlace { swapped });
+    }
+    Ok(if staged_digest.as_deref() == new {
+        EntryState::Staged
+    } else {
+        EntryState::Lost
+    })
+}
+
+/// Completes the commit of journal `path` (see the module doc); returns the
+/// targets it committed (none when it rolled back, or another process
+/// finished it meanwhile).
+fn roll_forward(dir: &Path, path: &Path) -> Result<Vec<String>> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()), // finished meanwhile
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()), // finished meanwhile
         Err(e) => return Err(Error::io(path, e)),
     };
     file.lock().map_err(|e| Error::io(path, e))?;
@@ -529,7 +603,7 @@ fn roll_forward(dir: &Path, path: &Path) -> Result<()> {
             .is_ok_and(|held| held.ino() == now.ino() && held.dev() == now.dev())
     });
     if !same {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let bad = |reason: String| Error::BadManifest {
@@ -544,20 +618,45 @@ fn roll_forward(dir: &Path, path: &Path) -> Result<()> {
             journal.format
         )));
     }
+    let states = journal
+        .entries
+        .iter()
+        .map(|entry| entry_state(dir, entry, journal.pid))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(lost) = states.iter().position(|s| *s == EntryState::Lost) {
+        let entry = &journal.entries[lost];
+        if let Some(swapped) = states
+            .iter()
+            .position(|s| *s == EntryState::InPlace { swapped: true })
+        {
+            return Err(bad(format!(
+                "output `{}` is committed but `{}` is neither committed nor staged intact at {}; restore it from the run that wrote them, or remove the journal and rerun that stage",
+                journal.entries[swapped].target,
+                entry.target,
+                dir.join(&entry.staged).display()
+            )));
+        }
+        // Nothing was swapped: the old content is whole where it was.
+        std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        sync_dir(dir)?;
+        drop(file);
+        for (entry, state) in journal.entries.iter().zip(&states) {
+            if *state == EntryState::Staged {
+                remove_path(&dir.join(&entry.staged))?;
+            }
+        }
+        tracing::warn!(
+            journal = %path.display(),
+            lost = %entry.target,
+            "rolled back an interrupted commit whose staged outputs are gone; the old contents stay"
+        );
+        return Ok(Vec::new());
+    }
     let mut olds = Vec::new();
-    for (k, entry) in journal.entries.iter().enumerate() {
-        let target = dir.join(&entry.target);
-        if digest(&target, &entry.digest_of)?.as_deref() == Some(entry.digest.as_str()) {
+    for (k, (entry, state)) in journal.entries.iter().zip(&states).enumerate() {
+        if let EntryState::InPlace { .. } = state {
             olds.push(dir.join(&entry.staged)); // done; the staged name holds the old, if anything
             continue;
-        }
-        let staged = dir.join(&entry.staged);
-        if digest(&staged, &entry.digest_of)?.as_deref() != Some(entry.digest.as_str()) {
-            return Err(bad(format!(
-                "output `{}` is neither committed nor staged intact at {}; restore it from the run that wrote it, or remove the journal and rerun that stage",
-                entry.target,
-                staged.display()
-            )));
         }
         let how = swap_in(dir, &entry.staged, &entry.target, k + 1)?;
         olds.extend(old_location(dir, &entry.staged, &how));
@@ -573,7 +672,7 @@ fn roll_forward(dir: &Path, path: &Path) -> Result<()> {
     // beside a committed target: it is the old content, now unneeded.
     clean_stale(dir)?;
     tracing::warn!(journal = %path.display(), "completed an interrupted commit");
-    Ok(())
+    Ok(journal.entries.into_iter().map(|e| e.target).collect())
 }
 
 /// Whether process `pid` (from a hidden name) may still use what it named:
@@ -586,10 +685,11 @@ fn alive(pid: &str) -> bool {
 }
 
 /// Removes or restores the hidden leftovers of dead writers in `dir` (see the
-/// module doc). Interrupted commits are completed first.
-pub fn clean_stale(dir: &Path) -> Result<()> {
+/// module doc). Interrupted commits are completed first ([`settle`], whose
+/// completed targets it returns).
+pub fn clean_stale(dir: &Path) -> Result<Vec<String>> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let mut names: Vec<String> = entries
         .flatten()
@@ -638,5 +738,5 @@ pub fn clean_stale(dir: &Path) -> Result<()> {
             break;
         }
     }
-    Ok(())
+    Ok(Vec::new())
 }

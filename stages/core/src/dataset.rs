@@ -825,6 +825,34 @@ impl TableReader {
         Ok(rows)
     }
 
+    /// The entries of the table directory that the manifest does not list
+    /// but that pandas, polars or duckdb, reading the directory as a dataset,
+    /// would take for part of the table (their rows counted twice, or a
+    /// foreign file's rows mixed in): every name but the listed shards' and
+    /// the hidden ones (`.`- or `_`-prefixed, the manifest's included, which
+    /// those readers skip), sorted.
+    pub fn unlisted_files(&self) -> Result<Vec<String>> {
+        let listed: std::collections::HashSet<&str> = self
+            .manifest
+            .shards
+            .iter()
+            .map(|s| s.file.as_str())
+            .collect();
+        let mut unlisted = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
+            let name = entry
+                .map_err(|e| Error::io(&self.dir, e))?
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if !name.starts_with(['.', '_']) && !listed.contains(name.as_str()) {
+                unlisted.push(name);
+            }
+        }
+        unlisted.sort();
+        Ok(unlisted)
+    }
+
     /// Recomputes every shard's content hash and compares it with the
     /// manifest (reads every byte once).
     pub fn verify_hashes(&self) -> Result<()> {

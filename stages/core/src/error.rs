@@ -17,6 +17,9 @@ pub enum ErrorKind {
     BadInput,
     /// Something failed while running: exit code 1.
     Failure,
+    /// Nothing was left to do (the run's outputs are already committed, by
+    /// an identical earlier run): exit code 0, the message on stdout.
+    Done,
 }
 
 impl ErrorKind {
@@ -25,6 +28,7 @@ impl ErrorKind {
         match self {
             ErrorKind::BadInput => 2,
             ErrorKind::Failure => 1,
+            ErrorKind::Done => 0,
         }
     }
 }
@@ -185,6 +189,11 @@ pub enum Error {
     /// An output table exists and `--overwrite` was not given.
     #[error("output table {0} already exists; pass --overwrite to replace it")]
     OutputExists(PathBuf),
+    /// The outputs exist because an identical earlier run (same stage,
+    /// version, config, seed, shard and input content) was killed while
+    /// committing them, and this run completed its commit: nothing to do.
+    #[error("{0}")]
+    AlreadyDone(String),
     /// Rows that do not fit the table's schema (a bug in the producing code).
     #[error("rows do not fit the schema of table `{table}`: {reason}")]
     RowConversion {
@@ -268,6 +277,7 @@ impl Classify for Error {
             | Error::BadValue { .. }
             | Error::Usage(_)
             | Error::BadInput(_) => ErrorKind::BadInput,
+            Error::AlreadyDone(_) => ErrorKind::Done,
         }
     }
 }

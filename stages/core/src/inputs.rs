@@ -23,7 +23,7 @@ use embodyflow_schemas::TableName;
 
 use crate::dataset::TableReader;
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, is_table_dir};
+use crate::manifest::{InputRef, Manifest, is_table_dir};
 
 /// The tables found in a stage's inputs.
 #[derive(Debug, Clone, Default)]
@@ -88,6 +88,19 @@ impl Inputs {
         }
         self.found.insert(manifest.table, dir.to_path_buf());
         Ok(())
+    }
+
+    /// Whether `lineage` (the tables a run read, by path and content hash)
+    /// is what these inputs hold now.
+    pub fn hold(&self, lineage: &[InputRef]) -> Result<bool> {
+        for input in lineage {
+            if self.found.get(&input.table) != Some(&input.path)
+                || Manifest::read(&input.path)?.content_hash != input.content_hash
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Opens table `table`, which must be present.

@@ -5,54 +5,66 @@
 //! An update that runs several epochs over the same decisions needs every
 //! observation once per epoch, in a shuffled order. Decoding the Parquet
 //! steps table each epoch pays zstd and Parquet decoding again every time;
-//! holding every observation in a `Vec<Vec<u8>>` pays for all of them in the
-//! process's own (anonymous) memory for the whole run. An
+//! holding every observation in a `Vec<Vec<u8>>` pays an allocation per
+//! observation in the process's heap for the whole run. An
 //! [`ObservationStore`] writes them once, in the caller's order, into an
 //! Arrow IPC file (one non-null `LargeBinary` column, a record batch per
-//! [`BATCH_BYTES`] of values) in a scratch directory the caller gives (the
-//! stage's output directory), memory-maps it (`memmap2`) and hands out
-//! [`ObservationStore::get`]`(i)` as a slice of the mapping: no copy, no
-//! decoding. The pages live in the kernel's page cache, shared and
-//! reclaimable, not in the process's heap. The Arrow IPC file format is the
-//! columnar layout itself, so "reading" it is pointer arithmetic on validated
-//! offsets (see `arrow::ipc::reader::FileDecoder`, used here over the mapped
-//! buffer).
+//! [`BATCH_BYTES`] of values) held in a **sealed memory file**, memory-maps
+//! it (`memmap2`) and hands out [`ObservationStore::get`]`(i)` as a slice of
+//! the mapping: no copy, no decoding. The Arrow IPC file format is the
+//! columnar layout itself, so "reading" it is pointer arithmetic on
+//! validated offsets (see `arrow::ipc::reader::FileDecoder`, used here over
+//! the mapped buffer).
 //!
-//! **Writing** never leaves a half-written file under the store's name:
-//! [`ObservationStoreWriter`] streams batches into
-//! `.<name>.tmp-<pid>-<nanos>.part`, fsyncs it and renames it to
-//! `.<name>.tmp-<pid>-<nanos>`, then fsyncs the directory. Both names are
-//! hidden, carry the writer's pid, and are removed by the next writer into
-//! that directory when the process died ([`crate::commit::clean_stale`]);
-//! a writer dropped before [`ObservationStoreWriter::finish`] removes its
-//! partial file, and a store created by a writer removes its file when it
-//! is dropped.
+//! **Why a sealed memory file, not a file on disk.** A mapped file that
+//! another process truncates turns the next access past its new end into
+//! `SIGBUS`, a signal that kills the stage mid-training; one whose bytes
+//! another process rewrites changes what is trained on, silently. Neither can
+//! be guarded on an ordinary file: advisory locks do not stop `truncate`, and
+//! checking the size or a hash after mapping says nothing about the next
+//! minute. The store therefore lives in a memory file (`memfd_create`): it
+//! has no name in any directory, and once written it is sealed
+//! (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL`), after which
+//! the kernel refuses every truncation and every write to it, from any
+//! process and by any path (`/proc/<pid>/fd/<n>` included), with `EPERM`: an
+//! error to whoever tries, never a signal here. Its pages are shared memory
+//! (`RssShmem`), not heap allocations; the price is that the kernel can
+//! reclaim them only to swap, where a file's clean pages could be dropped.
 //!
-//! **Opening** ([`ObservationStore::open`]) checks the whole file before
-//! serving anything: the leading and trailing `ARROW1` magic, the footer
-//! (a verified flatbuffer) and its schema (exactly the store's one column),
-//! every record batch's block inside the file, its message's buffers inside
-//! its body, uncompressed, one column without nulls, and the column's
-//! offsets (monotonic, inside the values; Arrow's full validation). A
-//! truncated, corrupt or foreign file is an [`ObservationStoreError::Corrupt`]
-//! naming the file, never a panic; every `get` afterwards is in bounds.
+//! **Writing** ([`ObservationStoreWriter`]) streams the batches into the
+//! memory file, hashing every byte (BLAKE3) as it goes;
+//! [`ObservationStoreWriter::finish`] seals the file, maps it and checks, as a
+//! table's shards are checked against their manifest, that the mapped bytes
+//! hash to what was written (a write through `/proc` before the seal is
+//! caught there, and none can come after it). Nothing is written to disk and
+//! nothing outlives the store: the kernel frees the memory file with its last
+//! descriptor and mapping, also when the process is killed.
+//!
+//! **Opening** ([`ObservationStore::open`]) an existing store file copies it
+//! into a sealed memory file, then checks the whole of it before serving
+//! anything: the leading and trailing `ARROW1` magic, the footer (a verified
+//! flatbuffer) and its schema (exactly the store's one column), every record
+//! batch's block inside the file, its message's buffers inside its body,
+//! uncompressed, one column without nulls, and the column's offsets
+//! (monotonic, inside the values; Arrow's full validation). A truncated,
+//! corrupt or foreign file is an [`ObservationStoreError::Corrupt`] naming
+//! the file, never a panic; every `get` afterwards is in bounds. A written
+//! store gets the same checks.
 //!
 //! ```
 //! use embodyflow_core::observation_store::ObservationStore;
-//! let scratch = tempfile::tempdir().unwrap();
 //! let observations: Vec<Vec<u8>> = vec![vec![1, 2, 3], vec![], vec![4; 5000]];
-//! let store = ObservationStore::write(scratch.path(), &observations).unwrap();
+//! let store = ObservationStore::write(&observations).unwrap();
 //! assert_eq!(store.len(), 3);
 //! assert_eq!(store.get(0), [1, 2, 3]);
 //! assert_eq!(store.get(2), &observations[2][..]);
-//! let file = store.path().to_path_buf();
-//! assert!(file.exists());
-//! drop(store); // the scratch file goes with the store
-//! assert!(!file.exists());
+//! // Sealed: no process can shrink it under the mapping.
+//! let file = std::fs::OpenOptions::new().write(true).open(store.path()).unwrap();
+//! assert!(file.set_len(0).is_err());
 //! ```
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -66,10 +78,8 @@ use arrow::ipc::reader::{FileDecoder, read_footer_length};
 use arrow::ipc::writer::FileWriter;
 use arrow::ipc::{Block, root_as_footer, root_as_message};
 
-use crate::commit;
-
-/// The name a store file is staged under ([`commit::staging_name`]).
-pub const STORE_NAME: &str = "observations.arrow";
+/// The name of a store's memory file (as `/proc/<pid>/fd` lists it).
+pub const STORE_NAME: &str = "embodyflow-observations";
 
 /// The one column of a store file.
 pub const COLUMN: &str = "observation";
@@ -94,10 +104,10 @@ const TRAILER_LEN: usize = 10;
 /// Why a store could not be written or read. Each names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ObservationStoreError {
-    /// The file system failed (create, write, fsync, rename, open, map).
+    /// The system failed (create, write, seal, open, copy, map).
     #[error("observation store {}: {what}: {source}", path.display())]
     Io {
-        /// The file or directory.
+        /// The file.
         path: PathBuf,
         /// What was being done.
         what: &'static str,
@@ -114,11 +124,8 @@ pub enum ObservationStoreError {
         #[source]
         source: ArrowError,
     },
-    /// The scratch directory's housekeeping failed (removing dead writers'
-    /// leftovers, fsyncing it).
-    #[error(transparent)]
-    Directory(#[from] crate::Error),
-    /// Not a complete, valid store file: truncated, corrupt or foreign.
+    /// Not a complete, valid store file: truncated, corrupt, foreign, or
+    /// not the bytes its writer wrote.
     #[error("observation store {}: {reason}", path.display())]
     Corrupt {
         /// The file.
@@ -129,22 +136,21 @@ pub enum ObservationStoreError {
 }
 
 impl crate::Classify for ObservationStoreError {
-    /// A failing disk is a failure of the run; a damaged file is treated like
-    /// a corrupt shard: bad input.
+    /// A failing system is a failure of the run; a damaged file is treated
+    /// like a corrupt shard: bad input.
     fn kind(&self) -> crate::ErrorKind {
         match self {
             ObservationStoreError::Io { .. } | ObservationStoreError::Write { .. } => {
                 crate::ErrorKind::Failure
             }
             ObservationStoreError::Corrupt { .. } => crate::ErrorKind::BadInput,
-            ObservationStoreError::Directory(e) => crate::Classify::kind(e),
         }
     }
 }
 
 /// The core's error of a store error, for stages whose errors wrap
-/// [`crate::Error`]: the file system's failures stay failures, a damaged
-/// file bad input, each naming the file.
+/// [`crate::Error`]: the system's failures stay failures, a damaged file bad
+/// input, each naming the file.
 impl From<ObservationStoreError> for crate::Error {
     fn from(error: ObservationStoreError) -> crate::Error {
         match error {
@@ -153,7 +159,6 @@ impl From<ObservationStoreError> for crate::Error {
                 path,
                 source: std::io::Error::other(source),
             },
-            ObservationStoreError::Directory(error) => error,
             corrupt @ ObservationStoreError::Corrupt { .. } => {
                 crate::Error::BadInput(corrupt.to_string())
             }
@@ -170,48 +175,70 @@ fn schema() -> SchemaRef {
     )
 }
 
-/// Writes a store file batch by batch (see the module doc); [`Self::finish`]
-/// makes it an [`ObservationStore`].
+/// A new, empty, sealable memory file and the path that reaches it
+/// (`/proc/<pid>/fd/<n>`, for messages).
+fn memory_file() -> Result<(File, PathBuf), ObservationStoreError> {
+    use rustix::fs::MemfdFlags;
+    let fd = rustix::fs::memfd_create(
+        STORE_NAME,
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| ObservationStoreError::Io {
+        path: PathBuf::from(STORE_NAME),
+        what: "creating a memory file",
+        source: e.into(),
+    })?;
+    let path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    Ok((File::from(fd), path))
+}
+
+/// A memory file that hashes every byte written to it.
+struct HashedFile {
+    file: File,
+    hasher: blake3::Hasher,
+}
+
+impl Write for HashedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.file.write(buf)?;
+        self.hasher.update(&buf[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// Writes a store file batch by batch into a memory file (see the module
+/// doc); [`Self::finish`] makes it an [`ObservationStore`].
 pub struct ObservationStoreWriter {
-    dir: PathBuf,
-    /// The name the complete file gets.
+    /// The path that reaches the memory file (for messages).
     path: PathBuf,
-    /// The name it is written under.
-    part: PathBuf,
-    writer: Option<FileWriter<BufWriter<File>>>,
+    writer: Option<FileWriter<BufWriter<HashedFile>>>,
     builder: LargeBinaryBuilder,
     rows: usize,
 }
 
 impl ObservationStoreWriter {
-    /// Starts a store file in `dir` (created if missing), first removing the
-    /// leftovers of dead writers there.
-    pub fn create(dir: &Path) -> Result<ObservationStoreWriter, ObservationStoreError> {
-        let io = |what, source| ObservationStoreError::Io {
-            path: dir.to_path_buf(),
-            what,
-            source,
+    /// Starts a store in a new memory file.
+    pub fn create() -> Result<ObservationStoreWriter, ObservationStoreError> {
+        let (file, path) = memory_file()?;
+        let hashed = HashedFile {
+            file,
+            hasher: blake3::Hasher::new(),
         };
-        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory", e))?;
-        commit::clean_stale(dir)?;
-        let path = dir.join(commit::staging_name(STORE_NAME));
-        let mut part = path.clone().into_os_string();
-        part.push(".part");
-        let part = PathBuf::from(part);
-        let file = File::create_new(&part).map_err(|source| ObservationStoreError::Io {
-            path: part.clone(),
-            what: "creating",
-            source,
-        })?;
-        let writer = FileWriter::try_new(BufWriter::with_capacity(1 << 20, file), &schema())
+        let writer = FileWriter::try_new(BufWriter::with_capacity(1 << 20, hashed), &schema())
             .map_err(|source| ObservationStoreError::Write {
-                path: part.clone(),
+                path: path.clone(),
                 source,
             })?;
         Ok(ObservationStoreWriter {
-            dir: dir.to_path_buf(),
             path,
-            part,
             writer: Some(writer),
             builder: LargeBinaryBuilder::new(),
             rows: 0,
@@ -250,74 +277,50 @@ impl ObservationStoreWriter {
         RecordBatch::try_new(schema(), vec![column])
             .and_then(|batch| writer.write(&batch))
             .map_err(|source| ObservationStoreError::Write {
-                path: self.part.clone(),
+                path: self.path.clone(),
                 source,
             })
     }
 
-    /// Writes the last batch and the footer, fsyncs the file, renames it to
-    /// its final name, fsyncs the directory and opens the store (which then
-    /// removes the file when dropped).
+    /// Writes the last batch and the footer, then seals, maps and checks
+    /// the memory file (its hash against the bytes written, its structure).
     pub fn finish(mut self) -> Result<ObservationStore, ObservationStoreError> {
         self.write_batch()?;
         let mut writer = self.writer.take().expect("the writer is open until finish");
         let write_error = |source| ObservationStoreError::Write {
-            path: self.part.clone(),
+            path: self.path.clone(),
             source,
         };
         writer.finish().map_err(write_error)?;
         let buffered = writer.into_inner().map_err(write_error)?;
-        let io = |what, source| ObservationStoreError::Io {
-            path: self.part.clone(),
-            what,
-            source,
-        };
-        let file = buffered
-            .into_inner()
-            .map_err(|e| io("flushing", e.into_error()))?;
-        file.sync_all().map_err(|e| io("fsyncing", e))?;
-        drop(file);
-        std::fs::rename(&self.part, &self.path).map_err(|e| io("renaming", e))?;
-        commit::sync_dir(&self.dir)?;
-        let opened = ObservationStore::open(&self.path).and_then(|store| {
-            if store.len() == self.rows {
-                Ok(store)
-            } else {
-                Err(ObservationStoreError::Corrupt {
+        let HashedFile { file, hasher } =
+            buffered
+                .into_inner()
+                .map_err(|e| ObservationStoreError::Io {
                     path: self.path.clone(),
-                    reason: format!(
-                        "holds {} observations after writing {}",
-                        store.len(),
-                        self.rows
-                    ),
-                })
-            }
-        });
-        match opened {
-            Ok(mut store) => {
-                store.owned = true;
-                Ok(store)
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&self.path);
-                Err(e)
-            }
+                    what: "writing",
+                    source: e.into_error(),
+                })?;
+        let store = ObservationStore::from_memory_file(file, self.path, Some(hasher.finalize()))?;
+        if store.len() != self.rows {
+            return Err(ObservationStoreError::Corrupt {
+                path: store.path,
+                reason: format!(
+                    "holds {} observations after writing {}",
+                    store.len,
+                    self.rows
+                ),
+            });
         }
+        Ok(store)
     }
 }
 
-impl Drop for ObservationStoreWriter {
-    fn drop(&mut self) {
-        // Unfinished or failed: the partial file never outlives its writer
-        // (after a finish it has been renamed, and this finds nothing).
-        self.writer = None;
-        let _ = std::fs::remove_file(&self.part);
-    }
-}
-
-/// Observations in a memory-mapped Arrow IPC file, by index (see the module
-/// doc).
+/// Observations in a sealed, memory-mapped Arrow IPC memory file, by index
+/// (see the module doc).
 pub struct ObservationStore {
+    /// The path that reaches the memory file (or the file it was copied
+    /// from), for messages.
     path: PathBuf,
     /// The record batches' columns, over the mapping.
     batches: Vec<LargeBinaryArray>,
@@ -326,41 +329,68 @@ pub struct ObservationStore {
     len: usize,
     /// The whole mapped file.
     map: Buffer,
-    /// Whether dropping the store removes its file (a store a writer made).
-    owned: bool,
+    /// The sealed memory file (kept open, so `path` reaches it).
+    _file: File,
 }
 
 impl ObservationStore {
-    /// Writes `observations` in order into a new store file in `dir` (see
+    /// Writes `observations` in order into a new store (see
     /// [`ObservationStoreWriter`]) and opens it.
     pub fn write<T: AsRef<[u8]>>(
-        dir: &Path,
         observations: impl IntoIterator<Item = T>,
     ) -> Result<ObservationStore, ObservationStoreError> {
-        let mut writer = ObservationStoreWriter::create(dir)?;
+        let mut writer = ObservationStoreWriter::create()?;
         for observation in observations {
             writer.push(observation.as_ref())?;
         }
         writer.finish()
     }
 
-    /// Maps and checks an existing store file (see the module doc). The
-    /// file is left in place when the store is dropped.
+    /// Copies the store file at `path` into a sealed memory file, maps it
+    /// and checks it (see the module doc). The file itself is only read.
     pub fn open(path: &Path) -> Result<ObservationStore, ObservationStoreError> {
-        let file = File::open(path).map_err(|source| ObservationStoreError::Io {
+        let io = |what, source| ObservationStoreError::Io {
             path: path.to_path_buf(),
-            what: "opening",
+            what,
             source,
-        })?;
-        let map = map_file(&file).map_err(|source| ObservationStoreError::Io {
-            path: path.to_path_buf(),
-            what: "memory-mapping",
+        };
+        let mut source = File::open(path).map_err(|e| io("opening", e))?;
+        let (mut file, _) = memory_file()?;
+        std::io::copy(&mut source, &mut file).map_err(|e| io("copying into memory", e))?;
+        ObservationStore::from_memory_file(file, path.to_path_buf(), None)
+    }
+
+    /// Seals the memory file `file` (reached by `path`), maps it, checks
+    /// its hash against `written` (when known) and its structure.
+    fn from_memory_file(
+        file: File,
+        path: PathBuf,
+        written: Option<blake3::Hash>,
+    ) -> Result<ObservationStore, ObservationStoreError> {
+        use rustix::fs::SealFlags;
+        let io = |what, source| ObservationStoreError::Io {
+            path: path.clone(),
+            what,
             source,
-        })?;
+        };
+        rustix::fs::fcntl_add_seals(
+            &file,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+        )
+        .map_err(|e| io("sealing", e.into()))?;
+        let map = map_file(&file).map_err(|e| io("memory-mapping", e))?;
         let corrupt = |reason: String| ObservationStoreError::Corrupt {
-            path: path.to_path_buf(),
+            path: path.clone(),
             reason,
         };
+        if let Some(written) = written {
+            let found = blake3::hash(&map);
+            if found != written {
+                return Err(corrupt(format!(
+                    "content hash is {found}, expected {written} from its writer (changed before it was sealed)"
+                )));
+            }
+        }
         let batches = read_batches(&map).map_err(corrupt)?;
         let mut starts = Vec::with_capacity(batches.len());
         let mut len = 0usize;
@@ -369,12 +399,12 @@ impl ObservationStore {
             len += batch.len();
         }
         Ok(ObservationStore {
-            path: path.to_path_buf(),
+            path,
             batches,
             starts,
             len,
             map,
-            owned: false,
+            _file: file,
         })
     }
 
@@ -404,7 +434,8 @@ impl ObservationStore {
         self.batches[batch].value(index - self.starts[batch])
     }
 
-    /// The store file.
+    /// The path that reaches the store's memory file
+    /// (`/proc/<pid>/fd/<n>`), or the file it was copied from.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -422,30 +453,20 @@ impl std::fmt::Debug for ObservationStore {
             .field("len", &self.len)
             .field("batches", &self.batches.len())
             .field("file_bytes", &self.map.len())
-            .field("owned", &self.owned)
             .finish()
     }
 }
 
-impl Drop for ObservationStore {
-    fn drop(&mut self) {
-        if self.owned {
-            // The mapping stays valid after the unlink until it is dropped.
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Maps `file` read-only, as an Arrow buffer that owns the mapping.
+/// Maps the sealed memory file `file` read-only, as an Arrow buffer that
+/// owns the mapping.
 #[allow(unsafe_code)]
 fn map_file(file: &File) -> std::io::Result<Buffer> {
     // SAFETY: `Mmap::map` is unsafe because the mapped bytes change if the
-    // file is modified while mapped (and a truncation would fault on
-    // access). A store file lives under a hidden, pid-stamped name in the
-    // running stage's own scratch directory, is complete (fsynced and
-    // renamed into place) before it is mapped, and nothing writes it
-    // afterwards; every offset read from it is validated once, here, before
-    // any slice is handed out.
+    // file is modified while mapped, and a truncation would fault on
+    // access. The file is a memory file sealed against writes, shrinking and
+    // growth before it is mapped (`from_memory_file`): the kernel refuses
+    // both to every process, so neither can happen; every offset read from
+    // it is validated once, before any slice is handed out.
     let map = unsafe { memmap2::Mmap::map(file)? };
     Ok(Buffer::from(bytes::Bytes::from_owner(map)))
 }
@@ -614,20 +635,9 @@ mod tests {
             .collect()
     }
 
-    /// The files in `dir`.
-    fn files(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// A complete store file's bytes, written by a store kept open.
+    /// A complete store file's bytes.
     fn store_bytes(rows: &[Vec<u8>]) -> Vec<u8> {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), rows).unwrap();
+        let store = ObservationStore::write(rows).unwrap();
         std::fs::read(store.path()).unwrap()
     }
 
@@ -655,8 +665,7 @@ mod tests {
         // Rows of 1 MiB cut the file into several record batches.
         let mut rows = observations(50);
         rows.extend((0..70u8).map(|i| vec![i; 1 << 20]));
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), &rows).unwrap();
+        let store = ObservationStore::write(&rows).unwrap();
         assert!(store.batches.len() >= 2, "{} batches", store.batches.len());
         assert_eq!(store.len(), rows.len());
         for (i, row) in rows.iter().enumerate() {
@@ -671,8 +680,7 @@ mod tests {
     #[test]
     fn get_is_a_slice_of_the_mapping() {
         let rows = observations(40);
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), &rows).unwrap();
+        let store = ObservationStore::write(&rows).unwrap();
         let map = store.map.as_ptr_range();
         for i in 0..rows.len() {
             let value = store.get(i).as_ptr_range();
@@ -682,8 +690,7 @@ mod tests {
 
     #[test]
     fn an_empty_store_is_valid() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), Vec::<Vec<u8>>::new()).unwrap();
+        let store = ObservationStore::write(Vec::<Vec<u8>>::new()).unwrap();
         assert!(store.is_empty());
         assert_eq!(ObservationStore::open(store.path()).unwrap().len(), 0);
     }
@@ -691,55 +698,57 @@ mod tests {
     #[test]
     #[should_panic(expected = "observation 3 of a store of 3")]
     fn an_index_past_the_end_panics_like_a_slice() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), observations(3)).unwrap();
+        let store = ObservationStore::write(observations(3)).unwrap();
         let _ = store.get(3);
     }
 
     #[test]
-    fn files_never_outlive_their_store_or_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ObservationStore::write(dir.path(), observations(5)).unwrap();
-        let name = store
-            .path()
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        assert!(name.starts_with(".observations.arrow.tmp-"), "{name}");
-        assert_eq!(files(dir.path()), [name.clone()]);
-        // Opened (not written) here: dropping it leaves the file.
-        drop(ObservationStore::open(store.path()).unwrap());
-        assert_eq!(files(dir.path()), [name]);
-        drop(store);
-        assert!(files(dir.path()).is_empty());
-        // A writer dropped unfinished removes its partial file.
-        let mut writer = ObservationStoreWriter::create(dir.path()).unwrap();
-        writer.push(b"abc").unwrap();
-        assert_eq!(files(dir.path()).len(), 1);
-        assert!(files(dir.path())[0].ends_with(".part"));
-        drop(writer);
-        assert!(files(dir.path()).is_empty());
+    fn no_process_can_truncate_or_rewrite_a_store_under_its_mapping() {
+        // Through the one path that reaches the memory file, as another
+        // process of the same user would: truncation and writes are refused
+        // with an error (on a mapped file on disk, the truncation succeeds
+        // and the next `get` past the new end is SIGBUS).
+        let rows = observations(30);
+        let store = ObservationStore::write(&rows).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.path())
+            .unwrap();
+        for (what, refused) in [
+            ("truncate", file.set_len(0)),
+            ("grow", file.set_len(store.file_bytes() as u64 + 4096)),
+            (
+                "rewrite",
+                std::os::unix::fs::FileExt::write_at(&file, &[0xff; 64], 100).map(drop),
+            ),
+        ] {
+            let error = refused.expect_err(what);
+            assert_eq!(error.raw_os_error(), Some(1), "{what}: {error}"); // EPERM
+        }
+        assert!((0..rows.len()).all(|i| store.get(i) == rows[i]));
+        // Nothing of it is in any directory: the path is the process's fd.
+        let path = store.path().to_string_lossy().into_owned();
+        assert!(path.starts_with("/proc/"), "{path}");
     }
 
     #[test]
-    fn a_dead_writers_files_are_removed_by_the_next_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        // pid 4194305 is above Linux's pid_max limit: never alive.
-        for name in [
-            ".observations.arrow.tmp-4194305-1",
-            ".observations.arrow.tmp-4194305-2.part",
-        ] {
-            std::fs::write(dir.path().join(name), b"left by a killed run").unwrap();
+    fn bytes_changed_before_the_seal_are_caught_by_the_hash() {
+        let rows = observations(20);
+        let mut writer = ObservationStoreWriter::create().unwrap();
+        for row in &rows {
+            writer.push(row).unwrap();
         }
-        let store = ObservationStore::write(dir.path(), observations(2)).unwrap();
-        let own = store
-            .path()
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        assert_eq!(files(dir.path()), [own]);
+        writer.write_batch().unwrap();
+        // A value byte rewritten through the file, behind the writer's back.
+        let buffered = writer.writer.as_mut().unwrap().get_mut();
+        buffered.flush().unwrap();
+        std::os::unix::fs::FileExt::write_at(&buffered.get_ref().file, &[0x5a], 200).unwrap();
+        match writer.finish() {
+            Err(e @ ObservationStoreError::Corrupt { .. }) => {
+                assert!(e.to_string().contains("content hash"), "{e}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub struct Stage<C> {
     inputs: Inputs,
     read: Mutex<Vec<InputRef>>,
     pending: Mutex<Commit>,
+    /// The outputs of an interrupted earlier run whose commit this run
+    /// completed (in [`Self::start`], before its inputs are opened).
+    completed: Vec<String>,
 }
 
 impl<C: StageConfig> Stage<C> {
@@ -167,6 +170,8 @@ impl<C: StageConfig> Stage<C> {
         }
         let resolved = load_stage_config::<C>(spec.threads, args.config.as_deref(), &args.sets)?;
         let threads = crate::threads::apply(name, spec.threads, &resolved.threads)?;
+        // Before the inputs, which may share the output directory.
+        let completed = commit::settle(&args.out)?;
         let inputs = Inputs::resolve(&args.inputs)?;
         tracing::info!(stage = name, out = %args.out.display(), shard = %args.shard, "starting");
         Ok(Stage {
@@ -179,6 +184,7 @@ impl<C: StageConfig> Stage<C> {
             inputs,
             read: Mutex::new(Vec::new()),
             pending: Mutex::new(Commit::new(&args.out)),
+            completed,
         })
     }
 
@@ -211,7 +217,12 @@ impl<C: StageConfig> Stage<C> {
 
     /// Fails when an output table exists and `--overwrite` was not given.
     /// An interrupted earlier run is settled first (its commit completed, its
-    /// staged leftovers removed), so a rerun after a kill simply works.
+    /// staged leftovers removed), so a rerun after a kill simply works: when
+    /// the outputs that exist are those of a commit this run completed, and
+    /// that run was this one's twin (same producer record — stage, version,
+    /// resolved config, seed, shard — and read the inputs this run finds, by
+    /// content hash), it fails with [`Error::AlreadyDone`]: exit 0, nothing
+    /// to do.
     pub fn check_outputs(&self, tables: &[TableName]) -> Result<()> {
         let names: Vec<&str> = tables.iter().map(|t| t.as_str()).collect();
         self.check_output_names(&names)
@@ -219,14 +230,52 @@ impl<C: StageConfig> Stage<C> {
 
     /// [`Self::check_outputs`] for outputs that are not tables (`policy`).
     pub fn check_output_names(&self, names: &[&str]) -> Result<()> {
-        commit::clean_stale(&self.args.out)?;
-        for name in names {
-            let path = self.args.out.join(name);
-            if path.exists() && !self.args.overwrite {
-                return Err(Error::OutputExists(path));
-            }
+        let mut completed = commit::clean_stale(&self.args.out)?;
+        completed.extend(self.completed.iter().cloned());
+        if self.args.overwrite {
+            return Ok(());
         }
-        Ok(())
+        let out = &self.args.out;
+        let existing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| out.join(name).exists())
+            .collect();
+        let Some(first) = existing.first() else {
+            return Ok(());
+        };
+        if existing.iter().all(|name| completed.iter().any(|c| c == name))
+            && self.made_by_twin(&existing)?
+        {
+            return Err(Error::AlreadyDone(format!(
+                "{}: an identical earlier run of {} {} (same config, seed, shard and inputs) was killed while committing {}; its commit is now complete, nothing to do",
+                out.display(),
+                self.name,
+                self.version,
+                existing.join(", ")
+            )));
+        }
+        Err(Error::OutputExists(out.join(first)))
+    }
+
+    /// Whether the tables among the outputs `names` were written by a run
+    /// identical to this one: the same producer record, and a lineage that
+    /// is what this run's inputs hold now. False when none is a table.
+    fn made_by_twin(&self, names: &[&str]) -> Result<bool> {
+        let producer = self.producer();
+        let mut tables = 0;
+        for name in names {
+            let dir = self.args.out.join(name);
+            if !crate::manifest::is_table_dir(&dir) {
+                continue;
+            }
+            let manifest = Manifest::read(&dir)?;
+            if manifest.producer != producer || !self.inputs.hold(&manifest.inputs)? {
+                return Ok(false);
+            }
+            tables += 1;
+        }
+        Ok(tables > 0)
     }
 
     /// Starts writing an output table.
@@ -302,7 +351,7 @@ impl<C: StageConfig> Stage<C> {
         let mut run = std::mem::replace(&mut *pending, Commit::new(out));
         drop(pending);
         run.add(&staged, &name, Digest::File, true)?; // removed with the rest on failure
-        commit::fault_error("stage:summary")
+        commit::fault_error("stage:summary", rustix::io::Errno::NOSPC)
             .and_then(|_| std::fs::write(&staged_path, &text))
             .and_then(|_| std::fs::File::open(&staged_path)?.sync_all())
             .map_err(|e| Error::io(&staged_path, e))?;

@@ -11,7 +11,8 @@
 //!                                              trajectories, steps, rewards (`foreign`)
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
 //! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
-//! table validate DIR... [--deep]              decode every shard; --deep also re-hashes
+//! table validate DIR... [--deep]              decode every shard, refuse files the manifest
+//!                                              does not list; --deep also re-hashes
 //! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
 //! table export DIR --format csv|jsonl [--out FILE]
 //!                                              every row as CSV or JSON lines (stdout without --out)
@@ -49,7 +50,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use embodyflow_core::commit::Commit;
+use embodyflow_core::commit::{self, Commit};
 use embodyflow_core::dataset::{
     TableReader, TableWriter, WriteOptions, batch_to_rows, stage_merged_table,
 };
@@ -181,7 +182,9 @@ enum Command {
         /// Table directory.
         dir: PathBuf,
     },
-    /// Decode every shard of each table and check it against the schema.
+    /// Decode every shard of each table and check it against the schema;
+    /// a file in the directory that the manifest does not list is an error
+    /// (dataset readers would take its rows for the table's).
     Validate {
         /// Table directories.
         #[arg(required = true)]
@@ -336,6 +339,7 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         Command::Manifest { dir } => {
+            settle_around(&dir)?;
             out.write_all(Manifest::read(&dir)?.to_json().as_bytes())
                 .map_err(write_err)?;
         }
@@ -431,6 +435,15 @@ pub fn run(args: Args) -> Result<()> {
                     return Err(Error::BadInput(format!(
                         "table `{table}` at {}: shards hold {rows} rows, expected {} from the manifest",
                         dir.display(),
+                        reader.num_rows()
+                    )));
+                }
+                let unlisted = reader.unlisted_files()?;
+                if !unlisted.is_empty() {
+                    return Err(Error::BadInput(format!(
+                        "table `{table}` at {}: files not listed in its manifest: {}; pandas, polars and duckdb would read them as part of the table, beyond its {} rows: remove them",
+                        dir.display(),
+                        unlisted.join(", "),
                         reader.num_rows()
                     )));
                 }
@@ -584,8 +597,29 @@ fn column_mapping(
     Ok((columns, group))
 }
 
-/// The table a directory's manifest names.
+/// Completes an interrupted commit of the directory holding `dir`, as every
+/// stage's reader does ([`commit::settle`]): a table a killed writer left
+/// half-swapped is then whole, or the error says what is pending.
+fn settle_around(dir: &Path) -> Result<()> {
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        commit::settle(parent)?;
+    }
+    Ok(())
+}
+
+/// A row the writer refuses (a value outside its column's declared range)
+/// is bad input when the rows are the user's: exit 2, the message naming
+/// the column, the value and the row's key.
+pub(crate) fn refused_row(error: Error) -> Error {
+    match error {
+        Error::InvalidOutputValue { .. } => Error::BadInput(error.to_string()),
+        other => other,
+    }
+}
+
+/// The table a directory's manifest names (its directory settled first).
 fn table_of(dir: &Path) -> Result<TableName> {
+    settle_around(dir)?;
     let manifest = Manifest::read(dir)?;
     manifest.table.parse().map_err(
         |e: embodyflow_core::schemas::UnknownTable| Error::BadManifest {
@@ -663,11 +697,11 @@ fn import<R: Row>(
         })?;
         rows.push(row);
         if rows.len() == rows.capacity() {
-            writer.write_rows(&rows)?;
+            writer.write_rows(&rows).map_err(refused_row)?;
             rows.clear();
         }
     }
-    writer.write_rows(&rows)?;
+    writer.write_rows(&rows).map_err(refused_row)?;
     bar.finish_and_clear();
     let producer = Producer {
         stage: "table import".into(),

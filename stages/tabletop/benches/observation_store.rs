@@ -7,10 +7,9 @@
 //!   `observation` column (the best case for Parquet), and whole
 //!   [`StepRow`]s as `read_rows` gives them;
 //! - (b) holding every observation in memory (`Vec<Vec<u8>>`, read once);
-//! - (c) the memory-mapped Arrow IPC [`ObservationStore`], written once;
-//!   its first epoch right after writing (fresh mapping, pages in the page
-//!   cache), then warm epochs, and a first epoch after the file's pages were
-//!   dropped from the page cache (`posix_fadvise(DONTNEED)`: read from disk).
+//! - (c) the memory-mapped Arrow IPC [`ObservationStore`] (a sealed memory
+//!   file), written once; its first epoch right after writing (fresh
+//!   mapping), then warm epochs.
 //!
 //! The steps table holds `DECISIONS` decisions of expert demonstrations
 //! (noise 0.3; grasps, pushes, retries) over the four suites, observed at 32
@@ -27,8 +26,8 @@
 //! after eviction are single measurements). Memory is measured in a fresh
 //! child process per way (this binary with `--memory`), from
 //! `/proc/self/status`: what each way holds after one epoch over the
-//! baseline (anonymous memory, the process's own; file-backed resident
-//! pages, the page cache the mapping shows) and the peak over the baseline
+//! baseline (anonymous memory, the process's own; shared memory, the
+//! store's mapped pages) and the peak over the baseline
 //! (`VmHWM`, reset through `/proc/self/clear_refs`). Printed as `name value`
 //! lines.
 use std::hint::black_box;
@@ -233,15 +232,10 @@ fn report(prefix: &str, name: &str, (median, best): (f64, f64), n: usize) {
 }
 
 /// Drops the file's clean pages from the page cache.
-fn evict(path: &Path) {
-    let file = std::fs::File::open(path).expect("the store file");
-    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
-}
-
-/// `/proc/self/status` fields in KiB: VmRSS, RssAnon, RssFile, VmHWM.
+/// `/proc/self/status` fields in KiB: VmRSS, RssAnon, RssShmem, VmHWM.
 fn status() -> [i64; 4] {
     let text = std::fs::read_to_string("/proc/self/status").expect("Linux");
-    ["VmRSS:", "RssAnon:", "RssFile:", "VmHWM:"].map(|key| {
+    ["VmRSS:", "RssAnon:", "RssShmem:", "VmHWM:"].map(|key| {
         text.lines()
             .find_map(|line| line.strip_prefix(key))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
@@ -251,7 +245,7 @@ fn status() -> [i64; 4] {
 
 /// Child mode: one way's memory over one epoch of `table`, as `name value`
 /// lines (MiB).
-fn memory(way: &str, table: &Path, scratch: &Path) {
+fn memory(way: &str, table: &Path) {
     let mut pixels = Vec::new();
     // The reader's code and buffers are paged in before the baseline.
     black_box(observation_column(table).len());
@@ -260,7 +254,7 @@ fn memory(way: &str, table: &Path, scratch: &Path) {
         .num_rows() as usize;
     let order = shuffled(n, 1);
     std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
-    let [rss, anon, file, _] = status();
+    let [rss, anon, shmem, _] = status();
     let mut keep: (Vec<Vec<u8>>, Option<ObservationStore>) = (Vec::new(), None);
     match way {
         "parquet" => {
@@ -278,7 +272,7 @@ fn memory(way: &str, table: &Path, scratch: &Path) {
             black_box(memory_epoch(&keep.0, &order, &mut pixels));
         }
         "mmap" => {
-            let mut writer = ObservationStoreWriter::create(scratch).expect("scratch");
+            let mut writer = ObservationStoreWriter::create().expect("a memory file");
             for batch in observation_column(table) {
                 for value in batch.iter() {
                     writer.push(value.expect("non-null")).expect("written");
@@ -290,10 +284,10 @@ fn memory(way: &str, table: &Path, scratch: &Path) {
         }
         other => panic!("unknown way {other}"),
     }
-    let [rss2, anon2, file2, hwm] = status();
+    let [rss2, anon2, shmem2, hwm] = status();
     let mib = |kib: i64| kib as f64 / 1024.0;
     println!("{way}_held_anon_mib {:.1}", mib(anon2 - anon));
-    println!("{way}_held_file_mib {:.1}", mib(file2 - file));
+    println!("{way}_held_shmem_mib {:.1}", mib(shmem2 - shmem));
     println!("{way}_held_rss_mib {:.1}", mib(rss2 - rss));
     println!("{way}_peak_rss_mib {:.1}", mib(hwm - rss));
     black_box(&keep);
@@ -302,11 +296,7 @@ fn memory(way: &str, table: &Path, scratch: &Path) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--memory") {
-        memory(
-            &args[at + 1],
-            Path::new(&args[at + 2]),
-            Path::new(&args[at + 3]),
-        );
+        memory(&args[at + 1], Path::new(&args[at + 2]));
         return;
     }
     println!("observation_store_decisions {DECISIONS}");
@@ -339,9 +329,8 @@ fn main() {
         );
         let mut pixels = Vec::new();
         let held: Vec<Vec<u8>> = rows.into_iter().filter_map(|r| r.observation).collect();
-        let scratch = dir.path().join("scratch");
         let start = Instant::now();
-        let store = ObservationStore::write(&scratch, &held).expect("the store");
+        let store = ObservationStore::write(&held).expect("the store");
         let write = start.elapsed().as_secs_f64();
         println!("{prefix}_mmap_write_ms {:.1}", write * 1e3);
         println!(
@@ -368,11 +357,6 @@ fn main() {
         }
         let (a, b, c) = (times[0], times[2], times[3]);
         drop(store);
-        let store = ObservationStore::write(&scratch, &held).expect("the store");
-        evict(store.path());
-        let from_disk = seconds(|| store_epoch(&store, &shuffled(n, 101), &mut pixels));
-        println!("{prefix}_mmap_evicted_epoch_ms {:.1}", from_disk * 1e3);
-        drop(store);
         drop(held);
         println!("{prefix}_mmap_vs_parquet_column {:.1}x", a.0 / c.0);
         println!("{prefix}_mmap_vs_memory {:.2}x", b.0 / c.0);
@@ -383,7 +367,6 @@ fn main() {
                 .arg("--memory")
                 .arg(way)
                 .arg(&table)
-                .arg(&scratch)
                 .output()
                 .expect("the memory child runs");
             assert!(
