@@ -45,19 +45,14 @@ fn collect(policy: &Path, tasks: &Path, out: &Path, sets: &[&str]) -> String {
     ok("collect-rollouts", &args)
 }
 
-/// `evaluate`'s rows for `policy` on `tasks`, `runs` per task.
-fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize) -> Vec<EvalRow> {
+/// `evaluate`'s rows for `policy` on `tasks`, `runs` per task, with more
+/// `--set` values.
+fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize, sets: &[&str]) -> Vec<EvalRow> {
     let runs = format!("runs={runs}");
-    let args = [
-        "--policy",
-        s(policy),
-        "--input",
-        s(tasks),
-        "--out",
-        s(out),
-        "--set",
-        &runs,
-    ];
+    let mut args = vec!["--policy", s(policy), "--input", s(tasks), "--out", s(out)];
+    for set in [runs.as_str()].iter().chain(sets) {
+        args.extend(["--set", set]);
+    }
     ok("evaluate", &args);
     rows(out, TableName::Eval)
 }
@@ -185,7 +180,13 @@ fn babyai_tasks_run_through_every_closed_loop_stage() {
     assert_eq!(first_keys[2], first_keys[3]);
     assert_ne!(first_keys[0], first_keys[2]);
 
-    let eval_rows = evaluate(&sft.join("policy"), &tasks, &dir.path().join("eval"), 2);
+    let eval_rows = evaluate(
+        &sft.join("policy"),
+        &tasks,
+        &dir.path().join("eval"),
+        2,
+        &[],
+    );
     assert_eq!(eval_rows.len(), 4);
     assert!(
         eval_rows
@@ -321,20 +322,7 @@ fn an_env_that_raises_in_reset_or_dies_starting_fails_only_its_tasks_episodes() 
         let decisions = if task < 2 { 0..=0 } else { 1..=6 };
         assert!(decisions.contains(&t.num_steps), "{t:?}");
     }
-    let eval_out = dir.path().join("eval");
-    let mut args = vec![
-        "--policy",
-        s(&vla),
-        "--input",
-        s(&tasks),
-        "--out",
-        s(&eval_out),
-    ];
-    for set in bridge.iter().chain(&["runs=1"]) {
-        args.extend(["--set", set]);
-    }
-    ok("evaluate", &args);
-    let eval: Vec<EvalRow> = rows(&eval_out, TableName::Eval);
+    let eval = evaluate(&vla, &tasks, &dir.path().join("eval"), 1, &bridge);
     assert_eq!(eval.len(), 4);
     for row in &eval {
         why(&row.failure_reason, task_of(&row.task_id)).unwrap();
@@ -484,7 +472,7 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
         "the rebuilt prompts are the collected ones: KL {kl}"
     );
 
-    let eval_rows = evaluate(&ppo.join("policy"), &tasks, &root.join("eval"), 1);
+    let eval_rows = evaluate(&ppo.join("policy"), &tasks, &root.join("eval"), 1, &[]);
     assert_eq!(eval_rows.len(), 3);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }
