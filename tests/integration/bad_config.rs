@@ -2,7 +2,9 @@
 //! written), found before any work: `--print-config` (what the pipeline
 //! runner's pre-check calls) rejects the same values the run does, naming the
 //! key; a `--config` file or a `table import --from` file that does not exist
-//! exits 2; a pipeline file without steps is an error.
+//! exits 2; a pipeline file without steps is an error. A checkpoint whose
+//! `config.json` sizes its weights do not hold, or whose
+//! `model.safetensors` is a FIFO or a directory, exits 2 naming the file.
 
 use std::path::Path;
 
@@ -125,4 +127,151 @@ fn a_pipeline_without_steps_is_an_error() {
         &["run", s(&file), "--out", s(&out), "--dry-run"],
     );
     assert_bad_input(&result, &["empty.toml:1:", "the pipeline has no steps"]);
+}
+
+/// Rewrites key `key` of the JSON file `file` to `value`.
+fn set_json(file: &Path, key: &str, value: serde_json::Value) {
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    json[key] = value;
+    std::fs::write(file, json.to_string()).unwrap();
+}
+
+/// Sizes no weights hold in a checkpoint's `config.json` (10^9 layers, a
+/// width of 2^31, 2^40 positions, bins or chunk steps, 2^31-pixel images)
+/// exit 2 naming the file, the tensor and the key, and write nothing: they
+/// are compared with the weights' header before anything is allocated
+/// (allocating them panicked or aborted the stage).
+#[test]
+fn absurd_model_sizes_exit_2_naming_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let plan = root.join("plan");
+    let mut init = vec!["--out", s(&plan), "--seed", "0"];
+    init.extend(embodyflow_tests::TINY_POLICY);
+    assert_eq!(run("init-policy", &init).code, 0);
+    let tasks = root.join("tasks");
+    let made = run("generate-tasks", &["--out", s(&tasks), "--set", "count=2"]);
+    assert_eq!(made.code, 0, "{made}");
+    embodyflow_tests::tabletop_tasks_and_tiny_vla(&root.join("tabletop"), 2);
+    let vla = root.join("tabletop/vla");
+    let plan_config = std::fs::read(plan.join("config.json")).unwrap();
+    let vla_config = std::fs::read(vla.join("config.json")).unwrap();
+    let cases: [(&Path, &Path, &[u8], &str, i64, &str); 6] = [
+        (
+            &plan,
+            &tasks,
+            &plan_config,
+            "n_layer",
+            1_000_000_000,
+            "`h.1.ln_1.weight` is missing",
+        ),
+        (
+            &plan,
+            &tasks,
+            &plan_config,
+            "n_embd",
+            1 << 31,
+            "`wte.weight` has shape",
+        ),
+        (
+            &plan,
+            &tasks,
+            &plan_config,
+            "n_ctx",
+            1 << 40,
+            "`wpe.weight` has shape",
+        ),
+        (
+            &vla,
+            &root.join("tabletop/tasks"),
+            &vla_config,
+            "n_bins",
+            1 << 40,
+            "`action_head.weight` has shape",
+        ),
+        (
+            &vla,
+            &root.join("tabletop/tasks"),
+            &vla_config,
+            "chunk_len",
+            1 << 40,
+            "`wpe.weight` has shape",
+        ),
+        (
+            &vla,
+            &root.join("tabletop/tasks"),
+            &vla_config,
+            "image_size",
+            1 << 31,
+            "`wpe.weight` has shape",
+        ),
+    ];
+    for (policy, input, original, key, value, tensor) in cases {
+        let config = policy.join("config.json");
+        std::fs::write(&config, original).unwrap();
+        set_json(&config, key, value.into());
+        let out = root.join(format!("eval-{key}"));
+        let result = run(
+            "evaluate",
+            &[
+                "--policy",
+                s(policy),
+                "--input",
+                s(input),
+                "--out",
+                s(&out),
+                "--set",
+                "runs=1",
+            ],
+        );
+        assert_bad_input(&result, &["model.safetensors", tensor, key]);
+        assert!(!out.join("eval").exists(), "{key}: nothing written");
+    }
+}
+
+/// A FIFO named `model.safetensors` exits 2 naming it instead of blocking
+/// the stage in `open` until a writer comes; a directory there exits 2
+/// (it exited 1). The stage runs under `timeout` so that a regression fails
+/// the test rather than hanging it.
+#[test]
+fn a_fifo_or_a_directory_named_model_safetensors_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let plan = root.join("plan");
+    let mut init = vec!["--out", s(&plan), "--seed", "0"];
+    init.extend(embodyflow_tests::TINY_POLICY);
+    assert_eq!(run("init-policy", &init).code, 0);
+    let tasks = root.join("tasks");
+    assert_eq!(
+        run("generate-tasks", &["--out", s(&tasks), "--set", "count=2"]).code,
+        0
+    );
+    let weights = plan.join("model.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&weights)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for what in ["a FIFO", "a directory"] {
+        if what == "a directory" {
+            std::fs::remove_file(&weights).unwrap();
+            std::fs::create_dir(&weights).unwrap();
+        }
+        let out = root.join("out");
+        let output = std::process::Command::new("timeout")
+            .arg("120")
+            .arg(embodyflow_tests::bin("collect-rollouts"))
+            .args(["--policy", s(&plan), "--input", s(&tasks), "--out", s(&out)])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{what}: {stderr}");
+        assert!(
+            stderr.contains(s(&weights)) && stderr.contains(&format!("is {what}")),
+            "{stderr}"
+        );
+        assert!(!out.join("trajectories").exists());
+    }
 }

@@ -5,7 +5,10 @@
 //! score-rewards, compute-advantages, a PPO update, evaluate and
 //! teacher-logp — and what we wrote is transformers': the prompt ids are
 //! its `apply_chat_template`, the trained checkpoint loads in transformers,
-//! and its log-probs of our rollouts are the ones we recorded.
+//! and its log-probs of our rollouts are the ones we recorded. Greedy
+//! rollouts (`temperature = 0`) are transformers' `generate(do_sample=False)`
+//! with its log-probs at T = 1; a teacher of another chat template reads the
+//! policy's prompts; sizes the weights do not hold exit 2.
 
 use std::path::Path;
 use std::process::Command;
@@ -312,4 +315,238 @@ fn a_tokenizer_larger_than_the_embedding_is_refused_naming_the_file() {
         "{result}"
     );
     assert!(!root.join("eval/eval").exists());
+}
+
+/// Generated household tasks in `root/data`, our tokenizer in `root/init`
+/// and a tiny Qwen3 made by transformers in `root/qwen3` (`sharp`: logits
+/// whole units apart, see `hf_golden.py plan-policy`).
+fn tasks_and_qwen(root: &Path, sharp: bool) -> std::path::PathBuf {
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&root.join("data")),
+            "--seed",
+            "1",
+            "--set",
+            "split=train",
+            "--set",
+            "count=6",
+        ],
+    );
+    let init_dir = root.join("init");
+    let mut init = vec!["--out", s(&init_dir), "--seed", "0"];
+    init.extend(TINY_POLICY);
+    ok("init-policy", &init);
+    let qwen = root.join("qwen3");
+    let tokenizer = root.join("init/tokenizer.json");
+    let mut args = vec!["plan-policy", s(&qwen), s(&tokenizer)];
+    if sharp {
+        args.push("sharp");
+    }
+    python(&args);
+    qwen
+}
+
+/// `collect-rollouts --set temperature=0` decodes greedily: every sample of
+/// a group is the same answer, the answers are transformers'
+/// `generate(do_sample=False)` on each prompt alone, the recorded log-probs
+/// are transformers' at T = 1, and the rows record temperature 0.
+#[test]
+fn greedy_rollouts_are_transformers_generate_without_sampling() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let qwen = tasks_and_qwen(root, true);
+    let rollouts = root.join("rollouts");
+    ok(
+        "collect-rollouts",
+        &[
+            "--policy",
+            s(&qwen),
+            "--input",
+            s(&root.join("data")),
+            "--out",
+            s(&rollouts),
+            "--seed",
+            "5",
+            "--set",
+            "temperature=0",
+            "--set",
+            "group_size=2",
+            "--set",
+            "tasks_per_iteration=3",
+            "--set",
+            "max_new_tokens=12",
+        ],
+    );
+    let trajectories: Vec<TrajectoryRow> =
+        rows(&rollouts.join("trajectories"), TableName::Trajectories);
+    let steps: Vec<StepRow> = rows(&rollouts.join("steps"), TableName::Steps);
+    assert_eq!(steps.len(), 6);
+    assert!(trajectories.iter().all(|t| t.temperature == 0.0));
+    for pair in steps.chunks(2) {
+        assert_eq!(
+            pair[0].response_ids, pair[1].response_ids,
+            "one answer per group"
+        );
+    }
+    let rows_json: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|step| serde_json::json!({"prompt_ids": step.prompt_ids, "response_ids": step.response_ids}))
+        .collect();
+    let input = root.join("greedy-in.json");
+    std::fs::write(
+        &input,
+        serde_json::json!({"max_new_tokens": 12, "temperature": 1.0, "rows": rows_json})
+            .to_string(),
+    )
+    .unwrap();
+    let generated = root.join("greedy-out.json");
+    python(&["greedy", s(&qwen), s(&input), s(&generated)]);
+    let generated: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&generated).unwrap()).unwrap();
+    for (step, theirs) in steps.iter().zip(generated["responses"].as_array().unwrap()) {
+        let theirs: Vec<i32> = theirs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_i64().unwrap() as i32)
+            .collect();
+        assert_eq!(step.response_ids, theirs, "{}", step.trajectory_id);
+    }
+    let scored = root.join("logprobs-out.json");
+    python(&["logprobs", s(&qwen), s(&input), s(&scored)]);
+    let scored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&scored).unwrap()).unwrap();
+    let mut worst = 0.0f64;
+    for (step, row) in steps.iter().zip(scored["logprobs"].as_array().unwrap()) {
+        for (&ours, theirs) in step.old_logprobs.iter().zip(row.as_array().unwrap()) {
+            worst = worst.max((f64::from(ours) - theirs.as_f64().unwrap()).abs());
+        }
+    }
+    assert!(
+        worst < 1e-4,
+        "max |ours - transformers' at T = 1| = {worst}"
+    );
+
+    // Sizes the weights do not hold exit 2 naming the file, the tensor and
+    // the key, checked on the weights' header before anything is allocated.
+    let config_file = qwen.join("config.json");
+    let original = std::fs::read_to_string(&config_file).unwrap();
+    for (key, value, tensor) in [
+        (
+            "vocab_size",
+            1i64 << 40,
+            "`model.embed_tokens.weight` has shape",
+        ),
+        (
+            "hidden_size",
+            1 << 31,
+            "`model.embed_tokens.weight` has shape",
+        ),
+        (
+            "num_hidden_layers",
+            1_000_000_000,
+            "`model.layers.1.input_layernorm.weight` is missing",
+        ),
+    ] {
+        let mut config: serde_json::Value = serde_json::from_str(&original).unwrap();
+        config[key] = serde_json::json!(value);
+        std::fs::write(&config_file, config.to_string()).unwrap();
+        let out = root.join(format!("eval-{key}"));
+        let result = run(
+            "evaluate",
+            &[
+                "--policy",
+                s(&qwen),
+                "--input",
+                s(&root.join("data")),
+                "--out",
+                s(&out),
+            ],
+        );
+        assert_eq!(result.code, 2, "{key}: {result}");
+        assert!(
+            result.stderr.contains("model.safetensors")
+                && result.stderr.contains(tensor)
+                && result.stderr.contains(key),
+            "{key}: {result}"
+        );
+        assert!(!out.join("eval").exists());
+    }
+}
+
+/// A teacher with the policy's tokenizer but another chat template: the
+/// task text is read out of the rollout's prompt with the policy's template
+/// and the contexts are rendered with the teacher's (the teacher's template
+/// used to parse the policy's prompt, and the stage refused the teacher).
+#[test]
+fn a_teacher_with_another_chat_template_reads_the_policys_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let qwen = tasks_and_qwen(root, false);
+    let rollouts = root.join("rollouts");
+    ok(
+        "collect-rollouts",
+        &[
+            "--policy",
+            s(&qwen),
+            "--input",
+            s(&root.join("data")),
+            "--out",
+            s(&rollouts),
+            "--set",
+            "group_size=2",
+            "--set",
+            "tasks_per_iteration=2",
+            "--set",
+            "max_new_tokens=8",
+        ],
+    );
+    let teacher = root.join("teacher");
+    std::fs::create_dir(&teacher).unwrap();
+    for entry in std::fs::read_dir(&qwen).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), teacher.join(entry.file_name())).unwrap();
+    }
+    let template_file = teacher.join("chat_template.jinja");
+    let template = std::fs::read_to_string(&template_file).unwrap();
+    let default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    assert!(template.contains(default_system), "{template}");
+    std::fs::write(
+        &template_file,
+        template.replace(default_system, "You are a careful teacher."),
+    )
+    .unwrap();
+    let score = |teacher: &Path, out: &str| {
+        ok(
+            "teacher-logp",
+            &[
+                "--policy",
+                s(&qwen),
+                "--teacher",
+                s(teacher),
+                "--input",
+                s(&rollouts),
+                "--input",
+                s(&root.join("data")),
+                "--out",
+                s(&root.join(out)),
+            ],
+        );
+        rows::<TeacherLogpRow>(&root.join(out).join("teacher_logp"), TableName::TeacherLogp)
+    };
+    let other = score(&teacher, "other");
+    let same = score(&qwen, "same");
+    assert_eq!(other.len(), 4);
+    assert_eq!(same.len(), 4);
+    // The same weights under another system prompt: other contexts, other
+    // log-probs of the same responses.
+    assert!(
+        other
+            .iter()
+            .zip(&same)
+            .any(|(a, b)| a.student_logp != b.student_logp),
+        "the teacher's template renders the contexts"
+    );
 }

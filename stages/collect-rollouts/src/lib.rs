@@ -5,6 +5,15 @@
 //! the decoded answer) and `steps` (prompt and response ids with the
 //! behaviour log-probs from `logits / T`).
 //!
+//! `temperature = 0` is greedy decoding, as transformers'
+//! `generate(do_sample=False)`: the arg max token at each step (of a plan
+//! policy, ours or a Hugging Face decoder, and of every action token of a
+//! VLA), the same answer for every seed. Its tokens are stored as sampled
+//! ones are, each with its log-softmax at T = 1 (a distribution at T → 0
+//! gives every chosen token log-prob 0): the log-probs PPO's
+//! `old_logprobs` need, since update-policy scores a rollout of
+//! temperature 0 at 1. The `trajectories` rows record temperature 0.
+//!
 //! Task draws: the whole tasks table is shuffled with a stream seeded by
 //! `--seed` and `iteration`; draw `d` takes the `d % tasks`-th task of that
 //! order. A run fills `tasks_per_iteration` slots (every task once when
@@ -70,7 +79,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
-use embodyflow_core::config::{at_least, ensure, positive};
+use embodyflow_core::config::{at_least, ensure};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -165,7 +174,8 @@ pub struct Config {
     pub iteration: i32,
     /// Answers per task draw (G).
     pub group_size: usize,
-    /// Sampling temperature T (> 0).
+    /// Sampling temperature T (>= 0; 0: greedy decoding, the log-probs
+    /// stored at T = 1).
     pub temperature: f64,
     /// Nucleus mass.
     pub top_p: f64,
@@ -230,7 +240,7 @@ impl StageConfig for Config {
         ),
         (
             "temperature",
-            "sampling temperature T, > 0 (SimpleVLA-RL's 1.6; veRL's default is 1.0)",
+            "sampling temperature T >= 0 (SimpleVLA-RL's 1.6; veRL's default is 1.0); 0: greedy, the arg max each step, log-probs at T = 1",
         ),
         ("top_p", "nucleus sampling mass (1: off)"),
     ];
@@ -242,7 +252,12 @@ impl StageConfig for Config {
     fn validate(&self) -> embodyflow_core::Result<()> {
         at_least("iteration", self.iteration, 0)?;
         at_least("group_size", self.group_size, 1)?;
-        positive("temperature", self.temperature)?;
+        ensure(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature",
+            "a finite number >= 0 (0: greedy)",
+            self.temperature,
+        )?;
         self.bridge.validate("")?;
         ensure(
             self.latent_noise_std.is_finite() && self.latent_noise_std >= 0.0,
@@ -958,10 +973,11 @@ mod tests {
             refused_key::<Config>(&["top_p=1", "tasks_per_iteration=1"]),
             None
         );
+        assert_eq!(refused_key::<Config>(&["temperature=0"]), None, "greedy");
         for (set, key) in [
             ("group_size=0", "group_size"),
-            ("temperature=0", "temperature"),
             ("temperature=-1.6", "temperature"),
+            ("temperature=inf", "temperature"),
             ("top_p=0", "top_p"),
             ("top_p=1.5", "top_p"),
             ("max_new_tokens=0", "max_new_tokens"),

@@ -16,7 +16,10 @@
 //! `compute-advantages` finds. The teacher is `--teacher self` (the policy
 //! checkpoint) or another checkpoint whose tokenizer must equal the
 //! policy's. `{prompt}` in a template is the prompt the policy actually saw
-//! (the rollout's `prompt_ids`, decoded), `{instruction}` the task's
+//! (the rollout's `prompt_ids`, decoded; for a Hugging Face policy the user
+//! message's text, read out with the policy's chat template, and each
+//! context rendered with the teacher's, so a teacher of another template
+//! but the same tokenizer reads what the policy read), `{instruction}` the task's
 //! instruction and `{reference_plan}` its `gt_actions` (see
 //! [`embodyflow_envs::context`]).
 //!
@@ -166,8 +169,12 @@ pub struct Skipped {
 }
 
 /// Builds the two contexts of every step, checking the response ids against
-/// the teacher's vocabulary.
+/// the teacher's vocabulary. The task text is read out of the prompt the
+/// policy saw with the policy's prompt format (its chat template), and the
+/// contexts are rendered with the teacher's: a teacher of another template
+/// (same tokenizer) reads the text the policy read.
 pub fn build_jobs<M: PlanNet>(
+    policy: &Checkpoint<M>,
     teacher: &Checkpoint<M>,
     templates: &ContextTemplates,
     trajectories: &[TrajectoryRow],
@@ -221,7 +228,7 @@ pub fn build_jobs<M: PlanNet>(
             skipped.no_reference += 1;
             continue;
         };
-        let prompt = teacher.prompt_text(&step.prompt_ids)?;
+        let prompt = policy.prompt_text(&step.prompt_ids)?;
         let context = |text: String| teacher.prompt_ids(&text);
         let teacher_context = context(templates.render_teacher(
             &prompt,
@@ -388,6 +395,7 @@ fn score_steps<M: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), Mod
     let tasks: HashMap<&str, &TaskRow> =
         task_rows.iter().map(|t| (t.task_id.as_str(), t)).collect();
     let (mut jobs, skipped) = build_jobs(
+        &policy,
         teacher,
         &config.template,
         &trajectories,
@@ -554,6 +562,7 @@ mod tests {
         let tasks = HashMap::from([("t0", &task)]);
         let (jobs, skipped) = build_jobs(
             &policy,
+            &policy,
             &ContextTemplates::default(),
             &trajectories,
             &steps,
@@ -606,6 +615,7 @@ mod tests {
         let tasks = HashMap::from([("t0", &task)]);
         let (jobs, _) = build_jobs(
             &policy,
+            &policy,
             &ContextTemplates::default(),
             &trajectories,
             &steps,
@@ -656,14 +666,30 @@ mod tests {
         let (trajectories, steps, task) = rollout(&policy, None);
         let tasks = HashMap::from([("t0", &task)]);
         let templates = ContextTemplates::default();
-        let (jobs, skipped) =
-            build_jobs(&policy, &templates, &trajectories, &steps, &tasks, false).unwrap();
+        let (jobs, skipped) = build_jobs(
+            &policy,
+            &policy,
+            &templates,
+            &trajectories,
+            &steps,
+            &tasks,
+            false,
+        )
+        .unwrap();
         assert!(jobs.is_empty());
         assert_eq!(skipped.no_reference, 1);
-        let error = build_jobs(&policy, &templates, &trajectories, &steps, &tasks, true)
-            .err()
-            .unwrap()
-            .to_string();
+        let error = build_jobs(
+            &policy,
+            &policy,
+            &templates,
+            &trajectories,
+            &steps,
+            &tasks,
+            true,
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             error.contains("trajectory `r0` step 0") && error.contains("no ground-truth plan"),
             "{error}"
@@ -672,8 +698,16 @@ mod tests {
         let short = tiny_policy(24);
         let (trajectories, steps, task) = rollout(&short, mug_plan());
         let tasks = HashMap::from([("t0", &task)]);
-        let (jobs, skipped) =
-            build_jobs(&short, &templates, &trajectories, &steps, &tasks, true).unwrap();
+        let (jobs, skipped) = build_jobs(
+            &short,
+            &short,
+            &templates,
+            &trajectories,
+            &steps,
+            &tasks,
+            true,
+        )
+        .unwrap();
         assert!(jobs.is_empty());
         assert_eq!(skipped.too_long, 1);
     }
@@ -685,6 +719,7 @@ mod tests {
         steps[0].response_ids.push(100_000);
         let tasks = HashMap::from([("t0", &task)]);
         let error = build_jobs(
+            &policy,
             &policy,
             &ContextTemplates::default(),
             &trajectories,
