@@ -303,6 +303,20 @@ fn a_manifest_claiming_2_pow_62_rows_is_an_error_not_an_allocation() {
     assert_rejected(&validate(&table), &["inside the table directory"]);
 }
 
+/// compute-advantages over `rollouts` and `rewards` into `out`.
+fn compute_advantages(rollouts: &Path, rewards: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "--input",
+        rollouts.to_str().unwrap(),
+        "--input",
+        rewards.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run("compute-advantages", &args)
+}
+
 #[test]
 fn a_forged_row_count_fails_compute_advantages_as_bad_input_not_an_allocation() {
     // A manifest whose shard list, row total and content hash agree, but
@@ -321,17 +335,7 @@ fn a_forged_row_count_fails_compute_advantages_as_bad_input_not_an_allocation() 
             manifest.shards[0].rows = rows;
             reseal(&table_dir, manifest);
             let out = dir.path().join("adv");
-            let result = run(
-                "compute-advantages",
-                &[
-                    "--input",
-                    rollouts.to_str().unwrap(),
-                    "--input",
-                    rewards.to_str().unwrap(),
-                    "--out",
-                    out.to_str().unwrap(),
-                ],
-            );
+            let result = compute_advantages(&rollouts, &rewards, &out, &[]);
             assert_rejected(
                 &result,
                 &[
@@ -466,19 +470,7 @@ fn one_nan_old_value_fails_a_gae_run_instead_of_poisoning_it() {
         &[(META_TABLE, "steps"), (META_VERSION, "1")],
     );
     let out = dir.path().join("adv");
-    let result = run(
-        "compute-advantages",
-        &[
-            "--input",
-            rollouts.to_str().unwrap(),
-            "--input",
-            rewards.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--set",
-            "estimator=gae",
-        ],
-    );
+    let result = compute_advantages(&rollouts, &rewards, &out, &["--set", "estimator=gae"]);
     let key = format!(
         "trajectory_id={}, step_index={}",
         rows[victim].trajectory_id, rows[victim].step_index

@@ -5,7 +5,7 @@
 //! full disk at the summary. Every case ends with the data intact and a
 //! rerun that simply works.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{EvalRow, MetricRow, TableName};
@@ -72,14 +72,21 @@ fn eval_rows(table: &Path) -> Vec<EvalRow> {
         .unwrap()
 }
 
+/// In `dir`: an eval table of 5 `val` rows imported into `out`, and a JSONL
+/// file of 7 `unseen` rows to replace it; returns (old rows, new rows, out).
+fn old_table_and_new_rows(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (old, new) = (dir.join("old.jsonl"), dir.join("new.jsonl"));
+    eval_jsonl(&old, 5, "val");
+    eval_jsonl(&new, 7, "unseen");
+    let out = dir.join("out");
+    assert_eq!(import(&old, &out, &[]).code, 0);
+    (old, new, out)
+}
+
 #[test]
 fn overwrite_killed_between_the_two_renames_of_the_fallback_keeps_the_new_table() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
-    eval_jsonl(&old, 5, "val");
-    eval_jsonl(&new, 7, "unseen");
-    let out = dir.path().join("out");
-    assert_eq!(import(&old, &out, &[]).code, 0);
+    let (old, new, out) = old_table_and_new_rows(dir.path());
 
     let killed = import(
         &new,
@@ -125,11 +132,7 @@ fn overwrite_killed_between_the_two_renames_of_the_fallback_keeps_the_new_table(
 #[test]
 fn overwrite_killed_right_after_the_exchange_is_completed_by_the_next_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
-    eval_jsonl(&old, 5, "val");
-    eval_jsonl(&new, 7, "unseen");
-    let out = dir.path().join("out");
-    assert_eq!(import(&old, &out, &[]).code, 0);
+    let (old, new, out) = old_table_and_new_rows(dir.path());
     let killed = import(&new, &out, &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
     assert_eq!(killed.code, -1, "{killed}");
     // The exchange is one step: the table was never absent.
@@ -310,11 +313,7 @@ fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
 #[test]
 fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
-    eval_jsonl(&old, 5, "val");
-    eval_jsonl(&new, 7, "unseen");
-    let out = dir.path().join("out");
-    assert_eq!(import(&old, &out, &[]).code, 0);
+    let (old, new, out) = old_table_and_new_rows(dir.path());
 
     // The directory fsync right after the journal is renamed in fails: the
     // run fails, and takes its journal with its staged outputs.
@@ -363,11 +362,7 @@ fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
 #[test]
 fn a_failure_after_the_last_swap_is_a_committed_run() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
-    eval_jsonl(&old, 5, "val");
-    eval_jsonl(&new, 7, "unseen");
-    let out = dir.path().join("out");
-    assert_eq!(import(&old, &out, &[]).code, 0);
+    let (old, new, out) = old_table_and_new_rows(dir.path());
     // The directory fsync after the last swap fails: the new table is in
     // place, so the run succeeded; what is left to clean the next reader
     // finishes.
@@ -390,11 +385,7 @@ fn a_failure_after_the_last_swap_is_a_committed_run() {
 #[test]
 fn the_table_tool_completes_an_interrupted_commit_instead_of_saying_not_a_table() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("old.jsonl"), dir.path().join("new.jsonl"));
-    eval_jsonl(&old, 5, "val");
-    eval_jsonl(&new, 7, "unseen");
-    let out = dir.path().join("out");
-    assert_eq!(import(&old, &out, &[]).code, 0);
+    let (old, new, out) = old_table_and_new_rows(dir.path());
     for command in ["validate", "manifest", "show"] {
         let killed = import(
             &new,
