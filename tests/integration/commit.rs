@@ -342,13 +342,18 @@ fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
         }
     }
     assert!(
-        hidden_entries(&out).iter().any(|n| n.starts_with(".commit-")),
+        hidden_entries(&out)
+            .iter()
+            .any(|n| n.starts_with(".commit-")),
         "{:?}",
         hidden_entries(&out)
     );
     let validated = run("table", &["validate", s(&out.join("eval"))]);
     assert_eq!(validated.code, 0, "{validated}");
-    assert!(validated.stdout.starts_with("ok eval 5 rows"), "{validated}");
+    assert!(
+        validated.stdout.starts_with("ok eval 5 rows"),
+        "{validated}"
+    );
     assert!(
         hidden_entries(&out).is_empty(),
         "{:?}",

@@ -179,15 +179,12 @@ fn schema() -> SchemaRef {
 /// (`/proc/<pid>/fd/<n>`, for messages).
 fn memory_file() -> Result<(File, PathBuf), ObservationStoreError> {
     use rustix::fs::MemfdFlags;
-    let fd = rustix::fs::memfd_create(
-        STORE_NAME,
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )
-    .map_err(|e| ObservationStoreError::Io {
-        path: PathBuf::from(STORE_NAME),
-        what: "creating a memory file",
-        source: e.into(),
-    })?;
+    let fd = rustix::fs::memfd_create(STORE_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| ObservationStoreError::Io {
+            path: PathBuf::from(STORE_NAME),
+            what: "creating a memory file",
+            source: e.into(),
+        })?;
     let path = PathBuf::from(format!(
         "/proc/{}/fd/{}",
         std::process::id(),
@@ -307,8 +304,7 @@ impl ObservationStoreWriter {
                 path: store.path,
                 reason: format!(
                     "holds {} observations after writing {}",
-                    store.len,
-                    self.rows
+                    store.len, self.rows
                 ),
             });
         }

@@ -244,7 +244,9 @@ impl<C: StageConfig> Stage<C> {
         let Some(first) = existing.first() else {
             return Ok(());
         };
-        if existing.iter().all(|name| completed.iter().any(|c| c == name))
+        if existing
+            .iter()
+            .all(|name| completed.iter().any(|c| c == name))
             && self.made_by_twin(&existing)?
         {
             return Err(Error::AlreadyDone(format!(

@@ -1122,13 +1122,8 @@ fn map_row(
                 })
                 .collect::<Option<Vec<i32>>>()
         });
-        ids.map(Some).ok_or_else(|| {
-            wrong(
-                key,
-                "a list of non-negative integer token ids (i32)",
-                value,
-            )
-        })
+        ids.map(Some)
+            .ok_or_else(|| wrong(key, "a list of non-negative integer token ids (i32)", value))
     };
     let tokenise = |text: &Option<String>,
                     key: &Option<String>,

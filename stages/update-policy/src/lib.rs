@@ -1687,9 +1687,7 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
     }
     let examples = match config.observations {
         ObservationsMode::Memory => examples,
-        ObservationsMode::Mmap => {
-            store_observations(examples).map_err(Error::from)?
-        }
+        ObservationsMode::Mmap => store_observations(examples).map_err(Error::from)?,
     };
     let objective = config.objective.name();
     let saved = OptimizerState::load(&args.policy.policy, &policy.vars)?;
