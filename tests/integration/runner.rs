@@ -804,19 +804,7 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
     // A bad value given on the command line fails the dry run too.
     let file = dir.path().join("good.toml");
     std::fs::write(&file, offline(1, 1, false)).unwrap();
-    let result = run(
-        "pipeline",
-        &[
-            "run",
-            s(&file),
-            "--out",
-            s(&out),
-            "--dry-run",
-            "--set",
-            "collect.group_size=0",
-        ],
-    );
-    assert_eq!(result.code, 2, "{result}");
+    let result = refused_dry_run(&file, &out, "collect.group_size=0");
     assert!(
         result.stderr.contains("(command line)")
             && result.stderr.contains("config key `group_size`"),
@@ -825,25 +813,23 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
     assert!(!out.join("train").exists(), "{result}");
     // An absurd iteration count is refused at once, not planned.
     let started = Instant::now();
-    let result = run(
-        "pipeline",
-        &[
-            "run",
-            s(&shipped("household-grpo.toml")),
-            "--out",
-            s(&out),
-            "--dry-run",
-            "--set",
-            "iterations=100000000",
-        ],
+    let result = refused_dry_run(
+        &shipped("household-grpo.toml"),
+        &out,
+        "iterations=100000000",
     );
-    assert_eq!(result.code, 2, "{result}");
     assert!(
-        result.stderr.contains("loop `iterations` = 100000000 makes")
+        result
+            .stderr
+            .contains("loop `iterations` = 100000000 makes")
             && result.stderr.contains("a plan has at most 100000"),
         "{result}"
     );
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     // The shipped pipeline naming teacher-logp at least plans.
     let forward = ok(&[
         "run",
@@ -856,6 +842,17 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
         forward.keys().any(|id| id.contains("teacher")),
         "{forward:?}"
     );
+}
+
+/// `pipeline run FILE --out OUT --dry-run --set SET`, which must be
+/// refused as bad input (exit 2).
+fn refused_dry_run(file: &Path, out: &Path, set: &str) -> Run {
+    let result = run(
+        "pipeline",
+        &["run", s(file), "--out", s(out), "--dry-run", "--set", set],
+    );
+    assert_eq!(result.code, 2, "{set}: {result}");
+    result
 }
 
 /// The tabletop-grpo pipeline at test scale (a tiny VLA, few tasks).

@@ -243,9 +243,7 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
     );
     // Each shard ran bound to the one CPU Slurm granted it, with one thread.
     for i in 0..2 {
-        let summary = slurm.join(format!(
-            "collect/_shards/{i}/_summary.collect-rollouts.md"
-        ));
+        let summary = slurm.join(format!("collect/_shards/{i}/_summary.collect-rollouts.md"));
         let text = std::fs::read_to_string(&summary).unwrap();
         let threads = text
             .lines()
@@ -255,7 +253,10 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
             .strip_prefix("1 (CPUs ")
             .and_then(|t| t.strip_suffix(") |"))
             .unwrap_or_else(|| panic!("shard {i}: {threads}"));
-        assert!(cpus.parse::<u32>().is_ok(), "shard {i}: not bound to one CPU: {threads}");
+        assert!(
+            cpus.parse::<u32>().is_ok(),
+            "shard {i}: not bound to one CPU: {threads}"
+        );
     }
     // The sbatch commands are kept: a job is resubmitted by hand.
     let kept = slurm.join("_runner/slurm/train/sbatch.sh");
@@ -273,7 +274,10 @@ fn slurm_runs_the_local_commands_resumes_after_a_cancelled_job_and_refuses_bad_i
     let job = String::from_utf8_lossy(&by_hand.stdout).trim().to_string();
     let started = Instant::now();
     while !cluster.queued(std::slice::from_ref(&job)).is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(60), "job {job} still queued");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "job {job} still queued"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(slurm.join("train/_step.json").is_file());

@@ -384,13 +384,13 @@ fn the_runner_gives_concurrent_shards_disjoint_cpus_and_the_steps_thread_count()
     assert!(numerics(&collect)["cpu_capability"].is_string());
     assert!(numerics(&whole.join("train"))["threads"].is_null());
     // `cpus = 2`: two threads, and another key.
-    let two = run_pipeline(
-        "two",
-        PIPELINE.replace("shards = SHARDS", "cpus = 2"),
-    );
+    let two = run_pipeline("two", PIPELINE.replace("shards = SHARDS", "cpus = 2"));
     assert_eq!(
         summary_value(&two.join("collect"), "collect-rollouts", "threads"),
         format!("2 (CPUs {mine})")
     );
-    assert_eq!(numerics(&two.join("collect"))["threads"], serde_json::json!(2));
+    assert_eq!(
+        numerics(&two.join("collect"))["threads"],
+        serde_json::json!(2)
+    );
 }

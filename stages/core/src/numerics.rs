@@ -249,7 +249,10 @@ mod tests {
             "from typing import Optional\n__version__ = '2.13.0+cu130'\ndebug = False\n",
         )
         .unwrap();
-        assert_eq!(libtorch_version(dir.path()).as_deref(), Some("2.13.0+cu130"));
+        assert_eq!(
+            libtorch_version(dir.path()).as_deref(),
+            Some("2.13.0+cu130")
+        );
         std::fs::write(dir.path().join("build-version"), "2.5.1+cpu\n").unwrap();
         assert_eq!(libtorch_version(dir.path()).as_deref(), Some("2.5.1+cpu"));
     }

@@ -261,16 +261,23 @@ mod tests {
         let parse = |backend: &str| {
             crate::pipeline::Pipeline::parse(
                 std::path::Path::new("p.toml"),
-                &format!("[[step]]\nname = \"t\"\nstage = \"generate-tasks\"\n\n[backend]\n{backend}\n"),
+                &format!(
+                    "[[step]]\nname = \"t\"\nstage = \"generate-tasks\"\n\n[backend]\n{backend}\n"
+                ),
             )
             .map(|p| p.backend.record_grace.as_secs_f64())
         };
         assert_eq!(parse("").unwrap(), DEFAULT_RECORD_GRACE_S);
-        assert_eq!(Backend::default().record_grace.as_secs_f64(), DEFAULT_RECORD_GRACE_S);
+        assert_eq!(
+            Backend::default().record_grace.as_secs_f64(),
+            DEFAULT_RECORD_GRACE_S
+        );
         assert_eq!(parse("record_grace_s = 120").unwrap(), 120.0);
         assert_eq!(parse("record_grace_s = 2.5").unwrap(), 2.5);
         for bad in ["-1", "inf", "1e9"] {
-            let err = parse(&format!("record_grace_s = {bad}")).unwrap_err().to_string();
+            let err = parse(&format!("record_grace_s = {bad}"))
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.starts_with("p.toml:6: [backend] record_grace_s = ")
                     && err.contains("expected seconds from 0 to 86400"),

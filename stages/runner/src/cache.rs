@@ -425,21 +425,34 @@ stage = "score-rewards"
         by_file.sets.clear();
         by_file.config = Some(dir.path().join("policy.bin"));
         for other in [&twice, &by_file] {
-            assert_eq!(key(tasks, &config, &machine()), key(other, &config, &machine()));
+            assert_eq!(
+                key(tasks, &config, &machine()),
+                key(other, &config, &machine())
+            );
         }
         // The canonical form: the order keys were written in does not count.
         let reordered: serde_json::Value =
             serde_json::from_str(r#"{"output": {"zstd_level": 3}, "count": 8, "split": "train"}"#)
                 .unwrap();
-        assert_eq!(key(tasks, &config, &machine()), key(tasks, &reordered, &machine()));
+        assert_eq!(
+            key(tasks, &config, &machine()),
+            key(tasks, &reordered, &machine())
+        );
         // Another value is another key.
         let val = json!({"split": "val", "count": 8, "output": {"zstd_level": 3}});
-        assert_ne!(key(tasks, &config, &machine()), key(tasks, &val, &machine()));
+        assert_ne!(
+            key(tasks, &config, &machine()),
+            key(tasks, &val, &machine())
+        );
         // Paths, seeds and shards still count.
         let mut seeded = tasks.clone();
         seeded.seed = Some(4);
-        assert_ne!(key(tasks, &config, &machine()), key(&seeded, &config, &machine()));
-        let (_, parts) = step_key(tasks, &KeyInputs::of(tasks, "bin", &config, &machine())).unwrap();
+        assert_ne!(
+            key(tasks, &config, &machine()),
+            key(&seeded, &config, &machine())
+        );
+        let (_, parts) =
+            step_key(tasks, &KeyInputs::of(tasks, "bin", &config, &machine())).unwrap();
         assert_eq!(parts["config"], config);
         assert!(
             !parts["args"].to_string().contains("--set"),
@@ -473,7 +486,10 @@ stage = "score-rewards"
         assert_ne!(base, key(collect, &config, &other_torch));
         // The `threads` key decides over `cpus`.
         let four = json!({"threads": 4});
-        assert_eq!(key(collect, &four, &machine()), key(&two[1], &four, &machine()));
+        assert_eq!(
+            key(collect, &four, &machine()),
+            key(&two[1], &four, &machine())
+        );
         let (_, parts) =
             step_key(collect, &KeyInputs::of(collect, "bin", &four, &machine())).unwrap();
         assert_eq!(
@@ -511,6 +527,13 @@ stage = "score-rewards"
             ]
         );
         collect.resources.cpus = Some(3);
-        assert_eq!(env(&collect)[..3], ["OMP_NUM_THREADS=3", "MKL_NUM_THREADS=3", "RAYON_NUM_THREADS=3"]);
+        assert_eq!(
+            env(&collect)[..3],
+            [
+                "OMP_NUM_THREADS=3",
+                "MKL_NUM_THREADS=3",
+                "RAYON_NUM_THREADS=3"
+            ]
+        );
     }
 }

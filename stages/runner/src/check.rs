@@ -338,7 +338,10 @@ mod tests {
             ("epochs = 2", Some(true)),
             // A key the config does not have, or prose: not decidable.
             ("objective.kind = sft", None),
-            ("reward.fn = embodied_r1 or verify (ground-truth plans, scenes)", None),
+            (
+                "reward.fn = embodied_r1 or verify (ground-truth plans, scenes)",
+                None,
+            ),
             ("estimator = grpo_step with step.gate = prompt", None),
             ("stepopsd.enabled or estimator = grpo_step", None),
         ] {

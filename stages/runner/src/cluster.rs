@@ -1291,7 +1291,15 @@ mod tests {
         };
         let none = BTreeSet::new();
         let round = |grace: Duration, step: &mut Submitted| {
-            next_state(&plan, &mut Gone, step, &BTreeMap::new(), &none, &none, grace)
+            next_state(
+                &plan,
+                &mut Gone,
+                step,
+                &BTreeMap::new(),
+                &none,
+                &none,
+                grace,
+            )
         };
         let grace = Backend::default().record_grace;
         assert!(grace >= Duration::from_secs(60), "{grace:?}");
@@ -1335,7 +1343,12 @@ mod tests {
         let root = resolved(&home, &cwd);
         for path in ["data", "run/it0/collect", "../me/./data"] {
             let full = resolved(Path::new(path), &cwd);
-            assert!(full.starts_with(&root), "{} under {}", full.display(), root.display());
+            assert!(
+                full.starts_with(&root),
+                "{} under {}",
+                full.display(),
+                root.display()
+            );
         }
         let through_link = resolved(&home.join("me/run"), &cwd);
         assert!(through_link.starts_with(resolved(&real, &cwd)));

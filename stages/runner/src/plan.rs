@@ -985,12 +985,22 @@ inputs = {inputs}
             ),
             (
                 // init-policy's checkpoint is its directory itself.
-                looped("2", "${init}/policy", "${update}/policy", r#"["${collect}"]"#),
+                looped(
+                    "2",
+                    "${init}/policy",
+                    "${update}/policy",
+                    r#"["${collect}"]"#,
+                ),
                 10,
                 "loop `init_policy` names run/init/policy, which step `init` (init-policy) does not write (it writes its directory itself (checkpoint))",
             ),
             (
-                looped("2", "${init}", "${update}/policy", r#"["${collect}/rewards"]"#),
+                looped(
+                    "2",
+                    "${init}",
+                    "${update}/policy",
+                    r#"["${collect}/rewards"]"#,
+                ),
                 21,
                 "step `update` field `inputs` names run/it0/collect/rewards, which step `collect` (collect-rollouts) does not write",
             ),
@@ -1005,7 +1015,12 @@ inputs = {inputs}
 
     #[test]
     fn an_absurd_plan_is_refused_before_it_is_expanded() {
-        let text = looped("100000000", "${init}", "${update}/policy", r#"["${collect}"]"#);
+        let text = looped(
+            "100000000",
+            "${init}",
+            "${update}/policy",
+            r#"["${collect}"]"#,
+        );
         let started = std::time::Instant::now();
         let err = plan_err(&text, &[]);
         assert!(
@@ -1014,29 +1029,47 @@ inputs = {inputs}
             started.elapsed()
         );
         assert!(
-            err.starts_with("p.toml:9: loop `iterations` = 100000000 makes 200000002 step instances")
-                && err.contains(&format!("a plan has at most {MAX_INSTANCES}")),
+            err.starts_with(
+                "p.toml:9: loop `iterations` = 100000000 makes 200000002 step instances"
+            ) && err.contains(&format!("a plan has at most {MAX_INSTANCES}")),
             "{err}"
         );
         // The bound counts every sweep cell.
         let swept = format!(
             "[vars]\nx = 0\n{}\n[sweep]\nx = [{}]\n",
             looped("1000", "${init}", "${update}/policy", r#"["${collect}"]"#),
-            (0..100).map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+            (0..100)
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let err = plan_err(&swept, &[]);
-        assert!(err.contains("makes 200200 step instances (100 sweep cell(s)"), "{err}");
+        assert!(
+            err.contains("makes 200200 step instances (100 sweep cell(s)"),
+            "{err}"
+        );
         let wide = format!(
             "[vars]\nx = 0\ny = 0\n{}\n[sweep]\nx = [{list}]\ny = [{list}]\n",
             looped("1", "${init}", "${update}/policy", r#"["${collect}"]"#),
-            list = (0..400).map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+            list = (0..400)
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let err = plan_err(&wide, &[]);
         assert!(err.contains("the sweep makes 160000 cells"), "{err}");
         // Up to the bound, it plans.
         let most = (MAX_INSTANCES - 2) / 2;
-        let text = looped(&most.to_string(), "${init}", "${update}/policy", r#"["${collect}"]"#);
-        assert_eq!(plan(&text, &[]).unwrap().instances.len() as u64, MAX_INSTANCES);
+        let text = looped(
+            &most.to_string(),
+            "${init}",
+            "${update}/policy",
+            r#"["${collect}"]"#,
+        );
+        assert_eq!(
+            plan(&text, &[]).unwrap().instances.len() as u64,
+            MAX_INSTANCES
+        );
     }
 
     fn plan_err(text: &str, sets: &[&str]) -> String {
