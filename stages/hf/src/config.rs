@@ -345,6 +345,9 @@ impl HfConfig {
                     ));
                 }
             }
+            // By name, as the store lists them: the first mismatch named is
+            // the same whichever way the list was written.
+            tensors.sort_by(|a, b| a.name.cmp(&b.name));
             tensors
         });
         let norm = Expected::new("model.norm.weight", &[h], "hidden_size");

@@ -396,7 +396,7 @@ fn absurd_sizes_in_config_json_are_refused_before_allocating() {
         (
             "intermediate_size",
             1 << 40,
-            "`model.layers.0.mlp.gate_proj.weight` has shape",
+            "`model.layers.0.mlp.down_proj.weight` has shape",
         ),
         (
             "num_hidden_layers",
