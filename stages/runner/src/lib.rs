@@ -58,8 +58,9 @@
 //! Step fields: `name`, `stage`, `inputs`, `policy`, `teacher`, `config`,
 //! `set`, `seed`, `shards`, `devices`, `every` (loop steps), `when`
 //! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are),
-//! and what one process asks a cluster for: `cpus`, `mem`, `gpus`
-//! ([`backend`]). A `[backend]` table says where the processes run: this
+//! and what one process needs: `cpus` (also its thread count, on every
+//! backend; 1 when the step says none), `mem`, `gpus` ([`backend`]). A
+//! `[backend]` table says where the processes run: this
 //! machine ([`exec`], the default), a Slurm cluster ([`slurm`]) or a Ray
 //! cluster ([`ray`]); the two clusters share the submission, the wait and
 //! the reports ([`cluster`]).
@@ -85,10 +86,15 @@
 //! The file is parsed with a line number on every error (unknown field,
 //! stage, `${name}`, sweep key; `shards`, `policy` or `teacher` on a stage
 //! whose declaration, [`embodyflow_core::spec`], does not take it), the plan
-//! is built, every path a step reads that no step writes must exist, every
-//! table a stage always reads must be among its inputs, and every stage is
-//! asked to resolve its config with `--print-config` ([`check`]): an unknown
-//! `--set` key or a bad value is reported at its line in the pipeline file.
+//! is built (at most [`plan::MAX_INSTANCES`] step instances; a path read
+//! from an earlier step's directory must be something its stage declares it
+//! writes), every path a step reads that no step writes must exist, every
+//! stage is asked to resolve its config with `--print-config` ([`check`]):
+//! an unknown `--set` key or a bad value is reported at its line in the
+//! pipeline file; and every table a stage reads always, or under a `key =
+//! value` condition its resolved config meets, must be among its inputs.
+//! The resolved configs, not the argument lists, are what the step cache
+//! keys on ([`cache`]), with the numerics each step computes with.
 //!
 //! A run killed at any point resumes: complete steps are cache hits, the
 //! step that was running has no `_step.json` and runs again from scratch.
