@@ -140,15 +140,22 @@ impl Pool {
         Ok(self.workers[w].as_mut().expect("just started"))
     }
 
-    /// Asks every worker to close (each closes its environments and
-    /// exits), waits for their answers (at most [`CLOSE_PATIENCE`] or the
-    /// timeout, together) and kills their process groups.
+    /// Asks every worker that awaits no reply to close (each closes its
+    /// environments and exits), waits for their answers (at most
+    /// [`CLOSE_PATIENCE`] or the timeout, together) and kills the process
+    /// groups of all.
     fn close(&mut self) {
         let patience = self.config.timeout.min(CLOSE_PATIENCE);
-        for worker in self.workers.iter_mut().flatten() {
-            worker.send(&json!({"op": "close"}));
-        }
+        let mut closing = Vec::new();
         for mut worker in self.workers.iter_mut().filter_map(Option::take) {
+            if worker.busy() {
+                worker.kill();
+            } else {
+                worker.send(&json!({"op": "close"}));
+                closing.push(worker);
+            }
+        }
+        for mut worker in closing {
             let _ = worker.receive(patience);
             worker.kill();
         }

@@ -160,6 +160,11 @@ impl Worker {
         })
     }
 
+    /// Whether a request awaits its reply.
+    pub fn busy(&self) -> bool {
+        self.awaiting.is_some()
+    }
+
     /// `worker <index> (pid <pid>)`.
     pub fn name(&self) -> String {
         format!("worker {} (pid {})", self.index, self.child.id())
