@@ -40,9 +40,9 @@ fn assert_rejected(result: &Run, needles: &[&str]) {
     }
 }
 
-/// The metadata of a current rewards shard (schema version 3).
+/// The metadata of a current rewards shard (schema version 4).
 fn ours() -> [(&'static str, &'static str); 2] {
-    [(META_TABLE, "rewards"), (META_VERSION, "3")]
+    [(META_TABLE, "rewards"), (META_VERSION, "4")]
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn a_wrong_schema_version_in_the_shard() {
     forge_first_shard(
         &table,
         &batch,
-        &[(META_TABLE, "rewards"), (META_VERSION, "4")],
+        &[(META_TABLE, "rewards"), (META_VERSION, "5")],
     );
     assert_rejected(
         &validate(&table),
@@ -115,8 +115,8 @@ fn a_wrong_schema_version_in_the_shard() {
             "`rewards`",
             "`part-00000.parquet`",
             "`schema_version`",
-            "expected 3",
-            "is 4",
+            "expected 4",
+            "is 5",
         ],
     );
 }
@@ -134,7 +134,7 @@ fn a_wrong_schema_version_in_the_manifest() {
             "`rewards`",
             "`_manifest.parquet`",
             "`schema_version`",
-            "expected 3",
+            "expected 4",
             "is 7",
         ],
     );
@@ -623,7 +623,7 @@ fn tables_of_an_older_schema_version_are_read_when_their_columns_widen() {
     as_older_version(&table, &v0, "rewards", 0);
     assert_rejected(
         &validate(&table),
-        &["`schema_version`", "is 0", "expected 3"],
+        &["`schema_version`", "is 0", "expected 4"],
     );
 }
 
