@@ -346,6 +346,35 @@ fn an_env_that_raises_in_reset_or_dies_starting_fails_only_its_tasks_episodes() 
     );
 }
 
+#[test]
+fn generate_tasks_refuses_a_task_whose_environment_cannot_be_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tasks");
+    let args = [
+        "--out",
+        s(&out),
+        "--set",
+        "env=gym",
+        "--set",
+        "gym.adapter=faulty",
+        "--set",
+        "gym.env_ids=[\"Counter-v0\"]",
+        "--set",
+        "gym.kwargs={reset_fault = \"raise\"}",
+        "--set",
+        "count=1",
+    ];
+    let result = run("generate-tasks", &args);
+    assert_eq!(result.code, 2, "{result}");
+    let text = result.to_string();
+    assert!(
+        text.contains("its environment could not be reset")
+            && text.contains("the environment raised RuntimeError in reset"),
+        "{text}"
+    );
+    assert!(!out.exists(), "nothing written");
+}
+
 /// Tasks of the example text environment (`embodyflow_gym.envs`, through
 /// the generic adapter): the observation is a sentence naming the agent's
 /// room and the key's.
