@@ -36,6 +36,17 @@ fn advantages(inputs: &[&Path], out: &Path, estimator: &str) -> (Vec<AdvantageRo
     (rows(out, TableName::Advantages), summary)
 }
 
+/// collect-rollouts of `vla` on `tasks` into `out` at `--seed 3` with the
+/// `--set` values.
+fn collect(vla: &Path, tasks: &Path, out: &Path, sets: &[&str]) -> embodyflow_tests::Run {
+    let mut args = vec!["--policy", s(vla), "--input", s(tasks), "--out", s(out)];
+    args.extend(["--seed", "3"]);
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    embodyflow_tests::run("collect-rollouts", &args)
+}
+
 #[test]
 fn a_faulted_episode_gets_no_advantage_and_leaves_its_siblings_as_without_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -60,25 +71,14 @@ fn a_faulted_episode_gets_no_advantage_and_leaves_its_siblings_as_without_it() {
 
         let rollouts = case.join("rollouts");
         let workers = format!("bridge.workers={workers}");
-        let collected = ok(
-            "collect-rollouts",
-            &[
-                "--policy",
-                s(&vla),
-                "--input",
-                s(&tasks),
-                "--out",
-                s(&rollouts),
-                "--seed",
-                "3",
-                "--set",
-                "group_size=4",
-                "--set",
-                &workers,
-                "--set",
-                "bridge.timeout_s=5",
-            ],
+        let run = collect(
+            &vla,
+            &tasks,
+            &rollouts,
+            &["group_size=4", &workers, "bridge.timeout_s=5"],
         );
+        assert_eq!(run.code, 0, "{fault}: {run}");
+        let collected = run.stdout;
         assert!(
             collected.contains("1 ended by an infrastructure fault, left out"),
             "{fault}: {collected}"
@@ -232,22 +232,14 @@ fn dynamic_sampling_that_drops_every_draw_warns_with_the_reasons() {
     let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
     init.extend_from_slice(TINY_VLA);
     ok("init-policy", &init);
-    let result = embodyflow_tests::run(
-        "collect-rollouts",
+    let result = collect(
+        &vla,
+        &tasks,
+        &rollouts,
         &[
-            "--policy",
-            s(&vla),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&rollouts),
-            "--set",
             "group_size=2",
-            "--set",
             "bridge.workers=1",
-            "--set",
             "dynamic_sampling.enabled=true",
-            "--set",
             "dynamic_sampling.max_extra_draws=2",
         ],
     );
