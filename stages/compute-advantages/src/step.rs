@@ -874,7 +874,7 @@ mod tests {
     use embodyflow_core::schemas::StepRow;
 
     use super::*;
-    use crate::testdata::{Fixture, step};
+    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
 
     fn plan(steps: &[(i32, &str)]) -> String {
         let items: Vec<String> = steps
@@ -900,6 +900,14 @@ mod tests {
     }
 
     fn fixture(tokenizer: &Tokenizer) -> Fixture {
+        let (trajectories, steps) = inputs(tokenizer);
+        Fixture::new(&trajectories, &steps)
+    }
+
+    /// The trajectories and steps of [`answers`], tokenised.
+    fn inputs(
+        tokenizer: &Tokenizer,
+    ) -> (Vec<(&'static str, &'static str, f32, i32)>, Vec<StepRow>) {
         let answers = answers();
         let steps: Vec<StepRow> = answers
             .iter()
@@ -919,11 +927,11 @@ mod tests {
                 }
             })
             .collect();
-        let trajectories: Vec<(&str, &str, f32, i32)> = answers
+        let trajectories = answers
             .iter()
             .map(|&(id, group, score, _, _)| (id, group, score, 1))
             .collect();
-        Fixture::new(&trajectories, &steps)
+        (trajectories, steps)
     }
 
     fn rule_path(teacher: Option<TeacherLogps>) -> StepPath {
@@ -949,6 +957,23 @@ mod tests {
             stepopsd: StepOpsdConfig::default(),
             norm: GroupNorm::default(),
             estimator: "grpo_step",
+        }
+    }
+
+    #[test]
+    fn golden_a_group_with_a_faulted_member_equals_the_group_without_it() {
+        let (trajectories, steps) = inputs(&test_tokenizer());
+        for position_norm in [false, true] {
+            let mut path = rule_path(None);
+            path.step.as_mut().unwrap().position_norm = position_norm;
+            // b (half right, score 0) ended by a fault: g0 is a and c.
+            let (with, without) = with_and_without_fault(&trajectories, &steps, "b", &path, true);
+            assert_eq!(with.len(), 5, "b has no row");
+            assert_eq!(
+                exact(&with),
+                exact(&without),
+                "position_norm = {position_norm}"
+            );
         }
     }
 
