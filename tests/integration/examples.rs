@@ -1,9 +1,15 @@
-//! Every documented example, run as a user runs it, so that README and the
-//! shipped files cannot drift apart: the make, just and `pipeline run`
-//! commands in README.md and in the headers of pipelines/* are read from the
-//! files themselves and run by `sh` in a directory laid out like scripts/demo's
-//! `runs/demo` at tiny scale (tasks, the RL task pool, a tiny policy, one saved
-//! rollout set), with `target/release` and `pipelines/` as in the repository.
+//! Every documented example, run as a user runs it, so that the manual and
+//! the shipped files cannot drift apart: the make, just and `pipeline run`
+//! commands in the code blocks of README.md and of every page of the book
+//! (docs/src/**/*.md), and in the headers of pipelines/*, are read from the
+//! files themselves and run by `sh` in a directory laid out like
+//! scripts/demo's `runs/demo` at tiny scale (tasks, the RL task pool, a tiny
+//! policy, one saved rollout set), with `target/release` and `pipelines/` as
+//! in the repository.
+//!
+//! A page keeps a code block out with a marker on the line before its fence
+//! that says why, e.g. `<!-- examples: skip (needs a GPU) -->`; a marker
+//! without a reason, or not followed by a fence, fails the test.
 //!
 //! make and just commands run for real (just from `.venv/bin`, installed by
 //! scripts/setup; without it the just commands are skipped with a note);
@@ -46,6 +52,103 @@ fn documented(text: &str, prefix: &str) -> Vec<String> {
             command.truncate(at);
         }
         commands.push(command.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    commands
+}
+
+/// The marker a page puts on the line before a code block's fence to keep
+/// the block out of this test: `<!-- examples: skip (REASON) -->`.
+const SKIP: &str = "<!-- examples: skip";
+
+/// The code blocks of a Markdown text that this test runs, each as its
+/// lines; blocks after a [`SKIP`] marker are left out. A marker without a
+/// reason in parentheses, or not on the line right before a fence, is an
+/// error naming its line.
+fn code_blocks(text: &str) -> Result<Vec<String>, String> {
+    let mut blocks = Vec::new();
+    let mut fence: Option<(String, bool)> = None;
+    let mut block = String::new();
+    let mut skip_next: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if let Some((marker, skipped)) = &fence {
+            if trimmed.starts_with(marker.as_str()) {
+                let done = std::mem::take(&mut block);
+                if !skipped {
+                    blocks.push(done);
+                }
+                fence = None;
+            } else {
+                block.push_str(line);
+                block.push('\n');
+            }
+            continue;
+        }
+        let is_fence = trimmed.starts_with("```") || trimmed.starts_with("~~~");
+        let skipped = skip_next.take();
+        if is_fence {
+            let first = trimmed.chars().next().unwrap();
+            let marker: String = trimmed.chars().take_while(|&c| c == first).collect();
+            fence = Some((marker, skipped.is_some()));
+        } else if let Some(at) = skipped {
+            return Err(format!(
+                "line {at}: `{SKIP} (…) -->` must be on the line right before a code block's fence"
+            ));
+        } else if let Some(rest) = trimmed.strip_prefix(SKIP) {
+            let reason = rest
+                .trim()
+                .strip_suffix("-->")
+                .map(str::trim)
+                .and_then(|r| r.strip_prefix('('))
+                .and_then(|r| r.strip_suffix(')'))
+                .map(str::trim);
+            if reason.is_none_or(str::is_empty) {
+                return Err(format!(
+                    "line {}: `{trimmed}` gives no reason: write `{SKIP} (why) -->`",
+                    n + 1
+                ));
+            }
+            skip_next = Some(n + 1);
+        }
+    }
+    if let Some(at) = skip_next {
+        return Err(format!(
+            "line {at}: `{SKIP}` is not followed by a code block"
+        ));
+    }
+    Ok(blocks)
+}
+
+/// README.md and every page of the book, with their code blocks
+/// ([`code_blocks`]) joined into one text for [`documented`].
+fn documentation() -> Vec<(String, String)> {
+    let mut pages = vec![repo().join("README.md")];
+    pages.extend(crate::docs::book_pages());
+    pages
+        .into_iter()
+        .map(|page| {
+            let text = std::fs::read_to_string(&page).unwrap();
+            let name = page
+                .strip_prefix(crate::docs::repo())
+                .unwrap_or(&page)
+                .display()
+                .to_string();
+            let blocks = code_blocks(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, blocks.concat())
+        })
+        .collect()
+}
+
+/// The commands with `prefix` the documentation shows, each once, in the
+/// order of [`documentation`].
+fn documented_in_docs(docs: &[(String, String)], prefix: &str) -> Vec<String> {
+    let mut commands: Vec<String> = Vec::new();
+    for (_, text) in docs {
+        for command in documented(text, prefix) {
+            if !commands.contains(&command) {
+                commands.push(command);
+            }
+        }
     }
     commands
 }
@@ -217,17 +320,16 @@ fn every_documented_make_just_and_pipeline_command_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     demo_layout(root);
-    let readme = read("README.md");
+    let docs = documentation();
     let makefile = read("pipelines/Makefile");
     let justfile = read("pipelines/justfile");
 
-    // make: README's example, then the Makefile's own, in order.
+    // make: the documentation's examples, then the Makefile's own, in order.
     let make_prefix = "make -f pipelines/Makefile";
-    let readme_make = documented(&readme, make_prefix);
-    assert_eq!(
-        readme_make.len(),
-        1,
-        "README's make example: {readme_make:?}"
+    let docs_make = documented_in_docs(&docs, make_prefix);
+    assert!(
+        !docs_make.is_empty(),
+        "no make example in README.md or docs/src"
     );
     let header_make = documented(&makefile, make_prefix);
     assert!(
@@ -235,7 +337,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
         "the Makefile's examples: {header_make:?}"
     );
     let rewards = root.join("runs/offline/rewards/rewards");
-    let first = sh_ok(root, &readme_make[0]);
+    let first = sh_ok(root, &docs_make[0]);
     assert_eq!(
         invoked(&first),
         [
@@ -248,16 +350,20 @@ fn every_documented_make_just_and_pipeline_command_runs() {
     );
     assert_eq!(reward_fns(&rewards), ["verify"]);
     // Nothing changed: nothing reruns.
-    let again = sh_ok(root, &readme_make[0]);
+    let again = sh_ok(root, &docs_make[0]);
     assert!(invoked(&again).is_empty(), "{again}");
     // A changed variable reruns what depends on it, and only that.
     let policy = sh_ok(
         root,
-        &format!("{} POLICY=runs/generalist/policy", readme_make[0]),
+        &format!("{} POLICY=runs/generalist/policy", docs_make[0]),
     );
     assert_eq!(invoked(&policy), ["compute-advantages"], "{policy}");
     assert!(policy.stdout.contains("--policy runs/generalist/policy"));
-    for command in &header_make {
+    let mut reward = "verify";
+    for command in docs_make[1..]
+        .iter()
+        .chain(header_make.iter().filter(|c| !docs_make.contains(c)))
+    {
         let result = sh_ok(root, command);
         if command.contains(" ablation") {
             let ablation =
@@ -275,25 +381,33 @@ fn every_documented_make_just_and_pipeline_command_runs() {
                 "embodied_r1"
             };
             assert_eq!(reward_fns(&rewards), [want], "`{command}`\n{result}");
-            assert!(
-                invoked(&result).contains(&"score-rewards".to_string()),
-                "`{command}`\n{result}"
-            );
+            // Another reward rescores the rollouts.
+            if want != reward {
+                assert!(
+                    invoked(&result).contains(&"score-rewards".to_string()),
+                    "`{command}`\n{result}"
+                );
+            }
+            reward = want;
         }
     }
-    // The old README example, the demo's rollouts over the wrong tasks, fails.
+    // The demo's rollouts scored against the wrong tasks fail, naming them.
     let wrong = sh(
         root,
-        &readme_make[0].replace("runs/demo/data/pool", "runs/demo/data/train"),
+        &docs_make[0].replace("runs/demo/data/pool", "runs/demo/data/train"),
     );
     assert_ne!(wrong.code, 0, "{wrong}");
     assert!(wrong.stderr.contains("runs/demo/data/train"), "{wrong}");
 
-    // just: README's example and the justfile's own.
+    // just: the documentation's examples and the justfile's own.
     let just_prefix = "just -f pipelines/justfile";
-    let mut just = documented(&readme, just_prefix);
-    assert_eq!(just.len(), 1, "README's just example: {just:?}");
-    just.extend(documented(&justfile, just_prefix));
+    let mut just = documented_in_docs(&docs, just_prefix);
+    assert!(!just.is_empty(), "no just example in README.md or docs/src");
+    for command in documented(&justfile, just_prefix) {
+        if !just.contains(&command) {
+            just.push(command);
+        }
+    }
     assert!(just.len() >= 4, "{just:?}");
     if sh(root, "command -v just").code == 0 {
         for command in &just {
@@ -328,12 +442,13 @@ fn every_documented_make_just_and_pipeline_command_runs() {
         );
     }
 
-    // pipeline run: README's and every shipped pipeline's header, dry runs.
+    // pipeline run: the documentation's and every shipped pipeline's
+    // header, dry runs.
     let pipeline_prefix = "target/release/pipeline run pipelines/";
-    let mut pipelines = documented(&readme, pipeline_prefix);
+    let mut pipelines = documented_in_docs(&docs, pipeline_prefix);
     assert!(
         pipelines.len() >= 3,
-        "README's pipeline examples: {pipelines:?}"
+        "the documentation's pipeline examples: {pipelines:?}"
     );
     let mut files = 0;
     for entry in std::fs::read_dir(repo().join("pipelines")).unwrap() {
@@ -369,4 +484,38 @@ fn documented_commands_are_read_with_their_continuations() {
         documented(text, "make -f M"),
         ["make -f M A=1 B=2", "make -f M C=3"]
     );
+}
+
+#[test]
+fn code_blocks_leave_out_skipped_blocks_and_refuse_a_marker_without_reason() {
+    let page = "make -f M A=0\n```sh\nmake -f M A=1\n```\n\
+                <!-- examples: skip (needs a GPU) -->\n```sh\nmake -f M A=2\n```\n\
+                ~~~text\n# make -f M A=3 \\\n#   B=4\n~~~\n";
+    let blocks = code_blocks(page).unwrap();
+    assert_eq!(blocks, ["make -f M A=1\n", "# make -f M A=3 \\\n#   B=4\n"]);
+    assert_eq!(
+        documented(&blocks.concat(), "make -f M"),
+        ["make -f M A=1", "make -f M A=3 B=4"]
+    );
+    for (bad, why) in [
+        (
+            "<!-- examples: skip -->\n```sh\nmake\n```\n",
+            "gives no reason",
+        ),
+        (
+            "<!-- examples: skip () -->\n```sh\nmake\n```\n",
+            "gives no reason",
+        ),
+        (
+            "<!-- examples: skip (GPU) -->\n\n```sh\nmake\n```\n",
+            "right before",
+        ),
+        ("text\n<!-- examples: skip (GPU) -->\n", "not followed"),
+    ] {
+        let err = code_blocks(bad).unwrap_err();
+        assert!(
+            err.contains(why) && err.starts_with("line "),
+            "{bad:?}: {err}"
+        );
+    }
 }
