@@ -442,14 +442,20 @@ def plan_policy(out, tokenizer_json, sharp=None):
     }))
 
 
-def logprobs(model_dir, input_json, out_json):
+def load_with_rows(model_dir, input_json):
+    """MODEL_DIR loaded as a user would (AutoTokenizer, AutoModelForCausalLM)
+    on one torch thread, and INPUT_JSON."""
     from transformers import AutoTokenizer
 
     torch.set_num_threads(1)
     AutoTokenizer.from_pretrained(model_dir)
     with open(input_json) as f:
         inputs = json.load(f)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), inputs
+
+
+def logprobs(model_dir, input_json, out_json):
+    model, inputs = load_with_rows(model_dir, input_json)
     rows = []
     with torch.no_grad():
         for row in inputs["rows"]:
@@ -465,13 +471,7 @@ def logprobs(model_dir, input_json, out_json):
 
 
 def greedy_responses(model_dir, input_json, out_json):
-    from transformers import AutoTokenizer
-
-    torch.set_num_threads(1)
-    AutoTokenizer.from_pretrained(model_dir)
-    with open(input_json) as f:
-        inputs = json.load(f)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model, inputs = load_with_rows(model_dir, input_json)
     responses = []
     with torch.no_grad():
         for row in inputs["rows"]:

@@ -129,6 +129,20 @@ fn a_pipeline_without_steps_is_an_error() {
     assert_bad_input(&result, &["empty.toml:1:", "the pipeline has no steps"]);
 }
 
+/// The tests' tiny plan policy in `root/plan` and two household tasks in
+/// `root/tasks`.
+fn plan_policy_and_tasks(root: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let plan = root.join("plan");
+    let mut init = vec!["--out", s(&plan), "--seed", "0"];
+    init.extend(embodyflow_tests::TINY_POLICY);
+    let made = run("init-policy", &init);
+    assert_eq!(made.code, 0, "{made}");
+    let tasks = root.join("tasks");
+    let made = run("generate-tasks", &["--out", s(&tasks), "--set", "count=2"]);
+    assert_eq!(made.code, 0, "{made}");
+    (plan, tasks)
+}
+
 /// Rewrites key `key` of the JSON file `file` to `value`.
 fn set_json(file: &Path, key: &str, value: serde_json::Value) {
     let mut json: serde_json::Value =
@@ -146,13 +160,7 @@ fn set_json(file: &Path, key: &str, value: serde_json::Value) {
 fn absurd_model_sizes_exit_2_naming_the_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let plan = root.join("plan");
-    let mut init = vec!["--out", s(&plan), "--seed", "0"];
-    init.extend(embodyflow_tests::TINY_POLICY);
-    assert_eq!(run("init-policy", &init).code, 0);
-    let tasks = root.join("tasks");
-    let made = run("generate-tasks", &["--out", s(&tasks), "--set", "count=2"]);
-    assert_eq!(made.code, 0, "{made}");
+    let (plan, tasks) = plan_policy_and_tasks(root);
     embodyflow_tests::tabletop_tasks_and_tiny_vla(&root.join("tabletop"), 2);
     let vla = root.join("tabletop/vla");
     let plan_config = std::fs::read(plan.join("config.json")).unwrap();
@@ -238,15 +246,7 @@ fn absurd_model_sizes_exit_2_naming_the_file_and_key() {
 fn a_fifo_or_a_directory_named_model_safetensors_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let plan = root.join("plan");
-    let mut init = vec!["--out", s(&plan), "--seed", "0"];
-    init.extend(embodyflow_tests::TINY_POLICY);
-    assert_eq!(run("init-policy", &init).code, 0);
-    let tasks = root.join("tasks");
-    assert_eq!(
-        run("generate-tasks", &["--out", s(&tasks), "--set", "count=2"]).code,
-        0
-    );
+    let (plan, tasks) = plan_policy_and_tasks(root);
     let weights = plan.join("model.safetensors");
     std::fs::remove_file(&weights).unwrap();
     let made = std::process::Command::new("mkfifo")

@@ -348,6 +348,28 @@ fn tasks_and_qwen(root: &Path, sharp: bool) -> std::path::PathBuf {
     qwen
 }
 
+/// `collect-rollouts` of `policy` on `root/data` (seed 5) with `sets`,
+/// into `root/rollouts`.
+fn collect(root: &Path, policy: &Path, sets: &[&str]) -> std::path::PathBuf {
+    let rollouts = root.join("rollouts");
+    let data = root.join("data");
+    let mut args = vec![
+        "--policy",
+        s(policy),
+        "--input",
+        s(&data),
+        "--out",
+        s(&rollouts),
+        "--seed",
+        "5",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    ok("collect-rollouts", &args);
+    rollouts
+}
+
 /// `collect-rollouts --set temperature=0` decodes greedily: every sample of
 /// a group is the same answer, the answers are transformers'
 /// `generate(do_sample=False)` on each prompt alone, the recorded log-probs
@@ -357,25 +379,13 @@ fn greedy_rollouts_are_transformers_generate_without_sampling() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let qwen = tasks_and_qwen(root, true);
-    let rollouts = root.join("rollouts");
-    ok(
-        "collect-rollouts",
+    let rollouts = collect(
+        root,
+        &qwen,
         &[
-            "--policy",
-            s(&qwen),
-            "--input",
-            s(&root.join("data")),
-            "--out",
-            s(&rollouts),
-            "--seed",
-            "5",
-            "--set",
             "temperature=0",
-            "--set",
             "group_size=2",
-            "--set",
             "tasks_per_iteration=3",
-            "--set",
             "max_new_tokens=12",
         ],
     );
@@ -485,23 +495,10 @@ fn a_teacher_with_another_chat_template_reads_the_policys_prompts() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let qwen = tasks_and_qwen(root, false);
-    let rollouts = root.join("rollouts");
-    ok(
-        "collect-rollouts",
-        &[
-            "--policy",
-            s(&qwen),
-            "--input",
-            s(&root.join("data")),
-            "--out",
-            s(&rollouts),
-            "--set",
-            "group_size=2",
-            "--set",
-            "tasks_per_iteration=2",
-            "--set",
-            "max_new_tokens=8",
-        ],
+    let rollouts = collect(
+        root,
+        &qwen,
+        &["group_size=2", "tasks_per_iteration=2", "max_new_tokens=8"],
     );
     let teacher = root.join("teacher");
     std::fs::create_dir(&teacher).unwrap();

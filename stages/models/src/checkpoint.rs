@@ -757,14 +757,31 @@ mod tests {
         );
     }
 
-    #[test]
-    fn mismatched_files_are_named() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A fresh tiny policy saved as `dir/ckpt`: its path and vocabulary.
+    fn saved(dir: &Path) -> (PathBuf, i64) {
         let tokenizer = tokenizer();
         let vocab = tokenizer.get_vocab_size(true) as i64;
         let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
-        let path = dir.path().join("ckpt");
+        let path = dir.join("ckpt");
         policy.save(&path, "test", false).unwrap();
+        (path, vocab)
+    }
+
+    /// The message of loading `path`, which must fail as bad input.
+    fn bad_input(path: &Path) -> String {
+        let error = Checkpoint::load(path, tch::Device::Cpu).err().unwrap();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput,
+            "{error}"
+        );
+        error.to_string()
+    }
+
+    #[test]
+    fn mismatched_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, vocab) = saved(dir.path());
 
         // A config whose width disagrees with the weights.
         let mut wider = config(vocab);
@@ -818,11 +835,7 @@ mod tests {
     #[test]
     fn absurd_sizes_in_config_json_are_refused_before_allocating() {
         let dir = tempfile::tempdir().unwrap();
-        let tokenizer = tokenizer();
-        let vocab = tokenizer.get_vocab_size(true) as i64;
-        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
-        let path = dir.path().join("ckpt");
-        policy.save(&path, "test", false).unwrap();
+        let (path, vocab) = saved(dir.path());
         let cases: [(&str, i64, &str); 5] = [
             ("n_layer", 1_000_000_000, "`h.2.ln_1.weight` is missing"),
             ("n_embd", 1 << 31, "`wte.weight` has shape"),
@@ -834,13 +847,7 @@ mod tests {
             let mut written = serde_json::to_value(config(vocab)).unwrap();
             written[key] = serde_json::Value::from(value);
             std::fs::write(path.join("config.json"), written.to_string()).unwrap();
-            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
-            assert_eq!(
-                embodyflow_core::Classify::kind(&error),
-                embodyflow_core::ErrorKind::BadInput,
-                "{key}: {error}"
-            );
-            let error = error.to_string();
+            let error = bad_input(&path);
             assert!(
                 error.contains(needle) && error.contains(key),
                 "{key}: {error}"
@@ -854,44 +861,30 @@ mod tests {
     #[test]
     fn a_fifo_or_a_directory_in_place_of_a_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let tokenizer = tokenizer();
-        let vocab = tokenizer.get_vocab_size(true) as i64;
-        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
-        let path = dir.path().join("ckpt");
-        policy.save(&path, "test", false).unwrap();
+        let (path, _) = saved(dir.path());
         for name in [WEIGHTS_FILE, "config.json", TOKENIZER_FILE] {
             let file = path.join(name);
-            let saved = std::fs::read(&file).unwrap();
+            let kept = std::fs::read(&file).unwrap();
             std::fs::remove_file(&file).unwrap();
             let made = std::process::Command::new("mkfifo")
                 .arg(&file)
                 .status()
                 .unwrap();
             assert!(made.success());
-            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
-            assert_eq!(
-                embodyflow_core::Classify::kind(&error),
-                embodyflow_core::ErrorKind::BadInput
-            );
-            let error = error.to_string();
+            let error = bad_input(&path);
             assert!(
                 error.contains(name) && error.contains("is a FIFO"),
                 "{error}"
             );
             std::fs::remove_file(&file).unwrap();
             std::fs::create_dir(&file).unwrap();
-            let error = Checkpoint::load(&path, tch::Device::Cpu).err().unwrap();
-            assert_eq!(
-                embodyflow_core::Classify::kind(&error),
-                embodyflow_core::ErrorKind::BadInput
-            );
-            let error = error.to_string();
+            let error = bad_input(&path);
             assert!(
                 error.contains(name) && error.contains("is a directory"),
                 "{error}"
             );
             std::fs::remove_dir(&file).unwrap();
-            std::fs::write(&file, saved).unwrap();
+            std::fs::write(&file, kept).unwrap();
         }
         Checkpoint::load(&path, tch::Device::Cpu).unwrap();
     }

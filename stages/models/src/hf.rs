@@ -498,7 +498,7 @@ impl PlanNet for HfNet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Entropy, Sampling, sample, score_responses};
+    use crate::policy::{Entropy, Sampled, Sampling, sample, score_responses};
     use crate::testing::{seed, tiny_tokenizer};
     use tokenizers::AddedToken;
 
@@ -557,6 +557,45 @@ mod tests {
         Checkpoint::<HfNet>::load_kind(dir, tch::Device::Cpu)
     }
 
+    /// The tiny model in `dir` and three prompts of different lengths (left
+    /// padding), the first repeated.
+    fn policy_and_prompts(dir: &Path) -> (Checkpoint<HfNet>, Vec<Vec<i32>>) {
+        write_model(dir, None, None);
+        let policy = load(dir).unwrap();
+        let prompts = ["Task: find a Mug 1", "put the apple", "Task: find a Mug 1"]
+            .iter()
+            .map(|t| policy.prompt_ids(t).unwrap())
+            .collect();
+        (policy, prompts)
+    }
+
+    /// Each sampled answer ends at its first stop id or at the limit, and
+    /// its recorded log-probs are the scorer's at `temperature`.
+    fn assert_sampled_are_scored(
+        policy: &Checkpoint<HfNet>,
+        prompts: &[Vec<i32>],
+        sampled: &[Sampled],
+        temperature: f64,
+    ) {
+        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
+        let scores = score_responses(policy, &prompt_refs, &responses, temperature, Entropy::Skip);
+        for (row, s) in sampled.iter().enumerate() {
+            assert!(!s.response_ids.is_empty());
+            let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));
+            assert!(stop_at.is_none_or(|at| at + 1 == s.response_ids.len()));
+            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
+                0,
+                0,
+                s.logprobs.len() as i64,
+            ))
+            .unwrap();
+            for (a, b) in s.logprobs.iter().zip(&scored) {
+                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
+            }
+        }
+    }
+
     #[test]
     fn prompts_are_the_chat_template_and_read_back_to_the_text() {
         let dir = tempfile::tempdir().unwrap();
@@ -583,36 +622,14 @@ mod tests {
     #[test]
     fn sampled_logprobs_are_the_scored_ones_and_answers_end_at_a_stop_id() {
         let dir = tempfile::tempdir().unwrap();
-        write_model(dir.path(), None, None);
-        let policy = load(dir.path()).unwrap();
-        // Prompts of different lengths (left padding), one repeated.
-        let prompts: Vec<Vec<i32>> = ["Task: find a Mug 1", "put the apple", "Task: find a Mug 1"]
-            .iter()
-            .map(|t| policy.prompt_ids(t).unwrap())
-            .collect();
+        let (policy, prompts) = policy_and_prompts(dir.path());
         let sampling = Sampling {
             temperature: 1.3,
             top_p: 1.0,
             max_new_tokens: 12,
         };
         let sampled = sample(&policy, &prompts, &[1, 2, 3], &sampling);
-        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
-        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
-        let scores = score_responses(&policy, &prompt_refs, &responses, 1.3, Entropy::Skip);
-        for (row, s) in sampled.iter().enumerate() {
-            assert!(!s.response_ids.is_empty());
-            let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));
-            assert!(stop_at.is_none_or(|at| at + 1 == s.response_ids.len()));
-            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
-                0,
-                0,
-                s.logprobs.len() as i64,
-            ))
-            .unwrap();
-            for (a, b) in s.logprobs.iter().zip(&scored) {
-                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
-            }
-        }
+        assert_sampled_are_scored(&policy, &prompts, &sampled, 1.3);
         // Each row's sample is its own: the same seed alone draws the same
         // tokens (log-probs to float rounding: the batch pads the row).
         let alone = sample(&policy, &prompts[1..2], &[2], &sampling);
@@ -764,12 +781,7 @@ mod tests {
     #[test]
     fn greedy_sampling_is_the_decoders_greedy_search() {
         let dir = tempfile::tempdir().unwrap();
-        write_model(dir.path(), None, None);
-        let policy = load(dir.path()).unwrap();
-        let prompts: Vec<Vec<i32>> = ["Task: find a Mug 1", "put the apple", "Task: find a Mug 1"]
-            .iter()
-            .map(|t| policy.prompt_ids(t).unwrap())
-            .collect();
+        let (policy, prompts) = policy_and_prompts(dir.path());
         let greedy = Sampling {
             temperature: 0.0,
             top_p: 1.0,
@@ -799,19 +811,6 @@ mod tests {
                 .collect();
             assert_eq!(s.response_ids, tokens);
         }
-        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
-        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
-        let scores = score_responses(&policy, &prompt_refs, &responses, 0.0, Entropy::Skip);
-        for (row, s) in sampled.iter().enumerate() {
-            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
-                0,
-                0,
-                s.logprobs.len() as i64,
-            ))
-            .unwrap();
-            for (a, b) in s.logprobs.iter().zip(&scored) {
-                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
-            }
-        }
+        assert_sampled_are_scored(&policy, &prompts, &sampled, 0.0);
     }
 }
