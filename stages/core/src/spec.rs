@@ -486,6 +486,10 @@ pub fn names() -> String {
 /// ```
 pub fn markdown_table() -> String {
     let code = |text: &str| format!("`{text}`");
+    let needed = |name: &str, need: Need| match need {
+        Need::Always => code(name),
+        Need::When(_) => format!("{} (if configured)", code(name)),
+    };
     let list = |items: Vec<String>| {
         if items.is_empty() {
             "-".to_string()
@@ -501,18 +505,12 @@ pub fn markdown_table() -> String {
         let reads = spec
             .reads
             .iter()
-            .map(|r| match r.need {
-                Need::Always => code(r.table.as_str()),
-                Need::When(_) => format!("{} (if configured)", code(r.table.as_str())),
-            })
+            .map(|r| needed(r.table.as_str(), r.need))
             .collect();
         let loads = spec
             .checkpoints
             .iter()
-            .map(|c| match c.need {
-                Need::Always => code(c.flag.flag()),
-                Need::When(_) => format!("{} (if configured)", code(c.flag.flag())),
-            })
+            .map(|c| needed(c.flag.flag(), c.need))
             .collect();
         let writes = spec
             .writes
