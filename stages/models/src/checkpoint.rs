@@ -11,7 +11,12 @@
 //!
 //! Loading checks that the three agree — every tensor the config implies is in
 //! the weights with its shape and nothing else is, and the tokenizer's
-//! vocabulary is the model's — and names the file at fault. Saving writes a
+//! vocabulary is the model's — and names the file at fault. The weights are
+//! compared on their safetensors header ([`PolicyNet::open_weights`]) before
+//! any parameter is allocated, so a config of 2^40 tokens or 10^9 layers is
+//! an error naming the tensor and the config keys, not an abort; every file
+//! loading may open must be a regular file (a FIFO is refused, not waited
+//! on). Saving writes a
 //! hidden sibling directory, fsyncs every file in it, and commits it into
 //! place with `embodyflow_core::commit` (alone with [`Checkpoint::save`], or
 //! with a stage's other outputs via [`Checkpoint::save_staged`]), so a killed

@@ -26,7 +26,11 @@
 //! `config.json`'s, else `tokenizer_config.json`'s `eos_token`); padding is
 //! the first `pad_token_id` found in the same order, else the first stop
 //! id. The tokenizer's vocabulary may be smaller than the embedding (Qwen
-//! pads it to a multiple of 64) but never larger.
+//! pads it to a multiple of 64) but never larger, and it must be the
+//! model's: the stop and padding ids are tokens of it, and so are
+//! `tokenizer_config.json`'s special tokens (`added_tokens_decoder` at their
+//! ids) and the chat template's `<|…|>` markers; another model's tokenizer is
+//! refused naming both sizes and what it lacks.
 //!
 //! Sampling runs the prompts left-padded with transformers' attention mask
 //! and position ids (`cumsum(mask) - 1`) and a key/value cache; scoring
