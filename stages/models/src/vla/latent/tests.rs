@@ -189,8 +189,19 @@ fn sampling_is_seeded_and_explores_the_stops() {
         2,
         "an untrained policy samples both stops: {stops:?}"
     );
-    // Without noise, the latent chain is deterministic whatever the seed.
-    assert!(out.iter().all(|d| d.latents == out[0].latents));
+    // Without noise, the latent chain does not depend on the seed. Compared
+    // row by row against the same batch under other seeds: the same batch
+    // position in the same process is bit-identical, while rows of one batch
+    // may be computed by different kernel paths (vector tails, matmul
+    // blocking) depending on the CPU's instruction set.
+    let other_seeds: Vec<u64> = (1000..1040).collect();
+    let again = policy
+        .model
+        .sample_with_latents(&batch40, &other_seeds, 1.6, 0.0)
+        .unwrap();
+    for (row, (d, e)) in out.iter().zip(&again).enumerate() {
+        assert_eq!(d.latents, e.latents, "row {row}");
+    }
 }
 
 #[test]
