@@ -69,6 +69,19 @@ fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
     (samples > 0).then(|| successes as f64 / samples as f64)
 }
 
+/// The `| warning | … |` lines of a step's summary (one per shard when the
+/// runner joined shard summaries): what a stage said went wrong without
+/// failing, such as dynamic sampling that dropped every draw.
+fn step_warnings(dir: &Path, stage: &str) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| warning | "))
+        .map(|w| w.trim_end().trim_end_matches('|').trim_end().to_string())
+        .collect()
+}
+
 fn fmt(value: Option<f64>) -> String {
     value.map_or("-".to_string(), |v| format!("{v:.3}"))
 }
@@ -280,6 +293,23 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             step.wall_s
         ));
     }
+    let warnings: Vec<(String, String)> = outcome
+        .steps
+        .iter()
+        .map(|step| &plan.instances[step.index])
+        .flat_map(|instance| {
+            step_warnings(&instance.dir, instance.stage.name)
+                .into_iter()
+                .map(|w| (instance.id.clone(), w))
+        })
+        .collect();
+    if !warnings.is_empty() {
+        md.push_str("\n## Warnings\n\nWhat stages said went wrong without failing (their summaries' `warning` lines).\n\n| step | warning |\n|---|---|\n");
+        for (id, warning) in &warnings {
+            md.push_str(&format!("| {id} | {warning} |\n"));
+        }
+    }
+    summary.add("warnings (see the report)", warnings.len());
     let mut ablation: Vec<(String, BTreeMap<Option<u32>, Row>)> = Vec::new();
     // Every cell's curves on one chart, named by cell, when a sweep compares
     // cells (GRPO vs GiGPO from the same init, say).
@@ -462,6 +492,25 @@ mod tests {
         assert_eq!(
             drawn_success(tmp.path(), "collect-rollouts"),
             Some(6.0 / 176.0)
+        );
+    }
+
+    #[test]
+    fn a_steps_warnings_are_read_from_every_shards_summary() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(step_warnings(tmp.path(), "collect-rollouts").is_empty());
+        let path = tmp.path().join("_summary.collect-rollouts.md");
+        std::fs::write(
+            &path,
+            "<!-- shard 0/2 -->\n| groups written | 0 of 4 wanted |\n| warning | 0 of 4 slots filled: 9 groups dropped (all success 9) |\n<!-- shard 1/2 -->\n| warning | 1 of 4 slots filled |\n",
+        )
+        .unwrap();
+        assert_eq!(
+            step_warnings(tmp.path(), "collect-rollouts"),
+            [
+                "0 of 4 slots filled: 9 groups dropped (all success 9)",
+                "1 of 4 slots filled"
+            ]
         );
     }
 
