@@ -81,8 +81,18 @@ GRIPPERS = ("libero", "openvla")
 # (name in the observation, robosuite camera)
 CAMERAS = (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand"))
 BACKENDS = ("egl", "osmesa")
-# The check a backend passes: MuJoCo opens an offscreen context and renders.
-RENDER_CHECK = "import mujoco; c = mujoco.GLContext(8, 8); c.make_current(); c.free()"
+# The check a backend passes, in a child process: MuJoCo opens an offscreen
+# context (OSMesa's library looked up first: PyOpenGL's own error without
+# it says nothing of it).
+RENDER_CHECK = (
+    "import ctypes.util, os\n"
+    "if os.environ['MUJOCO_GL'] == 'osmesa' and not ctypes.util.find_library('OSMesa'):\n"
+    "    raise ImportError('libOSMesa is not installed')\n"
+    "import mujoco\n"
+    "c = mujoco.GLContext(8, 8)\n"
+    "c.make_current()\n"
+    "c.free()\n"
+)
 
 
 def make(env_id, kwargs, seed):
@@ -128,10 +138,18 @@ def select_backend():
             os.environ["MUJOCO_GL"] = backend
             os.environ["PYOPENGL_PLATFORM"] = backend
             return
-        last = (check.stderr.strip().splitlines() or ["no message"])[-1]
-        tried.append(f"MUJOCO_GL={backend}: {last}")
+        tried.append(f"MUJOCO_GL={backend}: {first_exception(check.stderr)}")
     hint = "" if wanted else " (Debian: libegl1 + libegl-mesa0 + libgl1-mesa-dri for egl, libosmesa6 for osmesa)"
     raise BadEnv(f"no MuJoCo rendering backend works here{hint}; tried {'; '.join(tried)}")
+
+
+def first_exception(stderr):
+    """The first exception line of a Python traceback (the cause; a failed
+    context's destructor adds more after it)."""
+    for line in stderr.splitlines():
+        if line and not line[0].isspace() and not line.startswith(("Traceback", "Exception ignored")):
+            return line
+    return "no message"
 
 
 def quat_to_axis_angle(quat):
