@@ -22,7 +22,7 @@
 //! ```
 
 use embodyflow_algos::gigpo::{EpisodeStats, StepNorm};
-use embodyflow_core::config::{at_least, ensure, in_range, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, in_range, keys_of, positive};
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -77,10 +77,10 @@ pub enum GaeLevel {
 }
 
 /// `grpo.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct GrpoConfig {
-    /// Added to the group's standard deviation.
+    /// Added to the group's standard deviation (grpo).
     pub eps: f64,
 }
 
@@ -91,17 +91,17 @@ impl Default for GrpoConfig {
 }
 
 /// `gae.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct GaeConfig {
-    /// Discount.
+    /// GAE discount gamma.
     pub gamma: f32,
     /// GAE lambda.
     pub lam: f32,
-    /// Token-level or decision-level values.
+    /// Critic values per token or per decision step: token or decision.
     pub level: GaeLevel,
-    /// MiB of raw advantages and returns the first pass keeps for writing;
-    /// a larger input is read a second time instead.
+    /// MiB of raw advantages and returns kept from the first pass; a larger
+    /// input is read twice.
     pub hold_mib: usize,
 }
 
@@ -117,18 +117,21 @@ impl Default for GaeConfig {
 }
 
 /// `gigpo.*` settings (defaults: verl-agent's example runs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct GigpoConfig {
-    /// Discount of the step returns.
+    /// gigpo: discount of the step returns.
     pub gamma: f32,
-    /// Weight omega of A^S (verl-agent's `step_advantage_w`).
+    /// gigpo: weight omega of A^S in A = A^E + omega * A^S (verl-agent's
+    /// `step_advantage_w`).
     pub step_weight: f32,
-    /// Normalisation within step groups and episode groups.
+    /// gigpo: std (mean-std normalisation) or mean (centring only), at both
+    /// levels.
     pub norm: StepNorm,
-    /// Added to the standard deviations.
+    /// gigpo: added to the group's and the step group's standard deviation.
     pub eps: f64,
-    /// Episode statistics over one score per trajectory or per step row.
+    /// gigpo: A^E's group statistics over one score per trajectory
+    /// (episodes) or per step row (steps, verl-agent).
     pub episode_stats: EpisodeStats,
 }
 
@@ -145,7 +148,7 @@ impl Default for GigpoConfig {
 }
 
 /// `filter.*` settings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilterConfig {
     /// Drop groups whose scores are all equal.
@@ -153,26 +156,33 @@ pub struct FilterConfig {
 }
 
 /// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// The estimator.
+    /// Advantage estimator: grpo, dr_grpo, gae, grpo_step or gigpo.
     pub estimator: Estimator,
     /// GRPO settings.
+    #[keys(section)]
     pub grpo: GrpoConfig,
     /// GAE settings.
+    #[keys(section)]
     pub gae: GaeConfig,
     /// Group filter.
+    #[keys(section)]
     pub filter: FilterConfig,
     /// GiGPO settings.
+    #[keys(section)]
     pub gigpo: GigpoConfig,
     /// grpo_step settings.
+    #[keys(section)]
     pub step: StepConfig,
     /// StepOPSD reweighting (grpo, dr_grpo, grpo_step).
+    #[keys(section)]
     pub stepopsd: StepOpsdConfig,
     /// Rows per record batch read from the steps table.
     pub batch_rows: usize,
     /// Output layout.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
@@ -193,104 +203,9 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        (
-            "batch_rows",
-            "rows per record batch read from the steps table",
-        ),
-        (
-            "estimator",
-            "advantage estimator: grpo, dr_grpo, gae, grpo_step or gigpo",
-        ),
-        (
-            "filter.dynamic_sampling",
-            "drop groups whose scores are all equal",
-        ),
-        ("gae.gamma", "GAE discount gamma"),
-        (
-            "gae.hold_mib",
-            "MiB of raw advantages and returns kept from the first pass; a larger input is read twice",
-        ),
-        ("gae.lam", "GAE lambda"),
-        (
-            "gae.level",
-            "critic values per token or per decision step: token or decision",
-        ),
-        (
-            "gigpo.episode_stats",
-            "gigpo: A^E's group statistics over one score per trajectory (episodes) or per step row (steps, verl-agent)",
-        ),
-        (
-            "gigpo.eps",
-            "gigpo: added to the group's and the step group's standard deviation",
-        ),
-        ("gigpo.gamma", "gigpo: discount of the step returns"),
-        (
-            "gigpo.norm",
-            "gigpo: std (mean-std normalisation) or mean (centring only), at both levels",
-        ),
-        (
-            "gigpo.step_weight",
-            "gigpo: weight omega of A^S in A = A^E + omega * A^S",
-        ),
-        ("grpo.eps", "added to the group's standard deviation (grpo)"),
-        (
-            "step.budget_tau",
-            "residual_contrast: budget softmax temperature",
-        ),
-        (
-            "step.credit_target",
-            "tokens that receive a step's A^S: action_name, action_id or both",
-        ),
-        (
-            "step.gate",
-            "gate on each step's A^S: none, residual_contrast or prompt",
-        ),
-        (
-            "step.gate_tau",
-            "residual_contrast: decision sigmoid temperature",
-        ),
-        (
-            "step.gate_threshold",
-            "residual_contrast: importance z-score where the decision gate is 1/2",
-        ),
-        ("step.kind", "source of A^S: rule or forward_proxy"),
-        (
-            "step.min_score_tokens",
-            "steps with fewer score tokens get A^S = 0",
-        ),
-        ("step.omega", "weight omega of A^S in A = A^E + omega * A^S"),
-        (
-            "step.position_norm",
-            "rule: normalise each plan step's score over the group's trajectories at the same step k",
-        ),
-        (
-            "step.score_norm",
-            "forward_proxy: normalisation within a response: none or per_response",
-        ),
-        (
-            "step.score_source",
-            "forward_proxy: tokens whose log-probs score a step",
-        ),
-        ("step.score_tau", "forward_proxy: tanh temperature"),
-        (
-            "step.squash",
-            "forward_proxy: score of a step: contrast (tanh of the teacher-student contrast) or prob",
-        ),
-        (
-            "step.tokenizer",
-            "policy tokenizer.json (unset: --policy CKPT/tokenizer.json)",
-        ),
-        (
-            "stepopsd.alpha_clip",
-            "StepOPSD: weight w clipped to [1 - alpha_clip, 1 + alpha_clip]",
-        ),
-        ("stepopsd.enabled", "StepOPSD: reweight the final advantage"),
-        (
-            "stepopsd.lambda_mix",
-            "StepOPSD: mix between A (0) and w * A (1)",
-        ),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -427,7 +342,7 @@ mod tests {
     }
 }
 
-/// The stage's `KEYS` table documents exactly the config's keys.
+/// The derived key meanings document exactly the config's keys.
 #[cfg(test)]
 mod config_keys {
     #[test]

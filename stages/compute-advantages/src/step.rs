@@ -47,7 +47,7 @@ use embodyflow_algos::step_adv::{
     forward_proxy_step_scores, prompt_gate, residual_contrast_step_scores, rule_step_scores,
     spread_step_scores, stepopsd,
 };
-use embodyflow_core::config::{ensure, finite, in_range, positive};
+use embodyflow_core::config::{ConfigKeys, ensure, finite, in_range, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{AdvantageRow, TableName};
 use embodyflow_core::stage::Stage;
@@ -85,26 +85,27 @@ pub enum Gate {
 }
 
 /// `step.*` settings (grpo_step).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct StepConfig {
-    /// Source of A^S.
+    /// Source of A^S: rule or forward_proxy.
     pub kind: StepKind,
-    /// Weight omega of A^S.
+    /// Weight omega of A^S in A = A^E + omega * A^S.
     pub omega: f32,
-    /// Tokens that receive a step's A^S.
+    /// Tokens that receive a step's A^S: action_name, action_id or both.
     pub credit_target: StepPart,
-    /// Tokens whose log-probs score a step (forward_proxy).
+    /// forward_proxy: tokens whose log-probs score a step.
     pub score_source: StepPart,
-    /// forward_proxy squash.
+    /// forward_proxy: score of a step: contrast (tanh of the teacher-student
+    /// contrast) or prob.
     pub squash: Squash,
-    /// forward_proxy tanh temperature.
+    /// forward_proxy: tanh temperature.
     pub score_tau: f32,
-    /// forward_proxy normalisation within a response.
+    /// forward_proxy: normalisation within a response: none or per_response.
     pub score_norm: ScoreNorm,
     /// Steps with fewer score tokens get A^S = 0.
     pub min_score_tokens: usize,
-    /// Gate on each step's A^S.
+    /// Gate on each step's A^S: none, residual_contrast or prompt.
     pub gate: Gate,
     /// residual_contrast: importance z-score where the decision gate is 1/2.
     pub gate_threshold: f32,
@@ -112,10 +113,10 @@ pub struct StepConfig {
     pub gate_tau: f32,
     /// residual_contrast: budget softmax temperature.
     pub budget_tau: f32,
-    /// Rule scores normalised over the group's trajectories at the same
-    /// plan step (GiGPO-style, position as the anchor).
+    /// rule: normalise each plan step's score over the group's trajectories
+    /// at the same step k.
     pub position_norm: bool,
-    /// tokenizer.json of the policy (default: `--policy CKPT`/tokenizer.json).
+    /// Policy tokenizer.json (unset: --policy CKPT/tokenizer.json).
     pub tokenizer: Option<PathBuf>,
 }
 
@@ -158,14 +159,14 @@ impl StepConfig {
 }
 
 /// `stepopsd.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct StepOpsdConfig {
-    /// Apply the multiplicative reweighting to the final advantage.
+    /// StepOPSD: reweight the final advantage.
     pub enabled: bool,
-    /// w is clipped to [1 - alpha_clip, 1 + alpha_clip].
+    /// StepOPSD: weight w clipped to [1 - alpha_clip, 1 + alpha_clip].
     pub alpha_clip: f32,
-    /// Mix between A (0) and w * A (1).
+    /// StepOPSD: mix between A (0) and w * A (1).
     pub lambda_mix: f32,
 }
 

@@ -26,10 +26,12 @@
 //! checks them and takes them out before the rest becomes the struct (the
 //! resolved tree keeps them, so manifests record them).
 //!
-//! Each key's one-line meaning is declared once, in
-//! [`StageConfig::KEYS`]; [`keys_help`] renders `key = default   meaning`
-//! for `--help` from it and the defaults tree, and [`check_key_docs`] (run by
-//! each stage's tests) fails when the table and the tree disagree.
+//! Each key's one-line meaning is declared once: the field's doc comment,
+//! read by `#[derive(ConfigKeys)]` ([`ConfigKeys`]), or an entry of
+//! [`StageConfig::KEYS`] for a config that lists them by hand;
+//! [`keys_help`] renders `key = default   meaning` for `--help` from them
+//! ([`StageConfig::key_docs`]) and the defaults tree, and [`check_key_docs`]
+//! (run by each stage's tests) fails when the meanings and the tree disagree.
 //!
 //! ```
 //! # use embodyflow_core::config::{load_config, positive};
@@ -69,6 +71,62 @@ use crate::error::{Error, Result};
 use crate::spec::StageSpec;
 use crate::stage::{OutputConfig, StageConfig};
 use crate::threads::{Threads, ThreadsConfig};
+
+/// A config type's dotted keys with their one-line meanings. Derived:
+/// `#[derive(ConfigKeys)]` takes each meaning from the field's doc comment
+/// (joined into one line, the final full stop dropped, the first word in
+/// lower case unless it is an acronym); `#[keys(section)]` marks a table of
+/// settings whose own keys follow its name, `#[keys(skip)]` a field whose
+/// keys are documented elsewhere (`output`).
+///
+/// ```
+/// use embodyflow_core::config::{ConfigKeys, keys_of};
+/// #[derive(ConfigKeys)]
+/// struct Gae {
+///     /// Discount.
+///     gamma: f32,
+///     /// GAE lambda.
+///     lam: f32,
+/// }
+/// #[derive(ConfigKeys)]
+/// struct Config {
+///     /// Rows per record batch read from the steps table.
+///     batch_rows: usize,
+///     /// GAE settings.
+///     #[keys(section)]
+///     gae: Gae,
+/// }
+/// assert_eq!(
+///     keys_of::<Config>(),
+///     [
+///         ("batch_rows".to_string(), "rows per record batch read from the steps table"),
+///         ("gae.gamma".to_string(), "discount"),
+///         ("gae.lam".to_string(), "GAE lambda"),
+///     ]
+/// );
+/// ```
+pub trait ConfigKeys {
+    /// Appends each key under `prefix` (empty at the top) with its meaning.
+    fn config_keys(prefix: &str, out: &mut Vec<(String, &'static str)>);
+}
+
+pub use embodyflow_config_derive::ConfigKeys;
+
+/// The keys of `T` from the top, in field order.
+pub fn keys_of<T: ConfigKeys>() -> Vec<(String, &'static str)> {
+    let mut out = Vec::new();
+    T::config_keys("", &mut out);
+    out
+}
+
+/// `key` under `prefix`: `prefix.key`, or `key` at the top.
+pub fn dotted(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
 
 /// A config struct with its resolved JSON tree.
 #[derive(Debug, Clone)]
@@ -264,10 +322,7 @@ fn load_with<C: StageConfig>(
     }
     let mut own = tree.clone();
     let threads = ThreadsConfig::take_from(&mut own, pool)?;
-    let config: C = serde_path_to_error::deserialize(own).map_err(|e| Error::BadValue {
-        key: e.path().to_string(),
-        reason: e.inner().to_string(),
-    })?;
+    let config = C::from_tree(own)?;
     check_output(config.output())?;
     config.validate()?;
     Ok(Resolved {
@@ -315,7 +370,7 @@ pub struct KeyHelp {
     pub key: String,
     /// Its default (`null` for an unset optional key).
     pub default: Value,
-    /// Its meaning from [`StageConfig::KEYS`] or [`OutputConfig::KEYS`].
+    /// Its meaning from [`StageConfig::key_docs`] or [`OutputConfig::keys`].
     pub meaning: Option<&'static str>,
 }
 
@@ -328,6 +383,8 @@ pub fn key_help<C: StageConfig>() -> Vec<KeyHelp> {
 /// [`key_help`] with the thread keys of `pool`.
 fn key_help_with<C: StageConfig>(pool: Threads) -> Vec<KeyHelp> {
     let defaults = defaults_with::<C>(pool);
+    let docs = C::key_docs();
+    let output = OutputConfig::keys();
     let mut keys = Vec::new();
     leaf_keys(&defaults, "", &mut keys);
     keys.into_iter()
@@ -337,12 +394,13 @@ fn key_help_with<C: StageConfig>(pool: Threads) -> Vec<KeyHelp> {
                 .try_fold(&defaults, |node, part| node.get(part))
                 .cloned()
                 .unwrap_or(Value::Null);
-            let meaning = C::KEYS
+            let meaning = docs
                 .iter()
-                .chain(OutputConfig::KEYS)
-                .chain(pool.keys())
+                .chain(&output)
+                .map(|(k, m)| (k.as_str(), *m))
+                .chain(pool.keys().iter().copied())
                 .find(|(k, _)| *k == key)
-                .map(|(_, m)| *m);
+                .map(|(_, m)| m);
             KeyHelp {
                 key,
                 default,
@@ -353,7 +411,7 @@ fn key_help_with<C: StageConfig>(pool: Threads) -> Vec<KeyHelp> {
 }
 
 /// Whether [`StageConfig::KEYS`] documents exactly the keys of `C` (with
-/// [`OutputConfig::KEYS`] for `output.*`): `Err` names every key without a
+/// [`OutputConfig::keys`] for `output.*`): `Err` names every key without a
 /// meaning, every documented key the config lacks and every key documented
 /// twice.
 pub fn check_key_docs<C: StageConfig>() -> std::result::Result<(), String> {
@@ -362,21 +420,22 @@ pub fn check_key_docs<C: StageConfig>() -> std::result::Result<(), String> {
     for key in keys.iter().filter(|k| k.meaning.is_none()) {
         problems.push(format!("`{}` has no meaning in KEYS", key.key));
     }
-    for (i, (documented, _)) in C::KEYS.iter().enumerate() {
+    let docs = C::key_docs();
+    for (i, (documented, _)) in docs.iter().enumerate() {
         if documented.starts_with("output.") {
             problems.push(format!(
-                "KEYS documents `{documented}`, which OutputConfig::KEYS documents"
+                "KEYS documents `{documented}`, which OutputConfig documents"
             ));
         } else if !keys.iter().any(|k| k.key == *documented) {
             problems.push(format!(
                 "KEYS documents `{documented}`, which the config lacks"
             ));
         }
-        if C::KEYS[..i].iter().any(|(k, _)| k == documented) {
+        if docs[..i].iter().any(|(k, _)| k == documented) {
             problems.push(format!("KEYS documents `{documented}` twice"));
         }
     }
-    for (documented, meaning) in C::KEYS.iter().chain(OutputConfig::KEYS) {
+    for (documented, meaning) in docs.iter().chain(&OutputConfig::keys()) {
         if meaning.trim().is_empty() || meaning.contains('\n') {
             problems.push(format!(
                 "KEYS: the meaning of `{documented}` is not one line"
@@ -861,7 +920,7 @@ mod tests {
             "`added` has no meaning",
             "`removed`, which the config lacks",
             "`kept` twice",
-            "`output.zstd_level`, which OutputConfig::KEYS documents",
+            "`output.zstd_level`, which OutputConfig documents",
         ] {
             assert!(err.contains(part), "{part}: {err}");
         }

@@ -24,6 +24,10 @@
 //! The table schemas themselves live in `embodyflow_schemas`, re-exported as
 //! [`schemas`].
 
+// The paths `#[derive(ConfigKeys)]` writes (`::embodyflow_core::config`)
+// resolve inside this crate too.
+extern crate self as embodyflow_core;
+
 pub mod canonical;
 pub mod cli;
 pub mod commit;

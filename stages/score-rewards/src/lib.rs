@@ -54,7 +54,7 @@ use arrow::array::{Array, BooleanArray, Int64Array, ListArray, StringArray, Stru
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
 use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
 use embodyflow_core::cli::StageArgs;
-use embodyflow_core::config::{at_least, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, keys_of, positive};
 use embodyflow_core::dataset::{TableReader, batch_to_rows, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
 use embodyflow_core::spec;
@@ -100,17 +100,17 @@ impl RewardFn {
 }
 
 /// `reward.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardConfig {
-    /// The reward function.
+    /// Reward function: outcome, embodied_r1 or verify.
     #[serde(rename = "fn")]
     pub function: RewardFn,
     /// Outcome reward for a completed task (1.0 SimpleVLA-RL, 5.0 LaST-R1).
     pub reward_coef: f32,
-    /// Embodied-R1: tolerant parsing instead of the reference's strict parsing.
+    /// embodied_r1: tolerant parsing instead of the reference's strict parsing.
     pub tolerant: bool,
-    /// Embodied-R1: JSON file with the action names (index = action id).
+    /// embodied_r1: JSON file with the action names (index = action id).
     pub action_list: Option<PathBuf>,
 }
 
@@ -126,10 +126,10 @@ impl Default for RewardConfig {
 }
 
 /// `match.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct MatchConfig {
-    /// Rule match mode.
+    /// Rule step match: exact, prefix or lcs.
     pub mode: MatchMode,
 }
 
@@ -142,21 +142,22 @@ impl Default for MatchConfig {
 }
 
 /// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Reward function settings.
+    #[keys(section)]
     pub reward: RewardConfig,
     /// Step match settings.
     #[serde(rename = "match")]
+    #[keys(section)]
     pub step_match: MatchConfig,
     /// Rows per record batch read from trajectories.
     pub batch_rows: usize,
-    /// A trajectory whose task is not in the tasks table: `error` (default;
-    /// names the task ids and the tables) or `skip` (left out, counted in the
-    /// summary).
+    /// A trajectory whose task is not in tasks: error or skip.
     pub missing_tasks: MissingTasks,
     /// Output layout.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
@@ -173,30 +174,9 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        ("batch_rows", "rows per record batch read from trajectories"),
-        ("match.mode", "rule step match: exact, prefix or lcs"),
-        (
-            "missing_tasks",
-            "a trajectory whose task is not in tasks: error or skip",
-        ),
-        (
-            "reward.action_list",
-            "embodied_r1: JSON file with the action names (index = action id)",
-        ),
-        (
-            "reward.fn",
-            "reward function: outcome, embodied_r1 or verify",
-        ),
-        (
-            "reward.reward_coef",
-            "outcome reward for a completed task (1.0 SimpleVLA-RL, 5.0 LaST-R1)",
-        ),
-        (
-            "reward.tolerant",
-            "embodied_r1: tolerant parsing instead of the reference's strict parsing",
-        ),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -695,7 +675,7 @@ mod tests {
     }
 }
 
-/// The stage's `KEYS` table documents exactly the config's keys.
+/// The derived key meanings document exactly the config's keys.
 #[cfg(test)]
 mod config_keys {
     #[test]
