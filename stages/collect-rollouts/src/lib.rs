@@ -219,6 +219,7 @@ impl StageConfig for Config {
         ("batch_rows", "sequences per sampling batch"),
         BridgeKeys::KEYS[0],
         BridgeKeys::KEYS[1],
+        BridgeKeys::KEYS[2],
         (
             "dynamic_sampling.enabled",
             "drop all-success / all-failure groups and draw replacements (DAPO filter_groups)",

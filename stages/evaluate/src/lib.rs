@@ -177,6 +177,7 @@ impl StageConfig for Config {
         ),
         BridgeKeys::KEYS[0],
         BridgeKeys::KEYS[1],
+        BridgeKeys::KEYS[2],
         ("max_new_tokens", "most tokens per answer (plan policies)"),
         (
             "pass_at_k.samples",
@@ -216,13 +217,16 @@ impl StageConfig for Config {
 }
 
 /// Success rates of `rows` grouped by `key`: for each group, the mean over
-/// runs and the lowest and highest per-run rate.
+/// runs and the lowest and highest per-run rate. Episodes that
+/// infrastructure ended (a `failure_reason`: a crashed or hung environment
+/// worker) are no outcome of the policy and are left out; the summary
+/// counts them on their own line.
 pub fn success_by<F: Fn(&EvalRow) -> String>(
     rows: &[EvalRow],
     key: F,
 ) -> BTreeMap<String, (f64, f64, f64, usize)> {
     let mut counts: BTreeMap<String, BTreeMap<i32, (usize, usize)>> = BTreeMap::new();
-    for row in rows {
+    for row in rows.iter().filter(|r| r.failure_reason.is_none()) {
         let per_run = counts
             .entry(key(row))
             .or_default()
@@ -650,7 +654,7 @@ pub fn add_closed_loop_lines(
             .count();
         summary.add(
             "gym bridge faults",
-            format!("{faults} ({failed} episodes failed by a worker fault)"),
+            format!("{faults} ({failed} episodes ended by a worker fault, left out of the success rates)"),
         );
     }
     if let Some(thinking) = &played.thinking {
@@ -745,6 +749,18 @@ mod tests {
         let by_split = success_by(&rows, |r| r.split.clone());
         assert_eq!(by_split["val"], (0.75, 0.5, 1.0, 2));
         assert_eq!(by_split["unseen"], (0.0, 0.0, 0.0, 1));
+    }
+
+    #[test]
+    fn episodes_ended_by_a_worker_fault_are_left_out_of_success() {
+        let faulted = EvalRow {
+            failure_reason: Some("worker crashed (signal 9)".into()),
+            ..row("val", 0, false)
+        };
+        let rows = vec![row("val", 0, true), faulted.clone(), row("val", 1, false)];
+        let by_split = success_by(&rows, |r| r.split.clone());
+        assert_eq!(by_split["val"], (0.5, 0.0, 1.0, 1));
+        assert!(success_by(&[faulted], |r| r.split.clone()).is_empty());
     }
 }
 

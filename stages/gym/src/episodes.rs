@@ -33,7 +33,7 @@
 //! let config = BridgeConfig { workers: 2, ..BridgeConfig::default() };
 //! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 3, 64);
 //! let tasks = vec![GymTask { task_id: "goto/3".into(), spec }];
-//! let info = probe(&config, "babyai", "BabyAI-GoToLocal-v0").unwrap();
+//! let info = probe(&config, &tasks[0].spec).unwrap();
 //! let mut world = GymEpisodes::new(&config, &tasks, 4, &info.action.bins()).unwrap();
 //! let reports = world.step_chunks(&vec![0.0; 4 * 2], 2).unwrap(); // K = 2 turns left
 //! println!("{}", world.faults());

@@ -26,16 +26,20 @@
 //! - [`expert`]: the adapters' scripted experts' whole episodes
 //!   ([`expert_demonstrations`]).
 //!
-//! An environment family is an adapter, one Python module in
-//! `python/embodyflow_gym/adapters/` (`babyai`, `metaworld`, `generic`, and
-//! `faulty` for the fault tests): adding one is a module plus task specs
-//! ([`GymTaskSpec`]), no stage change.
+//! An environment family is an adapter: a Python `make` function
+//! registered in the entry-point group `embodyflow_gym.adapters` by the
+//! package that holds it (the built-ins `babyai`, `metaworld` and
+//! `generic` in `python/pyproject.toml`, one line each; a user's in their
+//! own package's), or named by a task as `module:function`. Adding one is a
+//! function plus task specs ([`GymTaskSpec`]), no stage change and no edit
+//! of this tree. Each task says what success is where the adapter takes a
+//! rule ([`SuccessRule`]).
 //!
 //! ```no_run
 //! use embodyflow_gym::{BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, probe};
 //! let config = BridgeConfig::default();
-//! let info = probe(&config, "babyai", "BabyAI-GoToLocal-v0").unwrap();
 //! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 7, 64);
+//! let info = probe(&config, &spec).unwrap();
 //! let tasks = vec![GymTask { task_id: "goto/7".into(), spec }];
 //! let bins = info.action.bins();
 //! let world = GymEpisodes::new(&config, &tasks, 8, &bins).unwrap(); // G = 8
@@ -61,8 +65,9 @@ pub use expert::{Demonstration, DemonstrationDecision, expert_demonstrations};
 
 use worker::{Fault, Reply, Worker};
 
-/// The Python the workers run when `EMBODYFLOW_GYM_PYTHON` is not set: the
-/// workspace's `.venv` (scripts/setup), found from this crate's directory.
+/// The Python the workers run when neither a stage's `bridge.python` key nor
+/// `EMBODYFLOW_GYM_PYTHON` names one: the workspace's `.venv`
+/// (scripts/setup), found from this crate's directory.
 pub const DEFAULT_PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
 
 /// The environment variable naming another Python for the workers.
@@ -93,8 +98,19 @@ pub struct BridgeConfig {
     /// imports and first environment), when longer than `timeout`
     /// (default [`STARTUP_TIMEOUT`]); after that frame `timeout` applies.
     pub startup_timeout: Duration,
-    /// The Python interpreter.
+    /// The Python interpreter (any with the packages the adapters need;
+    /// the worker's own package is put on its `PYTHONPATH`).
     pub python: PathBuf,
+}
+
+impl BridgeConfig {
+    /// The interpreter a stage runs: its config key's when set, else
+    /// `$EMBODYFLOW_GYM_PYTHON`, else [`DEFAULT_PYTHON`].
+    pub fn python(key: Option<&std::path::Path>) -> PathBuf {
+        key.map(PathBuf::from)
+            .or_else(|| std::env::var_os(PYTHON_VAR).map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON))
+    }
 }
 
 impl Default for BridgeConfig {
@@ -105,19 +121,89 @@ impl Default for BridgeConfig {
             workers: 1,
             timeout: Duration::from_secs(60),
             startup_timeout: STARTUP_TIMEOUT,
-            python: std::env::var_os(PYTHON_VAR)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON)),
+            python: BridgeConfig::python(None),
+        }
+    }
+}
+
+/// When an episode of an adapter that takes a rule (the `generic` one)
+/// succeeds. Written as text: `info`, `terminal_reward`, `survive`,
+/// `return_at_least:X`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum SuccessRule {
+    /// The step's `info["success"]` or `info["is_success"]` is true (the
+    /// default where the env reports one of them).
+    Info,
+    /// The episode terminates with a positive reward (MiniGrid's goal
+    /// convention; only when asked for: CartPole's pole falls with reward 1).
+    TerminalReward,
+    /// The episode reaches its end (truncation or the task's `max_steps`)
+    /// without terminating (CartPole's balance).
+    Survive,
+    /// The episode's summed reward is at least this when it ends.
+    ReturnAtLeast(f64),
+}
+
+impl SuccessRule {
+    /// The rules, as `generate-tasks --help` and messages list them.
+    pub const CHOICES: &'static str = "info (the env's info[\"success\"] / info[\"is_success\"]; the default where the env reports one), terminal_reward (terminated with a positive reward), survive (reaching truncation or max_steps without terminating), return_at_least:X (a return of at least X at the end)";
+}
+
+impl std::str::FromStr for SuccessRule {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<SuccessRule, String> {
+        let rule = match text.split_once(':') {
+            None if text == "info" => Some(SuccessRule::Info),
+            None if text == "terminal_reward" => Some(SuccessRule::TerminalReward),
+            None if text == "survive" => Some(SuccessRule::Survive),
+            Some(("return_at_least", x)) => x
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .map(SuccessRule::ReturnAtLeast),
+            _ => None,
+        };
+        rule.ok_or_else(|| format!("success rule `{text}`: expected one of {}", SuccessRule::CHOICES))
+    }
+}
+
+impl TryFrom<String> for SuccessRule {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<SuccessRule, String> {
+        text.parse()
+    }
+}
+
+impl From<SuccessRule> for String {
+    fn from(rule: SuccessRule) -> String {
+        rule.to_string()
+    }
+}
+
+impl std::fmt::Display for SuccessRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SuccessRule::Info => write!(f, "info"),
+            SuccessRule::TerminalReward => write!(f, "terminal_reward"),
+            SuccessRule::Survive => write!(f, "survive"),
+            SuccessRule::ReturnAtLeast(x) => write!(f, "return_at_least:{x}"),
         }
     }
 }
 
 /// One task of a Gymnasium environment: which adapter and env, the reset
-/// seed, the step budget and the adapter's keyword arguments. Stored as
-/// JSON in the tasks table's `observation` column ([`task_row`]).
+/// seed, the step budget, the adapter's keyword arguments and the success
+/// rule. Stored as JSON in the tasks table's `observation` column
+/// ([`task_row`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GymTaskSpec {
-    /// The adapter module (`babyai`, `metaworld`, `generic`, `faulty`, …).
+    /// The adapter: a name registered in the entry-point group
+    /// `embodyflow_gym.adapters` (`babyai`, `metaworld`, `generic`, a
+    /// user's), or `module:function`.
     pub adapter: String,
     /// The environment id the adapter builds (`BabyAI-GoToLocal-v0`,
     /// `reach-v3`, …).
@@ -134,6 +220,11 @@ pub struct GymTaskSpec {
     /// adapter); BabyAI's mission and Meta-World's sentence take precedence.
     #[serde(default)]
     pub instruction: Option<String>,
+    /// When an episode succeeds, for an adapter that takes a rule
+    /// (`generic`); `None`: the adapter's own (the generic adapter's is
+    /// `info` where the env reports success, else it refuses the task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<SuccessRule>,
 }
 
 fn empty_object() -> Value {
@@ -150,6 +241,7 @@ impl GymTaskSpec {
             max_steps,
             kwargs: empty_object(),
             instruction: None,
+            success: None,
         }
     }
 
@@ -340,6 +432,10 @@ pub struct AdapterInfo {
     pub instruction: bool,
     /// Whether it has a scripted expert.
     pub expert: bool,
+    /// The success rule it applies (an adapter that takes a rule announces
+    /// the one in force: the task's, or the default it chose); `None` when
+    /// the adapter decides success itself.
+    pub success: Option<SuccessRule>,
 }
 
 impl AdapterInfo {
@@ -366,6 +462,10 @@ impl AdapterInfo {
             action: ActionSpace::from_json(header.get("action")?)?,
             instruction: header.get("instruction")?.as_bool()?,
             expert: header.get("expert")?.as_bool()?,
+            success: match header.get("success") {
+                None | Some(Value::Null) => None,
+                Some(rule) => Some(rule.as_str()?.parse().ok()?),
+            },
         })
     }
 }
@@ -458,7 +558,8 @@ pub(crate) fn hello(
 ) -> Result<AdapterInfo, BridgeError> {
     let request = json!({
         "op": "hello", "adapter": spec.adapter, "env_id": spec.env_id,
-        "kwargs": spec.kwargs, "seed": spec.seed,
+        "kwargs": spec.kwargs, "seed": spec.seed, "max_steps": spec.max_steps,
+        "success": spec.success,
     });
     let what = format!("hello ({} {})", spec.adapter, spec.env_id);
     let (timeout, start) = (pool.config().timeout, pool.config().startup_timeout);
@@ -495,21 +596,19 @@ pub(crate) fn hello(
     }
 }
 
-/// What `adapter`'s environment `env_id` looks like, asked of a fresh
-/// worker (which then exits). An unknown adapter, an env id that does not
-/// exist, a missing package or a Python that cannot be started is bad
-/// input naming what is missing and how to install it; a worker that dies
-/// [`START_ATTEMPTS`] times is a failure ([`BridgeError::Startup`]).
-pub fn probe(
-    config: &BridgeConfig,
-    adapter: &str,
-    env_id: &str,
-) -> Result<AdapterInfo, BridgeError> {
+/// What the environment of `spec` looks like (built as the task builds it:
+/// its kwargs, `max_steps` and success rule), asked of a fresh worker
+/// (which then exits). An unknown adapter, an env id that does not exist,
+/// a missing package, an env without a success signal and no rule, or a
+/// Python that cannot be started is bad input naming what is missing and
+/// how to supply it; a worker that dies [`START_ATTEMPTS`] times is a
+/// failure ([`BridgeError::Startup`]).
+pub fn probe(config: &BridgeConfig, spec: &GymTaskSpec) -> Result<AdapterInfo, BridgeError> {
     let mut pool = Pool::new(&BridgeConfig {
         workers: 1,
         ..config.clone()
     })?;
-    hello(&mut pool, 0, &GymTaskSpec::new(adapter, env_id, 0, 1))
+    hello(&mut pool, 0, spec)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_gym::{
-    ActionSpace, BridgeConfig, BridgeError, GymEpisodes, GymTask, GymTaskSpec,
+    ActionSpace, BridgeConfig, BridgeError, GymEpisodes, GymTask, GymTaskSpec, SuccessRule,
     expert_demonstrations, probe,
 };
 use embodyflow_rollout::closed_loop::{
@@ -33,6 +33,11 @@ fn config(workers: usize) -> BridgeConfig {
         timeout: Duration::from_secs(20),
         ..BridgeConfig::default()
     }
+}
+
+/// A spec of `adapter`'s `env_id` for probing (seed 0, 1 step).
+fn spec(adapter: &str, env_id: &str) -> GymTaskSpec {
+    GymTaskSpec::new(adapter, env_id, 0, 1)
 }
 
 fn task(task_id: &str, spec: GymTaskSpec) -> GymTask {
@@ -401,14 +406,14 @@ fn two_hung_workers_both_name_the_whole_timeout() {
 #[test]
 fn bad_input_is_named_before_anything_runs() {
     let config = config(1);
-    let error = probe(&config, "nope", "X-v0").unwrap_err();
+    let error = probe(&config, &spec("nope", "X-v0")).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
     let text = error.to_string();
     assert!(
-        text.contains("unknown adapter `nope`; available: babyai, faulty, generic, metaworld"),
+        text.contains("unknown adapter `nope`; available: babyai, generic, metaworld (an adapter registers in the entry-point group `embodyflow_gym.adapters`"),
         "{text}"
     );
-    let error = probe(&config, "babyai", "BabyAI-Nope-v0").unwrap_err();
+    let error = probe(&config, &spec("babyai", "BabyAI-Nope-v0")).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
     assert!(
         error
@@ -416,14 +421,14 @@ fn bad_input_is_named_before_anything_runs() {
             .contains("environment `BabyAI-Nope-v0` does not exist"),
         "{error}"
     );
-    let error = probe(&config, "metaworld", "fly-v3").unwrap_err();
+    let error = probe(&config, &spec("metaworld", "fly-v3")).unwrap_err();
     assert!(
         error
             .to_string()
             .contains("`fly-v3` is not a Meta-World v3 task"),
         "{error}"
     );
-    let info = probe(&config, "babyai", BABYAI).unwrap();
+    let info = probe(&config, &spec("babyai", BABYAI)).unwrap();
     assert_eq!(info.action, ActionSpace::Discrete { n: 7 });
     assert!(info.expert && info.instruction);
     // The policy's bins must give each of the 7 actions its own bin.
@@ -438,7 +443,7 @@ fn bad_input_is_named_before_anything_runs() {
         python: "/nonexistent/python".into(),
         ..config.clone()
     };
-    let error = probe(&missing, "babyai", BABYAI).unwrap_err();
+    let error = probe(&missing, &spec("babyai", BABYAI)).unwrap_err();
     assert!(matches!(error, BridgeError::Python { .. }));
     assert!(error.to_string().contains("run scripts/setup"), "{error}");
     let bare = BridgeConfig {
@@ -446,7 +451,7 @@ fn bad_input_is_named_before_anything_runs() {
         ..config
     };
     if bare.python.exists() {
-        let error = probe(&bare, "babyai", BABYAI).unwrap_err();
+        let error = probe(&bare, &spec("babyai", BABYAI)).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::BadInput);
         let text = error.to_string();
         assert!(
@@ -461,10 +466,11 @@ fn bad_input_is_named_before_anything_runs() {
 fn the_generic_adapter_runs_a_vector_env_with_the_specs_instruction() {
     let mut spec = GymTaskSpec::new("generic", "CartPole-v1", 5, 30);
     spec.instruction = Some("balance the pole".into());
-    // CartPole's termination is the pole falling: no success by "info".
-    spec.kwargs = json!({"success": "info"});
+    // CartPole's termination is the pole falling: it survives or fails.
+    spec.success = Some(SuccessRule::Survive);
     let tasks = vec![task("cartpole/5", spec)];
-    let info = probe(&config(1), "generic", "CartPole-v1").unwrap();
+    let info = probe(&config(1), &tasks[0].spec).unwrap();
+    assert_eq!(info.success, Some(SuccessRule::Survive));
     assert_eq!(info.action, ActionSpace::Discrete { n: 2 });
     assert!(!info.expert);
     let mut world = GymEpisodes::new(&config(1), &tasks, 2, &info.action.bins()).unwrap();
@@ -492,6 +498,66 @@ fn the_generic_adapter_runs_a_vector_env_with_the_specs_instruction() {
         error.to_string().contains("has no scripted expert"),
         "{error}"
     );
+}
+
+/// CartPole episodes of seeds 0..8 under `rule`, always pushing right (the
+/// pole falls within about 10 steps, as an untrained policy lets it).
+fn cartpole(rule: SuccessRule, max_steps: u32) -> ClosedLoopRun {
+    let tasks: Vec<GymTask> = (0..8)
+        .map(|seed| {
+            let mut spec = GymTaskSpec::new("generic", "CartPole-v1", seed, max_steps);
+            spec.success = Some(rule.clone());
+            task(&format!("cartpole/{seed}"), spec)
+        })
+        .collect();
+    let info = probe(&config(1), &tasks[0].spec).unwrap();
+    assert_eq!(info.success, Some(rule));
+    let mut world = GymEpisodes::new(&config(1), &tasks, 1, &info.action.bins()).unwrap();
+    run(&mut world, 1, max_steps as usize, |_, _, _| vec![1])
+}
+
+#[test]
+fn success_is_the_tasks_explicit_rule_and_a_fall_is_no_success() {
+    // No success signal in CartPole's info and no rule: refused, naming the rules.
+    let error = probe(&config(1), &spec("generic", "CartPole-v1")).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    let text = error.to_string();
+    assert!(
+        text.contains("gives no success signal")
+            && ["info", "terminal_reward", "survive", "return_at_least:X"]
+                .iter()
+                .all(|rule| text.contains(rule)),
+        "{text}"
+    );
+    // Under `survive` every fall is a failure (the old default counted
+    // each fall, terminated with reward 1, as a success).
+    let fell = cartpole(SuccessRule::Survive, 200);
+    for episode in &fell.episodes {
+        assert!(episode.env_steps < 20 && !episode.success, "{episode:?}");
+    }
+    // `terminal_reward` means what it says, when a user asks for it.
+    let rewarded = cartpole(SuccessRule::TerminalReward, 200);
+    assert!(rewarded.episodes.iter().all(|e| e.success));
+    // Reaching max_steps without a fall is surviving.
+    let survived = cartpole(SuccessRule::Survive, 5);
+    for episode in &survived.episodes {
+        assert!(episode.env_steps == 5 && episode.success, "{episode:?}");
+    }
+    // A return of at least 9 (one reward per step): the episodes that
+    // lasted 9 steps.
+    let returns = cartpole(SuccessRule::ReturnAtLeast(9.0), 200);
+    assert!(returns.episodes.iter().any(|e| e.success));
+    assert!(returns.episodes.iter().any(|e| !e.success));
+    for (episode, fall) in returns.episodes.iter().zip(&fell.episodes) {
+        assert_eq!(episode.env_steps, fall.env_steps);
+        assert_eq!(episode.success, episode.env_steps >= 9, "{episode:?}");
+    }
+    // An adapter that decides success itself takes no rule.
+    let mut ruled = spec("babyai", BABYAI);
+    ruled.success = Some(SuccessRule::Info);
+    let error = probe(&config(1), &ruled).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    assert!(error.to_string().contains("decides success itself"), "{error}");
 }
 
 #[test]
@@ -976,7 +1042,7 @@ impl ChunkPolicy for TextReader {
 
 #[test]
 fn a_text_observation_reaches_each_decisions_prompt() {
-    let info = probe(&config(1), "generic", TEXT_ENV).unwrap();
+    let info = probe(&config(1), &spec("generic", TEXT_ENV)).unwrap();
     // "you are in room 4; the key is in room 4": the Text space's max_length.
     assert_eq!(info.text, 39);
     assert_eq!(info.shape.pixel_len() + info.shape.proprio, 0);
@@ -1063,7 +1129,10 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
     // mission: a space of strings}; "minigrid:" imports the package that
     // registers the id.
     let env_id = "minigrid:MiniGrid-Empty-5x5-v0";
-    let info = probe(&config(1), "generic", env_id).unwrap();
+    let mut empty = GymTaskSpec::new("generic", env_id, 1, 8);
+    // MiniGrid reports no success in its info: its goal gives a reward.
+    empty.success = Some(SuccessRule::TerminalReward);
+    let info = probe(&config(1), &empty).unwrap();
     assert_eq!(
         info.shape,
         ObservationShape {
@@ -1077,7 +1146,7 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
         info.text, 256,
         "a mission space has no bound: text_max_length"
     );
-    let tasks = vec![task("empty/1", GymTaskSpec::new("generic", env_id, 1, 8))];
+    let tasks = vec![task("empty/1", empty.clone())];
     let world = GymEpisodes::new(&config(1), &tasks, 1, &info.action.bins()).unwrap();
     assert_eq!(
         world.observation_text(0),
@@ -1085,7 +1154,7 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
     );
     // A text longer than the bound the kwargs announce fails its episode
     // at the reset, named.
-    let mut short = GymTaskSpec::new("generic", env_id, 1, 8);
+    let mut short = empty;
     short.kwargs = json!({"text_max_length": 5});
     let world = GymEpisodes::new(
         &config(1),
@@ -1103,7 +1172,7 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
         "{failure}"
     );
     // A space the adapter does not take is bad input naming it.
-    let error = probe(&config(1), "generic", "Blackjack-v1").unwrap_err();
+    let error = probe(&config(1), &spec("generic", "Blackjack-v1")).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
     assert!(error.to_string().contains("Tuple("), "{error}");
 }

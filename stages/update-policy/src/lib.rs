@@ -4,8 +4,12 @@
 //! `<out>/metrics.csv`, see [`metrics_csv`]).
 //!
 //! - `objective = "sft"`: cross-entropy on the expert answers of the tasks in
-//!   the input `tasks` table (`sft.demos_per_task_type = N` keeps the first N
-//!   tasks of each task type: one-demonstration SFT); `sft.context =
+//!   the input `tasks` table (`sft.demos_per_task = N | all`, default 1,
+//!   keeps the first N rows of each task — rows of one task drawn at several
+//!   initial states share `TaskRow::task_key`, so the default is
+//!   one-demonstration SFT and a table of one row per task trains on every
+//!   row; `sft.demos_per_task_type = N` then keeps the first N of each task
+//!   type); `sft.context =
 //!   reference` trains on the teacher context of `teacher-logp` (the prompt
 //!   with the ground-truth plan, `sft.template`), `both` on both contexts (a
 //!   generalist teacher for forward_proxy);
@@ -90,7 +94,7 @@ use embodyflow_models::hf::HfNet;
 use embodyflow_models::optimizer::{AdamW, AdamWConfig, LrSchedule, OptimizerState};
 use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, score_responses};
 use embodyflow_models::tokenizer::encode;
-use embodyflow_models::vla::{Vla, WarmupConfig};
+use embodyflow_models::vla::{VALUE_HEAD, Vla, WarmupConfig};
 use embodyflow_worlds::BridgeKeys;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -258,7 +262,12 @@ impl Default for OptimConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SftConfig {
-    /// Keep only the first N tasks of each task type.
+    /// Keep the first N rows of each task (`TaskRow::task_key`); 1 by
+    /// default: one demonstration per task, from its first initial state
+    /// (SimpleVLA-RL's one-trajectory SFT).
+    pub demos_per_task: DemosPerTask,
+    /// Then keep only the first N tasks of each task type (one per task
+    /// type: the household study's held-out-combination SFT).
     pub demos_per_task_type: Option<usize>,
     /// The context each expert answer is trained after.
     pub context: SftContext,
@@ -282,12 +291,52 @@ pub struct SftConfig {
 impl Default for SftConfig {
     fn default() -> Self {
         SftConfig {
+            demos_per_task: DemosPerTask::First(1),
             demos_per_task_type: None,
             context: SftContext::default(),
             template: ContextTemplates::default(),
             expert_noise: 0.05,
             warmup: WarmupConfig::default(),
             bridge: BridgeKeys::default(),
+        }
+    }
+}
+
+/// How many rows of each task SFT keeps: the first N, or `all` (full SFT:
+/// every initial state's demonstration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemosPerTask {
+    /// Every row.
+    All,
+    /// The first N rows, in table order.
+    First(usize),
+}
+
+impl Serialize for DemosPerTask {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match *self {
+            DemosPerTask::All => s.serialize_str("all"),
+            DemosPerTask::First(n) => s.serialize_u64(n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DemosPerTask {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(usize),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(DemosPerTask::First(n)),
+            Raw::Word(w) if w == "all" => Ok(DemosPerTask::All),
+            Raw::Word(w) => w.parse().map(DemosPerTask::First).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "`{w}`: expected a number of demonstrations per task or `all`"
+                ))
+            }),
         }
     }
 }
@@ -379,6 +428,10 @@ impl StageConfig for Config {
             "sequences per mini-batch (veRL ppo_mini_batch_size)",
         ),
         (
+            "lapo.critic_optim",
+            "LAPO: the value head's optimiser: own (its own rate, lapo.value_lr_scale x optim.lr, LaST-R1) or shared (one rate)",
+        ),
+        (
             "lapo.latent_sigma",
             "LAPO: sigma of the latent ratio exp(-0.5 sum ||z_old - z||^2 / sigma^2) (LaST-R1: 10)",
         ),
@@ -389,6 +442,10 @@ impl StageConfig for Config {
         (
             "lapo.value_coef",
             "LAPO: weight of the value loss in the total (LaST-R1: 1)",
+        ),
+        (
+            "lapo.value_lr_scale",
+            "LAPO: the value head's rate as a multiple of optim.lr with critic_optim = own (LaST-R1: 10)",
         ),
         (
             "lapo.w_action",
@@ -459,8 +516,16 @@ impl StageConfig for Config {
             "context each expert answer is trained after: prompt, reference or both",
         ),
         (
+            "sft.demos_per_task",
+            "keep the first N rows of each task (rows sharing the task id before `@`: one task's initial states), or all; 1: one demonstration per task",
+        ),
+        (
             "sft.demos_per_task_type",
-            "keep only the first N tasks of each task type (unset: all)",
+            "then keep only the first N tasks of each task type (unset: all)",
+        ),
+        (
+            "sft.bridge.python",
+            "bridge tasks: the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
         ),
         (
             "sft.bridge.timeout_s",
@@ -544,6 +609,9 @@ impl StageConfig for Config {
             ),
             "none",
         )?;
+        if let DemosPerTask::First(n) = self.sft.demos_per_task {
+            at_least("sft.demos_per_task", n, 1)?;
+        }
         if let Some(n) = self.sft.demos_per_task_type {
             at_least("sft.demos_per_task_type", n, 1)?;
         }
@@ -685,6 +753,10 @@ pub struct ExampleThought {
     /// Latents before the chosen `<latent_end>` (one of the checkpoint's
     /// candidate lengths).
     pub latent_len: usize,
+    /// The warm-up's candidate lengths, `latent_len` drawn anew from them
+    /// every epoch ([`vla::thinking::redraw_warmup_lengths`]); empty for
+    /// LAPO (the rollout chose its stop).
+    pub warmup_lengths: Vec<usize>,
     /// The rollout's log-prob of that stop (LAPO; 0 for SFT).
     pub old_stop_logprob: f32,
     /// The rollout's value estimate (LAPO; 0 for SFT).
@@ -831,15 +903,42 @@ pub fn store_observations(
     Ok(examples)
 }
 
-/// The tasks SFT trains on: all, or the first `per_type` of each task type.
-pub fn kept_tasks(tasks: &[TaskRow], per_type: Option<usize>) -> Vec<&TaskRow> {
-    let mut taken: HashMap<Option<&str>, usize> = HashMap::new();
+/// The rows SFT trains on, in table order: the first
+/// `sft.demos_per_task` rows of each task ([`TaskRow::task_key`]), then of
+/// those the first `sft.demos_per_task_type` tasks of each task type.
+///
+/// ```
+/// use embodyflow_core::schemas::TaskRow;
+/// use embodyflow_update_policy::{DemosPerTask, SftConfig, kept_tasks};
+/// let row = |id: &str, kind: &str| TaskRow {
+///     task_id: id.into(), suite: "s".into(), env: "tabletop".into(), split: "train".into(),
+///     task_type: Some(kind.into()), seed: 0, instruction: "i".into(), observation: None, gt_actions: None,
+/// };
+/// let rows = [row("a@train/0", "x"), row("a@train/1", "x"), row("b@train/0", "x"), row("c", "y")];
+/// let ids = |sft: &SftConfig| kept_tasks(&rows, sft).iter().map(|r| r.task_id.clone()).collect::<Vec<_>>();
+/// assert_eq!(ids(&SftConfig::default()), ["a@train/0", "b@train/0", "c"]);
+/// let all = SftConfig { demos_per_task: DemosPerTask::All, ..SftConfig::default() };
+/// assert_eq!(ids(&all).len(), 4);
+/// let per_type = SftConfig { demos_per_task_type: Some(1), ..SftConfig::default() };
+/// assert_eq!(ids(&per_type), ["a@train/0", "c"]);
+/// ```
+pub fn kept_tasks<'a>(tasks: &'a [TaskRow], sft: &SftConfig) -> Vec<&'a TaskRow> {
+    let mut per_task: HashMap<&str, usize> = HashMap::new();
+    let mut per_type: HashMap<Option<&str>, usize> = HashMap::new();
     tasks
         .iter()
         .filter(|row| {
-            let count = taken.entry(row.task_type.as_deref()).or_default();
+            let count = per_task.entry(row.task_key()).or_default();
             *count += 1;
-            per_type.is_none_or(|limit| *count <= limit)
+            match sft.demos_per_task {
+                DemosPerTask::All => true,
+                DemosPerTask::First(limit) => *count <= limit,
+            }
+        })
+        .filter(|row| {
+            let count = per_type.entry(row.task_type.as_deref()).or_default();
+            *count += 1;
+            sft.demos_per_task_type.is_none_or(|limit| *count <= limit)
         })
         .collect()
 }
@@ -1031,7 +1130,7 @@ pub fn sft_examples<M: PlanNet>(
         sft.template.check()?;
     }
     let mut examples = Vec::new();
-    for row in kept_tasks(tasks, sft.demos_per_task_type) {
+    for row in kept_tasks(tasks, sft) {
         let env = TaskEnv::from_row(row, 0)?;
         let answer = env.expert_answer().ok_or_else(|| {
             Error::BadInput(format!(
@@ -1258,6 +1357,7 @@ fn example_thought(step: &StepRow, advantage: &AdvantageRow) -> Result<ExampleTh
         latents,
         latent_dim: latent_dim as usize,
         latent_len: latent_len as usize,
+        warmup_lengths: Vec::new(),
         old_stop_logprob,
         old_value,
         target_return,
@@ -1310,6 +1410,9 @@ pub fn train<M: Trainable>(
     M::check_examples(policy, examples)?;
     let optim = &config.optim;
     let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
+    if config.objective == Objective::Lapo {
+        optimizer = optimizer.with_lr_scale(VALUE_HEAD, config.lapo.value_lr_factor());
+    }
     let started = Instant::now();
     let mut metrics = Vec::new();
     let mut tokens = 0u64;
@@ -1317,11 +1420,13 @@ pub fn train<M: Trainable>(
     let per_step = config.mini_batch.saturating_mul(config.grad_accumulation);
     let steps_per_epoch = examples.len().div_ceil(per_step);
     let bar = progress::bar((steps_per_epoch * config.epochs) as u64, "updating");
+    let all_examples = examples;
     for epoch in 0..config.epochs {
+        let epoch_seed = seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let redrawn = vla::thinking::redraw_warmup_lengths(all_examples, epoch_seed);
+        let examples = redrawn.as_deref().unwrap_or(all_examples);
         let mut order: Vec<usize> = (0..examples.len()).collect();
-        order.shuffle(&mut ChaCha8Rng::seed_from_u64(
-            seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        ));
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(epoch_seed));
         // One optimizer step per `grad_accumulation` mini-batches.
         for step in order.chunks(per_step) {
             let denominators = Denominators {

@@ -10,7 +10,8 @@
 //! after step (token `t` is dimension `t % D` of action `t / D`).
 //!
 //! - SFT (behaviour cloning, [`sft_examples`]): for each kept tabletop task
-//!   (`sft.demos_per_task_type`), the scripted expert's grasping
+//!   ([`crate::kept_tasks`]: by default the first row of each task, i.e.
+//!   one initial state per task), the scripted expert's grasping
 //!   demonstration (`embodyflow_tabletop::demonstration`, noise
 //!   `sft.expert_noise` seeded by `sampling_seed(--seed, task id)`) cut
 //!   into decisions of `K = chunk_len` actions observed at the checkpoint's
@@ -36,7 +37,7 @@
 //!
 //! ```text
 //! update-policy --policy runs/vla --input runs/tasks --out runs/bc \
-//!     --set objective=sft --set sft.demos_per_task_type=1 --set epochs=50
+//!     --set objective=sft --set sft.demos_per_task=1 --set epochs=50
 //! ```
 
 use embodyflow_core::observation::{self, ObservationShape};
@@ -153,7 +154,7 @@ pub fn sft_examples(
         }
         .into());
     }
-    let kept = kept_tasks(tasks, sft.demos_per_task_type);
+    let kept = kept_tasks(tasks, sft);
     if kept
         .first()
         .is_some_and(|row| row.env.starts_with(gym::ENV_PREFIX))
@@ -285,7 +286,7 @@ fn bridge_sft_examples(
         .collect::<Result<_, _>>()?;
     let bridge = sft.bridge.config();
     let first = &tasks[0].spec;
-    let info = gym::probe(&bridge, &first.adapter, &first.env_id).map_err(|e| bad(&e))?;
+    let info = gym::probe(&bridge, first).map_err(|e| bad(&e))?;
     let sampler = VlaPolicy::new(policy, 0.0)?;
     let bins = sampler.bins();
     info.action

@@ -14,12 +14,25 @@
 //! (see `embodyflow_tabletop::rows`); their ids read
 //! `tabletop-<suite>/<split>/<seed>/<index>`.
 //!
+//! `protocol` picks what a tabletop table holds. `layouts` (the default):
+//! `count` tasks of `split`, val being the train combinations in new
+//! layouts and unseen the held-out goals. `initial-states` (LIBERO's
+//! protocol, `embodyflow_tabletop::initial_state`): `count` tasks of one
+//! `suite` (the goal suite has seven), each at `states` initial states
+//! (LIBERO: 50) of `split` = `train`, `val` or `test` — disjoint draws of
+//! the same tasks, state-major (every task's state 0, then state 1, ...),
+//! ids `tabletop-<suite>/<seed>/<index>@<split>/<state>`. `split = test`
+//! belongs to this protocol alone.
+//!
 //! `env = gym` writes tasks of Gymnasium environments run through the
 //! bridge ([`embodyflow_gym`]): `gym.adapter` (`babyai`, `metaworld`, ...),
 //! `gym.env_ids` (task `i` is index `i div n` of env id `i mod n`, so a
 //! list of BabyAI levels alternates), `gym.max_steps`, `gym.kwargs` (the
-//! adapter's, for every task) and `gym.instruction` (for environments that
-//! give none, as the generic adapter's). Each task's reset
+//! adapter's, for every task), `gym.instruction` (for environments that
+//! give none, as the generic adapter's), `gym.success` (the success rule
+//! of adapters that take one, [`SuccessRule`]: the rule in force, the
+//! adapter's default when unset, is written into every spec and named in
+//! the summary) and `gym.python` (the workers' interpreter). Each task's reset
 //! seed is a hash of `--seed`, the split, the env id and the index (so the
 //! splits hold disjoint seeds: held-out seeds for val and unseen), its
 //! `task_type` is its env id and its instruction is the one the environment
@@ -31,6 +44,8 @@
 //! ```text
 //! generate-tasks --out data/val --set split=val --set count=200 --seed 7
 //! generate-tasks --out data/tabletop-train --set env=tabletop --set suite=spatial --set count=500 --seed 7
+//! generate-tasks --out data/goal-test --set env=tabletop --set suite=goal --set protocol=initial-states \
+//!     --set count=7 --set states=50 --set split=test --seed 1
 //! generate-tasks --out data/babyai-train --set env=gym --set gym.adapter=babyai \
 //!     --set 'gym.env_ids=["BabyAI-GoToLocal-v0","BabyAI-PickupLoc-v0"]' --set count=64 --seed 7
 //! ```
@@ -47,7 +62,7 @@ use serde::{Deserialize, Serialize};
 
 use embodyflow_tabletop as tabletop;
 
-use embodyflow_gym::{self as gym, GymTask, GymTaskSpec};
+use embodyflow_gym::{self as gym, GymTask, GymTaskSpec, SuccessRule};
 use embodyflow_household::task::generate_task;
 use embodyflow_household::{Split, TaskType, task_row};
 use embodyflow_rollout::closed_loop::ClosedLoopWorld;
@@ -97,6 +112,14 @@ pub struct GymKeys {
     /// The instruction of environments that give none (the generic
     /// adapter's); an environment's own (BabyAI's mission) comes first.
     pub instruction: Option<String>,
+    /// When an episode succeeds, for adapters that take a rule (the
+    /// generic one); unset: the adapter's default (`info` where the env
+    /// reports success, else the adapter refuses naming the rules). The
+    /// rule in force is written into every task's spec.
+    pub success: Option<SuccessRule>,
+    /// The bridge workers' Python (unset: `$EMBODYFLOW_GYM_PYTHON`, else
+    /// the workspace's `.venv`).
+    pub python: Option<std::path::PathBuf>,
 }
 
 impl Default for GymKeys {
@@ -108,6 +131,8 @@ impl Default for GymKeys {
             workers: 1,
             kwargs: serde_json::json!({}),
             instruction: None,
+            success: None,
+            python: None,
         }
     }
 }
@@ -142,6 +167,17 @@ impl SuiteChoice {
     }
 }
 
+/// What a tabletop table holds (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// `count` tasks, each in a layout of its own split.
+    #[default]
+    Layouts,
+    /// `count` tasks at `states` initial states each (LIBERO's protocol).
+    InitialStates,
+}
+
 /// The stage's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -154,6 +190,10 @@ pub struct Config {
     pub count: usize,
     /// Tabletop suite (`all` when unset); refused with `env = household`.
     pub suite: Option<SuiteChoice>,
+    /// Tabletop: layouts or LIBERO's initial states.
+    pub protocol: Protocol,
+    /// Initial states per task (`protocol = initial-states`).
+    pub states: u32,
     /// Gymnasium environments (`env = gym`).
     pub gym: GymKeys,
     /// Output layout.
@@ -167,6 +207,8 @@ impl Default for Config {
             split: Split::Train,
             count: 1000,
             suite: None,
+            protocol: Protocol::Layouts,
+            states: tabletop::STATES_PER_TASK,
             gym: GymKeys::default(),
             output: OutputConfig::default(),
         }
@@ -200,11 +242,27 @@ impl StageConfig for Config {
             "the instruction of environments that give none (the generic adapter's)",
         ),
         (
+            "gym.python",
+            "the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
+        ),
+        (
+            "gym.success",
+            "when an episode succeeds (adapters that take a rule, e.g. generic): info (the env's info success; the default where the env reports one), terminal_reward (terminated with a positive reward), survive (reaching truncation or max_steps without terminating), return_at_least:X (a return of at least X at the end); unset and no info signal: refused",
+        ),
+        (
             "gym.workers",
             "bridge workers resetting the tasks to read their instructions (at least 1)",
         ),
         ("count", "number of tasks to generate (at least 1)"),
-        ("split", "task split: train, val or unseen"),
+        (
+            "protocol",
+            "tabletop: layouts (val = new layouts, unseen = held-out goals) or initial-states (LIBERO's: count tasks at `states` initial states each; split train, val or test)",
+        ),
+        ("split", "task split: train, val, unseen, or test (protocol = initial-states)"),
+        (
+            "states",
+            "initial states per task with protocol = initial-states (LIBERO: 50; at least 1)",
+        ),
         (
             "suite",
             "tabletop suite: spatial, object, goal, long or all (all when unset; env = tabletop only)",
@@ -217,6 +275,46 @@ impl StageConfig for Config {
 
     fn validate(&self) -> Result<()> {
         at_least("count", self.count, 1)?;
+        at_least("states", self.states, 1)?;
+        let states = self.protocol == Protocol::InitialStates;
+        ensure(
+            !states || self.env == Env::Tabletop,
+            "protocol",
+            "initial-states with env = tabletop only",
+            "initial-states",
+        )?;
+        ensure(
+            !(states && self.split == Split::Unseen),
+            "split",
+            "train, val or test with protocol = initial-states (held-out goals are the layouts protocol's unseen)",
+            self.split,
+        )?;
+        ensure(
+            states || self.split != Split::Test,
+            "split",
+            "train, val or unseen (test is the initial-states protocol's: set protocol = initial-states)",
+            self.split,
+        )?;
+        if states {
+            let suite = match self.suite {
+                None | Some(SuiteChoice::All) => None,
+                Some(choice) => Some(choice.task(0).0),
+            };
+            let suite = suite.ok_or_else(|| {
+                embodyflow_core::Error::BadValue {
+                    key: "suite".into(),
+                    reason: "protocol = initial-states draws the tasks of one suite: spatial, object, goal or long".into(),
+                }
+            })?;
+            if let Some(n) = tabletop::protocol_tasks(suite) {
+                ensure(
+                    self.count as u64 <= n,
+                    "count",
+                    &format!("at most {n}: the {suite} suite's tasks under protocol = initial-states"),
+                    self.count,
+                )?;
+            }
+        }
         at_least("gym.max_steps", self.gym.max_steps, 1)?;
         at_least("gym.workers", self.gym.workers, 1)?;
         ensure(
@@ -290,15 +388,30 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
         }
         Env::Tabletop => {
             let choice = config.suite.unwrap_or(SuiteChoice::All);
+            // (task index within its suite, initial state) in table order.
+            let keys: Vec<(usize, Option<u32>)> = match config.protocol {
+                Protocol::Layouts => (0..config.count).map(|i| (i, None)).collect(),
+                Protocol::InitialStates => (0..config.states)
+                    .flat_map(|state| (0..config.count).map(move |i| (i, Some(state))))
+                    .collect(),
+            };
             let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
             let mut owned = 0usize;
-            for i in 0..config.count {
+            for (i, state) in keys {
                 let (suite, index) = choice.task(i);
-                let id = tabletop::suite::task_id_of(suite.as_str(), split.as_str(), seed, index);
+                let (name, split) = (suite.as_str(), split.as_str());
+                let id = match state {
+                    Some(state) => tabletop::suite::state_id_of(name, split, seed, index, state),
+                    None => tabletop::suite::task_id_of(name, split, seed, index),
+                };
                 if !stage.args.shard.owns(&id) {
                     continue;
                 }
-                let task = tabletop::generate(suite, split, seed, index);
+                let task = match state {
+                    Some(state) => tabletop::initial_state(suite, seed, index, config.split, state)
+                        .map_err(|e| embodyflow_core::Error::BadInput(e.to_string()))?,
+                    None => tabletop::generate(suite, config.split, seed, index),
+                };
                 *by_type
                     .entry(format!("{suite}: {}", task.task_type))
                     .or_default() += 1;
@@ -310,6 +423,11 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                 }
             }
             summary.add("env", "tabletop").add("tasks", owned);
+            if config.protocol == Protocol::InitialStates {
+                summary
+                    .add("protocol", "initial-states")
+                    .add("initial states per task", config.states);
+            }
             for (name, n) in by_type {
                 summary.add(name, n);
             }
@@ -332,9 +450,10 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                 );
                 spec.kwargs = keys.kwargs.clone();
                 spec.instruction.clone_from(&keys.instruction);
+                spec.success.clone_from(&keys.success);
                 tasks.push(GymTask { task_id: id, spec });
             }
-            let instructions = gym_instructions(&tasks, keys.workers)?;
+            let (instructions, rule) = gym_instructions(&mut tasks, keys)?;
             let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
             for (task, instruction) in tasks.iter().zip(instructions) {
                 let mut row = gym::task_row(&task.task_id, split.as_str(), &task.spec)?;
@@ -345,7 +464,11 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
             }
             summary
                 .add("env", format!("gym:{}", keys.adapter))
-                .add("tasks", tasks.len());
+                .add("tasks", tasks.len())
+                .add(
+                    "success rule",
+                    rule.map_or("the adapter's own".into(), |r| r.to_string()),
+                );
             for (name, n) in by_type {
                 summary.add(name, n);
             }
@@ -371,20 +494,27 @@ fn reset_seed(seed: u64, split: &str, env_id: &str, index: usize) -> u64 {
 }
 
 /// The instruction each task's environment gives at its reset (one reset
-/// per task, on `workers` bridge workers; an adapter that gives none
-/// leaves its spec's, or an empty text).
+/// per task, on `gym.workers` bridge workers; an adapter that gives none
+/// leaves its spec's, or an empty text), and the success rule in force:
+/// the one the adapter announces (its default when `gym.success` is
+/// unset), written into every spec; `None` for an adapter that decides
+/// success itself.
 fn gym_instructions(
-    tasks: &[GymTask],
-    workers: usize,
-) -> std::result::Result<Vec<String>, WorldsError> {
+    tasks: &mut [GymTask],
+    keys: &GymKeys,
+) -> std::result::Result<(Vec<String>, Option<SuccessRule>), WorldsError> {
     let Some(first) = tasks.first() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), keys.success.clone()));
     };
     let bridge = embodyflow_gym::BridgeConfig {
-        workers,
+        workers: keys.workers,
+        python: embodyflow_gym::BridgeConfig::python(keys.python.as_deref()),
         ..Default::default()
     };
-    let info = gym::probe(&bridge, &first.spec.adapter, &first.spec.env_id)?;
+    let info = gym::probe(&bridge, &first.spec)?;
+    for task in tasks.iter_mut() {
+        task.spec.success.clone_from(&info.success);
+    }
     let mut worlds = Worlds::new(WorldOptions {
         image_size: info.shape.height,
         bins: info.action.bins(),
@@ -405,7 +535,7 @@ fn gym_instructions(
         instructions.push(episodes.instruction(i).to_string());
     }
     worlds.done(episodes);
-    Ok(instructions)
+    Ok((instructions, info.success))
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ pub fn policy_shape(
     match task {
         WorldTask::Tabletop(_) => Ok(tabletop_shape(image_size)),
         WorldTask::Gym(task) => {
-            let info = gym::probe(bridge, &task.spec.adapter, &task.spec.env_id)?;
+            let info = gym::probe(bridge, &task.spec)?;
             Ok(PolicyShape {
                 observation: info.shape,
                 action_dim: info.action.dim(),
@@ -237,6 +237,10 @@ pub struct BridgeKeys {
     /// with the reason). A starting worker's first frame may take longer
     /// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
     pub timeout_s: f64,
+    /// The workers' Python (unset: `$EMBODYFLOW_GYM_PYTHON`, else the
+    /// workspace's `.venv`): a virtual environment with a user's adapter
+    /// packages installed.
+    pub python: Option<std::path::PathBuf>,
 }
 
 impl Default for BridgeKeys {
@@ -244,13 +248,14 @@ impl Default for BridgeKeys {
         BridgeKeys {
             workers: 0,
             timeout_s: 60.0,
+            python: None,
         }
     }
 }
 
 impl BridgeKeys {
     /// The keys and their meanings, for a stage's `KEYS`.
-    pub const KEYS: [(&'static str, &'static str); 2] = [
+    pub const KEYS: [(&'static str, &'static str); 3] = [
         (
             "bridge.workers",
             "gym bridge worker processes (0: one per CPU); bridge tasks only",
@@ -258,6 +263,10 @@ impl BridgeKeys {
         (
             "bridge.timeout_s",
             "seconds a gym bridge worker may take per step, or stay silent in a reset or expert episode, before it counts as hung, > 0",
+        ),
+        (
+            "bridge.python",
+            "the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
         ),
     ];
 
@@ -267,8 +276,8 @@ impl BridgeKeys {
         embodyflow_core::config::positive(&format!("{prefix}bridge.timeout_s"), self.timeout_s)
     }
 
-    /// The bridge's config (the Python from `EMBODYFLOW_GYM_PYTHON` or the
-    /// workspace's `.venv`).
+    /// The bridge's config (the Python of `python`, else
+    /// `EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`).
     pub fn config(&self) -> BridgeConfig {
         let workers = match self.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -277,7 +286,8 @@ impl BridgeKeys {
         BridgeConfig {
             workers,
             timeout: Duration::from_secs_f64(self.timeout_s),
-            ..BridgeConfig::default()
+            startup_timeout: gym::STARTUP_TIMEOUT,
+            python: BridgeConfig::python(self.python.as_deref()),
         }
     }
 }

@@ -4,8 +4,9 @@ stdin/stdout frames (`protocol`). stderr passes through (tracebacks).
 
 Requests (header "op", and "id", a number each request has its own of) and
 replies (each with the "id" of its request):
-  hello {adapter, env_id, kwargs, seed}
-      -> {height, width, channels, proprio, text, action, instruction, expert}
+  hello {adapter, env_id, kwargs, seed, max_steps, success}
+      -> {height, width, channels, proprio, text, action, instruction, expert,
+          success?}  (success: the rule the adapter applies, when it takes one)
   reset {episodes: [{slot, spec, seed}]}
       -> {episodes: [{slot, instruction, key, obs_len, text?, error?}]}
          + observations (none for an episode with `error`: its environment
@@ -27,8 +28,10 @@ whose id is not the request's is malformed (one frame too many would
 otherwise shift every later reply).
 Every reply has "ok"; a failed request answers {ok: false, kind:
 "bad_input" | "failure", error}. A spec is {adapter, env_id, seed,
-max_steps, kwargs, instruction}: an episode ends at max_steps env steps (a
-failure unless it succeeded at that step). `text` in hello is the longest
+max_steps, kwargs, instruction, success?}: an episode ends at max_steps env
+steps (a failure unless it succeeded at that step). Adapters are found by
+`registry` (entry points, or "module:function"); an adapter's make gets
+`max_steps` and the spec's success rule when it takes them. `text` in hello is the longest
 text observation in characters (0: the env observes no text; an adapter
 that leaves it out observes none); when it is not 0 every observation
 carries its text (`text`), and a text longer than announced ends its
@@ -43,17 +46,15 @@ Rust side died), then killing its group.
 """
 
 import hashlib
-import importlib
 import json
 import os
-import pkgutil
 import signal
 import sys
 import threading
 import time
 import traceback
 
-from . import adapters, protocol
+from . import protocol, registry
 from .adapters import BadEnv
 
 
@@ -66,24 +67,17 @@ class RequestError(Exception):
         self.kind = kind
 
 
-def adapter_module(name):
-    available = sorted(m.name for m in pkgutil.iter_modules(adapters.__path__))
-    if name not in available:
-        raise RequestError(
-            "bad_input",
-            f"unknown adapter `{name}`; available: {', '.join(available)} "
-            f"(an adapter is a module in embodyflow_gym/adapters/)",
-        )
-    return importlib.import_module(f"{adapters.__name__}.{name}")
-
-
-def make_episode(adapter, env_id, kwargs, seed):
-    module = None
+def make_episode(spec, seed):
+    """A new environment of `spec` (a task spec, or hello's header)."""
+    adapter, env_id, kwargs = spec["adapter"], spec["env_id"], spec.get("kwargs") or {}
+    resolved = None
     try:
-        module = adapter_module(adapter)
-        return module.make(env_id, kwargs or {}, seed)
+        resolved = registry.resolve(adapter)
+        return resolved.make(env_id, kwargs, seed, spec.get("max_steps"), spec.get("success"))
+    except registry.UnknownAdapter as e:
+        raise RequestError("bad_input", str(e)) from e
     except ModuleNotFoundError as e:
-        packages = " ".join(getattr(module, "PACKAGES", None) or [e.name])
+        packages = " ".join((resolved.packages if resolved else None) or [e.name])
         raise RequestError(
             "bad_input",
             f"adapter `{adapter}` needs the Python package `{e.name}`, missing from "
@@ -139,7 +133,12 @@ class Slot:
 
 
 def spec_key(spec):
-    return json.dumps([spec["adapter"], spec["env_id"], spec.get("kwargs") or {}], sort_keys=True)
+    """What an environment is built from: adapter, env id, kwargs, success
+    rule and max_steps (the seed only resets it)."""
+    return json.dumps(
+        [spec["adapter"], spec["env_id"], spec.get("kwargs") or {}, spec.get("success"), spec.get("max_steps")],
+        sort_keys=True,
+    )
 
 
 def shape_of(space):
@@ -171,14 +170,14 @@ class Worker:
     def build(self, spec, seed):
         """A new environment of `spec`; a progress frame follows (the
         first tells the Rust side that the worker is up)."""
-        episode = make_episode(spec["adapter"], spec["env_id"], spec.get("kwargs"), seed)
+        episode = make_episode(spec, seed)
         self.progress(now=True)
         return episode
 
     def hello(self, header, body):
         spare = self.spare.setdefault(spec_key(header), [])
         if not spare:
-            spare.append(make_episode(header["adapter"], header["env_id"], header.get("kwargs"), header.get("seed", 0)))
+            spare.append(make_episode(header, header.get("seed", 0)))
         return space_of(spare[-1]), []
 
     def slot(self, item):

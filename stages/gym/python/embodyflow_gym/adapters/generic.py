@@ -16,14 +16,25 @@ it. A space of strings that is not a `Text` has no length bound: its texts
 are announced as at most `text_max_length` characters (kwargs, default
 256), and a longer one ends its episode as a failure naming the lengths.
 
-`kwargs` go to gymnasium.make, except `success`, the rule of success:
-"terminal_reward" (default: terminated with a positive reward, MiniGrid's
-goal convention) or "info" (info["success"] or info["is_success"] true at
-the step; an env like CartPole, whose termination is a failure, never
-succeeds under it), and `text_max_length`. An env id "module:EnvId" imports
-the module first (Gymnasium's form for environments registered by a
-package, as `embodyflow_gym.envs:TextKeyRoom-v0`). State key = the
+`kwargs` go to gymnasium.make, except `text_max_length`. An env id
+"module:EnvId" imports the module first (Gymnasium's form for environments
+registered by a package, as `embodyflow_gym.envs:TextKeyRoom-v0`); an id
+Gymnasium does not know is refused suggesting that form. State key = the
 observation's exact bytes, every part in key order (a text's UTF-8).
+
+Success is the task's rule (`success`, `gym.success` of generate-tasks),
+one of RULES:
+- "info": info["success"] or info["is_success"] true at the step; the
+  default where the env gives one of those keys (looked for in the info of
+  a reset and one step with a seeded random action when the env is built);
+- "terminal_reward": terminated with a positive reward (MiniGrid's goal
+  convention; never the default: a CartPole pole falls with reward 1);
+- "survive": the episode reaches its end (truncation or the task's
+  max_steps) without terminating;
+- "return_at_least:X": the episode's summed reward is at least X when it
+  ends (termination, truncation or max_steps).
+An env with neither key and no rule is refused naming the rules. The rule
+in force is announced in space()["success"].
 """
 
 import numpy as np
@@ -32,29 +43,93 @@ from . import BadEnv
 
 PACKAGES = ["gymnasium==1.4.0"]
 
-SUCCESS_RULES = ("terminal_reward", "info")
+RULES = ("info", "terminal_reward", "survive", "return_at_least:X")
 DEFAULT_TEXT_MAX = 256
 
 
-def make(env_id, kwargs, seed):
+class Rule:
+    """A success rule, parsed from its text (RULES)."""
+
+    def __init__(self, text):
+        self.text = text
+        self.kind, _, threshold = text.partition(":")
+        self.threshold = None
+        if self.kind == "return_at_least":
+            try:
+                self.threshold = float(threshold)
+            except ValueError:
+                self.kind = None
+        elif threshold:
+            self.kind = None
+        if self.kind not in ("info", "terminal_reward", "survive", "return_at_least"):
+            raise BadEnv(f"success rule {text!r}: expected one of {', '.join(RULES)} (X a number)")
+
+    def success(self, reward_sum, reward, terminated, ended, info):
+        """Whether the step that gave `reward` (the episode's return now
+        `reward_sum`; `ended`: the episode ends at it) is a success."""
+        if self.kind == "info":
+            return info_success(info) is True
+        if self.kind == "terminal_reward":
+            return bool(terminated and reward > 0)
+        if self.kind == "survive":
+            return bool(ended and not terminated)
+        return bool(ended and reward_sum >= self.threshold)
+
+
+def info_success(info):
+    """info["success"] or info["is_success"] as a bool; None when neither key is there."""
+    for key in ("success", "is_success"):
+        if key in info:
+            return bool(info[key])
+    return None
+
+
+def make(env_id, kwargs, seed, max_steps=None, success=None):
     import gymnasium
 
     kwargs = dict(kwargs)
-    rule = kwargs.pop("success", "terminal_reward")
-    if rule not in SUCCESS_RULES:
-        raise BadEnv(f"success rule {rule!r}: expected one of {', '.join(SUCCESS_RULES)}")
+    if "success" in kwargs:
+        raise BadEnv(
+            "`success` is not a keyword argument of the env: the success rule is the task's "
+            f"(generate-tasks --set gym.success=RULE, one of {', '.join(RULES)})"
+        )
     text_max = int(kwargs.pop("text_max_length", DEFAULT_TEXT_MAX))
     try:
         env = gymnasium.make(env_id, **kwargs)
     except gymnasium.error.Error as e:
-        raise BadEnv(f"environment `{env_id}` does not exist: {e}") from e
+        hint = ""
+        if ":" not in env_id:
+            hint = (
+                "; an id that a package registers when imported is named `module:EnvId` "
+                f"(e.g. `mypackage.envs:{env_id}`: the worker imports `mypackage.envs` first)"
+            )
+        raise BadEnv(f"environment `{env_id}` does not exist: {e}{hint}") from e
     layout = Layout(env.observation_space, env_id, text_max)
     act = env.action_space
     if not isinstance(act, gymnasium.spaces.Discrete) and not (
         isinstance(act, gymnasium.spaces.Box) and len(act.shape) == 1
     ):
         raise BadEnv(f"`{env_id}` acts in {act}: the generic adapter takes Discrete(n) or a 1-d Box")
-    return Episode(env, layout, rule)
+    rule = Rule(success) if success is not None else default_rule(env, env_id, seed)
+    return Episode(env, layout, rule, max_steps)
+
+
+def default_rule(env, env_id, seed):
+    """"info" when the env reports success in its info (of a reset, or of
+    one step with a random action seeded by `seed`), else bad input naming
+    the rules."""
+    _, info = env.reset(seed=seed)
+    if info_success(info) is None:
+        env.action_space.seed(seed)
+        info = env.step(env.action_space.sample())[4]
+    if info_success(info) is None:
+        raise BadEnv(
+            f"`{env_id}` gives no success signal (no `success` or `is_success` in its info): set the "
+            f"task's success rule, gym.success = info | terminal_reward (terminated with a positive "
+            f"reward) | survive (reaching the end without terminating) | return_at_least:X (a return "
+            f"of at least X at the end)"
+        )
+    return Rule("info")
 
 
 def is_image(space):
@@ -156,11 +231,14 @@ class Layout:
 
 
 class Episode:
-    def __init__(self, env, layout, rule):
+    def __init__(self, env, layout, rule, max_steps):
         self.env = env
         self.layout = layout
         self.rule = rule
+        self.max_steps = max_steps
         self.obs = None
+        self.steps = 0
+        self.reward_sum = 0.0
 
     def space(self):
         from gymnasium import spaces
@@ -185,10 +263,12 @@ class Episode:
             "action": action,
             "instruction": False,
             "expert": False,
+            "success": self.rule.text,
         }
 
     def reset(self, seed):
         self.obs, _ = self.env.reset(seed=seed)
+        self.steps, self.reward_sum = 0, 0.0
         return ""
 
     def step(self, action):
@@ -200,11 +280,11 @@ class Episode:
         else:
             action = np.clip(np.asarray(action, dtype=act.dtype), act.low, act.high)
         self.obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.rule == "info":
-            success = bool(info.get("success", info.get("is_success", False)))
-        else:
-            success = bool(terminated and reward > 0)
-        return success or terminated or truncated, success
+        self.steps += 1
+        self.reward_sum += float(reward)
+        ended = bool(terminated or truncated or (self.max_steps is not None and self.steps >= self.max_steps))
+        success = self.rule.success(self.reward_sum, float(reward), terminated, ended, info)
+        return success or ended, success
 
     def observation(self):
         return self.layout.pixels(self.obs), self.layout.proprio(self.obs)
