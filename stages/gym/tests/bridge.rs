@@ -410,7 +410,7 @@ fn bad_input_is_named_before_anything_runs() {
     assert_eq!(error.kind(), ErrorKind::BadInput);
     let text = error.to_string();
     assert!(
-        text.contains("unknown adapter `nope`; available: babyai, generic, metaworld (an adapter registers in the entry-point group `embodyflow_gym.adapters`"),
+        text.contains("unknown adapter `nope`; available: babyai, generic, libero, metaworld (an adapter registers in the entry-point group `embodyflow_gym.adapters`"),
         "{text}"
     );
     let error = probe(&config, &spec("babyai", "BabyAI-Nope-v0")).unwrap_err();
@@ -558,6 +558,60 @@ fn success_is_the_tasks_explicit_rule_and_a_fall_is_no_success() {
     let error = probe(&config(1), &ruled).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
     assert!(error.to_string().contains("decides success itself"), "{error}");
+}
+
+/// Lines of a file some fixture appends to (0 when it does not exist).
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+#[test]
+fn workers_build_an_environment_once_per_env_and_reuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = dir.path().join("built");
+    let counter = |seed: u64| {
+        let mut spec = GymTaskSpec::new("faulty", "Counter-v0", seed, 8);
+        spec.kwargs = json!({"built": built});
+        spec
+    };
+    // Expert episodes one after another on one worker: hello's environment
+    // plays all five.
+    let tasks: Vec<GymTask> = (0..5)
+        .map(|seed| task(&format!("count/{seed}"), counter(seed)))
+        .collect();
+    let demos = expert_demonstrations(&config(1), &tasks, 2).unwrap();
+    assert!(demos.iter().all(|d| d.success), "{demos:?}");
+    assert_eq!(lines(&built), 1, "one environment for five expert episodes");
+    // Batches on one pool: 2 tasks x G = 2 are 4 live episodes, so 4
+    // environments (hello's among them); the next batches reuse them.
+    std::fs::remove_file(&built).unwrap();
+    let bins = ActionSpace::Discrete { n: 3 }.bins();
+    let mut world = GymEpisodes::new(&config(1), &tasks[..2], 2, &bins).unwrap();
+    for batch in 0..3 {
+        let out = run(&mut world, 2, 4, |_, _, _| vec![1, 1]);
+        assert!(out.episodes.iter().all(|e| e.success), "{out:?}");
+        assert_eq!(lines(&built), 4, "batch {batch}");
+        world = GymEpisodes::with_pool(world.into_pool(), &tasks[2..4], 2, &bins).unwrap();
+    }
+}
+
+#[test]
+fn a_reused_environment_plays_the_episodes_a_fresh_one_does() {
+    // Meta-World reach's expert on three seeds (the first again last), on
+    // one worker that keeps its environment, then each on a fresh worker:
+    // the same actions and observations, bit for bit.
+    let tasks: Vec<GymTask> = [3, 11, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &seed)| task(&format!("reach/{i}"), GymTaskSpec::new("metaworld", "reach-v3", seed, 60)))
+        .collect();
+    let warm = expert_demonstrations(&config(1), &tasks, 4).unwrap();
+    for (task, warm) in tasks.iter().zip(&warm) {
+        let fresh = expert_demonstrations(&config(1), std::slice::from_ref(task), 4).unwrap();
+        assert!(!warm.decisions.is_empty());
+        assert_eq!(&fresh[0], warm, "{}", task.task_id);
+    }
+    assert_eq!(warm[0].decisions, warm[2].decisions);
 }
 
 #[test]
