@@ -86,6 +86,32 @@ row!(
     }
 );
 
+/// What separates a task from its initial state in a task id:
+/// `<task>@<initial state>` (the tabletop world's LIBERO protocol writes
+/// `tabletop-goal/1/000003@train/0007`).
+pub const INITIAL_STATE_SEPARATOR: char = '@';
+
+impl TaskRow {
+    /// The task a row poses: its id up to [`INITIAL_STATE_SEPARATOR`], so
+    /// the rows of one task drawn at several initial states share it; a
+    /// row without one is a task of its own.
+    ///
+    /// ```
+    /// use embodyflow_schemas::TaskRow;
+    /// let row = |id: &str| TaskRow {
+    ///     task_id: id.into(), suite: "s".into(), env: "tabletop".into(), split: "train".into(),
+    ///     task_type: None, seed: 0, instruction: "i".into(), observation: None, gt_actions: None,
+    /// };
+    /// assert_eq!(row("tabletop-goal/1/000003@train/0007").task_key(), "tabletop-goal/1/000003");
+    /// assert_eq!(row("household/train/7/000042").task_key(), "household/train/7/000042");
+    /// ```
+    pub fn task_key(&self) -> &str {
+        self.task_id
+            .split_once(INITIAL_STATE_SEPARATOR)
+            .map_or(self.task_id.as_str(), |(task, _)| task)
+    }
+}
+
 impl TrajectoryRow {
     /// Whether infrastructure ended the episode (`infra_fault`; null, as
     /// in tables written before the column, is no fault).

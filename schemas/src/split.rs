@@ -1,14 +1,18 @@
 //! The values of `tasks.split`, shared by every world's task generator:
-//! `train`, `val` (the training distribution in new scenes or layouts) and
-//! `unseen` (held-out combinations). What "new" and "held out" mean is the
-//! world's business; the names are the contract.
+//! `train`, `val` (the training distribution in new scenes or layouts, or,
+//! under LIBERO's protocol, held-out initial states of the train tasks),
+//! `unseen` (held-out combinations) and `test` (held-out initial states of
+//! the train tasks, disjoint from val's: LIBERO's evaluation protocol). What
+//! "new" and "held out" mean is the world's business; the names are the
+//! contract.
 //!
 //! ```
 //! use embodyflow_schemas::Split;
 //! let split: Split = "val".parse().unwrap();
 //! assert_eq!(split, Split::Val);
 //! assert_eq!(split.to_string(), "val");
-//! assert!("test".parse::<Split>().is_err());
+//! assert_eq!("test".parse::<Split>().unwrap(), Split::Test);
+//! assert!("dev".parse::<Split>().is_err());
 //! ```
 
 use std::fmt;
@@ -26,11 +30,14 @@ pub enum Split {
     Val,
     /// Held-out combinations (and, where a world has them, phrasings).
     Unseen,
+    /// Held-out initial states of the training tasks (LIBERO's protocol;
+    /// only worlds that draw initial states write it).
+    Test,
 }
 
-/// A split name that is not `train`, `val` or `unseen`.
+/// A split name that is not `train`, `val`, `unseen` or `test`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown split `{name}`; expected one of: train, val, unseen")]
+#[error("unknown split `{name}`; expected one of: train, val, unseen, test")]
 pub struct UnknownSplit {
     /// The name given.
     pub name: String,
@@ -38,14 +45,15 @@ pub struct UnknownSplit {
 
 impl Split {
     /// Every split.
-    pub const ALL: [Split; 3] = [Split::Train, Split::Val, Split::Unseen];
+    pub const ALL: [Split; 4] = [Split::Train, Split::Val, Split::Unseen, Split::Test];
 
-    /// `train`, `val` or `unseen`.
+    /// `train`, `val`, `unseen` or `test`.
     pub fn as_str(self) -> &'static str {
         match self {
             Split::Train => "train",
             Split::Val => "val",
             Split::Unseen => "unseen",
+            Split::Test => "test",
         }
     }
 }

@@ -532,6 +532,7 @@ fn task_seed(split: Split, seed: u64, index: usize) -> i64 {
         Split::Train => 1u64,
         Split::Val => 2,
         Split::Unseen => 3,
+        Split::Test => 4,
     };
     (mix(mix(mix(seed) ^ tag) ^ index as u64) >> 1) as i64
 }

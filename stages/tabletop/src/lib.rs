@@ -16,6 +16,8 @@
 //! - [`render`]: the top-down RGB camera into a caller-owned buffer;
 //! - [`suite`]: the spatial / object / goal / long suites and the train /
 //!   val / unseen splits, deterministic from (suite, split, seed, index);
+//!   LIBERO's protocol: train / val / test initial states of the same
+//!   tasks ([`initial_state`]);
 //! - [`expert`]: the scripted expert (waypoints → actions, with noise) and
 //!   the push strategy;
 //! - [`batch`]: many episodes in lockstep (G copies per task, one action
@@ -51,7 +53,10 @@ pub use expert::{
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 pub use rows::{ENV, task_from_row, task_row};
 pub use scene::{Goal, TaskSpec};
-pub use suite::{Split, Suite, generate, reseed};
+pub use suite::{
+    LAYOUT_SPLITS, REGION_HALF_WIDTH, STATE_SPLITS, STATES_PER_TASK, Split, Suite, generate,
+    initial_state, protocol_tasks, reseed,
+};
 pub use world::{
     ACTION_DIM, Body, GRIPPER_START, Grip, Gripper, PROPRIO_DIM, Status, StepOutcome, Support,
     World,
@@ -165,6 +170,15 @@ pub enum TabletopError {
     /// Expert noise that is negative or not finite.
     #[error("expert noise {0} must be a finite number >= 0")]
     BadNoise(f32),
+    /// A task index past the tasks a suite holds under the initial-states
+    /// protocol, or a split it has no initial states of.
+    #[error("the {suite} suite's initial-states protocol has {reason}")]
+    NoSuchState {
+        /// The suite.
+        suite: String,
+        /// What it holds.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

@@ -3,12 +3,12 @@
 //!
 //! | column | value |
 //! |---|---|
-//! | `task_id` | `tabletop-<suite>/<split>/<seed>/<index>` |
+//! | `task_id` | `tabletop-<suite>/<split>/<seed>/<index>`; an initial state (LIBERO's protocol): `tabletop-<suite>/<seed>/<index>@<split>/<state>` |
 //! | `suite` | `tabletop-<suite>` (`tabletop-spatial`, ...) |
 //! | `env` | `tabletop` |
-//! | `split` | `train`, `val` or `unseen` |
+//! | `split` | `train`, `val`, `unseen`, or (initial states) `test` |
 //! | `task_type` | the task family (`place_in_bowl`, `open_drawer`, `in_bowl_then_bowl_on_plate`, ...) |
-//! | `seed` | a 64-bit mix of (suite, split, seed, index) ([`crate::suite::task_seed`]) |
+//! | `seed` | a 64-bit mix of (suite, split, seed, index and the initial state, if any) ([`crate::suite::task_seed`]) |
 //! | `instruction` | the instruction |
 //! | `observation` | the whole [`TaskSpec`] as JSON: the world is rebuilt from it exactly, whatever later versions of the generator draw |
 //! | `gt_actions` | null (the expert is a controller, not a plan of named actions) |
@@ -38,7 +38,7 @@ pub fn task_row(task: &TaskSpec) -> TaskRow {
         env: ENV.into(),
         split: task.split.clone(),
         task_type: Some(task.task_type.clone()),
-        seed: task_seed(&task.suite, &task.split, task.seed, task.index) as i64,
+        seed: task_seed(&task.suite, &task.split, task.seed, task.index, task.state) as i64,
         instruction: task.instruction.clone(),
         observation: Some(serde_json::to_vec(task).expect("a task spec serializes")),
         gt_actions: None,

@@ -355,9 +355,16 @@ pub struct TaskSpec {
     /// Index of the task within (suite, split, seed).
     pub index: u64,
     /// Layout draw: 0 is the task as generated, k > 0 the same goal in
-    /// another layout (evaluation averages over runs).
+    /// another layout (evaluation averages over runs); for an initial
+    /// state, k > 0 is another draw from the same regions.
     #[serde(default)]
     pub run: u32,
+    /// Under LIBERO's protocol ([`crate::suite::initial_state`]): the index
+    /// of this initial state within its split (`train`, `val` or `test`),
+    /// the task's objects each moved within its region; `None` for a task
+    /// as the layouts protocol draws it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<u32>,
     /// Task family (`place_in_bowl`, `open_drawer`, `in_bowl_then_on_plate`, ...).
     pub task_type: String,
     /// The instruction in words.
@@ -372,9 +379,20 @@ pub struct TaskSpec {
 
 impl TaskSpec {
     /// The task id: `tabletop-<suite>/<split>/<seed>/<index>` (index with six
-    /// digits).
+    /// digits); an initial state's reads
+    /// `tabletop-<suite>/<seed>/<index>@<split>/<state>` (state with four
+    /// digits), so the rows of one task share the part before `@`.
     pub fn task_id(&self) -> String {
-        crate::suite::task_id_of(&self.suite, &self.split, self.seed, self.index)
+        match self.state {
+            Some(state) => crate::suite::state_id_of(
+                &self.suite,
+                &self.split,
+                self.seed,
+                self.index,
+                state,
+            ),
+            None => crate::suite::task_id_of(&self.suite, &self.split, self.seed, self.index),
+        }
     }
 
     /// Checks that a world can be built from the task: 2–6 objects, finite

@@ -16,6 +16,19 @@
 //! ten goals; long: (task type, colour of the first block)) that train and
 //! val never ask for.
 //!
+//! **LIBERO's protocol** ([`initial_state`]): a task is a (scene,
+//! instruction) pair — task `i` of (suite, seed) is the train task `i` as
+//! [`generate`] draws it, except in the goal suite, whose seven tasks are
+//! its seven train goals in the seed's one layout ([`protocol_tasks`]). Its
+//! layout gives each object the centre of a square region of half-width
+//! [`REGION_HALF_WIDTH`]; an initial state moves every object to a uniform
+//! point of its region (redrawn until the checks below hold). The `train`,
+//! `val` and `test` splits are initial states `0, 1, ...` drawn from three
+//! disjoint random streams of the same tasks (LIBERO stores
+//! [`STATES_PER_TASK`] per task); "one demo" is one initial state per task,
+//! "full SFT" every train state. New layouts (`val` above) and held-out
+//! goals (`unseen`) stay the generalisation splits.
+//!
 //! Every task is checked when drawn: objects keep 0.04 between footprints
 //! and stay clear of the drawer's full travel, a `next_to` goal's spot is
 //! free and on the table, and no goal holds at reset (else the layout is
@@ -31,6 +44,13 @@
 //! let again = reseed(&task, 1).unwrap();
 //! assert_eq!((again.instruction.as_str(), &again.goals), (task.instruction.as_str(), &task.goals));
 //! assert_ne!(again.objects, task.objects);
+//!
+//! use embodyflow_tabletop::initial_state;
+//! let train = initial_state(Suite::Goal, 1, 3, Split::Train, 0).unwrap();
+//! let test = initial_state(Suite::Goal, 1, 3, Split::Test, 0).unwrap();
+//! assert_eq!(train.task_id(), "tabletop-goal/1/000003@train/0000");
+//! assert_eq!((train.instruction.as_str(), &train.goals), (test.instruction.as_str(), &test.goals));
+//! assert_ne!(train.objects, test.objects);
 //! ```
 
 use std::fmt;
@@ -101,12 +121,158 @@ impl FromStr for Suite {
 
 pub use embodyflow_core::schemas::Split;
 
+/// The splits of the layouts protocol ([`generate`]): train, new layouts,
+/// held-out combinations.
+pub const LAYOUT_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Unseen];
+
+/// The splits of LIBERO's protocol ([`initial_state`]): disjoint initial
+/// states of the same tasks.
+pub const STATE_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Test];
+
 /// `tabletop-<suite>/<split>/<seed>/<index, six digits>`.
 pub fn task_id_of(suite: &str, split: &str, seed: u64, index: u64) -> String {
     format!("tabletop-{suite}/{split}/{seed}/{index:06}")
 }
 
-/// The task `index` of (suite, split, seed).
+/// An initial state's id: `tabletop-<suite>/<seed>/<index, six
+/// digits>@<split>/<state, four digits>` (the task before `@`, see
+/// `TaskRow::task_key`).
+pub fn state_id_of(suite: &str, split: &str, seed: u64, index: u64, state: u32) -> String {
+    format!(
+        "tabletop-{suite}/{seed}/{index:06}{}{split}/{state:04}",
+        embodyflow_core::schemas::INITIAL_STATE_SEPARATOR
+    )
+}
+
+/// Initial states LIBERO stores per task (its `init_states` files).
+pub const STATES_PER_TASK: u32 = 50;
+
+/// Half-width of the square region an object's initial position is drawn
+/// from, around its place in the task's layout (the table is the unit
+/// square; 0.05 is about a third of a small block's footprint width).
+pub const REGION_HALF_WIDTH: f32 = 0.05;
+
+/// How many tasks a suite holds under LIBERO's protocol: the goal suite's
+/// seven train goals; `None` for the other suites (every index is a task
+/// of its own scene).
+pub fn protocol_tasks(suite: Suite) -> Option<u64> {
+    (suite == Suite::Goal).then(|| GOALS.iter().filter(|(_, held_out)| !held_out).count() as u64)
+}
+
+/// Initial state `state` of `split` (`train`, `val` or `test`) of task
+/// `index` of (suite, seed) under LIBERO's protocol (see the module doc).
+/// Errors: a goal-suite index past its seven tasks, or the `unseen` split
+/// (held-out goals are the layouts protocol's).
+pub fn initial_state(
+    suite: Suite,
+    seed: u64,
+    index: u64,
+    split: Split,
+    state: u32,
+) -> Result<TaskSpec, TabletopError> {
+    state_draw(suite, seed, index, split, state, 0)
+}
+
+fn state_draw(
+    suite: Suite,
+    seed: u64,
+    index: u64,
+    split: Split,
+    state: u32,
+    run: u32,
+) -> Result<TaskSpec, TabletopError> {
+    let refuse = |reason: String| TabletopError::NoSuchState {
+        suite: suite.as_str().into(),
+        reason,
+    };
+    if split == Split::Unseen {
+        return Err(refuse(
+            "train, val and test initial states; held-out goals are the layouts protocol's `unseen`"
+                .into(),
+        ));
+    }
+    let base = match protocol_tasks(suite) {
+        Some(n) if index >= n => {
+            return Err(refuse(format!("{n} tasks, no task {index}")));
+        }
+        Some(_) => {
+            let key = Key {
+                suite,
+                split: Split::Train,
+                seed,
+                index,
+            };
+            let chosen = GOALS
+                .iter()
+                .filter(|(_, held_out)| !held_out)
+                .nth(index as usize)
+                .map(|(g, _)| *g)
+                .expect("index below the train goals' count");
+            let mut task = goal_in_layout(&key, 0, chosen);
+            task.suite = suite.as_str().into();
+            task.seed = seed;
+            task.index = index;
+            task
+        }
+        None => generate(suite, Split::Train, seed, index),
+    };
+    let mut attempt = 0u64;
+    loop {
+        let mut rng = rng_of(&[
+            text_key(suite.as_str()),
+            41,
+            text_key(split.as_str()),
+            seed,
+            index,
+            u64::from(state),
+            u64::from(run),
+            attempt,
+        ]);
+        if let Some(task) = perturbed(&base, &mut rng) {
+            return Ok(TaskSpec {
+                split: split.as_str().into(),
+                run,
+                state: Some(state),
+                ..task
+            });
+        }
+        attempt += 1;
+    }
+}
+
+/// The task with every object moved to a uniform point of its region, if
+/// the result passes the layout checks.
+fn perturbed(base: &TaskSpec, rng: &mut ChaCha8Rng) -> Option<TaskSpec> {
+    let r = REGION_HALF_WIDTH;
+    let mut objects: Vec<ObjectSpec> = Vec::with_capacity(base.objects.len());
+    for o in &base.objects {
+        let mut moved = o.clone();
+        moved.x += rng.random_range(-r..=r);
+        moved.y += rng.random_range(-r..=r);
+        if !free(&objects, &moved) {
+            return None;
+        }
+        objects.push(moved);
+    }
+    for goal in &base.goals {
+        if let Goal::NextTo {
+            object,
+            anchor,
+            side,
+        } = *goal
+            && !next_to_free(&objects, object, anchor, side)
+        {
+            return None;
+        }
+    }
+    checked(TaskSpec {
+        objects,
+        ..base.clone()
+    })
+}
+
+/// The task `index` of (suite, split, seed) under the layouts protocol
+/// ([`LAYOUT_SPLITS`]; `test` draws as `val` does, from a stream of its own).
 pub fn generate(suite: Suite, split: Split, seed: u64, index: u64) -> TaskSpec {
     draw(suite, split, seed, index, 0)
 }
@@ -116,13 +282,19 @@ pub fn generate(suite: Suite, split: Split, seed: u64, index: u64) -> TaskSpec {
 pub fn reseed(task: &TaskSpec, run: u32) -> Result<TaskSpec, TabletopError> {
     let suite: Suite = task.suite.parse()?;
     let split: Split = task.split.parse()?;
-    Ok(draw(suite, split, task.seed, task.index, run))
+    match task.state {
+        Some(state) => state_draw(suite, task.seed, task.index, split, state, run),
+        None => Ok(draw(suite, split, task.seed, task.index, run)),
+    }
 }
 
 /// A 64-bit seed for the tasks table's `seed` column, from the task's key
-/// (suite and split by name).
-pub fn task_seed(suite: &str, split: &str, seed: u64, index: u64) -> u64 {
-    mix(&[text_key(suite), text_key(split), seed, index])
+/// (suite and split by name) and its initial state, if any.
+pub fn task_seed(suite: &str, split: &str, seed: u64, index: u64, state: Option<u32>) -> u64 {
+    match state {
+        None => mix(&[text_key(suite), text_key(split), seed, index]),
+        Some(state) => mix(&[text_key(suite), text_key(split), seed, index, 1 << 32 | u64::from(state)]),
+    }
 }
 
 /// splitmix64 over the parts: portable, stable across versions.
@@ -169,7 +341,7 @@ impl Key {
     fn combo_rng(&self, attempt: u64) -> ChaCha8Rng {
         let split = match self.split {
             Split::Unseen => 1,
-            Split::Train | Split::Val => 0,
+            Split::Train | Split::Val | Split::Test => 0,
         };
         let [s, seed, index] = self.base();
         rng_of(&[s, 11, split, seed, index, attempt])
@@ -237,6 +409,7 @@ fn task(
         seed: 0,
         index: 0,
         run: 0,
+        state: None,
         task_type: task_type.into(),
         instruction,
         objects,
@@ -840,25 +1013,26 @@ fn goal(key: &Key, run: u32) -> TaskSpec {
             attempt += 1;
         }
     };
-    let objects = if key.split == Split::Val {
-        None
-    } else {
-        // One layout per (seed, run), shared by every train and unseen task.
-        let mut attempt = 0u64;
-        loop {
-            if let Some(objects) = goal_layout(&mut key.shared_layout_rng(run, attempt)) {
-                break Some(objects);
-            }
-            attempt += 1;
-        }
-    };
+    goal_in_layout(key, run, chosen)
+}
+
+/// The goal-suite task of `chosen`: in the seed's shared layout, or (val)
+/// in a layout of its own.
+fn goal_in_layout(key: &Key, run: u32, chosen: Goal) -> TaskSpec {
     let make = |objects: Vec<ObjectSpec>| {
         let (instruction, task_type) = describe_goal(&objects, &chosen);
         task(task_type, instruction, objects, vec![chosen], MAX_STEPS)
     };
-    match objects {
-        Some(objects) => make(objects),
-        None => first_layout(key, run, |rng| goal_layout(rng).map(make)),
+    if matches!(key.split, Split::Val | Split::Test) {
+        return first_layout(key, run, |rng| goal_layout(rng).map(make));
+    }
+    // One layout per (seed, run), shared by every train and unseen task.
+    let mut attempt = 0u64;
+    loop {
+        if let Some(objects) = goal_layout(&mut key.shared_layout_rng(run, attempt)) {
+            return make(objects);
+        }
+        attempt += 1;
     }
 }
 

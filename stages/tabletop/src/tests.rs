@@ -32,6 +32,7 @@ fn scene(objects: Vec<ObjectSpec>, goals: Vec<Goal>) -> TaskSpec {
         seed: 0,
         index: 0,
         run: 0,
+        state: None,
         task_type: "test".into(),
         instruction: "test".into(),
         objects,
@@ -70,7 +71,7 @@ fn go(world: &mut World, to: [f32; 3], grip: f32) {
 #[test]
 fn generation_is_deterministic_and_ids_follow_the_key() {
     for suite in Suite::ALL {
-        for split in Split::ALL {
+        for split in LAYOUT_SPLITS {
             let a = generate(suite, split, 7, 42);
             assert_eq!(a, generate(suite, split, 7, 42));
             assert_eq!(a.task_id(), format!("tabletop-{suite}/{split}/7/000042"));
@@ -88,7 +89,7 @@ fn generation_is_deterministic_and_ids_follow_the_key() {
 fn the_noiseless_expert_solves_every_suite_and_split() {
     let mut report = Vec::new();
     for suite in Suite::ALL {
-        for split in Split::ALL {
+        for split in LAYOUT_SPLITS {
             let ts = tasks(suite, split, 3, PER_CELL);
             let mut solved = 0;
             for t in &ts {
@@ -223,6 +224,104 @@ fn the_goal_suite_shares_one_layout_and_val_draws_new_ones() {
     }
 }
 
+/// LIBERO's protocol: train / val / test initial states of one task.
+fn states_of(suite: Suite, seed: u64, index: u64, n: u32) -> Vec<TaskSpec> {
+    STATE_SPLITS
+        .into_iter()
+        .flat_map(|split| (0..n).map(move |s| initial_state(suite, seed, index, split, s).unwrap()))
+        .collect()
+}
+
+#[test]
+fn initial_state_splits_are_disjoint_states_of_the_same_tasks_and_deterministic_by_seed() {
+    for suite in Suite::ALL {
+        for index in 0..3 {
+            let states = states_of(suite, 5, index, 8);
+            let first = &states[0];
+            let centre = &initial_state(suite, 5, index, Split::Train, 0).unwrap();
+            assert_eq!(first, centre);
+            let rows: Vec<_> = states.iter().map(task_row).collect();
+            for (t, row) in states.iter().zip(&rows) {
+                t.validate().unwrap();
+                // The same task: scene, instruction, goals; the rows share the task key.
+                assert_eq!(
+                    (&t.instruction, &t.goals, &t.task_type, t.objects.len()),
+                    (&first.instruction, &first.goals, &first.task_type, first.objects.len()),
+                    "{}",
+                    t.task_id()
+                );
+                assert_eq!(row.task_key(), rows[0].task_key());
+                assert_eq!(row.task_key(), format!("tabletop-{suite}/5/{index:06}"));
+                assert_eq!(row.task_id, format!("{}@{}/{:04}", row.task_key(), t.split, t.state.unwrap()));
+                assert_eq!(task_from_row(row).unwrap(), *t);
+                // Every object within its region around the task's layout.
+                let layout = match protocol_tasks(suite) {
+                    Some(_) => generate(Suite::Goal, Split::Train, 5, 0).objects,
+                    None => generate(suite, Split::Train, 5, index).objects,
+                };
+                for (o, c) in t.objects.iter().zip(&layout) {
+                    assert_eq!((o.kind, o.colour, o.shape, o.size), (c.kind, c.colour, c.shape, c.size));
+                    assert!((o.x - c.x).abs() <= REGION_HALF_WIDTH + 1e-6, "{}", t.task_id());
+                    assert!((o.y - c.y).abs() <= REGION_HALF_WIDTH + 1e-6, "{}", t.task_id());
+                }
+            }
+            // Disjoint: no two states (within or across splits) place the objects alike.
+            for (i, a) in states.iter().enumerate() {
+                for b in &states[i + 1..] {
+                    assert_ne!(a.objects, b.objects, "{} vs {}", a.task_id(), b.task_id());
+                }
+            }
+            let ids: BTreeSet<String> = rows.iter().map(|r| r.task_id.clone()).collect();
+            let seeds: BTreeSet<i64> = rows.iter().map(|r| r.seed).collect();
+            assert_eq!((ids.len(), seeds.len()), (states.len(), states.len()));
+            // Deterministic by seed: the same key draws the same states, another seed others.
+            assert_eq!(states, states_of(suite, 5, index, 8));
+            let other = initial_state(suite, 6, index, Split::Train, 0).unwrap();
+            assert_ne!(other.objects, first.objects, "{suite}");
+            // A rerun of a state (evaluation's runs) keeps the task and moves within the regions.
+            let again = reseed(&states[3], 1).unwrap();
+            assert_eq!((&again.goals, again.state, &again.split), (&states[3].goals, states[3].state, &states[3].split));
+            assert_ne!(again.objects, states[3].objects);
+            assert_eq!(reseed(&states[3], 0).unwrap(), states[3]);
+        }
+    }
+}
+
+#[test]
+fn the_goal_suite_has_its_seven_train_goals_as_tasks_and_no_unseen_states() {
+    assert_eq!(protocol_tasks(Suite::Goal), Some(7));
+    assert_eq!(protocol_tasks(Suite::Spatial), None);
+    let tasks: Vec<TaskSpec> = (0..7)
+        .map(|i| initial_state(Suite::Goal, 1, i, Split::Train, 0).unwrap())
+        .collect();
+    let words: BTreeSet<&str> = tasks.iter().map(|t| t.instruction.as_str()).collect();
+    assert_eq!(words.len(), 7, "{words:?}");
+    let unseen: BTreeSet<String> = (0..30)
+        .map(|i| generate(Suite::Goal, Split::Unseen, 1, i).instruction)
+        .collect();
+    assert!(unseen.iter().all(|w| !words.contains(w.as_str())), "{unseen:?}");
+    let err = initial_state(Suite::Goal, 1, 7, Split::Train, 0).unwrap_err();
+    assert!(err.to_string().contains("7 tasks, no task 7"), "{err}");
+    let err = initial_state(Suite::Spatial, 1, 0, Split::Unseen, 0).unwrap_err();
+    assert!(err.to_string().contains("held-out goals"), "{err}");
+}
+
+#[test]
+fn the_noiseless_expert_solves_initial_states_of_every_suite() {
+    for suite in Suite::ALL {
+        let states: Vec<TaskSpec> = (0..4).flat_map(|i| states_of(suite, 2, i, 4)).collect();
+        let solved = states
+            .iter()
+            .filter(|t| {
+                expert_episode(t, Strategy::Grasp, ExpertConfig::default())
+                    .unwrap()
+                    .success
+            })
+            .count();
+        assert!(solved as f64 >= 0.95 * states.len() as f64, "{suite}: {solved}/{}", states.len());
+    }
+}
+
 #[test]
 fn reseeding_keeps_the_goal_and_moves_the_objects() {
     for suite in Suite::ALL {
@@ -316,7 +415,7 @@ fn tasks_the_world_cannot_build_are_clear_errors() {
 #[test]
 fn rows_round_trip_and_bad_rows_are_named() {
     for suite in Suite::ALL {
-        for split in Split::ALL {
+        for split in LAYOUT_SPLITS {
             let t = generate(suite, split, 9, 4);
             let row = task_row(&t);
             assert_eq!(row.task_id, t.task_id());
@@ -606,7 +705,7 @@ fn noise_must_be_finite_and_not_negative() {
 
 fn any_task() -> impl proptest::strategy::Strategy<Value = TaskSpec> {
     (0usize..4, 0usize..3, 0u64..50, 0u64..50)
-        .prop_map(|(s, p, seed, i)| generate(Suite::ALL[s], Split::ALL[p], seed, i))
+        .prop_map(|(s, p, seed, i)| generate(Suite::ALL[s], LAYOUT_SPLITS[p], seed, i))
 }
 
 fn actions(n: usize) -> impl proptest::strategy::Strategy<Value = Vec<[f32; 4]>> {
