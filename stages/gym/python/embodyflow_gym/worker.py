@@ -146,11 +146,18 @@ def shape_of(space):
 
 
 class Worker:
+    """Keeps environments warm: an environment is built for a spec key
+    (adapter, env id, kwargs, rule, max_steps) only when none of that key is
+    free, and every episode resets its environment with its own seed (the
+    same seed gives the same state, whichever episode ran on it before).
+    Free environments wait in `spare`: hello's, a slot's when the slot moves
+    to another spec, an expert episode's when it ends. An environment that
+    raised is closed, never reused."""
+
     def __init__(self):
         self.slots = {}
-        # Built environments no slot holds, by spec key: hello's, and a
-        # slot's when it moves to another spec, for the next slot of theirs
-        # (building one may cost a second: Meta-World's MT1).
+        # Built environments no slot holds, by spec key (building one may
+        # cost a second: Meta-World's MT1).
         self.spare = {}
         self.last_progress = time.monotonic()
         # The id of the request being served.
@@ -174,6 +181,15 @@ class Worker:
         self.progress(now=True)
         return episode
 
+    def take(self, spec, seed):
+        """A free environment of `spec`'s key, else a new one."""
+        spare = self.spare.get(spec_key(spec))
+        return spare.pop() if spare else self.build(spec, seed)
+
+    def give_back(self, spec, episode):
+        """`episode` is free for the next episode of `spec`'s key."""
+        self.spare.setdefault(spec_key(spec), []).append(episode)
+
     def hello(self, header, body):
         spare = self.spare.setdefault(spec_key(header), [])
         if not spare:
@@ -188,9 +204,8 @@ class Worker:
             return slot
         if slot is not None:
             del self.slots[item["slot"]]
-            self.spare.setdefault(slot.key, []).append(slot.episode)
-        spare = self.spare.get(spec_key(spec))
-        episode = spare.pop() if spare else self.build(spec, int(item["seed"]))
+            self.give_back(slot.spec, slot.episode)
+        episode = self.take(spec, int(item["seed"]))
         slot = Slot(spec, episode, space_of(episode))
         self.slots[item["slot"]] = slot
         return slot
@@ -257,11 +272,16 @@ class Worker:
 
     def expert_episode(self, header, body):
         spec, seed, k = header["spec"], int(header["seed"]), int(header["k"])
-        episode = self.build(spec, seed)
+        episode = self.take(spec, seed)
+        reply = None
         try:
-            return self.play_expert(episode, spec, seed, k)
+            reply, obs = self.play_expert(episode, spec, seed, k)
+            return reply, obs
         finally:
-            close(episode)
+            if reply is None or "error" in reply:
+                close(episode)
+            else:
+                self.give_back(spec, episode)
 
     def play_expert(self, episode, spec, seed, k):
         space = space_of(episode)

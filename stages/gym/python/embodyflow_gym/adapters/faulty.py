@@ -23,7 +23,8 @@ names a file (made then: the restarted worker finds it). At start-up:
 (os._exit(5)), only the first time when `start_once` names a file.
 Processes: `child` (a file) starts a `sleep 1000` child when the env is
 built (a simulator's server) and appends its pid to the file; `closed` (a
-file) gets a line each time an env is closed.
+file) gets a line each time an env is closed, `built` (a file) one each
+time an env is built (the warm-environment tests count them).
 """
 
 import os
@@ -102,6 +103,9 @@ class Episode:
         self.fault_once = kwargs.get("fault_once")
         self.text = bool(kwargs.get("text", False))
         self.closed = kwargs.get("closed")
+        if kwargs.get("built"):
+            with open(kwargs["built"], "a") as f:
+                f.write("built\n")
         self.child = None
         if kwargs.get("child"):
             self.child = subprocess.Popen(["sleep", "1000"])
