@@ -62,14 +62,15 @@
 //! assert_eq!(err, "config key `step.omega`: expected a finite number above 0, found -1");
 //! ```
 
-use std::fmt::Display;
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use crate::checks::{at_least, ensure, finite, in_range, positive};
+use crate::dataset::WriteOptions;
 use crate::error::{Error, Result};
-use crate::spec::StageSpec;
-use crate::stage::{OutputConfig, StageConfig};
 use crate::threads::{Threads, ThreadsConfig};
 
 /// A config type's dotted keys with their one-line meanings. Derived:
@@ -125,6 +126,86 @@ pub fn dotted(prefix: &str, key: &str) -> String {
         key.to_string()
     } else {
         format!("{prefix}.{key}")
+    }
+}
+
+/// How a stage lays out the tables it writes (`output.*` keys of every stage).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutputConfig {
+    /// Rows per Parquet shard file.
+    pub rows_per_shard: usize,
+    /// Rows per Parquet row group.
+    pub row_group_rows: usize,
+    /// zstd compression level, 1-22.
+    pub zstd_level: i32,
+}
+
+impl OutputConfig {
+    /// The meaning of each `output.*` key, shown in every stage's `--help`
+    /// with the stage's own ([`StageConfig::key_docs`]).
+    pub fn keys() -> Vec<(String, &'static str)> {
+        let mut keys = Vec::new();
+        <OutputConfig as ConfigKeys>::config_keys("output", &mut keys);
+        keys
+    }
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        let d = WriteOptions::default();
+        OutputConfig {
+            rows_per_shard: d.rows_per_shard,
+            row_group_rows: d.row_group_rows,
+            zstd_level: d.zstd_level,
+        }
+    }
+}
+
+/// A stage's config type.
+pub trait StageConfig: Serialize + DeserializeOwned + Default {
+    /// Every dotted key of the config but `output.*` with its one-line
+    /// meaning, for `--help` ([`keys_help`], which takes the
+    /// defaults from `Default`). The keys are those the defaults tree has:
+    /// [`check_key_docs`], called by each stage's tests,
+    /// fails on a key without a meaning or a meaning without a key, so the
+    /// table cannot drift from the struct. A config that derives
+    /// [`ConfigKeys`] (its meanings are its fields' doc
+    /// comments) leaves this empty and returns them from [`Self::key_docs`].
+    const KEYS: &'static [(&'static str, &'static str)] = &[];
+
+    /// Every dotted key but `output.*` with its one-line meaning: [`Self::KEYS`]
+    /// unless the config derives them ([`keys_of`]).
+    fn key_docs() -> Vec<(String, &'static str)> {
+        Self::KEYS
+            .iter()
+            .map(|&(k, m)| (k.to_string(), m))
+            .collect()
+    }
+
+    /// The output layout settings.
+    fn output(&self) -> &OutputConfig;
+
+    /// The config of a resolved tree (the stage's own keys, thread keys
+    /// taken out): serde, a value of the wrong type naming its dotted key. A
+    /// config whose tables are declared at run time (compute-advantages'
+    /// estimator sections) reads them itself, naming keys the same way.
+    fn from_tree(tree: serde_json::Value) -> Result<Self> {
+        serde_path_to_error::deserialize(tree).map_err(|e| Error::BadValue {
+            key: e.path().to_string(),
+            reason: e.inner().to_string(),
+        })
+    }
+
+    /// Checks what the types do not: ranges (a group size of at least 1, a
+    /// temperature above 0, a probability in [0, 1]) and relations between
+    /// keys, each failure a [`Error::BadValue`] naming the dotted key, what
+    /// was expected and what was found (see the helpers in
+    /// this module). [`load_config`] calls it after
+    /// `output.*` is checked, so `--print-config`, the runner's pre-check and
+    /// the run reject the same values before any work. Reads no file.
+    fn validate(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -189,15 +270,17 @@ impl ConfigReport {
         Self::resolve_with::<C>(stage, Threads::Single, version, file, sets)
     }
 
-    /// [`Self::resolve`] for the stage `spec` declares, with its thread keys
+    /// [`Self::resolve`] for stage `name` computing on pool `pool` (what its
+    /// [`crate::spec::StageSpec`] declares), with its thread keys
     /// ([`load_stage_config`]): what `STAGE --print-config` prints.
     pub fn for_stage<C: StageConfig>(
-        spec: &StageSpec,
+        name: &str,
+        pool: Threads,
         version: &str,
         file: Option<&Path>,
         sets: &[String],
     ) -> Self {
-        Self::resolve_with::<C>(spec.name, spec.threads, version, file, sets)
+        Self::resolve_with::<C>(name, pool, version, file, sets)
     }
 
     fn resolve_with<C: StageConfig>(
@@ -497,50 +580,6 @@ fn check_output(output: &OutputConfig) -> Result<()> {
         "output.zstd_level",
         "a zstd level from 1 to 22",
         output.zstd_level,
-    )
-}
-
-/// A value check for [`StageConfig::validate`]: unless `ok`, the error
-/// `config key `key`: expected {expected}, found {found}`.
-pub fn ensure(ok: bool, key: &str, expected: impl Display, found: impl Display) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::BadValue {
-            key: key.to_string(),
-            reason: format!("expected {expected}, found {found}"),
-        })
-    }
-}
-
-/// `value >= min` (a count or size).
-pub fn at_least<T: PartialOrd + Display>(key: &str, value: T, min: T) -> Result<()> {
-    let ok = value >= min;
-    ensure(ok, key, format!("at least {min}"), value)
-}
-
-/// A finite number above 0 (a temperature, a learning rate, an epsilon).
-pub fn positive(key: &str, value: f64) -> Result<()> {
-    ensure(
-        value.is_finite() && value > 0.0,
-        key,
-        "a finite number above 0",
-        value,
-    )
-}
-
-/// A finite number (a weight or threshold of either sign).
-pub fn finite(key: &str, value: f64) -> Result<()> {
-    ensure(value.is_finite(), key, "a finite number", value)
-}
-
-/// A number in the closed interval `[low, high]` (a probability: `[0, 1]`).
-pub fn in_range(key: &str, value: f64, low: f64, high: f64) -> Result<()> {
-    ensure(
-        (low..=high).contains(&value),
-        key,
-        format!("a number in [{low}, {high}]"),
-        value,
     )
 }
 

@@ -8,6 +8,7 @@
 //! - [`manifest`]: `_manifest.parquet` (the manifest JSON in its metadata) with shard hashes, producer config and lineage;
 //! - [`inputs`]: finding tables by name among `--input` directories;
 //! - [`config`]: defaults, TOML file and `--set` overrides with checked keys;
+//! - [`checks`]: value checks naming the key, the expectation and the value;
 //! - [`cli`]: the uniform stage command line, exit codes and error reports;
 //! - [`spec`]: what each stage is (reads, writes, sharding), declared once;
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
@@ -29,6 +30,7 @@
 extern crate self as embodyflow_core;
 
 pub mod canonical;
+pub mod checks;
 pub mod cli;
 pub mod commit;
 pub mod config;

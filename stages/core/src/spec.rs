@@ -31,7 +31,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::manifest::Manifest;
-use crate::stage::StageConfig;
+use crate::config::StageConfig;
 pub use crate::threads::Threads;
 
 /// When a stage needs something it reads.

@@ -43,98 +43,17 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use embodyflow_schemas::TableName;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use crate::cli::StageArgs;
 use crate::commit::{self, Commit, Digest};
-use crate::config::{ConfigKeys, ConfigReport, load_stage_config};
+use crate::config::{ConfigReport, load_stage_config};
+pub use crate::config::{OutputConfig, StageConfig};
 use crate::dataset::{TableReader, TableWriter, WriteOptions};
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::manifest::{InputRef, Manifest, Producer};
 use crate::spec::{Sharding, StageSpec};
 use crate::threads::Applied;
-
-/// How a stage lays out the tables it writes (`output.*` keys of every stage).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
-#[serde(default, deny_unknown_fields)]
-pub struct OutputConfig {
-    /// Rows per Parquet shard file.
-    pub rows_per_shard: usize,
-    /// Rows per Parquet row group.
-    pub row_group_rows: usize,
-    /// zstd compression level, 1-22.
-    pub zstd_level: i32,
-}
-
-impl OutputConfig {
-    /// The meaning of each `output.*` key, shown in every stage's `--help`
-    /// with the stage's own ([`StageConfig::key_docs`]).
-    pub fn keys() -> Vec<(String, &'static str)> {
-        let mut keys = Vec::new();
-        <OutputConfig as ConfigKeys>::config_keys("output", &mut keys);
-        keys
-    }
-}
-
-impl Default for OutputConfig {
-    fn default() -> Self {
-        let d = WriteOptions::default();
-        OutputConfig {
-            rows_per_shard: d.rows_per_shard,
-            row_group_rows: d.row_group_rows,
-            zstd_level: d.zstd_level,
-        }
-    }
-}
-
-/// A stage's config type.
-pub trait StageConfig: Serialize + DeserializeOwned + Default {
-    /// Every dotted key of the config but `output.*` with its one-line
-    /// meaning, for `--help` ([`crate::config::keys_help`], which takes the
-    /// defaults from `Default`). The keys are those the defaults tree has:
-    /// [`crate::config::check_key_docs`], called by each stage's tests,
-    /// fails on a key without a meaning or a meaning without a key, so the
-    /// table cannot drift from the struct. A config that derives
-    /// [`crate::config::ConfigKeys`] (its meanings are its fields' doc
-    /// comments) leaves this empty and returns them from [`Self::key_docs`].
-    const KEYS: &'static [(&'static str, &'static str)] = &[];
-
-    /// Every dotted key but `output.*` with its one-line meaning: [`Self::KEYS`]
-    /// unless the config derives them ([`crate::config::keys_of`]).
-    fn key_docs() -> Vec<(String, &'static str)> {
-        Self::KEYS
-            .iter()
-            .map(|&(k, m)| (k.to_string(), m))
-            .collect()
-    }
-
-    /// The output layout settings.
-    fn output(&self) -> &OutputConfig;
-
-    /// The config of a resolved tree (the stage's own keys, thread keys
-    /// taken out): serde, a value of the wrong type naming its dotted key. A
-    /// config whose tables are declared at run time (compute-advantages'
-    /// estimator sections) reads them itself, naming keys the same way.
-    fn from_tree(tree: serde_json::Value) -> Result<Self> {
-        serde_path_to_error::deserialize(tree).map_err(|e| Error::BadValue {
-            key: e.path().to_string(),
-            reason: e.inner().to_string(),
-        })
-    }
-
-    /// Checks what the types do not: ranges (a group size of at least 1, a
-    /// temperature above 0, a probability in [0, 1]) and relations between
-    /// keys, each failure a [`Error::BadValue`] naming the dotted key, what
-    /// was expected and what was found (see the helpers in
-    /// [`crate::config`]). [`crate::config::load_config`] calls it after
-    /// `output.*` is checked, so `--print-config`, the runner's pre-check and
-    /// the run reject the same values before any work. Reads no file.
-    fn validate(&self) -> Result<()> {
-        Ok(())
-    }
-}
 
 /// A running stage.
 pub struct Stage<C> {
@@ -182,8 +101,13 @@ impl<C: StageConfig> Stage<C> {
             )));
         }
         if args.print_config {
-            let report =
-                ConfigReport::for_stage::<C>(spec, version, args.config.as_deref(), &args.sets);
+            let report = ConfigReport::for_stage::<C>(
+                spec.name,
+                spec.threads,
+                version,
+                args.config.as_deref(),
+                &args.sets,
+            );
             println!(
                 "{}",
                 serde_json::to_string(&report).expect("a config report serialises")

@@ -68,7 +68,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::config::ensure;
+use crate::checks::ensure;
 use crate::error::{Error, Result};
 
 /// The environment variable that restricts a stage process to a CPU list.
