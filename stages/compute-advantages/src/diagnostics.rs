@@ -1,7 +1,10 @@
 //! What a run did, in one place: the statistics of the rows written
 //! ([`AdvantageStats`], fed by [`crate::output::AdvantagesOut`] for every
 //! estimator) and the run's [`Diagnostics`], written as `diagnostics.json`
-//! (read back by the `report` tool) and as the summary's lines.
+//! (read back by the `report` tool) and as the summary's lines. An
+//! estimator's own counts (the step path's, GiGPO's step groups) follow the
+//! run's in both, written by the estimator's module
+//! ([`crate::estimator::Report`] through [`Diagnostics::to_json_with`]).
 //!
 //! The episode advantage's mean and standard deviation are over the written
 //! steps (one value per step row, in output order, accumulated in f64):
@@ -18,13 +21,10 @@
 
 use std::fmt::Display;
 
-use embodyflow_algos::gigpo::StepGroupSizes;
-use embodyflow_algos::step_adv::Distribution;
 use embodyflow_core::stage::Summary;
 use serde::Serialize;
 
 use crate::episodes::{Episodes, Groups};
-use crate::step::{FlipCount, StepDiagnostics};
 
 /// Count, tokens and the first two moments of the written rows' episode advantage.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -86,23 +86,25 @@ pub struct Diagnostics {
     pub episode_adv_mean: f64,
     /// Standard deviation of the episode advantage over written steps.
     pub episode_adv_std: f64,
-    /// The step path's counts (grpo_step, StepOPSD).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step: Option<StepDiagnostics>,
-    /// GiGPO's step groups over the kept groups (whatever `--shard`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step_groups: Option<StepGroupSizes>,
+}
+
+/// The run's keys followed by an estimator's own.
+#[derive(Serialize)]
+struct WithCounts<'a, X> {
+    #[serde(flatten)]
+    run: &'a Diagnostics,
+    #[serde(flatten)]
+    counts: &'a X,
 }
 
 impl Diagnostics {
     /// The diagnostics of a run of `estimator` over `episodes` that wrote
-    /// rows with `stats`; `step` from the step path.
+    /// rows with `stats`.
     pub fn new(
         estimator: &str,
         episodes: &Episodes,
         groups: &Groups,
         stats: &AdvantageStats,
-        step: Option<StepDiagnostics>,
     ) -> Diagnostics {
         let kept = groups.kept.iter().filter(|k| **k).count();
         let too_few = groups
@@ -123,8 +125,6 @@ impl Diagnostics {
             tokens_written: stats.tokens,
             episode_adv_mean: stats.mean(),
             episode_adv_std: stats.std(),
-            step,
-            step_groups: None,
         }
     }
 
@@ -145,7 +145,16 @@ impl Diagnostics {
         serde_json::to_string_pretty(self).expect("diagnostics serialise") + "\n"
     }
 
-    /// The run's summary; `shard` is this process's `--shard`.
+    /// `diagnostics.json` with an estimator's `counts` (a struct whose
+    /// fields become keys) after the run's.
+    pub fn to_json_with<X: Serialize>(&self, counts: &X) -> String {
+        let both = WithCounts { run: self, counts };
+        serde_json::to_string_pretty(&both).expect("diagnostics serialise") + "\n"
+    }
+
+    /// The run's summary (an estimator's own lines follow:
+    /// [`crate::estimator::Report::add_lines`]); `shard` is this process's
+    /// `--shard`.
     pub fn summary(&self, shard: impl Display) -> Summary {
         let mut summary = Summary::new(format!("compute-advantages ({})", self.estimator));
         summary
@@ -172,107 +181,14 @@ impl Diagnostics {
             tracing::warn!("{warning}");
             summary.add("warning", warning);
         }
-        if let Some(step) = &self.step {
-            add_step_lines(&mut summary, step);
-        }
-        if let Some(sizes) = &self.step_groups {
-            add_step_group_lines(&mut summary, sizes);
-        }
         summary
-    }
-}
-
-/// GiGPO: how often a group's decisions share an anchor state.
-fn add_step_group_lines(summary: &mut Summary, sizes: &StepGroupSizes) {
-    let histogram: Vec<String> = sizes
-        .histogram
-        .iter()
-        .map(|(size, n)| format!("{size}: {n}"))
-        .collect();
-    summary
-        .add(
-            "step groups (GiGPO, kept groups)",
-            format!(
-                "{} over {} decisions, mean size {:.2}",
-                sizes.groups,
-                sizes.steps,
-                sizes.mean_size()
-            ),
-        )
-        .add(
-            "decisions in step groups of >= 2",
-            format!(
-                "{} of {} ({:.1} %)",
-                sizes.shared_steps,
-                sizes.steps,
-                100.0 * sizes.shared_fraction()
-            ),
-        )
-        .add("step group sizes (size: count)", histogram.join(", "));
-}
-
-fn add_step_lines(summary: &mut Summary, step: &StepDiagnostics) {
-    let ratio = |flips: &FlipCount| format!("{:.4} ({} tokens)", flips.ratio(), flips.tokens);
-    summary
-        .add(
-            "responses with non-zero A^S",
-            format!("{} of {}", step.responses_with_step_adv, step.responses),
-        )
-        .add("plan parse failures (A^S = 0)", step.parse_failures)
-        .add(
-            "offset fallbacks / span check failures",
-            format!("{} / {}", step.offset_fallbacks, step.span_verify_failures),
-        )
-        .add(
-            "step-count mismatches with the rule match",
-            step.step_count_mismatches,
-        )
-        .add(
-            "steps without a teacher_logp row (A^S = 0)",
-            step.teacher_missing,
-        )
-        .add("sign-flip ratio: all", ratio(&step.sign_flips))
-        .add(
-            "sign-flip ratio: where A^E != 0",
-            ratio(&step.sign_flips_episode_adv_nonzero),
-        )
-        .add(
-            "sign-flip ratio: success / failure",
-            format!(
-                "{:.4} / {:.4}",
-                step.sign_flips_success.ratio(),
-                step.sign_flips_failure.ratio()
-            ),
-        )
-        .add(
-            "sign-flip ratio: rule-correct / rule-wrong",
-            format!(
-                "{:.4} / {:.4}",
-                step.sign_flips_rule_correct.ratio(),
-                step.sign_flips_rule_wrong.ratio()
-            ),
-        );
-    if let (Some(right), Some(wrong)) = (&step.step_adv_rule_correct, &step.step_adv_rule_wrong) {
-        let describe = |d: &Distribution| {
-            format!(
-                "{:.3} ± {:.3} (p10 {:.3}, p50 {:.3}, p90 {:.3}; {} steps)",
-                d.mean, d.std, d.p10, d.p50, d.p90, d.count
-            )
-        };
-        summary
-            .add("A^S on rule-correct steps", describe(right))
-            .add("A^S on rule-wrong steps", describe(wrong))
-            .add(
-                "AUC of A^S (correct vs wrong)",
-                step.step_adv_auc
-                    .map_or("n/a".into(), |a| format!("{a:.3}")),
-            );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::one_trajectory_run;
 
     #[test]
     fn stats_match_the_two_pass_moments() {
@@ -320,7 +236,7 @@ mod tests {
         let groups = Groups::select(&episodes, true, true, embodyflow_core::cli::ShardSpec::ALL);
         assert_eq!(groups.kept, [false, false]);
         let stats = AdvantageStats::default();
-        let run = Diagnostics::new("grpo", &episodes, &groups, &stats, None);
+        let run = Diagnostics::new("grpo", &episodes, &groups, &stats);
         assert_eq!(
             (
                 run.faulted_trajectories,
@@ -349,55 +265,33 @@ mod tests {
         assert_eq!(gae.kept, [true, true]);
         assert!(gae.keeps(&episodes.list[0]) && !gae.keeps(&episodes.list[1]));
         assert!(
-            Diagnostics::new("gae", &episodes, &gae, &stats, None)
+            Diagnostics::new("gae", &episodes, &gae, &stats)
                 .warning()
                 .is_none()
         );
     }
 
     #[test]
-    fn summary_lists_the_step_lines_only_on_the_step_path() {
-        let episodes = Episodes::join(
-            [("a".to_string(), "g".to_string(), 1)],
-            [("a".to_string(), "g".to_string(), 1.0)],
-        )
-        .unwrap();
-        let groups = Groups {
-            kept: vec![true],
-            owned: vec![true],
-        };
+    fn an_estimators_counts_follow_the_runs_in_the_json() {
         let mut stats = AdvantageStats::default();
         stats.add(0.5, 4);
-        let plain = Diagnostics::new("grpo", &episodes, &groups, &stats, None);
+        let plain = one_trajectory_run("grpo", &stats);
         assert_eq!((plain.steps_written, plain.tokens_written), (1, 4));
         let markdown = plain.summary("0/1").to_markdown();
         assert!(markdown.contains("compute-advantages (grpo)"), "{markdown}");
         assert!(markdown.contains("0.5000 ± 0.0000"), "{markdown}");
         assert!(!markdown.contains("sign-flip"), "{markdown}");
         assert!(!plain.to_json().contains("\"step\""));
-        let step = Diagnostics::new(
-            "grpo_step",
-            &episodes,
-            &groups,
-            &stats,
-            Some(StepDiagnostics::default()),
-        );
+        // An estimator's counts follow the run's keys.
+        #[derive(Serialize)]
+        struct Counts {
+            extra: u32,
+        }
+        let json = plain.to_json_with(&Counts { extra: 7 });
         assert!(
-            step.summary("0/1")
-                .to_markdown()
-                .contains("sign-flip ratio: all")
+            json.ends_with("  \"episode_adv_std\": 0.0,\n  \"extra\": 7\n}\n"),
+            "{json}"
         );
-        assert!(step.to_json().contains("\"step\""));
-        let mut gigpo = Diagnostics::new("gigpo", &episodes, &groups, &stats, None);
-        gigpo.step_groups = Some(StepGroupSizes::of(&[1, 2, 3]));
-        let markdown = gigpo.summary("0/1").to_markdown();
-        assert!(markdown.contains("5 of 6 (83.3 %)"), "{markdown}");
-        assert!(markdown.contains("1: 1, 2: 1, 3: 1"), "{markdown}");
-        assert!(
-            markdown.contains("3 over 6 decisions, mean size 2.00"),
-            "{markdown}"
-        );
-        assert!(gigpo.to_json().contains("\"shared_steps\": 5"));
-        assert!(!markdown.contains("sign-flip"), "{markdown}");
+        assert_eq!(json.replace(",\n  \"extra\": 7", ""), plain.to_json());
     }
 }

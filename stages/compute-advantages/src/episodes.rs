@@ -30,15 +30,76 @@
 //! rewards `a: 1`, `b: 0` give one group of two episodes; with
 //! `filter.dynamic_sampling` it is kept (scores differ), and a steps row
 //! naming `c` is bad input.
+//!
+//! The group-normalised outcome every group-relative estimator starts from
+//! is here too ([`episode_advantages_of`], veRL's numerics), with its
+//! setting `grpo.eps` ([`GrpoConfig`], the section [`GRPO`] that grpo,
+//! dr_grpo and grpo_step declare).
 
 use std::collections::HashMap;
 
 use arrow::array::{Array, BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
-use embodyflow_algos::grpo::is_mixed;
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages, is_mixed};
 use embodyflow_core::cli::ShardSpec;
+use embodyflow_core::config::{ConfigKeys, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{TOKEN_SUM_TOLERANCE, token_sum};
 use embodyflow_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, Section};
+use embodyflow_core::section::SectionConfig;
+
+/// `grpo.*` settings: the group statistics of the group-relative outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpoConfig {
+    /// Added to the group's standard deviation (grpo).
+    pub eps: f64,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig { eps: 1e-6 }
+    }
+}
+
+impl SectionConfig<Config> for GrpoConfig {
+    /// `grpo.eps` above 0.
+    fn check(&self, _: &Config) -> Result<()> {
+        positive("grpo.eps", self.eps)
+    }
+}
+
+impl GrpoConfig {
+    /// The group normalisation: divided by the group's standard deviation
+    /// plus eps (GRPO) or centred only (Dr. GRPO).
+    pub fn norm(&self, by_std: bool) -> GroupNorm {
+        GroupNorm {
+            norm_by_std: by_std,
+            eps: self.eps,
+        }
+    }
+}
+
+/// The `grpo` section.
+pub const GRPO: Section = Section::of::<GrpoConfig>("grpo");
+
+/// The episode advantage of every episode, in episode order, normalised
+/// over the trajectories of its group that ran: a faulted trajectory is
+/// left out of the statistics (and gets 0, never written).
+pub fn episode_advantages_of(episodes: &Episodes, norm: GroupNorm) -> Vec<f32> {
+    let ran: Vec<usize> = (0..episodes.list.len())
+        .filter(|&e| !episodes.list[e].faulted)
+        .collect();
+    let scores: Vec<f32> = ran.iter().map(|&e| episodes.list[e].score).collect();
+    let groups: Vec<u32> = ran.iter().map(|&e| episodes.list[e].group).collect();
+    let mut advantages = vec![0.0; episodes.list.len()];
+    for (&e, a) in ran.iter().zip(episode_advantages(&scores, &groups, norm)) {
+        advantages[e] = a;
+    }
+    advantages
+}
 
 /// One trajectory with its reward, as the estimators see it.
 #[derive(Debug, Clone, PartialEq)]

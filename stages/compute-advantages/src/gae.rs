@@ -58,14 +58,75 @@ use arrow::buffer::OffsetBuffer;
 use embodyflow_algos::gae::{
     GaeParams, WhitenStats, Whitening, gae_tokens_into, gae_tokens_masked_into, zero_holes,
 };
+use embodyflow_core::config::{ConfigKeys, in_range};
 use embodyflow_core::dataset::column;
 use embodyflow_core::{Error, Result, progress};
+use serde::{Deserialize, Serialize};
 
-use crate::config::{Estimator, GaeConfig, GaeLevel};
+use crate::config::{Config, Section};
 use crate::episodes::Episode;
+use crate::estimator::{Estimate, Estimator, Reported, StepsInput};
 use crate::holes::Holes;
 use crate::output::{AdvantagesOut, advantages_batch};
-use crate::{Estimate, Reported, StepsInput};
+use embodyflow_core::section::SectionConfig;
+
+/// `estimator = "gae"`.
+pub static GAE: Estimator = Estimator {
+    name: "gae",
+    sections: &[Section::of::<GaeConfig>("gae")],
+    group_relative: false,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |build| {
+        Ok(Box::new(Gae {
+            config: build.config.section("gae"),
+        }))
+    },
+};
+
+/// Where GAE's values live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GaeLevel {
+    /// One value per response token (`steps.old_values`).
+    Token,
+    /// One value per decision step (`steps.old_value`).
+    Decision,
+}
+
+/// `gae.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct GaeConfig {
+    /// GAE discount gamma.
+    pub gamma: f32,
+    /// GAE lambda.
+    pub lam: f32,
+    /// Critic values per token or per decision step: token or decision.
+    pub level: GaeLevel,
+    /// MiB of raw advantages and returns kept from the first pass; a larger
+    /// input is read twice.
+    pub hold_mib: usize,
+}
+
+impl Default for GaeConfig {
+    fn default() -> Self {
+        GaeConfig {
+            gamma: 0.99,
+            lam: 0.95,
+            level: GaeLevel::Token,
+            hold_mib: 48,
+        }
+    }
+}
+
+impl SectionConfig<Config> for GaeConfig {
+    /// `gae.gamma` and `gae.lam` in [0, 1].
+    fn check(&self, _: &Config) -> Result<()> {
+        in_range("gae.gamma", f64::from(self.gamma), 0.0, 1.0)?;
+        in_range("gae.lam", f64::from(self.lam), 0.0, 1.0)
+    }
+}
 
 /// GAE with its settings.
 pub struct Gae {
@@ -137,7 +198,7 @@ impl Estimate for Gae {
             })?,
         }
         writer.finish()?;
-        Ok(Reported::default())
+        Ok(None)
     }
 }
 
@@ -246,7 +307,7 @@ fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
         advantages,
         Some(returns),
         episode_adv,
-        Estimator::Gae.name(),
+        GAE.name,
     )
 }
 
@@ -710,7 +771,7 @@ impl<'a> GaeOutput<'a> {
             self.advantages,
             Some(self.returns),
             self.episode_adv,
-            Estimator::Gae.name(),
+            GAE.name,
         )
     }
 }

@@ -33,15 +33,125 @@
 use std::collections::HashMap;
 
 use arrow::array::{Array, Int32Array, ListArray, StringArray};
-use embodyflow_algos::gigpo::{Gigpo as GigpoParams, GigpoInput, gigpo};
+use embodyflow_algos::gigpo::{
+    EpisodeStats, Gigpo as GigpoParams, GigpoInput, StepGroupSizes, StepNorm, gigpo,
+};
+use embodyflow_core::config::{ConfigKeys, ensure, in_range, positive};
 use embodyflow_core::dataset::column;
 use embodyflow_core::schemas::AdvantageRow;
+use embodyflow_core::stage::Summary;
 use embodyflow_core::{Error, Result, progress};
+use serde::{Deserialize, Serialize};
 
-use crate::config::{Estimator, GigpoConfig};
+use crate::config::{Config, Section};
 use crate::episodes::StepCounts;
+use crate::estimator::{Counts, Estimate, Estimator, Reported, StepsInput};
 use crate::output::AdvantagesOut;
-use crate::{Estimate, Reported, StepsInput};
+use embodyflow_core::section::SectionConfig;
+
+/// `estimator = "gigpo"`.
+pub static GIGPO: Estimator = Estimator {
+    name: "gigpo",
+    sections: &[Section::of::<GigpoConfig>("gigpo")],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |build| {
+        Ok(Box::new(Gigpo {
+            config: build.config.section("gigpo"),
+        }))
+    },
+};
+
+/// `gigpo.*` settings (defaults: verl-agent's example runs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct GigpoConfig {
+    /// gigpo: discount of the step returns.
+    pub gamma: f32,
+    /// gigpo: weight omega of A^S in A = A^E + omega * A^S (verl-agent's
+    /// `step_advantage_w`).
+    pub step_weight: f32,
+    /// gigpo: std (mean-std normalisation) or mean (centring only), at both
+    /// levels.
+    pub norm: StepNorm,
+    /// gigpo: added to the group's and the step group's standard deviation.
+    pub eps: f64,
+    /// gigpo: A^E's group statistics over one score per trajectory
+    /// (episodes) or per step row (steps, verl-agent).
+    pub episode_stats: EpisodeStats,
+}
+
+impl Default for GigpoConfig {
+    fn default() -> Self {
+        GigpoConfig {
+            gamma: 0.95,
+            step_weight: 1.0,
+            norm: StepNorm::Std,
+            eps: 1e-6,
+            episode_stats: EpisodeStats::Episodes,
+        }
+    }
+}
+
+impl SectionConfig<Config> for GigpoConfig {
+    /// `gigpo.gamma` in [0, 1], `gigpo.step_weight` finite and at least 0,
+    /// `gigpo.eps` above 0.
+    fn check(&self, _: &Config) -> Result<()> {
+        in_range("gigpo.gamma", f64::from(self.gamma), 0.0, 1.0)?;
+        let omega = self.step_weight;
+        ensure(
+            omega.is_finite() && omega >= 0.0,
+            "gigpo.step_weight",
+            "a finite number at least 0",
+            omega,
+        )?;
+        positive("gigpo.eps", self.eps)
+    }
+}
+
+/// GiGPO's counts: the step group sizes over the kept groups (whatever
+/// `--shard`), `step_groups` in `diagnostics.json`.
+#[derive(Debug, Serialize)]
+pub struct StepGroupsReport {
+    /// The size distribution of the step groups.
+    pub step_groups: StepGroupSizes,
+}
+
+impl Counts for StepGroupsReport {
+    fn lines(&self, summary: &mut Summary) {
+        add_step_group_lines(summary, &self.step_groups);
+    }
+}
+
+/// GiGPO: how often a group's decisions share an anchor state.
+fn add_step_group_lines(summary: &mut Summary, sizes: &StepGroupSizes) {
+    let histogram: Vec<String> = sizes
+        .histogram
+        .iter()
+        .map(|(size, n)| format!("{size}: {n}"))
+        .collect();
+    summary
+        .add(
+            "step groups (GiGPO, kept groups)",
+            format!(
+                "{} over {} decisions, mean size {:.2}",
+                sizes.groups,
+                sizes.steps,
+                sizes.mean_size()
+            ),
+        )
+        .add(
+            "decisions in step groups of >= 2",
+            format!(
+                "{} of {} ({:.1} %)",
+                sizes.shared_steps,
+                sizes.steps,
+                100.0 * sizes.shared_fraction()
+            ),
+        )
+        .add("step group sizes (size: count)", histogram.join(", "));
+}
 
 /// GiGPO with its settings.
 pub struct Gigpo {
@@ -100,26 +210,20 @@ impl Estimate for Gigpo {
                     returns: None,
                     episode_adv: computed.episode[at],
                     step_adv: Some(vec![computed.step[at]; tokens]),
-                    estimator: Estimator::Gigpo.name().to_string(),
+                    estimator: GIGPO.name.to_string(),
                 });
             }
             out.write_rows(&rows)?;
         }
         bar.finish_and_clear();
-        Ok(Reported {
-            step_groups: Some(sizes),
-            ..Reported::default()
-        })
+        Ok(Some(Box::new(StepGroupsReport { step_groups: sizes })))
     }
 }
 
 impl Gigpo {
     /// Pass 1: reads every kept step's anchor key, checks the steps, and
     /// computes the advantages of every kept step.
-    fn compute(
-        &self,
-        input: &StepsInput<'_>,
-    ) -> Result<(Computed, embodyflow_algos::gigpo::StepGroupSizes)> {
+    fn compute(&self, input: &StepsInput<'_>) -> Result<(Computed, StepGroupSizes)> {
         let (episodes, groups) = (input.episodes, input.groups);
         let mut anchor_ids: HashMap<String, u32> = HashMap::new();
         // Per kept episode: (step_index, interned anchor key).
@@ -224,8 +328,45 @@ mod tests {
     use embodyflow_algos::gigpo::{EpisodeStats, StepNorm};
 
     use super::*;
+    use crate::diagnostics::AdvantageStats;
     use crate::episodes::Groups;
-    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
+    use crate::estimator::Report;
+    use crate::testdata::{Fixture, exact, one_trajectory_run, step, with_and_without_fault};
+
+    /// The step group sizes GiGPO reported.
+    fn step_groups(reported: Reported) -> StepGroupSizes {
+        let report = reported.expect("gigpo reports its step groups");
+        let report: &dyn Report = &*report;
+        let report: &dyn std::any::Any = report;
+        let report = report
+            .downcast_ref::<StepGroupsReport>()
+            .expect("a step group report");
+        report.step_groups.clone()
+    }
+
+    #[test]
+    fn the_step_groups_follow_the_runs_keys_and_lines() {
+        let run = one_trajectory_run("gigpo", &AdvantageStats::default());
+        let report = StepGroupsReport {
+            step_groups: StepGroupSizes::of(&[1, 2, 3]),
+        };
+        let mut summary = run.summary("0/1");
+        report.add_lines(&mut summary);
+        let markdown = summary.to_markdown();
+        assert!(markdown.contains("5 of 6 (83.3 %)"), "{markdown}");
+        assert!(markdown.contains("1: 1, 2: 1, 3: 1"), "{markdown}");
+        assert!(
+            markdown.contains("3 over 6 decisions, mean size 2.00"),
+            "{markdown}"
+        );
+        assert!(!markdown.contains("sign-flip"), "{markdown}");
+        let json = report.to_json(&run);
+        assert!(json.contains("\"shared_steps\": 5"), "{json}");
+        assert!(
+            json.starts_with(run.to_json().trim_end_matches("\n}\n")),
+            "{json}"
+        );
+    }
 
     fn anchored(
         id: &str,
@@ -312,7 +453,7 @@ mod tests {
     fn hand_computed_mean_norm() {
         let f = fixture();
         let (rows, stats, reported) = f
-            .run_reported(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), 2)
+            .run(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), 2)
             .unwrap();
         // A^E: group g scores [1, 0, 1], mean 2/3; d alone: mean 0 -> 2.
         // Returns: a [0.95, 1], b [0, 0], c [0.95, 1].
@@ -343,14 +484,14 @@ mod tests {
             assert!(row.returns.is_none());
         }
         assert_eq!((stats.steps, stats.tokens), (7, 15));
-        let sizes = reported.step_groups.unwrap();
+        let sizes = step_groups(reported);
         // Step groups: g/s0 (3), g/s1 (2), g/s2 (1), h/s0 (1).
         assert_eq!(sizes.histogram, [(1, 2), (2, 1), (3, 1)]);
         assert_eq!((sizes.steps, sizes.shared_steps), (7, 5));
         // Whatever the batch size, the same rows.
         for batch_rows in [1, 3, 100] {
             let (again, _, _) = f
-                .run_reported(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), batch_rows)
+                .run(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), batch_rows)
                 .unwrap();
             assert_eq!(again, rows);
         }
@@ -367,7 +508,7 @@ mod tests {
             .with_token_rewards("a", &[0.5, 0.0, 0.0, 0.0, 0.5])
             .unwrap();
         let (rows, ..) = f
-            .run_reported(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), 2)
+            .run(&estimator(StepNorm::Mean, 1.0), &f.all_groups(), 2)
             .unwrap();
         let m0 = 1.925 / 3.0;
         let expected: [(&str, i32, f64, f64); 7] = [
@@ -406,7 +547,7 @@ mod tests {
     fn hand_computed_std_norm_and_omega() {
         let f = fixture();
         let (rows, _, _) = f
-            .run_reported(&estimator(StepNorm::Std, 0.5), &f.all_groups(), 4)
+            .run(&estimator(StepNorm::Std, 0.5), &f.all_groups(), 4)
             .unwrap();
         // s1 in g: returns {1, 0}: unbiased std sqrt(0.5); a: 0.5 / (0.70711 + 1e-6).
         let a1 = &rows[1];
@@ -425,17 +566,14 @@ mod tests {
     fn shards_write_their_groups_with_the_statistics_of_all() {
         let f = fixture();
         let all = f
-            .run_reported(&estimator(StepNorm::Std, 1.0), &f.all_groups(), 2)
+            .run(&estimator(StepNorm::Std, 1.0), &f.all_groups(), 2)
             .unwrap()
             .0;
         let groups = Groups {
             kept: vec![true, true],
             owned: vec![true, false],
         };
-        let part = f
-            .run_reported(&estimator(StepNorm::Std, 1.0), &groups, 2)
-            .unwrap()
-            .0;
+        let part = f.run(&estimator(StepNorm::Std, 1.0), &groups, 2).unwrap().0;
         assert_eq!(part, all[..6]);
     }
 

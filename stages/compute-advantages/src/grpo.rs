@@ -18,32 +18,54 @@
 //! (veRL's `token_level_rewards.sum(-1)`, hole tokens included) and their
 //! count must be the trajectory's response tokens; hole tokens of
 //! `steps.response_mask` get 0 (`holes.rs`).
+//!
+//! Both read `grpo.eps` ([`crate::episodes::GRPO`]); with
+//! `stepopsd.enabled` they take the step path instead ([`crate::step`]),
+//! which aligns tokens with plan steps to reweight them.
 
 use arrow::array::{BooleanArray, ListArray, RecordBatch, StringArray};
 use arrow::buffer::OffsetBuffer;
 use arrow::compute::filter_record_batch;
-use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
+use embodyflow_algos::grpo::GroupNorm;
 use embodyflow_core::dataset::column;
 use embodyflow_core::{Result, progress};
 
-use crate::episodes::{Episodes, Groups, StepCounts};
+use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts, episode_advantages_of};
+use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
 use crate::output::{AdvantagesOut, advantages_batch};
-use crate::{Estimate, Reported, StepsInput};
+use crate::step::{self, StepOpsdConfig, StepPath};
 
-/// The episode advantage of every episode, in episode order, normalised
-/// over the trajectories of its group that ran: a faulted trajectory is
-/// left out of the statistics (and gets 0, never written).
-pub fn episode_advantages_of(episodes: &Episodes, norm: GroupNorm) -> Vec<f32> {
-    let ran: Vec<usize> = (0..episodes.list.len())
-        .filter(|&e| !episodes.list[e].faulted)
-        .collect();
-    let scores: Vec<f32> = ran.iter().map(|&e| episodes.list[e].score).collect();
-    let groups: Vec<u32> = ran.iter().map(|&e| episodes.list[e].group).collect();
-    let mut advantages = vec![0.0; episodes.list.len()];
-    for (&e, a) in ran.iter().zip(episode_advantages(&scores, &groups, norm)) {
-        advantages[e] = a;
+/// `estimator = "grpo"`.
+pub static GRPO: Estimator = Estimator {
+    name: "grpo",
+    sections: &[episodes::GRPO, step::STEPOPSD],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |build| build_grpo(build, true),
+};
+
+/// `estimator = "dr_grpo"`.
+pub static DR_GRPO: Estimator = Estimator {
+    name: "dr_grpo",
+    sections: &[episodes::GRPO, step::STEPOPSD],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |build| build_grpo(build, false),
+};
+
+/// GRPO (`by_std`) or Dr. GRPO; the step path when StepOPSD reweights it.
+fn build_grpo(build: &Build<'_>, by_std: bool) -> Result<Box<dyn Estimate>> {
+    let norm = build.config.section::<GrpoConfig>("grpo").norm(by_std);
+    let stepopsd: StepOpsdConfig = build.config.section("stepopsd");
+    if stepopsd.enabled {
+        return Ok(Box::new(StepPath::load(build, norm, None)?));
     }
-    advantages
+    Ok(Box::new(Grpo {
+        norm,
+        name: build.estimator.name,
+    }))
 }
 
 /// GRPO or Dr. GRPO.
@@ -81,7 +103,7 @@ impl Estimate for Grpo {
         }
         bar.finish_and_clear();
         counts.check()?;
-        Ok(Reported::default())
+        Ok(None)
     }
 }
 
@@ -139,6 +161,7 @@ fn grpo_batch(
 mod tests {
     use super::*;
     use crate::testdata::{Fixture, exact, step, with_and_without_fault};
+    use embodyflow_algos::grpo::episode_advantages;
 
     /// Two groups; trajectory `b` has two steps, `d` a step without tokens.
     fn fixture() -> Fixture {
@@ -196,10 +219,10 @@ mod tests {
         }
         assert_eq!((stats.steps, stats.tokens), (5, 14));
         for batch_rows in [1, 3, 100] {
-            assert_eq!(
-                f.run(&grpo(), &f.all_groups(), batch_rows).unwrap(),
-                (rows.clone(), stats, None)
-            );
+            let (again, again_stats, reported) =
+                f.run(&grpo(), &f.all_groups(), batch_rows).unwrap();
+            assert_eq!((again, again_stats), (rows.clone(), stats));
+            assert!(reported.is_none());
         }
     }
 

@@ -2,8 +2,10 @@
 //! writes the advantages table (one row per step, one advantage per response
 //! token), `diagnostics.json` and a summary.
 //!
-//! One estimator runs per call (`estimator = ...`), each in its own module
-//! behind one interface (`Estimate`):
+//! One estimator runs per call (`estimator = ...`), each declared in its own
+//! module ([`Estimator`]: name, config sections, checks, extra tables, how
+//! to build it) and listed once in [`ESTIMATORS`] (`registry.rs`); the stage
+//! iterates that list and never names an estimator:
 //! - `grpo.rs` — `grpo`: A^E_i = (R_i - mean_g R) / (std_g R + eps), and
 //!   `dr_grpo`: A^E_i = R_i - mean_g R, broadcast to every response token of
 //!   every step of trajectory i (veRL numerics);
@@ -19,11 +21,12 @@
 //!   anchor state (`steps.anchor_key`), broadcast to the decision's tokens
 //!   (verl-agent's GiGPO numerics).
 //!
-//! What they share lives in one place each: the join of trajectories,
-//! rewards and steps and the choice of groups (`episodes.rs`), the writer
-//! that counts every row it writes (`output.rs`) and the run's statistics,
-//! `diagnostics.json` and summary (`diagnostics.rs`); the settings are in
-//! `config.rs` and `--heatmaps` draws in `heatmap.rs`.
+//! What they share lives in one place each, below them: the interface
+//! (`estimator.rs`), the join of trajectories, rewards and steps, the choice
+//! of groups and the group-normalised outcome (`episodes.rs`), the writer
+//! that counts every row it writes (`output.rs`), the run's statistics,
+//! `diagnostics.json` and summary (`diagnostics.rs`) and the shared keys and
+//! section type (`config.rs`); `--heatmaps` draws in `heatmap.rs`.
 //!
 //! The advantages table, `diagnostics.json`, the `--heatmaps N` directory
 //! and the summary appear together or not at all (`embodyflow_core::commit`).
@@ -63,20 +66,22 @@
 mod config;
 mod diagnostics;
 mod episodes;
+mod estimator;
 mod gae;
 mod gigpo;
 mod grpo;
 mod heatmap;
 mod holes;
 mod output;
+mod registry;
 mod step;
 #[cfg(test)]
 mod testdata;
+#[cfg(test)]
+mod toy;
 
 use std::path::{Path, PathBuf};
 
-use embodyflow_algos::gigpo::StepGroupSizes;
-use embodyflow_algos::grpo::GroupNorm;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::commit::{self, Digest};
 use embodyflow_core::dataset::TableReader;
@@ -85,12 +90,17 @@ use embodyflow_core::spec::{self, DIAGNOSTICS_FILE};
 use embodyflow_core::stage::Stage;
 use embodyflow_core::{Error, Result};
 
-pub use config::{Config, Estimator, FilterConfig, GaeConfig, GaeLevel, GigpoConfig, GrpoConfig};
+pub use config::{Config, FilterConfig, Section};
 pub use diagnostics::{AdvantageStats, Diagnostics};
-pub use episodes::{Episode, Episodes};
+pub use episodes::{Episode, Episodes, GrpoConfig};
+pub use estimator::Estimator;
+pub use gae::{GaeConfig, GaeLevel};
+pub use gigpo::GigpoConfig;
+pub use registry::ESTIMATORS;
 pub use step::{Gate, StepConfig, StepDiagnostics, StepKind, StepOpsdConfig};
 
 use episodes::Groups;
+use estimator::{Build, StepsInput};
 use holes::Holes;
 use output::AdvantagesOut;
 
@@ -114,67 +124,6 @@ pub struct Args {
     heatmaps: Option<usize>,
 }
 
-/// What every estimator reads: the steps table and the episodes it belongs to.
-pub(crate) struct StepsInput<'a> {
-    /// The steps table.
-    pub steps: &'a TableReader,
-    /// Trajectories joined with their rewards.
-    pub episodes: &'a Episodes,
-    /// Kept and owned groups.
-    pub groups: &'a Groups,
-    /// Rows per record batch read from `steps`.
-    pub batch_rows: usize,
-    /// The steps' response masks with holes.
-    pub holes: &'a Holes,
-}
-
-/// What an estimator counted beyond the rows it wrote.
-#[derive(Debug, Default)]
-pub(crate) struct Reported {
-    /// The step path's counts (grpo_step, StepOPSD).
-    pub step: Option<StepDiagnostics>,
-    /// GiGPO's step group sizes.
-    pub step_groups: Option<StepGroupSizes>,
-}
-
-/// An advantage estimator: streams the steps table (GAE and GiGPO twice) and
-/// writes one advantages row per step of an owned group into `out`, which
-/// counts them.
-pub(crate) trait Estimate {
-    /// Writes the advantages of `input`'s owned steps and returns what the
-    /// step path or GiGPO counted.
-    fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported>;
-}
-
-/// The configured estimator. grpo and dr_grpo take the step path when
-/// StepOPSD reweights them (it needs the token alignment).
-fn estimator(
-    stage: &Stage<Config>,
-    policy: Option<&Path>,
-    rewards: &TableReader,
-) -> Result<Box<dyn Estimate>> {
-    let config = &stage.config;
-    let norm = GroupNorm {
-        norm_by_std: config.estimator != Estimator::DrGrpo,
-        eps: config.grpo.eps,
-    };
-    Ok(match config.estimator {
-        Estimator::Gae => Box::new(gae::Gae {
-            config: config.gae.clone(),
-        }),
-        Estimator::Gigpo => Box::new(gigpo::Gigpo {
-            config: config.gigpo.clone(),
-        }),
-        Estimator::Grpo | Estimator::DrGrpo if !config.stepopsd.enabled => Box::new(grpo::Grpo {
-            norm,
-            name: config.estimator.name(),
-        }),
-        Estimator::Grpo | Estimator::DrGrpo | Estimator::GrpoStep => {
-            Box::new(step::StepPath::load(stage, policy, rewards, norm)?)
-        }
-    })
-}
-
 /// Runs the stage.
 pub fn run(args: Args) -> Result<()> {
     let stage = Stage::<Config>::start(
@@ -189,15 +138,22 @@ pub fn run(args: Args) -> Result<()> {
     let rewards = stage.input(TableName::Rewards)?;
     let steps = stage.input(TableName::Steps)?;
     let config = &stage.config;
+    let chosen = registry::chosen(config);
 
     let episodes = Episodes::read(&trajectories, &rewards)?;
     let groups = Groups::select(
         &episodes,
         config.filter.dynamic_sampling,
-        config.estimator.group_relative(),
+        chosen.group_relative,
         stage.args.shard,
     );
-    let estimator = estimator(&stage, args.policy.as_deref(), &rewards)?;
+    let estimator = (chosen.build)(&Build {
+        config,
+        estimator: chosen,
+        policy: args.policy.as_deref(),
+        rewards: &rewards,
+        input: &|table| stage.input(table),
+    })?;
     let holes = std::sync::Arc::new(Holes::read(&steps, config.batch_rows)?);
     let input = StepsInput {
         steps: &steps,
@@ -214,14 +170,20 @@ pub fn run(args: Args) -> Result<()> {
     let reported = estimator.write(&input, &mut out)?;
     let (writer, stats, heatmap_rows) = out.into_parts();
     stage.finish(writer)?;
-    let name = config.estimator.name();
-    let mut diagnostics = Diagnostics::new(name, &episodes, &groups, &stats, reported.step);
-    diagnostics.step_groups = reported.step_groups;
-    stage_file(&stage, DIAGNOSTICS_FILE, diagnostics.to_json().as_bytes())?;
+    let diagnostics = Diagnostics::new(chosen.name, &episodes, &groups, &stats);
+    let json = match &reported {
+        Some(report) => report.to_json(&diagnostics),
+        None => diagnostics.to_json(),
+    };
+    stage_file(&stage, DIAGNOSTICS_FILE, json.as_bytes())?;
     if args.heatmaps.is_some() {
         stage_heatmaps(&stage, &steps, args.policy.as_deref(), &heatmap_rows)?;
     }
-    stage.commit(&diagnostics.summary(stage.args.shard))?;
+    let mut summary = diagnostics.summary(stage.args.shard);
+    if let Some(report) = &reported {
+        report.add_lines(&mut summary);
+    }
+    stage.commit(&summary)?;
     Ok(())
 }
 
@@ -239,16 +201,12 @@ fn stage_heatmaps(
 ) -> Result<()> {
     let staged = commit::staging_name(HEATMAPS);
     let dir = stage.args.out.join(&staged);
-    let tokenizer = match (&stage.config.step.tokenizer, policy) {
-        (Some(path), _) => Some(path.clone()),
-        (None, Some(policy)) => Some(policy.join("tokenizer.json")),
-        (None, None) => None,
-    }
-    .map(|path| {
-        tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", path.display())))
-    })
-    .transpose()?;
+    let tokenizer = step::tokenizer_path(&stage.config, policy)
+        .map(|path| {
+            tokenizers::Tokenizer::from_file(&path)
+                .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", path.display())))
+        })
+        .transpose()?;
     let ids = heatmap::response_ids(steps, rows, stage.config.batch_rows)?;
     let tokens: Vec<Option<Vec<String>>> = ids
         .iter()

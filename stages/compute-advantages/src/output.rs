@@ -312,12 +312,12 @@ mod tests {
     /// Writes `a` as a batch (advantages and returns) and `b` as rows.
     struct BatchAndRows;
 
-    impl crate::Estimate for BatchAndRows {
+    impl crate::estimator::Estimate for BatchAndRows {
         fn write(
             &self,
-            _: &crate::StepsInput<'_>,
+            _: &crate::estimator::StepsInput<'_>,
             out: &mut AdvantagesOut,
-        ) -> Result<crate::Reported> {
+        ) -> Result<crate::estimator::Reported> {
             out.write_batch(&advantages_batch(
                 Arc::new(StringArray::from(vec!["a", "a"])),
                 Arc::new(Int32Array::from(vec![0, 1])),
@@ -331,7 +331,7 @@ mod tests {
                 returns: Some(vec![0.5; 2]),
                 ..row("b", Some(vec![1.0, 1.0]))
             }])?;
-            Ok(crate::Reported::default())
+            Ok(None)
         }
     }
 

@@ -50,17 +50,48 @@ use embodyflow_algos::step_adv::{
 use embodyflow_core::config::{ConfigKeys, ensure, finite, in_range, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{AdvantageRow, TableName};
-use embodyflow_core::stage::Stage;
+use embodyflow_core::stage::Summary;
 use embodyflow_core::{Error, Result, progress};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-use crate::config::{Config, Estimator};
-use crate::episodes::{Episodes, Groups, StepCounts};
-use crate::grpo::episode_advantages_of;
+use crate::config::{Config, Section};
+use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts, episode_advantages_of};
+use crate::estimator::{Build, Counts, Estimate, Estimator, Reported, StepsInput};
 use crate::output::AdvantagesOut;
-use crate::{Estimate, Reported, StepsInput};
+use embodyflow_core::section::SectionConfig;
+
+/// `estimator = "grpo_step"`.
+pub static GRPO_STEP: Estimator = Estimator {
+    name: "grpo_step",
+    sections: &[episodes::GRPO, STEP, STEPOPSD],
+    group_relative: true,
+    reads: &[TableName::TeacherLogp, TableName::StepGates],
+    check: |config| {
+        let step: StepConfig = config.section("step");
+        if step.gate == Gate::ResidualContrast && step.kind != StepKind::ForwardProxy {
+            return Err(Error::BadValue {
+                key: "step.gate".into(),
+                reason: "residual_contrast gates the teacher-student contrast: it needs step.kind = forward_proxy".into(),
+            });
+        }
+        Ok(())
+    },
+    build: |build| {
+        let norm = build.config.section::<GrpoConfig>("grpo").norm(true);
+        let step = build.config.section("step");
+        Ok(Box::new(StepPath::load(build, norm, Some(step))?))
+    },
+};
+
+/// The `step` section (grpo_step's A^S).
+pub const STEP: Section = Section::of::<StepConfig>("step");
+
+/// The `stepopsd` section: StepOPSD reweights the estimators that declare
+/// it, and `stepopsd.enabled` with any other is refused.
+pub const STEPOPSD: Section =
+    Section::of::<StepOpsdConfig>("stepopsd").switched_by("enabled", "StepOPSD reweights");
 
 /// Where A^S comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,10 +172,17 @@ impl Default for StepConfig {
     }
 }
 
-impl StepConfig {
+impl SectionConfig<Config> for StepConfig {
     /// The `step.*` ranges: a finite non-negative omega, positive
-    /// temperatures, a finite gate threshold.
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// temperatures, a finite gate threshold; `step.position_norm` only with
+    /// the rule's scores.
+    fn check(&self, _: &Config) -> Result<()> {
+        if self.position_norm && self.kind != StepKind::Rule {
+            return Err(Error::BadValue {
+                key: "step.position_norm".into(),
+                reason: "normalises the rule's step scores per plan step: it needs step.kind = rule (forward_proxy scores exist only per response)".into(),
+            });
+        }
         ensure(
             self.omega.is_finite() && self.omega >= 0.0,
             "step.omega",
@@ -180,9 +218,9 @@ impl Default for StepOpsdConfig {
     }
 }
 
-impl StepOpsdConfig {
+impl SectionConfig<Config> for StepOpsdConfig {
     /// The `stepopsd.*` ranges: both in [0, 1] (the clip keeps w >= 0).
-    pub(crate) fn validate(&self) -> Result<()> {
+    fn check(&self, _: &Config) -> Result<()> {
         in_range("stepopsd.alpha_clip", f64::from(self.alpha_clip), 0.0, 1.0)?;
         in_range("stepopsd.lambda_mix", f64::from(self.lambda_mix), 0.0, 1.0)
     }
@@ -204,49 +242,51 @@ pub struct StepPath {
 }
 
 impl StepPath {
-    /// Loads the tokenizer (`step.tokenizer`, else `policy`/tokenizer.json),
-    /// the teacher_logp and step_gates inputs the settings need, and the rule
-    /// matches from `rewards`, before any row (the settings themselves were
-    /// checked with the config, [`Config`]'s `validate`).
-    pub fn load(
-        stage: &Stage<Config>,
-        policy: Option<&Path>,
-        rewards: &TableReader,
-        norm: GroupNorm,
-    ) -> Result<StepPath> {
-        let config = &stage.config;
-        let grpo_step = config.estimator == Estimator::GrpoStep;
-        let tokenizer_path = config
-            .step
-            .tokenizer
-            .clone()
-            .or_else(|| policy.map(|p| p.join("tokenizer.json")))
-            .ok_or_else(|| Error::Usage(format!("estimator {} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH", config.estimator.name())))?;
+    /// Loads the tokenizer ([`tokenizer_path`]), the teacher_logp and
+    /// step_gates inputs the settings need, and the rule matches from the
+    /// rewards, before any row (the settings themselves were checked with the
+    /// config). `step` is grpo_step's A^S settings, `None` for grpo or
+    /// dr_grpo reweighted by StepOPSD.
+    pub fn load(build: &Build<'_>, norm: GroupNorm, step: Option<StepConfig>) -> Result<StepPath> {
+        let name = build.estimator.name;
+        let tokenizer_path = tokenizer_path(build.config, build.policy).ok_or_else(|| {
+            Error::Usage(format!("estimator {name} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH"))
+        })?;
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", tokenizer_path.display())))?;
-        let needs_teacher =
-            config.stepopsd.enabled || (grpo_step && config.step.kind == StepKind::ForwardProxy);
-        let teacher = if needs_teacher {
-            Some(read_teacher(&stage.input(TableName::TeacherLogp)?)?)
+        let stepopsd: StepOpsdConfig = build.config.section("stepopsd");
+        let forward_proxy = step
+            .as_ref()
+            .is_some_and(|s| s.kind == StepKind::ForwardProxy);
+        let teacher = if stepopsd.enabled || forward_proxy {
+            Some(read_teacher(&(build.input)(TableName::TeacherLogp)?)?)
         } else {
             None
         };
-        let gates = if grpo_step && config.step.gate == Gate::Prompt {
-            Some(read_gates(&stage.input(TableName::StepGates)?)?)
+        let gates = if step.as_ref().is_some_and(|s| s.gate == Gate::Prompt) {
+            Some(read_gates(&(build.input)(TableName::StepGates)?)?)
         } else {
             None
         };
         Ok(StepPath {
             tokenizer,
-            rule: read_rule_info(rewards)?,
+            rule: read_rule_info(build.rewards)?,
             teacher,
             gates,
-            step: grpo_step.then(|| config.step.clone()),
-            stepopsd: config.stepopsd.clone(),
+            step,
+            stepopsd,
             norm,
-            estimator: config.estimator.name(),
+            estimator: name,
         })
     }
+}
+
+/// The policy's tokenizer.json: `step.tokenizer`, else `policy`/tokenizer.json
+/// (`None` without either).
+pub fn tokenizer_path(config: &Config, policy: Option<&Path>) -> Option<PathBuf> {
+    let step: StepConfig = config.section("step");
+    step.tokenizer
+        .or_else(|| policy.map(|p| p.join("tokenizer.json")))
 }
 
 impl Estimate for StepPath {
@@ -303,10 +343,7 @@ impl Estimate for StepPath {
             )));
         }
         diagnostics.finish();
-        Ok(Reported {
-            step: Some(diagnostics),
-            ..Reported::default()
-        })
+        Ok(Some(Box::new(StepReport { step: diagnostics })))
     }
 }
 
@@ -484,6 +521,78 @@ impl FlipCount {
         } else {
             self.flipped as f64 / self.tokens as f64
         }
+    }
+}
+
+/// The step path's counts, `step` in `diagnostics.json`.
+#[derive(Debug, Serialize)]
+pub struct StepReport {
+    /// What the step path saw.
+    pub step: StepDiagnostics,
+}
+
+impl Counts for StepReport {
+    fn lines(&self, summary: &mut Summary) {
+        add_step_lines(summary, &self.step);
+    }
+}
+
+fn add_step_lines(summary: &mut Summary, step: &StepDiagnostics) {
+    let ratio = |flips: &FlipCount| format!("{:.4} ({} tokens)", flips.ratio(), flips.tokens);
+    summary
+        .add(
+            "responses with non-zero A^S",
+            format!("{} of {}", step.responses_with_step_adv, step.responses),
+        )
+        .add("plan parse failures (A^S = 0)", step.parse_failures)
+        .add(
+            "offset fallbacks / span check failures",
+            format!("{} / {}", step.offset_fallbacks, step.span_verify_failures),
+        )
+        .add(
+            "step-count mismatches with the rule match",
+            step.step_count_mismatches,
+        )
+        .add(
+            "steps without a teacher_logp row (A^S = 0)",
+            step.teacher_missing,
+        )
+        .add("sign-flip ratio: all", ratio(&step.sign_flips))
+        .add(
+            "sign-flip ratio: where A^E != 0",
+            ratio(&step.sign_flips_episode_adv_nonzero),
+        )
+        .add(
+            "sign-flip ratio: success / failure",
+            format!(
+                "{:.4} / {:.4}",
+                step.sign_flips_success.ratio(),
+                step.sign_flips_failure.ratio()
+            ),
+        )
+        .add(
+            "sign-flip ratio: rule-correct / rule-wrong",
+            format!(
+                "{:.4} / {:.4}",
+                step.sign_flips_rule_correct.ratio(),
+                step.sign_flips_rule_wrong.ratio()
+            ),
+        );
+    if let (Some(right), Some(wrong)) = (&step.step_adv_rule_correct, &step.step_adv_rule_wrong) {
+        let describe = |d: &Distribution| {
+            format!(
+                "{:.3} ± {:.3} (p10 {:.3}, p50 {:.3}, p90 {:.3}; {} steps)",
+                d.mean, d.std, d.p10, d.p50, d.p90, d.count
+            )
+        };
+        summary
+            .add("A^S on rule-correct steps", describe(right))
+            .add("A^S on rule-wrong steps", describe(wrong))
+            .add(
+                "AUC of A^S (correct vs wrong)",
+                step.step_adv_auc
+                    .map_or("n/a".into(), |a| format!("{a:.3}")),
+            );
     }
 }
 
@@ -875,7 +984,39 @@ mod tests {
     use embodyflow_core::schemas::StepRow;
 
     use super::*;
-    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
+    use crate::diagnostics::AdvantageStats;
+    use crate::estimator::Report;
+    use crate::testdata::{Fixture, exact, one_trajectory_run, step, with_and_without_fault};
+
+    /// [`Fixture::run`] with the step path's counts read back.
+    fn run_step(
+        f: &Fixture,
+        path: &StepPath,
+        groups: &Groups,
+        batch_rows: usize,
+    ) -> Result<(Vec<AdvantageRow>, AdvantageStats, Option<StepDiagnostics>)> {
+        let (rows, stats, reported) = f.run(path, groups, batch_rows)?;
+        let counts = reported.map(|report| {
+            let report: &dyn Report = &*report;
+            let report: &dyn std::any::Any = report;
+            let report = report.downcast_ref::<StepReport>().expect("a step report");
+            report.step.clone()
+        });
+        Ok((rows, stats, counts))
+    }
+
+    #[test]
+    fn the_step_counts_follow_the_runs_keys_and_lines() {
+        let run = one_trajectory_run("grpo_step", &AdvantageStats::default());
+        let report = StepReport {
+            step: StepDiagnostics::default(),
+        };
+        let mut summary = run.summary("0/1");
+        report.add_lines(&mut summary);
+        let markdown = summary.to_markdown();
+        assert!(markdown.contains("sign-flip ratio: all"), "{markdown}");
+        assert!(report.to_json(&run).contains("\"step\": {"));
+    }
 
     fn plan(steps: &[(i32, &str)]) -> String {
         let items: Vec<String> = steps
@@ -983,7 +1124,7 @@ mod tests {
         let tokenizer = test_tokenizer();
         let f = fixture(&tokenizer);
         let path = rule_path(None);
-        let (rows, stats, diagnostics) = f.run(&path, &f.all_groups(), 4).unwrap();
+        let (rows, stats, diagnostics) = run_step(&f, &path, &f.all_groups(), 4).unwrap();
         let diagnostics = diagnostics.unwrap();
         assert_eq!(rows.len(), 6);
         assert_eq!(stats.steps, 6);
@@ -1032,7 +1173,7 @@ mod tests {
             }
         }
         for batch_rows in [1, 2, 64] {
-            let again = f.run(&path, &f.all_groups(), batch_rows).unwrap();
+            let again = run_step(&f, &path, &f.all_groups(), batch_rows).unwrap();
             assert_eq!(again, (rows.clone(), stats, Some(diagnostics.clone())));
         }
     }
@@ -1042,9 +1183,9 @@ mod tests {
         let tokenizer = test_tokenizer();
         let f = fixture(&tokenizer);
         let mut path = rule_path(None);
-        let plain = f.run(&path, &f.all_groups(), 4).unwrap().0;
+        let plain = run_step(&f, &path, &f.all_groups(), 4).unwrap().0;
         path.step.as_mut().unwrap().position_norm = true;
-        let (rows, _, _) = f.run(&path, &f.all_groups(), 4).unwrap();
+        let (rows, _, _) = run_step(&f, &path, &f.all_groups(), 4).unwrap();
         // g0: a [1, 1], b [1, 0] (c has no plan); g1: d [1, 0], f [1, 1].
         // Step 0 is right everywhere: 0. Step 1: +-1 / (sqrt(2) + 1e-6).
         let d = (1.0 / (2.0f64.sqrt() + 1e-6)) as f32;
@@ -1089,7 +1230,7 @@ mod tests {
             kept: vec![true, true],
             owned: vec![false, true],
         };
-        let (rows, stats, diagnostics) = f.run(&rule_path(None), &groups, 4).unwrap();
+        let (rows, stats, diagnostics) = run_step(&f, &rule_path(None), &groups, 4).unwrap();
         let ids: Vec<&str> = rows.iter().map(|r| r.trajectory_id.as_str()).collect();
         assert_eq!(ids, ["d", "e", "f"]);
         assert_eq!(stats.steps, 3);

@@ -12,14 +12,13 @@ use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::manifest::Producer;
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TableName};
 
-use crate::diagnostics::AdvantageStats;
+use crate::diagnostics::{AdvantageStats, Diagnostics};
 use std::sync::Arc;
 
 use crate::episodes::{Episodes, Groups};
+use crate::estimator::{Estimate, Reported, StepsInput};
 use crate::holes::Holes;
 use crate::output::AdvantagesOut;
-use crate::step::StepDiagnostics;
-use crate::{Estimate, Reported, StepsInput};
 
 /// Episodes and their steps table.
 pub struct Fixture {
@@ -109,19 +108,8 @@ impl Fixture {
 
     /// Runs `estimator` over the steps in record batches of `batch_rows`;
     /// returns the advantages rows (sorted by trajectory and step), the
-    /// statistics of what was written and the step path's diagnostics.
+    /// statistics of what was written and what the estimator reported.
     pub fn run(
-        &self,
-        estimator: &dyn Estimate,
-        groups: &Groups,
-        batch_rows: usize,
-    ) -> Result<(Vec<AdvantageRow>, AdvantageStats, Option<StepDiagnostics>)> {
-        let (rows, stats, reported) = self.run_reported(estimator, groups, batch_rows)?;
-        Ok((rows, stats, reported.step))
-    }
-
-    /// [`Fixture::run`] with everything the estimator reported.
-    pub fn run_reported(
         &self,
         estimator: &dyn Estimate,
         groups: &Groups,
@@ -205,4 +193,19 @@ fn producer() -> Producer {
         seed: 0,
         shard: "0/1".into(),
     }
+}
+
+/// The diagnostics of a run of `estimator` over one trajectory `a` (group
+/// `g`, score 1, kept and owned) that wrote rows with `stats`.
+pub fn one_trajectory_run(estimator: &str, stats: &AdvantageStats) -> Diagnostics {
+    let episodes = Episodes::join(
+        [("a".to_string(), "g".to_string(), 1)],
+        [("a".to_string(), "g".to_string(), 1.0)],
+    )
+    .expect("one consistent trajectory");
+    let groups = Groups {
+        kept: vec![true],
+        owned: vec![true],
+    };
+    Diagnostics::new(estimator, &episodes, &groups, stats)
 }

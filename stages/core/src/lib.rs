@@ -9,6 +9,8 @@
 //! - [`inputs`]: finding tables by name among `--input` directories;
 //! - [`config`]: defaults, TOML file and `--set` overrides with checked keys;
 //! - [`checks`]: value checks naming the key, the expectation and the value;
+//! - [`section`]: config tables declared at run time by a stage's registered
+//!   parts (an estimator's `gae.*`, a reward's `reward.reward_coef`);
 //! - [`cli`]: the uniform stage command line, exit codes and error reports;
 //! - [`spec`]: what each stage is (reads, writes, sharding), declared once;
 //! - [`stage`]: the frame of a stage run (config, inputs, outputs, summary);
@@ -42,6 +44,7 @@ pub mod numerics;
 pub mod observation;
 pub mod observation_store;
 pub mod progress;
+pub mod section;
 pub mod spec;
 pub mod stage;
 pub mod threads;

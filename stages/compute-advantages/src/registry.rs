@@ -1,0 +1,329 @@
+//! The estimators, listed once ([`ESTIMATORS`]), and the stage's config
+//! built from their declarations: the sections they declare (each once,
+//! whoever declares it first), `estimator = NAME` checked against their
+//! names, the key docs gathered from the sections' doc comments, and the
+//! checks run in order — `batch_rows`, each section's values, a section
+//! switched on for an estimator that does not declare it
+//! (`stepopsd.enabled` with gae), the chosen estimator's own relations.
+//! `--help`, `--print-config`, the runner's pre-check and the run all see
+//! the same list.
+//!
+//! ```
+//! use embodyflow_compute_advantages::ESTIMATORS;
+//! let names: Vec<&str> = ESTIMATORS.iter().map(|e| e.name).collect();
+//! assert_eq!(&names[..5], ["grpo", "dr_grpo", "gae", "grpo_step", "gigpo"]);
+//! ```
+
+use std::sync::LazyLock;
+
+use embodyflow_core::config::{at_least, keys_of};
+use embodyflow_core::section;
+use embodyflow_core::stage::{OutputConfig, StageConfig};
+use embodyflow_core::{Error, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::config::{Common, Config, Section};
+use crate::estimator::Estimator;
+use crate::{gae, gigpo, grpo, step};
+
+/// Every estimator the stage runs, in the order `--help` names them.
+pub static ESTIMATORS: &[&Estimator] = &[
+    &grpo::GRPO,
+    &grpo::DR_GRPO,
+    &gae::GAE,
+    &step::GRPO_STEP,
+    &gigpo::GIGPO,
+    #[cfg(test)]
+    &crate::toy::TOY,
+];
+
+/// The estimator named `name`.
+pub fn estimator(name: &str) -> Option<&'static Estimator> {
+    ESTIMATORS.iter().copied().find(|e| e.name == name)
+}
+
+/// The chosen estimator of a loaded config.
+pub fn chosen(config: &Config) -> &'static Estimator {
+    estimator(&config.estimator).expect("`estimator` was checked at load")
+}
+
+/// Every declared section, once, in the order of first declaration.
+pub fn sections() -> Vec<Section> {
+    let mut out: Vec<Section> = Vec::new();
+    for section in ESTIMATORS.iter().flat_map(|e| e.sections) {
+        if !out.iter().any(|s| s.name == section.name) {
+            out.push(*section);
+        }
+    }
+    out
+}
+
+/// `a, b or c`.
+fn either(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// The meaning of `estimator`, naming every registered estimator.
+static ESTIMATOR_MEANING: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<&str> = ESTIMATORS.iter().map(|e| e.name).collect();
+    format!("advantage estimator: {}", either(&names))
+});
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_parts(Common::default(), section::defaults(&sections()))
+    }
+}
+
+impl Serialize for Config {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        self.to_tree().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Config {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let tree = Value::deserialize(deserializer)?;
+        from_tree(tree).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The config of a resolved tree: the shared keys typed (a bad value names
+/// its dotted key), `estimator` a registered name, each section's tree
+/// kept for its checks ([`Config::validate`]).
+fn from_tree(tree: Value) -> Result<Config> {
+    let Value::Object(mut map) = tree else {
+        return Err(Error::BadValue {
+            key: String::new(),
+            reason: format!("expected a table of settings, found {tree}"),
+        });
+    };
+    let mut sections = section::defaults(&self::sections());
+    for (name, table) in sections.as_object_mut().expect("tables by name") {
+        if let Some(given) = map.remove(name) {
+            *table = given;
+        }
+    }
+    let common: Common =
+        serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| Error::BadValue {
+            key: e.path().to_string(),
+            reason: e.inner().to_string(),
+        })?;
+    if estimator(&common.estimator).is_none() {
+        let names: Vec<String> = ESTIMATORS.iter().map(|e| format!("`{}`", e.name)).collect();
+        return Err(Error::BadValue {
+            key: "estimator".into(),
+            reason: format!(
+                "unknown variant `{}`, expected one of {}",
+                common.estimator,
+                names.join(", ")
+            ),
+        });
+    }
+    Ok(Config::from_parts(common, sections))
+}
+
+impl StageConfig for Config {
+    fn key_docs() -> Vec<(String, &'static str)> {
+        let mut keys = keys_of::<Common>();
+        for (key, meaning) in &mut keys {
+            if key == "estimator" {
+                *meaning = ESTIMATOR_MEANING.as_str();
+            }
+        }
+        for section in sections() {
+            section.key_docs(&mut keys);
+        }
+        keys
+    }
+
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+
+    fn from_tree(tree: Value) -> Result<Self> {
+        from_tree(tree)
+    }
+
+    /// `batch_rows` at least 1; each section's ranges (its
+    /// [`crate::config::SectionConfig::check`]); a section switched on
+    /// (`stepopsd.enabled`) only for an estimator that declares it; the
+    /// chosen estimator's relations between keys
+    /// ([`Estimator::check`]: grpo_step's residual_contrast gate needs
+    /// `step.kind = forward_proxy`).
+    fn validate(&self) -> Result<()> {
+        at_least("batch_rows", self.batch_rows, 1)?;
+        let chosen = chosen(self);
+        let sections = sections();
+        section::check(&sections, &self.sections, self)?;
+        for section in &sections {
+            if let Some((key, what)) = section.switch
+                && self.sections[section.name].get(key) == Some(&Value::Bool(true))
+                && !chosen.sections.iter().any(|s| s.name == section.name)
+            {
+                let declaring: Vec<&str> = ESTIMATORS
+                    .iter()
+                    .filter(|e| e.sections.iter().any(|s| s.name == section.name))
+                    .map(|e| e.name)
+                    .collect();
+                return Err(Error::BadValue {
+                    key: format!("{}.{key}", section.name),
+                    reason: format!(
+                        "expected false with estimator = {} ({what} {}), found true",
+                        chosen.name,
+                        either(&declaring)
+                    ),
+                });
+            }
+        }
+        (chosen.check)(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::refused_key;
+    use embodyflow_core::spec;
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
+        let fine = [
+            "estimator=grpo_step",
+            "step.kind=forward_proxy",
+            "step.gate=residual_contrast",
+            "gae.gamma=1",
+            "gae.lam=0",
+            "batch_rows=1",
+            "gigpo.gamma=1",
+            "gigpo.step_weight=0",
+            "gigpo.norm=mean",
+            "gigpo.episode_stats=steps",
+        ];
+        assert_eq!(refused_key::<Config>(&fine), None);
+        for (set, key) in [
+            ("grpo.eps=0", "grpo.eps"),
+            ("gae.gamma=1.5", "gae.gamma"),
+            ("gae.lam=-0.1", "gae.lam"),
+            ("batch_rows=0", "batch_rows"),
+            ("step.omega=-1", "step.omega"),
+            ("gigpo.gamma=1.01", "gigpo.gamma"),
+            ("gigpo.step_weight=-0.5", "gigpo.step_weight"),
+            ("gigpo.eps=0", "gigpo.eps"),
+            ("gigpo.norm=std_mean", "gigpo.norm"),
+            ("gigpo.episode_stats=tokens", "gigpo.episode_stats"),
+            ("gigpo.omega=1", "gigpo.omega"),
+            ("stepopsd.alpha_clip=2", "stepopsd.alpha_clip"),
+        ] {
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
+        }
+        // Enums name their variants.
+        for (set, key) in [
+            ("estimator=ppo", "estimator"),
+            ("gae.level=episode", "gae.level"),
+            ("step.kind=judge", "step.kind"),
+            ("step.squash=tanh", "step.squash"),
+            ("step.credit_target=all", "step.credit_target"),
+            ("step.gate=always", "step.gate"),
+        ] {
+            assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
+        }
+        let gae_with_stepopsd = ["estimator=gae", "stepopsd.enabled=true"];
+        assert_eq!(
+            refused_key::<Config>(&gae_with_stepopsd).as_deref(),
+            Some("stepopsd.enabled")
+        );
+        assert_eq!(
+            refused_key::<Config>(&["estimator=gigpo", "stepopsd.enabled=true"]).as_deref(),
+            Some("stepopsd.enabled")
+        );
+        assert_eq!(
+            refused_key::<Config>(&["estimator=grpo", "stepopsd.enabled=true"]),
+            None
+        );
+        assert_eq!(
+            refused_key::<Config>(&["estimator=grpo_step", "step.position_norm=true"]),
+            None
+        );
+        let proxy_by_position = ["step.kind=forward_proxy", "step.position_norm=true"];
+        assert_eq!(
+            refused_key::<Config>(&proxy_by_position).as_deref(),
+            Some("step.position_norm")
+        );
+        let rule_with_residual = ["estimator=grpo_step", "step.gate=residual_contrast"];
+        assert_eq!(
+            refused_key::<Config>(&rule_with_residual).as_deref(),
+            Some("step.gate")
+        );
+    }
+
+    #[test]
+    fn refusals_name_what_the_declarations_allow() {
+        let message = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            embodyflow_core::config::load_config::<Config>(None, &sets)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            message(&["estimator=gae", "stepopsd.enabled=true"]),
+            "config key `stepopsd.enabled`: expected false with estimator = gae (StepOPSD reweights grpo, dr_grpo or grpo_step), found true"
+        );
+        assert!(
+            message(&["estimator=ppo"]).starts_with(
+                "config key `estimator`: unknown variant `ppo`, expected one of `grpo`, `dr_grpo`, `gae`, `grpo_step`, `gigpo`"
+            ),
+            "{}",
+            message(&["estimator=ppo"])
+        );
+        assert_eq!(
+            message(&["gae.level=episode"]),
+            "config key `gae.level`: unknown variant `episode`, expected `token` or `decision`"
+        );
+    }
+
+    #[test]
+    fn every_config_key_has_a_one_line_meaning() {
+        embodyflow_core::config::check_key_docs::<Config>().unwrap();
+    }
+
+    /// The tables an estimator may read besides the three every one reads
+    /// are the stage's conditional reads in its spec.
+    #[test]
+    fn the_spec_lists_every_table_an_estimator_reads() {
+        for estimator in ESTIMATORS {
+            for table in estimator.reads {
+                let read = spec::COMPUTE_ADVANTAGES
+                    .reads
+                    .iter()
+                    .find(|r| r.table == *table);
+                assert!(
+                    read.is_some_and(|r| r.need != spec::Need::Always),
+                    "{}: {table}",
+                    estimator.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_config_round_trips_through_its_tree() {
+        let resolved = embodyflow_core::config::load_config::<Config>(
+            None,
+            &["estimator=gigpo".into(), "gigpo.gamma=0.9".into()],
+        )
+        .unwrap();
+        let config: Config = serde_json::from_value(resolved.json.clone()).unwrap();
+        assert_eq!(config, resolved.config);
+        assert_eq!(serde_json::to_value(&config).unwrap(), resolved.json);
+        let gigpo: gigpo::GigpoConfig = config.section("gigpo");
+        assert_eq!(gigpo.gamma, 0.9);
+    }
+}
