@@ -1,7 +1,9 @@
 //! The `score-rewards` stage: reads trajectories (and tasks for ground-truth
 //! plans) and writes the rewards table, one row per trajectory.
 //!
-//! `reward.fn` chooses the reward (formulas in `embodyflow_algos::rewards`):
+//! `reward.fn` chooses the reward (formulas in `embodyflow_algos::rewards`),
+//! one module each behind the [`Reward`] interface and listed once in
+//! [`REWARDS`]:
 //! `outcome` (`reward.reward_coef * complete`), `embodied_r1` (format +
 //! prefix accuracy; `reward.tolerant` for tolerant parsing;
 //! `reward.action_list` names a JSON file with the environment's action names,
@@ -40,29 +42,75 @@
 //!
 //! Rows are scored in parallel (rayon) and written in input order, so the
 //! output is the same for any thread count; `--shard i/n` scores the groups a
-//! process owns.
+//! process owns. A run goes in phases: the inputs the reward reads are
+//! checked (`Inputs::open`), every row is scored and written
+//! (`score_rows`), and the summary is written (`summary`).
 //!
 //! ```text
 //! score-rewards --input runs/it0/rollouts --input data/train --out runs/it0/rewards \
 //!     --set reward.fn=embodied_r1 --set match.mode=lcs
 //! ```
 
+mod embodied_r1;
+mod outcome;
+mod reward;
+#[cfg(test)]
+mod toy;
+mod verify;
+
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use arrow::array::{Array, BooleanArray, Int64Array, ListArray, StringArray, StructArray};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
-use embodyflow_algos::rewards::{ActionList, Scored, embodied_r1, outcome, verify};
-use embodyflow_core::cli::StageArgs;
-use embodyflow_core::config::{ConfigKeys, at_least, keys_of, positive};
-use embodyflow_core::dataset::{TableReader, batch_to_rows, column};
+use embodyflow_core::cli::{ShardSpec, StageArgs};
+use embodyflow_core::config::{ConfigKeys, at_least, dotted, keys_of};
+use embodyflow_core::dataset::{TableReader, TableWriter, batch_to_rows, column};
 use embodyflow_core::schemas::{PredictedAction, RewardRow, TableName, TaskRow};
+use embodyflow_core::section;
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
 use embodyflow_envs::TaskEnv;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+pub use reward::{Reads, Reward, Rollout, Scorer, Seen, Tally};
+
+/// Every reward function, in the order `--help` names them.
+pub static REWARDS: &[&dyn Reward] = &[
+    &outcome::OUTCOME,
+    &embodied_r1::EMBODIED_R1,
+    &verify::VERIFY,
+    #[cfg(test)]
+    &toy::TOY,
+];
+
+/// The reward named `name`.
+pub fn reward(name: &str) -> Option<&'static dyn Reward> {
+    REWARDS.iter().copied().find(|r| r.name() == name)
+}
+
+/// Every reward's keys, in the order of [`REWARDS`].
+fn sections() -> Vec<reward::Section> {
+    REWARDS.iter().filter_map(|r| r.settings()).collect()
+}
+
+/// `a, b or c`.
+fn either(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// The meaning of `reward.fn`, naming every reward.
+static FN_MEANING: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<&str> = REWARDS.iter().map(|r| r.name()).collect();
+    format!("reward function: {}", either(&names))
+});
 
 /// Command line of `score-rewards`.
 #[derive(Debug, clap::Parser)]
@@ -77,50 +125,75 @@ pub struct Args {
     stage: StageArgs,
 }
 
-/// The reward function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RewardFn {
-    /// `reward_coef * complete`.
-    Outcome,
-    /// Format + prefix accuracy (Embodied-R1).
-    EmbodiedR1,
-    /// `0.8 * accuracy + 0.2 * format` (EasyR1 embody).
-    Verify,
-}
-
-impl RewardFn {
-    fn name(self) -> &'static str {
-        match self {
-            RewardFn::Outcome => "outcome",
-            RewardFn::EmbodiedR1 => "embodied_r1",
-            RewardFn::Verify => "verify",
-        }
-    }
-}
-
-/// `reward.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
-#[serde(default, deny_unknown_fields)]
+/// `reward.*` settings: `fn`, the reward's name, and every reward's own
+/// keys ([`Reward::settings`]), one table.
+#[derive(Debug, Clone, PartialEq)]
 pub struct RewardConfig {
-    /// Reward function: outcome, embodied_r1 or verify.
-    #[serde(rename = "fn")]
-    pub function: RewardFn,
-    /// Outcome reward for a completed task (1.0 SimpleVLA-RL, 5.0 LaST-R1).
-    pub reward_coef: f32,
-    /// embodied_r1: tolerant parsing instead of the reference's strict parsing.
-    pub tolerant: bool,
-    /// embodied_r1: JSON file with the action names (index = action id).
-    pub action_list: Option<PathBuf>,
+    /// The reward function's name (a registered one: checked at load).
+    pub function: String,
+    /// The `reward` table as resolved (`fn` and every reward's keys).
+    pub table: Value,
+}
+
+impl RewardConfig {
+    /// The chosen reward.
+    pub fn reward(&self) -> &'static dyn Reward {
+        reward(&self.function).expect("`reward.fn` was checked at load")
+    }
+
+    /// The table as the config tree's `{"reward": ...}`, for reading a
+    /// reward's settings.
+    fn tree(&self) -> Value {
+        Value::Object(Map::from_iter([("reward".to_string(), self.table.clone())]))
+    }
 }
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        RewardConfig {
-            function: RewardFn::Outcome,
-            reward_coef: 1.0,
-            tolerant: false,
-            action_list: None,
+        let mut table = section::defaults(&sections())
+            .get("reward")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Map::new()));
+        let function = REWARDS[0].name().to_string();
+        if let Value::Object(map) = &mut table {
+            map.insert("fn".into(), Value::String(function.clone()));
+        }
+        RewardConfig { function, table }
+    }
+}
+
+impl Serialize for RewardConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        self.table.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RewardConfig {
+    /// The table as given over the defaults; `fn` must be a string (that it
+    /// names a reward is checked with the other values).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let given = Map::<String, Value>::deserialize(deserializer)?;
+        let mut config = RewardConfig::default();
+        if let Value::Object(table) = &mut config.table {
+            table.extend(given);
+        }
+        config.function = match &config.table["fn"] {
+            Value::String(name) => name.clone(),
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "`fn`: expected a reward name, found {other}"
+                )));
+            }
+        };
+        Ok(config)
+    }
+}
+
+impl ConfigKeys for RewardConfig {
+    fn config_keys(prefix: &str, out: &mut Vec<(String, &'static str)>) {
+        out.push((dotted(prefix, "fn"), FN_MEANING.as_str()));
+        for section in sections() {
+            (section.keys)(prefix, out);
         }
     }
 }
@@ -182,8 +255,22 @@ impl StageConfig for Config {
         &self.output
     }
 
+    /// `reward.fn` a registered reward, every reward's keys checked
+    /// ([`Reward::settings`]: `reward.reward_coef` above 0), `batch_rows`
+    /// at least 1.
     fn validate(&self) -> Result<()> {
-        positive("reward.reward_coef", f64::from(self.reward.reward_coef))?;
+        if reward(&self.reward.function).is_none() {
+            let names: Vec<String> = REWARDS.iter().map(|r| format!("`{}`", r.name())).collect();
+            return Err(Error::BadValue {
+                key: "reward.fn".into(),
+                reason: format!(
+                    "unknown variant `{}`, expected one of {}",
+                    self.reward.function,
+                    names.join(", ")
+                ),
+            });
+        }
+        section::check(&sections(), &self.reward.tree(), &())?;
         at_least("batch_rows", self.batch_rows, 1)
     }
 }
@@ -203,7 +290,7 @@ pub enum MissingTasks {
 fn missing_tasks(
     trajectories: &TableReader,
     tasks: &TableReader,
-    shard: embodyflow_core::cli::ShardSpec,
+    shard: ShardSpec,
 ) -> Result<(HashSet<String>, u64)> {
     let mut known = HashSet::new();
     for batch in tasks.batches(Some(&["task_id"]), 65_536)? {
@@ -248,7 +335,7 @@ fn closed_loop_tasks(tasks: &TableReader) -> Result<HashSet<String>> {
 fn first_closed_loop(
     trajectories: &TableReader,
     closed: &HashSet<String>,
-    shard: embodyflow_core::cli::ShardSpec,
+    shard: ShardSpec,
 ) -> Result<Option<(String, String)>> {
     if closed.is_empty() {
         return Ok(None);
@@ -267,73 +354,206 @@ fn first_closed_loop(
     Ok(None)
 }
 
-/// One trajectory as scoring sees it.
-#[derive(Debug, Clone)]
-pub struct Rollout<'a> {
-    /// Trajectory id.
-    pub trajectory_id: &'a str,
-    /// Group id.
-    pub group_id: &'a str,
-    /// Whether the environment reported success.
-    pub complete: bool,
-    /// The response text of a one-shot plan.
-    pub response_text: Option<&'a str>,
-    /// The task's ground-truth plan.
-    pub gt: Option<&'a [GtStep]>,
-    /// The task in its environment (a built-in `env` with an observation);
-    /// `verify` then executes the plan.
-    pub env: Option<&'a TaskEnv>,
-    /// Whether the episode ever grasped a goal's object (closed loop; null
-    /// for a one-shot plan): copied to the row.
-    pub ever_grasped: Option<bool>,
-    /// Whether infrastructure ended the episode: copied to the row.
-    pub infra_fault: bool,
+/// The inputs a run reads, checked against what the reward needs before
+/// any row is scored.
+struct Inputs {
+    trajectories: TableReader,
+    /// Trajectories (owned by this shard) whose task the tasks table lacks.
+    missing: HashSet<String>,
+    skipped: u64,
+    /// The tasks in closed-loop worlds.
+    closed: HashSet<String>,
+    gt: HashMap<String, Vec<GtStep>>,
+    envs: HashMap<String, TaskEnv>,
 }
 
-/// Scores one trajectory (pure; the stage maps it over rows in parallel).
-pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList>) -> RewardRow {
-    let text = rollout.response_text.unwrap_or("");
-    let tolerant_plan: Option<Plan> = rollout.response_text.and_then(extract);
-    let matches = match (&tolerant_plan, rollout.gt) {
-        (Some(plan), Some(gt)) => Some(step_match(&plan.steps, gt, config.step_match.mode)),
+impl Inputs {
+    /// Opens the trajectories and, when given, the tasks; fails (bad input,
+    /// before any row) when the reward needs the tasks and they are absent,
+    /// when a trajectory's task is missing (unless `missing_tasks = skip`),
+    /// or when the reward scores plans and a trajectory is a closed-loop
+    /// episode.
+    fn open(stage: &Stage<Config>, reward: &dyn Reward) -> Result<Inputs> {
+        let config = &stage.config;
+        let reads = reward.reads();
+        let trajectories = stage.input(TableName::Trajectories)?;
+        let tasks = stage.optional_input(TableName::Tasks)?;
+        if let (Some(why), None) = (reads.tasks, &tasks) {
+            return Err(Error::BadInput(format!(
+                "reward.fn = {} needs the tasks table ({why}) among the inputs",
+                reward.name()
+            )));
+        }
+        // Every trajectory must find its task: scoring an unmatched plan as a
+        // failure would silently poison the run.
+        let (missing, skipped) = match &tasks {
+            Some(tasks) => missing_tasks(&trajectories, tasks, stage.args.shard)?,
+            None => (HashSet::new(), 0),
+        };
+        if skipped > 0 && config.missing_tasks == MissingTasks::Error {
+            let mut ids: Vec<&String> = missing.iter().collect();
+            ids.sort();
+            let shown: Vec<&str> = ids.iter().take(5).map(|s| s.as_str()).collect();
+            return Err(Error::BadInput(format!(
+                "{skipped} trajectories of {} name {} tasks that the tasks table {} does not hold (e.g. {}); pass the tasks the rollouts were collected from, or --set missing_tasks=skip to leave them out",
+                trajectories.dir().display(),
+                missing.len(),
+                tasks
+                    .as_ref()
+                    .map_or(String::new(), |t| t.dir().display().to_string()),
+                shown.join(", ")
+            )));
+        }
+        let closed = tasks
+            .as_ref()
+            .map(closed_loop_tasks)
+            .transpose()?
+            .unwrap_or_default();
+        if !reads.episodes
+            && let Some((trajectory, task)) =
+                first_closed_loop(&trajectories, &closed, stage.args.shard)?
+        {
+            return Err(Error::BadInput(format!(
+                "trajectory `{trajectory}` of {} is an episode of task `{task}`, a closed-loop world: reward.fn = {} scores one-shot plans; closed-loop episodes take reward.fn = outcome (reward.reward_coef on success)",
+                trajectories.dir().display(),
+                reward.name()
+            )));
+        }
+        let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
+        let envs = match &tasks {
+            Some(tasks) if reads.scenes => read_envs(tasks)?,
+            _ => HashMap::new(),
+        };
+        Ok(Inputs {
+            trajectories,
+            missing,
+            skipped,
+            closed,
+            gt,
+            envs,
+        })
+    }
+}
+
+/// What the scored rows add up to.
+#[derive(Debug, Default)]
+struct Counts {
+    scored: u64,
+    parse_failures: u64,
+    with_gt: u64,
+    score_sum: f64,
+    successes: u64,
+    closed_loop: u64,
+    faulted: u64,
+    tally: Tally,
+}
+
+impl Counts {
+    fn add(&mut self, row: &RewardRow) {
+        self.scored += 1;
+        if row.faulted() {
+            self.faulted += 1;
+            return;
+        }
+        self.parse_failures += u64::from(!row.parse_ok);
+        self.with_gt += u64::from(row.step_match.is_some());
+        self.score_sum += f64::from(row.score);
+        self.successes += u64::from(row.success);
+        if row.step_valid.is_some() {
+            self.tally.executed += 1;
+            self.tally.executed_ok += u64::from(row.accuracy > 0.0);
+        }
+    }
+}
+
+/// Scores every owned trajectory (in parallel, written in input order).
+fn score_rows(
+    stage: &Stage<Config>,
+    inputs: &Inputs,
+    scorer: &dyn Scorer,
+    writer: &mut TableWriter,
+) -> Result<Counts> {
+    let config = &stage.config;
+    let shard = stage.args.shard;
+    let name = config.reward.function.as_str();
+    let mut counts = Counts::default();
+    let bar = progress::bar(inputs.trajectories.num_rows(), "scoring");
+    let columns = [
+        "trajectory_id",
+        "group_id",
+        "task_id",
+        "complete",
+        "response_text",
+        "ever_grasped",
+        "infra_fault",
+    ];
+    for batch in inputs
+        .trajectories
+        .batches(Some(&columns), config.batch_rows)?
+    {
+        let batch = batch?;
+        bar.inc(batch.num_rows() as u64);
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let groups = column::<StringArray>(&batch, "group_id");
+        let task_ids = column::<StringArray>(&batch, "task_id");
+        let complete = column::<BooleanArray>(&batch, "complete");
+        let texts = column::<StringArray>(&batch, "response_text");
+        let grasped = column::<BooleanArray>(&batch, "ever_grasped");
+        let fault = column::<BooleanArray>(&batch, "infra_fault");
+        counts.closed_loop += (0..batch.num_rows())
+            .filter(|&i| shard.owns(groups.value(i)) && inputs.closed.contains(task_ids.value(i)))
+            .count() as u64;
+        let rows: Vec<RewardRow> = (0..batch.num_rows())
+            .into_par_iter()
+            .filter(|&i| shard.owns(groups.value(i)) && !inputs.missing.contains(task_ids.value(i)))
+            .map(|i| {
+                let rollout = Rollout {
+                    trajectory_id: ids.value(i),
+                    group_id: groups.value(i),
+                    complete: complete.value(i),
+                    response_text: (!texts.is_null(i)).then(|| texts.value(i)),
+                    gt: inputs.gt.get(task_ids.value(i)).map(Vec::as_slice),
+                    env: inputs.envs.get(task_ids.value(i)),
+                    ever_grasped: (!grasped.is_null(i)).then(|| grasped.value(i)),
+                    infra_fault: fault.is_valid(i) && fault.value(i),
+                };
+                score(&rollout, scorer, name, config.step_match.mode)
+            })
+            .collect();
+        for row in &rows {
+            counts.add(row);
+        }
+        writer.write_rows(&rows)?;
+    }
+    bar.finish_and_clear();
+    Ok(counts)
+}
+
+/// Scores one trajectory under `scorer` (reward `name`): the plan found
+/// tolerantly, its rule match under `mode` whatever the reward, its run in
+/// the task's environment when one is given (pure; the stage maps it over
+/// rows in parallel).
+pub fn score(rollout: &Rollout<'_>, scorer: &dyn Scorer, name: &str, mode: MatchMode) -> RewardRow {
+    let plan: Option<Plan> = rollout.response_text.and_then(extract);
+    let matches = match (&plan, rollout.gt) {
+        (Some(plan), Some(gt)) => Some(step_match(&plan.steps, gt, mode)),
         (None, Some(_)) => Some(Vec::new()),
         (_, None) => None,
     };
-    let execution = match (config.reward.function, rollout.env) {
-        (RewardFn::Verify, Some(env)) => tolerant_plan.as_ref().map(|plan| env.execute_plan(plan)),
-        _ => None,
+    let execution = rollout
+        .env
+        .and_then(|env| plan.as_ref().map(|plan| env.execute_plan(plan)));
+    let seen = Seen {
+        plan,
+        matches,
+        execution,
     };
-    let scored = match config.reward.function {
-        RewardFn::Outcome => {
-            let score = outcome(rollout.complete, config.reward.reward_coef);
-            Scored {
-                score,
-                format: 0.0,
-                accuracy: score,
-                plan: None,
-            }
-        }
-        RewardFn::EmbodiedR1 => embodied_r1(
-            text,
-            rollout.gt.unwrap_or(&[]),
-            actions,
-            config.reward.tolerant,
-        ),
-        RewardFn::Verify => {
-            let matched = matches
-                .as_ref()
-                .map_or(0, |m| m.iter().filter(|&&x| x == 1).count());
-            let executor_success = rollout
-                .env
-                .map(|_| execution.as_ref().is_some_and(|e| e.success));
-            verify(
-                tolerant_plan.clone(),
-                executor_success,
-                matched,
-                rollout.gt.map_or(0, <[GtStep]>::len),
-            )
-        }
-    };
+    let scored = scorer.score(rollout, &seen);
+    let Seen {
+        plan,
+        matches,
+        execution,
+    } = seen;
     RewardRow {
         trajectory_id: rollout.trajectory_id.to_string(),
         group_id: rollout.group_id.to_string(),
@@ -341,8 +561,8 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         format: scored.format,
         accuracy: scored.accuracy,
         success: rollout.complete,
-        parse_ok: rollout.response_text.is_none() || tolerant_plan.is_some(),
-        pred_actions: tolerant_plan.as_ref().map(|plan| {
+        parse_ok: rollout.response_text.is_none() || plan.is_some(),
+        pred_actions: plan.as_ref().map(|plan| {
             plan.steps
                 .iter()
                 .map(|s| PredictedAction {
@@ -353,7 +573,7 @@ pub fn score(rollout: &Rollout<'_>, config: &Config, actions: Option<&ActionList
         }),
         step_match: matches,
         step_valid: execution.map(|e| e.step_valid),
-        reward_fn: config.reward.function.name().to_string(),
+        reward_fn: name.to_string(),
         ever_grasped: rollout.ever_grasped,
         token_rewards: None,
         infra_fault: Some(rollout.infra_fault),
@@ -414,20 +634,33 @@ fn read_envs(tasks: &TableReader) -> Result<HashMap<String, TaskEnv>> {
     Ok(out)
 }
 
-fn read_action_list(path: &PathBuf) -> Result<ActionList> {
-    // The file is named by the config: missing or unreadable is bad input.
-    let text = std::fs::read_to_string(path).map_err(|e| Error::BadValue {
-        key: "reward.action_list".into(),
-        reason: format!("{}: cannot read it: {e}", path.display()),
-    })?;
-    let names: Vec<String> = serde_json::from_str(&text).map_err(|e| Error::BadValue {
-        key: "reward.action_list".into(),
-        reason: format!(
-            "{}: expected a JSON list of action names: {e}",
-            path.display()
-        ),
-    })?;
-    Ok(ActionList::new(names))
+/// The run's summary: the counts, then the reward's own lines.
+fn summary(stage: &Stage<Config>, skipped: u64, counts: &Counts, scorer: &dyn Scorer) -> Summary {
+    let config = &stage.config;
+    let ran = (counts.scored - counts.faulted).max(1) as f64;
+    let mut summary = Summary::new(format!("score-rewards ({})", config.reward.function));
+    summary
+        .add("shard", stage.args.shard)
+        .add("trajectories scored", counts.scored)
+        .add("skipped: task not in the tasks table", skipped)
+        .add("closed-loop episodes", counts.closed_loop)
+        .add(
+            "ended by an infrastructure fault (no outcome, left out below)",
+            counts.faulted,
+        )
+        .add("with a ground-truth plan", counts.with_gt)
+        .add("plan parse failures", counts.parse_failures)
+        .add(
+            "success rate",
+            format!("{:.3}", counts.successes as f64 / ran),
+        )
+        .add("mean score", format!("{:.4}", counts.score_sum / ran))
+        .add(
+            "match mode",
+            format!("{:?}", config.step_match.mode).to_lowercase(),
+        );
+    scorer.add_lines(&counts.tally, &mut summary);
+    summary
 }
 
 /// Runs the stage.
@@ -435,171 +668,13 @@ pub fn run(args: Args) -> Result<()> {
     let stage =
         Stage::<Config>::start(&spec::SCORE_REWARDS, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::Rewards])?;
-    let config = &stage.config;
-    let actions = config
-        .reward
-        .action_list
-        .as_ref()
-        .map(read_action_list)
-        .transpose()?;
-    let trajectories = stage.input(TableName::Trajectories)?;
-    let tasks = stage.optional_input(TableName::Tasks)?;
-    if config.reward.function == RewardFn::EmbodiedR1 && tasks.is_none() {
-        return Err(Error::BadInput(
-            "reward.fn = embodied_r1 needs the tasks table (ground-truth plans) among the inputs"
-                .into(),
-        ));
-    }
-    if config.reward.function == RewardFn::Verify && tasks.is_none() {
-        return Err(Error::BadInput(
-            "reward.fn = verify needs the tasks table (the scenes plans run in) among the inputs"
-                .into(),
-        ));
-    }
-    // Every trajectory must find its task: scoring an unmatched plan as a
-    // failure would silently poison the run.
-    let (missing, skipped) = match &tasks {
-        Some(tasks) => missing_tasks(&trajectories, tasks, stage.args.shard)?,
-        None => (HashSet::new(), 0),
-    };
-    if skipped > 0 && config.missing_tasks == MissingTasks::Error {
-        let mut ids: Vec<&String> = missing.iter().collect();
-        ids.sort();
-        let shown: Vec<&str> = ids.iter().take(5).map(|s| s.as_str()).collect();
-        return Err(Error::BadInput(format!(
-            "{skipped} trajectories of {} name {} tasks that the tasks table {} does not hold (e.g. {}); pass the tasks the rollouts were collected from, or --set missing_tasks=skip to leave them out",
-            trajectories.dir().display(),
-            missing.len(),
-            tasks
-                .as_ref()
-                .map_or(String::new(), |t| t.dir().display().to_string()),
-            shown.join(", ")
-        )));
-    }
-    let closed = tasks
-        .as_ref()
-        .map(closed_loop_tasks)
-        .transpose()?
-        .unwrap_or_default();
-    if config.reward.function != RewardFn::Outcome
-        && let Some((trajectory, task)) =
-            first_closed_loop(&trajectories, &closed, stage.args.shard)?
-    {
-        return Err(Error::BadInput(format!(
-            "trajectory `{trajectory}` of {} is an episode of task `{task}`, a closed-loop world: reward.fn = {} scores one-shot plans; closed-loop episodes take reward.fn = outcome (reward.reward_coef on success)",
-            trajectories.dir().display(),
-            config.reward.function.name()
-        )));
-    }
-    let gt = tasks.as_ref().map(read_gt).transpose()?.unwrap_or_default();
-    let envs = match (&tasks, config.reward.function) {
-        (Some(tasks), RewardFn::Verify) => read_envs(tasks)?,
-        _ => HashMap::new(),
-    };
-
+    let reward = stage.config.reward.reward();
+    let scorer = reward.scorer(&stage.config.reward.tree())?;
+    let inputs = Inputs::open(&stage, reward)?;
     let mut writer = stage.writer(TableName::Rewards)?;
-    let (mut scored, mut parse_failures, mut with_gt, mut score_sum, mut successes) =
-        (0u64, 0u64, 0u64, 0f64, 0u64);
-    let (mut executed, mut executed_ok, mut closed_loop, mut faulted) = (0u64, 0u64, 0u64, 0u64);
-    let bar = progress::bar(trajectories.num_rows(), "scoring");
-    let columns = [
-        "trajectory_id",
-        "group_id",
-        "task_id",
-        "complete",
-        "response_text",
-        "ever_grasped",
-        "infra_fault",
-    ];
-    for batch in trajectories.batches(Some(&columns), config.batch_rows)? {
-        let batch = batch?;
-        bar.inc(batch.num_rows() as u64);
-        let ids = column::<StringArray>(&batch, "trajectory_id");
-        let groups = column::<StringArray>(&batch, "group_id");
-        let task_ids = column::<StringArray>(&batch, "task_id");
-        let complete = column::<BooleanArray>(&batch, "complete");
-        let texts = column::<StringArray>(&batch, "response_text");
-        let grasped = column::<BooleanArray>(&batch, "ever_grasped");
-        let fault = column::<BooleanArray>(&batch, "infra_fault");
-        closed_loop += (0..batch.num_rows())
-            .filter(|&i| {
-                stage.args.shard.owns(groups.value(i)) && closed.contains(task_ids.value(i))
-            })
-            .count() as u64;
-        let rows: Vec<RewardRow> = (0..batch.num_rows())
-            .into_par_iter()
-            .filter(|&i| {
-                stage.args.shard.owns(groups.value(i)) && !missing.contains(task_ids.value(i))
-            })
-            .map(|i| {
-                let rollout = Rollout {
-                    trajectory_id: ids.value(i),
-                    group_id: groups.value(i),
-                    complete: complete.value(i),
-                    response_text: (!texts.is_null(i)).then(|| texts.value(i)),
-                    gt: gt.get(task_ids.value(i)).map(Vec::as_slice),
-                    env: envs.get(task_ids.value(i)),
-                    ever_grasped: (!grasped.is_null(i)).then(|| grasped.value(i)),
-                    infra_fault: fault.is_valid(i) && fault.value(i),
-                };
-                score(&rollout, config, actions.as_ref())
-            })
-            .collect();
-        for row in &rows {
-            scored += 1;
-            if row.faulted() {
-                faulted += 1;
-                continue;
-            }
-            parse_failures += u64::from(!row.parse_ok);
-            with_gt += u64::from(row.step_match.is_some());
-            score_sum += f64::from(row.score);
-            successes += u64::from(row.success);
-            if row.step_valid.is_some() {
-                executed += 1;
-                executed_ok += u64::from(row.accuracy > 0.0);
-            }
-        }
-        writer.write_rows(&rows)?;
-    }
-    bar.finish_and_clear();
+    let counts = score_rows(&stage, &inputs, scorer.as_ref(), &mut writer)?;
     stage.finish(writer)?;
-    let mut summary = Summary::new(format!("score-rewards ({})", config.reward.function.name()));
-    summary
-        .add("shard", stage.args.shard)
-        .add("trajectories scored", scored)
-        .add("skipped: task not in the tasks table", skipped)
-        .add("closed-loop episodes", closed_loop)
-        .add(
-            "ended by an infrastructure fault (no outcome, left out below)",
-            faulted,
-        )
-        .add("with a ground-truth plan", with_gt)
-        .add("plan parse failures", parse_failures)
-        .add(
-            "success rate",
-            format!("{:.3}", successes as f64 / (scored - faulted).max(1) as f64),
-        )
-        .add(
-            "mean score",
-            format!("{:.4}", score_sum / (scored - faulted).max(1) as f64),
-        )
-        .add(
-            "match mode",
-            format!("{:?}", config.step_match.mode).to_lowercase(),
-        );
-    if config.reward.function == RewardFn::Verify {
-        summary
-            .add("plans executed (household)", executed)
-            .add("executed plans reaching the goal", executed_ok);
-    }
-    if config.reward.function == RewardFn::EmbodiedR1 && actions.is_none() {
-        summary.add(
-            "note",
-            "no reward.action_list: the id/name agreement part of the format reward is 0",
-        );
-    }
-    stage.commit(&summary)?;
+    stage.commit(&summary(&stage, inputs.skipped, &counts, scorer.as_ref()))?;
     Ok(())
 }
 
@@ -619,12 +694,39 @@ mod tests {
             ("reward.fn=bogus", "reward.fn"),
             ("reward.reward_coef=0", "reward.reward_coef"),
             ("reward.reward_coef=-1", "reward.reward_coef"),
+            ("reward.reward_coef=abc", "reward.reward_coef"),
+            ("reward.tolerant=3", "reward.tolerant"),
+            ("reward.bogus=1", "reward.bogus"),
             ("match.mode=fuzzy", "match.mode"),
             ("missing_tasks=ignore", "missing_tasks"),
             ("batch_rows=0", "batch_rows"),
         ] {
             assert_eq!(refused_key::<Config>(&[set]).as_deref(), Some(key), "{set}");
         }
+        let sets = vec!["reward.fn=bogus".to_string()];
+        let message = embodyflow_core::config::load_config::<Config>(None, &sets)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("config key `reward.fn`: unknown variant `bogus`, expected one of `outcome`, `embodied_r1`, `verify`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_config_round_trips_through_its_tree() {
+        let sets = vec![
+            "reward.fn=embodied_r1".to_string(),
+            "reward.tolerant=true".to_string(),
+        ];
+        let resolved = embodyflow_core::config::load_config::<Config>(None, &sets).unwrap();
+        assert_eq!(resolved.json["reward"]["fn"], "embodied_r1");
+        assert_eq!(resolved.json["reward"]["reward_coef"], 1.0);
+        let config: Config = serde_json::from_value(resolved.json.clone()).unwrap();
+        assert_eq!(config, resolved.config);
+        assert_eq!(serde_json::to_value(&config).unwrap(), resolved.json);
+        assert_eq!(config.reward.reward().name(), "embodied_r1");
     }
 
     #[test]
@@ -633,6 +735,9 @@ mod tests {
             serde_json::json!({"reward": {"fn": "outcome", "reward_coef": 5.0}}),
         )
         .unwrap();
+        let reward = config.reward.reward();
+        assert!(reward.reads().episodes, "the outcome scores episodes");
+        let scorer = reward.scorer(&config.reward.tree()).unwrap();
         for (complete, ever_grasped) in [(true, Some(false)), (false, Some(true))] {
             let rollout = Rollout {
                 trajectory_id: "g/s1",
@@ -644,7 +749,7 @@ mod tests {
                 ever_grasped,
                 infra_fault: !complete,
             };
-            let row = score(&rollout, &config, None);
+            let row = score(&rollout, scorer.as_ref(), reward.name(), MatchMode::Exact);
             let expected = if complete { 5.0 } else { 0.0 };
             assert_eq!(
                 (row.score, row.accuracy, row.format),
@@ -662,24 +767,13 @@ mod tests {
                 ("g/s1", "g")
             );
         }
+        for reward in REWARDS.iter().filter(|r| r.name() != "outcome") {
+            assert!(!reward.reads().episodes, "{} scores plans", reward.name());
+        }
     }
 
-    #[test]
-    fn a_missing_action_list_is_bad_input_naming_the_key() {
-        let err = read_action_list(&PathBuf::from("no/such/actions.json")).unwrap_err();
-        assert!(
-            matches!(&err, Error::BadValue { key, .. } if key == "reward.action_list"),
-            "{err:?}"
-        );
-        assert!(err.to_string().contains("no/such/actions.json"), "{err}");
-    }
-}
-
-/// The derived key meanings document exactly the config's keys.
-#[cfg(test)]
-mod config_keys {
     #[test]
     fn every_config_key_has_a_one_line_meaning() {
-        embodyflow_core::config::check_key_docs::<super::Config>().unwrap();
+        embodyflow_core::config::check_key_docs::<Config>().unwrap();
     }
 }
