@@ -981,7 +981,11 @@ fn read_dump(
 }
 
 /// One row mapped (module doc): the same for every format, which differ
-/// only in the keys and in how a row is read.
+/// only in the keys and in how a row is read. In phases: the texts
+/// ([`RowAt::texts`]), chat messages rendered ([`RowAt::render`]), token
+/// ids ([`RowAt::token_ids`]), the per-token columns ([`RowAt::per_token`]),
+/// the score ([`RowAt::score`]), the step and the group ([`RowAt::step`],
+/// [`RowAt::group`]).
 fn map_row(
     options: &ImportOptions,
     keys: &Keys,
@@ -990,128 +994,211 @@ fn map_row(
     order: usize,
     rendered: &mut usize,
 ) -> std::result::Result<DumpRow, ForeignError> {
-    let file = &options.from[raw.file];
-    let format = options.source.name();
-    let noun = options.source.noun();
     let parquet = options.source == Source::Parquet;
-    let at = if parquet {
-        format!("{}: row {}", file.display(), raw.index)
-    } else {
-        format!("{}:{}", file.display(), raw.index)
-    };
-    let object = &raw.object;
-    let missing = |key: &str, hint: &'static str| ForeignError::MissingKey {
-        at: at.clone(),
-        noun,
-        key: key.to_string(),
-        format,
-        hint,
-    };
-    let wrong = |key: &str, expected: &'static str, value: &Value| ForeignError::WrongType {
-        at: at.clone(),
-        noun,
-        key: key.to_string(),
-        expected,
-        found: shorten(value),
-    };
-    let get = |key: &str| object.get(key).ok_or_else(|| missing(key, ""));
-    let chats = options.source != Source::Verl;
-    let mut kwargs_used = false;
+    let row = RowAt::new(options, &raw);
+    let (prompt, response) = row.texts(keys)?;
+    let (prompt, response, kwargs_used) = row.render(keys, texts, prompt, response, rendered)?;
+    let (prompt_ids, response_ids) = row.token_ids(keys, texts, &prompt, &response)?;
+    let per_token = row.per_token(keys, &response_ids)?;
+    let score = row.score(keys, per_token.token_rewards.as_ref())?;
+    let step = row.step(keys)?;
+    let uid = row.group(&options.grouping, order)?;
+    let gts = keys.gts.as_ref().and_then(|k| raw.object.get(k)).cloned();
+    Ok(DumpRow {
+        file: raw.file,
+        index: raw.index,
+        tag: if parquet { order } else { raw.index },
+        prompt: prompt.unwrap_or_default(),
+        prompt_ids,
+        response,
+        response_ids,
+        score,
+        token_rewards: per_token.token_rewards.map(|(_, rewards)| rewards),
+        response_mask: per_token.response_mask,
+        values: per_token.values,
+        step,
+        uid,
+        gts,
+        kwargs_used,
+    })
+}
 
-    let prompt = match &keys.prompt {
-        None => None,
-        Some(key) => Some(match get(key)? {
-            Value::String(s) => Text::Plain(s.clone()),
-            value if chats && is_chat(value) => Text::Chat(value.clone()),
-            other if chats => {
-                return Err(wrong(
-                    key,
-                    "a string or a list of chat messages ({role, content})",
-                    other,
-                ));
-            }
-            other => return Err(wrong(key, "a string", other)),
-        }),
-    };
-    let conversational = matches!(prompt, Some(Text::Chat(_)));
-    let response = match &keys.response {
-        None => None,
-        Some(key) => Some(match get(key)? {
-            value if conversational => {
-                if !is_chat(value) {
-                    return Err(wrong(
-                        key,
-                        "a list of chat messages ({role, content}), as the prompt is",
-                        value,
-                    ));
-                }
-                Text::Chat(value.clone())
-            }
-            Value::String(s) => Text::Plain(s.clone()),
-            Value::Array(messages) if chats => match messages.as_slice() {
-                [message]
-                    if message.get("role").and_then(Value::as_str) == Some("assistant")
-                        && message.get("content").is_some_and(Value::is_string) =>
-                {
-                    Text::Plain(message["content"].as_str().unwrap_or_default().to_string())
-                }
-                _ => {
-                    return Err(wrong(
-                        key,
-                        "a string or one assistant message with string content",
-                        &Value::Array(messages.clone()),
-                    ));
-                }
-            },
-            other => return Err(wrong(key, "a string", other)),
-        }),
-    };
+/// A raw row with where it is, for the errors that name it (file and line
+/// or row, the dump's noun for its keys, the format).
+struct RowAt<'a> {
+    at: String,
+    noun: &'static str,
+    format: &'static str,
+    /// Whether prompts and responses may be chat messages (TRL, Parquet).
+    chats: bool,
+    object: &'a Map<String, Value>,
+}
 
-    // Chat messages rendered as TRL renders them.
-    let (prompt, response) = match (prompt, response) {
-        (Some(Text::Chat(p)), response) => {
-            let key = keys.prompt.as_deref().unwrap_or_default();
-            let kwargs = match object.get(KWARGS) {
-                None => None,
-                Some(Value::Object(map)) => Some(map),
-                Some(other) => return Err(wrong(KWARGS, "an object", other)),
-            };
-            kwargs_used = kwargs.is_some();
-            let template = texts.template().map_err(|reason| ForeignError::Template {
-                at: at.clone(),
-                noun,
-                key: key.to_string(),
-                reason,
-            })?;
-            let failed = |e: embodyflow_chat::ChatError| ForeignError::Template {
-                at: at.clone(),
-                noun,
-                key: key.to_string(),
-                reason: e.to_string(),
-            };
-            *rendered += 1;
-            match response {
-                Some(Text::Chat(c)) => {
-                    let (p, c) = template
-                        .render_prompt_completion(&p, &c, None, kwargs)
-                        .map_err(failed)?;
-                    (Some(p), Some(c))
-                }
-                _ => (
-                    Some(template.render_prompt(&p, None, kwargs).map_err(failed)?),
-                    None,
-                ),
-            }
+/// A row's per-token columns, each one entry per response token.
+struct PerToken<'k> {
+    /// The token rewards with their key.
+    token_rewards: Option<(&'k String, Vec<f32>)>,
+    values: Option<Vec<f32>>,
+    response_mask: Option<Vec<bool>>,
+}
+
+impl<'a> RowAt<'a> {
+    fn new(options: &ImportOptions, raw: &'a RawRow) -> RowAt<'a> {
+        let file = &options.from[raw.file];
+        let at = if options.source == Source::Parquet {
+            format!("{}: row {}", file.display(), raw.index)
+        } else {
+            format!("{}:{}", file.display(), raw.index)
+        };
+        RowAt {
+            at,
+            noun: options.source.noun(),
+            format: options.source.name(),
+            chats: options.source != Source::Verl,
+            object: &raw.object,
         }
-        (Some(Text::Plain(p)), Some(Text::Plain(r))) => (Some(p), Some(r)),
-        (Some(Text::Plain(p)), _) => (Some(p), None),
-        (None, Some(Text::Plain(r))) => (None, Some(r)),
-        (None, _) => (None, None),
-    };
+    }
 
-    let ids_of = |key: &Option<String>| -> std::result::Result<Option<Vec<i32>>, ForeignError> {
+    fn missing(&self, key: &str, hint: &'static str) -> ForeignError {
+        ForeignError::MissingKey {
+            at: self.at.clone(),
+            noun: self.noun,
+            key: key.to_string(),
+            format: self.format,
+            hint,
+        }
+    }
+
+    fn wrong(&self, key: &str, expected: &'static str, value: &Value) -> ForeignError {
+        ForeignError::WrongType {
+            at: self.at.clone(),
+            noun: self.noun,
+            key: key.to_string(),
+            expected,
+            found: shorten(value),
+        }
+    }
+
+    fn get(&self, key: &str) -> std::result::Result<&'a Value, ForeignError> {
+        self.object.get(key).ok_or_else(|| self.missing(key, ""))
+    }
+
+    /// The prompt and response as given: plain text, or chat messages
+    /// (TRL, Parquet; a conversational prompt needs a conversational
+    /// response, a plain one may come as one assistant message).
+    fn texts(
+        &self,
+        keys: &Keys,
+    ) -> std::result::Result<(Option<Text>, Option<Text>), ForeignError> {
+        let chats = self.chats;
+        let prompt = match &keys.prompt {
+            None => None,
+            Some(key) => Some(match self.get(key)? {
+                Value::String(s) => Text::Plain(s.clone()),
+                value if chats && is_chat(value) => Text::Chat(value.clone()),
+                other if chats => {
+                    return Err(self.wrong(
+                        key,
+                        "a string or a list of chat messages ({role, content})",
+                        other,
+                    ));
+                }
+                other => return Err(self.wrong(key, "a string", other)),
+            }),
+        };
+        let conversational = matches!(prompt, Some(Text::Chat(_)));
+        let response = match &keys.response {
+            None => None,
+            Some(key) => Some(match self.get(key)? {
+                value if conversational => {
+                    if !is_chat(value) {
+                        return Err(self.wrong(
+                            key,
+                            "a list of chat messages ({role, content}), as the prompt is",
+                            value,
+                        ));
+                    }
+                    Text::Chat(value.clone())
+                }
+                Value::String(s) => Text::Plain(s.clone()),
+                Value::Array(messages) if chats => match messages.as_slice() {
+                    [message]
+                        if message.get("role").and_then(Value::as_str) == Some("assistant")
+                            && message.get("content").is_some_and(Value::is_string) =>
+                    {
+                        Text::Plain(message["content"].as_str().unwrap_or_default().to_string())
+                    }
+                    _ => {
+                        return Err(self.wrong(
+                            key,
+                            "a string or one assistant message with string content",
+                            &Value::Array(messages.clone()),
+                        ));
+                    }
+                },
+                other => return Err(self.wrong(key, "a string", other)),
+            }),
+        };
+        Ok((prompt, response))
+    }
+
+    /// The texts, chat messages rendered as TRL renders them (with the row's
+    /// template arguments, whether they were used is the third value);
+    /// `rendered` counts the rows rendered.
+    fn render(
+        &self,
+        keys: &Keys,
+        texts: &mut Texts,
+        prompt: Option<Text>,
+        response: Option<Text>,
+        rendered: &mut usize,
+    ) -> std::result::Result<(Option<String>, Option<String>, bool), ForeignError> {
+        Ok(match (prompt, response) {
+            (Some(Text::Chat(p)), response) => {
+                let key = keys.prompt.as_deref().unwrap_or_default();
+                let kwargs = match self.object.get(KWARGS) {
+                    None => None,
+                    Some(Value::Object(map)) => Some(map),
+                    Some(other) => return Err(self.wrong(KWARGS, "an object", other)),
+                };
+                let template = texts.template().map_err(|reason| ForeignError::Template {
+                    at: self.at.clone(),
+                    noun: self.noun,
+                    key: key.to_string(),
+                    reason,
+                })?;
+                let failed = |e: embodyflow_chat::ChatError| ForeignError::Template {
+                    at: self.at.clone(),
+                    noun: self.noun,
+                    key: key.to_string(),
+                    reason: e.to_string(),
+                };
+                *rendered += 1;
+                let (p, c) = match response {
+                    Some(Text::Chat(c)) => {
+                        let (p, c) = template
+                            .render_prompt_completion(&p, &c, None, kwargs)
+                            .map_err(failed)?;
+                        (Some(p), Some(c))
+                    }
+                    _ => (
+                        Some(template.render_prompt(&p, None, kwargs).map_err(failed)?),
+                        None,
+                    ),
+                };
+                (p, c, kwargs.is_some())
+            }
+            (Some(Text::Plain(p)), Some(Text::Plain(r))) => (Some(p), Some(r), false),
+            (Some(Text::Plain(p)), _) => (Some(p), None, false),
+            (None, Some(Text::Plain(r))) => (None, Some(r), false),
+            (None, _) => (None, None, false),
+        })
+    }
+
+    /// The token ids under `key`, if mapped.
+    fn ids(&self, key: &Option<String>) -> std::result::Result<Option<Vec<i32>>, ForeignError> {
         let Some(key) = key else { return Ok(None) };
-        let value = get(key)?;
+        let value = self.get(key)?;
         let ids = value.as_array().and_then(|items| {
             items
                 .iter()
@@ -1123,12 +1210,17 @@ fn map_row(
                 .collect::<Option<Vec<i32>>>()
         });
         ids.map(Some)
-            .ok_or_else(|| wrong(key, "a list of non-negative integer token ids (i32)", value))
-    };
-    let tokenise = |text: &Option<String>,
-                    key: &Option<String>,
-                    ids: Option<Vec<i32>>|
-     -> std::result::Result<Vec<i32>, ForeignError> {
+            .ok_or_else(|| self.wrong(key, "a list of non-negative integer token ids (i32)", value))
+    }
+
+    /// `ids` when given, else `text` (under `key`) tokenised, else none.
+    fn tokenise(
+        &self,
+        texts: &Texts,
+        text: &Option<String>,
+        key: &Option<String>,
+        ids: Option<Vec<i32>>,
+    ) -> std::result::Result<Vec<i32>, ForeignError> {
         if let Some(ids) = ids {
             return Ok(ids);
         }
@@ -1137,8 +1229,8 @@ fn map_row(
         };
         let Some(tokenizer) = &texts.tokenizer else {
             return Err(ForeignError::NoTokenizer {
-                at: at.clone(),
-                noun,
+                at: self.at.clone(),
+                noun: self.noun,
                 key: key.clone(),
             });
         };
@@ -1146,49 +1238,75 @@ fn map_row(
             tokenizer
                 .encode(text.as_str(), false)
                 .map_err(|e| ForeignError::WrongType {
-                    at: at.clone(),
-                    noun,
+                    at: self.at.clone(),
+                    noun: self.noun,
                     key: key.clone(),
                     expected: "text the tokenizer encodes",
                     found: e.to_string(),
                 })?;
         Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
-    };
-    // A group's rows share their prompt: it is tokenised once.
-    let prompt_ids = match (ids_of(&keys.prompt_ids)?, &prompt) {
-        (None, Some(text)) => texts.prompt_ids.get(text).cloned(),
-        (ids, _) => ids,
-    };
-    let response_ids = ids_of(&keys.response_ids)?;
-    let prompt_ids = tokenise(&prompt, &keys.prompt, prompt_ids)?;
-    let response_ids = tokenise(&response, &keys.response, response_ids)?;
-    if let (None, Some(text)) = (&keys.prompt_ids, &prompt)
-        && !texts.prompt_ids.contains_key(text)
-    {
-        texts.prompt_ids.insert(text.clone(), prompt_ids.clone());
     }
 
-    // Per-token columns: one entry per response token.
-    let check_len = |key: &String, found: usize| {
-        if found == response_ids.len() {
+    /// The prompt's and the response's token ids: as mapped, else the texts
+    /// tokenised. A group's rows share their prompt: it is tokenised once.
+    fn token_ids(
+        &self,
+        keys: &Keys,
+        texts: &mut Texts,
+        prompt: &Option<String>,
+        response: &Option<String>,
+    ) -> std::result::Result<(Vec<i32>, Vec<i32>), ForeignError> {
+        let prompt_ids = match (self.ids(&keys.prompt_ids)?, prompt) {
+            (None, Some(text)) => texts.prompt_ids.get(text).cloned(),
+            (ids, _) => ids,
+        };
+        let response_ids = self.ids(&keys.response_ids)?;
+        let prompt_ids = self.tokenise(texts, prompt, &keys.prompt, prompt_ids)?;
+        let response_ids = self.tokenise(texts, response, &keys.response, response_ids)?;
+        if let (None, Some(text)) = (&keys.prompt_ids, prompt)
+            && !texts.prompt_ids.contains_key(text)
+        {
+            texts.prompt_ids.insert(text.clone(), prompt_ids.clone());
+        }
+        Ok((prompt_ids, response_ids))
+    }
+
+    /// A per-token column's length checked against the response's tokens.
+    fn check_len(
+        &self,
+        keys: &Keys,
+        key: &String,
+        found: usize,
+        tokens: usize,
+    ) -> std::result::Result<(), ForeignError> {
+        if found == tokens {
             return Ok(());
         }
+        let noun = self.noun;
         let tokens_of = match (&keys.response_ids, &keys.response) {
             (Some(ids), _) => format!("{noun} `{ids}`"),
             (None, Some(text)) => format!("{noun} `{text}` tokenised"),
             (None, None) => "no response mapped".into(),
         };
         Err(ForeignError::Length {
-            at: at.clone(),
+            at: self.at.clone(),
             noun,
             key: key.clone(),
             found,
-            tokens: response_ids.len(),
+            tokens,
             tokens_of,
         })
-    };
-    let floats = |key: &String, expected| -> std::result::Result<Vec<f32>, ForeignError> {
-        let value = get(key)?;
+    }
+
+    /// The finite floats under `key`, one per response token.
+    fn floats(
+        &self,
+        keys: &Keys,
+        key: &String,
+        expected: &'static str,
+        tokens: usize,
+    ) -> std::result::Result<Vec<f32>, ForeignError> {
+        let value = self.get(key)?;
         let floats = value
             .as_array()
             .and_then(|items| {
@@ -1197,142 +1315,170 @@ fn map_row(
                     .map(|v| v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()))
                     .collect::<Option<Vec<f32>>>()
             })
-            .ok_or_else(|| wrong(key, expected, value))?;
-        check_len(key, floats.len())?;
+            .ok_or_else(|| self.wrong(key, expected, value))?;
+        self.check_len(keys, key, floats.len(), tokens)?;
         Ok(floats)
-    };
-    let token_rewards = keys
-        .token_rewards
-        .as_ref()
-        .map(|key| {
-            floats(
-                key,
-                "a list of finite numbers (f32), one reward per response token",
-            )
-            .map(|rewards| (key, rewards))
-        })
-        .transpose()?;
-    let values = keys
-        .values
-        .as_ref()
-        .map(|key| {
-            floats(
-                key,
-                "a list of finite numbers (f32), one value per response token",
-            )
-        })
-        .transpose()?;
-    let response_mask = keys
-        .response_mask
-        .as_ref()
-        .map(|key| -> std::result::Result<Vec<bool>, ForeignError> {
-            let value = get(key)?;
-            let flag = |v: &Value| match v {
-                Value::Bool(b) => Some(*b),
-                Value::Number(n) => match n.as_u64() {
-                    Some(0) => Some(false),
-                    Some(1) => Some(true),
-                    _ => None,
-                },
-                _ => None,
-            };
-            let mask = value
-                .as_array()
-                .and_then(|items| items.iter().map(flag).collect::<Option<Vec<bool>>>())
-                .ok_or_else(|| {
-                    wrong(
-                        key,
-                        "a list of booleans or 0/1 integers, one per response token",
-                        value,
-                    )
-                })?;
-            check_len(key, mask.len())?;
-            Ok(mask)
-        })
-        .transpose()?;
+    }
 
-    // The score: the reward's key, which must agree with the token rewards'
-    // sum when both are mapped; else that sum.
-    let score_of = |key: &String| {
-        let value = get(key)?;
-        value
-            .as_f64()
-            .map(|s| s as f32)
-            .filter(|s| s.is_finite())
-            .ok_or_else(|| wrong(key, "a finite number (f32)", value))
-    };
-    let score = match (&keys.score, &token_rewards) {
-        (Some(key), None) => score_of(key)?,
-        (Some(key), Some((tokens_key, rewards))) => {
-            let score = score_of(key)?;
-            let (sum, agrees) = token_sum(score, rewards);
-            if !agrees {
-                return Err(ForeignError::TokenSum {
-                    at: at.clone(),
-                    noun,
-                    score_key: key.clone(),
-                    score,
-                    key: (*tokens_key).clone(),
-                    sum,
-                    tolerance: TOKEN_SUM_TOLERANCE,
-                });
-            }
-            score
-        }
-        (None, Some((_, rewards))) => rewards.iter().map(|&r| f64::from(r)).sum::<f64>() as f32,
-        (None, None) => {
-            return Err(missing(
-                "reward",
-                " (map --column reward=COLUMN or --column token_rewards=COLUMN)",
-            ));
-        }
-    };
-    let step = match &keys.step {
-        None => 0,
-        Some((key, required)) => match object.get(key.as_str()) {
-            None if !required => 0,
-            None => return Err(missing(key, "")),
-            Some(value) => value
-                .as_i64()
-                .and_then(|s| i32::try_from(s).ok())
-                .ok_or_else(|| wrong(key, "an integer (i32)", value))?,
-        },
-    };
-    let uid = match &options.grouping {
-        Grouping::Column(key) => match object.get(key.as_str()) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-            Some(other) => return Err(wrong(key, "a string or an integer", other)),
-            None => {
-                return Err(missing(
+    /// The booleans (or 0/1 integers) under `key`, one per response token.
+    fn mask(
+        &self,
+        keys: &Keys,
+        key: &String,
+        tokens: usize,
+    ) -> std::result::Result<Vec<bool>, ForeignError> {
+        let value = self.get(key)?;
+        let flag = |v: &Value| match v {
+            Value::Bool(b) => Some(*b),
+            Value::Number(n) => match n.as_u64() {
+                Some(0) => Some(false),
+                Some(1) => Some(true),
+                _ => None,
+            },
+            _ => None,
+        };
+        let mask = value
+            .as_array()
+            .and_then(|items| items.iter().map(flag).collect::<Option<Vec<bool>>>())
+            .ok_or_else(|| {
+                self.wrong(
                     key,
-                    " (veRL dumps `uid` only when the reward function returns it: pass \
-                     --group-by-prompt for a training dump, --group-size N (rollout.n \
-                     consecutive rows) for a validation dump, or --group-column KEY)",
+                    "a list of booleans or 0/1 integers, one per response token",
+                    value,
+                )
+            })?;
+        self.check_len(keys, key, mask.len(), tokens)?;
+        Ok(mask)
+    }
+
+    /// The per-token columns: token rewards, values and response mask,
+    /// each one entry per response token.
+    fn per_token<'k>(
+        &self,
+        keys: &'k Keys,
+        response_ids: &[i32],
+    ) -> std::result::Result<PerToken<'k>, ForeignError> {
+        let tokens = response_ids.len();
+        let token_rewards = keys
+            .token_rewards
+            .as_ref()
+            .map(|key| {
+                self.floats(
+                    keys,
+                    key,
+                    "a list of finite numbers (f32), one reward per response token",
+                    tokens,
+                )
+                .map(|rewards| (key, rewards))
+            })
+            .transpose()?;
+        let values = keys
+            .values
+            .as_ref()
+            .map(|key| {
+                self.floats(
+                    keys,
+                    key,
+                    "a list of finite numbers (f32), one value per response token",
+                    tokens,
+                )
+            })
+            .transpose()?;
+        let response_mask = keys
+            .response_mask
+            .as_ref()
+            .map(|key| self.mask(keys, key, tokens))
+            .transpose()?;
+        Ok(PerToken {
+            token_rewards,
+            values,
+            response_mask,
+        })
+    }
+
+    /// The score: the reward's key, which must agree with the token rewards'
+    /// sum when both are mapped; else that sum.
+    fn score(
+        &self,
+        keys: &Keys,
+        token_rewards: Option<&(&String, Vec<f32>)>,
+    ) -> std::result::Result<f32, ForeignError> {
+        let score_of = |key: &String| {
+            let value = self.get(key)?;
+            value
+                .as_f64()
+                .map(|s| s as f32)
+                .filter(|s| s.is_finite())
+                .ok_or_else(|| self.wrong(key, "a finite number (f32)", value))
+        };
+        Ok(match (&keys.score, token_rewards) {
+            (Some(key), None) => score_of(key)?,
+            (Some(key), Some((tokens_key, rewards))) => {
+                let score = score_of(key)?;
+                let (sum, agrees) = token_sum(score, rewards);
+                if !agrees {
+                    return Err(ForeignError::TokenSum {
+                        at: self.at.clone(),
+                        noun: self.noun,
+                        score_key: key.clone(),
+                        score,
+                        key: (*tokens_key).clone(),
+                        sum,
+                        tolerance: TOKEN_SUM_TOLERANCE,
+                    });
+                }
+                score
+            }
+            (None, Some((_, rewards))) => rewards.iter().map(|&r| f64::from(r)).sum::<f64>() as f32,
+            (None, None) => {
+                return Err(self.missing(
+                    "reward",
+                    " (map --column reward=COLUMN or --column token_rewards=COLUMN)",
                 ));
             }
-        },
-        Grouping::Size(n) => format!("r{}", order / n.get() * n.get()),
-        Grouping::Prompt => String::new(),
-    };
-    let gts = keys.gts.as_ref().and_then(|k| object.get(k)).cloned();
-    Ok(DumpRow {
-        file: raw.file,
-        index: raw.index,
-        tag: if parquet { order } else { raw.index },
-        prompt: prompt.unwrap_or_default(),
-        prompt_ids,
-        response,
-        response_ids,
-        score,
-        token_rewards: token_rewards.map(|(_, rewards)| rewards),
-        response_mask,
-        values,
-        step,
-        uid,
-        gts,
-        kwargs_used,
-    })
+        })
+    }
+
+    /// The step (0 when unmapped, or when optional and absent).
+    fn step(&self, keys: &Keys) -> std::result::Result<i32, ForeignError> {
+        Ok(match &keys.step {
+            None => 0,
+            Some((key, required)) => match self.object.get(key.as_str()) {
+                None if !required => 0,
+                None => return Err(self.missing(key, "")),
+                Some(value) => value
+                    .as_i64()
+                    .and_then(|s| i32::try_from(s).ok())
+                    .ok_or_else(|| self.wrong(key, "an integer (i32)", value))?,
+            },
+        })
+    }
+
+    /// The row's group: its group key's value, its block of `n` rows
+    /// (`order` counts the rows), or none yet (grouped by prompt later).
+    fn group(
+        &self,
+        grouping: &Grouping,
+        order: usize,
+    ) -> std::result::Result<String, ForeignError> {
+        Ok(match grouping {
+            Grouping::Column(key) => match self.object.get(key.as_str()) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                Some(other) => return Err(self.wrong(key, "a string or an integer", other)),
+                None => {
+                    return Err(self.missing(
+                        key,
+                        " (veRL dumps `uid` only when the reward function returns it: pass \
+                         --group-by-prompt for a training dump, --group-size N (rollout.n \
+                         consecutive rows) for a validation dump, or --group-column KEY)",
+                    ));
+                }
+            },
+            Grouping::Size(n) => format!("r{}", order / n.get() * n.get()),
+            Grouping::Prompt => String::new(),
+        })
+    }
 }
 
 /// A gold plan from a veRL `gts` value: a list of `{action_id, action_name}`,
