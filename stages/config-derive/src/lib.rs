@@ -173,3 +173,46 @@ fn lower_first(text: &str) -> String {
         _ => text.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_doc_comment_becomes_one_line_of_meaning() {
+        let field: syn::Field = syn::parse_quote! {
+            /// Discount of the step
+            /// returns.
+            gamma: f32
+        };
+        assert_eq!(
+            meaning(&field.attrs).as_deref(),
+            Some("discount of the step returns")
+        );
+        for (doc, want) in [
+            ("GAE lambda.", "GAE lambda"),
+            ("StepOPSD: mix.", "StepOPSD: mix"),
+            ("MiB kept.", "MiB kept"),
+            ("gigpo: discount.", "gigpo: discount"),
+            ("Ünits.", "ünits"),
+        ] {
+            let field: syn::Field = syn::parse_quote! { #[doc = #doc] x: u8 };
+            assert_eq!(meaning(&field.attrs).as_deref(), Some(want), "{doc}");
+        }
+        let bare: syn::Field = syn::parse_quote! { x: u8 };
+        assert_eq!(meaning(&bare.attrs), None);
+    }
+
+    #[test]
+    fn serde_renames_and_markers_are_read() {
+        let field: syn::Field = syn::parse_quote! {
+            #[serde(rename = "fn", skip_serializing_if = "Option::is_none")]
+            #[keys(section)]
+            function: u8
+        };
+        assert_eq!(serde_rename(&field.attrs).unwrap().as_deref(), Some("fn"));
+        assert!(matches!(role(&field.attrs).unwrap(), Role::Section));
+        let wrong: syn::Field = syn::parse_quote! { #[keys(flatten)] x: u8 };
+        assert!(role(&wrong.attrs).is_err());
+    }
+}
