@@ -221,29 +221,12 @@ pub enum ExportFormat {
     Verl,
 }
 
-/// Runs the tool.
+/// Runs the tool: one named phase per subcommand.
 pub fn run(args: Args) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let write_err = |e: std::io::Error| Error::io("<stdout>", e);
     match args.command {
-        Command::Schema { name: None } => {
-            for table in TableName::ALL {
-                let def = table.def();
-                writeln!(
-                    out,
-                    "{:<14} v{}  key: {}",
-                    def.name,
-                    def.version,
-                    def.key.join(", ")
-                )
-                .map_err(write_err)?;
-            }
-        }
-        Command::Schema { name: Some(table) } => {
-            out.write_all(describe(table).as_bytes())
-                .map_err(write_err)?;
-        }
+        Command::Schema { name } => schema(name, &mut out),
         Command::Import {
             table,
             format,
@@ -266,82 +249,36 @@ pub fn run(args: Args) -> Result<()> {
                 row_group_rows,
                 ..WriteOptions::default()
             };
-            match (table, format) {
-                (Some(table), _) => {
-                    let from = one_file(&from, "--table")?;
-                    let manifest = with_row_type!(table, R => import::<R>(from, &out_dir, options, overwrite))?;
-                    writeln!(
-                        out,
-                        "imported {} rows into {} ({} shards)",
-                        manifest.num_rows,
-                        out_dir.join(table.as_str()).display(),
-                        manifest.shards.len()
-                    )
-                    .map_err(write_err)?;
-                }
-                (None, format) => {
-                    let source = format.ok_or_else(|| {
-                        Error::Usage(
-                            "table import: give --table NAME or --format verl|trl|parquet".into(),
-                        )
-                    })?;
-                    if source != foreign::Source::Parquet {
-                        one_file(&from, &format!("--format {}", source.name()))?;
-                        if tokenizer.is_none() {
-                            return Err(Error::Usage(format!(
-                                "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the texts are tokenised with it)",
-                                source.name()
-                            )));
-                        }
-                    }
-                    let (columns, group) = column_mapping(source, &columns)?;
-                    let grouping = match (group, group_column, group_size, group_by_prompt, source)
-                    {
-                        (Some(_), Some(_), ..)
-                        | (Some(_), _, Some(_), ..)
-                        | (Some(_), _, _, true, _) => {
-                            return Err(Error::Usage(
-                                "table import: --column group=COLUMN is --group-column COLUMN; give one grouping".into(),
-                            ));
-                        }
-                        (Some(key), ..) | (None, Some(key), ..) => foreign::Grouping::Column(key),
-                        (None, None, Some(n), ..) => foreign::Grouping::Size(n),
-                        (None, None, None, false, foreign::Source::Verl) => {
-                            foreign::Grouping::Column("uid".into())
-                        }
-                        (None, None, None, ..) => foreign::Grouping::Prompt,
-                    };
-                    if !temperature.is_finite() || temperature <= 0.0 {
-                        return Err(Error::Usage(format!(
-                            "table import: --temperature {temperature}: expected a positive number"
-                        )));
-                    }
-                    let import_options = foreign::ImportOptions {
-                        source,
-                        from: from.clone(),
-                        tokenizer,
-                        chat_template,
-                        columns,
-                        grouping,
-                        split,
-                        temperature,
-                    };
-                    let summary = foreign::import(&import_options, &out_dir, options, overwrite)?;
-                    let names: Vec<String> = from.iter().map(|f| f.display().to_string()).collect();
-                    writeln!(
-                        out,
-                        "imported {} into {} (tasks, trajectories, steps, rewards): {summary}",
-                        names.join(", "),
-                        out_dir.display()
-                    )
-                    .map_err(write_err)?;
-                }
+            if let Some(table) = table {
+                return import_rows(table, &from, &out_dir, options, overwrite, &mut out);
             }
+            let source = format.ok_or_else(|| {
+                Error::Usage("table import: give --table NAME or --format verl|trl|parquet".into())
+            })?;
+            check_dump_flags(source, &from, tokenizer.is_some())?;
+            let (columns, group) = column_mapping(source, &columns)?;
+            let grouping = grouping(source, group, group_column, group_size, group_by_prompt)?;
+            if !temperature.is_finite() || temperature <= 0.0 {
+                return Err(Error::Usage(format!(
+                    "table import: --temperature {temperature}: expected a positive number"
+                )));
+            }
+            let import = foreign::ImportOptions {
+                source,
+                from,
+                tokenizer,
+                chat_template,
+                columns,
+                grouping,
+                split,
+                temperature,
+            };
+            import_dump(&import, &out_dir, options, overwrite, &mut out)
         }
         Command::Manifest { dir } => {
             settle_around(&dir)?;
             out.write_all(Manifest::read(&dir)?.to_json().as_bytes())
-                .map_err(write_err)?;
+                .map_err(write_err)
         }
         Command::Show {
             dir,
@@ -349,7 +286,7 @@ pub fn run(args: Args) -> Result<()> {
             columns,
         } => {
             let table = table_of(&dir)?;
-            with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))?;
+            with_row_type!(table, R => show::<R>(&dir, limit, &columns, &mut out))
         }
         Command::Export {
             dir,
@@ -359,110 +296,253 @@ pub fn run(args: Args) -> Result<()> {
             out: file,
         } => {
             let table = table_of(&dir)?;
-            let target = match (format, &trajectories) {
-                (ExportFormat::Csv, None) => Target::Rows(RowFormat::Csv),
-                (ExportFormat::Jsonl, None) => Target::Rows(RowFormat::Jsonl),
-                (ExportFormat::Verl, Some(t)) if table == TableName::Advantages => Target::Verl(t),
-                (ExportFormat::Verl, Some(_)) => {
-                    return Err(Error::Usage(format!(
-                        "table export --format verl: {} is a `{table}` table; give an advantages table",
-                        dir.display()
-                    )));
-                }
-                (ExportFormat::Verl, None) => {
-                    return Err(Error::Usage(
-                        "table export --format verl: --trajectories DIR is required (it holds each row's uid, step and sample_index)".into(),
-                    ));
-                }
-                (_, Some(_)) => {
-                    return Err(Error::Usage(
-                        "table export: --trajectories and --rewards go with --format verl only"
-                            .into(),
-                    ));
-                }
-            };
-            let write_to = |writer: &mut dyn Write, label: &str| match target {
-                Target::Rows(f) => {
-                    with_row_type!(table, R => export::<R>(&dir, f, &mut &mut *writer, label))
-                }
-                Target::Verl(t) => {
-                    foreign::export_verl(&dir, t, rewards.as_deref(), &mut &mut *writer, label)
-                }
-            };
-            match file {
-                None => {
-                    write_to(&mut out, "<stdout>")?;
-                }
-                Some(path) => {
-                    let mut writer = std::io::BufWriter::new(
-                        std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?,
-                    );
-                    let label = path.display().to_string();
-                    let rows = write_to(&mut writer, &label)?;
-                    writer.flush().map_err(|e| Error::io(&path, e))?;
-                    writeln!(out, "exported {rows} rows of {table} to {label}")
-                        .map_err(write_err)?;
-                }
-            }
+            let target = export_target(format, trajectories.as_deref(), table, &dir)?;
+            export_to(&dir, table, target, rewards.as_deref(), file, &mut out)
         }
         Command::Merge {
             out: out_dir,
             parts,
             overwrite,
-        } => {
-            for manifest in merge(&out_dir, &parts, overwrite)? {
-                writeln!(
-                    out,
-                    "merged {} parts into {}: {} rows, {} shards, content hash {}",
-                    parts.len(),
-                    out_dir.join(&manifest.table).display(),
-                    manifest.num_rows,
-                    manifest.shards.len(),
-                    manifest.content_hash
-                )
-                .map_err(write_err)?;
-            }
-        }
+        } => merge_into(&out_dir, &parts, overwrite, &mut out),
         Command::Validate { dirs, deep } => {
             for dir in dirs {
-                let table = table_of(&dir)?;
-                let reader = TableReader::open(&dir, table)?;
-                let mut rows = 0;
-                for batch in reader.batches(None, 65_536)? {
-                    rows += batch?.num_rows() as u64;
-                }
-                if rows != reader.num_rows() {
-                    return Err(Error::BadInput(format!(
-                        "table `{table}` at {}: shards hold {rows} rows, expected {} from the manifest",
-                        dir.display(),
-                        reader.num_rows()
-                    )));
-                }
-                let unlisted = reader.unlisted_files()?;
-                if !unlisted.is_empty() {
-                    return Err(Error::BadInput(format!(
-                        "table `{table}` at {}: files not listed in its manifest: {}; pandas, polars and duckdb would read them as part of the table, beyond its {} rows: remove them",
-                        dir.display(),
-                        unlisted.join(", "),
-                        reader.num_rows()
-                    )));
-                }
-                if deep {
-                    reader.verify_hashes()?;
-                }
-                writeln!(
-                    out,
-                    "ok {table} {} rows, {} shards, content hash {} ({})",
-                    rows,
-                    reader.manifest().shards.len(),
-                    reader.manifest().content_hash,
-                    dir.display()
-                )
-                .map_err(write_err)?;
+                validate(&dir, deep, &mut out)?;
             }
+            Ok(())
         }
     }
+}
+
+/// An error writing to stdout.
+fn write_err(e: std::io::Error) -> Error {
+    Error::io("<stdout>", e)
+}
+
+/// `table schema`: every table with its version and key, or one table's
+/// columns and example rows.
+fn schema(name: Option<TableName>, out: &mut impl Write) -> Result<()> {
+    let Some(table) = name else {
+        for table in TableName::ALL {
+            let def = table.def();
+            writeln!(
+                out,
+                "{:<14} v{}  key: {}",
+                def.name,
+                def.version,
+                def.key.join(", ")
+            )
+            .map_err(write_err)?;
+        }
+        return Ok(());
+    };
+    out.write_all(describe(table).as_bytes()).map_err(write_err)
+}
+
+/// `table import --table NAME`: rows in our own format.
+fn import_rows(
+    table: TableName,
+    from: &[PathBuf],
+    out_dir: &Path,
+    options: WriteOptions,
+    overwrite: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let from = one_file(from, "--table")?;
+    let manifest = with_row_type!(table, R => import::<R>(from, out_dir, options, overwrite))?;
+    writeln!(
+        out,
+        "imported {} rows into {} ({} shards)",
+        manifest.num_rows,
+        out_dir.join(table.as_str()).display(),
+        manifest.shards.len()
+    )
+    .map_err(write_err)
+}
+
+/// A JSON-lines dump (veRL, TRL) is one file, tokenised with `--tokenizer`.
+fn check_dump_flags(source: foreign::Source, from: &[PathBuf], tokenizer: bool) -> Result<()> {
+    if source == foreign::Source::Parquet {
+        return Ok(());
+    }
+    one_file(from, &format!("--format {}", source.name()))?;
+    if !tokenizer {
+        return Err(Error::Usage(format!(
+            "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the texts are tokenised with it)",
+            source.name()
+        )));
+    }
     Ok(())
+}
+
+/// How a dump's rows form groups: one of `--column group=COLUMN`,
+/// `--group-column`, `--group-size`, `--group-by-prompt`; by default veRL's
+/// `uid`, else the prompt.
+fn grouping(
+    source: foreign::Source,
+    group: Option<String>,
+    group_column: Option<String>,
+    group_size: Option<std::num::NonZeroUsize>,
+    group_by_prompt: bool,
+) -> Result<foreign::Grouping> {
+    Ok(
+        match (group, group_column, group_size, group_by_prompt, source) {
+            (Some(_), Some(_), ..) | (Some(_), _, Some(_), ..) | (Some(_), _, _, true, _) => {
+                return Err(Error::Usage(
+                    "table import: --column group=COLUMN is --group-column COLUMN; give one grouping"
+                        .into(),
+                ));
+            }
+            (Some(key), ..) | (None, Some(key), ..) => foreign::Grouping::Column(key),
+            (None, None, Some(n), ..) => foreign::Grouping::Size(n),
+            (None, None, None, false, foreign::Source::Verl) => {
+                foreign::Grouping::Column("uid".into())
+            }
+            (None, None, None, ..) => foreign::Grouping::Prompt,
+        },
+    )
+}
+
+/// `table import --format`: another trainer's dump as tasks, trajectories,
+/// steps and rewards.
+fn import_dump(
+    import: &foreign::ImportOptions,
+    out_dir: &Path,
+    options: WriteOptions,
+    overwrite: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let summary = foreign::import(import, out_dir, options, overwrite)?;
+    let names: Vec<String> = import
+        .from
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect();
+    writeln!(
+        out,
+        "imported {} into {} (tasks, trajectories, steps, rewards): {summary}",
+        names.join(", "),
+        out_dir.display()
+    )
+    .map_err(write_err)
+}
+
+/// Where `table export` sends table `table` at `dir`: rows as CSV or JSON
+/// lines, or an advantages table joined for veRL.
+fn export_target<'a>(
+    format: ExportFormat,
+    trajectories: Option<&'a Path>,
+    table: TableName,
+    dir: &Path,
+) -> Result<Target<'a>> {
+    Ok(match (format, trajectories) {
+        (ExportFormat::Csv, None) => Target::Rows(RowFormat::Csv),
+        (ExportFormat::Jsonl, None) => Target::Rows(RowFormat::Jsonl),
+        (ExportFormat::Verl, Some(t)) if table == TableName::Advantages => Target::Verl(t),
+        (ExportFormat::Verl, Some(_)) => {
+            return Err(Error::Usage(format!(
+                "table export --format verl: {} is a `{table}` table; give an advantages table",
+                dir.display()
+            )));
+        }
+        (ExportFormat::Verl, None) => {
+            return Err(Error::Usage(
+                "table export --format verl: --trajectories DIR is required (it holds each row's uid, step and sample_index)".into(),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(Error::Usage(
+                "table export: --trajectories and --rewards go with --format verl only".into(),
+            ));
+        }
+    })
+}
+
+/// `table export`: to `file`, or to stdout.
+fn export_to(
+    dir: &Path,
+    table: TableName,
+    target: Target<'_>,
+    rewards: Option<&Path>,
+    file: Option<PathBuf>,
+    out: &mut impl Write,
+) -> Result<()> {
+    let write_to = |writer: &mut dyn Write, label: &str| match target {
+        Target::Rows(f) => {
+            with_row_type!(table, R => export::<R>(dir, f, &mut &mut *writer, label))
+        }
+        Target::Verl(t) => foreign::export_verl(dir, t, rewards, &mut &mut *writer, label),
+    };
+    let Some(path) = file else {
+        write_to(out, "<stdout>")?;
+        return Ok(());
+    };
+    let mut writer =
+        std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?);
+    let label = path.display().to_string();
+    let rows = write_to(&mut writer, &label)?;
+    writer.flush().map_err(|e| Error::io(&path, e))?;
+    writeln!(out, "exported {rows} rows of {table} to {label}").map_err(write_err)
+}
+
+/// `table merge`: the shards of one stage run merged into `out_dir`.
+fn merge_into(
+    out_dir: &Path,
+    parts: &[PathBuf],
+    overwrite: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    for manifest in merge(out_dir, parts, overwrite)? {
+        writeln!(
+            out,
+            "merged {} parts into {}: {} rows, {} shards, content hash {}",
+            parts.len(),
+            out_dir.join(&manifest.table).display(),
+            manifest.num_rows,
+            manifest.shards.len(),
+            manifest.content_hash
+        )
+        .map_err(write_err)?;
+    }
+    Ok(())
+}
+
+/// `table validate`: every shard decoded and counted against the manifest,
+/// no file the manifest does not list, and with `deep` every shard's hash.
+fn validate(dir: &Path, deep: bool, out: &mut impl Write) -> Result<()> {
+    let table = table_of(dir)?;
+    let reader = TableReader::open(dir, table)?;
+    let mut rows = 0;
+    for batch in reader.batches(None, 65_536)? {
+        rows += batch?.num_rows() as u64;
+    }
+    if rows != reader.num_rows() {
+        return Err(Error::BadInput(format!(
+            "table `{table}` at {}: shards hold {rows} rows, expected {} from the manifest",
+            dir.display(),
+            reader.num_rows()
+        )));
+    }
+    let unlisted = reader.unlisted_files()?;
+    if !unlisted.is_empty() {
+        return Err(Error::BadInput(format!(
+            "table `{table}` at {}: files not listed in its manifest: {}; pandas, polars and duckdb would read them as part of the table, beyond its {} rows: remove them",
+            dir.display(),
+            unlisted.join(", "),
+            reader.num_rows()
+        )));
+    }
+    if deep {
+        reader.verify_hashes()?;
+    }
+    writeln!(
+        out,
+        "ok {table} {} rows, {} shards, content hash {} ({})",
+        rows,
+        reader.manifest().shards.len(),
+        reader.manifest().content_hash,
+        dir.display()
+    )
+    .map_err(write_err)
 }
 
 /// Merges `parts` (table directories, or output directories of tables) into
