@@ -28,6 +28,7 @@ use arrow::buffer::OffsetBuffer;
 use arrow::compute::filter_record_batch;
 use embodyflow_algos::grpo::GroupNorm;
 use embodyflow_core::dataset::column;
+use embodyflow_core::schemas::TableName;
 use embodyflow_core::{Result, progress};
 
 use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts, episode_advantages_of};
@@ -40,7 +41,7 @@ pub static GRPO: Estimator = Estimator {
     name: "grpo",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
-    reads: &[],
+    reads: &[TableName::TeacherLogp],
     check: |_| Ok(()),
     build: |build| build_grpo(build, true),
 };
@@ -50,7 +51,7 @@ pub static DR_GRPO: Estimator = Estimator {
     name: "dr_grpo",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
-    reads: &[],
+    reads: &[TableName::TeacherLogp],
     check: |_| Ok(()),
     build: |build| build_grpo(build, false),
 };
