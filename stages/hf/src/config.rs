@@ -180,6 +180,7 @@ impl HfConfig {
                 ModelType::parse(name).ok_or_else(|| HfError::UnsupportedArchitecture {
                     file: file.to_path_buf(),
                     found: name.clone(),
+                    supported: ModelType::SUPPORTED,
                 })?
             }
             Some(other) => return Err(bad(format!("`model_type` is {other}, expected a string"))),
@@ -283,10 +284,17 @@ impl HfConfig {
     ///
     /// [`Weights::check`]: crate::safetensors::Weights::check
     pub fn tensors(&self) -> impl Iterator<Item = Expected> + '_ {
+        self.tensors_at("model")
+    }
+
+    /// As [`HfConfig::tensors`], the decoder's under `prefix` instead of
+    /// `model` (`model.language_model` in a vision-language checkpoint);
+    /// the untied head stays `lm_head.weight`.
+    pub fn tensors_at<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = Expected> + 'a {
         let (h, d, i) = (self.hidden_size, self.head_dim, self.intermediate_size);
         let (q, kv) = (self.num_attention_heads * d, self.num_key_value_heads * d);
         let embed = Expected::new(
-            "model.embed_tokens.weight",
+            format!("{prefix}.embed_tokens.weight"),
             &[self.vocab_size, h],
             "vocab_size, hidden_size",
         );
@@ -295,7 +303,7 @@ impl HfConfig {
             const ATTENTION: &str =
                 "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim";
             const MLP: &str = "num_hidden_layers, hidden_size, intermediate_size";
-            let at = |name: &str| format!("model.layers.{layer}.{name}");
+            let at = |name: &str| format!("{prefix}.layers.{layer}.{name}");
             let mut tensors = vec![
                 Expected::new(at("input_layernorm.weight"), &[h], LAYER),
                 Expected::new(at("post_attention_layernorm.weight"), &[h], LAYER),
@@ -350,7 +358,7 @@ impl HfConfig {
             tensors.sort_by(|a, b| a.name.cmp(&b.name));
             tensors
         });
-        let norm = Expected::new("model.norm.weight", &[h], "hidden_size");
+        let norm = Expected::new(format!("{prefix}.norm.weight"), &[h], "hidden_size");
         let head = (!self.tie_word_embeddings).then(|| {
             Expected::new(
                 "lm_head.weight",

@@ -16,8 +16,13 @@
 //!   Qwen3's q/k norms, a SiLU-gated MLP) with a key/value cache, greedy
 //!   decoding as transformers' `generate(do_sample=False)` does it, and
 //!   [`HfDecoder::save`];
-//! - `testing` (hidden from the docs): running `scripts/hf_golden.py`, which
-//!   the tests and the benchmark share.
+//! - [`vl`]: the vision-language models Qwen2.5-VL and Qwen3-VL
+//!   ([`VlModel`]): their vision encoders, multimodal rotary positions and
+//!   image placeholders around the same decoder;
+//! - [`image`]: their image processor (`preprocessor_config.json`), the
+//!   resize, normalisation and patch order of transformers';
+//! - `testing` (hidden from the docs): running `scripts/hf_golden.py` and
+//!   `scripts/hf_vl_golden.py`, which the tests and the benchmark share.
 //!
 //! The tests (`tests/golden.rs`) create tiny random models of each
 //! architecture with transformers (`scripts/hf_golden.py`) and check the
@@ -50,13 +55,16 @@ use embodyflow_core::{Classify, ErrorKind};
 /// tool uses it too), its errors converting into [`HfError`].
 pub use embodyflow_chat as chat;
 pub mod config;
+pub mod image;
 pub mod model;
 pub mod safetensors;
 #[doc(hidden)]
 pub mod testing;
+pub mod vl;
 
 pub use config::{HfConfig, ModelType, RopeScaling};
 pub use model::{HfDecoder, HfNet, KvCache};
+pub use vl::{Images, VlModel};
 
 /// Errors of loading, running and saving a Hugging Face decoder.
 #[derive(Debug, thiserror::Error)]
@@ -87,15 +95,15 @@ pub enum HfError {
         reason: String,
     },
     /// A `model_type` other than the ones we implement.
-    #[error(
-        "{file}: `model_type` {found:?} is not supported (supported: {})",
-        ModelType::SUPPORTED
-    )]
+    #[error("{file}: `model_type` {found:?} is not supported (supported: {supported})")]
     UnsupportedArchitecture {
         /// The config file.
         file: PathBuf,
         /// The `model_type` found.
         found: String,
+        /// What the loader takes ([`ModelType::SUPPORTED`] or
+        /// [`vl::VlFamily::SUPPORTED`]).
+        supported: &'static str,
     },
     /// A rotary scaling type other than default, linear and llama3.
     #[error("{file}: `{key}` type {found:?} is not supported (supported: default, linear, llama3)")]
@@ -189,9 +197,18 @@ pub enum HfError {
         /// The engine's message.
         reason: String,
     },
-    /// Token ids and mask the model cannot run.
+    /// Token ids and mask the model cannot run, or images that do not
+    /// match the prompt's placeholders.
     #[error("bad batch: {0}")]
     BadBatch(String),
+    /// An image the processor configured by `file` cannot take.
+    #[error("{file}: {reason}")]
+    BadImage {
+        /// The processor's `preprocessor_config.json`.
+        file: PathBuf,
+        /// What was wrong, naming the key.
+        reason: String,
+    },
     /// libtorch failed while running.
     #[error("torch: {0}")]
     Torch(String),
@@ -227,7 +244,8 @@ impl Classify for HfError {
             | HfError::UnsupportedDtype { .. }
             | HfError::NoChatTemplate { .. }
             | HfError::BadChatTemplate { .. }
-            | HfError::BadBatch(_) => ErrorKind::BadInput,
+            | HfError::BadBatch(_)
+            | HfError::BadImage { .. } => ErrorKind::BadInput,
         }
     }
 }

@@ -96,7 +96,7 @@ struct Layer {
 }
 
 /// Zero-initialised: every parameter is then loaded from the checkpoint.
-fn linear(path: nn::Path, input: i64, output: i64, bias: bool) -> nn::Linear {
+pub(crate) fn linear(path: nn::Path, input: i64, output: i64, bias: bool) -> nn::Linear {
     let config = nn::LinearConfig {
         ws_init: nn::Init::Const(0.0),
         bs_init: Some(nn::Init::Const(0.0)),
@@ -105,19 +105,19 @@ fn linear(path: nn::Path, input: i64, output: i64, bias: bool) -> nn::Linear {
     nn::linear(path, input, output, config)
 }
 
-fn norm_weight(path: nn::Path, dim: i64) -> Tensor {
+pub(crate) fn norm_weight(path: nn::Path, dim: i64) -> Tensor {
     path.var("weight", &[dim], nn::Init::Const(1.0))
 }
 
 /// transformers' `RMSNorm`: in f32, cast back before the weight.
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let h = x.to_kind(Kind::Float);
     let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
     let h = h * (variance + eps).rsqrt();
     weight * h.to_kind(x.kind())
 }
 
-fn rotate_half(x: &Tensor) -> Tensor {
+pub(crate) fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;
     let x1 = x.narrow(-1, 0, half);
     let x2 = x.narrow(-1, half, half);
@@ -144,6 +144,56 @@ fn min_value(kind: Kind) -> f64 {
         Kind::Double => f64::MIN,
         _ => f32::MIN as f64,
     }
+}
+
+/// generate's position ids of a key mask `[B, S]` (bool): `cumsum - 1`,
+/// 0 at padding.
+pub(crate) fn mask_positions(keys: &Tensor) -> Tensor {
+    (keys.to_kind(Kind::Int64).cumsum(-1, Kind::Int64) - 1).masked_fill(&keys.logical_not(), 0)
+}
+
+/// Greedy decoding as transformers' `generate(do_sample=False)` over
+/// `step(input_ids, attention_mask)`, which runs the prompt first and then
+/// one token at a time, continuing its own cache: the argmax token each
+/// step, at most `max_new_tokens`; once a row has produced `eos` it
+/// continues with `pad`, and decoding stops when every row has. Returns the
+/// new tokens `[B, n]`, `n <= max_new_tokens`.
+pub(crate) fn greedy_loop(
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    device: Device,
+    max_new_tokens: i64,
+    eos: Option<i64>,
+    pad: i64,
+    step: &mut dyn FnMut(&Tensor, &Tensor) -> Result<Tensor, HfError>,
+) -> Result<Tensor, HfError> {
+    let _guard = tch::no_grad_guard();
+    let b = input_ids.size().first().copied().unwrap_or(0);
+    let mut mask = attention_mask.to_device(device).to_kind(Kind::Int64);
+    let mut input = input_ids.shallow_clone();
+    let mut finished = Tensor::zeros([b], (Kind::Bool, device));
+    let mut tokens = Vec::new();
+    for n in 0..max_new_tokens {
+        if n > 0 {
+            mask = Tensor::cat(&[&mask, &Tensor::ones([b, 1], (Kind::Int64, device))], 1);
+        }
+        let logits = step(&input, &mask)?;
+        let mut next = logits.select(1, -1).argmax(-1, false);
+        if let Some(eos) = eos {
+            next = next.masked_fill(&finished, pad);
+            finished = finished.logical_or(&next.eq(eos));
+        }
+        input = next.unsqueeze(1);
+        tokens.push(input.shallow_clone());
+        if finished.all().int64_value(&[]) != 0 {
+            break;
+        }
+    }
+    Ok(if tokens.is_empty() {
+        Tensor::zeros([b, 0], (Kind::Int64, device))
+    } else {
+        Tensor::cat(&tokens, 1)
+    })
 }
 
 impl Layer {
@@ -328,20 +378,26 @@ impl HfNet {
     /// `model.…` and `lm_head.weight` when untied), zero-initialised:
     /// [`HfNet::load_weights`] fills them.
     pub fn new(root: &nn::Path, config: HfConfig) -> HfNet {
-        let model = root / "model";
+        HfNet::new_at(&(root / "model"), &(root / "lm_head"), config)
+    }
+
+    /// As [`HfNet::new`], the decoder's parameters under `model` and the
+    /// untied head under `head` (a vision-language model keeps its decoder
+    /// under `model.language_model`; [`HfConfig::tensors_at`] lists them).
+    pub fn new_at(model: &nn::Path, head: &nn::Path, config: HfConfig) -> HfNet {
         let c = &config;
-        let embed_tokens = (&model / "embed_tokens").var(
+        let embed_tokens = (model / "embed_tokens").var(
             "weight",
             &[c.vocab_size, c.hidden_size],
             nn::Init::Const(0.0),
         );
         let layers = (0..c.num_hidden_layers)
-            .map(|i| Layer::new(&(&model / "layers" / i), c))
+            .map(|i| Layer::new(&(model / "layers" / i), c))
             .collect();
-        let norm = norm_weight(&model / "norm", c.hidden_size);
+        let norm = norm_weight(model / "norm", c.hidden_size);
         let lm_head = (!c.tie_word_embeddings)
-            .then(|| linear(root / "lm_head", c.hidden_size, c.vocab_size, false));
-        let inv_freq = c.inv_freq().to_device(root.device());
+            .then(|| linear(head.clone(), c.hidden_size, c.vocab_size, false));
+        let inv_freq = c.inv_freq().to_device(model.device());
         HfNet {
             config,
             embed_tokens,
@@ -414,46 +470,81 @@ impl HfNet {
     ) -> Result<Tensor, HfError> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (ids, keys) = self.check_batch(input_ids, attention_mask, past)?;
-        let device = self.device();
-        let kind = self.kind();
-        let (b, t) = ids.size2().unwrap_or_default();
-        let s = past + t;
+        let t = ids.size()[1];
         // generate's position ids: cumsum(mask) - 1, 0 at padding.
-        let positions = (keys.to_kind(Kind::Int64).cumsum(-1, Kind::Int64) - 1)
-            .masked_fill(&keys.logical_not(), 0)
-            .narrow(1, past, t);
+        let positions = mask_positions(&keys).narrow(1, past, t);
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * &self.inv_freq;
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        let rope = (
+        let rope = self.rope(&freqs);
+        let h = self.embed(&ids);
+        Ok(self.decode(h, &rope, &keys, cache, &mut |_, h| h))
+    }
+
+    /// The rotary `(cos, sin)` `[B, 1, T, head_dim]` in the model's dtype
+    /// of the angles `freqs` `[B, T, head_dim / 2]` (f32), as transformers'
+    /// rotary embedding returns them.
+    pub(crate) fn rope(&self, freqs: &Tensor) -> (Tensor, Tensor) {
+        let kind = self.kind();
+        let emb = Tensor::cat(&[freqs, freqs], -1);
+        (
             emb.cos().to_kind(kind).unsqueeze(1),
             emb.sin().to_kind(kind).unsqueeze(1),
-        );
+        )
+    }
+
+    /// The rotary inverse frequencies `[head_dim / 2]` (f32, on the model's
+    /// device).
+    pub(crate) fn inv_freq(&self) -> &Tensor {
+        &self.inv_freq
+    }
+
+    /// The token embeddings `[B, T, hidden]` of checked ids.
+    pub(crate) fn embed(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, ids, -1, false, false)
+    }
+
+    /// Logits of the embeddings `h` `[B, T, hidden]` under the rotary
+    /// `rope` ([`HfNet::rope`]) and the key mask `keys` `[B, past + T]`
+    /// (bool), continuing `cache`; `after_layer(i, h)` replaces the hidden
+    /// states after layer `i` (Qwen3-VL adds its DeepStack features there).
+    pub(crate) fn decode(
+        &self,
+        h: Tensor,
+        rope: &(Tensor, Tensor),
+        keys: &Tensor,
+        cache: Option<&mut KvCache>,
+        after_layer: &mut dyn FnMut(usize, Tensor) -> Tensor,
+    ) -> Tensor {
+        let kind = self.kind();
+        let device = self.device();
+        let (b, t, _) = h.size3().unwrap_or_default();
+        let s = keys.size()[1];
+        let past = s - t;
         let key_index = Tensor::arange(s, (Kind::Int64, device));
         let query_index = Tensor::arange_start(past, s, (Kind::Int64, device));
         let causal = key_index.unsqueeze(0).le_tensor(&query_index.unsqueeze(1));
         let allowed = causal.unsqueeze(0).logical_and(&keys.unsqueeze(1));
         let mask = Tensor::zeros([b, 1, t, s], (kind, device))
             .masked_fill(&allowed.logical_not().unsqueeze(1), min_value(kind));
-        let mut h = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+        let mut h = h;
         let mut cache = cache;
         for (i, layer) in self.layers.iter().enumerate() {
             let entry = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            let (next, new_entry) = layer.forward(&h, &rope, &mask, entry, &self.config);
+            let (next, new_entry) = layer.forward(&h, rope, &mask, entry, &self.config);
             if let (Some(c), Some(e)) = (cache.as_mut(), new_entry) {
                 c.layers.push(e);
             }
-            h = next;
+            h = after_layer(i, next);
         }
         let h = rms_norm(&h, &self.norm, self.config.rms_norm_eps);
-        Ok(match &self.lm_head {
+        match &self.lm_head {
             Some(head) => head.forward(&h),
             None => h.linear::<Tensor>(&self.embed_tokens, None),
-        })
+        }
     }
 
     /// The ids on the model's device and the mask as bool, after checking
     /// shapes, kinds and ranges.
-    fn check_batch(
+    pub(crate) fn check_batch(
         &self,
         ids: &Tensor,
         mask: &Tensor,
@@ -507,35 +598,16 @@ impl HfNet {
         eos: Option<i64>,
         pad: i64,
     ) -> Result<Tensor, HfError> {
-        let _guard = tch::no_grad_guard();
-        let device = self.device();
-        let b = input_ids.size().first().copied().unwrap_or(0);
         let mut cache = KvCache::default();
-        let mut mask = attention_mask.to_device(device).to_kind(Kind::Int64);
-        let mut input = input_ids.shallow_clone();
-        let mut finished = Tensor::zeros([b], (Kind::Bool, device));
-        let mut tokens = Vec::new();
-        for step in 0..max_new_tokens {
-            if step > 0 {
-                mask = Tensor::cat(&[&mask, &Tensor::ones([b, 1], (Kind::Int64, device))], 1);
-            }
-            let logits = self.forward_cached(&input, &mask, &mut cache)?;
-            let mut next = logits.select(1, -1).argmax(-1, false);
-            if let Some(eos) = eos {
-                next = next.masked_fill(&finished, pad);
-                finished = finished.logical_or(&next.eq(eos));
-            }
-            input = next.unsqueeze(1);
-            tokens.push(input.shallow_clone());
-            if finished.all().int64_value(&[]) != 0 {
-                break;
-            }
-        }
-        Ok(if tokens.is_empty() {
-            Tensor::zeros([b, 0], (Kind::Int64, device))
-        } else {
-            Tensor::cat(&tokens, 1)
-        })
+        greedy_loop(
+            input_ids,
+            attention_mask,
+            self.device(),
+            max_new_tokens,
+            eos,
+            pad,
+            &mut |input, mask| self.forward_cached(input, mask, &mut cache),
+        )
     }
 
     /// `config.json` as saved: the config as read, `dtype` (and

@@ -7,6 +7,9 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
+use serde_json::Value;
+use tch::{Kind, Tensor};
+
 use crate::safetensors::Expected;
 
 /// The project venv's Python.
@@ -14,17 +17,29 @@ pub const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/p
 /// The script that makes the tiny random models and transformers' references.
 pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/hf_golden.py");
 
+/// The script that makes the tiny vision-language models and references.
+pub const VL_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/hf_vl_golden.py");
+
 /// Runs `hf_golden.py ARGS` and returns its stdout; panics, saying to run
 /// `scripts/setup`, when Python or transformers is missing or the script fails.
 pub fn golden_script(args: &[&str]) -> String {
+    run_script(SCRIPT, args)
+}
+
+/// As [`golden_script`], for `hf_vl_golden.py`.
+pub fn vl_golden_script(args: &[&str]) -> String {
+    run_script(VL_SCRIPT, args)
+}
+
+fn run_script(script: &str, args: &[&str]) -> String {
     let out = Command::new(PYTHON)
-        .arg(SCRIPT)
+        .arg(script)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {PYTHON} ({e}): run scripts/setup"));
     assert!(
         out.status.success(),
-        "{PYTHON} {SCRIPT} {args:?} failed (transformers missing? run scripts/setup):\n{}",
+        "{PYTHON} {script} {args:?} failed (transformers missing? run scripts/setup):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -49,4 +64,37 @@ pub fn assert_tensors_are_the_variables(
         "{listed:?}\nvs\n{variables:?}"
     );
     assert_eq!(listed.into_iter().collect::<BTreeMap<_, _>>(), variables);
+}
+
+/// A nested JSON list of numbers as a tensor of `kind`.
+pub fn tensor_from_json(value: &Value, kind: Kind) -> Tensor {
+    fn flatten(v: &Value, shape: &mut Vec<i64>, depth: usize, out: &mut Vec<f64>) {
+        match v {
+            Value::Array(items) => {
+                if shape.len() == depth {
+                    shape.push(items.len() as i64);
+                }
+                for item in items {
+                    flatten(item, shape, depth + 1, out);
+                }
+            }
+            other => out.push(other.as_f64().expect("a number")),
+        }
+    }
+    let (mut shape, mut data) = (Vec::new(), Vec::new());
+    flatten(value, &mut shape, 0, &mut data);
+    Tensor::from_slice(&data)
+        .view(shape.as_slice())
+        .to_kind(kind)
+}
+
+/// Max |ours - theirs| over the positions that are tokens (padding rows'
+/// logits attend to nothing and are not compared).
+pub fn max_diff_at_tokens(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 {
+    let keep = mask.ne(0).unsqueeze(-1);
+    (ours.to_kind(Kind::Double) - theirs)
+        .abs()
+        .masked_fill(&keep.logical_not(), 0.0)
+        .max()
+        .double_value(&[])
 }

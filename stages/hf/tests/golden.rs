@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use embodyflow_core::{Classify, ErrorKind};
-use embodyflow_hf::testing::golden_script;
+use embodyflow_hf::testing::{golden_script, max_diff_at_tokens, tensor_from_json as tensor};
 use embodyflow_hf::{HfDecoder, HfError, KvCache};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -40,27 +40,6 @@ struct Golden {
     max_new_tokens: i64,
 }
 
-fn tensor(value: &Value, kind: Kind) -> Tensor {
-    fn flatten(v: &Value, shape: &mut Vec<i64>, depth: usize, out: &mut Vec<f64>) {
-        match v {
-            Value::Array(items) => {
-                if shape.len() == depth {
-                    shape.push(items.len() as i64);
-                }
-                for item in items {
-                    flatten(item, shape, depth + 1, out);
-                }
-            }
-            other => out.push(other.as_f64().expect("a number")),
-        }
-    }
-    let (mut shape, mut data) = (Vec::new(), Vec::new());
-    flatten(value, &mut shape, 0, &mut data);
-    Tensor::from_slice(&data)
-        .view(shape.as_slice())
-        .to_kind(kind)
-}
-
 fn golden(name: &str) -> Golden {
     let text = std::fs::read_to_string(fixture().join(name).join("golden.json")).unwrap();
     let g: Value = serde_json::from_str(&text).unwrap();
@@ -77,17 +56,6 @@ fn golden(name: &str) -> Golden {
 
 fn load(name: &str) -> HfDecoder {
     HfDecoder::load(&fixture().join(name), Device::Cpu).unwrap()
-}
-
-/// Max |ours - theirs| over the positions that are tokens (padding rows'
-/// logits attend to nothing and are not compared).
-fn max_diff_at_tokens(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 {
-    let keep = mask.ne(0).unsqueeze(-1);
-    (ours.to_kind(Kind::Double) - theirs)
-        .abs()
-        .masked_fill(&keep.logical_not(), 0.0)
-        .max()
-        .double_value(&[])
 }
 
 #[test]
