@@ -292,6 +292,20 @@ pub fn policy_kind(dir: &Path) -> Result<PolicyKind, ModelError> {
 
 /// `config.json` split into its kind and the rest.
 fn read_config(path: &Path) -> Result<(PolicyKind, serde_json::Value), ModelError> {
+    // A stage's output directory (`--policy runs/sft`) holds the checkpoint
+    // in `policy/`.
+    if !path.exists()
+        && let Some(dir) = path.parent()
+        && dir.join("policy").join("config.json").is_file()
+    {
+        return Err(bad(
+            dir,
+            format!(
+                "is no checkpoint, but this directory holds `policy/`: pass {}",
+                dir.join("policy").display()
+            ),
+        ));
+    }
     let mut value: serde_json::Value = read_json(path)?;
     let object = value
         .as_object_mut()
@@ -723,6 +737,25 @@ mod tests {
             .max()
             .double_value(&[]);
         assert_eq!(diff, 0.0);
+    }
+
+    #[test]
+    fn a_stage_output_directory_points_to_its_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = tokenizer();
+        let vocab = tokenizer.get_vocab_size(true) as i64;
+        let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
+        policy.save(&dir.path().join("policy"), "test", false).unwrap();
+        let expected = format!(
+            "this directory holds `policy/`: pass {}",
+            dir.path().join("policy").display()
+        );
+        let err = Checkpoint::load(dir.path(), tch::Device::Cpu)
+            .err()
+            .expect("not a checkpoint");
+        assert!(err.to_string().contains(&expected), "{err}");
+        let err = policy_kind(dir.path()).unwrap_err();
+        assert!(err.to_string().contains(&expected), "{err}");
     }
 
     #[test]
