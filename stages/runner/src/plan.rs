@@ -191,8 +191,21 @@ impl Overrides {
             if pipeline.vars.contains_key(key) {
                 overrides.vars.push((key.to_string(), value.to_string()));
             } else if let Some((step, rest)) = key.split_once('.')
-                && pipeline.step(step).is_some()
+                && let Some(def) = pipeline.step(step)
             {
+                // The cell directories are named by the swept value: a
+                // setting that replaces it would run something else under
+                // that name.
+                let swept = def
+                    .sets
+                    .iter()
+                    .filter(|set| set.key == rest)
+                    .find_map(|set| swept_ref(pipeline, &set.value.refs()));
+                if let Some(var) = swept {
+                    return Err(bad(format!(
+                        "step `{step}` sets `{rest}` from the swept variable `{var}` (each cell sets it): give its values with --sweep {var}=a,b"
+                    )));
+                }
                 overrides
                     .step_sets
                     .push((step.to_string(), rest.to_string(), value.to_string()));
@@ -210,6 +223,25 @@ impl Overrides {
         }
         Ok(overrides)
     }
+}
+
+/// The first swept variable among `refs`, directly or through the
+/// variables they name.
+fn swept_ref(pipeline: &Pipeline, refs: &[String]) -> Option<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo: Vec<String> = refs.to_vec();
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        if pipeline.sweep.iter().any(|axis| axis.var == name) {
+            return Some(name);
+        }
+        if let Some((value, _)) = pipeline.vars.get(&name) {
+            todo.extend(crate::pipeline::template_refs(value).unwrap_or_default());
+        }
+    }
+    None
 }
 
 /// What a name in a template stands for while planning.
@@ -872,6 +904,16 @@ estimator = ["grpo", "grpo_step"]
             error.contains("`estimator` is swept") && error.contains("--sweep estimator=a,b"),
             "{error}"
         );
+        // So is a --set of the step setting a swept variable fills in, which
+        // the cells' directories would still name by the swept value.
+        let error = plan_err(SWEEP, &["adv.estimator=gae"]);
+        assert!(
+            error.contains("`adv` sets `estimator` from the swept variable `estimator`")
+                && error.contains("--sweep estimator=a,b"),
+            "{error}"
+        );
+        // A setting the sweep does not fill in stays free.
+        super::tests::plan(SWEEP, &["adv.step.omega=0.5"]).unwrap();
     }
 
     #[test]
