@@ -820,7 +820,7 @@ fn show<R: Row>(
             if let (false, Some(map)) = (columns.is_empty(), value.as_object_mut()) {
                 map.retain(|k, _| columns.contains(k));
             }
-            match writeln!(out, "{value}") {
+            match writeln!(out, "{}", shown_row(&value, def)) {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
                 other => other.map_err(|e| Error::io("<stdout>", e))?,
             }
@@ -828,6 +828,57 @@ fn show<R: Row>(
         }
     }
     Ok(())
+}
+
+/// Bytes of a binary cell `table show` prints in hex.
+const SHOWN_BYTES: usize = 16;
+
+/// A row as `table show` prints it: JSON, a binary cell as a string
+/// `<N bytes: hex of the first 16…>`, the floats of f32 columns with f32
+/// digits ([`json_text`]).
+fn shown_row(value: &serde_json::Value, def: &embodyflow_core::schemas::TableDef) -> String {
+    use serde_json::Value;
+    let Some(map) = value.as_object() else {
+        return value.to_string();
+    };
+    let f32s = f32_columns(def);
+    let fields: Vec<String> = map
+        .iter()
+        .map(|(name, cell)| {
+            let at = def.columns.iter().position(|c| c.name == *name);
+            let binary = at.is_some_and(|i| format_type(&def.columns[i].data_type) == "binary");
+            let text = match cell {
+                Value::Array(items) if binary => {
+                    let bytes: Vec<u8> = items
+                        .iter()
+                        .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                        .collect();
+                    let hex: String = bytes
+                        .iter()
+                        .take(SHOWN_BYTES)
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    let more = if bytes.len() > SHOWN_BYTES { "…" } else { "" };
+                    Value::String(format!("<{} bytes: {hex}{more}>", bytes.len())).to_string()
+                }
+                other => json_text(other, at.is_some_and(|i| f32s[i])),
+            };
+            format!("{}:{text}", Value::String(name.clone()))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// Per column, whether its floats are all f32 (f32, list<f32>, …; not with
+/// an f64).
+fn f32_columns(def: &embodyflow_core::schemas::TableDef) -> Vec<bool> {
+    def.columns
+        .iter()
+        .map(|c| {
+            let ty = format_type(&c.data_type);
+            ty.contains("f32") && !ty.contains("f64")
+        })
+        .collect()
 }
 
 /// The JSON text of `value`, its floats written as f32 when `f32s` (a
@@ -882,15 +933,7 @@ fn export<R: Row>(dir: &Path, format: RowFormat, out: &mut impl Write, label: &s
     let reader = TableReader::open(dir, R::TABLE)?;
     let def = R::TABLE.def();
     let columns = def.column_names();
-    // Columns whose floats are all f32 (f32, list<f32>, …; not with an f64).
-    let f32s: Vec<bool> = def
-        .columns
-        .iter()
-        .map(|c| {
-            let ty = format_type(&c.data_type);
-            ty.contains("f32") && !ty.contains("f64")
-        })
-        .collect();
+    let f32s = f32_columns(def);
     let bar = progress::bar(reader.num_rows(), "exporting");
     let mut write = |text: &str| match out.write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
@@ -1013,6 +1056,41 @@ mod tests {
     fn every_table_exports_to_csv_and_jsonl_and_jsonl_imports_back() {
         for table in TableName::ALL {
             with_row_type!(table, R => round_trip::<R>());
+        }
+    }
+
+    #[test]
+    fn show_prints_binary_cells_as_hex_summaries_and_f32_with_f32_digits() {
+        use embodyflow_core::schemas::StepRow;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut rows = StepRow::examples();
+        rows[0].observation = Some((0..40).collect());
+        rows[0].old_logprobs = vec![-0.99; rows[0].response_ids.len()];
+        let from = tmp.path().join("rows.jsonl");
+        let text: String = rows
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(&from, text).unwrap();
+        import::<StepRow>(&from, tmp.path(), WriteOptions::default(), false).unwrap();
+        let dir = tmp.path().join(TableName::Steps.as_str());
+        let mut out = Vec::new();
+        show::<StepRow>(&dir, None, &[], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(r#""observation":"<40 bytes: 000102030405060708090a0b0c0d0e0f…>""#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#""observation":"<3 bytes: 00ff11>""#),
+            "{text}"
+        );
+        assert!(
+            text.contains("-0.99,") && !text.contains("0.9900000"),
+            "{text}"
+        );
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap();
         }
     }
 
