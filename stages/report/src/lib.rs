@@ -1170,7 +1170,7 @@ fn sanitize(name: &str) -> String {
 }
 
 /// Runs the tool: writes `out/step-credit.md` (`out/success.md` when only
-/// curves are given; atomically) and the PNGs, and prints the Markdown.
+/// curves are given) and the PNGs, all or nothing, and prints the Markdown.
 pub fn run(args: Args) -> Result<()> {
     if args.variants.is_empty() && args.teachers.is_empty() && args.curves.is_empty() {
         return Err(ReportError::BadInput(
@@ -1188,18 +1188,43 @@ pub fn run(args: Args) -> Result<()> {
             .map_err(|e| ReportError::BadInput(format!("tokenizer {}: {e}", path.display())))
     })
     .transpose()?;
-    std::fs::create_dir_all(&args.out).map_err(|e| ReportError::Write {
-        path: args.out.clone(),
+    let write_err = |path: &Path, e: std::io::Error| ReportError::Write {
+        path: path.to_path_buf(),
         reason: e.to_string(),
-    })?;
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| write_err(&args.out, e))?;
+    // Everything is drawn into a staging directory and moved into `out`
+    // only once all of it was written: bad input found after the first
+    // PNG leaves nothing behind.
+    let staging = args.out.join(".report.writing");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| write_err(&staging, e))?;
+    }
+    std::fs::create_dir(&staging).map_err(|e| write_err(&staging, e))?;
+    let written = write_files(&args, tokenizer.as_ref(), &staging);
+    let moved = written.and_then(|md| {
+        for entry in std::fs::read_dir(&staging).map_err(|e| write_err(&staging, e))? {
+            let from = entry.map_err(|e| write_err(&staging, e))?.path();
+            let to = args.out.join(from.file_name().expect("a directory entry has a name"));
+            std::fs::rename(&from, &to).map_err(|e| write_err(&to, e))?;
+        }
+        Ok(md)
+    });
+    let _ = std::fs::remove_dir_all(&staging);
+    print!("{}", moved?);
+    Ok(())
+}
+
+/// Writes the Markdown (`step-credit.md`, or `success.md` with only
+/// curves) and the PNGs into `dir`; returns the Markdown.
+fn write_files(
+    args: &Args,
+    tokenizer: Option<&tokenizers::Tokenizer>,
+    dir: &Path,
+) -> Result<String> {
     let step_credit = !args.variants.is_empty() || !args.teachers.is_empty();
     let mut md = if step_credit {
-        build_report(
-            &args.variants,
-            &args.teachers,
-            tokenizer.as_ref(),
-            &args.out,
-        )?
+        build_report(&args.variants, &args.teachers, tokenizer, dir)?
     } else {
         String::new()
     };
@@ -1209,23 +1234,19 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             "# Success per iteration\n\n"
         });
-        md.push_str(&curves_report(&args.curves, &args.out)?);
+        md.push_str(&curves_report(&args.curves, dir)?);
     }
     let name = if step_credit {
         "step-credit.md"
     } else {
         "success.md"
     };
-    let path = args.out.join(name);
-    let staging = args.out.join(format!(".{name}.writing"));
-    std::fs::write(&staging, &md)
-        .and_then(|()| std::fs::rename(&staging, &path))
-        .map_err(|e| ReportError::Write {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-    print!("{md}");
-    Ok(())
+    let path = dir.join(name);
+    std::fs::write(&path, &md).map_err(|e| ReportError::Write {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(md)
 }
 
 #[cfg(test)]
@@ -1355,6 +1376,35 @@ mod tests {
             )
             .unwrap();
         dir
+    }
+
+    #[test]
+    fn bad_input_found_after_a_png_leaves_nothing_written() {
+        let root = tempfile::tempdir().unwrap();
+        let rewards = write_rewards(root.path(), &[reward("a", true), reward("b", false)], false);
+        let variant = write_variant(root.path(), &rewards);
+        let out = root.path().join("report");
+        // The first variant draws its PNGs; the second, named the same, is
+        // bad input.
+        let args = Args {
+            variants: vec![("v".into(), variant.clone()), ("v".into(), variant)],
+            teachers: Vec::new(),
+            curves: Vec::new(),
+            tokenizer: None,
+            policy: None,
+            out: out.clone(),
+        };
+        let err = run(args).unwrap_err();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&err),
+            embodyflow_core::ErrorKind::BadInput,
+            "{err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "written before the bad input: {left:?}");
     }
 
     #[test]
