@@ -613,16 +613,7 @@ impl HfNet {
     /// `config.json` as saved: the config as read, `dtype` (and
     /// `torch_dtype` when present) set to the parameters' dtype.
     pub fn config_json(&self) -> Value {
-        let mut config = self.config.source.clone();
-        let dtype = match self.kind() {
-            Kind::BFloat16 => "bfloat16",
-            _ => "float32",
-        };
-        config.insert("dtype".into(), Value::from(dtype));
-        if config.contains_key("torch_dtype") {
-            config.insert("torch_dtype".into(), Value::from(dtype));
-        }
-        Value::Object(config)
+        config_with_dtype(&self.config.source, self.kind())
     }
 
     /// Writes every parameter of `vs` (the store an [`HfNet`] was built
@@ -638,19 +629,39 @@ impl HfNet {
     /// Writes `dir/config.json` ([`HfNet::config_json`]) and
     /// `dir/model.safetensors` ([`HfNet::write_weights`]), creating `dir`.
     pub fn save(&self, vs: &nn::VarStore, dir: &Path) -> Result<(), HfError> {
-        let write = |file: &Path, source: std::io::Error| HfError::Write {
-            file: file.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
-        let file = dir.join("config.json");
-        let text = serde_json::to_string_pretty(&self.config_json())
-            .map_err(|e| write(&file, e.into()))?;
-        let tmp = dir.join("config.json.tmp");
-        std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
-        std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
-        HfNet::write_weights(vs, &dir.join(safetensors::SINGLE))
+        save_checkpoint(vs, dir, &self.config_json())
     }
+}
+
+/// `config` with `dtype` (and `torch_dtype` when present) set to `kind`'s
+/// name (`bfloat16` or `float32`).
+pub(crate) fn config_with_dtype(config: &serde_json::Map<String, Value>, kind: Kind) -> Value {
+    let mut config = config.clone();
+    let dtype = match kind {
+        Kind::BFloat16 => "bfloat16",
+        _ => "float32",
+    };
+    config.insert("dtype".into(), Value::from(dtype));
+    if config.contains_key("torch_dtype") {
+        config.insert("torch_dtype".into(), Value::from(dtype));
+    }
+    Value::Object(config)
+}
+
+/// Writes `dir/config.json` (`config`, through a temporary file) and
+/// `dir/model.safetensors` (every variable of `vs`), creating `dir`.
+pub(crate) fn save_checkpoint(vs: &nn::VarStore, dir: &Path, config: &Value) -> Result<(), HfError> {
+    let write = |file: &Path, source: std::io::Error| HfError::Write {
+        file: file.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
+    let file = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config).map_err(|e| write(&file, e.into()))?;
+    let tmp = dir.join("config.json.tmp");
+    std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
+    std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
+    HfNet::write_weights(vs, &dir.join(safetensors::SINGLE))
 }
 
 #[cfg(test)]

@@ -93,52 +93,64 @@ fn ids_and_mask(batch: &Value) -> (Tensor, Tensor) {
     )
 }
 
-#[test]
-fn logits_match_transformers_with_0_1_and_2_images_and_padding() {
+/// One golden batch with what the model needs to run it.
+struct Batch<'a> {
+    name: String,
+    golden: &'a Value,
+    ids: Tensor,
+    mask: Tensor,
+    images: Option<Images>,
+}
+
+/// Runs `check(model, batch)` on every model and batch.
+fn for_each_batch(check: impl Fn(&VlModel, &Batch)) {
     for name in MODELS {
         let g = golden(name);
         let model = load(name);
-        for batch in g["batches"].as_array().unwrap() {
-            let (ids, mask) = ids_and_mask(batch);
-            let images = their_images(&g, batch);
-            let logits = tch::no_grad(|| model.forward(&ids, &mask, images.as_ref())).unwrap();
-            let theirs = tensor_from_json(&batch["logits"], Kind::Double);
-            assert_eq!(logits.size(), theirs.size(), "{name}");
-            let diff = max_diff_at_tokens(&logits, &theirs, &mask);
-            let spread = theirs.std(false).double_value(&[]);
-            println!("{name} {}: max |diff| {diff:.2e} (logit std {spread:.2})", batch["name"]);
-            assert!(spread > 0.5, "{name}: logits too flat to test ({spread})");
-            assert!(diff <= 1e-4, "{name} {}: max |diff| {diff}", batch["name"]);
+        for golden in g["batches"].as_array().unwrap() {
+            let (ids, mask) = ids_and_mask(golden);
+            let batch = Batch {
+                name: format!("{name} {}", golden["name"]),
+                golden,
+                ids,
+                mask,
+                images: their_images(&g, golden),
+            };
+            check(&model, &batch);
         }
     }
 }
 
 #[test]
+fn logits_match_transformers_with_0_1_and_2_images_and_padding() {
+    for_each_batch(|model, b| {
+        let logits = tch::no_grad(|| model.forward(&b.ids, &b.mask, b.images.as_ref())).unwrap();
+        let theirs = tensor_from_json(&b.golden["logits"], Kind::Double);
+        assert_eq!(logits.size(), theirs.size(), "{}", b.name);
+        let diff = max_diff_at_tokens(&logits, &theirs, &b.mask);
+        let spread = theirs.std(false).double_value(&[]);
+        println!("{}: max |diff| {diff:.2e} (logit std {spread:.2})", b.name);
+        assert!(spread > 0.5, "{}: logits too flat to test ({spread})", b.name);
+        assert!(diff <= 1e-4, "{}: max |diff| {diff}", b.name);
+    });
+}
+
+#[test]
 fn greedy_tokens_equal_generate() {
-    for name in MODELS {
-        let g = golden(name);
-        let model = load(name);
-        for batch in g["batches"].as_array().unwrap() {
-            let (ids, mask) = ids_and_mask(batch);
-            let images = their_images(&g, batch);
-            let theirs = tensor_from_json(&batch["greedy"], Kind::Int64);
-            let ours = model
-                .greedy(
-                    &ids,
-                    &mask,
-                    images.as_ref(),
-                    batch["max_new_tokens"].as_i64().unwrap(),
-                    batch["eos"].as_i64(),
-                    batch["pad"].as_i64().unwrap(),
-                )
-                .unwrap();
-            assert!(
-                ours.equal(&theirs),
-                "{name} {}: {ours} vs {theirs}",
-                batch["name"]
-            );
-        }
-    }
+    for_each_batch(|model, b| {
+        let theirs = tensor_from_json(&b.golden["greedy"], Kind::Int64);
+        let ours = model
+            .greedy(
+                &b.ids,
+                &b.mask,
+                b.images.as_ref(),
+                b.golden["max_new_tokens"].as_i64().unwrap(),
+                b.golden["eos"].as_i64(),
+                b.golden["pad"].as_i64().unwrap(),
+            )
+            .unwrap();
+        assert!(ours.equal(&theirs), "{}: {ours} vs {theirs}", b.name);
+    });
 }
 
 /// Our pixel tensor equals the processor's exactly (Pillow's bicubic

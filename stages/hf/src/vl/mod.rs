@@ -46,12 +46,11 @@ pub mod vision;
 
 use std::path::Path;
 
-use serde_json::Value;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::HfError;
-use crate::model::{HfNet, KvCache, greedy_loop, mask_positions};
-use crate::safetensors::{self, Weights};
+use crate::model::{HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint};
+use crate::safetensors::Weights;
 pub use config::{Layout, VisionConfig, VlConfig, VlFamily};
 pub use vision::VisionTower;
 
@@ -187,28 +186,8 @@ impl VlModel {
     /// Writes `dir/config.json` (as read, `dtype` set to the parameters')
     /// and `dir/model.safetensors` under the names the model was loaded with.
     pub fn save(&self, dir: &Path) -> Result<(), HfError> {
-        let write = |file: &Path, source: std::io::Error| HfError::Write {
-            file: file.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
-        let mut config = self.net.config.source.clone();
-        let dtype = match self.net.language.kind() {
-            Kind::BFloat16 => "bfloat16",
-            _ => "float32",
-        };
-        for key in ["dtype", "torch_dtype"] {
-            if key == "dtype" || config.contains_key(key) {
-                config.insert(key.into(), Value::from(dtype));
-            }
-        }
-        let file = dir.join("config.json");
-        let text = serde_json::to_string_pretty(&Value::Object(config))
-            .map_err(|e| write(&file, e.into()))?;
-        let tmp = dir.join("config.json.tmp");
-        std::fs::write(&tmp, text + "\n").map_err(|e| write(&tmp, e))?;
-        std::fs::rename(&tmp, &file).map_err(|e| write(&file, e))?;
-        HfNet::write_weights(&self.vs, &dir.join(safetensors::SINGLE))
+        let config = config_with_dtype(&self.net.config.source, self.net.language.kind());
+        save_checkpoint(&self.vs, dir, &config)
     }
 }
 
