@@ -412,20 +412,24 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
     let task_rows: Vec<TaskRow> = rows(&tasks, TableName::Tasks);
     assert!(task_rows.iter().all(|r| r.instruction == "find the key"));
 
-    // The observed text needs room in the prompt: 32 tokens are too few.
+    // The observed text needs room in the prompt, counted in tokens of the
+    // tokenizer the probe episodes' prompts trained: 8 are too few.
     let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
     init.extend_from_slice(TINY_VLA);
-    let refused = run("init-policy", &init);
+    let mut short = init.clone();
+    short.extend(["--set", "vla.max_instruction=8"]);
+    let refused = run("init-policy", &short);
     assert_eq!(refused.code, 2, "{refused}");
     let text = refused.to_string();
     assert!(
         text.contains("vla.max_instruction")
-            && text.contains("observed text of up to 39 characters"),
+            && text.contains("(the probe prompt `find the key\nyou are in room"),
         "{text}"
     );
     assert!(!vla.exists());
     init.extend(["--set", "vla.max_instruction=64"]);
-    ok("init-policy", &init);
+    let summary = ok("init-policy", &init);
+    assert!(summary.contains("probe prompts:"), "{summary}");
 
     let rollouts = root.join("rollouts");
     collect(&vla, &tasks, &rollouts, &[]);
@@ -438,12 +442,14 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
             tokenizer.decode(&ids, false).unwrap()
         })
         .collect();
-    for prompt in &prompts {
+    for (prompt, step) in prompts.iter().zip(&steps) {
         assert!(
             prompt.starts_with("find the key\nyou are in room ")
                 && prompt.contains("the key is in room"),
             "{prompt:?}"
         );
+        // The tokenizer learned the observations' words.
+        assert!(step.prompt_ids.len() * 2 < prompt.len(), "{prompt:?}");
     }
     // The text follows the agent: a trajectory that moved sees another room.
     let moved = steps
@@ -503,5 +509,210 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
 
     let eval_rows = evaluate(&ppo.join("policy"), &tasks, &root.join("eval"), 1, &[]);
     assert_eq!(eval_rows.len(), 3);
+    assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
+}
+
+/// A user's adapter package, outside this tree: a corridor walked right to
+/// its end, with a scripted expert; its instruction names the `max_steps`
+/// the bridge tells `make`.
+const PLUGIN_PYPROJECT: &str = r#"[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "mylab-adapters"
+version = "0.1.0"
+
+[project.entry-points."embodyflow_gym.adapters"]
+corridor = "mylab.adapters:corridor"
+"#;
+
+const PLUGIN_ADAPTER: &str = r#"import numpy as np
+
+PACKAGES = []
+
+
+def corridor(env_id, kwargs, seed, max_steps=None):
+    from embodyflow_gym.adapters import BadEnv
+
+    if env_id != "Corridor-v0":
+        raise BadEnv(f"one env, Corridor-v0, not {env_id}")
+    return Corridor(int(kwargs.get("length", 3)), max_steps)
+
+
+class Corridor:
+    def __init__(self, length, max_steps):
+        self.length, self.max_steps, self.position = length, max_steps, 0
+
+    def space(self):
+        return {"height": 0, "width": 0, "channels": 3, "proprio": 1,
+                "action": {"kind": "discrete", "n": 2}, "instruction": True, "expert": True}
+
+    def reset(self, seed):
+        self.position = 0
+        return f"walk {self.length} cells right within {self.max_steps} steps"
+
+    def step(self, action):
+        self.position = max(0, self.position + (1 if int(action) == 1 else -1))
+        done = self.position >= self.length
+        return done, done
+
+    def observation(self):
+        return np.zeros((0, 0, 3), dtype=np.uint8), np.array([self.position], dtype=np.float32)
+
+    def state_key(self):
+        return bytes([self.position])
+
+    def expert_action(self):
+        return 1
+
+    def close(self):
+        pass
+"#;
+
+/// A virtual environment in `dir` seeing the workspace's `.venv` packages
+/// (a `.pth` file naming its site-packages), with the package `mylab`
+/// installed editable from `dir/mylab`; its Python.
+fn plugin_venv(dir: &Path) -> std::path::PathBuf {
+    let package = dir.join("mylab");
+    std::fs::create_dir_all(package.join("mylab")).unwrap();
+    std::fs::write(package.join("pyproject.toml"), PLUGIN_PYPROJECT).unwrap();
+    std::fs::write(package.join("mylab/__init__.py"), "").unwrap();
+    std::fs::write(package.join("mylab/adapters.py"), PLUGIN_ADAPTER).unwrap();
+    let workspace = embodyflow_gym::BridgeConfig::python(None);
+    let venv = dir.join("venv");
+    let sh = |program: &Path, args: &[&str]| {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{program:?} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    sh(&workspace, &["-m", "venv", "--without-pip", s(&venv)]);
+    let sites = sh(&workspace, &["-c", "import site; print(site.getsitepackages()[0])"]);
+    let python = venv.join("bin/python");
+    let own = sh(&python, &["-c", "import site; print(site.getsitepackages()[0])"]);
+    std::fs::write(Path::new(own.trim()).join("workspace.pth"), sites.trim()).unwrap();
+    sh(
+        &python,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            s(&package),
+        ],
+    );
+    python
+}
+
+#[test]
+fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let python = plugin_venv(root);
+    let bridge_python = format!("bridge.python={}", s(&python));
+    let (tasks, vla, sft) = (root.join("tasks"), root.join("vla"), root.join("sft"));
+    let generate = |out: &Path, adapter: &str| {
+        let gym_python = format!("gym.python={}", s(&python));
+        let adapter = format!("gym.adapter={adapter}");
+        ok(
+            "generate-tasks",
+            &[
+                "--out",
+                s(out),
+                "--seed",
+                "3",
+                "--set",
+                "env=gym",
+                "--set",
+                &adapter,
+                "--set",
+                "gym.env_ids=[\"Corridor-v0\"]",
+                "--set",
+                "gym.max_steps=6",
+                "--set",
+                "count=2",
+                "--set",
+                &gym_python,
+            ],
+        )
+    };
+    // Registered by the package's entry point; `make` is told max_steps.
+    generate(&tasks, "corridor");
+    let task_rows: Vec<TaskRow> = rows(&tasks, TableName::Tasks);
+    assert!(
+        task_rows
+            .iter()
+            .all(|r| r.env == "gym:corridor" && r.instruction == "walk 3 cells right within 6 steps"),
+        "{task_rows:?}"
+    );
+    // The same function named as a one-off, module:function.
+    let one_off = root.join("one-off");
+    generate(&one_off, "mylab.adapters:corridor");
+    let one_off_rows: Vec<TaskRow> = rows(&one_off, TableName::Tasks);
+    assert_eq!(one_off_rows[0].env, "gym:mylab.adapters:corridor");
+    // The workspace's own Python does not have the package: named.
+    let refused = run(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&root.join("refused")),
+            "--set",
+            "env=gym",
+            "--set",
+            "gym.adapter=corridor",
+            "--set",
+            "gym.env_ids=[\"Corridor-v0\"]",
+        ],
+    );
+    assert_eq!(refused.code, 2, "{refused}");
+    assert!(
+        refused.to_string().contains("unknown adapter `corridor`; available: babyai, generic"),
+        "{refused}"
+    );
+
+    let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
+    init.extend_from_slice(TINY_VLA);
+    init.extend(["--set", &bridge_python]);
+    ok("init-policy", &init);
+    let sft_python = format!("sft.bridge.python={}", s(&python));
+    let summary = ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(&vla),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&sft),
+            "--set",
+            "objective=sft",
+            "--set",
+            "epochs=2",
+            "--set",
+            &sft_python,
+        ],
+    );
+    assert!(
+        summary.contains("| demonstrations | 2 successful expert demonstrations (gym:corridor)"),
+        "{summary}"
+    );
+    let rollouts = root.join("rollouts");
+    collect(&sft.join("policy"), &tasks, &rollouts, &[&bridge_python]);
+    let trajectories: Vec<TrajectoryRow> = rows(&rollouts, TableName::Trajectories);
+    assert_eq!(trajectories.len(), 4);
+    assert!(trajectories.iter().all(|t| t.failure_reason.is_none()));
+    let eval_rows = evaluate(&sft.join("policy"), &tasks, &root.join("eval"), 1, &[&bridge_python]);
+    assert_eq!(eval_rows.len(), 2);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }

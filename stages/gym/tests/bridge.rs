@@ -1212,6 +1212,8 @@ fn the_generic_adapter_takes_a_dict_of_image_direction_and_mission() {
     // at the reset, named.
     let mut short = empty;
     short.kwargs = json!({"text_max_length": 5});
+    // The probe builds the task's spec: its kwargs' bound is the one announced.
+    assert_eq!(probe(&config(1), &short).unwrap().text, 5);
     let world = GymEpisodes::new(
         &config(1),
         &[task("empty/1", short)],

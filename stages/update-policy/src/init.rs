@@ -27,7 +27,14 @@
 //! the tabletop world's, or what the Gymnasium bridge's adapter reports,
 //! so `vla.image_size` applies to the tabletop world only), a discrete
 //! action space fixes the bins (`n + 1` over `[-1, 1]`, one per action),
-//! and the tokenizer is trained on the tasks' instructions.
+//! and the tokenizer is trained on the tasks' instructions. In a world that
+//! observes text it is also trained on the prompts of
+//! `tokenizer.probe_episodes` probe episodes (random actions; each
+//! decision's instruction, newline and observed text:
+//! [`embodyflow_worlds::probe_prompts`]), so an observation's words become
+//! tokens rather than one token per character, and `vla.max_instruction`,
+//! which counts the tokens of a decision's whole prompt, must hold the
+//! longest probe prompt (`bridge.*`: the workers that play them).
 //!
 //! ```text
 //! init-policy --out runs/init --seed 0 --set model.n_layer=4 --set tokenizer.vocab_size=1024
@@ -50,7 +57,9 @@ use embodyflow_models::gpt::GptConfig;
 use embodyflow_models::tokenizer::{encode, load, train_bpe};
 use embodyflow_models::vla::{LatentConfig, Vla, VlaConfig};
 use embodyflow_tabletop as tabletop;
-use embodyflow_worlds::{PolicyShape, WorldTask, policy_shape, tabletop_shape};
+use embodyflow_worlds::{
+    BridgeKeys, PolicyShape, WorldOptions, WorldTask, policy_shape, probe_prompts, tabletop_shape,
+};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `init-policy`.
@@ -103,6 +112,11 @@ pub struct TokenizerConfig {
     /// checkpoint directory holding one (a teacher that must share the
     /// policy's tokenizer).
     pub from: Option<std::path::PathBuf>,
+    /// `--input` tasks of a world that observes text: probe episodes (one
+    /// per task, the first ones) whose prompts train the tokenizer and
+    /// bound `vla.max_instruction`; 0: instructions only, the text counted
+    /// as one token per character.
+    pub probe_episodes: usize,
 }
 
 impl Default for TokenizerConfig {
@@ -111,6 +125,7 @@ impl Default for TokenizerConfig {
             vocab_size: 1024,
             corpus_tasks: 2000,
             from: None,
+            probe_episodes: 32,
         }
     }
 }
@@ -258,6 +273,9 @@ pub struct Config {
     pub vla: VlaKeys,
     /// Tokenizer.
     pub tokenizer: TokenizerConfig,
+    /// The gym bridge's workers that probe an `--input` world (its shape,
+    /// the probe episodes).
+    pub bridge: BridgeKeys,
     /// Unused (no tables are written); present for the uniform `output.*` keys.
     pub output: OutputConfig,
 }
@@ -272,9 +290,16 @@ impl StageConfig for Config {
         ("model.n_embd", "model width"),
         ("model.n_head", "attention heads"),
         ("model.n_layer", "transformer blocks"),
+        BridgeKeys::KEYS[0],
+        BridgeKeys::KEYS[1],
+        BridgeKeys::KEYS[2],
         (
             "tokenizer.corpus_tasks",
             "generated training tasks whose texts train the tokenizer (household prompts and answers; tabletop instructions for kind = vla)",
+        ),
+        (
+            "tokenizer.probe_episodes",
+            "--input tasks of a world that observes text: probe episodes whose prompts (instruction, newline, observed text) train the tokenizer and bound vla.max_instruction; 0: instructions only",
         ),
         (
             "tokenizer.from",
@@ -291,7 +316,7 @@ impl StageConfig for Config {
         ),
         (
             "vla.max_instruction",
-            "most instruction tokens; every corpus instruction must fit (kind = vla)",
+            "most prompt tokens: the instruction, and in a world that observes text a newline and the text; every corpus instruction and probe prompt must fit (kind = vla)",
         ),
         (
             "vla.n_bins",
@@ -322,6 +347,7 @@ impl StageConfig for Config {
         if self.kind == Kind::Vla {
             self.vla.validate()?;
         }
+        self.bridge.validate("")?;
         let model = &self.model;
         at_least("model.n_ctx", model.n_ctx, 1)?;
         at_least("model.n_head", model.n_head, 1)?;
@@ -370,24 +396,43 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         return Err(Error::OutputExists(out.clone()).into());
     }
     // A VLA for the world of the input tasks, when given: its shape comes
-    // from that world and its tokenizer learns their instructions.
+    // from that world and its tokenizer learns their instructions (and the
+    // prompts of probe episodes in a world that observes text).
     let world = match (config.kind, stage.optional_input(TableName::Tasks)?) {
         (Kind::Vla, Some(reader)) => {
             let rows: Vec<TaskRow> = reader.read_rows()?;
-            let first = rows
-                .first()
-                .ok_or_else(|| Error::BadInput("the tasks table is empty".into()))?;
-            let task = WorldTask::from_row(first)?;
-            let bridge = embodyflow_gym::BridgeConfig::default();
-            let shape = policy_shape(&task, config.vla.image_size as usize, &bridge)
-                .map_err(|e| Error::BadInput(e.to_string()))?;
+            if rows.is_empty() {
+                return Err(Error::BadInput("the tasks table is empty".into()).into());
+            }
+            let tasks: Vec<WorldTask> = rows
+                .iter()
+                .map(WorldTask::from_row)
+                .collect::<Result<_, _>>()?;
+            let bridge = config.bridge.config();
+            let image_size = config.vla.image_size as usize;
+            let bad = |e: embodyflow_worlds::WorldsError| Error::BadInput(e.to_string());
+            let shape = policy_shape(&tasks[0], image_size, &bridge).map_err(bad)?;
+            let prompts = match (shape.observation_text, &shape.bins) {
+                (0, _) | (_, None) => Vec::new(),
+                (_, Some(bins)) => {
+                    let options = WorldOptions {
+                        image_size,
+                        bins: bins.clone(),
+                        bridge,
+                    };
+                    let episodes = config.tokenizer.probe_episodes;
+                    probe_prompts(&tasks, &options, episodes, args.stage.seed).map_err(bad)?
+                }
+            };
             let instructions: Vec<String> = rows.into_iter().map(|r| r.instruction).collect();
-            Some((shape, instructions))
+            Some((shape, instructions, prompts))
         }
         _ => None,
     };
     let corpus = match (&world, config.kind) {
-        (Some((_, instructions)), _) => instructions.clone(),
+        (Some((_, instructions, prompts)), _) => {
+            instructions.iter().chain(prompts).cloned().collect()
+        }
         (None, Kind::Plan) => {
             embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed)
         }
@@ -410,6 +455,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let vocab_size = tokenizer.get_vocab_size(true) as i64;
     tch::manual_seed(args.stage.seed as i64);
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
+    let mut prompt_lengths = None;
     let (architecture, parameters, staged) = match config.kind {
         Kind::Plan => {
             let model = &config.model;
@@ -426,15 +472,24 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         }
         Kind::Vla => {
             let shape = match &world {
-                Some((shape, _)) => shape.clone(),
+                Some((shape, _, _)) => shape.clone(),
                 None => tabletop_shape(config.vla.image_size as usize),
             };
             let vla = config.vla.config(vocab_size, &shape)?;
             let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
-            let text = world
+            let (text, prompts) = world
                 .as_ref()
-                .map_or(0, |(shape, _)| shape.observation_text);
-            check_instructions(&policy, &corpus, text)?;
+                .map_or((0, &[][..]), |(shape, _, prompts)| {
+                    (shape.observation_text, prompts.as_slice())
+                });
+            let lengths = check_prompts(&policy, &corpus, text, prompts)?;
+            if let Some((mean, longest)) = lengths {
+                prompt_lengths = Some(format!(
+                    "{} probe prompts: {mean:.1} tokens on average, {longest} at most (vla.max_instruction = {})",
+                    prompts.len(),
+                    vla.max_instruction
+                ));
+            }
             let staged = stage_checkpoint(&policy, out)?;
             (
                 format!("{:?}: {vla:?}", PolicyKind::Vla),
@@ -452,6 +507,9 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         .add("parameters", parameters)
         .add("architecture", architecture)
         .add("tokenizer", origin);
+    if let Some(lengths) = prompt_lengths {
+        summary.add("prompts", lengths);
+    }
     let text = stage.summary_text(&summary);
     let summary_path = parent.join(&staged).join("_summary.init-policy.md");
     std::fs::write(&summary_path, &text)
@@ -496,22 +554,40 @@ fn instructions(count: usize, seed: u64) -> Vec<String> {
         .collect()
 }
 
-/// Every corpus instruction fits in `vla.max_instruction` tokens (a longer
-/// one is refused naming the key, the instruction and its length); in a
-/// world that observes text of up to `text` characters, with room for it
-/// after the instruction: a newline and one token per character (a
-/// byte-level BPE never needs more for ASCII text; a longer prompt is
-/// still refused at its decision).
-fn check_instructions(
+/// Every prompt fits in `vla.max_instruction` tokens, which count a
+/// decision's whole prompt: every probe prompt (the instruction, a newline
+/// and an observed text, tokenised by the tokenizer trained on them) and
+/// every corpus instruction; in a world that observes text of up to `text`
+/// characters but without probe prompts, each instruction with room for a
+/// newline and one token per character (a byte-level BPE never needs more
+/// for ASCII text). A longer one is refused naming the key, the prompt and
+/// its length; a longer prompt at a decision stops its stage naming the
+/// key. Returns the probe prompts' mean and longest lengths (`None`
+/// without probe prompts).
+fn check_prompts(
     policy: &Checkpoint<Vla>,
     corpus: &[String],
     text: usize,
-) -> Result<(), ModelError> {
+    prompts: &[String],
+) -> Result<Option<(f64, i64)>, ModelError> {
     let vla = policy.model.config();
-    let room = if text > 0 { 1 + text as i64 } else { 0 };
+    let fits = |tokens: i64, why: String| {
+        ensure(tokens <= vla.max_instruction, "vla.max_instruction", why, vla.max_instruction)
+    };
+    let mut lengths = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let tokens = encode(&policy.tokenizer, prompt)?.len() as i64;
+        fits(tokens, format!("at least {tokens} (the probe prompt `{prompt}`: instruction, newline, observed text)"))?;
+        lengths.push(tokens);
+    }
+    // Probe prompts hold the observed texts; else room for the longest.
+    let room = match (text, prompts.is_empty()) {
+        (0, _) | (_, false) => 0,
+        _ => 1 + text as i64,
+    };
     for instruction in corpus {
         let tokens = encode(&policy.tokenizer, instruction)?.len() as i64;
-        let why = if text > 0 {
+        let why = if room > 0 {
             format!(
                 "at least {} (the instruction `{instruction}`: {tokens} tokens, then a newline and an observed text of up to {text} characters)",
                 tokens + room
@@ -519,14 +595,13 @@ fn check_instructions(
         } else {
             format!("at least {tokens} (the instruction `{instruction}`)")
         };
-        ensure(
-            tokens + room <= vla.max_instruction,
-            "vla.max_instruction",
-            why,
-            vla.max_instruction,
-        )?;
+        fits(tokens + room, why)?;
     }
-    Ok(())
+    if lengths.is_empty() {
+        return Ok(None);
+    }
+    let mean = lengths.iter().sum::<i64>() as f64 / lengths.len() as f64;
+    Ok(Some((mean, lengths.into_iter().max().unwrap_or(0))))
 }
 
 #[cfg(test)]

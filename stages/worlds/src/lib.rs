@@ -35,7 +35,9 @@ use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_gym::{self as gym, BridgeConfig, FaultCounts, GymEpisodes, GymTask, Pool};
-use embodyflow_rollout::closed_loop::{ChunkReport, ClosedLoopWorld, TabletopEpisodes, WorldError};
+use embodyflow_rollout::closed_loop::{
+    ChunkReport, ClosedLoopWorld, TabletopEpisodes, WorldError, observed_prompt,
+};
 use embodyflow_tabletop as tabletop;
 use serde::{Deserialize, Serialize};
 
@@ -186,6 +188,62 @@ pub fn policy_shape(
 pub fn max_decisions(tasks: &[WorldTask], chunk_len: usize) -> usize {
     let max_steps = tasks.iter().map(WorldTask::max_steps).max().unwrap_or(0) as usize;
     max_steps.div_ceil(chunk_len.max(1))
+}
+
+/// The prompts a policy would read in probe episodes of a world that
+/// observes text: one episode of each of the first `episodes` tasks,
+/// random actions (a hash of `seed`, the decision and the value's index,
+/// one action per decision) until it ends, and at each decision the
+/// instruction, a newline and the observed text
+/// ([`observed_prompt`]). `init-policy` trains the tokenizer on them and
+/// bounds `vla.max_instruction` by the longest in tokens. Empty for a
+/// world without text.
+pub fn probe_prompts(
+    tasks: &[WorldTask],
+    options: &WorldOptions,
+    episodes: usize,
+    seed: u64,
+) -> Result<Vec<String>, WorldsError> {
+    let tasks = &tasks[..episodes.min(tasks.len())];
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut worlds = Worlds::new(options.clone());
+    let mut world = worlds.episodes(tasks, 1)?;
+    let (n, dim) = (world.len(), world.action_dim());
+    let n_bins = options.bins.n_bins() as u64;
+    let mut prompts = Vec::new();
+    for decision in 0..=max_decisions(tasks, 1) {
+        let live: Vec<usize> = (0..n).filter(|&i| world.running(i)).collect();
+        for &i in &live {
+            if let Some(text) = world.observation_text(i) {
+                prompts.push(observed_prompt(world.instruction(i), text));
+            }
+        }
+        if live.is_empty() {
+            break;
+        }
+        let tokens: Vec<u32> = (0..n * dim)
+            .map(|j| {
+                let mut hasher = blake3::Hasher::new();
+                hasher.update(&seed.to_le_bytes());
+                hasher.update(&(decision as u64).to_le_bytes());
+                hasher.update(&(j as u64).to_le_bytes());
+                let bytes = hasher.finalize();
+                let value = u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"));
+                (value % n_bins) as u32
+            })
+            .collect();
+        let actions = options
+            .bins
+            .decode(&tokens)
+            .map_err(|e| Error::BadInput(format!("probe episodes: {e}")))?;
+        world
+            .step_chunks(&actions, 1)
+            .map_err(|e| Error::BadInput(format!("probe episodes: {e}")))?;
+    }
+    worlds.done(world);
+    Ok(prompts)
 }
 
 /// How a batch's episodes observe and act.
