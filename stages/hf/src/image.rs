@@ -441,8 +441,9 @@ fn pass(data: &[u8], h: usize, w: usize, size: usize, horizontal: bool) -> Vec<u
 /// Pillow 13 runs the vertical pass first when the height shrinks by a
 /// larger factor than the width (`height/h < width/w`), the horizontal pass
 /// first otherwise; this rule reproduces its order on the sizes of the
-/// tests (and 280 of 291 random size pairs of 8 to 90 pixels; where the
-/// order differs, pixels differ by up to about 20/255).
+/// tests, on 43 of 44 resizes of common camera sizes and on 280 of 291
+/// random size pairs of 8 to 90 pixels (where the order differs, pixels
+/// differ by up to about 20/255).
 fn resize_bicubic(image: &RgbImage, height: usize, width: usize) -> Vec<u8> {
     let (h, w) = (image.height, image.width);
     let vertical_first = height < h && height * w < width * h;
