@@ -172,10 +172,30 @@ pub fn scan(dir: &Path, table: TableName) -> Result<(LazyFrame, TableReader)> {
     Ok((frame, reader))
 }
 
+/// `frame` without the rows of episodes that infrastructure ended (a
+/// crashed, hung or malformed environment worker): they are no outcome of
+/// the policy. Rewards and trajectories mark them in `infra_fault`, eval
+/// rows by a `failure_reason`; a table written before those columns has
+/// none.
+fn without_infra_faults(frame: LazyFrame, dir: &Path) -> Result<LazyFrame> {
+    let mut frame = frame;
+    let schema = query(&dir.display().to_string(), frame.collect_schema())?;
+    Ok(if schema.contains("infra_fault") {
+        frame.filter(col("infra_fault").fill_null(lit(false)).not())
+    } else if schema.contains("failure_reason") {
+        frame.filter(col("failure_reason").is_null())
+    } else {
+        frame
+    })
+}
+
 /// Means of columns of a validated table (a boolean column's mean is its
 /// share of true; nulls are left out), in one lazy pass over its shards.
+/// Rows of episodes ended by infrastructure are left out
+/// ([`without_infra_faults`]).
 pub fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Result<Vec<Option<f64>>> {
     let (frame, _) = scan(dir, table)?;
+    let frame = without_infra_faults(frame, dir)?;
     let means = query(
         &dir.display().to_string(),
         frame
@@ -202,11 +222,8 @@ pub fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Result<Vec<
 /// Rows of episodes ended by infrastructure (`infra_fault`) are no outcome
 /// and left out (a table written before the column has none).
 pub fn groups_with_signal(dir: &Path) -> Result<(u64, u64)> {
-    let (mut frame, _) = scan(dir, TableName::Rewards)?;
-    let name = dir.display().to_string();
-    if query(&name, frame.collect_schema())?.contains("infra_fault") {
-        frame = frame.filter(col("infra_fault").fill_null(lit(false)).not());
-    }
+    let (frame, _) = scan(dir, TableName::Rewards)?;
+    let frame = without_infra_faults(frame, dir)?;
     let counts = query(
         &dir.display().to_string(),
         frame
@@ -1479,6 +1496,22 @@ mod tests {
         );
         let means = column_means(rewards.dir(), TableName::Rewards, &["success", "score"]).unwrap();
         assert_eq!(means, vec![Some(0.25), Some(-0.5)]);
+    }
+
+    #[test]
+    fn column_means_leave_out_episodes_ended_by_infrastructure() {
+        let root = tempfile::tempdir().unwrap();
+        let faulted = RewardRow {
+            infra_fault: Some(true),
+            ..reward("e", false)
+        };
+        let rewards = write_rewards(
+            root.path(),
+            &[reward("a", true), reward("b", false), faulted],
+            false,
+        );
+        let means = column_means(rewards.dir(), TableName::Rewards, &["success", "score"]).unwrap();
+        assert_eq!(means, vec![Some(0.5), Some(0.0)]);
     }
 
     #[test]
