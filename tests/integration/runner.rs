@@ -224,6 +224,90 @@ fn a_swept_loop_draws_every_cells_curves_on_one_chart() {
     let png = embodyflow_plots::Png::read(&out.join("report/success-cells.png")).unwrap();
     assert_eq!((png.width, png.height), (640, 400));
     assert!(png.colours() > 20, "{} colours", png.colours());
+    assert_run_log(&out, &["lr=1e-4", "lr=3e-5"]);
+}
+
+/// The run log of a run in `out` with these cells: the CSV holds every
+/// update row's loss at global steps that count SFT's rows first, and
+/// TensorBoard's own loader reads each cell's event file to the same
+/// values.
+fn assert_run_log(out: &Path, cells: &[&str]) {
+    let csv = std::fs::read_to_string(out.join("report/runlog.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("cell,iteration,global_step,step,stage,name,value,wall_time")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let loss = |cell: &str, step: &str| -> Vec<(u64, f64)> {
+        rows.iter()
+            .filter(|r| r[0] == cell && r[3] == step && r[5] == "loss")
+            .map(|r| (r[2].parse().unwrap(), r[6].parse().unwrap()))
+            .collect()
+    };
+    let sft = loss(cells[0], "sft");
+    assert!(!sft.is_empty(), "{csv}");
+    assert_eq!(sft[0].0, 1, "SFT's first optimizer step is global step 1");
+    for cell in cells {
+        // An update passed on (no group kept) has no rows; one that ran
+        // counts on from SFT's.
+        let update = loss(cell, "update");
+        if let Some(first) = update.first() {
+            assert_eq!(first.0, sft.len() as u64 + 1, "{cell}: {update:?}");
+        }
+        assert_eq!(loss(cell, "sft"), sft, "the shared SFT in every cell");
+        for name in ["success", "samples", "wall_s"] {
+            assert!(
+                rows.iter().any(|r| r[0] == *cell && r[5] == name),
+                "{cell}: no {name}\n{csv}"
+            );
+        }
+    }
+    let png = embodyflow_plots::Png::read(&out.join("report/curve-update-policy-loss.png")).unwrap();
+    assert!(png.colours() > 20, "{} colours", png.colours());
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(report.contains("## Run log"), "{report}");
+    // TensorBoard's loader, as `tensorboard --logdir` reads the files.
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let script = r#"
+import sys
+from tensorboard.backend.event_processing import event_accumulator
+acc = event_accumulator.EventAccumulator(sys.argv[1])
+acc.Reload()
+for tag in sorted(acc.Tags()["scalars"]):
+    for e in acc.Scalars(tag):
+        print(f"{tag} {e.step} {e.value!r}")
+"#;
+    for cell in cells {
+        let dir = out.join("report/tensorboard").join(cell.replace([',', '='], "_"));
+        let output = Command::new(&python)
+            .args(["-c", script, s(&dir)])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for step in ["sft", "update"] {
+            let tag = format!("{step}/loss ");
+            let read: Vec<(u64, f64)> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(tag.as_str()))
+                .map(|l| {
+                    let (step, value) = l.split_once(' ').unwrap();
+                    (step.parse().unwrap(), value.parse().unwrap())
+                })
+                .collect();
+            let written = loss(cell, step);
+            assert_eq!(read.len(), written.len(), "{cell} {step}:\n{text}");
+            for ((at, value), (want_at, want)) in read.iter().zip(&written) {
+                assert_eq!(at, want_at);
+                assert_eq!(*value as f32, *want as f32, "{cell} {step} at {at}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -637,7 +721,17 @@ fn a_sweep_collects_rollouts_once_and_gathers_one_table() {
         ablation.contains("| estimator=grpo_step,mode=lcs |"),
         "{ablation}"
     );
-    assert!(out.join("report/ablation.png").is_file());
+    // One metric per chart, rewards beside rewards of their own function.
+    assert!(!out.join("report/ablation.png").exists());
+    for chart in ["ablation-train-success.png", "ablation-reward-embodied_r1.png"] {
+        assert!(out.join("report").join(chart).is_file(), "{chart}");
+    }
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(!report.contains("else mean reward"), "{report}");
+    assert!(
+        report.contains("height = mean reward (reward.fn embodied_r1)"),
+        "{report}"
+    );
     // A new estimator value reuses the saved rollouts and rewards.
     let more = ok(&[
         "run",
@@ -868,6 +962,18 @@ const TINY_TABLETOP: &[&str] = &[
     "eval_runs=1",
 ];
 
+/// [`TINY_TABLETOP`] under LIBERO's protocol: 2 tasks at 2 train and 1
+/// val initial states instead of counts of layouts.
+fn tiny_initial_states() -> Vec<&'static str> {
+    let mut vars: Vec<&str> = TINY_TABLETOP
+        .iter()
+        .copied()
+        .filter(|v| !v.starts_with("train_count=") && !v.starts_with("val_count="))
+        .collect();
+    vars.extend(["task_count=2", "train_states=2", "val_states=1"]);
+    vars
+}
+
 /// Runs a shipped tabletop pipeline at [`TINY_TABLETOP`] scale with the
 /// tiny VLA's keys (and `extra` keys) on its init step; returns the
 /// statuses, the run directory (kept by `dir`) and the arguments.
@@ -916,8 +1022,13 @@ fn run_tiny_tabletop(
 #[test]
 fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
-    let mut vars = TINY_TABLETOP.to_vec();
-    vars.push("extra_draws=2");
+    // Under LIBERO's protocol: 2 tasks at 2 train and 1 val initial states.
+    let mut vars: Vec<&str> = TINY_TABLETOP
+        .iter()
+        .copied()
+        .filter(|v| !v.starts_with("train_count=") && !v.starts_with("val_count="))
+        .collect();
+    vars.extend(["task_count=2", "train_states=2", "val_states=1", "extra_draws=2"]);
     let (_, _, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[]);
     // A rerun finds every step cached.
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -935,7 +1046,7 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     let (first, out, _) = run_tiny_tabletop(
         dir.path(),
         "tabletop-lapo.toml",
-        TINY_TABLETOP,
+        &tiny_initial_states(),
         &["vla.latent_length=4", "vla.latent_group=2"],
     );
     assert_eq!(

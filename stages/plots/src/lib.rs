@@ -12,6 +12,9 @@
 //! (`#id` without a tokenizer) and [`token_strip`] draws them above a
 //! heatmap's columns, read bottom to top ([`TOKEN_CELL`] pixels a column).
 //!
+//! Any scalar: [`curves`] draws named [`Curve`]s on the scale of their
+//! values, each with its seeds' band (the run log's PNGs).
+//!
 //! Success per iteration: [`success_curves`] draws named series of
 //! (iteration, success) on [0, 1] (the run report's curves, `report
 //! --curve`), [`colour_key`] names them by colour for the Markdown beside.
@@ -244,6 +247,72 @@ pub fn success_curves(
             (last * 0.35, 0.5),
             text(16),
         )))?;
+    }
+    legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+/// One curve of [`curves`]: named points and, for a group of seeds, the
+/// band from the lowest to the highest seed at each x.
+#[derive(Debug, Clone, Default)]
+pub struct Curve {
+    /// The legend's name.
+    pub name: String,
+    /// (x, y), drawn as a line with a marker on each point.
+    pub points: Vec<(f64, f64)>,
+    /// (x, lowest, highest), drawn as a translucent band under the line.
+    pub band: Vec<(f64, f64, f64)>,
+}
+
+/// Named curves of any scalar, as a PNG of 640 × 400 at `path`: each in
+/// [`PALETTE`] order with its band (the seeds' spread) and a legend; the
+/// axes span the points and bands, 5 % beyond them (a constant curve
+/// spans its value ± 1, or ± 5 % of it).
+pub fn curves(path: &Path, title: &str, x_label: &str, y_label: &str, curves: &[Curve]) -> Result<()> {
+    let root = canvas(path, (640, 400))?;
+    let xs = curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|p| p.0).chain(c.band.iter().map(|b| b.0)));
+    let ys = curves.iter().flat_map(|c| {
+        c.points
+            .iter()
+            .map(|p| p.1)
+            .chain(c.band.iter().flat_map(|b| [b.1, b.2]))
+    });
+    let span = |values: &mut dyn Iterator<Item = f64>| {
+        let (lo, hi) = values
+            .filter(|v| v.is_finite())
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        if lo > hi {
+            0.0..1.0
+        } else if hi - lo < 1e-12 {
+            let pad = if lo.abs() > 1e-12 { lo.abs() * 0.05 } else { 1.0 };
+            lo - pad..hi + pad
+        } else {
+            let pad = (hi - lo) * 0.05;
+            lo - pad..hi + pad
+        }
+    };
+    let mut chart = Frame::new(title, x_label, y_label)
+        .ranges(span(&mut { xs }), span(&mut { ys }))
+        .draw(&root)?;
+    for (k, curve) in curves.iter().enumerate() {
+        let colour = PALETTE[k % PALETTE.len()];
+        if !curve.band.is_empty() {
+            let outline: Vec<(f64, f64)> = curve
+                .band
+                .iter()
+                .map(|b| (b.0, b.2))
+                .chain(curve.band.iter().rev().map(|b| (b.0, b.1)))
+                .collect();
+            chart.draw_series(std::iter::once(Polygon::new(outline, colour.mix(0.2).filled())))?;
+        }
+        chart
+            .draw_series(LineSeries::new(curve.points.clone(), colour.stroke_width(2)))?
+            .label(curve.name.as_str())
+            .legend(swatch(colour));
+        chart.draw_series(curve.points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
     }
     legend(&mut chart)?;
     root.present()?;
@@ -553,6 +622,37 @@ mod tests {
         let blank = Png::read(&blank).unwrap();
         assert_eq!(blank.colours(), 1);
         assert_eq!(blank.dark_in(0..64, 0..32), 0);
+    }
+
+    #[test]
+    fn curves_draw_bands_lines_and_a_legend_on_their_own_scale() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = test_dir(tmp.path()).join("curves.png");
+        let seeds = Curve {
+            name: "lr=1e-4 (mean of 2 seeds)".into(),
+            points: vec![(0.0, 10.0), (1.0, 12.0), (2.0, 11.0)],
+            band: vec![(0.0, 9.0, 11.0), (1.0, 10.0, 14.0), (2.0, 10.5, 11.5)],
+        };
+        let flat = Curve {
+            name: "lr=3e-5".into(),
+            points: vec![(0.0, 10.0), (2.0, 10.0)],
+            band: Vec::new(),
+        };
+        curves(&path, "update: loss", "iteration", "loss", &[seeds, flat]).unwrap();
+        let png = Png::read(&path).unwrap();
+        assert_eq!((png.width, png.height), (640, 400));
+        assert!(png.colours() > 20, "{} colours", png.colours());
+        assert!(png.dark_in(200..440, 0..30) > 50, "no title");
+        assert!(png.dark_in(0..25, 100..300) > 30, "no y axis label");
+        // A constant curve alone still draws (its value ± 5 %).
+        let alone = test_dir(tmp.path()).join("curves-constant.png");
+        let flat = Curve {
+            name: "x".into(),
+            points: vec![(0.0, 3.0), (1.0, 3.0)],
+            band: Vec::new(),
+        };
+        curves(&alone, "constant", "iteration", "value", &[flat]).unwrap();
+        assert!(Png::read(&alone).unwrap().colours() > 5);
     }
 
     #[test]

@@ -79,7 +79,8 @@
 //! holds the stage's outputs, `_stage.log` (`_stage.<i>.log` and
 //! `_shards/<i>/` for a sharded step; the log of a failed step stays in
 //! `OUT/_runner/logs/`), and `_step.json`, the cache record ([`cache`]).
-//! `OUT/report/` holds the run report ([`report`]).
+//! `OUT/report/` holds the run report ([`report`]) and the run log, every
+//! step's scalars as CSV and TensorBoard event files ([`runlog`]).
 //!
 //! # Before any stage runs
 //!
@@ -111,7 +112,9 @@ pub mod pipeline;
 pub mod plan;
 pub mod ray;
 pub mod report;
+pub mod runlog;
 pub mod slurm;
+pub mod tfevents;
 
 use std::path::PathBuf;
 

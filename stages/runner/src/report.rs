@@ -53,6 +53,12 @@ const DRAWN_SUCCESS: [&str; 2] = [
 /// the table's mean of `complete` is neither the sampled rollouts' success
 /// nor defined then; it is the fallback for a summary without the line.
 fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
+    drawn_counts(dir, stage).map(|(successes, samples)| successes as f64 / samples as f64)
+}
+
+/// The successes and samples drawn of a rollout step, summed over the
+/// `DRAWN_SUCCESS` lines of its summary; `None` without a line or samples.
+pub(crate) fn drawn_counts(dir: &Path, stage: &str) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))).ok()?;
     let (mut successes, mut samples) = (0u64, 0u64);
     for line in text
@@ -66,7 +72,7 @@ fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
         successes += s.trim().parse::<u64>().ok()?;
         samples += n.trim().parse::<u64>().ok()?;
     }
-    (samples > 0).then(|| successes as f64 / samples as f64)
+    (samples > 0).then_some((successes, samples))
 }
 
 /// The `| warning | … |` lines of a step's summary (one per shard when the
@@ -94,6 +100,8 @@ struct Row {
     /// Mean loss, approx KL and entropy; approx KL is null on SFT rows.
     update: Option<Vec<Option<f64>>>,
     score: Option<f64>,
+    /// The reward function of the rewards table (its scale).
+    reward_fn: Option<String>,
     /// Groups of the rewards table whose scores differ, and all groups.
     signal: Option<(u64, u64)>,
     diagnostics: Option<VariantDiagnostics>,
@@ -131,6 +139,7 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
                 }
                 Output::Table(TableName::Rewards) => {
                     row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0]);
+                    row.reward_fn = reward_fn(&dir.join(TableName::Rewards.as_str()));
                     row.signal = embodyflow_report::groups_with_signal(
                         &dir.join(TableName::Rewards.as_str()),
                     )
@@ -146,7 +155,31 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
     rows
 }
 
-fn sanitize(name: &str) -> String {
+/// The reward function a rewards table was scored with (its first row's).
+fn reward_fn(dir: &Path) -> Option<String> {
+    let reader = embodyflow_core::dataset::TableReader::open(dir, TableName::Rewards).ok()?;
+    let batch = reader.batches(None, 1).ok()?.next()?.ok()?;
+    let rows =
+        embodyflow_core::dataset::batch_to_rows::<embodyflow_core::schemas::RewardRow>(&batch)
+            .ok()?;
+    rows.into_iter().next().map(|r| r.reward_fn)
+}
+
+/// Groups of cells that run exactly the same step instances: what they
+/// sweep changes nothing they run, so their figures are identical by
+/// construction.
+fn identical_cells(plan: &Plan) -> Vec<Vec<usize>> {
+    let mut by: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+    for c in 0..plan.cells.len() {
+        let runs: Vec<usize> = (0..plan.instances.len())
+            .filter(|&i| plan.instances[i].cells.contains(&c))
+            .collect();
+        by.entry(runs).or_default().push(c);
+    }
+    by.into_values().filter(|cells| cells.len() > 1).collect()
+}
+
+pub(crate) fn sanitize(name: &str) -> String {
     name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
@@ -158,7 +191,7 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
+pub(crate) fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
     move |reason| RunnerError::Plot {
         path: path.to_path_buf(),
         reason: reason.to_string(),
@@ -408,7 +441,9 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         let mut table = String::from(
             "| cell | last eval success | last train success | mean reward | groups with signal | kept groups | A^E std | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|---|---|\n",
         );
-        let (mut bars, mut names) = (Vec::new(), Vec::new());
+        // Chart file slug -> its metric (y label), the cells that have it
+        // and their values.
+        let mut charts: BTreeMap<String, (String, Vec<String>, Vec<f64>)> = BTreeMap::new();
         for (name, rows) in &ablation {
             let last = |f: &dyn Fn(&Row) -> Option<f64>| rows.values().rev().find_map(f);
             let eval = last(&|r: &Row| r.evals.values().next().copied());
@@ -432,23 +467,53 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 fmt(with_step),
                 fmt(flips),
             ));
-            bars.push(eval.or(score).unwrap_or(0.0));
-            names.push(name.clone());
+            let reward_fn = rows.values().rev().find_map(|r| r.reward_fn.clone());
+            let reward_fn = reward_fn.as_deref().unwrap_or("unknown");
+            for (slug, metric, value) in [
+                ("eval-success".to_string(), "last eval success (fraction)".to_string(), eval),
+                (
+                    "train-success".to_string(),
+                    "last train success (fraction)".to_string(),
+                    last(&|r: &Row| r.train),
+                ),
+                (
+                    format!("reward-{}", sanitize(reward_fn)),
+                    format!("mean reward (reward.fn {reward_fn})"),
+                    score,
+                ),
+            ] {
+                if let Some(value) = value {
+                    let chart = charts.entry(slug).or_insert_with(|| (metric, Vec::new(), Vec::new()));
+                    chart.1.push(name.clone());
+                    chart.2.push(value);
+                }
+            }
         }
-        let path = dir.join("ablation.png");
-        plot_bars(
-            &path,
-            &names,
-            &bars,
-            "last eval success (fraction; else mean reward)",
-        )?;
         std::fs::write(dir.join("ablation.md"), &table)
             .map_err(|e| RunnerError::io(dir.join("ablation.md"), e))?;
         md.push_str(&format!(
-            "\n## Ablation ({} cells)\n\n{table}\n![ablation](ablation.png): one bar per cell in table order, height = last eval success (mean reward where no evaluate step ran).\n",
+            "\n## Ablation ({} cells)\n\n{table}\n",
             plan.cells.len()
         ));
+        for group in identical_cells(plan) {
+            let names: Vec<&str> = group.iter().map(|&c| plan.cells[c].name.as_str()).collect();
+            md.push_str(&format!(
+                "\nIdentical by construction: {} run the same step instances (what they sweep changes nothing they run), so their figures are equal.\n",
+                names.join(", ")
+            ));
+        }
+        // One metric per chart; mean rewards only beside rewards of the same
+        // function (one chart per reward function).
+        for (slug, (metric, names, values)) in &charts {
+            let file = format!("ablation-{slug}.png");
+            plot_bars(&dir.join(&file), names, values, metric)?;
+            md.push_str(&format!(
+                "\n![ablation {metric}]({file}): one bar per cell that has it, in table order, height = {metric}.\n"
+            ));
+        }
     }
+    md.push_str(&crate::runlog::write(plan, &dir)?);
+    summary.add("run log", dir.join("runlog.csv").display());
     let path = dir.join("report.md");
     std::fs::write(&path, &md).map_err(|e| RunnerError::io(&path, e))?;
     Ok(summary.to_markdown())
@@ -510,6 +575,43 @@ mod tests {
             [
                 "0 of 4 slots filled: 9 groups dropped (all success 9)",
                 "1 of 4 slots filled"
+            ]
+        );
+    }
+
+    #[test]
+    fn cells_running_the_same_instances_are_identical_by_construction() {
+        let text = r#"
+[vars]
+mode = "exact"
+unused = "a"
+
+[[step]]
+name = "score"
+stage = "score-rewards"
+inputs = ["rollouts", "tasks"]
+set = { "match.mode" = "${mode}" }
+
+[sweep]
+mode = ["exact", "lcs"]
+unused = ["a", "b"]
+"#;
+        let pipeline = crate::pipeline::Pipeline::parse(Path::new("p.toml"), text).unwrap();
+        let plan = Plan::build(
+            &pipeline,
+            Path::new("run"),
+            &crate::plan::Overrides::default(),
+        )
+        .unwrap();
+        let names = |group: &Vec<usize>| -> Vec<String> {
+            group.iter().map(|&c| plan.cells[c].name.clone()).collect()
+        };
+        let groups: Vec<Vec<String>> = identical_cells(&plan).iter().map(names).collect();
+        assert_eq!(
+            groups,
+            [
+                ["mode=exact,unused=a", "mode=exact,unused=b"],
+                ["mode=lcs,unused=a", "mode=lcs,unused=b"],
             ]
         );
     }
