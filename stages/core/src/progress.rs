@@ -35,7 +35,7 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The interval from [`INTERVAL_VAR`]; `None` when it is `0` (no lines).
 /// An unparsable value falls back to [`DEFAULT_INTERVAL`].
-fn interval() -> Option<Duration> {
+pub fn interval() -> Option<Duration> {
     let Ok(text) = std::env::var(INTERVAL_VAR) else {
         return Some(DEFAULT_INTERVAL);
     };
@@ -142,7 +142,7 @@ pub struct Plain {
 }
 
 /// `12 s`, `3 min 05 s`, `2 h 03 min`.
-fn duration(secs: f64) -> String {
+pub fn duration(secs: f64) -> String {
     let secs = secs.max(0.0).round() as u64;
     if secs < 60 {
         format!("{secs} s")

@@ -420,6 +420,7 @@ fn execute(
     bin: &Path,
     out: &Path,
     env: &[(String, String)],
+    watch: &mut dyn FnMut(&Path),
 ) -> Result<(Vec<Vec<String>>, f64)> {
     let dir = &instance.dir;
     clear(instance)?;
@@ -459,8 +460,7 @@ fn execute(
     }
     let mut failure = None;
     let mut logs_done = Vec::new();
-    for (mut child, log) in children {
-        let status = child.wait().map_err(|e| RunnerError::io(bin, e))?;
+    for (status, log) in wait_watching(children, bin, watch)? {
         if !status.success() && failure.is_none() {
             failure = Some(RunnerError::StageFailed {
                 step: instance.id.clone(),
@@ -492,6 +492,37 @@ fn execute(
     std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
     keep_logs(out, instance);
     Ok((commands, wall))
+}
+
+/// How often a running step's log is looked at.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Waits for every process of a step on this thread (see the module
+/// documentation), calling `watch` with the log of the first one still
+/// running every [`WATCH_EVERY`]; the exit statuses in order.
+fn wait_watching(
+    mut children: Vec<(Child, PathBuf)>,
+    bin: &Path,
+    watch: &mut dyn FnMut(&Path),
+) -> Result<Vec<(std::process::ExitStatus, PathBuf)>> {
+    let mut statuses = vec![None; children.len()];
+    loop {
+        for (k, (child, _)) in children.iter_mut().enumerate() {
+            if statuses[k].is_none() {
+                statuses[k] = child.try_wait().map_err(|e| RunnerError::io(bin, e))?;
+            }
+        }
+        match statuses.iter().position(Option::is_none) {
+            Some(k) => watch(&children[k].1),
+            None => break,
+        }
+        std::thread::sleep(WATCH_EVERY);
+    }
+    Ok(statuses
+        .into_iter()
+        .zip(children)
+        .map(|(status, (_, log))| (status.expect("every process exited"), log))
+        .collect())
 }
 
 /// Merges the tables the stage declares from `dir/_shards/<i>/` into `dir/`
@@ -664,11 +695,11 @@ pub fn run_plan(
     let hash_started = Instant::now();
     let binaries = hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();
-    let bar = embodyflow_core::progress::bar(plan.instances.len() as u64, &plan.name);
+    let mut display = crate::watch::Status::new(plan.instances.len() as u64);
+    let mut costs = crate::watch::Costs::of(plan);
     let mut steps = Vec::new();
     let mut pending: BTreeSet<usize> = BTreeSet::new();
     for (index, instance) in plan.instances.iter().enumerate() {
-        bar.set_message(instance.id.clone());
         let t0 = Instant::now();
         let forced = selection.forced(index);
         let bin = binary(&options.bin_dir, instance.stage.name);
@@ -706,10 +737,21 @@ pub fn run_plan(
                         pass_on(instance)?;
                         (Vec::new(), 0.0, Status::PassedOn)
                     } else {
-                        let line = format!("{} ({}) …", instance.id, instance.stage.name);
-                        bar.set_message(line);
                         let env = cache::process_environment(instance, &machine);
-                        let (commands, wall) = execute(instance, &bin, &plan.out, &env)?;
+                        let started = Instant::now();
+                        let mut watch = |log: &Path| {
+                            let line = crate::watch::last_line(log);
+                            let eta = costs.eta(index, started.elapsed().as_secs_f64());
+                            display.show(&crate::watch::status_text(
+                                &instance.id,
+                                instance.stage.name,
+                                line.as_deref(),
+                                eta,
+                            ));
+                        };
+                        let (commands, wall) =
+                            execute(instance, &bin, &plan.out, &env, &mut watch)?;
+                        costs.ran(index, wall);
                         (commands, wall, Status::Ran)
                     };
                     complete(instance, (key, parts), commands, wall)?;
@@ -737,11 +779,11 @@ pub fn run_plan(
                 _ => String::new(),
             }
         );
-        bar.suspend(|| say(&text));
-        bar.inc(1);
+        display.suspend(|| say(&text));
+        display.inc();
         steps.push(outcome);
     }
-    bar.finish_and_clear();
+    display.finish();
     Ok(RunOutcome {
         steps,
         notes: checked.notes,

@@ -115,6 +115,7 @@ pub mod report;
 pub mod runlog;
 pub mod slurm;
 pub mod tfevents;
+pub mod watch;
 
 use std::path::PathBuf;
 
