@@ -620,6 +620,7 @@ pub(crate) fn describe(
             None => first = Some((task, info)),
             Some((t0, i0))
                 if i0.shape != info.shape
+                    || i0.images != info.images
                     || i0.action != info.action
                     || (i0.text > 0) != (info.text > 0) =>
             {
@@ -657,6 +658,10 @@ impl ClosedLoopWorld for GymEpisodes {
 
     fn observation_shape(&self) -> ObservationShape {
         self.info.shape
+    }
+
+    fn image_names(&self) -> &[String] {
+        &self.info.images
     }
 
     fn action_dim(&self) -> usize {

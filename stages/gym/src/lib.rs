@@ -421,6 +421,10 @@ impl std::fmt::Display for ActionSpace {
 pub struct AdapterInfo {
     /// Its observations' shape (a `0x0x3` image for a state-only env).
     pub shape: ObservationShape,
+    /// The names of the images its frames join along the channels (LIBERO's
+    /// `agentview`, `wrist`: `shape.channels` split evenly among them, in
+    /// order); empty for one unnamed image.
+    pub images: Vec<String>,
     /// The longest text an observation carries, in characters (a
     /// Gymnasium `Text` space's `max_length`); 0 when the env observes no
     /// text. A text observation is appended to the instruction in each
@@ -457,6 +461,22 @@ impl AdapterInfo {
                 width: size("width")?,
                 channels: size("channels")?,
                 proprio: size("proprio")?,
+            },
+            images: match header.get("images") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(names) => {
+                    let names: Vec<String> = names
+                        .as_array()?
+                        .iter()
+                        .map(|n| n.as_str().map(String::from))
+                        .collect::<Option<_>>()?;
+                    let channels = size("channels")?;
+                    // Each image has the same channels (observation format 2).
+                    if names.is_empty() || channels % names.len() != 0 {
+                        return None;
+                    }
+                    names
+                }
             },
             text: size("text")?,
             action: ActionSpace::from_json(header.get("action")?)?,

@@ -2,8 +2,9 @@
 //! in one forward pass, after OpenVLA-OFT's parallel decoding: the closed-loop
 //! policy of SimpleVLA-RL.
 //!
-//! One decision reads an observation — an RGB image `S × S × 3` (bytes,
-//! row-major), a proprio vector of `proprio_dim` floats and the instruction's
+//! One decision reads an observation — an image `S × S × C` (bytes,
+//! row-major: `C = channels`, 3 for RGB, 6 for two RGB cameras joined along
+//! the channels, as LIBERO's agent-view and wrist views), a proprio vector of `proprio_dim` floats and the instruction's
 //! token ids (the checkpoint's tokenizer) — and emits `K × D` action tokens
 //! (`K = chunk_len` actions of `D = action_dim` dimensions, flattened step
 //! after step: token `t` is dimension `t % D` of action `t / D`), each a bin
@@ -15,7 +16,7 @@
 //!
 //! ```text
 //! [ patch_1 … patch_P | proprio | instr_1 … instr_L | act_1 … act_{K·D} ]
-//!   P = (S / p)², patch_i = W_patch · pixels(p × p × 3) / 127.5 − 1
+//!   P = (S / p)², patch_i = W_patch · pixels(p × p × C) / 127.5 − 1
 //!   proprio = W_proprio · proprio (a constant 0 when proprio_dim = 0: a
 //!   world without proprio, as a text-only env),  instr_j = wte[id_j],  act_t = q (learned)
 //!   every input + wpe[position];  positions: prefix 0.., actions after
@@ -84,6 +85,13 @@ pub struct VlaConfig {
     pub image_size: i64,
     /// Side of a square patch (must divide `image_size`).
     pub patch_size: i64,
+    /// Channels per pixel: 3 (RGB), or 3 per camera when a world joins
+    /// several named images along the channels (LIBERO's agent-view and
+    /// wrist cameras: 6, `embodyflow_core::observation` version 2); each
+    /// patch reads every channel, so the patch embedding sees all cameras
+    /// at the same place. Absent from a config: 3.
+    #[serde(default = "rgb", skip_serializing_if = "is_rgb")]
+    pub channels: i64,
     /// Length of the proprio vector.
     pub proprio_dim: i64,
     /// Actions per decision (`K`).
@@ -108,8 +116,16 @@ pub struct VlaConfig {
     pub latent: Option<LatentConfig>,
 }
 
+fn rgb() -> i64 {
+    3
+}
+
+fn is_rgb(channels: &i64) -> bool {
+    *channels == 3
+}
+
 impl VlaConfig {
-    /// The default shape, small enough for a CPU: 32 × 32 images in 16
+    /// The default shape, small enough for a CPU: 32 × 32 RGB images in 16
     /// patches of 8 × 8, proprio of 5, instructions of up to 32 tokens,
     /// chunks of 8 actions of 4 dimensions, OpenVLA's 256 bins over
     /// `[-1, 1]`, width 128, 4 heads, 4 layers.
@@ -119,6 +135,7 @@ impl VlaConfig {
             max_instruction: 32,
             image_size: 32,
             patch_size: 8,
+            channels: 3,
             proprio_dim: 5,
             chunk_len: 8,
             action_dim: 4,
@@ -137,6 +154,7 @@ impl VlaConfig {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("patch_size", self.patch_size),
+            ("channels", self.channels),
             ("chunk_len", self.chunk_len),
             ("action_dim", self.action_dim),
             ("n_embd", self.n_embd),
@@ -246,7 +264,11 @@ impl VlaConfig {
         let e = self.n_embd;
         let p = self.patch_size;
         let mut own = vec![
-            Expected::new("patch_embed.weight", &[e, p * p * 3], "patch_size, n_embd"),
+            Expected::new(
+                "patch_embed.weight",
+                &[e, p * p * self.channels],
+                "patch_size, channels, n_embd",
+            ),
             Expected::new("patch_embed.bias", &[e], "n_embd"),
             Expected::new(
                 "proprio_embed.weight",
@@ -340,7 +362,7 @@ pub enum VlaError {
     },
     /// An image whose shape is not the config's.
     #[error(
-        "row {row}: image of {height}x{width}x3 ({bytes} bytes), the policy takes {size}x{size}x3"
+        "row {row}: image of {height}x{width} ({bytes} bytes), the policy takes {size}x{size}x{channels}"
     )]
     ImageShape {
         /// The row.
@@ -353,6 +375,8 @@ pub enum VlaError {
         bytes: usize,
         /// The config's `image_size`.
         size: i64,
+        /// The config's `channels`.
+        channels: i64,
     },
     /// A proprio vector of the wrong length or with a NaN or infinity.
     #[error("row {row}: proprio {reason}")]
@@ -513,7 +537,7 @@ impl Vla {
             panic!("invalid VLA config: {reason}");
         }
         let e = config.n_embd;
-        let patch_in = config.patch_size * config.patch_size * 3;
+        let patch_in = config.patch_size * config.patch_size * config.channels;
         Vla {
             trunk: Gpt::new(path, &config.trunk()),
             patch_embed: nn::linear(path / "patch_embed", patch_in, e, Default::default()),
@@ -772,7 +796,8 @@ impl Vla {
         let (s, p) = (config.image_size, config.patch_size);
         let side = s / p;
         let n_patches = config.n_patches();
-        let mut pixels = Vec::with_capacity(batch.len() * (s * s * 3) as usize);
+        let c = config.channels;
+        let mut pixels = Vec::with_capacity(batch.len() * (s * s * c) as usize);
         let proprio_in = config.proprio_dim.max(1);
         let mut proprio = Vec::with_capacity(batch.len() * proprio_in as usize);
         for row in batch {
@@ -782,12 +807,12 @@ impl Vla {
                 _ => proprio.extend_from_slice(row.proprio),
             }
         }
-        // [b, s, s, 3] -> [b, side, p, side, p, 3] -> patches [b, side², p·p·3].
+        // [b, s, s, c] -> [b, side, p, side, p, c] -> patches [b, side², p·p·c].
         let pixels = Tensor::from_slice(&pixels)
             .to(device)
-            .view([b, side, p, side, p, 3])
+            .view([b, side, p, side, p, c])
             .permute([0, 1, 3, 2, 4, 5])
-            .reshape([b, n_patches, p * p * 3])
+            .reshape([b, n_patches, p * p * c])
             .to_kind(Kind::Float)
             / 127.5
             - 1.0;
@@ -929,13 +954,15 @@ impl Vla {
                 proprio,
                 instruction,
             } = *observation;
-            if height != size || width != size || image.len() != size * size * 3 {
+            let channels = config.channels as usize;
+            if height != size || width != size || image.len() != size * size * channels {
                 return Err(VlaError::ImageShape {
                     row,
                     height,
                     width,
                     bytes: image.len(),
                     size: config.image_size,
+                    channels: config.channels,
                 });
             }
             if proprio.len() as i64 != config.proprio_dim {

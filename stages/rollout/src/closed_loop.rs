@@ -106,6 +106,12 @@ pub trait ClosedLoopWorld {
     }
     /// The shape of every episode's observation.
     fn observation_shape(&self) -> ObservationShape;
+    /// The names of the images each frame joins along its channels (a
+    /// robot's cameras, e.g. `agentview`, `wrist`), in channel order; empty
+    /// for one unnamed image. The driver writes them into every decision's
+    /// observation ([`observation::encode_named`], format version 2). No
+    /// default: a world that wraps others must pass them on.
+    fn image_names(&self) -> &[String];
     /// Dimensions of one action.
     fn action_dim(&self) -> usize;
     /// Episode `i`'s task id.
@@ -206,6 +212,10 @@ impl ClosedLoopWorld for TabletopEpisodes {
             channels: 3,
             proprio: tabletop::PROPRIO_DIM,
         }
+    }
+
+    fn image_names(&self) -> &[String] {
+        &[]
     }
 
     fn action_dim(&self) -> usize {
@@ -675,6 +685,8 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
         });
     }
     let shape = world.observation_shape();
+    let image_names = world.image_names().to_vec();
+    let names: Vec<&str> = image_names.iter().map(String::as_str).collect();
     let wanted = policy.observation_shape();
     if shape != wanted {
         return Err(ObservationError::ShapeMismatch {
@@ -805,7 +817,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
             let values = bins.decode(&c.tokens).map_err(|e| bad(e.to_string()))?;
             actions[i * per..(i + 1) * per].copy_from_slice(&values);
             observations.push(
-                observation::encode(&shape, batch.frame(r), batch.proprio_of(r))
+                observation::encode_named(&shape, &names, batch.frame(r), batch.proprio_of(r))
                     .map_err(|e| bad(format!("its observation: {e}")))?,
             );
         }

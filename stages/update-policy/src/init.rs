@@ -182,9 +182,12 @@ impl VlaKeys {
     /// them, else `vla.n_bins` over `[-1, 1]`).
     fn config(&self, vocab_size: i64, shape: &PolicyShape) -> Result<VlaConfig, Error> {
         let observation = &shape.observation;
-        if observation.height != observation.width || observation.channels != 3 {
+        if observation.height != observation.width
+            || observation.channels == 0
+            || observation.channels % 3 != 0
+        {
             return Err(Error::BadInput(format!(
-                "the world's frames are {}x{}x{}: a VLA takes square RGB frames",
+                "the world's frames are {}x{}x{}: a VLA takes square frames of RGB images (3 channels per camera)",
                 observation.height, observation.width, observation.channels
             )));
         }
@@ -207,6 +210,7 @@ impl VlaKeys {
             max_instruction: self.max_instruction,
             image_size,
             patch_size: self.patch_size,
+            channels: observation.channels as i64,
             proprio_dim: observation.proprio as i64,
             chunk_len: self.chunk_len,
             action_dim: shape.action_dim as i64,

@@ -58,13 +58,13 @@ use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, 
 
 pub mod thinking;
 
-/// The observation shape a VLA checkpoint takes: `image_size² × 3` and its
-/// proprio length.
+/// The observation shape a VLA checkpoint takes: `image_size² × channels`
+/// and its proprio length.
 pub fn observation_shape(config: &VlaConfig) -> ObservationShape {
     ObservationShape {
         height: config.image_size as usize,
         width: config.image_size as usize,
-        channels: 3,
+        channels: config.channels as usize,
         proprio: config.proprio_dim as usize,
     }
 }

@@ -22,7 +22,16 @@
 //! (LIBERO: 50) of `split` = `train`, `val` or `test` — disjoint draws of
 //! the same tasks, state-major (every task's state 0, then state 1, ...),
 //! ids `tabletop-<suite>/<seed>/<index>@<split>/<state>`. `split = test`
-//! belongs to this protocol alone.
+//! belongs to this protocol alone. With `env = gym` it draws environments
+//! with fixed, indexed initial states (LIBERO's 50 per task: the `libero`
+//! adapter's reset seed is the index): `count` tasks (the first `count` of
+//! `gym.env_ids`), each at the `states` initial states
+//! `gym.first_state ..` (reset seeds, state-major), ids
+//! `gym-<adapter>/<env id>@<split>/<state>`; the splits are disjoint
+//! ranges of the same tasks' states (e.g. train 0..40, val 40..50, each
+//! table naming its range), a held-out-tasks table other env ids. An index
+//! the environment lacks is refused when the task is reset (exit 2, naming
+//! the task).
 //!
 //! `env = gym` writes tasks of Gymnasium environments run through the
 //! bridge ([`embodyflow_gym`]): `gym.adapter` (`babyai`, `metaworld`, ...),
@@ -120,6 +129,8 @@ pub struct GymKeys {
     /// The bridge workers' Python (unset: `$EMBODYFLOW_GYM_PYTHON`, else
     /// the workspace's `.venv`).
     pub python: Option<std::path::PathBuf>,
+    /// The first initial state (reset seed) of `protocol = initial-states`.
+    pub first_state: u64,
 }
 
 impl Default for GymKeys {
@@ -133,6 +144,7 @@ impl Default for GymKeys {
             instruction: None,
             success: None,
             python: None,
+            first_state: 0,
         }
     }
 }
@@ -238,6 +250,10 @@ impl StageConfig for Config {
             "the adapter's keyword arguments for every task, a JSON object (gymnasium.make's for most adapters)",
         ),
         (
+            "gym.first_state",
+            "env = gym with protocol = initial-states: the first initial state (reset seed) of the split's range (default 0)",
+        ),
+        (
             "gym.instruction",
             "the instruction of environments that give none (the generic adapter's)",
         ),
@@ -256,7 +272,7 @@ impl StageConfig for Config {
         ("count", "number of tasks to generate (at least 1)"),
         (
             "protocol",
-            "tabletop: layouts (val = new layouts, unseen = held-out goals) or initial-states (LIBERO's: count tasks at `states` initial states each; split train, val or test)",
+            "layouts (val = new layouts, unseen = held-out goals; tabletop) or initial-states (LIBERO's: count tasks at `states` initial states each; split train, val or test; tabletop, or gym from gym.first_state)",
         ),
         ("split", "task split: train, val, unseen, or test (protocol = initial-states)"),
         (
@@ -278,11 +294,22 @@ impl StageConfig for Config {
         at_least("states", self.states, 1)?;
         let states = self.protocol == Protocol::InitialStates;
         ensure(
-            !states || self.env == Env::Tabletop,
+            !states || self.env != Env::Household,
             "protocol",
-            "initial-states with env = tabletop only",
+            "initial-states with env = tabletop or gym",
             "initial-states",
         )?;
+        if states && self.env == Env::Gym {
+            ensure(
+                self.count <= self.gym.env_ids.len(),
+                "count",
+                &format!(
+                    "at most the {} env ids of gym.env_ids: protocol = initial-states draws each task's states once",
+                    self.gym.env_ids.len()
+                ),
+                self.count,
+            )?;
+        }
         ensure(
             !(states && self.split == Split::Unseen),
             "split",
@@ -295,7 +322,7 @@ impl StageConfig for Config {
             "train, val or unseen (test is the initial-states protocol's: set protocol = initial-states)",
             self.split,
         )?;
-        if states {
+        if states && self.env == Env::Tabletop {
             let suite = match self.suite {
                 None | Some(SuiteChoice::All) => None,
                 Some(choice) => Some(choice.task(0).0),
@@ -434,20 +461,31 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
         }
         Env::Gym => {
             let keys = &config.gym;
+            // (env id, task id, reset seed) in table order.
+            let draws: Vec<(&String, String, u64)> = match config.protocol {
+                Protocol::Layouts => (0..config.count)
+                    .map(|i| {
+                        let env_id = &keys.env_ids[i % keys.env_ids.len()];
+                        let index = i / keys.env_ids.len();
+                        let id = format!("gym-{}/{env_id}/{split}/{seed}/{index:06}", keys.adapter);
+                        (env_id, id, reset_seed(seed, split.as_str(), env_id, index))
+                    })
+                    .collect(),
+                Protocol::InitialStates => (0..u64::from(config.states))
+                    .flat_map(|state| keys.env_ids[..config.count].iter().map(move |id| (id, state)))
+                    .map(|(env_id, state)| {
+                        let state = keys.first_state + state;
+                        let id = format!("gym-{}/{env_id}@{split}/{state}", keys.adapter);
+                        (env_id, id, state)
+                    })
+                    .collect(),
+            };
             let mut tasks = Vec::new();
-            for i in 0..config.count {
-                let env_id = &keys.env_ids[i % keys.env_ids.len()];
-                let index = i / keys.env_ids.len();
-                let id = format!("gym-{}/{env_id}/{split}/{seed}/{index:06}", keys.adapter);
+            for (env_id, id, reset) in draws {
                 if !stage.args.shard.owns(&id) {
                     continue;
                 }
-                let mut spec = GymTaskSpec::new(
-                    &keys.adapter,
-                    env_id,
-                    reset_seed(seed, split.as_str(), env_id, index),
-                    keys.max_steps,
-                );
+                let mut spec = GymTaskSpec::new(&keys.adapter, env_id, reset, keys.max_steps);
                 spec.kwargs = keys.kwargs.clone();
                 spec.instruction.clone_from(&keys.instruction);
                 spec.success.clone_from(&keys.success);
@@ -469,6 +507,13 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                     "success rule",
                     rule.map_or("the adapter's own".into(), |r| r.to_string()),
                 );
+            if config.protocol == Protocol::InitialStates {
+                let first = keys.first_state;
+                summary.add("protocol", "initial-states").add(
+                    "initial states (reset seeds)",
+                    format!("{first}..{}", first + u64::from(config.states)),
+                );
+            }
             for (name, n) in by_type {
                 summary.add(name, n);
             }

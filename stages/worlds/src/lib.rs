@@ -451,6 +451,9 @@ impl ClosedLoopWorld for Episodes {
     fn observation_shape(&self) -> ObservationShape {
         self.world().observation_shape()
     }
+    fn image_names(&self) -> &[String] {
+        self.world().image_names()
+    }
     fn action_dim(&self) -> usize {
         self.world().action_dim()
     }

@@ -8,9 +8,11 @@ reply, EFOB bytes one after the other, their lengths in the header's
 header has its "id", which every frame answering it (the reply, progress
 frames) carries too (see worker.py).
 
-EFOB (embodyflow_core::observation, version 1): b"EFOB", u16 version 1,
-u16 height, width, channels, proprio length, then H*W*C pixel bytes (HWC)
-and the proprio as f32 little-endian.
+EFOB (embodyflow_core::observation): b"EFOB", u16 version, u16 height,
+width, channels, proprio length; version 2 (several named images joined
+along the channels) then u16 N and N names (u8 length + UTF-8); then
+H*W*C pixel bytes (HWC) and the proprio as f32 little-endian. Version 1 is
+one unnamed image.
 """
 
 import json
@@ -69,16 +71,24 @@ def write_frame(stream, header, body=b""):
     stream.flush()
 
 
-def efob_header(shape, proprio_len):
-    """The 14 header bytes of every EFOB observation of one shape."""
+def efob_header(shape, proprio_len, names=()):
+    """The header bytes of every EFOB observation of one shape: version 1
+    without `names`, version 2 with the images' names (in channel order)."""
     height, width, channels = shape
-    return struct.pack("<4sHHHHH", b"EFOB", 1, height, width, channels, proprio_len)
+    if not names:
+        return struct.pack("<4sHHHHH", b"EFOB", 1, height, width, channels, proprio_len)
+    head = struct.pack("<4sHHHHHH", b"EFOB", 2, height, width, channels, proprio_len, len(names))
+    for name in names:
+        raw = name.encode("utf-8")
+        head += struct.pack("<B", len(raw)) + raw
+    return head
 
 
-def efob(pixels, shape, proprio, header=None):
+def efob(pixels, shape, proprio, header=None, names=()):
     """EFOB bytes of one observation: `pixels` uint8 of shape (H, W, C)
     (any array-like of H*W*C values), `proprio` a float vector; `header`
-    the shape's `efob_header` when the caller keeps it."""
+    the shape's `efob_header` when the caller keeps it, else one is made
+    with `names`."""
     import numpy as np
 
     height, width, channels = shape
@@ -89,5 +99,5 @@ def efob(pixels, shape, proprio, header=None):
     if not np.isfinite(proprio).all():
         raise ValueError("a proprio value is not finite")
     if header is None:
-        header = efob_header(shape, proprio.size)
+        header = efob_header(shape, proprio.size, names)
     return header + pixels.tobytes() + proprio.tobytes()

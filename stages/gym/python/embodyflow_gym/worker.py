@@ -5,7 +5,7 @@ stdin/stdout frames (`protocol`). stderr passes through (tracebacks).
 Requests (header "op", and "id", a number each request has its own of) and
 replies (each with the "id" of its request):
   hello {adapter, env_id, kwargs, seed, max_steps, success}
-      -> {height, width, channels, proprio, text, action, instruction, expert,
+      -> {height, width, channels, proprio, text, action, instruction, expert, images?,
           success?}  (success: the rule the adapter applies, when it takes one)
   reset {episodes: [{slot, spec, seed}]}
       -> {episodes: [{slot, instruction, key, obs_len, text?, error?}]}
@@ -118,6 +118,7 @@ class Slot:
         self.episode = episode
         self.shape = shape_of(space)
         self.text_max = space["text"]
+        self.images = space.get("images") or ()
         self.steps = 0
         self.done = False
         self.header = None
@@ -126,7 +127,7 @@ class Slot:
         """The observation's EFOB bytes; its text goes into `reply`."""
         pixels, proprio = self.episode.observation()
         if self.header is None:
-            self.header = protocol.efob_header(self.shape, len(proprio))
+            self.header = protocol.efob_header(self.shape, len(proprio), self.images)
         if self.text_max:
             reply["text"] = observation_text(self.episode, self.text_max)
         return protocol.efob(pixels, self.shape, proprio, self.header)
@@ -295,7 +296,7 @@ class Worker:
             instruction = episode.reset(seed) or spec.get("instruction") or ""
             while not done:
                 pixels, proprio = episode.observation()
-                o = protocol.efob(pixels, shape, proprio)
+                o = protocol.efob(pixels, shape, proprio, names=space.get("images") or ())
                 decision = {"obs_len": len(o)}
                 if space["text"]:
                     decision["text"] = observation_text(episode, space["text"])

@@ -13,6 +13,7 @@ fn tiny_config(vocab_size: i64) -> VlaConfig {
         max_instruction: 6,
         image_size: 16,
         patch_size: 4,
+        channels: 3,
         proprio_dim: 3,
         chunk_len: 3,
         action_dim: 2,
@@ -533,7 +534,8 @@ fn bad_inputs_are_named_by_row() {
             height: 32,
             width: 32,
             bytes: 3072,
-            size: 16
+            size: 16,
+            channels: 3,
         }
     );
     let mut batch = rows.batch();
@@ -676,4 +678,60 @@ fn a_vla_without_frames_learns_a_function_of_its_proprio() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("row 2"), "{error}");
+}
+
+#[test]
+fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
+    // LIBERO's agent-view and wrist cameras: a 16 x 16 x 6 frame, each
+    // patch embedding both views' pixels at its place.
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        channels: 6,
+        ..tiny_config(tokenizer.get_vocab_size(true) as i64)
+    };
+    let json = serde_json::to_value(&config).unwrap();
+    assert_eq!(json["channels"], 6);
+    assert!(
+        serde_json::to_value(tiny_config(50))
+            .unwrap()
+            .get("channels")
+            .is_none(),
+        "an RGB config names no channels (checkpoints written before read the same)"
+    );
+    let mut rgb = serde_json::to_value(tiny_config(50)).unwrap();
+    rgb.as_object_mut().unwrap().remove("channels");
+    assert_eq!(serde_json::from_value::<VlaConfig>(rgb).unwrap().channels, 3);
+    let patch = config
+        .tensors()
+        .find(|t| t.name == "patch_embed.weight")
+        .unwrap();
+    assert_eq!(patch.shape, [32, 4 * 4 * 6]);
+    let _generator = seed(3);
+    let policy = Checkpoint::<Vla>::init_kind(&config, tokenizer, Device::Cpu).unwrap();
+    let rows = Rows::new(2);
+    let frames: Vec<Vec<u8>> = rows
+        .images
+        .iter()
+        .map(|image| image.iter().flat_map(|&v| [v, 255 - v]).collect())
+        .collect();
+    let batch: Vec<Observation<'_>> = rows
+        .batch()
+        .into_iter()
+        .zip(&frames)
+        .map(|(row, frame)| Observation { image: frame, ..row })
+        .collect();
+    let logits = policy.model.logits(&batch).unwrap();
+    assert_eq!(logits.size(), [2, 6, 32]);
+    // The wrist view alone changes the decision's logits.
+    let mut other = frames[0].clone();
+    for pixel in other.chunks_mut(6) {
+        pixel[3..].fill(0);
+    }
+    let changed = [Observation { image: &other, ..batch[0] }];
+    let first = policy.model.logits(&batch[..1]).unwrap();
+    let moved = policy.model.logits(&changed).unwrap();
+    assert!(max_diff(&first, &moved) > 1e-6);
+    // A 3-channel frame is named with the channels the policy takes.
+    let error = policy.model.logits(&rows.batch()).unwrap_err().to_string();
+    assert!(error.ends_with("the policy takes 16x16x6"), "{error}");
 }

@@ -86,7 +86,7 @@ impl ChunkPolicy for VlaPolicy<'_> {
         ObservationShape {
             height: config.image_size as usize,
             width: config.image_size as usize,
-            channels: 3,
+            channels: config.channels as usize,
             proprio: config.proprio_dim as usize,
         }
     }
@@ -166,6 +166,7 @@ mod tests {
             max_instruction: 160,
             image_size: 32,
             patch_size: 8,
+            channels: 3,
             proprio_dim: 5,
             chunk_len: 4,
             action_dim: 4,

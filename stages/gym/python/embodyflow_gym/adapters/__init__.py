@@ -30,6 +30,8 @@ and the Episode it returns has:
                         | {"kind": "box", "dim": D, "low": [...], "high": [...]},
                 "instruction": bool, "expert": bool,
                 "success": rule,          # optional: the success rule in force
+                "images": [name, ...],    # optional: several cameras joined along
+                                          # the channels (each C/N), named in order
                 "text": N}                # optional: the longest text observation
                                           # in characters (0 or absent: no text)
     reset(seed) -> instruction text (the same seed gives the same state)

@@ -15,6 +15,7 @@ fn tiny(seed_value: i64) -> Checkpoint<Vla> {
         max_instruction: 6,
         image_size: 16,
         patch_size: 4,
+        channels: 3,
         proprio_dim: 3,
         chunk_len: 3,
         action_dim: 2,
