@@ -68,7 +68,9 @@ use embodyflow_hf::safetensors::Expected;
 
 pub mod latent;
 
-pub use latent::{LatentConfig, LatentDecision, LatentScores, WarmupConfig, WarmupLoss};
+pub use latent::{
+    LatentConfig, LatentDecision, LatentScores, VALUE_HEAD, WarmupConfig, WarmupLoss,
+};
 use latent::{LatentInput, LatentParts};
 
 /// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with

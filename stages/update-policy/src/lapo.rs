@@ -33,6 +33,17 @@
 //! 10; the value is clipped symmetrically by the low clip ratio (0.2), as
 //! the code does (its `high_clip_ratio` argument is unused).
 //!
+//! **The critic's optimiser** (`critic_optim`): LaST-R1's actor steps the
+//! value head with an optimiser of its own at `value_head_lr` = 10× the
+//! policy's `lr` (3e-4 against 3e-5) and clips one gradient norm over all
+//! parameters at `grad_clip` = 10 (`scripts/run_libero_rl_training.sh`,
+//! `dp_rob.py::_optimizer_step`). `own` (the default) is that: the value
+//! head's parameters form an AdamW group at `value_lr_scale × optim.lr`
+//! (two Adams stepped together are one Adam with two rates); `shared` is
+//! one rate for trunk and head, kept because a fresh head then learns at
+//! the policy's small rate, which is what the earlier results measured.
+//! The clip is `optim.grad_clip` (the LAPO pipeline sets 10).
+//!
 //! Each surrogate is one "token" per decision (tensors `[B, 1]`), aggregated
 //! over the valid decisions: the mean divides by `decisions`, the number of
 //! valid decisions in the whole mini-batch, so the losses (and every metric
@@ -98,6 +109,37 @@ pub struct LapoConfig {
     pub value_clip: f64,
     /// Weight of the value loss in the total (1.0: the code adds it as is).
     pub value_coef: f64,
+    /// How the value head is optimised: at its own rate (`own`, LaST-R1's
+    /// second optimiser) or with the trunk at one rate (`shared`).
+    pub critic_optim: CriticOptim,
+    /// The value head's rate as a multiple of `optim.lr` with `critic_optim
+    /// = own` (LaST-R1's script: `value_head_lr` 3e-4 against `lr` 3e-5, 10).
+    pub value_lr_scale: f64,
+}
+
+/// `lapo.critic_optim`: the value head's optimiser.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriticOptim {
+    /// Its own AdamW at `value_lr_scale × optim.lr` (LaST-R1's
+    /// `value_head_optimizer`); one gradient norm over all parameters is
+    /// clipped at `optim.grad_clip`, as its actor does.
+    #[default]
+    Own,
+    /// One AdamW and one rate for trunk and value head: a fresh head then
+    /// learns at the policy's small rate, so the critic stays blind for
+    /// long (measured: docs/src/results/last-r1-lapo.md).
+    Shared,
+}
+
+impl LapoConfig {
+    /// The value head's rate as a multiple of the policy's.
+    pub fn value_lr_factor(&self) -> f64 {
+        match self.critic_optim {
+            CriticOptim::Own => self.value_lr_scale,
+            CriticOptim::Shared => 1.0,
+        }
+    }
 }
 
 impl Default for LapoConfig {
@@ -109,6 +151,8 @@ impl Default for LapoConfig {
             w_latent: 0.1,
             value_clip: 0.2,
             value_coef: 1.0,
+            critic_optim: CriticOptim::Own,
+            value_lr_scale: 10.0,
         }
     }
 }
@@ -119,6 +163,13 @@ impl LapoConfig {
     /// and what it found.
     pub fn check(&self) -> embodyflow_core::Result<()> {
         positive("lapo.latent_sigma", self.latent_sigma)?;
+        positive("lapo.value_lr_scale", self.value_lr_scale)?;
+        embodyflow_core::config::ensure(
+            self.critic_optim == CriticOptim::Own || self.value_lr_scale == 10.0,
+            "lapo.value_lr_scale",
+            "its default (10) with lapo.critic_optim = shared, which reads no value rate",
+            self.value_lr_scale,
+        )?;
         for (key, value) in [
             ("lapo.w_action", self.w_action),
             ("lapo.w_end", self.w_end),
@@ -810,6 +861,13 @@ mod tests {
             (10.0, 1.0, 1.0, 0.1)
         );
         assert_eq!((defaults.value_clip, defaults.value_coef), (0.2, 1.0));
+        // The value head's own optimiser at 10x the policy's rate (LaST-R1's
+        // value_head_lr 3e-4 against lr 3e-5); shared: one rate.
+        assert_eq!(defaults.critic_optim, CriticOptim::Own);
+        assert_eq!(defaults.value_lr_factor(), 10.0);
+        let shared: LapoConfig = serde_json::from_str(r#"{"critic_optim": "shared"}"#).unwrap();
+        assert_eq!(shared.value_lr_factor(), 1.0);
+        shared.check().unwrap();
         defaults.check().unwrap();
         let parsed: LapoConfig = serde_json::from_str(r#"{"latent_sigma": 5}"#).unwrap();
         assert_eq!(
@@ -820,7 +878,22 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<LapoConfig>(r#"{"sigma": 5}"#).is_err());
-        let cases: [(LapoConfig, &str); 9] = [
+        let cases: [(LapoConfig, &str); 11] = [
+            (
+                LapoConfig {
+                    value_lr_scale: 0.0,
+                    ..defaults.clone()
+                },
+                "lapo.value_lr_scale",
+            ),
+            (
+                LapoConfig {
+                    critic_optim: CriticOptim::Shared,
+                    value_lr_scale: 5.0,
+                    ..defaults.clone()
+                },
+                "lapo.value_lr_scale",
+            ),
             (
                 LapoConfig {
                     latent_sigma: 0.0,

@@ -24,9 +24,12 @@
 //! - **Stop.** The `<latent_end>` logit of candidate `m` is `end_head(h)` at
 //!   the last latent of group `m` (the position that predicts
 //!   `<latent_end>`); the stop distribution is `softmax_m(l_m / T)` over the
-//!   `M` candidates. A rollout samples it; greedy evaluation stops at the
-//!   first candidate whose probability (at `T = 1`) is at least 0.99, else at
-//!   the most probable one (LaST-R1's confidence early exit).
+//!   `M` candidates. A rollout samples it, and its log-prob under that
+//!   distribution is what the rollout stores and the update's ratio
+//!   recomputes; greedy evaluation stops at the first candidate whose own
+//!   probability of `<latent_end>`, `sigmoid(l_m)`, is at least 0.99, else
+//!   at the most probable one (LaST-R1's confidence early exit, which reads
+//!   each position's own `p(<latent_end>)`).
 //! - **Actions.** The `K × D` placeholders see the prefix, each other and
 //!   the latent part up to the chosen `<latent_end>` (the unchosen suffix is
 //!   masked, as LaST-R1's attention mask does), decoded in one pass as
@@ -141,6 +144,10 @@ impl LatentConfig {
     }
 }
 
+/// Name prefix of the value head's parameters (an optimiser group of its
+/// own rate under LAPO).
+pub const VALUE_HEAD: &str = "value_head.";
+
 /// The parameters a latent chain adds.
 #[derive(Debug)]
 pub(super) struct LatentParts {
@@ -160,7 +167,12 @@ impl LatentParts {
             start: path.var("latent_start", &[embd], embedding),
             end: path.var("latent_end", &[embd], embedding),
             end_head: nn::linear(path / "end_head", embd, 1, Default::default()),
-            value_head: nn::linear(path / "value_head", embd, 1, Default::default()),
+            value_head: nn::linear(
+                path / VALUE_HEAD.trim_end_matches('.'),
+                embd,
+                1,
+                Default::default(),
+            ),
         }
     }
 }
@@ -261,16 +273,33 @@ pub struct WarmupLoss {
     pub entropy: f64,
 }
 
-/// The stop of one decision from the candidates' log-probs `logp`: drawn
-/// from `rng` at `temperature > 0`, else (greedy) the first candidate of
-/// probability at least 0.99, or the most probable when none is.
-pub fn choose_stop(logp: &[f32], temperature: f64, rng: &mut ChaCha8Rng) -> usize {
+/// The greedy early exit's threshold on a candidate's own probability of
+/// `<latent_end>` (LaST-R1's `latent_group_mode = first`).
+pub const EARLY_EXIT: f64 = 0.99;
+
+/// The stop of one decision from its candidates' `<latent_end>` logits
+/// `l`: drawn from `softmax_m(l_m / T)` with `rng` at `temperature > 0`;
+/// greedy (`T = 0`), the first candidate whose own probability of
+/// `<latent_end>`, `sigmoid(l_m)` (the end head's one logit against
+/// "go on thinking"), is at least [`EARLY_EXIT`], else the most probable
+/// (the largest logit). LaST-R1's rollout does the same with each
+/// position's vocabulary softmax: it samples over the candidates' logits
+/// and exits early on a position's own `p(<latent_end>) >= 0.99`.
+pub fn choose_stop(end_logits: &[f32], temperature: f64, rng: &mut ChaCha8Rng) -> usize {
     if temperature > 0.0 {
-        draw(logp, 1.0, rng)
+        let scaled: Vec<f64> = end_logits
+            .iter()
+            .map(|&l| f64::from(l) / temperature)
+            .collect();
+        let top = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let norm = top + scaled.iter().map(|x| (x - top).exp()).sum::<f64>().ln();
+        let logp: Vec<f32> = scaled.iter().map(|x| (x - norm) as f32).collect();
+        draw(&logp, 1.0, rng)
     } else {
-        logp.iter()
-            .position(|&lp| f64::from(lp).exp() >= 0.99)
-            .unwrap_or_else(|| arg_max(logp))
+        end_logits
+            .iter()
+            .position(|&l| 1.0 / (1.0 + (-f64::from(l)).exp()) >= EARLY_EXIT)
+            .unwrap_or_else(|| arg_max(end_logits))
     }
 }
 
@@ -413,7 +442,7 @@ impl Vla {
     /// Samples one decision per row, thinking first: the latent chain
     /// (with exploration noise `noise_std`), a stop drawn from
     /// `softmax(l / T)` (greedy at `T = 0`: the first candidate of
-    /// probability ≥ 0.99, else the most probable), then the action chunk
+    /// own probability `sigmoid(l)` ≥ 0.99, else the most probable), then the action chunk
     /// at `temperature`, row `b` drawing everything from a ChaCha8 stream
     /// seeded by `seeds[b]`.
     pub fn sample_with_latents(
@@ -439,14 +468,15 @@ impl Vla {
             let latents = self.generate_latents(batch, &mut rngs, noise_std)?;
             // The stop logits do not depend on what the actions see.
             let chain = self.latent_pass(batch, &latents, &[], false)?;
-            let stop_logp = log_softmax_at(&chain.end_logits, temperature);
-            let stop_logp =
-                Vec::<f32>::try_from(stop_logp.to(Device::Cpu).view([-1])).expect("f32 log-probs");
+            let end_logits = Vec::<f32>::try_from(chain.end_logits.to(Device::Cpu).view([-1]))
+                .expect("f32 logits");
             let m = shape.candidates() as usize;
             let stops: Vec<usize> = rngs
                 .iter_mut()
                 .enumerate()
-                .map(|(row, rng)| choose_stop(&stop_logp[row * m..(row + 1) * m], temperature, rng))
+                .map(|(row, rng)| {
+                    choose_stop(&end_logits[row * m..(row + 1) * m], temperature, rng)
+                })
                 .collect();
             let visible: Vec<i64> = stops.iter().map(|&s| Self::visible(&shape, s)).collect();
             let acted = self.latent_pass(batch, &latents, &visible, true)?;

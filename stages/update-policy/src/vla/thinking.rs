@@ -11,8 +11,9 @@
 //!   `n_embd` components ([`FrameEncoder`]) on every frame of the first
 //!   warm-up's demonstrations and keep it fixed: the checkpoint carries it
 //!   (`frame_encoder.safetensors`) and every later warm-up uses it. Each example's chain length
-//!   is drawn uniformly from the stop candidates (seeded by `--seed` and the
-//!   example), as LaST-R1's multi-task warm-up draws from {2, 4, 6, 8}. The
+//!   is drawn uniformly from the stop candidates anew every epoch (seeded by
+//!   `--seed`, the epoch and the example), as LaST-R1's multi-task warm-up
+//!   draws from {2, 4, 6, 8} for each sample it uses. The
 //!   loss is [`Vla::warmup_loss`] with `sft.warmup` (1 : 0.1 : 1).
 //! - **LAPO** (`objective = lapo`): the rollout's latents, stop, old value
 //!   and GAE return ([`crate::ExampleThought`]) through [`Vla::latent_scores`]
@@ -129,11 +130,11 @@ pub fn attach_warmup_targets(
         let latents = Vec::<f32>::try_from(features.contiguous().view([-1]))
             .map_err(|e| ModelError::Torch(e.to_string()))?;
         let example = &mut examples[future.example];
-        let draw = sampling_seed(seed, &example.source) as usize % lengths.len();
         example.thought = Some(ExampleThought {
             latents,
             latent_dim: dim,
-            latent_len: lengths[draw],
+            latent_len: warmup_length(&lengths, seed, &example.source),
+            warmup_lengths: lengths.clone(),
             old_stop_logprob: 0.0,
             old_value: 0.0,
             target_return: 0.0,
@@ -144,6 +145,32 @@ pub fn attach_warmup_targets(
          chunk's actions, chain lengths drawn from {lengths:?}"
     );
     Ok((note, fitted))
+}
+
+/// A warm-up example's chain length: one of `lengths`, uniformly, from
+/// the epoch's seed and the example's source.
+fn warmup_length(lengths: &[usize], epoch_seed: u64, source: &str) -> usize {
+    lengths[sampling_seed(epoch_seed, source) as usize % lengths.len()]
+}
+
+/// The examples of one warm-up epoch, each chain length drawn anew from
+/// its candidates with the epoch's seed (LaST-R1's warm-up draws a length
+/// per sample each time it is used); `None` when no example has warm-up
+/// candidates (LAPO, a plain VLA), so the examples are used as they are.
+/// Epoch 0's seed is the run's, so its draws are [`attach_warmup_targets`]'s.
+pub fn redraw_warmup_lengths(examples: &[Example], epoch_seed: u64) -> Option<Vec<Example>> {
+    let drawn = |e: &Example| e.thought.as_ref().is_some_and(|t| !t.warmup_lengths.is_empty());
+    if !examples.iter().any(drawn) {
+        return None;
+    }
+    let mut examples = examples.to_vec();
+    for example in &mut examples {
+        let source = example.source.clone();
+        if let Some(thought) = example.thought.as_mut().filter(|t| !t.warmup_lengths.is_empty()) {
+            thought.latent_len = warmup_length(&thought.warmup_lengths, epoch_seed, &source);
+        }
+    }
+    Some(examples)
 }
 
 /// Fails on an example a checkpoint with (or without) a latent chain cannot

@@ -206,21 +206,38 @@ fn sampling_is_seeded_and_explores_the_stops() {
 }
 
 #[test]
-fn the_greedy_stop_is_the_first_confident_candidate_else_the_most_probable() {
+fn the_greedy_stop_is_the_first_candidate_whose_own_end_probability_reaches_0_99() {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let ln = |p: f64| p.ln() as f32;
+    // The logit of a position's own probability p of <latent_end>.
+    let logit = |p: f64| (p / (1.0 - p)).ln() as f32;
+    // Early exit fires at the first position with p >= 0.99, even when a
+    // later one is more confident (and more probable over the candidates).
     assert_eq!(
-        choose_stop(&[ln(0.004), ln(0.995), ln(0.001)], 0.0, &mut rng),
+        choose_stop(&[logit(0.5), logit(0.991), logit(0.9999)], 0.0, &mut rng),
         1
     );
-    assert_eq!(choose_stop(&[ln(0.3), ln(0.5), ln(0.2)], 0.0, &mut rng), 1);
-    assert_eq!(choose_stop(&[ln(0.6), ln(0.1), ln(0.3)], 0.0, &mut rng), 0);
-    // Sampling follows the probabilities.
-    let logp = [ln(0.25), ln(0.75)];
-    let ones = (0..4000)
-        .filter(|_| choose_stop(&logp, 1.0, &mut rng) == 1)
-        .count();
-    assert!((2800..3200).contains(&ones), "{ones}");
+    assert_eq!(choose_stop(&[logit(0.99), logit(0.3)], 0.0, &mut rng), 0);
+    // A softmax over the candidates would not fire here (0.995 against
+    // 0.996: each about one half), a position's own probability does.
+    assert_eq!(
+        choose_stop(&[logit(0.2), logit(0.995), logit(0.996)], 0.0, &mut rng),
+        1
+    );
+    // Just below the threshold everywhere: the largest logit.
+    assert_eq!(
+        choose_stop(&[logit(0.3), logit(0.98), logit(0.2)], 0.0, &mut rng),
+        1
+    );
+    assert_eq!(choose_stop(&[logit(0.6), logit(0.1), logit(0.3)], 0.0, &mut rng), 0);
+    // Sampling follows softmax(l / T) over the candidates.
+    let (a, b) = (0.0f32, 3.0f32.ln());
+    for (temperature, expected) in [(1.0, 0.75), (2.0, 3f64.sqrt() / (1.0 + 3f64.sqrt()))] {
+        let ones = (0..4000)
+            .filter(|_| choose_stop(&[a, b], temperature, &mut rng) == 1)
+            .count();
+        let share = ones as f64 / 4000.0;
+        assert!((share - expected).abs() < 0.03, "T {temperature}: {share} vs {expected}");
+    }
 }
 
 #[test]

@@ -102,6 +102,77 @@ fn the_warm_up_gives_targets_and_learns_them() {
     assert!((first.loss - sum).abs() < 1e-4, "{first:?}");
 }
 
+/// Each warm-up epoch draws every example's chain length anew (LaST-R1
+/// draws a length per sample each time it is used): epoch 0's draws are
+/// the ones attached with the examples, later epochs give most examples
+/// other lengths, always candidates; rollout examples (LAPO: the rollout
+/// chose its stop) are left as they are.
+#[test]
+fn warm_up_lengths_are_drawn_anew_every_epoch() {
+    let policy = tiny_thinking_vla(K);
+    let seed = 3;
+    let set = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), seed).unwrap();
+    let lengths = |examples: &[Example]| -> Vec<usize> {
+        examples
+            .iter()
+            .map(|e| e.thought.as_ref().unwrap().latent_len)
+            .collect()
+    };
+    let attached = lengths(&set.examples);
+    let epoch_seed = |epoch: u64| seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let epochs: Vec<Vec<usize>> = (0..4)
+        .map(|epoch| lengths(&redraw_warmup_lengths(&set.examples, epoch_seed(epoch)).unwrap()))
+        .collect();
+    assert_eq!(epochs[0], attached, "epoch 0 draws as the examples were attached");
+    let changed = (0..attached.len())
+        .filter(|&i| epochs.iter().any(|e| e[i] != attached[i]))
+        .count();
+    // Two candidates, three more draws each: all three equal with p = 1/8.
+    assert!(changed * 2 > attached.len(), "{changed} of {}", attached.len());
+    assert!(epochs.iter().flatten().all(|l| [2, 4].contains(l)));
+    let (trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
+    let rollouts = ppo_examples(&trajectories, steps, advantages, true).unwrap();
+    assert!(redraw_warmup_lengths(&rollouts, epoch_seed(1)).is_none());
+}
+
+/// LAPO's value head steps at `lapo.value_lr_scale` times the policy's
+/// rate with `critic_optim = own` (LaST-R1's second optimiser) and at the
+/// policy's rate with `shared`: Adam's first step moves every parameter by
+/// about its rate (`m / sqrt(v) = g / |g|`).
+#[test]
+fn lapo_steps_the_value_head_at_its_own_rate() {
+    let lr = 1e-4;
+    let moved = |critic_optim: crate::lapo::CriticOptim| -> (f64, f64) {
+        let mut policy = tiny_thinking_vla(K);
+        let (trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
+        let examples = ppo_examples(&trajectories, steps, advantages, true).unwrap();
+        let before: Vec<(String, Tensor)> = policy
+            .vars
+            .variables()
+            .into_iter()
+            .map(|(name, t)| (name, t.copy()))
+            .collect();
+        let mut config = config(Objective::Lapo, 1, lr);
+        config.lapo.critic_optim = critic_optim;
+        let report = train(&mut policy, None, &examples, &config, 0, OptimizerState::fresh("lapo")).unwrap();
+        assert_eq!(report.metrics.len(), 1, "one optimizer step");
+        let after = policy.vars.variables();
+        let largest = |head: bool| {
+            before
+                .iter()
+                .filter(|(name, _)| name.starts_with("value_head.") == head)
+                .map(|(name, t)| (&after[name] - t).abs().max().double_value(&[]))
+                .fold(0.0, f64::max)
+        };
+        (largest(true), largest(false))
+    };
+    let (own_head, own_trunk) = moved(crate::lapo::CriticOptim::Own);
+    let (shared_head, shared_trunk) = moved(crate::lapo::CriticOptim::Shared);
+    assert!((own_head - 10.0 * lr).abs() < 1e-6, "own: head moved {own_head}");
+    assert!((shared_head - lr).abs() < 1e-6, "shared: head moved {shared_head}");
+    assert!((own_trunk - lr).abs() < 1e-6 && (shared_trunk - lr).abs() < 1e-6);
+}
+
 /// Rollouts of a thinking VLA in closed loop, as steps, advantages
 /// (`advantage` on every decision, returns 1) and trajectories rows.
 fn lapo_inputs(
