@@ -418,6 +418,32 @@ mod tests {
         }
     }
 
+    /// A group whose episodes all succeed has no episode signal (A^E = 0)
+    /// but still a step signal: the episode that loops back to a state
+    /// reaches it with a lower discounted return, so its looping decision
+    /// gets a negative A^S and the direct one a positive A^S. This is what
+    /// dynamic sampling's filter on equal scores drops, hence off for GiGPO
+    /// by default (verl-agent's GiGPO examples do not filter).
+    #[test]
+    fn an_all_success_group_still_carries_a_step_signal() {
+        // a: states 1 2 3, success; b: 1 5 1 2 3 (back to 1), success.
+        let input = GigpoInput {
+            offsets: &[0, 3, 8],
+            episode_groups: &[0, 0],
+            episode_scores: &[1.0, 1.0],
+            rewards: &[0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+            anchors: &[1, 2, 3, 1, 5, 1, 2, 3],
+        };
+        let out = gigpo(&input, params(StepNorm::Std, 1.0)).unwrap();
+        assert!(out.episode.iter().all(|&a| a == 0.0), "{:?}", out.episode);
+        // State 1: a's first decision (return 0.95^2) and b's second visit
+        // (0.95^2) against b's first, the loop (0.95^4).
+        assert!(out.step[3] < 0.0, "the loop: {:?}", out.step);
+        assert!(out.step[0] > 0.0 && out.step[5] > 0.0, "{:?}", out.step);
+        assert_eq!(out.step[4], 0.0, "state 5: a singleton");
+        assert!(out.advantages.iter().any(|&a| a != 0.0));
+    }
+
     #[test]
     fn bad_lengths_are_errors() {
         let input = GigpoInput {
