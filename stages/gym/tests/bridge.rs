@@ -423,6 +423,14 @@ fn bad_input_is_named_before_anything_runs() {
             .contains("environment `BabyAI-Nope-v0` does not exist"),
         "{error}"
     );
+    // An id no imported package registered: the module:EnvId form named.
+    let error = probe(&config, &spec("generic", "MyRoom-v0")).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::BadInput);
+    assert!(
+        error.to_string().contains("environment `MyRoom-v0` does not exist")
+            && error.to_string().contains("named `module:EnvId` (e.g. `mypackage.envs:MyRoom-v0`"),
+        "{error}"
+    );
     let error = probe(&config, &spec("metaworld", "fly-v3")).unwrap_err();
     assert!(
         error
