@@ -393,12 +393,14 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
             imported.join("trajectories").to_str().unwrap(),
             "--rewards",
             tmp.path().join("r1/rewards").to_str().unwrap(),
+            "--tasks",
+            imported.join("tasks").to_str().unwrap(),
             "--out",
             exported.to_str().unwrap(),
         ],
     );
     assert_eq!(result.code, 0, "{result}");
-    let joined = pandas_join(&dump, &exported);
+    let joined = pandas_join(&dump, &exported, "");
     // print() ends the CSV (which ends its last line) with one more line break.
     let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines[0], "uid,sample_index,score,rescored,advantage");
@@ -429,14 +431,20 @@ fn steps_len(steps: &[StepRow], trajectory_id: &str) -> usize {
         .len()
 }
 
-/// The module doc's pandas example, run with the project's Python.
-fn pandas_join(dump: &Path, exported: &Path) -> String {
+/// The module doc's pandas example, run with the project's Python, with
+/// `uid` (a line setting `dump["uid"]`, for a dump without one) after the
+/// dump is read; it fails when a row joins another prompt's advantages.
+fn pandas_join(dump: &Path, exported: &Path, uid: &str) -> String {
     let script = format!(
-        r#"import pandas as pd
+        r#"import hashlib
+import pandas as pd
 dump = pd.read_json("{}", lines=True)
+{uid}
 dump["sample_index"] = dump.groupby(["step", "uid"]).cumcount()
 adv = pd.read_json("{}", lines=True)
 rows = dump.merge(adv, on=["uid", "step", "sample_index"], validate="one_to_one")
+sha = rows["input"].map(lambda p: hashlib.sha256(p.encode()).hexdigest())
+assert (sha == rows["prompt_sha256"]).all(), "a row joined another prompt's advantages"
 print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
 "#,
         dump.display(),
@@ -512,10 +520,10 @@ fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
     assert_eq!(
         ids(&out),
         [
+            "it3/p0/d0/s0",
+            "it3/p0/d0/s1",
             "it3/p1/d0/s0",
-            "it3/p1/d0/s1",
-            "it3/p2/d0/s0",
-            "it3/p2/d0/s1"
+            "it3/p1/d0/s1"
         ]
     );
     let rewards = by_id(rows(&out.join("rewards"), TableName::Rewards));
@@ -523,8 +531,40 @@ fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
     assert_eq!(
         scores,
         [1.0, 0.0, 1.0, 1.0],
-        "p1 = lines 1 and 4, p2 = lines 2 and 3"
+        "p0 = rows 0 and 3, p1 = rows 1 and 2"
     );
+
+    // The documented join pairs every row with its own prompt's advantages
+    // under --group-by-prompt (uid p<0-based row of the prompt's first row>).
+    advantages(&out, &out.join("rewards"), &tmp.path().join("adv"), &[]);
+    let exported = tmp.path().join("adv.jsonl");
+    let result = run(
+        "table",
+        &[
+            "export",
+            tmp.path().join("adv/advantages").to_str().unwrap(),
+            "--format",
+            "verl",
+            "--trajectories",
+            out.join("trajectories").to_str().unwrap(),
+            "--rewards",
+            out.join("rewards").to_str().unwrap(),
+            "--tasks",
+            out.join("tasks").to_str().unwrap(),
+            "--out",
+            exported.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    let uid = r#"dump["uid"] = "p" + dump.index.to_series().groupby(dump["input"]).transform("min").astype(str)"#;
+    let joined = pandas_join(&dump, &exported, uid);
+    let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1 + 4, "{joined}");
+    for line in &lines[1..] {
+        let cells: Vec<&str> = line.split(',').collect();
+        let score = |cell: &str| cell.parse::<f64>().unwrap();
+        assert_eq!(score(cells[2]), score(cells[3]), "its own score: {line}");
+    }
 }
 
 #[test]
@@ -562,16 +602,16 @@ fn trl_lines_group_by_prompt_or_column() {
     assert_eq!(
         got,
         [
-            ("it0/p1/d0/s0", 0.0),
-            ("it0/p1/d0/s1", 1.0),
-            ("it0/p2/d0/s0", 0.5),
-            ("it0/p2/d0/s1", 1.5)
+            ("it0/p0/d0/s0", 0.0),
+            ("it0/p0/d0/s1", 1.0),
+            ("it0/p1/d0/s0", 0.5),
+            ("it0/p1/d0/s1", 1.5)
         ]
     );
     let trajectories: Vec<TrajectoryRow> = rows(&out.join("trajectories"), TableName::Trajectories);
     let t = trajectories
         .iter()
-        .find(|t| t.trajectory_id == "it0/p2/d0/s1")
+        .find(|t| t.trajectory_id == "it0/p1/d0/s1")
         .unwrap();
     assert_eq!(t.response_text.as_deref(), Some(responses()[3].as_str()));
 

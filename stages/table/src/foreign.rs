@@ -75,7 +75,7 @@
 //! `extra`: 4 rows (not imported)`). Without text, `tasks.instruction` is
 //! empty and `trajectories.response_text` null. With `--group-by-prompt`
 //! (the default) the uid is `p<row of the prompt's first row, 0-based,
-//! counted over all files>`.
+//! counted over all files>`, as for the JSON-lines formats.
 //! The JSON-lines formats take no per-token roles: veRL's
 //! `_dump_generations` writes the summed `score` alone and TRL's rows one
 //! `reward`, so a key by another name would be a layout of our invention;
@@ -107,8 +107,9 @@
 //!
 //! With `--group-size N`, N consecutive rows form a group whose uid is `r<index
 //! of the group's first row, 0-based>`; with `--group-by-prompt` (the default
-//! for TRL and Parquet without a group column), rows with the same prompt do, uid `p<line
-//! of its first row>` (Parquet: its 0-based row). `trajectory_id` = `<group_id>/s<k>`, k the
+//! for TRL and Parquet without a group column), rows with the same prompt do, uid `p<index
+//! of its first row, 0-based>`: one numbering, the dump's rows counted from 0 over all its
+//! files, for both groupings and every format. `trajectory_id` = `<group_id>/s<k>`, k the
 //! row's place in its group in file order (`sample_index`). Constants the
 //! dumps do not hold: `suite` = the format, `env` = `imported`, `split` =
 //! `--split` (train), `seed` = 0, `policy` = `imported:<format>:<dump file name>`,
@@ -144,20 +145,27 @@
 //! ```
 //!
 //! `--format verl` export: one JSON object per advantages row, `uid`
-//! (`trajectories.task_id`), `step` (`iteration`), `sample_index`,
+//! (`trajectories.task_id`), `prompt_sha256` (with `--tasks`: the SHA-256 of
+//! the task's instruction, the dump's prompt), `step` (`iteration`), `sample_index`,
 //! `trajectory_id`, `step_index`, `rescored` (the rewards table's score, with
 //! `--rewards`), `advantage` (`episode_adv`), `token_advantages` (per response
-//! token), `estimator`. Joined with the dump in pandas:
+//! token), `estimator`. Joined with the dump in pandas, every row checked
+//! against its prompt:
 //!
 //! ```text
+//! import hashlib
 //! import pandas as pd
 //! dump = pd.read_json("rollouts/3.jsonl", lines=True)
 //! dump["sample_index"] = dump.groupby(["step", "uid"]).cumcount()
 //! adv = pd.read_json("adv.jsonl", lines=True)
 //! rows = dump.merge(adv, on=["uid", "step", "sample_index"], validate="one_to_one")
+//! sha = rows["input"].map(lambda p: hashlib.sha256(p.encode()).hexdigest())
+//! assert (sha == rows["prompt_sha256"]).all(), "a row joined another prompt's advantages"
 //! print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
 //! ```
-//! (With `--group-size N`, set `dump["uid"] = "r" + (dump.index // N * N).astype(str)` first.)
+//! (A dump without `uid`: with `--group-size N`, set `dump["uid"] = "r" + (dump.index // N
+//! * N).astype(str)` first; with `--group-by-prompt`, `dump["uid"] = "p" +
+//! dump.index.to_series().groupby(dump["input"]).transform("min").astype(str)`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
@@ -553,9 +561,10 @@ struct RawRow {
 struct DumpRow {
     file: usize,
     index: usize,
-    /// What `p<tag>` names a prompt group by: the line, or the row counted
-    /// over all Parquet files.
-    tag: usize,
+    /// The 0-based row of the dump, counted over all its files: what
+    /// `p<row>` names a prompt group by, as `r<row>` names a group of
+    /// `--group-size` rows.
+    row: usize,
     prompt: String,
     prompt_ids: Vec<i32>,
     response: Option<String>,
@@ -970,7 +979,7 @@ fn read_dump(
             .iter()
             .map(|r| {
                 let prompt = (r.prompt.as_str(), r.prompt_ids.as_slice());
-                format!("p{}", first.entry(prompt).or_insert(r.tag))
+                format!("p{}", first.entry(prompt).or_insert(r.row))
             })
             .collect();
         for (row, uid) in rows.iter_mut().zip(uids) {
@@ -994,7 +1003,6 @@ fn map_row(
     order: usize,
     rendered: &mut usize,
 ) -> std::result::Result<DumpRow, ForeignError> {
-    let parquet = options.source == Source::Parquet;
     let row = RowAt::new(options, &raw);
     let (prompt, response) = row.texts(keys)?;
     let (prompt, response, kwargs_used) = row.render(keys, texts, prompt, response, rendered)?;
@@ -1007,7 +1015,7 @@ fn map_row(
     Ok(DumpRow {
         file: raw.file,
         index: raw.index,
-        tag: if parquet { order } else { raw.index },
+        row: order,
         prompt: prompt.unwrap_or_default(),
         prompt_ids,
         response,
@@ -1699,6 +1707,16 @@ fn stage<R: Row>(
     Ok(manifest)
 }
 
+/// The hex SHA-256 of a prompt's UTF-8 text, as Python computes it:
+/// `hashlib.sha256(text.encode()).hexdigest()`.
+pub fn prompt_sha256(text: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Writes the advantages table at `dir` as JSON lines keyed by `uid`
 /// (`trajectories.task_id`), `step` and `sample_index` (module doc), with
 /// the rewards table's score as `rescored` when `rewards` is given; returns
@@ -1707,9 +1725,20 @@ pub fn export_verl(
     dir: &Path,
     trajectories: &Path,
     rewards: Option<&Path>,
+    tasks: Option<&Path>,
     out: &mut impl Write,
     label: &str,
 ) -> Result<u64> {
+    let prompts: Option<HashMap<String, String>> = match tasks {
+        Some(path) => Some(
+            TableReader::open(path, TableName::Tasks)?
+                .read_rows::<TaskRow>()?
+                .into_iter()
+                .map(|t| (t.task_id, prompt_sha256(&t.instruction)))
+                .collect(),
+        ),
+        None => None,
+    };
     let advantages: Vec<AdvantageRow> =
         TableReader::open(dir, TableName::Advantages)?.read_rows()?;
     let keys: HashMap<String, TrajectoryRow> =
@@ -1743,6 +1772,17 @@ pub fn export_verl(
             .ok_or_else(|| unknown(trajectories))?;
         let mut object = Map::new();
         object.insert("uid".into(), trajectory.task_id.clone().into());
+        if let (Some(prompts), Some(path)) = (&prompts, tasks) {
+            let hash = prompts.get(&trajectory.task_id).ok_or_else(|| {
+                Error::BadInput(format!(
+                    "trajectory `{}`: no task `{}` in {}",
+                    row.trajectory_id,
+                    trajectory.task_id,
+                    path.display()
+                ))
+            })?;
+            object.insert("prompt_sha256".into(), hash.clone().into());
+        }
         object.insert("step".into(), trajectory.iteration.into());
         object.insert("sample_index".into(), trajectory.sample_index.into());
         object.insert("trajectory_id".into(), row.trajectory_id.clone().into());
@@ -1772,6 +1812,15 @@ pub fn export_verl(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prompt_hash_is_hashlibs_sha256() {
+        // hashlib.sha256("abc".encode()).hexdigest()
+        assert_eq!(
+            prompt_sha256("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
 
     #[test]
     fn gold_plans_come_from_lists_objects_and_strings() {

@@ -173,6 +173,10 @@ enum Command {
         /// `verl`: a rewards table whose score is written as `rescored`.
         #[arg(long, value_name = "DIR", requires = "trajectories")]
         rewards: Option<PathBuf>,
+        /// `verl`: the tasks table of an import, whose prompt's SHA-256 is
+        /// written as `prompt_sha256` (the join checks it).
+        #[arg(long, value_name = "DIR", requires = "trajectories")]
+        tasks: Option<PathBuf>,
         /// Write to this file instead of stdout.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -293,11 +297,12 @@ pub fn run(args: Args) -> Result<()> {
             format,
             trajectories,
             rewards,
+            tasks,
             out: file,
         } => {
             let table = table_of(&dir)?;
             let target = export_target(format, trajectories.as_deref(), table, &dir)?;
-            export_to(&dir, table, target, rewards.as_deref(), file, &mut out)
+            export_to(&dir, table, target, (rewards.as_deref(), tasks.as_deref()), file, &mut out)
         }
         Command::Merge {
             out: out_dir,
@@ -462,7 +467,7 @@ fn export_to(
     dir: &Path,
     table: TableName,
     target: Target<'_>,
-    rewards: Option<&Path>,
+    (rewards, tasks): (Option<&Path>, Option<&Path>),
     file: Option<PathBuf>,
     out: &mut impl Write,
 ) -> Result<()> {
@@ -470,7 +475,7 @@ fn export_to(
         Target::Rows(f) => {
             with_row_type!(table, R => export::<R>(dir, f, &mut &mut *writer, label))
         }
-        Target::Verl(t) => foreign::export_verl(dir, t, rewards, &mut &mut *writer, label),
+        Target::Verl(t) => foreign::export_verl(dir, t, rewards, tasks, &mut &mut *writer, label),
     };
     let Some(path) = file else {
         write_to(out, "<stdout>")?;
