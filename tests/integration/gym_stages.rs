@@ -57,6 +57,16 @@ fn evaluate(policy: &Path, tasks: &Path, out: &Path, runs: usize, sets: &[&str])
     rows(out, TableName::Eval)
 }
 
+/// `update-policy` SFT of `policy` on the experts' demonstrations of
+/// `tasks` (2 epochs), with more `--set` values; its summary.
+fn sft_of(policy: &Path, tasks: &Path, out: &Path, sets: &[&str]) -> String {
+    let mut args = vec!["--policy", s(policy), "--input", s(tasks), "--out", s(out)];
+    for set in ["objective=sft", "epochs=2"].iter().chain(sets) {
+        args.extend(["--set", set]);
+    }
+    ok("update-policy", &args)
+}
+
 pub(crate) const TINY_VLA: &[&str] = &[
     "--set",
     "kind=vla",
@@ -129,21 +139,7 @@ fn babyai_tasks_run_through_every_closed_loop_stage() {
         )
     );
 
-    let summary = ok(
-        "update-policy",
-        &[
-            "--policy",
-            s(&vla),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&sft),
-            "--set",
-            "objective=sft",
-            "--set",
-            "epochs=2",
-        ],
-    );
+    let summary = sft_of(&vla, &tasks, &sft, &[]);
     assert!(
         summary.contains("| demonstrations | 2 successful expert demonstrations (gym:babyai)"),
         "{summary}"
@@ -686,23 +682,7 @@ fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
     init.extend(["--set", &bridge_python]);
     ok("init-policy", &init);
     let sft_python = format!("sft.bridge.python={}", s(&python));
-    let summary = ok(
-        "update-policy",
-        &[
-            "--policy",
-            s(&vla),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&sft),
-            "--set",
-            "objective=sft",
-            "--set",
-            "epochs=2",
-            "--set",
-            &sft_python,
-        ],
-    );
+    let summary = sft_of(&vla, &tasks, &sft, &[&sft_python]);
     assert!(
         summary.contains("| demonstrations | 2 successful expert demonstrations (gym:corridor)"),
         "{summary}"
