@@ -41,6 +41,13 @@ embodyflow-hf (stages/hf/tests/vl.rs).
       on INPUT_JSON's input_ids / attention_mask / pixel_values /
       image_grid_thw (a model saved by us).
 
+  hf_vl_golden.py bench MODEL_DIR BATCH NEW THREADS
+      transformers' speed on golden.json's batch named BATCH of MODEL_DIR
+      (made by `make`): generate(do_sample=False) of NEW tokens with the
+      processor's pixel tensor (the vision encoder in the prefill), on
+      THREADS torch threads, one warm-up, best of 3. Prints JSON
+      {"greedy_tokens_per_s"}.
+
   hf_vl_golden.py process CONFIG_DIR INPUT_JSON OUT_JSON
       Runs CONFIG_DIR's image processor on INPUT_JSON's "images" (uint8
       [H][W][3] lists), each alone, and writes {"pixel_values",
@@ -290,11 +297,45 @@ def process_images(config_dir, input_json, out_json):
         json.dump(out, f)
 
 
+def bench(model_dir, batch_name, new, threads):
+    import time
+
+    new, threads = int(new), int(threads)
+    torch.set_num_threads(threads)
+    with open(os.path.join(model_dir, "golden.json")) as f:
+        golden = json.load(f)
+    batch = next(b for b in golden["batches"] if b["name"] == batch_name)
+    pixels = [golden["pixel_values"][i] for i in batch["images"]]
+    inputs = model_inputs(
+        torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"]),
+        torch.tensor([r for p in pixels for r in p["pixel_values"]]) if pixels else None,
+        torch.tensor([g for p in pixels for g in p["image_grid_thw"]]) if pixels else None,
+    )
+    model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+
+    def run():
+        model.model.rope_deltas = None
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=PAD, eos_token_id=None)
+
+    run()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    rows = inputs["input_ids"].shape[0]
+    print(json.dumps({"greedy_tokens_per_s": rows * new / min(times)}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
+    elif len(sys.argv) == 6 and sys.argv[1] == "bench":
+        bench(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "process":
         process_images(*sys.argv[2:])
     else:
