@@ -471,7 +471,11 @@ mod tests {
     #[test]
     fn a_parameter_group_steps_at_its_own_rate() {
         let (vars, layer, plain_vars, plain_layer) = twin_models();
-        let before = vars.variables();
+        let before: BTreeMap<String, Tensor> = vars
+            .variables()
+            .into_iter()
+            .map(|(name, t)| (name, t.copy()))
+            .collect();
         let lr = 1e-3;
         let config = AdamWConfig {
             lr,
