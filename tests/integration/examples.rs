@@ -465,7 +465,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
             pipelines.extend(header);
         }
     }
-    assert_eq!(files, 10);
+    assert_eq!(files, 11);
     for command in &pipelines {
         let command = if command.contains("--dry-run") {
             command.clone()
