@@ -120,7 +120,7 @@ def advantage_stats(run, it, cell):
                 continue
             groups["success" if ok else "failed"].append(a["advantages"][0])
             if a.get("step_adv") is not None:
-                step_parts.append(a["step_adv"])
+                step_parts.append(a["step_adv"][0])
     out = {}
     for k, xs in groups.items():
         out[k] = {
