@@ -967,12 +967,13 @@ fn trl_conversational_rows_render_as_trl_with_transformers() {
     let tasks: Vec<TaskRow> = rows(&out.join("tasks"), TableName::Tasks);
     let trajectories: Vec<TrajectoryRow> = rows(&out.join("trajectories"), TableName::Trajectories);
     let steps: Vec<StepRow> = rows(&out.join("steps"), TableName::Steps);
-    // Rows 1 and 2 share their prompt (group p1); rows 3, 4 start their own.
+    // Rows 0 and 1 share their prompt (group p0, by its first row); rows 2
+    // and 3 start their own.
     let ids = [
-        "it0/p1/d0/s0",
-        "it0/p1/d0/s1",
+        "it0/p0/d0/s0",
+        "it0/p0/d0/s1",
+        "it0/p2/d0/s0",
         "it0/p3/d0/s0",
-        "it0/p4/d0/s0",
     ];
     for (i, id) in ids.iter().enumerate() {
         let t = trajectories
@@ -1000,7 +1001,7 @@ fn trl_conversational_rows_render_as_trl_with_transformers() {
     }
     let plain = trajectories
         .iter()
-        .find(|t| t.trajectory_id == "it0/p5/d0/s0")
+        .find(|t| t.trajectory_id == "it0/p4/d0/s0")
         .unwrap();
     assert_eq!(
         plain.response_text.as_deref(),

@@ -352,15 +352,15 @@ fn prompts_are_short_and_list_the_scene_actions() {
 
 #[test]
 fn split_and_task_type_names_parse() {
-    for s in [Split::Train, Split::Val, Split::Unseen] {
+    for s in [Split::Train, Split::Val, Split::Unseen, Split::Test] {
         assert_eq!(s.to_string().parse::<Split>().unwrap(), s);
     }
     assert!(
-        "test"
+        "holdout"
             .parse::<Split>()
             .unwrap_err()
             .to_string()
-            .contains("`test`")
+            .contains("`holdout`")
     );
     for t in TaskType::ALL {
         assert_eq!(t.as_str().parse::<TaskType>().unwrap(), t);
