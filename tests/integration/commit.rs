@@ -132,7 +132,7 @@ fn overwrite_killed_between_the_two_renames_of_the_fallback_keeps_the_new_table(
 #[test]
 fn overwrite_killed_right_after_the_exchange_is_completed_by_the_next_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new, out) = old_table_and_new_rows(dir.path());
+    let (_, new, out) = old_table_and_new_rows(dir.path());
     let killed = import(&new, &out, &[("EMBODYFLOW_FAULT_AT", "commit:swapped:1")]);
     assert_eq!(killed.code, -1, "{killed}");
     // The exchange is one step: the table was never absent.
@@ -313,7 +313,7 @@ fn a_full_disk_at_the_summary_leaves_nothing_and_the_rerun_succeeds() {
 #[test]
 fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new, out) = old_table_and_new_rows(dir.path());
+    let (_, new, out) = old_table_and_new_rows(dir.path());
 
     // The directory fsync right after the journal is renamed in fails: the
     // run fails, and takes its journal with its staged outputs.
@@ -367,7 +367,7 @@ fn an_eio_right_after_the_journal_leaves_the_old_table_and_no_wedge() {
 #[test]
 fn a_failure_after_the_last_swap_is_a_committed_run() {
     let dir = tempfile::tempdir().unwrap();
-    let (old, new, out) = old_table_and_new_rows(dir.path());
+    let (_, new, out) = old_table_and_new_rows(dir.path());
     // The directory fsync after the last swap fails: the new table is in
     // place, so the run succeeded; what is left to clean the next reader
     // finishes.
