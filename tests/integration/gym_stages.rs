@@ -590,9 +590,15 @@ fn plugin_venv(dir: &Path) -> std::path::PathBuf {
         String::from_utf8(out.stdout).unwrap()
     };
     sh(&workspace, &["-m", "venv", "--without-pip", s(&venv)]);
-    let sites = sh(&workspace, &["-c", "import site; print(site.getsitepackages()[0])"]);
+    let sites = sh(
+        &workspace,
+        &["-c", "import site; print(site.getsitepackages()[0])"],
+    );
     let python = venv.join("bin/python");
-    let own = sh(&python, &["-c", "import site; print(site.getsitepackages()[0])"]);
+    let own = sh(
+        &python,
+        &["-c", "import site; print(site.getsitepackages()[0])"],
+    );
     std::fs::write(Path::new(own.trim()).join("workspace.pth"), sites.trim()).unwrap();
     sh(
         &python,
@@ -647,9 +653,9 @@ fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
     generate(&tasks, "corridor");
     let task_rows: Vec<TaskRow> = rows(&tasks, TableName::Tasks);
     assert!(
-        task_rows
-            .iter()
-            .all(|r| r.env == "gym:corridor" && r.instruction == "walk 3 cells right within 6 steps"),
+        task_rows.iter().all(
+            |r| r.env == "gym:corridor" && r.instruction == "walk 3 cells right within 6 steps"
+        ),
         "{task_rows:?}"
     );
     // The same function named as a one-off, module:function.
@@ -673,7 +679,9 @@ fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
     );
     assert_eq!(refused.code, 2, "{refused}");
     assert!(
-        refused.to_string().contains("unknown adapter `corridor`; available: babyai, generic"),
+        refused
+            .to_string()
+            .contains("unknown adapter `corridor`; available: babyai, generic"),
         "{refused}"
     );
 
@@ -692,7 +700,13 @@ fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
     let trajectories: Vec<TrajectoryRow> = rows(&rollouts, TableName::Trajectories);
     assert_eq!(trajectories.len(), 4);
     assert!(trajectories.iter().all(|t| t.failure_reason.is_none()));
-    let eval_rows = evaluate(&sft.join("policy"), &tasks, &root.join("eval"), 1, &[&bridge_python]);
+    let eval_rows = evaluate(
+        &sft.join("policy"),
+        &tasks,
+        &root.join("eval"),
+        1,
+        &[&bridge_python],
+    );
     assert_eq!(eval_rows.len(), 2);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }

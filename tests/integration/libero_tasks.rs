@@ -46,7 +46,11 @@ fn gym_tasks_are_drawn_at_a_range_of_initial_states() {
             ("gym-faulty/Counter-v0@val/42", 42),
         ]
     );
-    assert!(tasks.iter().all(|t| t.split == "val" && t.env == "gym:faulty"));
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t.split == "val" && t.env == "gym:faulty")
+    );
     // Each task's states once: more tasks than env ids would repeat them.
     let mut more = args.to_vec();
     more[15] = "count=2";

@@ -263,7 +263,8 @@ fn assert_run_log(out: &Path, cells: &[&str]) {
             );
         }
     }
-    let png = embodyflow_plots::Png::read(&out.join("report/curve-update-policy-loss.png")).unwrap();
+    let png =
+        embodyflow_plots::Png::read(&out.join("report/curve-update-policy-loss.png")).unwrap();
     assert!(png.colours() > 20, "{} colours", png.colours());
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(report.contains("## Run log"), "{report}");
@@ -279,7 +280,9 @@ for tag in sorted(acc.Tags()["scalars"]):
         print(f"{tag} {e.step} {e.value!r}")
 "#;
     for cell in cells {
-        let dir = out.join("report/tensorboard").join(cell.replace([',', '='], "_"));
+        let dir = out
+            .join("report/tensorboard")
+            .join(cell.replace([',', '='], "_"));
         let output = Command::new(&python)
             .args(["-c", script, s(&dir)])
             .output()
@@ -723,7 +726,10 @@ fn a_sweep_collects_rollouts_once_and_gathers_one_table() {
     );
     // One metric per chart, rewards beside rewards of their own function.
     assert!(!out.join("report/ablation.png").exists());
-    for chart in ["ablation-train-success.png", "ablation-reward-embodied_r1.png"] {
+    for chart in [
+        "ablation-train-success.png",
+        "ablation-reward-embodied_r1.png",
+    ] {
         assert!(out.join("report").join(chart).is_file(), "{chart}");
     }
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
@@ -1028,7 +1034,12 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
         .copied()
         .filter(|v| !v.starts_with("train_count=") && !v.starts_with("val_count="))
         .collect();
-    vars.extend(["task_count=2", "train_states=2", "val_states=1", "extra_draws=2"]);
+    vars.extend([
+        "task_count=2",
+        "train_states=2",
+        "val_states=1",
+        "extra_draws=2",
+    ]);
     let (_, _, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[]);
     // A rerun finds every step cached.
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -389,7 +389,10 @@ fn check_names(names: &[&str], channels: usize) -> Result<(), ObservationError> 
     }
     for (i, name) in names.iter().enumerate() {
         if name.is_empty() || name.len() > 255 {
-            return bad(format!("name {i} is {} bytes, expected 1..=255", name.len()));
+            return bad(format!(
+                "name {i} is {} bytes, expected 1..=255",
+                name.len()
+            ));
         }
         if names[..i].contains(name) {
             return bad(format!("`{name}` is named twice"));
@@ -668,20 +671,30 @@ mod tests {
             encode_named(&shape, &[], &pixels, &[0.5]).unwrap(),
             encode(&shape, &pixels, &[0.5]).unwrap()
         );
-        assert!(decode(&encode(&shape, &pixels, &[0.5]).unwrap()).unwrap().names.is_empty());
+        assert!(
+            decode(&encode(&shape, &pixels, &[0.5]).unwrap())
+                .unwrap()
+                .names
+                .is_empty()
+        );
     }
 
     #[test]
     fn bad_image_names_are_named() {
         let shape = rgb(1, 0);
-        let shape = ObservationShape { channels: 6, ..shape };
+        let shape = ObservationShape {
+            channels: 6,
+            ..shape
+        };
         let pixels = [0u8; 6];
         for (names, needle) in [
             (&["a", "b", "c", "d"][..], "4 names for 6 channels"),
             (&["a", "a"][..], "`a` is named twice"),
             (&["", "b"][..], "name 0 is 0 bytes"),
         ] {
-            let error = encode_named(&shape, names, &pixels, &[]).unwrap_err().to_string();
+            let error = encode_named(&shape, names, &pixels, &[])
+                .unwrap_err()
+                .to_string();
             assert!(error.contains(needle), "{names:?}: {error}");
         }
         let good = encode_named(&shape, &["left", "right"], &pixels, &[]).unwrap();
@@ -689,14 +702,22 @@ mod tests {
             assert!(
                 matches!(
                     decode(&good[..cut]),
-                    Err(ObservationError::Truncated { what: "the image names", .. })
+                    Err(ObservationError::Truncated {
+                        what: "the image names",
+                        ..
+                    })
                 ),
                 "cut at {cut}"
             );
         }
         let mut not_utf8 = good.clone();
         not_utf8[17] = 0xff;
-        assert!(decode(&not_utf8).unwrap_err().to_string().contains("not UTF-8"));
+        assert!(
+            decode(&not_utf8)
+                .unwrap_err()
+                .to_string()
+                .contains("not UTF-8")
+        );
         let mut long = good.clone();
         long.push(0);
         assert!(matches!(

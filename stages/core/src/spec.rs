@@ -29,9 +29,9 @@ use std::path::Path;
 use embodyflow_schemas::TableName;
 use serde::de::DeserializeOwned;
 
+use crate::config::StageConfig;
 use crate::error::{Error, Result};
 use crate::manifest::Manifest;
-use crate::config::StageConfig;
 pub use crate::threads::Threads;
 
 /// When a stage needs something it reads.

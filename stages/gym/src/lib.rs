@@ -166,7 +166,12 @@ impl std::str::FromStr for SuccessRule {
                 .map(SuccessRule::ReturnAtLeast),
             _ => None,
         };
-        rule.ok_or_else(|| format!("success rule `{text}`: expected one of {}", SuccessRule::CHOICES))
+        rule.ok_or_else(|| {
+            format!(
+                "success rule `{text}`: expected one of {}",
+                SuccessRule::CHOICES
+            )
+        })
     }
 }
 

@@ -411,7 +411,9 @@ fn bad_input_is_named_before_anything_runs() {
     let text = error.to_string();
     assert!(
         text.contains("unknown adapter `nope`; available: babyai, generic, ")
-            && text.contains("metaworld (an adapter registers in the entry-point group `embodyflow_gym.adapters`")
+            && text.contains(
+                "metaworld (an adapter registers in the entry-point group `embodyflow_gym.adapters`"
+            )
             && !text.contains("faulty"),
         "{text}"
     );
@@ -427,8 +429,12 @@ fn bad_input_is_named_before_anything_runs() {
     let error = probe(&config, &spec("generic", "MyRoom-v0")).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
     assert!(
-        error.to_string().contains("environment `MyRoom-v0` does not exist")
-            && error.to_string().contains("named `module:EnvId` (e.g. `mypackage.envs:MyRoom-v0`"),
+        error
+            .to_string()
+            .contains("environment `MyRoom-v0` does not exist")
+            && error
+                .to_string()
+                .contains("named `module:EnvId` (e.g. `mypackage.envs:MyRoom-v0`"),
         "{error}"
     );
     let error = probe(&config, &spec("metaworld", "fly-v3")).unwrap_err();
@@ -567,7 +573,10 @@ fn success_is_the_tasks_explicit_rule_and_a_fall_is_no_success() {
     ruled.success = Some(SuccessRule::Info);
     let error = probe(&config(1), &ruled).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::BadInput);
-    assert!(error.to_string().contains("decides success itself"), "{error}");
+    assert!(
+        error.to_string().contains("decides success itself"),
+        "{error}"
+    );
 }
 
 /// Lines of a file some fixture appends to (0 when it does not exist).
@@ -613,7 +622,12 @@ fn a_reused_environment_plays_the_episodes_a_fresh_one_does() {
     let tasks: Vec<GymTask> = [3, 11, 3]
         .iter()
         .enumerate()
-        .map(|(i, &seed)| task(&format!("reach/{i}"), GymTaskSpec::new("metaworld", "reach-v3", seed, 60)))
+        .map(|(i, &seed)| {
+            task(
+                &format!("reach/{i}"),
+                GymTaskSpec::new("metaworld", "reach-v3", seed, 60),
+            )
+        })
         .collect();
     let warm = expert_demonstrations(&config(1), &tasks, 4).unwrap();
     for (task, warm) in tasks.iter().zip(&warm) {

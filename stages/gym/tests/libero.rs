@@ -127,7 +127,11 @@ fn python_with(dir: &Path, env: &[(&str, &str)]) -> PathBuf {
     let path = dir.join("python");
     let mut script = String::from("#!/bin/sh\nunset MUJOCO_GL PYOPENGL_PLATFORM\n");
     for (key, value) in env {
-        let tail = if *key == "PYTHONPATH" { "${PYTHONPATH:+:$PYTHONPATH}" } else { "" };
+        let tail = if *key == "PYTHONPATH" {
+            "${PYTHONPATH:+:$PYTHONPATH}"
+        } else {
+            ""
+        };
         script.push_str(&format!("export {key}='{value}'{tail}\n"));
     }
     script.push_str(&format!("exec '{}' \"$@\"\n", config().python.display()));

@@ -30,10 +30,9 @@ fn main() {
     vl_golden_script(&["make", dir.to_str().unwrap()]);
     for name in ["qwen2_5_vl", "qwen3_vl"] {
         let model_dir = dir.join(name);
-        let golden: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(model_dir.join("golden.json")).unwrap(),
-        )
-        .unwrap();
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(model_dir.join("golden.json")).unwrap())
+                .unwrap();
         let batch = &golden["batches"][2];
         assert_eq!(batch["name"], "mixed");
         let ids = tensor_from_json(&batch["input_ids"], Kind::Int64);
@@ -88,7 +87,9 @@ fn main() {
             let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
             v["greedy_tokens_per_s"].as_f64().unwrap()
         };
-        println!("# tiny {name}, batch \"mixed\" ({rows} rows, 3 images), {NEW} new tokens, {threads} thread(s)");
+        println!(
+            "# tiny {name}, batch \"mixed\" ({rows} rows, 3 images), {NEW} new tokens, {threads} thread(s)"
+        );
         for _ in 0..2 {
             let (a, b) = (ours(), theirs());
             println!(

@@ -133,7 +133,8 @@ impl ImageProcessor {
             file: file.to_path_buf(),
             reason,
         };
-        let map: Map<String, Value> = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let map: Map<String, Value> =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let size = map.get("size").and_then(Value::as_object);
         let int = |key: &str, default: i64| -> Result<i64, HfError> {
             let sized = match key {
@@ -143,9 +144,10 @@ impl ImageProcessor {
             };
             match map.get(key).filter(|v| !v.is_null()).or(sized) {
                 None => Ok(default),
-                Some(v) => v.as_i64().filter(|&n| n > 0).ok_or_else(|| {
-                    bad(format!("`{key}` is {v}, expected an integer > 0"))
-                }),
+                Some(v) => v
+                    .as_i64()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| bad(format!("`{key}` is {v}, expected an integer > 0"))),
             }
         };
         let flag = |key: &str| -> Result<bool, HfError> {
@@ -216,8 +218,18 @@ impl ImageProcessor {
         let processor = ImageProcessor::from_file(&dir.join("preprocessor_config.json"))?;
         let v = &config.vision;
         for (key, ours, model_key, theirs) in [
-            ("patch_size", processor.patch_size, "patch_size", v.patch_size),
-            ("merge_size", processor.merge_size, "spatial_merge_size", v.spatial_merge_size),
+            (
+                "patch_size",
+                processor.patch_size,
+                "patch_size",
+                v.patch_size,
+            ),
+            (
+                "merge_size",
+                processor.merge_size,
+                "spatial_merge_size",
+                v.spatial_merge_size,
+            ),
             (
                 "temporal_patch_size",
                 processor.temporal_patch_size,
@@ -270,7 +282,11 @@ impl ImageProcessor {
             w = (wf * beta / ff).ceil() as i64 * factor;
         }
         if h * w > self.max_pixels || h * w < self.min_pixels || h == 0 || w == 0 {
-            let key = if h * w > self.max_pixels { "max_pixels" } else { "min_pixels" };
+            let key = if h * w > self.max_pixels {
+                "max_pixels"
+            } else {
+                "min_pixels"
+            };
             return Err(bad(format!(
                 "an image of {height} x {width} pixels resizes to {h} x {w} = {} pixels, outside `{key}` (min_pixels {}, max_pixels {}, multiples of {factor})",
                 h * w,
@@ -294,15 +310,13 @@ impl ImageProcessor {
             let (mut h, mut w) = (image.height, image.width);
             let resized;
             let data = if self.do_resize {
-                let (rh, rw) = self
-                    .smart_resize(h as i64, w as i64)
-                    .map_err(|e| match e {
-                        HfError::BadImage { file, reason } => HfError::BadImage {
-                            file,
-                            reason: format!("image {i}: {reason}"),
-                        },
-                        other => other,
-                    })?;
+                let (rh, rw) = self.smart_resize(h as i64, w as i64).map_err(|e| match e {
+                    HfError::BadImage { file, reason } => HfError::BadImage {
+                        file,
+                        reason: format!("image {i}: {reason}"),
+                    },
+                    other => other,
+                })?;
                 resized = resize_bicubic(image, rh as usize, rw as usize);
                 (h, w) = (rh as usize, rw as usize);
                 &resized
@@ -419,12 +433,22 @@ fn clip8(sum: i32) -> u8 {
 fn pass(data: &[u8], h: usize, w: usize, size: usize, horizontal: bool) -> Vec<u8> {
     let (input, lines) = if horizontal { (w, h) } else { (h, w) };
     let (out_h, out_w) = if horizontal { (h, size) } else { (size, w) };
-    let at = |line: usize, i: usize| if horizontal { line * w + i } else { i * w + line };
+    let at = |line: usize, i: usize| {
+        if horizontal {
+            line * w + i
+        } else {
+            i * w + line
+        }
+    };
     let half = 1i32 << (PRECISION_BITS - 1);
     let mut out = vec![0u8; out_h * out_w * 3];
     for (o, (first, k)) in coefficients(input, size).iter().enumerate() {
         for line in 0..lines {
-            let target = if horizontal { line * out_w + o } else { o * out_w + line };
+            let target = if horizontal {
+                line * out_w + o
+            } else {
+                o * out_w + line
+            };
             for c in 0..3 {
                 let sum = k.iter().enumerate().fold(half, |s, (i, &kk)| {
                     s.wrapping_add(i32::from(data[at(line, first + i) * 3 + c]) * kk)
@@ -450,7 +474,11 @@ fn resize_bicubic(image: &RgbImage, height: usize, width: usize) -> Vec<u8> {
     let mut data = image.data.clone();
     let mut current_h = h;
     let mut current_w = w;
-    let order = if vertical_first { [false, true] } else { [true, false] };
+    let order = if vertical_first {
+        [false, true]
+    } else {
+        [true, false]
+    };
     for horizontal in order {
         if horizontal && width != current_w {
             data = pass(&data, current_h, current_w, width, true);
@@ -495,12 +523,21 @@ mod tests {
         assert_eq!(p.smart_resize(20, 30).unwrap(), (56, 84));
         // Too large: scaled down, floor.
         let (h, w) = p.smart_resize(4000, 3000).unwrap();
-        assert!(h * w <= 28 * 28 * 1280 && h % 28 == 0 && w % 28 == 0, "{h} {w}");
+        assert!(
+            h * w <= 28 * 28 * 1280 && h % 28 == 0 && w % 28 == 0,
+            "{h} {w}"
+        );
         let err = p.smart_resize(1, 300).unwrap_err().to_string();
-        assert!(err.contains("aspect ratio") && err.contains("preprocessor_config.json"), "{err}");
+        assert!(
+            err.contains("aspect ratio") && err.contains("preprocessor_config.json"),
+            "{err}"
+        );
         // A narrow image whose floor rule leaves one factor on a side and
         // still too many pixels: refused, naming max_pixels.
-        let err = processor(28 * 28, 28 * 28 * 4).smart_resize(28 * 150, 28).unwrap_err().to_string();
+        let err = processor(28 * 28, 28 * 28 * 4)
+            .smart_resize(28 * 150, 28)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`max_pixels`"), "{err}");
     }
 

@@ -650,7 +650,11 @@ pub(crate) fn config_with_dtype(config: &serde_json::Map<String, Value>, kind: K
 
 /// Writes `dir/config.json` (`config`, through a temporary file) and
 /// `dir/model.safetensors` (every variable of `vs`), creating `dir`.
-pub(crate) fn save_checkpoint(vs: &nn::VarStore, dir: &Path, config: &Value) -> Result<(), HfError> {
+pub(crate) fn save_checkpoint(
+    vs: &nn::VarStore,
+    dir: &Path,
+    config: &Value,
+) -> Result<(), HfError> {
     let write = |file: &Path, source: std::io::Error| HfError::Write {
         file: file.to_path_buf(),
         source,

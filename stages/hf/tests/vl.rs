@@ -81,7 +81,12 @@ fn raw_image(value: &Value) -> RgbImage {
     let data: Vec<u8> = rows
         .iter()
         .flat_map(|r| r.as_array().unwrap().iter())
-        .flat_map(|px| px.as_array().unwrap().iter().map(|c| c.as_u64().unwrap() as u8))
+        .flat_map(|px| {
+            px.as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_u64().unwrap() as u8)
+        })
         .collect();
     RgbImage::new(h, w, data).unwrap()
 }
@@ -130,7 +135,11 @@ fn logits_match_transformers_with_0_1_and_2_images_and_padding() {
         let diff = max_diff_at_tokens(&logits, &theirs, &b.mask);
         let spread = theirs.std(false).double_value(&[]);
         println!("{}: max |diff| {diff:.2e} (logit std {spread:.2})", b.name);
-        assert!(spread > 0.5, "{}: logits too flat to test ({spread})", b.name);
+        assert!(
+            spread > 0.5,
+            "{}: logits too flat to test ({spread})",
+            b.name
+        );
         assert!(diff <= 1e-4, "{}: max |diff| {diff}", b.name);
     });
 }
@@ -165,7 +174,11 @@ fn the_image_processor_matches_transformers_exactly() {
         for (i, image) in g["images"].as_array().unwrap().iter().enumerate() {
             let ours = processor.process(&[raw_image(image)]).unwrap();
             let theirs = &g["pixel_values"][i];
-            assert_eq!(ours.grid_thw, [grid(&theirs["image_grid_thw"][0])], "image {i}");
+            assert_eq!(
+                ours.grid_thw,
+                [grid(&theirs["image_grid_thw"][0])],
+                "image {i}"
+            );
             let expected = tensor_from_json(&theirs["pixel_values"], Kind::Float);
             let diff = (&ours.pixel_values - &expected)
                 .abs()
@@ -186,7 +199,12 @@ fn prompts_expand_as_the_processor_expands_them() {
     let g = golden(name);
     let model = load(name);
     let processor = ImageProcessor::for_model(&fixture().join(name), model.config()).unwrap();
-    let raw: Vec<RgbImage> = g["images"].as_array().unwrap().iter().map(raw_image).collect();
+    let raw: Vec<RgbImage> = g["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(raw_image)
+        .collect();
     let batch = &g["batches"][2];
     assert_eq!(batch["name"], "mixed");
     let used: Vec<usize> = batch["images"]
@@ -201,18 +219,34 @@ fn prompts_expand_as_the_processor_expands_them() {
     let (ids, mask) = ids_and_mask(batch);
     let mut taken = 0;
     for (row, prompt) in batch["prompts"].as_array().unwrap().iter().enumerate() {
-        let prompt: Vec<i64> = prompt.as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect();
-        let n = prompt.iter().filter(|&&t| t == model.config().image_token_id).count();
+        let prompt: Vec<i64> = prompt
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_i64().unwrap())
+            .collect();
+        let n = prompt
+            .iter()
+            .filter(|&&t| t == model.config().image_token_id)
+            .count();
         let expanded = model
             .net()
             .expand_image_tokens(&prompt, &images.grid_thw[taken..taken + n])
             .unwrap();
         taken += n;
         let row_ids: Vec<i64> = Vec::try_from(&ids.get(row as i64)).unwrap();
-        assert_eq!(row_ids[row_ids.len() - expanded.len()..], expanded[..], "row {row}");
+        assert_eq!(
+            row_ids[row_ids.len() - expanded.len()..],
+            expanded[..],
+            "row {row}"
+        );
     }
     let logits = tch::no_grad(|| model.forward(&ids, &mask, Some(&images))).unwrap();
-    let diff = max_diff_at_tokens(&logits, &tensor_from_json(&batch["logits"], Kind::Double), &mask);
+    let diff = max_diff_at_tokens(
+        &logits,
+        &tensor_from_json(&batch["logits"], Kind::Double),
+        &mask,
+    );
     assert!(diff <= 1e-4, "max |diff| {diff}");
 }
 
@@ -226,7 +260,9 @@ fn a_trained_model_saved_here_loads_in_transformers_with_the_same_logits() {
         let batch = &g["batches"][2];
         let (ids, mask) = ids_and_mask(batch);
         let images = their_images(&g, batch).unwrap();
-        let mut opt = tch::nn::Sgd::default().build(model.var_store(), 0.1).unwrap();
+        let mut opt = tch::nn::Sgd::default()
+            .build(model.var_store(), 0.1)
+            .unwrap();
         let logits = model.forward(&ids, &mask, Some(&images)).unwrap();
         let (b, t) = ids.size2().unwrap();
         let vocab = model.config().text.vocab_size;
@@ -236,7 +272,13 @@ fn a_trained_model_saved_here_loads_in_transformers_with_the_same_logits() {
         let loss = logits
             .narrow(1, 0, t - 1)
             .reshape([b * (t - 1), vocab])
-            .cross_entropy_loss::<Tensor>(&targets.reshape([-1]), None, tch::Reduction::Mean, -100, 0.0);
+            .cross_entropy_loss::<Tensor>(
+                &targets.reshape([-1]),
+                None,
+                tch::Reduction::Mean,
+                -100,
+                0.0,
+            );
         opt.backward_step(&loss);
         let after = tch::no_grad(|| model.forward(&ids, &mask, Some(&images))).unwrap();
         let moved = max_diff_at_tokens(&after, &logits.detach().to_kind(Kind::Double), &mask);
@@ -265,8 +307,13 @@ fn a_trained_model_saved_here_loads_in_transformers_with_the_same_logits() {
             input.to_str().unwrap(),
             output.to_str().unwrap(),
         ]);
-        let theirs: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
-        let diff = max_diff_at_tokens(&after, &tensor_from_json(&theirs["logits"], Kind::Double), &mask);
+        let theirs: Value =
+            serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
+        let diff = max_diff_at_tokens(
+            &after,
+            &tensor_from_json(&theirs["logits"], Kind::Double),
+            &mask,
+        );
         println!("{name} trained, through transformers: max |diff| {diff:.2e}");
         assert!(diff <= 1e-4, "{name}: max |diff| {diff}");
     }
@@ -304,20 +351,37 @@ fn unsupported_model_type_or_vision_config_names_file_and_key() {
     edit_json(&file, |c| c["model_type"] = "qwen2_vl".into());
     let err = load_err(dir.path());
     assert!(
-        err.contains(file.to_str().unwrap()) && err.contains("qwen2_vl") && err.contains("qwen3_vl"),
+        err.contains(file.to_str().unwrap())
+            && err.contains("qwen2_vl")
+            && err.contains("qwen3_vl"),
         "{err}"
     );
     for (key, value, expect) in [
-        ("hidden_act", Value::from("relu"), "vision_config.hidden_act"),
-        ("out_hidden_size", Value::from(64), "vision_config.out_hidden_size"),
-        ("fullatt_block_indexes", serde_json::json!([5]), "vision_config.fullatt_block_indexes"),
+        (
+            "hidden_act",
+            Value::from("relu"),
+            "vision_config.hidden_act",
+        ),
+        (
+            "out_hidden_size",
+            Value::from(64),
+            "vision_config.out_hidden_size",
+        ),
+        (
+            "fullatt_block_indexes",
+            serde_json::json!([5]),
+            "vision_config.fullatt_block_indexes",
+        ),
         ("window_size", Value::from(4), "vision_config.window_size"),
     ] {
         let dir = copy_model("qwen2_5_vl");
         let file = dir.path().join("config.json");
         edit_json(&file, |c| c["vision_config"][key] = value);
         let err = load_err(dir.path());
-        assert!(err.contains(file.to_str().unwrap()) && err.contains(expect), "{key}: {err}");
+        assert!(
+            err.contains(file.to_str().unwrap()) && err.contains(expect),
+            "{key}: {err}"
+        );
     }
     let dir = copy_model("qwen3_vl");
     let file = dir.path().join("config.json");
@@ -325,7 +389,10 @@ fn unsupported_model_type_or_vision_config_names_file_and_key() {
         c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([4, 4, 4]);
     });
     let err = load_err(dir.path());
-    assert!(err.contains("mrope_section") && err.contains("sums to 12"), "{err}");
+    assert!(
+        err.contains("mrope_section") && err.contains("sums to 12"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -358,7 +425,9 @@ fn an_image_outside_min_max_pixels_is_refused_naming_the_processor() {
     assert!(matches!(err, HfError::BadImage { .. }), "{err:?}");
     let text = err.to_string();
     assert!(
-        text.contains("preprocessor_config.json") && text.contains("image 0") && text.contains("`max_pixels`"),
+        text.contains("preprocessor_config.json")
+            && text.contains("image 0")
+            && text.contains("`max_pixels`"),
         "{text}"
     );
 }
@@ -374,15 +443,28 @@ fn placeholders_that_do_not_match_the_images_are_refused() {
     let one = their_images(&g, &g["batches"][1]).unwrap();
     let err = model.forward(&ids, &mask, Some(&one)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BadInput);
-    assert!(err.to_string().contains("take 0 images, 1 were given"), "{err}");
+    assert!(
+        err.to_string().contains("take 0 images, 1 were given"),
+        "{err}"
+    );
     // The one-image batch without its image, and with a placeholder cut.
     let batch = &g["batches"][1];
     let (ids, mask) = ids_and_mask(batch);
     let err = model.forward(&ids, &mask, None).unwrap_err().to_string();
     assert!(err.contains("beyond the 0 images given"), "{err}");
     let t = ids.size()[1];
-    let first = Vec::<i64>::try_from(&ids.get(0)).unwrap().iter().position(|&x| x == 192).unwrap() as i64;
-    let cut = Tensor::cat(&[ids.narrow(1, 0, first + 1), ids.narrow(1, first + 2, t - first - 2)], 1);
+    let first = Vec::<i64>::try_from(&ids.get(0))
+        .unwrap()
+        .iter()
+        .position(|&x| x == 192)
+        .unwrap() as i64;
+    let cut = Tensor::cat(
+        &[
+            ids.narrow(1, 0, first + 1),
+            ids.narrow(1, first + 2, t - first - 2),
+        ],
+        1,
+    );
     let err = model
         .forward(&cut, &cut.ones_like(), Some(&one))
         .unwrap_err()

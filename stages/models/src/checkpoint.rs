@@ -745,7 +745,9 @@ mod tests {
         let tokenizer = tokenizer();
         let vocab = tokenizer.get_vocab_size(true) as i64;
         let policy = Checkpoint::init(&config(vocab), tokenizer, tch::Device::Cpu).unwrap();
-        policy.save(&dir.path().join("policy"), "test", false).unwrap();
+        policy
+            .save(&dir.path().join("policy"), "test", false)
+            .unwrap();
         let expected = format!(
             "this directory holds `policy/`: pass {}",
             dir.path().join("policy").display()

@@ -481,7 +481,8 @@ mod tests {
             lr,
             ..AdamWConfig::default()
         };
-        let mut grouped = AdamW::new(config, OptimizerState::fresh("lapo")).with_lr_scale("layer.bias", 10.0);
+        let mut grouped =
+            AdamW::new(config, OptimizerState::fresh("lapo")).with_lr_scale("layer.bias", 10.0);
         let mut plain = AdamW::new(config, OptimizerState::fresh("lapo"));
         backward(&layer, 0);
         backward(&plain_layer, 0);
@@ -493,13 +494,24 @@ mod tests {
                 .max()
                 .double_value(&[])
         };
-        assert!((moved("layer.bias") - 10.0 * lr).abs() < 1e-6, "{}", moved("layer.bias"));
-        assert!((moved("layer.weight") - lr).abs() < 1e-6, "{}", moved("layer.weight"));
+        assert!(
+            (moved("layer.bias") - 10.0 * lr).abs() < 1e-6,
+            "{}",
+            moved("layer.bias")
+        );
+        assert!(
+            (moved("layer.weight") - lr).abs() < 1e-6,
+            "{}",
+            moved("layer.weight")
+        );
         let weight = (&vars.variables()["layer.weight"] - &plain_vars.variables()["layer.weight"])
             .abs()
             .max()
             .double_value(&[]);
-        assert_eq!(weight, 0.0, "the other parameters step as without the group");
+        assert_eq!(
+            weight, 0.0,
+            "the other parameters step as without the group"
+        );
     }
 
     /// veRL's `get_cosine_schedule_with_warmup` lambda (transformers' with

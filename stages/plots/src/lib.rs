@@ -269,11 +269,20 @@ pub struct Curve {
 /// [`PALETTE`] order with its band (the seeds' spread) and a legend; the
 /// axes span the points and bands, 5 % beyond them (a constant curve
 /// spans its value ± 1, or ± 5 % of it).
-pub fn curves(path: &Path, title: &str, x_label: &str, y_label: &str, curves: &[Curve]) -> Result<()> {
+pub fn curves(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    curves: &[Curve],
+) -> Result<()> {
     let root = canvas(path, (640, 400))?;
-    let xs = curves
-        .iter()
-        .flat_map(|c| c.points.iter().map(|p| p.0).chain(c.band.iter().map(|b| b.0)));
+    let xs = curves.iter().flat_map(|c| {
+        c.points
+            .iter()
+            .map(|p| p.0)
+            .chain(c.band.iter().map(|b| b.0))
+    });
     let ys = curves.iter().flat_map(|c| {
         c.points
             .iter()
@@ -283,11 +292,17 @@ pub fn curves(path: &Path, title: &str, x_label: &str, y_label: &str, curves: &[
     let span = |values: &mut dyn Iterator<Item = f64>| {
         let (lo, hi) = values
             .filter(|v| v.is_finite())
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            });
         if lo > hi {
             0.0..1.0
         } else if hi - lo < 1e-12 {
-            let pad = if lo.abs() > 1e-12 { lo.abs() * 0.05 } else { 1.0 };
+            let pad = if lo.abs() > 1e-12 {
+                lo.abs() * 0.05
+            } else {
+                1.0
+            };
             lo - pad..hi + pad
         } else {
             let pad = (hi - lo) * 0.05;
@@ -306,13 +321,24 @@ pub fn curves(path: &Path, title: &str, x_label: &str, y_label: &str, curves: &[
                 .map(|b| (b.0, b.2))
                 .chain(curve.band.iter().rev().map(|b| (b.0, b.1)))
                 .collect();
-            chart.draw_series(std::iter::once(Polygon::new(outline, colour.mix(0.2).filled())))?;
+            chart.draw_series(std::iter::once(Polygon::new(
+                outline,
+                colour.mix(0.2).filled(),
+            )))?;
         }
         chart
-            .draw_series(LineSeries::new(curve.points.clone(), colour.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                curve.points.clone(),
+                colour.stroke_width(2),
+            ))?
             .label(curve.name.as_str())
             .legend(swatch(colour));
-        chart.draw_series(curve.points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        chart.draw_series(
+            curve
+                .points
+                .iter()
+                .map(|&p| Circle::new(p, 3, colour.filled())),
+        )?;
     }
     legend(&mut chart)?;
     root.present()?;

@@ -1222,7 +1222,9 @@ pub fn run(args: Args) -> Result<()> {
     let moved = written.and_then(|md| {
         for entry in std::fs::read_dir(&staging).map_err(|e| write_err(&staging, e))? {
             let from = entry.map_err(|e| write_err(&staging, e))?.path();
-            let to = args.out.join(from.file_name().expect("a directory entry has a name"));
+            let to = args
+                .out
+                .join(from.file_name().expect("a directory entry has a name"));
             std::fs::rename(&from, &to).map_err(|e| write_err(&to, e))?;
         }
         Ok(md)

@@ -470,7 +470,11 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             let reward_fn = rows.values().rev().find_map(|r| r.reward_fn.clone());
             let reward_fn = reward_fn.as_deref().unwrap_or("unknown");
             for (slug, metric, value) in [
-                ("eval-success".to_string(), "last eval success (fraction)".to_string(), eval),
+                (
+                    "eval-success".to_string(),
+                    "last eval success (fraction)".to_string(),
+                    eval,
+                ),
                 (
                     "train-success".to_string(),
                     "last train success (fraction)".to_string(),
@@ -483,7 +487,9 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 ),
             ] {
                 if let Some(value) = value {
-                    let chart = charts.entry(slug).or_insert_with(|| (metric, Vec::new(), Vec::new()));
+                    let chart = charts
+                        .entry(slug)
+                        .or_insert_with(|| (metric, Vec::new(), Vec::new()));
                     chart.1.push(name.clone());
                     chart.2.push(value);
                 }

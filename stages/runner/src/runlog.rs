@@ -106,12 +106,15 @@ fn mean_std(values: &[f64]) -> Option<(f64, f64)> {
 }
 
 fn rewards_figures(dir: &Path) -> Vec<(String, f64)> {
-    let Ok(rows) = TableReader::open(dir, TableName::Rewards)
-        .and_then(|r| r.read_rows::<RewardRow>())
+    let Ok(rows) =
+        TableReader::open(dir, TableName::Rewards).and_then(|r| r.read_rows::<RewardRow>())
     else {
         return Vec::new();
     };
-    let rows: Vec<&RewardRow> = rows.iter().filter(|r| r.infra_fault != Some(true)).collect();
+    let rows: Vec<&RewardRow> = rows
+        .iter()
+        .filter(|r| r.infra_fault != Some(true))
+        .collect();
     let scores: Vec<f64> = rows.iter().map(|r| f64::from(r.score)).collect();
     let mut figures = Vec::new();
     if let Some((mean, std)) = mean_std(&scores) {
@@ -148,8 +151,8 @@ fn diagnostics_figures(dir: &Path) -> Vec<(String, f64)> {
 
 /// The metrics rows of an update step, each column by name (nulls left out).
 fn metrics_rows(dir: &Path) -> Vec<Vec<(String, f64)>> {
-    let Ok(rows) = TableReader::open(dir, TableName::Metrics)
-        .and_then(|r| r.read_rows::<MetricRow>())
+    let Ok(rows) =
+        TableReader::open(dir, TableName::Metrics).and_then(|r| r.read_rows::<MetricRow>())
     else {
         return Vec::new();
     };
@@ -206,7 +209,11 @@ fn cell_points(plan: &Plan, cell: usize) -> Vec<Point> {
         // An update's own figures (wall time, throughput) describe the
         // policy it wrote; a collect step's the policy it sampled.
         let at = if rows.is_empty() { global } else { after };
-        points.extend(figures.iter().map(|(name, value)| point(name, *value, at, x)));
+        points.extend(
+            figures
+                .iter()
+                .map(|(name, value)| point(name, *value, at, x)),
+        );
         global = after;
     }
     points
@@ -301,18 +308,30 @@ fn csv_field(text: &str) -> String {
 
 /// The directory of a cell's event files under the report directory.
 pub fn events_dir(report: &Path, cell_name: &str) -> PathBuf {
-    report.join("tensorboard").join(crate::report::sanitize(cell_name))
+    report
+        .join("tensorboard")
+        .join(crate::report::sanitize(cell_name))
 }
 
 /// Writes one cell's event file (replacing the one an earlier run wrote).
 fn write_events(dir: &Path, points: &[&Point]) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
-    for entry in std::fs::read_dir(dir).map_err(|e| RunnerError::io(dir, e))?.flatten() {
-        if entry.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| RunnerError::io(dir, e))?
+        .flatten()
+    {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("events.out.tfevents.")
+        {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-    let start = points.iter().map(|p| p.wall_time).fold(f64::INFINITY, f64::min);
+    let start = points
+        .iter()
+        .map(|p| p.wall_time)
+        .fold(f64::INFINITY, f64::min);
     let start = if start.is_finite() { start } else { 0.0 };
     let path = dir.join(format!("events.out.tfevents.{}.embodyflow", start as u64));
     let mut writer = EventWriter::new(Vec::new(), start).map_err(|e| RunnerError::io(&path, e))?;
@@ -358,7 +377,11 @@ fn seedless(plan: &Plan, cell: usize) -> (String, usize) {
         .collect();
     let seeds = values.len() - kept.len();
     let name = if kept.is_empty() {
-        if seeds > 0 { "seeds".to_string() } else { plan.cells[cell].name.clone() }
+        if seeds > 0 {
+            "seeds".to_string()
+        } else {
+            plan.cells[cell].name.clone()
+        }
     } else {
         kept.join(",")
     };
@@ -440,8 +463,10 @@ pub fn write(plan: &Plan, dir: &Path) -> Result<String> {
         let title = format!("{stage}: {name}");
         embodyflow_plots::curves(&path, &title, "iteration (setup at -1)", name, &curves)
             .map_err(crate::report::plot_err(&path))?;
-        let key: Vec<(String, Vec<(f64, f64)>)> =
-            curves.iter().map(|c| (c.name.clone(), Vec::new())).collect();
+        let key: Vec<(String, Vec<(f64, f64)>)> = curves
+            .iter()
+            .map(|c| (c.name.clone(), Vec::new()))
+            .collect();
         md.push_str(&format!(
             "- ![{stage} {name}]({file}): {}\n",
             embodyflow_plots::colour_key(&key)

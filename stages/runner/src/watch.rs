@@ -221,10 +221,7 @@ mod tests {
         // A step past its estimate counts 0, not negative.
         assert_eq!(costs.eta(2, 600.0), Some(2.0));
         // Recorded costs of an earlier run count before any ran now.
-        let recorded = Costs::new(
-            vec!["a".into(), "b".into()],
-            vec![Some(10.0), Some(30.0)],
-        );
+        let recorded = Costs::new(vec!["a".into(), "b".into()], vec![Some(10.0), Some(30.0)]);
         assert_eq!(recorded.eta(0, 4.0), Some(6.0 + 30.0));
     }
 
@@ -239,7 +236,10 @@ mod tests {
         )
         .unwrap();
         let line = last_line(&log).unwrap();
-        assert_eq!(line, "collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s");
+        assert_eq!(
+            line,
+            "collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s"
+        );
         assert_eq!(
             status_text("it0/collect", "collect-rollouts", Some(&line), Some(185.0)),
             "it0/collect (collect-rollouts) | collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s | run eta ~ 3 min 05 s (measured step costs)"

@@ -302,7 +302,14 @@ pub fn run(args: Args) -> Result<()> {
         } => {
             let table = table_of(&dir)?;
             let target = export_target(format, trajectories.as_deref(), table, &dir)?;
-            export_to(&dir, table, target, (rewards.as_deref(), tasks.as_deref()), file, &mut out)
+            export_to(
+                &dir,
+                table,
+                target,
+                (rewards.as_deref(), tasks.as_deref()),
+                file,
+                &mut out,
+            )
         }
         Command::Merge {
             out: out_dir,

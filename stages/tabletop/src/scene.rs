@@ -384,13 +384,9 @@ impl TaskSpec {
     /// digits), so the rows of one task share the part before `@`.
     pub fn task_id(&self) -> String {
         match self.state {
-            Some(state) => crate::suite::state_id_of(
-                &self.suite,
-                &self.split,
-                self.seed,
-                self.index,
-                state,
-            ),
+            Some(state) => {
+                crate::suite::state_id_of(&self.suite, &self.split, self.seed, self.index, state)
+            }
             None => crate::suite::task_id_of(&self.suite, &self.split, self.seed, self.index),
         }
     }

@@ -293,7 +293,13 @@ pub fn reseed(task: &TaskSpec, run: u32) -> Result<TaskSpec, TabletopError> {
 pub fn task_seed(suite: &str, split: &str, seed: u64, index: u64, state: Option<u32>) -> u64 {
     match state {
         None => mix(&[text_key(suite), text_key(split), seed, index]),
-        Some(state) => mix(&[text_key(suite), text_key(split), seed, index, 1 << 32 | u64::from(state)]),
+        Some(state) => mix(&[
+            text_key(suite),
+            text_key(split),
+            seed,
+            index,
+            1 << 32 | u64::from(state),
+        ]),
     }
 }
 

@@ -246,13 +246,21 @@ fn initial_state_splits_are_disjoint_states_of_the_same_tasks_and_deterministic_
                 // The same task: scene, instruction, goals; the rows share the task key.
                 assert_eq!(
                     (&t.instruction, &t.goals, &t.task_type, t.objects.len()),
-                    (&first.instruction, &first.goals, &first.task_type, first.objects.len()),
+                    (
+                        &first.instruction,
+                        &first.goals,
+                        &first.task_type,
+                        first.objects.len()
+                    ),
                     "{}",
                     t.task_id()
                 );
                 assert_eq!(row.task_key(), rows[0].task_key());
                 assert_eq!(row.task_key(), format!("tabletop-{suite}/5/{index:06}"));
-                assert_eq!(row.task_id, format!("{}@{}/{:04}", row.task_key(), t.split, t.state.unwrap()));
+                assert_eq!(
+                    row.task_id,
+                    format!("{}@{}/{:04}", row.task_key(), t.split, t.state.unwrap())
+                );
                 assert_eq!(task_from_row(row).unwrap(), *t);
                 // Every object within its region around the task's layout.
                 let layout = match protocol_tasks(suite) {
@@ -260,9 +268,20 @@ fn initial_state_splits_are_disjoint_states_of_the_same_tasks_and_deterministic_
                     None => generate(suite, Split::Train, 5, index).objects,
                 };
                 for (o, c) in t.objects.iter().zip(&layout) {
-                    assert_eq!((o.kind, o.colour, o.shape, o.size), (c.kind, c.colour, c.shape, c.size));
-                    assert!((o.x - c.x).abs() <= REGION_HALF_WIDTH + 1e-6, "{}", t.task_id());
-                    assert!((o.y - c.y).abs() <= REGION_HALF_WIDTH + 1e-6, "{}", t.task_id());
+                    assert_eq!(
+                        (o.kind, o.colour, o.shape, o.size),
+                        (c.kind, c.colour, c.shape, c.size)
+                    );
+                    assert!(
+                        (o.x - c.x).abs() <= REGION_HALF_WIDTH + 1e-6,
+                        "{}",
+                        t.task_id()
+                    );
+                    assert!(
+                        (o.y - c.y).abs() <= REGION_HALF_WIDTH + 1e-6,
+                        "{}",
+                        t.task_id()
+                    );
                 }
             }
             // Disjoint: no two states (within or across splits) place the objects alike.
@@ -280,7 +299,10 @@ fn initial_state_splits_are_disjoint_states_of_the_same_tasks_and_deterministic_
             assert_ne!(other.objects, first.objects, "{suite}");
             // A rerun of a state (evaluation's runs) keeps the task and moves within the regions.
             let again = reseed(&states[3], 1).unwrap();
-            assert_eq!((&again.goals, again.state, &again.split), (&states[3].goals, states[3].state, &states[3].split));
+            assert_eq!(
+                (&again.goals, again.state, &again.split),
+                (&states[3].goals, states[3].state, &states[3].split)
+            );
             assert_ne!(again.objects, states[3].objects);
             assert_eq!(reseed(&states[3], 0).unwrap(), states[3]);
         }
@@ -299,7 +321,10 @@ fn the_goal_suite_has_its_seven_train_goals_as_tasks_and_no_unseen_states() {
     let unseen: BTreeSet<String> = (0..30)
         .map(|i| generate(Suite::Goal, Split::Unseen, 1, i).instruction)
         .collect();
-    assert!(unseen.iter().all(|w| !words.contains(w.as_str())), "{unseen:?}");
+    assert!(
+        unseen.iter().all(|w| !words.contains(w.as_str())),
+        "{unseen:?}"
+    );
     let err = initial_state(Suite::Goal, 1, 7, Split::Train, 0).unwrap_err();
     assert!(err.to_string().contains("7 tasks, no task 7"), "{err}");
     let err = initial_state(Suite::Spatial, 1, 0, Split::Unseen, 0).unwrap_err();
@@ -318,7 +343,11 @@ fn the_noiseless_expert_solves_initial_states_of_every_suite() {
                     .success
             })
             .count();
-        assert!(solved as f64 >= 0.95 * states.len() as f64, "{suite}: {solved}/{}", states.len());
+        assert!(
+            solved as f64 >= 0.95 * states.len() as f64,
+            "{suite}: {solved}/{}",
+            states.len()
+        );
     }
 }
 

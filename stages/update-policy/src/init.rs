@@ -481,11 +481,9 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             };
             let vla = config.vla.config(vocab_size, &shape)?;
             let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
-            let (text, prompts) = world
-                .as_ref()
-                .map_or((0, &[][..]), |(shape, _, prompts)| {
-                    (shape.observation_text, prompts.as_slice())
-                });
+            let (text, prompts) = world.as_ref().map_or((0, &[][..]), |(shape, _, prompts)| {
+                (shape.observation_text, prompts.as_slice())
+            });
             let lengths = check_prompts(&policy, &corpus, text, prompts)?;
             if let Some((mean, longest)) = lengths {
                 prompt_lengths = Some(format!(
@@ -576,12 +574,22 @@ fn check_prompts(
 ) -> Result<Option<(f64, i64)>, ModelError> {
     let vla = policy.model.config();
     let fits = |tokens: i64, why: String| {
-        ensure(tokens <= vla.max_instruction, "vla.max_instruction", why, vla.max_instruction)
+        ensure(
+            tokens <= vla.max_instruction,
+            "vla.max_instruction",
+            why,
+            vla.max_instruction,
+        )
     };
     let mut lengths = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let tokens = encode(&policy.tokenizer, prompt)?.len() as i64;
-        fits(tokens, format!("at least {tokens} (the probe prompt `{prompt}`: instruction, newline, observed text)"))?;
+        fits(
+            tokens,
+            format!(
+                "at least {tokens} (the probe prompt `{prompt}`: instruction, newline, observed text)"
+            ),
+        )?;
         lengths.push(tokens);
     }
     // Probe prompts hold the observed texts; else room for the longest.

@@ -2101,7 +2101,9 @@ mod tests {
         // initial states each, state-major.
         let rows: Vec<TaskRow> = (0..3)
             .flat_map(|state| {
-                (0..7).map(move |i| task_row(&initial_state(Suite::Goal, 1, i, Split::Train, state).unwrap()))
+                (0..7).map(move |i| {
+                    task_row(&initial_state(Suite::Goal, 1, i, Split::Train, state).unwrap())
+                })
             })
             .collect();
         let sft = |demos_per_task, demos_per_task_type| SftConfig {
@@ -2111,20 +2113,33 @@ mod tests {
         };
         let kept = kept_tasks(&rows, &SftConfig::default());
         assert_eq!(kept.len(), 7);
-        assert!(kept.iter().all(|row| row.task_id.ends_with("@train/0000")), "{kept:?}");
+        assert!(
+            kept.iter().all(|row| row.task_id.ends_with("@train/0000")),
+            "{kept:?}"
+        );
         let words: BTreeSet<&str> = kept.iter().map(|row| row.instruction.as_str()).collect();
         assert_eq!(words.len(), 7, "every task demonstrated once: {words:?}");
-        assert_eq!(kept_tasks(&rows, &sft(DemosPerTask::First(2), None)).len(), 14);
+        assert_eq!(
+            kept_tasks(&rows, &sft(DemosPerTask::First(2), None)).len(),
+            14
+        );
         assert_eq!(kept_tasks(&rows, &sft(DemosPerTask::All, None)).len(), 21);
         // One per task type leaves tasks out (the goal suite's seven tasks are five types).
-        assert_eq!(kept_tasks(&rows, &sft(DemosPerTask::First(1), Some(1))).len(), 5);
+        assert_eq!(
+            kept_tasks(&rows, &sft(DemosPerTask::First(1), Some(1))).len(),
+            5
+        );
         // A table of one row per task (the layouts protocol) keeps every row by default.
         let layouts: Vec<TaskRow> = (0..9)
             .map(|i| task_row(&generate(Suite::Spatial, Split::Train, 1, i)))
             .collect();
         assert_eq!(kept_tasks(&layouts, &SftConfig::default()).len(), 9);
         // The key reads `all` and counts; the default is one.
-        let read = |json: &str| serde_json::from_str::<SftConfig>(json).unwrap().demos_per_task;
+        let read = |json: &str| {
+            serde_json::from_str::<SftConfig>(json)
+                .unwrap()
+                .demos_per_task
+        };
         assert_eq!(read(r#"{"demos_per_task": "all"}"#), DemosPerTask::All);
         assert_eq!(read(r#"{"demos_per_task": 3}"#), DemosPerTask::First(3));
         assert_eq!(read(r#"{"demos_per_task": "3"}"#), DemosPerTask::First(3));

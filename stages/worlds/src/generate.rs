@@ -274,7 +274,10 @@ impl StageConfig for Config {
             "protocol",
             "layouts (val = new layouts, unseen = held-out goals; tabletop) or initial-states (LIBERO's: count tasks at `states` initial states each; split train, val or test; tabletop, or gym from gym.first_state)",
         ),
-        ("split", "task split: train, val, unseen, or test (protocol = initial-states)"),
+        (
+            "split",
+            "task split: train, val, unseen, or test (protocol = initial-states)",
+        ),
         (
             "states",
             "initial states per task with protocol = initial-states (LIBERO: 50; at least 1)",
@@ -337,7 +340,9 @@ impl StageConfig for Config {
                 ensure(
                     self.count as u64 <= n,
                     "count",
-                    &format!("at most {n}: the {suite} suite's tasks under protocol = initial-states"),
+                    &format!(
+                        "at most {n}: the {suite} suite's tasks under protocol = initial-states"
+                    ),
                     self.count,
                 )?;
             }
@@ -472,7 +477,11 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                     })
                     .collect(),
                 Protocol::InitialStates => (0..u64::from(config.states))
-                    .flat_map(|state| keys.env_ids[..config.count].iter().map(move |id| (id, state)))
+                    .flat_map(|state| {
+                        keys.env_ids[..config.count]
+                            .iter()
+                            .map(move |id| (id, state))
+                    })
                     .map(|(env_id, state)| {
                         let state = keys.first_state + state;
                         let id = format!("gym-{}/{env_id}@{split}/{state}", keys.adapter);

@@ -217,14 +217,18 @@ impl VlConfig {
         };
         let (text_key, text_map) = match source.get("text_config") {
             Some(Value::Object(map)) => ("text_config.", map.clone()),
-            Some(other) => return Err(bad(format!("`text_config` is {other}, expected an object"))),
+            Some(other) => {
+                return Err(bad(format!("`text_config` is {other}, expected an object")));
+            }
             None => ("", source.clone()),
         };
         let (text, mrope_section) = text_config(family, text_key, text_map, &source, file)?;
         let vision = match source.get("vision_config") {
             Some(Value::Object(map)) => vision_config(family, map, file)?,
             Some(other) => {
-                return Err(bad(format!("`vision_config` is {other}, expected an object")));
+                return Err(bad(format!(
+                    "`vision_config` is {other}, expected an object"
+                )));
             }
             None => return Err(bad("missing key `vision_config`".into())),
         };
@@ -286,7 +290,13 @@ impl VlConfig {
         let qwen3 = self.family == VlFamily::Qwen3Vl;
         let mut out = vec![Expected::new(
             format!("{prefix}.patch_embed.proj.weight"),
-            &[e, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size],
+            &[
+                e,
+                v.in_channels,
+                v.temporal_patch_size,
+                v.patch_size,
+                v.patch_size,
+            ],
             "vision_config.hidden_size, in_channels, temporal_patch_size, patch_size",
         )];
         let linear = |out: &mut Vec<Expected>, name: String, rows: i64, cols: i64, keys| {
@@ -346,8 +356,20 @@ impl VlConfig {
             }
         } else {
             norm(&mut out, format!("{prefix}.merger.ln_q"), e, MERGER);
-            linear(&mut out, format!("{prefix}.merger.mlp.0"), merged, merged, MERGER);
-            linear(&mut out, format!("{prefix}.merger.mlp.2"), o, merged, MERGER);
+            linear(
+                &mut out,
+                format!("{prefix}.merger.mlp.0"),
+                merged,
+                merged,
+                MERGER,
+            );
+            linear(
+                &mut out,
+                format!("{prefix}.merger.mlp.2"),
+                o,
+                merged,
+                MERGER,
+            );
         }
         out
     }
@@ -375,9 +397,12 @@ fn text_config(
     map.entry("rms_norm_eps").or_insert(Value::from(eps));
     map.entry("max_position_embeddings")
         .or_insert(Value::from(context));
-    let tied = [top.get("tie_word_embeddings"), map.get("tie_word_embeddings")]
-        .into_iter()
-        .any(|v| v.and_then(Value::as_bool) == Some(true));
+    let tied = [
+        top.get("tie_word_embeddings"),
+        map.get("tie_word_embeddings"),
+    ]
+    .into_iter()
+    .any(|v| v.and_then(Value::as_bool) == Some(true));
     map.insert("tie_word_embeddings".into(), Value::from(tied));
     // transformers reads `mrope` as the default rotary type with sections.
     let rope_key = ["rope_parameters", "rope_scaling"]
@@ -476,7 +501,11 @@ fn vision_config(
     let act = match map.get("hidden_act") {
         None | Some(Value::Null) => act_default,
         Some(Value::String(s)) => s.as_str(),
-        Some(v) => return Err(bad(format!("`vision_config.hidden_act` is {v}, expected a string"))),
+        Some(v) => {
+            return Err(bad(format!(
+                "`vision_config.hidden_act` is {v}, expected a string"
+            )));
+        }
     };
     let hidden_act = match act {
         "silu" => Activation::Silu,
@@ -500,7 +529,9 @@ fn vision_config(
                     });
                 }
             }
-            p.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0)
+            p.get("rope_theta")
+                .and_then(Value::as_f64)
+                .unwrap_or(10_000.0)
         }
         _ => 10_000.0,
     };
@@ -523,7 +554,11 @@ fn vision_config(
         } else {
             list("fullatt_block_indexes", &[7, 15, 23, 31])?
         },
-        num_position_embeddings: if qwen3 { int("num_position_embeddings", 2304)? } else { 0 },
+        num_position_embeddings: if qwen3 {
+            int("num_position_embeddings", 2304)?
+        } else {
+            0
+        },
         deepstack_visual_indexes: if qwen3 {
             list("deepstack_visual_indexes", &[8, 16, 24])?
         } else {

@@ -49,7 +49,9 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::HfError;
-use crate::model::{HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint};
+use crate::model::{
+    HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint,
+};
 use crate::safetensors::Weights;
 pub use config::{Layout, VisionConfig, VlConfig, VlFamily};
 pub use vision::VisionTower;
@@ -200,7 +202,11 @@ impl VlNet {
             &(root / "lm_head"),
             config.text.clone(),
         );
-        let visual = VisionTower::new(&at(root, layout.visual), config.vision.clone(), config.family);
+        let visual = VisionTower::new(
+            &at(root, layout.visual),
+            config.vision.clone(),
+            config.family,
+        );
         let half = config.text.head_dim / 2;
         let [t, h, w] = config.mrope_section;
         let axes: Vec<i64> = (0..half)
@@ -266,7 +272,10 @@ impl VlNet {
             match token == image {
                 true => {
                     let grid = grids.next().copied().unwrap_or_default();
-                    out.extend(std::iter::repeat_n(image, Images::tokens(grid, merge) as usize));
+                    out.extend(std::iter::repeat_n(
+                        image,
+                        Images::tokens(grid, merge) as usize,
+                    ));
                 }
                 false => out.push(token),
             }
@@ -329,7 +338,10 @@ impl VlNet {
         };
         let half = self.config.text.head_dim / 2;
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.language.inv_freq();
-        let index = self.axes.view([1, 1, 1, half]).expand([1, b, t, half], false);
+        let index = self
+            .axes
+            .view([1, 1, 1, half])
+            .expand([1, b, t, half], false);
         let freqs = freqs.gather(0, &index, false).squeeze_dim(0);
         let rope = self.language.rope(&freqs);
         let width = self.config.text.hidden_size;
@@ -431,7 +443,9 @@ impl VlNet {
         }
         let device = self.language.device();
         Ok((
-            Tensor::from_slice(&positions).view([3, b, t]).to_device(device),
+            Tensor::from_slice(&positions)
+                .view([3, b, t])
+                .to_device(device),
             Tensor::from_slice(&deltas).view([b, 1]).to_device(device),
         ))
     }
@@ -524,7 +538,10 @@ mod tests {
             .expand_image_tokens(&[5, 192, 6], &[[1, 4, 4], [1, 4, 4]])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("1 image placeholders") && err.contains("2 images"), "{err}");
+        assert!(
+            err.contains("1 image placeholders") && err.contains("2 images"),
+            "{err}"
+        );
     }
 
     /// get_rope_index's worked example: text, a 1 × (4 × 6 patches → 2 × 3)

@@ -146,7 +146,13 @@ impl VisionTower {
         let patch = path / "patch_embed" / "proj";
         let patch_weight = patch.var(
             "weight",
-            &[e, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size],
+            &[
+                e,
+                c.in_channels,
+                c.temporal_patch_size,
+                c.patch_size,
+                c.patch_size,
+            ],
             nn::Init::Const(0.0),
         );
         let patch_bias = qwen3.then(|| patch.var("bias", &[e], nn::Init::Const(0.0)));
@@ -220,11 +226,12 @@ impl VisionTower {
         let kind = self.patch_weight.kind();
         let (t, p, e) = (c.temporal_patch_size, c.patch_size, c.hidden_size);
         let grids = &images.grid_thw;
-        let pixels = images
-            .pixel_values
-            .to_device(device)
-            .to_kind(kind)
-            .view([-1, c.in_channels, t, p, p]);
+        let pixels =
+            images
+                .pixel_values
+                .to_device(device)
+                .to_kind(kind)
+                .view([-1, c.in_channels, t, p, p]);
         let mut h = pixels
             .conv3d(
                 &self.patch_weight,
@@ -467,7 +474,9 @@ fn position_grid(table: &Tensor, grids: &[[i64; 3]], m: i64) -> Tensor {
     }
     let device = table.device();
     let indices = Tensor::from_slice(&indices).view([-1, 4]).to_device(device);
-    let weights = Tensor::from_slice(&weights).view([-1, 4, 1]).to_device(device);
+    let weights = Tensor::from_slice(&weights)
+        .view([-1, 4, 1])
+        .to_device(device);
     (Tensor::embedding(table, &indices, -1, false, false) * weights).sum_dim_intlist(
         1,
         false,
@@ -507,7 +516,9 @@ mod tests {
         let (index, lengths) = window_index(&config(16), &[[1, 6, 10], [1, 4, 4]]);
         assert_eq!(
             index,
-            [0, 1, 5, 6, 2, 3, 7, 8, 4, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
+            [
+                0, 1, 5, 6, 2, 3, 7, 8, 4, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18
+            ]
         );
         assert_eq!(lengths, [16, 16, 8, 8, 8, 4, 16]);
     }

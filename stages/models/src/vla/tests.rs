@@ -700,7 +700,10 @@ fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
     );
     let mut rgb = serde_json::to_value(tiny_config(50)).unwrap();
     rgb.as_object_mut().unwrap().remove("channels");
-    assert_eq!(serde_json::from_value::<VlaConfig>(rgb).unwrap().channels, 3);
+    assert_eq!(
+        serde_json::from_value::<VlaConfig>(rgb).unwrap().channels,
+        3
+    );
     let patch = config
         .tensors()
         .find(|t| t.name == "patch_embed.weight")
@@ -718,7 +721,10 @@ fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
         .batch()
         .into_iter()
         .zip(&frames)
-        .map(|(row, frame)| Observation { image: frame, ..row })
+        .map(|(row, frame)| Observation {
+            image: frame,
+            ..row
+        })
         .collect();
     let logits = policy.model.logits(&batch).unwrap();
     assert_eq!(logits.size(), [2, 6, 32]);
@@ -727,7 +733,10 @@ fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
     for pixel in other.chunks_mut(6) {
         pixel[3..].fill(0);
     }
-    let changed = [Observation { image: &other, ..batch[0] }];
+    let changed = [Observation {
+        image: &other,
+        ..batch[0]
+    }];
     let first = policy.model.logits(&batch[..1]).unwrap();
     let moved = policy.model.logits(&changed).unwrap();
     assert!(max_diff(&first, &moved) > 1e-6);

@@ -159,14 +159,22 @@ fn warmup_length(lengths: &[usize], epoch_seed: u64, source: &str) -> usize {
 /// candidates (LAPO, a plain VLA), so the examples are used as they are.
 /// Epoch 0's seed is the run's, so its draws are [`attach_warmup_targets`]'s.
 pub fn redraw_warmup_lengths(examples: &[Example], epoch_seed: u64) -> Option<Vec<Example>> {
-    let drawn = |e: &Example| e.thought.as_ref().is_some_and(|t| !t.warmup_lengths.is_empty());
+    let drawn = |e: &Example| {
+        e.thought
+            .as_ref()
+            .is_some_and(|t| !t.warmup_lengths.is_empty())
+    };
     if !examples.iter().any(drawn) {
         return None;
     }
     let mut examples = examples.to_vec();
     for example in &mut examples {
         let source = example.source.clone();
-        if let Some(thought) = example.thought.as_mut().filter(|t| !t.warmup_lengths.is_empty()) {
+        if let Some(thought) = example
+            .thought
+            .as_mut()
+            .filter(|t| !t.warmup_lengths.is_empty())
+        {
             thought.latent_len = warmup_length(&thought.warmup_lengths, epoch_seed, &source);
         }
     }

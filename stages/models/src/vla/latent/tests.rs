@@ -228,7 +228,10 @@ fn the_greedy_stop_is_the_first_candidate_whose_own_end_probability_reaches_0_99
         choose_stop(&[logit(0.3), logit(0.98), logit(0.2)], 0.0, &mut rng),
         1
     );
-    assert_eq!(choose_stop(&[logit(0.6), logit(0.1), logit(0.3)], 0.0, &mut rng), 0);
+    assert_eq!(
+        choose_stop(&[logit(0.6), logit(0.1), logit(0.3)], 0.0, &mut rng),
+        0
+    );
     // Sampling follows softmax(l / T) over the candidates.
     let (a, b) = (0.0f32, 3.0f32.ln());
     for (temperature, expected) in [(1.0, 0.75), (2.0, 3f64.sqrt() / (1.0 + 3f64.sqrt()))] {
@@ -236,7 +239,10 @@ fn the_greedy_stop_is_the_first_candidate_whose_own_end_probability_reaches_0_99
             .filter(|_| choose_stop(&[a, b], temperature, &mut rng) == 1)
             .count();
         let share = ones as f64 / 4000.0;
-        assert!((share - expected).abs() < 0.03, "T {temperature}: {share} vs {expected}");
+        assert!(
+            (share - expected).abs() < 0.03,
+            "T {temperature}: {share} vs {expected}"
+        );
     }
 }
 

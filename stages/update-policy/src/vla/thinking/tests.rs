@@ -123,12 +123,19 @@ fn warm_up_lengths_are_drawn_anew_every_epoch() {
     let epochs: Vec<Vec<usize>> = (0..4)
         .map(|epoch| lengths(&redraw_warmup_lengths(&set.examples, epoch_seed(epoch)).unwrap()))
         .collect();
-    assert_eq!(epochs[0], attached, "epoch 0 draws as the examples were attached");
+    assert_eq!(
+        epochs[0], attached,
+        "epoch 0 draws as the examples were attached"
+    );
     let changed = (0..attached.len())
         .filter(|&i| epochs.iter().any(|e| e[i] != attached[i]))
         .count();
     // Two candidates, three more draws each: all three equal with p = 1/8.
-    assert!(changed * 2 > attached.len(), "{changed} of {}", attached.len());
+    assert!(
+        changed * 2 > attached.len(),
+        "{changed} of {}",
+        attached.len()
+    );
     assert!(epochs.iter().flatten().all(|l| [2, 4].contains(l)));
     let (trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
     let rollouts = ppo_examples(&trajectories, steps, advantages, true).unwrap();
@@ -154,7 +161,15 @@ fn lapo_steps_the_value_head_at_its_own_rate() {
             .collect();
         let mut config = config(Objective::Lapo, 1, lr);
         config.lapo.critic_optim = critic_optim;
-        let report = train(&mut policy, None, &examples, &config, 0, OptimizerState::fresh("lapo")).unwrap();
+        let report = train(
+            &mut policy,
+            None,
+            &examples,
+            &config,
+            0,
+            OptimizerState::fresh("lapo"),
+        )
+        .unwrap();
         assert_eq!(report.metrics.len(), 1, "one optimizer step");
         let after = policy.vars.variables();
         let largest = |head: bool| {
@@ -168,8 +183,14 @@ fn lapo_steps_the_value_head_at_its_own_rate() {
     };
     let (own_head, own_trunk) = moved(crate::lapo::CriticOptim::Own);
     let (shared_head, shared_trunk) = moved(crate::lapo::CriticOptim::Shared);
-    assert!((own_head - 10.0 * lr).abs() < 1e-6, "own: head moved {own_head}");
-    assert!((shared_head - lr).abs() < 1e-6, "shared: head moved {shared_head}");
+    assert!(
+        (own_head - 10.0 * lr).abs() < 1e-6,
+        "own: head moved {own_head}"
+    );
+    assert!(
+        (shared_head - lr).abs() < 1e-6,
+        "shared: head moved {shared_head}"
+    );
     assert!((own_trunk - lr).abs() < 1e-6 && (shared_trunk - lr).abs() < 1e-6);
 }
 
