@@ -88,8 +88,8 @@ use tch::{Kind, Tensor};
 
 use embodyflow_core::config::positive;
 
+use crate::config::non_negative;
 use crate::loss::{Denominators, LossAgg, PolicyLoss, PpoConfig, aggregate, policy_loss};
-use crate::non_negative;
 
 /// `lapo.*` settings: the LAPO weights, the latent's sigma and the value loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -215,7 +215,7 @@ fn the_kl_penalty_to_a_vla_reference_grows_as_the_policy_moves() {
     let mut policy = tiny_vla(K);
     let reference = tiny_vla(K);
     let example = rollout(&policy, 1.0);
-    crate::tests::assert_kl_penalty_grows(&mut policy, &reference, example);
+    crate::train::tests::assert_kl_penalty_grows(&mut policy, &reference, example);
 }
 
 /// An observation missing or of another shape, a token outside the bins or

@@ -91,8 +91,8 @@ fn the_warm_up_gives_targets_and_learns_them() {
     .unwrap();
     let (first, last) = (&report.metrics[0], report.metrics.last().unwrap());
     assert!(first.value_loss.is_none() && first.clipfrac.is_none());
-    let latent = |m: &crate::MetricRow| m.latent_loss.unwrap();
-    let end = |m: &crate::MetricRow| m.end_loss.unwrap();
+    let latent = |m: &embodyflow_core::schemas::MetricRow| m.latent_loss.unwrap();
+    let end = |m: &embodyflow_core::schemas::MetricRow| m.end_loss.unwrap();
     assert!(latent(last) < latent(first), "{first:?} -> {last:?}");
     // The stop targets are drawn uniformly: the best is ln 2 for two candidates.
     assert!((end(last) - 2f32.ln()).abs() < 0.15, "{last:?}");
@@ -327,7 +327,7 @@ fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
                 assert!(v.is_finite(), "{m:?}");
             }
         }
-        let value = |m: &crate::MetricRow| m.value_loss.unwrap();
+        let value = |m: &embodyflow_core::schemas::MetricRow| m.value_loss.unwrap();
         assert!(
             value(report.metrics.last().unwrap()) < value(first),
             "{:?}",

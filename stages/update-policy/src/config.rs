@@ -1,0 +1,746 @@
+//! The stage's config: what to optimise (`objective`), the batch sizes, the
+//! optimizer and its learning-rate schedule (`optim.*`), the policy loss
+//! (`ppo.*`, [`crate::loss`]), LAPO's terms (`lapo.*`, [`crate::lapo`]),
+//! supervised fine-tuning (`sft.*`) and where a VLA's observations are kept
+//! (`observations`), read from the layered TOML config and `--set key=value`
+//! (see `embodyflow_core::config`). Every table is `deny_unknown_fields`,
+//! so a misspelt key is an error that names it; [`Config::validate`] checks
+//! the values before any work, a schedule key the schedule does not read
+//! included.
+//!
+//! ```text
+//! objective = "ppo"          # ppo | sft | lapo
+//! epochs = 1
+//! mini_batch = 64            # sequences per mini-batch
+//! micro_batch = 16           # sequences per forward/backward pass
+//! [optim]
+//! lr = 1e-4
+//! schedule = "cosine"        # constant | linear_warmup | cosine
+//! warmup_steps = 10
+//! total_steps = 200
+//! [ppo]
+//! clip_low = 0.2
+//! clip_high = 0.28
+//! ```
+
+use std::path::PathBuf;
+
+use embodyflow_core::Error;
+use embodyflow_core::config::{at_least, ensure, positive};
+use embodyflow_core::stage::{OutputConfig, StageConfig};
+use embodyflow_envs::context::ContextTemplates;
+use embodyflow_models::optimizer::{AdamWConfig, LrSchedule};
+use embodyflow_models::vla::WarmupConfig;
+use embodyflow_worlds::BridgeKeys;
+use serde::{Deserialize, Serialize};
+
+use crate::lapo::LapoConfig;
+use crate::loss::PpoConfig;
+
+/// Where a VLA's observations are kept while it trains (`observations`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObservationsMode {
+    /// Each example holds its bytes (the process's own memory).
+    Memory,
+    /// Written once into a memory-mapped Arrow IPC file
+    /// ([`crate::store_observations`]): sealed shared memory, not the heap.
+    #[default]
+    Mmap,
+}
+
+/// What the update optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Cross-entropy on expert answers.
+    Sft,
+    /// The clipped policy-gradient surrogate on rollouts and advantages.
+    Ppo,
+    /// LaST-R1's LAPO on a thinking VLA's rollouts: action, `<latent_end>`
+    /// and latent surrogates and the clipped value loss ([`lapo`]).
+    Lapo,
+}
+
+/// `optim.*` settings (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Learning rate (the base rate the schedule scales).
+    pub lr: f64,
+    /// Learning-rate schedule over the optimizer's steps.
+    pub schedule: ScheduleKind,
+    /// Steps of the linear warm-up from 0 (`linear_warmup`, `cosine`).
+    pub warmup_steps: u64,
+    /// The step at which the cosine reaches its floor (`cosine`; counted
+    /// over the whole run: the step count carries over resumed calls).
+    pub total_steps: Option<u64>,
+    /// The cosine's floor as a fraction of `lr` (`cosine`).
+    pub min_lr_ratio: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam beta1.
+    pub beta1: f64,
+    /// Adam beta2.
+    pub beta2: f64,
+    /// Largest gradient norm (0 = no clipping).
+    pub grad_clip: f64,
+    /// Continue from the AdamW state saved in the input checkpoint when it
+    /// was accumulated on the same objective (false: start fresh).
+    pub resume: bool,
+}
+
+/// `optim.schedule`: the shape of the learning rate over the optimizer's steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// `optim.lr` at every step.
+    #[default]
+    Constant,
+    /// A ramp from 0 over `optim.warmup_steps`, then `optim.lr`.
+    LinearWarmup,
+    /// The ramp, then a half-cosine down to `optim.min_lr_ratio · optim.lr` at `optim.total_steps`.
+    Cosine,
+}
+
+impl ScheduleKind {
+    /// The name config files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Constant => "constant",
+            ScheduleKind::LinearWarmup => "linear_warmup",
+            ScheduleKind::Cosine => "cosine",
+        }
+    }
+}
+
+impl Objective {
+    /// The name config files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Sft => "sft",
+            Objective::Ppo => "ppo",
+            Objective::Lapo => "lapo",
+        }
+    }
+}
+
+impl OptimConfig {
+    /// The schedule these settings describe (checked by `Config::validate`).
+    pub fn schedule(&self) -> LrSchedule {
+        match self.schedule {
+            ScheduleKind::Constant => LrSchedule::Constant,
+            ScheduleKind::LinearWarmup => LrSchedule::LinearWarmup {
+                warmup_steps: self.warmup_steps,
+            },
+            ScheduleKind::Cosine => LrSchedule::Cosine {
+                warmup_steps: self.warmup_steps,
+                total_steps: self.total_steps.unwrap_or(self.warmup_steps),
+                min_lr_ratio: self.min_lr_ratio,
+            },
+        }
+    }
+
+    pub(crate) fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            weight_decay: self.weight_decay,
+            eps: 1e-8,
+        }
+    }
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 1e-4,
+            schedule: ScheduleKind::Constant,
+            warmup_steps: 0,
+            total_steps: None,
+            min_lr_ratio: 0.0,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            grad_clip: 1.0,
+            resume: true,
+        }
+    }
+}
+
+/// `sft.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    /// Keep the first N rows of each task (`TaskRow::task_key`); 1 by
+    /// default: one demonstration per task, from its first initial state
+    /// (SimpleVLA-RL's one-trajectory SFT).
+    pub demos_per_task: DemosPerTask,
+    /// Then keep only the first N tasks of each task type (one per task
+    /// type: the household study's held-out-combination SFT).
+    pub demos_per_task_type: Option<usize>,
+    /// The context each expert answer is trained after.
+    pub context: SftContext,
+    /// The teacher template (`context = reference | both`): the same
+    /// templates `teacher-logp` reads, so a teacher is trained on the context
+    /// it will score in.
+    pub template: ContextTemplates,
+    /// The scripted expert's action noise on a VLA's demonstrations (its
+    /// `ExpertConfig::noise`: relative standard deviation on dx, dy, dz),
+    /// seeded by `--seed` and the task id.
+    pub expert_noise: f32,
+    /// A thinking VLA's warm-up: the weights of the latent cosine, stop
+    /// and action cross-entropies (LaST-R1: 1 : 0.1 : 1) and what fills the
+    /// latent slots.
+    pub warmup: WarmupConfig,
+    /// The gym bridge's workers running the scripted experts of bridge
+    /// tasks (`sft.bridge.*`).
+    pub bridge: BridgeKeys,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            demos_per_task: DemosPerTask::First(1),
+            demos_per_task_type: None,
+            context: SftContext::default(),
+            template: ContextTemplates::default(),
+            expert_noise: 0.05,
+            warmup: WarmupConfig::default(),
+            bridge: BridgeKeys::default(),
+        }
+    }
+}
+
+/// How many rows of each task SFT keeps: the first N, or `all` (full SFT:
+/// every initial state's demonstration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemosPerTask {
+    /// Every row.
+    All,
+    /// The first N rows, in table order.
+    First(usize),
+}
+
+impl Serialize for DemosPerTask {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match *self {
+            DemosPerTask::All => s.serialize_str("all"),
+            DemosPerTask::First(n) => s.serialize_u64(n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DemosPerTask {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(usize),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(DemosPerTask::First(n)),
+            Raw::Word(w) if w == "all" => Ok(DemosPerTask::All),
+            Raw::Word(w) => w.parse().map(DemosPerTask::First).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "`{w}`: expected a number of demonstrations per task or `all`"
+                ))
+            }),
+        }
+    }
+}
+
+/// What an SFT example's answer follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SftContext {
+    /// The policy's prompt (a policy).
+    #[default]
+    Prompt,
+    /// The teacher template with the ground-truth plan (a reference-reading teacher).
+    Reference,
+    /// Both, one example each (a generalist teacher: it answers with and without a reference).
+    Both,
+}
+
+/// The stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// What to optimise.
+    pub objective: Objective,
+    /// Iteration recorded in the metrics rows.
+    pub iteration: i32,
+    /// Passes over the examples.
+    pub epochs: usize,
+    /// Sequences per mini-batch.
+    pub mini_batch: usize,
+    /// Sequences per forward/backward pass (gradients accumulate up to `mini_batch`).
+    pub micro_batch: usize,
+    /// Mini-batches per optimizer step (their gradients accumulate, the loss
+    /// normalised over all of them: one step on their union).
+    pub grad_accumulation: usize,
+    /// Optimizer.
+    pub optim: OptimConfig,
+    /// Policy loss.
+    pub ppo: PpoConfig,
+    /// LAPO's weights, latent sigma and value clip (`objective = lapo`).
+    pub lapo: LapoConfig,
+    /// Reference checkpoint of the KL penalty (needed when `ppo.kl_coef > 0`).
+    pub kl_reference: Option<PathBuf>,
+    /// Supervised fine-tuning.
+    pub sft: SftConfig,
+    /// Where a VLA's observations are kept while training.
+    pub observations: ObservationsMode,
+    /// Output layout of the metrics table.
+    pub output: OutputConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            objective: Objective::Ppo,
+            iteration: 0,
+            epochs: 1,
+            mini_batch: 64,
+            micro_batch: 16,
+            grad_accumulation: 1,
+            optim: OptimConfig::default(),
+            ppo: PpoConfig::default(),
+            lapo: LapoConfig::default(),
+            kl_reference: None,
+            sft: SftConfig::default(),
+            observations: ObservationsMode::default(),
+            output: OutputConfig::default(),
+        }
+    }
+}
+
+impl StageConfig for Config {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("epochs", "passes over the examples (veRL ppo_epochs)"),
+        (
+            "grad_accumulation",
+            "mini-batches per optimizer step (loss normalised over all of them)",
+        ),
+        ("iteration", "iteration recorded in the metrics rows"),
+        (
+            "kl_reference",
+            "reference checkpoint of the KL penalty (needed when ppo.kl_coef > 0)",
+        ),
+        (
+            "micro_batch",
+            "sequences per forward/backward pass (veRL ppo_micro_batch_size_per_gpu)",
+        ),
+        (
+            "mini_batch",
+            "sequences per mini-batch (veRL ppo_mini_batch_size)",
+        ),
+        (
+            "lapo.critic_optim",
+            "LAPO: the value head's optimiser: own (its own rate, lapo.value_lr_scale x optim.lr, LaST-R1) or shared (one rate)",
+        ),
+        (
+            "lapo.latent_sigma",
+            "LAPO: sigma of the latent ratio exp(-0.5 sum ||z_old - z||^2 / sigma^2) (LaST-R1: 10)",
+        ),
+        (
+            "lapo.value_clip",
+            "LAPO: the value is clipped to old value +- this (LaST-R1: 0.2)",
+        ),
+        (
+            "lapo.value_coef",
+            "LAPO: weight of the value loss in the total (LaST-R1: 1)",
+        ),
+        (
+            "lapo.value_lr_scale",
+            "LAPO: the value head's rate as a multiple of optim.lr with critic_optim = own (LaST-R1: 10)",
+        ),
+        (
+            "lapo.w_action",
+            "LAPO: weight of the action/stop mean (action_loss_weight, 1)",
+        ),
+        (
+            "lapo.w_end",
+            "LAPO: weight of the stop against the n_action action tokens (latent_end_loss_weight, 1)",
+        ),
+        (
+            "lapo.w_latent",
+            "LAPO: weight of the latent surrogate (latent_loss_weight, 0.1)",
+        ),
+        (
+            "objective",
+            "what to optimise: ppo, sft (a thinking VLA: its warm-up) or lapo (a thinking VLA's rollouts)",
+        ),
+        (
+            "observations",
+            "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in sealed shared memory) or memory",
+        ),
+        ("optim.beta1", "AdamW beta1"),
+        ("optim.beta2", "AdamW beta2"),
+        ("optim.grad_clip", "largest gradient norm (0: no clipping)"),
+        (
+            "optim.lr",
+            "learning rate (the base rate the schedule scales)",
+        ),
+        (
+            "optim.min_lr_ratio",
+            "cosine: the floor as a fraction of optim.lr",
+        ),
+        (
+            "optim.resume",
+            "continue from the AdamW state saved in the input checkpoint (same objective)",
+        ),
+        (
+            "optim.schedule",
+            "learning-rate schedule: constant, linear_warmup or cosine",
+        ),
+        (
+            "optim.total_steps",
+            "cosine: the step at which the rate reaches its floor (over the whole run)",
+        ),
+        (
+            "optim.warmup_steps",
+            "linear_warmup, cosine: steps of the linear warm-up from 0",
+        ),
+        ("optim.weight_decay", "decoupled weight decay"),
+        ("ppo.clip_high", "upper clip range eps_high (clip-higher)"),
+        ("ppo.clip_low", "lower clip range eps_low"),
+        (
+            "ppo.dual_clip",
+            "dual-clip constant c for negative advantages (> 1)",
+        ),
+        (
+            "ppo.entropy_coef",
+            "entropy bonus coefficient (the loss subtracts coef * entropy)",
+        ),
+        ("ppo.kl_coef", "KL penalty coefficient beta (0: off)"),
+        ("ppo.kl_estimator", "KL estimator: k1, k2 or k3"),
+        (
+            "ppo.loss_agg",
+            "loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean",
+        ),
+        (
+            "sft.context",
+            "context each expert answer is trained after: prompt, reference or both",
+        ),
+        (
+            "sft.demos_per_task",
+            "keep the first N rows of each task (rows sharing the task id before `@`: one task's initial states), or all; 1: one demonstration per task",
+        ),
+        (
+            "sft.demos_per_task_type",
+            "then keep only the first N tasks of each task type (unset: all)",
+        ),
+        (
+            "sft.bridge.python",
+            "bridge tasks: the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
+        ),
+        (
+            "sft.bridge.timeout_s",
+            "bridge tasks: seconds a gym bridge worker may take per request before it counts as hung, > 0",
+        ),
+        (
+            "sft.bridge.workers",
+            "bridge tasks: gym bridge workers running the scripted experts (0: one per CPU)",
+        ),
+        (
+            "sft.expert_noise",
+            "VLA: the tabletop expert's relative action noise in [0, 1] on demonstrations (seeded by --seed and task)",
+        ),
+        (
+            "sft.warmup.action",
+            "thinking VLA warm-up: weight of the action cross-entropy (1)",
+        ),
+        (
+            "sft.warmup.end",
+            "thinking VLA warm-up: weight of the <latent_end> cross-entropy (0.1)",
+        ),
+        (
+            "sft.warmup.latent",
+            "thinking VLA warm-up: weight of the latent cosine loss (1)",
+        ),
+        (
+            "sft.warmup.self_forcing",
+            "thinking VLA warm-up: the latent slots hold the policy's own one-step predictions (true) or the targets (false: LaST-R1's teacher forcing)",
+        ),
+        (
+            "sft.template.name",
+            "teacher template name (context = reference | both)",
+        ),
+        ("sft.template.student", "student context template"),
+        (
+            "sft.template.teacher",
+            "teacher context template, with {reference_plan}",
+        ),
+    ];
+
+    fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+
+    fn validate(&self) -> embodyflow_core::Result<()> {
+        at_least("iteration", self.iteration, 0)?;
+        at_least("epochs", self.epochs, 1)?;
+        at_least("mini_batch", self.mini_batch, 1)?;
+        at_least("micro_batch", self.micro_batch, 1)?;
+        at_least("grad_accumulation", self.grad_accumulation, 1)?;
+        let optim = &self.optim;
+        positive("optim.lr", optim.lr)?;
+        validate_schedule(optim)?;
+        non_negative("optim.weight_decay", optim.weight_decay)?;
+        for (key, beta) in [("optim.beta1", optim.beta1), ("optim.beta2", optim.beta2)] {
+            ensure((0.0..1.0).contains(&beta), key, "a number in [0, 1)", beta)?;
+        }
+        non_negative("optim.grad_clip", optim.grad_clip)?;
+        let ppo = &self.ppo;
+        ensure(
+            (0.0..1.0).contains(&ppo.clip_low),
+            "ppo.clip_low",
+            "a number in [0, 1)",
+            ppo.clip_low,
+        )?;
+        non_negative("ppo.clip_high", ppo.clip_high)?;
+        ensure(
+            ppo.dual_clip.is_finite() && ppo.dual_clip > 1.0,
+            "ppo.dual_clip",
+            "a finite number above 1",
+            ppo.dual_clip,
+        )?;
+        non_negative("ppo.entropy_coef", ppo.entropy_coef)?;
+        non_negative("ppo.kl_coef", ppo.kl_coef)?;
+        ensure(
+            ppo.kl_coef == 0.0 || self.kl_reference.is_some(),
+            "kl_reference",
+            format!(
+                "a reference checkpoint directory with ppo.kl_coef = {}",
+                ppo.kl_coef
+            ),
+            "none",
+        )?;
+        if let DemosPerTask::First(n) = self.sft.demos_per_task {
+            at_least("sft.demos_per_task", n, 1)?;
+        }
+        if let Some(n) = self.sft.demos_per_task_type {
+            at_least("sft.demos_per_task_type", n, 1)?;
+        }
+        ensure(
+            (0.0..=1.0).contains(&self.sft.expert_noise),
+            "sft.expert_noise",
+            "a number in [0, 1]",
+            self.sft.expert_noise,
+        )?;
+        self.sft.bridge.validate("sft.")?;
+        if self.sft.context != SftContext::Prompt {
+            self.sft.template.check().map_err(|e| Error::BadValue {
+                key: "sft.template".into(),
+                reason: e.to_string(),
+            })?;
+        }
+        let warmup = &self.sft.warmup;
+        for (key, weight) in [
+            ("sft.warmup.latent", warmup.latent),
+            ("sft.warmup.end", warmup.end),
+            ("sft.warmup.action", warmup.action),
+        ] {
+            non_negative(key, weight)?;
+        }
+        if self.objective == Objective::Lapo {
+            for (key, value) in [
+                ("ppo.kl_coef", self.ppo.kl_coef),
+                ("ppo.entropy_coef", self.ppo.entropy_coef),
+            ] {
+                ensure(
+                    value == 0.0,
+                    key,
+                    "0 with objective = lapo (its loss has no KL penalty or entropy bonus, as LaST-R1's runs)",
+                    value,
+                )?;
+            }
+        }
+        self.lapo.check()
+    }
+}
+
+/// The schedule keys agree with `optim.schedule`: a key the schedule does not
+/// read is refused rather than ignored.
+fn validate_schedule(optim: &OptimConfig) -> embodyflow_core::Result<()> {
+    let name = optim.schedule.name();
+    match optim.schedule {
+        ScheduleKind::Constant => ensure(
+            optim.warmup_steps == 0,
+            "optim.warmup_steps",
+            "0 with optim.schedule = constant (linear_warmup or cosine warm up)",
+            optim.warmup_steps,
+        )?,
+        ScheduleKind::LinearWarmup => at_least("optim.warmup_steps", optim.warmup_steps, 1)?,
+        ScheduleKind::Cosine => {}
+    }
+    if optim.schedule == ScheduleKind::Cosine {
+        let total = optim.total_steps.ok_or_else(|| Error::BadValue {
+            key: "optim.total_steps".into(),
+            reason: "optim.schedule = cosine needs the run's total optimizer steps".into(),
+        })?;
+        ensure(
+            total > optim.warmup_steps,
+            "optim.total_steps",
+            format!("more than optim.warmup_steps = {}", optim.warmup_steps),
+            total,
+        )?;
+        ensure(
+            (0.0..=1.0).contains(&optim.min_lr_ratio),
+            "optim.min_lr_ratio",
+            "a number in [0, 1]",
+            optim.min_lr_ratio,
+        )?;
+    } else {
+        if let Some(total) = optim.total_steps {
+            return Err(Error::BadValue {
+                key: "optim.total_steps".into(),
+                reason: format!(
+                    "only optim.schedule = cosine reads it; found {total} with optim.schedule = {name}"
+                ),
+            });
+        }
+        ensure(
+            optim.min_lr_ratio == 0.0,
+            "optim.min_lr_ratio",
+            format!("0 with optim.schedule = {name} (only cosine reads it)"),
+            optim.min_lr_ratio,
+        )?;
+    }
+    Ok(())
+}
+
+/// A finite number of at least 0 (a coefficient or clip that 0 turns off).
+pub(crate) fn non_negative(key: &str, value: f64) -> embodyflow_core::Result<()> {
+    ensure(
+        value.is_finite() && value >= 0.0,
+        key,
+        "a finite number of at least 0",
+        value,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embodyflow_core::config::refused_key;
+
+    #[test]
+    fn config_values_are_checked_when_loaded() {
+        assert_eq!(refused_key::<Config>(&[]), None, "the defaults pass");
+        assert_eq!(
+            refused_key::<Config>(&[
+                "objective=sft",
+                "optim.grad_clip=0",
+                "ppo.kl_coef=0.1",
+                "kl_reference=runs/init",
+                "sft.context=both",
+                "sft.demos_per_task_type=1",
+                "sft.expert_noise=0",
+                "observations=memory",
+            ]),
+            None
+        );
+        assert_eq!(
+            refused_key::<Config>(&[
+                "grad_accumulation=4",
+                "optim.schedule=linear_warmup",
+                "optim.warmup_steps=5",
+            ]),
+            None
+        );
+        assert_eq!(
+            refused_key::<Config>(&[
+                "optim.schedule=cosine",
+                "optim.warmup_steps=10",
+                "optim.total_steps=200",
+                "optim.min_lr_ratio=0.1",
+            ]),
+            None
+        );
+        for (sets, key) in [
+            (&["objective=dpo"][..], "objective"),
+            (&["observations=disk"], "observations"),
+            (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
+            (&["ppo.kl_estimator=k4"], "ppo.kl_estimator"),
+            (&["sft.context=none"], "sft.context"),
+            (&["sft.warmup.end=-0.1"], "sft.warmup.end"),
+            (&["lapo.latent_sigma=0"], "lapo.latent_sigma"),
+            (&["lapo.w_latent=-1"], "lapo.w_latent"),
+            (
+                &["objective=lapo", "ppo.kl_coef=0.1", "kl_reference=runs/x"],
+                "ppo.kl_coef",
+            ),
+            (
+                &["objective=lapo", "ppo.entropy_coef=0.01"],
+                "ppo.entropy_coef",
+            ),
+            (&["iteration=-1"], "iteration"),
+            (&["epochs=0"], "epochs"),
+            (&["mini_batch=0"], "mini_batch"),
+            (&["micro_batch=0"], "micro_batch"),
+            (&["grad_accumulation=0"], "grad_accumulation"),
+            (&["optim.schedule=linear"], "optim.schedule"),
+            (&["optim.warmup_steps=10"], "optim.warmup_steps"),
+            (&["optim.total_steps=100"], "optim.total_steps"),
+            (&["optim.min_lr_ratio=0.1"], "optim.min_lr_ratio"),
+            (&["optim.schedule=linear_warmup"], "optim.warmup_steps"),
+            (
+                &[
+                    "optim.schedule=linear_warmup",
+                    "optim.warmup_steps=5",
+                    "optim.total_steps=100",
+                ],
+                "optim.total_steps",
+            ),
+            (&["optim.schedule=cosine"], "optim.total_steps"),
+            (
+                &[
+                    "optim.schedule=cosine",
+                    "optim.warmup_steps=10",
+                    "optim.total_steps=10",
+                ],
+                "optim.total_steps",
+            ),
+            (
+                &[
+                    "optim.schedule=cosine",
+                    "optim.total_steps=100",
+                    "optim.min_lr_ratio=1.5",
+                ],
+                "optim.min_lr_ratio",
+            ),
+            (&["optim.lr=0"], "optim.lr"),
+            (&["optim.weight_decay=-0.1"], "optim.weight_decay"),
+            (&["optim.beta1=1"], "optim.beta1"),
+            (&["optim.beta2=-0.5"], "optim.beta2"),
+            (&["optim.grad_clip=-1"], "optim.grad_clip"),
+            (&["ppo.clip_low=1"], "ppo.clip_low"),
+            (&["ppo.clip_high=-0.28"], "ppo.clip_high"),
+            (&["ppo.dual_clip=1"], "ppo.dual_clip"),
+            (&["ppo.entropy_coef=-0.01"], "ppo.entropy_coef"),
+            (&["ppo.kl_coef=-0.1"], "ppo.kl_coef"),
+            (&["ppo.kl_coef=0.1"], "kl_reference"),
+            (&["sft.demos_per_task_type=0"], "sft.demos_per_task_type"),
+            (&["sft.demos_per_task=0"], "sft.demos_per_task"),
+            (&["sft.demos_per_task=most"], "sft.demos_per_task"),
+            (&["sft.expert_noise=1.5"], "sft.expert_noise"),
+            (&["sft.expert_noise=-0.1"], "sft.expert_noise"),
+            (&["sft.expert_noise=nan"], "sft.expert_noise"),
+            (
+                &["sft.context=reference", "sft.template.teacher={prompt}"],
+                "sft.template",
+            ),
+        ] {
+            assert_eq!(
+                refused_key::<Config>(sets).as_deref(),
+                Some(key),
+                "{sets:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The plan policies as [`Trainable`] networks: our [`Gpt`] and a Hugging
+//! Face decoder ([`HfNet`], full fine-tuning, its prompts from its chat
+//! template). Their SFT examples are the tasks' expert answers
+//! ([`crate::sft_examples`]); an example is checked against the vocabulary
+//! and the context (`prompt + response <= n_ctx`), and a micro-batch is
+//! scored by [`score_responses`]: per-token log-probs of each response
+//! under `logits / T`, each distinct prompt encoded once.
+//!
+//! ```text
+//! prompt ids ... <|plan|> | response ids ... <eos>   ->   logprobs [B, T], mask [B, T]
+//! ```
+
+use embodyflow_core::Error;
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_models::ModelError;
+use embodyflow_models::checkpoint::Checkpoint;
+use embodyflow_models::gpt::Gpt;
+use embodyflow_models::hf::HfNet;
+use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, score_responses};
+
+use crate::config::SftConfig;
+use crate::examples::{Example, SftSet, check_vocabulary, sft_examples};
+use crate::train::Trainable;
+
+impl Trainable for Gpt {
+    fn sft_examples(
+        policy: &Checkpoint,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        plan_sft_set(policy, tasks, sft)
+    }
+
+    fn check_examples(policy: &Checkpoint, examples: &[Example]) -> Result<(), Error> {
+        check_plan_examples(policy, examples)
+    }
+
+    fn score(
+        policy: &Checkpoint,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        Ok(score_plan_examples(policy, batch, temperature, entropy))
+    }
+}
+
+/// A Hugging Face decoder trains as our plan policy does (full
+/// fine-tuning), its prompts from its chat template.
+impl Trainable for HfNet {
+    fn sft_examples(
+        policy: &Checkpoint<HfNet>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        plan_sft_set(policy, tasks, sft)
+    }
+
+    fn check_examples(policy: &Checkpoint<HfNet>, examples: &[Example]) -> Result<(), Error> {
+        check_plan_examples(policy, examples)
+    }
+
+    fn score(
+        policy: &Checkpoint<HfNet>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        Ok(score_plan_examples(policy, batch, temperature, entropy))
+    }
+}
+
+/// [`Trainable::sft_examples`] of a plan policy.
+fn plan_sft_set<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    tasks: &[TaskRow],
+    sft: &SftConfig,
+) -> Result<SftSet, ModelError> {
+    Ok(SftSet {
+        examples: sft_examples(policy, tasks, sft)?,
+        notes: Vec::new(),
+        frame_encoder: None,
+    })
+}
+
+/// [`Trainable::check_examples`] of a plan policy: ids in its vocabulary,
+/// prompt + response within its context.
+fn check_plan_examples<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    examples: &[Example],
+) -> Result<(), Error> {
+    check_vocabulary(examples, M::vocab_size(policy.model.config()))?;
+    let n_ctx = policy.model.max_len();
+    if let Some(long) = examples
+        .iter()
+        .find(|e| e.prompt.len() + e.response.len() > n_ctx)
+    {
+        return Err(Error::BadInput(format!(
+            "{}: prompt of {} + response of {} tokens exceeds the model's context n_ctx = {n_ctx}",
+            long.source,
+            long.prompt.len(),
+            long.response.len()
+        )));
+    }
+    Ok(())
+}
+
+/// [`Trainable::score`] of a plan policy ([`score_responses`]).
+fn score_plan_examples<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    batch: &[&Example],
+    temperature: f64,
+    entropy: Entropy,
+) -> ResponseScores {
+    let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+    let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
+    score_responses(policy, &prompts, &responses, temperature, entropy)
+}
