@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use embodyflow_gym::{BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, Pool};
-use embodyflow_rollout::closed_loop::ClosedLoopWorld;
+use embodyflow_world::ClosedLoopWorld;
 
 const ENV: &str = "BabyAI-GoToLocal-v0";
 const MAX_STEPS: u32 = 64;

@@ -29,7 +29,7 @@
 //!
 //! ```no_run
 //! use embodyflow_gym::{BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, probe};
-//! use embodyflow_rollout::closed_loop::ClosedLoopWorld;
+//! use embodyflow_world::ClosedLoopWorld;
 //! let config = BridgeConfig { workers: 2, ..BridgeConfig::default() };
 //! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 3, 64);
 //! let tasks = vec![GymTask { task_id: "goto/3".into(), spec }];
@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::{self, ObservationShape};
-use embodyflow_rollout::closed_loop::{ChunkReport, ClosedLoopWorld, WorldError};
+use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -36,7 +36,7 @@ pub struct DemonstrationDecision {
     pub env_steps: u32,
     /// The observation's text, for an env that observes text (the
     /// decision's prompt is then
-    /// [`embodyflow_rollout::closed_loop::observed_prompt`]).
+    /// [`embodyflow_world::observed_prompt`]).
     pub text: Option<String>,
 }
 

@@ -1,5 +1,5 @@
 //! The Gymnasium bridge: any Gymnasium environment as a
-//! [`ClosedLoopWorld`](embodyflow_rollout::closed_loop::ClosedLoopWorld)
+//! [`ClosedLoopWorld`](embodyflow_world::ClosedLoopWorld)
 //! of the closed-loop driver, through Python worker processes.
 //!
 //! ```text
@@ -433,7 +433,7 @@ pub struct AdapterInfo {
     /// The longest text an observation carries, in characters (a
     /// Gymnasium `Text` space's `max_length`); 0 when the env observes no
     /// text. A text observation is appended to the instruction in each
-    /// decision's prompt ([`embodyflow_rollout::closed_loop::observed_prompt`]).
+    /// decision's prompt ([`embodyflow_world::observed_prompt`]).
     pub text: usize,
     /// Its actions.
     pub action: ActionSpace,

@@ -20,9 +20,9 @@ use embodyflow_gym::{
     expert_demonstrations, probe,
 };
 use embodyflow_rollout::closed_loop::{
-    ChunkDecision, ChunkPolicy, ClosedLoopConfig, ClosedLoopRun, ClosedLoopWorld, DecisionBatch,
-    run_closed_loop,
+    ChunkDecision, ChunkPolicy, ClosedLoopConfig, ClosedLoopRun, DecisionBatch, run_closed_loop,
 };
+use embodyflow_world::ClosedLoopWorld;
 use serde_json::json;
 
 const BABYAI: &str = "BabyAI-GoToLocal-v0";

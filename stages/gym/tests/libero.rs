@@ -15,7 +15,7 @@ use std::time::Duration;
 use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_core::{Classify, ErrorKind};
 use embodyflow_gym::{ActionSpace, BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, probe};
-use embodyflow_rollout::closed_loop::ClosedLoopWorld;
+use embodyflow_world::ClosedLoopWorld;
 use serde_json::json;
 
 fn config() -> BridgeConfig {

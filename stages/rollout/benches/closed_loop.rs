@@ -18,10 +18,11 @@ use embodyflow_models::tokenizer::train_bpe;
 use embodyflow_models::vla::{Vla, VlaConfig};
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
-    ChunkDecision, ChunkPolicy, ClosedLoopConfig, ClosedLoopRun, DecisionBatch, TabletopEpisodes,
-    run_closed_loop,
+    ChunkDecision, ChunkPolicy, ClosedLoopConfig, ClosedLoopRun, DecisionBatch, run_closed_loop,
 };
-use embodyflow_tabletop::{ACTION_DIM, PROPRIO_DIM, Split, Suite, TaskSpec, generate};
+use embodyflow_tabletop::{
+    ACTION_DIM, PROPRIO_DIM, Split, Suite, TabletopEpisodes, TaskSpec, generate,
+};
 
 const GROUP: usize = 8;
 const SIZE: usize = 32;

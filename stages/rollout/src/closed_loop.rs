@@ -9,11 +9,12 @@
 //!   action tokens (bins) and their log-probs. The models crate knows no
 //!   world and does not depend on this crate; its VLA is adapted here by
 //!   [`vla::VlaPolicy`] (this crate depends on both).
-//! - [`ClosedLoopWorld`]: `n` episodes that render into contiguous buffers
-//!   and advance by one chunk of `K` actions each; implemented here for the
-//!   tabletop world by [`TabletopEpisodes`] (a [`Batch`]: G copies of each
-//!   task share its initial state); the Gymnasium bridge
-//!   (`embodyflow_gym::GymEpisodes`) implements it the same way.
+//! - [`ClosedLoopWorld`] (the `embodyflow_world` crate, below the models,
+//!   re-exported here): `n` episodes that render into contiguous buffers
+//!   and advance by one chunk of `K` actions each; the tabletop world
+//!   implements it (`embodyflow_tabletop::TabletopEpisodes`: G copies of
+//!   each task share its initial state), and so does the Gymnasium bridge
+//!   (`embodyflow_gym::GymEpisodes`).
 //!
 //! One decision of the driver [`run_closed_loop`], repeated until every
 //! episode has ended or `max_decisions` decisions were taken:
@@ -48,10 +49,8 @@
 //!
 //! ```no_run
 //! use embodyflow_algos::action_tokens::ActionBins;
-//! use embodyflow_rollout::closed_loop::{
-//!     ChunkPolicy, ClosedLoopConfig, TabletopEpisodes, run_closed_loop,
-//! };
-//! use embodyflow_tabletop::{Split, Suite, generate};
+//! use embodyflow_rollout::closed_loop::{ChunkPolicy, ClosedLoopConfig, run_closed_loop};
+//! use embodyflow_tabletop::{Split, Suite, TabletopEpisodes, generate};
 //! # fn policy() -> impl ChunkPolicy { todo!() }
 //! let tasks = vec![generate(Suite::Goal, Split::Train, 7, 0)];
 //! let mut world = TabletopEpisodes::new(&tasks, 8, 32).unwrap(); // G = 8
@@ -74,212 +73,9 @@ use embodyflow_core::observation::{self, ObservationError, ObservationShape};
 use embodyflow_core::progress;
 use embodyflow_core::schemas::StepRow;
 use embodyflow_core::{Classify, ErrorKind};
-use embodyflow_tabletop as tabletop;
-use tabletop::Batch;
-
-/// An error of a world while stepping (the driver checks actions first, so
-/// this is a failure of the world).
-pub type WorldError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What one chunk did to one episode.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChunkReport {
-    /// Actions of the chunk executed (0 for an episode that had ended).
-    pub env_steps: u32,
-    /// Whether the episode has ended.
-    pub done: bool,
-    /// Whether it ended in success.
-    pub success: bool,
-    /// Why the episode ended outside the task (its environment worker
-    /// crashed, hung or sent a malformed frame): a failure with a reason,
-    /// never dropped. `None` when the world ran it.
-    pub failure: Option<String>,
-}
-
-/// Episodes of a closed-loop world, stepped together.
-pub trait ClosedLoopWorld {
-    /// Number of episodes.
-    fn len(&self) -> usize;
-    /// Whether there is no episode.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The shape of every episode's observation.
-    fn observation_shape(&self) -> ObservationShape;
-    /// The names of the images each frame joins along its channels (a
-    /// robot's cameras, e.g. `agentview`, `wrist`), in channel order; empty
-    /// for one unnamed image. The driver writes them into every decision's
-    /// observation ([`observation::encode_named`], format version 2). No
-    /// default: a world that wraps others must pass them on.
-    fn image_names(&self) -> &[String];
-    /// Dimensions of one action.
-    fn action_dim(&self) -> usize;
-    /// Episode `i`'s task id.
-    fn task_id(&self, i: usize) -> &str;
-    /// Episode `i`'s instruction in words.
-    fn instruction(&self, i: usize) -> &str;
-    /// Whether episode `i` is still running.
-    fn running(&self, i: usize) -> bool;
-    /// Renders every episode into [`ClosedLoopWorld::frames`] and
-    /// [`ClosedLoopWorld::proprio`].
-    fn observe(&mut self);
-    /// The frames, episode after episode (`pixel_len()` bytes each).
-    fn frames(&self) -> &[u8];
-    /// The proprio vectors, episode after episode.
-    fn proprio(&self) -> &[f32];
-    /// Steps each running episode through its chunk of `k` actions
-    /// (`len() × k × action_dim()` values; an ended episode's are ignored).
-    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError>;
-    /// Whether an object a goal of episode `i` moves was ever grasped; `None`
-    /// for a world without grasping.
-    fn target_ever_grasped(&self, i: usize) -> Option<bool>;
-    /// The anchor state of episode `i` as last observed (GiGPO's step
-    /// groups): a hex hash of the world's exact state, equal exactly when
-    /// two episodes are in the same state; `None` for a world that cannot
-    /// say.
-    fn anchor_key(&self, i: usize) -> Option<String> {
-        let _ = i;
-        None
-    }
-    /// The text episode `i` observes as last observed (a Gymnasium `Text`
-    /// observation), which the driver appends to the instruction in the
-    /// decision's prompt ([`observed_prompt`]); `None` for a world whose
-    /// observations carry no text. No default: a world that wraps others
-    /// must pass it on.
-    fn observation_text(&self, i: usize) -> Option<&str>;
-    /// Why episode `i` ended before its first decision (its environment
-    /// could not be started or reset: a failure with a reason, as
-    /// [`ChunkReport::failure`]); `None` for an episode that started. No
-    /// default: a world that wraps others must pass it on.
-    fn start_failure(&self, i: usize) -> Option<&str>;
-}
-
-/// The prompt of a decision in a world that observes text: the instruction,
-/// then the observation's text on the next line (the text alone when there
-/// is no instruction). The driver and a demonstration's decisions
-/// (update-policy's behaviour cloning) both build it here.
-///
-/// ```
-/// use embodyflow_rollout::closed_loop::observed_prompt;
-/// assert_eq!(observed_prompt("find the key", "you are in room 1"), "find the key\nyou are in room 1");
-/// assert_eq!(observed_prompt("", "you are in room 1"), "you are in room 1");
-/// ```
-pub fn observed_prompt(instruction: &str, text: &str) -> String {
-    if instruction.is_empty() {
-        text.to_string()
-    } else {
-        format!("{instruction}\n{text}")
-    }
-}
-
-/// The tabletop world's episodes ([`Batch`]: `G` copies of each task) with
-/// the frame size they render at.
-#[derive(Clone, Debug)]
-pub struct TabletopEpisodes {
-    batch: Batch,
-    size: usize,
-}
-
-impl TabletopEpisodes {
-    /// `group` copies of each task (episode `t * group + g` is copy `g` of
-    /// task `t`), observed at `size × size` pixels.
-    pub fn new(
-        tasks: &[tabletop::TaskSpec],
-        group: usize,
-        size: usize,
-    ) -> Result<TabletopEpisodes, tabletop::TabletopError> {
-        Ok(TabletopEpisodes {
-            batch: Batch::new(tasks, group, size)?,
-            size,
-        })
-    }
-
-    /// The episodes.
-    pub fn batch(&self) -> &Batch {
-        &self.batch
-    }
-}
-
-impl ClosedLoopWorld for TabletopEpisodes {
-    fn len(&self) -> usize {
-        self.batch.len()
-    }
-
-    fn observation_shape(&self) -> ObservationShape {
-        ObservationShape {
-            height: self.size,
-            width: self.size,
-            channels: 3,
-            proprio: tabletop::PROPRIO_DIM,
-        }
-    }
-
-    fn image_names(&self) -> &[String] {
-        &[]
-    }
-
-    fn action_dim(&self) -> usize {
-        tabletop::ACTION_DIM
-    }
-
-    fn task_id(&self, i: usize) -> &str {
-        self.batch.world(i).task_id()
-    }
-
-    fn instruction(&self, i: usize) -> &str {
-        self.batch.world(i).instruction()
-    }
-
-    fn running(&self, i: usize) -> bool {
-        self.batch.world(i).status() == tabletop::Status::Running
-    }
-
-    fn observe(&mut self) {
-        self.batch.observe()
-    }
-
-    fn frames(&self) -> &[u8] {
-        self.batch.frames()
-    }
-
-    fn proprio(&self) -> &[f32] {
-        self.batch.proprio()
-    }
-
-    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError> {
-        Ok(self
-            .batch
-            .step_chunks(actions, k)?
-            .into_iter()
-            .map(|o| ChunkReport {
-                env_steps: o.env_steps,
-                done: o.done,
-                success: o.success,
-                failure: None,
-            })
-            .collect())
-    }
-
-    fn target_ever_grasped(&self, i: usize) -> Option<bool> {
-        Some(self.batch.world(i).target_ever_grasped())
-    }
-
-    /// BLAKE3 of the world's exact state (`World::state_bytes`), 32 hex
-    /// digits.
-    fn anchor_key(&self, i: usize) -> Option<String> {
-        let hash = blake3::hash(&self.batch.world(i).state_bytes());
-        Some(hash.to_hex()[..32].to_string())
-    }
-
-    /// The tabletop world observes no text.
-    fn observation_text(&self, _: usize) -> Option<&str> {
-        None
-    }
-
-    fn start_failure(&self, _: usize) -> Option<&str> {
-        None
-    }
-}
+pub use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
+// Until its callers name the tabletop crate: the tabletop world's episodes.
+pub use embodyflow_tabletop::TabletopEpisodes;
 
 /// What a policy sees at one decision: one row per live episode.
 #[derive(Clone, Copy, Debug)]

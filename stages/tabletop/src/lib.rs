@@ -22,6 +22,8 @@
 //!   the push strategy;
 //! - [`batch`]: many episodes in lockstep (G copies per task, one action
 //!   chunk per decision), observed into contiguous buffers;
+//! - [`episodes`]: a batch behind the closed-loop world interface
+//!   (`embodyflow_world::ClosedLoopWorld`), which the rollout driver steps;
 //! - [`rows`]: tasks-table rows (the scene spec travels as JSON in the
 //!   `observation` column).
 //!
@@ -39,6 +41,7 @@
 //! ```
 
 pub mod batch;
+pub mod episodes;
 pub mod expert;
 pub mod render;
 pub mod rows;
@@ -47,6 +50,7 @@ pub mod suite;
 pub mod world;
 
 pub use batch::{Batch, ChunkOutcome};
+pub use episodes::TabletopEpisodes;
 pub use expert::{
     Decision, Demonstration, Episode, Expert, ExpertConfig, Strategy, demonstration, run_episode,
 };

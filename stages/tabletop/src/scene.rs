@@ -377,6 +377,21 @@ pub struct TaskSpec {
     pub max_steps: u32,
 }
 
+/// `tabletop-<suite>/<split>/<seed>/<index, six digits>`.
+pub fn task_id_of(suite: &str, split: &str, seed: u64, index: u64) -> String {
+    format!("tabletop-{suite}/{split}/{seed}/{index:06}")
+}
+
+/// An initial state's id: `tabletop-<suite>/<seed>/<index, six
+/// digits>@<split>/<state, four digits>` (the task before `@`, see
+/// `TaskRow::task_key`).
+pub fn state_id_of(suite: &str, split: &str, seed: u64, index: u64, state: u32) -> String {
+    format!(
+        "tabletop-{suite}/{seed}/{index:06}{}{split}/{state:04}",
+        embodyflow_core::schemas::INITIAL_STATE_SEPARATOR
+    )
+}
+
 impl TaskSpec {
     /// The task id: `tabletop-<suite>/<split>/<seed>/<index>` (index with six
     /// digits); an initial state's reads
@@ -384,10 +399,8 @@ impl TaskSpec {
     /// digits), so the rows of one task share the part before `@`.
     pub fn task_id(&self) -> String {
         match self.state {
-            Some(state) => {
-                crate::suite::state_id_of(&self.suite, &self.split, self.seed, self.index, state)
-            }
-            None => crate::suite::task_id_of(&self.suite, &self.split, self.seed, self.index),
+            Some(state) => state_id_of(&self.suite, &self.split, self.seed, self.index, state),
+            None => task_id_of(&self.suite, &self.split, self.seed, self.index),
         }
     }
 

@@ -129,21 +129,6 @@ pub const LAYOUT_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Unseen];
 /// states of the same tasks.
 pub const STATE_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Test];
 
-/// `tabletop-<suite>/<split>/<seed>/<index, six digits>`.
-pub fn task_id_of(suite: &str, split: &str, seed: u64, index: u64) -> String {
-    format!("tabletop-{suite}/{split}/{seed}/{index:06}")
-}
-
-/// An initial state's id: `tabletop-<suite>/<seed>/<index, six
-/// digits>@<split>/<state, four digits>` (the task before `@`, see
-/// `TaskRow::task_key`).
-pub fn state_id_of(suite: &str, split: &str, seed: u64, index: u64, state: u32) -> String {
-    format!(
-        "tabletop-{suite}/{seed}/{index:06}{}{split}/{state:04}",
-        embodyflow_core::schemas::INITIAL_STATE_SEPARATOR
-    )
-}
-
 /// Initial states LIBERO stores per task (its `init_states` files).
 pub const STATES_PER_TASK: u32 = 50;
 

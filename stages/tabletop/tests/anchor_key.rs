@@ -3,8 +3,8 @@
 //! decision 0, copies that took different actions part, and copies that
 //! took the same actions keep sharing it.
 
-use embodyflow_rollout::closed_loop::{ClosedLoopWorld, TabletopEpisodes};
-use embodyflow_tabletop::{ACTION_DIM, Split, Suite, generate};
+use embodyflow_tabletop::{ACTION_DIM, Split, Suite, TabletopEpisodes, generate};
+use embodyflow_world::ClosedLoopWorld;
 
 #[test]
 fn copies_share_the_key_until_their_actions_differ() {

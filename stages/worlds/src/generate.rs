@@ -74,7 +74,7 @@ use embodyflow_tabletop as tabletop;
 use embodyflow_gym::{self as gym, GymTask, GymTaskSpec, SuccessRule};
 use embodyflow_household::task::generate_task;
 use embodyflow_household::{Split, TaskType, task_row};
-use embodyflow_rollout::closed_loop::ClosedLoopWorld;
+use embodyflow_world::ClosedLoopWorld;
 
 use crate::{WorldOptions, WorldTask, Worlds, WorldsError};
 
@@ -433,8 +433,8 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                 let (suite, index) = choice.task(i);
                 let (name, split) = (suite.as_str(), split.as_str());
                 let id = match state {
-                    Some(state) => tabletop::suite::state_id_of(name, split, seed, index, state),
-                    None => tabletop::suite::task_id_of(name, split, seed, index),
+                    Some(state) => tabletop::scene::state_id_of(name, split, seed, index, state),
+                    None => tabletop::scene::task_id_of(name, split, seed, index),
                 };
                 if !stage.args.shard.owns(&id) {
                     continue;

@@ -35,10 +35,8 @@ use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_gym::{self as gym, BridgeConfig, FaultCounts, GymEpisodes, GymTask, Pool};
-use embodyflow_rollout::closed_loop::{
-    ChunkReport, ClosedLoopWorld, TabletopEpisodes, WorldError, observed_prompt,
-};
-use embodyflow_tabletop as tabletop;
+use embodyflow_tabletop::{self as tabletop, TabletopEpisodes};
+use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 use serde::{Deserialize, Serialize};
 
 /// A bridge task's run `r > 0` resets with seed `seed + r * RUN_SEED_STRIDE`

@@ -4,7 +4,7 @@
 //! knows the scene.
 //!
 //! It keeps its own copy of each episode's world, built from the same
-//! tasks as the [`super::TabletopEpisodes`] it plays in (`group` copies of
+//! tasks as the [`TabletopEpisodes`](tabletop::TabletopEpisodes) it plays in (`group` copies of
 //! each task, episode `t * group + g` being copy `g` of task `t`), steps its
 //! copy with the bin centres the real world receives (so the copies stay
 //! identical) and checks that every observation it is given is its copy's:
@@ -14,8 +14,8 @@
 //! ```no_run
 //! use embodyflow_algos::action_tokens::ActionBins;
 //! use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
-//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
-//! use embodyflow_tabletop::{Split, Strategy, Suite, generate};
+//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
+//! use embodyflow_tabletop::{Split, Strategy, Suite, TabletopEpisodes, generate};
 //! let tasks = vec![generate(Suite::Goal, Split::Val, 7, 0)];
 //! let mut policy = ExpertPolicy::new(&tasks, 2, 32, 8, Strategy::Grasp, 0.0).unwrap();
 //! let mut world = TabletopEpisodes::new(&tasks, 2, 32).unwrap();
@@ -31,7 +31,8 @@ use tabletop::{ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Status, Strategy, 
 
 use super::{ChunkDecision, ChunkPolicy, DecisionBatch};
 
-/// The scripted expert of every episode of a [`super::TabletopEpisodes`].
+/// The scripted expert of every episode of a
+/// [`TabletopEpisodes`](tabletop::TabletopEpisodes).
 pub struct ExpertPolicy {
     worlds: Vec<World>,
     experts: Vec<Expert>,

@@ -1,9 +1,9 @@
 use super::expert::ExpertPolicy;
 use super::*;
 use embodyflow_core::observation::decode;
-use tabletop::{
-    ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Split, Status, Strategy, Suite, TaskSpec, World,
-    frame_len, generate, run_episode,
+use embodyflow_tabletop::{
+    ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Split, Status, Strategy, Suite,
+    TabletopEpisodes, TaskSpec, World, frame_len, generate, run_episode,
 };
 
 const SIZE: usize = 32;

@@ -11,7 +11,8 @@
 //! use embodyflow_models::checkpoint::Checkpoint;
 //! use embodyflow_models::vla::Vla;
 //! use embodyflow_rollout::closed_loop::vla::VlaPolicy;
-//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
+//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
+//! use embodyflow_tabletop::TabletopEpisodes;
 //! # let tasks: Vec<embodyflow_tabletop::TaskSpec> = todo!();
 //! let checkpoint = Checkpoint::<Vla>::load_kind("runs/sft/policy".as_ref(), tch::Device::Cpu).unwrap();
 //! let mut policy = VlaPolicy::new(&checkpoint, 1.6).unwrap();
@@ -153,7 +154,7 @@ mod tests {
     use embodyflow_models::policy::Entropy;
     use embodyflow_models::testing::{seed, tiny_tokenizer};
     use embodyflow_models::vla::{LatentConfig, VlaConfig};
-    use embodyflow_tabletop::{Split, Suite, generate};
+    use embodyflow_tabletop::{Split, Suite, TabletopEpisodes, generate};
 
     fn tiny() -> Checkpoint<Vla> {
         tiny_with(None)

@@ -1,0 +1,179 @@
+//! The closed-loop world interface: `n` episodes of a world that render into
+//! contiguous buffers and advance by one chunk of `K` actions each, stepped
+//! in lockstep (SimpleVLA-RL's rollout loop; a batch of episodes as
+//! Gymnasium's vector environments step theirs, with an action chunk per
+//! step as OpenVLA-OFT emits them).
+//!
+//! This crate sits below the models and knows none of them: a world
+//! implements [`ClosedLoopWorld`] with plain data (frames as bytes,
+//! proprio and actions as `f32`, the shape as an
+//! [`ObservationShape`]), and the rollout driver
+//! (`embodyflow_rollout::closed_loop::run_closed_loop`) runs a policy over
+//! any implementation. The tabletop world (`embodyflow_tabletop::TabletopEpisodes`)
+//! and the Gymnasium bridge (`embodyflow_gym::GymEpisodes`) implement it,
+//! so neither links libtorch; `embodyflow_worlds` chooses one per task row.
+//!
+//! One decision of the driver, in the interface's terms: [`observe`] every
+//! episode, read the live episodes' [`frames`] and [`proprio`] (and, in a
+//! world that observes text, each one's [`observation_text`], joined to the
+//! instruction by [`observed_prompt`]), ask the policy, then
+//! [`step_chunks`] with `len() × K × action_dim()` actions; each episode's
+//! [`ChunkReport`] says how many actions it executed and whether it ended
+//! (success, the world's `max_steps`, or a fault of its environment: a
+//! failure with a reason, never an error).
+//!
+//! A world of one cell per episode that succeeds once an action pushes
+//! right, stepped as the driver steps it:
+//!
+//! ```
+//! use embodyflow_core::observation::ObservationShape;
+//! use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
+//!
+//! struct Push { done: Vec<bool>, frames: Vec<u8>, proprio: Vec<f32> }
+//!
+//! impl ClosedLoopWorld for Push {
+//!     fn len(&self) -> usize { self.done.len() }
+//!     fn observation_shape(&self) -> ObservationShape {
+//!         ObservationShape { height: 1, width: 1, channels: 1, proprio: 1 }
+//!     }
+//!     fn image_names(&self) -> &[String] { &[] }
+//!     fn action_dim(&self) -> usize { 1 }
+//!     fn task_id(&self, _: usize) -> &str { "push" }
+//!     fn instruction(&self, _: usize) -> &str { "push right" }
+//!     fn running(&self, i: usize) -> bool { !self.done[i] }
+//!     fn observe(&mut self) {
+//!         self.frames = self.done.iter().map(|&d| 255 * u8::from(d)).collect();
+//!         self.proprio = self.done.iter().map(|&d| f32::from(u8::from(d))).collect();
+//!     }
+//!     fn frames(&self) -> &[u8] { &self.frames }
+//!     fn proprio(&self) -> &[f32] { &self.proprio }
+//!     fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError> {
+//!         let mut reports = Vec::new();
+//!         for (i, chunk) in actions.chunks(k).enumerate() {
+//!             let mut report = ChunkReport { env_steps: 0, done: self.done[i], success: self.done[i], failure: None };
+//!             for &a in chunk.iter().take_while(|_| !self.done[i]) {
+//!                 report.env_steps += 1;
+//!                 self.done[i] = a > 0.0;
+//!                 (report.done, report.success) = (self.done[i], self.done[i]);
+//!             }
+//!             reports.push(report);
+//!         }
+//!         Ok(reports)
+//!     }
+//!     fn target_ever_grasped(&self, _: usize) -> Option<bool> { None }
+//!     fn observation_text(&self, _: usize) -> Option<&str> { None }
+//!     fn start_failure(&self, _: usize) -> Option<&str> { None }
+//! }
+//!
+//! let mut world = Push { done: vec![false; 2], frames: vec![], proprio: vec![] };
+//! world.observe();
+//! assert_eq!(world.frames().len(), world.len() * world.observation_shape().pixel_len());
+//! // K = 2: episode 0 pushes left then right, episode 1 right at once.
+//! let reports = world.step_chunks(&[-1.0, 1.0, 1.0, 0.0], 2).unwrap();
+//! assert_eq!((reports[0].env_steps, reports[0].success), (2, true));
+//! assert_eq!((reports[1].env_steps, reports[1].success), (1, true));
+//! assert!(!world.running(0) && !world.running(1));
+//! ```
+//!
+//! [`observe`]: ClosedLoopWorld::observe
+//! [`frames`]: ClosedLoopWorld::frames
+//! [`proprio`]: ClosedLoopWorld::proprio
+//! [`observation_text`]: ClosedLoopWorld::observation_text
+//! [`step_chunks`]: ClosedLoopWorld::step_chunks
+
+use embodyflow_core::observation::ObservationShape;
+
+/// An error of a world while stepping (the driver checks actions first, so
+/// this is a failure of the world).
+pub type WorldError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What one chunk did to one episode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkReport {
+    /// Actions of the chunk executed (0 for an episode that had ended).
+    pub env_steps: u32,
+    /// Whether the episode has ended.
+    pub done: bool,
+    /// Whether it ended in success.
+    pub success: bool,
+    /// Why the episode ended outside the task (its environment worker
+    /// crashed, hung or sent a malformed frame): a failure with a reason,
+    /// never dropped. `None` when the world ran it.
+    pub failure: Option<String>,
+}
+
+/// Episodes of a closed-loop world, stepped together.
+pub trait ClosedLoopWorld {
+    /// Number of episodes.
+    fn len(&self) -> usize;
+    /// Whether there is no episode.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The shape of every episode's observation.
+    fn observation_shape(&self) -> ObservationShape;
+    /// The names of the images each frame joins along its channels (a
+    /// robot's cameras, e.g. `agentview`, `wrist`), in channel order; empty
+    /// for one unnamed image. The driver writes them into every decision's
+    /// observation ([`embodyflow_core::observation::encode_named`], format
+    /// version 2). No default: a world that wraps others must pass them on.
+    fn image_names(&self) -> &[String];
+    /// Dimensions of one action.
+    fn action_dim(&self) -> usize;
+    /// Episode `i`'s task id.
+    fn task_id(&self, i: usize) -> &str;
+    /// Episode `i`'s instruction in words.
+    fn instruction(&self, i: usize) -> &str;
+    /// Whether episode `i` is still running.
+    fn running(&self, i: usize) -> bool;
+    /// Renders every episode into [`ClosedLoopWorld::frames`] and
+    /// [`ClosedLoopWorld::proprio`].
+    fn observe(&mut self);
+    /// The frames, episode after episode (`pixel_len()` bytes each).
+    fn frames(&self) -> &[u8];
+    /// The proprio vectors, episode after episode.
+    fn proprio(&self) -> &[f32];
+    /// Steps each running episode through its chunk of `k` actions
+    /// (`len() × k × action_dim()` values; an ended episode's are ignored).
+    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError>;
+    /// Whether an object a goal of episode `i` moves was ever grasped; `None`
+    /// for a world without grasping.
+    fn target_ever_grasped(&self, i: usize) -> Option<bool>;
+    /// The anchor state of episode `i` as last observed (GiGPO's step
+    /// groups): a hex hash of the world's exact state, equal exactly when
+    /// two episodes are in the same state; `None` for a world that cannot
+    /// say.
+    fn anchor_key(&self, i: usize) -> Option<String> {
+        let _ = i;
+        None
+    }
+    /// The text episode `i` observes as last observed (a Gymnasium `Text`
+    /// observation), which the driver appends to the instruction in the
+    /// decision's prompt ([`observed_prompt`]); `None` for a world whose
+    /// observations carry no text. No default: a world that wraps others
+    /// must pass it on.
+    fn observation_text(&self, i: usize) -> Option<&str>;
+    /// Why episode `i` ended before its first decision (its environment
+    /// could not be started or reset: a failure with a reason, as
+    /// [`ChunkReport::failure`]); `None` for an episode that started. No
+    /// default: a world that wraps others must pass it on.
+    fn start_failure(&self, i: usize) -> Option<&str>;
+}
+
+/// The prompt of a decision in a world that observes text: the instruction,
+/// then the observation's text on the next line (the text alone when there
+/// is no instruction). The driver and a demonstration's decisions
+/// (update-policy's behaviour cloning) both build it here.
+///
+/// ```
+/// use embodyflow_world::observed_prompt;
+/// assert_eq!(observed_prompt("find the key", "you are in room 1"), "find the key\nyou are in room 1");
+/// assert_eq!(observed_prompt("", "you are in room 1"), "you are in room 1");
+/// ```
+pub fn observed_prompt(instruction: &str, text: &str) -> String {
+    if instruction.is_empty() {
+        text.to_string()
+    } else {
+        format!("{instruction}\n{text}")
+    }
+}
