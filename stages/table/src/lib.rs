@@ -9,6 +9,12 @@
 //! table import --format parquet --from F.parquet... --column ROLE=COLUMN... [--tokenizer T] --out DIR
 //!                                              another trainer's rollouts -> tasks,
 //!                                              trajectories, steps, rewards (`foreign`)
+//! table import --format libero-hdf5 --from F.hdf5... --tokenizer T --chunk-len K --out DIR
+//!                                              LIBERO's demonstrations -> tasks, trajectories,
+//!                                              steps (`libero_hdf5`)
+//! table replay F.hdf5 [--demo demo_N]... [--steps S]
+//!                                              a demonstration's actions replayed through the
+//!                                              LIBERO adapter from its initial state
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
 //! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
 //! table validate DIR... [--deep]              decode every shard, refuse files the manifest
@@ -59,6 +65,7 @@ use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_t
 use embodyflow_core::{Error, Result, progress};
 
 pub mod foreign;
+pub mod libero_hdf5;
 
 /// Command line of `table`.
 #[derive(Debug, clap::Parser)]
@@ -79,18 +86,20 @@ enum Command {
         /// Table name.
         name: Option<TableName>,
     },
-    /// Import JSON lines (one row per line) as a table, or another trainer's
-    /// rollout dump (`--format verl|trl|parquet`) as tasks, trajectories, steps and rewards.
+    /// Import JSON lines (one row per line) as a table, another trainer's
+    /// rollout dump (`--format verl|trl|parquet`) as tasks, trajectories, steps and rewards,
+    /// or LIBERO's HDF5 demonstrations (`--format libero-hdf5`) as tasks, trajectories and steps.
     Import {
         /// Table the rows belong to (rows in our own format).
         #[arg(long, required_unless_present = "format", conflicts_with = "format")]
         table: Option<TableName>,
         /// A trainer's dump instead: veRL rollout/validation JSON lines, TRL-style
-        /// JSON lines, or Parquet with `--column`.
+        /// JSON lines, Parquet with `--column`; or LIBERO's HDF5 demonstrations.
         #[arg(long)]
-        format: Option<foreign::Source>,
+        format: Option<ImportFormat>,
         /// JSON-lines file; with `--format parquet`, one or more Parquet files
-        /// (`--from a.parquet b.parquet`), read in order.
+        /// (`--from a.parquet b.parquet`), with `--format libero-hdf5` one or
+        /// more HDF5 files (one task each), read in order.
         #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
         from: Vec<PathBuf>,
         /// `--format`: tokenizer.json (or a directory holding one) that tokenises the texts
@@ -117,6 +126,9 @@ enum Command {
         /// `--format`: rows of one step with the same prompt form a group (TRL's and Parquet's default).
         #[arg(long, requires = "format", conflicts_with = "group_column")]
         group_by_prompt: bool,
+        /// `--format libero-hdf5`: actions per decision (the policy's chunk_len, K).
+        #[arg(long, value_name = "K", requires = "format")]
+        chunk_len: Option<usize>,
         /// `--format`: the split of the imported tasks.
         #[arg(long, default_value = "train", requires = "format")]
         split: String,
@@ -135,6 +147,19 @@ enum Command {
         /// Rows per Parquet row group.
         #[arg(long, default_value_t = WriteOptions::default().row_group_rows)]
         row_group_rows: usize,
+    },
+    /// Replay LIBERO demonstrations (an HDF5 file) through the LIBERO
+    /// adapter from each demo's initial state, and report how far the
+    /// replayed observations and states are from the file's.
+    Replay {
+        /// The demonstration file.
+        file: PathBuf,
+        /// Only these demos (`demo_0`; repeated); all by default.
+        #[arg(long = "demo", value_name = "NAME")]
+        demos: Vec<String>,
+        /// Replay at most this many actions of each demo (all by default).
+        #[arg(long, value_name = "N")]
+        steps: Option<usize>,
     },
     /// Print a table's rows as JSON lines.
     Show {
@@ -199,6 +224,32 @@ enum Command {
     },
 }
 
+/// What `table import --format` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImportFormat {
+    /// veRL's `rollout_data_dir` / `validation_data_dir` JSON lines.
+    Verl,
+    /// TRL / prime-rl / open-instruct JSON lines (prompt, completion, reward).
+    Trl,
+    /// Any Parquet file, its columns named with `--column ROLE=COLUMN`.
+    Parquet,
+    /// LIBERO's HDF5 demonstration files (LIBERO's own and OpenVLA's
+    /// regenerations), read with h5py in the bridge's Python.
+    LiberoHdf5,
+}
+
+impl ImportFormat {
+    /// The trainer's dump format, for the formats `foreign` reads.
+    fn dump(self) -> Option<foreign::Source> {
+        match self {
+            ImportFormat::Verl => Some(foreign::Source::Verl),
+            ImportFormat::Trl => Some(foreign::Source::Trl),
+            ImportFormat::Parquet => Some(foreign::Source::Parquet),
+            ImportFormat::LiberoHdf5 => None,
+        }
+    }
+}
+
 /// The row-by-row export formats (any table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowFormat {
@@ -243,6 +294,7 @@ pub fn run(args: Args) -> Result<()> {
             group_by_prompt,
             split,
             temperature,
+            chunk_len,
             out: out_dir,
             overwrite,
             rows_per_shard,
@@ -256,9 +308,41 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(table) = table {
                 return import_rows(table, &from, &out_dir, options, overwrite, &mut out);
             }
-            let source = format.ok_or_else(|| {
-                Error::Usage("table import: give --table NAME or --format verl|trl|parquet".into())
+            let format = format.ok_or_else(|| {
+                Error::Usage(
+                    "table import: give --table NAME or --format verl|trl|parquet|libero-hdf5"
+                        .into(),
+                )
             })?;
+            let Some(source) = format.dump() else {
+                let tokenizer = tokenizer.ok_or_else(|| {
+                    Error::Usage(format!(
+                        "table import --format {}: --tokenizer DIR_OR_TOKENIZER_JSON is required (the policy's: the instruction is tokenised with it)",
+                        libero_hdf5::FORMAT
+                    ))
+                })?;
+                let chunk_len = chunk_len.ok_or_else(|| {
+                    Error::Usage(format!(
+                        "table import --format {}: --chunk-len K is required (the policy's chunk_len: actions per decision)",
+                        libero_hdf5::FORMAT
+                    ))
+                })?;
+                let import = libero_hdf5::ImportOptions {
+                    from,
+                    tokenizer,
+                    chunk_len,
+                    split,
+                    python: embodyflow_gym::BridgeConfig::python(None),
+                };
+                return import_demos(&import, &out_dir, options, overwrite, &mut out);
+            };
+            if chunk_len.is_some() {
+                return Err(Error::Usage(format!(
+                    "table import --format {}: --chunk-len goes with --format {} only",
+                    source.name(),
+                    libero_hdf5::FORMAT
+                )));
+            }
             check_dump_flags(source, &from, tokenizer.is_some())?;
             let (columns, group) = column_mapping(source, &columns)?;
             let grouping = grouping(source, group, group_column, group_size, group_by_prompt)?;
@@ -278,6 +362,14 @@ pub fn run(args: Args) -> Result<()> {
                 temperature,
             };
             import_dump(&import, &out_dir, options, overwrite, &mut out)
+        }
+        Command::Replay { file, demos, steps } => {
+            let python = embodyflow_gym::BridgeConfig::python(None);
+            let replays = libero_hdf5::replay(&python, &file, &demos, steps.unwrap_or(usize::MAX))?;
+            for r in &replays {
+                writeln!(out, "{}", replay_line(r)).map_err(write_err)?;
+            }
+            Ok(())
         }
         Command::Manifest { dir } => {
             settle_around(&dir)?;
@@ -436,6 +528,65 @@ fn import_dump(
         out_dir.display()
     )
     .map_err(write_err)
+}
+
+/// `table import --format libero-hdf5`: LIBERO's demonstrations as tasks,
+/// trajectories and steps.
+fn import_demos(
+    import: &libero_hdf5::ImportOptions,
+    out_dir: &Path,
+    options: WriteOptions,
+    overwrite: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let s = libero_hdf5::import(import, out_dir, options, overwrite)?;
+    writeln!(
+        out,
+        "imported {} files ({} layout) into {} (tasks, trajectories, steps): {} demonstrations, \
+         {} decisions of up to {} actions, {} actions, {} px observations (agentview, wrist), \
+         {} demonstrations not marked done",
+        s.files,
+        s.layouts.join(", "),
+        out_dir.display(),
+        s.demos,
+        s.decisions,
+        import.chunk_len,
+        s.actions,
+        s.resolution,
+        s.incomplete
+    )
+    .map_err(write_err)
+}
+
+/// One line of `table replay`'s report.
+fn replay_line(r: &libero_hdf5::Replay) -> String {
+    let pixels: Vec<String> = r
+        .pixel_error
+        .iter()
+        .map(|(image, e)| format!("{image} {e:.2}"))
+        .collect();
+    let state = r
+        .state_error
+        .map_or_else(|| "none".to_string(), |e| format!("{e:.4}"));
+    let mut digest = blake3::Hasher::new();
+    for observation in &r.observations {
+        digest.update(observation);
+    }
+    format!(
+        "{}: {} actions replayed, success {}; observations {}x{}x{} + {} proprio, digest {}; \
+         mean |pixel difference| (of 255) {}; max |proprio difference| {:.4}; \
+         max state error (L2, LIBERO warns above 0.01) {state}",
+        r.demo,
+        r.steps,
+        r.success,
+        r.shape.height,
+        r.shape.width,
+        r.shape.channels,
+        r.shape.proprio,
+        &digest.finalize().to_hex()[..16],
+        pixels.join(", "),
+        r.proprio_error,
+    )
 }
 
 /// Where `table export` sends table `table` at `dir`: rows as CSV or JSON

@@ -26,7 +26,7 @@ use embodyflow_models::vla::Vla;
 
 use crate::config::{Config, Objective, ObservationsMode, OptimConfig, ScheduleKind};
 use crate::examples::{Example, ObservationBytes, ppo_examples, store_observations};
-use crate::train::{Trainable, train};
+use crate::train::{TrainReport, Trainable, train};
 use crate::{Args, lapo, metrics_csv};
 
 /// Runs the stage.
@@ -49,50 +49,128 @@ pub fn run(args: Args) -> Result<(), ModelError> {
 fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
     let policy_out = args.stage.out.join("policy");
     let config = &stage.config;
+    let (mut policy, reference) = load_policies::<M>(config, args)?;
+    let (examples, notes) = training_examples(stage, args.stage.seed, &mut policy)?;
+    check_example_set(&examples)?;
+    let examples = match config.observations {
+        ObservationsMode::Memory => examples,
+        ObservationsMode::Mmap => store_observations(examples).map_err(Error::from)?,
+    };
+    let saved = OptimizerState::load(&args.policy.policy, &policy.vars)?;
+    let (state, optimizer_note) = optimizer_state(config, saved);
+    let parent = policy.manifest.id.clone();
+    let first_step = state.meta.steps;
+    let report = train(
+        &mut policy,
+        reference.as_ref(),
+        &examples,
+        config,
+        args.stage.seed,
+        state,
+    )?;
+    let child = write_outputs(stage, args, &policy, &report)?;
+    let mut summary = Summary::new("update-policy");
+    summary
+        .add(
+            "objective",
+            format!("{:?}", config.objective).to_lowercase(),
+        )
+        .add(
+            "policy",
+            format!("{parent} -> {child} ({})", policy_out.display()),
+        )
+        .add("examples", examples.len());
+    if let Some(note) = observations_note(&examples) {
+        summary.add("observations", note);
+    }
+    for (key, value) in notes {
+        summary.add(key, value);
+    }
+    summary
+        .add("optimizer steps", report.metrics.len())
+        .add("optimizer", optimizer_note)
+        .add(
+            "lr schedule",
+            schedule_note(&config.optim, first_step, &report.metrics),
+        );
+    add_throughput(&mut summary, &report, M::KIND);
+    add_objective_terms(&mut summary, config, &examples, &report);
+    stage.commit(&summary)?;
+    Ok(())
+}
+
+/// The policy to train and, with a KL penalty, its reference checkpoint,
+/// on the run's device, after seeding libtorch with `--seed`.
+fn load_policies<M: Trainable>(
+    config: &Config,
+    args: &Args,
+) -> Result<(Checkpoint<M>, Option<Checkpoint<M>>), ModelError> {
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     tch::manual_seed(args.stage.seed as i64);
-    let mut policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
+    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     // Config::validate: ppo.kl_coef > 0 comes with a kl_reference.
     let reference = match (&config.kl_reference, config.ppo.kl_coef > 0.0) {
         (Some(path), true) => Some(Checkpoint::<M>::load_kind(path, device)?),
         _ => None,
     };
-    let mut notes = Vec::new();
-    let examples = match config.objective {
+    Ok((policy, reference))
+}
+
+/// Summary lines (key, value) on how the examples were made.
+type Notes = Vec<(String, String)>;
+
+/// The objective's training examples with the summary's lines on them:
+/// SFT's from the `tasks` table (a frame encoder fitted for them goes into
+/// `policy`), PPO's and LAPO's from the rollouts ([`rollout_examples`]).
+fn training_examples<M: Trainable>(
+    stage: &Stage<Config>,
+    seed: u64,
+    policy: &mut Checkpoint<M>,
+) -> Result<(Vec<Example>, Notes), ModelError> {
+    let config = &stage.config;
+    match config.objective {
         Objective::Sft => {
             let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-            let set = M::sft_examples(&policy, &tasks, &config.sft, args.stage.seed)?;
-            notes = set.notes;
+            let set = M::sft_examples(policy, &tasks, &config.sft, seed)?;
             if let Some(encoder) = set.frame_encoder {
                 policy.frame_encoder = Some(encoder);
             }
-            set.examples
+            Ok((set.examples, set.notes))
         }
-        Objective::Ppo | Objective::Lapo => {
-            let trajectories: Vec<TrajectoryRow> =
-                stage.input(TableName::Trajectories)?.read_rows()?;
-            let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
-            let advantages: Vec<AdvantageRow> = stage.input(TableName::Advantages)?.read_rows()?;
-            let faulted: Vec<&TrajectoryRow> =
-                trajectories.iter().filter(|t| t.faulted()).collect();
-            notes.push((
-                "skipped: ended by an infrastructure fault".to_string(),
-                format!(
-                    "{} trajectories ({} steps)",
-                    faulted.len(),
-                    faulted.iter().map(|t| i64::from(t.num_steps)).sum::<i64>()
-                ),
-            ));
-            ppo_examples(
-                &trajectories,
-                steps,
-                advantages,
-                config.objective == Objective::Lapo,
-            )?
-        }
-    };
+        Objective::Ppo | Objective::Lapo => rollout_examples(stage),
+    }
+}
+
+/// PPO's and LAPO's examples: the `steps` joined with their `advantages`
+/// and `trajectories` ([`ppo_examples`]), with the summary's line on the
+/// trajectories an infrastructure fault ended (skipped).
+fn rollout_examples(stage: &Stage<Config>) -> Result<(Vec<Example>, Notes), ModelError> {
+    let config = &stage.config;
+    let trajectories: Vec<TrajectoryRow> = stage.input(TableName::Trajectories)?.read_rows()?;
+    let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
+    let advantages: Vec<AdvantageRow> = stage.input(TableName::Advantages)?.read_rows()?;
+    let faulted: Vec<&TrajectoryRow> = trajectories.iter().filter(|t| t.faulted()).collect();
+    let notes = vec![(
+        "skipped: ended by an infrastructure fault".to_string(),
+        format!(
+            "{} trajectories ({} steps)",
+            faulted.len(),
+            faulted.iter().map(|t| i64::from(t.num_steps)).sum::<i64>()
+        ),
+    )];
+    let examples = ppo_examples(
+        &trajectories,
+        steps,
+        advantages,
+        config.objective == Objective::Lapo,
+    )?;
+    Ok((examples, notes))
+}
+
+/// Fails on no examples, and on examples sampled at different temperatures.
+fn check_example_set(examples: &[Example]) -> Result<(), Error> {
     if examples.is_empty() {
-        return Err(Error::BadInput("no training examples in the inputs".into()).into());
+        return Err(Error::BadInput("no training examples in the inputs".into()));
     }
     // Log-probs are recomputed at the rollouts' temperature, one per micro-batch.
     if let Some(other) = examples
@@ -102,16 +180,17 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
         return Err(Error::BadInput(format!(
             "{} was sampled at temperature {}, {} at {}: update on rollouts of one temperature",
             examples[0].source, examples[0].temperature, other.source, other.temperature
-        ))
-        .into());
+        )));
     }
-    let examples = match config.observations {
-        ObservationsMode::Memory => examples,
-        ObservationsMode::Mmap => store_observations(examples).map_err(Error::from)?,
-    };
+    Ok(())
+}
+
+/// The AdamW state the run starts from, with the summary's line on it: the
+/// input checkpoint's `saved` state when `optim.resume` is on and it was
+/// accumulated on this objective, else a fresh one.
+fn optimizer_state(config: &Config, saved: Option<OptimizerState>) -> (OptimizerState, String) {
     let objective = config.objective.name();
-    let saved = OptimizerState::load(&args.policy.policy, &policy.vars)?;
-    let (state, optimizer_note) = match saved {
+    match saved {
         _ if !config.optim.resume => (
             OptimizerState::fresh(objective),
             "fresh AdamW (optim.resume = false)".to_string(),
@@ -131,49 +210,32 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             OptimizerState::fresh(objective),
             "fresh AdamW (the input checkpoint has no optimizer state)".to_string(),
         ),
-    };
-    let parent = policy.manifest.id.clone();
-    let first_step = state.meta.steps;
-    let report = train(
-        &mut policy,
-        reference.as_ref(),
-        &examples,
-        config,
-        args.stage.seed,
-        state,
-    )?;
+    }
+}
+
+/// Stages the outputs (the `metrics` table, `metrics.csv` and the next
+/// checkpoint `policy/`) for the commit; returns the checkpoint's id.
+fn write_outputs<M: Trainable>(
+    stage: &Stage<Config>,
+    args: &Args,
+    policy: &Checkpoint<M>,
+    report: &TrainReport,
+) -> Result<String, ModelError> {
     let mut writer = stage.writer(TableName::Metrics)?;
     writer.write_rows(&report.metrics)?;
     stage.finish(writer)?;
     metrics_csv::stage_metrics_csv(stage, &report.metrics)?;
     let (staged, manifest) = policy.save_staged(&args.stage.out, "policy", "update-policy")?;
     stage.stage_output(&staged, "policy", Digest::DirAll)?;
+    Ok(manifest.id)
+}
+
+/// The summary's lines on the optimisation: the loss at the first and last
+/// step and the throughput (a VLA's decisions too).
+fn add_throughput(summary: &mut Summary, report: &TrainReport, kind: PolicyKind) {
     let first = report.metrics.first().map_or(f32::NAN, |m| m.loss);
     let last = report.metrics.last().map_or(f32::NAN, |m| m.loss);
-    let mut summary = Summary::new("update-policy");
     summary
-        .add(
-            "objective",
-            format!("{:?}", config.objective).to_lowercase(),
-        )
-        .add(
-            "policy",
-            format!("{parent} -> {} ({})", manifest.id, policy_out.display()),
-        )
-        .add("examples", examples.len());
-    if let Some(note) = observations_note(&examples) {
-        summary.add("observations", note);
-    }
-    for (key, value) in notes {
-        summary.add(key, value);
-    }
-    summary
-        .add("optimizer steps", report.metrics.len())
-        .add("optimizer", optimizer_note)
-        .add(
-            "lr schedule",
-            schedule_note(&config.optim, first_step, &report.metrics),
-        )
         .add("loss first -> last", format!("{first:.4} -> {last:.4}"))
         .add(
             "training throughput",
@@ -184,7 +246,7 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
                 report.seconds
             ),
         );
-    if M::KIND == PolicyKind::Vla {
+    if kind == PolicyKind::Vla {
         summary.add(
             "decision throughput",
             format!(
@@ -194,7 +256,18 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             ),
         );
     }
-    if let Some(note) = latent_lengths_note(&examples) {
+}
+
+/// The summary's lines on the objective's terms: a thinking VLA's chosen
+/// latent lengths and warm-up terms, LAPO's value explained variance, and
+/// the policy-gradient means (clipfrac, approx_kl, entropy; LAPO's terms).
+fn add_objective_terms(
+    summary: &mut Summary,
+    config: &Config,
+    examples: &[Example],
+    report: &TrainReport,
+) {
+    if let Some(note) = latent_lengths_note(examples) {
         summary.add("chosen latent lengths", note);
     }
     if let (Objective::Sft, Some(first), Some(last)) = (
@@ -256,9 +329,8 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             );
         }
     }
-    stage.commit(&summary)?;
-    Ok(())
 }
+
 /// The summary's line on the examples' chosen latent lengths (a thinking
 /// VLA's), e.g. `2: 40.0 %, 4: 60.0 % (n = 10)`; `None` without latents.
 fn latent_lengths_note(examples: &[Example]) -> Option<String> {

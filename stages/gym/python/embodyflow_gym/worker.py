@@ -18,6 +18,9 @@ replies (each with the "id" of its request):
       -> {instruction, success, decisions: [{actions, obs_len, text?}], error?}
          + the observation of each decision (none, with `error`, when the
          expert or the env raised)
+  demo_files {paths} / demo_read {path, demo, k} / demo_replay {path, demo, steps}
+      -> LIBERO's HDF5 demonstrations (`demos`: the files checked, one
+         demo's decisions, the replay check)
   close -> {} and exit (after closing every environment)
 While a reset or an expert episode works, the worker sends progress frames
 {progress: true, id} (one after each environment it builds, else at most
@@ -54,7 +57,7 @@ import threading
 import time
 import traceback
 
-from . import protocol, registry
+from . import demos, protocol, registry
 from .adapters import BadEnv
 
 
@@ -385,6 +388,7 @@ def main():
         "step_chunk": worker.step_chunk,
         "expert_episode": worker.expert_episode,
     }
+    handlers.update(demos.Demos(worker, RequestError).handlers())
     try:
         serve(worker, handlers, stdin)
     finally:

@@ -1,0 +1,496 @@
+//! LIBERO's demonstrations: `table import --format libero-hdf5` turns the
+//! HDF5 demonstration files (one per task, `data/demo_<n>`) into the tasks,
+//! trajectories and steps rows the bridge's LIBERO adapter has
+//! `collect-rollouts` write for the same task, so update-policy's SFT
+//! trains on them as on collected episodes; `table replay` runs a
+//! demonstration's actions from its initial state through the adapter, as
+//! LIBERO validates its demos.
+//!
+//! The files are read with `h5py` in the bridge's Python (a worker of
+//! `embodyflow_gym`, requests `demo_files`, `demo_read`, `demo_replay`,
+//! `stages/gym/python/embodyflow_gym/demos.py`): h5py is in `.venv` with
+//! LIBERO (scripts/setup), the replay needs that Python anyway, and the
+//! `hdf5` crate would need the system's libhdf5 C library and lags its
+//! releases. The layouts (LIBERO's own files and OpenVLA's "modified_libero"
+//! regenerations), how each observation is paired with its action, the image
+//! turn and the task lookup are described there.
+//!
+//! Rows, for a file of task `<suite>/<task>` (env id) and each demo
+//! `demo_<n>`, with `K = --chunk-len` actions per decision:
+//!
+//! | column | value |
+//! |---|---|
+//! | `tasks.task_id` | `gym-libero/<env id>@<split>/demos` (task key `gym-libero/<env id>`, as generate-tasks' rows of the task) |
+//! | `tasks` row | `env = gym:libero`, `suite` = `task_type` = the env id, the adapter's spec (`resolution` = the file's), `seed` 0, `instruction` = the task's language, as generate-tasks writes them |
+//! | `trajectory_id` | `it0/<task_id>/d<n>/s0` (group `it0/<task_id>/d<n>`: the demo's number is its draw) |
+//! | `trajectories.policy` | `imported:libero-hdf5:<file name>` (update-policy's PPO refuses it: no behaviour log-probs) |
+//! | `num_steps`, `env_steps` | decisions, actions |
+//! | `complete` | the demo's last `dones` (true without `dones`) |
+//! | `steps.prompt_ids` | the instruction through `--tokenizer` (the policy's, as collect-rollouts tokenises it) |
+//! | `steps.response_ids` | the chunk's actions through the adapter's bins (256 over [-1, 1], OpenVLA's), `K x 7` (fewer on the last decision) |
+//! | `steps.old_logprobs` | 0.0 per token (a demonstration has no behaviour log-probs) |
+//! | `steps.observation` | EFOB format 2: `agentview` and `wrist` joined along the channels, turned as the adapter turns them, 8 proprio values |
+//!
+//! Bad input (exit 2, nothing written: every file is checked before any
+//! demo is read and the three tables are committed together): a missing
+//! file, a file h5py cannot open, no `data` group, a demo without `actions`
+//! or an expected observation key, lengths or shapes that disagree, files of
+//! different resolutions or two files of one task, a task LIBERO lacks, a
+//! tokenizer that does not load, h5py or LIBERO missing, each named with the
+//! file and the group or key.
+//!
+//! ```text
+//! table import --format libero-hdf5 --from libero_spatial/*_demo.hdf5 --tokenizer runs/vla \
+//!     --chunk-len 8 --out runs/libero-demos
+//! table replay libero_spatial/pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate_demo.hdf5 \
+//!     --demo demo_0 --steps 20
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use embodyflow_core::commit::Commit;
+use embodyflow_core::dataset::{TableWriter, WriteOptions};
+use embodyflow_core::manifest::Producer;
+use embodyflow_core::observation::{self, ObservationShape};
+use embodyflow_core::schemas::{Row, StepRow, TableName, TrajectoryRow};
+use embodyflow_core::{Error, Result};
+use embodyflow_gym::protocol::{Frame, split_body};
+use embodyflow_gym::worker::{Reply, Worker};
+use embodyflow_gym::{ActionSpace, GymTaskSpec};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// The format's name (`--format libero-hdf5`, the policy column).
+pub const FORMAT: &str = "libero-hdf5";
+
+/// The adapter the rows belong to.
+const ADAPTER: &str = "libero";
+
+/// The images of every observation, in channel order (the adapter's).
+pub const IMAGES: [&str; 2] = ["agentview", "wrist"];
+
+/// Proprio values per observation (end-effector position, axis-angle,
+/// two finger positions).
+pub const PROPRIO: usize = 8;
+
+/// LIBERO's action dimensions.
+pub const ACTION_DIM: usize = 7;
+
+/// How long the worker may go without a frame (it sends one per file
+/// checked, per demo read and per replayed step).
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// What `table import --format libero-hdf5` reads and how it cuts decisions.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// The demonstration files, in order.
+    pub from: Vec<PathBuf>,
+    /// `tokenizer.json` or a directory holding one (the policy's).
+    pub tokenizer: PathBuf,
+    /// Actions per decision (`K`, the policy's `chunk_len`).
+    pub chunk_len: usize,
+    /// The split of the tasks rows.
+    pub split: String,
+    /// The bridge's Python (with h5py and LIBERO).
+    pub python: PathBuf,
+}
+
+/// What an import wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportSummary {
+    /// Files (tasks).
+    pub files: usize,
+    /// Demonstrations (trajectories).
+    pub demos: usize,
+    /// Decisions (steps rows).
+    pub decisions: usize,
+    /// Actions in the decisions.
+    pub actions: usize,
+    /// Demonstrations whose last `dones` is 0.
+    pub incomplete: usize,
+    /// Each file's layout (`libero` or `openvla`), in order.
+    pub layouts: Vec<String>,
+    /// The observations' side in pixels.
+    pub resolution: usize,
+}
+
+/// One demonstration file as the worker checked it.
+#[derive(Debug, Clone, Deserialize)]
+struct FileInfo {
+    path: PathBuf,
+    layout: String,
+    env_id: String,
+    instruction: String,
+    max_steps: u32,
+    resolution: usize,
+    demos: Vec<DemoInfo>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DemoInfo {
+    name: String,
+    complete: bool,
+}
+
+#[derive(Deserialize)]
+struct Decision {
+    obs_len: usize,
+    actions: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct DemoReply {
+    decisions: Vec<Decision>,
+}
+
+/// The worker that reads the files.
+struct Reader {
+    worker: Worker,
+    python: PathBuf,
+}
+
+impl Reader {
+    fn start(python: &Path) -> Result<Reader> {
+        let worker = Worker::spawn(python, 0).map_err(|e| {
+            Error::BadInput(format!(
+                "cannot start the bridge's Python `{}`: {e}; run scripts/setup (it creates .venv with h5py and LIBERO) or set {}",
+                python.display(),
+                embodyflow_gym::PYTHON_VAR
+            ))
+        })?;
+        Ok(Reader {
+            worker,
+            python: python.to_path_buf(),
+        })
+    }
+
+    /// The worker's reply to `request` (about `file`): a refusal for bad
+    /// input is bad input, anything else that goes wrong a failure.
+    fn ask(&mut self, request: &Value, file: &Path) -> Result<Frame> {
+        self.worker.send(request);
+        let failure = |what: String| Error::Io {
+            path: file.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "the bridge's Python `{}` {what} (its traceback, if any, is on stderr)",
+                self.python.display()
+            )),
+        };
+        match self.worker.receive_patiently(PATIENCE, PATIENCE) {
+            Ok(Reply::Done(frame)) => Ok(frame),
+            Ok(Reply::Refused {
+                bad_input: true,
+                message,
+            }) => Err(Error::BadInput(message)),
+            Ok(Reply::Refused { message, .. }) => Err(failure(format!("failed: {message}"))),
+            Err(fault) => Err(failure(format!("{fault}"))),
+        }
+    }
+
+    /// Every file checked (module doc).
+    fn files(&mut self, paths: &[PathBuf]) -> Result<Vec<FileInfo>> {
+        let frame = self.ask(&json!({"op": "demo_files", "paths": paths}), &paths[0])?;
+        let files: Vec<FileInfo> = header_field(&frame, "files", &paths[0])?;
+        if files.len() != paths.len() {
+            return Err(malformed(&paths[0], "a reply for another number of files"));
+        }
+        Ok(files)
+    }
+}
+
+fn header_field<T: for<'de> Deserialize<'de>>(frame: &Frame, key: &str, file: &Path) -> Result<T> {
+    let value = frame.header.get(key).cloned().unwrap_or(Value::Null);
+    serde_json::from_value(value).map_err(|e| malformed(file, &format!("`{key}`: {e}")))
+}
+
+fn malformed(file: &Path, what: &str) -> Error {
+    Error::Io {
+        path: file.to_path_buf(),
+        source: std::io::Error::other(format!(
+            "the bridge's worker sent a malformed reply ({what})"
+        )),
+    }
+}
+
+/// The observation shape of a file's rows.
+fn shape(resolution: usize) -> ObservationShape {
+    ObservationShape {
+        height: resolution,
+        width: resolution,
+        channels: 3 * IMAGES.len(),
+        proprio: PROPRIO,
+    }
+}
+
+/// LIBERO's action space, as the adapter announces it.
+fn action_space() -> ActionSpace {
+    ActionSpace::Box {
+        low: vec![-1.0; ACTION_DIM],
+        high: vec![1.0; ACTION_DIM],
+    }
+}
+
+/// The task id of a file's demos.
+pub fn task_id(env_id: &str, split: &str) -> String {
+    format!("gym-{ADAPTER}/{env_id}@{split}/demos")
+}
+
+/// Imports the files into `out/{tasks,trajectories,steps}` (module doc),
+/// streaming demo by demo; nothing is written on bad input.
+pub fn import(
+    options: &ImportOptions,
+    out: &Path,
+    write: WriteOptions,
+    overwrite: bool,
+) -> Result<ImportSummary> {
+    if options.from.is_empty() || options.chunk_len == 0 {
+        return Err(Error::Usage(
+            "table import --format libero-hdf5: give --from FILE... and --chunk-len of at least 1"
+                .into(),
+        ));
+    }
+    if let Some(missing) = options.from.iter().find(|p| !p.is_file()) {
+        return Err(Error::BadInput(format!(
+            "{}: no such file",
+            missing.display()
+        )));
+    }
+    let tokenizer = crate::foreign::load_tokenizer(&options.tokenizer)?;
+    let mut reader = Reader::start(&options.python)?;
+    let files = reader.files(&options.from)?;
+    for (i, file) in files.iter().enumerate() {
+        if let Some(other) = files[..i].iter().find(|f| f.env_id == file.env_id) {
+            return Err(Error::BadInput(format!(
+                "{} and {} are both demonstrations of {}: import them into separate tables",
+                other.path.display(),
+                file.path.display(),
+                file.env_id
+            )));
+        }
+    }
+    let (space, shape) = (action_space(), shape(files[0].resolution));
+    let bins = space.bins();
+    let mut tasks = Vec::with_capacity(files.len());
+    let mut trajectories = Vec::new();
+    let mut steps = TableWriter::create(out, TableName::Steps, write, overwrite)?;
+    let mut summary = ImportSummary {
+        files: files.len(),
+        demos: 0,
+        decisions: 0,
+        actions: 0,
+        incomplete: 0,
+        layouts: files.iter().map(|f| f.layout.clone()).collect(),
+        resolution: files[0].resolution,
+    };
+    for (file, path) in files.iter().zip(&options.from) {
+        let task_id = task_id(&file.env_id, &options.split);
+        let mut spec = GymTaskSpec::new(ADAPTER, &file.env_id, 0, file.max_steps);
+        spec.kwargs = json!({"resolution": file.resolution});
+        let mut task = embodyflow_gym::task_row(&task_id, &options.split, &spec)
+            .map_err(|e| Error::BadInput(e.to_string()))?;
+        task.task_type = Some(file.env_id.clone());
+        task.instruction.clone_from(&file.instruction);
+        let encoding = tokenizer
+            .encode(file.instruction.as_str(), false)
+            .map_err(|e| {
+                Error::BadInput(format!(
+                    "{}: tokenising the instruction `{}` with {}: {e}",
+                    path.display(),
+                    file.instruction,
+                    options.tokenizer.display()
+                ))
+            })?;
+        let prompt: Vec<i32> = encoding.get_ids().iter().map(|&id| id as i32).collect();
+        let policy = format!(
+            "{}{FORMAT}:{}",
+            embodyflow_core::IMPORTED_POLICY_PREFIX,
+            path.file_name().unwrap_or_default().to_string_lossy()
+        );
+        for demo in &file.demos {
+            let number = demo.name.trim_start_matches("demo_");
+            let group_id = format!("it0/{task_id}/d{number}");
+            let trajectory_id = format!("{group_id}/s0");
+            let request = json!({
+                "op": "demo_read", "path": path, "demo": demo.name, "k": options.chunk_len,
+            });
+            let frame = reader.ask(&request, path)?;
+            let reply: DemoReply = serde_json::from_value(Value::Object(frame.header.clone()))
+                .map_err(|e| malformed(path, &e.to_string()))?;
+            let lengths: Vec<usize> = reply.decisions.iter().map(|d| d.obs_len).collect();
+            let bodies = split_body(&frame.body, &lengths)
+                .ok_or_else(|| malformed(path, "observation lengths that do not add up"))?;
+            let mut rows = Vec::with_capacity(reply.decisions.len());
+            let mut actions = 0;
+            for (index, (decision, bytes)) in reply.decisions.iter().zip(bodies).enumerate() {
+                let at = || format!("{}: data/{} decision {index}", path.display(), demo.name);
+                observation::decode(bytes)
+                    .and_then(|o| o.expect_shape(&shape))
+                    .map_err(|e| malformed(path, &format!("{}'s observation: {e}", at())))?;
+                if decision.actions.is_empty()
+                    || decision.actions.len() > options.chunk_len
+                    || decision.actions.iter().any(|a| a.len() != ACTION_DIM)
+                {
+                    return Err(malformed(
+                        path,
+                        &format!("{}: actions of another shape", at()),
+                    ));
+                }
+                let flat: Vec<f32> = decision.actions.concat();
+                let tokens = space
+                    .tokens(&bins, &flat)
+                    .map_err(|e| Error::BadInput(format!("{}: {e}", at())))?;
+                actions += decision.actions.len();
+                let mut row = StepRow::one_shot(
+                    trajectory_id.clone(),
+                    prompt.clone(),
+                    tokens.iter().map(|&t| t as i32).collect(),
+                    vec![0.0; tokens.len()],
+                );
+                row.step_index = index as i32;
+                row.observation = Some(bytes.to_vec());
+                rows.push(row);
+            }
+            steps.write_rows(&rows)?;
+            summary.demos += 1;
+            summary.decisions += rows.len();
+            summary.actions += actions;
+            summary.incomplete += usize::from(!demo.complete);
+            trajectories.push(TrajectoryRow {
+                trajectory_id,
+                group_id,
+                task_id: task_id.clone(),
+                sample_index: 0,
+                iteration: 0,
+                policy: policy.clone(),
+                temperature: 1.0,
+                num_steps: rows.len() as i32,
+                env_steps: actions as i32,
+                complete: demo.complete,
+                response_text: None,
+                seed: 0,
+                ever_grasped: None,
+                failure_reason: None,
+                infra_fault: Some(false),
+            });
+        }
+        tasks.push(task);
+    }
+    let producer = Producer {
+        stage: "table import".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        config: json!({
+            "format": FORMAT,
+            "from": options.from,
+            "tokenizer": options.tokenizer,
+            "chunk_len": options.chunk_len,
+            "split": options.split,
+            "bins": {"n": bins.n_bins(), "low": -1.0, "high": 1.0},
+        }),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    let mut commit = Commit::new(out);
+    stage(&mut commit, out, &tasks, write, overwrite, &producer)?;
+    stage(&mut commit, out, &trajectories, write, overwrite, &producer)?;
+    let (_, staged) = steps.finish_staged(&producer, &[])?.into_parts();
+    commit.absorb(staged)?;
+    commit.apply()?;
+    Ok(summary)
+}
+
+fn stage<R: Row>(
+    commit: &mut Commit,
+    out: &Path,
+    rows: &[R],
+    write: WriteOptions,
+    overwrite: bool,
+    producer: &Producer,
+) -> Result<()> {
+    let mut writer = TableWriter::create(out, R::TABLE, write, overwrite)?;
+    writer.write_rows(rows).map_err(crate::refused_row)?;
+    let (_, staged) = writer.finish_staged(producer, &[])?.into_parts();
+    commit.absorb(staged)
+}
+
+/// The replay check of one demonstration (see `table replay`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    /// The demo (`demo_<n>`).
+    pub demo: String,
+    /// Actions replayed (up to the limit, or to the task's success).
+    pub steps: usize,
+    /// Whether LIBERO's goal held after one of them.
+    pub success: bool,
+    /// The replayed observations' shape (the file's by construction).
+    pub shape: ObservationShape,
+    /// Per image (`agentview`, `wrist`): the mean absolute pixel difference
+    /// (0..255) between the replayed and the file's observations, averaged
+    /// over the steps.
+    pub pixel_error: Vec<(String, f64)>,
+    /// The largest absolute proprio difference.
+    pub proprio_error: f64,
+    /// The largest L2 distance between the replayed MuJoCo state and the
+    /// file's next state (LIBERO's check; `None` for a one-action demo).
+    pub state_error: Option<f64>,
+    /// The replayed observations (EFOB), one per step.
+    pub observations: Vec<Vec<u8>>,
+}
+
+#[derive(Deserialize)]
+struct ReplayReply {
+    steps: usize,
+    success: bool,
+    shape: [usize; 4],
+    pixel_error: serde_json::Map<String, Value>,
+    proprio_error: f64,
+    state_error: Option<f64>,
+    obs_len: Vec<usize>,
+}
+
+/// Replays the first `steps` actions of each of `demos` of `file` (every
+/// demo when empty) through the LIBERO adapter at the file's resolution,
+/// from the demo's `states[0]` (module doc of the Python side).
+pub fn replay(python: &Path, file: &Path, demos: &[String], steps: usize) -> Result<Vec<Replay>> {
+    if !file.is_file() {
+        return Err(Error::BadInput(format!("{}: no such file", file.display())));
+    }
+    let mut reader = Reader::start(python)?;
+    let info = reader.files(&[file.to_path_buf()])?.remove(0);
+    let names: Vec<String> = if demos.is_empty() {
+        info.demos.iter().map(|d| d.name.clone()).collect()
+    } else {
+        demos.to_vec()
+    };
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let request = json!({"op": "demo_replay", "path": file, "demo": name, "steps": steps});
+        let frame = reader.ask(&request, file)?;
+        let reply: ReplayReply = serde_json::from_value(Value::Object(frame.header.clone()))
+            .map_err(|e| malformed(file, &e.to_string()))?;
+        let bodies = split_body(&frame.body, &reply.obs_len)
+            .ok_or_else(|| malformed(file, "observation lengths that do not add up"))?;
+        let [height, width, channels, proprio] = reply.shape;
+        out.push(Replay {
+            demo: name,
+            steps: reply.steps,
+            success: reply.success,
+            shape: ObservationShape {
+                height,
+                width,
+                channels,
+                proprio,
+            },
+            pixel_error: IMAGES
+                .iter()
+                .map(|&image| {
+                    let error = reply.pixel_error.get(image).and_then(Value::as_f64);
+                    (image.to_string(), error.unwrap_or(f64::NAN))
+                })
+                .collect(),
+            proprio_error: reply.proprio_error,
+            state_error: reply.state_error,
+            observations: bodies.into_iter().map(<[u8]>::to_vec).collect(),
+        });
+    }
+    Ok(out)
+}
