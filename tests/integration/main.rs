@@ -18,6 +18,7 @@ mod hf_policy;
 mod killed_writer;
 mod lapo_inputs;
 mod learning_loop;
+mod libero_demos;
 mod libero_tasks;
 mod progress_logs;
 mod ray;

@@ -197,6 +197,10 @@ pub struct SftConfig {
     /// The gym bridge's workers running the scripted experts of bridge
     /// tasks (`sft.bridge.*`).
     pub bridge: BridgeKeys,
+    /// A VLA trains on the demonstrations of this table directory (its
+    /// tasks, trajectories and steps: `table import --format
+    /// libero-hdf5`) instead of a scripted expert's (`vla::demonstrations`).
+    pub demonstrations: Option<PathBuf>,
 }
 
 impl Default for SftConfig {
@@ -209,6 +213,7 @@ impl Default for SftConfig {
             expert_noise: 0.05,
             warmup: WarmupConfig::default(),
             bridge: BridgeKeys::default(),
+            demonstrations: None,
         }
     }
 }
@@ -445,6 +450,10 @@ impl StageConfig for Config {
         (
             "sft.bridge.workers",
             "bridge tasks: gym bridge workers running the scripted experts (0: one per CPU)",
+        ),
+        (
+            "sft.demonstrations",
+            "VLA: a table directory of demonstrations (tasks, trajectories, steps: table import --format libero-hdf5) to train on instead of a scripted expert's (unset: the expert's)",
         ),
         (
             "sft.expert_noise",

@@ -78,6 +78,13 @@ fn plan_sft_set<M: PlanNet>(
     tasks: &[TaskRow],
     sft: &SftConfig,
 ) -> Result<SftSet, ModelError> {
+    if sft.demonstrations.is_some() {
+        return Err(Error::BadValue {
+            key: "sft.demonstrations".into(),
+            reason: "a demonstrations table holds a VLA's decisions; a plan policy trains on the tasks' expert answers".into(),
+        }
+        .into());
+    }
     Ok(SftSet {
         examples: sft_examples(policy, tasks, sft)?,
         notes: Vec::new(),

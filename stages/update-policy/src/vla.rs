@@ -22,6 +22,9 @@
 //!   end are out of the loss, as `Vla::bc_loss`'s `valid_steps` leaves them
 //!   out). Demonstrations that fail are dropped and counted. The loss is
 //!   the token mean of `-log π(a_t | o)` over the step's tokens.
+//! - SFT on a demonstrations table (`sft.demonstrations`,
+//!   [`demonstrations`]): its steps rows as they are (LIBERO's imported
+//!   demonstrations), checked against the checkpoint's tokenizer and chunk.
 //! - PPO: the `steps` rows of `collect-rollouts` (`K × D` tokens, their
 //!   behaviour log-probs, the `observation` bytes) joined with their
 //!   advantages and temperature by [`crate::ppo_examples`]; log-probs
@@ -56,6 +59,7 @@ use embodyflow_tabletop::{self as tabletop, ExpertConfig, Strategy};
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
 
+pub mod demonstrations;
 pub mod thinking;
 
 /// The observation shape a VLA checkpoint takes: `image_size² × channels`
@@ -153,6 +157,9 @@ pub fn sft_examples(
             reason: "a VLA is trained on its own observation and instruction: only `prompt`".into(),
         }
         .into());
+    }
+    if let Some(dir) = &sft.demonstrations {
+        return demonstrations::sft_examples(policy, tasks, dir, sft);
     }
     let kept = kept_tasks(tasks, sft);
     if kept

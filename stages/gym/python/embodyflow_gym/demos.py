@@ -68,6 +68,8 @@ CAMERAS = (("agentview", "agentview_rgb"), ("wrist", "eye_in_hand_rgb"))
 PROPRIO = (("ee_states", 6), ("gripper_states", 2))
 ACTION_DIM = 7
 DEMO = re.compile(r"demo_(\d+)$")
+# The files checked in this worker, by (path, mtime, size).
+INSPECTED = {}
 
 
 class BadDemo(Exception):
@@ -274,12 +276,21 @@ class Demos:
         self.worker = worker
         self.refusal = refusal
 
-    def handlers(self):
-        return {"demo_files": self.files, "demo_read": self.read, "demo_replay": self.replay}
-
     def inspect(self, path):
+        """`inspect(path)`, once per version of the file in this worker
+        (every demo read and replay asks for it)."""
         try:
-            return inspect(path)
+            stat = os.stat(path)
+            key = (path, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            key = None
+        if key is not None and key in INSPECTED:
+            return INSPECTED[key]
+        try:
+            info = inspect(path)
+            if key is not None:
+                INSPECTED[key] = info
+            return info
         except BadDemo as e:
             raise self.refusal("bad_input", str(e)) from e
         except ModuleNotFoundError as e:

@@ -57,7 +57,7 @@ import threading
 import time
 import traceback
 
-from . import demos, protocol, registry
+from . import protocol, registry
 from .adapters import BadEnv
 
 
@@ -333,6 +333,21 @@ class Worker:
         self.slots, self.spare = {}, {}
 
 
+def demo_handlers(worker):
+    """The requests on demonstration files (`demos.Demos`), imported when
+    one first comes (numpy, h5py: a worker's start stays as fast)."""
+
+    def handler(method):
+        def handle(header, body):
+            from . import demos
+
+            return getattr(demos.Demos(worker, RequestError), method)(header, body)
+
+        return handle
+
+    return {op: handler(method) for op, method in (("demo_files", "files"), ("demo_read", "read"), ("demo_replay", "replay"))}
+
+
 def close(episode):
     """`episode.close()`; an environment that raises there is reported, not
     fatal (the worker is ending it anyway)."""
@@ -388,7 +403,7 @@ def main():
         "step_chunk": worker.step_chunk,
         "expert_episode": worker.expert_episode,
     }
-    handlers.update(demos.Demos(worker, RequestError).handlers())
+    handlers.update(demo_handlers(worker))
     try:
         serve(worker, handlers, stdin)
     finally:
