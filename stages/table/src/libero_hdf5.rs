@@ -494,3 +494,52 @@ pub fn replay(python: &Path, file: &Path, demos: &[String], steps: usize) -> Res
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(from: Vec<PathBuf>, chunk_len: usize) -> ImportOptions {
+        ImportOptions {
+            from,
+            tokenizer: PathBuf::from("no-tokenizer.json"),
+            chunk_len,
+            split: "train".into(),
+            // Never started: these imports stop before the worker.
+            python: PathBuf::from("/nonexistent/python"),
+        }
+    }
+
+    #[test]
+    fn an_import_without_files_or_chunks_or_with_a_missing_file_stops_before_python() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let write = WriteOptions::default();
+        let none = import(&options(Vec::new(), 2), &out, write, false).unwrap_err();
+        assert!(matches!(none, Error::Usage(_)), "{none}");
+        let file = dir.path().join("a_demo.hdf5");
+        std::fs::write(&file, b"").unwrap();
+        let zero = import(&options(vec![file.clone()], 0), &out, write, false).unwrap_err();
+        assert!(zero.to_string().contains("--chunk-len"), "{zero}");
+        let missing = dir.path().join("b_demo.hdf5");
+        let error = import(&options(vec![file, missing.clone()], 2), &out, write, false)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(error, format!("{}: no such file", missing.display()));
+        assert!(!out.exists(), "nothing written");
+    }
+
+    #[test]
+    fn demos_are_tasks_of_the_adapter_keyed_as_generate_tasks_keys_them() {
+        let id = task_id("libero_spatial/3", "train");
+        assert_eq!(id, "gym-libero/libero_spatial/3@train/demos");
+        let spec = GymTaskSpec::new(ADAPTER, "libero_spatial/3", 0, 220);
+        let row = embodyflow_gym::task_row(&id, "train", &spec).unwrap();
+        assert_eq!(row.task_key(), "gym-libero/libero_spatial/3");
+        assert_eq!(row.env, "gym:libero");
+        // The adapter's Box(7) in [-1, 1] through 256 bins: -1 -> 0, +1 -> 255.
+        let space = action_space();
+        let tokens = space.tokens(&space.bins(), &[-1.0, 0.0, 1.0]).unwrap();
+        assert_eq!((tokens[0], tokens[2]), (0, 255));
+    }
+}
