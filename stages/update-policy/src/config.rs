@@ -26,7 +26,7 @@
 use std::path::PathBuf;
 
 use embodyflow_core::Error;
-use embodyflow_core::config::{at_least, ensure, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, positive};
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_envs::context::ContextTemplates;
 use embodyflow_models::optimizer::{AdamWConfig, LrSchedule};
@@ -62,31 +62,34 @@ pub enum Objective {
     Lapo,
 }
 
-/// `optim.*` settings (AdamW).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `optim.*` settings (AdamW). Each field's doc comment is its key's
+/// meaning. The optimizer's step count is saved with its state and carries
+/// over resumed calls, so `total_steps` counts the whole run; a state
+/// accumulated on another objective is not resumed (a fresh one is).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimConfig {
     /// Learning rate (the base rate the schedule scales).
     pub lr: f64,
-    /// Learning-rate schedule over the optimizer's steps.
+    /// Learning-rate schedule: constant, linear_warmup or cosine.
     pub schedule: ScheduleKind,
-    /// Steps of the linear warm-up from 0 (`linear_warmup`, `cosine`).
+    /// linear_warmup, cosine: steps of the linear warm-up from 0.
     pub warmup_steps: u64,
-    /// The step at which the cosine reaches its floor (`cosine`; counted
-    /// over the whole run: the step count carries over resumed calls).
+    /// Cosine: the step at which the rate reaches its floor (over the whole
+    /// run).
     pub total_steps: Option<u64>,
-    /// The cosine's floor as a fraction of `lr` (`cosine`).
+    /// Cosine: the floor as a fraction of optim.lr.
     pub min_lr_ratio: f64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
-    /// Adam beta1.
+    /// AdamW beta1.
     pub beta1: f64,
-    /// Adam beta2.
+    /// AdamW beta2.
     pub beta2: f64,
-    /// Largest gradient norm (0 = no clipping).
+    /// Largest gradient norm (0: no clipping).
     pub grad_clip: f64,
-    /// Continue from the AdamW state saved in the input checkpoint when it
-    /// was accumulated on the same objective (false: start fresh).
+    /// Continue from the AdamW state saved in the input checkpoint (same
+    /// objective).
     pub resume: bool,
 }
 
@@ -169,37 +172,46 @@ impl Default for OptimConfig {
     }
 }
 
-/// `sft.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `sft.*` settings. Each field's doc comment is its key's meaning (the
+/// `template`, `warmup` and `bridge` sections': [`SFT_SECTION_KEYS`]).
+/// `demos_per_task` counts rows by [`TaskRow::task_key`], 1 by default:
+/// SimpleVLA-RL's one-trajectory SFT, from each task's first initial state;
+/// `demos_per_task_type = 1` is the household study's held-out-combination
+/// SFT; `expert_noise` is the scripted expert's `ExpertConfig::noise`
+/// (relative standard deviation on dx, dy, dz), seeded by `--seed` and the
+/// task id.
+///
+/// [`TaskRow::task_key`]: embodyflow_core::schemas::TaskRow::task_key
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct SftConfig {
-    /// Keep the first N rows of each task (`TaskRow::task_key`); 1 by
-    /// default: one demonstration per task, from its first initial state
-    /// (SimpleVLA-RL's one-trajectory SFT).
+    /// Keep the first N rows of each task (rows sharing the task id before `@`:
+    /// one task's initial states), or all; 1: one demonstration per task.
     pub demos_per_task: DemosPerTask,
-    /// Then keep only the first N tasks of each task type (one per task
-    /// type: the household study's held-out-combination SFT).
+    /// Then keep only the first N tasks of each task type (unset: all).
     pub demos_per_task_type: Option<usize>,
-    /// The context each expert answer is trained after.
+    /// Context each expert answer is trained after: prompt, reference or both.
     pub context: SftContext,
     /// The teacher template (`context = reference | both`): the same
     /// templates `teacher-logp` reads, so a teacher is trained on the context
     /// it will score in.
+    #[keys(skip)]
     pub template: ContextTemplates,
-    /// The scripted expert's action noise on a VLA's demonstrations (its
-    /// `ExpertConfig::noise`: relative standard deviation on dx, dy, dz),
-    /// seeded by `--seed` and the task id.
+    /// VLA: the tabletop expert's relative action noise in [0, 1] on
+    /// demonstrations (seeded by --seed and task).
     pub expert_noise: f32,
     /// A thinking VLA's warm-up: the weights of the latent cosine, stop
     /// and action cross-entropies (LaST-R1: 1 : 0.1 : 1) and what fills the
     /// latent slots.
+    #[keys(skip)]
     pub warmup: WarmupConfig,
     /// The gym bridge's workers running the scripted experts of bridge
     /// tasks (`sft.bridge.*`).
+    #[keys(skip)]
     pub bridge: BridgeKeys,
-    /// A VLA trains on the demonstrations of this table directory (its
-    /// tasks, trajectories and steps: `table import --format
-    /// libero-hdf5`) instead of a scripted expert's (`vla::demonstrations`).
+    /// VLA: a table directory of demonstrations (tasks, trajectories, steps:
+    /// table import --format libero-hdf5) to train on instead of a scripted
+    /// expert's (unset: the expert's).
     pub demonstrations: Option<PathBuf>,
 }
 
@@ -271,35 +283,41 @@ pub enum SftContext {
 }
 
 /// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// What to optimise.
+    /// What to optimise: ppo, sft (a thinking VLA: its warm-up) or lapo (a
+    /// thinking VLA's rollouts).
     pub objective: Objective,
     /// Iteration recorded in the metrics rows.
     pub iteration: i32,
-    /// Passes over the examples.
+    /// Passes over the examples (veRL ppo_epochs).
     pub epochs: usize,
-    /// Sequences per mini-batch.
+    /// Sequences per mini-batch (veRL ppo_mini_batch_size).
     pub mini_batch: usize,
-    /// Sequences per forward/backward pass (gradients accumulate up to `mini_batch`).
+    /// Sequences per forward/backward pass (veRL ppo_micro_batch_size_per_gpu).
     pub micro_batch: usize,
-    /// Mini-batches per optimizer step (their gradients accumulate, the loss
-    /// normalised over all of them: one step on their union).
+    /// Mini-batches per optimizer step (loss normalised over all of them).
     pub grad_accumulation: usize,
     /// Optimizer.
+    #[keys(section)]
     pub optim: OptimConfig,
     /// Policy loss.
+    #[keys(section)]
     pub ppo: PpoConfig,
     /// LAPO's weights, latent sigma and value clip (`objective = lapo`).
+    #[keys(section)]
     pub lapo: LapoConfig,
-    /// Reference checkpoint of the KL penalty (needed when `ppo.kl_coef > 0`).
+    /// Reference checkpoint of the KL penalty (needed when ppo.kl_coef > 0).
     pub kl_reference: Option<PathBuf>,
     /// Supervised fine-tuning.
+    #[keys(section)]
     pub sft: SftConfig,
-    /// Where a VLA's observations are kept while training.
+    /// VLA: where observations are kept while training: mmap (a memory-mapped
+    /// Arrow IPC file in sealed shared memory) or memory.
     pub observations: ObservationsMode,
     /// Output layout of the metrics table.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
@@ -323,168 +341,56 @@ impl Default for Config {
     }
 }
 
+/// The `sft.*` keys of the sections whose types other crates declare
+/// (`sft.template`, `sft.warmup`, `sft.bridge`: `#[keys(skip)]` in
+/// [`SftConfig`]), with their meanings for this stage; every other key
+/// is documented by its field ([`ConfigKeys`]).
+const SFT_SECTION_KEYS: [(&str, &str); 10] = [
+    (
+        "sft.bridge.python",
+        "bridge tasks: the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
+    ),
+    (
+        "sft.bridge.timeout_s",
+        "bridge tasks: seconds a gym bridge worker may take per request before it counts as hung, > 0",
+    ),
+    (
+        "sft.bridge.workers",
+        "bridge tasks: gym bridge workers running the scripted experts (0: one per CPU)",
+    ),
+    (
+        "sft.template.name",
+        "teacher template name (context = reference | both)",
+    ),
+    ("sft.template.student", "student context template"),
+    (
+        "sft.template.teacher",
+        "teacher context template, with {reference_plan}",
+    ),
+    (
+        "sft.warmup.action",
+        "thinking VLA warm-up: weight of the action cross-entropy (1)",
+    ),
+    (
+        "sft.warmup.end",
+        "thinking VLA warm-up: weight of the <latent_end> cross-entropy (0.1)",
+    ),
+    (
+        "sft.warmup.latent",
+        "thinking VLA warm-up: weight of the latent cosine loss (1)",
+    ),
+    (
+        "sft.warmup.self_forcing",
+        "thinking VLA warm-up: the latent slots hold the policy's own one-step predictions (true) or the targets (false: LaST-R1's teacher forcing)",
+    ),
+];
+
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        ("epochs", "passes over the examples (veRL ppo_epochs)"),
-        (
-            "grad_accumulation",
-            "mini-batches per optimizer step (loss normalised over all of them)",
-        ),
-        ("iteration", "iteration recorded in the metrics rows"),
-        (
-            "kl_reference",
-            "reference checkpoint of the KL penalty (needed when ppo.kl_coef > 0)",
-        ),
-        (
-            "micro_batch",
-            "sequences per forward/backward pass (veRL ppo_micro_batch_size_per_gpu)",
-        ),
-        (
-            "mini_batch",
-            "sequences per mini-batch (veRL ppo_mini_batch_size)",
-        ),
-        (
-            "lapo.critic_optim",
-            "LAPO: the value head's optimiser: own (its own rate, lapo.value_lr_scale x optim.lr, LaST-R1) or shared (one rate)",
-        ),
-        (
-            "lapo.latent_sigma",
-            "LAPO: sigma of the latent ratio exp(-0.5 sum ||z_old - z||^2 / sigma^2) (LaST-R1: 10)",
-        ),
-        (
-            "lapo.value_clip",
-            "LAPO: the value is clipped to old value +- this (LaST-R1: 0.2)",
-        ),
-        (
-            "lapo.value_coef",
-            "LAPO: weight of the value loss in the total (LaST-R1: 1)",
-        ),
-        (
-            "lapo.value_lr_scale",
-            "LAPO: the value head's rate as a multiple of optim.lr with critic_optim = own (LaST-R1: 10)",
-        ),
-        (
-            "lapo.w_action",
-            "LAPO: weight of the action/stop mean (action_loss_weight, 1)",
-        ),
-        (
-            "lapo.w_end",
-            "LAPO: weight of the stop against the n_action action tokens (latent_end_loss_weight, 1)",
-        ),
-        (
-            "lapo.w_latent",
-            "LAPO: weight of the latent surrogate (latent_loss_weight, 0.1)",
-        ),
-        (
-            "objective",
-            "what to optimise: ppo, sft (a thinking VLA: its warm-up) or lapo (a thinking VLA's rollouts)",
-        ),
-        (
-            "observations",
-            "VLA: where observations are kept while training: mmap (a memory-mapped Arrow IPC file in sealed shared memory) or memory",
-        ),
-        ("optim.beta1", "AdamW beta1"),
-        ("optim.beta2", "AdamW beta2"),
-        ("optim.grad_clip", "largest gradient norm (0: no clipping)"),
-        (
-            "optim.lr",
-            "learning rate (the base rate the schedule scales)",
-        ),
-        (
-            "optim.min_lr_ratio",
-            "cosine: the floor as a fraction of optim.lr",
-        ),
-        (
-            "optim.resume",
-            "continue from the AdamW state saved in the input checkpoint (same objective)",
-        ),
-        (
-            "optim.schedule",
-            "learning-rate schedule: constant, linear_warmup or cosine",
-        ),
-        (
-            "optim.total_steps",
-            "cosine: the step at which the rate reaches its floor (over the whole run)",
-        ),
-        (
-            "optim.warmup_steps",
-            "linear_warmup, cosine: steps of the linear warm-up from 0",
-        ),
-        ("optim.weight_decay", "decoupled weight decay"),
-        ("ppo.clip_high", "upper clip range eps_high (clip-higher)"),
-        ("ppo.clip_low", "lower clip range eps_low"),
-        (
-            "ppo.dual_clip",
-            "dual-clip constant c for negative advantages (> 1)",
-        ),
-        (
-            "ppo.entropy_coef",
-            "entropy bonus coefficient (the loss subtracts coef * entropy)",
-        ),
-        ("ppo.kl_coef", "KL penalty coefficient beta (0: off)"),
-        ("ppo.kl_estimator", "KL estimator: k1, k2 or k3"),
-        (
-            "ppo.loss_agg",
-            "loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean",
-        ),
-        (
-            "sft.context",
-            "context each expert answer is trained after: prompt, reference or both",
-        ),
-        (
-            "sft.demos_per_task",
-            "keep the first N rows of each task (rows sharing the task id before `@`: one task's initial states), or all; 1: one demonstration per task",
-        ),
-        (
-            "sft.demos_per_task_type",
-            "then keep only the first N tasks of each task type (unset: all)",
-        ),
-        (
-            "sft.bridge.python",
-            "bridge tasks: the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
-        ),
-        (
-            "sft.bridge.timeout_s",
-            "bridge tasks: seconds a gym bridge worker may take per request before it counts as hung, > 0",
-        ),
-        (
-            "sft.bridge.workers",
-            "bridge tasks: gym bridge workers running the scripted experts (0: one per CPU)",
-        ),
-        (
-            "sft.demonstrations",
-            "VLA: a table directory of demonstrations (tasks, trajectories, steps: table import --format libero-hdf5) to train on instead of a scripted expert's (unset: the expert's)",
-        ),
-        (
-            "sft.expert_noise",
-            "VLA: the tabletop expert's relative action noise in [0, 1] on demonstrations (seeded by --seed and task)",
-        ),
-        (
-            "sft.warmup.action",
-            "thinking VLA warm-up: weight of the action cross-entropy (1)",
-        ),
-        (
-            "sft.warmup.end",
-            "thinking VLA warm-up: weight of the <latent_end> cross-entropy (0.1)",
-        ),
-        (
-            "sft.warmup.latent",
-            "thinking VLA warm-up: weight of the latent cosine loss (1)",
-        ),
-        (
-            "sft.warmup.self_forcing",
-            "thinking VLA warm-up: the latent slots hold the policy's own one-step predictions (true) or the targets (false: LaST-R1's teacher forcing)",
-        ),
-        (
-            "sft.template.name",
-            "teacher template name (context = reference | both)",
-        ),
-        ("sft.template.student", "student context template"),
-        (
-            "sft.template.teacher",
-            "teacher context template, with {reference_plan}",
-        ),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        let mut keys = keys_of::<Config>();
+        keys.extend(SFT_SECTION_KEYS.map(|(key, meaning)| (key.to_string(), meaning)));
+        keys
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output

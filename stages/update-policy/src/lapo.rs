@@ -86,34 +86,38 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use embodyflow_core::config::positive;
+use embodyflow_core::config::{ConfigKeys, positive};
 
 use crate::config::non_negative;
 use crate::loss::{Denominators, LossAgg, PolicyLoss, PpoConfig, aggregate, policy_loss};
 
-/// `lapo.*` settings: the LAPO weights, the latent's sigma and the value loss.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `lapo.*` settings: the LAPO weights, the latent's sigma and the value loss
+/// (each field's doc comment is its key's meaning). The defaults are
+/// LaST-R1's code's: its value is clipped symmetrically by the low clip
+/// ratio (0.2) and added to the loss as is (1), and its script steps the
+/// value head at `value_head_lr` 3e-4 against `lr` 3e-5 (10).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct LapoConfig {
-    /// Standard deviation of the Gaussian of the latent ratio (> 0; LaST-R1: 10).
+    /// LAPO: sigma of the latent ratio exp(-0.5 sum ||z_old - z||^2 / sigma^2)
+    /// (LaST-R1: 10).
     pub latent_sigma: f64,
-    /// Weight of the action/end mean in the policy loss (`action_loss_weight`, 1.0).
+    /// LAPO: weight of the action/stop mean (action_loss_weight, 1).
     pub w_action: f64,
-    /// Weight of the `<latent_end>` surrogate against the `n_action` action
-    /// tokens, inside their mean (`latent_end_loss_weight`, 1.0).
+    /// LAPO: weight of the stop against the n_action action tokens
+    /// (latent_end_loss_weight, 1).
     pub w_end: f64,
-    /// Weight of the latent surrogate (`latent_loss_weight`, 0.1).
+    /// LAPO: weight of the latent surrogate (latent_loss_weight, 0.1).
     pub w_latent: f64,
-    /// Half-width c of the value clip around the old value (0.2: the code
-    /// clips symmetrically by the low clip ratio).
+    /// LAPO: the value is clipped to old value +- this (LaST-R1: 0.2).
     pub value_clip: f64,
-    /// Weight of the value loss in the total (1.0: the code adds it as is).
+    /// LAPO: weight of the value loss in the total (LaST-R1: 1).
     pub value_coef: f64,
-    /// How the value head is optimised: at its own rate (`own`, LaST-R1's
-    /// second optimiser) or with the trunk at one rate (`shared`).
+    /// LAPO: the value head's optimiser: own (its own rate, lapo.value_lr_scale
+    /// x optim.lr, LaST-R1) or shared (one rate).
     pub critic_optim: CriticOptim,
-    /// The value head's rate as a multiple of `optim.lr` with `critic_optim
-    /// = own` (LaST-R1's script: `value_head_lr` 3e-4 against `lr` 3e-5, 10).
+    /// LAPO: the value head's rate as a multiple of optim.lr with critic_optim
+    /// = own (LaST-R1: 10).
     pub value_lr_scale: f64,
 }
 

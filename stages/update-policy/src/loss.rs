@@ -31,6 +31,7 @@
 //! out.loss.backward();
 //! ```
 
+use embodyflow_core::config::ConfigKeys;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
@@ -61,7 +62,7 @@ pub enum KlEstimator {
 }
 
 /// `ppo.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct PpoConfig {
     /// Lower clip range eps_low.
@@ -70,13 +71,13 @@ pub struct PpoConfig {
     pub clip_high: f64,
     /// Dual-clip constant c for negative advantages (> 1).
     pub dual_clip: f64,
-    /// Loss aggregation.
+    /// Loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean.
     pub loss_agg: LossAgg,
-    /// Entropy bonus coefficient (the loss subtracts `coef * entropy`).
+    /// Entropy bonus coefficient (the loss subtracts coef * entropy).
     pub entropy_coef: f64,
-    /// KL penalty coefficient beta (0 = off, the default).
+    /// KL penalty coefficient beta (0: off).
     pub kl_coef: f64,
-    /// KL estimator.
+    /// KL estimator: k1, k2 or k3.
     pub kl_estimator: KlEstimator,
 }
 
