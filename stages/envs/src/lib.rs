@@ -145,13 +145,13 @@ impl TaskEnv {
         env == "household"
     }
 
-    /// Whether `env` names a closed-loop world (`tabletop`, or
-    /// `gym:<adapter>`, a Gymnasium environment through the bridge): its
-    /// trajectories are episodes of decisions with an outcome (`complete`),
-    /// not one-shot plans, so plan rewards and executors do not apply to
-    /// them.
+    /// Whether `env` names a closed-loop world (one of
+    /// `embodyflow_worlds::WORLDS`: `tabletop`, or `gym:<adapter>`, a
+    /// Gymnasium environment through the bridge): its trajectories are
+    /// episodes of decisions with an outcome (`complete`), not one-shot
+    /// plans, so plan rewards and executors do not apply to them.
     pub fn is_closed_loop(env: &str) -> bool {
-        env == "tabletop" || env.starts_with("gym:")
+        embodyflow_worlds::is_closed_loop(env)
     }
 }
 

@@ -386,9 +386,9 @@ mod tests {
 
     /// The tabletop scene of a layout (these tests' tasks are tabletop's).
     fn scene<'a>(layout: &'a Layout<'_>) -> &'a tabletop::TaskSpec {
-        match &layout.spec {
-            WorldTask::Tabletop(spec) => spec,
-            other => panic!("a tabletop layout, found {other:?}"),
+        match layout.spec.spec::<tabletop::TaskSpec>() {
+            Some(spec) => spec,
+            None => panic!("a tabletop layout, found {:?}", layout.spec),
         }
     }
 

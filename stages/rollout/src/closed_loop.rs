@@ -74,8 +74,6 @@ use embodyflow_core::progress;
 use embodyflow_core::schemas::StepRow;
 use embodyflow_core::{Classify, ErrorKind};
 pub use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
-// Until its callers name the tabletop crate: the tabletop world's episodes.
-pub use embodyflow_tabletop::TabletopEpisodes;
 
 /// What a policy sees at one decision: one row per live episode.
 #[derive(Clone, Copy, Debug)]

@@ -574,7 +574,7 @@ fn gym_instructions(
         bins: info.action.bins(),
         bridge,
     });
-    let tasks: Vec<WorldTask> = tasks.iter().cloned().map(WorldTask::Gym).collect();
+    let tasks: Vec<WorldTask> = tasks.iter().cloned().map(crate::gym::task).collect();
     let episodes = worlds.episodes(&tasks, 1)?;
     let mut instructions = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {

@@ -1,14 +1,16 @@
 //! The closed-loop worlds a stage can run, chosen by each task row's `env`
-//! column, behind one pair of types: [`WorldTask`] (a task of any
-//! closed-loop world, built from its row) and [`Episodes`] (a batch of its
-//! episodes, a [`ClosedLoopWorld`] the driver steps). `collect-rollouts`,
-//! `evaluate` and update-policy's demonstrations go through here, so a new
-//! closed-loop world plugs in at one place and no stage names a world.
+//! column and listed once, in [`WORLDS`]: each is a [`World`] (one module
+//! of this crate with a `pub static` value) that builds [`WorldTask`]s from
+//! its rows and batches of their episodes ([`Episodes`], a
+//! [`ClosedLoopWorld`] the driver steps). `collect-rollouts`, `evaluate`,
+//! `init-policy` and update-policy's demonstrations go through here, so a
+//! new closed-loop world plugs in with one module and one line of
+//! [`WORLDS`], and no stage names a world.
 //!
 //! | `env` | world | a task's run `r > 0` |
 //! |---|---|---|
-//! | `tabletop` | the embedded tabletop world, in process | another layout ([`embodyflow_tabletop::reseed`]) |
-//! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
+//! | `tabletop` | the embedded tabletop world, in process ([`tabletop::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
+//! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`gym::GYM`], [`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
 //!
 //! A stage keeps one [`Worlds`] for its run: the bridge's worker pool
 //! outlives a batch (workers start once, not per batch) and its fault
@@ -29,99 +31,46 @@
 use std::time::Duration;
 
 pub mod generate;
+pub mod gym;
+pub mod tabletop;
+#[cfg(test)]
+mod toy;
+pub mod world;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
-use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
-use embodyflow_gym::{self as gym, BridgeConfig, FaultCounts, GymEpisodes, GymTask, Pool};
-use embodyflow_tabletop::{self as tabletop, TabletopEpisodes};
+use embodyflow_gym::{BridgeConfig, FaultCounts};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 use serde::{Deserialize, Serialize};
+
+pub use world::{Kept, World, WorldEpisodes, WorldTask};
+
+/// Every closed-loop world the stages run, in the order messages name them.
+pub static WORLDS: &[&dyn World] = &[
+    &tabletop::TABLETOP,
+    &gym::GYM,
+    #[cfg(test)]
+    &toy::TOY,
+];
+
+/// The world whose task rows have `env`; `None` for an `env` that is not a
+/// closed-loop world (a one-shot environment, or none at all).
+pub fn world_of(env: &str) -> Option<&'static dyn World> {
+    WORLDS.iter().copied().find(|w| w.claims(env))
+}
+
+/// Whether `env` names a closed-loop world (`tabletop`, or
+/// `gym:<adapter>`, a Gymnasium environment through the bridge): its
+/// trajectories are episodes of decisions with an outcome, not one-shot
+/// plans.
+pub fn is_closed_loop(env: &str) -> bool {
+    world_of(env).is_some()
+}
 
 /// A bridge task's run `r > 0` resets with seed `seed + r * RUN_SEED_STRIDE`
 /// (far from the seeds a task generator hands out next to each other).
 pub const RUN_SEED_STRIDE: u64 = 1_000_003;
-
-/// A task of a closed-loop world.
-#[derive(Clone, Debug, PartialEq)]
-pub enum WorldTask {
-    /// A tabletop scene and its goals.
-    Tabletop(tabletop::TaskSpec),
-    /// A Gymnasium environment's task (adapter, env id, reset seed).
-    Gym(GymTask),
-}
-
-impl WorldTask {
-    /// The task of `row` (its `env` names the world); a row its world cannot
-    /// build, or a world that is not closed-loop, is bad input naming the
-    /// task.
-    pub fn from_row(row: &TaskRow) -> Result<WorldTask, Error> {
-        match row.env.as_str() {
-            "tabletop" => tabletop::task_from_row(row)
-                .map(WorldTask::Tabletop)
-                .map_err(|e| Error::BadInput(format!("tasks table: {e}"))),
-            env if env.starts_with(gym::ENV_PREFIX) => gym::task_from_row(row)
-                .map(WorldTask::Gym)
-                .map_err(|e| Error::BadInput(format!("tasks table: {e}"))),
-            other => Err(Error::BadInput(format!(
-                "task `{}`: environment `{other}` is not a closed-loop world (known: tabletop, gym:<adapter>)",
-                row.task_id
-            ))),
-        }
-    }
-
-    /// The task's id.
-    pub fn task_id(&self) -> String {
-        match self {
-            WorldTask::Tabletop(spec) => spec.task_id(),
-            WorldTask::Gym(task) => task.task_id.clone(),
-        }
-    }
-
-    /// Its instruction in words.
-    pub fn instruction(&self) -> &str {
-        match self {
-            WorldTask::Tabletop(spec) => &spec.instruction,
-            WorldTask::Gym(task) => task.spec.instruction.as_deref().unwrap_or(""),
-        }
-    }
-
-    /// Environment steps after which an episode ends as a failure.
-    pub fn max_steps(&self) -> u32 {
-        match self {
-            WorldTask::Tabletop(spec) => spec.max_steps,
-            WorldTask::Gym(task) => task.spec.max_steps,
-        }
-    }
-
-    /// The same task in run `r` (evaluation averages over runs): run 0 is
-    /// the task itself; the tabletop world draws another layout.
-    pub fn reseed(&self, run: u32) -> Result<WorldTask, Error> {
-        if run == 0 {
-            return Ok(self.clone());
-        }
-        match self {
-            WorldTask::Tabletop(spec) => tabletop::reseed(spec, run)
-                .map(WorldTask::Tabletop)
-                .map_err(|e| Error::BadInput(format!("tasks table: {e}"))),
-            WorldTask::Gym(task) => {
-                let mut task = task.clone();
-                task.spec.seed = task
-                    .spec
-                    .seed
-                    .checked_add(u64::from(run) * RUN_SEED_STRIDE)
-                    .ok_or_else(|| {
-                        Error::BadInput(format!(
-                            "task `{}`: seed {} has no run {run} (overflow)",
-                            task.task_id, task.spec.seed
-                        ))
-                    })?;
-                Ok(WorldTask::Gym(task))
-            }
-        }
-    }
-}
 
 /// What a policy for a world observes and does: the shape of its
 /// observations, the dimensions of one action and, where the world fixes
@@ -145,39 +94,19 @@ pub struct PolicyShape {
 /// The shape of a policy for the tabletop world at frames of `image_size`
 /// pixels: its proprio and action sizes, any bins over `[-1, 1]`.
 pub fn tabletop_shape(image_size: usize) -> PolicyShape {
-    PolicyShape {
-        observation: ObservationShape {
-            height: image_size,
-            width: image_size,
-            channels: 3,
-            proprio: tabletop::PROPRIO_DIM,
-        },
-        action_dim: tabletop::ACTION_DIM,
-        bins: None,
-        observation_text: 0,
-    }
+    tabletop::shape(image_size)
 }
 
-/// The shape of a policy for `task`'s world: the tabletop world's frames of
-/// `image_size` pixels and its proprio and action sizes, or what the
-/// bridge's adapter reports for its environment (asked of a fresh worker).
+/// The shape of a policy for `task`'s world ([`World::policy_shape`]): the
+/// tabletop world's frames of `image_size` pixels and its proprio and
+/// action sizes, or what the bridge's adapter reports for its environment
+/// (asked of a fresh worker).
 pub fn policy_shape(
     task: &WorldTask,
     image_size: usize,
     bridge: &BridgeConfig,
 ) -> Result<PolicyShape, WorldsError> {
-    match task {
-        WorldTask::Tabletop(_) => Ok(tabletop_shape(image_size)),
-        WorldTask::Gym(task) => {
-            let info = gym::probe(bridge, &task.spec)?;
-            Ok(PolicyShape {
-                observation: info.shape,
-                action_dim: info.action.dim(),
-                bins: Some(info.action.bins()),
-                observation_text: info.text,
-            })
-        }
-    }
+    task.world().policy_shape(task, image_size, bridge)
 }
 
 /// The decisions of `chunk_len` actions after which every episode of
@@ -257,26 +186,19 @@ pub struct WorldOptions {
 
 /// A batch of episodes of one closed-loop world: `G` copies of each task,
 /// sharing its initial state (episode `t * G + g` is copy `g` of task `t`).
-pub enum Episodes {
-    /// Tabletop episodes, in process.
-    Tabletop(TabletopEpisodes),
-    /// Episodes of a Gymnasium environment, on the bridge's workers.
-    Gym(GymEpisodes),
+pub struct Episodes {
+    /// Its world's index in [`WORLDS`].
+    world: usize,
+    episodes: Box<dyn WorldEpisodes>,
 }
 
 impl Episodes {
     fn world(&self) -> &dyn ClosedLoopWorld {
-        match self {
-            Episodes::Tabletop(world) => world,
-            Episodes::Gym(world) => world,
-        }
+        self.episodes.as_ref()
     }
 
     fn world_mut(&mut self) -> &mut dyn ClosedLoopWorld {
-        match self {
-            Episodes::Tabletop(world) => world,
-            Episodes::Gym(world) => world,
-        }
+        self.episodes.as_mut()
     }
 }
 
@@ -342,18 +264,18 @@ impl BridgeKeys {
         BridgeConfig {
             workers,
             timeout: Duration::from_secs_f64(self.timeout_s),
-            startup_timeout: gym::STARTUP_TIMEOUT,
+            startup_timeout: embodyflow_gym::STARTUP_TIMEOUT,
             python: BridgeConfig::python(self.python.as_deref()),
         }
     }
 }
 
 /// A stage's closed-loop worlds over its run: builds each batch's
-/// [`Episodes`] and keeps the bridge's workers between batches.
+/// [`Episodes`] and keeps what a world reuses between batches (the
+/// bridge's workers).
 pub struct Worlds {
     options: WorldOptions,
-    pool: Option<Pool>,
-    faults: Option<FaultCounts>,
+    kept: Vec<Kept>,
 }
 
 impl Worlds {
@@ -362,8 +284,7 @@ impl Worlds {
     pub fn new(options: WorldOptions) -> Worlds {
         Worlds {
             options,
-            pool: None,
-            faults: None,
+            kept: WORLDS.iter().map(|_| Kept::default()).collect(),
         }
     }
 
@@ -371,53 +292,37 @@ impl Worlds {
     /// (bad input naming two tasks otherwise). A bridge batch runs on the
     /// workers of the previous one, if any ([`Worlds::done`]).
     pub fn episodes(&mut self, tasks: &[WorldTask], group: usize) -> Result<Episodes, WorldsError> {
-        let mut tabletop = Vec::new();
-        let mut bridge = Vec::new();
-        for task in tasks {
-            match task {
-                WorldTask::Tabletop(spec) => tabletop.push(spec.clone()),
-                WorldTask::Gym(task) => bridge.push(task.clone()),
-            }
-        }
-        if !tabletop.is_empty() && !bridge.is_empty() {
+        let world = tasks.first().map_or(WORLDS[0], WorldTask::world);
+        if let Some(other) = tasks.iter().find(|t| !std::ptr::addr_eq(t.world(), world)) {
             return Err(Error::BadInput(format!(
-                "tasks `{}` (tabletop) and `{}` ({}{}) are of different worlds; a batch runs one",
-                tabletop[0].task_id(),
-                bridge[0].task_id,
-                gym::ENV_PREFIX,
-                bridge[0].spec.adapter
+                "tasks `{}` ({}) and `{}` ({}) are of different worlds; a batch runs one",
+                tasks[0].task_id(),
+                tasks[0].env(),
+                other.task_id(),
+                other.env()
             ))
             .into());
         }
-        if bridge.is_empty() {
-            return TabletopEpisodes::new(&tabletop, group, self.options.image_size)
-                .map(Episodes::Tabletop)
-                .map_err(|e| Error::BadInput(format!("tasks table: {e}")).into());
-        }
-        let pool = match self.pool.take() {
-            Some(pool) => pool,
-            None => Pool::new(&self.options.bridge)?,
-        };
-        Ok(Episodes::Gym(GymEpisodes::with_pool(
-            pool,
-            &bridge,
-            group,
-            &self.options.bins,
-        )?))
+        let index = WORLDS
+            .iter()
+            .position(|w| std::ptr::addr_eq(*w, world))
+            .expect("a task's world is listed in WORLDS");
+        let episodes = world.episodes(tasks, group, &self.options, &mut self.kept[index])?;
+        Ok(Episodes {
+            world: index,
+            episodes,
+        })
     }
 
     /// Takes back a batch's episodes: the bridge's workers serve the next
     /// batch, and their fault counts are kept for [`Worlds::faults`].
     pub fn done(&mut self, episodes: Episodes) {
-        if let Episodes::Gym(world) = episodes {
-            self.faults = Some(world.faults());
-            self.pool = Some(world.into_pool());
-        }
+        episodes.episodes.finish(&mut self.kept[episodes.world]);
     }
 
     /// The bridge's fault counts so far; `None` when no bridge task ran.
     pub fn faults(&self) -> Option<FaultCounts> {
-        self.faults
+        self.kept.iter().find_map(|k| k.faults)
     }
 }
 
@@ -430,7 +335,7 @@ pub enum WorldsError {
     /// The bridge could not start or reset its environments (a missing
     /// package, an unknown env id, a Python that cannot start, ...).
     #[error("the gym bridge: {0}")]
-    Bridge(#[from] gym::BridgeError),
+    Bridge(#[from] embodyflow_gym::BridgeError),
 }
 
 impl Classify for WorldsError {

@@ -366,7 +366,8 @@ fn behaviour_cloning_learns_and_its_state_resumes() {
 #[ignore = "a measurement: minutes of CPU"]
 fn behaviour_cloning_solves_training_tasks() {
     use embodyflow_models::testing::{SEED, seed, tiny_tokenizer};
-    use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
+    use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
+    use embodyflow_tabletop::TabletopEpisodes;
     let var = |name: &str, default: usize| {
         std::env::var(name)
             .ok()

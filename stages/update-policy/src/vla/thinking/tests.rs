@@ -4,8 +4,8 @@ use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::{tiny_thinking_vla, tiny_vla};
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
-use embodyflow_rollout::closed_loop::{ClosedLoopConfig, TabletopEpisodes, run_closed_loop};
-use embodyflow_tabletop::{Split, Suite, generate, task_row};
+use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
+use embodyflow_tabletop::{Split, Suite, TabletopEpisodes, generate, task_row};
 
 const K: i64 = 4;
 

@@ -1,0 +1,113 @@
+//! Gymnasium environments through the bridge (`env = gym:<adapter>`,
+//! [`embodyflow_gym`]): a row's task spec ([`embodyflow_gym::task_from_row`]),
+//! run `r` the reset seed `seed + r * RUN_SEED_STRIDE`, the policy's shape
+//! as the adapter reports it (a fresh worker's probe) and episodes on the
+//! bridge's workers, which the stage's next batch reuses
+//! ([`GymEpisodes::with_pool`]); their fault counts go to its summary.
+//!
+//! ```
+//! use embodyflow_gym::{GymTask, GymTaskSpec};
+//! use embodyflow_worlds::RUN_SEED_STRIDE;
+//! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 7, 64);
+//! let task = embodyflow_worlds::gym::task(GymTask { task_id: "goto/7".into(), spec });
+//! assert_eq!((task.env(), task.max_steps()), ("gym:babyai", 64));
+//! let run = task.reseed(2).unwrap();
+//! assert_eq!(run.spec::<GymTask>().unwrap().spec.seed, 7 + 2 * RUN_SEED_STRIDE);
+//! ```
+
+use embodyflow_core::Error;
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_gym::{
+    self as bridge, BridgeConfig, ENV_PREFIX, GymEpisodes, GymTask, Pool, task_from_row,
+};
+
+use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
+use crate::{PolicyShape, RUN_SEED_STRIDE, WorldOptions, WorldsError};
+
+/// `env = gym:<adapter>`.
+pub static GYM: Gym = Gym;
+
+/// The Gymnasium bridge's environments.
+pub struct Gym;
+
+/// The world's task of a bridge task (`env = gym:<adapter>`).
+pub fn task(task: GymTask) -> WorldTask {
+    WorldTask::new(
+        &GYM,
+        &format!("{ENV_PREFIX}{}", task.spec.adapter),
+        task.task_id.clone(),
+        task.spec.instruction.clone().unwrap_or_default(),
+        task.spec.max_steps,
+        task,
+    )
+}
+
+impl World for Gym {
+    fn env(&self) -> &'static str {
+        "gym:<adapter>"
+    }
+
+    fn claims(&self, env: &str) -> bool {
+        env.starts_with(ENV_PREFIX)
+    }
+
+    fn task(&'static self, row: &TaskRow) -> Result<WorldTask, Error> {
+        task_from_row(row)
+            .map(task)
+            .map_err(|e| Error::BadInput(format!("tasks table: {e}")))
+    }
+
+    fn reseed(&'static self, task: &WorldTask, run: u32) -> Result<WorldTask, Error> {
+        let mut task = task.spec::<GymTask>().expect("a bridge task").clone();
+        task.spec.seed = task
+            .spec
+            .seed
+            .checked_add(u64::from(run) * RUN_SEED_STRIDE)
+            .ok_or_else(|| {
+                Error::BadInput(format!(
+                    "task `{}`: seed {} has no run {run} (overflow)",
+                    task.task_id, task.spec.seed
+                ))
+            })?;
+        Ok(self::task(task))
+    }
+
+    fn policy_shape(
+        &self,
+        task: &WorldTask,
+        _: usize,
+        bridge: &BridgeConfig,
+    ) -> Result<PolicyShape, WorldsError> {
+        let task = task.spec::<GymTask>().expect("a bridge task");
+        let info = bridge::probe(bridge, &task.spec)?;
+        Ok(PolicyShape {
+            observation: info.shape,
+            action_dim: info.action.dim(),
+            bins: Some(info.action.bins()),
+            observation_text: info.text,
+        })
+    }
+
+    fn episodes(
+        &self,
+        tasks: &[WorldTask],
+        group: usize,
+        options: &WorldOptions,
+        kept: &mut Kept,
+    ) -> Result<Box<dyn WorldEpisodes>, WorldsError> {
+        let pool = match kept.state.take().map(|state| state.downcast::<Pool>()) {
+            Some(Ok(pool)) => *pool,
+            _ => Pool::new(&options.bridge)?,
+        };
+        let episodes =
+            GymEpisodes::with_pool(pool, &specs::<GymTask>(tasks), group, &options.bins)?;
+        Ok(Box::new(episodes))
+    }
+}
+
+impl WorldEpisodes for GymEpisodes {
+    fn finish(self: Box<Self>, kept: &mut Kept) {
+        kept.faults = Some(self.faults());
+        kept.state = Some(Box::new(self.into_pool()));
+    }
+}

@@ -1,0 +1,287 @@
+//! A toy closed-loop world, added the way `docs/src/extending.md` says:
+//! this module (a [`World`] and its episodes implementing
+//! [`ClosedLoopWorld`]) and one line in [`WORLDS`](crate::WORLDS). A task
+//! row `env = toy` is a corridor of `seed` cells; an action > 0 moves one
+//! cell on, and reaching the end is success. Its test runs it through the
+//! registry and the closed-loop driver.
+
+use embodyflow_core::Error;
+use embodyflow_core::observation::ObservationShape;
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_gym::BridgeConfig;
+use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
+
+use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
+use crate::{PolicyShape, WorldOptions, WorldsError};
+
+/// `env = toy`.
+pub static TOY: Toy = Toy;
+
+/// The toy world.
+pub struct Toy;
+
+/// A corridor of `length` cells.
+#[derive(Clone, Debug, PartialEq)]
+struct Corridor {
+    length: u32,
+}
+
+fn shape() -> ObservationShape {
+    ObservationShape {
+        height: 1,
+        width: 1,
+        channels: 1,
+        proprio: 1,
+    }
+}
+
+impl World for Toy {
+    fn env(&self) -> &'static str {
+        "toy"
+    }
+
+    fn claims(&self, env: &str) -> bool {
+        env == "toy"
+    }
+
+    fn task(&'static self, row: &TaskRow) -> Result<WorldTask, Error> {
+        let length = u32::try_from(row.seed)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::BadInput(format!("task `{}`: seed is its length", row.task_id))
+            })?;
+        Ok(WorldTask::new(
+            self,
+            "toy",
+            row.task_id.clone(),
+            row.instruction.clone(),
+            2 * length,
+            Corridor { length },
+        ))
+    }
+
+    fn reseed(&'static self, task: &WorldTask, _: u32) -> Result<WorldTask, Error> {
+        Ok(task.clone())
+    }
+
+    fn policy_shape(
+        &self,
+        _: &WorldTask,
+        _: usize,
+        _: &BridgeConfig,
+    ) -> Result<PolicyShape, WorldsError> {
+        Ok(PolicyShape {
+            observation: shape(),
+            action_dim: 1,
+            bins: None,
+            observation_text: 0,
+        })
+    }
+
+    fn episodes(
+        &self,
+        tasks: &[WorldTask],
+        group: usize,
+        _: &WorldOptions,
+        _: &mut Kept,
+    ) -> Result<Box<dyn WorldEpisodes>, WorldsError> {
+        let mut episodes = Corridors::default();
+        for (task, corridor) in tasks.iter().zip(specs::<Corridor>(tasks)) {
+            for _ in 0..group {
+                episodes.ids.push(task.task_id());
+                episodes.instructions.push(task.instruction().to_string());
+                episodes.corridors.push((corridor.clone(), 0, 0));
+            }
+        }
+        Ok(Box::new(episodes))
+    }
+}
+
+/// Episodes: each corridor with its position and steps taken.
+#[derive(Default)]
+struct Corridors {
+    ids: Vec<String>,
+    instructions: Vec<String>,
+    corridors: Vec<(Corridor, u32, u32)>,
+    frames: Vec<u8>,
+    proprio: Vec<f32>,
+}
+
+impl Corridors {
+    fn success(&self, i: usize) -> bool {
+        let (corridor, at, _) = &self.corridors[i];
+        *at == corridor.length
+    }
+}
+
+impl ClosedLoopWorld for Corridors {
+    fn len(&self) -> usize {
+        self.corridors.len()
+    }
+    fn observation_shape(&self) -> ObservationShape {
+        shape()
+    }
+    fn image_names(&self) -> &[String] {
+        &[]
+    }
+    fn action_dim(&self) -> usize {
+        1
+    }
+    fn task_id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+    fn instruction(&self, i: usize) -> &str {
+        &self.instructions[i]
+    }
+    fn running(&self, i: usize) -> bool {
+        let (corridor, _, steps) = &self.corridors[i];
+        !self.success(i) && *steps < 2 * corridor.length
+    }
+    fn observe(&mut self) {
+        self.frames = self.corridors.iter().map(|c| c.1 as u8).collect();
+        self.proprio = self.corridors.iter().map(|c| c.1 as f32).collect();
+    }
+    fn frames(&self) -> &[u8] {
+        &self.frames
+    }
+    fn proprio(&self) -> &[f32] {
+        &self.proprio
+    }
+    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError> {
+        let mut reports = Vec::with_capacity(self.len());
+        for (i, chunk) in actions.chunks(k).enumerate() {
+            let mut env_steps = 0;
+            for &action in chunk {
+                if !self.running(i) {
+                    break;
+                }
+                let (_, at, steps) = &mut self.corridors[i];
+                *at += u32::from(action > 0.0);
+                *steps += 1;
+                env_steps += 1;
+            }
+            reports.push(ChunkReport {
+                env_steps,
+                done: !self.running(i),
+                success: self.success(i),
+                failure: None,
+            });
+        }
+        Ok(reports)
+    }
+    fn target_ever_grasped(&self, _: usize) -> Option<bool> {
+        None
+    }
+    fn observation_text(&self, _: usize) -> Option<&str> {
+        None
+    }
+    fn start_failure(&self, _: usize) -> Option<&str> {
+        None
+    }
+}
+
+impl WorldEpisodes for Corridors {}
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_algos::action_tokens::ActionBins;
+    use embodyflow_rollout::closed_loop::{
+        ChunkDecision, ChunkPolicy, ClosedLoopConfig, DecisionBatch, run_closed_loop,
+    };
+
+    use super::*;
+    use crate::{WorldOptions, Worlds, is_closed_loop, max_decisions, policy_shape};
+
+    /// Always the same bin, `K = 2` actions per decision.
+    struct Constant(u32);
+
+    impl ChunkPolicy for Constant {
+        type Error = Error;
+        fn chunk_len(&self) -> usize {
+            2
+        }
+        fn action_dim(&self) -> usize {
+            1
+        }
+        fn observation_shape(&self) -> ObservationShape {
+            shape()
+        }
+        fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Error> {
+            Ok(instruction.bytes().map(i32::from).collect())
+        }
+        fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Error> {
+            Ok((0..batch.len())
+                .map(|_| ChunkDecision {
+                    tokens: vec![self.0; 2],
+                    token_logprobs: vec![0.0; 2],
+                    thought: None,
+                })
+                .collect())
+        }
+    }
+
+    fn row(task_id: &str, length: i64) -> TaskRow {
+        TaskRow {
+            task_id: task_id.into(),
+            suite: "toy".into(),
+            env: "toy".into(),
+            split: "train".into(),
+            task_type: None,
+            seed: length,
+            instruction: "walk on".into(),
+            observation: None,
+            gt_actions: None,
+        }
+    }
+
+    #[test]
+    fn the_toy_world_runs_through_the_registry_and_the_driver() {
+        assert!(is_closed_loop("toy"));
+        let tasks: Vec<WorldTask> = [row("short", 3), row("long", 5)]
+            .iter()
+            .map(WorldTask::from_row)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let bins = ActionBins::openvla();
+        let options = WorldOptions {
+            image_size: 32,
+            bins: bins.clone(),
+            bridge: BridgeConfig::default(),
+        };
+        let bridge = BridgeConfig::default();
+        assert_eq!(policy_shape(&tasks[0], 32, &bridge).unwrap().action_dim, 1);
+        let mut worlds = Worlds::new(options);
+        for (bin, success) in [(255, true), (0, false)] {
+            let mut episodes = worlds.episodes(&tasks, 2).unwrap(); // G = 2
+            let config = ClosedLoopConfig {
+                max_decisions: max_decisions(&tasks, 2),
+                label: "toy",
+            };
+            let run = run_closed_loop(
+                &mut episodes,
+                &mut Constant(bin),
+                &bins,
+                &[0, 1, 2, 3],
+                &config,
+            )
+            .unwrap();
+            worlds.done(episodes);
+            let ids: Vec<&str> = run.episodes.iter().map(|e| e.task_id.as_str()).collect();
+            assert_eq!(ids, ["short", "short", "long", "long"]);
+            let steps: Vec<u32> = run.episodes.iter().map(|e| e.env_steps).collect();
+            let expected = if success {
+                [3, 3, 5, 5]
+            } else {
+                [6, 6, 10, 10]
+            };
+            assert_eq!(steps, expected, "bin {bin}");
+            assert!(
+                run.episodes
+                    .iter()
+                    .all(|e| e.success == success && !e.truncated)
+            );
+        }
+        assert_eq!(worlds.faults(), None, "a world without workers");
+    }
+}

@@ -1,0 +1,232 @@
+//! What a closed-loop world declares to the stages: the [`World`] trait
+//! (one `pub static` value per world, listed once in
+//! [`WORLDS`](crate::WORLDS)), a task of any world ([`WorldTask`]: its id,
+//! instruction, `max_steps` and the world's own spec) and a batch of
+//! episodes ([`WorldEpisodes`]: the world interface
+//! [`ClosedLoopWorld`] and what the batch hands back to the stage's next
+//! one). The stages go through [`crate::Worlds`] and the functions of the
+//! crate root and never name a world.
+//!
+//! A world answers for the task rows whose `env` it claims
+//! ([`World::claims`]): their task ([`World::task`]), another run of one
+//! ([`World::reseed`]), a policy's shape ([`World::policy_shape`]) and a
+//! batch of episodes ([`World::episodes`]). What must outlive a batch (the
+//! bridge's worker pool, its fault counts) it keeps in the stage's
+//! [`Kept`] slot for it.
+//!
+//! ```
+//! use embodyflow_worlds::{WORLDS, world_of};
+//! assert_eq!(world_of("tabletop").unwrap().env(), "tabletop");
+//! assert_eq!(world_of("gym:babyai").unwrap().env(), "gym:<adapter>");
+//! assert!(world_of("household").is_none()); // one-shot plans: embodyflow_envs
+//! assert!(WORLDS.len() >= 2);
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use embodyflow_core::Error;
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_gym::{BridgeConfig, FaultCounts};
+use embodyflow_world::ClosedLoopWorld;
+
+use crate::{PolicyShape, WorldOptions, WorldsError};
+
+/// A closed-loop world, as the stages see it.
+pub trait World: Sync {
+    /// The `env` of its task rows in messages (`tabletop`,
+    /// `gym:<adapter>`).
+    fn env(&self) -> &'static str;
+    /// Whether a task row's `env` names this world.
+    fn claims(&self, env: &str) -> bool;
+    /// The task of a row it claims; a row it cannot build is bad input
+    /// naming the task.
+    fn task(&'static self, row: &TaskRow) -> Result<WorldTask, Error>;
+    /// Run `run` (≥ 1) of one of its tasks (evaluation averages over runs).
+    fn reseed(&'static self, task: &WorldTask, run: u32) -> Result<WorldTask, Error>;
+    /// The shape of a policy for the task's world (at frames of
+    /// `image_size` pixels where the world renders at the policy's size).
+    fn policy_shape(
+        &self,
+        task: &WorldTask,
+        image_size: usize,
+        bridge: &BridgeConfig,
+    ) -> Result<PolicyShape, WorldsError>;
+    /// `group` episodes of each of `tasks` (all of this world; episode
+    /// `t * group + g` is copy `g` of task `t`), built with what the
+    /// previous batch left in `kept`.
+    fn episodes(
+        &self,
+        tasks: &[WorldTask],
+        group: usize,
+        options: &WorldOptions,
+        kept: &mut Kept,
+    ) -> Result<Box<dyn WorldEpisodes>, WorldsError>;
+}
+
+/// A batch of a world's episodes.
+pub trait WorldEpisodes: ClosedLoopWorld {
+    /// Hands back what the stage's next batch of this world reuses, and
+    /// what its summary reports (the bridge's workers and their faults).
+    fn finish(self: Box<Self>, kept: &mut Kept) {
+        let _ = kept;
+    }
+}
+
+/// What a world keeps between a stage's batches.
+#[derive(Default)]
+pub struct Kept {
+    /// The world's own state (the bridge's worker pool).
+    pub state: Option<Box<dyn Any>>,
+    /// Its workers' faults so far; `None` for a world without workers.
+    pub faults: Option<FaultCounts>,
+}
+
+/// A world's own task description, held by a [`WorldTask`].
+pub trait Spec: Any + fmt::Debug + Send + Sync {
+    /// Itself, to be downcast by its world.
+    fn as_any(&self) -> &dyn Any;
+    /// Whether `other` is the same spec.
+    fn same(&self, other: &dyn Spec) -> bool;
+}
+
+impl<T: Any + fmt::Debug + PartialEq + Send + Sync> Spec for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn same(&self, other: &dyn Spec) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// A task of a closed-loop world.
+#[derive(Clone)]
+pub struct WorldTask {
+    world: &'static dyn World,
+    env: String,
+    task_id: String,
+    instruction: String,
+    max_steps: u32,
+    spec: Arc<dyn Spec>,
+}
+
+impl WorldTask {
+    /// A task of `world` (its row's `env`, id, instruction and `max_steps`)
+    /// described by the world's `spec`.
+    pub fn new(
+        world: &'static dyn World,
+        env: &str,
+        task_id: String,
+        instruction: String,
+        max_steps: u32,
+        spec: impl Spec,
+    ) -> WorldTask {
+        WorldTask {
+            world,
+            env: env.to_string(),
+            task_id,
+            instruction,
+            max_steps,
+            spec: Arc::new(spec),
+        }
+    }
+
+    /// The task of `row` (its `env` names the world, [`crate::world_of`]);
+    /// a row its world cannot build, or a world that is not closed-loop, is
+    /// bad input naming the task.
+    pub fn from_row(row: &TaskRow) -> Result<WorldTask, Error> {
+        match crate::world_of(&row.env) {
+            Some(world) => world.task(row),
+            None => Err(Error::BadInput(format!(
+                "task `{}`: environment `{}` is not a closed-loop world (known: {})",
+                row.task_id,
+                row.env,
+                crate::WORLDS
+                    .iter()
+                    .map(|w| w.env())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// Its world.
+    pub fn world(&self) -> &'static dyn World {
+        self.world
+    }
+
+    /// Its row's `env`.
+    pub fn env(&self) -> &str {
+        &self.env
+    }
+
+    /// The task's id.
+    pub fn task_id(&self) -> String {
+        self.task_id.clone()
+    }
+
+    /// Its instruction in words.
+    pub fn instruction(&self) -> &str {
+        &self.instruction
+    }
+
+    /// Environment steps after which an episode ends as a failure.
+    pub fn max_steps(&self) -> u32 {
+        self.max_steps
+    }
+
+    /// The world's spec of the task, when it is a `T`.
+    pub fn spec<T: 'static>(&self) -> Option<&T> {
+        self.spec.as_any().downcast_ref::<T>()
+    }
+
+    /// The same task in run `r` (evaluation averages over runs): run 0 is
+    /// the task itself, another its world's [`World::reseed`].
+    pub fn reseed(&self, run: u32) -> Result<WorldTask, Error> {
+        if run == 0 {
+            return Ok(self.clone());
+        }
+        self.world.reseed(self, run)
+    }
+
+    /// Whether two tasks are of the same world.
+    pub fn same_world(&self, other: &WorldTask) -> bool {
+        std::ptr::addr_eq(self.world, other.world)
+    }
+}
+
+impl PartialEq for WorldTask {
+    fn eq(&self, other: &WorldTask) -> bool {
+        self.same_world(other)
+            && self.env == other.env
+            && self.task_id == other.task_id
+            && self.instruction == other.instruction
+            && self.max_steps == other.max_steps
+            && self.spec.same(other.spec.as_ref())
+    }
+}
+
+impl fmt::Debug for WorldTask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorldTask")
+            .field("env", &self.env)
+            .field("task_id", &self.task_id)
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+/// The specs of `tasks` as their world's type `T` (a world's
+/// [`World::episodes`] is only given its own tasks).
+pub fn specs<T: Clone + 'static>(tasks: &[WorldTask]) -> Vec<T> {
+    tasks
+        .iter()
+        .map(|t| {
+            t.spec::<T>()
+                .unwrap_or_else(|| panic!("task `{}` is not of this world", t.task_id))
+                .clone()
+        })
+        .collect()
+}
