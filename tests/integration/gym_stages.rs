@@ -28,6 +28,20 @@ pub(crate) fn ok(name: &str, args: &[&str]) -> String {
     result.stdout
 }
 
+/// The stdout of `program` with `args`, which must exit 0.
+pub(crate) fn stdout_of(program: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program:?} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub(crate) fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
     TableReader::open(&dir.join(table.as_str()), table)
         .unwrap()
@@ -577,18 +591,7 @@ fn plugin_venv(dir: &Path) -> std::path::PathBuf {
     std::fs::write(package.join("mylab/adapters.py"), PLUGIN_ADAPTER).unwrap();
     let workspace = embodyflow_gym::BridgeConfig::python(None);
     let venv = dir.join("venv");
-    let sh = |program: &Path, args: &[&str]| {
-        let out = std::process::Command::new(program)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{program:?} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let sh = stdout_of;
     sh(&workspace, &["-m", "venv", "--without-pip", s(&venv)]);
     let sites = sh(
         &workspace,

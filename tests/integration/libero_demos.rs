@@ -19,7 +19,7 @@ use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_gym::{BridgeConfig, GymTaskSpec, task_row};
 use embodyflow_tests::{run, write_table};
 
-use crate::gym_stages::{ok, rows, s};
+use crate::gym_stages::{ok, rows, s, stdout_of};
 
 /// The task of the files.
 const TASK: &str = "libero_spatial/0";
@@ -46,32 +46,16 @@ fn installed() -> bool {
     found
 }
 
-/// The project's Python running `script` with `args`; its stdout.
+/// The bridge's Python run with `args`; its stdout.
 fn python_run(args: &[&str]) -> String {
-    let out = std::process::Command::new(python())
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of(&python(), args)
 }
 
 /// A demonstration file of `layout` (`libero` or `openvla`) under `dir`,
 /// with more arguments of the fixture script.
 fn demo_file(dir: &Path, layout: &str, more: &[&str]) -> PathBuf {
-    let mut args = vec![
-        "python/libero_demo_file.py",
-        s(dir),
-        "--task",
-        TASK,
-        "--layout",
-        layout,
-    ];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/libero_demo_file.py");
+    let mut args = vec![s(&script), s(dir), "--task", TASK, "--layout", layout];
     args.extend_from_slice(more);
     // The path is the last line (LIBERO's benchmark prints to stdout).
     PathBuf::from(python_run(&args).lines().last().unwrap())
