@@ -37,6 +37,7 @@ pub mod cli;
 pub mod commit;
 pub mod config;
 pub mod dataset;
+pub mod diagnostics;
 pub mod error;
 pub mod inputs;
 pub mod manifest;

@@ -795,67 +795,7 @@ pub fn contrast_figures(teacher: LazyFrame) -> Result<ContrastFigures> {
     })
 }
 
-/// The parts of compute-advantages' `diagnostics.json` that the reports
-/// show (this report and the pipeline runner's ablation table), typed: a
-/// file without one of them is an error naming it.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct VariantDiagnostics {
-    /// Estimator.
-    #[serde(default)]
-    pub estimator: String,
-    /// Groups in the input.
-    pub groups: u64,
-    /// Groups kept by dynamic sampling.
-    pub kept_groups: u64,
-    /// Standard deviation of the episode advantages written (absent in
-    /// diagnostics written before it was recorded).
-    #[serde(default)]
-    pub episode_adv_std: Option<f64>,
-    /// The step path's figures.
-    #[serde(default)]
-    pub step: Option<StepPart>,
-}
-
-impl VariantDiagnostics {
-    /// Reads `dir/diagnostics.json` of a compute-advantages output; `None`
-    /// when there is none.
-    pub fn read(dir: &Path) -> Result<Option<VariantDiagnostics>> {
-        let path = dir.join(spec::DIAGNOSTICS_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|e| ReportError::BadInput(format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ReportError::Core(embodyflow_core::Error::io(&path, e))),
-        }
-    }
-}
-
-/// Step-path figures of `diagnostics.json`.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct StepPart {
-    /// Responses processed.
-    pub responses: u64,
-    /// Responses with at least one non-zero A^S token.
-    pub responses_with_step_adv: u64,
-    /// Sign flips over all credit-target tokens.
-    pub sign_flips: FlipPart,
-    /// Sign flips on rule-correct steps.
-    pub sign_flips_rule_correct: FlipPart,
-    /// Sign flips on rule-wrong steps.
-    pub sign_flips_rule_wrong: FlipPart,
-    /// AUC of A^S between rule-correct and rule-wrong steps (forward_proxy).
-    pub step_adv_auc: Option<f64>,
-}
-
-/// A flip count.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-pub struct FlipPart {
-    /// Flipped tokens.
-    pub flipped: u64,
-    /// Tokens.
-    pub tokens: u64,
-}
+pub use embodyflow_core::diagnostics::{FlipPart, StepPart, VariantDiagnostics};
 
 fn ratio(part: FlipPart) -> String {
     if part.tokens == 0 {

@@ -13,13 +13,21 @@
 //! ([`crate::ray`]) into Ray jobs' `entrypoint_num_cpus`,
 //! `entrypoint_memory` and `entrypoint_num_gpus`.
 //!
+//! The `[backend]` table ([`Table`]): `kind` (the backend, listed in
+//! `crate::registry`; `--backend` overrides it), `shared` and
+//! `record_grace_s`, which every cluster backend reads, and each backend's
+//! own keys, which its module declares and reads ([`Table::settings`]); a
+//! file may hold every backend's keys, so one file serves each with
+//! `--backend`:
+//!
 //! ```toml
 //! [backend]
 //! kind = "slurm"                 # "ray", or "local" (the default); `--backend` overrides
-//! partition = "gpu"              # default: the cluster's default partition
+//! partition = "gpu"              # Slurm: default the cluster's default partition
 //! account = "lab"
 //! time = "02:00:00"              # every job's time limit
 //! sbatch = ["--qos=normal"]      # extra flags of every job
+//! address = "http://head:8265"   # Ray: the dashboard (else $RAY_API_SERVER_ADDRESS)
 //! shared = ["/shared/me", "/shared/models"]  # filesystems every node sees
 //! record_grace_s = 90            # how long a step record may take to show
 //!
@@ -36,21 +44,11 @@
 //! it counts the step as failed: a network filesystem's attribute cache can
 //! hide a file another machine wrote for 30 to 60 s (NFS's `acdirmax`
 //! defaults to 60 s).
-//!
-//! Ray reads `address` (its dashboard's HTTP address, else
-//! `$RAY_API_SERVER_ADDRESS`), `shared` and `record_grace_s`; the Slurm keys
-//! are left to Slurm, so one file serves both with `--backend`:
-//!
-//! ```toml
-//! [backend]
-//! kind = "ray"
-//! address = "http://head:8265"
-//! shared = ["/shared/me"]
-//! ```
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
@@ -97,114 +95,87 @@ pub fn parse_mem(text: &str) -> Option<u64> {
     (mb > 0).then_some(mb)
 }
 
-/// Which backend runs the stage processes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
-    /// This machine.
-    #[default]
-    Local,
-    /// A Slurm cluster: one job (or job array) per step.
-    Slurm,
-    /// A Ray cluster: one Ray job per process of a step.
-    Ray,
-}
-
-/// The `[backend]` table of a pipeline file.
+/// The `[backend]` table of a pipeline file: the keys every backend reads,
+/// and the others as written, which each backend reads for itself
+/// ([`Table::settings`], [`Table::step_settings`]) and the registry checks
+/// against what the listed backends declare.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Backend {
-    /// The backend the file asks for (`--backend` overrides it).
-    pub kind: Kind,
-    /// Slurm partition.
-    pub partition: Option<String>,
-    /// Slurm account.
-    pub account: Option<String>,
-    /// Time limit of every job.
-    pub time: Option<String>,
-    /// Extra `sbatch` flags of every job.
-    pub sbatch: Vec<String>,
+pub struct Table {
+    /// The backend the file asks for and the line of `kind` (`--backend`
+    /// overrides it; none: local).
+    pub kind: Option<(String, usize)>,
     /// Roots of the filesystems every node sees.
     pub shared: Vec<PathBuf>,
-    /// The Ray dashboard's HTTP address (`http://head:8265`).
-    pub address: Option<String>,
     /// How long a step's record may take to show after its jobs left the
     /// queue.
     pub record_grace: std::time::Duration,
-    /// Per step name: its time limit and extra flags.
-    pub steps: BTreeMap<String, StepBackend>,
+    /// The backends' own keys, as written.
+    pub keys: toml::Table,
+    /// Per step name: its `[backend.step.NAME]` keys, as written.
+    pub steps: BTreeMap<String, toml::Table>,
     /// Line of `[backend]` (0 when the file has none).
     pub line: usize,
 }
 
-impl Default for Backend {
-    fn default() -> Backend {
-        Backend {
-            kind: Kind::default(),
-            partition: None,
-            account: None,
-            time: None,
-            sbatch: Vec::new(),
+impl Default for Table {
+    fn default() -> Table {
+        Table {
+            kind: None,
             shared: Vec::new(),
-            address: None,
             record_grace: std::time::Duration::from_secs_f64(DEFAULT_RECORD_GRACE_S),
+            keys: toml::Table::new(),
             steps: BTreeMap::new(),
             line: 0,
         }
     }
 }
 
-/// A step's own `[backend.step.NAME]` settings.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StepBackend {
-    /// Its jobs' time limit (replaces the backend's).
-    pub time: Option<String>,
-    /// Extra `sbatch` flags, after the backend's.
-    #[serde(default)]
-    pub sbatch: Vec<String>,
+impl Table {
+    /// A backend's settings read from the table's keys (a settings type
+    /// reads its own keys and leaves the other backends' alone).
+    pub fn settings<T: DeserializeOwned>(&self) -> std::result::Result<T, String> {
+        toml::Value::Table(self.keys.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("[backend] {}", e.message().trim()))
+    }
+
+    /// A backend's settings of step `name` (its defaults when the step has
+    /// no `[backend.step.NAME]`).
+    pub fn step_settings<T: DeserializeOwned>(&self, name: &str) -> std::result::Result<T, String> {
+        let keys = self.steps.get(name).cloned().unwrap_or_default();
+        toml::Value::Table(keys)
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("[backend.step.{name}] {}", e.message().trim()))
+    }
 }
 
 /// `[backend]` as written.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct RawBackend {
     kind: Option<Spanned<String>>,
-    partition: Option<String>,
-    account: Option<String>,
-    time: Option<String>,
-    #[serde(default)]
-    sbatch: Vec<String>,
     #[serde(default)]
     shared: Vec<String>,
-    address: Option<String>,
     record_grace_s: Option<Spanned<f64>>,
     #[serde(default)]
-    step: BTreeMap<Spanned<String>, StepBackend>,
+    step: BTreeMap<Spanned<String>, toml::Table>,
+    /// The backends' own keys.
+    #[serde(flatten)]
+    keys: toml::Table,
 }
 
 impl RawBackend {
-    /// Checks the table; `line` gives the line of a span, `is_step` says
-    /// whether a name is one of the pipeline's steps. Errors come with their
-    /// line.
+    /// Checks the keys every backend reads; `line` gives the line of a
+    /// span, `steps` names the pipeline's steps. Errors come with their
+    /// line. The backends' own keys are checked by the registry.
     pub(crate) fn check(
         self,
         at: usize,
         line: &dyn Fn(std::ops::Range<usize>) -> usize,
         steps: &[&str],
-    ) -> Result<Backend, (usize, String)> {
-        let kind = match &self.kind {
-            None => Kind::Local,
-            Some(kind) => match kind.get_ref().as_str() {
-                "local" => Kind::Local,
-                "slurm" => Kind::Slurm,
-                "ray" => Kind::Ray,
-                other => {
-                    return Err((
-                        line(kind.span()),
-                        format!("[backend] kind `{other}`: expected `local`, `slurm` or `ray`"),
-                    ));
-                }
-            },
-        };
+    ) -> Result<Table, (usize, String)> {
+        let kind = self
+            .kind
+            .map(|kind| (kind.get_ref().clone(), line(kind.span())));
         if let Some(root) = self.shared.iter().find(|r| r.trim().is_empty()) {
             return Err((at, format!("[backend] shared: an empty path ({root:?})")));
         }
@@ -237,15 +208,11 @@ impl RawBackend {
             }
             per_step.insert(name.into_inner(), settings);
         }
-        Ok(Backend {
+        Ok(Table {
             kind,
-            partition: self.partition,
-            account: self.account,
-            time: self.time,
-            sbatch: self.sbatch,
             shared: self.shared.iter().map(PathBuf::from).collect(),
-            address: self.address,
             record_grace: std::time::Duration::from_secs_f64(record_grace_s),
+            keys: self.keys,
             steps: per_step,
             line: at,
         })
@@ -269,7 +236,7 @@ mod tests {
         };
         assert_eq!(parse("").unwrap(), DEFAULT_RECORD_GRACE_S);
         assert_eq!(
-            Backend::default().record_grace.as_secs_f64(),
+            Table::default().record_grace.as_secs_f64(),
             DEFAULT_RECORD_GRACE_S
         );
         assert_eq!(parse("record_grace_s = 120").unwrap(), 120.0);

@@ -108,9 +108,14 @@ pub mod check;
 pub mod cluster;
 pub mod error;
 pub mod exec;
+#[cfg(test)]
+mod fake;
+pub mod figures;
+pub mod local;
 pub mod pipeline;
 pub mod plan;
 pub mod ray;
+pub mod registry;
 pub mod report;
 pub mod runlog;
 pub mod slurm;
@@ -160,8 +165,8 @@ enum Command {
         bin_dir: Option<PathBuf>,
         /// Where the stage processes run (default: the file's `[backend]
         /// kind`, else local).
-        #[arg(long, value_enum)]
-        backend: Option<backend::Kind>,
+        #[arg(long, value_parser = registry::possible_values())]
+        backend: Option<String>,
         /// Slurm, Ray: seconds between two looks at the queue.
         #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
         poll: f64,
@@ -217,6 +222,7 @@ pub fn run(args: Args) -> Result<()> {
         } => {
             let started = std::time::Instant::now();
             let mut pipeline = pipeline::Pipeline::load(&file)?;
+            let chosen = registry::chosen(&pipeline, backend.as_deref())?;
             pipeline.sweep_from_command_line(&sweeps)?;
             let overrides = plan::Overrides::parse(&pipeline, &sets)?;
             let plan = plan::Plan::build(&pipeline, &out, &overrides)?;
@@ -235,28 +241,19 @@ pub fn run(args: Args) -> Result<()> {
                 plan.cells.len(),
                 out.display()
             );
-            let kind = backend.unwrap_or(pipeline.backend.kind);
-            let outcome = match kind {
-                backend::Kind::Local => {
-                    // Jobs of a cluster submission would write into the same steps.
-                    cluster::refuse_live_jobs(&out)?;
-                    exec::run_plan(&plan, &options, &mut |line| println!("{line}"))?
-                }
-                backend::Kind::Slurm | backend::Kind::Ray => {
-                    if !poll.is_finite() || poll <= 0.0 {
-                        return Err(RunnerError::Usage(format!(
-                            "--poll {poll}: expected a positive number of seconds"
-                        )));
-                    }
-                    let poll = std::time::Duration::from_secs_f64(poll);
-                    let say = &mut |line: &str| println!("{line}");
-                    if kind == backend::Kind::Slurm {
-                        slurm::run_plan(&plan, &options, &pipeline.backend, poll, say)?
-                    } else {
-                        ray::run_plan(&plan, &options, &pipeline.backend, poll, say)?
-                    }
-                }
+            if chosen.queued() && (!poll.is_finite() || poll <= 0.0) {
+                return Err(RunnerError::Usage(format!(
+                    "--poll {poll}: expected a positive number of seconds"
+                )));
+            }
+            let run = cluster::Run {
+                plan: &plan,
+                options: &options,
+                table: &pipeline.backend,
+                poll: std::time::Duration::try_from_secs_f64(poll).unwrap_or_default(),
+                backends: registry::BACKENDS,
             };
+            let outcome = chosen.run_plan(&run, &mut |line| println!("{line}"))?;
             for note in &outcome.notes {
                 println!("note: {note}");
             }
@@ -298,7 +295,7 @@ pub fn run(args: Args) -> Result<()> {
             Ok(())
         }
         Command::Cancel { out } => {
-            let cancelled = cluster::cancel(&out)?;
+            let cancelled = cluster::cancel(&out, registry::BACKENDS)?;
             if cancelled.is_empty() {
                 println!("no job of {} is queued or running", out.display());
             } else {

@@ -12,7 +12,7 @@ use embodyflow_core::spec::{self, CheckpointFlag, Need, Sharding, StageSpec};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::backend::{Backend, RawBackend, Resources, parse_mem};
+use crate::backend::{RawBackend, Resources, Table, parse_mem};
 use crate::error::{Result, RunnerError};
 
 /// Names a template may use besides variables and steps.
@@ -261,7 +261,7 @@ pub struct Pipeline {
     /// The sweep axes, if any.
     pub sweep: Vec<SweepAxis>,
     /// Where the stage processes run (`[backend]`).
-    pub backend: Backend,
+    pub backend: Table,
 }
 
 /// Converts a TOML value to the text passed on a command line or substituted
@@ -294,6 +294,179 @@ fn flatten_set(prefix: &str, value: &toml::Value, line: usize, out: &mut Vec<Set
     }
 }
 
+/// The text of a pipeline file being parsed: its parts read into their
+/// definitions, each error with its line.
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn err(&self, line: usize, message: String) -> RunnerError {
+        RunnerError::Pipeline {
+            file: self.path.to_path_buf(),
+            line,
+            message,
+        }
+    }
+
+    fn line(&self, span: std::ops::Range<usize>) -> usize {
+        line_of(self.text, span.start)
+    }
+
+    fn template(&self, s: &Spanned<String>) -> Template {
+        Template {
+            text: s.get_ref().clone(),
+            line: self.line(s.span()),
+        }
+    }
+
+    /// `[vars]`: names that hide no built-in, each a value.
+    fn vars(
+        &self,
+        raw: &BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    ) -> Result<BTreeMap<String, (String, usize)>> {
+        let mut vars = BTreeMap::new();
+        for (key, value) in raw {
+            let name = key.get_ref().clone();
+            let l = self.line(key.span());
+            if !valid_name(&name) {
+                return Err(self.err(
+                    l,
+                    format!("variable name `{name}`: use letters, digits, `_` and `-`"),
+                ));
+            }
+            if BUILTINS.contains(&name.as_str()) {
+                return Err(self.err(
+                    l,
+                    format!("variable `{name}` would hide the built-in `${{{name}}}`"),
+                ));
+            }
+            if matches!(value.get_ref(), toml::Value::Table(_)) {
+                return Err(self.err(
+                    l,
+                    format!("variable `{name}`: expected a value, found a table"),
+                ));
+            }
+            vars.insert(name, (value_text(value.get_ref()), l));
+        }
+        Ok(vars)
+    }
+
+    /// A step (`in_loop`: of the loop).
+    fn step(&self, raw: &Spanned<RawStep>, in_loop: bool) -> Result<StepDef> {
+        let step = raw.get_ref();
+        let mut sets = Vec::new();
+        for (key, value) in &step.set {
+            if key.get_ref().trim().is_empty() {
+                return Err(self.err(self.line(key.span()), "empty `set` key".into()));
+            }
+            flatten_set(
+                key.get_ref(),
+                value.get_ref(),
+                self.line(key.span()),
+                &mut sets,
+            );
+        }
+        let when = step.when.as_ref().map(|w| self.when(w)).transpose()?;
+        let seed = step.seed.as_ref().map(|s| Template {
+            text: value_text(s.get_ref()),
+            line: self.line(s.span()),
+        });
+        let devices = step
+            .devices
+            .as_ref()
+            .map_or_else(|| vec!["cpu".to_string()], |d| d.get_ref().clone());
+        let line = |span| self.line(span);
+        let resources = resources(step, &devices, &line).map_err(|(l, message)| {
+            self.err(l, format!("step `{}`: {message}", step.name.get_ref()))
+        })?;
+        let stage_line = self.line(step.stage.span());
+        let stage = spec::stage(step.stage.get_ref()).ok_or_else(|| {
+            self.err(
+                stage_line,
+                format!(
+                    "step `{}`: unknown stage `{}`; known stages: {}",
+                    step.name.get_ref(),
+                    step.stage.get_ref(),
+                    spec::names()
+                ),
+            )
+        })?;
+        let t = |s| self.template(s);
+        Ok(StepDef {
+            name: step.name.get_ref().clone(),
+            line: self.line(step.name.span()),
+            stage,
+            stage_line,
+            inputs: step.inputs.iter().map(t).collect(),
+            policy: step.policy.as_ref().map(t),
+            teacher: step.teacher.as_ref().map(t),
+            config: step.config.as_ref().map(t),
+            sets,
+            seed,
+            shards: step.shards.as_ref().map_or(1, |s| *s.get_ref()),
+            devices,
+            resources,
+            every: step.every.as_ref().map(|e| *e.get_ref()),
+            when,
+            args: step.args.iter().map(t).collect(),
+            skip_if_empty: step.skip_if_empty.as_ref().map(t),
+            in_loop,
+        })
+    }
+
+    /// A step's `when = "VAR == VALUE"` (or `!=`).
+    fn when(&self, raw: &Spanned<String>) -> Result<When> {
+        let l = self.line(raw.span());
+        let text = raw.get_ref();
+        let (var, equal, value) = if let Some((a, b)) = text.split_once("!=") {
+            (a, false, b)
+        } else if let Some((a, b)) = text.split_once("==") {
+            (a, true, b)
+        } else {
+            return Err(self.err(
+                l,
+                format!("`when = \"{text}\"`: expected `VAR == VALUE` or `VAR != VALUE`"),
+            ));
+        };
+        Ok(When {
+            var: var.trim().to_string(),
+            equal,
+            value: value.trim().trim_matches('"').to_string(),
+            line: l,
+        })
+    }
+
+    /// `[loop]` and its steps.
+    fn looped(&self, raw: &Spanned<RawLoop>) -> Result<LoopDef> {
+        let inner = raw.get_ref();
+        Ok(LoopDef {
+            iterations: Template {
+                text: value_text(inner.iterations.get_ref()),
+                line: self.line(inner.iterations.span()),
+            },
+            init_policy: self.template(&inner.init_policy),
+            policy: self.template(&inner.policy),
+            steps: inner
+                .step
+                .iter()
+                .map(|s| self.step(s, true))
+                .collect::<Result<Vec<_>>>()?,
+            line: self.line(raw.span()),
+        })
+    }
+
+    /// `[backend]`, its per-step tables naming `steps`.
+    fn backend(&self, raw: Spanned<RawBackend>, steps: &[&str]) -> Result<Table> {
+        let at = self.line(raw.span());
+        let line = |span| self.line(span);
+        raw.into_inner()
+            .check(at, &line, steps)
+            .map_err(|(l, message)| self.err(l, message))
+    }
+}
+
 impl Pipeline {
     /// Reads and checks a pipeline file.
     pub fn load(path: &Path) -> Result<Pipeline> {
@@ -307,152 +480,20 @@ impl Pipeline {
 
     /// Parses and checks pipeline text (`path` names it in messages).
     pub fn parse(path: &Path, text: &str) -> Result<Pipeline> {
-        let err = |line: usize, message: String| RunnerError::Pipeline {
-            file: path.to_path_buf(),
-            line,
-            message,
-        };
+        let source = Source { path, text };
         let raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(1, |s| line_of(text, s.start));
-            err(line, e.message().trim().to_string())
+            source.err(line, e.message().trim().to_string())
         })?;
-        let line = |span: std::ops::Range<usize>| line_of(text, span.start);
-
-        let mut vars = BTreeMap::new();
-        for (key, value) in &raw.vars {
-            let name = key.get_ref().clone();
-            let l = line(key.span());
-            if !valid_name(&name) {
-                return Err(err(
-                    l,
-                    format!("variable name `{name}`: use letters, digits, `_` and `-`"),
-                ));
-            }
-            if BUILTINS.contains(&name.as_str()) {
-                return Err(err(
-                    l,
-                    format!("variable `{name}` would hide the built-in `${{{name}}}`"),
-                ));
-            }
-            if matches!(value.get_ref(), toml::Value::Table(_)) {
-                return Err(err(
-                    l,
-                    format!("variable `{name}`: expected a value, found a table"),
-                ));
-            }
-            vars.insert(name, (value_text(value.get_ref()), l));
-        }
-
-        let convert = |raw: &Spanned<RawStep>, in_loop: bool| -> Result<StepDef> {
-            let step = raw.get_ref();
-            let t = |s: &Spanned<String>| Template {
-                text: s.get_ref().clone(),
-                line: line(s.span()),
-            };
-            let mut sets = Vec::new();
-            for (key, value) in &step.set {
-                if key.get_ref().trim().is_empty() {
-                    return Err(err(line(key.span()), "empty `set` key".into()));
-                }
-                flatten_set(key.get_ref(), value.get_ref(), line(key.span()), &mut sets);
-            }
-            let when = match &step.when {
-                None => None,
-                Some(w) => {
-                    let l = line(w.span());
-                    let text = w.get_ref();
-                    let (var, equal, value) = if let Some((a, b)) = text.split_once("!=") {
-                        (a, false, b)
-                    } else if let Some((a, b)) = text.split_once("==") {
-                        (a, true, b)
-                    } else {
-                        return Err(err(
-                            l,
-                            format!(
-                                "`when = \"{text}\"`: expected `VAR == VALUE` or `VAR != VALUE`"
-                            ),
-                        ));
-                    };
-                    Some(When {
-                        var: var.trim().to_string(),
-                        equal,
-                        value: value.trim().trim_matches('"').to_string(),
-                        line: l,
-                    })
-                }
-            };
-            let seed = step.seed.as_ref().map(|s| Template {
-                text: value_text(s.get_ref()),
-                line: line(s.span()),
-            });
-            let devices = step
-                .devices
-                .as_ref()
-                .map_or_else(|| vec!["cpu".to_string()], |d| d.get_ref().clone());
-            let resources = resources(step, &devices, &line).map_err(|(l, message)| {
-                err(l, format!("step `{}`: {message}", step.name.get_ref()))
-            })?;
-            let stage_line = line(step.stage.span());
-            let stage = spec::stage(step.stage.get_ref()).ok_or_else(|| {
-                err(
-                    stage_line,
-                    format!(
-                        "step `{}`: unknown stage `{}`; known stages: {}",
-                        step.name.get_ref(),
-                        step.stage.get_ref(),
-                        spec::names()
-                    ),
-                )
-            })?;
-            Ok(StepDef {
-                name: step.name.get_ref().clone(),
-                line: line(step.name.span()),
-                stage,
-                stage_line,
-                inputs: step.inputs.iter().map(t).collect(),
-                policy: step.policy.as_ref().map(t),
-                teacher: step.teacher.as_ref().map(t),
-                config: step.config.as_ref().map(t),
-                sets,
-                seed,
-                shards: step.shards.as_ref().map_or(1, |s| *s.get_ref()),
-                devices,
-                resources,
-                every: step.every.as_ref().map(|e| *e.get_ref()),
-                when,
-                args: step.args.iter().map(t).collect(),
-                skip_if_empty: step.skip_if_empty.as_ref().map(t),
-                in_loop,
-            })
-        };
+        let vars = source.vars(&raw.vars)?;
         let setup = raw
             .step
             .iter()
-            .map(|s| convert(s, false))
+            .map(|s| source.step(s, false))
             .collect::<Result<Vec<_>>>()?;
         let looped = match &raw.looped {
             None => None,
-            Some(l) => {
-                let inner = l.get_ref();
-                let t = |s: &Spanned<String>| Template {
-                    text: s.get_ref().clone(),
-                    line: line(s.span()),
-                };
-                Some(LoopDef {
-                    iterations: Template {
-                        text: value_text(inner.iterations.get_ref()),
-                        line: line(inner.iterations.span()),
-                    },
-                    init_policy: t(&inner.init_policy),
-                    policy: t(&inner.policy),
-                    steps: inner
-                        .step
-                        .iter()
-                        .map(|s| convert(s, true))
-                        .collect::<Result<Vec<_>>>()?,
-                    line: line(l.span()),
-                })
-            }
+            Some(l) => Some(source.looped(l)?),
         };
         let sweep = raw
             .sweep
@@ -460,7 +501,7 @@ impl Pipeline {
             .map(|(key, values)| SweepAxis {
                 var: key.get_ref().clone(),
                 values: values.get_ref().iter().map(value_text).collect(),
-                line: line(key.span()),
+                line: source.line(key.span()),
             })
             .collect();
         let name = raw
@@ -473,18 +514,14 @@ impl Pipeline {
                     .unwrap_or_default()
             });
         let backend = match raw.backend {
-            None => Backend::default(),
+            None => Table::default(),
             Some(table) => {
-                let at = line(table.span());
                 let names: Vec<&str> = setup
                     .iter()
                     .chain(looped.iter().flat_map(|l| l.steps.iter()))
                     .map(|s| s.name.as_str())
                     .collect();
-                table
-                    .into_inner()
-                    .check(at, &line, &names)
-                    .map_err(|(l, message)| err(l, message))?
+                source.backend(table, &names)?
             }
         };
         let pipeline = Pipeline {
@@ -538,165 +575,15 @@ impl Pipeline {
             ));
         }
         let mut seen: BTreeSet<&str> = BTreeSet::new();
-        let var_list = || self.vars.keys().cloned().collect::<Vec<_>>().join(", ");
         for (in_loop, steps) in [(false, &self.setup)]
             .into_iter()
             .chain(self.looped.iter().map(|l| (true, &l.steps)))
         {
             for step in steps {
-                if !valid_name(&step.name) {
-                    return Err(self.err(
-                        step.line,
-                        format!(
-                            "step name `{}`: use letters, digits, `_` and `-`",
-                            step.name
-                        ),
-                    ));
-                }
-                if self.vars.contains_key(&step.name) || BUILTINS.contains(&step.name.as_str()) {
-                    return Err(self.err(
-                        step.line,
-                        format!(
-                            "step name `{}` is also a variable or built-in name; `${{{}}}` must mean one thing",
-                            step.name, step.name
-                        ),
-                    ));
-                }
-                if step.shards == 0 {
-                    return Err(self.err(
-                        step.line,
-                        format!("step `{}`: shards must be at least 1", step.name),
-                    ));
-                }
-                if let Sharding::Refused(why) = step.stage.sharding
-                    && step.shards > 1
-                {
-                    let shardable: Vec<&str> = spec::STAGES
-                        .iter()
-                        .filter(|s| s.shards())
-                        .map(|s| s.name)
-                        .collect();
-                    return Err(self.err(
-                        step.stage_line,
-                        format!(
-                            "step `{}`: stage `{}` cannot be sharded ({why}); shardable stages: {}",
-                            step.name,
-                            step.stage.name,
-                            shardable.join(", ")
-                        ),
-                    ));
-                }
-                for (flag, given) in [
-                    (CheckpointFlag::Policy, &step.policy),
-                    (CheckpointFlag::Teacher, &step.teacher),
-                ] {
-                    let field = &flag.flag()[2..];
-                    match (step.stage.checkpoint(flag), given) {
-                        (None, Some(t)) => {
-                            return Err(self.err(
-                                t.line,
-                                format!(
-                                    "step `{}`: stage `{}` takes no {} (remove `{field}`)",
-                                    step.name,
-                                    step.stage.name,
-                                    flag.flag()
-                                ),
-                            ));
-                        }
-                        (Some(Need::Always), None) => {
-                            return Err(self.err(
-                                step.line,
-                                format!(
-                                    "step `{}`: stage `{}` needs a {} checkpoint: add `{field} = \"…\"`",
-                                    step.name,
-                                    step.stage.name,
-                                    flag.flag()
-                                ),
-                            ));
-                        }
-                        _ => {}
-                    }
-                }
-                if step.devices.is_empty() {
-                    return Err(
-                        self.err(step.line, format!("step `{}`: empty `devices`", step.name))
-                    );
-                }
-                for device in &step.devices {
-                    if device.parse::<embodyflow_core::cli::Device>().is_err() {
-                        return Err(self.err(
-                            step.line,
-                            format!(
-                                "step `{}`: device `{device}`: expected cpu, cuda or cuda:N",
-                                step.name
-                            ),
-                        ));
-                    }
-                }
-                if !in_loop && step.every.is_some() {
-                    return Err(self.err(
-                        step.line,
-                        format!("step `{}`: `every` applies to loop steps only", step.name),
-                    ));
-                }
-                if let Some(t) = &step.skip_if_empty
-                    && step.policy.is_none()
-                {
-                    return Err(self.err(
-                        t.line,
-                        format!(
-                            "step `{}`: `skip_if_empty` needs a `policy` to pass on",
-                            step.name
-                        ),
-                    ));
-                }
-                if step.every == Some(0) {
-                    return Err(self.err(
-                        step.line,
-                        format!("step `{}`: `every` must be at least 1", step.name),
-                    ));
-                }
-                if let Some(when) = &step.when
-                    && !self.vars.contains_key(&when.var)
-                {
-                    return Err(self.err(
-                        when.line,
-                        format!(
-                            "step `{}`: `when` names `{}`, which is not a variable; variables: {}",
-                            step.name,
-                            when.var,
-                            var_list()
-                        ),
-                    ));
-                }
-                for (field, template) in step.templates() {
-                    let refs = template_refs(&template.text).map_err(|m| {
-                        self.err(
-                            template.line,
-                            format!("step `{}` field `{field}`: {m}", step.name),
-                        )
-                    })?;
-                    for name in refs {
-                        let known = self.vars.contains_key(&name)
-                            || seen.contains(name.as_str())
-                            || (in_loop && BUILTINS.contains(&name.as_str()))
-                            || name == "out";
-                        if !known {
-                            let later = self.step(&name).is_some();
-                            return Err(self.err(
-                                template.line,
-                                format!(
-                                    "step `{}` field `{field}`: unknown name `${{{name}}}`{}; variables: [{}], earlier steps: [{}]{}",
-                                    step.name,
-                                    if later { " (a later step: a step can only use outputs of steps before it)" } else { "" },
-                                    var_list(),
-                                    seen.iter().copied().collect::<Vec<_>>().join(", "),
-                                    if in_loop { ", built-ins: iter, policy, out" } else { ", built-in: out (iter and policy exist in loop steps only)" }
-                                ),
-                            ));
-                        }
-                    }
-                }
+                self.check_name(step)?;
+                self.check_stage(step)?;
+                self.check_fields(step, in_loop)?;
+                self.check_templates(step, in_loop, &seen)?;
                 if !seen.insert(&step.name) {
                     return Err(self.err(
                         step.line,
@@ -705,37 +592,227 @@ impl Pipeline {
                 }
             }
         }
-        if let Some(looped) = &self.looped {
-            let setup: BTreeSet<&str> = self.setup.iter().map(|s| s.name.as_str()).collect();
-            let loop_names: BTreeSet<&str> = looped.steps.iter().map(|s| s.name.as_str()).collect();
-            for (what, template, allowed) in [
-                ("iterations", &looped.iterations, BTreeSet::new()),
-                ("init_policy", &looped.init_policy, setup.clone()),
-                (
-                    "policy",
-                    &looped.policy,
-                    setup.union(&loop_names).copied().collect(),
+        self.check_loop()?;
+        self.check_sweep()
+    }
+
+    /// The declared variables, for messages.
+    fn var_list(&self) -> String {
+        self.vars.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+
+    /// A step's name: a valid one that is no variable or built-in.
+    fn check_name(&self, step: &StepDef) -> Result<()> {
+        if !valid_name(&step.name) {
+            return Err(self.err(
+                step.line,
+                format!(
+                    "step name `{}`: use letters, digits, `_` and `-`",
+                    step.name
                 ),
-            ] {
-                let refs = template_refs(&template.text)
-                    .map_err(|m| self.err(template.line, format!("loop `{what}`: {m}")))?;
-                for name in refs {
-                    if !(self.vars.contains_key(&name)
-                        || allowed.contains(name.as_str())
-                        || name == "out")
-                    {
-                        return Err(self.err(
-                            template.line,
-                            format!(
-                                "loop `{what}`: unknown name `${{{name}}}`; variables: [{}], steps it may name: [{}]",
-                                var_list(),
-                                allowed.iter().copied().collect::<Vec<_>>().join(", ")
-                            ),
-                        ));
-                    }
+            ));
+        }
+        if self.vars.contains_key(&step.name) || BUILTINS.contains(&step.name.as_str()) {
+            return Err(self.err(
+                step.line,
+                format!(
+                    "step name `{}` is also a variable or built-in name; `${{{}}}` must mean one thing",
+                    step.name, step.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the step's stage declares: `shards` only where it shards,
+    /// `policy` and `teacher` where it loads them.
+    fn check_stage(&self, step: &StepDef) -> Result<()> {
+        if step.shards == 0 {
+            return Err(self.err(
+                step.line,
+                format!("step `{}`: shards must be at least 1", step.name),
+            ));
+        }
+        if let Sharding::Refused(why) = step.stage.sharding
+            && step.shards > 1
+        {
+            let shardable: Vec<&str> = spec::STAGES
+                .iter()
+                .filter(|s| s.shards())
+                .map(|s| s.name)
+                .collect();
+            return Err(self.err(
+                step.stage_line,
+                format!(
+                    "step `{}`: stage `{}` cannot be sharded ({why}); shardable stages: {}",
+                    step.name,
+                    step.stage.name,
+                    shardable.join(", ")
+                ),
+            ));
+        }
+        for (flag, given) in [
+            (CheckpointFlag::Policy, &step.policy),
+            (CheckpointFlag::Teacher, &step.teacher),
+        ] {
+            let field = &flag.flag()[2..];
+            match (step.stage.checkpoint(flag), given) {
+                (None, Some(t)) => {
+                    return Err(self.err(
+                        t.line,
+                        format!(
+                            "step `{}`: stage `{}` takes no {} (remove `{field}`)",
+                            step.name,
+                            step.stage.name,
+                            flag.flag()
+                        ),
+                    ));
+                }
+                (Some(Need::Always), None) => {
+                    return Err(self.err(
+                        step.line,
+                        format!(
+                            "step `{}`: stage `{}` needs a {} checkpoint: add `{field} = \"…\"`",
+                            step.name,
+                            step.stage.name,
+                            flag.flag()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `devices`, `every`, `skip_if_empty` and `when`.
+    fn check_fields(&self, step: &StepDef, in_loop: bool) -> Result<()> {
+        if step.devices.is_empty() {
+            return Err(self.err(step.line, format!("step `{}`: empty `devices`", step.name)));
+        }
+        for device in &step.devices {
+            if device.parse::<embodyflow_core::cli::Device>().is_err() {
+                return Err(self.err(
+                    step.line,
+                    format!(
+                        "step `{}`: device `{device}`: expected cpu, cuda or cuda:N",
+                        step.name
+                    ),
+                ));
+            }
+        }
+        if !in_loop && step.every.is_some() {
+            return Err(self.err(
+                step.line,
+                format!("step `{}`: `every` applies to loop steps only", step.name),
+            ));
+        }
+        if let Some(t) = &step.skip_if_empty
+            && step.policy.is_none()
+        {
+            return Err(self.err(
+                t.line,
+                format!(
+                    "step `{}`: `skip_if_empty` needs a `policy` to pass on",
+                    step.name
+                ),
+            ));
+        }
+        if step.every == Some(0) {
+            return Err(self.err(
+                step.line,
+                format!("step `{}`: `every` must be at least 1", step.name),
+            ));
+        }
+        if let Some(when) = &step.when
+            && !self.vars.contains_key(&when.var)
+        {
+            return Err(self.err(
+                when.line,
+                format!(
+                    "step `{}`: `when` names `{}`, which is not a variable; variables: {}",
+                    step.name,
+                    when.var,
+                    self.var_list()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The names a step's templates use: variables, the steps before it
+    /// (`seen`), the built-ins.
+    fn check_templates(&self, step: &StepDef, in_loop: bool, seen: &BTreeSet<&str>) -> Result<()> {
+        for (field, template) in step.templates() {
+            let refs = template_refs(&template.text).map_err(|m| {
+                self.err(
+                    template.line,
+                    format!("step `{}` field `{field}`: {m}", step.name),
+                )
+            })?;
+            for name in refs {
+                let known = self.vars.contains_key(&name)
+                    || seen.contains(name.as_str())
+                    || (in_loop && BUILTINS.contains(&name.as_str()))
+                    || name == "out";
+                if !known {
+                    let later = self.step(&name).is_some();
+                    return Err(self.err(
+                        template.line,
+                        format!(
+                            "step `{}` field `{field}`: unknown name `${{{name}}}`{}; variables: [{}], earlier steps: [{}]{}",
+                            step.name,
+                            if later { " (a later step: a step can only use outputs of steps before it)" } else { "" },
+                            self.var_list(),
+                            seen.iter().copied().collect::<Vec<_>>().join(", "),
+                            if in_loop { ", built-ins: iter, policy, out" } else { ", built-in: out (iter and policy exist in loop steps only)" }
+                        ),
+                    ));
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The names the loop's `iterations`, `init_policy` and `policy` use.
+    fn check_loop(&self) -> Result<()> {
+        let Some(looped) = &self.looped else {
+            return Ok(());
+        };
+        let setup: BTreeSet<&str> = self.setup.iter().map(|s| s.name.as_str()).collect();
+        let loop_names: BTreeSet<&str> = looped.steps.iter().map(|s| s.name.as_str()).collect();
+        for (what, template, allowed) in [
+            ("iterations", &looped.iterations, BTreeSet::new()),
+            ("init_policy", &looped.init_policy, setup.clone()),
+            (
+                "policy",
+                &looped.policy,
+                setup.union(&loop_names).copied().collect(),
+            ),
+        ] {
+            let refs = template_refs(&template.text)
+                .map_err(|m| self.err(template.line, format!("loop `{what}`: {m}")))?;
+            for name in refs {
+                if !(self.vars.contains_key(&name)
+                    || allowed.contains(name.as_str())
+                    || name == "out")
+                {
+                    return Err(self.err(
+                        template.line,
+                        format!(
+                            "loop `{what}`: unknown name `${{{name}}}`; variables: [{}], steps it may name: [{}]",
+                            self.var_list(),
+                            allowed.iter().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sweep keys are variables, each with values.
+    fn check_sweep(&self) -> Result<()> {
         for axis in &self.sweep {
             if !self.vars.contains_key(&axis.var) {
                 return Err(self.err(
@@ -743,7 +820,7 @@ impl Pipeline {
                     format!(
                         "sweep key `{}` is not a variable; a sweep varies variables declared in [vars]: {}",
                         axis.var,
-                        var_list()
+                        self.var_list()
                     ),
                 ));
             }

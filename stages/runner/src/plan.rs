@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Resources;
 use crate::error::{Result, RunnerError};
-use crate::pipeline::{Pipeline, StepDef, Template, render};
+use crate::pipeline::{LoopDef, Pipeline, StepDef, Template, render};
 
 /// The most step instances a plan may have (sweep cells times setup and
 /// loop steps, each one a stage run).
@@ -401,17 +401,18 @@ impl Builder<'_> {
         })
     }
 
+    /// The instance of `step` in this iteration and cell (one that another
+    /// cell already made, when they agree on what it reads); what a later
+    /// field naming it is bound to.
     fn add(
         &mut self,
         step: &StepDef,
         iteration: Option<u32>,
         ctx: &HashMap<String, Bound>,
-        cell: usize,
-        cell_values: &BTreeMap<String, String>,
-        vars: &BTreeMap<String, String>,
+        cell: &CellVars,
     ) -> Result<Bound> {
         if let Some(when) = &step.when
-            && !when.holds(vars)
+            && !when.holds(&cell.vars)
         {
             return Ok(Bound::Skipped(format!(
                 "step `{}`, which does not run here (its `when`: {} {} {})",
@@ -421,121 +422,14 @@ impl Builder<'_> {
                 when.value
             )));
         }
-        let mut deps = BTreeSet::new();
-        let mut used_vars: BTreeSet<String> = step.when.iter().map(|w| w.var.clone()).collect();
-        let mut external = Vec::new();
-        let mut take = |r: Rendered, path: bool, external: &mut Vec<PathBuf>| {
-            if path && r.deps.is_empty() {
-                external.push(PathBuf::from(&r.text));
-            }
-            deps.extend(r.deps);
-            used_vars.extend(r.vars);
-            r.text
+        let mut reads = Reads {
+            vars: step.when.iter().map(|w| w.var.clone()).collect(),
+            ..Reads::default()
         };
-        let mut inputs = Vec::new();
-        for template in &step.inputs {
-            // An input naming a step that does not run here is left out.
-            if let Ok(r) = self.render(template, ctx)? {
-                let what = format!("step `{}` field `inputs`", step.name);
-                self.check_declared(&r, Written::Input, template.line, &what)?;
-                inputs.push(PathBuf::from(take(r, true, &mut external)));
-            }
-        }
-        let mut path_field = |field: &str,
-                              t: &Option<Template>,
-                              written: Option<Written>,
-                              external: &mut Vec<PathBuf>|
-         -> Result<Option<PathBuf>> {
-            t.as_ref()
-                .map(|t| {
-                    let r = self.required(step, field, t, ctx)?;
-                    if let Some(written) = written {
-                        let what = format!("step `{}` field `{field}`", step.name);
-                        self.check_declared(&r, written, t.line, &what)?;
-                    }
-                    Ok(PathBuf::from(take(r, true, external)))
-                })
-                .transpose()
-        };
-        let policy = path_field(
-            "policy",
-            &step.policy,
-            Some(Written::Checkpoint),
-            &mut external,
-        )?;
-        let mut teacher = path_field(
-            "teacher",
-            &step.teacher,
-            Some(Written::Checkpoint),
-            &mut external,
-        )?;
-        if teacher.as_deref() == Some(Path::new("self")) {
-            // `--teacher self`: the policy is its own teacher, not a path.
-            external.retain(|p| p != Path::new("self"));
-            teacher = Some(PathBuf::from("self"));
-        }
-        let config = path_field("config", &step.config, None, &mut external)?;
-        let mut sets = Vec::new();
-        for set in &step.sets {
-            let r = self.required(step, "set", &set.value, ctx)?;
-            sets.push((
-                set.key.clone(),
-                take(r, false, &mut external),
-                set.value.line,
-            ));
-        }
-        for (name, key, value) in &self.overrides.step_sets {
-            if name == &step.name {
-                sets.push((key.clone(), value.clone(), 0));
-            }
-        }
-        let seed = match &step.seed {
-            None => None,
-            Some(t) => {
-                let text = take(self.required(step, "seed", t, ctx)?, false, &mut external);
-                Some(text.trim().parse::<u64>().map_err(|_| {
-                    self.err(
-                        t.line,
-                        format!(
-                            "step `{}`: seed `{text}` is not a non-negative integer",
-                            step.name
-                        ),
-                    )
-                })?)
-            }
-        };
-        let mut extra = Vec::new();
-        for t in &step.args {
-            extra.push(take(
-                self.required(step, "args", t, ctx)?,
-                false,
-                &mut external,
-            ));
-        }
-        let skip_if_empty = match &step.skip_if_empty {
-            None => None,
-            Some(t) => {
-                let r = self.required(step, "skip_if_empty", t, ctx)?;
-                let what = format!("step `{}` field `skip_if_empty`", step.name);
-                self.check_declared(&r, Written::Table, t.line, &what)?;
-                Some(PathBuf::from(take(r, false, &mut external)))
-            }
-        };
-        let tag: Vec<String> = self
-            .swept
-            .iter()
-            .filter(|v| used_vars.contains(*v))
-            .map(|v| format!("{v}={}", cell_values[v]))
-            .collect();
-        let mut id = match iteration {
-            Some(i) => format!("it{i}/{}", step.name),
-            None => step.name.clone(),
-        };
-        if !tag.is_empty() {
-            id = format!("{id}@{}", tag.join(","));
-        }
+        let fields = self.fields(step, ctx, &mut reads)?;
+        let id = self.instance_id(step, iteration, &reads.vars, &cell.values);
         if let Some(&index) = self.by_id.get(&id) {
-            self.instances[index].cells.push(cell);
+            self.instances[index].cells.push(cell.index);
             return Ok(Bound::Text {
                 text: self.instances[index].dir.display().to_string(),
                 deps: BTreeSet::from([index]),
@@ -552,29 +446,375 @@ impl Builder<'_> {
             line: step.line,
             config_line: step.config.as_ref().map_or(step.line, |c| c.line),
             dir: dir.clone(),
+            inputs: fields.inputs,
+            policy: fields.policy,
+            teacher: fields.teacher,
+            config: fields.config,
+            sets: fields.sets,
+            seed: fields.seed,
+            shards: step.shards,
+            devices: step.devices.clone(),
+            resources: step.resources.clone(),
+            extra: fields.extra,
+            skip_if_empty: fields.skip_if_empty,
+            deps: reads.deps,
+            vars: reads.vars.clone(),
+            external: reads.external,
+            cells: vec![cell.index],
+        });
+        self.by_id.insert(id, index);
+        Ok(Bound::Text {
+            text: dir.display().to_string(),
+            deps: BTreeSet::from([index]),
+            vars: reads.vars,
+        })
+    }
+
+    /// `it<i>/<step>` (or `<step>` in setup), with `@var=value,…` for the
+    /// swept variables it uses.
+    fn instance_id(
+        &self,
+        step: &StepDef,
+        iteration: Option<u32>,
+        used_vars: &BTreeSet<String>,
+        cell_values: &BTreeMap<String, String>,
+    ) -> String {
+        let tag: Vec<String> = self
+            .swept
+            .iter()
+            .filter(|v| used_vars.contains(*v))
+            .map(|v| format!("{v}={}", cell_values[v]))
+            .collect();
+        let id = match iteration {
+            Some(i) => format!("it{i}/{}", step.name),
+            None => step.name.clone(),
+        };
+        if tag.is_empty() {
+            id
+        } else {
+            format!("{id}@{}", tag.join(","))
+        }
+    }
+
+    /// A path field (`policy`, `teacher`, `config`) rendered, checked to be
+    /// what the step it names writes (`written`).
+    fn path_field(
+        &self,
+        step: &StepDef,
+        field: &str,
+        template: &Option<Template>,
+        written: Option<Written>,
+        ctx: &HashMap<String, Bound>,
+        reads: &mut Reads,
+    ) -> Result<Option<PathBuf>> {
+        let Some(t) = template else {
+            return Ok(None);
+        };
+        let r = self.required(step, field, t, ctx)?;
+        if let Some(written) = written {
+            let what = format!("step `{}` field `{field}`", step.name);
+            self.check_declared(&r, written, t.line, &what)?;
+        }
+        Ok(Some(PathBuf::from(reads.take(r, true))))
+    }
+
+    /// A step's fields rendered for one instance, in the order a user
+    /// reads them (so the first error is the first field's).
+    fn fields(
+        &self,
+        step: &StepDef,
+        ctx: &HashMap<String, Bound>,
+        reads: &mut Reads,
+    ) -> Result<Fields> {
+        let mut inputs = Vec::new();
+        for template in &step.inputs {
+            // An input naming a step that does not run here is left out.
+            if let Ok(r) = self.render(template, ctx)? {
+                let what = format!("step `{}` field `inputs`", step.name);
+                self.check_declared(&r, Written::Input, template.line, &what)?;
+                inputs.push(PathBuf::from(reads.take(r, true)));
+            }
+        }
+        let checkpoint = Some(Written::Checkpoint);
+        let policy = self.path_field(step, "policy", &step.policy, checkpoint, ctx, reads)?;
+        let mut teacher =
+            self.path_field(step, "teacher", &step.teacher, checkpoint, ctx, reads)?;
+        if teacher.as_deref() == Some(Path::new("self")) {
+            // `--teacher self`: the policy is its own teacher, not a path.
+            reads.external.retain(|p| p != Path::new("self"));
+            teacher = Some(PathBuf::from("self"));
+        }
+        let config = self.path_field(step, "config", &step.config, None, ctx, reads)?;
+        let mut sets = Vec::new();
+        for set in &step.sets {
+            let r = self.required(step, "set", &set.value, ctx)?;
+            sets.push((set.key.clone(), reads.take(r, false), set.value.line));
+        }
+        for (name, key, value) in &self.overrides.step_sets {
+            if name == &step.name {
+                sets.push((key.clone(), value.clone(), 0));
+            }
+        }
+        let seed = match &step.seed {
+            None => None,
+            Some(t) => {
+                let text = reads.take(self.required(step, "seed", t, ctx)?, false);
+                Some(text.trim().parse::<u64>().map_err(|_| {
+                    self.err(
+                        t.line,
+                        format!(
+                            "step `{}`: seed `{text}` is not a non-negative integer",
+                            step.name
+                        ),
+                    )
+                })?)
+            }
+        };
+        let mut extra = Vec::new();
+        for t in &step.args {
+            extra.push(reads.take(self.required(step, "args", t, ctx)?, false));
+        }
+        let skip_if_empty = match &step.skip_if_empty {
+            None => None,
+            Some(t) => {
+                let r = self.required(step, "skip_if_empty", t, ctx)?;
+                let what = format!("step `{}` field `skip_if_empty`", step.name);
+                self.check_declared(&r, Written::Table, t.line, &what)?;
+                Some(PathBuf::from(reads.take(r, false)))
+            }
+        };
+        Ok(Fields {
             inputs,
             policy,
             teacher,
             config,
             sets,
             seed,
-            shards: step.shards,
-            devices: step.devices.clone(),
-            resources: step.resources.clone(),
             extra,
             skip_if_empty,
-            deps,
-            vars: used_vars.clone(),
-            external,
-            cells: vec![cell],
-        });
-        self.by_id.insert(id, index);
-        Ok(Bound::Text {
-            text: dir.display().to_string(),
-            deps: BTreeSet::from([index]),
-            vars: used_vars,
         })
     }
+
+    /// The instances of one cell: its setup steps, then its loop.
+    fn cell(&mut self, cell: &CellVars, cell_count: u64) -> Result<()> {
+        let pipeline = self.pipeline;
+        let mut ctx: HashMap<String, Bound> = cell
+            .vars
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    Bound::Text {
+                        text: v.clone(),
+                        deps: BTreeSet::new(),
+                        vars: BTreeSet::from([k.clone()]),
+                    },
+                )
+            })
+            .collect();
+        ctx.insert("out".into(), text(self.out.display().to_string()));
+        for step in &pipeline.setup {
+            let bound = self.add(step, None, &ctx, cell)?;
+            ctx.insert(step.name.clone(), bound);
+        }
+        let Some(looped) = &pipeline.looped else {
+            return Ok(());
+        };
+        let iterations = self.iterations(looped, &ctx, cell_count)?;
+        let init = self.render(&looped.init_policy, &ctx)?.map_err(|why| {
+            self.err(
+                looped.init_policy.line,
+                format!("loop `init_policy` names {why}"),
+            )
+        })?;
+        self.check_declared(
+            &init,
+            Written::Checkpoint,
+            looped.init_policy.line,
+            "loop `init_policy`",
+        )?;
+        let mut policy = Bound::Text {
+            text: init.text,
+            deps: init.deps,
+            vars: init.vars,
+        };
+        for i in 0..iterations {
+            policy = self.iteration(looped, i, iterations, &ctx, policy, cell)?;
+        }
+        Ok(())
+    }
+
+    /// The loop's iteration count, bounded by [`MAX_INSTANCES`].
+    fn iterations(
+        &self,
+        looped: &LoopDef,
+        ctx: &HashMap<String, Bound>,
+        cell_count: u64,
+    ) -> Result<u32> {
+        let n = self.render(&looped.iterations, ctx)?.map_err(|why| {
+            self.err(
+                looped.iterations.line,
+                format!("loop `iterations` names {why}"),
+            )
+        })?;
+        let iterations: u32 = n.text.trim().parse().map_err(|_| {
+            self.err(
+                looped.iterations.line,
+                format!(
+                    "loop `iterations` is `{}`, expected a non-negative integer",
+                    n.text
+                ),
+            )
+        })?;
+        let setup_count = self.pipeline.setup.len() as u64;
+        let loop_steps = looped.steps.len() as u64;
+        let count = cell_count.saturating_mul(
+            setup_count.saturating_add(u64::from(iterations).saturating_mul(loop_steps)),
+        );
+        if count > MAX_INSTANCES {
+            return Err(self.err(
+                looped.iterations.line,
+                format!(
+                    "loop `iterations` = {iterations} makes {count} step instances ({cell_count} sweep cell(s) x ({setup_count} setup steps + {iterations} iterations x {loop_steps} loop steps)); a plan has at most {MAX_INSTANCES}, each a stage run: lower `iterations`"
+                ),
+            ));
+        }
+        Ok(iterations)
+    }
+
+    /// Iteration `i` of the loop with `policy`; returns the next policy.
+    fn iteration(
+        &mut self,
+        looped: &LoopDef,
+        i: u32,
+        iterations: u32,
+        ctx: &HashMap<String, Bound>,
+        policy: Bound,
+        cell: &CellVars,
+    ) -> Result<Bound> {
+        let mut ictx = ctx.clone();
+        ictx.insert("iter".into(), text(i.to_string()));
+        ictx.insert("policy".into(), policy);
+        for step in &looped.steps {
+            let runs = step
+                .every
+                .is_none_or(|k| (i + 1) % k == 0 || i + 1 == iterations);
+            let bound = if runs {
+                self.add(step, Some(i), &ictx, cell)?
+            } else {
+                Bound::Skipped(format!(
+                    "step `{}`, which does not run in iteration {i} (every = {})",
+                    step.name,
+                    step.every.unwrap_or(1)
+                ))
+            };
+            ictx.insert(step.name.clone(), bound);
+        }
+        let next = self.render(&looped.policy, &ictx)?.map_err(|why| {
+            self.err(
+                looped.policy.line,
+                format!("loop `policy` names {why} (iteration {i})"),
+            )
+        })?;
+        self.check_declared(
+            &next,
+            Written::Checkpoint,
+            looped.policy.line,
+            "loop `policy`",
+        )?;
+        Ok(Bound::Text {
+            text: next.text,
+            deps: next.deps,
+            vars: next.vars,
+        })
+    }
+}
+
+/// What a step instance reads, gathered as its fields are rendered: the
+/// instances it depends on, the variables it uses, the paths from outside
+/// the run.
+#[derive(Default)]
+struct Reads {
+    deps: BTreeSet<usize>,
+    vars: BTreeSet<String>,
+    external: Vec<PathBuf>,
+}
+
+impl Reads {
+    /// A rendered field's text; with `path`, a path that names no step is
+    /// an input from outside the run.
+    fn take(&mut self, r: Rendered, path: bool) -> String {
+        if path && r.deps.is_empty() {
+            self.external.push(PathBuf::from(&r.text));
+        }
+        self.deps.extend(r.deps);
+        self.vars.extend(r.vars);
+        r.text
+    }
+}
+
+/// A step's fields rendered for one instance.
+struct Fields {
+    inputs: Vec<PathBuf>,
+    policy: Option<PathBuf>,
+    teacher: Option<PathBuf>,
+    config: Option<PathBuf>,
+    sets: Vec<(String, String, usize)>,
+    seed: Option<u64>,
+    extra: Vec<String>,
+    skip_if_empty: Option<PathBuf>,
+}
+
+/// A sweep cell's variables: its index, its swept values, and every
+/// variable's value in it.
+struct CellVars {
+    index: usize,
+    values: BTreeMap<String, String>,
+    vars: BTreeMap<String, String>,
+}
+
+/// The sweep's cells (one, `default`, without a sweep) and their count,
+/// refused before they are expanded when they alone make more than
+/// [`MAX_INSTANCES`] step instances.
+fn cells(pipeline: &Pipeline) -> Result<(Vec<Cell>, u64)> {
+    let cell_count = pipeline
+        .sweep
+        .iter()
+        .fold(1u64, |n, axis| n.saturating_mul(axis.values.len() as u64));
+    let setup_count = pipeline.setup.len() as u64;
+    if cell_count.saturating_mul(setup_count.max(1)) > MAX_INSTANCES {
+        return Err(RunnerError::Pipeline {
+            file: pipeline.path.clone(),
+            line: pipeline.sweep.first().map_or(0, |a| a.line),
+            message: format!(
+                "the sweep makes {cell_count} cells; a plan has at most {MAX_INSTANCES} step instances (each a stage run): sweep fewer values"
+            ),
+        });
+    }
+    let mut cells = vec![Cell {
+        name: "default".into(),
+        values: Vec::new(),
+    }];
+    for axis in &pipeline.sweep {
+        cells = cells
+            .iter()
+            .flat_map(|cell| {
+                axis.values.iter().map(move |value| {
+                    let mut values = cell.values.clone();
+                    values.push((axis.var.clone(), value.clone()));
+                    Cell {
+                        name: values
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        values,
+                    }
+                })
+            })
+            .collect();
+    }
+    Ok((cells, cell_count))
 }
 
 fn text(text: impl Into<String>) -> Bound {
@@ -596,158 +836,25 @@ impl Plan {
         for (k, v) in &overrides.vars {
             defaults.insert(k.clone(), v.clone());
         }
-        let swept: Vec<String> = pipeline.sweep.iter().map(|a| a.var.clone()).collect();
-        let cell_count = pipeline
-            .sweep
-            .iter()
-            .fold(1u64, |n, axis| n.saturating_mul(axis.values.len() as u64));
-        let setup_count = pipeline.setup.len() as u64;
-        if cell_count.saturating_mul(setup_count.max(1)) > MAX_INSTANCES {
-            return Err(RunnerError::Pipeline {
-                file: pipeline.path.clone(),
-                line: pipeline.sweep.first().map_or(0, |a| a.line),
-                message: format!(
-                    "the sweep makes {cell_count} cells; a plan has at most {MAX_INSTANCES} step instances (each a stage run): sweep fewer values"
-                ),
-            });
-        }
-        let mut cells = vec![Cell {
-            name: "default".into(),
-            values: Vec::new(),
-        }];
-        for axis in &pipeline.sweep {
-            cells = cells
-                .iter()
-                .flat_map(|cell| {
-                    axis.values.iter().map(move |value| {
-                        let mut values = cell.values.clone();
-                        values.push((axis.var.clone(), value.clone()));
-                        Cell {
-                            name: values
-                                .iter()
-                                .map(|(k, v)| format!("{k}={v}"))
-                                .collect::<Vec<_>>()
-                                .join(","),
-                            values,
-                        }
-                    })
-                })
-                .collect();
-        }
+        let (cells, cell_count) = cells(pipeline)?;
         let mut builder = Builder {
             pipeline,
             out: out.to_path_buf(),
             overrides,
-            swept,
+            swept: pipeline.sweep.iter().map(|a| a.var.clone()).collect(),
             instances: Vec::new(),
             by_id: HashMap::new(),
         };
         for (c, cell) in cells.iter().enumerate() {
+            let values: BTreeMap<String, String> = cell.values.iter().cloned().collect();
             let mut vars = defaults.clone();
-            let cell_values: BTreeMap<String, String> = cell.values.iter().cloned().collect();
-            vars.extend(cell_values.clone());
-            let mut ctx: HashMap<String, Bound> = vars
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        Bound::Text {
-                            text: v.clone(),
-                            deps: BTreeSet::new(),
-                            vars: BTreeSet::from([k.clone()]),
-                        },
-                    )
-                })
-                .collect();
-            ctx.insert("out".into(), text(out.display().to_string()));
-            for step in &pipeline.setup {
-                let bound = builder.add(step, None, &ctx, c, &cell_values, &vars)?;
-                ctx.insert(step.name.clone(), bound);
-            }
-            let Some(looped) = &pipeline.looped else {
-                continue;
+            vars.extend(values.clone());
+            let cell = CellVars {
+                index: c,
+                values,
+                vars,
             };
-            let n = builder.render(&looped.iterations, &ctx)?.map_err(|why| {
-                builder.err(
-                    looped.iterations.line,
-                    format!("loop `iterations` names {why}"),
-                )
-            })?;
-            let iterations: u32 = n.text.trim().parse().map_err(|_| {
-                builder.err(
-                    looped.iterations.line,
-                    format!(
-                        "loop `iterations` is `{}`, expected a non-negative integer",
-                        n.text
-                    ),
-                )
-            })?;
-            let loop_steps = looped.steps.len() as u64;
-            let count = cell_count.saturating_mul(
-                setup_count.saturating_add(u64::from(iterations).saturating_mul(loop_steps)),
-            );
-            if count > MAX_INSTANCES {
-                return Err(builder.err(
-                    looped.iterations.line,
-                    format!(
-                        "loop `iterations` = {iterations} makes {count} step instances ({cell_count} sweep cell(s) x ({setup_count} setup steps + {iterations} iterations x {loop_steps} loop steps)); a plan has at most {MAX_INSTANCES}, each a stage run: lower `iterations`"
-                    ),
-                ));
-            }
-            let init = builder.render(&looped.init_policy, &ctx)?.map_err(|why| {
-                builder.err(
-                    looped.init_policy.line,
-                    format!("loop `init_policy` names {why}"),
-                )
-            })?;
-            builder.check_declared(
-                &init,
-                Written::Checkpoint,
-                looped.init_policy.line,
-                "loop `init_policy`",
-            )?;
-            let mut policy = Bound::Text {
-                text: init.text,
-                deps: init.deps,
-                vars: init.vars,
-            };
-            for i in 0..iterations {
-                let mut ictx = ctx.clone();
-                ictx.insert("iter".into(), text(i.to_string()));
-                ictx.insert("policy".into(), policy.clone());
-                for step in &looped.steps {
-                    let runs = step
-                        .every
-                        .is_none_or(|k| (i + 1) % k == 0 || i + 1 == iterations);
-                    let bound = if runs {
-                        builder.add(step, Some(i), &ictx, c, &cell_values, &vars)?
-                    } else {
-                        Bound::Skipped(format!(
-                            "step `{}`, which does not run in iteration {i} (every = {})",
-                            step.name,
-                            step.every.unwrap_or(1)
-                        ))
-                    };
-                    ictx.insert(step.name.clone(), bound);
-                }
-                let next = builder.render(&looped.policy, &ictx)?.map_err(|why| {
-                    builder.err(
-                        looped.policy.line,
-                        format!("loop `policy` names {why} (iteration {i})"),
-                    )
-                })?;
-                builder.check_declared(
-                    &next,
-                    Written::Checkpoint,
-                    looped.policy.line,
-                    "loop `policy`",
-                )?;
-                policy = Bound::Text {
-                    text: next.text,
-                    deps: next.deps,
-                    vars: next.vars,
-                };
-            }
+            builder.cell(&cell, cell_count)?;
         }
         Ok(Plan {
             file: pipeline.path.clone(),
@@ -779,6 +886,14 @@ impl Plan {
         }
         Ok(found)
     }
+}
+
+/// A plan of one step (generate-tasks) writing under `out`.
+#[cfg(test)]
+pub(crate) fn one_step(out: &Path) -> Plan {
+    let text = "[[step]]\nname = \"tasks\"\nstage = \"generate-tasks\"\n";
+    let pipeline = Pipeline::parse(Path::new("p.toml"), text).unwrap();
+    Plan::build(&pipeline, out, &Overrides::default()).unwrap()
 }
 
 #[cfg(test)]

@@ -52,11 +52,13 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::backend::Backend;
-use crate::cluster::{
-    self, JobEntry, JobState, Journal, Lost, Node, Queue, Submitted, bad, check_fits, check_shared,
-    now, quote, read_jobs, step_dir,
-};
+use embodyflow_core::config::{ConfigKeys, keys_of};
+
+use crate::backend::Table;
+use crate::cluster::journal::{Journal, bad, jobs_file, now, read_jobs, step_dir};
+use crate::cluster::nodes::{Node, check_fits, check_shared};
+use crate::cluster::task::quote;
+use crate::cluster::{self, Backend, JobEntry, JobState, Lost, Queue, Run, Submitted};
 use crate::error::{Result, RunnerError};
 use crate::exec::{RunOptions, RunOutcome};
 use crate::plan::{Instance, Plan};
@@ -71,9 +73,76 @@ const ADDRESS_VAR: &str = "RAY_API_SERVER_ADDRESS";
 /// How long `pipeline cancel` waits for stopped jobs to end.
 const STOP_WAIT: Duration = Duration::from_secs(30);
 
+/// The `[backend]` keys Ray reads.
+#[derive(Debug, Clone, Default, Deserialize, ConfigKeys)]
+struct Settings {
+    /// The Ray dashboard's HTTP address (`http://head:8265`; default:
+    /// `$RAY_API_SERVER_ADDRESS`).
+    address: Option<String>,
+}
+
+/// The Ray backend, as the registry lists it.
+pub struct RayCluster;
+
+/// The Ray backend.
+pub static RAY: RayCluster = RayCluster;
+
+impl Backend for RayCluster {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn title(&self) -> &'static str {
+        "Ray"
+    }
+
+    fn about(&self) -> &'static str {
+        "A Ray cluster: one Ray job per process of a step"
+    }
+
+    fn keys(&self) -> Vec<(String, &'static str)> {
+        keys_of::<Settings>()
+    }
+
+    fn check(&self, table: &Table) -> std::result::Result<(), String> {
+        table.settings::<Settings>().map(|_| ())
+    }
+
+    fn queued(&self) -> bool {
+        true
+    }
+
+    /// Submits the steps that must run as Ray jobs and waits for them.
+    fn run_plan(&self, run: &Run, say: &mut dyn FnMut(&str)) -> Result<RunOutcome> {
+        let settings: Settings = run.table.settings().map_err(bad)?;
+        let address = address(run.plan, &settings)?;
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let mut queue = Ray {
+            table: run.table,
+            client: Client::new(&address),
+            cwd: std::env::current_dir().map_err(|e| RunnerError::io(".", e))?,
+            exe: std::env::current_exe().map_err(|e| RunnerError::io("pipeline", e))?,
+            journal: Journal::new(&run.plan.out, NAME),
+            stamp: format!("{started_ms:x}"),
+            seen: BTreeMap::new(),
+        };
+        cluster::run_plan(run, self, &mut queue, say)
+    }
+
+    fn live_jobs(&self, out: &Path) -> Result<Vec<JobEntry>> {
+        live_jobs(out)
+    }
+
+    fn cancel(&self, out: &Path) -> Result<Vec<String>> {
+        cancel(out)
+    }
+}
+
 /// The dashboard's address as `http://host:port`, from `[backend] address`
 /// or `$RAY_API_SERVER_ADDRESS`.
-fn address(plan: &Plan, backend: &Backend) -> Result<String> {
+fn address(plan: &Plan, backend: &Settings) -> Result<String> {
     let from_env = std::env::var(ADDRESS_VAR)
         .ok()
         .filter(|a| !a.trim().is_empty());
@@ -239,7 +308,7 @@ fn clean(text: &str) -> String {
 
 /// The Ray side of the shared wait.
 struct Ray<'a> {
-    backend: &'a Backend,
+    table: &'a Table,
     client: Client,
     cwd: PathBuf,
     exe: PathBuf,
@@ -330,14 +399,6 @@ impl Ray<'_> {
 }
 
 impl Queue for Ray<'_> {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn title(&self) -> &'static str {
-        "Ray"
-    }
-
     fn submits_when_ready(&self) -> bool {
         true
     }
@@ -361,7 +422,7 @@ impl Queue for Ray<'_> {
         }
         let nodes = self.client.nodes().map_err(unreachable)?;
         check_fits(plan, &nodes, &format!("the Ray cluster at {address}"))?;
-        check_shared(plan, self.backend, options, exe, "Ray")
+        check_shared(plan, self.table, options, exe, "Ray")
     }
 
     fn describe(&self, _plan: &Plan, instance: &Instance, after: &[String]) -> String {
@@ -537,34 +598,9 @@ impl Queue for Ray<'_> {
     }
 }
 
-/// Submits the steps that must run as Ray jobs and waits for them; `say`
-/// receives a line per step whenever its state changes.
-pub fn run_plan(
-    plan: &Plan,
-    options: &RunOptions,
-    backend: &Backend,
-    poll: Duration,
-    say: &mut dyn FnMut(&str),
-) -> Result<RunOutcome> {
-    let address = address(plan, backend)?;
-    let started_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let mut queue = Ray {
-        backend,
-        client: Client::new(&address),
-        cwd: std::env::current_dir().map_err(|e| RunnerError::io(".", e))?,
-        exe: std::env::current_exe().map_err(|e| RunnerError::io("pipeline", e))?,
-        journal: Journal::new(&plan.out, NAME),
-        stamp: format!("{started_ms:x}"),
-        seen: BTreeMap::new(),
-    };
-    cluster::run_plan(plan, options, &mut queue, poll, backend.record_grace, say)
-}
-
 /// The jobs of `out`'s earlier Ray submissions that are not over. A
 /// cluster that does not answer has none: Ray jobs end with their cluster.
-pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
+fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
     let entries = read_jobs(out, NAME)?;
     let mut clients: BTreeMap<String, Option<Client>> = BTreeMap::new();
     let mut live = Vec::new();
@@ -582,7 +618,7 @@ pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
         let info = client.job(&entry.job).map_err(|e| {
             bad(format!(
                 "{} lists Ray jobs and the cluster at {address} cannot say whether they still run: {e}",
-                cluster::jobs_file(out, NAME).display()
+                jobs_file(out, NAME).display()
             ))
         })?;
         if info.is_some_and(|i| !i.over()) {
@@ -594,7 +630,7 @@ pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
 
 /// Stops the run's Ray jobs that are not over and waits until Ray says
 /// they are; returns their ids.
-pub fn cancel(out: &Path) -> Result<Vec<String>> {
+fn cancel(out: &Path) -> Result<Vec<String>> {
     let live = live_jobs(out)?;
     let failed = |message: String| RunnerError::Cluster {
         backend: "Ray",

@@ -12,81 +12,26 @@
 //!
 //! Which figures a step gives follows from the outputs its stage declares
 //! ([`embodyflow_core::spec`]), not from its name. The tables' figures are
-//! gathered with polars lazy queries ([`embodyflow_report::column_means`]),
-//! `diagnostics.json` is read typed ([`VariantDiagnostics`]), and all is
-//! written as Markdown.
+//! computed from their shard rows ([`crate::figures`]), `diagnostics.json`
+//! is read typed ([`VariantDiagnostics`]), and all is written as Markdown.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use embodyflow_core::diagnostics::VariantDiagnostics;
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::spec::{self, Output};
 use embodyflow_core::stage::Summary;
 use embodyflow_plots::{Frame, PALETTE, PlotError};
-use embodyflow_report::VariantDiagnostics;
 use plotters::prelude::*;
 
 use crate::error::{Result, RunnerError};
 use crate::exec::{RunOutcome, Status};
+use crate::figures::{
+    drawn_success, eval_success, groups_with_signal, outcome_rewards, plot_err, reward_fn,
+    sanitize, score_mean, step_warnings, train_complete, update_means,
+};
 use crate::plan::{Instance, Plan};
-
-/// Means of columns of the table `table` under a step directory (polars,
-/// one lazy pass); `None` when the table is absent or unreadable.
-fn column_means(dir: &Path, table: TableName, names: &[&str]) -> Option<Vec<f64>> {
-    let means = embodyflow_report::column_means(&dir.join(table.as_str()), table, names).ok()?;
-    means.into_iter().collect()
-}
-
-/// The summary lines in which a rollout stage states the success of every
-/// sample it drew: `| success rate (all drawn samples) | 0.250 (3 of 12) |`
-/// for one-shot plans, `| success rate (all drawn episodes) | … |` for
-/// closed-loop episodes.
-const DRAWN_SUCCESS: [&str; 2] = [
-    "| success rate (all drawn samples) |",
-    "| success rate (all drawn episodes) |",
-];
-
-/// The train success of a rollout step: successes over samples drawn, summed
-/// over the `DRAWN_SUCCESS` lines of its summary (one per shard). Dynamic
-/// sampling writes only the groups it keeps to the trajectories table (none
-/// when every group scored the same, as when the policy solves nothing), so
-/// the table's mean of `complete` is neither the sampled rollouts' success
-/// nor defined then; it is the fallback for a summary without the line.
-fn drawn_success(dir: &Path, stage: &str) -> Option<f64> {
-    drawn_counts(dir, stage).map(|(successes, samples)| successes as f64 / samples as f64)
-}
-
-/// The successes and samples drawn of a rollout step, summed over the
-/// `DRAWN_SUCCESS` lines of its summary; `None` without a line or samples.
-pub(crate) fn drawn_counts(dir: &Path, stage: &str) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))).ok()?;
-    let (mut successes, mut samples) = (0u64, 0u64);
-    for line in text
-        .lines()
-        .filter(|l| DRAWN_SUCCESS.iter().any(|label| l.starts_with(label)))
-    {
-        // "... | 0.250 (3 of 12) |" or "... | 0.034 (6 of 176; 0 cut at the decision limit) |"
-        let counts = line.rsplit_once('(')?.1.split_once(')')?.0;
-        let counts = counts.split(';').next()?;
-        let (s, n) = counts.split_once(" of ")?;
-        successes += s.trim().parse::<u64>().ok()?;
-        samples += n.trim().parse::<u64>().ok()?;
-    }
-    (samples > 0).then_some((successes, samples))
-}
-
-/// The `| warning | … |` lines of a step's summary (one per shard when the
-/// runner joined shard summaries): what a stage said went wrong without
-/// failing, such as dynamic sampling that dropped every draw.
-fn step_warnings(dir: &Path, stage: &str) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(dir.join(format!("_summary.{stage}.md"))) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| l.strip_prefix("| warning | "))
-        .map(|w| w.trim_end().trim_end_matches('|').trim_end().to_string())
-        .collect()
-}
 
 fn fmt(value: Option<f64>) -> String {
     value.map_or("-".to_string(), |v| format!("{v:.3}"))
@@ -120,30 +65,22 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
         for output in instance.stage.writes {
             match *output {
                 Output::Table(TableName::Trajectories) => {
-                    row.train = drawn_success(dir, instance.stage.name).or_else(|| {
-                        column_means(dir, TableName::Trajectories, &["complete"]).map(|v| v[0])
-                    })
+                    row.train = drawn_success(dir, instance.stage.name)
+                        .or_else(|| train_complete(&dir.join(TableName::Trajectories.as_str())))
                 }
                 Output::Table(TableName::Eval) => {
-                    if let Some(v) = column_means(dir, TableName::Eval, &["success"]) {
-                        row.evals.insert(instance.step.clone(), v[0]);
+                    if let Some(v) = eval_success(&dir.join(TableName::Eval.as_str())) {
+                        row.evals.insert(instance.step.clone(), v);
                     }
                 }
                 Output::Table(TableName::Metrics) => {
-                    row.update = embodyflow_report::column_means(
-                        &dir.join(TableName::Metrics.as_str()),
-                        TableName::Metrics,
-                        &["loss", "approx_kl", "entropy"],
-                    )
-                    .ok()
+                    row.update = update_means(&dir.join(TableName::Metrics.as_str()))
                 }
                 Output::Table(TableName::Rewards) => {
-                    row.score = column_means(dir, TableName::Rewards, &["score"]).map(|v| v[0]);
-                    row.reward_fn = reward_fn(&dir.join(TableName::Rewards.as_str()));
-                    row.signal = embodyflow_report::groups_with_signal(
-                        &dir.join(TableName::Rewards.as_str()),
-                    )
-                    .ok();
+                    let table = dir.join(TableName::Rewards.as_str());
+                    row.score = score_mean(&table);
+                    row.reward_fn = reward_fn(&table);
+                    row.signal = outcome_rewards(&table).map(|rows| groups_with_signal(&rows));
                 }
                 Output::File(spec::DIAGNOSTICS_FILE) => {
                     row.diagnostics = VariantDiagnostics::read(dir).ok().flatten()
@@ -153,16 +90,6 @@ fn gather(instances: &[&Instance]) -> BTreeMap<Option<u32>, Row> {
         }
     }
     rows
-}
-
-/// The reward function a rewards table was scored with (its first row's).
-fn reward_fn(dir: &Path) -> Option<String> {
-    let reader = embodyflow_core::dataset::TableReader::open(dir, TableName::Rewards).ok()?;
-    let batch = reader.batches(None, 1).ok()?.next()?.ok()?;
-    let rows =
-        embodyflow_core::dataset::batch_to_rows::<embodyflow_core::schemas::RewardRow>(&batch)
-            .ok()?;
-    rows.into_iter().next().map(|r| r.reward_fn)
 }
 
 /// Groups of cells that run exactly the same step instances: what they
@@ -177,25 +104,6 @@ fn identical_cells(plan: &Plan) -> Vec<Vec<usize>> {
         by.entry(runs).or_default().push(c);
     }
     by.into_values().filter(|cells| cells.len() > 1).collect()
-}
-
-pub(crate) fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-pub(crate) fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
-    move |reason| RunnerError::Plot {
-        path: path.to_path_buf(),
-        reason: reason.to_string(),
-    }
 }
 
 /// One bar per sweep cell, numbered on the x axis and named in the key
@@ -276,12 +184,45 @@ fn ratio(x: u64, y: u64) -> Option<f64> {
 pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<String> {
     let dir = plan.out.join("report");
     std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
-    let ran: Vec<_> = outcome
+    let mut summary = run_summary(plan, outcome, plan_s, &dir);
+    let mut md = summary.to_markdown();
+    md.push_str(&step_times(plan, outcome));
+    let warnings = warnings(plan, outcome);
+    md.push_str(&warnings_section(&warnings));
+    summary.add("warnings (see the report)", warnings.len());
+    let mut ablation: Vec<(String, BTreeMap<Option<u32>, Row>)> = Vec::new();
+    // Every cell's curves on one chart, named by cell, when a sweep compares
+    // cells (GRPO vs GiGPO from the same init, say).
+    let mut all_cells = Curves::default();
+    for c in 0..plan.cells.len() {
+        let (section, rows) = cell_metrics(plan, c, &dir, &mut all_cells)?;
+        md.push_str(&section);
+        ablation.push((plan.cells[c].name.clone(), rows));
+    }
+    if plan.cells.len() > 1 && all_cells.iterations > 0 {
+        md.push_str(&every_cell(plan, &dir, &all_cells)?);
+    }
+    if plan.cells.len() > 1 {
+        md.push_str(&ablation_section(plan, &dir, &ablation)?);
+    }
+    md.push_str(&crate::runlog::write(plan, &dir)?);
+    summary.add("run log", dir.join("runlog.csv").display());
+    let path = dir.join("report.md");
+    std::fs::write(&path, &md).map_err(|e| RunnerError::io(&path, e))?;
+    Ok(summary.to_markdown())
+}
+
+/// The run summary: the steps by status, the wall time and what the
+/// runner itself cost.
+fn run_summary(plan: &Plan, outcome: &RunOutcome, plan_s: f64, dir: &Path) -> Summary {
+    let count = |status: Status| outcome.steps.iter().filter(|s| s.status == status).count();
+    let stage_s: f64 = outcome
         .steps
         .iter()
         .filter(|s| s.status == Status::Ran)
-        .collect();
-    let stage_s: f64 = ran.iter().map(|s| s.wall_s).sum::<f64>().max(0.0);
+        .map(|s| s.wall_s)
+        .sum::<f64>()
+        .max(0.0);
     // Cached and kept steps carry the timing recorded when they ran, so a
     // rerun from the cache reports what the pipeline costs, not 0.0 s.
     let recorded_s: f64 = outcome.steps.iter().map(|s| s.wall_s).sum::<f64>();
@@ -294,9 +235,9 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
         .add("steps (ran / cached / kept)", format!(
             "{} ({} / {} / {})",
             outcome.steps.len(),
-            ran.len(),
-            outcome.steps.iter().filter(|s| s.status == Status::Cached).count(),
-            outcome.steps.iter().filter(|s| s.status == Status::Kept).count(),
+            count(Status::Ran),
+            count(Status::Cached),
+            count(Status::Kept),
         ))
         .add("sweep cells", plan.cells.len())
         .add("wall time", format!("{total:.1} s"))
@@ -312,8 +253,12 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             outcome.binary_hash_s,
         ))
         .add("report", dir.join("report.md").display());
-    let mut md = summary.to_markdown();
-    md.push_str(
+    summary
+}
+
+/// The wall time of every step.
+fn step_times(plan: &Plan, outcome: &RunOutcome) -> String {
+    let mut md = String::from(
         "\n## Wall time per step\n\nA cached or kept step shows the wall time recorded when it ran (its `_step.json`).\n\n| step | stage | status | wall s |\n|---|---|---|---|\n",
     );
     for step in &outcome.steps {
@@ -326,7 +271,12 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
             step.wall_s
         ));
     }
-    let warnings: Vec<(String, String)> = outcome
+    md
+}
+
+/// Every step's warnings, with the step's id.
+fn warnings(plan: &Plan, outcome: &RunOutcome) -> Vec<(String, String)> {
+    outcome
         .steps
         .iter()
         .map(|step| &plan.instances[step.index])
@@ -335,255 +285,249 @@ pub fn write_report(plan: &Plan, outcome: &RunOutcome, plan_s: f64) -> Result<St
                 .into_iter()
                 .map(|w| (instance.id.clone(), w))
         })
+        .collect()
+}
+
+/// The warnings' section (none without warnings).
+fn warnings_section(warnings: &[(String, String)]) -> String {
+    if warnings.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Warnings\n\nWhat stages said went wrong without failing (their summaries' `warning` lines).\n\n| step | warning |\n|---|---|\n",
+    );
+    for (id, warning) in warnings {
+        md.push_str(&format!("| {id} | {warning} |\n"));
+    }
+    md
+}
+
+/// Success curves: each named, its points `(iteration, success)`, and the
+/// iterations the longest covers.
+#[derive(Default)]
+struct Curves {
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    iterations: u32,
+}
+
+/// The evaluate steps among `instances`, by name, once each.
+fn eval_names(instances: &[&Instance]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for instance in instances {
+        if instance.stage.writes_table(TableName::Eval) && !names.contains(&instance.step) {
+            names.push(instance.step.clone());
+        }
+    }
+    names
+}
+
+/// Cell `c`'s section: its metrics per iteration and its success curves
+/// (added to `all_cells` under the cell's name); with its rows.
+fn cell_metrics(
+    plan: &Plan,
+    c: usize,
+    dir: &Path,
+    all_cells: &mut Curves,
+) -> Result<(String, BTreeMap<Option<u32>, Row>)> {
+    let cell = &plan.cells[c];
+    let instances: Vec<&Instance> = plan
+        .instances
+        .iter()
+        .filter(|i| i.cells.contains(&c))
         .collect();
-    if !warnings.is_empty() {
-        md.push_str("\n## Warnings\n\nWhat stages said went wrong without failing (their summaries' `warning` lines).\n\n| step | warning |\n|---|---|\n");
-        for (id, warning) in &warnings {
-            md.push_str(&format!("| {id} | {warning} |\n"));
-        }
-    }
-    summary.add("warnings (see the report)", warnings.len());
-    let mut ablation: Vec<(String, BTreeMap<Option<u32>, Row>)> = Vec::new();
-    // Every cell's curves on one chart, named by cell, when a sweep compares
-    // cells (GRPO vs GiGPO from the same init, say).
-    let mut all_cells: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    let mut all_iterations = 0;
-    for (c, cell) in plan.cells.iter().enumerate() {
-        let instances: Vec<&Instance> = plan
-            .instances
-            .iter()
-            .filter(|i| i.cells.contains(&c))
-            .collect();
-        let rows = gather(&instances);
-        let eval_names: Vec<String> = instances
-            .iter()
-            .filter(|i| i.stage.writes_table(TableName::Eval))
-            .map(|i| i.step.clone())
-            .fold(Vec::new(), |mut v, n| {
-                if !v.contains(&n) {
-                    v.push(n);
-                }
-                v
-            });
-        md.push_str(&format!(
-            "\n## Metrics: {}\n\nTrain success: the share of every rollout the collect step sampled that reached its goal (groups dynamic sampling dropped included; its summary's line). Mean reward and the update figures cover the groups it kept, `-` when it kept none.\n\n| iteration | train success | {}mean reward | update loss | approx KL | entropy |\n|---|---|{}---|---|---|---|\n",
-            cell.name,
-            eval_names.iter().map(|n| format!("{n} success | ")).collect::<String>(),
-            "---|".repeat(eval_names.len()),
-        ));
-        for (iteration, row) in &rows {
-            let update = row.update.as_ref();
-            md.push_str(&format!(
-                "| {} | {} | {}{} | {} | {} | {} |\n",
-                iteration.map_or("setup".to_string(), |i| i.to_string()),
-                fmt(row.train),
-                eval_names
-                    .iter()
-                    .map(|n| format!("{} | ", fmt(row.evals.get(n).copied())))
-                    .collect::<String>(),
-                fmt(row.score),
-                fmt(update.and_then(|u| u[0])),
-                fmt(update.and_then(|u| u[1])),
-                fmt(update.and_then(|u| u[2])),
-            ));
-        }
-        let iterations = rows.keys().flatten().max().map_or(0, |m| m + 1);
-        if iterations > 0 {
-            let mut series = vec![(
-                "train (sampled rollouts)".to_string(),
-                rows.iter()
-                    .filter_map(|(i, r)| Some((f64::from((*i)?), r.train?)))
-                    .collect::<Vec<_>>(),
-            )];
-            for name in &eval_names {
-                series.push((
-                    format!("eval step {name}"),
-                    rows.iter()
-                        .filter_map(|(i, r)| Some((f64::from((*i)?), *r.evals.get(name)?)))
-                        .collect(),
-                ));
-            }
-            // A setup step's evaluation has no iteration: it is in the table
-            // (row `setup`), not a curve.
-            series.retain(|(_, points)| !points.is_empty());
-            let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
-            let title = format!("Success per iteration: {}", cell.name);
-            embodyflow_plots::success_curves(&path, &title, &series, f64::from(iterations))
-                .map_err(plot_err(&path))?;
-            md.push_str(&format!(
-                "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); {}.\n",
-                cell.name,
-                path.file_name().unwrap().to_string_lossy(),
-                iterations - 1,
-                embodyflow_plots::colour_key(&series),
-            ));
-            all_iterations = all_iterations.max(iterations);
-            all_cells.extend(
-                series
-                    .into_iter()
-                    .map(|(name, points)| (format!("{}: {name}", cell.name), points)),
-            );
-        }
-        ablation.push((cell.name.clone(), rows));
-    }
-    if plan.cells.len() > 1 && all_iterations > 0 {
-        let path = dir.join("success-cells.png");
-        let title = format!("Success per iteration: {} cells", plan.cells.len());
-        embodyflow_plots::success_curves(&path, &title, &all_cells, f64::from(all_iterations))
+    let rows = gather(&instances);
+    let eval_names = eval_names(&instances);
+    let mut md = metrics_table(&cell.name, &eval_names, &rows);
+    let iterations = rows.keys().flatten().max().map_or(0, |m| m + 1);
+    if iterations > 0 {
+        let series = success_series(&eval_names, &rows);
+        let path = dir.join(format!("success-{}.png", sanitize(&cell.name)));
+        let title = format!("Success per iteration: {}", cell.name);
+        embodyflow_plots::success_curves(&path, &title, &series, f64::from(iterations))
             .map_err(plot_err(&path))?;
         md.push_str(&format!(
-            "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series: {}.\n",
-            all_iterations - 1,
-            embodyflow_plots::colour_key(&all_cells),
+            "\n![success {}]({}): x = iteration 0…{}, y = success 0…1 (grid every 0.25); {}.\n",
+            cell.name,
+            path.file_name().unwrap().to_string_lossy(),
+            iterations - 1,
+            embodyflow_plots::colour_key(&series),
         ));
-    }
-    if plan.cells.len() > 1 {
-        let mut table = String::from(
-            "| cell | last eval success | last train success | mean reward | groups with signal | kept groups | A^E std | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|---|---|\n",
+        all_cells.iterations = all_cells.iterations.max(iterations);
+        all_cells.series.extend(
+            series
+                .into_iter()
+                .map(|(name, points)| (format!("{}: {name}", cell.name), points)),
         );
-        // Chart file slug -> its metric (y label), the cells that have it
-        // and their values.
-        let mut charts: BTreeMap<String, (String, Vec<String>, Vec<f64>)> = BTreeMap::new();
-        for (name, rows) in &ablation {
-            let last = |f: &dyn Fn(&Row) -> Option<f64>| rows.values().rev().find_map(f);
-            let eval = last(&|r: &Row| r.evals.values().next().copied());
-            let diagnostics = rows.values().rev().find_map(|r| r.diagnostics.clone());
-            let d = diagnostics.as_ref();
-            let kept = d.and_then(|d| ratio(d.kept_groups, d.groups));
-            let step = d.and_then(|d| d.step.as_ref());
-            let with_step = step.and_then(|s| ratio(s.responses_with_step_adv, s.responses));
-            let flips = step.and_then(|s| ratio(s.sign_flips.flipped, s.sign_flips.tokens));
-            let score = last(&|r: &Row| r.score);
-            let signal = last(&|r: &Row| r.signal.and_then(|(s, n)| ratio(s, n)));
-            let adv_std = d.and_then(|d| d.episode_adv_std);
-            table.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                fmt(eval),
-                fmt(last(&|r: &Row| r.train)),
-                fmt(score),
-                fmt(signal),
-                fmt(kept),
-                fmt(adv_std),
-                fmt(with_step),
-                fmt(flips),
-            ));
-            let reward_fn = rows.values().rev().find_map(|r| r.reward_fn.clone());
-            let reward_fn = reward_fn.as_deref().unwrap_or("unknown");
-            for (slug, metric, value) in [
-                (
-                    "eval-success".to_string(),
-                    "last eval success (fraction)".to_string(),
-                    eval,
-                ),
-                (
-                    "train-success".to_string(),
-                    "last train success (fraction)".to_string(),
-                    last(&|r: &Row| r.train),
-                ),
-                (
-                    format!("reward-{}", sanitize(reward_fn)),
-                    format!("mean reward (reward.fn {reward_fn})"),
-                    score,
-                ),
-            ] {
-                if let Some(value) = value {
-                    let chart = charts
-                        .entry(slug)
-                        .or_insert_with(|| (metric, Vec::new(), Vec::new()));
-                    chart.1.push(name.clone());
-                    chart.2.push(value);
-                }
-            }
-        }
-        std::fs::write(dir.join("ablation.md"), &table)
-            .map_err(|e| RunnerError::io(dir.join("ablation.md"), e))?;
+    }
+    Ok((md, rows))
+}
+
+/// A cell's metrics per iteration.
+fn metrics_table(cell: &str, eval_names: &[String], rows: &BTreeMap<Option<u32>, Row>) -> String {
+    let mut md = format!(
+        "\n## Metrics: {}\n\nTrain success: the share of every rollout the collect step sampled that reached its goal (groups dynamic sampling dropped included; its summary's line). Mean reward and the update figures cover the groups it kept, `-` when it kept none.\n\n| iteration | train success | {}mean reward | update loss | approx KL | entropy |\n|---|---|{}---|---|---|---|\n",
+        cell,
+        eval_names
+            .iter()
+            .map(|n| format!("{n} success | "))
+            .collect::<String>(),
+        "---|".repeat(eval_names.len()),
+    );
+    for (iteration, row) in rows {
+        let update = row.update.as_ref();
         md.push_str(&format!(
-            "\n## Ablation ({} cells)\n\n{table}\n",
-            plan.cells.len()
+            "| {} | {} | {}{} | {} | {} | {} |\n",
+            iteration.map_or("setup".to_string(), |i| i.to_string()),
+            fmt(row.train),
+            eval_names
+                .iter()
+                .map(|n| format!("{} | ", fmt(row.evals.get(n).copied())))
+                .collect::<String>(),
+            fmt(row.score),
+            fmt(update.and_then(|u| u[0])),
+            fmt(update.and_then(|u| u[1])),
+            fmt(update.and_then(|u| u[2])),
         ));
-        for group in identical_cells(plan) {
-            let names: Vec<&str> = group.iter().map(|&c| plan.cells[c].name.as_str()).collect();
-            md.push_str(&format!(
-                "\nIdentical by construction: {} run the same step instances (what they sweep changes nothing they run), so their figures are equal.\n",
-                names.join(", ")
-            ));
-        }
-        // One metric per chart; mean rewards only beside rewards of the same
-        // function (one chart per reward function).
-        for (slug, (metric, names, values)) in &charts {
-            let file = format!("ablation-{slug}.png");
-            plot_bars(&dir.join(&file), names, values, metric)?;
-            md.push_str(&format!(
-                "\n![ablation {metric}]({file}): one bar per cell that has it, in table order, height = {metric}.\n"
-            ));
+    }
+    md
+}
+
+/// A cell's success curves: train, then each evaluate step's; a setup
+/// step's evaluation has no iteration (it is in the table, row `setup`,
+/// not a curve).
+fn success_series(
+    eval_names: &[String],
+    rows: &BTreeMap<Option<u32>, Row>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut series = vec![(
+        "train (sampled rollouts)".to_string(),
+        rows.iter()
+            .filter_map(|(i, r)| Some((f64::from((*i)?), r.train?)))
+            .collect::<Vec<_>>(),
+    )];
+    for name in eval_names {
+        series.push((
+            format!("eval step {name}"),
+            rows.iter()
+                .filter_map(|(i, r)| Some((f64::from((*i)?), *r.evals.get(name)?)))
+                .collect(),
+        ));
+    }
+    series.retain(|(_, points)| !points.is_empty());
+    series
+}
+
+/// Every cell's curves on one chart.
+fn every_cell(plan: &Plan, dir: &Path, all_cells: &Curves) -> Result<String> {
+    let path = dir.join("success-cells.png");
+    let title = format!("Success per iteration: {} cells", plan.cells.len());
+    let iterations = f64::from(all_cells.iterations);
+    embodyflow_plots::success_curves(&path, &title, &all_cells.series, iterations)
+        .map_err(plot_err(&path))?;
+    Ok(format!(
+        "\n## Every cell\n\n![success of every cell](success-cells.png): x = iteration 0…{}, y = success 0…1; one curve per cell and series: {}.\n",
+        all_cells.iterations - 1,
+        embodyflow_plots::colour_key(&all_cells.series),
+    ))
+}
+
+/// Chart file slug -> its metric (y label), the cells that have it and
+/// their values.
+type Charts = BTreeMap<String, (String, Vec<String>, Vec<f64>)>;
+
+/// The ablation: a row per cell (also written as `ablation.md`), the cells
+/// identical by construction, and a bar chart per metric.
+fn ablation_section(
+    plan: &Plan,
+    dir: &Path,
+    ablation: &[(String, BTreeMap<Option<u32>, Row>)],
+) -> Result<String> {
+    let mut table = String::from(
+        "| cell | last eval success | last train success | mean reward | groups with signal | kept groups | A^E std | responses with A^S | sign-flip ratio |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut charts = Charts::new();
+    for (name, rows) in ablation {
+        table.push_str(&ablation_row(name, rows, &mut charts));
+    }
+    std::fs::write(dir.join("ablation.md"), &table)
+        .map_err(|e| RunnerError::io(dir.join("ablation.md"), e))?;
+    let mut md = format!("\n## Ablation ({} cells)\n\n{table}\n", plan.cells.len());
+    for group in identical_cells(plan) {
+        let names: Vec<&str> = group.iter().map(|&c| plan.cells[c].name.as_str()).collect();
+        md.push_str(&format!(
+            "\nIdentical by construction: {} run the same step instances (what they sweep changes nothing they run), so their figures are equal.\n",
+            names.join(", ")
+        ));
+    }
+    // One metric per chart; mean rewards only beside rewards of the same
+    // function (one chart per reward function).
+    for (slug, (metric, names, values)) in &charts {
+        let file = format!("ablation-{slug}.png");
+        plot_bars(&dir.join(&file), names, values, metric)?;
+        md.push_str(&format!(
+            "\n![ablation {metric}]({file}): one bar per cell that has it, in table order, height = {metric}.\n"
+        ));
+    }
+    Ok(md)
+}
+
+/// A cell's row of the ablation table; its figures join the charts.
+fn ablation_row(name: &str, rows: &BTreeMap<Option<u32>, Row>, charts: &mut Charts) -> String {
+    let last = |f: &dyn Fn(&Row) -> Option<f64>| rows.values().rev().find_map(f);
+    let eval = last(&|r: &Row| r.evals.values().next().copied());
+    let diagnostics = rows.values().rev().find_map(|r| r.diagnostics.clone());
+    let d = diagnostics.as_ref();
+    let kept = d.and_then(|d| ratio(d.kept_groups, d.groups));
+    let step = d.and_then(|d| d.step.as_ref());
+    let with_step = step.and_then(|s| ratio(s.responses_with_step_adv, s.responses));
+    let flips = step.and_then(|s| ratio(s.sign_flips.flipped, s.sign_flips.tokens));
+    let score = last(&|r: &Row| r.score);
+    let signal = last(&|r: &Row| r.signal.and_then(|(s, n)| ratio(s, n)));
+    let adv_std = d.and_then(|d| d.episode_adv_std);
+    let reward_fn = rows.values().rev().find_map(|r| r.reward_fn.clone());
+    let reward_fn = reward_fn.as_deref().unwrap_or("unknown");
+    for (slug, metric, value) in [
+        (
+            "eval-success".to_string(),
+            "last eval success (fraction)".to_string(),
+            eval,
+        ),
+        (
+            "train-success".to_string(),
+            "last train success (fraction)".to_string(),
+            last(&|r: &Row| r.train),
+        ),
+        (
+            format!("reward-{}", sanitize(reward_fn)),
+            format!("mean reward (reward.fn {reward_fn})"),
+            score,
+        ),
+    ] {
+        if let Some(value) = value {
+            let chart = charts
+                .entry(slug)
+                .or_insert_with(|| (metric, Vec::new(), Vec::new()));
+            chart.1.push(name.to_string());
+            chart.2.push(value);
         }
     }
-    md.push_str(&crate::runlog::write(plan, &dir)?);
-    summary.add("run log", dir.join("runlog.csv").display());
-    let path = dir.join("report.md");
-    std::fs::write(&path, &md).map_err(|e| RunnerError::io(&path, e))?;
-    Ok(summary.to_markdown())
+    format!(
+        "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        fmt(eval),
+        fmt(last(&|r: &Row| r.train)),
+        fmt(score),
+        fmt(signal),
+        fmt(kept),
+        fmt(adv_std),
+        fmt(with_step),
+        fmt(flips),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use embodyflow_plots::Png;
-
-    #[test]
-    fn train_success_sums_the_drawn_samples_of_every_shard() {
-        let tmp = tempfile::tempdir().unwrap();
-        let summary = |rate: &str| {
-            format!(
-                "## collect-rollouts\n\n| | |\n|---|---|\n| groups written | 0 of 4 wanted (0 trajectories) |\n{} {rate} |\n",
-                DRAWN_SUCCESS[0]
-            )
-        };
-        let path = tmp.path().join("_summary.collect-rollouts.md");
-        std::fs::write(&path, summary("0.000 (0 of 108)")).unwrap();
-        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), Some(0.0));
-        // The runner joins shard summaries into one file.
-        let shards = format!(
-            "<!-- shard 0/2 -->\n{}\n<!-- shard 1/2 -->\n{}",
-            summary("0.250 (3 of 12)"),
-            summary("0.750 (9 of 12)")
-        );
-        std::fs::write(&path, shards).unwrap();
-        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), Some(0.5));
-        assert_eq!(drawn_success(tmp.path(), "evaluate"), None);
-        std::fs::write(&path, summary("0.000 (0 of 0)")).unwrap();
-        assert_eq!(drawn_success(tmp.path(), "collect-rollouts"), None);
-        // Closed-loop episodes: a summary whose kept groups all succeeded
-        // still reports the drawn episodes' rate, not the kept table's.
-        let closed_loop = format!(
-            "| groups written | 1 of 8 wanted (8 trajectories) |\n{} 0.034 (6 of 176; 0 cut at the decision limit) |\n",
-            DRAWN_SUCCESS[1]
-        );
-        std::fs::write(&path, closed_loop).unwrap();
-        assert_eq!(
-            drawn_success(tmp.path(), "collect-rollouts"),
-            Some(6.0 / 176.0)
-        );
-    }
-
-    #[test]
-    fn a_steps_warnings_are_read_from_every_shards_summary() {
-        let tmp = tempfile::tempdir().unwrap();
-        assert!(step_warnings(tmp.path(), "collect-rollouts").is_empty());
-        let path = tmp.path().join("_summary.collect-rollouts.md");
-        std::fs::write(
-            &path,
-            "<!-- shard 0/2 -->\n| groups written | 0 of 4 wanted |\n| warning | 0 of 4 slots filled: 9 groups dropped (all success 9) |\n<!-- shard 1/2 -->\n| warning | 1 of 4 slots filled |\n",
-        )
-        .unwrap();
-        assert_eq!(
-            step_warnings(tmp.path(), "collect-rollouts"),
-            [
-                "0 of 4 slots filled: 9 groups dropped (all success 9)",
-                "1 of 4 slots filled"
-            ]
-        );
-    }
 
     #[test]
     fn cells_running_the_same_instances_are_identical_by_construction() {

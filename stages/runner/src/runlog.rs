@@ -47,7 +47,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use embodyflow_core::dataset::TableReader;
-use embodyflow_core::schemas::{MetricRow, RewardRow, TableName};
+use embodyflow_core::schemas::{MetricRow, TableName};
 use embodyflow_core::spec::{self, Output};
 use embodyflow_plots::Curve;
 
@@ -106,15 +106,9 @@ fn mean_std(values: &[f64]) -> Option<(f64, f64)> {
 }
 
 fn rewards_figures(dir: &Path) -> Vec<(String, f64)> {
-    let Ok(rows) =
-        TableReader::open(dir, TableName::Rewards).and_then(|r| r.read_rows::<RewardRow>())
-    else {
+    let Some(rows) = crate::figures::outcome_rewards(dir) else {
         return Vec::new();
     };
-    let rows: Vec<&RewardRow> = rows
-        .iter()
-        .filter(|r| r.infra_fault != Some(true))
-        .collect();
     let scores: Vec<f64> = rows.iter().map(|r| f64::from(r.score)).collect();
     let mut figures = Vec::new();
     if let Some((mean, std)) = mean_std(&scores) {
@@ -122,16 +116,8 @@ fn rewards_figures(dir: &Path) -> Vec<(String, f64)> {
         figures.push(("reward_std".into(), std));
         let successes = rows.iter().filter(|r| r.success).count();
         figures.push(("success".into(), successes as f64 / rows.len() as f64));
-        let mut groups: BTreeMap<&str, (f32, f32)> = BTreeMap::new();
-        for r in &rows {
-            let range = groups.entry(&r.group_id).or_insert((r.score, r.score));
-            *range = (range.0.min(r.score), range.1.max(r.score));
-        }
-        let signal = groups.values().filter(|(lo, hi)| hi > lo).count();
-        figures.push((
-            "groups_with_signal".into(),
-            signal as f64 / groups.len() as f64,
-        ));
+        let (signal, groups) = crate::figures::groups_with_signal(&rows);
+        figures.push(("groups_with_signal".into(), signal as f64 / groups as f64));
     }
     figures
 }
@@ -227,7 +213,7 @@ fn step_figures(instance: &Instance, wall_s: f64) -> Vec<(String, f64)> {
         match *output {
             Output::Table(TableName::Trajectories) => {
                 if let Some((successes, samples)) =
-                    crate::report::drawn_counts(dir, instance.stage.name)
+                    crate::figures::drawn_counts(dir, instance.stage.name)
                 {
                     figures.push(("success".into(), successes as f64 / samples as f64));
                     figures.push(("samples".into(), samples as f64));
@@ -243,11 +229,8 @@ fn step_figures(instance: &Instance, wall_s: f64) -> Vec<(String, f64)> {
                 figures.extend(rewards_figures(&dir.join(TableName::Rewards.as_str())))
             }
             Output::Table(TableName::Eval) => {
-                if let Ok(means) = embodyflow_report::column_means(
-                    &dir.join(TableName::Eval.as_str()),
-                    TableName::Eval,
-                    &["success"],
-                ) && let Some(success) = means[0]
+                if let Some(success) =
+                    crate::figures::eval_success(&dir.join(TableName::Eval.as_str()))
                 {
                     figures.push(("success".into(), success));
                 }
@@ -310,7 +293,7 @@ fn csv_field(text: &str) -> String {
 pub fn events_dir(report: &Path, cell_name: &str) -> PathBuf {
     report
         .join("tensorboard")
-        .join(crate::report::sanitize(cell_name))
+        .join(crate::figures::sanitize(cell_name))
 }
 
 /// Writes one cell's event file (replacing the one an earlier run wrote).
@@ -462,7 +445,7 @@ pub fn write(plan: &Plan, dir: &Path) -> Result<String> {
         let curves = curves_of(plan, points);
         let title = format!("{stage}: {name}");
         embodyflow_plots::curves(&path, &title, "iteration (setup at -1)", name, &curves)
-            .map_err(crate::report::plot_err(&path))?;
+            .map_err(crate::figures::plot_err(&path))?;
         let key: Vec<(String, Vec<(f64, f64)>)> = curves
             .iter()
             .map(|c| (c.name.clone(), Vec::new()))

@@ -52,19 +52,124 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
-use crate::backend::Backend;
-use crate::cluster::{
-    self, JobEntry, JobState, Journal, Lost, Node, Queue, Submitted, bad, check_fits, check_shared,
-    now, quote, read_jobs, step_dir, write_file,
-};
+use embodyflow_core::config::{ConfigKeys, keys_of};
+use serde::Deserialize;
+
+use crate::backend::Table;
+use crate::cluster::journal::{Journal, bad, jobs_file, now, read_jobs, step_dir, write_file};
+use crate::cluster::nodes::{Node, check_fits, check_shared};
+use crate::cluster::task::quote;
+use crate::cluster::{self, Backend, JobEntry, JobState, Lost, Queue, Run, Submitted};
 use crate::error::{Result, RunnerError};
 use crate::exec::{RunOptions, RunOutcome};
 use crate::plan::{Instance, Plan};
 
 /// `OUT/_runner/slurm`.
 const NAME: &str = "slurm";
+
+/// The `[backend]` keys Slurm reads.
+#[derive(Debug, Clone, Default, Deserialize, ConfigKeys)]
+struct Settings {
+    /// Slurm partition (default: the cluster's default partition).
+    partition: Option<String>,
+    /// Slurm account.
+    account: Option<String>,
+    /// Time limit of every job (`02:00:00`).
+    time: Option<String>,
+    /// Extra `sbatch` flags of every job.
+    #[serde(default)]
+    sbatch: Vec<String>,
+}
+
+/// The `[backend.step.NAME]` keys Slurm reads.
+#[derive(Debug, Clone, Default, Deserialize, ConfigKeys)]
+struct StepSettings {
+    /// Its jobs' time limit (replaces the backend's).
+    time: Option<String>,
+    /// Extra `sbatch` flags, after the backend's.
+    #[serde(default)]
+    sbatch: Vec<String>,
+}
+
+/// Slurm's settings of a run: the `[backend]` table's and each step's.
+struct Config {
+    settings: Settings,
+    steps: BTreeMap<String, StepSettings>,
+    /// Line of `[backend]`.
+    line: usize,
+}
+
+impl Config {
+    fn of(table: &Table) -> std::result::Result<Config, String> {
+        let steps = table
+            .steps
+            .keys()
+            .map(|name| Ok((name.clone(), table.step_settings(name)?)))
+            .collect::<std::result::Result<_, String>>()?;
+        Ok(Config {
+            settings: table.settings()?,
+            steps,
+            line: table.line,
+        })
+    }
+}
+
+/// The Slurm backend, as the registry lists it.
+pub struct SlurmCluster;
+
+/// The Slurm backend.
+pub static SLURM: SlurmCluster = SlurmCluster;
+
+impl Backend for SlurmCluster {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn title(&self) -> &'static str {
+        "Slurm"
+    }
+
+    fn about(&self) -> &'static str {
+        "A Slurm cluster: one job (or job array) per step"
+    }
+
+    fn keys(&self) -> Vec<(String, &'static str)> {
+        keys_of::<Settings>()
+    }
+
+    fn step_keys(&self) -> Vec<(String, &'static str)> {
+        keys_of::<StepSettings>()
+    }
+
+    fn check(&self, table: &Table) -> std::result::Result<(), String> {
+        Config::of(table).map(|_| ())
+    }
+
+    fn queued(&self) -> bool {
+        true
+    }
+
+    fn run_plan(&self, run: &Run, say: &mut dyn FnMut(&str)) -> Result<RunOutcome> {
+        let mut queue = Slurm {
+            config: Config::of(run.table).map_err(bad)?,
+            table: run.table,
+            cwd: std::env::current_dir().map_err(|e| RunnerError::io(".", e))?,
+            exe: std::env::current_exe().map_err(|e| RunnerError::io("pipeline", e))?,
+            journal: Journal::new(&run.plan.out, NAME),
+            submitted: false,
+        };
+        cluster::run_plan(run, self, &mut queue, say)
+    }
+
+    fn live_jobs(&self, out: &Path) -> Result<Vec<JobEntry>> {
+        live_jobs(out)
+    }
+
+    fn cancel(&self, out: &Path) -> Result<Vec<String>> {
+        cancel(out)
+    }
+}
 
 /// The Slurm commands the backend uses.
 const TOOLS: [&str; 4] = ["sbatch", "squeue", "scancel", "sinfo"];
@@ -128,7 +233,13 @@ fn parse_nodes(text: &str) -> Vec<Node> {
 /// The bad input a Slurm run must not start with: Slurm's commands missing,
 /// an unknown partition, a step no node can hold, a path outside the shared
 /// roots.
-fn preflight(plan: &Plan, backend: &Backend, options: &RunOptions, exe: &Path) -> Result<()> {
+fn preflight(
+    plan: &Plan,
+    table: &Table,
+    config: &Config,
+    options: &RunOptions,
+    exe: &Path,
+) -> Result<()> {
     for tool in TOOLS {
         if on_path(tool).is_none() {
             return Err(bad(format!(
@@ -144,13 +255,13 @@ fn preflight(plan: &Plan, backend: &Backend, options: &RunOptions, exe: &Path) -
         .iter()
         .find_map(|p| p.strip_suffix('*'))
         .map(str::to_string);
-    let partition = match (&backend.partition, default) {
+    let partition = match (&config.settings.partition, default) {
         (Some(p), _) => {
             if !partitions.iter().any(|q| q.trim_end_matches('*') == p) {
                 return Err(bad(format!(
                     "{}:{}: [backend] partition `{p}` does not exist; the cluster's partitions: {}",
                     plan.file.display(),
-                    backend.line,
+                    config.line,
                     partitions.join(", ")
                 )));
             }
@@ -183,13 +294,13 @@ fn preflight(plan: &Plan, backend: &Backend, options: &RunOptions, exe: &Path) -
         &parse_nodes(&nodes),
         &format!("partition `{partition}`"),
     )?;
-    check_shared(plan, backend, options, exe, "Slurm")
+    check_shared(plan, table, options, exe, "Slurm")
 }
 
 /// The jobs of `out`'s earlier Slurm submissions that are still queued or
 /// running. Without `squeue` on `PATH` this machine is not the cluster's,
 /// and there is nothing to ask.
-pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
+fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
     let entries = read_jobs(out, NAME)?;
     if entries.is_empty() || on_path("squeue").is_none() {
         return Ok(Vec::new());
@@ -198,7 +309,7 @@ pub fn live_jobs(out: &Path) -> Result<Vec<JobEntry>> {
     let live = squeue(&ids).map_err(|e| {
         bad(format!(
             "{} lists Slurm jobs and squeue cannot say whether they still run: {e}",
-            cluster::jobs_file(out, NAME).display()
+            jobs_file(out, NAME).display()
         ))
     })?;
     Ok(entries
@@ -240,7 +351,7 @@ fn squeue(ids: &[String]) -> std::result::Result<BTreeMap<String, Vec<String>>, 
 
 /// Cancels the run's Slurm jobs that are queued or running; returns their
 /// ids.
-pub fn cancel(out: &Path) -> Result<Vec<String>> {
+fn cancel(out: &Path) -> Result<Vec<String>> {
     let live: Vec<String> = live_jobs(out)?.into_iter().map(|e| e.job).collect();
     if !live.is_empty() {
         slurm("scancel", &live).map_err(|e| RunnerError::Cluster {
@@ -259,7 +370,7 @@ fn slurm_path(path: &Path) -> String {
 /// The `sbatch` arguments of a step's stage job (`merge: false`) or merge job.
 fn sbatch_args(
     plan: &Plan,
-    backend: &Backend,
+    config: &Config,
     instance: &Instance,
     merge: bool,
     after: &[String],
@@ -286,7 +397,8 @@ fn sbatch_args(
     if !merge && instance.shards > 1 {
         args.push(format!("--array=0-{}", instance.shards - 1));
     }
-    let step = backend.steps.get(&instance.step);
+    let backend = &config.settings;
+    let step = config.steps.get(&instance.step);
     if let Some(partition) = &backend.partition {
         args.push(format!("--partition={partition}"));
     }
@@ -386,7 +498,8 @@ fn script(
 /// The Slurm side of the shared wait: every instance is submitted in the
 /// first round, chained with `afterok`.
 struct Slurm<'a> {
-    backend: &'a Backend,
+    config: Config,
+    table: &'a Table,
     cwd: PathBuf,
     exe: PathBuf,
     journal: Journal,
@@ -403,7 +516,7 @@ impl Slurm<'_> {
         after: Vec<String>,
         script_path: &Path,
     ) -> Result<String> {
-        let mut args = sbatch_args(plan, self.backend, instance, merge, &after, &self.cwd);
+        let mut args = sbatch_args(plan, &self.config, instance, merge, &after, &self.cwd);
         args.push(script_path.display().to_string());
         keep_command(&step_dir(&plan.out, NAME, instance), &self.cwd, &args)?;
         let submitted_unix = now();
@@ -432,24 +545,16 @@ impl Slurm<'_> {
 }
 
 impl Queue for Slurm<'_> {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn title(&self) -> &'static str {
-        "Slurm"
-    }
-
     fn submits_when_ready(&self) -> bool {
         false
     }
 
     fn preflight(&mut self, plan: &Plan, options: &RunOptions, exe: &Path) -> Result<()> {
-        preflight(plan, self.backend, options, exe)
+        preflight(plan, self.table, &self.config, options, exe)
     }
 
     fn describe(&self, plan: &Plan, instance: &Instance, after: &[String]) -> String {
-        let args = sbatch_args(plan, self.backend, instance, false, &[], &self.cwd);
+        let args = sbatch_args(plan, &self.config, instance, false, &[], &self.cwd);
         format!(
             "  sbatch {}{}{}",
             args[1..].join(" "),
@@ -561,25 +666,6 @@ impl Queue for Slurm<'_> {
     fn cancel(&mut self, ids: &[String]) -> std::result::Result<(), String> {
         slurm("scancel", ids).map(|_| ())
     }
-}
-
-/// Submits the steps that must run and waits for them; `say` receives a
-/// line per step whenever its state changes.
-pub fn run_plan(
-    plan: &Plan,
-    options: &RunOptions,
-    backend: &Backend,
-    poll: Duration,
-    say: &mut dyn FnMut(&str),
-) -> Result<RunOutcome> {
-    let mut queue = Slurm {
-        backend,
-        cwd: std::env::current_dir().map_err(|e| RunnerError::io(".", e))?,
-        exe: std::env::current_exe().map_err(|e| RunnerError::io("pipeline", e))?,
-        journal: Journal::new(&plan.out, NAME),
-        submitted: false,
-    };
-    cluster::run_plan(plan, options, &mut queue, poll, backend.record_grace, say)
 }
 
 #[cfg(test)]
