@@ -1692,7 +1692,8 @@ pub fn import(
     })
 }
 
-fn stage<R: Row>(
+/// Writes `rows` as a staged table into `commit` (applied with the others).
+pub(crate) fn stage<R: Row>(
     commit: &mut Commit,
     out: &Path,
     rows: &[R],

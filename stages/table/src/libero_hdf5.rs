@@ -53,7 +53,7 @@ use embodyflow_core::commit::Commit;
 use embodyflow_core::dataset::{TableWriter, WriteOptions};
 use embodyflow_core::manifest::Producer;
 use embodyflow_core::observation::{self, ObservationShape};
-use embodyflow_core::schemas::{Row, StepRow, TableName, TrajectoryRow};
+use embodyflow_core::schemas::{StepRow, TableName, TrajectoryRow};
 use embodyflow_core::{Error, Result};
 use embodyflow_gym::protocol::{Frame, split_body};
 use embodyflow_gym::worker::{Reply, Worker};
@@ -390,26 +390,12 @@ pub fn import(
         shard: "0/1".into(),
     };
     let mut commit = Commit::new(out);
-    stage(&mut commit, out, &tasks, write, overwrite, &producer)?;
-    stage(&mut commit, out, &trajectories, write, overwrite, &producer)?;
+    crate::foreign::stage(&mut commit, out, &tasks, write, overwrite, &producer)?;
+    crate::foreign::stage(&mut commit, out, &trajectories, write, overwrite, &producer)?;
     let (_, staged) = steps.finish_staged(&producer, &[])?.into_parts();
     commit.absorb(staged)?;
     commit.apply()?;
     Ok(summary)
-}
-
-fn stage<R: Row>(
-    commit: &mut Commit,
-    out: &Path,
-    rows: &[R],
-    write: WriteOptions,
-    overwrite: bool,
-    producer: &Producer,
-) -> Result<()> {
-    let mut writer = TableWriter::create(out, R::TABLE, write, overwrite)?;
-    writer.write_rows(rows).map_err(crate::refused_row)?;
-    let (_, staged) = writer.finish_staged(producer, &[])?.into_parts();
-    commit.absorb(staged)
 }
 
 /// The replay check of one demonstration (see `table replay`).
