@@ -51,7 +51,10 @@
 //!         let mut reports = Vec::new();
 //!         for (i, chunk) in actions.chunks(k).enumerate() {
 //!             let mut report = ChunkReport { env_steps: 0, done: self.done[i], success: self.done[i], failure: None };
-//!             for &a in chunk.iter().take_while(|_| !self.done[i]) {
+//!             for &a in chunk {
+//!                 if self.done[i] {
+//!                     break;
+//!                 }
 //!                 report.env_steps += 1;
 //!                 self.done[i] = a > 0.0;
 //!                 (report.done, report.success) = (self.done[i], self.done[i]);
