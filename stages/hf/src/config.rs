@@ -53,14 +53,14 @@ pub enum ModelType {
 impl ModelType {
     /// The `model_type` values we accept, for error messages.
     pub const SUPPORTED: &'static str = "qwen2, qwen3, llama";
+    /// The `model_type` of each architecture, in [`ModelType::ALL`]'s order.
+    pub const NAMES: &'static [&'static str] = &["qwen2", "qwen3", "llama"];
+    /// Every architecture.
+    pub const ALL: [ModelType; 3] = [ModelType::Qwen2, ModelType::Qwen3, ModelType::Llama];
 
     fn parse(name: &str) -> Option<ModelType> {
-        match name {
-            "qwen2" => Some(ModelType::Qwen2),
-            "qwen3" => Some(ModelType::Qwen3),
-            "llama" => Some(ModelType::Llama),
-            _ => None,
-        }
+        let at = Self::NAMES.iter().position(|&n| n == name)?;
+        Some(Self::ALL[at])
     }
 }
 

@@ -24,7 +24,16 @@
 //! is never absent while it is replaced. The network type is a parameter,
 //! the plan policy ([`Gpt`]) by default: `Checkpoint::load` loads a plan
 //! policy, `Checkpoint::<Vla>::load_kind` a VLA, and loading one kind as the
-//! other names the kinds; [`policy_kind`] reads which one a directory holds. The checkpoint id is the first 16
+//! other names the kinds.
+//!
+//! This module knows no network: each declares itself through
+//! [`PolicyNet`] — its [`PolicyKind`], its name, how its `config.json` says
+//! it is that network ([`ConfigTag`]: our `kind` field, or transformers'
+//! `model_type`s), the files it carries, how its weights are opened, filled
+//! and written — and the crate's registry [`crate::NETS`] lists one
+//! [`NetSpec`] per network; [`policy_net`] and [`policy_kind`] read which
+//! one a directory holds, and a `kind` or `model_type` none declares is bad
+//! input naming `config.json` and the key. The checkpoint id is the first 16
 //! hex digits of the BLAKE3 hash of `model.safetensors`: the same weights have
 //! the same id wherever they were written.
 //!
@@ -46,11 +55,13 @@ use tokenizers::Tokenizer;
 
 use crate::ModelError;
 use crate::frame_encoder::FrameEncoder;
-use crate::gpt::{Gpt, GptConfig};
+use crate::gpt::Gpt;
+#[cfg(doc)]
+use crate::gpt::GptConfig;
 use crate::optimizer::OptimizerState;
 use crate::tokenizer::{self, SpecialIds};
 #[cfg(doc)]
-use crate::vla::{Vla, VlaConfig};
+use crate::vla::VlaConfig;
 use embodyflow_hf::chat::ChatTemplate;
 use embodyflow_hf::safetensors::{Expected, Weights};
 
@@ -77,9 +88,11 @@ pub enum PolicyKind {
     Plan,
     /// A vision-language-action policy ([`crate::vla::Vla`]).
     Vla,
-    /// A plan policy that is a Hugging Face decoder (Qwen2, Qwen3, Llama:
-    /// [`embodyflow_hf::HfNet`]), in transformers' layout: its `config.json`
-    /// has no `kind` but a `model_type`.
+    /// A plan policy that is a Hugging Face model in transformers' layout
+    /// (its `config.json` has no `kind` but a `model_type`): a decoder
+    /// (Qwen2, Qwen3, Llama: [`embodyflow_hf::HfNet`]) or a vision-language
+    /// model (Qwen2.5-VL, Qwen3-VL: [`crate::vl::VlPolicy`]); [`policy_net`]
+    /// tells which.
     Hf,
 }
 
@@ -101,16 +114,69 @@ impl std::fmt::Display for PolicyKind {
     }
 }
 
+/// How a network's `config.json` says it holds that network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigTag {
+    /// Ours: `kind` is `name`; with `default`, also a config with neither
+    /// `kind` nor `model_type` (checkpoints written before `kind` existed).
+    Kind {
+        /// The `kind` value.
+        name: &'static str,
+        /// Whether a config without `kind` is this network.
+        default: bool,
+    },
+    /// transformers': no `kind`, and `model_type` one of these.
+    ModelTypes(&'static [&'static str]),
+}
+
+/// What a network declares to the loader (its [`PolicyNet`] constants), as
+/// data: the registry [`crate::NETS`] holds one per network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetSpec {
+    /// What the stages run it as.
+    pub kind: PolicyKind,
+    /// Its name in messages (`plan`, `vla`, `hugging face`, …).
+    pub name: &'static str,
+    /// How `config.json` names it.
+    pub tag: ConfigTag,
+}
+
+impl NetSpec {
+    /// The declaration of network `M`.
+    pub const fn of<M: PolicyNet>() -> NetSpec {
+        NetSpec {
+            kind: M::KIND,
+            name: M::NAME,
+            tag: M::TAG,
+        }
+    }
+
+    /// Whether this is network `M`'s declaration.
+    pub fn is<M: PolicyNet>(&self) -> bool {
+        *self == NetSpec::of::<M>()
+    }
+}
+
 /// A network a checkpoint can hold: its architecture is `config.json`.
 /// The provided methods are our own layout (a `kind`-tagged config, one
 /// `model.safetensors` named by parameter path, a tokenizer with
-/// `<|pad|>`, `<|plan|>` and `<|eos|>`); a Hugging Face decoder overrides
-/// them with transformers' (`crate::hf`).
+/// `<|pad|>`, `<|plan|>` and `<|eos|>`); a Hugging Face model overrides
+/// them with transformers' (`crate::hf`, `crate::vl`).
 pub trait PolicyNet: Sized {
     /// The architecture (`config.json` without `kind`).
     type Config;
-    /// The `kind` written into `config.json`.
+    /// What the stages run it as.
     const KIND: PolicyKind;
+    /// Its name in messages ([`NetSpec::name`]).
+    const NAME: &'static str;
+    /// How its `config.json` names it ([`ConfigTag`]).
+    const TAG: ConfigTag;
+    /// Files besides the config, weights, manifest and optimizer state that
+    /// loading may read (each checked to be a regular file first).
+    const CARRIED: &'static [&'static str] = &[];
+    /// Whether a directory without `manifest.json` is this network as
+    /// downloaded (its id the hash of its weight files, no parent).
+    const DOWNLOADED: bool = false;
     /// The architecture from `config.json` (`value`, without `kind`; our
     /// networks: [`serde_config`]).
     fn parse_config(value: serde_json::Value) -> Result<Self::Config, String>;
@@ -125,7 +191,9 @@ pub trait PolicyNet: Sized {
     /// allocated: a `vocab_size` of 2^40 or an `n_layer` of 10^9 is an error
     /// naming the tensor, the file and the keys. Ours: `model.safetensors`
     /// holding exactly the architecture's tensors, named by parameter path.
-    fn open_weights(dir: &Path, config: &Self::Config) -> Result<Weights, ModelError> {
+    /// A network whose parameter names depend on the files (a Hugging Face
+    /// model's layout) settles them in `config`.
+    fn open_weights(dir: &Path, config: &mut Self::Config) -> Result<Weights, ModelError> {
         let path = dir.join(WEIGHTS_FILE);
         let weights = Weights::open_file(&path)?;
         weights.check(Self::tensors(config))?;
@@ -192,39 +260,6 @@ pub trait PolicyNet: Sized {
     fn config(&self) -> &Self::Config;
 }
 
-impl PolicyNet for Gpt {
-    type Config = GptConfig;
-    const KIND: PolicyKind = PolicyKind::Plan;
-
-    fn parse_config(value: serde_json::Value) -> Result<GptConfig, String> {
-        serde_config(value)
-    }
-
-    fn config_json(&self) -> serde_json::Value {
-        tagged_config(Self::KIND, self.config())
-    }
-
-    fn check(config: &GptConfig) -> Result<(), String> {
-        config.check()
-    }
-
-    fn tensors(config: &GptConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
-        Box::new(config.tensors("n_ctx, n_embd"))
-    }
-
-    fn vocab_size(config: &GptConfig) -> i64 {
-        config.vocab_size
-    }
-
-    fn build(path: &tch::nn::Path, config: &GptConfig) -> Gpt {
-        Gpt::new(path, config)
-    }
-
-    fn config(&self) -> &GptConfig {
-        Gpt::config(self)
-    }
-}
-
 /// `config.json` as written: the kind, then the architecture's fields.
 #[derive(Serialize)]
 struct Tagged<'a, C> {
@@ -282,16 +317,83 @@ pub struct Tokens {
     pub carried: BTreeMap<String, Vec<u8>>,
 }
 
-/// The kind of policy checkpoint `dir` holds (`config.json`'s `kind`,
-/// `plan` when absent).
+/// The kind of policy checkpoint `dir` holds ([`policy_net`]'s).
 pub fn policy_kind(dir: &Path) -> Result<PolicyKind, ModelError> {
-    let path = dir.join("config.json");
-    let (kind, _) = read_config(&path)?;
-    Ok(kind)
+    Ok(policy_net(dir)?.kind)
 }
 
-/// `config.json` split into its kind and the rest.
-fn read_config(path: &Path) -> Result<(PolicyKind, serde_json::Value), ModelError> {
+/// The network checkpoint `dir` holds, among those of [`crate::NETS`]:
+/// the one whose [`ConfigTag`] `config.json` matches.
+pub fn policy_net(dir: &Path) -> Result<&'static NetSpec, ModelError> {
+    let path = dir.join("config.json");
+    embodyflow_hf::safetensors::regular_file(&path)?;
+    let (net, _) = read_config(&path)?;
+    Ok(net)
+}
+
+/// The network of `object` (a `config.json` without its `kind`, `kind`
+/// given apart) among the declared ones.
+fn declared(
+    kind: Option<&serde_json::Value>,
+    object: &serde_json::Map<String, serde_json::Value>,
+    path: &Path,
+) -> Result<&'static NetSpec, ModelError> {
+    let names = |ours: bool| -> String {
+        crate::NETS
+            .iter()
+            .filter_map(|net| match net.tag {
+                ConfigTag::Kind { name, .. } if ours => Some(format!("\"{name}\"")),
+                ConfigTag::ModelTypes(types) if !ours => {
+                    Some(format!("{}: {}", net.name, types.join(", ")))
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(if ours { " or " } else { "; " })
+    };
+    let found = match (kind, object.get("model_type")) {
+        (Some(kind), _) => {
+            let name = kind.as_str().unwrap_or_default();
+            crate::NETS
+                .iter()
+                .find(|net| matches!(net.tag, ConfigTag::Kind { name: n, .. } if n == name))
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        format!(
+                            "kind: {kind} is no network we know (expected {})",
+                            names(true)
+                        ),
+                    )
+                })?
+        }
+        (None, Some(model_type)) => {
+            let name = model_type.as_str().unwrap_or_default();
+            crate::NETS
+                .iter()
+                .find(
+                    |net| matches!(net.tag, ConfigTag::ModelTypes(types) if types.contains(&name)),
+                )
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        format!(
+                            "`model_type` {model_type} is no architecture we run (we run {})",
+                            names(false)
+                        ),
+                    )
+                })?
+        }
+        (None, None) => crate::NETS
+            .iter()
+            .find(|net| matches!(net.tag, ConfigTag::Kind { default: true, .. }))
+            .expect("the registry declares a default network"),
+    };
+    Ok(found)
+}
+
+/// `config.json` split into the network it declares and the rest.
+fn read_config(path: &Path) -> Result<(&'static NetSpec, serde_json::Value), ModelError> {
     // A stage's output directory (`--policy runs/sft`) holds the checkpoint
     // in `policy/`.
     if !path.exists()
@@ -310,13 +412,9 @@ fn read_config(path: &Path) -> Result<(PolicyKind, serde_json::Value), ModelErro
     let object = value
         .as_object_mut()
         .ok_or_else(|| bad(path, "is not a JSON object"))?;
-    let kind = match object.remove("kind") {
-        None if object.contains_key("model_type") => PolicyKind::Hf,
-        None => PolicyKind::Plan,
-        Some(kind) => serde_json::from_value(kind)
-            .map_err(|e| bad(path, format!("kind: {e} (expected \"plan\" or \"vla\")")))?,
-    };
-    Ok((kind, value))
+    let kind = object.remove("kind");
+    let net = declared(kind.as_ref(), object, path)?;
+    Ok((net, value))
 }
 
 /// A loaded policy: weights, architecture and tokenizer. `M` is the network:
@@ -360,22 +458,6 @@ fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
     let text = std::fs::read_to_string(path).map_err(|e| bad(path, e.to_string()))?;
     serde_json::from_str(&text).map_err(|e| bad(path, e.to_string()))
-}
-
-impl Checkpoint<Gpt> {
-    /// A freshly initialised plan policy (random weights, seeded by `tch::manual_seed`).
-    pub fn init(
-        config: &GptConfig,
-        tokenizer: Tokenizer,
-        device: tch::Device,
-    ) -> Result<Checkpoint, ModelError> {
-        Checkpoint::init_kind(config, tokenizer, device)
-    }
-
-    /// Loads the plan policy in `dir` onto `device`, checking that its files agree.
-    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
-        Checkpoint::load_kind(dir, device)
-    }
 }
 
 impl<M: PolicyNet> Checkpoint<M> {
@@ -427,21 +509,21 @@ impl<M: PolicyNet> Checkpoint<M> {
         if !dir.is_dir() {
             return Err(bad(dir, "no such checkpoint directory"));
         }
-        check_file_types(dir)?;
+        check_file_types(dir, M::CARRIED)?;
         let config_path = dir.join("config.json");
-        let (kind, value) = read_config(&config_path)?;
-        if kind != M::KIND {
+        let (net, value) = read_config(&config_path)?;
+        if !net.is::<M>() {
             return Err(bad(
                 &config_path,
-                format!("holds a {kind} policy, expected a {} policy", M::KIND),
+                format!("holds a {} policy, expected a {} policy", net.name, M::NAME),
             ));
         }
-        let config = M::parse_config(value).map_err(|reason| bad(&config_path, reason))?;
+        let mut config = M::parse_config(value).map_err(|reason| bad(&config_path, reason))?;
         M::check(&config).map_err(|reason| bad(&config_path, reason))?;
         let manifest_path = dir.join(MANIFEST_FILE);
         // A Hugging Face model as downloaded has no manifest: its id is its
         // weights', and it has no parent.
-        let manifest: CheckpointManifest = if M::KIND == PolicyKind::Hf && !manifest_path.exists() {
+        let manifest: CheckpointManifest = if M::DOWNLOADED && !manifest_path.exists() {
             CheckpointManifest {
                 id: weights_id(dir)?,
                 parent: None,
@@ -460,7 +542,7 @@ impl<M: PolicyNet> Checkpoint<M> {
         } = M::tokens(dir, &tokenizer, &config)?;
         // The config against the weights' headers, before anything the
         // config sizes is allocated.
-        let weights = M::open_weights(dir, &config)?;
+        let weights = M::open_weights(dir, &mut config)?;
         let mut vars = VarStore::new(device);
         let model = M::build(&vars.root(), &config);
         model.load_weights(&mut vars, &weights)?;
@@ -496,7 +578,10 @@ impl<M: PolicyNet> Checkpoint<M> {
             PromptFormat::Chat {
                 template: Some(template),
                 ..
-            } => tokenizer::encode(&self.tokenizer, &crate::hf::render_user(template, text)?),
+            } => tokenizer::encode(
+                &self.tokenizer,
+                &crate::prompt::render_user(template, text, 0)?,
+            ),
             PromptFormat::Chat { template: None, .. } => {
                 let encoding = self
                     .tokenizer
@@ -523,7 +608,7 @@ impl<M: PolicyNet> Checkpoint<M> {
                     .map_err(|e| ModelError::Tokenizer(format!("decoding failed: {e}")))?;
                 match template {
                     None => Ok(decoded),
-                    Some(template) => crate::hf::user_text(template, &decoded)?
+                    Some(template) => crate::prompt::user_text(template, &decoded, 0)?
                         .map(str::to_string)
                         .ok_or_else(|| {
                             ModelError::Tokenizer(format!(
@@ -656,7 +741,7 @@ fn io(path: &Path, source: std::io::Error) -> ModelError {
 /// present (symbolic links followed): a FIFO in their place would block the
 /// stage until a writer came, a directory fail it late. Each is checked by
 /// its type before anything is opened, and named.
-fn check_file_types(dir: &Path) -> Result<(), ModelError> {
+fn check_file_types(dir: &Path, carried: &[&str]) -> Result<(), ModelError> {
     let names = [
         "config.json",
         MANIFEST_FILE,
@@ -667,7 +752,7 @@ fn check_file_types(dir: &Path) -> Result<(), ModelError> {
         crate::optimizer::META_FILE,
     ]
     .into_iter()
-    .chain(crate::hf::CARRIED_FILES);
+    .chain(carried.iter().copied());
     for name in names {
         embodyflow_hf::safetensors::regular_file(&dir.join(name))?;
     }
@@ -704,6 +789,7 @@ fn weights_id(dir: &Path) -> Result<String, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpt::GptConfig;
     use crate::testing::{tiny_config, tiny_tokenizer as tokenizer};
 
     /// The shared tiny shape (2 layers, width 32) with a context of 16 tokens.

@@ -31,7 +31,15 @@
 //! assert_eq!(model.forward(&ids).size(), [1, 3, 16]);
 //! ```
 
+use std::path::Path;
+
 use embodyflow_hf::safetensors::Expected;
+use tokenizers::Tokenizer;
+
+use crate::ModelError;
+use crate::checkpoint::{
+    Checkpoint, ConfigTag, PolicyKind, PolicyNet, serde_config, tagged_config,
+};
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -470,6 +478,60 @@ enum Context<'a> {
     Cache(&'a mut KvCache),
     Record(&'a mut Vec<(Tensor, Tensor)>),
     Prefix(&'a Prefix, &'a Tensor),
+}
+
+impl PolicyNet for Gpt {
+    type Config = GptConfig;
+    const KIND: PolicyKind = PolicyKind::Plan;
+    const NAME: &'static str = "plan";
+    const TAG: ConfigTag = ConfigTag::Kind {
+        name: "plan",
+        default: true,
+    };
+
+    fn parse_config(value: serde_json::Value) -> Result<GptConfig, String> {
+        serde_config(value)
+    }
+
+    fn config_json(&self) -> serde_json::Value {
+        tagged_config(Self::KIND, self.config())
+    }
+
+    fn check(config: &GptConfig) -> Result<(), String> {
+        config.check()
+    }
+
+    fn tensors(config: &GptConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
+        Box::new(config.tensors("n_ctx, n_embd"))
+    }
+
+    fn vocab_size(config: &GptConfig) -> i64 {
+        config.vocab_size
+    }
+
+    fn build(path: &tch::nn::Path, config: &GptConfig) -> Gpt {
+        Gpt::new(path, config)
+    }
+
+    fn config(&self) -> &GptConfig {
+        Gpt::config(self)
+    }
+}
+
+impl Checkpoint<Gpt> {
+    /// A freshly initialised plan policy (random weights, seeded by `tch::manual_seed`).
+    pub fn init(
+        config: &GptConfig,
+        tokenizer: Tokenizer,
+        device: tch::Device,
+    ) -> Result<Checkpoint, ModelError> {
+        Checkpoint::init_kind(config, tokenizer, device)
+    }
+
+    /// Loads the plan policy in `dir` onto `device`, checking that its files agree.
+    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
+        Checkpoint::load_kind(dir, device)
+    }
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ use std::sync::Arc;
 pub use embodyflow_hf::HfNet;
 use embodyflow_hf::chat::{ChatError, ChatTemplate};
 use embodyflow_hf::safetensors::{Expected, Weights};
-use embodyflow_hf::{HfConfig, HfError, KvCache};
+use embodyflow_hf::{HfConfig, HfError, KvCache, ModelType};
 use serde_json::{Map, Value};
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
@@ -62,9 +62,11 @@ use tokenizers::Tokenizer;
 
 use crate::ModelError;
 use crate::checkpoint::{
-    Checkpoint, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens, WEIGHTS_FILE,
+    Checkpoint, ConfigTag, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens,
+    WEIGHTS_FILE,
 };
 use crate::policy::{PlanNet, right_padded};
+use crate::prompt::{USER_MARK, markers, render_user};
 use crate::tokenizer::SpecialIds;
 
 /// The files of a Hugging Face model directory besides its config and
@@ -182,7 +184,7 @@ fn missing_specials(
         named.extend(tokens.iter().filter_map(content));
     }
     if let Some(template) = template {
-        named.extend(markers(&render_user(template, USER_MARK)?).map(str::to_string));
+        named.extend(markers(&render_user(template, USER_MARK, 0)?).map(str::to_string));
     }
     let mut missing: Vec<String> = named
         .into_iter()
@@ -205,56 +207,13 @@ fn missing_specials(
     Ok(missing)
 }
 
-/// The `<|name|>` markers in `text` (no space inside), in order.
-fn markers(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        loop {
-            let start = rest.find("<|")?;
-            let after = &rest[start + 2..];
-            let end = after.find("|>")?;
-            let inner = &after[..end];
-            if !inner.is_empty() && !inner.contains(|c: char| c.is_whitespace() || c == '<') {
-                let marker = &rest[start..start + 2 + end + 2];
-                rest = &after[end + 2..];
-                return Some(marker);
-            }
-            rest = after;
-        }
-    })
-}
-
-/// A user message's text that no task writes (a private-use character
-/// around a name), to find where a template puts the message.
-const USER_MARK: &str = "\u{e000}embodyflow-user-text\u{e000}";
-
-/// `text` as one user message with the generation prompt.
-pub(crate) fn render_user(template: &ChatTemplate, text: &str) -> Result<String, ModelError> {
-    let messages = serde_json::json!([{"role": "user", "content": text}]);
-    Ok(template
-        .render(&messages, None, true)
-        .map_err(HfError::from)?)
-}
-
-/// The user message's text inside a prompt [`render_user`] rendered:
-/// `decoded` without the template's text before and after the message;
-/// `None` when it is not such a prompt.
-pub(crate) fn user_text<'a>(
-    template: &ChatTemplate,
-    decoded: &'a str,
-) -> Result<Option<&'a str>, ModelError> {
-    let rendered = render_user(template, USER_MARK)?;
-    let Some((before, after)) = rendered.split_once(USER_MARK) else {
-        return Ok(None);
-    };
-    Ok(decoded
-        .strip_prefix(before)
-        .and_then(|rest| rest.strip_suffix(after)))
-}
-
 impl PolicyNet for HfNet {
     type Config = HfConfig;
     const KIND: PolicyKind = PolicyKind::Hf;
+    const NAME: &'static str = "hugging face";
+    const TAG: ConfigTag = ConfigTag::ModelTypes(ModelType::NAMES);
+    const CARRIED: &'static [&'static str] = &CARRIED_FILES;
+    const DOWNLOADED: bool = true;
 
     fn parse_config(value: Value) -> Result<HfConfig, String> {
         HfConfig::parse(&value.to_string(), Path::new("config.json")).map_err(|e| match e {
@@ -288,7 +247,7 @@ impl PolicyNet for HfNet {
         Box::new(config.tensors())
     }
 
-    fn open_weights(dir: &Path, config: &HfConfig) -> Result<Weights, ModelError> {
+    fn open_weights(dir: &Path, config: &mut HfConfig) -> Result<Weights, ModelError> {
         Ok(HfNet::open_weights(dir, config)?)
     }
 
@@ -301,111 +260,135 @@ impl PolicyNet for HfNet {
     }
 
     fn tokens(dir: &Path, tokenizer: &Tokenizer, config: &HfConfig) -> Result<Tokens, ModelError> {
-        let tokenizer_file = dir.join(TOKENIZER_FILE);
-        let vocab = tokenizer.get_vocab_size(true) as i64;
-        if vocab > config.vocab_size {
-            return Err(bad(
-                &tokenizer_file,
-                format!(
-                    "the tokenizer has {vocab} tokens but the embedding has {} rows (config.json `vocab_size`): another model's tokenizer?",
-                    config.vocab_size
-                ),
-            ));
-        }
-        let generation_file = dir.join("generation_config.json");
-        let config_file = dir.join("config.json");
-        let tokenizer_config_file = dir.join("tokenizer_config.json");
-        let generation = json_object(&generation_file)?.unwrap_or_default();
-        let tokenizer_config = json_object(&tokenizer_config_file)?.unwrap_or_default();
-        let stop = first_found([
-            ids_of(&generation, "eos_token_id", &generation_file),
-            ids_of(&config.source, "eos_token_id", &config_file),
-            token_of(
+        chat_tokens(
+            dir,
+            tokenizer,
+            config.vocab_size,
+            &[&config.source],
+            &CARRIED_FILES,
+        )
+    }
+}
+
+/// [`PolicyNet::tokens`] of a Hugging Face model in `dir` whose embedding
+/// has `vocab_size` rows: the stop and padding ids from
+/// `generation_config.json`, else the first of `configs` (parts of
+/// `config.json`) that names them, else `tokenizer_config.json`; the chat
+/// template; the files of `carry` the directory has, read to be carried;
+/// `tokenizer` checked to be the model's.
+pub(crate) fn chat_tokens(
+    dir: &Path,
+    tokenizer: &Tokenizer,
+    vocab_size: i64,
+    configs: &[&Map<String, Value>],
+    carry: &[&str],
+) -> Result<Tokens, ModelError> {
+    let tokenizer_file = dir.join(TOKENIZER_FILE);
+    let vocab = tokenizer.get_vocab_size(true) as i64;
+    if vocab > vocab_size {
+        return Err(bad(
+            &tokenizer_file,
+            format!(
+                "the tokenizer has {vocab} tokens but the embedding has {vocab_size} rows (config.json `vocab_size`): another model's tokenizer?",
+            ),
+        ));
+    }
+    let generation_file = dir.join("generation_config.json");
+    let config_file = dir.join("config.json");
+    let tokenizer_config_file = dir.join("tokenizer_config.json");
+    let generation = json_object(&generation_file)?.unwrap_or_default();
+    let tokenizer_config = json_object(&tokenizer_config_file)?.unwrap_or_default();
+    let in_config = |key: &str| {
+        configs
+            .iter()
+            .map(|config| ids_of(config, key, &config_file))
+            .collect::<Vec<_>>()
+    };
+    let stop = first_found(
+        std::iter::once(ids_of(&generation, "eos_token_id", &generation_file))
+            .chain(in_config("eos_token_id"))
+            .chain([token_of(
                 &tokenizer_config,
                 "eos_token",
                 tokenizer,
                 &tokenizer_config_file,
-            ),
-        ])?;
-        let Some(&eos) = stop.first() else {
-            return Err(bad(
-                &generation_file,
-                "no end-of-answer token: none of generation_config.json / config.json `eos_token_id` or tokenizer_config.json `eos_token` is set",
-            ));
-        };
-        if let Some(&outside) = stop.iter().find(|&&id| i64::from(id) >= config.vocab_size) {
-            return Err(bad(
-                &generation_file,
-                format!(
-                    "end-of-answer id {outside} is outside the embedding of {} rows",
-                    config.vocab_size
-                ),
-            ));
-        }
-        let pad = first_found([
-            ids_of(&generation, "pad_token_id", &generation_file),
-            ids_of(&config.source, "pad_token_id", &config_file),
-            token_of(
+            )]),
+    )?;
+    let Some(&eos) = stop.first() else {
+        return Err(bad(
+            &generation_file,
+            "no end-of-answer token: none of generation_config.json / config.json `eos_token_id` or tokenizer_config.json `eos_token` is set",
+        ));
+    };
+    if let Some(&outside) = stop.iter().find(|&&id| i64::from(id) >= vocab_size) {
+        return Err(bad(
+            &generation_file,
+            format!("end-of-answer id {outside} is outside the embedding of {vocab_size} rows"),
+        ));
+    }
+    let pad = first_found(
+        std::iter::once(ids_of(&generation, "pad_token_id", &generation_file))
+            .chain(in_config("pad_token_id"))
+            .chain([token_of(
                 &tokenizer_config,
                 "pad_token",
                 tokenizer,
                 &tokenizer_config_file,
-            ),
-        ])?
-        .first()
-        .copied()
-        .unwrap_or(eos);
-        let template = match ChatTemplate::from_dir(dir) {
-            Ok(template) => Some(Arc::new(template)),
-            Err(ChatError::NoChatTemplate { .. }) => None,
-            Err(other) => return Err(HfError::from(other).into()),
-        };
-        let mut missing = missing_specials(tokenizer, &tokenizer_config, template.as_deref())?;
-        for (what, id) in stop
-            .iter()
-            .map(|&id| ("end-of-answer", id))
-            .chain([("padding", pad)])
-        {
-            if tokenizer.id_to_token(id as u32).is_none() {
-                missing.push(format!("{what} id {id}"));
-            }
+            )]),
+    )?
+    .first()
+    .copied()
+    .unwrap_or(eos);
+    let template = match ChatTemplate::from_dir(dir) {
+        Ok(template) => Some(Arc::new(template)),
+        Err(ChatError::NoChatTemplate { .. }) => None,
+        Err(other) => return Err(HfError::from(other).into()),
+    };
+    let mut missing = missing_specials(tokenizer, &tokenizer_config, template.as_deref())?;
+    for (what, id) in stop
+        .iter()
+        .map(|&id| ("end-of-answer", id))
+        .chain([("padding", pad)])
+    {
+        if tokenizer.id_to_token(id as u32).is_none() {
+            missing.push(format!("{what} id {id}"));
         }
-        if !missing.is_empty() {
-            let mut seen = std::collections::BTreeSet::new();
-            missing.retain(|what| seen.insert(what.clone()));
-            return Err(bad(
-                &tokenizer_file,
-                format!(
-                    "does not match the model: it has {vocab} tokens (the embedding {}, config.json `vocab_size`) and lacks {}: another model's tokenizer?",
-                    config.vocab_size,
-                    missing.join(", ")
-                ),
-            ));
-        }
-        let mut carried = BTreeMap::new();
-        for name in CARRIED_FILES {
-            let file = dir.join(name);
-            if file.is_file() {
-                let bytes = std::fs::read(&file).map_err(|e| bad(&file, e.to_string()))?;
-                carried.insert(name.to_string(), bytes);
-            }
-        }
-        Ok(Tokens {
-            special: SpecialIds {
-                pad,
-                plan: eos,
-                eos,
-            },
-            format: PromptFormat::Chat { template, stop },
-            carried,
-        })
     }
+    if !missing.is_empty() {
+        let mut seen = std::collections::BTreeSet::new();
+        missing.retain(|what| seen.insert(what.clone()));
+        return Err(bad(
+            &tokenizer_file,
+            format!(
+                "does not match the model: it has {vocab} tokens (the embedding {vocab_size}, config.json `vocab_size`) and lacks {}: another model's tokenizer?",
+                missing.join(", ")
+            ),
+        ));
+    }
+    let mut carried = BTreeMap::new();
+    for &name in carry {
+        let file = dir.join(name);
+        if file.is_file() {
+            let bytes = std::fs::read(&file).map_err(|e| bad(&file, e.to_string()))?;
+            carried.insert(name.to_string(), bytes);
+        }
+    }
+    Ok(Tokens {
+        special: SpecialIds {
+            pad,
+            plan: eos,
+            eos,
+        },
+        format: PromptFormat::Chat { template, stop },
+        carried,
+    })
 }
 
-/// The decoding state of [`HfNet`]: the keys and values, and the attention
-/// mask over them (0 at a row's left padding).
-pub struct HfCache {
-    keys_values: KvCache,
+/// The decoding state of a Hugging Face model: its own cache `C` (the
+/// keys and values; a vision-language model's M-RoPE offsets too) and the
+/// attention mask over it (0 at a row's left padding).
+pub struct HfCache<C = KvCache> {
+    state: C,
     mask: Tensor,
 }
 
@@ -415,6 +398,91 @@ fn float_logits(logits: Result<Tensor, HfError>) -> Tensor {
     logits
         .unwrap_or_else(|e| panic!("a batch built by the sampler or scorer failed: {e}"))
         .to_kind(Kind::Float)
+}
+
+/// [`PlanNet::start`] of a Hugging Face model whose cached forward pass is
+/// `forward(ids, mask, cache)`: the left-padded prompts under transformers'
+/// attention mask.
+pub(crate) fn start_chat<C: Default>(
+    ids: &Tensor,
+    pads: &Tensor,
+    forward: impl FnOnce(&Tensor, &Tensor, &mut C) -> Result<Tensor, HfError>,
+) -> (Tensor, HfCache<C>) {
+    let (_, width) = ids.size2().expect("ids are [rows, width]");
+    let columns = Tensor::arange(width, (Kind::Int64, ids.device()));
+    let mask = columns
+        .unsqueeze(0)
+        .ge_tensor(&pads.unsqueeze(1))
+        .to_kind(Kind::Int64);
+    let mut state = C::default();
+    let logits = float_logits(forward(ids, &mask, &mut state));
+    (logits.select(1, width - 1), HfCache { state, mask })
+}
+
+/// [`PlanNet::step`] of a Hugging Face model ([`start_chat`]'s `forward`).
+pub(crate) fn step_chat<C>(
+    cache: &mut HfCache<C>,
+    next: &Tensor,
+    forward: impl FnOnce(&Tensor, &Tensor, &mut C) -> Result<Tensor, HfError>,
+) -> Tensor {
+    let rows = next.size()[0];
+    let ones = Tensor::ones([rows, 1], (Kind::Int64, next.device()));
+    cache.mask = Tensor::cat(&[&cache.mask, &ones], 1);
+    let logits = float_logits(forward(&next.unsqueeze(1), &cache.mask, &mut cache.state));
+    logits.select(1, 0)
+}
+
+/// [`PlanNet::keep_rows`] of a Hugging Face model whose own cache keeps
+/// rows with `keep`.
+pub(crate) fn keep_chat_rows<C>(cache: &mut HfCache<C>, rows: &Tensor, keep: impl FnOnce(&mut C)) {
+    keep(&mut cache.state);
+    cache.mask = cache.mask.index_select(0, rows);
+}
+
+/// [`PlanNet::response_logits`] of a Hugging Face model whose full forward
+/// pass is `forward(ids, mask)`: `prompt + response` right-padded in one
+/// pass under its attention mask.
+pub(crate) fn chat_response_logits<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    prompts: &[&[i32]],
+    responses: &[&[i32]],
+    longest: i64,
+    forward: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, HfError>,
+) -> Tensor {
+    let device = policy.vars.device();
+    let inputs = || {
+        prompts
+            .iter()
+            .zip(responses)
+            .map(|(prompt, response)| vec![*prompt, &response[..response.len().saturating_sub(1)]])
+    };
+    let lengths: Vec<usize> = inputs()
+        .map(|parts| parts.iter().map(|p| p.len()).sum())
+        .collect();
+    let width = lengths.iter().copied().max().unwrap_or(0);
+    let batch = prompts.len() as i64;
+    let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
+        .view([batch, width as i64])
+        .to(device);
+    let mut mask = Vec::with_capacity(prompts.len() * width);
+    for &length in &lengths {
+        mask.extend(std::iter::repeat_n(1i64, length));
+        mask.extend(std::iter::repeat_n(0i64, width - length));
+    }
+    let mask = Tensor::from_slice(&mask)
+        .view([batch, width as i64])
+        .to(device);
+    let logits = float_logits(forward(&ids, &mask));
+    let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
+    for prompt in prompts {
+        let first = prompt.len() as i64 - 1;
+        columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
+    }
+    let columns = Tensor::from_slice(&columns)
+        .view([batch, longest, 1])
+        .to(device);
+    let vocab = logits.size()[2];
+    logits.gather(1, &columns.expand([batch, longest, vocab], false), false)
 }
 
 impl PlanNet for HfNet {
@@ -429,32 +497,19 @@ impl PlanNet for HfNet {
     }
 
     fn start(&self, ids: &Tensor, pads: &Tensor, _capacity: i64) -> (Tensor, HfCache) {
-        let (_, width) = ids.size2().expect("ids are [rows, width]");
-        let columns = Tensor::arange(width, (Kind::Int64, ids.device()));
-        let mask = columns
-            .unsqueeze(0)
-            .ge_tensor(&pads.unsqueeze(1))
-            .to_kind(Kind::Int64);
-        let mut keys_values = KvCache::default();
-        let logits = float_logits(self.forward_cached(ids, &mask, &mut keys_values));
-        (logits.select(1, width - 1), HfCache { keys_values, mask })
+        start_chat(ids, pads, |ids, mask, cache| {
+            self.forward_cached(ids, mask, cache)
+        })
     }
 
     fn step(&self, cache: &mut HfCache, next: &Tensor, _pads: &Tensor, _column: i64) -> Tensor {
-        let rows = next.size()[0];
-        let ones = Tensor::ones([rows, 1], (Kind::Int64, next.device()));
-        cache.mask = Tensor::cat(&[&cache.mask, &ones], 1);
-        let logits = float_logits(self.forward_cached(
-            &next.unsqueeze(1),
-            &cache.mask,
-            &mut cache.keys_values,
-        ));
-        logits.select(1, 0)
+        step_chat(cache, next, |ids, mask, cache| {
+            self.forward_cached(ids, mask, cache)
+        })
     }
 
     fn keep_rows(cache: &mut HfCache, rows: &Tensor) {
-        cache.keys_values.keep_rows(rows);
-        cache.mask = cache.mask.index_select(0, rows);
+        keep_chat_rows(cache, rows, |state| state.keep_rows(rows));
     }
 
     fn response_logits(
@@ -463,47 +518,17 @@ impl PlanNet for HfNet {
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor {
-        let device = policy.vars.device();
-        let inputs = || {
-            prompts.iter().zip(responses).map(|(prompt, response)| {
-                vec![*prompt, &response[..response.len().saturating_sub(1)]]
-            })
-        };
-        let lengths: Vec<usize> = inputs()
-            .map(|parts| parts.iter().map(|p| p.len()).sum())
-            .collect();
-        let width = lengths.iter().copied().max().unwrap_or(0);
-        let batch = prompts.len() as i64;
-        let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
-            .view([batch, width as i64])
-            .to(device);
-        let mut mask = Vec::with_capacity(prompts.len() * width);
-        for &length in &lengths {
-            mask.extend(std::iter::repeat_n(1i64, length));
-            mask.extend(std::iter::repeat_n(0i64, width - length));
-        }
-        let mask = Tensor::from_slice(&mask)
-            .view([batch, width as i64])
-            .to(device);
-        let logits = float_logits(policy.model.forward(&ids, &mask));
-        let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
-        for prompt in prompts {
-            let first = prompt.len() as i64 - 1;
-            columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
-        }
-        let columns = Tensor::from_slice(&columns)
-            .view([batch, longest, 1])
-            .to(device);
-        let vocab = logits.size()[2];
-        logits.gather(1, &columns.expand([batch, longest, vocab], false), false)
+        chat_response_logits(policy, prompts, responses, longest, |ids, mask| {
+            policy.model.forward(ids, mask)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Entropy, Sampled, Sampling, sample, score_responses};
-    use crate::testing::{seed, tiny_tokenizer};
+    use crate::policy::{Entropy, Sampling, sample, score_responses};
+    use crate::testing::{assert_sampled_are_scored, seed, tiny_tokenizer};
     use tokenizers::AddedToken;
 
     /// A chat template of one user turn: `<|im_start|>user\n…<|im_end|>\n`,
@@ -571,33 +596,6 @@ mod tests {
             .map(|t| policy.prompt_ids(t).unwrap())
             .collect();
         (policy, prompts)
-    }
-
-    /// Each sampled answer ends at its first stop id or at the limit, and
-    /// its recorded log-probs are the scorer's at `temperature`.
-    fn assert_sampled_are_scored(
-        policy: &Checkpoint<HfNet>,
-        prompts: &[Vec<i32>],
-        sampled: &[Sampled],
-        temperature: f64,
-    ) {
-        let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
-        let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
-        let scores = score_responses(policy, &prompt_refs, &responses, temperature, Entropy::Skip);
-        for (row, s) in sampled.iter().enumerate() {
-            assert!(!s.response_ids.is_empty());
-            let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));
-            assert!(stop_at.is_none_or(|at| at + 1 == s.response_ids.len()));
-            let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
-                0,
-                0,
-                s.logprobs.len() as i64,
-            ))
-            .unwrap();
-            for (a, b) in s.logprobs.iter().zip(&scored) {
-                assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
-            }
-        }
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //!   top-p) and the log-probs, entropies and masks the update needs;
 //! - [`hf`]: a Hugging Face decoder (Qwen2, Qwen3, Llama) as a plan
 //!   policy, in transformers' own directory layout;
+//! - [`vl`]: a Hugging Face vision-language model (Qwen2.5-VL, Qwen3-VL)
+//!   as a plan policy, in transformers' directory layout;
+//! - [`prompt`]: a task's text as one user message of a chat template
+//!   (with image parts for a vision-language model), and back;
 //! - [`vla`]: a vision-language-action policy decoding a whole action chunk
 //!   in one pass (image patches, proprio and instruction, 256-bin action
 //!   tokens), stored in the same checkpoint format with `kind = "vla"`;
@@ -34,6 +38,8 @@ use std::path::PathBuf;
 
 use embodyflow_core::{Classify, ErrorKind};
 
+use crate::checkpoint::NetSpec;
+
 pub mod checkpoint;
 pub mod device;
 pub mod frame_encoder;
@@ -41,10 +47,23 @@ pub mod gpt;
 pub mod hf;
 pub mod optimizer;
 pub mod policy;
+pub mod prompt;
 #[doc(hidden)]
 pub mod testing;
 pub mod tokenizer;
+pub mod vl;
 pub mod vla;
+
+/// Every network a checkpoint directory can hold, as each declares itself
+/// ([`checkpoint::PolicyNet`]); [`checkpoint::policy_net`] finds a
+/// directory's among them by its `config.json`. The first whose tag takes
+/// a config without `kind` and `model_type` is the default.
+pub const NETS: [NetSpec; 4] = [
+    NetSpec::of::<gpt::Gpt>(),
+    NetSpec::of::<vla::Vla>(),
+    NetSpec::of::<hf::HfNet>(),
+    NetSpec::of::<vl::VlPolicy>(),
+];
 
 /// Errors of loading, saving and running a policy.
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,7 @@ use tokenizers::Tokenizer;
 
 use crate::checkpoint::Checkpoint;
 use crate::gpt::GptConfig;
+use crate::policy::{Entropy, PlanNet, Sampled, score_responses};
 use crate::tokenizer::train_bpe;
 use crate::vla::{Vla, VlaConfig};
 
@@ -134,5 +135,33 @@ mod tests {
         let (la, lb) = (a.model.forward(&input), b.model.forward(&input));
         assert_eq!(la.size(), [1, 3, a.model.config().vocab_size]);
         assert!(la.equal(&lb), "same seed, same weights");
+    }
+}
+
+/// Each sampled answer of `policy` ends at its first stop id or at the
+/// limit, and its recorded log-probs are the scorer's at `temperature`
+/// (within 1e-4).
+pub fn assert_sampled_are_scored<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    prompts: &[Vec<i32>],
+    sampled: &[Sampled],
+    temperature: f64,
+) {
+    let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
+    let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
+    let scores = score_responses(policy, &prompt_refs, &responses, temperature, Entropy::Skip);
+    for (row, s) in sampled.iter().enumerate() {
+        assert!(!s.response_ids.is_empty());
+        let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));
+        assert!(stop_at.is_none_or(|at| at + 1 == s.response_ids.len()));
+        let scored: Vec<f32> = Vec::<f32>::try_from(scores.logprobs.get(row as i64).narrow(
+            0,
+            0,
+            s.logprobs.len() as i64,
+        ))
+        .unwrap();
+        for (a, b) in s.logprobs.iter().zip(&scored) {
+            assert!((a - b).abs() < 1e-4, "row {row}: sampled {a}, scored {b}");
+        }
     }
 }

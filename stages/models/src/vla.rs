@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::{self, PolicyKind, PolicyNet};
+use crate::checkpoint::{self, ConfigTag, PolicyKind, PolicyNet};
 use crate::gpt::{Gpt, GptConfig};
 use crate::policy::{Entropy, arg_max, draw};
 use embodyflow_hf::safetensors::Expected;
@@ -498,6 +498,11 @@ pub struct Vla {
 impl PolicyNet for Vla {
     type Config = VlaConfig;
     const KIND: PolicyKind = PolicyKind::Vla;
+    const NAME: &'static str = "vla";
+    const TAG: ConfigTag = ConfigTag::Kind {
+        name: "vla",
+        default: false,
+    };
 
     fn parse_config(value: serde_json::Value) -> Result<VlaConfig, String> {
         checkpoint::serde_config(value)

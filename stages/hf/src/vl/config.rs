@@ -42,14 +42,15 @@ pub enum VlFamily {
 impl VlFamily {
     /// The `model_type` values we accept, for error messages.
     pub const SUPPORTED: &'static str = "qwen2_5_vl, qwen3_vl";
+    /// The `model_type` of each family, in [`VlFamily::ALL`]'s order.
+    pub const NAMES: &'static [&'static str] = &["qwen2_5_vl", "qwen3_vl"];
+    /// Every family.
+    pub const ALL: [VlFamily; 2] = [VlFamily::Qwen25Vl, VlFamily::Qwen3Vl];
 
     /// The family of a `model_type`, if we run it.
     pub fn parse(name: &str) -> Option<VlFamily> {
-        match name {
-            "qwen2_5_vl" => Some(VlFamily::Qwen25Vl),
-            "qwen3_vl" => Some(VlFamily::Qwen3Vl),
-            _ => None,
-        }
+        let at = Self::NAMES.iter().position(|&n| n == name)?;
+        Some(Self::ALL[at])
     }
 }
 

@@ -92,6 +92,15 @@ impl VlCache {
     pub fn is_empty(&self) -> bool {
         self.kv.is_empty()
     }
+
+    /// Keeps the rows `rows` (1-D i64, in that order, may repeat) of the
+    /// keys, values and offsets.
+    pub fn keep_rows(&mut self, rows: &Tensor) {
+        self.kv.keep_rows(rows);
+        if let Some(deltas) = &self.rope_deltas {
+            self.rope_deltas = Some(deltas.index_select(0, rows));
+        }
+    }
 }
 
 /// The network of a vision-language checkpoint: the language model, the
@@ -126,18 +135,10 @@ impl VlModel {
     /// parameter the config implies is checked on the files' headers first.
     pub fn load(dir: &Path, device: Device) -> Result<VlModel, HfError> {
         let config = VlConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::open(dir)?;
-        let current = format!("{}.embed_tokens.weight", Layout::CURRENT.language);
-        let layout = if weights.names().any(|n| n == current) {
-            Layout::CURRENT
-        } else {
-            Layout::FLAT
-        };
-        weights.check(config.tensors(&layout))?;
+        let (weights, layout) = VlNet::open_weights(dir, &config)?;
         let mut vs = nn::VarStore::new(device);
         let net = VlNet::new(&vs.root(), config, layout);
-        vs.set_kind(weights.kind(&format!("{}.embed_tokens.weight", net.layout.language))?);
-        weights.fill(&vs, net.config.tensors(&net.layout))?;
+        net.load_weights(&mut vs, &weights)?;
         Ok(VlModel { vs, net })
     }
 
@@ -188,8 +189,7 @@ impl VlModel {
     /// Writes `dir/config.json` (as read, `dtype` set to the parameters')
     /// and `dir/model.safetensors` under the names the model was loaded with.
     pub fn save(&self, dir: &Path) -> Result<(), HfError> {
-        let config = config_with_dtype(&self.net.config.source, self.net.language.kind());
-        save_checkpoint(&self.vs, dir, &config)
+        save_checkpoint(&self.vs, dir, &self.net.config_json())
     }
 }
 
@@ -227,6 +227,35 @@ impl VlNet {
             visual,
             axes,
         }
+    }
+
+    /// The weights of model directory `dir` (`model.safetensors` or a
+    /// sharded index) and the [`Layout`] they are named in, every tensor
+    /// `config` implies checked on the files' headers before anything is
+    /// allocated.
+    pub fn open_weights(dir: &Path, config: &VlConfig) -> Result<(Weights, Layout), HfError> {
+        let weights = Weights::open(dir)?;
+        let current = format!("{}.embed_tokens.weight", Layout::CURRENT.language);
+        let layout = if weights.names().any(|n| n == current) {
+            Layout::CURRENT
+        } else {
+            Layout::FLAT
+        };
+        weights.check(config.tensors(&layout))?;
+        Ok((weights, layout))
+    }
+
+    /// Fills the parameters in `vs` (the store this network was built in)
+    /// from `weights` ([`VlNet::open_weights`]), first setting the store to
+    /// the dtype of the token embedding (F32 or BF16).
+    pub fn load_weights(&self, vs: &mut nn::VarStore, weights: &Weights) -> Result<(), HfError> {
+        vs.set_kind(weights.kind(&format!("{}.embed_tokens.weight", self.layout.language))?);
+        weights.fill(vs, self.config.tensors(&self.layout))
+    }
+
+    /// `config.json` as read, `dtype` set to the parameters'.
+    pub fn config_json(&self) -> serde_json::Value {
+        config_with_dtype(&self.config.source, self.language.kind())
     }
 
     /// The resolved config.

@@ -1,0 +1,433 @@
+//! A Hugging Face vision-language model (Qwen2.5-VL, Qwen3-VL:
+//! [`embodyflow_hf::vl::VlNet`]) as a plan policy, [`VlPolicy`]: a model
+//! directory as transformers writes it (`config.json` with `model_type`
+//! `qwen2_5_vl` or `qwen3_vl`, the weights under either naming of the two
+//! towers, `preprocessor_config.json`, the tokenizer files) is a
+//! `Checkpoint<VlPolicy>` that the plan-policy stages load with `--policy`
+//! / `--teacher`, and that saving writes back in the same layout with the
+//! processor's files carried.
+//!
+//! Everything but the network is the Hugging Face decoder's
+//! ([`crate::hf`]): the chat-template prompt, the stop and padding ids, the
+//! tokenizer checks, the left-padded sampling under transformers' mask and
+//! the right-padded scoring. The language model runs under M-RoPE, whose
+//! positions on a prompt without an image are the plain ones on all three
+//! axes; a decoding step continues each row at its prompt's offset (kept
+//! in the cache).
+//!
+//! ```no_run
+//! use embodyflow_models::checkpoint::Checkpoint;
+//! use embodyflow_models::policy::{sample, Sampling};
+//! use embodyflow_models::vl::VlPolicy;
+//! let policy = Checkpoint::<VlPolicy>::load_kind("Qwen2.5-VL-3B-Instruct".as_ref(), tch::Device::Cpu).unwrap();
+//! let prompt = policy.prompt_ids("Put the mug in the sink.").unwrap();
+//! let greedy = Sampling { temperature: 0.0, top_p: 1.0, max_new_tokens: 64 };
+//! let answer = &sample(&policy, &[prompt], &[0], &greedy)[0];
+//! ```
+
+use std::path::Path;
+
+use embodyflow_hf::image::ImageProcessor;
+use embodyflow_hf::safetensors::{Expected, Weights};
+use embodyflow_hf::vl::{Layout, VlCache, VlConfig, VlFamily, VlNet};
+use embodyflow_hf::{HfError, HfNet};
+use serde_json::Value;
+use tch::Tensor;
+use tch::nn::VarStore;
+use tokenizers::Tokenizer;
+
+use crate::ModelError;
+use crate::checkpoint::{Checkpoint, ConfigTag, PolicyKind, PolicyNet, Tokens, WEIGHTS_FILE};
+use crate::hf::{
+    CARRIED_FILES, HfCache, chat_response_logits, chat_tokens, keep_chat_rows, start_chat,
+    step_chat,
+};
+use crate::policy::PlanNet;
+
+/// The image processor's file in a vision-language model directory.
+pub const PROCESSOR_FILE: &str = "preprocessor_config.json";
+
+/// The files a checkpoint trained from a vision-language model carries
+/// unchanged: the decoder's ([`CARRIED_FILES`]) and the image processor's.
+pub const VL_CARRIED_FILES: [&str; 9] = {
+    let mut files = [PROCESSOR_FILE; 9];
+    let mut i = 0;
+    while i < CARRIED_FILES.len() {
+        files[i] = CARRIED_FILES[i];
+        i += 1;
+    }
+    files
+};
+
+/// The architecture of a [`VlPolicy`]: the resolved config, the names its
+/// weights have, and the image processor when the directory has one.
+#[derive(Debug, Clone)]
+pub struct VlSetup {
+    /// `config.json`, resolved.
+    pub config: VlConfig,
+    /// Where the checkpoint keeps the two towers (settled on the weights).
+    pub layout: Layout,
+    /// `preprocessor_config.json`, checked against the vision config;
+    /// `None` when the directory has none.
+    pub processor: Option<ImageProcessor>,
+}
+
+/// A vision-language model as a plan policy.
+#[derive(Debug)]
+pub struct VlPolicy {
+    net: VlNet,
+    setup: VlSetup,
+}
+
+impl VlPolicy {
+    /// The network.
+    pub fn net(&self) -> &VlNet {
+        &self.net
+    }
+}
+
+impl PolicyNet for VlPolicy {
+    type Config = VlSetup;
+    const KIND: PolicyKind = PolicyKind::Hf;
+    const NAME: &'static str = "hugging face vision-language";
+    const TAG: ConfigTag = ConfigTag::ModelTypes(VlFamily::NAMES);
+    const CARRIED: &'static [&'static str] = &VL_CARRIED_FILES;
+    const DOWNLOADED: bool = true;
+
+    fn parse_config(value: Value) -> Result<VlSetup, String> {
+        let config =
+            VlConfig::parse(&value.to_string(), Path::new("config.json")).map_err(|e| match e {
+                HfError::BadConfig { reason, .. } => reason,
+                other => other.to_string(),
+            })?;
+        Ok(VlSetup {
+            config,
+            layout: Layout::CURRENT,
+            processor: None,
+        })
+    }
+
+    fn config_json(&self) -> Value {
+        self.net.config_json()
+    }
+
+    fn check(_config: &VlSetup) -> Result<(), String> {
+        // VlConfig::parse resolved and checked it.
+        Ok(())
+    }
+
+    fn vocab_size(setup: &VlSetup) -> i64 {
+        setup.config.text.vocab_size
+    }
+
+    fn build(path: &tch::nn::Path, setup: &VlSetup) -> VlPolicy {
+        VlPolicy {
+            net: VlNet::new(path, setup.config.clone(), setup.layout.clone()),
+            setup: setup.clone(),
+        }
+    }
+
+    fn config(&self) -> &VlSetup {
+        &self.setup
+    }
+
+    fn tensors(setup: &VlSetup) -> Box<dyn Iterator<Item = Expected> + '_> {
+        Box::new(setup.config.tensors(&setup.layout))
+    }
+
+    fn open_weights(dir: &Path, setup: &mut VlSetup) -> Result<Weights, ModelError> {
+        let (weights, layout) = VlNet::open_weights(dir, &setup.config)?;
+        setup.layout = layout;
+        if dir.join(PROCESSOR_FILE).is_file() {
+            setup.processor = Some(ImageProcessor::for_model(dir, &setup.config)?);
+        }
+        Ok(weights)
+    }
+
+    fn load_weights(&self, vars: &mut VarStore, weights: &Weights) -> Result<(), ModelError> {
+        Ok(self.net.load_weights(vars, weights)?)
+    }
+
+    fn write_weights(vars: &VarStore, staging: &Path) -> Result<(), ModelError> {
+        Ok(HfNet::write_weights(vars, &staging.join(WEIGHTS_FILE))?)
+    }
+
+    fn tokens(dir: &Path, tokenizer: &Tokenizer, setup: &VlSetup) -> Result<Tokens, ModelError> {
+        let source = &setup.config.source;
+        let mut configs = vec![source];
+        if let Some(Value::Object(text)) = source.get("text_config") {
+            configs.push(text);
+        }
+        chat_tokens(
+            dir,
+            tokenizer,
+            setup.config.text.vocab_size,
+            &configs,
+            &VL_CARRIED_FILES,
+        )
+    }
+}
+
+impl PlanNet for VlPolicy {
+    type Cache = HfCache<VlCache>;
+
+    fn max_len(&self) -> usize {
+        self.setup.config.text.max_position_embeddings as usize
+    }
+
+    fn vocab(&self) -> usize {
+        self.setup.config.text.vocab_size as usize
+    }
+
+    fn start(&self, ids: &Tensor, pads: &Tensor, _capacity: i64) -> (Tensor, Self::Cache) {
+        start_chat(ids, pads, |ids, mask, cache| {
+            self.net.forward_cached(ids, mask, None, cache)
+        })
+    }
+
+    fn step(&self, cache: &mut Self::Cache, next: &Tensor, _pads: &Tensor, _column: i64) -> Tensor {
+        step_chat(cache, next, |ids, mask, cache| {
+            self.net.forward_cached(ids, mask, None, cache)
+        })
+    }
+
+    fn keep_rows(cache: &mut Self::Cache, rows: &Tensor) {
+        keep_chat_rows(cache, rows, |state| state.keep_rows(rows));
+    }
+
+    fn response_logits(
+        policy: &Checkpoint<VlPolicy>,
+        prompts: &[&[i32]],
+        responses: &[&[i32]],
+        longest: i64,
+    ) -> Tensor {
+        chat_response_logits(policy, prompts, responses, longest, |ids, mask| {
+            policy.model.net.forward(ids, mask, None)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{policy_kind, policy_net};
+    use crate::policy::{Entropy, Sampling, sample, score_responses};
+    use crate::testing::{assert_sampled_are_scored, seed, tiny_tokenizer};
+    use embodyflow_hf::VlModel;
+    use tokenizers::AddedToken;
+
+    /// Qwen2-VL's chat template in small: a user turn's content is a string
+    /// or a list of image and text parts.
+    const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    /// A tiny random vision-language model of `family` in transformers'
+    /// layout in `dir`: the tiny policy's BPE plus the chat and vision
+    /// tokens, 2 vision and 2 language layers, GQA 4/2, patch 4, merge 2.
+    fn write_model(dir: &Path, family: &str) {
+        let mut tokenizer = tiny_tokenizer();
+        let specials = [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|image_pad|>",
+        ];
+        tokenizer.add_special_tokens(&specials.map(|t| AddedToken::from(t, true)));
+        let id = |token: &str| tokenizer.token_to_id(token).unwrap();
+        let vocab = (tokenizer.get_vocab_size(true) as i64 + 63) / 64 * 64;
+        let text = serde_json::json!({
+            "vocab_size": vocab, "hidden_size": 48, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+        });
+        let mut config = serde_json::json!({
+            "model_type": family,
+            "tie_word_embeddings": family == "qwen3_vl",
+            "text_config": text,
+            "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48,
+                "num_heads": 2, "patch_size": 4, "out_hidden_size": 48},
+            "image_token_id": id("<|image_pad|>"),
+            "video_token_id": vocab - 1,
+            "vision_start_token_id": id("<|vision_start|>"),
+            "vision_end_token_id": id("<|vision_end|>"),
+        });
+        if family == "qwen3_vl" {
+            config["text_config"]["head_dim"] = 16.into();
+            config["text_config"]["rope_parameters"] = serde_json::json!(
+                {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": true});
+            config["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1]);
+            config["vision_config"]["num_position_embeddings"] = 16.into();
+        } else {
+            config["text_config"]["rope_scaling"] =
+                serde_json::json!({"type": "mrope", "mrope_section": [2, 2, 2]});
+            config["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1]);
+            config["vision_config"]["window_size"] = 16.into();
+        }
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let parsed = VlConfig::parse(&config.to_string(), Path::new("config.json")).unwrap();
+        let _guard = seed(7);
+        let vars = VarStore::new(tch::Device::Cpu);
+        let _net = VlNet::new(&vars.root(), parsed, Layout::CURRENT);
+        tch::no_grad(|| {
+            for (_, mut variable) in vars.variables() {
+                variable.copy_(&(Tensor::randn_like(&variable) * 0.5));
+            }
+        });
+        HfNet::write_weights(&vars, &dir.join(WEIGHTS_FILE)).unwrap();
+        tokenizer
+            .save(dir.join(crate::checkpoint::TOKENIZER_FILE), false)
+            .unwrap();
+        let tokenizer_config =
+            serde_json::json!({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"});
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            tokenizer_config.to_string(),
+        )
+        .unwrap();
+        let processor = serde_json::json!({"patch_size": 4, "merge_size": 2,
+            "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 4096});
+        std::fs::write(dir.join(PROCESSOR_FILE), processor.to_string()).unwrap();
+    }
+
+    fn load(dir: &Path) -> Result<Checkpoint<VlPolicy>, ModelError> {
+        Checkpoint::<VlPolicy>::load_kind(dir, tch::Device::Cpu)
+    }
+
+    /// A Qwen-VL directory is a Hugging Face plan policy of its own
+    /// network: its prompts are the chat template's, its samples are what
+    /// the scorer gives, and greedy sampling is the model's greedy search
+    /// (`VlModel::greedy`, transformers' `generate` in the golden tests).
+    #[test]
+    fn a_vision_language_directory_samples_and_scores_as_a_plan_policy() {
+        for family in VlFamily::NAMES {
+            let dir = tempfile::tempdir().unwrap();
+            write_model(dir.path(), family);
+            assert_eq!(policy_kind(dir.path()).unwrap(), PolicyKind::Hf);
+            assert!(policy_net(dir.path()).unwrap().is::<VlPolicy>());
+            let policy = load(dir.path()).unwrap();
+            assert!(policy.model.config().processor.is_some());
+            let text = "Task: find a Mug 3";
+            let prompt = policy.prompt_ids(text).unwrap();
+            assert_eq!(policy.prompt_text(&prompt).unwrap(), text);
+            let prompts = vec![prompt, policy.prompt_ids("put the apple").unwrap()];
+            let sampling = Sampling {
+                temperature: 1.3,
+                top_p: 1.0,
+                max_new_tokens: 8,
+            };
+            let sampled = sample(&policy, &prompts, &[1, 2], &sampling);
+            assert_sampled_are_scored(&policy, &prompts, &sampled, 1.3);
+            let greedy = Sampling {
+                temperature: 0.0,
+                ..sampling
+            };
+            let sampled = sample(&policy, &prompts, &[1, 2], &greedy);
+            let reference = VlModel::load(dir.path(), tch::Device::Cpu).unwrap();
+            for (prompt, s) in prompts.iter().zip(&sampled) {
+                let ids: Vec<i64> = prompt.iter().map(|&id| i64::from(id)).collect();
+                let ids = Tensor::from_slice(&ids).view([1, -1]);
+                let eos = i64::from(policy.special.eos);
+                let pad = i64::from(policy.special.pad);
+                let tokens = reference
+                    .greedy(&ids, &ids.ones_like(), None, 8, Some(eos), pad)
+                    .unwrap();
+                let tokens: Vec<i32> = Vec::<i64>::try_from(tokens.view([-1]))
+                    .unwrap()
+                    .into_iter()
+                    .map(|t| t as i32)
+                    .take(s.response_ids.len())
+                    .collect();
+                assert_eq!(s.response_ids, tokens, "{family}");
+            }
+        }
+    }
+
+    /// Saving writes transformers' layout with the processor carried, and
+    /// the reloaded policy scores the same.
+    #[test]
+    fn a_saved_vision_language_policy_reloads_with_the_same_logits() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), "qwen2_5_vl");
+        let policy = load(dir.path()).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let saved = out.path().join("policy");
+        policy.save(&saved, "update-policy", false).unwrap();
+        assert_eq!(
+            std::fs::read(saved.join(PROCESSOR_FILE)).unwrap(),
+            std::fs::read(dir.path().join(PROCESSOR_FILE)).unwrap()
+        );
+        let again = load(&saved).unwrap();
+        let prompt = [policy.prompt_ids("put the apple").unwrap()];
+        let prompts: Vec<&[i32]> = prompt.iter().map(Vec::as_slice).collect();
+        let response: [&[i32]; 1] = [&[20, 21, 22]];
+        let a = score_responses(&policy, &prompts, &response, 1.0, Entropy::Skip).logprobs;
+        let b = score_responses(&again, &prompts, &response, 1.0, Entropy::Skip).logprobs;
+        assert_eq!(
+            Vec::<f32>::try_from(a.view([-1])).unwrap(),
+            Vec::<f32>::try_from(b.view([-1])).unwrap()
+        );
+    }
+
+    /// The message of loading `dir` as `M`, which must fail as bad input.
+    fn refused<M: PolicyNet>(dir: &Path) -> String {
+        let error = Checkpoint::<M>::load_kind(dir, tch::Device::Cpu)
+            .err()
+            .expect("refused");
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput,
+            "{error}"
+        );
+        error.to_string()
+    }
+
+    /// What a directory holds is named: a vision-language model loaded as a
+    /// text decoder, an unknown `model_type`, a vision config we cannot
+    /// run, a processor of another model.
+    #[test]
+    fn bad_vision_language_directories_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), "qwen2_5_vl");
+        let error = refused::<HfNet>(dir.path());
+        assert!(
+            error.contains("config.json")
+                && error.contains(
+                    "holds a hugging face vision-language policy, expected a hugging face policy"
+                ),
+            "{error}"
+        );
+        let config_file = dir.path().join("config.json");
+        let written = std::fs::read_to_string(&config_file).unwrap();
+        let edit = |from: &str, to: &str| {
+            assert!(written.contains(from), "{from}");
+            std::fs::write(&config_file, written.replace(from, to)).unwrap();
+        };
+        edit("\"qwen2_5_vl\"", "\"qwen9_vl\"");
+        let error = policy_kind(dir.path()).unwrap_err().to_string();
+        for needle in [
+            "config.json",
+            "`model_type`",
+            "qwen9_vl",
+            "qwen2_5_vl, qwen3_vl",
+            "qwen2, qwen3, llama",
+        ] {
+            assert!(error.contains(needle), "lacks {needle}: {error}");
+        }
+        assert!(refused::<VlPolicy>(dir.path()).contains("qwen9_vl"));
+        edit("\"depth\":2", "\"depth\":2,\"hidden_act\":\"relu\"");
+        let error = refused::<VlPolicy>(dir.path());
+        assert!(
+            error.contains("config.json") && error.contains("vision_config.hidden_act"),
+            "{error}"
+        );
+        std::fs::write(&config_file, &written).unwrap();
+        load(dir.path()).unwrap();
+        let processor = dir.path().join(PROCESSOR_FILE);
+        std::fs::write(&processor, r#"{"patch_size": 8, "merge_size": 2}"#).unwrap();
+        let error = refused::<VlPolicy>(dir.path());
+        assert!(
+            error.contains(PROCESSOR_FILE) && error.contains("`patch_size`"),
+            "{error}"
+        );
+    }
+}
