@@ -10,6 +10,8 @@
 //!   plan executor;
 //! - [`text`]: what a policy reads and writes (prompt, expert response), the
 //!   tasks-table rows and a tokenizer corpus;
+//! - [`render`]: a task's scene image (a top-down map of its initial
+//!   state) for a vision-language planner, carried by rows that ask for it;
 //! - [`generate`]: the `generate-tasks` stage.
 //!
 //! Everything is pure Rust and deterministic from seeds; the executor keeps
@@ -27,6 +29,7 @@
 //! assert_eq!(&task_from_row(&row).unwrap(), task);
 //! ```
 
+pub mod render;
 pub mod task;
 pub mod text;
 pub mod world;
@@ -35,7 +38,9 @@ pub use task::{
     Execution, Goal, ObjectSpot, PlanStep, ReceptacleSpot, Scene, Split, StepJudgement, Task,
     TaskType, execute, execute_ids, expert_plan, generate_tasks, judge, reseed,
 };
-pub use text::{corpus, prompt, response_json, task_from_row, task_row};
+pub use text::{
+    corpus, image_task_row, prompt, response_json, task_from_row, task_image, task_row,
+};
 pub use world::{Action, action_id, action_list};
 
 /// Errors of the household world.
@@ -49,6 +54,13 @@ pub enum HouseholdError {
         "unknown task type `{0}`; expected one of: pick_and_place, pick_clean_then_place, pick_heat_then_place, pick_cool_then_place, pick_two_obj_and_place, look_at_obj_in_light, pick_and_place_with_movable_recep"
     )]
     UnknownTaskType(String),
+    /// A scene image size the renderer does not draw.
+    #[error(
+        "scene image size {0} is outside {min}..={max} pixels",
+        min = render::MIN_IMAGE_SIZE,
+        max = render::MAX_IMAGE_SIZE
+    )]
+    ImageSize(usize),
     /// A tasks-table row that does not describe a household task.
     #[error("task `{task_id}`: {reason}")]
     BadTask {

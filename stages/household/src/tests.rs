@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use crate::task::{
     FAMILIES, HELD_OUT_FAMILY, bfs_shortest_len, candidate_goals, goal_pair, held_out_pair,
 };
+use crate::world::Receptacle;
 use crate::*;
 
 fn mixed_tasks(per_split: usize) -> Vec<Task> {
@@ -438,4 +439,90 @@ fn the_rule_judge_flags_no_ops_removable_steps_and_steps_after_an_invalid_one() 
     assert!(judged[1].causal && !judged[1].redundant);
     assert!(judged[2..].iter().all(|j| !j.causal));
     assert!(judged[..2].iter().all(|j| j.causal));
+}
+
+/// The pixel of `image` (side `size`) at `row`, `col`.
+fn pixel(image: &[u8], size: usize, row: usize, col: usize) -> [u8; 3] {
+    let at = (row * size + col) * 3;
+    [image[at], image[at + 1], image[at + 2]]
+}
+
+/// The scene image shows each receptacle of the scene in its region (a
+/// closed one with a dark door, an open one with a light door), each
+/// object's colour, the agent in the doorway, and nothing in the region of
+/// a receptacle the scene lacks; it is the same bytes every time.
+#[test]
+fn the_scene_image_maps_the_initial_state() {
+    let size = 64;
+    let cell = size / 4;
+    for task in mixed_tasks(6) {
+        let image = render::render(&task, size).unwrap();
+        assert_eq!(image.len(), render::image_len(size));
+        assert_eq!(image, render::render(&task, size).unwrap());
+        let floor = pixel(&image, size, size - 1, size - 1);
+        for (index, receptacle) in Receptacle::ALL.iter().enumerate() {
+            let (top, left) = ((index / 4) * cell, (index % 4) * cell);
+            let spot = task
+                .scene
+                .receptacles
+                .iter()
+                .find(|s| s.receptacle == *receptacle);
+            // The block's top-left corner inside the inset.
+            let corner = pixel(&image, size, top + 1, left + 1);
+            match spot {
+                None => assert_eq!(corner, floor, "{receptacle:?} absent"),
+                Some(spot) => {
+                    assert_ne!(corner, floor, "{receptacle:?} drawn");
+                    if receptacle.openable() {
+                        let door = pixel(&image, size, top + cell - 2, left + cell / 2);
+                        let expected = if spot.open { [236; 3] } else { [24; 3] };
+                        assert_eq!(door, expected, "{receptacle:?} door");
+                    }
+                }
+            }
+        }
+        // Each object is a mark in its receptacle's block: without the
+        // objects, exactly the blocks that held some change.
+        let mut empty = task.clone();
+        empty.scene.objects.clear();
+        let bare = render::render(&empty, size).unwrap();
+        for (index, receptacle) in Receptacle::ALL.iter().enumerate() {
+            let (top, left) = ((index / 4) * cell, (index % 4) * cell);
+            let differs = (top..top + cell).any(|r| {
+                (left..left + cell).any(|c| pixel(&image, size, r, c) != pixel(&bare, size, r, c))
+            });
+            let holds = task.scene.objects.iter().any(|o| o.on == *receptacle);
+            assert_eq!(differs, holds, "{receptacle:?}");
+        }
+        let agent = pixel(&image, size, 3 * cell + cell / 2, 3 * cell + cell / 2);
+        assert_eq!(agent, [255; 3]);
+    }
+}
+
+/// A row asks for its image by size; without one it is the bytes it always
+/// was; the image read back from a row is the render of its task; a size
+/// the renderer refuses is named, in the config and in a row.
+#[test]
+fn rows_carry_the_image_only_when_asked() {
+    let task = &generate_tasks(Split::Val, 5, 1)[0];
+    let plain = task_row(task);
+    assert_eq!(image_task_row(task, None).unwrap(), plain);
+    let text = String::from_utf8(plain.observation.clone().unwrap()).unwrap();
+    assert!(!text.contains("image"), "{text}");
+    assert_eq!(task_image(&plain).unwrap(), None);
+    let row = image_task_row(task, Some(48)).unwrap();
+    assert_eq!(task_from_row(&row).unwrap(), *task);
+    let (size, image) = task_image(&row).unwrap().unwrap();
+    assert_eq!(size, 48);
+    assert_eq!(image, render::render(task, 48).unwrap());
+    let err = image_task_row(task, Some(8)).unwrap_err().to_string();
+    assert!(err.contains("size 8"), "{err}");
+    let mut bad = row.clone();
+    let text = String::from_utf8(bad.observation.unwrap()).unwrap();
+    bad.observation = Some(
+        text.replace("\"image_size\":48", "\"image_size\":4096")
+            .into_bytes(),
+    );
+    let err = task_from_row(&bad).unwrap_err().to_string();
+    assert!(err.contains(&task.task_id) && err.contains("4096"), "{err}");
 }

@@ -125,7 +125,9 @@ pub fn response_json(plan: &[i32]) -> String {
 }
 
 /// The `observation` column of a household task: everything needed to
-/// rebuild it, as JSON.
+/// rebuild it, as JSON, and the side of its scene image when the task
+/// carries one (`image_size`, absent otherwise: rows without an image are
+/// the bytes they were before images existed).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Observation {
@@ -134,20 +136,33 @@ struct Observation {
     family: u8,
     goal: Goal,
     scene: Scene,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image_size: Option<usize>,
 }
 
 /// The tasks-table row of a task (suite and env `household`, the expert plan
-/// as `gt_actions`).
+/// as `gt_actions`), without a scene image.
 pub fn task_row(task: &Task) -> TaskRow {
+    image_task_row(task, None).expect("a row without an image has no size to refuse")
+}
+
+/// The tasks-table row of a task that carries its scene image
+/// ([`crate::render`]) of `image_size × image_size` pixels (`None`: none,
+/// [`task_row`]); a size the renderer refuses is an error naming it.
+pub fn image_task_row(task: &Task, image_size: Option<usize>) -> Result<TaskRow, HouseholdError> {
+    if let Some(size) = image_size {
+        crate::render::check_size(size)?;
+    }
     let observation = Observation {
         split: task.split,
         task_type: task.task_type,
         family: task.family,
         goal: task.goal,
         scene: task.scene.clone(),
+        image_size,
     };
     let list = action_list();
-    TaskRow {
+    Ok(TaskRow {
         task_id: task.task_id.clone(),
         suite: "household".into(),
         env: "household".into(),
@@ -165,11 +180,26 @@ pub fn task_row(task: &Task) -> TaskRow {
                 })
                 .collect(),
         ),
-    }
+    })
 }
 
 /// Rebuilds a task from its tasks-table row.
 pub fn task_from_row(row: &TaskRow) -> Result<Task, HouseholdError> {
+    Ok(read_row(row)?.0)
+}
+
+/// The scene image a tasks-table row carries: its side and its RGB bytes
+/// ([`crate::render::render`] of the row's task); `None` for a row without
+/// one.
+pub fn task_image(row: &TaskRow) -> Result<Option<(usize, Vec<u8>)>, HouseholdError> {
+    let (task, image_size) = read_row(row)?;
+    image_size
+        .map(|size| Ok((size, crate::render::render(&task, size)?)))
+        .transpose()
+}
+
+/// The task of a row and the side of the image it carries.
+fn read_row(row: &TaskRow) -> Result<(Task, Option<usize>), HouseholdError> {
     let bad = |reason: String| HouseholdError::BadTask {
         task_id: row.task_id.clone(),
         reason,
@@ -200,7 +230,10 @@ pub fn task_from_row(row: &TaskRow) -> Result<Task, HouseholdError> {
         scene: obs.scene,
     };
     crate::task::validate(&task).map_err(bad)?;
-    Ok(task)
+    if let Some(size) = obs.image_size {
+        crate::render::check_size(size).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok((task, obs.image_size))
 }
 
 /// Prompts and expert responses of `count` generated train tasks (two

@@ -73,7 +73,7 @@ use embodyflow_tabletop as tabletop;
 
 use embodyflow_gym::{self as gym, GymTask, GymTaskSpec, SuccessRule};
 use embodyflow_household::task::generate_task;
-use embodyflow_household::{Split, TaskType, task_row};
+use embodyflow_household::{Split, TaskType, image_task_row};
 use embodyflow_world::ClosedLoopWorld;
 
 use crate::{WorldOptions, WorldTask, Worlds, WorldsError};
@@ -208,6 +208,9 @@ pub struct Config {
     pub states: u32,
     /// Gymnasium environments (`env = gym`).
     pub gym: GymKeys,
+    /// Household: the side of the scene image each task carries
+    /// (`embodyflow_household::render`); `None`: text only.
+    pub image_size: Option<usize>,
     /// Output layout.
     pub output: OutputConfig,
 }
@@ -222,6 +225,7 @@ impl Default for Config {
             protocol: Protocol::Layouts,
             states: tabletop::STATES_PER_TASK,
             gym: GymKeys::default(),
+            image_size: None,
             output: OutputConfig::default(),
         }
     }
@@ -271,6 +275,10 @@ impl StageConfig for Config {
         ),
         ("count", "number of tasks to generate (at least 1)"),
         (
+            "image_size",
+            "env = household: each task carries a scene image (a top-down map of its initial state) of image_size x image_size pixels, 32 to 1024; unset: text only",
+        ),
+        (
             "protocol",
             "layouts (val = new layouts, unseen = held-out goals; tabletop) or initial-states (LIBERO's: count tasks at `states` initial states each; split train, val or test; tabletop, or gym from gym.first_state)",
         ),
@@ -295,6 +303,20 @@ impl StageConfig for Config {
     fn validate(&self) -> Result<()> {
         at_least("count", self.count, 1)?;
         at_least("states", self.states, 1)?;
+        if let Some(size) = self.image_size {
+            ensure(
+                self.env == Env::Household,
+                "image_size",
+                "env = household (the other worlds render their own frames)",
+                size,
+            )?;
+            ensure(
+                embodyflow_household::render::check_size(size).is_ok(),
+                "image_size",
+                "32 to 1024 pixels",
+                size,
+            )?;
+        }
         let states = self.protocol == Protocol::InitialStates;
         ensure(
             !states || self.env != Env::Household,
@@ -400,7 +422,8 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
                     continue;
                 }
                 let task = generate_task(split, seed, index);
-                let row = task_row(&task);
+                let row = image_task_row(&task, config.image_size)
+                    .expect("validate checked the image size");
                 *by_type.entry(task.task_type.as_str()).or_default() += 1;
                 steps += row.gt_actions.as_ref().map_or(0, Vec::len);
                 owned += 1;
@@ -626,6 +649,15 @@ mod tests {
         assert_eq!(problem.key.as_deref(), Some("suite"));
         let problem = resolve(&["env=lab"]).problem.unwrap();
         assert_eq!(problem.key.as_deref(), Some("env"));
+    }
+
+    #[test]
+    fn a_scene_image_is_a_household_key_within_the_renderers_sizes() {
+        assert!(resolve(&["image_size=64"]).problem.is_none());
+        for sets in [&["image_size=8"][..], &["env=tabletop", "image_size=64"]] {
+            let problem = resolve(sets).problem.unwrap();
+            assert_eq!(problem.key.as_deref(), Some("image_size"), "{sets:?}");
+        }
     }
 
     #[test]
