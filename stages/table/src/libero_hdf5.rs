@@ -282,8 +282,17 @@ pub fn import(
         layouts: files.iter().map(|f| f.layout.clone()).collect(),
         resolution: files[0].resolution,
     };
-    for (file, path) in files.iter().zip(&options.from) {
-        let task_id = task_id(&file.env_id, &options.split);
+    // Files and demos in the steps table's key order (trajectory ids as
+    // text: `d10` before `d2`), so its writer never re-sorts spilled rows.
+    let mut order: Vec<(String, &FileInfo, &PathBuf)> = files
+        .iter()
+        .zip(&options.from)
+        .map(|(file, path)| (task_id(&file.env_id, &options.split), file, path))
+        .collect();
+    order.sort_by(|a, b| a.0.cmp(&b.0));
+    for (task_id, file, path) in order {
+        let mut demos: Vec<&DemoInfo> = file.demos.iter().collect();
+        demos.sort_by(|a, b| a.name.cmp(&b.name));
         let mut spec = GymTaskSpec::new(ADAPTER, &file.env_id, 0, file.max_steps);
         spec.kwargs = json!({"resolution": file.resolution});
         let mut task = embodyflow_gym::task_row(&task_id, &options.split, &spec)
@@ -306,7 +315,7 @@ pub fn import(
             embodyflow_core::IMPORTED_POLICY_PREFIX,
             path.file_name().unwrap_or_default().to_string_lossy()
         );
-        for demo in &file.demos {
+        for demo in demos {
             let number = demo.name.trim_start_matches("demo_");
             let group_id = format!("it0/{task_id}/d{number}");
             let trajectory_id = format!("{group_id}/s0");
