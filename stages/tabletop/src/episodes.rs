@@ -27,6 +27,17 @@ use crate::batch::Batch;
 use crate::scene::TaskSpec;
 use crate::world::{ACTION_DIM, PROPRIO_DIM, Status};
 
+/// The observation of the tabletop world at `size × size` pixels: an RGB
+/// frame and the proprio vector ([`PROPRIO_DIM`]).
+pub fn observation_shape(size: usize) -> ObservationShape {
+    ObservationShape {
+        height: size,
+        width: size,
+        channels: 3,
+        proprio: PROPRIO_DIM,
+    }
+}
+
 /// The tabletop world's episodes ([`Batch`]: `G` copies of each task) with
 /// the frame size they render at.
 #[derive(Clone, Debug)]
@@ -61,12 +72,7 @@ impl ClosedLoopWorld for TabletopEpisodes {
     }
 
     fn observation_shape(&self) -> ObservationShape {
-        ObservationShape {
-            height: self.size,
-            width: self.size,
-            channels: 3,
-            proprio: PROPRIO_DIM,
-        }
+        observation_shape(self.size)
     }
 
     fn image_names(&self) -> &[String] {

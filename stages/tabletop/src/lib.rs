@@ -50,7 +50,7 @@ pub mod suite;
 pub mod world;
 
 pub use batch::{Batch, ChunkOutcome};
-pub use episodes::TabletopEpisodes;
+pub use episodes::{TabletopEpisodes, observation_shape};
 pub use expert::{
     Decision, Demonstration, Episode, Expert, ExpertConfig, Strategy, demonstration, run_episode,
 };

@@ -13,7 +13,6 @@
 //! ```
 
 use embodyflow_core::Error;
-use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_gym::BridgeConfig;
 use embodyflow_tabletop::{self as tt, TabletopEpisodes, TaskSpec};
@@ -31,12 +30,7 @@ pub struct Tabletop;
 /// pixels: its proprio and action sizes, any bins over `[-1, 1]`.
 pub fn shape(image_size: usize) -> PolicyShape {
     PolicyShape {
-        observation: ObservationShape {
-            height: image_size,
-            width: image_size,
-            channels: 3,
-            proprio: tt::PROPRIO_DIM,
-        },
+        observation: tt::observation_shape(image_size),
         action_dim: tt::ACTION_DIM,
         bins: None,
         observation_text: 0,

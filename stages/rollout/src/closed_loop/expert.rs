@@ -27,7 +27,7 @@ use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_tabletop as tabletop;
-use tabletop::{ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Status, Strategy, World};
+use tabletop::{ACTION_DIM, Expert, ExpertConfig, Status, Strategy, World};
 
 use super::{ChunkDecision, ChunkPolicy, DecisionBatch};
 
@@ -91,12 +91,7 @@ impl ChunkPolicy for ExpertPolicy {
     }
 
     fn observation_shape(&self) -> ObservationShape {
-        ObservationShape {
-            height: self.size,
-            width: self.size,
-            channels: 3,
-            proprio: PROPRIO_DIM,
-        }
+        tabletop::observation_shape(self.size)
     }
 
     /// The instruction's bytes: the expert reads the scene, not the words.
