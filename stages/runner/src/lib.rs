@@ -62,8 +62,9 @@
 //! backend; 1 when the step says none), `mem`, `gpus` ([`backend`]). A
 //! `[backend]` table says where the processes run: this
 //! machine ([`exec`], the default), a Slurm cluster ([`slurm`]) or a Ray
-//! cluster ([`ray`]); the two clusters share the submission, the wait and
-//! the reports ([`cluster`]).
+//! cluster ([`ray`]), each implementing the backend interface
+//! ([`cluster::Backend`]) and listed once in [`registry`]; the two clusters
+//! share the submission, the wait and the reports ([`cluster`]).
 //! Templates: `${var}`, `${step}` (an earlier step's output directory; in a
 //! loop step, this iteration's instance), `${iter}`, `${policy}`, `${out}`
 //! (the run directory). An `inputs` entry naming a step that does not run
