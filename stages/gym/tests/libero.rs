@@ -121,6 +121,37 @@ fn a_libero_episode_is_two_named_cameras_and_replays_bit_for_bit() {
     assert_eq!(decoded.shape, shape);
 }
 
+#[test]
+fn a_reused_libero_environment_resets_to_the_frames_a_fresh_one_shows() {
+    // One worker keeps the task's environment: initial state 3, then 5,
+    // then 3 again on the same environment must show state 3's first
+    // frames bit for bit (LIBERO's reset places some objects with NumPy's
+    // global generator).
+    let config = config();
+    if !libero_installed(&config) {
+        return;
+    }
+    let bins = box7().bins();
+    let task = |state: u64| {
+        [GymTask {
+            task_id: format!("spatial-0/{state}"),
+            spec: spatial(state, 2),
+        }]
+    };
+    let mut world = GymEpisodes::new(&config, &task(3), 1, &bins).unwrap();
+    world.observe();
+    let fresh = world.frames().to_vec();
+    let mut seen = Vec::new();
+    for state in [5, 3] {
+        world = GymEpisodes::with_pool(world.into_pool(), &task(state), 1, &bins).unwrap();
+        world.observe();
+        seen.push(world.frames().to_vec());
+    }
+    assert_ne!(seen[0], fresh, "another initial state shows other frames");
+    let differing = fresh.iter().zip(&seen[1]).filter(|(a, b)| a != b).count();
+    assert_eq!(differing, 0, "initial state 3 on the reused environment: {differing} pixel values differ");
+}
+
 /// A Python that runs the workers' with MUJOCO_GL unset, then `env` set
 /// (a `PYTHONPATH` put before the worker's own), written into `dir`.
 fn python_with(dir: &Path, env: &[(&str, &str)]) -> PathBuf {

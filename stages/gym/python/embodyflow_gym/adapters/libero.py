@@ -221,6 +221,11 @@ class Episode:
                 f"initial state {seed} of task `{self.task.name}`: it has {len(self.init_states)} "
                 f"(indices 0..{len(self.init_states) - 1})"
             )
+        # LIBERO's reset places objects without a free joint with NumPy's
+        # global generator: seeded again before every reset, a reused
+        # environment shows the frames a fresh one does (a fresh one is
+        # seeded 0 at build, so its first episode is unchanged).
+        self.env.seed(0)
         self.env.reset()
         self.obs = self.env.set_init_state(self.init_states[seed])
         for _ in range(self.wait_steps):
