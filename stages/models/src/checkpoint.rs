@@ -171,8 +171,9 @@ pub trait PolicyNet: Sized {
     const NAME: &'static str;
     /// How its `config.json` names it ([`ConfigTag`]).
     const TAG: ConfigTag;
-    /// Files besides the config, weights, manifest and optimizer state that
-    /// loading may read (each checked to be a regular file first).
+    /// Files besides the config, weights, tokenizer, manifest and optimizer
+    /// state that loading may read (each checked to be a regular file
+    /// first).
     const CARRIED: &'static [&'static str] = &[];
     /// Whether a directory without `manifest.json` is this network as
     /// downloaded (its id the hash of its weight files, no parent).
@@ -746,6 +747,7 @@ fn check_file_types(dir: &Path, carried: &[&str]) -> Result<(), ModelError> {
         "config.json",
         MANIFEST_FILE,
         WEIGHTS_FILE,
+        TOKENIZER_FILE,
         embodyflow_hf::safetensors::INDEX,
         FRAME_ENCODER_FILE,
         crate::optimizer::WEIGHTS_FILE,
