@@ -149,7 +149,10 @@ fn a_reused_libero_environment_resets_to_the_frames_a_fresh_one_shows() {
     }
     assert_ne!(seen[0], fresh, "another initial state shows other frames");
     let differing = fresh.iter().zip(&seen[1]).filter(|(a, b)| a != b).count();
-    assert_eq!(differing, 0, "initial state 3 on the reused environment: {differing} pixel values differ");
+    assert_eq!(
+        differing, 0,
+        "initial state 3 on the reused environment: {differing} pixel values differ"
+    );
 }
 
 /// A Python that runs the workers' with MUJOCO_GL unset, then `env` set
