@@ -700,6 +700,63 @@ fn sign(x: f32) -> i8 {
     }
 }
 
+/// StepOPSD's mix of each token's advantage with the teacher-student
+/// log-prob gap `t - s` on the credit-target tokens (0 elsewhere).
+fn mix_stepopsd(
+    advantages: &mut [f32],
+    credit: &[Vec<usize>],
+    t: &[f32],
+    s: &[f32],
+    config: &StepOpsdConfig,
+) {
+    let mut on_step = vec![false; advantages.len()];
+    credit.iter().flatten().for_each(|&i| on_step[i] = true);
+    for (i, a) in advantages.iter_mut().enumerate() {
+        let delta = if on_step[i] { t[i] - s[i] } else { 0.0 };
+        *a = stepopsd(*a, delta, config.alpha_clip, config.lambda_mix);
+    }
+}
+
+/// Counts the credit-target tokens whose final advantage's sign differs
+/// from the episode advantage's, overall and by episode outcome and rule
+/// verdict of their plan step.
+fn count_sign_flips(
+    diag: &mut StepDiagnostics,
+    credit: &[Vec<usize>],
+    advantages: &[f32],
+    episode_adv: f32,
+    rule: Option<&RuleInfo>,
+    plan_steps: usize,
+) {
+    let success = rule.is_some_and(|r| r.success);
+    let step_match = rule
+        .and_then(|r| r.step_match.as_ref())
+        .filter(|m| m.len() == plan_steps);
+    for (k, tokens) in credit.iter().enumerate() {
+        let count = FlipCount {
+            flipped: tokens
+                .iter()
+                .filter(|&&t| sign(advantages[t]) != sign(episode_adv))
+                .count() as u64,
+            tokens: tokens.len() as u64,
+        };
+        diag.sign_flips.add(count);
+        if episode_adv != 0.0 {
+            diag.sign_flips_episode_adv_nonzero.add(count)
+        }
+        if success {
+            diag.sign_flips_success.add(count)
+        } else {
+            diag.sign_flips_failure.add(count)
+        }
+        match step_match.map(|m| m[k]) {
+            Some(1) => diag.sign_flips_rule_correct.add(count),
+            Some(_) => diag.sign_flips_rule_wrong.add(count),
+            None => {}
+        }
+    }
+}
+
 /// A step's teacher and student log-probs, checked: one per response token, finite.
 fn checked_teacher<'t>(
     trajectory_id: &str,
@@ -846,51 +903,21 @@ fn step_row(
     if inputs.stepopsd.enabled
         && let Some((t, s)) = teacher
     {
-        let mut on_step = vec![false; n];
-        credit.iter().flatten().for_each(|&i| on_step[i] = true);
-        for (i, a) in advantages.iter_mut().enumerate() {
-            let delta = if on_step[i] { t[i] - s[i] } else { 0.0 };
-            *a = stepopsd(
-                *a,
-                delta,
-                inputs.stepopsd.alpha_clip,
-                inputs.stepopsd.lambda_mix,
-            );
-        }
+        mix_stepopsd(&mut advantages, &credit, t, s, inputs.stepopsd);
     }
     diag.responses_with_step_adv = u64::from(
         step_adv
             .as_ref()
             .is_some_and(|a| a.iter().any(|&x| x != 0.0)),
     );
-    // Sign flips on the credit-target tokens.
-    let success = rule.is_some_and(|r| r.success);
-    let step_match = rule
-        .and_then(|r| r.step_match.as_ref())
-        .filter(|m| m.len() == steps.len());
-    for (k, tokens) in credit.iter().enumerate() {
-        let count = FlipCount {
-            flipped: tokens
-                .iter()
-                .filter(|&&t| sign(advantages[t]) != sign(episode_adv))
-                .count() as u64,
-            tokens: tokens.len() as u64,
-        };
-        diag.sign_flips.add(count);
-        if episode_adv != 0.0 {
-            diag.sign_flips_episode_adv_nonzero.add(count)
-        }
-        if success {
-            diag.sign_flips_success.add(count)
-        } else {
-            diag.sign_flips_failure.add(count)
-        }
-        match step_match.map(|m| m[k]) {
-            Some(1) => diag.sign_flips_rule_correct.add(count),
-            Some(_) => diag.sign_flips_rule_wrong.add(count),
-            None => {}
-        }
-    }
+    count_sign_flips(
+        &mut diag,
+        &credit,
+        &advantages,
+        episode_adv,
+        rule,
+        steps.len(),
+    );
     let row = AdvantageRow {
         trajectory_id: trajectory_id.to_string(),
         step_index,

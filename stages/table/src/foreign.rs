@@ -1516,6 +1516,61 @@ fn gold_plan(value: &Value) -> Option<Vec<PlanAction>> {
         .collect()
 }
 
+/// The trajectory, its one step and its reward for dump row `row`, the
+/// `sample`-th of its group (uid x step).
+fn rollout_rows(
+    row: &DumpRow,
+    sample: i32,
+    policy: &str,
+    format: &str,
+    options: &ImportOptions,
+) -> (TrajectoryRow, StepRow, RewardRow) {
+    let group_id = format!("it{}/{}/d0", row.step, row.uid);
+    let trajectory_id = format!("{group_id}/s{sample}");
+    let trajectory = TrajectoryRow {
+        infra_fault: None,
+        trajectory_id: trajectory_id.clone(),
+        group_id: group_id.clone(),
+        task_id: row.uid.clone(),
+        sample_index: sample,
+        iteration: row.step,
+        policy: policy.to_string(),
+        temperature: options.temperature,
+        num_steps: 1,
+        env_steps: 1,
+        complete: row.score > 0.0,
+        response_text: row.response.clone(),
+        seed: 0,
+        ever_grasped: None,
+        failure_reason: None,
+    };
+    let mut step = StepRow::one_shot(
+        trajectory_id.clone(),
+        row.prompt_ids.clone(),
+        row.response_ids.clone(),
+        vec![0.0; row.response_ids.len()],
+    );
+    step.response_mask = row.response_mask.clone();
+    step.old_values = row.values.clone();
+    let reward = RewardRow {
+        infra_fault: None,
+        trajectory_id,
+        group_id,
+        score: row.score,
+        format: 0.0,
+        accuracy: row.score,
+        success: row.score > 0.0,
+        parse_ok: true,
+        pred_actions: None,
+        step_match: None,
+        step_valid: None,
+        reward_fn: format.into(),
+        ever_grasped: None,
+        token_rewards: row.token_rewards.clone(),
+    };
+    (trajectory, step, reward)
+}
+
 /// Imports a veRL, TRL or Parquet dump into
 /// `out/{tasks,trajectories,steps,rewards}`, all four committed together;
 /// nothing is written on bad input.
@@ -1603,51 +1658,11 @@ pub fn import(
             gts_not_plans += 1;
         }
         let sample = group_sizes.entry((row.step, &row.uid)).or_insert(0);
-        let group_id = format!("it{}/{}/d0", row.step, row.uid);
-        let trajectory_id = format!("{group_id}/s{sample}");
-        trajectories.push(TrajectoryRow {
-            infra_fault: None,
-            trajectory_id: trajectory_id.clone(),
-            group_id: group_id.clone(),
-            task_id: row.uid.clone(),
-            sample_index: *sample,
-            iteration: row.step,
-            policy: policy.clone(),
-            temperature: options.temperature,
-            num_steps: 1,
-            env_steps: 1,
-            complete: row.score > 0.0,
-            response_text: row.response.clone(),
-            seed: 0,
-            ever_grasped: None,
-            failure_reason: None,
-        });
+        let (trajectory, step, reward) = rollout_rows(row, *sample, &policy, format, options);
         *sample += 1;
-        let mut step = StepRow::one_shot(
-            trajectory_id.clone(),
-            row.prompt_ids.clone(),
-            row.response_ids.clone(),
-            vec![0.0; row.response_ids.len()],
-        );
-        step.response_mask = row.response_mask.clone();
-        step.old_values = row.values.clone();
+        trajectories.push(trajectory);
         steps.push(step);
-        rewards.push(RewardRow {
-            infra_fault: None,
-            trajectory_id,
-            group_id,
-            score: row.score,
-            format: 0.0,
-            accuracy: row.score,
-            success: row.score > 0.0,
-            parse_ok: true,
-            pred_actions: None,
-            step_match: None,
-            step_valid: None,
-            reward_fn: format.into(),
-            ever_grasped: None,
-            token_rewards: row.token_rewards.clone(),
-        });
+        rewards.push(reward);
     }
 
     let producer = Producer {
