@@ -65,7 +65,7 @@ use crate::checkpoint::{
     Checkpoint, ConfigTag, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens,
     WEIGHTS_FILE,
 };
-use crate::policy::{PlanNet, right_padded};
+use crate::policy::{PlanNet, response_positions, right_padded};
 use crate::prompt::{USER_MARK, markers, render_user};
 use crate::tokenizer::SpecialIds;
 
@@ -472,17 +472,7 @@ pub(crate) fn chat_response_logits<M: PlanNet>(
     let mask = Tensor::from_slice(&mask)
         .view([batch, width as i64])
         .to(device);
-    let logits = float_logits(forward(&ids, &mask));
-    let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
-    for prompt in prompts {
-        let first = prompt.len() as i64 - 1;
-        columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
-    }
-    let columns = Tensor::from_slice(&columns)
-        .view([batch, longest, 1])
-        .to(device);
-    let vocab = logits.size()[2];
-    logits.gather(1, &columns.expand([batch, longest, vocab], false), false)
+    response_positions(&float_logits(forward(&ids, &mask)), prompts, longest)
 }
 
 impl PlanNet for HfNet {

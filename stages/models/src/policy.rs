@@ -519,17 +519,25 @@ fn causal_response_hidden(
     let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
         .view([batch, width as i64])
         .to(device);
-    let hidden = policy.model.hidden_causal(&ids);
+    response_positions(&policy.model.hidden_causal(&ids), prompts, longest)
+}
+
+/// Row `b` of `values` (`[batch, width, depth]`, a forward pass over
+/// right-padded `prompt + response` rows) at columns `prompt_b - 1 ..
+/// prompt_b - 1 + longest`, clamped to the last column: the positions
+/// whose outputs predict each response token.
+pub(crate) fn response_positions(values: &Tensor, prompts: &[&[i32]], longest: i64) -> Tensor {
+    let size = values.size();
+    let (batch, width, depth) = (size[0], size[1], size[2]);
     let mut columns = Vec::with_capacity(prompts.len() * longest as usize);
     for prompt in prompts {
         let first = prompt.len() as i64 - 1;
-        columns.extend((0..longest).map(|k| (first + k).min(width as i64 - 1)));
+        columns.extend((0..longest).map(|k| (first + k).min(width - 1)));
     }
     let columns = Tensor::from_slice(&columns)
         .view([batch, longest, 1])
-        .to(device);
-    let embd = hidden.size()[2];
-    hidden.gather(1, &columns.expand([batch, longest, embd], false), false)
+        .to(values.device());
+    values.gather(1, &columns.expand([batch, longest, depth], false), false)
 }
 
 /// The distinct prompts `unique` run once, right-padded; row `b` continues
