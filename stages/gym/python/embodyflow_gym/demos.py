@@ -364,17 +364,8 @@ class Demos:
         return reply
 
     def play(self, episode, info, actions, states, steps, want_pixels, want_proprio):
-        env = episode.env
-        # LIBERO's reset places the scene's fixed objects (those without a
-        # free joint, so not in states[0]) with NumPy's global generator,
-        # which `seed` sets: seeded as the adapter's build seeds it, every
-        # replay, on a fresh or a reused environment, sees the same scene.
-        env.seed(0)
-        env.reset()
-        episode.obs = env.set_init_state(states[0])
-        if info["layout"] == "openvla":
-            for _ in range(adapter.WAIT_STEPS):
-                episode.obs, _, _, _ = env.step(adapter.DUMMY_ACTION)
+        # OpenVLA's regenerations settle the scene as its evaluation does.
+        episode.reset_to(states[0], adapter.WAIT_STEPS if info["layout"] == "openvla" else 0)
         shape = shape_of(info["resolution"])
         head = protocol.efob_header(shape, sum(w for _, w in PROPRIO), names())
         pixel_error = np.zeros(len(CAMERAS))
@@ -394,7 +385,7 @@ class Demos:
                 compare(t)
             _, won = episode.step(actions[t].tolist())
             if t + 1 < len(states):
-                error = float(np.linalg.norm(states[t + 1] - env.get_sim_state()))
+                error = float(np.linalg.norm(states[t + 1] - episode.env.get_sim_state()))
                 state_error = error if state_error is None else max(state_error, error)
             if info["layout"] == "libero":
                 compare(t)

@@ -191,9 +191,6 @@ class Episode:
         self.wait_steps = wait_steps
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
-        # OpenVLA's evaluation seeds the env once at build: the seed moves
-        # objects even from a fixed initial state.
-        self.env.seed(0)
         # The cameras render when the policy observes (once per chunk), not
         # at every step: robosuite's camera observables stay off (they keep
         # the setting through its hard resets) and `observation` renders
@@ -221,17 +218,24 @@ class Episode:
                 f"initial state {seed} of task `{self.task.name}`: it has {len(self.init_states)} "
                 f"(indices 0..{len(self.init_states) - 1})"
             )
-        # LIBERO's reset places objects without a free joint with NumPy's
-        # global generator: seeded again before every reset, a reused
-        # environment shows the frames a fresh one does (a fresh one is
-        # seeded 0 at build, so its first episode is unchanged).
+        self.reset_to(self.init_states[seed], self.wait_steps)
+        return self.task.language
+
+    def reset_to(self, state, wait_steps):
+        """Resets to the simulator state `state` (an initial state, or a
+        demonstration's `states[0]`), then `wait_steps` steps of the dummy
+        action; the episode's step count starts again."""
+        # LIBERO's reset places objects without a free joint (so not in
+        # `state`) with NumPy's global generator, so the seed moves objects
+        # even from a fixed state. OpenVLA's evaluation seeds 0 once at
+        # build; seeding 0 before every reset gives a fresh environment's
+        # first episode that scene, and a reused environment the same frames.
         self.env.seed(0)
         self.env.reset()
-        self.obs = self.env.set_init_state(self.init_states[seed])
-        for _ in range(self.wait_steps):
+        self.obs = self.env.set_init_state(state)
+        for _ in range(wait_steps):
             self.obs, _, _, _ = self.env.step(DUMMY_ACTION)
         self.steps = 0
-        return self.task.language
 
     def step(self, action):
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
