@@ -65,7 +65,7 @@ use crate::checkpoint::{
     Checkpoint, ConfigTag, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens,
     WEIGHTS_FILE,
 };
-use crate::policy::{PlanNet, response_positions, right_padded};
+use crate::policy::{PlanNet, response_positions, scoring_rows};
 use crate::prompt::{USER_MARK, markers, render_user};
 use crate::tokenizer::SpecialIds;
 
@@ -450,20 +450,9 @@ pub(crate) fn chat_response_logits<M: PlanNet>(
     forward: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, HfError>,
 ) -> Tensor {
     let device = policy.vars.device();
-    let inputs = || {
-        prompts
-            .iter()
-            .zip(responses)
-            .map(|(prompt, response)| vec![*prompt, &response[..response.len().saturating_sub(1)]])
-    };
-    let lengths: Vec<usize> = inputs()
-        .map(|parts| parts.iter().map(|p| p.len()).sum())
-        .collect();
+    let (ids, lengths) = scoring_rows(prompts, responses, policy.special.pad, device);
     let width = lengths.iter().copied().max().unwrap_or(0);
     let batch = prompts.len() as i64;
-    let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
-        .view([batch, width as i64])
-        .to(device);
     let mut mask = Vec::with_capacity(prompts.len() * width);
     for &length in &lengths {
         mask.extend(std::iter::repeat_n(1i64, length));

@@ -504,22 +504,33 @@ fn causal_response_hidden(
     responses: &[&[i32]],
     longest: i64,
 ) -> Tensor {
-    let device = policy.vars.device();
-    let inputs = || {
+    let (ids, _) = scoring_rows(prompts, responses, policy.special.pad, policy.vars.device());
+    response_positions(&policy.model.hidden_causal(&ids), prompts, longest)
+}
+
+/// Every row `prompt + response` without the response's last token (only a
+/// target), right-padded with `pad` into `[batch, width]` ids on `device`,
+/// and each row's length.
+pub(crate) fn scoring_rows(
+    prompts: &[&[i32]],
+    responses: &[&[i32]],
+    pad: i32,
+    device: tch::Device,
+) -> (Tensor, Vec<usize>) {
+    let rows = || {
         prompts
             .iter()
             .zip(responses)
             .map(|(prompt, response)| vec![*prompt, &response[..response.len().saturating_sub(1)]])
     };
-    let width = inputs()
-        .map(|parts| parts.iter().map(|p| p.len()).sum::<usize>())
-        .max()
-        .unwrap_or(0);
-    let batch = prompts.len() as i64;
-    let ids = Tensor::from_slice(&right_padded(inputs(), width, policy.special.pad))
-        .view([batch, width as i64])
+    let lengths: Vec<usize> = rows()
+        .map(|parts| parts.iter().map(|p| p.len()).sum())
+        .collect();
+    let width = lengths.iter().copied().max().unwrap_or(0);
+    let ids = Tensor::from_slice(&right_padded(rows(), width, pad))
+        .view([prompts.len() as i64, width as i64])
         .to(device);
-    response_positions(&policy.model.hidden_causal(&ids), prompts, longest)
+    (ids, lengths)
 }
 
 /// Row `b` of `values` (`[batch, width, depth]`, a forward pass over
