@@ -10,6 +10,10 @@
 //! ([`embodyflow_algos::plan::extract`]) and executed step by step: a broken
 //! answer executes as an empty plan (no success), never a panic.
 //!
+//! A closed-loop world's rows (`tabletop`, `gym:<adapter>`) are no
+//! environment of this crate: the registry of worlds, `embodyflow_worlds`,
+//! tells them apart ([`ONE_SHOT`] lists the environments here).
+//!
 //! `score-rewards` executes already-extracted plans through
 //! [`TaskEnv::execute_plan`]; `embodyflow_rollout` runs a policy on
 //! many tasks through [`TaskEnv::prompt`] and [`TaskEnv::execute`].
@@ -62,14 +66,10 @@ impl TaskEnv {
                     .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
                 Ok(TaskEnv::Household(household::reseed(&task, run)))
             }
-            env if TaskEnv::is_closed_loop(env) => Err(Error::BadInput(format!(
-                "task `{}`: environment `{env}` is a closed-loop world (actions step by step); \
-                 this stage runs one-shot plans (household) only",
-                row.task_id
-            ))),
             other => Err(Error::BadInput(format!(
-                "task `{}`: environment `{other}` is not built in (known: household)",
-                row.task_id
+                "task `{}`: environment `{other}` is not built in (known: {})",
+                row.task_id,
+                ONE_SHOT.join(", ")
             ))),
         }
     }
@@ -142,18 +142,15 @@ impl TaskEnv {
 
     /// Whether `env` names an environment built in here.
     pub fn is_built_in(env: &str) -> bool {
-        env == "household"
-    }
-
-    /// Whether `env` names a closed-loop world (one of
-    /// `embodyflow_worlds::WORLDS`: `tabletop`, or `gym:<adapter>`, a
-    /// Gymnasium environment through the bridge): its trajectories are
-    /// episodes of decisions with an outcome (`complete`), not one-shot
-    /// plans, so plan rewards and executors do not apply to them.
-    pub fn is_closed_loop(env: &str) -> bool {
-        embodyflow_worlds::is_closed_loop(env)
+        ONE_SHOT.contains(&env)
     }
 }
+
+/// The `env` of every one-shot environment built in here. Closed-loop
+/// worlds are not environments of this crate: `embodyflow_worlds` (above
+/// it) lists them and refuses their rows in a one-shot stage by name
+/// (`embodyflow_worlds::one_shot`).
+pub const ONE_SHOT: &[&str] = &["household"];
 
 /// The language of the built-in environments, for training a policy's
 /// tokenizer: the prompts and expert answers of `count` generated training
@@ -260,24 +257,15 @@ mod tests {
     fn unknown_environments_are_named() {
         let TaskEnv::Household(task) = &envs()[0];
         let mut row = household::task_row(task);
-        row.env = "tabletop".into();
-        let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
-        assert!(
-            error.contains("tabletop")
-                && error.contains(&row.task_id)
-                && error.contains("closed-loop"),
-            "{error}"
-        );
-        row.env = "gym".into();
-        let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
-        assert!(error.contains("`gym` is not built in"), "{error}");
-        row.env = "gym:babyai".into();
-        let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
-        assert!(
-            error.contains("`gym:babyai` is a closed-loop world"),
-            "{error}"
-        );
-        assert!(TaskEnv::is_closed_loop("tabletop") && TaskEnv::is_closed_loop("gym:babyai"));
-        assert!(!TaskEnv::is_closed_loop("household") && !TaskEnv::is_closed_loop("gym"));
+        for env in ["gym", "tabletop"] {
+            row.env = env.into();
+            let error = TaskEnv::from_row(&row, 0).unwrap_err().to_string();
+            assert!(
+                error.contains(&format!("`{env}` is not built in (known: household)"))
+                    && error.contains(&row.task_id),
+                "{error}"
+            );
+        }
+        assert!(TaskEnv::is_built_in("household") && !TaskEnv::is_built_in("tabletop"));
     }
 }

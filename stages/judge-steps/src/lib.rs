@@ -29,7 +29,6 @@ use embodyflow_core::schemas::{RewardRow, StepGateRow, TableName, TaskRow, Traje
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result, progress};
-use embodyflow_envs::TaskEnv;
 use serde::{Deserialize, Serialize};
 
 /// Command line of `judge-steps`.
@@ -88,7 +87,7 @@ pub fn judge_rewards(
                 reward.trajectory_id
             ))
         })?;
-        let env = TaskEnv::from_row(task, 0)?;
+        let env = embodyflow_worlds::one_shot(task, 0)?;
         for (k, judged) in env.judge(plan).into_iter().enumerate() {
             *verdicts.entry(judged.reason).or_default() += 1;
             rows.push(StepGateRow {

@@ -127,7 +127,7 @@ pub enum Mode {
 
 /// The mode of `tasks` under the policy in `dir` (of kind `kind`, from
 /// `embodyflow_models::checkpoint::policy_kind`): all tasks one-shot with a
-/// plan policy, or all in a closed-loop world ([`TaskEnv::is_closed_loop`])
+/// plan policy, or all in a closed-loop world ([`embodyflow_worlds::is_closed_loop`])
 /// with a VLA; anything else is bad input naming a task and the policy.
 /// `collect-rollouts` and `evaluate` choose their loop with it.
 pub fn mode_of(
@@ -136,7 +136,7 @@ pub fn mode_of(
     dir: &Path,
 ) -> Result<Mode, embodyflow_core::Error> {
     use embodyflow_core::Error;
-    let closed = |t: &TaskRow| TaskEnv::is_closed_loop(&t.env);
+    let closed = |t: &TaskRow| embodyflow_worlds::is_closed_loop(&t.env);
     let first_closed = tasks.iter().find(|t| closed(t));
     let first_open = tasks.iter().find(|t| !closed(t));
     match (first_closed, first_open, kind) {

@@ -19,7 +19,7 @@
 //! plan extraction whatever the reward.
 //!
 //! Closed-loop trajectories (episodes of a VLA in a world that
-//! `embodyflow_envs::TaskEnv::is_closed_loop` names, `env = tabletop`, found
+//! `embodyflow_worlds::is_closed_loop` names, `env = tabletop`, found
 //! through the tasks table) take the outcome reward only: `score =
 //! reward.reward_coef` when the episode succeeded (`complete`), else 0;
 //! `success = complete`, `format = 0`, `accuracy = score`, `parse_ok = true`
@@ -313,7 +313,7 @@ fn missing_tasks(
     Ok((missing, count))
 }
 
-/// The ids of the tasks in closed-loop worlds (`TaskEnv::is_closed_loop`
+/// The ids of the tasks in closed-loop worlds (`embodyflow_worlds::is_closed_loop`
 /// of their `env`). Reads only the id and env columns.
 fn closed_loop_tasks(tasks: &TableReader) -> Result<HashSet<String>> {
     let mut out = HashSet::new();
@@ -323,7 +323,7 @@ fn closed_loop_tasks(tasks: &TableReader) -> Result<HashSet<String>> {
         let envs = column::<StringArray>(&batch, "env");
         out.extend(
             (0..batch.num_rows())
-                .filter(|&i| TaskEnv::is_closed_loop(envs.value(i)))
+                .filter(|&i| embodyflow_worlds::is_closed_loop(envs.value(i)))
                 .map(|i| ids.value(i).to_string()),
         );
     }

@@ -30,7 +30,6 @@ use embodyflow_core::observation_store::{
     ObservationStore, ObservationStoreError, ObservationStoreWriter,
 };
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
-use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::reference_plan;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
@@ -262,7 +261,7 @@ pub fn sft_examples<M: PlanNet>(
     }
     let mut examples = Vec::new();
     for row in kept_tasks(tasks, sft) {
-        let env = TaskEnv::from_row(row, 0)?;
+        let env = embodyflow_worlds::one_shot(row, 0)?;
         let answer = env.expert_answer().ok_or_else(|| {
             Error::BadInput(format!(
                 "task `{}`: its environment has no expert for SFT",

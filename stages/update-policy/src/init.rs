@@ -48,6 +48,7 @@ use embodyflow_core::Error;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::commit::{Commit, Digest};
 use embodyflow_core::config::{at_least, ensure};
+use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -56,9 +57,9 @@ use embodyflow_models::checkpoint::{Checkpoint, CheckpointManifest, PolicyKind};
 use embodyflow_models::gpt::GptConfig;
 use embodyflow_models::tokenizer::{encode, load, train_bpe};
 use embodyflow_models::vla::{LatentConfig, Vla, VlaConfig};
-use embodyflow_tabletop as tabletop;
 use embodyflow_worlds::{
-    BridgeKeys, PolicyShape, WorldOptions, WorldTask, policy_shape, probe_prompts, tabletop_shape,
+    BridgeKeys, PolicyShape, WorldOptions, WorldTask, WorldsError, default_world, policy_shape,
+    probe_prompts,
 };
 use serde::{Deserialize, Serialize};
 
@@ -229,13 +230,19 @@ impl VlaKeys {
 
     fn validate(&self) -> embodyflow_core::Result<()> {
         at_least("vla.max_instruction", self.max_instruction, 1)?;
-        let (min, max) = (tabletop::MIN_FRAME_SIZE, tabletop::MAX_FRAME_SIZE);
-        ensure(
-            (min as i64..=max as i64).contains(&self.image_size),
-            "vla.image_size",
-            format!("a frame size the tabletop world renders, {min}..={max}"),
-            self.image_size,
-        )?;
+        let world = default_world();
+        if let Some(sizes) = world.frame_sizes() {
+            let (min, max) = (*sizes.start(), *sizes.end());
+            ensure(
+                (min as i64..=max as i64).contains(&self.image_size),
+                "vla.image_size",
+                format!(
+                    "a frame size the {} world renders, {min}..={max}",
+                    world.env()
+                ),
+                self.image_size,
+            )?;
+        }
         ensure(
             self.patch_size >= 1 && self.image_size % self.patch_size == 0,
             "vla.patch_size",
@@ -399,48 +406,14 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     if out.exists() && !args.stage.overwrite {
         return Err(Error::OutputExists(out.clone()).into());
     }
-    // A VLA for the world of the input tasks, when given: its shape comes
-    // from that world and its tokenizer learns their instructions (and the
-    // prompts of probe episodes in a world that observes text).
-    let world = match (config.kind, stage.optional_input(TableName::Tasks)?) {
-        (Kind::Vla, Some(reader)) => {
-            let rows: Vec<TaskRow> = reader.read_rows()?;
-            if rows.is_empty() {
-                return Err(Error::BadInput("the tasks table is empty".into()).into());
-            }
-            let tasks: Vec<WorldTask> = rows
-                .iter()
-                .map(WorldTask::from_row)
-                .collect::<Result<_, _>>()?;
-            let bridge = config.bridge.config();
-            let image_size = config.vla.image_size as usize;
-            let bad = |e: embodyflow_worlds::WorldsError| Error::BadInput(e.to_string());
-            let shape = policy_shape(&tasks[0], image_size, &bridge).map_err(bad)?;
-            let prompts = match (shape.observation_text, &shape.bins) {
-                (0, _) | (_, None) => Vec::new(),
-                (_, Some(bins)) => {
-                    let options = WorldOptions {
-                        image_size,
-                        bins: bins.clone(),
-                        bridge,
-                    };
-                    let episodes = config.tokenizer.probe_episodes;
-                    probe_prompts(&tasks, &options, episodes, args.stage.seed).map_err(bad)?
-                }
-            };
-            let instructions: Vec<String> = rows.into_iter().map(|r| r.instruction).collect();
-            Some((shape, instructions, prompts))
-        }
-        _ => None,
+    let input = stage.optional_input(TableName::Tasks)?;
+    let world = match config.kind {
+        Kind::Plan => None,
+        Kind::Vla => Some(vla_world(config, input, args.stage.seed)?),
     };
-    let corpus = match (&world, config.kind) {
-        (Some((_, instructions, prompts)), _) => {
-            instructions.iter().chain(prompts).cloned().collect()
-        }
-        (None, Kind::Plan) => {
-            embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed)
-        }
-        (None, Kind::Vla) => instructions(config.tokenizer.corpus_tasks, args.stage.seed),
+    let corpus = match &world {
+        Some((_, instructions, prompts)) => instructions.iter().chain(prompts).cloned().collect(),
+        None => embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed),
     };
     let (tokenizer, origin) = match &config.tokenizer.from {
         Some(path) => {
@@ -475,16 +448,10 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             (format!("{gpt:?}"), policy.num_parameters(), staged)
         }
         Kind::Vla => {
-            let shape = match &world {
-                Some((shape, _, _)) => shape.clone(),
-                None => tabletop_shape(config.vla.image_size as usize),
-            };
-            let vla = config.vla.config(vocab_size, &shape)?;
+            let (shape, _, prompts) = world.as_ref().expect("a VLA's world");
+            let vla = config.vla.config(vocab_size, shape)?;
             let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
-            let (text, prompts) = world.as_ref().map_or((0, &[][..]), |(shape, _, prompts)| {
-                (shape.observation_text, prompts.as_slice())
-            });
-            let lengths = check_prompts(&policy, &corpus, text, prompts)?;
+            let lengths = check_prompts(&policy, &corpus, shape.observation_text, prompts)?;
             if let Some((mean, longest)) = lengths {
                 prompt_lengths = Some(format!(
                     "{} probe prompts: {mean:.1} tokens on average, {longest} at most (vla.max_instruction = {})",
@@ -544,16 +511,61 @@ fn stage_checkpoint<M: embodyflow_models::checkpoint::PolicyNet>(
     Ok((parent.to_path_buf(), name.to_string(), staged, manifest))
 }
 
-/// The instructions of `count` generated tabletop train tasks, the suites in
-/// turn (task `i` is index `i / 4` of suite `i % 4`): a VLA tokenizer's corpus.
-fn instructions(count: usize, seed: u64) -> Vec<String> {
-    (0..count)
-        .map(|i| {
-            let suite = tabletop::Suite::ALL[i % tabletop::Suite::ALL.len()];
-            let index = (i / tabletop::Suite::ALL.len()) as u64;
-            tabletop::generate(suite, tabletop::Split::Train, seed, index).instruction
-        })
-        .collect()
+/// The world a VLA is made for: its shape, the instructions its tokenizer
+/// learns and, in a world that observes text, the prompts of probe episodes
+/// ([`probe_prompts`]). The world of the input tasks when given (their
+/// instructions), else the default world's `tokenizer.corpus_tasks`
+/// generated train tasks ([`default_world`], [`World::train_tasks`]).
+///
+/// [`World::train_tasks`]: embodyflow_worlds::World::train_tasks
+fn vla_world(
+    config: &Config,
+    input: Option<TableReader>,
+    seed: u64,
+) -> Result<(PolicyShape, Vec<String>, Vec<String>), ModelError> {
+    let (tasks, instructions) = match input {
+        Some(reader) => {
+            let rows: Vec<TaskRow> = reader.read_rows()?;
+            if rows.is_empty() {
+                return Err(Error::BadInput("the tasks table is empty".into()).into());
+            }
+            let tasks: Vec<WorldTask> = rows
+                .iter()
+                .map(WorldTask::from_row)
+                .collect::<Result<_, _>>()?;
+            (tasks, rows.into_iter().map(|r| r.instruction).collect())
+        }
+        None => {
+            let world = default_world();
+            let tasks = world
+                .train_tasks(config.tokenizer.corpus_tasks, seed)
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "the {} world generates no tasks: give the VLA's tasks with --input",
+                        world.env()
+                    ))
+                })?;
+            let instructions = tasks.iter().map(|t| t.instruction().to_string()).collect();
+            (tasks, instructions)
+        }
+    };
+    let bridge = config.bridge.config();
+    let image_size = config.vla.image_size as usize;
+    let bad = |e: WorldsError| Error::BadInput(e.to_string());
+    let shape = policy_shape(&tasks[0], image_size, &bridge).map_err(bad)?;
+    let prompts = match (shape.observation_text, &shape.bins) {
+        (0, _) | (_, None) => Vec::new(),
+        (_, Some(bins)) => {
+            let options = WorldOptions {
+                image_size,
+                bins: bins.clone(),
+                bridge,
+            };
+            let episodes = config.tokenizer.probe_episodes;
+            probe_prompts(&tasks, &options, episodes, seed).map_err(bad)?
+        }
+    };
+    Ok((shape, instructions, prompts))
 }
 
 /// Every prompt fits in `vla.max_instruction` tokens, which count a
@@ -693,18 +705,6 @@ mod tests {
                 "{set}"
             );
         }
-    }
-
-    #[test]
-    fn the_vla_corpus_is_the_tabletop_train_instructions_of_every_suite() {
-        let corpus = instructions(8, 3);
-        assert_eq!(corpus.len(), 8);
-        for (i, text) in corpus.iter().enumerate() {
-            let suite = tabletop::Suite::ALL[i % 4];
-            let task = tabletop::generate(suite, tabletop::Split::Train, 3, (i / 4) as u64);
-            assert_eq!(text, &task.instruction);
-        }
-        assert_ne!(corpus, instructions(8, 4), "seeded");
     }
 }
 

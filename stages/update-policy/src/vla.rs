@@ -9,19 +9,22 @@
 //! tokenizes them) and the action tokens as the response, flattened step
 //! after step (token `t` is dimension `t % D` of action `t / D`).
 //!
-//! - SFT (behaviour cloning, [`sft_examples`]): for each kept tabletop task
+//! - SFT (behaviour cloning, [`sft_examples`]): for each kept task
 //!   ([`crate::kept_tasks`]: by default the first row of each task, i.e.
-//!   one initial state per task), the scripted expert's grasping
-//!   demonstration (`embodyflow_tabletop::demonstration`, noise
-//!   `sft.expert_noise` seeded by `sampling_seed(--seed, task id)`) cut
-//!   into decisions of `K = chunk_len` actions observed at the checkpoint's
-//!   `image_size`; each decision's actions become tokens with the
+//!   one initial state per task), its world's scripted expert
+//!   ([`embodyflow_worlds::World::demonstrations`]: the tabletop world's
+//!   grasping expert with noise `sft.expert_noise` seeded by
+//!   `sampling_seed(--seed, task id)`, a bridge adapter's expert in a
+//!   worker) cut into decisions of `K = chunk_len` actions observed at the
+//!   checkpoint's shape; each decision's actions are tokens of the
 //!   checkpoint's bins (OpenVLA's 256 over [-1, 1] by default). A decision
 //!   keeps the tokens of the actions taken before the episode ended, so the
 //!   last one of an episode may have fewer than `K × D` (the steps after the
 //!   end are out of the loss, as `Vla::bc_loss`'s `valid_steps` leaves them
-//!   out). Demonstrations that fail are dropped and counted. The loss is
-//!   the token mean of `-log π(a_t | o)` over the step's tokens.
+//!   out); in a world that observes text its prompt is the instruction and
+//!   that decision's text. Demonstrations that fail are dropped and
+//!   counted. The loss is the token mean of `-log π(a_t | o)` over the
+//!   step's tokens.
 //! - SFT on a demonstrations table (`sft.demonstrations`,
 //!   [`demonstrations`]): its steps rows as they are (LIBERO's imported
 //!   demonstrations), checked against the checkpoint's tokenizer and chunk.
@@ -43,10 +46,9 @@
 //!     --set objective=sft --set sft.demos_per_task=1 --set epochs=50
 //! ```
 
+use embodyflow_core::Error;
 use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_core::schemas::TaskRow;
-use embodyflow_core::{Error, progress};
-use embodyflow_gym as gym;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{Entropy, ResponseScores};
@@ -54,7 +56,8 @@ use embodyflow_models::vla::{Observation, Vla, VlaConfig};
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
 use embodyflow_rollout::sampling_seed;
-use embodyflow_tabletop::{self as tabletop, ExpertConfig, Strategy};
+use embodyflow_worlds::demonstrations::{DemoRequest, Demonstration};
+use embodyflow_worlds::{WorldTask, world_of_tasks};
 
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
@@ -142,9 +145,11 @@ pub fn padded_chunks(batch: &[&Example], per: usize) -> Vec<u32> {
     tokens
 }
 
-/// Behaviour-cloning examples (see the module doc): the expert's grasping
-/// demonstration of each kept task, one example per decision; the notes
-/// count the demonstrations used and those dropped because they failed.
+/// Behaviour-cloning examples (see the module doc): the scripted expert's
+/// demonstration of each kept task, asked of the tasks' world
+/// ([`embodyflow_worlds::World::demonstrations`]), one example per decision;
+/// the notes count the demonstrations used and those dropped because they
+/// failed.
 pub fn sft_examples(
     policy: &Checkpoint<Vla>,
     tasks: &[TaskRow],
@@ -161,91 +166,76 @@ pub fn sft_examples(
     if let Some(dir) = &sft.demonstrations {
         return demonstrations::sft_examples(policy, tasks, dir, sft);
     }
-    let kept = kept_tasks(tasks, sft);
-    if kept
-        .first()
-        .is_some_and(|row| row.env.starts_with(gym::ENV_PREFIX))
-    {
-        return bridge_sft_examples(policy, &kept, sft);
-    }
+    let tasks: Vec<WorldTask> = kept_tasks(tasks, sft)
+        .into_iter()
+        .map(WorldTask::from_row)
+        .collect::<Result<_, _>>()?;
+    let world = world_of_tasks(&tasks)?;
     let config = policy.model.config();
-    let world = (tabletop::ACTION_DIM as i64, tabletop::PROPRIO_DIM as i64);
-    if (config.action_dim, config.proprio_dim) != world {
-        return Err(Error::BadInput(format!(
-            "the VLA takes actions of {} and proprio of {}; the tabletop world's are {} and {}",
-            config.action_dim, config.proprio_dim, world.0, world.1
-        ))
-        .into());
-    }
     let sampler = VlaPolicy::new(policy, 0.0)?;
     let bins = sampler.bins();
-    let shape = observation_shape(config);
-    let (k, size) = (config.chunk_len as usize, config.image_size as usize);
     // A thinking VLA's warm-up also needs every demonstration frame.
     let thinking = thinking::latent_of(policy).map(|l| l.length as usize);
+    let seeds: Vec<u64> = tasks
+        .iter()
+        .map(|t| sampling_seed(seed, &t.task_id()))
+        .collect();
+    let bridge = sft.bridge.config();
+    let request = DemoRequest {
+        observation: observation_shape(config),
+        action_dim: config.action_dim as usize,
+        bins: &bins,
+        chunk_len: config.chunk_len as usize,
+        noise: sft.expert_noise,
+        seeds: &seeds,
+        step_frames: thinking.is_some(),
+        bridge: &bridge,
+    };
+    let k = request.chunk_len;
     let (mut futures, mut all_frames) = (Vec::new(), Vec::new());
-    let bar = progress::bar(kept.len() as u64, "demonstrations");
     let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
-    for row in kept {
-        let named = |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: {e}"));
-        let task = tabletop::task_from_row(row).map_err(|e| named(&e))?;
+    let mut add = |demo: Demonstration| -> Result<(), Error> {
         let prompt = sampler
-            .instruction_ids(&task.instruction)
-            .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
-        let expert = ExpertConfig {
-            noise: sft.expert_noise,
-            seed: sampling_seed(seed, &row.task_id),
-        };
-        let demo = tabletop::demonstration(&task, Strategy::Grasp, expert, k, size)
-            .map_err(|e| named(&format!("task `{}`: {e}", row.task_id)))?;
-        bar.inc(1);
-        if !demo.episode.success {
-            dropped.push(row.task_id.clone());
-            continue;
+            .instruction_ids(&demo.instruction)
+            .map_err(|e| Error::BadInput(format!("task `{}`: {e}", demo.task_id)))?;
+        if !demo.success {
+            dropped.push(demo.task_id);
+            return Ok(());
         }
         used += 1;
-        let steps = demo.episode.steps as usize;
-        let step_frames = match thinking {
-            None => Vec::new(),
-            Some(_) => {
-                let per_step = tabletop::demonstration(&task, Strategy::Grasp, expert, 1, size)
-                    .map_err(|e| named(&format!("task `{}`: {e}", row.task_id)))?;
-                if per_step.episode != demo.episode {
-                    return Err(Error::Usage(format!(
-                        "task `{}`: the expert's episode differs when recorded step by step",
-                        row.task_id
-                    ))
-                    .into());
-                }
-                per_step.decisions.into_iter().map(|d| d.frame).collect()
-            }
-        };
-        for (i, decision) in demo.decisions.iter().enumerate() {
+        for (i, decision) in demo.decisions.into_iter().enumerate() {
             if let Some(length) = thinking {
                 futures.push(thinking::FutureFrames {
                     example: examples.len(),
-                    frames: thinking::future_frames(&step_frames, i, k, length),
+                    frames: thinking::future_frames(&demo.step_frames, i, k, length),
                 });
             }
-            let source = format!("task `{}` decision {i}", row.task_id);
-            // The actions taken before the episode ended (decision i began while it ran).
-            let valid = (steps - i * k).min(k);
-            let actions: Vec<f32> = decision.actions[..valid].concat();
-            let tokens = bins
-                .encode(&actions)
-                .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
-            let observation = observation::encode(&shape, &decision.frame, &decision.proprio)
-                .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
-            examples.push(demonstration_example(source, &prompt, &tokens, observation));
+            let source = format!("task `{}` decision {i}", demo.task_id);
+            // A world that observes text: the decision's own prompt, as the driver builds it.
+            let observed = match &decision.text {
+                Some(text) => Some(
+                    sampler
+                        .instruction_ids(&observed_prompt(&demo.instruction, text))
+                        .map_err(|e| Error::BadInput(format!("{source}: {e}")))?,
+                ),
+                None => None,
+            };
+            let prompt = observed.as_deref().unwrap_or(&prompt);
+            examples.push(demonstration_example(
+                source,
+                prompt,
+                &decision.tokens,
+                decision.observation,
+            ));
         }
-        all_frames.extend(step_frames);
-    }
-    bar.finish_and_clear();
+        all_frames.extend(demo.step_frames);
+        Ok(())
+    };
+    let about = world.demonstrations(&tasks, &request, &mut add)?;
     let mut notes = vec![(
         "demonstrations".to_string(),
         format!(
-            "{used} successful expert demonstrations (grasp, noise {}), {} decisions",
-            sft.expert_noise,
+            "{used} successful expert demonstrations ({about}), {} decisions",
             examples.len()
         ),
     )];
@@ -262,95 +252,6 @@ pub fn sft_examples(
         examples,
         notes,
         frame_encoder,
-    })
-}
-
-/// Behaviour-cloning examples of bridge tasks (`env = gym:<adapter>`): the
-/// adapter's scripted expert plays each kept task's whole episode in a
-/// bridge worker (`embodyflow_gym::expert_demonstrations`, chunks of the
-/// checkpoint's `K`), one example per decision: the observation the
-/// worker encoded, the environment's instruction, the chunk's actions as
-/// tokens (a discrete action's index is its bin; a box action's values
-/// `bins.encode`d). Failed demonstrations (and those a worker fault
-/// ended) are dropped and counted; `sft.expert_noise` is the tabletop
-/// expert's and does not apply. A thinking VLA's warm-up needs the
-/// tabletop world's per-step frames and is refused here.
-fn bridge_sft_examples(
-    policy: &Checkpoint<Vla>,
-    kept: &[&TaskRow],
-    sft: &SftConfig,
-) -> Result<SftSet, ModelError> {
-    let bad = |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: {e}"));
-    if thinking::latent_of(policy).is_some() {
-        return Err(Error::BadInput(
-            "a thinking VLA's warm-up needs the tabletop expert's per-step frames; bridge tasks train a VLA without latents".into(),
-        )
-        .into());
-    }
-    let tasks: Vec<gym::GymTask> = kept
-        .iter()
-        .map(|row| gym::task_from_row(row).map_err(|e| bad(&e)))
-        .collect::<Result<_, _>>()?;
-    let bridge = sft.bridge.config();
-    let first = &tasks[0].spec;
-    let info = gym::probe(&bridge, first).map_err(|e| bad(&e))?;
-    let sampler = VlaPolicy::new(policy, 0.0)?;
-    let bins = sampler.bins();
-    info.action
-        .check_bins(&bins)
-        .map_err(|e| Error::BadInput(format!("the checkpoint's action bins: {e}")))?;
-    let k = policy.model.config().chunk_len as usize;
-    let demos = gym::expert_demonstrations(&bridge, &tasks, k).map_err(|e| bad(&e))?;
-    let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
-    for demo in &demos {
-        if !demo.success {
-            dropped.push(demo.task_id.clone());
-            continue;
-        }
-        used += 1;
-        let prompt = sampler
-            .instruction_ids(&demo.instruction)
-            .map_err(|e| Error::BadInput(format!("task `{}`: {e}", demo.task_id)))?;
-        for (i, decision) in demo.decisions.iter().enumerate() {
-            let source = format!("task `{}` decision {i}", demo.task_id);
-            // An env that observes text: the decision's own prompt, as the driver builds it.
-            let observed = match &decision.text {
-                Some(text) => Some(
-                    sampler
-                        .instruction_ids(&observed_prompt(&demo.instruction, text))
-                        .map_err(|e| Error::BadInput(format!("{source}: {e}")))?,
-                ),
-                None => None,
-            };
-            let prompt = observed.as_deref().unwrap_or(&prompt);
-            let tokens = info
-                .action
-                .tokens(&bins, &decision.actions)
-                .map_err(|e| Error::BadInput(format!("{source}: {e}")))?;
-            examples.push(demonstration_example(
-                source,
-                prompt,
-                &tokens,
-                decision.observation.clone(),
-            ));
-        }
-    }
-    let notes = vec![
-        (
-            "demonstrations".to_string(),
-            format!(
-                "{used} successful expert demonstrations ({}{}), {} decisions",
-                gym::ENV_PREFIX,
-                first.adapter,
-                examples.len()
-            ),
-        ),
-        dropped_note(&dropped),
-    ];
-    Ok(SftSet {
-        examples,
-        notes,
-        frame_encoder: None,
     })
 }
 

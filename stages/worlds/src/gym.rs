@@ -4,6 +4,11 @@
 //! as the adapter reports it (a fresh worker's probe) and episodes on the
 //! bridge's workers, which the stage's next batch reuses
 //! ([`GymEpisodes::with_pool`]); their fault counts go to its summary.
+//! Its demonstrations are the adapter's scripted expert playing each task
+//! in a worker ([`embodyflow_gym::expert_demonstrations`]): the observation
+//! the worker encoded, the text it observed, the chunk's actions as tokens
+//! (a discrete action's index is its bin, a box action's values are
+//! `bins.encode`d); demonstrations a worker fault ended count as failed.
 //!
 //! ```
 //! use embodyflow_gym::{GymTask, GymTaskSpec};
@@ -21,6 +26,7 @@ use embodyflow_gym::{
     self as bridge, BridgeConfig, ENV_PREFIX, GymEpisodes, GymTask, Pool, task_from_row,
 };
 
+use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
 use crate::{PolicyShape, RUN_SEED_STRIDE, WorldOptions, WorldsError};
 
@@ -102,6 +108,60 @@ impl World for Gym {
         let episodes =
             GymEpisodes::with_pool(pool, &specs::<GymTask>(tasks), group, &options.bins)?;
         Ok(Box::new(episodes))
+    }
+
+    fn demonstrations(
+        &self,
+        tasks: &[WorldTask],
+        request: &DemoRequest<'_>,
+        each: &mut dyn FnMut(Demonstration) -> Result<(), Error>,
+    ) -> Result<String, Error> {
+        let bad = |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: {e}"));
+        if request.step_frames {
+            return Err(Error::BadInput(
+                "a thinking VLA's warm-up needs the tabletop expert's per-step frames; bridge tasks train a VLA without latents".into(),
+            ));
+        }
+        let tasks = specs::<GymTask>(tasks);
+        let Some(first) = tasks.first().map(|t| &t.spec) else {
+            return Err(bad(&"no task to demonstrate"));
+        };
+        let info = bridge::probe(request.bridge, first).map_err(|e| bad(&e))?;
+        info.action
+            .check_bins(request.bins)
+            .map_err(|e| Error::BadInput(format!("the checkpoint's action bins: {e}")))?;
+        let demos = bridge::expert_demonstrations(request.bridge, &tasks, request.chunk_len)
+            .map_err(|e| bad(&e))?;
+        for demo in demos {
+            let mut decisions = Vec::new();
+            // A failed demonstration is left out: its decisions are not needed.
+            let played = if demo.success {
+                demo.decisions
+            } else {
+                Vec::new()
+            };
+            for (i, decision) in played.into_iter().enumerate() {
+                let tokens = info
+                    .action
+                    .tokens(request.bins, &decision.actions)
+                    .map_err(|e| {
+                        Error::BadInput(format!("task `{}` decision {i}: {e}", demo.task_id))
+                    })?;
+                decisions.push(DemoDecision {
+                    observation: decision.observation,
+                    text: decision.text,
+                    tokens,
+                });
+            }
+            each(Demonstration {
+                task_id: demo.task_id,
+                instruction: demo.instruction,
+                success: demo.success,
+                decisions,
+                step_frames: Vec::new(),
+            })?;
+        }
+        Ok(format!("{ENV_PREFIX}{}", first.adapter))
     }
 }
 

@@ -30,6 +30,7 @@
 
 use std::time::Duration;
 
+pub mod demonstrations;
 pub mod generate;
 pub mod gym;
 pub mod tabletop;
@@ -39,14 +40,18 @@ pub mod world;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
+use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
+use embodyflow_envs::TaskEnv;
 use embodyflow_gym::{BridgeConfig, FaultCounts};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 use serde::{Deserialize, Serialize};
 
 pub use world::{Kept, World, WorldEpisodes, WorldTask};
 
-/// Every closed-loop world the stages run, in the order messages name them.
+/// Every closed-loop world the stages run, in the order messages name them;
+/// the first is the one a VLA is made for without a tasks table
+/// ([`default_world`]).
 pub static WORLDS: &[&dyn World] = &[
     &tabletop::TABLETOP,
     &gym::GYM,
@@ -60,12 +65,68 @@ pub fn world_of(env: &str) -> Option<&'static dyn World> {
     WORLDS.iter().copied().find(|w| w.claims(env))
 }
 
+/// The world a VLA is made for when no tasks table names one
+/// (`init-policy --set kind=vla` without `--input`): the first of
+/// [`WORLDS`], which generates its own train tasks
+/// ([`World::train_tasks`]).
+pub fn default_world() -> &'static dyn World {
+    WORLDS[0]
+}
+
+/// The one world of `tasks`; tasks of two worlds are bad input naming a
+/// task of each (a batch, or a set of demonstrations, runs one).
+pub fn world_of_tasks(tasks: &[WorldTask]) -> Result<&'static dyn World, Error> {
+    let world = tasks.first().map_or(WORLDS[0], WorldTask::world);
+    match tasks.iter().find(|t| !std::ptr::addr_eq(t.world(), world)) {
+        None => Ok(world),
+        Some(other) => Err(Error::BadInput(format!(
+            "tasks `{}` ({}) and `{}` ({}) are of different worlds; a batch runs one",
+            tasks[0].task_id(),
+            tasks[0].env(),
+            other.task_id(),
+            other.env()
+        ))),
+    }
+}
+
 /// Whether `env` names a closed-loop world (`tabletop`, or
 /// `gym:<adapter>`, a Gymnasium environment through the bridge): its
 /// trajectories are episodes of decisions with an outcome, not one-shot
 /// plans.
 pub fn is_closed_loop(env: &str) -> bool {
     world_of(env).is_some()
+}
+
+/// The one-shot environment of `row` in run `run`
+/// ([`TaskEnv::from_row`]); a row of a closed-loop world is bad input
+/// saying so, for a stage that runs one-shot plans.
+///
+/// ```
+/// use embodyflow_household::{Split, generate_tasks, task_row};
+/// use embodyflow_worlds::one_shot;
+/// let mut row = task_row(&generate_tasks(Split::Train, 1, 21)[0]);
+/// assert!(one_shot(&row, 0).is_ok());
+/// for (env, words) in [
+///     ("tabletop", "`tabletop` is a closed-loop world"),
+///     ("gym:babyai", "`gym:babyai` is a closed-loop world"),
+///     ("gym", "`gym` is not built in (known: household)"),
+/// ] {
+///     row.env = env.into();
+///     let error = one_shot(&row, 0).unwrap_err().to_string();
+///     assert!(error.contains(words) && error.contains(&row.task_id), "{error}");
+/// }
+/// ```
+pub fn one_shot(row: &TaskRow, run: u32) -> Result<TaskEnv, Error> {
+    if is_closed_loop(&row.env) {
+        return Err(Error::BadInput(format!(
+            "task `{}`: environment `{}` is a closed-loop world (actions step by step); \
+             this stage runs one-shot plans ({}) only",
+            row.task_id,
+            row.env,
+            embodyflow_envs::ONE_SHOT.join(", ")
+        )));
+    }
+    TaskEnv::from_row(row, run)
 }
 
 /// A bridge task's run `r > 0` resets with seed `seed + r * RUN_SEED_STRIDE`
@@ -89,12 +150,6 @@ pub struct PolicyShape {
     /// Gymnasium `Text` observation, which each decision's prompt holds
     /// after the instruction); 0 when the world observes no text.
     pub observation_text: usize,
-}
-
-/// The shape of a policy for the tabletop world at frames of `image_size`
-/// pixels: its proprio and action sizes, any bins over `[-1, 1]`.
-pub fn tabletop_shape(image_size: usize) -> PolicyShape {
-    tabletop::shape(image_size)
 }
 
 /// The shape of a policy for `task`'s world ([`World::policy_shape`]): the
@@ -292,17 +347,7 @@ impl Worlds {
     /// (bad input naming two tasks otherwise). A bridge batch runs on the
     /// workers of the previous one, if any ([`Worlds::done`]).
     pub fn episodes(&mut self, tasks: &[WorldTask], group: usize) -> Result<Episodes, WorldsError> {
-        let world = tasks.first().map_or(WORLDS[0], WorldTask::world);
-        if let Some(other) = tasks.iter().find(|t| !std::ptr::addr_eq(t.world(), world)) {
-            return Err(Error::BadInput(format!(
-                "tasks `{}` ({}) and `{}` ({}) are of different worlds; a batch runs one",
-                tasks[0].task_id(),
-                tasks[0].env(),
-                other.task_id(),
-                other.env()
-            ))
-            .into());
-        }
+        let world = world_of_tasks(tasks)?;
         let index = WORLDS
             .iter()
             .position(|w| std::ptr::addr_eq(*w, world))

@@ -1,7 +1,11 @@
 //! The tabletop world (`env = tabletop`, [`embodyflow_tabletop`]) in
 //! process: a row's scene spec ([`embodyflow_tabletop::task_from_row`]),
 //! run `r` another layout ([`embodyflow_tabletop::reseed`]), episodes
-//! rendered at the policy's frame size ([`TabletopEpisodes`]).
+//! rendered at the policy's frame size ([`TabletopEpisodes`]) within
+//! [`MIN_FRAME_SIZE`](tt::MIN_FRAME_SIZE)`..=`[`MAX_FRAME_SIZE`](tt::MAX_FRAME_SIZE),
+//! train tasks of the four suites in turn, and the scripted expert's
+//! grasping demonstrations (`embodyflow_tabletop::demonstration`, noise
+//! and seed per task) cut into the policy's chunks at its frame size.
 //!
 //! ```
 //! use embodyflow_tabletop::{Split, Suite, generate, task_row};
@@ -12,11 +16,14 @@
 //! assert_ne!(task.reseed(1).unwrap(), task); // another layout
 //! ```
 
-use embodyflow_core::Error;
-use embodyflow_core::schemas::TaskRow;
-use embodyflow_gym::BridgeConfig;
-use embodyflow_tabletop::{self as tt, TabletopEpisodes, TaskSpec};
+use std::ops::RangeInclusive;
 
+use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::{Error, observation, progress};
+use embodyflow_gym::BridgeConfig;
+use embodyflow_tabletop::{self as tt, ExpertConfig, Strategy, TabletopEpisodes, TaskSpec};
+
+use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
 use crate::{PolicyShape, WorldOptions, WorldsError};
 
@@ -96,6 +103,103 @@ impl World for Tabletop {
             .map(|episodes| Box::new(episodes) as Box<dyn WorldEpisodes>)
             .map_err(|e| bad(e).into())
     }
+
+    fn frame_sizes(&self) -> Option<RangeInclusive<usize>> {
+        Some(tt::MIN_FRAME_SIZE..=tt::MAX_FRAME_SIZE)
+    }
+
+    /// Task `i` is index `i / 4` of suite `i % 4` (spatial, object, goal,
+    /// long).
+    fn train_tasks(&'static self, count: usize, seed: u64) -> Option<Vec<WorldTask>> {
+        let suites = tt::Suite::ALL.len();
+        let task = |i: usize| {
+            let (suite, index) = (tt::Suite::ALL[i % suites], (i / suites) as u64);
+            self.task_of(tt::generate(suite, tt::Split::Train, seed, index))
+        };
+        Some((0..count).map(task).collect())
+    }
+
+    fn demonstrations(
+        &self,
+        tasks: &[WorldTask],
+        request: &DemoRequest<'_>,
+        each: &mut dyn FnMut(Demonstration) -> Result<(), Error>,
+    ) -> Result<String, Error> {
+        let policy = (request.action_dim, request.observation.proprio);
+        if policy != (tt::ACTION_DIM, tt::PROPRIO_DIM) {
+            return Err(Error::BadInput(format!(
+                "the VLA takes actions of {} and proprio of {}; the tabletop world's are {} and {}",
+                policy.0,
+                policy.1,
+                tt::ACTION_DIM,
+                tt::PROPRIO_DIM
+            )));
+        }
+        let bar = progress::bar(tasks.len() as u64, "demonstrations");
+        for (task, &seed) in tasks.iter().zip(request.seeds) {
+            let expert = ExpertConfig {
+                noise: request.noise,
+                seed,
+            };
+            each(demonstration(task, request, expert)?)?;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(format!("grasp, noise {}", request.noise))
+    }
+}
+
+/// The grasping expert's demonstration of `task`, its decisions (and the
+/// frame before every step, when asked for) only when it succeeded.
+fn demonstration(
+    task: &WorldTask,
+    request: &DemoRequest<'_>,
+    expert: ExpertConfig,
+) -> Result<Demonstration, Error> {
+    let id = task.task_id();
+    let named =
+        |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: task `{id}`: {e}"));
+    let spec = task.spec::<TaskSpec>().expect("a tabletop task");
+    let (k, size) = (request.chunk_len, request.observation.height);
+    let demo = tt::demonstration(spec, Strategy::Grasp, expert, k, size).map_err(|e| named(&e))?;
+    let mut out = Demonstration {
+        task_id: id.clone(),
+        instruction: spec.instruction.clone(),
+        success: demo.episode.success,
+        decisions: Vec::new(),
+        step_frames: Vec::new(),
+    };
+    if !out.success {
+        return Ok(out);
+    }
+    if request.step_frames {
+        let per_step =
+            tt::demonstration(spec, Strategy::Grasp, expert, 1, size).map_err(|e| named(&e))?;
+        if per_step.episode != demo.episode {
+            return Err(Error::Usage(format!(
+                "task `{id}`: the expert's episode differs when recorded step by step"
+            )));
+        }
+        out.step_frames = per_step.decisions.into_iter().map(|d| d.frame).collect();
+    }
+    let steps = demo.episode.steps as usize;
+    for (i, decision) in demo.decisions.iter().enumerate() {
+        let source =
+            |e: &dyn std::fmt::Display| Error::BadInput(format!("task `{id}` decision {i}: {e}"));
+        // The actions taken before the episode ended (decision i began while it ran).
+        let valid = (steps - i * k).min(k);
+        let actions: Vec<f32> = decision.actions[..valid].concat();
+        let tokens = request.bins.encode(&actions).map_err(|e| source(&e))?;
+        let observation =
+            observation::encode(&request.observation, &decision.frame, &decision.proprio)
+                .map_err(|e| source(&e))?;
+        out.decisions.push(DemoDecision {
+            observation,
+            text: None,
+            tokens,
+        });
+    }
+    Ok(out)
 }
 
 impl WorldEpisodes for TabletopEpisodes {}

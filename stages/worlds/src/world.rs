@@ -9,10 +9,14 @@
 //!
 //! A world answers for the task rows whose `env` it claims
 //! ([`World::claims`]): their task ([`World::task`]), another run of one
-//! ([`World::reseed`]), a policy's shape ([`World::policy_shape`]) and a
-//! batch of episodes ([`World::episodes`]). What must outlive a batch (the
-//! bridge's worker pool, its fault counts) it keeps in the stage's
-//! [`Kept`] slot for it.
+//! ([`World::reseed`]), a policy's shape ([`World::policy_shape`]), a
+//! batch of episodes ([`World::episodes`]) and its scripted expert's
+//! demonstrations ([`World::demonstrations`], for behaviour cloning); a
+//! world that renders at the policy's size says at which
+//! ([`World::frame_sizes`]) and one that generates its own tasks draws
+//! them ([`World::train_tasks`]: a VLA made without a tasks table). What
+//! must outlive a batch (the bridge's worker pool, its fault counts) it
+//! keeps in the stage's [`Kept`] slot for it.
 //!
 //! ```
 //! use embodyflow_worlds::{WORLDS, world_of};
@@ -24,6 +28,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use embodyflow_core::Error;
@@ -31,6 +36,7 @@ use embodyflow_core::schemas::TaskRow;
 use embodyflow_gym::{BridgeConfig, FaultCounts};
 use embodyflow_world::ClosedLoopWorld;
 
+use crate::demonstrations::{DemoRequest, Demonstration};
 use crate::{PolicyShape, WorldOptions, WorldsError};
 
 /// A closed-loop world, as the stages see it.
@@ -63,6 +69,39 @@ pub trait World: Sync {
         options: &WorldOptions,
         kept: &mut Kept,
     ) -> Result<Box<dyn WorldEpisodes>, WorldsError>;
+    /// The frame sizes it renders at the policy's size (the bounds of
+    /// init-policy's `vla.image_size`); `None` for a world whose frames
+    /// are its own.
+    fn frame_sizes(&self) -> Option<RangeInclusive<usize>> {
+        None
+    }
+    /// `count` generated train tasks drawn from `seed`, for a world that
+    /// generates its own: a VLA made without a tasks table is made for
+    /// them (their world's shape, their instructions as its tokenizer's
+    /// corpus). `None` for a world whose tasks come from elsewhere.
+    fn train_tasks(&'static self, count: usize, seed: u64) -> Option<Vec<WorldTask>> {
+        let _ = (count, seed);
+        None
+    }
+    /// Its scripted expert's demonstrations of `tasks` (all of this world),
+    /// handed to `each` in task order as the request's policy would observe
+    /// and act ([`crate::demonstrations`]); returns what they are, for the
+    /// stage's summary (`grasp, noise 0.1`). A policy of another shape, or
+    /// a task it cannot play, is bad input naming it; a world without an
+    /// expert refuses.
+    fn demonstrations(
+        &self,
+        tasks: &[WorldTask],
+        request: &DemoRequest<'_>,
+        each: &mut dyn FnMut(Demonstration) -> Result<(), Error>,
+    ) -> Result<String, Error> {
+        let _ = (request, each);
+        Err(Error::BadInput(format!(
+            "task `{}`: the world `{}` has no scripted expert to demonstrate it",
+            tasks.first().map(WorldTask::task_id).unwrap_or_default(),
+            self.env()
+        )))
+    }
 }
 
 /// A batch of a world's episodes.

@@ -2,7 +2,9 @@ use super::*;
 use crate::{Config, Objective, OptimConfig, train};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::tiny_vla;
-use embodyflow_tabletop::{Split, Suite, World, frame_len, generate, task_row};
+use embodyflow_tabletop::{
+    self as tabletop, ExpertConfig, Split, Strategy, Suite, World, frame_len, generate, task_row,
+};
 
 const K: i64 = 4;
 
