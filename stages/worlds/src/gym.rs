@@ -171,3 +171,44 @@ impl WorldEpisodes for GymEpisodes {
         kept.state = Some(Box::new(self.into_pool()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_algos::action_tokens::ActionBins;
+    use embodyflow_gym::GymTaskSpec;
+
+    use super::*;
+
+    #[test]
+    fn a_thinking_vlas_step_frames_are_refused_before_any_worker_starts() {
+        let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 7, 64);
+        let tasks = [task(GymTask {
+            task_id: "goto/7".into(),
+            spec,
+        })];
+        let (bins, bridge) = (ActionBins::openvla(), BridgeConfig::default());
+        let request = DemoRequest {
+            observation: embodyflow_core::observation::ObservationShape {
+                height: 7,
+                width: 7,
+                channels: 3,
+                proprio: 4,
+            },
+            action_dim: 1,
+            bins: &bins,
+            chunk_len: 1,
+            noise: 0.0,
+            seeds: &[0],
+            step_frames: true,
+            bridge: &bridge,
+        };
+        let error = GYM
+            .demonstrations(&tasks, &request, &mut |_| panic!("no demonstration"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("bridge tasks train a VLA without latents"),
+            "{error}"
+        );
+    }
+}

@@ -203,3 +203,53 @@ fn demonstration(
 }
 
 impl WorldEpisodes for TabletopEpisodes {}
+
+#[cfg(test)]
+mod tests {
+    use embodyflow_algos::action_tokens::ActionBins;
+
+    use super::*;
+    use crate::{default_world, world_of};
+
+    #[test]
+    fn train_tasks_are_the_four_suites_in_turn_at_the_frame_sizes_it_renders() {
+        let world = world_of(tt::ENV).unwrap();
+        assert!(std::ptr::addr_eq(world, default_world()));
+        let tasks = world.train_tasks(8, 3).unwrap();
+        assert_eq!(tasks.len(), 8);
+        for (i, task) in tasks.iter().enumerate() {
+            let suite = tt::Suite::ALL[i % 4];
+            let spec = tt::generate(suite, tt::Split::Train, 3, (i / 4) as u64);
+            assert_eq!(task.spec::<TaskSpec>(), Some(&spec));
+            assert_eq!(task.instruction(), spec.instruction);
+        }
+        assert_ne!(world.train_tasks(8, 4).unwrap(), tasks, "seeded");
+        assert_eq!(
+            world.frame_sizes(),
+            Some(tt::MIN_FRAME_SIZE..=tt::MAX_FRAME_SIZE)
+        );
+    }
+
+    #[test]
+    fn a_policy_of_another_shape_gets_no_demonstrations() {
+        let tasks = TABLETOP.train_tasks(1, 3).unwrap();
+        let (bins, bridge) = (ActionBins::openvla(), BridgeConfig::default());
+        let mut observation = tt::observation_shape(32);
+        observation.proprio += 1;
+        let request = DemoRequest {
+            observation,
+            action_dim: tt::ACTION_DIM,
+            bins: &bins,
+            chunk_len: 4,
+            noise: 0.0,
+            seeds: &[0],
+            step_frames: false,
+            bridge: &bridge,
+        };
+        let error = TABLETOP
+            .demonstrations(&tasks, &request, &mut |_| panic!("no demonstration"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("the tabletop world's are 4 and"), "{error}");
+    }
+}

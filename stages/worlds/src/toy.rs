@@ -2,8 +2,9 @@
 //! this module (a [`World`] and its episodes implementing
 //! [`ClosedLoopWorld`]) and one line in [`WORLDS`](crate::WORLDS). A task
 //! row `env = toy` is a corridor of `seed` cells; an action > 0 moves one
-//! cell on, and reaching the end is success. Its test runs it through the
-//! registry and the closed-loop driver.
+//! cell on, and reaching the end is success; its expert always moves on.
+//! Its tests run it through the registry, the closed-loop driver and the
+//! demonstrations update-policy's behaviour cloning asks for.
 
 use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
@@ -11,6 +12,7 @@ use embodyflow_core::schemas::TaskRow;
 use embodyflow_gym::BridgeConfig;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
 
+use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
 use crate::{PolicyShape, WorldOptions, WorldsError};
 
@@ -95,6 +97,47 @@ impl World for Toy {
             }
         }
         Ok(Box::new(episodes))
+    }
+
+    /// The expert moves on at every step: a corridor of `n` cells is
+    /// `ceil(n / K)` decisions, observed at cells `0, K, 2K, ...`.
+    fn demonstrations(
+        &self,
+        tasks: &[WorldTask],
+        request: &DemoRequest<'_>,
+        each: &mut dyn FnMut(Demonstration) -> Result<(), Error>,
+    ) -> Result<String, Error> {
+        let k = request.chunk_len;
+        for (task, corridor) in tasks.iter().zip(specs::<Corridor>(tasks)) {
+            let length = corridor.length as usize;
+            let mut decisions = Vec::new();
+            for at in (0..length).step_by(k) {
+                let actions = vec![1.0; k.min(length - at)];
+                let observation =
+                    embodyflow_core::observation::encode(&shape(), &[at as u8], &[at as f32])
+                        .map_err(|e| Error::BadInput(e.to_string()))?;
+                decisions.push(DemoDecision {
+                    observation,
+                    text: None,
+                    tokens: request
+                        .bins
+                        .encode(&actions)
+                        .map_err(|e| Error::BadInput(e.to_string()))?,
+                });
+            }
+            let step_frames = match request.step_frames {
+                true => (0..length).map(|at| vec![at as u8]).collect(),
+                false => Vec::new(),
+            };
+            each(Demonstration {
+                task_id: task.task_id(),
+                instruction: task.instruction().to_string(),
+                success: true,
+                decisions,
+                step_frames,
+            })?;
+        }
+        Ok("always on".into())
     }
 }
 
@@ -191,7 +234,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::{WorldOptions, Worlds, is_closed_loop, max_decisions, policy_shape};
+    use crate::{
+        WorldOptions, Worlds, is_closed_loop, max_decisions, policy_shape, world_of, world_of_tasks,
+    };
 
     /// Always the same bin, `K = 2` actions per decision.
     struct Constant(u32);
@@ -283,5 +328,63 @@ mod tests {
             );
         }
         assert_eq!(worlds.faults(), None, "a world without workers");
+    }
+
+    #[test]
+    fn the_toy_experts_demonstrations_come_through_the_registry() {
+        let tasks: Vec<WorldTask> = [row("short", 3), row("long", 5)]
+            .iter()
+            .map(WorldTask::from_row)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let world = world_of_tasks(&tasks).unwrap();
+        assert!(std::ptr::addr_eq(world, world_of("toy").unwrap()));
+        let bins = ActionBins::openvla();
+        let bridge = BridgeConfig::default();
+        let request = DemoRequest {
+            observation: shape(),
+            action_dim: 1,
+            bins: &bins,
+            chunk_len: 2,
+            noise: 0.0,
+            seeds: &[0, 0],
+            step_frames: true,
+            bridge: &bridge,
+        };
+        let mut demos = Vec::new();
+        let about = world
+            .demonstrations(&tasks, &request, &mut |demo| {
+                demos.push(demo);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(about, "always on");
+        let ids: Vec<&str> = demos.iter().map(|d| d.task_id.as_str()).collect();
+        assert_eq!(ids, ["short", "long"]);
+        // Cells 0 and 2 of the short corridor; its last decision moves once.
+        let short = &demos[0];
+        let cells: Vec<u8> = short
+            .decisions
+            .iter()
+            .map(|d| {
+                embodyflow_core::observation::decode(&d.observation)
+                    .unwrap()
+                    .pixels[0]
+            })
+            .collect();
+        assert_eq!(cells, [0, 2]);
+        let top = bins.encode(&[1.0]).unwrap()[0];
+        assert_eq!(short.decisions[0].tokens, [top, top]);
+        assert_eq!(short.decisions[1].tokens, [top]);
+        assert_eq!(short.step_frames.len(), 3);
+        assert_eq!(demos[1].decisions.len(), 3);
+        // A callback's error stops the demonstrations.
+        let stopped = world
+            .demonstrations(&tasks, &request, &mut |_| Err(Error::BadInput("no".into())))
+            .unwrap_err();
+        assert_eq!(
+            stopped.to_string(),
+            Error::BadInput("no".into()).to_string()
+        );
     }
 }
