@@ -46,12 +46,39 @@ def first_float(text):
 
 
 def step_dir(run, it, step, cell):
-    name = f"{step}@{cell}" if cell else step
-    d = os.path.join(run, f"it{it}", name)
-    if not os.path.isdir(d) and cell:
-        # Iteration 0's collect runs once for all cells.
-        d = os.path.join(run, f"it{it}", step)
-    return d
+    """The step's directory for the cell: the one named by the largest subset
+    of the cell's `key=value` pairs (a step that does not depend on a swept
+    variable, e.g. iteration 0's collect under an estimator sweep, is shared
+    by the cells and named without it)."""
+    if not cell:
+        return os.path.join(run, f"it{it}", step)
+    pairs = set(cell.split(","))
+    best, best_n = os.path.join(run, f"it{it}", f"{step}@{cell}"), -1
+    for d in glob.glob(os.path.join(run, f"it{it}", step + "*")):
+        name = os.path.basename(d)
+        if name == step:
+            own = set()
+        elif name.startswith(step + "@"):
+            own = set(name[len(step) + 1:].split(","))
+        else:
+            continue
+        if own <= pairs and len(own) > best_n:
+            best, best_n = d, len(own)
+    return best
+
+
+def split_runs(runs):
+    """`RUN[@CELL],RUN[@CELL]...` into (run, cell) pairs; a cell may hold
+    several `key=value` pairs joined by commas (`@temperature=1.0,train_seed=1`)."""
+    items = []
+    for part in runs.split(","):
+        if items and "@" not in part and re.fullmatch(r"[A-Za-z_][\w.]*=[^/]*", part):
+            run, cell = items[-1]
+            items[-1] = (run, f"{cell},{part}")
+        else:
+            run, _, cell = part.partition("@")
+            items.append((run, cell))
+    return items
 
 
 def iterations(run):
@@ -111,8 +138,8 @@ def main():
     arms = []
     for arm in args.arms:
         name, runs = arm.split("=", 1)
-        items = [item.partition("@") for item in runs.split(",")]
-        arms.append((name, [read_run(r, cell or None) for r, _, cell in items], runs.split(",")))
+        items = split_runs(runs)
+        arms.append((name, [read_run(r, cell or None) for r, cell in items], items))
     print("| arm | seeds | greedy val before RL | greedy val, last | greedy val, best | sampled success, first it. | sampled success, last it. | entropy first → last | value EV first → last | mean latent length first → last |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, data, runs in arms:

@@ -1050,11 +1050,12 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
 /// LaST-R1's pipeline at tiny scale: a thinking VLA's warm-up, rollouts
 /// with latents, decision-level GAE on its values, LAPO updates (every
 /// episode kept, so every iteration updates) and a greedy evaluation
-/// reporting the chosen latent lengths.
+/// reporting the chosen latent lengths; then its GRPO arm on the same
+/// warm-up.
 #[test]
 fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     let dir = tempfile::tempdir().unwrap();
-    let (first, out, _) = run_tiny_tabletop(
+    let (first, out, args) = run_tiny_tabletop(
         dir.path(),
         "tabletop-lapo.toml",
         &tiny_initial_states(),
@@ -1091,4 +1092,29 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     );
     let eval = std::fs::read_to_string(out.join("it1/eval/_summary.evaluate.md")).unwrap();
     assert!(eval.contains("latent lengths (greedy decisions)"), "{eval}");
+    // The GRPO arm from the same warm-up: the setup steps are cached, the
+    // loop's GRPO advantages train the thinking VLA with objective = ppo
+    // (its sampled tokens behind the stored latents, no value loss).
+    let mut grpo = args;
+    grpo.extend(["--set", "estimator=grpo", "--set", "objective=ppo"].map(String::from));
+    let refs: Vec<&str> = grpo.iter().map(String::as_str).collect();
+    let second = ok(&refs);
+    assert_eq!((&*second["sft"], &*second["it1/update"]), ("cached", "ran"));
+    let update = std::fs::read_to_string(out.join("it1/update/_summary.update-policy.md")).unwrap();
+    assert!(
+        update.contains("| objective | ppo |")
+            && update.contains("chosen latent lengths")
+            && !update.contains("value explained variance"),
+        "{update}"
+    );
+    let metrics: Vec<MetricRow> =
+        TableReader::open(&out.join("it1/update/metrics"), TableName::Metrics)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m.value_loss.is_none() && m.loss.is_finite())
+    );
 }

@@ -57,8 +57,8 @@ pub struct Example {
     /// A VLA decision's observation bytes (`embodyflow_core::observation`;
     /// `None` for plans): read through [`Example::observation`] alone.
     pub observation: Option<ObservationBytes>,
-    /// A thinking VLA's latent chain at this decision: the rollout's (LAPO)
-    /// or the warm-up's targets (SFT); `None` otherwise.
+    /// A thinking VLA's latent chain at this decision: the rollout's (LAPO,
+    /// PPO) or the warm-up's targets (SFT); `None` otherwise.
     pub thought: Option<ExampleThought>,
     /// Which response tokens are the policy's (`steps.response_mask`):
     /// false marks a token a tool or the environment inserted, left out of
@@ -83,12 +83,12 @@ pub struct ExampleThought {
     /// every epoch ([`crate::vla::thinking::redraw_warmup_lengths`]); empty for
     /// LAPO (the rollout chose its stop).
     pub warmup_lengths: Vec<usize>,
-    /// The rollout's log-prob of that stop (LAPO; 0 for SFT).
+    /// The rollout's log-prob of that stop (LAPO, PPO; 0 for SFT).
     pub old_stop_logprob: f32,
-    /// The rollout's value estimate (LAPO; 0 for SFT).
+    /// The rollout's value estimate (LAPO; 0 for SFT and PPO).
     pub old_value: f32,
     /// The value target: GAE's return, advantage + value before whitening
-    /// (LAPO; 0 for SFT).
+    /// (LAPO; 0 for SFT and PPO).
     pub target_return: f32,
 }
 
@@ -307,16 +307,19 @@ pub fn sft_examples<M: PlanNet>(
 }
 
 /// PPO examples: steps joined with their advantages and their trajectory's
-/// temperature; with `thoughts` (LAPO) each also carries the step's latent
-/// chain, stop, old value and its GAE return ([`ExampleThought`]), a null
-/// one being bad input naming the table and field. The steps of a
-/// trajectory ended by infrastructure (`trajectories.infra_fault`) are no
-/// outcome of the policy: skipped, with any advantages row they have.
+/// temperature. With `lapo` each also carries the step's latent chain,
+/// stop, old value and its GAE return ([`ExampleThought`]), a null one
+/// being bad input naming the table and field; without it (PPO) a step a
+/// thinking VLA took (its `latents` set) carries its latent chain and stop,
+/// which the action tokens are scored behind (no value, no return). The
+/// steps of a trajectory ended by infrastructure
+/// (`trajectories.infra_fault`) are no outcome of the policy: skipped, with
+/// any advantages row they have.
 pub fn ppo_examples(
     trajectories: &[TrajectoryRow],
     steps: Vec<StepRow>,
     advantages: Vec<AdvantageRow>,
-    thoughts: bool,
+    lapo: bool,
 ) -> Result<Vec<Example>, Error> {
     if let Some(t) = trajectories.iter().find(|t| {
         t.policy
@@ -384,8 +387,8 @@ pub fn ppo_examples(
                 mask.len()
             )));
         }
-        let thought = if thoughts {
-            Some(example_thought(&step, &advantage)?)
+        let thought = if lapo || step.latents.is_some() {
+            Some(example_thought(&step, &advantage, lapo)?)
         } else {
             None
         };
@@ -412,19 +415,25 @@ pub fn ppo_examples(
     Ok(examples)
 }
 
-/// A LAPO example's [`ExampleThought`] from its `steps` row (the latents,
-/// their width, the chosen length, the stop's log-prob, the old value) and
-/// its `advantages` row (the return of its first token: a decision's
-/// return is broadcast to its tokens); a null or unusable field is bad
-/// input naming the table, field and step.
-fn example_thought(step: &StepRow, advantage: &AdvantageRow) -> Result<ExampleThought, Error> {
+/// A rollout example's [`ExampleThought`] from its `steps` row (the
+/// latents, their width, the chosen length, the stop's log-prob and, for
+/// LAPO, the old value) and, for LAPO, its `advantages` row (the return of
+/// its first token: a decision's return is broadcast to its tokens; PPO
+/// reads neither, both 0); a null or unusable field is bad input naming
+/// the table, field and step.
+fn example_thought(
+    step: &StepRow,
+    advantage: &AdvantageRow,
+    lapo: bool,
+) -> Result<ExampleThought, Error> {
     let at = format!(
         "trajectory `{}` step {}",
         step.trajectory_id, step.step_index
     );
+    let objective = if lapo { "lapo" } else { "ppo" };
     let null = |table: &str, field: &str, hint: &str| {
         Error::BadInput(format!(
-            "table `{table}` field `{field}` is null at {at}: objective = lapo {hint}"
+            "table `{table}` field `{field}` is null at {at}: objective = {objective} {hint}"
         ))
     };
     let rollouts = "needs a thinking VLA's rollouts (init-policy --set vla.latent_length=8)";
@@ -453,20 +462,25 @@ fn example_thought(step: &StepRow, advantage: &AdvantageRow) -> Result<ExampleTh
     let old_stop_logprob = step
         .old_latent_end_logprob
         .ok_or_else(|| null("steps", "old_latent_end_logprob", rollouts))?;
-    let old_value = step
-        .old_value
-        .ok_or_else(|| null("steps", "old_value", rollouts))?;
-    let target_return = advantage
-        .returns
-        .as_ref()
-        .and_then(|r| r.first().copied())
-        .ok_or_else(|| {
-            null(
-                "advantages",
-                "returns",
-                "needs GAE's returns (compute-advantages --set estimator=gae --set gae.level=decision)",
-            )
-        })?;
+    let (old_value, target_return) = if lapo {
+        let old_value = step
+            .old_value
+            .ok_or_else(|| null("steps", "old_value", rollouts))?;
+        let target_return = advantage
+            .returns
+            .as_ref()
+            .and_then(|r| r.first().copied())
+            .ok_or_else(|| {
+                null(
+                    "advantages",
+                    "returns",
+                    "needs GAE's returns (compute-advantages --set estimator=gae --set gae.level=decision)",
+                )
+            })?;
+        (old_value, target_return)
+    } else {
+        (0.0, 0.0)
+    };
     for (table, field, value) in [
         ("steps", "old_latent_end_logprob", old_stop_logprob),
         ("steps", "old_value", old_value),

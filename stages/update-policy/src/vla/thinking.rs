@@ -20,6 +20,16 @@
 //!   (one teacher-forced pass at the rollouts' temperature) into
 //!   [`crate::lapo::lapo_loss`]; a decision's advantage is its first token's
 //!   (decision-level GAE broadcasts it).
+//! - **PPO** (`objective = ppo`, e.g. on GRPO's advantages): the tokens the
+//!   policy sampled, scored by the same teacher-forced pass behind the
+//!   rollout's latents: each action token and the stop, one token more per
+//!   decision, in the token-level clipped surrogate
+//!   ([`crate::loss::policy_loss`]) with the token's advantage (the stop
+//!   takes the decision's first token's). The latents are the policy's
+//!   hidden states, not samples: they get no ratio and no term of their
+//!   own, nor does the value head (no critic). So GRPO on a thinking VLA is
+//!   SimpleVLA-RL's GRPO over every sampled token, against which LAPO adds
+//!   the latent surrogate, the chunk-level ratio and the critic.
 //!
 //! Micro-batch losses are means over the micro-batch scaled by its share of
 //! the step's decisions (LAPO's are divided by the step's decisions inside
@@ -38,7 +48,7 @@ use tch::{Kind, Tensor};
 
 use super::{decode_observations, observation_rows, observation_shape, padded_chunks};
 use crate::lapo::{LapoBatch, lapo_loss};
-use crate::loss::Denominators;
+use crate::loss::{Denominators, policy_loss};
 use crate::{Config, Example, ExampleThought, Objective, OwnLoss};
 
 /// The latent chain a thinking checkpoint has, or `None`.
@@ -199,8 +209,8 @@ pub fn check_thoughts(policy: &Checkpoint<Vla>, examples: &[Example]) -> Result<
         let source = &example.source;
         let Some(thought) = &example.thought else {
             return Err(Error::BadInput(format!(
-                "{source}: no latent chain; a thinking VLA trains with objective = sft (its warm-up) \
-                 or lapo (its own rollouts' latents, stop and value)"
+                "{source}: no latent chain; a thinking VLA trains with objective = sft (its warm-up), \
+                 lapo or ppo (on its own rollouts' latents and stop)"
             )));
         };
         if thought.latent_dim as i64 != config.n_embd {
@@ -344,13 +354,98 @@ pub fn own_loss(
                 tokens: (batch.len() * per) as u64,
             }))
         }
-        Objective::Ppo => Err(Error::Usage(
-            "objective = ppo on a VLA with a latent chain of thought: use objective = lapo \
-             (its latents, stop and value enter the loss) or sft (its warm-up)"
-                .into(),
-        )
-        .into()),
+        Objective::Ppo => {
+            if config.ppo.kl_coef > 0.0 || config.ppo.entropy_coef > 0.0 {
+                return Err(Error::Usage(format!(
+                    "objective = ppo on a VLA with a latent chain of thought takes ppo.kl_coef = 0 and \
+                     ppo.entropy_coef = 0 (its loss has no KL penalty or entropy bonus); got {} and {}",
+                    config.ppo.kl_coef, config.ppo.entropy_coef
+                ))
+                .into());
+            }
+            let scores = policy.model.latent_scores(
+                &rows,
+                &latents,
+                &stops,
+                &chunks,
+                f64::from(batch[0].temperature),
+                Entropy::Metric,
+            )?;
+            let b = batch.len() as i64;
+            let rows = sampled_token_rows(batch, &thoughts, per);
+            let device = policy.vars.device();
+            let tensor = |values: &[f32]| Tensor::from_slice(values).to(device).view([b, -1]);
+            let logp = Tensor::cat(
+                &[&scores.token_logprobs, &scores.stop_logprobs.view([b, 1])],
+                1,
+            );
+            // Every decision adds its stop to the step's tokens.
+            let sampled = Denominators {
+                tokens: denominators.tokens + denominators.sequences,
+                sequences: denominators.sequences,
+            };
+            let out = policy_loss(
+                &logp,
+                &tensor(&rows.old_logprobs),
+                &tensor(&rows.advantages),
+                &tensor(&rows.mask),
+                &config.ppo,
+                sampled,
+            );
+            let entropy = scores
+                .entropy
+                .expect("asked for")
+                .mean(Kind::Float)
+                .double_value(&[]);
+            let pg_loss = out.loss.double_value(&[]);
+            Ok(Some(OwnLoss {
+                loss: out.loss,
+                pg_loss,
+                entropy: entropy * share,
+                latent: 0.0,
+                end: 0.0,
+                value: None,
+                clipfrac: out.clipped_tokens / sampled.tokens,
+                clipfrac_lower: out.clipped_lower_tokens / sampled.tokens,
+                approx_kl: out.kl_sum / sampled.tokens,
+                tokens: batch.iter().map(|e| e.response.len() as u64).sum(),
+            }))
+        }
     }
+}
+
+/// PPO's rows on a thinking VLA, `[batch, per + 1]` flattened: each
+/// decision's action tokens (padded to `per`, the padding masked out) and
+/// then its stop, with the stop's stored log-prob and the decision's
+/// advantage (its first token's).
+struct SampledTokenRows {
+    old_logprobs: Vec<f32>,
+    advantages: Vec<f32>,
+    mask: Vec<f32>,
+}
+
+fn sampled_token_rows(
+    batch: &[&Example],
+    thoughts: &[&ExampleThought],
+    per: usize,
+) -> SampledTokenRows {
+    let width = per + 1;
+    let mut rows = SampledTokenRows {
+        old_logprobs: vec![0.0; batch.len() * width],
+        advantages: vec![0.0; batch.len() * width],
+        mask: vec![0.0; batch.len() * width],
+    };
+    for (r, (example, thought)) in batch.iter().zip(thoughts).enumerate() {
+        let row = r * width;
+        let n = example.response.len();
+        rows.old_logprobs[row..row + n].copy_from_slice(&example.old_logprobs);
+        rows.advantages[row..row + n].copy_from_slice(&example.advantages);
+        rows.mask[row..row + n].fill(1.0);
+        rows.old_logprobs[row + per] = thought.old_stop_logprob;
+        rows.advantages[row + per] = example.advantages[0];
+        rows.mask[row + per] = 1.0;
+    }
+    rows
 }
 
 #[cfg(test)]

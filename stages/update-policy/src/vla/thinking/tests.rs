@@ -274,35 +274,7 @@ fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
         let examples = ppo_examples(&trajectories, steps, advantages, true).unwrap();
         assert_eq!(examples.len(), 8);
         Vla::check_examples(&policy, &examples).unwrap();
-        let stop_logp = |policy: &Checkpoint<Vla>| -> f64 {
-            let refs: Vec<&Example> = examples.iter().collect();
-            tch::no_grad(|| {
-                let shape = observation_shape(policy.model.config());
-                let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
-                let rows = observation_rows(&refs, &pixels, &proprio, &shape);
-                let latents: Vec<&[f32]> = refs
-                    .iter()
-                    .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
-                    .collect();
-                let stops: Vec<usize> = refs
-                    .iter()
-                    .map(|e| e.thought.as_ref().unwrap().latent_len / 2 - 1)
-                    .collect();
-                let tokens: Vec<Vec<u32>> = refs
-                    .iter()
-                    .map(|e| e.response.iter().map(|&t| t as u32).collect())
-                    .collect();
-                let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-                policy
-                    .model
-                    .latent_scores(&rows, &latents, &stops, &tokens, 1.0, Entropy::Skip)
-                    .unwrap()
-                    .stop_logprobs
-                    .sum(Kind::Double)
-                    .double_value(&[])
-            })
-        };
-        let before = stop_logp(&policy);
+        let before = stored_logprobs(&policy, &examples).stop;
         let report = train(
             &mut policy,
             None,
@@ -333,12 +305,127 @@ fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
             "{:?}",
             report.metrics
         );
-        let after = stop_logp(&policy);
+        let after = stored_logprobs(&policy, &examples).stop;
         assert!(
             (after - before) * f64::from(sign) > 0.0,
             "advantage {sign}: {before} -> {after}"
         );
     }
+}
+
+/// The summed log-probs of the examples' stored stops and action tokens,
+/// behind their stored latents, at T = 1.
+struct StoredLogprobs {
+    stop: f64,
+    actions: f64,
+}
+
+fn stored_logprobs(policy: &Checkpoint<Vla>, examples: &[Example]) -> StoredLogprobs {
+    let refs: Vec<&Example> = examples.iter().collect();
+    tch::no_grad(|| {
+        let shape = observation_shape(policy.model.config());
+        let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
+        let rows = observation_rows(&refs, &pixels, &proprio, &shape);
+        let latents: Vec<&[f32]> = refs
+            .iter()
+            .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
+            .collect();
+        let stops: Vec<usize> = refs
+            .iter()
+            .map(|e| e.thought.as_ref().unwrap().latent_len / 2 - 1)
+            .collect();
+        let tokens: Vec<Vec<u32>> = refs
+            .iter()
+            .map(|e| e.response.iter().map(|&t| t as u32).collect())
+            .collect();
+        let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+        let scores = policy
+            .model
+            .latent_scores(&rows, &latents, &stops, &tokens, 1.0, Entropy::Skip)
+            .unwrap();
+        let sum = |t: &Tensor| t.sum(Kind::Double).double_value(&[]);
+        StoredLogprobs {
+            stop: sum(&scores.stop_logprobs),
+            actions: sum(&scores.token_logprobs),
+        }
+    })
+}
+
+/// GRPO on a thinking VLA (`objective = ppo` on advantages without returns):
+/// the examples carry the rollout's latents and stop, the surrogate starts
+/// at ratio 1 over the action tokens and the stop, moves both stored
+/// log-probs with the advantage's sign, and leaves the value head alone (no
+/// critic); a KL penalty or entropy bonus is refused.
+#[test]
+fn ppo_on_a_thinking_vla_trains_its_sampled_tokens_behind_the_stored_latents() {
+    for sign in [1.0f32, -1.0] {
+        let mut policy = tiny_thinking_vla(K);
+        let (trajectories, steps, mut advantages) = lapo_inputs(&policy, sign);
+        for row in &mut advantages {
+            row.returns = None;
+            row.estimator = "grpo".into();
+        }
+        let examples = ppo_examples(&trajectories, steps, advantages, false).unwrap();
+        assert_eq!(examples.len(), 8);
+        assert!(examples.iter().all(|e| e.thought.is_some()));
+        Vla::check_examples(&policy, &examples).unwrap();
+        let head_before: Vec<(String, Tensor)> = policy
+            .vars
+            .variables()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("value_head."))
+            .map(|(name, t)| (name, t.copy()))
+            .collect();
+        assert!(!head_before.is_empty());
+        let before = stored_logprobs(&policy, &examples);
+        let report = train(
+            &mut policy,
+            None,
+            &examples,
+            &config(Objective::Ppo, 4, 1e-3),
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .unwrap();
+        let first = &report.metrics[0];
+        assert!(first.approx_kl.unwrap().abs() < 1e-5, "{first:?}");
+        assert_eq!(first.clipfrac, Some(0.0), "{first:?}");
+        for m in &report.metrics {
+            assert!(m.loss.is_finite() && m.pg_loss.is_finite(), "{m:?}");
+            assert_eq!(m.value_loss, None, "{m:?}");
+        }
+        let after = stored_logprobs(&policy, &examples);
+        for (what, b, a) in [
+            ("stop", before.stop, after.stop),
+            ("actions", before.actions, after.actions),
+        ] {
+            assert!(
+                (a - b) * f64::from(sign) > 0.0,
+                "advantage {sign}, {what}: {b} -> {a}"
+            );
+        }
+        let after_vars = policy.vars.variables();
+        for (name, t) in &head_before {
+            assert!(after_vars[name].equal(t), "{name} moved");
+        }
+    }
+    let policy = tiny_thinking_vla(K);
+    let (trajectories, steps, advantages) = lapo_inputs(&policy, 1.0);
+    let examples = ppo_examples(&trajectories, steps, advantages, false).unwrap();
+    let mut config = config(Objective::Ppo, 1, 1e-3);
+    config.ppo.entropy_coef = 0.01;
+    let mut policy = policy;
+    let e = train(
+        &mut policy,
+        None,
+        &examples,
+        &config,
+        0,
+        OptimizerState::fresh("ppo"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("ppo.entropy_coef = 0"), "{e}");
 }
 
 /// Bad LAPO input is named by table and field: a null column, a latent of
@@ -408,11 +495,18 @@ fn bad_lapo_input_names_the_table_and_field() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the checkpoint has none"), "{e}");
-    let without = ppo_examples(&trajectories, steps, advantages, false).unwrap();
+    let mut no_chains = steps;
+    for step in &mut no_chains {
+        step.latents = None;
+    }
+    let without = ppo_examples(&trajectories, no_chains, advantages, false).unwrap();
     let e = Vla::check_examples(&policy, &without)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("objective = sft") && e.contains("lapo"), "{e}");
+    assert!(
+        e.contains("objective = sft") && e.contains("lapo or ppo"),
+        "{e}"
+    );
 }
 
 /// The first warm-up fits the frame encoder and the checkpoint keeps it;
