@@ -463,187 +463,16 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     seeds: &[u64],
     config: &ClosedLoopConfig<'_>,
 ) -> Result<ClosedLoopRun, ClosedLoopError> {
-    let n = world.len();
-    if seeds.len() != n {
-        return Err(ClosedLoopError::SeedCount {
-            found: seeds.len(),
-            episodes: n,
-        });
-    }
-    let (k, d) = (policy.chunk_len(), world.action_dim());
-    if k == 0 || policy.action_dim() != d {
-        return Err(ClosedLoopError::ActionShape {
-            chunk_len: k,
-            policy: policy.action_dim(),
-            world: d,
-        });
-    }
-    let shape = world.observation_shape();
-    let image_names = world.image_names().to_vec();
-    let names: Vec<&str> = image_names.iter().map(String::as_str).collect();
-    let wanted = policy.observation_shape();
-    if shape != wanted {
-        return Err(ObservationError::ShapeMismatch {
-            expected: wanted,
-            found: shape,
-        }
-        .into());
-    }
-    let policy_error = |decision: usize, e: P::Error| ClosedLoopError::Policy {
-        decision,
-        kind: e.kind(),
-        source: Box::new(e),
-    };
-    let mut episodes = Vec::with_capacity(n);
-    for i in 0..n {
-        let prompt_ids = policy.instruction_ids(world.instruction(i)).map_err(|e| {
-            ClosedLoopError::Instruction {
-                episode: i,
-                task: world.task_id(i).to_string(),
-                kind: e.kind(),
-                source: Box::new(e),
-            }
-        })?;
-        episodes.push(ClosedLoopEpisode {
-            task_id: world.task_id(i).to_string(),
-            prompt_ids,
-            decisions: Vec::new(),
-            success: false,
-            env_steps: 0,
-            truncated: false,
-            target_ever_grasped: None,
-            failure: world.start_failure(i).map(str::to_string),
-        });
-    }
-    let (pixel_len, proprio_len, per) = (shape.pixel_len(), shape.proprio, k * d);
-    let (mut frames, mut proprio) = (Vec::new(), Vec::new());
-    let mut actions = vec![0.0f32; n * per];
+    let fit = Fit::check(world, policy, seeds)?;
+    let mut episodes = start_episodes(world, policy)?;
+    let n = episodes.len();
+    let mut lockstep = Lockstep::new(fit, bins, seeds);
     let mut live: Vec<usize> = (0..n).filter(|&i| world.running(i)).collect();
     let bar = progress::bar(n as u64, config.label);
     bar.inc((n - live.len()) as u64);
     let mut decision = 0;
-    let (mut world_time, mut policy_time) = (Duration::ZERO, Duration::ZERO);
     while !live.is_empty() && decision < config.max_decisions {
-        let started = Instant::now();
-        world.observe();
-        world_time += started.elapsed();
-        frames.clear();
-        proprio.clear();
-        for &i in &live {
-            frames.extend_from_slice(&world.frames()[i * pixel_len..(i + 1) * pixel_len]);
-            proprio.extend_from_slice(&world.proprio()[i * proprio_len..(i + 1) * proprio_len]);
-        }
-        let prompts: Vec<Option<Vec<i32>>> = live
-            .iter()
-            .map(|&i| {
-                let Some(text) = world.observation_text(i) else {
-                    return Ok(None);
-                };
-                let prompt = observed_prompt(world.instruction(i), text);
-                policy.instruction_ids(&prompt).map(Some).map_err(|e| {
-                    ClosedLoopError::ObservedPrompt {
-                        episode: i,
-                        task: world.task_id(i).to_string(),
-                        decision,
-                        kind: e.kind(),
-                        source: Box::new(e),
-                    }
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let instructions: Vec<&[i32]> = live
-            .iter()
-            .zip(&prompts)
-            .map(|(&i, own)| own.as_deref().unwrap_or(&episodes[i].prompt_ids))
-            .collect();
-        let row_seeds: Vec<u64> = live
-            .iter()
-            .map(|&i| decision_seed(seeds[i], decision))
-            .collect();
-        let batch = DecisionBatch {
-            shape,
-            frames: &frames,
-            proprio: &proprio,
-            instructions: &instructions,
-            episodes: &live,
-            seeds: &row_seeds,
-            decision,
-        };
-        let started = Instant::now();
-        let chosen = policy
-            .decide(&batch)
-            .map_err(|e| policy_error(decision, e))?;
-        policy_time += started.elapsed();
-        if chosen.len() != live.len() {
-            return Err(ClosedLoopError::DecisionCount {
-                decision,
-                found: chosen.len(),
-                rows: live.len(),
-            });
-        }
-        actions.fill(0.0);
-        let mut observations = Vec::with_capacity(live.len());
-        let anchors: Vec<Option<String>> = live.iter().map(|&i| world.anchor_key(i)).collect();
-        for (r, (&i, c)) in live.iter().zip(&chosen).enumerate() {
-            let bad = |reason: String| ClosedLoopError::BadDecision {
-                episode: i,
-                task: world.task_id(i).to_string(),
-                decision,
-                reason,
-            };
-            if c.tokens.len() != per || c.token_logprobs.len() != per {
-                return Err(bad(format!(
-                    "{} tokens and {} log-probs, a chunk of {k} actions x {d} dimensions has {per}",
-                    c.tokens.len(),
-                    c.token_logprobs.len()
-                )));
-            }
-            if let Some((at, lp)) = c
-                .token_logprobs
-                .iter()
-                .enumerate()
-                .find(|(_, lp)| !(lp.is_finite() && **lp <= 0.0))
-            {
-                return Err(bad(format!(
-                    "log-prob {lp} of token {at} is not a finite number <= 0"
-                )));
-            }
-            let values = bins.decode(&c.tokens).map_err(|e| bad(e.to_string()))?;
-            actions[i * per..(i + 1) * per].copy_from_slice(&values);
-            observations.push(
-                observation::encode_named(&shape, &names, batch.frame(r), batch.proprio_of(r))
-                    .map_err(|e| bad(format!("its observation: {e}")))?,
-            );
-        }
-        let started = Instant::now();
-        let reports = world
-            .step_chunks(&actions, k)
-            .map_err(|source| ClosedLoopError::World { decision, source })?;
-        world_time += started.elapsed();
-        for ((((&i, c), observation), anchor_key), prompt_ids) in live
-            .iter()
-            .zip(chosen)
-            .zip(observations)
-            .zip(anchors)
-            .zip(prompts)
-        {
-            let report = &reports[i];
-            let episode = &mut episodes[i];
-            episode.decisions.push(RecordedDecision {
-                observation,
-                tokens: c.tokens,
-                token_logprobs: c.token_logprobs,
-                thought: c.thought,
-                anchor_key,
-                prompt_ids,
-                env_steps: report.env_steps,
-            });
-            episode.env_steps += report.env_steps;
-            episode.success = report.success && report.failure.is_none();
-            if report.failure.is_some() {
-                episode.failure.clone_from(&report.failure);
-            }
-        }
+        let reports = lockstep.decide(world, policy, &live, decision, &mut episodes)?;
         let before = live.len();
         live.retain(|&i| !reports[i].done);
         bar.inc((before - live.len()) as u64);
@@ -660,9 +489,298 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
         decisions: episodes.iter().map(|e| e.decisions.len() as u64).sum(),
         env_steps: episodes.iter().map(|e| u64::from(e.env_steps)).sum(),
         episodes,
-        world_seconds: world_time.as_secs_f64(),
-        policy_seconds: policy_time.as_secs_f64(),
+        world_seconds: lockstep.world_time.as_secs_f64(),
+        policy_seconds: lockstep.policy_time.as_secs_f64(),
     })
+}
+
+/// What the world and the policy agree on, checked before any episode
+/// starts: one seed per episode, the chunk (`k` actions of `d`
+/// dimensions), the observation shape and its images' names.
+struct Fit {
+    k: usize,
+    d: usize,
+    shape: ObservationShape,
+    image_names: Vec<String>,
+}
+
+impl Fit {
+    fn check<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+        world: &W,
+        policy: &P,
+        seeds: &[u64],
+    ) -> Result<Fit, ClosedLoopError> {
+        if seeds.len() != world.len() {
+            return Err(ClosedLoopError::SeedCount {
+                found: seeds.len(),
+                episodes: world.len(),
+            });
+        }
+        let (k, d) = (policy.chunk_len(), world.action_dim());
+        if k == 0 || policy.action_dim() != d {
+            return Err(ClosedLoopError::ActionShape {
+                chunk_len: k,
+                policy: policy.action_dim(),
+                world: d,
+            });
+        }
+        let (shape, wanted) = (world.observation_shape(), policy.observation_shape());
+        if shape != wanted {
+            return Err(ObservationError::ShapeMismatch {
+                expected: wanted,
+                found: shape,
+            }
+            .into());
+        }
+        Ok(Fit {
+            k,
+            d,
+            shape,
+            image_names: world.image_names().to_vec(),
+        })
+    }
+
+    /// Action tokens (and actions) in one chunk: `k · d`.
+    fn per_chunk(&self) -> usize {
+        self.k * self.d
+    }
+}
+
+/// Every episode before its first decision: its task, its instruction's
+/// token ids, and why it could not start, if it could not.
+fn start_episodes<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+    world: &W,
+    policy: &P,
+) -> Result<Vec<ClosedLoopEpisode>, ClosedLoopError> {
+    (0..world.len())
+        .map(|i| {
+            let prompt_ids = policy.instruction_ids(world.instruction(i)).map_err(|e| {
+                ClosedLoopError::Instruction {
+                    episode: i,
+                    task: world.task_id(i).to_string(),
+                    kind: e.kind(),
+                    source: Box::new(e),
+                }
+            })?;
+            Ok(ClosedLoopEpisode {
+                task_id: world.task_id(i).to_string(),
+                prompt_ids,
+                decisions: Vec::new(),
+                success: false,
+                env_steps: 0,
+                truncated: false,
+                target_ever_grasped: None,
+                failure: world.start_failure(i).map(str::to_string),
+            })
+        })
+        .collect()
+}
+
+/// The driver's state across decisions: what every decision uses (the
+/// fit, the bins, the episodes' seeds), the buffers one decision fills (the
+/// live episodes' frames and proprio, every episode's chunk of actions) and
+/// the time spent in the world and in the policy.
+struct Lockstep<'a> {
+    fit: Fit,
+    bins: &'a ActionBins,
+    seeds: &'a [u64],
+    frames: Vec<u8>,
+    proprio: Vec<f32>,
+    actions: Vec<f32>,
+    world_time: Duration,
+    policy_time: Duration,
+}
+
+impl<'a> Lockstep<'a> {
+    fn new(fit: Fit, bins: &'a ActionBins, seeds: &'a [u64]) -> Lockstep<'a> {
+        let actions = vec![0.0f32; seeds.len() * fit.per_chunk()];
+        Lockstep {
+            fit,
+            bins,
+            seeds,
+            frames: Vec::new(),
+            proprio: Vec::new(),
+            actions,
+            world_time: Duration::ZERO,
+            policy_time: Duration::ZERO,
+        }
+    }
+
+    /// One decision of the `live` episodes (the module doc's cycle):
+    /// observe, ask the policy, check and decode its chunks, step the
+    /// world, record; returns the world's reports, one per episode.
+    fn decide<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+        &mut self,
+        world: &mut W,
+        policy: &mut P,
+        live: &[usize],
+        decision: usize,
+        episodes: &mut [ClosedLoopEpisode],
+    ) -> Result<Vec<ChunkReport>, ClosedLoopError> {
+        self.observe(world, live);
+        let prompts = observed_prompts(world, policy, live, decision)?;
+        let instructions: Vec<&[i32]> = live
+            .iter()
+            .zip(&prompts)
+            .map(|(&i, own)| own.as_deref().unwrap_or(&episodes[i].prompt_ids))
+            .collect();
+        let row_seeds: Vec<u64> = live
+            .iter()
+            .map(|&i| decision_seed(self.seeds[i], decision))
+            .collect();
+        let batch = DecisionBatch {
+            shape: self.fit.shape,
+            frames: &self.frames,
+            proprio: &self.proprio,
+            instructions: &instructions,
+            episodes: live,
+            seeds: &row_seeds,
+            decision,
+        };
+        let started = Instant::now();
+        let chosen = policy.decide(&batch).map_err(|e| ClosedLoopError::Policy {
+            decision,
+            kind: e.kind(),
+            source: Box::new(e),
+        })?;
+        self.policy_time += started.elapsed();
+        if chosen.len() != live.len() {
+            return Err(ClosedLoopError::DecisionCount {
+                decision,
+                found: chosen.len(),
+                rows: live.len(),
+            });
+        }
+        let anchors: Vec<Option<String>> = live.iter().map(|&i| world.anchor_key(i)).collect();
+        let observations = decode_chunks(
+            &self.fit,
+            world,
+            self.bins,
+            &batch,
+            &chosen,
+            &mut self.actions,
+        )?;
+        let started = Instant::now();
+        let reports = world
+            .step_chunks(&self.actions, self.fit.k)
+            .map_err(|source| ClosedLoopError::World { decision, source })?;
+        self.world_time += started.elapsed();
+        let recorded = live.iter().zip(chosen).zip(observations).zip(anchors);
+        for ((((&i, chosen), observation), anchor_key), prompt_ids) in recorded.zip(prompts) {
+            let report = &reports[i];
+            let episode = &mut episodes[i];
+            episode.decisions.push(RecordedDecision {
+                observation,
+                tokens: chosen.tokens,
+                token_logprobs: chosen.token_logprobs,
+                thought: chosen.thought,
+                anchor_key,
+                prompt_ids,
+                env_steps: report.env_steps,
+            });
+            episode.env_steps += report.env_steps;
+            episode.success = report.success && report.failure.is_none();
+            if report.failure.is_some() {
+                episode.failure.clone_from(&report.failure);
+            }
+        }
+        Ok(reports)
+    }
+
+    /// Renders the world and gathers the live episodes' frames and proprio.
+    fn observe<W: ClosedLoopWorld + ?Sized>(&mut self, world: &mut W, live: &[usize]) {
+        let (pixel_len, proprio_len) = (self.fit.shape.pixel_len(), self.fit.shape.proprio);
+        let started = Instant::now();
+        world.observe();
+        self.world_time += started.elapsed();
+        self.frames.clear();
+        self.proprio.clear();
+        for &i in live {
+            let frame = &world.frames()[i * pixel_len..(i + 1) * pixel_len];
+            self.frames.extend_from_slice(frame);
+            let proprio = &world.proprio()[i * proprio_len..(i + 1) * proprio_len];
+            self.proprio.extend_from_slice(proprio);
+        }
+    }
+}
+
+/// Each live episode's own prompt at `decision`, in a world that observes
+/// text ([`observed_prompt`], tokenised by the policy); `None` where the
+/// episode's instruction serves.
+fn observed_prompts<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+    world: &W,
+    policy: &P,
+    live: &[usize],
+    decision: usize,
+) -> Result<Vec<Option<Vec<i32>>>, ClosedLoopError> {
+    live.iter()
+        .map(|&i| {
+            let Some(text) = world.observation_text(i) else {
+                return Ok(None);
+            };
+            let prompt = observed_prompt(world.instruction(i), text);
+            policy
+                .instruction_ids(&prompt)
+                .map(Some)
+                .map_err(|e| ClosedLoopError::ObservedPrompt {
+                    episode: i,
+                    task: world.task_id(i).to_string(),
+                    decision,
+                    kind: e.kind(),
+                    source: Box::new(e),
+                })
+        })
+        .collect()
+}
+
+/// Checks every row the policy chose (`k · d` tokens, log-probs finite and
+/// `<= 0`), decodes its bins into its episode's slot of `actions` (the
+/// rest zero) and encodes the observation it saw; an error names the
+/// episode, its task and the decision, before anything is stepped.
+fn decode_chunks<W: ClosedLoopWorld + ?Sized>(
+    fit: &Fit,
+    world: &W,
+    bins: &ActionBins,
+    batch: &DecisionBatch<'_>,
+    chosen: &[ChunkDecision],
+    actions: &mut [f32],
+) -> Result<Vec<Vec<u8>>, ClosedLoopError> {
+    let (k, d, per) = (fit.k, fit.d, fit.per_chunk());
+    let names: Vec<&str> = fit.image_names.iter().map(String::as_str).collect();
+    actions.fill(0.0);
+    let mut observations = Vec::with_capacity(chosen.len());
+    for (r, (&i, c)) in batch.episodes.iter().zip(chosen).enumerate() {
+        let bad = |reason: String| ClosedLoopError::BadDecision {
+            episode: i,
+            task: world.task_id(i).to_string(),
+            decision: batch.decision,
+            reason,
+        };
+        if c.tokens.len() != per || c.token_logprobs.len() != per {
+            return Err(bad(format!(
+                "{} tokens and {} log-probs, a chunk of {k} actions x {d} dimensions has {per}",
+                c.tokens.len(),
+                c.token_logprobs.len()
+            )));
+        }
+        if let Some((at, lp)) = c
+            .token_logprobs
+            .iter()
+            .enumerate()
+            .find(|(_, lp)| !(lp.is_finite() && **lp <= 0.0))
+        {
+            return Err(bad(format!(
+                "log-prob {lp} of token {at} is not a finite number <= 0"
+            )));
+        }
+        let values = bins.decode(&c.tokens).map_err(|e| bad(e.to_string()))?;
+        actions[i * per..(i + 1) * per].copy_from_slice(&values);
+        observations.push(
+            observation::encode_named(&fit.shape, &names, batch.frame(r), batch.proprio_of(r))
+                .map_err(|e| bad(format!("its observation: {e}")))?,
+        );
+    }
+    Ok(observations)
 }
 
 pub mod expert;
