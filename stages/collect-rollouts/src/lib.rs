@@ -86,10 +86,11 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::policy::{PlanNet, Sampling};
+use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
@@ -322,12 +323,15 @@ impl Written for Episode {
         }
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
-        vec![StepRow::one_shot(
-            trajectory_id.to_string(),
-            self.prompt_ids.clone(),
-            self.response_ids.clone(),
-            self.logprobs.clone(),
-        )]
+        vec![StepRow {
+            observation: self.observation.clone(),
+            ..StepRow::one_shot(
+                trajectory_id.to_string(),
+                self.prompt_ids.clone(),
+                self.response_ids.clone(),
+                self.logprobs.clone(),
+            )
+        }]
     }
 }
 
@@ -585,6 +589,9 @@ pub fn run(args: Args) -> Result<(), CollectError> {
         |s| group_id(config.iteration, &draws.task(s).task_id, s),
     );
     match mode {
+        Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
+            one_shot::<VlPolicy>(&stage, &args, &draws, batches, device)
+        }
         Mode::OneShot if kind == PolicyKind::Hf => {
             one_shot::<HfNet>(&stage, &args, &draws, batches, device)
         }
@@ -605,8 +612,9 @@ fn groups_written(args: &Args, kept: usize, wanted: usize, slots: usize, rows: u
     )
 }
 
-/// One-shot answers of a plan policy (household tasks): ours ([`Gpt`]) or
-/// a Hugging Face decoder ([`HfNet`]).
+/// One-shot answers of a plan policy (household tasks): ours ([`Gpt`]), a
+/// Hugging Face decoder ([`HfNet`]) or vision-language model
+/// ([`VlPolicy`], shown each task's scene image).
 fn one_shot<M: PlanNet>(
     stage: &Stage<Config>,
     args: &Args,

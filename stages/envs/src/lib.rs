@@ -39,8 +39,26 @@ pub mod context;
 /// A task ready to run in its environment.
 #[derive(Debug, Clone)]
 pub enum TaskEnv {
-    /// The embedded household planning world.
-    Household(household::Task),
+    /// The embedded household planning world; `image_size`: the side of
+    /// the scene image the task carries, if it does.
+    Household {
+        /// The task (its scene drawn for the run).
+        task: household::Task,
+        /// The scene image's side in pixels (`None`: the task has none).
+        image_size: Option<usize>,
+    },
+}
+
+/// The image a task shows the policy beside its prompt, RGB, rows top to
+/// bottom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SceneImage {
+    /// Height in pixels.
+    pub height: usize,
+    /// Width in pixels.
+    pub width: usize,
+    /// `height × width × 3` bytes.
+    pub rgb: Vec<u8>,
 }
 
 /// What executing an answer did.
@@ -62,9 +80,14 @@ impl TaskEnv {
     pub fn from_row(row: &TaskRow, run: u32) -> Result<TaskEnv> {
         match row.env.as_str() {
             "household" => {
-                let task = household::task_from_row(row)
-                    .map_err(|e| Error::BadInput(format!("task `{}`: {e}", row.task_id)))?;
-                Ok(TaskEnv::Household(household::reseed(&task, run)))
+                let bad = |e: household::HouseholdError| {
+                    Error::BadInput(format!("task `{}`: {e}", row.task_id))
+                };
+                let task = household::task_from_row(row).map_err(bad)?;
+                Ok(TaskEnv::Household {
+                    task: household::reseed(&task, run),
+                    image_size: household::image_size(row).map_err(bad)?,
+                })
             }
             other => Err(Error::BadInput(format!(
                 "task `{}`: environment `{other}` is not built in (known: {})",
@@ -77,21 +100,36 @@ impl TaskEnv {
     /// The task's id.
     pub fn task_id(&self) -> &str {
         match self {
-            TaskEnv::Household(task) => &task.task_id,
+            TaskEnv::Household { task, .. } => &task.task_id,
         }
     }
 
     /// The prompt text the policy reads.
     pub fn prompt(&self) -> String {
         match self {
-            TaskEnv::Household(task) => household::prompt(task),
+            TaskEnv::Household { task, .. } => household::prompt(task),
+        }
+    }
+
+    /// The scene image the policy sees beside the prompt, when the task
+    /// carries one: the household's top-down map of the run's scene
+    /// (`embodyflow_household::render`), drawn again from the task row
+    /// each time (the same bytes every time).
+    pub fn image(&self) -> Option<SceneImage> {
+        match self {
+            TaskEnv::Household { task, image_size } => image_size.map(|size| SceneImage {
+                height: size,
+                width: size,
+                rgb: household::render::render(task, size)
+                    .expect("the size was checked when the row was read"),
+            }),
         }
     }
 
     /// The expert's answer text, when the environment has an expert.
     pub fn expert_answer(&self) -> Option<String> {
         match self {
-            TaskEnv::Household(task) => {
+            TaskEnv::Household { task, .. } => {
                 Some(household::response_json(&household::expert_plan(task)))
             }
         }
@@ -116,7 +154,7 @@ impl TaskEnv {
 
     fn execute_steps(&self, steps: &[PlanStep]) -> Outcome {
         match self {
-            TaskEnv::Household(task) => {
+            TaskEnv::Household { task, .. } => {
                 let steps = household_steps(steps.iter().map(|s| (executed_id(s), &s.action_name)));
                 let execution = household::execute(task, &steps);
                 Outcome {
@@ -133,7 +171,7 @@ impl TaskEnv {
     /// (decision, redundancy, causality: see [`StepJudgement`]).
     pub fn judge(&self, plan: &[PredictedAction]) -> Vec<StepJudgement> {
         match self {
-            TaskEnv::Household(task) => {
+            TaskEnv::Household { task, .. } => {
                 let steps = household_steps(plan.iter().map(|s| (s.action_id, &s.action_name)));
                 household::judge(task, &steps)
             }
@@ -197,7 +235,7 @@ mod tests {
     fn expert_answers_succeed_in_every_run() {
         for env in envs() {
             assert!(env.execute(&env.expert_answer().unwrap()).success);
-            let TaskEnv::Household(task) = &env;
+            let TaskEnv::Household { task, .. } = &env;
             let row = household::task_row(task);
             for run in 1..3 {
                 let other = TaskEnv::from_row(&row, run).unwrap();
@@ -253,9 +291,33 @@ mod tests {
         assert!(!env.execute("not json at all").parsed);
     }
 
+    /// A task row with a scene image shows it: run 0 the row's own
+    /// (`household::task_image`), a later run the map of its own scene; a
+    /// row without one shows none.
+    #[test]
+    fn a_task_with_a_scene_image_shows_the_map_of_its_runs_scene() {
+        let task = &household::generate_tasks(household::Split::Train, 4, 21)[0];
+        let row = household::image_task_row(task, Some(32)).unwrap();
+        let (size, bytes) = household::task_image(&row).unwrap().unwrap();
+        let image = TaskEnv::from_row(&row, 0).unwrap().image().unwrap();
+        assert_eq!(
+            (image.height, image.width, &image.rgb),
+            (size, size, &bytes)
+        );
+        let TaskEnv::Household { task: other, .. } = TaskEnv::from_row(&row, 1).unwrap();
+        let later = TaskEnv::from_row(&row, 1).unwrap().image().unwrap();
+        assert_eq!(later.rgb, household::render::render(&other, 32).unwrap());
+        assert!(
+            TaskEnv::from_row(&household::task_row(task), 0)
+                .unwrap()
+                .image()
+                .is_none()
+        );
+    }
+
     #[test]
     fn unknown_environments_are_named() {
-        let TaskEnv::Household(task) = &envs()[0];
+        let TaskEnv::Household { task, .. } = &envs()[0];
         let mut row = household::task_row(task);
         for env in ["gym", "tabletop"] {
             row.env = env.into();

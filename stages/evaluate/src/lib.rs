@@ -59,10 +59,11 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::policy::{PlanNet, Sampling};
+use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::ClosedLoopError;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
@@ -395,6 +396,9 @@ pub fn run(args: Args) -> Result<(), EvalError> {
         .collect();
     let mut summary = Summary::new("evaluate");
     let rows = match mode {
+        Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
+            one_shot::<VlPolicy>(&stage, &args, &owned, &tasks, device, &mut summary)?
+        }
         Mode::OneShot if kind == PolicyKind::Hf => {
             one_shot::<HfNet>(&stage, &args, &owned, &tasks, device, &mut summary)?
         }
@@ -417,7 +421,8 @@ fn episodes_line(rows: usize, tasks: usize, runs: u32) -> String {
 
 /// Plan answers on one-shot tasks: the greedy `eval` rows of the `owned`
 /// layouts, their summary lines, and pass@k when asked; the policy is ours
-/// ([`Gpt`]) or a Hugging Face decoder ([`HfNet`]).
+/// ([`Gpt`]), a Hugging Face decoder ([`HfNet`]) or vision-language model
+/// ([`VlPolicy`], shown each run's scene image).
 fn one_shot<M: PlanNet>(
     stage: &Stage<Config>,
     args: &Args,

@@ -46,7 +46,7 @@ use crate::HfError;
 use crate::vl::{Images, VlConfig};
 
 /// An RGB image, 8 bits per channel, rows top to bottom, `[H, W, 3]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RgbImage {
     height: usize,
     width: usize,

@@ -39,7 +39,7 @@ pub use task::{
     TaskType, execute, execute_ids, expert_plan, generate_tasks, judge, reseed,
 };
 pub use text::{
-    corpus, image_task_row, prompt, response_json, task_from_row, task_image, task_row,
+    corpus, image_size, image_task_row, prompt, response_json, task_from_row, task_image, task_row,
 };
 pub use world::{Action, action_id, action_list};
 

@@ -198,6 +198,11 @@ pub fn task_image(row: &TaskRow) -> Result<Option<(usize, Vec<u8>)>, HouseholdEr
         .transpose()
 }
 
+/// The side of the scene image a tasks-table row carries (`None`: none).
+pub fn image_size(row: &TaskRow) -> Result<Option<usize>, HouseholdError> {
+    Ok(read_row(row)?.1)
+}
+
 /// The task of a row and the side of the image it carries.
 fn read_row(row: &TaskRow) -> Result<(Task, Option<usize>), HouseholdError> {
     let bad = |reason: String| HouseholdError::BadTask {

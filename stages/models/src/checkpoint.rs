@@ -259,6 +259,11 @@ pub trait PolicyNet: Sized {
     fn build(path: &tch::nn::Path, config: &Self::Config) -> Self;
     /// The architecture.
     fn config(&self) -> &Self::Config;
+    /// The token that stands for an image in a prompt (a vision-language
+    /// model's `image_token_id`); `None`: the network reads text only.
+    fn image_token(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// `config.json` as written: the kind, then the architecture's fields.
@@ -593,8 +598,10 @@ impl<M: PolicyNet> Checkpoint<M> {
         }
     }
 
-    /// The task text of a prompt [`Checkpoint::prompt_ids`] made (its
-    /// inverse); a prompt of another format is bad input.
+    /// The task text of a prompt [`Checkpoint::prompt_ids`] (or, with
+    /// images, `Checkpoint::prompt`) made (its inverse: each run of image
+    /// placeholders read as one image part); a prompt of another format is
+    /// bad input.
     pub fn prompt_text(&self, ids: &[i32]) -> Result<String, ModelError> {
         match &self.format {
             PromptFormat::Plan => {
@@ -602,14 +609,24 @@ impl<M: PolicyNet> Checkpoint<M> {
                 tokenizer::decode(&self.tokenizer, text)
             }
             PromptFormat::Chat { template, .. } => {
-                let raw: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
+                let image = self.model.image_token();
+                let mut raw: Vec<u32> = Vec::with_capacity(ids.len());
+                let mut images = 0;
+                for (at, &id) in ids.iter().enumerate() {
+                    let placeholder = Some(id) == image;
+                    if placeholder && at > 0 && ids[at - 1] == id {
+                        continue;
+                    }
+                    images += usize::from(placeholder);
+                    raw.push(id as u32);
+                }
                 let decoded = self
                     .tokenizer
                     .decode(&raw, template.is_none())
                     .map_err(|e| ModelError::Tokenizer(format!("decoding failed: {e}")))?;
                 match template {
                     None => Ok(decoded),
-                    Some(template) => crate::prompt::user_text(template, &decoded, 0)?
+                    Some(template) => crate::prompt::user_text(template, &decoded, images)?
                         .map(str::to_string)
                         .ok_or_else(|| {
                             ModelError::Tokenizer(format!(

@@ -53,6 +53,7 @@ use std::sync::Arc;
 
 pub use embodyflow_hf::HfNet;
 use embodyflow_hf::chat::{ChatError, ChatTemplate};
+use embodyflow_hf::image::RgbImage;
 use embodyflow_hf::safetensors::{Expected, Weights};
 use embodyflow_hf::{HfConfig, HfError, KvCache, ModelType};
 use serde_json::{Map, Value};
@@ -475,7 +476,13 @@ impl PlanNet for HfNet {
         self.config().vocab_size as usize
     }
 
-    fn start(&self, ids: &Tensor, pads: &Tensor, _capacity: i64) -> (Tensor, HfCache) {
+    fn start(
+        &self,
+        ids: &Tensor,
+        pads: &Tensor,
+        _images: &[&[RgbImage]],
+        _capacity: i64,
+    ) -> (Tensor, HfCache) {
         start_chat(ids, pads, |ids, mask, cache| {
             self.forward_cached(ids, mask, cache)
         })
@@ -494,6 +501,7 @@ impl PlanNet for HfNet {
     fn response_logits(
         policy: &Checkpoint<HfNet>,
         prompts: &[&[i32]],
+        _images: &[&[RgbImage]],
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor {

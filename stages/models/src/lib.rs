@@ -21,6 +21,7 @@
 //!   as a plan policy, in transformers' directory layout;
 //! - [`prompt`]: a task's text as one user message of a chat template
 //!   (with image parts for a vision-language model), and back;
+//! - [`images`]: a prompt's images as a `steps.observation` and back;
 //! - [`vla`]: a vision-language-action policy decoding a whole action chunk
 //!   in one pass (image patches, proprio and instruction, 256-bin action
 //!   tokens), stored in the same checkpoint format with `kind = "vla"`;
@@ -45,6 +46,7 @@ pub mod device;
 pub mod frame_encoder;
 pub mod gpt;
 pub mod hf;
+pub mod images;
 pub mod optimizer;
 pub mod policy;
 pub mod prompt;

@@ -50,7 +50,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::{Checkpoint, PolicyNet};
+pub use embodyflow_hf::image::RgbImage;
+
+use crate::ModelError;
+use crate::checkpoint::{Checkpoint, PolicyNet, PromptFormat};
 use crate::gpt::{Gpt, KvCache};
 
 /// A network that writes answers token by token: our plan policy ([`Gpt`])
@@ -65,22 +68,146 @@ pub trait PlanNet: PolicyNet {
     /// Logits per position.
     fn vocab(&self) -> usize;
     /// Logits `[rows, vocab]` (f32) at the last column of left-padded
-    /// prompts `ids` `[rows, width]` (`pads`: each row's pad count), and the
+    /// prompts `ids` `[rows, width]` (`pads`: each row's pad count; `images`:
+    /// each row's images, empty for a network that sees none), and the
     /// cache holding them, with room for `capacity` positions in all.
-    fn start(&self, ids: &Tensor, pads: &Tensor, capacity: i64) -> (Tensor, Self::Cache);
+    fn start(
+        &self,
+        ids: &Tensor,
+        pads: &Tensor,
+        images: &[&[RgbImage]],
+        capacity: i64,
+    ) -> (Tensor, Self::Cache);
     /// Logits `[rows, vocab]` (f32) after one more token per row, `next`
     /// `[rows]`, at column `column` of the left-padded batch.
     fn step(&self, cache: &mut Self::Cache, next: &Tensor, pads: &Tensor, column: i64) -> Tensor;
     /// Keeps the cache's rows `rows` (1-D i64, in that order, may repeat).
     fn keep_rows(cache: &mut Self::Cache, rows: &Tensor);
     /// Logits `[batch, longest, vocab]` (f32, with gradients when they are
-    /// on) at the positions that predict each response token.
+    /// on) at the positions that predict each response token (`images`:
+    /// each prompt's).
     fn response_logits(
         policy: &Checkpoint<Self>,
         prompts: &[&[i32]],
+        images: &[&[RgbImage]],
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor;
+    /// `ids` (one placeholder per image, as the chat template writes them)
+    /// with each image's placeholder expanded to the tokens it takes; a
+    /// network that sees no images is never given any
+    /// ([`Checkpoint::prompt`] leaves them out).
+    fn expand_images(&self, ids: Vec<i32>, images: &[RgbImage]) -> Result<Vec<i32>, ModelError> {
+        debug_assert!(images.is_empty(), "a network that sees no images");
+        Ok(ids)
+    }
+    /// Fails, saying why, unless `ids` hold exactly the placeholders
+    /// [`PlanNet::expand_images`] writes for `images` (a prompt read back
+    /// from a table); a network that sees no images takes none.
+    fn check_images(&self, ids: &[i32], images: &[RgbImage]) -> Result<(), ModelError> {
+        let _ = ids;
+        match images.len() {
+            0 => Ok(()),
+            n => Err(embodyflow_core::Error::BadInput(format!(
+                "{n} images for a {} policy, which reads text only",
+                Self::NAME
+            ))
+            .into()),
+        }
+    }
+}
+
+/// What a plan policy reads for one answer: the prompt's token ids and the
+/// images its placeholders stand for, in order (none for a text prompt).
+/// Token ids alone (`Vec<i32>`, `&[i32]`) are a prompt without images;
+/// [`Prompt`] holds both.
+pub trait AsPrompt {
+    /// The token ids (a vision-language prompt's placeholders expanded).
+    fn ids(&self) -> &[i32];
+    /// The images, in the order of their placeholders.
+    fn images(&self) -> &[RgbImage] {
+        &[]
+    }
+}
+
+impl AsPrompt for [i32] {
+    fn ids(&self) -> &[i32] {
+        self
+    }
+}
+
+impl AsPrompt for Vec<i32> {
+    fn ids(&self) -> &[i32] {
+        self
+    }
+}
+
+impl<T: AsPrompt + ?Sized> AsPrompt for &T {
+    fn ids(&self) -> &[i32] {
+        (**self).ids()
+    }
+    fn images(&self) -> &[RgbImage] {
+        (**self).images()
+    }
+}
+
+/// Borrowed ids and images.
+impl AsPrompt for (&[i32], &[RgbImage]) {
+    fn ids(&self) -> &[i32] {
+        self.0
+    }
+    fn images(&self) -> &[RgbImage] {
+        self.1
+    }
+}
+
+/// A prompt with its images ([`Checkpoint::prompt`] makes one for a task).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Prompt {
+    /// The token ids, each image's placeholder expanded to its tokens.
+    pub ids: Vec<i32>,
+    /// The images, in the order of their placeholders.
+    pub images: Vec<RgbImage>,
+}
+
+impl AsPrompt for Prompt {
+    fn ids(&self) -> &[i32] {
+        &self.ids
+    }
+    fn images(&self) -> &[RgbImage] {
+        &self.images
+    }
+}
+
+impl<M: PlanNet> Checkpoint<M> {
+    /// The prompt for a task's `text` and `images` (its scene image): the
+    /// chat template's user turn with one image part per image, the
+    /// placeholders expanded ([`PlanNet::expand_images`]). A policy that
+    /// reads text only gets the text alone: the returned prompt then holds
+    /// fewer images than given, which the caller reports.
+    pub fn prompt(&self, text: &str, images: Vec<RgbImage>) -> Result<Prompt, ModelError> {
+        if images.is_empty() || self.model.image_token().is_none() {
+            return Ok(Prompt {
+                ids: self.prompt_ids(text)?,
+                images: Vec::new(),
+            });
+        }
+        let PromptFormat::Chat {
+            template: Some(template),
+            ..
+        } = &self.format
+        else {
+            return Err(ModelError::Tokenizer(
+                "a prompt with images needs the model's chat template (tokenizer_config.json `chat_template` or chat_template.jinja)".into(),
+            ));
+        };
+        let rendered = crate::prompt::render_user(template, text, images.len())?;
+        let ids = crate::tokenizer::encode(&self.tokenizer, &rendered)?;
+        Ok(Prompt {
+            ids: self.model.expand_images(ids, &images)?,
+            images,
+        })
+    }
 }
 
 impl PlanNet for Gpt {
@@ -94,7 +221,13 @@ impl PlanNet for Gpt {
         self.config().vocab_size as usize
     }
 
-    fn start(&self, ids: &Tensor, pads: &Tensor, capacity: i64) -> (Tensor, KvCache) {
+    fn start(
+        &self,
+        ids: &Tensor,
+        pads: &Tensor,
+        _images: &[&[RgbImage]],
+        capacity: i64,
+    ) -> (Tensor, KvCache) {
         let (rows, width) = ids.size2().expect("ids are [rows, width]");
         let mut cache = self.empty_cache(rows, capacity);
         let hidden = self.hidden_masked(
@@ -128,6 +261,7 @@ impl PlanNet for Gpt {
     fn response_logits(
         policy: &Checkpoint,
         prompts: &[&[i32]],
+        _images: &[&[RgbImage]],
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor {
@@ -195,11 +329,11 @@ fn prefix_mask(pads: &Tensor, time: i64) -> Tensor {
         .unsqueeze(1)
 }
 
-/// Draws responses for `prompts` (each ending with `<|plan|>`), one stream per
-/// row seeded by `seeds[row]`.
-pub fn sample<M: PlanNet>(
+/// Draws responses for `prompts` (ours end with `<|plan|>`; a prompt may
+/// carry images, [`AsPrompt`]), one stream per row seeded by `seeds[row]`.
+pub fn sample<M: PlanNet, P: AsPrompt>(
     policy: &Checkpoint<M>,
-    prompts: &[Vec<i32>],
+    prompts: &[P],
     seeds: &[u64],
     sampling: &Sampling,
 ) -> Vec<Sampled> {
@@ -210,15 +344,15 @@ pub fn sample<M: PlanNet>(
     tch::no_grad(|| sample_batch(policy, prompts, seeds, sampling))
 }
 
-fn sample_batch<M: PlanNet>(
+fn sample_batch<M: PlanNet, P: AsPrompt>(
     policy: &Checkpoint<M>,
-    prompts: &[Vec<i32>],
+    prompts: &[P],
     seeds: &[u64],
     sampling: &Sampling,
 ) -> Vec<Sampled> {
     let model = &policy.model;
     let device = policy.vars.device();
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let width = prompts.iter().map(|p| p.ids().len()).max().unwrap_or(0);
     let n_ctx = model.max_len();
     assert!(
         width < n_ctx,
@@ -227,14 +361,15 @@ fn sample_batch<M: PlanNet>(
     let max_new = sampling.max_new_tokens.min(n_ctx - width);
     // Identical prompts (the G samples of a group) are encoded once and
     // their cache rows copied.
-    let (unique, rows) = distinct(prompts.iter().map(Vec::as_slice));
-    let (ids, pads) = left_padded(&unique, width, policy.special.pad);
+    let (unique, rows) = distinct(prompts.iter().map(|p| (p.ids(), p.images())));
+    let (unique_ids, unique_images): (Vec<&[i32]>, Vec<&[RgbImage]>) = unique.into_iter().unzip();
+    let (ids, pads) = left_padded(&unique_ids, width, policy.special.pad);
     let width = width as i64;
     let ids = Tensor::from_slice(&ids)
-        .view([unique.len() as i64, width])
+        .view([unique_ids.len() as i64, width])
         .to(device);
     let pads = Tensor::from_slice(&pads).to(device);
-    let (last, mut cache) = model.start(&ids, &pads, width + max_new as i64);
+    let (last, mut cache) = model.start(&ids, &pads, &unique_images, width + max_new as i64);
     let rows = Tensor::from_slice(&rows).to(device);
     let mut last = last.index_select(0, &rows);
     let mut pads = pads.index_select(0, &rows);
@@ -391,9 +526,11 @@ pub struct ResponseScores {
 
 /// Each distinct prompt once, in order of first appearance, and the index
 /// of each row's prompt among them.
-fn distinct<'a>(prompts: impl Iterator<Item = &'a [i32]>) -> (Vec<&'a [i32]>, Vec<i64>) {
-    let mut unique: Vec<&[i32]> = Vec::new();
-    let mut index_of: HashMap<&[i32], i64> = HashMap::new();
+fn distinct<K: Copy + Eq + std::hash::Hash>(
+    prompts: impl Iterator<Item = K>,
+) -> (Vec<K>, Vec<i64>) {
+    let mut unique: Vec<K> = Vec::new();
+    let mut index_of: HashMap<K, i64> = HashMap::new();
     let rows = prompts
         .map(|prompt| {
             *index_of.entry(prompt).or_insert_with(|| {
@@ -440,14 +577,16 @@ pub(crate) fn right_padded<'a>(
 ///
 /// [`Gpt::prefix`]: crate::gpt::Gpt::prefix
 /// [`Gpt::hidden_after`]: crate::gpt::Gpt::hidden_after
-pub fn score_responses<M: PlanNet>(
+pub fn score_responses<M: PlanNet, P: AsPrompt>(
     policy: &Checkpoint<M>,
-    prompts: &[&[i32]],
+    prompts: &[P],
     responses: &[&[i32]],
     temperature: f64,
     entropy: Entropy,
 ) -> ResponseScores {
     assert_eq!(prompts.len(), responses.len());
+    let images: Vec<&[RgbImage]> = prompts.iter().map(AsPrompt::images).collect();
+    let prompts: Vec<&[i32]> = prompts.iter().map(AsPrompt::ids).collect();
     let device = policy.vars.device();
     let n_ctx = policy.model.max_len();
     let pad = policy.special.pad;
@@ -478,7 +617,7 @@ pub fn score_responses<M: PlanNet>(
             mask,
         };
     }
-    let logits = M::response_logits(policy, prompts, responses, longest);
+    let logits = M::response_logits(policy, &prompts, &images, responses, longest);
     // T = 0 is greedy decoding, whose recorded log-probs are at T = 1.
     let scale = if temperature > 0.0 { temperature } else { 1.0 };
     let log_probs = (logits / scale).log_softmax(-1, Kind::Float);

@@ -27,9 +27,9 @@
 
 use std::path::Path;
 
-use embodyflow_hf::image::ImageProcessor;
+use embodyflow_hf::image::{ImageProcessor, RgbImage};
 use embodyflow_hf::safetensors::{Expected, Weights};
-use embodyflow_hf::vl::{Layout, VlCache, VlConfig, VlFamily, VlNet};
+use embodyflow_hf::vl::{Images, Layout, VlCache, VlConfig, VlFamily, VlNet};
 use embodyflow_hf::{HfError, HfNet};
 use serde_json::Value;
 use tch::Tensor;
@@ -83,6 +83,30 @@ impl VlPolicy {
     /// The network.
     pub fn net(&self) -> &VlNet {
         &self.net
+    }
+
+    /// `images` as the processor gives them to the vision encoder; a
+    /// directory without `preprocessor_config.json` reads no images, and an
+    /// image the processor cannot resize is named by its index.
+    pub fn process(&self, images: &[RgbImage]) -> Result<Images, ModelError> {
+        let processor = self
+            .setup
+            .processor
+            .as_ref()
+            .ok_or_else(|| ModelError::BadCheckpoint {
+                file: PROCESSOR_FILE.into(),
+                reason: "the model directory has none, so the model reads no images".into(),
+            })?;
+        Ok(processor.process(images)?)
+    }
+
+    /// The images of every row, in row order, processed; `None` without any.
+    fn row_images(&self, images: &[&[RgbImage]]) -> Option<Images> {
+        let all: Vec<RgbImage> = images.iter().flat_map(|row| row.iter().cloned()).collect();
+        (!all.is_empty()).then(|| {
+            self.process(&all)
+                .unwrap_or_else(|e| panic!("images are checked when their prompt is made: {e}"))
+        })
     }
 }
 
@@ -152,6 +176,10 @@ impl PolicyNet for VlPolicy {
         Ok(HfNet::write_weights(vars, &staging.join(WEIGHTS_FILE))?)
     }
 
+    fn image_token(&self) -> Option<i32> {
+        Some(self.setup.config.image_token_id as i32)
+    }
+
     fn tokens(dir: &Path, tokenizer: &Tokenizer, setup: &VlSetup) -> Result<Tokens, ModelError> {
         let source = &setup.config.source;
         let mut configs = vec![source];
@@ -179,9 +207,16 @@ impl PlanNet for VlPolicy {
         self.setup.config.text.vocab_size as usize
     }
 
-    fn start(&self, ids: &Tensor, pads: &Tensor, _capacity: i64) -> (Tensor, Self::Cache) {
+    fn start(
+        &self,
+        ids: &Tensor,
+        pads: &Tensor,
+        images: &[&[RgbImage]],
+        _capacity: i64,
+    ) -> (Tensor, Self::Cache) {
+        let images = self.row_images(images);
         start_chat(ids, pads, |ids, mask, cache| {
-            self.net.forward_cached(ids, mask, None, cache)
+            self.net.forward_cached(ids, mask, images.as_ref(), cache)
         })
     }
 
@@ -198,12 +233,57 @@ impl PlanNet for VlPolicy {
     fn response_logits(
         policy: &Checkpoint<VlPolicy>,
         prompts: &[&[i32]],
+        images: &[&[RgbImage]],
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor {
+        let images = policy.model.row_images(images);
         chat_response_logits(policy, prompts, responses, longest, |ids, mask| {
-            policy.model.net.forward(ids, mask, None)
+            policy.model.net.forward(ids, mask, images.as_ref())
         })
+    }
+
+    fn expand_images(&self, ids: Vec<i32>, images: &[RgbImage]) -> Result<Vec<i32>, ModelError> {
+        if images.is_empty() {
+            return Ok(ids);
+        }
+        let grids = self.process(images)?.grid_thw;
+        let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
+        let expanded = self.net.expand_image_tokens(&ids, &grids)?;
+        Ok(expanded.into_iter().map(|id| id as i32).collect())
+    }
+
+    fn check_images(&self, ids: &[i32], images: &[RgbImage]) -> Result<(), ModelError> {
+        let image = self.setup.config.image_token_id as i32;
+        let runs: Vec<usize> = ids
+            .chunk_by(|a, b| a == b)
+            .filter(|run| run[0] == image)
+            .map(<[i32]>::len)
+            .collect();
+        let bad = |reason: String| ModelError::from(embodyflow_core::Error::BadInput(reason));
+        if runs.len() != images.len() {
+            return Err(bad(format!(
+                "the prompt holds {} runs of image placeholders (token {image}), {} images were given",
+                runs.len(),
+                images.len()
+            )));
+        }
+        if images.is_empty() {
+            return Ok(());
+        }
+        let merge = self.setup.config.vision.spatial_merge_size;
+        let grids = self.process(images)?.grid_thw;
+        for (index, (&run, &grid)) in runs.iter().zip(&grids).enumerate() {
+            let need = Images::tokens(grid, merge) as usize;
+            if run != need {
+                return Err(bad(format!(
+                    "image {index} ({} x {} pixels, grid {grid:?}) takes {need} placeholders, the prompt holds a run of {run}",
+                    images[index].height(),
+                    images[index].width()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

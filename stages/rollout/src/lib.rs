@@ -28,7 +28,8 @@ use embodyflow_envs::{Outcome, TaskEnv};
 
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
-use embodyflow_models::policy::{PlanNet, Sampling, sample};
+use embodyflow_models::images::encode_images;
+use embodyflow_models::policy::{PlanNet, Prompt, RgbImage, Sampling, sample};
 use embodyflow_models::tokenizer::decode;
 
 /// Sampling seed of one answer: BLAKE3 of the run's `--seed` and the
@@ -55,8 +56,13 @@ pub struct Request<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Episode {
     /// Prompt ids (ours end with `<|plan|>`; a Hugging Face model's are its
-    /// chat template's).
+    /// chat template's, a vision-language model's with each image's
+    /// placeholders expanded).
     pub prompt_ids: Vec<i32>,
+    /// The images the prompt carried (the task's scene image, for a policy
+    /// that reads images), as `steps.observation` bytes
+    /// (`embodyflow_models::images`); `None` for a text prompt.
+    pub observation: Option<Vec<u8>>,
     /// Response ids (ending with a stop id unless cut at the limit).
     pub response_ids: Vec<i32>,
     /// Log-prob of each response token under `logits / T`.
@@ -67,7 +73,36 @@ pub struct Episode {
     pub outcome: Outcome,
 }
 
-/// Samples and executes one answer per request, in request order.
+/// The prompt `policy` reads for the task of `env` given as `text` (its
+/// [`TaskEnv::prompt`], or a context built around it): the text and, when
+/// the task carries a scene image ([`TaskEnv::image`]), the image, which a
+/// policy that reads text only goes without (the second value says whether
+/// an image was left out). An image the model's processor cannot take is
+/// bad input naming the task.
+pub fn task_prompt<M: PlanNet>(
+    policy: &Checkpoint<M>,
+    env: &TaskEnv,
+    text: &str,
+) -> Result<(Prompt, bool), ModelError> {
+    let task = env.task_id();
+    let images: Vec<RgbImage> = env
+        .image()
+        .map(|image| RgbImage::new(image.height, image.width, image.rgb))
+        .transpose()?
+        .into_iter()
+        .collect();
+    let given = images.len();
+    let prompt = policy.prompt(text, images).map_err(|e| {
+        embodyflow_core::Error::BadInput(format!("task `{task}`: its scene image: {e}"))
+    })?;
+    let left_out = prompt.images.len() < given;
+    Ok((prompt, left_out))
+}
+
+/// Samples and executes one answer per request, in request order. Tasks
+/// that carry a scene image show it to a policy that reads images; a policy
+/// that reads text only answers from the text, with one warning naming the
+/// first such task.
 pub fn run_episodes<M: PlanNet>(
     policy: &Checkpoint<M>,
     requests: &[Request<'_>],
@@ -78,17 +113,28 @@ pub fn run_episodes<M: PlanNet>(
     let batch_rows = batch_rows.max(1);
     let n_ctx = policy.model.max_len();
     let mut prompts = Vec::with_capacity(requests.len());
+    let mut without_image: Vec<&str> = Vec::new();
     for request in requests {
-        let ids = policy.prompt_ids(&request.env.prompt())?;
-        if ids.len() >= n_ctx {
+        let (prompt, left_out) = task_prompt(policy, request.env, &request.env.prompt())?;
+        if prompt.ids.len() >= n_ctx {
             return Err(embodyflow_core::Error::BadInput(format!(
                 "task `{}`: its prompt of {} tokens leaves no room for an answer in the model's context n_ctx = {n_ctx}",
                 request.env.task_id(),
-                ids.len()
+                prompt.ids.len()
             ))
             .into());
         }
-        prompts.push(ids);
+        if left_out {
+            without_image.push(request.env.task_id());
+        }
+        prompts.push(prompt);
+    }
+    if let Some(first) = without_image.first() {
+        tracing::warn!(
+            "{} answers to tasks with a scene image (first: task `{first}`, observation key `image_size`) are drawn without it: the {} policy reads text only",
+            without_image.len(),
+            M::NAME
+        );
     }
     let bar = progress::bar(requests.len() as u64, label);
     let mut episodes = Vec::with_capacity(requests.len());
@@ -103,7 +149,8 @@ pub fn run_episodes<M: PlanNet>(
             let text = decode(&policy.tokenizer, &sampled.response_ids)?;
             let outcome = requests[first + offset].env.execute(&text);
             episodes.push(Episode {
-                prompt_ids: prompt.clone(),
+                prompt_ids: prompt.ids.clone(),
+                observation: encode_images(&prompt.images)?,
                 response_ids: sampled.response_ids,
                 logprobs: sampled.logprobs,
                 text,

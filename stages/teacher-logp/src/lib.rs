@@ -54,10 +54,12 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind, policy_net};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
-use embodyflow_models::policy::{Entropy, PlanNet, score_responses};
+use embodyflow_models::images::decode_images;
+use embodyflow_models::policy::{Entropy, PlanNet, RgbImage, score_responses};
+use embodyflow_models::vl::VlPolicy;
 use serde::{Deserialize, Serialize};
 
 /// Command line of `teacher-logp`.
@@ -157,6 +159,9 @@ pub struct Job {
     pub student_context: Vec<i32>,
     /// The rollout's response ids.
     pub response: Vec<i32>,
+    /// The images both contexts carry: those the policy saw
+    /// (`steps.observation`), when the teacher reads images.
+    pub images: Vec<RgbImage>,
 }
 
 /// Steps left out, by reason.
@@ -228,14 +233,32 @@ pub fn build_jobs<M: PlanNet>(
             skipped.no_reference += 1;
             continue;
         };
+        let images = match &step.observation {
+            Some(bytes) => decode_images(bytes)
+                .map_err(|e| Error::BadInput(format!("{}: steps.observation: {e}", at())))?,
+            None => Vec::new(),
+        };
+        policy
+            .model
+            .check_images(&step.prompt_ids, &images)
+            .map_err(|e| Error::BadInput(format!("{}: prompt_ids: {e}", at())))?;
         let prompt = policy.prompt_text(&step.prompt_ids)?;
-        let context = |text: String| teacher.prompt_ids(&text);
+        let context = |text: String| {
+            teacher
+                .prompt(&text, images.clone())
+                .map_err(|e| Error::BadInput(format!("{}: the teacher's prompt: {e}", at())))
+        };
         let teacher_context = context(templates.render_teacher(
             &prompt,
             &task.instruction,
             &reference_plan(actions),
         )?)?;
         let student_context = context(templates.render_student(&prompt, &task.instruction)?)?;
+        let (images, teacher_context, student_context) = (
+            teacher_context.images,
+            teacher_context.ids,
+            student_context.ids,
+        );
         if teacher_context.len().max(student_context.len()) + step.response_ids.len() > n_ctx {
             skipped.too_long += 1;
             continue;
@@ -246,6 +269,7 @@ pub fn build_jobs<M: PlanNet>(
             teacher_context,
             student_context,
             response: step.response_ids.clone(),
+            images,
         });
     }
     Ok((jobs, skipped))
@@ -290,10 +314,14 @@ pub fn score_jobs<M: PlanNet>(
     let bar = progress::bar(jobs.len() as u64, "teacher-forcing");
     let mut out = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(batch_rows.max(1)) {
-        let contexts: Vec<&[i32]> = chunk
+        let contexts: Vec<(&[i32], &[RgbImage])> = chunk
             .iter()
-            .map(|j| j.teacher_context.as_slice())
-            .chain(chunk.iter().map(|j| j.student_context.as_slice()))
+            .map(|j| (j.teacher_context.as_slice(), j.images.as_slice()))
+            .chain(
+                chunk
+                    .iter()
+                    .map(|j| (j.student_context.as_slice(), j.images.as_slice())),
+            )
             .collect();
         let responses: Vec<&[i32]> = chunk
             .iter()
@@ -368,14 +396,18 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         Stage::<Config>::start(&spec::TEACHER_LOGP, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
     match policy_kind(&args.policy.policy)? {
+        PolicyKind::Hf if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
+            score_steps::<VlPolicy>(&stage, &args)
+        }
         PolicyKind::Hf => score_steps::<HfNet>(&stage, &args),
         // A VLA is refused by the plan policy's loader, naming the kinds.
         PolicyKind::Plan | PolicyKind::Vla => score_steps::<Gpt>(&stage, &args),
     }
 }
 
-/// The stage with a policy (and teacher) of network `M`: ours ([`Gpt`]) or
-/// a Hugging Face decoder ([`HfNet`]), the teacher of the same kind.
+/// The stage with a policy (and teacher) of network `M`: ours ([`Gpt`]), a
+/// Hugging Face decoder ([`HfNet`]) or vision-language model
+/// ([`VlPolicy`]), the teacher of the same kind.
 fn score_steps<M: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;

@@ -34,8 +34,10 @@ use embodyflow_envs::context::reference_plan;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::frame_encoder::FrameEncoder;
+use embodyflow_models::images::encode_images;
 use embodyflow_models::policy::PlanNet;
 use embodyflow_models::tokenizer::encode;
+use embodyflow_rollout::task_prompt;
 
 use crate::config::{DemosPerTask, SftConfig, SftContext};
 
@@ -54,8 +56,9 @@ pub struct Example {
     pub advantages: Vec<f32>,
     /// Sampling temperature of the response (1 for SFT).
     pub temperature: f32,
-    /// A VLA decision's observation bytes (`embodyflow_core::observation`;
-    /// `None` for plans): read through [`Example::observation`] alone.
+    /// A VLA decision's observation bytes (`embodyflow_core::observation`),
+    /// or the images of a plan prompt (`embodyflow_models::images`; `None`
+    /// for a text prompt): read through [`Example::observation`] alone.
     pub observation: Option<ObservationBytes>,
     /// A thinking VLA's latent chain at this decision: the rollout's (LAPO,
     /// PPO) or the warm-up's targets (SFT); `None` otherwise.
@@ -289,15 +292,16 @@ pub fn sft_examples<M: PlanNet>(
             )?);
         }
         for context in contexts {
-            let prompt = policy.prompt_ids(&context)?;
+            // A policy that reads text only trains on the text alone.
+            let (prompt, _) = task_prompt(policy, &env, &context)?;
             examples.push(Example {
                 source: format!("task `{}`", row.task_id),
-                prompt,
+                observation: encode_images(&prompt.images)?.map(ObservationBytes::Held),
+                prompt: prompt.ids,
                 response: response.clone(),
                 old_logprobs: Vec::new(),
                 advantages: Vec::new(),
                 temperature: 1.0,
-                observation: None,
                 thought: None,
                 response_mask: None,
             });

@@ -1,6 +1,7 @@
-//! The plan policies as [`Trainable`] networks: our [`Gpt`] and a Hugging
+//! The plan policies as [`Trainable`] networks: our [`Gpt`], a Hugging
 //! Face decoder ([`HfNet`], full fine-tuning, its prompts from its chat
-//! template). Their SFT examples are the tasks' expert answers
+//! template) and vision-language model ([`VlPolicy`], each prompt with the
+//! images its steps row recorded). Their SFT examples are the tasks' expert answers
 //! ([`crate::sft_examples`]); an example is checked against the vocabulary
 //! and the context (`prompt + response <= n_ctx`), and a micro-batch is
 //! scored by [`score_responses`]: per-token log-probs of each response
@@ -16,7 +17,9 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
-use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, score_responses};
+use embodyflow_models::images::decode_images;
+use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, RgbImage, score_responses};
+use embodyflow_models::vl::VlPolicy;
 
 use crate::config::SftConfig;
 use crate::examples::{Example, SftSet, check_vocabulary, sft_examples};
@@ -42,7 +45,7 @@ impl Trainable for Gpt {
         temperature: f64,
         entropy: Entropy,
     ) -> Result<ResponseScores, ModelError> {
-        Ok(score_plan_examples(policy, batch, temperature, entropy))
+        score_plan_examples(policy, batch, temperature, entropy)
     }
 }
 
@@ -68,7 +71,33 @@ impl Trainable for HfNet {
         temperature: f64,
         entropy: Entropy,
     ) -> Result<ResponseScores, ModelError> {
-        Ok(score_plan_examples(policy, batch, temperature, entropy))
+        score_plan_examples(policy, batch, temperature, entropy)
+    }
+}
+
+/// A vision-language model trains as a Hugging Face decoder does, each
+/// prompt with the images its steps row recorded (`steps.observation`).
+impl Trainable for VlPolicy {
+    fn sft_examples(
+        policy: &Checkpoint<VlPolicy>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        plan_sft_set(policy, tasks, sft)
+    }
+
+    fn check_examples(policy: &Checkpoint<VlPolicy>, examples: &[Example]) -> Result<(), Error> {
+        check_plan_examples(policy, examples)
+    }
+
+    fn score(
+        policy: &Checkpoint<VlPolicy>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        score_plan_examples(policy, batch, temperature, entropy)
     }
 }
 
@@ -92,13 +121,28 @@ fn plan_sft_set<M: PlanNet>(
     })
 }
 
+/// The images an example's prompt carries (none for a text prompt).
+fn example_images(example: &Example) -> Result<Vec<RgbImage>, Error> {
+    example.observation().map_or(Ok(Vec::new()), decode_images)
+}
+
 /// [`Trainable::check_examples`] of a plan policy: ids in its vocabulary,
-/// prompt + response within its context.
+/// each image placeholder run matching an image of the example
+/// (`steps.observation`) the policy reads, prompt + response within its
+/// context.
 fn check_plan_examples<M: PlanNet>(
     policy: &Checkpoint<M>,
     examples: &[Example],
 ) -> Result<(), Error> {
     check_vocabulary(examples, M::vocab_size(policy.model.config()))?;
+    for example in examples {
+        let images = example_images(example)
+            .map_err(|e| Error::BadInput(format!("{}: {e}", example.source)))?;
+        policy
+            .model
+            .check_images(&example.prompt, &images)
+            .map_err(|e| Error::BadInput(format!("{}: {e}", example.source)))?;
+    }
     let n_ctx = policy.model.max_len();
     if let Some(long) = examples
         .iter()
@@ -120,8 +164,22 @@ fn score_plan_examples<M: PlanNet>(
     batch: &[&Example],
     temperature: f64,
     entropy: Entropy,
-) -> ResponseScores {
-    let prompts: Vec<&[i32]> = batch.iter().map(|e| e.prompt.as_slice()).collect();
+) -> Result<ResponseScores, ModelError> {
+    let images = batch
+        .iter()
+        .map(|e| example_images(e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prompts: Vec<(&[i32], &[RgbImage])> = batch
+        .iter()
+        .zip(&images)
+        .map(|(e, images)| (e.prompt.as_slice(), images.as_slice()))
+        .collect();
     let responses: Vec<&[i32]> = batch.iter().map(|e| e.response.as_slice()).collect();
-    score_responses(policy, &prompts, &responses, temperature, entropy)
+    Ok(score_responses(
+        policy,
+        &prompts,
+        &responses,
+        temperature,
+        entropy,
+    ))
 }

@@ -18,10 +18,11 @@ use embodyflow_core::schemas::{
 use embodyflow_core::spec;
 use embodyflow_core::stage::{Stage, Summary};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::optimizer::OptimizerState;
+use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
 
 use crate::config::{Config, Objective, ObservationsMode, OptimConfig, ScheduleKind};
@@ -41,6 +42,9 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     match policy_kind(&args.policy.policy)? {
         PolicyKind::Plan => update::<Gpt>(&stage, &args),
         PolicyKind::Vla => update::<Vla>(&stage, &args),
+        PolicyKind::Hf if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
+            update::<VlPolicy>(&stage, &args)
+        }
         PolicyKind::Hf => update::<HfNet>(&stage, &args),
     }
 }
