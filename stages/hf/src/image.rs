@@ -129,12 +129,18 @@ impl ImageProcessor {
             file: file.to_path_buf(),
             source,
         })?;
+        ImageProcessor::parse(&text, file)
+    }
+
+    /// As [`ImageProcessor::from_file`], from the text of a
+    /// `preprocessor_config.json`; `file` names it in errors.
+    pub fn parse(text: &str, file: &Path) -> Result<ImageProcessor, HfError> {
         let bad = |reason: String| HfError::BadConfig {
             file: file.to_path_buf(),
             reason,
         };
         let map: Map<String, Value> =
-            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let size = map.get("size").and_then(Value::as_object);
         let int = |key: &str, default: i64| -> Result<i64, HfError> {
             let sized = match key {
@@ -216,6 +222,15 @@ impl ImageProcessor {
     /// encoder must take 3 channels.
     pub fn for_model(dir: &Path, config: &VlConfig) -> Result<ImageProcessor, HfError> {
         let processor = ImageProcessor::from_file(&dir.join("preprocessor_config.json"))?;
+        processor.check_model(config)?;
+        Ok(processor)
+    }
+
+    /// Whether this processor cuts the patches `config`'s vision encoder
+    /// reads ([`ImageProcessor::for_model`]'s check), naming the key that
+    /// differs.
+    pub fn check_model(&self, config: &VlConfig) -> Result<(), HfError> {
+        let processor = self;
         let v = &config.vision;
         for (key, ours, model_key, theirs) in [
             (
@@ -247,7 +262,7 @@ impl ImageProcessor {
                 });
             }
         }
-        Ok(processor)
+        Ok(())
     }
 
     /// transformers' `smart_resize`: the size an image of `height × width`

@@ -514,16 +514,35 @@ impl HfNet {
         cache: Option<&mut KvCache>,
         after_layer: &mut dyn FnMut(usize, Tensor) -> Tensor,
     ) -> Tensor {
-        let kind = self.kind();
         let device = self.device();
-        let (b, t, _) = h.size3().unwrap_or_default();
+        let t = h.size()[1];
         let s = keys.size()[1];
         let past = s - t;
         let key_index = Tensor::arange(s, (Kind::Int64, device));
         let query_index = Tensor::arange_start(past, s, (Kind::Int64, device));
         let causal = key_index.unsqueeze(0).le_tensor(&query_index.unsqueeze(1));
         let allowed = causal.unsqueeze(0).logical_and(&keys.unsqueeze(1));
-        let mask = Tensor::zeros([b, 1, t, s], (kind, device))
+        self.head(&self.hidden(h, rope, &allowed, cache, after_layer))
+    }
+
+    /// The final hidden states (after the last norm) `[B, T, hidden]` of
+    /// the embeddings `h` under the rotary `rope`, each query attending to
+    /// the keys `allowed` `[B or 1, T, past + T]` (bool: query, key) sets,
+    /// continuing `cache`; `after_layer` as [`HfNet::decode`]'s. A query
+    /// allowed no key attends uniformly (the mask holds the dtype's most
+    /// negative value, not `-inf`).
+    pub(crate) fn hidden(
+        &self,
+        h: Tensor,
+        rope: &(Tensor, Tensor),
+        allowed: &Tensor,
+        cache: Option<&mut KvCache>,
+        after_layer: &mut dyn FnMut(usize, Tensor) -> Tensor,
+    ) -> Tensor {
+        let kind = self.kind();
+        let (b, t, _) = h.size3().unwrap_or_default();
+        let s = allowed.size()[2];
+        let mask = Tensor::zeros([b, 1, t, s], (kind, self.device()))
             .masked_fill(&allowed.logical_not().unsqueeze(1), min_value(kind));
         let mut h = h;
         let mut cache = cache;
@@ -535,11 +554,22 @@ impl HfNet {
             }
             h = after_layer(i, next);
         }
-        let h = rms_norm(&h, &self.norm, self.config.rms_norm_eps);
+        rms_norm(&h, &self.norm, self.config.rms_norm_eps)
+    }
+
+    /// The output embedding `[vocab, hidden]`: `lm_head.weight`, or the
+    /// token embedding when tied. Row `i` times a final hidden state is
+    /// token `i`'s logit.
+    pub fn output_embedding(&self) -> &Tensor {
         match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => h.linear::<Tensor>(&self.embed_tokens, None),
+            Some(head) => &head.ws,
+            None => &self.embed_tokens,
         }
+    }
+
+    /// Logits `[B, T, vocab]` of final hidden states `[B, T, hidden]`.
+    pub fn head(&self, h: &Tensor) -> Tensor {
+        h.linear::<Tensor>(self.output_embedding(), None)
     }
 
     /// The ids on the model's device and the mask as bool, after checking

@@ -232,24 +232,7 @@ pub trait PolicyNet: Sized {
         tokenizer: &Tokenizer,
         config: &Self::Config,
     ) -> Result<Tokens, ModelError> {
-        let tokenizer_path = dir.join(TOKENIZER_FILE);
-        let vocab = tokenizer.get_vocab_size(true) as i64;
-        if vocab != Self::vocab_size(config) {
-            return Err(bad(
-                &tokenizer_path,
-                format!(
-                    "the tokenizer has {vocab} tokens but config.json says vocab_size {}",
-                    Self::vocab_size(config)
-                ),
-            ));
-        }
-        let special = SpecialIds::of(tokenizer)
-            .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
-        Ok(Tokens {
-            special,
-            format: PromptFormat::Plan,
-            carried: BTreeMap::new(),
-        })
+        own_tokens(dir, tokenizer, Self::vocab_size(config))
     }
     /// Why `config` describes no network, if it does not.
     fn check(config: &Self::Config) -> Result<(), String>;
@@ -264,6 +247,33 @@ pub trait PolicyNet: Sized {
     fn image_token(&self) -> Option<i32> {
         None
     }
+}
+
+/// [`PolicyNet::tokens`] of our networks: `<|pad|>`, `<|plan|>` and
+/// `<|eos|>` in a vocabulary of exactly `vocab_size` tokens,
+/// [`PromptFormat::Plan`], nothing carried.
+pub fn own_tokens(
+    dir: &Path,
+    tokenizer: &Tokenizer,
+    vocab_size: i64,
+) -> Result<Tokens, ModelError> {
+    let tokenizer_path = dir.join(TOKENIZER_FILE);
+    let vocab = tokenizer.get_vocab_size(true) as i64;
+    if vocab != vocab_size {
+        return Err(bad(
+            &tokenizer_path,
+            format!(
+                "the tokenizer has {vocab} tokens but config.json says vocab_size {vocab_size}"
+            ),
+        ));
+    }
+    let special = SpecialIds::of(tokenizer)
+        .ok_or_else(|| bad(&tokenizer_path, "lacks <|pad|>, <|plan|> or <|eos|>"))?;
+    Ok(Tokens {
+        special,
+        format: PromptFormat::Plan,
+        carried: BTreeMap::new(),
+    })
 }
 
 /// `config.json` as written: the kind, then the architecture's fields.

@@ -100,6 +100,46 @@ pub fn tiny_thinking_vla(chunk_len: i64) -> Checkpoint<Vla> {
     )
 }
 
+/// The script that saves a tiny random Qwen2.5-VL with transformers.
+pub const VLM_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../scripts/vla_trunk_fixture.py"
+);
+
+/// A tiny random Qwen2.5-VL in transformers' layout in `dir`, saved by
+/// transformers' `save_pretrained` (`scripts/vla_trunk_fixture.py`: 2
+/// vision blocks, 2 decoder layers of width 48, patch 4, merge 2, an
+/// embedding of 640 rows), with the tiny tokenizer plus
+/// `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>` as its
+/// `tokenizer.json`. Panics, saying to run `scripts/setup`, without the
+/// project venv's transformers.
+pub fn tiny_vlm(dir: &std::path::Path) {
+    let mut tokenizer = tiny_tokenizer();
+    let specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"];
+    tokenizer.add_special_tokens(&specials.map(|t| tokenizers::AddedToken::from(t, true)));
+    let id = |token: &str| tokenizer.token_to_id(token).expect("added").to_string();
+    let python = embodyflow_hf::testing::PYTHON;
+    let out = std::process::Command::new(python)
+        .arg(VLM_SCRIPT)
+        .arg(dir)
+        .args([
+            "640".to_string(),
+            id("<|image_pad|>"),
+            id("<|vision_start|>"),
+            id("<|vision_end|>"),
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} ({e}): run scripts/setup"));
+    assert!(
+        out.status.success(),
+        "{VLM_SCRIPT} failed (transformers missing? run scripts/setup):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tokenizer
+        .save(dir.join(crate::checkpoint::TOKENIZER_FILE), false)
+        .expect("the tokenizer saves");
+}
+
 fn tiny_vla_with(chunk_len: i64, latent: Option<crate::vla::LatentConfig>) -> Checkpoint<Vla> {
     let tokenizer = tiny_tokenizer();
     let config = VlaConfig {
@@ -141,15 +181,14 @@ mod tests {
 /// Each sampled answer of `policy` ends at its first stop id or at the
 /// limit, and its recorded log-probs are the scorer's at `temperature`
 /// (within 1e-4).
-pub fn assert_sampled_are_scored<M: PlanNet>(
+pub fn assert_sampled_are_scored<M: PlanNet, P: AsPrompt>(
     policy: &Checkpoint<M>,
-    prompts: &[Vec<i32>],
+    prompts: &[P],
     sampled: &[Sampled],
     temperature: f64,
 ) {
-    let prompt_refs: Vec<&[i32]> = prompts.iter().map(Vec::as_slice).collect();
     let responses: Vec<&[i32]> = sampled.iter().map(|s| s.response_ids.as_slice()).collect();
-    let scores = score_responses(policy, &prompt_refs, &responses, temperature, Entropy::Skip);
+    let scores = score_responses(policy, prompts, &responses, temperature, Entropy::Skip);
     for (row, s) in sampled.iter().enumerate() {
         assert!(!s.response_ids.is_empty());
         let stop_at = s.response_ids.iter().position(|&t| policy.stops(t));

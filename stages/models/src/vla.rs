@@ -62,16 +62,21 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{self, ConfigTag, PolicyKind, PolicyNet};
-use crate::gpt::{Gpt, GptConfig};
+#[cfg(doc)]
+use crate::gpt::Gpt;
+use crate::gpt::GptConfig;
 use crate::policy::{Entropy, arg_max, draw};
 use embodyflow_hf::safetensors::Expected;
 
 pub mod latent;
+pub mod trunk;
 
 pub use latent::{
     LatentConfig, LatentDecision, LatentScores, VALUE_HEAD, WarmupConfig, WarmupLoss,
 };
 use latent::{LatentInput, LatentParts};
+use trunk::Trunk;
+pub use trunk::{ActionTokens, HfTrunkConfig};
 
 /// Architecture of a [`Vla`], stored as a checkpoint's `config.json` (with
 /// `"kind": "vla"`).
@@ -116,6 +121,10 @@ pub struct VlaConfig {
     /// absent: the actions follow the observation directly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latent: Option<LatentConfig>,
+    /// The trunk: a Hugging Face vision-language model ([`trunk`]); absent:
+    /// our small transformer of `n_embd`, `n_head`, `n_layer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trunk: Option<HfTrunkConfig>,
 }
 
 fn rgb() -> i64 {
@@ -148,6 +157,7 @@ impl VlaConfig {
             n_head: 4,
             n_layer: 4,
             latent: None,
+            trunk: None,
         }
     }
 
@@ -186,7 +196,7 @@ impl VlaConfig {
                 self.max_instruction
             ));
         }
-        if self.image_size % self.patch_size != 0 {
+        if self.trunk.is_none() && self.image_size % self.patch_size != 0 {
             return Err(format!(
                 "patch_size {} must divide image_size {}",
                 self.patch_size, self.image_size
@@ -212,6 +222,9 @@ impl VlaConfig {
         }
         if let Some(latent) = &self.latent {
             latent.check()?;
+        }
+        if let Some(trunk) = &self.trunk {
+            trunk.check(self)?;
         }
         if self.sequence_len().is_none() {
             return Err(format!(
@@ -259,19 +272,23 @@ impl VlaConfig {
     }
 
     /// Every parameter [`Vla::new`] creates, by name and shape, with the
-    /// config keys it follows from: the trunk's ([`GptConfig::tensors`],
-    /// its `n_ctx` derived from the sequence), then the VLA's own. Lazy, as
-    /// the trunk's.
-    pub fn tensors(&self) -> impl Iterator<Item = Expected> + use<> {
+    /// config keys it follows from: the trunk's (the small one's
+    /// [`GptConfig::tensors`], its `n_ctx` derived from the sequence, and
+    /// the patch embedding; a model's under transformers' names), then the
+    /// VLA's own. The small trunk's are lazy.
+    pub fn tensors(&self) -> Box<dyn Iterator<Item = Expected>> {
         let e = self.n_embd;
         let p = self.patch_size;
-        let mut own = vec![
-            Expected::new(
+        let mut own = Vec::new();
+        if self.trunk.is_none() {
+            own.push(Expected::new(
                 "patch_embed.weight",
                 &[e, p * p * self.channels],
                 "patch_size, channels, n_embd",
-            ),
-            Expected::new("patch_embed.bias", &[e], "n_embd"),
+            ));
+            own.push(Expected::new("patch_embed.bias", &[e], "n_embd"));
+        }
+        own.extend([
             Expected::new(
                 "proprio_embed.weight",
                 &[e, self.proprio_dim.max(1)],
@@ -279,9 +296,15 @@ impl VlaConfig {
             ),
             Expected::new("proprio_embed.bias", &[e], "n_embd"),
             Expected::new("action_query", &[e], "n_embd"),
-            Expected::new("action_head.weight", &[self.n_bins, e], "n_bins, n_embd"),
-            Expected::new("action_head.bias", &[self.n_bins], "n_bins"),
-        ];
+        ]);
+        if self.has_action_head() {
+            own.push(Expected::new(
+                "action_head.weight",
+                &[self.n_bins, e],
+                "n_bins, n_embd",
+            ));
+            own.push(Expected::new("action_head.bias", &[self.n_bins], "n_bins"));
+        }
         if self.latent.is_some() {
             for name in ["latent_start", "latent_end"] {
                 own.push(Expected::new(name, &[e], "latent, n_embd"));
@@ -296,7 +319,18 @@ impl VlaConfig {
             }
         }
         let keys = "image_size, patch_size, max_instruction, latent, chunk_len, action_dim, n_embd";
-        self.trunk().tensors(keys).chain(own)
+        match &self.trunk {
+            None => Box::new(self.small_trunk().tensors(keys).chain(own)),
+            Some(trunk) => Box::new(trunk.tensors().into_iter().chain(own)),
+        }
+    }
+
+    /// Whether the action tokens' logits come from `action_head` (the
+    /// small trunk always; a model unless its vocabulary gives them).
+    fn has_action_head(&self) -> bool {
+        self.trunk
+            .as_ref()
+            .is_none_or(|t| t.action_tokens == ActionTokens::Head)
     }
 
     /// Image patches per observation: `(image_size / patch_size)²`.
@@ -312,13 +346,13 @@ impl VlaConfig {
 
     /// Positions before the latent part: patches, proprio and the longest
     /// instruction.
-    fn prefix_len(&self) -> i64 {
+    pub(crate) fn prefix_len(&self) -> i64 {
         self.n_patches() + 1 + self.max_instruction
     }
 
-    /// The trunk: a [`Gpt`] over the whole sequence (its embedding embeds
-    /// the instruction; its tied output head is not used).
-    fn trunk(&self) -> GptConfig {
+    /// The small trunk: a [`Gpt`] over the whole sequence (its embedding
+    /// embeds the instruction; its tied output head is not used).
+    pub(crate) fn small_trunk(&self) -> GptConfig {
         GptConfig {
             vocab_size: self.vocab_size,
             // Counted without overflow by `check`; a config it refuses
@@ -434,6 +468,10 @@ pub enum VlaError {
     /// A call that needs latents on a policy without them, or the reverse.
     #[error("{0}")]
     Latents(String),
+    /// A batch the vision-language trunk cannot run (its image processor
+    /// or its network refused it).
+    #[error("the trunk: {0}")]
+    Trunk(String),
     /// A row's latent chain of the wrong size or with a NaN or infinity.
     #[error("row {row}: latents {reason}")]
     LatentShape {
@@ -473,24 +511,24 @@ pub struct Decision {
     pub logprob: f32,
 }
 
-/// An embedded sequence ready for the trunk.
+/// What the VLA embeds itself of a sequence; the trunk embeds the prefix.
 struct Sequence {
-    /// Embeddings `[batch, time, embd]`.
-    x: Tensor,
-    /// Attention mask `[1 or batch, 1, time, time]`, true = attend.
-    mask: Tensor,
-    /// Positions before the latent part (this batch's longest instruction).
-    prefix: i64,
+    /// The proprio token `[batch, 1, embd]`.
+    proprio: Tensor,
+    /// The latent part and the action placeholders `[batch, n, embd]`.
+    tail: Tensor,
+    /// The tail's attention among itself `[1 or batch, n, n]` (bool: query, key).
+    allowed: Tensor,
 }
 
 /// The network.
 #[derive(Debug)]
 pub struct Vla {
-    trunk: Gpt,
-    patch_embed: nn::Linear,
+    trunk: Trunk,
     proprio_embed: nn::Linear,
     action_query: Tensor,
-    action_head: nn::Linear,
+    /// `None` when the trunk's vocabulary gives the action logits.
+    action_head: Option<nn::Linear>,
     latent: Option<LatentParts>,
     config: VlaConfig,
 }
@@ -517,7 +555,26 @@ impl PolicyNet for Vla {
     }
 
     fn tensors(config: &VlaConfig) -> Box<dyn Iterator<Item = Expected> + '_> {
-        Box::new(config.tensors())
+        config.tensors()
+    }
+
+    fn tokens(
+        dir: &std::path::Path,
+        tokenizer: &tokenizers::Tokenizer,
+        config: &VlaConfig,
+    ) -> Result<checkpoint::Tokens, crate::ModelError> {
+        match &config.trunk {
+            None => checkpoint::own_tokens(dir, tokenizer, config.vocab_size),
+            Some(_) => Ok(checkpoint::Tokens {
+                special: trunk::vlm_special_ids(
+                    &dir.join(checkpoint::TOKENIZER_FILE),
+                    tokenizer,
+                    config,
+                )?,
+                format: checkpoint::PromptFormat::Plan,
+                carried: Default::default(),
+            }),
+        }
     }
 
     fn vocab_size(config: &VlaConfig) -> i64 {
@@ -534,20 +591,21 @@ impl PolicyNet for Vla {
 }
 
 impl Vla {
-    /// Creates the parameters under `path`: the trunk's (`wte`, `wpe`,
-    /// `h.{i}.…`, `ln_f`), `patch_embed`, `proprio_embed`, `action_query`
-    /// and `action_head` (and with latents `latent_start`, `latent_end`,
-    /// `end_head`, `value_head`). Panics on a config that [`VlaConfig::check`]
-    /// refuses (checkpoints check it first and name the file).
+    /// Creates the parameters under `path`: the trunk's (the small one's
+    /// `wte`, `wpe`, `h.{i}.…`, `ln_f` and `patch_embed`; a model's under
+    /// transformers' names, zero until loaded), `proprio_embed`,
+    /// `action_query` and `action_head` unless the vocabulary gives the
+    /// action logits (and with latents `latent_start`, `latent_end`,
+    /// `end_head`, `value_head`). Panics on a config that
+    /// [`VlaConfig::check`] refuses (checkpoints check it first and name
+    /// the file).
     pub fn new(path: &nn::Path, config: &VlaConfig) -> Vla {
         if let Err(reason) = config.check() {
             panic!("invalid VLA config: {reason}");
         }
         let e = config.n_embd;
-        let patch_in = config.patch_size * config.patch_size * config.channels;
         Vla {
-            trunk: Gpt::new(path, &config.trunk()),
-            patch_embed: nn::linear(path / "patch_embed", patch_in, e, Default::default()),
+            trunk: Trunk::new(path, config),
             // A world without proprio feeds one constant 0: the token is then
             // the layer's learned bias.
             proprio_embed: nn::linear(
@@ -564,7 +622,9 @@ impl Vla {
                     stdev: 0.02,
                 },
             ),
-            action_head: nn::linear(path / "action_head", e, config.n_bins, Default::default()),
+            action_head: config
+                .has_action_head()
+                .then(|| nn::linear(path / "action_head", e, config.n_bins, Default::default())),
             latent: config.latent.as_ref().map(|_| LatentParts::new(path, e)),
             config: config.clone(),
         }
@@ -589,8 +649,8 @@ impl Vla {
                 latent.length
             )));
         }
-        let sequence = self.inputs(batch, None, true)?;
-        Ok(self.action_logits(&self.hidden(sequence.x, &sequence.mask)))
+        let (hidden, _) = self.hidden(batch, None, true)?;
+        Ok(self.action_logits(&hidden))
     }
 
     /// Samples one decision per row at `temperature` (`0` = greedy), row
@@ -779,18 +839,36 @@ impl Vla {
             .to(self.device()))
     }
 
-    /// The embedded sequence of a batch and its attention mask:
-    /// `[ prefix | latent part | action placeholders ]`, the latent part
-    /// present when `latent` is given (its `latents` written into the slots),
-    /// the placeholders when `actions` is true.
+    /// Final hidden states `[batch, time, embd]` of a batch's sequence
+    /// `[ prefix | latent part | action placeholders ]` and where the
+    /// prefix ends: the latent part present when `latent` is given (its
+    /// `latents` written into the slots), the placeholders when `actions`
+    /// is true; the trunk ([`trunk`]) embeds and runs the prefix.
     ///
-    /// Every query sees the prefix keys (an instruction pad is no one's
-    /// key); latent queries see the latent part causally (keys up to their
-    /// own); action queries see each other and the first `visible[b]`
-    /// positions of the latent part (the chain up to the chosen
-    /// `<latent_end>`). The prefix sees nothing after it, so nothing before
-    /// a position depends on what comes after it.
-    fn inputs(
+    /// Every query sees the prefix keys its trunk lets it (an instruction
+    /// pad is no one's key); latent queries see the latent part causally
+    /// (keys up to their own); action queries see each other and the first
+    /// `visible[b]` positions of the latent part (the chain up to the
+    /// chosen `<latent_end>`). The prefix sees nothing after it, so nothing
+    /// before a position depends on what comes after it.
+    fn hidden(
+        &self,
+        batch: &[Observation],
+        latent: Option<&LatentInput>,
+        actions: bool,
+    ) -> Result<(Tensor, i64), VlaError> {
+        let Sequence {
+            proprio,
+            tail,
+            allowed,
+        } = self.sequence(batch, latent, actions)?;
+        self.trunk
+            .hidden(&self.config, batch, proprio, tail, &allowed)
+    }
+
+    /// What the VLA embeds itself of a batch's sequence ([`Vla::hidden`]):
+    /// the proprio token, the tail and the tail's attention.
+    fn sequence(
         &self,
         batch: &[Observation],
         latent: Option<&LatentInput>,
@@ -800,30 +878,14 @@ impl Vla {
         let config = &self.config;
         let device = self.device();
         let b = batch.len() as i64;
-        let (s, p) = (config.image_size, config.patch_size);
-        let side = s / p;
-        let n_patches = config.n_patches();
-        let c = config.channels;
-        let mut pixels = Vec::with_capacity(batch.len() * (s * s * c) as usize);
         let proprio_in = config.proprio_dim.max(1);
         let mut proprio = Vec::with_capacity(batch.len() * proprio_in as usize);
         for row in batch {
-            pixels.extend_from_slice(row.image);
             match config.proprio_dim {
                 0 => proprio.push(0.0),
                 _ => proprio.extend_from_slice(row.proprio),
             }
         }
-        // [b, s, s, c] -> [b, side, p, side, p, c] -> patches [b, side², p·p·c].
-        let pixels = Tensor::from_slice(&pixels)
-            .to(device)
-            .view([b, side, p, side, p, c])
-            .permute([0, 1, 3, 2, 4, 5])
-            .reshape([b, n_patches, p * p * c])
-            .to_kind(Kind::Float)
-            / 127.5
-            - 1.0;
-        let patches = self.patch_embed.forward(&pixels);
         let proprio = self
             .proprio_embed
             .forward(
@@ -832,119 +894,71 @@ impl Vla {
                     .to(device),
             )
             .unsqueeze(1);
-        let lengths: Vec<i64> = batch.iter().map(|r| r.instruction.len() as i64).collect();
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        let mut ids = Vec::with_capacity((b * longest) as usize);
-        for row in batch {
-            ids.extend(row.instruction.iter().map(|&id| i64::from(id)));
-            ids.extend(std::iter::repeat_n(
-                0i64,
-                longest as usize - row.instruction.len(),
-            ));
-        }
-        let instruction = self
-            .trunk
-            .embed_tokens(&Tensor::from_slice(&ids).view([b, longest]).to(device));
-        let prefix = n_patches + 1 + longest;
-        let mut parts = vec![patches, proprio, instruction];
-        let mut positions = vec![Tensor::arange(prefix, (Kind::Int64, device))];
-        let mut next = config.prefix_len();
+        let mut parts = Vec::new();
         let latent_len = match latent {
             None => 0,
             Some(input) => {
                 let part = self.latent_part(&input.latents)?;
                 let len = part.size()[1];
                 parts.push(part);
-                positions.push(Tensor::arange_start(
-                    next,
-                    next + len,
-                    (Kind::Int64, device),
-                ));
-                next += len;
                 len
             }
         };
-        let action_len = if actions {
+        if actions {
             let n = config.n_action_tokens();
             parts.push(
                 self.action_query
                     .view([1, 1, config.n_embd])
                     .expand([b, n, config.n_embd], false),
             );
-            positions.push(Tensor::arange_start(next, next + n, (Kind::Int64, device)));
-            n
-        } else {
-            0
+        }
+        let tail = match parts.is_empty() {
+            true => Tensor::zeros([b, 0, config.n_embd], (Kind::Float, device)),
+            false => Tensor::cat(&parts, 1),
         };
-        let x = Tensor::cat(&parts, 1)
-            + self
-                .trunk
-                .embed_positions(&Tensor::cat(&positions, 0))
-                .unsqueeze(0);
-        let time = prefix + latent_len + action_len;
+        let time = tail.size()[1];
         let columns = Tensor::arange(time, (Kind::Int64, device));
-        let is_prefix = columns.lt(prefix);
-        let is_latent = columns
-            .ge(prefix)
-            .logical_and(&columns.lt(prefix + latent_len));
-        let is_action = columns.ge(prefix + latent_len);
-        // [query, key]: every query sees the prefix; latent queries see the
-        // latent part causally; action queries see the actions.
+        let is_latent = columns.lt(latent_len);
+        let is_action = columns.ge(latent_len);
+        // [query, key]: latent queries see the latent part causally;
+        // action queries see the actions.
         let causal = columns.unsqueeze(0).le_tensor(&columns.unsqueeze(1));
-        let mut allowed = is_prefix
-            .unsqueeze(0)
-            .logical_or(
-                &is_latent
-                    .unsqueeze(1)
-                    .logical_and(&is_latent.unsqueeze(0))
-                    .logical_and(&causal),
-            )
+        let mut allowed = is_latent
+            .unsqueeze(1)
+            .logical_and(&is_latent.unsqueeze(0))
+            .logical_and(&causal)
             .logical_or(&is_action.unsqueeze(1).logical_and(&is_action.unsqueeze(0)))
             .unsqueeze(0); // [1, q, k]
         if let (Some(input), true) = (latent, actions) {
             check_rows("visible latent positions", input.visible.len(), batch.len())?;
             let visible = Tensor::from_slice(&input.visible).to(device); // [b]
-            let latent_column = &columns - prefix; // [k]
             let seen = is_latent
                 .unsqueeze(0)
-                .logical_and(&latent_column.unsqueeze(0).lt_tensor(&visible.unsqueeze(1))); // [b, k]
+                .logical_and(&columns.unsqueeze(0).lt_tensor(&visible.unsqueeze(1))); // [b, k]
             allowed =
                 allowed.logical_or(&is_action.view([1, time, 1]).logical_and(&seen.unsqueeze(1)));
         }
-        if lengths.iter().any(|&len| len != longest) {
-            let lengths = Tensor::from_slice(&lengths).to(device);
-            let instruction_column = &columns - (n_patches + 1); // [k]
-            // The instruction's columns past the row's own length.
-            let in_instruction = instruction_column
-                .ge(0)
-                .logical_and(&instruction_column.lt(longest))
-                .unsqueeze(0); // [1, k]
-            let pad = in_instruction.logical_and(
-                &instruction_column
-                    .unsqueeze(0)
-                    .ge_tensor(&lengths.unsqueeze(1)),
-            ); // [b, k]
-            allowed = allowed.logical_and(&pad.logical_not().unsqueeze(1));
-        }
         Ok(Sequence {
-            x,
-            mask: allowed.unsqueeze(1),
-            prefix,
+            proprio,
+            tail,
+            allowed,
         })
     }
 
-    /// Final hidden states `[batch, time, embd]` of an embedded sequence.
-    fn hidden(&self, x: Tensor, mask: &Tensor) -> Tensor {
-        self.trunk.hidden_of_embeddings(x, mask)
-    }
-
     /// Logits `[batch, K × D, n_bins]` of the action placeholders (the last
-    /// `K × D` positions) of hidden states `[batch, time, embd]`.
+    /// `K × D` positions) of hidden states `[batch, time, embd]`: the
+    /// action head's, or the trunk's vocabulary rows of the bins.
     fn action_logits(&self, hidden: &Tensor) -> Tensor {
         let actions = self.config.n_action_tokens();
         let time = hidden.size()[1];
-        self.action_head
-            .forward(&hidden.narrow(1, time - actions, actions))
+        let at_actions = hidden.narrow(1, time - actions, actions);
+        match &self.action_head {
+            Some(head) => head.forward(&at_actions),
+            None => self
+                .trunk
+                .vocab_action_logits(&at_actions, self.config.n_bins)
+                .expect("a VLA without an action head reads its trunk's vocabulary"),
+        }
     }
 
     fn check_batch(&self, batch: &[Observation]) -> Result<(), VlaError> {

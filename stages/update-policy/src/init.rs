@@ -225,6 +225,7 @@ impl VlaKeys {
                 length: self.latent_length,
                 group: self.latent_group,
             }),
+            trunk: None,
         })
     }
 

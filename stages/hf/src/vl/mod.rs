@@ -103,6 +103,33 @@ impl VlCache {
     }
 }
 
+/// A prompt's embeddings with its images written in, its M-RoPE positions
+/// `[3, B, T]`, each row's offset `[B, 1]`, and the image mask `[B, T, 1]`
+/// with the DeepStack features to add after the first layers.
+struct Prompt {
+    h: Tensor,
+    positions: Tensor,
+    deltas: Tensor,
+    deepstack: Option<(Tensor, Vec<Tensor>)>,
+}
+
+/// What runs after decoder layer `layer`: Qwen3-VL's DeepStack feature
+/// `layer` added at the image positions (the hidden states unchanged
+/// without one).
+fn deepstack_after(
+    deepstack: &Option<(Tensor, Vec<Tensor>)>,
+    width: i64,
+) -> impl FnMut(usize, Tensor) -> Tensor + '_ {
+    move |layer, h| match deepstack {
+        Some((mask, features)) if layer < features.len() => {
+            let at_images = h.masked_select(mask).view([-1, width]);
+            let added = at_images + features[layer].to_kind(h.kind());
+            h.masked_scatter(mask, &added)
+        }
+        _ => h,
+    }
+}
+
 /// The network of a vision-language checkpoint: the language model, the
 /// vision encoder, and the names its weights have ([`Layout`]).
 #[derive(Debug)]
@@ -340,17 +367,10 @@ impl VlNet {
         let mut h = self.language.embed(&ids);
         let mut deepstack = None;
         let positions = if past == 0 {
-            let image_mask = ids.eq(self.config.image_token_id).logical_and(&keys);
-            let grids = images.map_or(&[][..], |i| &i.grid_thw[..]);
-            let (positions, deltas) = self.rope_index(&ids, &keys, grids)?;
-            if let Some(images) = images.filter(|i| !i.grid_thw.is_empty()) {
-                let out = self.visual.forward(images)?;
-                let mask = image_mask.unsqueeze(-1);
-                h = h.masked_scatter(&mask, &out.features.to_kind(h.kind()));
-                deepstack = Some((mask, out.deepstack));
-            }
-            cache.rope_deltas = Some(deltas);
-            positions
+            let prompt = self.embed_prompt(h, &ids, &keys, images)?;
+            (h, deepstack) = (prompt.h, prompt.deepstack);
+            cache.rope_deltas = Some(prompt.deltas);
+            prompt.positions
         } else {
             if images.is_some_and(|i| !i.grid_thw.is_empty()) {
                 return Err(HfError::BadBatch(
@@ -365,6 +385,85 @@ impl VlNet {
                 .unsqueeze(0)
                 .expand([3, b, t], false)
         };
+        let rope = self.rope_of(&positions);
+        let width = self.config.text.hidden_size;
+        Ok(self.language.decode(
+            h,
+            &rope,
+            &keys,
+            Some(&mut cache.kv),
+            &mut deepstack_after(&deepstack, width),
+        ))
+    }
+
+    /// The final hidden states (after the last norm) `[B, T, hidden]` of
+    /// a prompt (placeholders expanded) with `images`, each query attending
+    /// to the keys `allowed` `[B or 1, T, T]` (bool: query, key) sets
+    /// instead of the causal mask, and the token embeddings replaced by
+    /// `replace = (where [B, T] bool, embeddings [B, T, hidden])` where it
+    /// is set (positions a caller embeds itself, as a VLA's proprio and
+    /// action slots). `attention_mask` `[B, T]` (1 = token, 0 = padding)
+    /// gives the M-RoPE positions as [`VlNet::forward`] does, padding
+    /// anywhere in a row skipped. With gradients when enabled.
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        allowed: &Tensor,
+        images: Option<&Images>,
+        replace: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor, HfError> {
+        let (ids, keys) = self.language.check_batch(input_ids, attention_mask, 0)?;
+        let mut h = self.language.embed(&ids);
+        if let Some((at, embeddings)) = replace {
+            h = h.where_self(&at.logical_not().unsqueeze(-1), &embeddings.to_kind(h.kind()));
+        }
+        let prompt = self.embed_prompt(h, &ids, &keys, images)?;
+        let rope = self.rope_of(&prompt.positions);
+        let width = self.config.text.hidden_size;
+        Ok(self.language.hidden(
+            prompt.h,
+            &rope,
+            allowed,
+            None,
+            &mut deepstack_after(&prompt.deepstack, width),
+        ))
+    }
+
+    /// A prompt's embeddings `h` with the image features written at the
+    /// placeholders, its M-RoPE positions and offsets ([`VlNet::rope_index`])
+    /// and the DeepStack features to add.
+    fn embed_prompt(
+        &self,
+        h: Tensor,
+        ids: &Tensor,
+        keys: &Tensor,
+        images: Option<&Images>,
+    ) -> Result<Prompt, HfError> {
+        let image_mask = ids.eq(self.config.image_token_id).logical_and(keys);
+        let grids = images.map_or(&[][..], |i| &i.grid_thw[..]);
+        let (positions, deltas) = self.rope_index(ids, keys, grids)?;
+        let mut prompt = Prompt {
+            h,
+            positions,
+            deltas,
+            deepstack: None,
+        };
+        if let Some(images) = images.filter(|i| !i.grid_thw.is_empty()) {
+            let out = self.visual.forward(images)?;
+            let mask = image_mask.unsqueeze(-1);
+            prompt.h = prompt
+                .h
+                .masked_scatter(&mask, &out.features.to_kind(prompt.h.kind()));
+            prompt.deepstack = Some((mask, out.deepstack));
+        }
+        Ok(prompt)
+    }
+
+    /// The rotary `(cos, sin)` of M-RoPE positions `[3, B, T]`: each
+    /// frequency reads its axis.
+    fn rope_of(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let (_, b, t) = positions.size3().unwrap_or_default();
         let half = self.config.text.head_dim / 2;
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.language.inv_freq();
         let index = self
@@ -372,19 +471,7 @@ impl VlNet {
             .view([1, 1, 1, half])
             .expand([1, b, t, half], false);
         let freqs = freqs.gather(0, &index, false).squeeze_dim(0);
-        let rope = self.language.rope(&freqs);
-        let width = self.config.text.hidden_size;
-        let mut add_deepstack = |layer: usize, h: Tensor| match &deepstack {
-            Some((mask, features)) if layer < features.len() => {
-                let at_images = h.masked_select(mask).view([-1, width]);
-                let added = at_images + features[layer].to_kind(h.kind());
-                h.masked_scatter(mask, &added)
-            }
-            _ => h,
-        };
-        Ok(self
-            .language
-            .decode(h, &rope, &keys, Some(&mut cache.kv), &mut add_deepstack))
+        self.language.rope(&freqs)
     }
 
     /// transformers' `get_rope_index`: the M-RoPE positions `[3, B, T]` of

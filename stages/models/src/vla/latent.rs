@@ -73,7 +73,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use super::{
-    Decision, Observation, Sequence, Vla, VlaError, check_rows, check_temperature, gather_tokens,
+    Decision, Observation, Vla, VlaError, check_rows, check_temperature, gather_tokens,
     log_softmax_at, masked_mean, masked_nll,
 };
 use crate::policy::{Entropy, arg_max, draw};
@@ -361,8 +361,7 @@ impl Vla {
             latents: latents.shallow_clone(),
             visible: visible.to_vec(),
         };
-        let Sequence { x, mask, prefix } = self.inputs(batch, Some(&input), actions)?;
-        let hidden = self.hidden(x, &mask);
+        let (hidden, prefix) = self.hidden(batch, Some(&input), actions)?;
         let parts = self.latent_parts();
         let device = hidden.device();
         let index = |positions: Vec<i64>| {

@@ -24,6 +24,7 @@ fn tiny_config(vocab_size: i64) -> VlaConfig {
         n_head: 4,
         n_layer: 2,
         latent: None,
+        trunk: None,
     }
 }
 
@@ -114,18 +115,34 @@ fn a_row_does_not_depend_on_its_batch() {
 fn placeholders_attend_to_each_other_and_the_prefix_never_to_them() {
     let policy = tiny(0);
     let rows = Rows::new(3);
-    let Sequence { x, mask, .. } = policy.model.inputs(&rows.batch(), None, true).unwrap();
-    let time = x.size()[1];
+    let batch = rows.batch();
+    let Sequence {
+        proprio,
+        tail,
+        allowed,
+    } = policy.model.sequence(&batch, None, true).unwrap();
     let actions = policy.model.config().n_action_tokens();
-    let prefix = time - actions;
-    let base = tch::no_grad(|| policy.model.hidden(x.shallow_clone(), &mask));
+    let run = |tail: Tensor| {
+        let model = &policy.model;
+        tch::no_grad(|| {
+            model.trunk.hidden(
+                model.config(),
+                &batch,
+                proprio.shallow_clone(),
+                tail,
+                &allowed,
+            )
+        })
+        .unwrap()
+    };
+    let (base, prefix) = run(tail.shallow_clone());
     // Change the input of the first placeholder only.
-    let bump = Tensor::zeros_like(&x);
-    let mut first = bump.narrow(1, prefix, 1);
+    let bump = Tensor::zeros_like(&tail);
+    let mut first = bump.narrow(1, 0, 1);
     // A pattern across the width (a constant would vanish in the layer norms).
-    let pattern = Tensor::arange(x.size()[2], (Kind::Float, Device::Cpu)).sin();
+    let pattern = Tensor::arange(tail.size()[2], (Kind::Float, Device::Cpu)).sin();
     first.copy_(&pattern.view([1, 1, -1]));
-    let changed = tch::no_grad(|| policy.model.hidden(&x + bump, &mask));
+    let (changed, _) = run(&tail + bump);
     let prefix_diff = max_diff(&base.narrow(1, 0, prefix), &changed.narrow(1, 0, prefix));
     assert!(
         prefix_diff < 1e-6,

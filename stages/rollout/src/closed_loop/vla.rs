@@ -178,6 +178,7 @@ mod tests {
             n_head: 4,
             n_layer: 2,
             latent,
+            trunk: None,
         };
         let _generator = seed(5);
         Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()

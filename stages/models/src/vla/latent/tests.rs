@@ -29,6 +29,7 @@ fn tiny(seed_value: i64) -> Checkpoint<Vla> {
             length: 4,
             group: 2,
         }),
+        trunk: None,
     };
     let _generator = seed(seed_value);
     Checkpoint::<Vla>::init_kind(&config, tokenizer, Device::Cpu).unwrap()
