@@ -46,14 +46,19 @@ def first_float(text):
 
 
 def step_dir(run, it, step, cell):
-    """The step's directory for the cell: the one named by the largest subset
-    of the cell's `key=value` pairs (a step that does not depend on a swept
-    variable, e.g. iteration 0's collect under an estimator sweep, is shared
-    by the cells and named without it)."""
-    if not cell:
-        return os.path.join(run, f"it{it}", step)
+    """The step's directory for the cell. Iteration 0's collect and score
+    run on the initial policy, once for the cells that differ only in what
+    comes later (an estimator sweep): named by the largest subset of the
+    cell's `key=value` pairs, once the cell has a step of its own there.
+    Later steps depend on the cell's own updates: its own directory only
+    (absent while the cell has not run them)."""
+    exact = os.path.join(run, f"it{it}", f"{step}@{cell}" if cell else step)
+    if not cell or it > 0 or os.path.isdir(exact):
+        return exact
     pairs = set(cell.split(","))
-    best, best_n = os.path.join(run, f"it{it}", f"{step}@{cell}"), -1
+    if not glob.glob(os.path.join(run, "it0", f"*@{cell}")):
+        return exact  # the cell has not run a step of its own yet
+    best, best_n = exact, -1
     for d in glob.glob(os.path.join(run, f"it{it}", step + "*")):
         name = os.path.basename(d)
         if name == step:
