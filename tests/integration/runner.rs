@@ -268,31 +268,8 @@ fn assert_run_log(out: &Path, cells: &[&str]) {
     assert!(png.colours() > 20, "{} colours", png.colours());
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(report.contains("## Run log"), "{report}");
-    // TensorBoard's loader, as `tensorboard --logdir` reads the files.
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    let script = r#"
-import sys
-from tensorboard.backend.event_processing import event_accumulator
-acc = event_accumulator.EventAccumulator(sys.argv[1])
-acc.Reload()
-for tag in sorted(acc.Tags()["scalars"]):
-    for e in acc.Scalars(tag):
-        print(f"{tag} {e.step} {e.value!r}")
-"#;
     for cell in cells {
-        let dir = out
-            .join("report/tensorboard")
-            .join(cell.replace([',', '='], "_"));
-        let output = Command::new(&python)
-            .args(["-c", script, s(&dir)])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&output.stdout).to_string();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let text = tensorboard_scalars(out, cell);
         for step in ["sft", "update"] {
             let tag = format!("{step}/loss ");
             let read: Vec<(u64, f64)> = text
@@ -311,6 +288,84 @@ for tag in sorted(acc.Tags()["scalars"]):
             }
         }
     }
+}
+
+/// The scalars of a cell's event files as TensorBoard's own loader reads
+/// them (as `tensorboard --logdir` does): `tag step value` lines, by tag.
+fn tensorboard_scalars(out: &Path, cell: &str) -> String {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let script = r#"
+import sys
+from tensorboard.backend.event_processing import event_accumulator
+acc = event_accumulator.EventAccumulator(sys.argv[1])
+acc.Reload()
+for tag in sorted(acc.Tags()["scalars"]):
+    for e in acc.Scalars(tag):
+        print(f"{tag} {e.step} {e.value!r}")
+"#;
+    let dir = out
+        .join("report/tensorboard")
+        .join(cell.replace([',', '='], "_"));
+    let output = Command::new(&python)
+        .args(["-c", script, s(&dir)])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// The run log's figures as (iteration, global step, step, name), sorted:
+/// what two runs of one plan share (values and wall times differ).
+fn run_log_keys(out: &Path) -> Vec<(String, u64, String, String)> {
+    let csv = std::fs::read_to_string(out.join("report/runlog.csv")).unwrap();
+    let mut keys: Vec<_> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let r: Vec<&str> = l.split(',').collect();
+            (r[1].to_string(), r[2].parse().unwrap(), r[3].to_string(), r[5].to_string())
+        })
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The run log of a run killed while it1/collect ran: exactly the figures
+/// of the steps that finished (setup and iteration 0), as the whole run
+/// logged them, and TensorBoard reads each one.
+fn assert_killed_run_log(killed: &Path, whole: &Path) {
+    let logged = run_log_keys(killed);
+    let finished: Vec<_> = run_log_keys(whole)
+        .into_iter()
+        .filter(|k| k.0.is_empty() || k.0 == "0")
+        .collect();
+    for (iteration, step, name) in [("", "sft", "loss"), ("0", "collect", "success")] {
+        assert!(
+            finished
+                .iter()
+                .any(|k| k.0 == iteration && k.2 == step && k.3 == name),
+            "no {step}/{name}"
+        );
+    }
+    assert_eq!(logged, finished, "the killed run's log");
+    let mut read: Vec<(String, u64)> = tensorboard_scalars(killed, "default")
+        .lines()
+        .map(|l| {
+            let mut f = l.split(' ');
+            (f.next().unwrap().to_string(), f.next().unwrap().parse().unwrap())
+        })
+        .collect();
+    read.sort();
+    let mut want: Vec<(String, u64)> = logged
+        .iter()
+        .map(|k| (format!("{}/{}", k.2, k.3), k.1))
+        .collect();
+    want.sort();
+    assert_eq!(read, want, "TensorBoard reads every logged figure");
 }
 
 #[test]
@@ -354,6 +409,7 @@ fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
         !killed.join("it1/collect/_step.json").exists(),
         "killed before it1/collect completed"
     );
+    assert_killed_run_log(&killed, &whole);
 
     let resumed = ok(&args(&file, &killed, &[]));
     for id in ["train", "sft", "it0/collect", "it0/update"] {
@@ -363,6 +419,8 @@ fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
     let (a, b) = (outputs(&whole), outputs(&killed));
     assert_eq!(a.len(), 13);
     assert_same_outputs(&a, &b, &whole, &killed);
+    assert_eq!(run_log_keys(&killed), run_log_keys(&whole), "the resumed run's log");
+    assert_run_log(&killed, &["default"]);
 }
 
 /// Asserts that two runs of one pipeline wrote the same outputs: every
@@ -1070,7 +1128,17 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
         sft.contains("latent targets") && sft.contains("PCA"),
         "{sft}"
     );
-    let update = std::fs::read_to_string(out.join("it1/update/_summary.update-policy.md")).unwrap();
+    // The last update's summary and metrics rows.
+    let last_update = || -> (String, Vec<MetricRow>) {
+        let update = out.join("it1/update");
+        let summary = std::fs::read_to_string(update.join("_summary.update-policy.md")).unwrap();
+        let metrics = TableReader::open(&update.join("metrics"), TableName::Metrics)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+        (summary, metrics)
+    };
+    let (update, metrics) = last_update();
     for line in [
         "chosen latent lengths",
         "value explained variance",
@@ -1078,11 +1146,6 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     ] {
         assert!(update.contains(line), "{line}: {update}");
     }
-    let metrics: Vec<MetricRow> =
-        TableReader::open(&out.join("it1/update/metrics"), TableName::Metrics)
-            .unwrap()
-            .read_rows()
-            .unwrap();
     assert!(
         metrics
             .iter()
@@ -1100,18 +1163,13 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     let refs: Vec<&str> = grpo.iter().map(String::as_str).collect();
     let second = ok(&refs);
     assert_eq!((&*second["sft"], &*second["it1/update"]), ("cached", "ran"));
-    let update = std::fs::read_to_string(out.join("it1/update/_summary.update-policy.md")).unwrap();
+    let (update, metrics) = last_update();
     assert!(
         update.contains("| objective | ppo |")
             && update.contains("chosen latent lengths")
             && !update.contains("value explained variance"),
         "{update}"
     );
-    let metrics: Vec<MetricRow> =
-        TableReader::open(&out.join("it1/update/metrics"), TableName::Metrics)
-            .unwrap()
-            .read_rows()
-            .unwrap();
     assert!(
         metrics
             .iter()

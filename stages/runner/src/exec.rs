@@ -668,10 +668,11 @@ impl Selection {
 }
 
 /// Runs (or under `dry_run`, describes) the plan. `say` receives one line per
-/// instance as it completes.
+/// instance as it completes, and `log` each completed instance.
 pub fn run_plan(
     plan: &Plan,
     options: &RunOptions,
+    log: Option<&crate::runlog::Live>,
     say: &mut dyn FnMut(&str),
 ) -> Result<RunOutcome> {
     let started = Instant::now();
@@ -759,6 +760,11 @@ pub fn run_plan(
                     outcome.wall_s = wall;
                 }
             }
+        }
+        if let Some(log) = log
+            && outcome.status != Status::WouldRun
+        {
+            log.done(index)?;
         }
         let spent = t0.elapsed().as_secs_f64();
         outcome.overhead_s = if outcome.status == Status::Ran {

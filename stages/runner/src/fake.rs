@@ -309,6 +309,24 @@ mod tests {
         let fake = dir.path().join("fake");
         pipeline(&file, &fake, &[]).unwrap();
         assert_eq!(outputs(&local), outputs(&fake));
+        // The run log is written as the backend reports each step done.
+        let logged = |out: &Path| -> Vec<(String, String)> {
+            let text = std::fs::read_to_string(out.join("report/runlog.csv")).unwrap();
+            let mut rows: Vec<(String, String)> = text
+                .lines()
+                .skip(1)
+                .map(|l| {
+                    let r: Vec<&str> = l.split(',').collect();
+                    (r[3].to_string(), r[5].to_string())
+                })
+                .collect();
+            rows.sort();
+            rows
+        };
+        assert_eq!(logged(&local), logged(&fake));
+        for step in ["train", "eval"] {
+            assert!(logged(&fake).contains(&(step.to_string(), "wall_s".to_string())));
+        }
         let jobs: Vec<(String, String)> = read_jobs(&fake, NAME)
             .unwrap()
             .into_iter()

@@ -247,12 +247,14 @@ pub fn run(args: Args) -> Result<()> {
                     "--poll {poll}: expected a positive number of seconds"
                 )));
             }
+            let log = runlog::Live::new(&plan);
             let run = cluster::Run {
                 plan: &plan,
                 options: &options,
                 table: &pipeline.backend,
                 poll: std::time::Duration::try_from_secs_f64(poll).unwrap_or_default(),
                 backends: registry::BACKENDS,
+                log: (!dry_run).then_some(&log),
             };
             let outcome = chosen.run_plan(&run, &mut |line| println!("{line}"))?;
             for note in &outcome.notes {

@@ -35,7 +35,7 @@ impl Backend for Local {
 
     fn run_plan(&self, run: &Run, say: &mut dyn FnMut(&str)) -> Result<RunOutcome> {
         refuse_live_jobs(&run.plan.out, run.backends)?;
-        exec::run_plan(run.plan, run.options, say)
+        exec::run_plan(run.plan, run.options, run.log, say)
     }
 
     fn live_jobs(&self, _out: &Path) -> Result<Vec<JobEntry>> {

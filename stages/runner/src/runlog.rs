@@ -34,9 +34,12 @@
 //! - every step: `wall_s` and `rows_per_s` (rows of the first table it
 //!   writes over its wall seconds).
 //!
-//! A figure's wall time is its step's finish time (`_step.json`). The log is
-//! rebuilt from the step directories at the end of every run, so a resumed
-//! or cached run writes the same log. The PNGs (`curve-<stage>-<name>.png`)
+//! A figure's wall time is its step's finish time (`_step.json`). The CSV
+//! and the event files grow as the run goes ([`Live`]): a step's figures are
+//! appended when it completes, read from its directory, so `tensorboard
+//! --logdir OUT` during a run shows the steps so far, a run killed at any
+//! point leaves the log of the steps that finished, and a resumed or cached
+//! run writes the same log again (its cached steps first). The PNGs (`curve-<stage>-<name>.png`)
 //! put every cell's steps of one stage and one name on one chart against the
 //! iteration (setup steps at -1, before RL: SFT's rows and the evaluation of
 //! the RL init), an update's rows spread over its iteration; cells that
@@ -44,7 +47,10 @@
 //! curve, their mean, with the band from the lowest to the highest seed.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{MetricRow, TableName};
@@ -155,52 +161,76 @@ fn metrics_rows(dir: &Path) -> Vec<Vec<(String, f64)>> {
         .collect()
 }
 
+/// The figures of instance `index` in `cell`, measured `global` optimizer
+/// steps into the cell (module doc), and the optimizer steps it took (its
+/// metrics rows); `None` when it has no record (it did not complete).
+fn instance_points(
+    plan: &Plan,
+    cell: usize,
+    index: usize,
+    global: u64,
+) -> Option<(Vec<Point>, u64)> {
+    let instance = &plan.instances[index];
+    let record = std::fs::read_to_string(instance.dir.join(cache::STEP_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<StepRecord>(&text).ok())?;
+    let x = instance.iteration.map_or(-1.0, f64::from);
+    let point = |name: &str, value: f64, global_step: u64, x: f64| Point {
+        cell,
+        iteration: instance.iteration,
+        global_step,
+        x,
+        step: instance.step.clone(),
+        stage: instance.stage.name,
+        name: name.to_string(),
+        value,
+        wall_time: record.finished_unix as f64,
+    };
+    let mut points = Vec::new();
+    let figures = step_figures(instance, record.wall_s);
+    let rows = if writes_metrics(instance) {
+        metrics_rows(&instance.dir.join(TableName::Metrics.as_str()))
+    } else {
+        Vec::new()
+    };
+    for (k, row) in rows.iter().enumerate() {
+        let at = x + k as f64 / rows.len() as f64;
+        points.extend(
+            row.iter()
+                .map(|(name, value)| point(name, *value, global + k as u64 + 1, at)),
+        );
+    }
+    let after = global + rows.len() as u64;
+    // An update's own figures (wall time, throughput) describe the
+    // policy it wrote; a collect step's the policy it sampled.
+    points.extend(
+        figures
+            .iter()
+            .map(|(name, value)| point(name, *value, after, x)),
+    );
+    Some((points, rows.len() as u64))
+}
+
+/// Whether an instance's stage writes a metrics table (its rows move the
+/// global step).
+fn writes_metrics(instance: &Instance) -> bool {
+    instance.stage.writes_table(TableName::Metrics)
+}
+
 /// The figures of one cell's completed steps, in plan order.
 fn cell_points(plan: &Plan, cell: usize) -> Vec<Point> {
     let mut points = Vec::new();
     let mut global = 0u64;
-    for instance in plan.instances.iter().filter(|i| i.cells.contains(&cell)) {
-        let Some(record) = std::fs::read_to_string(instance.dir.join(cache::STEP_FILE))
-            .ok()
-            .and_then(|text| serde_json::from_str::<StepRecord>(&text).ok())
-        else {
-            continue;
-        };
-        let x = instance.iteration.map_or(-1.0, f64::from);
-        let point = |name: &str, value: f64, global_step: u64, x: f64| Point {
-            cell,
-            iteration: instance.iteration,
-            global_step,
-            x,
-            step: instance.step.clone(),
-            stage: instance.stage.name,
-            name: name.to_string(),
-            value,
-            wall_time: record.finished_unix as f64,
-        };
-        let figures = step_figures(instance, record.wall_s);
-        let rows = if instance.stage.writes_table(TableName::Metrics) {
-            metrics_rows(&instance.dir.join(TableName::Metrics.as_str()))
-        } else {
-            Vec::new()
-        };
-        for (k, row) in rows.iter().enumerate() {
-            let at = x + k as f64 / rows.len() as f64;
-            points.extend(
-                row.iter()
-                    .map(|(name, value)| point(name, *value, global + k as u64 + 1, at)),
-            );
+    for (index, _) in plan
+        .instances
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.cells.contains(&cell))
+    {
+        if let Some((mine, rows)) = instance_points(plan, cell, index, global) {
+            points.extend(mine);
+            global += rows;
         }
-        let after = global + rows.len() as u64;
-        // An update's own figures (wall time, throughput) describe the
-        // policy it wrote; a collect step's the policy it sampled.
-        let at = if rows.is_empty() { global } else { after };
-        points.extend(
-            figures
-                .iter()
-                .map(|(name, value)| point(name, *value, at, x)),
-        );
-        global = after;
     }
     points
 }
@@ -260,10 +290,13 @@ pub fn gather(plan: &Plan) -> Vec<Point> {
         .collect()
 }
 
-/// The CSV text of the run log: a header, then one row per figure
-/// (`iteration` empty for a setup step; floats in their shortest form).
-pub fn csv(plan: &Plan, points: &[Point]) -> String {
-    let mut text = String::from("cell,iteration,global_step,step,stage,name,value,wall_time\n");
+/// The run log's CSV header.
+pub const CSV_HEADER: &str = "cell,iteration,global_step,step,stage,name,value,wall_time\n";
+
+/// The CSV rows of `points`, one per figure (`iteration` empty for a setup
+/// step; floats in their shortest form), without the header.
+pub fn csv_rows(plan: &Plan, points: &[Point]) -> String {
+    let mut text = String::new();
     for p in points {
         text.push_str(&format!(
             "{},{},{},{},{},{},{},{}\n",
@@ -296,28 +329,10 @@ pub fn events_dir(report: &Path, cell_name: &str) -> PathBuf {
         .join(crate::figures::sanitize(cell_name))
 }
 
-/// Writes one cell's event file (replacing the one an earlier run wrote).
-fn write_events(dir: &Path, points: &[&Point]) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| RunnerError::io(dir, e))?;
-    for entry in std::fs::read_dir(dir)
-        .map_err(|e| RunnerError::io(dir, e))?
-        .flatten()
-    {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with("events.out.tfevents.")
-        {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-    let start = points
-        .iter()
-        .map(|p| p.wall_time)
-        .fold(f64::INFINITY, f64::min);
-    let start = if start.is_finite() { start } else { 0.0 };
-    let path = dir.join(format!("events.out.tfevents.{}.embodyflow", start as u64));
-    let mut writer = EventWriter::new(Vec::new(), start).map_err(|e| RunnerError::io(&path, e))?;
+/// The event records of `points` (tag `<step>/<name>`), without the file's
+/// version record.
+fn event_records(points: &[Point]) -> Vec<u8> {
+    let mut writer = EventWriter::append(Vec::new());
     for p in points {
         let tag = format!("{}/{}", p.step, p.name);
         writer
@@ -327,10 +342,208 @@ fn write_events(dir: &Path, points: &[&Point]) -> Result<PathBuf> {
                 value: p.value,
                 wall_time: p.wall_time,
             })
-            .map_err(|e| RunnerError::io(&path, e))?;
+            .expect("writing to memory does not fail");
     }
-    std::fs::write(&path, writer.into_inner()).map_err(|e| RunnerError::io(&path, e))?;
-    Ok(path)
+    writer.into_inner()
+}
+
+/// Appends `bytes` to the open file at `path` in one write: a process
+/// killed after it leaves every earlier step's records whole.
+fn append(file: &mut File, path: &Path, bytes: &[u8]) -> Result<()> {
+    file.write_all(bytes).map_err(|e| RunnerError::io(path, e))
+}
+
+/// Creates `path` (replacing it) holding `bytes`, open for appending.
+fn create(path: &Path, bytes: &[u8]) -> Result<File> {
+    let mut file = File::create(path).map_err(|e| RunnerError::io(path, e))?;
+    append(&mut file, path, bytes)?;
+    Ok(file)
+}
+
+/// The run log as the run goes: each step's figures appended to
+/// `runlog.csv` and to its cells' event files as the step completes (or is
+/// found complete in the cache), one write per file, so `tensorboard
+/// --logdir OUT` during a run shows the steps so far and a run killed at any
+/// point leaves a readable log of the steps that finished. A step's figures
+/// are written once every earlier step of its cell that writes a `metrics`
+/// table has completed, which fixes their global step (module doc); the
+/// rows are in the order they were written. The files are created (an
+/// earlier run's replaced) when the first step completes, so a run refused
+/// before any step leaves an earlier log as it was.
+pub struct Live<'a> {
+    plan: &'a Plan,
+    dir: PathBuf,
+    state: Mutex<Option<LiveFiles>>,
+}
+
+/// The open files and, per cell, how far its figures are written.
+struct LiveFiles {
+    csv: File,
+    /// Per cell, its event file and its path.
+    events: Vec<(File, PathBuf)>,
+    cells: Vec<CellLog>,
+    /// Per instance, whether it completed.
+    done: Vec<bool>,
+}
+
+/// How far one cell's figures are written: the cell's instances in plan
+/// order, and the frontier, the position of its first instance that writes
+/// metrics and has not completed (`instances.len()` when none); the global
+/// step before each position up to the frontier; which were written.
+struct CellLog {
+    instances: Vec<usize>,
+    frontier: usize,
+    global_at: Vec<u64>,
+    written: Vec<bool>,
+}
+
+impl<'a> Live<'a> {
+    /// The log of `plan`'s run, in its report directory (`OUT/report`).
+    pub fn new(plan: &'a Plan) -> Live<'a> {
+        Live {
+            plan,
+            dir: plan.out.join("report"),
+            state: Mutex::new(None),
+        }
+    }
+
+    /// Instance `index` completed (ran, was passed on, or was found in the
+    /// cache): writes its figures and those of any later step of its cells
+    /// that waited for it.
+    pub fn done(&self, index: usize) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.is_none() {
+            *state = Some(self.open()?);
+        }
+        let files = state.as_mut().expect("opened above");
+        files.done[index] = true;
+        for &cell in &self.plan.instances[index].cells {
+            let log = &files.cells[cell];
+            let position = log
+                .instances
+                .binary_search(&index)
+                .expect("an instance is in the cells it lists");
+            if position < log.frontier {
+                // A step that writes no metrics, behind the frontier: its
+                // global step is known.
+                let global = log.global_at[position];
+                self.write(files, cell, position, global)?;
+            } else {
+                self.advance(files, cell)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `cell`'s frontier past every completed instance, writing the
+    /// figures of each completed one it passes.
+    fn advance(&self, files: &mut LiveFiles, cell: usize) -> Result<()> {
+        loop {
+            let log = &files.cells[cell];
+            let Some(&index) = log.instances.get(log.frontier) else {
+                return Ok(());
+            };
+            let done = files.done[index];
+            if writes_metrics(&self.plan.instances[index]) && !done {
+                return Ok(());
+            }
+            let (position, global) = (
+                log.frontier,
+                *log.global_at
+                    .last()
+                    .expect("one per position up to the frontier"),
+            );
+            let rows = if done {
+                self.write(files, cell, position, global)?
+            } else {
+                0
+            };
+            let log = &mut files.cells[cell];
+            log.frontier += 1;
+            log.global_at.push(global + rows);
+        }
+    }
+
+    /// Writes the figures of the instance at `position` of `cell` (once),
+    /// measured `global` optimizer steps in; returns its metrics rows.
+    fn write(
+        &self,
+        files: &mut LiveFiles,
+        cell: usize,
+        position: usize,
+        global: u64,
+    ) -> Result<u64> {
+        let log = &mut files.cells[cell];
+        if log.written[position] {
+            return Ok(0);
+        }
+        log.written[position] = true;
+        let index = log.instances[position];
+        let Some((points, rows)) = instance_points(self.plan, cell, index, global) else {
+            return Ok(0);
+        };
+        let csv_path = self.dir.join("runlog.csv");
+        append(
+            &mut files.csv,
+            &csv_path,
+            csv_rows(self.plan, &points).as_bytes(),
+        )?;
+        let (events, path) = &mut files.events[cell];
+        append(events, path, &event_records(&points))?;
+        Ok(rows)
+    }
+
+    /// Creates the CSV with its header and every cell's event file with its
+    /// version record (removing the event files an earlier run wrote).
+    fn open(&self) -> Result<LiveFiles> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| RunnerError::io(&self.dir, e))?;
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let csv_path = self.dir.join("runlog.csv");
+        let csv = create(&csv_path, CSV_HEADER.as_bytes())?;
+        let mut events = Vec::new();
+        let mut cells = Vec::new();
+        for cell in &self.plan.cells {
+            let dir = events_dir(&self.dir, &cell.name);
+            std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
+            for entry in std::fs::read_dir(&dir)
+                .map_err(|e| RunnerError::io(&dir, e))?
+                .flatten()
+            {
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("events.out.tfevents.")
+                {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+            let path = dir.join(format!("events.out.tfevents.{}.embodyflow", start as u64));
+            let header = EventWriter::new(Vec::new(), start)
+                .expect("writing to memory does not fail")
+                .into_inner();
+            events.push((create(&path, &header)?, path));
+            cells.push(CellLog {
+                instances: Vec::new(),
+                frontier: 0,
+                global_at: vec![0],
+                written: Vec::new(),
+            });
+        }
+        for (index, instance) in self.plan.instances.iter().enumerate() {
+            for &c in &instance.cells {
+                cells[c].instances.push(index);
+                cells[c].written.push(false);
+            }
+        }
+        Ok(LiveFiles {
+            csv,
+            events,
+            cells,
+            done: vec![false; self.plan.instances.len()],
+        })
+    }
 }
 
 /// The names drawn as PNGs, when a step gives them.
@@ -415,21 +628,16 @@ fn curves_of(plan: &Plan, points: &[&Point]) -> Vec<Curve> {
         .collect()
 }
 
-/// Writes the run log into the report directory `dir` (`runlog.csv`, the
-/// event files and the PNGs) and returns the report's Markdown section.
+/// The run log's section of the report and its PNGs in the report
+/// directory `dir` (the CSV and the event files were written as the steps
+/// completed, [`Live`]).
 pub fn write(plan: &Plan, dir: &Path) -> Result<String> {
     let points = gather(plan);
-    let path = dir.join("runlog.csv");
-    std::fs::write(&path, csv(plan, &points)).map_err(|e| RunnerError::io(&path, e))?;
     let mut md = format!(
-        "\n## Run log\n\nEvery step's scalars against the global step (optimizer steps taken) and the iteration: [runlog.csv](runlog.csv) ({} rows: cell, iteration, global_step, step, stage, name, value, wall_time) and TensorBoard event files, one run per cell (`tensorboard --logdir {}`; tags `<step>/<name>`).\n",
+        "\n## Run log\n\nEvery step's scalars against the global step (optimizer steps taken) and the iteration, written as each step completed: [runlog.csv](runlog.csv) ({} rows: cell, iteration, global_step, step, stage, name, value, wall_time) and TensorBoard event files, one run per cell (`tensorboard --logdir {}`; tags `<step>/<name>`).\n",
         points.len(),
         plan.out.display(),
     );
-    for (c, cell) in plan.cells.iter().enumerate() {
-        let mine: Vec<&Point> = points.iter().filter(|p| p.cell == c).collect();
-        write_events(&events_dir(dir, &cell.name), &mine)?;
-    }
     let mut drawn: BTreeMap<(&str, &str), Vec<&Point>> = BTreeMap::new();
     for p in &points {
         if DRAWN.contains(&p.name.as_str()) {
@@ -466,6 +674,103 @@ mod tests {
     fn mean_std_is_the_population_one() {
         assert_eq!(mean_std(&[]), None);
         assert_eq!(mean_std(&[1.0, 3.0]), Some((2.0, 1.0)));
+    }
+
+    /// A cluster finishes steps in any order: an evaluation of SFT's policy
+    /// that completes first is logged once SFT has, at the global step after
+    /// SFT's optimizer steps, in the CSV and the event file alike.
+    #[test]
+    fn a_steps_figures_wait_for_every_earlier_update_of_its_cell() {
+        use embodyflow_core::dataset::{TableWriter, WriteOptions};
+        use embodyflow_core::schemas::Examples as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let text = r#"
+[[step]]
+name = "sft"
+stage = "update-policy"
+policy = "init"
+inputs = ["tasks"]
+
+[[step]]
+name = "eval"
+stage = "evaluate"
+policy = "${sft}/policy"
+inputs = ["tasks"]
+"#;
+        let pipeline = crate::pipeline::Pipeline::parse(Path::new("p.toml"), text).unwrap();
+        let out = tmp.path().join("run");
+        let plan = Plan::build(&pipeline, &out, &crate::plan::Overrides::default()).unwrap();
+        let complete = |index: usize| {
+            let instance = &plan.instances[index];
+            std::fs::create_dir_all(&instance.dir).unwrap();
+            let record = StepRecord {
+                format: cache::STEP_FORMAT.into(),
+                key: "k".into(),
+                key_parts: serde_json::Value::Null,
+                id: instance.id.clone(),
+                stage: instance.stage.name.into(),
+                commands: Vec::new(),
+                outputs: Vec::new(),
+                wall_s: 1.0,
+                finished_unix: 100 + index as u64,
+            };
+            cache::write_record(&instance.dir, &record).unwrap();
+        };
+        let metrics = MetricRow::examples();
+        let mut writer = TableWriter::create(
+            &plan.instances[0].dir,
+            TableName::Metrics,
+            WriteOptions::default(),
+            true,
+        )
+        .unwrap();
+        writer.write_rows(&metrics).unwrap();
+        let producer = embodyflow_core::manifest::Producer {
+            stage: "update-policy".into(),
+            version: "0".into(),
+            config: serde_json::json!({}),
+            seed: 0,
+            shard: "0/1".into(),
+        };
+        writer.finish(&producer, &[]).unwrap();
+        let live = Live::new(&plan);
+        let csv = || std::fs::read_to_string(out.join("report/runlog.csv")).unwrap();
+        complete(1);
+        live.done(1).unwrap();
+        assert_eq!(csv(), CSV_HEADER, "the evaluation waits for SFT");
+        complete(0);
+        live.done(0).unwrap();
+        let text = csv();
+        let rows: Vec<(String, u64, String)> = text
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let r: Vec<&str> = l.split(',').collect();
+                (r[3].to_string(), r[2].parse().unwrap(), r[5].to_string())
+            })
+            .collect();
+        let n = metrics.len() as u64;
+        let losses: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.0 == "sft" && r.2 == "loss")
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(losses, (1..=n).collect::<Vec<_>>(), "{text}");
+        let last = rows.last().unwrap();
+        assert_eq!(
+            last,
+            &("eval".to_string(), n, "wall_s".to_string()),
+            "{text}"
+        );
+        // Each figure once; the event file holds its version record and
+        // one record per row.
+        live.done(1).unwrap();
+        assert_eq!(csv(), text);
+        let events = events_dir(&out.join("report"), "default");
+        let file = std::fs::read_dir(&events).unwrap().next().unwrap().unwrap();
+        let bytes = std::fs::read(file.path()).unwrap();
+        let records = crate::tfevents::records(&bytes).unwrap();
+        assert_eq!(records.len(), 1 + rows.len());
     }
 
     #[test]

@@ -119,6 +119,12 @@ impl<W: Write> EventWriter<W> {
         Ok(writer)
     }
 
+    /// Continues a file that has its `file_version` event: only the
+    /// events written next.
+    pub fn append(out: W) -> EventWriter<W> {
+        EventWriter { out }
+    }
+
     /// Writes one scalar event.
     pub fn scalar(&mut self, scalar: &Scalar<'_>) -> std::io::Result<()> {
         let mut value = Vec::new();

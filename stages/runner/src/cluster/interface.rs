@@ -77,6 +77,8 @@ pub struct Run<'a> {
     /// Every listed backend: the jobs of any of them block the run
     /// directory ([`refuse_live_jobs`]).
     pub backends: &'a [&'a dyn Backend],
+    /// The run log, told of each step as it completes (none in a dry run).
+    pub log: Option<&'a crate::runlog::Live<'a>>,
 }
 
 /// Refuses a run directory whose earlier jobs, of any of `backends`, are

@@ -290,6 +290,9 @@ pub(crate) fn run_plan(
                 String::new()
             };
             say(&progress(run.plan, step.index, step.status.word(), &detail));
+            if let Some(log) = run.log {
+                log.done(step.index)?;
+            }
         }
     }
     if run.options.dry_run {
@@ -542,6 +545,11 @@ fn update_states(
             _ => (new.word(), s.label.clone()),
         };
         say(&progress(run.plan, s.index, word, &detail));
+        if let (State::Done(_), Some(log)) = (&new, run.log)
+            && let Err(e) = log.done(s.index)
+        {
+            failures.push(e);
+        }
         if let Some(error) = error {
             // Indented: only the state lines start with `[`.
             for text in error.to_string().lines() {
@@ -654,6 +662,7 @@ mod tests {
                 table: &table,
                 poll: Duration::ZERO,
                 backends: &[],
+                log: None,
             };
             let live = BTreeMap::new();
             next_state(&run, &crate::fake::FAKE, &mut Gone, step, &live, &verdicts)
