@@ -204,8 +204,10 @@ pub fn swatch(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> 
 
 /// Success per iteration, as a PNG of 640 × 400 at `path`: each named series
 /// of (iteration, success) on [0, 1] in [`PALETTE`] order over iterations
-/// 0 to `iterations - 1`, with a legend (and a note when every
-/// value is 0, whose points lie on the x axis, or there is none).
+/// 0 to `iterations - 1`, and from [`BEFORE_RL`] (tick `before`) when a
+/// series has a point there (the policy RL started from), with a legend
+/// (and a note when every value is 0, whose points lie on the x axis, or
+/// there is none).
 pub fn success_curves(
     path: &Path,
     title: &str,
@@ -214,16 +216,25 @@ pub fn success_curves(
 ) -> Result<()> {
     let root = canvas(path, (640, 400))?;
     let last = (iterations - 1.0).max(1.0);
+    let before = series.iter().flat_map(|(_, p)| p).any(|p| p.0 == BEFORE_RL);
+    let first = if before { BEFORE_RL } else { 0.0 };
     let whole = |x: &f64| {
-        if x.fract() == 0.0 {
+        if before && *x == BEFORE_RL {
+            "before".to_string()
+        } else if x.fract() == 0.0 {
             format!("{x:.0}")
         } else {
             String::new()
         }
     };
-    let mut chart = Frame::new(title, "iteration", "success rate (fraction of episodes)")
-        .ranges(-0.2..last + 0.2, -0.03..1.03)
-        .x_ticks(((last + 1.0) as usize).min(12), &whole)
+    let x_label = if before {
+        "iteration (before: the policy RL started from)"
+    } else {
+        "iteration"
+    };
+    let mut chart = Frame::new(title, x_label, "success rate (fraction of episodes)")
+        .ranges(first - 0.2..last + 0.2, -0.03..1.03)
+        .x_ticks(((last - first + 1.0) as usize).min(12), &whole)
         .draw(&root)?;
     for (k, (name, points)) in series.iter().enumerate() {
         let colour = PALETTE[k % PALETTE.len()];
@@ -252,6 +263,10 @@ pub fn success_curves(
     root.present()?;
     Ok(())
 }
+
+/// The x at which [`success_curves`] draws the policy RL started from
+/// (before iteration 0, as the run log draws setup steps).
+pub const BEFORE_RL: f64 = -1.0;
 
 /// One curve of [`curves`]: named points and, for a group of seeds, the
 /// band from the lowest to the highest seed at each x.
@@ -556,6 +571,18 @@ impl Png {
         }
         n
     }
+
+    /// The leftmost column in rows `y` holding a pixel of exactly `colour`
+    /// (a series drawn in it), if any.
+    pub fn first_column(&self, colour: RGBColor, y: Range<u32>) -> Option<u32> {
+        let want = [colour.0, colour.1, colour.2];
+        (0..self.width).find(|&col| {
+            (y.start..y.end.min(self.height)).any(|row| {
+                let i = 3 * (row * self.width + col) as usize;
+                self.rgb[i..i + 3] == want
+            })
+        })
+    }
 }
 
 /// Where a test should write the plots it draws: `$EMBODYFLOW_PLOT_DIR`
@@ -703,5 +730,32 @@ mod tests {
             colour_key(&series),
             "blue = train (sampled rollouts), red = eval step eval"
         );
+    }
+
+    #[test]
+    fn a_success_point_before_rl_is_drawn_left_of_iteration_0() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = test_dir(tmp.path());
+        let train = vec![(0.0, 0.1), (1.0, 0.2), (2.0, 0.3)];
+        // Below the legend (upper left): the rows of success 0 to ~0.4.
+        let rows = 200..350;
+        let mut leftmost = Vec::new();
+        for (name, val) in [
+            ("success-before.png", vec![(BEFORE_RL, 0.2), (1.0, 0.25)]),
+            ("success-no-before.png", vec![(1.0, 0.2), (2.0, 0.25)]),
+        ] {
+            let path = dir.join(name);
+            let series = vec![
+                ("train".to_string(), train.clone()),
+                ("val".to_string(), val),
+            ];
+            success_curves(&path, "Success per iteration", &series, 3.0).unwrap();
+            let png = Png::read(&path).unwrap();
+            let first = |colour| png.first_column(colour, rows.clone()).unwrap();
+            leftmost.push((first(PALETTE[0]), first(PALETTE[1])));
+        }
+        let ((train_before, val_before), (train_plain, val_plain)) = (leftmost[0], leftmost[1]);
+        assert!(val_before + 30 < train_before, "{leftmost:?}");
+        assert!(val_plain > train_plain, "{leftmost:?}");
     }
 }
