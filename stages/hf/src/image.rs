@@ -139,8 +139,7 @@ impl ImageProcessor {
             file: file.to_path_buf(),
             reason,
         };
-        let map: Map<String, Value> =
-            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let map: Map<String, Value> = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let size = map.get("size").and_then(Value::as_object);
         let int = |key: &str, default: i64| -> Result<i64, HfError> {
             let sized = match key {

@@ -109,25 +109,17 @@ pub const VLM_SCRIPT: &str = concat!(
 /// A tiny random Qwen2.5-VL in transformers' layout in `dir`, saved by
 /// transformers' `save_pretrained` (`scripts/vla_trunk_fixture.py`: 2
 /// vision blocks, 2 decoder layers of width 48, patch 4, merge 2, an
-/// embedding of 640 rows), with the tiny tokenizer plus
-/// `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>` as its
-/// `tokenizer.json`. Panics, saying to run `scripts/setup`, without the
-/// project venv's transformers.
+/// embedding of 640 rows), its `tokenizer.json` the tiny tokenizer plus
+/// `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>`. Panics, saying
+/// to run `scripts/setup`, without the project venv's transformers.
 pub fn tiny_vlm(dir: &std::path::Path) {
-    let mut tokenizer = tiny_tokenizer();
-    let specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"];
-    tokenizer.add_special_tokens(&specials.map(|t| tokenizers::AddedToken::from(t, true)));
-    let id = |token: &str| tokenizer.token_to_id(token).expect("added").to_string();
+    let ours = dir.join("ours.json");
+    tiny_tokenizer().save(&ours, false).expect("the tokenizer saves");
     let python = embodyflow_hf::testing::PYTHON;
     let out = std::process::Command::new(python)
         .arg(VLM_SCRIPT)
         .arg(dir)
-        .args([
-            "640".to_string(),
-            id("<|image_pad|>"),
-            id("<|vision_start|>"),
-            id("<|vision_end|>"),
-        ])
+        .arg(&ours)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {python} ({e}): run scripts/setup"));
     assert!(
@@ -135,9 +127,6 @@ pub fn tiny_vlm(dir: &std::path::Path) {
         "{VLM_SCRIPT} failed (transformers missing? run scripts/setup):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    tokenizer
-        .save(dir.join(crate::checkpoint::TOKENIZER_FILE), false)
-        .expect("the tokenizer saves");
 }
 
 fn tiny_vla_with(chunk_len: i64, latent: Option<crate::vla::LatentConfig>) -> Checkpoint<Vla> {

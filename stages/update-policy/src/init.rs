@@ -36,9 +36,20 @@
 //! which counts the tokens of a decision's whole prompt, must hold the
 //! longest probe prompt (`bridge.*`: the workers that play them).
 //!
+//! `vla.trunk = "hf:DIR"` puts the VLA on the vision-language model in
+//! DIR (Qwen2.5-VL or Qwen3-VL in transformers' layout, with
+//! `preprocessor_config.json` and `tokenizer.json`) instead of our small
+//! transformer ([`embodyflow_models::vla::trunk`]): its weights, tokenizer,
+//! width and layers are the model's (`vla.n_embd`, `vla.n_head`,
+//! `vla.n_layer` and `tokenizer.*` are not read), the frames go through
+//! its vision encoder, `vla.action_tokens = vocab` reads the action bins
+//! as its last `vla.n_bins` vocabulary ids (OpenVLA) and
+//! `vla.freeze_vision` keeps the vision encoder's weights fixed.
+//!
 //! ```text
 //! init-policy --out runs/init --seed 0 --set model.n_layer=4 --set tokenizer.vocab_size=1024
 //! init-policy --out runs/vla --seed 0 --set kind=vla --set vla.n_layer=4 --set tokenizer.vocab_size=512
+//! init-policy --out runs/vla-qwen --seed 0 --set kind=vla --set vla.trunk=hf:Qwen2.5-VL-3B-Instruct --set vla.action_tokens=vocab --set vla.freeze_vision=true
 //! init-policy --out runs/babyai-vla --input data/babyai-train --seed 0 --set kind=vla --set vla.patch_size=1 --set vla.chunk_len=1
 //! ```
 
@@ -56,7 +67,8 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, CheckpointManifest, PolicyKind};
 use embodyflow_models::gpt::GptConfig;
 use embodyflow_models::tokenizer::{encode, load, train_bpe};
-use embodyflow_models::vla::{LatentConfig, Vla, VlaConfig};
+use embodyflow_models::vla::trunk::init_on_vlm;
+use embodyflow_models::vla::{ActionTokens, LatentConfig, Vla, VlaConfig};
 use embodyflow_worlds::{
     BridgeKeys, PolicyShape, WorldOptions, WorldTask, WorldsError, default_world, policy_shape,
     probe_prompts,
@@ -157,6 +169,17 @@ pub struct VlaKeys {
     pub latent_length: i64,
     /// Latents per `<latent_end>` candidate (divides `latent_length`).
     pub latent_group: i64,
+    /// The trunk: `small` (our transformer of `vla.n_embd`, `vla.n_head`,
+    /// `vla.n_layer`) or `hf:DIR`, the vision-language model (Qwen2.5-VL,
+    /// Qwen3-VL) in DIR, whose weights, tokenizer, width and layers the
+    /// VLA takes.
+    pub trunk: String,
+    /// With an `hf:` trunk: the action tokens' logits from a separate head
+    /// (`head`) or the model's last `n_bins` vocabulary ids (`vocab`, as
+    /// OpenVLA).
+    pub action_tokens: ActionTokens,
+    /// With an `hf:` trunk: keep the vision encoder's weights fixed.
+    pub freeze_vision: bool,
 }
 
 impl Default for VlaKeys {
@@ -173,6 +196,9 @@ impl Default for VlaKeys {
             n_layer: small.n_layer,
             latent_length: 0,
             latent_group: 2,
+            trunk: "small".into(),
+            action_tokens: ActionTokens::Head,
+            freeze_vision: false,
         }
     }
 }
@@ -229,7 +255,21 @@ impl VlaKeys {
         })
     }
 
+    /// The model directory of an `hf:` trunk.
+    fn hf_dir(&self) -> Option<&Path> {
+        self.trunk.strip_prefix("hf:").map(Path::new)
+    }
+
     fn validate(&self) -> embodyflow_core::Result<()> {
+        ensure(
+            self.trunk == "small"
+                || self
+                    .hf_dir()
+                    .is_some_and(|dir| dir.join("config.json").is_file()),
+            "vla.trunk",
+            "small or hf:DIR, DIR a Qwen2.5-VL / Qwen3-VL directory holding config.json",
+            &self.trunk,
+        )?;
         at_least("vla.max_instruction", self.max_instruction, 1)?;
         let world = default_world();
         if let Some(sizes) = world.frame_sizes() {
@@ -346,6 +386,18 @@ impl StageConfig for Config {
         ),
         ("vla.n_layer", "VLA transformer blocks (kind = vla)"),
         (
+            "vla.trunk",
+            "small (our transformer, vla.n_embd / n_head / n_layer) or hf:DIR, a Qwen2.5-VL / Qwen3-VL directory whose weights, tokenizer and width the VLA takes (kind = vla)",
+        ),
+        (
+            "vla.action_tokens",
+            "with an hf: trunk, the action logits from a separate head (head) or the model's last vla.n_bins vocabulary ids (vocab, as OpenVLA) (kind = vla)",
+        ),
+        (
+            "vla.freeze_vision",
+            "with an hf: trunk, keep the vision encoder's weights fixed (kind = vla)",
+        ),
+        (
             "vla.patch_size",
             "side of a square image patch, divides vla.image_size (kind = vla)",
         ),
@@ -416,8 +468,16 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         Some((_, instructions, prompts)) => instructions.iter().chain(prompts).cloned().collect(),
         None => embodyflow_envs::corpus(config.tokenizer.corpus_tasks, args.stage.seed),
     };
-    let (tokenizer, origin) = match &config.tokenizer.from {
-        Some(path) => {
+    let trunk_dir = match config.kind {
+        Kind::Vla => config.vla.hf_dir(),
+        Kind::Plan => None,
+    };
+    let (tokenizer, origin) = match (trunk_dir, &config.tokenizer.from) {
+        (Some(dir), _) => {
+            let file = dir.join("tokenizer.json");
+            (load(&file)?, format!("the trunk's, {}", file.display()))
+        }
+        (None, Some(path)) => {
             let file = if path.is_dir() {
                 path.join("tokenizer.json")
             } else {
@@ -425,7 +485,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             };
             (load(&file)?, format!("reused from {}", file.display()))
         }
-        None => {
+        (None, None) => {
             let tokenizer = train_bpe(&corpus, config.tokenizer.vocab_size)?;
             (tokenizer, format!("trained on {} texts", corpus.len()))
         }
@@ -451,7 +511,13 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         Kind::Vla => {
             let (shape, _, prompts) = world.as_ref().expect("a VLA's world");
             let vla = config.vla.config(vocab_size, shape)?;
-            let policy = Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?;
+            let keys = &config.vla;
+            let policy = match trunk_dir {
+                None => Checkpoint::<Vla>::init_kind(&vla, tokenizer, device)?,
+                Some(dir) => {
+                    init_on_vlm(dir, &vla, keys.action_tokens, keys.freeze_vision, device)?
+                }
+            };
             let lengths = check_prompts(&policy, &corpus, shape.observation_text, prompts)?;
             if let Some((mean, longest)) = lengths {
                 prompt_lengths = Some(format!(
@@ -461,11 +527,22 @@ pub fn run(args: Args) -> Result<(), ModelError> {
                 ));
             }
             let staged = stage_checkpoint(&policy, out)?;
-            (
-                format!("{:?}: {vla:?}", PolicyKind::Vla),
-                policy.num_parameters(),
-                staged,
-            )
+            let architecture = match trunk_dir {
+                None => format!("{:?}: {vla:?}", PolicyKind::Vla),
+                Some(dir) => {
+                    let built = policy.model.config();
+                    format!(
+                        "{:?} on the model in {} (width {}, {} layers; action tokens {:?}, freeze_vision {})",
+                        PolicyKind::Vla,
+                        dir.display(),
+                        built.n_embd,
+                        built.n_layer,
+                        keys.action_tokens,
+                        keys.freeze_vision
+                    )
+                }
+            };
+            (architecture, policy.num_parameters(), staged)
         }
     };
     let (parent, name, staged, manifest) = staged;

@@ -416,7 +416,10 @@ impl VlNet {
         let (ids, keys) = self.language.check_batch(input_ids, attention_mask, 0)?;
         let mut h = self.language.embed(&ids);
         if let Some((at, embeddings)) = replace {
-            h = h.where_self(&at.logical_not().unsqueeze(-1), &embeddings.to_kind(h.kind()));
+            h = h.where_self(
+                &at.logical_not().unsqueeze(-1),
+                &embeddings.to_kind(h.kind()),
+            );
         }
         let prompt = self.embed_prompt(h, &ids, &keys, images)?;
         let rope = self.rope_of(&prompt.positions);
