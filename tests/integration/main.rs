@@ -31,4 +31,5 @@ mod tabletop_eval;
 mod tabletop_tasks;
 mod threads;
 mod tools_open_tables;
+mod vla_trunk;
 mod vla_update;
