@@ -53,7 +53,7 @@ use embodyflow_core::commit::Commit;
 use embodyflow_core::dataset::{TableWriter, WriteOptions};
 use embodyflow_core::manifest::Producer;
 use embodyflow_core::observation::{self, ObservationShape};
-use embodyflow_core::schemas::{StepRow, TableName, TrajectoryRow};
+use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::{Error, Result};
 use embodyflow_gym::protocol::{Frame, split_body};
 use embodyflow_gym::worker::{Reply, Worker};
@@ -113,6 +113,16 @@ pub struct ImportSummary {
     pub layouts: Vec<String>,
     /// The observations' side in pixels.
     pub resolution: usize,
+}
+
+impl ImportSummary {
+    /// Counts a demo by its `trajectories` row.
+    fn add(&mut self, trajectory: &TrajectoryRow) {
+        self.demos += 1;
+        self.decisions += trajectory.num_steps as usize;
+        self.actions += trajectory.env_steps as usize;
+        self.incomplete += usize::from(!trajectory.complete);
+    }
 }
 
 /// One demonstration file as the worker checked it.
@@ -203,6 +213,20 @@ fn header_field<T: for<'de> Deserialize<'de>>(frame: &Frame, key: &str, file: &P
     serde_json::from_value(value).map_err(|e| malformed(file, &format!("`{key}`: {e}")))
 }
 
+/// A reply's header as `T` and its body cut into the observations whose
+/// lengths `lengths` reads from the header.
+fn observations<'f, T: for<'de> Deserialize<'de>>(
+    frame: &'f Frame,
+    file: &Path,
+    lengths: impl FnOnce(&T) -> Vec<usize>,
+) -> Result<(T, Vec<&'f [u8]>)> {
+    let reply: T = serde_json::from_value(Value::Object(frame.header.clone()))
+        .map_err(|e| malformed(file, &e.to_string()))?;
+    let bodies = split_body(&frame.body, &lengths(&reply))
+        .ok_or_else(|| malformed(file, "observation lengths that do not add up"))?;
+    Ok((reply, bodies))
+}
+
 fn malformed(file: &Path, what: &str) -> Error {
     Error::Io {
         path: file.to_path_buf(),
@@ -243,33 +267,14 @@ pub fn import(
     write: WriteOptions,
     overwrite: bool,
 ) -> Result<ImportSummary> {
-    if options.from.is_empty() || options.chunk_len == 0 {
-        return Err(Error::Usage(
-            "table import --format libero-hdf5: give --from FILE... and --chunk-len of at least 1"
-                .into(),
-        ));
-    }
-    if let Some(missing) = options.from.iter().find(|p| !p.is_file()) {
-        return Err(Error::BadInput(format!(
-            "{}: no such file",
-            missing.display()
-        )));
-    }
+    check_options(options)?;
     let tokenizer = crate::foreign::load_tokenizer(&options.tokenizer)?;
     let mut reader = Reader::start(&options.python)?;
     let files = reader.files(&options.from)?;
-    for (i, file) in files.iter().enumerate() {
-        if let Some(other) = files[..i].iter().find(|f| f.env_id == file.env_id) {
-            return Err(Error::BadInput(format!(
-                "{} and {} are both demonstrations of {}: import them into separate tables",
-                other.path.display(),
-                file.path.display(),
-                file.env_id
-            )));
-        }
-    }
+    one_file_per_task(&files)?;
     let (space, shape) = (action_space(), shape(files[0].resolution));
     let bins = space.bins();
+    let to_tokens = |flat: &[f32]| space.tokens(&bins, flat).map_err(|e| e.to_string());
     let mut tasks = Vec::with_capacity(files.len());
     let mut trajectories = Vec::new();
     let mut steps = TableWriter::create(out, TableName::Steps, write, overwrite)?;
@@ -282,109 +287,217 @@ pub fn import(
         layouts: files.iter().map(|f| f.layout.clone()).collect(),
         resolution: files[0].resolution,
     };
-    // Files and demos in the steps table's key order (trajectory ids as
-    // text: `d10` before `d2`), so its writer never re-sorts spilled rows.
+    for (task_id, file, path) in key_order(&files, options) {
+        let task = task_row(file, &task_id, &options.split)?;
+        let demos = FileDemos {
+            path,
+            task_id: &task_id,
+            prompt: prompt_ids(&tokenizer, file, path, options)?,
+            chunk_len: options.chunk_len,
+            shape: &shape,
+        };
+        let mut names: Vec<&DemoInfo> = file.demos.iter().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        for demo in names {
+            let (trajectory, rows) = demos.read(&mut reader, demo, &to_tokens)?;
+            steps.write_rows(&rows)?;
+            summary.add(&trajectory);
+            trajectories.push(trajectory);
+        }
+        tasks.push(task);
+    }
+    let producer = producer(options, bins.n_bins());
+    let mut commit = Commit::new(out);
+    crate::foreign::stage(&mut commit, out, &tasks, write, overwrite, &producer)?;
+    crate::foreign::stage(&mut commit, out, &trajectories, write, overwrite, &producer)?;
+    let (_, staged) = steps.finish_staged(&producer, &[])?.into_parts();
+    commit.absorb(staged)?;
+    commit.apply()?;
+    Ok(summary)
+}
+
+/// Refuses an import without files or decisions, or of a file that is not
+/// there, before the worker starts.
+fn check_options(options: &ImportOptions) -> Result<()> {
+    if options.from.is_empty() || options.chunk_len == 0 {
+        return Err(Error::Usage(
+            "table import --format libero-hdf5: give --from FILE... and --chunk-len of at least 1"
+                .into(),
+        ));
+    }
+    if let Some(missing) = options.from.iter().find(|p| !p.is_file()) {
+        return Err(Error::BadInput(format!(
+            "{}: no such file",
+            missing.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses two files of one task (their task ids would be one).
+fn one_file_per_task(files: &[FileInfo]) -> Result<()> {
+    for (i, file) in files.iter().enumerate() {
+        if let Some(other) = files[..i].iter().find(|f| f.env_id == file.env_id) {
+            return Err(Error::BadInput(format!(
+                "{} and {} are both demonstrations of {}: import them into separate tables",
+                other.path.display(),
+                file.path.display(),
+                file.env_id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Each file with its task id and path, in the steps table's key order
+/// (trajectory ids as text: `d10` before `d2`), so its writer never
+/// re-sorts spilled rows.
+fn key_order<'a>(
+    files: &'a [FileInfo],
+    options: &'a ImportOptions,
+) -> Vec<(String, &'a FileInfo, &'a PathBuf)> {
     let mut order: Vec<(String, &FileInfo, &PathBuf)> = files
         .iter()
         .zip(&options.from)
         .map(|(file, path)| (task_id(&file.env_id, &options.split), file, path))
         .collect();
     order.sort_by(|a, b| a.0.cmp(&b.0));
-    for (task_id, file, path) in order {
-        let mut demos: Vec<&DemoInfo> = file.demos.iter().collect();
-        demos.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut spec = GymTaskSpec::new(ADAPTER, &file.env_id, 0, file.max_steps);
-        spec.kwargs = json!({"resolution": file.resolution});
-        let mut task = embodyflow_gym::task_row(&task_id, &options.split, &spec)
-            .map_err(|e| Error::BadInput(e.to_string()))?;
-        task.task_type = Some(file.env_id.clone());
-        task.instruction.clone_from(&file.instruction);
-        let encoding = tokenizer
-            .encode(file.instruction.as_str(), false)
-            .map_err(|e| {
-                Error::BadInput(format!(
-                    "{}: tokenising the instruction `{}` with {}: {e}",
-                    path.display(),
-                    file.instruction,
-                    options.tokenizer.display()
-                ))
-            })?;
-        let prompt: Vec<i32> = encoding.get_ids().iter().map(|&id| id as i32).collect();
-        let policy = format!(
-            "{}{FORMAT}:{}",
-            embodyflow_core::IMPORTED_POLICY_PREFIX,
-            path.file_name().unwrap_or_default().to_string_lossy()
-        );
-        for demo in demos {
-            let number = demo.name.trim_start_matches("demo_");
-            let group_id = format!("it0/{task_id}/d{number}");
-            let trajectory_id = format!("{group_id}/s0");
-            let request = json!({
-                "op": "demo_read", "path": path, "demo": demo.name, "k": options.chunk_len,
-            });
-            let frame = reader.ask(&request, path)?;
-            let reply: DemoReply = serde_json::from_value(Value::Object(frame.header.clone()))
-                .map_err(|e| malformed(path, &e.to_string()))?;
-            let lengths: Vec<usize> = reply.decisions.iter().map(|d| d.obs_len).collect();
-            let bodies = split_body(&frame.body, &lengths)
-                .ok_or_else(|| malformed(path, "observation lengths that do not add up"))?;
-            let mut rows = Vec::with_capacity(reply.decisions.len());
-            let mut actions = 0;
-            for (index, (decision, bytes)) in reply.decisions.iter().zip(bodies).enumerate() {
-                let at = || format!("{}: data/{} decision {index}", path.display(), demo.name);
-                observation::decode(bytes)
-                    .and_then(|o| o.expect_shape(&shape))
-                    .map_err(|e| malformed(path, &format!("{}'s observation: {e}", at())))?;
-                if decision.actions.is_empty()
-                    || decision.actions.len() > options.chunk_len
-                    || decision.actions.iter().any(|a| a.len() != ACTION_DIM)
-                {
-                    return Err(malformed(
-                        path,
-                        &format!("{}: actions of another shape", at()),
-                    ));
-                }
-                let flat: Vec<f32> = decision.actions.concat();
-                let tokens = space
-                    .tokens(&bins, &flat)
-                    .map_err(|e| Error::BadInput(format!("{}: {e}", at())))?;
-                actions += decision.actions.len();
-                let mut row = StepRow::one_shot(
-                    trajectory_id.clone(),
-                    prompt.clone(),
-                    tokens.iter().map(|&t| t as i32).collect(),
-                    vec![0.0; tokens.len()],
-                );
-                row.step_index = index as i32;
-                row.observation = Some(bytes.to_vec());
-                rows.push(row);
-            }
-            steps.write_rows(&rows)?;
-            summary.demos += 1;
-            summary.decisions += rows.len();
-            summary.actions += actions;
-            summary.incomplete += usize::from(!demo.complete);
-            trajectories.push(TrajectoryRow {
-                trajectory_id,
-                group_id,
-                task_id: task_id.clone(),
-                sample_index: 0,
-                iteration: 0,
-                policy: policy.clone(),
-                temperature: 1.0,
-                num_steps: rows.len() as i32,
-                env_steps: actions as i32,
-                complete: demo.complete,
-                response_text: None,
-                seed: 0,
-                ever_grasped: None,
-                failure_reason: None,
-                infra_fault: Some(false),
-            });
-        }
-        tasks.push(task);
+    order
+}
+
+/// A file's `tasks` row, as generate-tasks writes the task (module doc).
+fn task_row(file: &FileInfo, task_id: &str, split: &str) -> Result<TaskRow> {
+    let mut spec = GymTaskSpec::new(ADAPTER, &file.env_id, 0, file.max_steps);
+    spec.kwargs = json!({"resolution": file.resolution});
+    let mut task = embodyflow_gym::task_row(task_id, split, &spec)
+        .map_err(|e| Error::BadInput(e.to_string()))?;
+    task.task_type = Some(file.env_id.clone());
+    task.instruction.clone_from(&file.instruction);
+    Ok(task)
+}
+
+/// The file's instruction through the policy's tokenizer.
+fn prompt_ids(
+    tokenizer: &tokenizers::Tokenizer,
+    file: &FileInfo,
+    path: &Path,
+    options: &ImportOptions,
+) -> Result<Vec<i32>> {
+    let encoding = tokenizer
+        .encode(file.instruction.as_str(), false)
+        .map_err(|e| {
+            Error::BadInput(format!(
+                "{}: tokenising the instruction `{}` with {}: {e}",
+                path.display(),
+                file.instruction,
+                options.tokenizer.display()
+            ))
+        })?;
+    Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
+}
+
+/// One file's demos to read into rows: its task, the instruction's token
+/// ids, decisions of up to `chunk_len` actions, observations of `shape`.
+struct FileDemos<'a> {
+    path: &'a Path,
+    task_id: &'a str,
+    prompt: Vec<i32>,
+    chunk_len: usize,
+    shape: &'a ObservationShape,
+}
+
+impl FileDemos<'_> {
+    /// Demo `demo`'s `trajectories` row and `steps` rows (module doc).
+    fn read(
+        &self,
+        reader: &mut Reader,
+        demo: &DemoInfo,
+        to_tokens: &dyn Fn(&[f32]) -> std::result::Result<Vec<u32>, String>,
+    ) -> Result<(TrajectoryRow, Vec<StepRow>)> {
+        let number = demo.name.trim_start_matches("demo_");
+        let group_id = format!("it0/{}/d{number}", self.task_id);
+        let trajectory_id = format!("{group_id}/s0");
+        let (rows, actions) = self.steps(reader, demo, &trajectory_id, to_tokens)?;
+        let trajectory = TrajectoryRow {
+            trajectory_id,
+            group_id,
+            task_id: self.task_id.to_string(),
+            sample_index: 0,
+            iteration: 0,
+            policy: format!(
+                "{}{FORMAT}:{}",
+                embodyflow_core::IMPORTED_POLICY_PREFIX,
+                self.path.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            temperature: 1.0,
+            num_steps: rows.len() as i32,
+            env_steps: actions as i32,
+            complete: demo.complete,
+            response_text: None,
+            seed: 0,
+            ever_grasped: None,
+            failure_reason: None,
+            infra_fault: Some(false),
+        };
+        Ok((trajectory, rows))
     }
-    let producer = Producer {
+
+    /// The demo's `steps` rows under `trajectory_id` (each decision's
+    /// observation checked against the shape, its actions against the
+    /// chunk and LIBERO's dimensions, turned into tokens by `to_tokens`)
+    /// and its number of actions.
+    fn steps(
+        &self,
+        reader: &mut Reader,
+        demo: &DemoInfo,
+        trajectory_id: &str,
+        to_tokens: &dyn Fn(&[f32]) -> std::result::Result<Vec<u32>, String>,
+    ) -> Result<(Vec<StepRow>, usize)> {
+        let path = self.path;
+        let request = json!({
+            "op": "demo_read", "path": path, "demo": demo.name, "k": self.chunk_len,
+        });
+        let frame = reader.ask(&request, path)?;
+        let (reply, bodies) = observations(&frame, path, |reply: &DemoReply| {
+            reply.decisions.iter().map(|d| d.obs_len).collect()
+        })?;
+        let mut rows = Vec::with_capacity(reply.decisions.len());
+        let mut actions = 0;
+        for (index, (decision, bytes)) in reply.decisions.iter().zip(bodies).enumerate() {
+            let at = || format!("{}: data/{} decision {index}", path.display(), demo.name);
+            observation::decode(bytes)
+                .and_then(|o| o.expect_shape(self.shape))
+                .map_err(|e| malformed(path, &format!("{}'s observation: {e}", at())))?;
+            if decision.actions.is_empty()
+                || decision.actions.len() > self.chunk_len
+                || decision.actions.iter().any(|a| a.len() != ACTION_DIM)
+            {
+                return Err(malformed(
+                    path,
+                    &format!("{}: actions of another shape", at()),
+                ));
+            }
+            let tokens = to_tokens(&decision.actions.concat())
+                .map_err(|e| Error::BadInput(format!("{}: {e}", at())))?;
+            actions += decision.actions.len();
+            let mut row = StepRow::one_shot(
+                trajectory_id.to_string(),
+                self.prompt.clone(),
+                tokens.iter().map(|&t| t as i32).collect(),
+                vec![0.0; tokens.len()],
+            );
+            row.step_index = index as i32;
+            row.observation = Some(bytes.to_vec());
+            rows.push(row);
+        }
+        Ok((rows, actions))
+    }
+}
+
+/// The import's producer: its options and the bins (`n_bins` over
+/// [-1, 1]).
+fn producer(options: &ImportOptions, n_bins: usize) -> Producer {
+    Producer {
         stage: "table import".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         config: json!({
@@ -393,18 +506,11 @@ pub fn import(
             "tokenizer": options.tokenizer,
             "chunk_len": options.chunk_len,
             "split": options.split,
-            "bins": {"n": bins.n_bins(), "low": -1.0, "high": 1.0},
+            "bins": {"n": n_bins, "low": -1.0, "high": 1.0},
         }),
         seed: 0,
         shard: "0/1".into(),
-    };
-    let mut commit = Commit::new(out);
-    crate::foreign::stage(&mut commit, out, &tasks, write, overwrite, &producer)?;
-    crate::foreign::stage(&mut commit, out, &trajectories, write, overwrite, &producer)?;
-    let (_, staged) = steps.finish_staged(&producer, &[])?.into_parts();
-    commit.absorb(staged)?;
-    commit.apply()?;
-    Ok(summary)
+    }
 }
 
 /// The replay check of one demonstration (see `table replay`).
@@ -460,10 +566,8 @@ pub fn replay(python: &Path, file: &Path, demos: &[String], steps: usize) -> Res
     for name in names {
         let request = json!({"op": "demo_replay", "path": file, "demo": name, "steps": steps});
         let frame = reader.ask(&request, file)?;
-        let reply: ReplayReply = serde_json::from_value(Value::Object(frame.header.clone()))
-            .map_err(|e| malformed(file, &e.to_string()))?;
-        let bodies = split_body(&frame.body, &reply.obs_len)
-            .ok_or_else(|| malformed(file, "observation lengths that do not add up"))?;
+        let (reply, bodies) =
+            observations(&frame, file, |reply: &ReplayReply| reply.obs_len.clone())?;
         let [height, width, channels, proprio] = reply.shape;
         out.push(Replay {
             demo: name,
