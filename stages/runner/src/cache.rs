@@ -359,6 +359,23 @@ pub fn runner_dir(out: &Path) -> PathBuf {
     out.join("_runner")
 }
 
+/// The record of a completed step that names only its instance, its wall
+/// seconds and when it finished (tests that complete steps by hand).
+#[cfg(test)]
+pub(crate) fn test_record(instance: &Instance, wall_s: f64, finished_unix: u64) -> StepRecord {
+    StepRecord {
+        format: STEP_FORMAT.into(),
+        key: "k".into(),
+        key_parts: serde_json::Value::Null,
+        id: instance.id.clone(),
+        stage: instance.stage.name.into(),
+        commands: Vec::new(),
+        outputs: Vec::new(),
+        wall_s,
+        finished_unix,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -703,17 +703,7 @@ inputs = ["tasks"]
         let complete = |index: usize| {
             let instance = &plan.instances[index];
             std::fs::create_dir_all(&instance.dir).unwrap();
-            let record = StepRecord {
-                format: cache::STEP_FORMAT.into(),
-                key: "k".into(),
-                key_parts: serde_json::Value::Null,
-                id: instance.id.clone(),
-                stage: instance.stage.name.into(),
-                commands: Vec::new(),
-                outputs: Vec::new(),
-                wall_s: 1.0,
-                finished_unix: 100 + index as u64,
-            };
+            let record = cache::test_record(instance, 1.0, 100 + index as u64);
             cache::write_record(&instance.dir, &record).unwrap();
         };
         let metrics = MetricRow::examples();

@@ -673,17 +673,7 @@ mod tests {
         assert_eq!(state, State::Running, "still waiting for the record");
         assert!(error.is_none());
         // The record shows: the step ran.
-        let record = StepRecord {
-            format: cache::STEP_FORMAT.into(),
-            key: "k".into(),
-            key_parts: serde_json::Value::Null,
-            id: instance.id.clone(),
-            stage: instance.stage.name.into(),
-            commands: Vec::new(),
-            outputs: Vec::new(),
-            wall_s: 1.0,
-            finished_unix: 0,
-        };
+        let record = cache::test_record(&instance, 1.0, 0);
         cache::write_record(&instance.dir, &record).unwrap();
         assert!(matches!(round(grace, &mut step).0, State::Done(_)));
         // Past a shorter grace, a step without a record has failed.
