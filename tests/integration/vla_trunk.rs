@@ -14,7 +14,7 @@ use std::process::Command;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{EvalRow, MetricRow, StepRow, TableName};
-use embodyflow_tests::{read_advantages, run, tabletop_tasks_and_tiny_vla};
+use embodyflow_tests::{read_advantages, run, tabletop_tasks_and_tiny_vla, update_policy};
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python");
 const SCRIPT: &str = concat!(
@@ -50,14 +50,9 @@ fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
 }
 
 fn update(policy: &Path, inputs: &[&Path], out: &Path, sets: &[&str]) -> String {
-    let mut args = vec!["--policy", s(policy), "--out", s(out), "--seed", "3"];
-    for input in inputs {
-        args.extend(["--input", s(input)]);
-    }
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    ok("update-policy", &args)
+    let result = update_policy(policy, inputs, out, sets);
+    assert_eq!(result.code, 0, "{result}");
+    result.stdout
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{MetricRow, RewardRow, StepRow, TableName};
+use embodyflow_tests::update_policy as update;
 use embodyflow_tests::{read_advantages, run, tabletop_tasks_and_tiny_vla, write_table};
 
 fn s(path: &Path) -> &str {
@@ -31,17 +32,6 @@ fn read<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn update(policy: &Path, inputs: &[&Path], out: &Path, sets: &[&str]) -> embodyflow_tests::Run {
-    let mut args = vec!["--policy", s(policy), "--out", s(out), "--seed", "3"];
-    for input in inputs {
-        args.extend(["--input", s(input)]);
-    }
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    run("update-policy", &args)
 }
 
 #[test]

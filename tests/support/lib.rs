@@ -33,6 +33,21 @@ pub fn tiny_vla_init(out: &str) -> Vec<&str> {
     args
 }
 
+/// `update-policy --policy POLICY --input …  --out OUT --seed 3 --set …`.
+pub fn update_policy(policy: &Path, inputs: &[&Path], out: &Path, sets: &[&str]) -> Run {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let mut args = vec!["--policy".into(), path(policy), "--out".into(), path(out)];
+    args.extend(["--seed".into(), "3".into()]);
+    for input in inputs {
+        args.extend(["--input".into(), path(input)]);
+    }
+    for set in sets {
+        args.extend(["--set".into(), set.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run("update-policy", &args)
+}
+
 /// `count` generated tabletop train tasks (seed 1) in `root/tasks` and the
 /// [`TINY_VLA`] in `root/vla`: the start of the closed-loop tests.
 pub fn tabletop_tasks_and_tiny_vla(root: &Path, count: usize) {

@@ -497,7 +497,19 @@ impl<M: PolicyNet> Checkpoint<M> {
         M::check(config).map_err(ModelError::Tokenizer)?;
         let vars = VarStore::new(device);
         let model = M::build(&vars.root(), config);
-        Ok(Checkpoint {
+        Ok(Checkpoint::fresh(vars, model, tokenizer, special))
+    }
+
+    /// A checkpoint of `model` (its parameters in `vars`) not saved yet:
+    /// no id, parent or updates, our prompt format, nothing carried, no
+    /// optimizer state or frame encoder.
+    pub fn fresh(
+        vars: VarStore,
+        model: M,
+        tokenizer: Tokenizer,
+        special: SpecialIds,
+    ) -> Checkpoint<M> {
+        Checkpoint {
             vars,
             model,
             tokenizer,
@@ -512,7 +524,7 @@ impl<M: PolicyNet> Checkpoint<M> {
             },
             optimizer: None,
             frame_encoder: None,
-        })
+        }
     }
 
     /// Loads the checkpoint of network `M` in `dir` onto `device`, checking

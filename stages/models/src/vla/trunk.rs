@@ -41,7 +41,6 @@
 //! policy.save("runs/vla-qwen/policy".as_ref(), "init-policy", false).unwrap();
 //! ```
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use embodyflow_hf::image::{ImageProcessor, RgbImage};
@@ -56,7 +55,7 @@ use tokenizers::Tokenizer;
 
 use super::{Observation, Vla, VlaConfig, VlaError};
 use crate::ModelError;
-use crate::checkpoint::{Checkpoint, CheckpointManifest, PromptFormat, TOKENIZER_FILE};
+use crate::checkpoint::{Checkpoint, TOKENIZER_FILE};
 use crate::gpt::Gpt;
 use crate::tokenizer::SpecialIds;
 
@@ -602,22 +601,7 @@ pub fn init_on_vlm(
         }
         Ok(())
     })?;
-    Ok(Checkpoint {
-        vars,
-        model: vla,
-        tokenizer,
-        special,
-        format: PromptFormat::Plan,
-        carried: BTreeMap::new(),
-        manifest: CheckpointManifest {
-            id: String::new(),
-            parent: None,
-            written_by: String::new(),
-            updates: 0,
-        },
-        optimizer: None,
-        frame_encoder: None,
-    })
+    Ok(Checkpoint::fresh(vars, vla, tokenizer, special))
 }
 
 /// A parameter's name under [`Layout::CURRENT`] from its name under `layout`.
