@@ -52,6 +52,16 @@ embodyflow-hf (stages/hf/tests/vl.rs).
       Runs CONFIG_DIR's image processor on INPUT_JSON's "images" (uint8
       [H][W][3] lists), each alone, and writes {"pixel_values",
       "image_grid_thw"} per image.
+
+  hf_vl_golden.py plan-policy OUT TOKENIZER_JSON
+      A tiny random Qwen2.5-VL plan policy saved with save_pretrained in OUT
+      (the qwen2_5_vl text and vision sizes above, 1024 positions, the
+      embedding padded to a multiple of 64): TOKENIZER_JSON (our household
+      BPE) plus Qwen's chat and vision tokens, Qwen2-VL's chat template
+      (image parts as <|vision_start|><|image_pad|><|vision_end|>), the
+      processor above and a generation config ending at <|im_end|>. Prints
+      JSON {"image_token_id", "prompt_ids"}: the template's ids of a user
+      turn with one image and a text, placeholders unexpanded.
 """
 import json
 import os
@@ -259,6 +269,66 @@ def make_one(out, name, config, seed, proc, raw):
         json.dump(golden, f)
 
 
+# Qwen2-VL-7B-Instruct's chat template (the Hub's tokenizer_config.json).
+QWEN2_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
+    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
+    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def plan_policy(out, tokenizer_json):
+    from tokenizers import Tokenizer
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    torch.manual_seed(41)
+    tok = Tokenizer.from_file(tokenizer_json)
+    tok.add_special_tokens([
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+        "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+    ])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = QWEN2_VL_TEMPLATE
+    ids = fast.convert_tokens_to_ids
+    im_end, pad = ids("<|im_end|>"), ids("<|endoftext|>")
+    config = qwen2_5_config(False)
+    config.text_config.vocab_size = (len(fast) + 63) // 64 * 64
+    config.text_config.max_position_embeddings = 1024
+    config.text_config.eos_token_id = im_end
+    config.text_config.pad_token_id = pad
+    config.text_config.bos_token_id = None
+    config.image_token_id = ids("<|image_pad|>")
+    config.video_token_id = ids("<|video_pad|>")
+    config.vision_start_token_id = ids("<|vision_start|>")
+    config.vision_end_token_id = ids("<|vision_end|>")
+    model = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    processor().save_pretrained(out)
+    GenerationConfig(eos_token_id=[im_end], pad_token_id=pad).save_pretrained(out)
+    messages = [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "Task: put the Mug in the Sink."},
+    ]}]
+    print(json.dumps({
+        "image_token_id": config.image_token_id,
+        "prompt_ids": fast.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        ),
+    }))
+
+
 def make(out):
     torch.set_num_threads(1)
     proc = processor()
@@ -336,6 +406,8 @@ if __name__ == "__main__":
         logits(*sys.argv[2:])
     elif len(sys.argv) == 6 and sys.argv[1] == "bench":
         bench(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "plan-policy":
+        plan_policy(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "process":
         process_images(*sys.argv[2:])
     else:

@@ -31,5 +31,6 @@ mod tabletop_eval;
 mod tabletop_tasks;
 mod threads;
 mod tools_open_tables;
+mod vl_policy;
 mod vla_trunk;
 mod vla_update;

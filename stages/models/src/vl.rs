@@ -263,7 +263,7 @@ impl PlanNet for VlPolicy {
         let bad = |reason: String| ModelError::from(embodyflow_core::Error::BadInput(reason));
         if runs.len() != images.len() {
             return Err(bad(format!(
-                "the prompt holds {} runs of image placeholders (token {image}), {} images were given",
+                "{} image placeholder run(s) in the prompt (token {image}), {} image(s) given",
                 runs.len(),
                 images.len()
             )));
@@ -291,7 +291,7 @@ impl PlanNet for VlPolicy {
 mod tests {
     use super::*;
     use crate::checkpoint::{policy_kind, policy_net};
-    use crate::policy::{Entropy, Sampling, sample, score_responses};
+    use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
     use crate::testing::{assert_sampled_are_scored, seed, tiny_tokenizer};
     use embodyflow_hf::VlModel;
     use tokenizers::AddedToken;
@@ -446,6 +446,133 @@ mod tests {
             Vec::<f32>::try_from(a.view([-1])).unwrap(),
             Vec::<f32>::try_from(b.view([-1])).unwrap()
         );
+    }
+
+    /// A 32 × 32 image of pseudo-random bytes drawn from `seed`.
+    fn image(seed: u32) -> RgbImage {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        let data = (0..32 * 32 * 3)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state as u8
+            })
+            .collect();
+        RgbImage::new(32, 32, data).unwrap()
+    }
+
+    /// A prompt carries its image into the model: the same text with
+    /// another image scores the same answer differently, and what the
+    /// sampler records under an image is what the scorer gives under it
+    /// (rows with and without images, one repeated), in both families.
+    #[test]
+    fn the_image_reaches_the_scores_and_sampling_scores_what_it_saw() {
+        for family in VlFamily::NAMES {
+            let dir = tempfile::tempdir().unwrap();
+            write_model(dir.path(), family);
+            let policy = load(dir.path()).unwrap();
+            let text = "Task: find a Mug 3";
+            let with = |seed| policy.prompt(text, vec![image(seed)]).unwrap();
+            let (a, b) = (with(1), with(2));
+            // 32 × 32 pixels: an 8 × 8 patch grid, 16 merged tokens for
+            // the one placeholder the template writes.
+            let plain = policy.prompt_ids(text).unwrap();
+            assert_eq!(a.ids.len(), plain.len() + 3 + 15, "{family}");
+            assert_eq!(a.ids, b.ids, "{family}: same size, same placeholders");
+            assert_eq!(policy.prompt_text(&a.ids).unwrap(), text);
+            policy.model.check_images(&a.ids, &a.images).unwrap();
+            let response: [&[i32]; 1] = [&[20, 21, 22, 23]];
+            let score = |prompt: &Prompt| {
+                let scores = score_responses(&policy, &[prompt], &response, 1.0, Entropy::Skip);
+                Vec::<f32>::try_from(scores.logprobs.view([-1])).unwrap()
+            };
+            let (sa, sb) = (score(&a), score(&b));
+            let moved = sa
+                .iter()
+                .zip(&sb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                moved > 1e-3,
+                "{family}: another image moved no log-prob ({sa:?})"
+            );
+            assert_eq!(sa, score(&a), "{family}: deterministic");
+            let prompts = vec![
+                a.clone(),
+                b,
+                Prompt {
+                    ids: plain,
+                    images: Vec::new(),
+                },
+                a,
+            ];
+            let sampling = Sampling {
+                temperature: 1.3,
+                top_p: 1.0,
+                max_new_tokens: 6,
+            };
+            let sampled = sample(&policy, &prompts, &[1, 2, 3, 4], &sampling);
+            assert_sampled_are_scored(&policy, &prompts, &sampled, 1.3);
+        }
+    }
+
+    /// A policy that reads text only is given the text alone; a vision
+    /// model's prompt whose placeholders do not match its images, or an
+    /// image the processor cannot resize, is bad input saying which.
+    #[test]
+    fn placeholders_that_miss_their_images_and_unresizable_images_are_refused() {
+        let text_only = crate::testing::tiny_policy(48);
+        let prompt = text_only.prompt("find a Mug", vec![image(1)]).unwrap();
+        assert!(prompt.images.is_empty());
+        assert_eq!(prompt.ids, text_only.prompt_ids("find a Mug").unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), "qwen2_5_vl");
+        let policy = load(dir.path()).unwrap();
+        let prompt = policy.prompt("find a Mug", vec![image(1)]).unwrap();
+        let bad_input = |result: Result<(), ModelError>| {
+            let error = result.unwrap_err();
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput,
+                "{error}"
+            );
+            error.to_string()
+        };
+        let error = bad_input(policy.model.check_images(&prompt.ids, &[]));
+        assert!(
+            error.contains("1 image placeholder run(s)") && error.contains("0 image(s) given"),
+            "{error}"
+        );
+        let error = bad_input(
+            policy
+                .model
+                .check_images(&prompt.ids, &[image(1), image(2)]),
+        );
+        assert!(error.contains("2 image(s) given"), "{error}");
+        let image_token = policy.model.image_token().unwrap();
+        let at = prompt.ids.iter().position(|&t| t == image_token).unwrap();
+        let mut short = prompt.ids.clone();
+        short.remove(at);
+        let error = bad_input(policy.model.check_images(&short, &prompt.images));
+        assert!(
+            error.contains("takes 16 placeholders") && error.contains("a run of 15"),
+            "{error}"
+        );
+        // A processor whose pixel budget no resize of a 32 × 32 image meets.
+        let processor = serde_json::json!({"patch_size": 4, "merge_size": 2,
+            "temporal_patch_size": 2, "min_pixels": 16, "max_pixels": 32});
+        std::fs::write(dir.path().join(PROCESSOR_FILE), processor.to_string()).unwrap();
+        let policy = load(dir.path()).unwrap();
+        let error = policy.prompt("find a Mug", vec![image(1)]).unwrap_err();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput
+        );
+        let error = error.to_string();
+        for needle in [PROCESSOR_FILE, "`max_pixels`", "image 0", "32 x 32"] {
+            assert!(error.contains(needle), "lacks {needle}: {error}");
+        }
     }
 
     /// The message of loading `dir` as `M`, which must fail as bad input.
