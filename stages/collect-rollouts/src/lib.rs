@@ -308,6 +308,8 @@ trait Written {
     fn facts(&self) -> Facts;
     /// Its `steps` rows under `trajectory_id`.
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow>;
+    /// `(success, infra_fault)`, what dynamic sampling judges ([`Verdict::of`]).
+    fn outcome(&self) -> (bool, bool);
 }
 
 impl Written for Episode {
@@ -333,6 +335,9 @@ impl Written for Episode {
             )
         }]
     }
+    fn outcome(&self) -> (bool, bool) {
+        (self.outcome.success, false)
+    }
 }
 
 impl Written for ClosedLoopEpisode {
@@ -349,6 +354,9 @@ impl Written for ClosedLoopEpisode {
     }
     fn steps(&self, trajectory_id: &str) -> Vec<StepRow> {
         self.step_rows(trajectory_id)
+    }
+    fn outcome(&self) -> (bool, bool) {
+        (self.success, self.infra_fault())
     }
 }
 
@@ -531,7 +539,8 @@ fn group_id(iteration: i32, task_id: &str, draw: usize) -> String {
     format!("it{iteration}/{task_id}/d{draw}")
 }
 
-/// The run's task draws (see the module doc).
+/// The run's task draws (see the module doc): which task a draw takes,
+/// the draws a slot may make, and each draw's group id and sampling seeds.
 struct Draws<'a> {
     tasks: &'a [TaskRow],
     order: Vec<usize>,
@@ -539,6 +548,12 @@ struct Draws<'a> {
     wanted: usize,
     /// Draws below this bound may be made.
     limit: usize,
+    /// The iteration in the group ids.
+    iteration: i32,
+    /// Episodes per draw, G.
+    group_size: usize,
+    /// `--seed`, which every sampling seed hashes.
+    seed: u64,
 }
 
 impl<'a> Draws<'a> {
@@ -549,6 +564,37 @@ impl<'a> Draws<'a> {
     /// The draws slot `slot` may make, in order.
     fn of_slot(&self, slot: usize) -> impl Iterator<Item = usize> + use<'_, 'a> {
         (slot..self.limit).step_by(self.wanted)
+    }
+
+    /// Draw `draw`'s group id, `it<iteration>/<task_id>/d<draw>`.
+    fn group_id(&self, draw: usize) -> String {
+        group_id(self.iteration, &self.task(draw).task_id, draw)
+    }
+
+    /// The sampling seeds of draw `draw`'s G episodes: sample `k` draws
+    /// from `sampling_seed(--seed, "<group id>/s<k>")`.
+    fn seeds(&self, draw: usize) -> impl Iterator<Item = u64> + use<'_, 'a> {
+        let group = self.group_id(draw);
+        (0..self.group_size).map(move |k| sampling_seed(self.seed, &format!("{group}/s{k}")))
+    }
+
+    /// `build` of every task the slots of `batches` may draw, once per
+    /// task, in draw order (the first error stops), before any episode runs.
+    fn build_each<T, E>(
+        &self,
+        batches: &[Range<usize>],
+        mut build: impl FnMut(&'a TaskRow) -> Result<T, E>,
+    ) -> Result<HashMap<&'a str, T>, E> {
+        let mut built = HashMap::new();
+        for slot in batches.iter().flat_map(|b| b.clone()) {
+            for draw in self.of_slot(slot) {
+                let task = self.task(draw);
+                if !built.contains_key(task.task_id.as_str()) {
+                    built.insert(task.task_id.as_str(), build(task)?);
+                }
+            }
+        }
+        Ok(built)
     }
 }
 
@@ -580,13 +626,16 @@ pub fn run(args: Args) -> Result<(), CollectError> {
             } else {
                 0
             },
+        iteration: config.iteration,
+        group_size: config.group_size,
+        seed: args.stage.seed,
     };
     // The slots this shard fills: whole sampling batches of the unsharded
     // run (a group's log-probs depend on the groups sampled with it).
     let batches = args.stage.shard.owned_batches(
         wanted,
         (config.batch_rows / config.group_size).max(1),
-        |s| group_id(config.iteration, &draws.task(s).task_id, s),
+        |s| draws.group_id(s),
     );
     match mode {
         Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
@@ -598,6 +647,126 @@ pub fn run(args: Args) -> Result<(), CollectError> {
         Mode::OneShot => one_shot::<Gpt>(&stage, &args, &draws, batches, device),
         Mode::ClosedLoop => closed_loop(&stage, &args, &draws, batches, device),
     }
+}
+
+/// What a shard's draws came to: the slots it filled, the draws made, the
+/// groups dynamic sampling dropped, the groups and trajectories written,
+/// and the seconds spent sampling them.
+#[derive(Debug, Default)]
+struct Tally {
+    slots: usize,
+    draws: usize,
+    dropped: Dropped,
+    groups: usize,
+    trajectories: usize,
+    seconds: f64,
+}
+
+/// Fills the shard's slots batch by batch and writes each batch's kept
+/// groups when it ends (the writers keep the key order, so memory holds one
+/// batch of episodes); `sample` runs the episodes of a round's draws (G per
+/// draw, their seeds in order) and `seen` sees every group drawn, kept or
+/// dropped.
+fn collect<'a, E: Written>(
+    stage: &Stage<Config>,
+    draws: &Draws<'a>,
+    batches: Vec<Range<usize>>,
+    policy_id: &str,
+    mut sample: impl FnMut(&[usize], &[u64]) -> Result<Vec<E>, CollectError>,
+    mut seen: impl FnMut(&[E]),
+) -> Result<Tally, CollectError> {
+    let config = &stage.config;
+    let mut trajectories = stage.writer(TableName::Trajectories)?;
+    let mut steps = stage.writer(TableName::Steps)?;
+    let mut tally = Tally {
+        slots: batches.iter().map(|b| b.len()).sum(),
+        ..Tally::default()
+    };
+    for batch in batches {
+        let started = Instant::now();
+        let kept = fill_batch(draws, config, batch, &mut tally, &mut sample, &mut seen)?;
+        tally.seconds += started.elapsed().as_secs_f64();
+        let (trajectory_rows, step_rows) = rows_of(&kept, config, policy_id);
+        trajectories.write_rows(&trajectory_rows)?;
+        steps.write_rows(&step_rows)?;
+        tally.groups += kept.len();
+        tally.trajectories += trajectory_rows.len();
+    }
+    stage.finish(trajectories)?;
+    stage.finish(steps)?;
+    Ok(tally)
+}
+
+/// The kept groups of one batch: each round draws once for every slot of
+/// the batch still open, in one `sample` call, so what a slot draws depends
+/// on its batch alone (see the module doc); with dynamic sampling a group
+/// without signal is dropped and its slot draws again.
+fn fill_batch<'a, E: Written>(
+    draws: &Draws<'a>,
+    config: &Config,
+    batch: Range<usize>,
+    tally: &mut Tally,
+    sample: &mut impl FnMut(&[usize], &[u64]) -> Result<Vec<E>, CollectError>,
+    seen: &mut impl FnMut(&[E]),
+) -> Result<Vec<Group<'a, E>>, CollectError> {
+    let group_size = draws.group_size;
+    let mut kept = Vec::new();
+    let mut pending: Vec<usize> = batch.collect();
+    while !pending.is_empty() {
+        let seeds: Vec<u64> = pending.iter().flat_map(|&draw| draws.seeds(draw)).collect();
+        let mut episodes = sample(&pending, &seeds)?.into_iter();
+        let mut next = Vec::new();
+        for (index, &draw) in pending.iter().enumerate() {
+            let group: Vec<E> = episodes.by_ref().take(group_size).collect();
+            tally.draws += 1;
+            seen(&group);
+            let verdict = Verdict::of(group.iter().map(E::outcome));
+            if config.dynamic_sampling.enabled && tally.dropped.count(verdict) {
+                if draw + draws.wanted < draws.limit {
+                    next.push(draw + draws.wanted);
+                }
+                continue;
+            }
+            let first = index * group_size;
+            kept.push(Group {
+                task: draws.task(draw),
+                draw,
+                seeds: seeds[first..first + group_size].to_vec(),
+                episodes: group,
+            });
+        }
+        pending = next;
+    }
+    Ok(kept)
+}
+
+/// The summary's first lines, whatever the loop: the policy, the
+/// iteration, the groups written of those wanted, the draws and the groups
+/// dropped (and a warning when slots stayed empty).
+fn summary_head(
+    args: &Args,
+    config: &Config,
+    policy: &str,
+    wanted: usize,
+    tally: &Tally,
+) -> Summary {
+    let mut summary = Summary::new("collect-rollouts");
+    summary
+        .add("policy", policy)
+        .add("iteration", config.iteration)
+        .add(
+            "groups written",
+            groups_written(args, tally.groups, wanted, tally.slots, tally.trajectories),
+        );
+    add_draws(
+        &mut summary,
+        config,
+        tally.draws,
+        &tally.dropped,
+        tally.groups,
+        tally.slots,
+    );
+    summary
 }
 
 /// "`kept` of `wanted` wanted (…, `rows` trajectories)".
@@ -624,102 +793,38 @@ fn one_shot<M: PlanNet>(
 ) -> Result<(), CollectError> {
     let config = &stage.config;
     let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
-    let wanted = draws.wanted;
-    let task_of = |draw: usize| draws.task(draw);
-    let slots: usize = batches.iter().map(|b| b.len()).sum();
-    let mut envs: HashMap<&str, TaskEnv> = HashMap::new();
-    for slot in batches.iter().flat_map(|b| b.clone()) {
-        for draw in draws.of_slot(slot) {
-            let task = task_of(draw);
-            if !envs.contains_key(task.task_id.as_str()) {
-                envs.insert(&task.task_id, TaskEnv::from_row(task, 0)?);
-            }
-        }
-    }
+    let envs = draws.build_each(&batches, |task| TaskEnv::from_row(task, 0))?;
     let sampling = Sampling {
         temperature: config.temperature,
         top_p: config.top_p,
         max_new_tokens: config.max_new_tokens,
     };
-    let started = Instant::now();
-    let mut kept: Vec<Group<'_, Episode>> = Vec::new();
-    let (mut draw_count, mut successes, mut tokens) = (0usize, 0usize, 0usize);
-    let mut dropped = Dropped::default();
-    // Each batch is filled on its own: each round draws once for every slot
-    // of the batch still open, in one sampling call, so what a slot draws
-    // depends on its batch alone (see the module doc).
-    for batch in batches {
-        let mut pending: Vec<usize> = batch.collect();
-        while !pending.is_empty() {
-            let mut requests = Vec::new();
-            let mut seeds = Vec::new();
-            for &draw in &pending {
-                let task = task_of(draw);
-                let group = group_id(config.iteration, &task.task_id, draw);
-                for k in 0..config.group_size {
-                    let seed = sampling_seed(args.stage.seed, &format!("{group}/s{k}"));
-                    requests.push(Request {
-                        env: &envs[task.task_id.as_str()],
-                        seed,
-                    });
-                    seeds.push(seed);
-                }
-            }
-            let mut episodes =
-                run_episodes(&policy, &requests, &sampling, config.batch_rows, "sampling")?
-                    .into_iter();
-            let mut next = Vec::new();
-            for (index, &draw) in pending.iter().enumerate() {
-                let group: Vec<Episode> = episodes.by_ref().take(config.group_size).collect();
-                draw_count += 1;
-                let wins = group.iter().filter(|e| e.outcome.success).count();
-                successes += wins;
-                tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
-                let verdict = Verdict::of(group.iter().map(|e| (e.outcome.success, false)));
-                if config.dynamic_sampling.enabled && dropped.count(verdict) {
-                    if draw + wanted < draws.limit {
-                        next.push(draw + wanted);
-                    }
-                    continue;
-                }
-                let first = index * config.group_size;
-                kept.push(Group {
-                    task: task_of(draw),
-                    draw,
-                    seeds: seeds[first..first + config.group_size].to_vec(),
-                    episodes: group,
-                });
-            }
-            pending = next;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let samples = draw_count * config.group_size;
-
-    let mut trajectories = stage.writer(TableName::Trajectories)?;
-    let mut steps = stage.writer(TableName::Steps)?;
-    let (trajectory_rows, step_rows) = rows_of(&kept, config, &policy.manifest.id);
-    trajectories.write_rows(&trajectory_rows)?;
-    steps.write_rows(&step_rows)?;
-    stage.finish(trajectories)?;
-    stage.finish(steps)?;
-
-    let mut summary = Summary::new("collect-rollouts");
-    summary
-        .add("policy", &policy.manifest.id)
-        .add("iteration", config.iteration)
-        .add(
-            "groups written",
-            groups_written(args, kept.len(), wanted, slots, trajectory_rows.len()),
-        );
-    add_draws(
-        &mut summary,
-        config,
-        draw_count,
-        &dropped,
-        kept.len(),
-        slots,
-    );
+    let group_size = config.group_size;
+    let sample = |pending: &[usize], seeds: &[u64]| -> Result<Vec<Episode>, CollectError> {
+        let requests: Vec<Request<'_>> = pending
+            .iter()
+            .flat_map(|&draw| {
+                std::iter::repeat_n(&envs[draws.task(draw).task_id.as_str()], group_size)
+            })
+            .zip(seeds)
+            .map(|(env, &seed)| Request { env, seed })
+            .collect();
+        Ok(run_episodes(
+            &policy,
+            &requests,
+            &sampling,
+            config.batch_rows,
+            "sampling",
+        )?)
+    };
+    let (mut successes, mut tokens) = (0usize, 0usize);
+    let seen = |group: &[Episode]| {
+        successes += group.iter().filter(|e| e.outcome.success).count();
+        tokens += group.iter().map(|e| e.response_ids.len()).sum::<usize>();
+    };
+    let tally = collect(stage, draws, batches, &policy.manifest.id, sample, seen)?;
+    let (samples, seconds) = (tally.draws * group_size, tally.seconds);
+    let mut summary = summary_head(args, config, &policy.manifest.id, draws.wanted, &tally);
     summary
         .add(
             "success rate (all drawn samples)",
@@ -745,6 +850,31 @@ fn one_shot<M: PlanNet>(
     Ok(())
 }
 
+/// What a run's closed-loop episodes came to, beside their success: those
+/// cut at the decision limit, those infrastructure ended, and the
+/// successes that never grasped (`grasp_known`: whether the world tells).
+#[derive(Debug, Default)]
+struct EpisodeCounts {
+    successes: usize,
+    truncated: usize,
+    failed: usize,
+    ungrasped_successes: usize,
+    grasp_known: bool,
+}
+
+impl EpisodeCounts {
+    fn add(&mut self, group: &[ClosedLoopEpisode]) {
+        self.successes += group.iter().filter(|e| e.success).count();
+        self.truncated += group.iter().filter(|e| e.truncated).count();
+        self.failed += group.iter().filter(|e| e.infra_fault()).count();
+        self.grasp_known |= group.iter().any(|e| e.target_ever_grasped.is_some());
+        self.ungrasped_successes += group
+            .iter()
+            .filter(|e| e.success && e.target_ever_grasped == Some(false))
+            .count();
+    }
+}
+
 /// Closed-loop episodes of a VLA on tabletop or bridge tasks (see the module doc).
 fn closed_loop(
     stage: &Stage<Config>,
@@ -756,17 +886,7 @@ fn closed_loop(
     let config = &stage.config;
     let group_size = config.group_size;
     let policy = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
-    let slots: usize = batches.iter().map(|b| b.len()).sum();
-    // Every task a slot may draw is built before any episode runs.
-    let mut specs: HashMap<&str, WorldTask> = HashMap::new();
-    for slot in batches.iter().flat_map(|b| b.clone()) {
-        for draw in draws.of_slot(slot) {
-            let task = draws.task(draw);
-            if !specs.contains_key(task.task_id.as_str()) {
-                specs.insert(&task.task_id, WorldTask::from_row(task)?);
-            }
-        }
-    }
+    let specs = draws.build_each(&batches, WorldTask::from_row)?;
     let vla = policy.model.config();
     let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
     let mut sampler =
@@ -783,107 +903,47 @@ fn closed_loop(
         bins: bins.clone(),
         bridge: config.bridge.config(),
     });
-    // Each batch's kept groups are written when it ends (the writers keep
-    // the key order), so memory holds one batch of episodes.
-    let mut trajectories = stage.writer(TableName::Trajectories)?;
-    let mut steps = stage.writer(TableName::Steps)?;
-    let (mut groups_kept, mut trajectories_written) = (0usize, 0usize);
     let mut totals = RunTotals::default();
-    let (mut draw_count, mut successes) = (0usize, 0usize);
-    let mut dropped = Dropped::default();
-    let (mut truncated, mut ungrasped_successes, mut failed) = (0usize, 0usize, 0usize);
-    let mut grasp_known = false;
-    for batch in batches {
-        let started = Instant::now();
-        let mut kept: Vec<Group<'_, ClosedLoopEpisode>> = Vec::new();
-        let mut pending: Vec<usize> = batch.collect();
-        while !pending.is_empty() {
-            let tasks: Vec<WorldTask> = pending
-                .iter()
-                .map(|&draw| specs[draws.task(draw).task_id.as_str()].clone())
-                .collect();
-            let seeds: Vec<u64> = pending
-                .iter()
-                .flat_map(|&draw| {
-                    let group = group_id(config.iteration, &draws.task(draw).task_id, draw);
-                    (0..group_size)
-                        .map(move |k| sampling_seed(args.stage.seed, &format!("{group}/s{k}")))
-                })
-                .collect();
-            let mut world = worlds.episodes(&tasks, group_size)?;
-            let run = run_closed_loop(
-                &mut world,
-                &mut sampler,
-                &bins,
-                &seeds,
-                &ClosedLoopConfig {
-                    max_decisions: max_decisions(&tasks, chunk_len),
-                    label: "episodes",
-                },
-            )?;
-            worlds.done(world);
-            totals.add(&run);
-            let mut episodes = run.episodes.into_iter();
-            let mut next = Vec::new();
-            for (index, &draw) in pending.iter().enumerate() {
-                let group: Vec<ClosedLoopEpisode> = episodes.by_ref().take(group_size).collect();
-                draw_count += 1;
-                let wins = group.iter().filter(|e| e.success).count();
-                successes += wins;
-                truncated += group.iter().filter(|e| e.truncated).count();
-                failed += group.iter().filter(|e| e.infra_fault()).count();
-                grasp_known |= group.iter().any(|e| e.target_ever_grasped.is_some());
-                ungrasped_successes += group
-                    .iter()
-                    .filter(|e| e.success && e.target_ever_grasped == Some(false))
-                    .count();
-                let verdict = Verdict::of(group.iter().map(|e| (e.success, e.infra_fault())));
-                if config.dynamic_sampling.enabled && dropped.count(verdict) {
-                    if draw + draws.wanted < draws.limit {
-                        next.push(draw + draws.wanted);
-                    }
-                    continue;
-                }
-                let first = index * group_size;
-                kept.push(Group {
-                    task: draws.task(draw),
-                    draw,
-                    seeds: seeds[first..first + group_size].to_vec(),
-                    episodes: group,
-                });
-            }
-            pending = next;
-        }
-        totals.seconds += started.elapsed().as_secs_f64();
-        let (trajectory_rows, step_rows) = rows_of(&kept, config, &policy.manifest.id);
-        trajectories.write_rows(&trajectory_rows)?;
-        steps.write_rows(&step_rows)?;
-        groups_kept += kept.len();
-        trajectories_written += trajectory_rows.len();
-    }
-    let samples = draw_count * group_size;
-    stage.finish(trajectories)?;
-    stage.finish(steps)?;
-
-    let mut summary = Summary::new("collect-rollouts");
-    summary
-        .add(
-            "policy",
-            format!("{} (vla, closed loop)", policy.manifest.id),
-        )
-        .add("iteration", config.iteration)
-        .add(
-            "groups written",
-            groups_written(args, groups_kept, draws.wanted, slots, trajectories_written),
-        );
-    add_draws(
-        &mut summary,
-        config,
-        draw_count,
-        &dropped,
-        groups_kept,
-        slots,
-    );
+    let sample = |pending: &[usize], seeds: &[u64]| -> Result<_, CollectError> {
+        let tasks: Vec<WorldTask> = pending
+            .iter()
+            .map(|&draw| specs[draws.task(draw).task_id.as_str()].clone())
+            .collect();
+        let mut world = worlds.episodes(&tasks, group_size)?;
+        let run = run_closed_loop(
+            &mut world,
+            &mut sampler,
+            &bins,
+            seeds,
+            &ClosedLoopConfig {
+                max_decisions: max_decisions(&tasks, chunk_len),
+                label: "episodes",
+            },
+        )?;
+        worlds.done(world);
+        totals.add(&run);
+        Ok(run.episodes)
+    };
+    let mut counts = EpisodeCounts::default();
+    let tally = collect(
+        stage,
+        draws,
+        batches,
+        &policy.manifest.id,
+        sample,
+        |group| counts.add(group),
+    )?;
+    totals.seconds = tally.seconds;
+    let samples = tally.draws * group_size;
+    let policy_line = format!("{} (vla, closed loop)", policy.manifest.id);
+    let mut summary = summary_head(args, config, &policy_line, draws.wanted, &tally);
+    let EpisodeCounts {
+        successes,
+        truncated,
+        failed,
+        ungrasped_successes,
+        grasp_known,
+    } = counts;
     // Faulted episodes are no outcome: the rate is over the episodes that ran.
     let ran = samples - failed;
     summary
