@@ -6,7 +6,8 @@
 //!
 //! Task `t` in run (layout) `r` is [`Layout`]: run 0 is the task of the
 //! tasks row itself, run `r > 0` the same objects, goals and words in the
-//! layout [`embodyflow_tabletop::reseed`] draws for `r`. The episodes of a
+//! layout its world draws for `r` ([`WorldTask::reseed`]; the tabletop
+//! world's `embodyflow_tabletop::reseed`). The episodes of a
 //! list of layouts are played `batch_rows` at a time, every live episode of
 //! a batch stepped in lockstep with one batched policy call per decision
 //! ([`run_closed_loop`]); an episode ends at success or at its task's
@@ -54,12 +55,11 @@ use std::time::Instant;
 
 use embodyflow_core::Error;
 use embodyflow_core::schemas::{EvalRow, TaskRow};
-use embodyflow_gym::FaultCounts;
 use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
-use embodyflow_worlds::{WorldOptions, WorldTask, Worlds, max_decisions};
+use embodyflow_worlds::{FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions};
 
 use crate::EvalError;
 

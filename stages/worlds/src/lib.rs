@@ -43,11 +43,15 @@ use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
-use embodyflow_gym::{BridgeConfig, FaultCounts};
+use embodyflow_gym::BridgeConfig;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 use serde::{Deserialize, Serialize};
 
 pub use world::{Kept, World, WorldEpisodes, WorldTask};
+
+/// What the workers of a world played by them went through (the bridge's
+/// crashed, hung and malformed counts and restarts), for a stage's summary.
+pub use embodyflow_gym::FaultCounts;
 
 /// Every closed-loop world the stages run, in the order messages name them;
 /// the first is the one a VLA is made for without a tasks table
