@@ -41,7 +41,8 @@
 //! `preprocessor_config.json` and `tokenizer.json`) instead of our small
 //! transformer ([`embodyflow_models::vla::trunk`]): its weights, tokenizer,
 //! width and layers are the model's (`vla.n_embd`, `vla.n_head`,
-//! `vla.n_layer` and `tokenizer.*` are not read), the frames go through
+//! `vla.n_layer`, `tokenizer.vocab_size` and `tokenizer.from` are not
+//! read; the corpus instructions must fit in its tokens), the frames go through
 //! its vision encoder, `vla.action_tokens = vocab` reads the action bins
 //! as its last `vla.n_bins` vocabulary ids (OpenVLA) and
 //! `vla.freeze_vision` keeps the vision encoder's weights fixed.
