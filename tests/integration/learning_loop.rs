@@ -348,6 +348,52 @@ fn one_iteration_through_every_stage() {
     assert!(greedy.stderr.contains("pass_at_k.temperature"), "{greedy}");
 }
 
+/// scripts/rl_loop's curve starts at the policy RL started from: its first
+/// row (`before`) is the greedy val success of the init checkpoint, and the
+/// report draws and tabulates it.
+#[test]
+fn the_rl_loop_curve_starts_at_the_policy_before_rl() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    prepare(root);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rl_loop");
+    let bin_dir = embodyflow_tests::bin("evaluate").parent().unwrap().to_path_buf();
+    let rl = root.join("rl");
+    let output = std::process::Command::new(&script)
+        .args([s(&rl), s(&root.join("sft/policy")), s(&root.join("data")), "1"])
+        .envs([("BIN", s(&bin_dir)), ("TASKS", "2"), ("G", "2")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The init policy's val success, as evaluate states it.
+    let summary = std::fs::read_to_string(rl.join("before/eval-val/_summary.evaluate.md")).unwrap();
+    let before = summary
+        .lines()
+        .find_map(|l| l.strip_prefix("| success, split val | "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{summary}"))
+        .to_string();
+    let curve = std::fs::read_to_string(rl.join("curve.tsv")).unwrap();
+    let rows: Vec<&str> = curve.lines().collect();
+    assert_eq!(rows[0], "iteration\ttrain_success\tval_success");
+    assert_eq!(rows[1], format!("before\t-\t{before}"), "{curve}");
+    assert!(rows[2].starts_with("0\t"), "{curve}");
+    assert!(stdout.contains(&format!("val success {before}")), "{stdout}");
+    let report = root.join("report");
+    let md = ok(
+        "report",
+        &["--curve", &format!("grpo={}", s(&rl.join("curve.tsv"))), "--out", s(&report)],
+    );
+    assert!(md.contains("val before RL"), "{md}");
+    assert!(md.contains(&format!("| grpo | 1 | {before} |")), "{md}");
+    assert!(report.join("success.png").is_file());
+}
+
 #[test]
 fn bad_checkpoints_and_bad_advantages_are_named() {
     let dir = tempfile::tempdir().unwrap();

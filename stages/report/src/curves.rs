@@ -1,9 +1,12 @@
 //! The success per iteration of RL runs (scripts/rl_loop's `curve.tsv`):
-//! a table of each run's first and last figures and `success.png`, train
-//! success of the sampled rollouts and greedy val success per iteration.
+//! a table of each run's figures before RL, first and last, and
+//! `success.png`, train success of the sampled rollouts and greedy val
+//! success per iteration, from the policy RL started from.
 //!
 //! ```text
 //! iteration<TAB>train_success<TAB>val_success     (a header line, then `-` for a missing value)
+//! before<TAB>-<TAB>0.125                          (the RL init's val success, drawn at -1)
+//! 0<TAB>0.250<TAB>-
 //! ```
 
 use std::fmt::Write as _;
@@ -21,10 +24,16 @@ pub struct Curve {
     pub val: Vec<(f64, f64)>,
 }
 
+/// The iteration of a curve row that measured the policy RL started from,
+/// before its first update; its points are at
+/// [`embodyflow_plots::BEFORE_RL`].
+pub const BEFORE: &str = "before";
+
 /// Reads a curve file (see [`crate::Args::curves`]): a header line, then
-/// `iteration<TAB>train<TAB>val` rows, `-` for a missing value. A row
-/// that is not three fields, an iteration that is not an integer, or a
-/// success outside [0, 1] is an error naming the file and line.
+/// `iteration<TAB>train<TAB>val` rows, `-` for a missing value, the
+/// iteration a whole number or [`BEFORE`]. A row that is not three fields,
+/// another iteration, or a success outside [0, 1] is an error naming the
+/// file and line.
 pub fn read_curve(path: &Path) -> Result<Curve> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ReportError::BadInput(format!("curve {}: {e}", path.display())))?;
@@ -41,9 +50,14 @@ pub fn read_curve(path: &Path) -> Result<Curve> {
         let [iteration, train, val] = fields[..] else {
             return Err(bad("expected iteration, train_success, val_success"));
         };
-        let iteration: u32 = iteration
-            .parse()
-            .map_err(|_| bad("the iteration is not a whole number"))?;
+        let x = if iteration == BEFORE {
+            embodyflow_plots::BEFORE_RL
+        } else {
+            let iteration: u32 = iteration
+                .parse()
+                .map_err(|_| bad("the iteration is not a whole number or `before`"))?;
+            f64::from(iteration)
+        };
         for (value, series) in [(train, &mut curve.train), (val, &mut curve.val)] {
             if value == "-" {
                 continue;
@@ -53,7 +67,7 @@ pub fn read_curve(path: &Path) -> Result<Curve> {
                 .ok()
                 .filter(|v| (0.0..=1.0).contains(v))
                 .ok_or_else(|| bad("a success is `-` or a number in [0, 1]"))?;
-            series.push((f64::from(iteration), success));
+            series.push((x, success));
         }
     }
     Ok(curve)
@@ -66,16 +80,24 @@ pub fn curves_report(curves: &[(String, PathBuf)], out: &Path) -> Result<String>
     let mut series = Vec::new();
     let mut iterations = 0.0_f64;
     let mut md = String::from(
-        "| run | iterations | first train success | last train success | last val success |\n|---|---|---|---|---|\n",
+        "| run | iterations | val before RL | first train success | last train success | last val success |\n|---|---|---|---|---|---|\n",
     );
     for (name, path) in curves {
         let curve = read_curve(path)?;
         let last = |points: &[(f64, f64)]| points.last().map(|p| p.1);
+        let before = |points: &[(f64, f64)]| {
+            points
+                .iter()
+                .find(|p| p.0 == embodyflow_plots::BEFORE_RL)
+                .map(|p| p.1)
+        };
+        let iterations_run = curve.train.iter().filter(|p| p.0 >= 0.0).count();
+        let first_train = curve.train.iter().find(|p| p.0 >= 0.0).map(|p| p.1);
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} | {} |",
-            curve.train.len(),
-            opt(curve.train.first().map(|p| p.1)),
+            "| {name} | {iterations_run} | {} | {} | {} | {} |",
+            opt(before(&curve.val)),
+            opt(first_train),
             opt(last(&curve.train)),
             opt(last(&curve.val)),
         );
@@ -100,9 +122,18 @@ pub fn curves_report(curves: &[(String, PathBuf)], out: &Path) -> Result<String>
             reason: e.to_string(),
         }
     })?;
+    let drawn_before = series
+        .iter()
+        .flat_map(|(_, points)| points)
+        .any(|p| p.0 == embodyflow_plots::BEFORE_RL);
     let _ = writeln!(
         md,
-        "\n![success per iteration](success.png): x = iteration 0…{}, y = success 0…1; {}.",
+        "\n![success per iteration](success.png): x = {}iteration 0…{}, y = success 0…1; {}.",
+        if drawn_before {
+            "before RL (the policy RL started from), then "
+        } else {
+            ""
+        },
         (iterations - 1.0).max(0.0),
         embodyflow_plots::colour_key(&series)
     );
@@ -119,15 +150,26 @@ mod tests {
         let path = dir.path().join("curve.tsv");
         std::fs::write(
             &path,
-            "iteration\ttrain_success\tval_success\n0\t0.250\t-\n1\t0.5\t0.400\n",
+            "iteration\ttrain_success\tval_success\nbefore\t-\t0.125\n0\t0.250\t-\n1\t0.5\t0.400\n",
         )
         .unwrap();
         let curve = read_curve(&path).unwrap();
         assert_eq!(curve.train, [(0.0, 0.25), (1.0, 0.5)]);
-        assert_eq!(curve.val, [(1.0, 0.4)]);
+        // The figure's val line starts at the policy RL started from.
+        assert_eq!(
+            curve.val,
+            [(embodyflow_plots::BEFORE_RL, 0.125), (1.0, 0.4)]
+        );
         let out = embodyflow_plots::test_dir(dir.path());
         let md = curves_report(&[("grpo".into(), path.clone())], &out).unwrap();
-        assert!(md.contains("| grpo | 2 | 0.250 | 0.500 | 0.400 |"), "{md}");
+        assert!(
+            md.contains("| grpo | 2 | 0.125 | 0.250 | 0.500 | 0.400 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("x = before RL (the policy RL started from), then iteration 0…1"),
+            "{md}"
+        );
         assert!(
             md.contains("blue = grpo: train (sampled rollouts), red = grpo: val (greedy)"),
             "{md}"
@@ -136,7 +178,7 @@ mod tests {
         assert!(png.dark_in(200..440, 0..30) > 50, "no title");
         for (text, why) in [
             ("h\n0\t0.5\n", "expected iteration"),
-            ("h\nzero\t0.5\t-\n", "not a whole number"),
+            ("h\nzero\t0.5\t-\n", "not a whole number or `before`"),
             ("h\n0\t1.5\t-\n", "in [0, 1]"),
         ] {
             std::fs::write(&path, text).unwrap();

@@ -35,9 +35,10 @@
 //! (mean, std, min, max) and the spread of its per-step mean.
 //!
 //! Each `--curve NAME=FILE` is an RL run's success per iteration
-//! (scripts/rl_loop's `curve.tsv`): a table of its first and last figures
-//! and `success.png`, the train success of the sampled rollouts and the
-//! greedy val success per iteration ([`embodyflow_plots::success_curves`]);
+//! (scripts/rl_loop's `curve.tsv`): a table of its figures before RL, first
+//! and last, and `success.png`, the train success of the sampled rollouts
+//! and the greedy val success per iteration, from the policy RL started
+//! from (row `before`, drawn at -1) ([`embodyflow_plots::success_curves`]);
 //! with curves alone the Markdown is `success.md`:
 //!
 //! ```text
@@ -96,8 +97,9 @@ pub struct Args {
     pub teachers: Vec<(String, PathBuf)>,
     /// An RL run's success per iteration: NAME=FILE, a tab-separated
     /// `iteration, train_success, val_success` file with a header line
-    /// (scripts/rl_loop's RUN/curve.tsv; `-` where a value is missing),
-    /// drawn as `success.png`.
+    /// (scripts/rl_loop's RUN/curve.tsv; `-` where a value is missing;
+    /// iteration `before`: the policy RL started from), drawn as
+    /// `success.png`.
     #[arg(long = "curve", value_name = "NAME=FILE", value_parser = named_dir)]
     pub curves: Vec<(String, PathBuf)>,
     /// The policy's tokenizer.json, to draw each token's text in the
