@@ -1162,7 +1162,11 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     grpo.extend(["--set", "estimator=grpo", "--set", "objective=ppo"].map(String::from));
     let refs: Vec<&str> = grpo.iter().map(String::as_str).collect();
     let second = ok(&refs);
-    assert_eq!((&*second["sft"], &*second["it1/update"]), ("cached", "ran"));
+    assert_eq!(
+        (&*second["sft"], &*second["it1/update"]),
+        ("cached", "ran"),
+        "{second:?}"
+    );
     let (update, metrics) = last_update();
     assert!(
         update.contains("| objective | ppo |")
