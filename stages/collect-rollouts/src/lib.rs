@@ -853,7 +853,7 @@ fn one_shot<M: PlanNet>(
 /// What a run's closed-loop episodes came to, beside their success: those
 /// cut at the decision limit, those infrastructure ended, and the
 /// successes that never grasped (`grasp_known`: whether the world tells).
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 struct EpisodeCounts {
     successes: usize,
     truncated: usize,
@@ -872,6 +872,54 @@ impl EpisodeCounts {
             .iter()
             .filter(|e| e.success && e.target_ever_grasped == Some(false))
             .count();
+    }
+
+    /// The summary's closed-loop lines: the success rate over the episodes
+    /// that ran (`samples` drawn), the successes that never grasped, the
+    /// decisions per episode, the throughput (`K = chunk_len`, `T`) and
+    /// where the wall time went.
+    fn add_lines(
+        &self,
+        summary: &mut Summary,
+        samples: usize,
+        totals: &RunTotals,
+        chunk_len: usize,
+        temperature: f64,
+    ) {
+        let EpisodeCounts {
+            successes,
+            truncated,
+            failed,
+            ungrasped_successes,
+            grasp_known,
+        } = *self;
+        // Faulted episodes are no outcome: the rate is over the episodes that ran.
+        let ran = samples - failed;
+        summary
+            .add(
+                "success rate (all drawn episodes)",
+                format!(
+                    "{:.3} ({successes} of {ran}; {truncated} cut at the decision limit; {failed} ended by an infrastructure fault, left out)",
+                    successes as f64 / ran.max(1) as f64
+                ),
+            )
+            .add(
+                "successes that never grasped",
+                if grasp_known {
+                    format!("{ungrasped_successes} of {successes}")
+                } else {
+                    "- (the world has no grasp fact)".to_string()
+                },
+            )
+            .add(
+                "mean decisions per episode",
+                format!("{:.1}", totals.decisions as f64 / samples.max(1) as f64),
+            )
+            .add(
+                "closed-loop throughput",
+                totals.throughput(&format!("K = {chunk_len}, T = {temperature}")),
+            )
+            .add("wall time", totals.wall_time());
     }
 }
 
@@ -937,40 +985,14 @@ fn closed_loop(
     let samples = tally.draws * group_size;
     let policy_line = format!("{} (vla, closed loop)", policy.manifest.id);
     let mut summary = summary_head(args, config, &policy_line, draws.wanted, &tally);
-    let EpisodeCounts {
-        successes,
-        truncated,
-        failed,
-        ungrasped_successes,
-        grasp_known,
-    } = counts;
-    // Faulted episodes are no outcome: the rate is over the episodes that ran.
-    let ran = samples - failed;
-    summary
-        .add(
-            "success rate (all drawn episodes)",
-            format!(
-                "{:.3} ({successes} of {ran}; {truncated} cut at the decision limit; {failed} ended by an infrastructure fault, left out)",
-                successes as f64 / ran.max(1) as f64
-            ),
-        )
-        .add(
-            "successes that never grasped",
-            if grasp_known {
-                format!("{ungrasped_successes} of {successes}")
-            } else {
-                "- (the world has no grasp fact)".to_string()
-            },
-        )
-        .add(
-            "mean decisions per episode",
-            format!("{:.1}", totals.decisions as f64 / samples.max(1) as f64),
-        )
-        .add(
-            "closed-loop throughput",
-            totals.throughput(&format!("K = {chunk_len}, T = {}", config.temperature)),
-        )
-        .add("wall time", totals.wall_time());
+    counts.add_lines(
+        &mut summary,
+        samples,
+        &totals,
+        chunk_len,
+        config.temperature,
+    );
+    let failed = counts.failed;
     if let Some(faults) = worlds.faults() {
         summary.add(
             "gym bridge faults",
