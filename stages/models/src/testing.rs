@@ -110,16 +110,20 @@ pub const VLM_SCRIPT: &str = concat!(
 /// transformers' `save_pretrained` (`scripts/vla_trunk_fixture.py`: 2
 /// vision blocks, 2 decoder layers of width 48, patch 4, merge 2, an
 /// embedding of 640 rows), its `tokenizer.json` the tiny tokenizer plus
-/// `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>`. Panics, saying
+/// `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>`; `family`
+/// `qwen3_vl` makes a tied Qwen3-VL with DeepStack instead. Panics, saying
 /// to run `scripts/setup`, without the project venv's transformers.
-pub fn tiny_vlm(dir: &std::path::Path) {
+pub fn tiny_vlm(dir: &std::path::Path, family: &str) {
     let ours = dir.join("ours.json");
-    tiny_tokenizer().save(&ours, false).expect("the tokenizer saves");
+    tiny_tokenizer()
+        .save(&ours, false)
+        .expect("the tokenizer saves");
     let python = embodyflow_hf::testing::PYTHON;
     let out = std::process::Command::new(python)
         .arg(VLM_SCRIPT)
         .arg(dir)
         .arg(&ours)
+        .arg(family)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {python} ({e}): run scripts/setup"));
     assert!(

@@ -16,7 +16,7 @@ fn vlm() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        tiny_vlm(dir.path());
+        tiny_vlm(dir.path(), "qwen2_5_vl");
         dir
     })
     .path()
@@ -313,4 +313,46 @@ fn trunk_configs_are_checked() {
         "qwen9_vl",
     );
     <Vla as PolicyNet>::check(&good).unwrap();
+}
+
+/// A tied Qwen3-VL (DeepStack features added after the first layers) as
+/// the trunk: the action bins are rows of its token embedding, the sampled
+/// log-probs are the rescored ones and a row does not depend on its batch.
+#[test]
+fn a_tied_qwen3_vl_trunk_samples_what_it_rescores() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_vlm(dir.path(), "qwen3_vl");
+    let policy = {
+        let _generator = seed(11);
+        init_on_vlm(
+            dir.path(),
+            &shape(None),
+            ActionTokens::Vocab,
+            true,
+            Device::Cpu,
+        )
+        .unwrap()
+    };
+    let variables = policy.vars.variables();
+    assert!(
+        variables
+            .keys()
+            .any(|n| n.contains("deepstack_merger_list"))
+    );
+    assert!(!variables.contains_key("lm_head.weight"), "tied");
+    let rows = Rows::new(3);
+    let batch = rows.batch();
+    let decisions = policy.model.sample(&batch, &[4, 5, 6], 1.3).unwrap();
+    let stored: Vec<&[u32]> = decisions.iter().map(|d| d.tokens.as_slice()).collect();
+    let scored = tch::no_grad(|| policy.model.token_logprobs(&batch, &stored, 1.3)).unwrap();
+    for (row, d) in decisions.iter().enumerate() {
+        let again = Vec::<f32>::try_from(scored.get(row as i64)).unwrap();
+        for (a, b) in d.token_logprobs.iter().zip(&again) {
+            assert!((a - b).abs() < 1e-5, "row {row}: {a} vs {b}");
+        }
+    }
+    let alone = tch::no_grad(|| policy.model.logits(&batch[1..2])).unwrap();
+    let all = tch::no_grad(|| policy.model.logits(&batch)).unwrap();
+    assert!(max_diff(&alone, &all.narrow(0, 1, 1)) < 1e-5);
+    assert!(all.std(false).double_value(&[]) > 0.1, "logits differ");
 }
