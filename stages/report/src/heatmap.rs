@@ -153,18 +153,7 @@ pub fn heatmap_png(
     rows: &[HeatmapRow],
     tokenizer: Option<&tokenizers::Tokenizer>,
 ) -> Result<()> {
-    use embodyflow_plots::{
-        TOKEN_CELL, TOKEN_STRIP, canvas, colour_bar, diverging, swatch, text, token_axis,
-        token_strip, token_texts,
-    };
-    use plotters::prelude::*;
-    use plotters::style::text_anchor::{HPos, Pos, VPos};
-    const CELL: i32 = TOKEN_CELL;
-    const ROW: i32 = 14;
-    const STRIP: i32 = 8;
-    const LEFT: i32 = 190;
-    const TOP: i32 = 76;
-    const BARS: i32 = 220;
+    use embodyflow_plots::{TOKEN_CELL, TOKEN_STRIP, canvas, colour_bar, token_axis};
     let longest = rows.iter().map(|r| r.advantages.len()).max().unwrap_or(0);
     let scale = rows
         .iter()
@@ -172,100 +161,16 @@ pub fn heatmap_png(
         .fold(0.0f32, |m, v| m.max(v.abs()));
     let band = TOKEN_STRIP + 2 * ROW + 10;
     let body = rows.len().max(1) as i32 * band;
-    let width = (LEFT + longest.max(40) as i32 * CELL + BARS).max(640) as u32;
+    let width = (LEFT + longest.max(40) as i32 * TOKEN_CELL + BARS).max(640) as u32;
     let height = (TOP + body.max(260) + 60) as u32;
     let draw = || -> std::result::Result<(), embodyflow_plots::PlotError> {
         let root = canvas(path, (width, height))?;
-        root.draw(&Text::new(
-            format!("Per-token advantages of the first {} responses", rows.len()),
-            (width as i32 / 2, 8),
-            text(18).pos(Pos::new(HPos::Center, VPos::Top)),
-        ))?;
-        let key = [
-            (RGBColor(40, 160, 60), "successful trajectory"),
-            (RGBColor(150, 150, 150), "failed trajectory"),
-        ];
-        for (k, (colour, name)) in key.into_iter().enumerate() {
-            let x = 10 + k as i32 * 190;
-            root.draw(&swatch(colour)((x, 40)))?;
-            root.draw(&Text::new(
-                name,
-                (x + 16, 40),
-                text(12).pos(Pos::new(HPos::Left, VPos::Center)),
-            ))?;
-        }
-        let step_zero = rows
-            .iter()
-            .flat_map(|r| r.step_adv.iter().flatten())
-            .all(|&v| v == 0.0);
-        let tokens = if tokenizer.is_some() {
-            "token text (read bottom to top)"
-        } else {
-            "token ids (#id: no --tokenizer or --policy given)"
-        };
-        root.draw(&Text::new(
-            format!(
-                "per response: {tokens}, then rows A (upper) and A^S (lower){}",
-                if scale == 0.0 && step_zero {
-                    "; every A and A^S is 0"
-                } else {
-                    ""
-                }
-            ),
-            (10, 58),
-            text(12).pos(Pos::new(HPos::Left, VPos::Center)),
-        ))?;
+        draw_header(&root, rows, width, scale, tokenizer)?;
         for (i, row) in rows.iter().enumerate() {
-            let top = TOP + i as i32 * band;
-            let cells = top + TOKEN_STRIP;
-            let outcome = if row.success { key[0].0 } else { key[1].0 };
-            // Ids share their prefix: the end tells responses apart.
-            let chars: Vec<char> = row.label.chars().collect();
-            let label: String = if chars.len() > 26 {
-                std::iter::once('…')
-                    .chain(chars[chars.len() - 25..].iter().copied())
-                    .collect()
-            } else {
-                row.label.clone()
-            };
-            root.draw(&Text::new(
-                label,
-                (LEFT - STRIP - 40, cells + ROW),
-                text(11).pos(Pos::new(HPos::Right, VPos::Center)),
-            ))?;
-            let texts = token_texts(&row.response_ids, tokenizer);
-            token_strip(&root, (LEFT, cells - 3), CELL, &texts)?;
-            root.draw(&Text::new(
-                "text",
-                (LEFT - STRIP - 32, cells - 3),
-                text(10).pos(Pos::new(HPos::Left, VPos::Bottom)),
-            ))?;
-            for (line, name) in ["A", "A^S"].into_iter().enumerate() {
-                root.draw(&Text::new(
-                    name,
-                    (LEFT - STRIP - 32, cells + line as i32 * ROW + ROW / 2),
-                    text(10).pos(Pos::new(HPos::Left, VPos::Center)),
-                ))?;
-            }
-            root.draw(&Rectangle::new(
-                [(LEFT - STRIP - 4, cells), (LEFT - 4, cells + 2 * ROW)],
-                outcome.filled(),
-            ))?;
-            let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
-            for (line, (values, line_scale)) in lines.into_iter().enumerate() {
-                let Some(values) = values else { continue };
-                let y = cells + line as i32 * ROW;
-                for (t, &value) in values.iter().enumerate() {
-                    let x = LEFT + t as i32 * CELL;
-                    root.draw(&Rectangle::new(
-                        [(x, y), (x + CELL, y + ROW)],
-                        diverging(f64::from(value), f64::from(line_scale)).filled(),
-                    ))?;
-                }
-            }
+            draw_band(&root, row, TOP + i as i32 * band, scale, tokenizer)?;
         }
-        token_axis(&root, (LEFT, TOP + body + 2), CELL, longest)?;
-        let bars_x = LEFT + longest.max(40) as i32 * CELL + 10;
+        token_axis(&root, (LEFT, TOP + body + 2), TOKEN_CELL, longest)?;
+        let bars_x = LEFT + longest.max(40) as i32 * TOKEN_CELL + 10;
         let bar_h = body.clamp(260, 480) as u32;
         let a_bar = root
             .clone()
@@ -282,6 +187,146 @@ pub fn heatmap_png(
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
+}
+
+/// Height of a band's A and A^S rows, pixels.
+const ROW: i32 = 14;
+/// Width of the outcome strip left of a band's rows.
+const STRIP: i32 = 8;
+/// Where the tokens start: the names of the responses are left of it.
+const LEFT: i32 = 190;
+/// Where the first band starts, under the title, the key and the note.
+const TOP: i32 = 76;
+/// Room for the two colour bars right of the tokens.
+const BARS: i32 = 220;
+/// The outcome strip's colours.
+const OUTCOMES: [(plotters::style::RGBColor, &str); 2] = [
+    (
+        plotters::style::RGBColor(40, 160, 60),
+        "successful trajectory",
+    ),
+    (
+        plotters::style::RGBColor(150, 150, 150),
+        "failed trajectory",
+    ),
+];
+
+type Canvas<'a> =
+    plotters::drawing::DrawingArea<plotters::backend::BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// The title, the outcome key and the note on what a band shows (and when
+/// every A and A^S is 0).
+fn draw_header(
+    root: &Canvas<'_>,
+    rows: &[HeatmapRow],
+    width: u32,
+    scale: f32,
+    tokenizer: Option<&tokenizers::Tokenizer>,
+) -> embodyflow_plots::Result<()> {
+    use embodyflow_plots::{swatch, text};
+    use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    root.draw(&Text::new(
+        format!("Per-token advantages of the first {} responses", rows.len()),
+        (width as i32 / 2, 8),
+        text(18).pos(Pos::new(HPos::Center, VPos::Top)),
+    ))?;
+    for (k, (colour, name)) in OUTCOMES.into_iter().enumerate() {
+        let x = 10 + k as i32 * 190;
+        root.draw(&swatch(colour)((x, 40)))?;
+        root.draw(&Text::new(
+            name,
+            (x + 16, 40),
+            text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+    }
+    let step_zero = rows
+        .iter()
+        .flat_map(|r| r.step_adv.iter().flatten())
+        .all(|&v| v == 0.0);
+    let tokens = if tokenizer.is_some() {
+        "token text (read bottom to top)"
+    } else {
+        "token ids (#id: no --tokenizer or --policy given)"
+    };
+    root.draw(&Text::new(
+        format!(
+            "per response: {tokens}, then rows A (upper) and A^S (lower){}",
+            if scale == 0.0 && step_zero {
+                "; every A and A^S is 0"
+            } else {
+                ""
+            }
+        ),
+        (10, 58),
+        text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+    ))?;
+    Ok(())
+}
+
+/// One response's band from `top` down: its name and outcome strip, its
+/// token texts, and its rows of A (scaled to `scale`) and A^S (to 1).
+fn draw_band(
+    root: &Canvas<'_>,
+    row: &HeatmapRow,
+    top: i32,
+    scale: f32,
+    tokenizer: Option<&tokenizers::Tokenizer>,
+) -> embodyflow_plots::Result<()> {
+    use embodyflow_plots::{TOKEN_CELL, TOKEN_STRIP, diverging, text, token_strip, token_texts};
+    use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    let cells = top + TOKEN_STRIP;
+    let outcome = if row.success {
+        OUTCOMES[0].0
+    } else {
+        OUTCOMES[1].0
+    };
+    // Ids share their prefix: the end tells responses apart.
+    let chars: Vec<char> = row.label.chars().collect();
+    let label: String = if chars.len() > 26 {
+        std::iter::once('…')
+            .chain(chars[chars.len() - 25..].iter().copied())
+            .collect()
+    } else {
+        row.label.clone()
+    };
+    root.draw(&Text::new(
+        label,
+        (LEFT - STRIP - 40, cells + ROW),
+        text(11).pos(Pos::new(HPos::Right, VPos::Center)),
+    ))?;
+    let texts = token_texts(&row.response_ids, tokenizer);
+    token_strip(root, (LEFT, cells - 3), TOKEN_CELL, &texts)?;
+    root.draw(&Text::new(
+        "text",
+        (LEFT - STRIP - 32, cells - 3),
+        text(10).pos(Pos::new(HPos::Left, VPos::Bottom)),
+    ))?;
+    for (line, name) in ["A", "A^S"].into_iter().enumerate() {
+        root.draw(&Text::new(
+            name,
+            (LEFT - STRIP - 32, cells + line as i32 * ROW + ROW / 2),
+            text(10).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+    }
+    root.draw(&Rectangle::new(
+        [(LEFT - STRIP - 4, cells), (LEFT - 4, cells + 2 * ROW)],
+        outcome.filled(),
+    ))?;
+    let lines = [(Some(&row.advantages), scale), (row.step_adv.as_ref(), 1.0)];
+    for (line, (values, line_scale)) in lines.into_iter().enumerate() {
+        let Some(values) = values else { continue };
+        let y = cells + line as i32 * ROW;
+        for (t, &value) in values.iter().enumerate() {
+            let x = LEFT + t as i32 * TOKEN_CELL;
+            root.draw(&Rectangle::new(
+                [(x, y), (x + TOKEN_CELL, y + ROW)],
+                diverging(f64::from(value), f64::from(line_scale)).filled(),
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
