@@ -158,6 +158,28 @@ fn the_chunk_slots_are_decoded_in_one_forward_pass() {
     }
 }
 
+/// The log-probs `policy` records when sampling `batch` at T = 1.3 are
+/// those a teacher-forced pass over the stored tokens gives, and the last
+/// row alone has the logits it has in the batch (its instruction padded
+/// there), which differ between bins.
+fn assert_samples_are_rescored(policy: &Checkpoint<Vla>, batch: &[Observation]) {
+    let seeds: Vec<u64> = (4..4 + batch.len() as u64).collect();
+    let decisions = policy.model.sample(batch, &seeds, 1.3).unwrap();
+    let stored: Vec<&[u32]> = decisions.iter().map(|d| d.tokens.as_slice()).collect();
+    let scored = tch::no_grad(|| policy.model.token_logprobs(batch, &stored, 1.3)).unwrap();
+    for (row, d) in decisions.iter().enumerate() {
+        let again = Vec::<f32>::try_from(scored.get(row as i64)).unwrap();
+        for (a, b) in d.token_logprobs.iter().zip(&again) {
+            assert!((a - b).abs() < 1e-5, "row {row}: {a} vs {b}");
+        }
+    }
+    let last = batch.len() - 1;
+    let alone = tch::no_grad(|| policy.model.logits(&batch[last..])).unwrap();
+    let all = tch::no_grad(|| policy.model.logits(batch)).unwrap();
+    assert!(max_diff(&alone, &all.narrow(0, last as i64, 1)) < 1e-5);
+    assert!(all.std(false).double_value(&[]) > 0.1, "logits differ");
+}
+
 /// What a rollout records is what the update recomputes: the sampled
 /// tokens' log-probs (and a thinking policy's stop, value and latents'
 /// predictions) equal a teacher-forced pass over the stored decision.
@@ -166,20 +188,7 @@ fn sampled_log_probs_equal_the_rescored_ones() {
     let rows = Rows::new(3);
     let batch = rows.batch();
     for tokens in [ActionTokens::Head, ActionTokens::Vocab] {
-        let policy = vla_on_vlm(tokens, false, None);
-        let decisions = policy.model.sample(&batch, &[4, 5, 6], 1.3).unwrap();
-        let stored: Vec<&[u32]> = decisions.iter().map(|d| d.tokens.as_slice()).collect();
-        let scored = tch::no_grad(|| policy.model.token_logprobs(&batch, &stored, 1.3)).unwrap();
-        for (row, d) in decisions.iter().enumerate() {
-            let again = Vec::<f32>::try_from(scored.get(row as i64)).unwrap();
-            for (a, b) in d.token_logprobs.iter().zip(&again) {
-                assert!((a - b).abs() < 1e-5, "{tokens:?} row {row}: {a} vs {b}");
-            }
-        }
-        // A row alone gives the logits it has in the batch.
-        let alone = tch::no_grad(|| policy.model.logits(&batch[2..])).unwrap();
-        let all = tch::no_grad(|| policy.model.logits(&batch)).unwrap();
-        assert!(max_diff(&alone, &all.narrow(0, 2, 1)) < 1e-5, "{tokens:?}");
+        assert_samples_are_rescored(&vla_on_vlm(tokens, false, None), &batch);
     }
     let latent = LatentConfig {
         length: 4,
@@ -341,18 +350,5 @@ fn a_tied_qwen3_vl_trunk_samples_what_it_rescores() {
     );
     assert!(!variables.contains_key("lm_head.weight"), "tied");
     let rows = Rows::new(3);
-    let batch = rows.batch();
-    let decisions = policy.model.sample(&batch, &[4, 5, 6], 1.3).unwrap();
-    let stored: Vec<&[u32]> = decisions.iter().map(|d| d.tokens.as_slice()).collect();
-    let scored = tch::no_grad(|| policy.model.token_logprobs(&batch, &stored, 1.3)).unwrap();
-    for (row, d) in decisions.iter().enumerate() {
-        let again = Vec::<f32>::try_from(scored.get(row as i64)).unwrap();
-        for (a, b) in d.token_logprobs.iter().zip(&again) {
-            assert!((a - b).abs() < 1e-5, "row {row}: {a} vs {b}");
-        }
-    }
-    let alone = tch::no_grad(|| policy.model.logits(&batch[1..2])).unwrap();
-    let all = tch::no_grad(|| policy.model.logits(&batch)).unwrap();
-    assert!(max_diff(&alone, &all.narrow(0, 1, 1)) < 1e-5);
-    assert!(all.std(false).double_value(&[]) > 0.1, "logits differ");
+    assert_samples_are_rescored(&policy, &rows.batch());
 }
