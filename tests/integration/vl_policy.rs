@@ -107,6 +107,46 @@ fn collect(root: &Path, policy: &Path, out: &Path) -> Run {
     )
 }
 
+/// The verify rewards of `rollouts` (once) and their advantages under
+/// `estimator`, beside them in `adv-<estimator>`.
+fn advantages(root: &Path, policy: &Path, rollouts: &Path, estimator: &str) -> PathBuf {
+    let at = rollouts.parent().unwrap();
+    let (rewards, out) = (at.join("rewards"), at.join(format!("adv-{estimator}")));
+    let tasks = root.join("data/train");
+    if !rewards.exists() {
+        let args = [
+            "--input",
+            s(rollouts),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&rewards),
+        ];
+        ok(
+            "score-rewards",
+            &[&args[..], &["--set", "reward.fn=verify"]].concat(),
+        );
+    }
+    ok(
+        "compute-advantages",
+        &[
+            "--policy",
+            s(policy),
+            "--input",
+            s(rollouts),
+            "--input",
+            s(&rewards),
+            "--input",
+            s(&tasks),
+            "--out",
+            s(&out),
+            "--set",
+            &format!("estimator={estimator}"),
+        ],
+    );
+    out
+}
+
 #[test]
 fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
     let dir = tempfile::tempdir().unwrap();
@@ -157,38 +197,8 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
         assert_eq!(step.response_ids.len(), step.old_logprobs.len());
     }
 
-    let rewards = root.join("it0/rewards");
-    ok(
-        "score-rewards",
-        &[
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&root.join("data/train")),
-            "--out",
-            s(&rewards),
-            "--set",
-            "reward.fn=verify",
-        ],
-    );
-    for (name, estimator) in [("adv-grpo", "grpo"), ("adv-step", "grpo_step")] {
-        ok(
-            "compute-advantages",
-            &[
-                "--policy",
-                s(&qwen),
-                "--input",
-                s(&rollouts),
-                "--input",
-                s(&rewards),
-                "--input",
-                s(&root.join("data/train")),
-                "--out",
-                s(&root.join("it0").join(name)),
-                "--set",
-                &format!("estimator={estimator}"),
-            ],
-        );
+    for estimator in ["grpo", "grpo_step"] {
+        advantages(root, &qwen, &rollouts, estimator);
     }
     // One GRPO step over all six answers, against the model itself as the
     // KL reference: rescored from the steps rows (image included), the
@@ -201,7 +211,7 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
             "--input",
             s(&rollouts),
             "--input",
-            s(&root.join("it0/adv-step")),
+            s(&root.join("it0/adv-grpo_step")),
             "--out",
             s(&root.join("it1")),
             "--set",
@@ -309,32 +319,11 @@ fn images_the_processor_cannot_take_and_placeholders_without_their_image_exit_2(
     let first = format!("trajectory `{}` step 0", steps[0].trajectory_id);
     steps[0].observation = None;
     write_table(&rollouts, &steps);
-    ok(
-        "score-rewards",
-        &[
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&root.join("data/train")),
-            "--out",
-            s(&root.join("rewards")),
-        ],
-    );
-    ok(
-        "compute-advantages",
-        &[
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&root.join("rewards")),
-            "--out",
-            s(&root.join("adv")),
-        ],
-    );
+    let adv = advantages(root, &qwen, &rollouts, "grpo");
     for (stage, args) in [
         (
             "update-policy",
-            vec!["--input", s(&root.join("adv")), "--set", "mini_batch=6"],
+            vec!["--input", s(&adv), "--set", "mini_batch=6"],
         ),
         (
             "teacher-logp",

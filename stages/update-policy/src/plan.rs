@@ -25,81 +25,42 @@ use crate::config::SftConfig;
 use crate::examples::{Example, SftSet, check_vocabulary, sft_examples};
 use crate::train::Trainable;
 
-impl Trainable for Gpt {
-    fn sft_examples(
-        policy: &Checkpoint,
-        tasks: &[TaskRow],
-        sft: &SftConfig,
-        _seed: u64,
-    ) -> Result<SftSet, ModelError> {
-        plan_sft_set(policy, tasks, sft)
-    }
+/// The plan policies train alike (full fine-tuning): our [`Gpt`], a
+/// Hugging Face decoder (its prompts from its chat template) and a
+/// vision-language model (each prompt with the images its steps row
+/// recorded, `steps.observation`).
+macro_rules! plan_trainable {
+    ($($net:ty),*) => {$(
+        impl Trainable for $net {
+            fn sft_examples(
+                policy: &Checkpoint<$net>,
+                tasks: &[TaskRow],
+                sft: &SftConfig,
+                _seed: u64,
+            ) -> Result<SftSet, ModelError> {
+                plan_sft_set(policy, tasks, sft)
+            }
 
-    fn check_examples(policy: &Checkpoint, examples: &[Example]) -> Result<(), Error> {
-        check_plan_examples(policy, examples)
-    }
+            fn check_examples(
+                policy: &Checkpoint<$net>,
+                examples: &[Example],
+            ) -> Result<(), Error> {
+                check_plan_examples(policy, examples)
+            }
 
-    fn score(
-        policy: &Checkpoint,
-        batch: &[&Example],
-        temperature: f64,
-        entropy: Entropy,
-    ) -> Result<ResponseScores, ModelError> {
-        score_plan_examples(policy, batch, temperature, entropy)
-    }
+            fn score(
+                policy: &Checkpoint<$net>,
+                batch: &[&Example],
+                temperature: f64,
+                entropy: Entropy,
+            ) -> Result<ResponseScores, ModelError> {
+                score_plan_examples(policy, batch, temperature, entropy)
+            }
+        }
+    )*};
 }
 
-/// A Hugging Face decoder trains as our plan policy does (full
-/// fine-tuning), its prompts from its chat template.
-impl Trainable for HfNet {
-    fn sft_examples(
-        policy: &Checkpoint<HfNet>,
-        tasks: &[TaskRow],
-        sft: &SftConfig,
-        _seed: u64,
-    ) -> Result<SftSet, ModelError> {
-        plan_sft_set(policy, tasks, sft)
-    }
-
-    fn check_examples(policy: &Checkpoint<HfNet>, examples: &[Example]) -> Result<(), Error> {
-        check_plan_examples(policy, examples)
-    }
-
-    fn score(
-        policy: &Checkpoint<HfNet>,
-        batch: &[&Example],
-        temperature: f64,
-        entropy: Entropy,
-    ) -> Result<ResponseScores, ModelError> {
-        score_plan_examples(policy, batch, temperature, entropy)
-    }
-}
-
-/// A vision-language model trains as a Hugging Face decoder does, each
-/// prompt with the images its steps row recorded (`steps.observation`).
-impl Trainable for VlPolicy {
-    fn sft_examples(
-        policy: &Checkpoint<VlPolicy>,
-        tasks: &[TaskRow],
-        sft: &SftConfig,
-        _seed: u64,
-    ) -> Result<SftSet, ModelError> {
-        plan_sft_set(policy, tasks, sft)
-    }
-
-    fn check_examples(policy: &Checkpoint<VlPolicy>, examples: &[Example]) -> Result<(), Error> {
-        check_plan_examples(policy, examples)
-    }
-
-    fn score(
-        policy: &Checkpoint<VlPolicy>,
-        batch: &[&Example],
-        temperature: f64,
-        entropy: Entropy,
-    ) -> Result<ResponseScores, ModelError> {
-        score_plan_examples(policy, batch, temperature, entropy)
-    }
-}
+plan_trainable!(Gpt, HfNet, VlPolicy);
 
 /// [`Trainable::sft_examples`] of a plan policy.
 fn plan_sft_set<M: PlanNet>(
