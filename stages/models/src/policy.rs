@@ -32,6 +32,15 @@
 //! (the cache keeps only the running rows) once a quarter of it is done.
 //! Identical prompts in a batch (a group's G samples) are encoded once.
 //!
+//! A prompt is token ids and the images its placeholders stand for
+//! ([`AsPrompt`]: ids alone, `Vec<i32>` or `&[i32]`, are a prompt without
+//! images; [`Prompt`] holds both, [`Checkpoint::prompt`] makes one for a
+//! task). Both the sampler and the scorer hand each row's images to the
+//! network ([`PlanNet::start`], [`PlanNet::response_logits`]): a
+//! vision-language model runs them through its vision encoder, so the
+//! recorded and the recomputed log-probs are of the same image; prompts
+//! are the same when their ids and their images are.
+//!
 //! ```no_run
 //! use embodyflow_models::{checkpoint::Checkpoint, policy::{sample, score_responses, Entropy, Sampling}};
 //! let policy = Checkpoint::load("ckpt".as_ref(), tch::Device::Cpu).unwrap();

@@ -10,7 +10,13 @@
 //! Everything but the network is the Hugging Face decoder's
 //! ([`crate::hf`]): the chat-template prompt, the stop and padding ids, the
 //! tokenizer checks, the left-padded sampling under transformers' mask and
-//! the right-padded scoring. The language model runs under M-RoPE, whose
+//! the right-padded scoring. A prompt with images
+//! ([`Checkpoint::prompt`]) holds the template's image parts
+//! with each placeholder expanded to the image's merged patch count; the
+//! images reach the vision encoder through the processor
+//! ([`VlPolicy::process`]) in sampling and in scoring alike, and
+//! [`PlanNet::check_images`] checks a prompt read back from a table against
+//! its images. The language model runs under M-RoPE, whose
 //! positions on a prompt without an image are the plain ones on all three
 //! axes; a decoding step continues each row at its prompt's offset (kept
 //! in the cache).
