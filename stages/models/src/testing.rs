@@ -23,7 +23,7 @@ use tokenizers::Tokenizer;
 
 use crate::checkpoint::Checkpoint;
 use crate::gpt::GptConfig;
-use crate::policy::{Entropy, PlanNet, Sampled, score_responses};
+use crate::policy::{AsPrompt, Entropy, PlanNet, Sampled, score_responses};
 use crate::tokenizer::train_bpe;
 use crate::vla::{Vla, VlaConfig};
 

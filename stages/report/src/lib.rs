@@ -79,7 +79,7 @@ pub use embodyflow_core::diagnostics::{FlipPart, StepPart, VariantDiagnostics};
 pub use heatmap::{HeatmapRow, heatmap_png, heatmap_rows};
 pub use histogram::histogram_png;
 pub use step_credit::build_report;
-pub use tables::{column_means, groups_with_signal, scan};
+pub use tables::scan;
 
 /// Command line of `report`.
 #[derive(Debug, clap::Parser)]

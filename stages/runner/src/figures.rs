@@ -186,6 +186,81 @@ pub(crate) fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use embodyflow_core::dataset::{TableWriter, WriteOptions};
+    use embodyflow_core::manifest::Producer;
+    use embodyflow_core::schemas::Examples;
+
+    /// Writes `rows` as the table of `R` under `root`; returns its directory.
+    fn write<R: Row>(root: &Path, rows: &[R]) -> std::path::PathBuf {
+        let mut writer =
+            TableWriter::create(root, R::TABLE, WriteOptions::default(), false).unwrap();
+        writer.write_rows(rows).unwrap();
+        let producer = Producer {
+            stage: "test".into(),
+            version: "0".into(),
+            config: serde_json::json!({}),
+            seed: 0,
+            shard: "0/1".into(),
+        };
+        writer.finish(&producer, &[]).unwrap();
+        root.join(R::TABLE.as_str())
+    }
+
+    fn reward(group: &str, score: f32, infra_fault: Option<bool>) -> RewardRow {
+        RewardRow {
+            group_id: group.into(),
+            trajectory_id: format!("{group}/{score}/{infra_fault:?}"),
+            score,
+            success: score > 0.0,
+            infra_fault,
+            ..RewardRow::examples()[0].clone()
+        }
+    }
+
+    #[test]
+    fn rewards_of_episodes_ended_by_infrastructure_are_no_outcome() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = write(
+            tmp.path(),
+            &[
+                reward("all-fail", -1.0, None),
+                reward("all-fail", -1.0, Some(false)),
+                reward("mixed", -1.0, None),
+                reward("mixed", 1.0, None),
+                reward("partial", 0.5, None),
+                reward("partial", 0.7, None),
+                reward("alone", 1.0, None),
+                // A fault is no outcome: "faulted" has one score, no signal.
+                reward("faulted", 1.0, None),
+                reward("faulted", -1.0, Some(true)),
+            ],
+        );
+        let outcomes = outcome_rewards(&dir).unwrap();
+        assert_eq!(outcomes.len(), 8);
+        assert_eq!(groups_with_signal(&outcomes), (2, 5));
+        let mean = score_mean(&dir).unwrap();
+        assert!((mean - 1.2 / 8.0).abs() < 1e-6, "{mean}");
+    }
+
+    #[test]
+    fn eval_success_leaves_out_episodes_with_a_failure_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        let row = |run: i32, success: bool, failure_reason: Option<&str>| EvalRow {
+            run,
+            success,
+            failure_reason: failure_reason.map(str::to_string),
+            ..EvalRow::examples()[0].clone()
+        };
+        let dir = write(
+            tmp.path(),
+            &[
+                row(0, true, None),
+                row(1, false, None),
+                row(2, false, Some("worker crashed")),
+            ],
+        );
+        assert_eq!(eval_success(&dir), Some(0.5));
+    }
 
     #[test]
     fn train_success_sums_the_drawn_samples_of_every_shard() {
