@@ -357,10 +357,18 @@ fn the_rl_loop_curve_starts_at_the_policy_before_rl() {
     let root = dir.path();
     prepare(root);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rl_loop");
-    let bin_dir = embodyflow_tests::bin("evaluate").parent().unwrap().to_path_buf();
+    let bin_dir = embodyflow_tests::bin("evaluate")
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let rl = root.join("rl");
     let output = std::process::Command::new(&script)
-        .args([s(&rl), s(&root.join("sft/policy")), s(&root.join("data")), "1"])
+        .args([
+            s(&rl),
+            s(&root.join("sft/policy")),
+            s(&root.join("data")),
+            "1",
+        ])
         .envs([("BIN", s(&bin_dir)), ("TASKS", "2"), ("G", "2")])
         .output()
         .unwrap();
@@ -383,11 +391,19 @@ fn the_rl_loop_curve_starts_at_the_policy_before_rl() {
     assert_eq!(rows[0], "iteration\ttrain_success\tval_success");
     assert_eq!(rows[1], format!("before\t-\t{before}"), "{curve}");
     assert!(rows[2].starts_with("0\t"), "{curve}");
-    assert!(stdout.contains(&format!("val success {before}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("val success {before}")),
+        "{stdout}"
+    );
     let report = root.join("report");
     let md = ok(
         "report",
-        &["--curve", &format!("grpo={}", s(&rl.join("curve.tsv"))), "--out", s(&report)],
+        &[
+            "--curve",
+            &format!("grpo={}", s(&rl.join("curve.tsv"))),
+            "--out",
+            s(&report),
+        ],
     );
     assert!(md.contains("val before RL"), "{md}");
     assert!(md.contains(&format!("| grpo | 1 | {before} |")), "{md}");

@@ -327,7 +327,12 @@ fn run_log_keys(out: &Path) -> Vec<(String, u64, String, String)> {
         .skip(1)
         .map(|l| {
             let r: Vec<&str> = l.split(',').collect();
-            (r[1].to_string(), r[2].parse().unwrap(), r[3].to_string(), r[5].to_string())
+            (
+                r[1].to_string(),
+                r[2].parse().unwrap(),
+                r[3].to_string(),
+                r[5].to_string(),
+            )
         })
         .collect();
     keys.sort();
@@ -356,7 +361,10 @@ fn assert_killed_run_log(killed: &Path, whole: &Path) {
         .lines()
         .map(|l| {
             let mut f = l.split(' ');
-            (f.next().unwrap().to_string(), f.next().unwrap().parse().unwrap())
+            (
+                f.next().unwrap().to_string(),
+                f.next().unwrap().parse().unwrap(),
+            )
         })
         .collect();
     read.sort();
@@ -419,7 +427,11 @@ fn a_run_killed_mid_step_resumes_and_gives_the_same_outputs() {
     let (a, b) = (outputs(&whole), outputs(&killed));
     assert_eq!(a.len(), 13);
     assert_same_outputs(&a, &b, &whole, &killed);
-    assert_eq!(run_log_keys(&killed), run_log_keys(&whole), "the resumed run's log");
+    assert_eq!(
+        run_log_keys(&killed),
+        run_log_keys(&whole),
+        "the resumed run's log"
+    );
     assert_run_log(&killed, &["default"]);
 }
 
