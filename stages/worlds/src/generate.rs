@@ -62,8 +62,9 @@
 use std::collections::BTreeMap;
 
 use embodyflow_core::Result;
-use embodyflow_core::cli::StageArgs;
+use embodyflow_core::cli::{ShardSpec, StageArgs};
 use embodyflow_core::config::{at_least, ensure};
+use embodyflow_core::dataset::TableWriter;
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -404,156 +405,207 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
         &args.stage,
     )?;
     let config = &stage.config;
-    let split = config.split;
     stage.check_outputs(&[TableName::Tasks])?;
-    let seed = stage.args.seed;
-    let mut writer = stage.writer(TableName::Tasks)?;
-    let mut rows: Vec<TaskRow> = Vec::new();
-    let mut summary = Summary::new(format!("generate-tasks ({split})"));
-    summary.add("shard", stage.args.shard).add("seed", seed);
+    let (shard, seed) = (stage.args.shard, stage.args.seed);
+    let mut summary = Summary::new(format!("generate-tasks ({})", config.split));
+    summary.add("shard", shard).add("seed", seed);
+    let mut sink = TaskSink {
+        writer: stage.writer(TableName::Tasks)?,
+        rows: Vec::new(),
+        summary,
+    };
     match config.env {
-        Env::Household => {
-            let mut by_type: BTreeMap<&'static str, usize> =
-                TaskType::ALL.iter().map(|t| (t.as_str(), 0)).collect();
-            let (mut steps, mut owned) = (0usize, 0usize);
-            for index in 0..config.count {
-                let id = format!("household/{split}/{seed}/{index:06}");
-                if !stage.args.shard.owns(&id) {
-                    continue;
-                }
-                let task = generate_task(split, seed, index);
-                let row = image_task_row(&task, config.image_size)
-                    .expect("validate checked the image size");
-                *by_type.entry(task.task_type.as_str()).or_default() += 1;
-                steps += row.gt_actions.as_ref().map_or(0, Vec::len);
-                owned += 1;
-                rows.push(row);
-                if rows.len() >= 4096 {
-                    writer.write_rows(&rows)?;
-                    rows.clear();
-                }
-            }
-            summary.add("tasks", owned).add(
-                "mean expert plan length",
-                format!("{:.2}", steps as f64 / owned.max(1) as f64),
-            );
-            for (name, n) in by_type {
-                summary.add(name, n);
-            }
-        }
-        Env::Tabletop => {
-            let choice = config.suite.unwrap_or(SuiteChoice::All);
-            // (task index within its suite, initial state) in table order.
-            let keys: Vec<(usize, Option<u32>)> = match config.protocol {
-                Protocol::Layouts => (0..config.count).map(|i| (i, None)).collect(),
-                Protocol::InitialStates => (0..config.states)
-                    .flat_map(|state| (0..config.count).map(move |i| (i, Some(state))))
-                    .collect(),
-            };
-            let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
-            let mut owned = 0usize;
-            for (i, state) in keys {
-                let (suite, index) = choice.task(i);
-                let (name, split) = (suite.as_str(), split.as_str());
-                let id = match state {
-                    Some(state) => tabletop::scene::state_id_of(name, split, seed, index, state),
-                    None => tabletop::scene::task_id_of(name, split, seed, index),
-                };
-                if !stage.args.shard.owns(&id) {
-                    continue;
-                }
-                let task = match state {
-                    Some(state) => tabletop::initial_state(suite, seed, index, config.split, state)
-                        .map_err(|e| embodyflow_core::Error::BadInput(e.to_string()))?,
-                    None => tabletop::generate(suite, config.split, seed, index),
-                };
-                *by_type
-                    .entry(format!("{suite}: {}", task.task_type))
-                    .or_default() += 1;
-                owned += 1;
-                rows.push(tabletop::task_row(&task));
-                if rows.len() >= 4096 {
-                    writer.write_rows(&rows)?;
-                    rows.clear();
-                }
-            }
-            summary.add("env", "tabletop").add("tasks", owned);
-            if config.protocol == Protocol::InitialStates {
-                summary
-                    .add("protocol", "initial-states")
-                    .add("initial states per task", config.states);
-            }
-            for (name, n) in by_type {
-                summary.add(name, n);
-            }
-        }
-        Env::Gym => {
-            let keys = &config.gym;
-            // (env id, task id, reset seed) in table order.
-            let draws: Vec<(&String, String, u64)> = match config.protocol {
-                Protocol::Layouts => (0..config.count)
-                    .map(|i| {
-                        let env_id = &keys.env_ids[i % keys.env_ids.len()];
-                        let index = i / keys.env_ids.len();
-                        let id = format!("gym-{}/{env_id}/{split}/{seed}/{index:06}", keys.adapter);
-                        (env_id, id, reset_seed(seed, split.as_str(), env_id, index))
-                    })
-                    .collect(),
-                Protocol::InitialStates => (0..u64::from(config.states))
-                    .flat_map(|state| {
-                        keys.env_ids[..config.count]
-                            .iter()
-                            .map(move |id| (id, state))
-                    })
-                    .map(|(env_id, state)| {
-                        let state = keys.first_state + state;
-                        let id = format!("gym-{}/{env_id}@{split}/{state}", keys.adapter);
-                        (env_id, id, state)
-                    })
-                    .collect(),
-            };
-            let mut tasks = Vec::new();
-            for (env_id, id, reset) in draws {
-                if !stage.args.shard.owns(&id) {
-                    continue;
-                }
-                let mut spec = GymTaskSpec::new(&keys.adapter, env_id, reset, keys.max_steps);
-                spec.kwargs = keys.kwargs.clone();
-                spec.instruction.clone_from(&keys.instruction);
-                spec.success.clone_from(&keys.success);
-                tasks.push(GymTask { task_id: id, spec });
-            }
-            let (instructions, rule) = gym_instructions(&mut tasks, keys)?;
-            let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
-            for (task, instruction) in tasks.iter().zip(instructions) {
-                let mut row = gym::task_row(&task.task_id, split.as_str(), &task.spec)?;
-                row.task_type = Some(task.spec.env_id.clone());
-                row.instruction = instruction;
-                *by_type.entry(task.spec.env_id.clone()).or_default() += 1;
-                rows.push(row);
-            }
-            summary
-                .add("env", format!("gym:{}", keys.adapter))
-                .add("tasks", tasks.len())
-                .add(
-                    "success rule",
-                    rule.map_or("the adapter's own".into(), |r| r.to_string()),
-                );
-            if config.protocol == Protocol::InitialStates {
-                let first = keys.first_state;
-                summary.add("protocol", "initial-states").add(
-                    "initial states (reset seeds)",
-                    format!("{first}..{}", first + u64::from(config.states)),
-                );
-            }
-            for (name, n) in by_type {
-                summary.add(name, n);
-            }
-        }
+        Env::Household => household_tasks(config, shard, seed, &mut sink)?,
+        Env::Tabletop => tabletop_tasks(config, shard, seed, &mut sink)?,
+        Env::Gym => gym_tasks(config, shard, seed, &mut sink)?,
     }
+    let TaskSink {
+        mut writer,
+        rows,
+        summary,
+    } = sink;
     writer.write_rows(&rows)?;
     stage.finish(writer)?;
     stage.commit(&summary)?;
+    Ok(())
+}
+
+/// Where a world's tasks go: the table writer, the rows waiting for it,
+/// and the summary the world adds its counts to.
+struct TaskSink {
+    writer: TableWriter,
+    rows: Vec<TaskRow>,
+    summary: Summary,
+}
+
+impl TaskSink {
+    /// Adds `row`; the waiting rows are written once 4096 wait.
+    fn push(&mut self, row: TaskRow) -> Result<()> {
+        self.rows.push(row);
+        if self.rows.len() >= 4096 {
+            self.writer.write_rows(&self.rows)?;
+            self.rows.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The household world's tasks of the shard, counted by type.
+fn household_tasks(
+    config: &Config,
+    shard: ShardSpec,
+    seed: u64,
+    sink: &mut TaskSink,
+) -> std::result::Result<(), WorldsError> {
+    let split = config.split;
+    let mut by_type: BTreeMap<&'static str, usize> =
+        TaskType::ALL.iter().map(|t| (t.as_str(), 0)).collect();
+    let (mut steps, mut owned) = (0usize, 0usize);
+    for index in 0..config.count {
+        let id = format!("household/{split}/{seed}/{index:06}");
+        if !shard.owns(&id) {
+            continue;
+        }
+        let task = generate_task(split, seed, index);
+        let row =
+            image_task_row(&task, config.image_size).expect("validate checked the image size");
+        *by_type.entry(task.task_type.as_str()).or_default() += 1;
+        steps += row.gt_actions.as_ref().map_or(0, Vec::len);
+        owned += 1;
+        sink.push(row)?;
+    }
+    sink.summary.add("tasks", owned).add(
+        "mean expert plan length",
+        format!("{:.2}", steps as f64 / owned.max(1) as f64),
+    );
+    for (name, n) in by_type {
+        sink.summary.add(name, n);
+    }
+    Ok(())
+}
+
+/// The tabletop world's tasks of the shard (layouts, or tasks x initial
+/// states), counted by suite and type.
+fn tabletop_tasks(
+    config: &Config,
+    shard: ShardSpec,
+    seed: u64,
+    sink: &mut TaskSink,
+) -> std::result::Result<(), WorldsError> {
+    let split = config.split;
+    let choice = config.suite.unwrap_or(SuiteChoice::All);
+    // (task index within its suite, initial state) in table order.
+    let keys: Vec<(usize, Option<u32>)> = match config.protocol {
+        Protocol::Layouts => (0..config.count).map(|i| (i, None)).collect(),
+        Protocol::InitialStates => (0..config.states)
+            .flat_map(|state| (0..config.count).map(move |i| (i, Some(state))))
+            .collect(),
+    };
+    let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+    let mut owned = 0usize;
+    for (i, state) in keys {
+        let (suite, index) = choice.task(i);
+        let (name, split) = (suite.as_str(), split.as_str());
+        let id = match state {
+            Some(state) => tabletop::scene::state_id_of(name, split, seed, index, state),
+            None => tabletop::scene::task_id_of(name, split, seed, index),
+        };
+        if !shard.owns(&id) {
+            continue;
+        }
+        let task = match state {
+            Some(state) => tabletop::initial_state(suite, seed, index, config.split, state)
+                .map_err(|e| embodyflow_core::Error::BadInput(e.to_string()))?,
+            None => tabletop::generate(suite, config.split, seed, index),
+        };
+        *by_type
+            .entry(format!("{suite}: {}", task.task_type))
+            .or_default() += 1;
+        owned += 1;
+        sink.push(tabletop::task_row(&task))?;
+    }
+    sink.summary.add("env", "tabletop").add("tasks", owned);
+    if config.protocol == Protocol::InitialStates {
+        sink.summary
+            .add("protocol", "initial-states")
+            .add("initial states per task", config.states);
+    }
+    for (name, n) in by_type {
+        sink.summary.add(name, n);
+    }
+    Ok(())
+}
+
+/// Bridge tasks of the shard, their instructions from the adapter (or
+/// `gym.instruction`), counted by env id.
+fn gym_tasks(
+    config: &Config,
+    shard: ShardSpec,
+    seed: u64,
+    sink: &mut TaskSink,
+) -> std::result::Result<(), WorldsError> {
+    let split = config.split;
+    let keys = &config.gym;
+    // (env id, task id, reset seed) in table order.
+    let draws: Vec<(&String, String, u64)> = match config.protocol {
+        Protocol::Layouts => (0..config.count)
+            .map(|i| {
+                let env_id = &keys.env_ids[i % keys.env_ids.len()];
+                let index = i / keys.env_ids.len();
+                let id = format!("gym-{}/{env_id}/{split}/{seed}/{index:06}", keys.adapter);
+                (env_id, id, reset_seed(seed, split.as_str(), env_id, index))
+            })
+            .collect(),
+        Protocol::InitialStates => (0..u64::from(config.states))
+            .flat_map(|state| {
+                keys.env_ids[..config.count]
+                    .iter()
+                    .map(move |id| (id, state))
+            })
+            .map(|(env_id, state)| {
+                let state = keys.first_state + state;
+                let id = format!("gym-{}/{env_id}@{split}/{state}", keys.adapter);
+                (env_id, id, state)
+            })
+            .collect(),
+    };
+    let mut tasks = Vec::new();
+    for (env_id, id, reset) in draws {
+        if !shard.owns(&id) {
+            continue;
+        }
+        let mut spec = GymTaskSpec::new(&keys.adapter, env_id, reset, keys.max_steps);
+        spec.kwargs = keys.kwargs.clone();
+        spec.instruction.clone_from(&keys.instruction);
+        spec.success.clone_from(&keys.success);
+        tasks.push(GymTask { task_id: id, spec });
+    }
+    let (instructions, rule) = gym_instructions(&mut tasks, keys)?;
+    let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+    for (task, instruction) in tasks.iter().zip(instructions) {
+        let mut row = gym::task_row(&task.task_id, split.as_str(), &task.spec)?;
+        row.task_type = Some(task.spec.env_id.clone());
+        row.instruction = instruction;
+        *by_type.entry(task.spec.env_id.clone()).or_default() += 1;
+        sink.push(row)?;
+    }
+    sink.summary
+        .add("env", format!("gym:{}", keys.adapter))
+        .add("tasks", tasks.len())
+        .add(
+            "success rule",
+            rule.map_or("the adapter's own".into(), |r| r.to_string()),
+        );
+    if config.protocol == Protocol::InitialStates {
+        let first = keys.first_state;
+        sink.summary.add("protocol", "initial-states").add(
+            "initial states (reset seeds)",
+            format!("{first}..{}", first + u64::from(config.states)),
+        );
+    }
+    for (name, n) in by_type {
+        sink.summary.add(name, n);
+    }
     Ok(())
 }
 

@@ -42,7 +42,7 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::policy::Entropy;
-use embodyflow_models::vla::{LatentConfig, Vla};
+use embodyflow_models::vla::{LatentConfig, LatentScores, Observation, Vla};
 use embodyflow_rollout::sampling_seed;
 use tch::{Kind, Tensor};
 
@@ -263,154 +263,205 @@ pub fn own_loss(
     let group = latent.group as usize;
     let stops: Vec<usize> = thoughts.iter().map(|t| t.latent_len / group - 1).collect();
     let per = model_config.n_action_tokens() as usize;
-    let d = model_config.action_dim as usize;
     let tokens = padded_chunks(batch, per);
     let chunks: Vec<&[u32]> = tokens.chunks(per).collect();
-    let share = batch.len() as f64 / denominators.sequences;
-    match config.objective {
-        Objective::Sft => {
-            let valid: Vec<usize> = batch.iter().map(|e| e.response.len() / d).collect();
-            let warm = policy.model.warmup_loss(
-                &rows,
-                &latents,
-                &stops,
-                &chunks,
-                Some(&valid),
-                config.sft.warmup,
-            )?;
-            Ok(Some(OwnLoss {
-                loss: warm.total * share,
-                pg_loss: warm.action * share,
-                entropy: warm.entropy * share,
-                latent: warm.latent * share,
-                end: warm.end * share,
-                value: None,
-                clipfrac: 0.0,
-                clipfrac_lower: 0.0,
-                approx_kl: 0.0,
-                tokens: batch.iter().map(|e| e.response.len() as u64).sum(),
-            }))
+    let decisions = Decisions {
+        batch,
+        rows: &rows,
+        thoughts: &thoughts,
+        latents: &latents,
+        stops: &stops,
+        chunks: &chunks,
+        per,
+        share: batch.len() as f64 / denominators.sequences,
+    };
+    let loss = match config.objective {
+        Objective::Sft => decisions.warmup(policy, config)?,
+        Objective::Lapo => decisions.lapo(policy, config, denominators)?,
+        Objective::Ppo => decisions.ppo(policy, config, denominators)?,
+    };
+    Ok(Some(loss))
+}
+
+/// A thinking micro-batch decoded once for the objective that scores it:
+/// each decision's observation, stored latents, chosen stop and action
+/// chunk (padded to `per` tokens), and the batch's share of the sequences.
+struct Decisions<'a> {
+    batch: &'a [&'a Example],
+    rows: &'a [Observation<'a>],
+    thoughts: &'a [&'a ExampleThought],
+    latents: &'a [&'a [f32]],
+    stops: &'a [usize],
+    chunks: &'a [&'a [u32]],
+    per: usize,
+    share: f64,
+}
+
+impl Decisions<'_> {
+    /// The warm-up's behaviour cloning with latent targets
+    /// (`objective = sft`).
+    fn warmup(&self, policy: &Checkpoint<Vla>, config: &Config) -> Result<OwnLoss, ModelError> {
+        let d = policy.model.config().action_dim as usize;
+        let valid: Vec<usize> = self.batch.iter().map(|e| e.response.len() / d).collect();
+        let warm = policy.model.warmup_loss(
+            self.rows,
+            self.latents,
+            self.stops,
+            self.chunks,
+            Some(&valid),
+            config.sft.warmup,
+        )?;
+        let share = self.share;
+        Ok(OwnLoss {
+            loss: warm.total * share,
+            pg_loss: warm.action * share,
+            entropy: warm.entropy * share,
+            latent: warm.latent * share,
+            end: warm.end * share,
+            value: None,
+            clipfrac: 0.0,
+            clipfrac_lower: 0.0,
+            approx_kl: 0.0,
+            tokens: self.batch.iter().map(|e| e.response.len() as u64).sum(),
+        })
+    }
+
+    /// The policy's scores of the stored decisions at the rollout's
+    /// temperature, with the entropy as a metric.
+    fn scores(&self, policy: &Checkpoint<Vla>) -> Result<LatentScores, ModelError> {
+        Ok(policy.model.latent_scores(
+            self.rows,
+            self.latents,
+            self.stops,
+            self.chunks,
+            f64::from(self.batch[0].temperature),
+            Entropy::Metric,
+        )?)
+    }
+
+    /// The mean per-token entropy of `scores`, as the batch's share.
+    fn entropy(&self, scores: &LatentScores) -> f64 {
+        let entropy = scores
+            .entropy
+            .as_ref()
+            .expect("asked for")
+            .mean(Kind::Float)
+            .double_value(&[]);
+        entropy * self.share
+    }
+
+    /// LAPO's action, stop and latent surrogates and the clipped value
+    /// loss (`objective = lapo`).
+    fn lapo(
+        &self,
+        policy: &Checkpoint<Vla>,
+        config: &Config,
+        denominators: Denominators,
+    ) -> Result<OwnLoss, ModelError> {
+        let scores = self.scores(policy)?;
+        let device = policy.vars.device();
+        let b = self.batch.len() as i64;
+        let column = |values: Vec<f32>| Tensor::from_slice(&values).to(device);
+        let old_logprobs: Vec<f32> = self
+            .batch
+            .iter()
+            .flat_map(|e| e.old_logprobs.iter().copied())
+            .collect();
+        let old_logprobs = column(old_logprobs).view([b, self.per as i64]);
+        let old_latents = column(self.latents.concat()).view_as(&scores.latents);
+        let latent_mask = policy.model.chosen_latents(self.stops)?;
+        let advantages = column(self.batch.iter().map(|e| e.advantages[0]).collect());
+        let thoughts = self.thoughts;
+        let old_end = column(thoughts.iter().map(|t| t.old_stop_logprob).collect());
+        let old_values = column(thoughts.iter().map(|t| t.old_value).collect());
+        let returns = column(thoughts.iter().map(|t| t.target_return).collect());
+        let valid = Tensor::ones([b], (Kind::Float, device));
+        let out = lapo_loss(
+            &LapoBatch {
+                action_logprobs: &scores.token_logprobs,
+                old_action_logprobs: &old_logprobs,
+                end_logprob: &scores.stop_logprobs,
+                old_end_logprob: &old_end,
+                latents: &scores.latents,
+                old_latents: &old_latents,
+                latent_mask: &latent_mask,
+                advantages: &advantages,
+                values: &scores.values,
+                old_values: &old_values,
+                returns: &returns,
+                mask: &valid,
+            },
+            &config.ppo,
+            &config.lapo,
+            denominators.sequences,
+        )
+        .map_err(|e| ModelError::Torch(e.to_string()))?;
+        Ok(OwnLoss {
+            loss: out.loss,
+            pg_loss: out.action.loss,
+            entropy: self.entropy(&scores),
+            latent: out.latent.loss,
+            end: out.end.loss,
+            value: Some(out.value),
+            clipfrac: out.action.clipfrac,
+            clipfrac_lower: out.action.clipfrac_lower,
+            approx_kl: out.action.approx_kl,
+            tokens: (self.batch.len() * self.per) as u64,
+        })
+    }
+
+    /// The token-level clipped surrogate on the sampled action tokens and
+    /// stop behind the stored latents (`objective = ppo`): no latent term,
+    /// no value loss.
+    fn ppo(
+        &self,
+        policy: &Checkpoint<Vla>,
+        config: &Config,
+        denominators: Denominators,
+    ) -> Result<OwnLoss, ModelError> {
+        if config.ppo.kl_coef > 0.0 || config.ppo.entropy_coef > 0.0 {
+            return Err(Error::Usage(format!(
+                "objective = ppo on a VLA with a latent chain of thought takes ppo.kl_coef = 0 and \
+                 ppo.entropy_coef = 0 (its loss has no KL penalty or entropy bonus); got {} and {}",
+                config.ppo.kl_coef, config.ppo.entropy_coef
+            ))
+            .into());
         }
-        Objective::Lapo => {
-            let temperature = f64::from(batch[0].temperature);
-            let scores = policy.model.latent_scores(
-                &rows,
-                &latents,
-                &stops,
-                &chunks,
-                temperature,
-                Entropy::Metric,
-            )?;
-            let device = policy.vars.device();
-            let b = batch.len() as i64;
-            let column = |values: Vec<f32>| Tensor::from_slice(&values).to(device);
-            let old_logprobs: Vec<f32> = batch
-                .iter()
-                .flat_map(|e| e.old_logprobs.iter().copied())
-                .collect();
-            let old_logprobs = column(old_logprobs).view([b, per as i64]);
-            let old_latents = column(latents.concat()).view_as(&scores.latents);
-            let latent_mask = policy.model.chosen_latents(&stops)?;
-            let advantages = column(batch.iter().map(|e| e.advantages[0]).collect());
-            let old_end = column(thoughts.iter().map(|t| t.old_stop_logprob).collect());
-            let old_values = column(thoughts.iter().map(|t| t.old_value).collect());
-            let returns = column(thoughts.iter().map(|t| t.target_return).collect());
-            let valid = Tensor::ones([b], (Kind::Float, device));
-            let out = lapo_loss(
-                &LapoBatch {
-                    action_logprobs: &scores.token_logprobs,
-                    old_action_logprobs: &old_logprobs,
-                    end_logprob: &scores.stop_logprobs,
-                    old_end_logprob: &old_end,
-                    latents: &scores.latents,
-                    old_latents: &old_latents,
-                    latent_mask: &latent_mask,
-                    advantages: &advantages,
-                    values: &scores.values,
-                    old_values: &old_values,
-                    returns: &returns,
-                    mask: &valid,
-                },
-                &config.ppo,
-                &config.lapo,
-                denominators.sequences,
-            )
-            .map_err(|e| ModelError::Torch(e.to_string()))?;
-            let entropy = scores
-                .entropy
-                .expect("asked for")
-                .mean(Kind::Float)
-                .double_value(&[]);
-            Ok(Some(OwnLoss {
-                loss: out.loss,
-                pg_loss: out.action.loss,
-                entropy: entropy * share,
-                latent: out.latent.loss,
-                end: out.end.loss,
-                value: Some(out.value),
-                clipfrac: out.action.clipfrac,
-                clipfrac_lower: out.action.clipfrac_lower,
-                approx_kl: out.action.approx_kl,
-                tokens: (batch.len() * per) as u64,
-            }))
-        }
-        Objective::Ppo => {
-            if config.ppo.kl_coef > 0.0 || config.ppo.entropy_coef > 0.0 {
-                return Err(Error::Usage(format!(
-                    "objective = ppo on a VLA with a latent chain of thought takes ppo.kl_coef = 0 and \
-                     ppo.entropy_coef = 0 (its loss has no KL penalty or entropy bonus); got {} and {}",
-                    config.ppo.kl_coef, config.ppo.entropy_coef
-                ))
-                .into());
-            }
-            let scores = policy.model.latent_scores(
-                &rows,
-                &latents,
-                &stops,
-                &chunks,
-                f64::from(batch[0].temperature),
-                Entropy::Metric,
-            )?;
-            let b = batch.len() as i64;
-            let rows = sampled_token_rows(batch, &thoughts, per);
-            let device = policy.vars.device();
-            let tensor = |values: &[f32]| Tensor::from_slice(values).to(device).view([b, -1]);
-            let logp = Tensor::cat(
-                &[&scores.token_logprobs, &scores.stop_logprobs.view([b, 1])],
-                1,
-            );
-            // Every decision adds its stop to the step's tokens.
-            let sampled = Denominators {
-                tokens: denominators.tokens + denominators.sequences,
-                sequences: denominators.sequences,
-            };
-            let out = policy_loss(
-                &logp,
-                &tensor(&rows.old_logprobs),
-                &tensor(&rows.advantages),
-                &tensor(&rows.mask),
-                &config.ppo,
-                sampled,
-            );
-            let entropy = scores
-                .entropy
-                .expect("asked for")
-                .mean(Kind::Float)
-                .double_value(&[]);
-            let pg_loss = out.loss.double_value(&[]);
-            Ok(Some(OwnLoss {
-                loss: out.loss,
-                pg_loss,
-                entropy: entropy * share,
-                latent: 0.0,
-                end: 0.0,
-                value: None,
-                clipfrac: out.clipped_tokens / sampled.tokens,
-                clipfrac_lower: out.clipped_lower_tokens / sampled.tokens,
-                approx_kl: out.kl_sum / sampled.tokens,
-                tokens: batch.iter().map(|e| e.response.len() as u64).sum(),
-            }))
-        }
+        let scores = self.scores(policy)?;
+        let b = self.batch.len() as i64;
+        let rows = sampled_token_rows(self.batch, self.thoughts, self.per);
+        let device = policy.vars.device();
+        let tensor = |values: &[f32]| Tensor::from_slice(values).to(device).view([b, -1]);
+        let logp = Tensor::cat(
+            &[&scores.token_logprobs, &scores.stop_logprobs.view([b, 1])],
+            1,
+        );
+        // Every decision adds its stop to the step's tokens.
+        let sampled = Denominators {
+            tokens: denominators.tokens + denominators.sequences,
+            sequences: denominators.sequences,
+        };
+        let out = policy_loss(
+            &logp,
+            &tensor(&rows.old_logprobs),
+            &tensor(&rows.advantages),
+            &tensor(&rows.mask),
+            &config.ppo,
+            sampled,
+        );
+        let pg_loss = out.loss.double_value(&[]);
+        Ok(OwnLoss {
+            loss: out.loss,
+            pg_loss,
+            entropy: self.entropy(&scores),
+            latent: 0.0,
+            end: 0.0,
+            value: None,
+            clipfrac: out.clipped_tokens / sampled.tokens,
+            clipfrac_lower: out.clipped_lower_tokens / sampled.tokens,
+            approx_kl: out.kl_sum / sampled.tokens,
+            tokens: self.batch.iter().map(|e| e.response.len() as u64).sum(),
+        })
     }
 }
 
