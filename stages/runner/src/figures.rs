@@ -183,28 +183,28 @@ pub(crate) fn plot_err(path: &Path) -> impl Fn(PlotError) -> RunnerError + '_ {
     }
 }
 
+/// Writes `rows` as the table of `R` under `root`, produced by `stage`
+/// (tests that give a step's outputs by hand); returns its directory.
+#[cfg(test)]
+pub(crate) fn test_table<R: Row>(root: &Path, stage: &str, rows: &[R]) -> std::path::PathBuf {
+    use embodyflow_core::dataset::{TableWriter, WriteOptions};
+    let mut writer = TableWriter::create(root, R::TABLE, WriteOptions::default(), true).unwrap();
+    writer.write_rows(rows).unwrap();
+    let producer = embodyflow_core::manifest::Producer {
+        stage: stage.into(),
+        version: "0".into(),
+        config: serde_json::json!({}),
+        seed: 0,
+        shard: "0/1".into(),
+    };
+    writer.finish(&producer, &[]).unwrap();
+    root.join(R::TABLE.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::dataset::{TableWriter, WriteOptions};
-    use embodyflow_core::manifest::Producer;
     use embodyflow_core::schemas::Examples;
-
-    /// Writes `rows` as the table of `R` under `root`; returns its directory.
-    fn write<R: Row>(root: &Path, rows: &[R]) -> std::path::PathBuf {
-        let mut writer =
-            TableWriter::create(root, R::TABLE, WriteOptions::default(), false).unwrap();
-        writer.write_rows(rows).unwrap();
-        let producer = Producer {
-            stage: "test".into(),
-            version: "0".into(),
-            config: serde_json::json!({}),
-            seed: 0,
-            shard: "0/1".into(),
-        };
-        writer.finish(&producer, &[]).unwrap();
-        root.join(R::TABLE.as_str())
-    }
 
     fn reward(group: &str, score: f32, infra_fault: Option<bool>) -> RewardRow {
         RewardRow {
@@ -220,8 +220,9 @@ mod tests {
     #[test]
     fn rewards_of_episodes_ended_by_infrastructure_are_no_outcome() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = write(
+        let dir = test_table(
             tmp.path(),
+            "test",
             &[
                 reward("all-fail", -1.0, None),
                 reward("all-fail", -1.0, Some(false)),
@@ -251,8 +252,9 @@ mod tests {
             failure_reason: failure_reason.map(str::to_string),
             ..EvalRow::examples()[0].clone()
         };
-        let dir = write(
+        let dir = test_table(
             tmp.path(),
+            "test",
             &[
                 row(0, true, None),
                 row(1, false, None),

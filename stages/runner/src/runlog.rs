@@ -681,7 +681,6 @@ mod tests {
     /// SFT's optimizer steps, in the CSV and the event file alike.
     #[test]
     fn a_steps_figures_wait_for_every_earlier_update_of_its_cell() {
-        use embodyflow_core::dataset::{TableWriter, WriteOptions};
         use embodyflow_core::schemas::Examples as _;
         let tmp = tempfile::tempdir().unwrap();
         let text = r#"
@@ -707,22 +706,7 @@ inputs = ["tasks"]
             cache::write_record(&instance.dir, &record).unwrap();
         };
         let metrics = MetricRow::examples();
-        let mut writer = TableWriter::create(
-            &plan.instances[0].dir,
-            TableName::Metrics,
-            WriteOptions::default(),
-            true,
-        )
-        .unwrap();
-        writer.write_rows(&metrics).unwrap();
-        let producer = embodyflow_core::manifest::Producer {
-            stage: "update-policy".into(),
-            version: "0".into(),
-            config: serde_json::json!({}),
-            seed: 0,
-            shard: "0/1".into(),
-        };
-        writer.finish(&producer, &[]).unwrap();
+        crate::figures::test_table(&plan.instances[0].dir, "update-policy", &metrics);
         let live = Live::new(&plan);
         let csv = || std::fs::read_to_string(out.join("report/runlog.csv")).unwrap();
         complete(1);

@@ -448,6 +448,13 @@ impl TaskSink {
         }
         Ok(())
     }
+
+    /// Adds each name's task count to the summary, in name order.
+    fn add_counts<K: Into<String>>(&mut self, counts: BTreeMap<K, usize>) {
+        for (name, n) in counts {
+            self.summary.add(name, n);
+        }
+    }
 }
 
 /// The household world's tasks of the shard, counted by type.
@@ -478,9 +485,7 @@ fn household_tasks(
         "mean expert plan length",
         format!("{:.2}", steps as f64 / owned.max(1) as f64),
     );
-    for (name, n) in by_type {
-        sink.summary.add(name, n);
-    }
+    sink.add_counts(by_type);
     Ok(())
 }
 
@@ -530,9 +535,7 @@ fn tabletop_tasks(
             .add("protocol", "initial-states")
             .add("initial states per task", config.states);
     }
-    for (name, n) in by_type {
-        sink.summary.add(name, n);
-    }
+    sink.add_counts(by_type);
     Ok(())
 }
 
@@ -603,9 +606,7 @@ fn gym_tasks(
             format!("{first}..{}", first + u64::from(config.states)),
         );
     }
-    for (name, n) in by_type {
-        sink.summary.add(name, n);
-    }
+    sink.add_counts(by_type);
     Ok(())
 }
 
