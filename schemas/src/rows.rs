@@ -83,6 +83,7 @@ row!(
         pub ever_grasped: Option<bool>,
         pub failure_reason: Option<String>,
         pub infra_fault: Option<bool>,
+        pub source_row: Option<i64>,
     }
 );
 
@@ -360,6 +361,7 @@ impl Examples for TrajectoryRow {
     fn examples() -> Vec<Self> {
         (0..2)
             .map(|s| TrajectoryRow {
+                source_row: None,
                 failure_reason: None,
                 trajectory_id: format!("it0/household/train/7/000000/d0/s{s}"),
                 group_id: "it0/household/train/7/000000/d0".into(),

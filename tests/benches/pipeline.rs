@@ -61,6 +61,7 @@ fn write_in_chunks<R: Row>(dir: &Path, table: TableName, count: usize, make: imp
 
 fn trajectory(i: usize, text: Option<String>) -> TrajectoryRow {
     TrajectoryRow {
+        source_row: None,
         infra_fault: None,
         failure_reason: None,
         trajectory_id: format!("it0/task{:06}/d0/s{}", i / 8, i % 8),

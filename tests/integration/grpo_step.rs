@@ -79,6 +79,7 @@ fn fixture() -> Fixture {
                 .collect();
             steps.push(one_shot_step(&trajectory_id, ids));
             trajectories.push(TrajectoryRow {
+                source_row: None,
                 infra_fault: None,
                 failure_reason: None,
                 trajectory_id,

@@ -684,6 +684,7 @@ fn expert_rollouts(root: &Path, groups: usize) -> std::path::PathBuf {
                 logprobs,
             ));
             trajectories.push(TrajectoryRow {
+                source_row: None,
                 infra_fault: None,
                 failure_reason: None,
                 trajectory_id,

@@ -70,6 +70,7 @@ fn write_fixture(dir: &Path, groups: usize) {
         });
         for (s, response) in responses().into_iter().enumerate() {
             trajectories.push(TrajectoryRow {
+                source_row: None,
                 infra_fault: None,
                 failure_reason: None,
                 trajectory_id: format!("it0/{task_id}/d0/s{s}"),
@@ -358,6 +359,7 @@ fn verify_executes_household_plans() {
         .iter()
         .enumerate()
         .map(|(s, response)| TrajectoryRow {
+            source_row: None,
             infra_fault: None,
             failure_reason: None,
             trajectory_id: format!("it0/{}/d0/s{s}", task.task_id),

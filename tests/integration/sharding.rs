@@ -287,6 +287,7 @@ fn fixture_rollouts(root: &Path, groups: usize) -> PathBuf {
                 ..StepRow::one_shot(trajectory_id.clone(), prompt, response, logprobs)
             });
             trajectories.push(TrajectoryRow {
+                source_row: None,
                 infra_fault: None,
                 failure_reason: None,
                 trajectory_id,

@@ -208,6 +208,7 @@ pub fn rollout_set(
         for (s, &score) in group.iter().enumerate() {
             let trajectory_id = format!("{group_id}/s{s}");
             trajectories.push(TrajectoryRow {
+                source_row: None,
                 infra_fault: None,
                 failure_reason: None,
                 trajectory_id: trajectory_id.clone(),

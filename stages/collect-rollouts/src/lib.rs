@@ -514,6 +514,7 @@ fn rows_of<E: Written>(
             } = episode.facts();
             step_rows.extend(episode.steps(&trajectory_id));
             trajectory_rows.push(TrajectoryRow {
+                source_row: None,
                 trajectory_id,
                 group_id: group_id.clone(),
                 task_id: group.task.task_id.clone(),

@@ -118,6 +118,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(s, id)| TrajectoryRow {
+                source_row: None,
                 trajectory_id: id.to_string(),
                 group_id: "g".into(),
                 task_id: "t".into(),

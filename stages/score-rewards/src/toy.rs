@@ -108,6 +108,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(s, text)| TrajectoryRow {
+                source_row: None,
                 trajectory_id: format!("g/s{s}"),
                 group_id: "g".into(),
                 task_id: "t".into(),

@@ -1528,6 +1528,7 @@ fn rollout_rows(
     let group_id = format!("it{}/{}/d0", row.step, row.uid);
     let trajectory_id = format!("{group_id}/s{sample}");
     let trajectory = TrajectoryRow {
+        source_row: None,
         infra_fault: None,
         trajectory_id: trajectory_id.clone(),
         group_id: group_id.clone(),

@@ -419,6 +419,7 @@ impl FileDemos<'_> {
         let trajectory_id = format!("{group_id}/s0");
         let (rows, actions) = self.steps(reader, demo, &trajectory_id, to_tokens)?;
         let trajectory = TrajectoryRow {
+            source_row: None,
             trajectory_id,
             group_id,
             task_id: self.task_id.to_string(),

@@ -555,6 +555,7 @@ mod tests {
         prompt.push(policy.special.plan);
         let response = encode(&policy.tokenizer, "pick up the Mug").unwrap();
         let trajectory = TrajectoryRow {
+            source_row: None,
             infra_fault: None,
             failure_reason: None,
             trajectory_id: "r0".into(),

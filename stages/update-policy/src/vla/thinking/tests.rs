@@ -215,6 +215,7 @@ fn lapo_inputs(
     for (i, episode) in run.episodes.iter().enumerate() {
         let id = format!("t{i}");
         trajectories.push(TrajectoryRow {
+            source_row: None,
             infra_fault: None,
             failure_reason: None,
             trajectory_id: id.clone(),
