@@ -34,7 +34,7 @@
 //!
 //! ```no_run
 //! # use embodyflow_evaluate::closed_loop::{Layout, evaluate_layouts};
-//! # use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
+//! # use embodyflow_tabletop::ExpertPolicy;
 //! # use embodyflow_algos::action_tokens::ActionBins;
 //! # let (rows, layouts): (Vec<embodyflow_core::schemas::TaskRow>, Vec<Layout<'_>>) = todo!();
 //! # let specs: Vec<embodyflow_tabletop::TaskSpec> = todo!();
@@ -338,10 +338,10 @@ mod tests {
     use embodyflow_algos::action_tokens::ActionBins;
     use embodyflow_core::stage::Summary;
     use embodyflow_core::{Classify, ErrorKind};
-    use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
     use embodyflow_tabletop as tabletop;
     use tabletop::{
-        Expert, ExpertConfig, Split, Status, Strategy, Suite, World, generate, task_row,
+        Expert, ExpertConfig, ExpertPolicy, Split, Status, Strategy, Suite, World, generate,
+        task_row,
     };
 
     const SIZE: usize = 32;

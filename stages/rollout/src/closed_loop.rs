@@ -73,99 +73,10 @@ use embodyflow_core::observation::{self, ObservationError, ObservationShape};
 use embodyflow_core::progress;
 use embodyflow_core::schemas::StepRow;
 use embodyflow_core::{Classify, ErrorKind};
-pub use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
-
-/// What a policy sees at one decision: one row per live episode.
-#[derive(Clone, Copy, Debug)]
-pub struct DecisionBatch<'a> {
-    /// The shape of each row's observation.
-    pub shape: ObservationShape,
-    /// The frames, row after row (`shape.pixel_len()` bytes each).
-    pub frames: &'a [u8],
-    /// The proprio vectors, row after row.
-    pub proprio: &'a [f32],
-    /// Each row's instruction token ids.
-    pub instructions: &'a [&'a [i32]],
-    /// Each row's episode (its index in the world).
-    pub episodes: &'a [usize],
-    /// Each row's sampling seed for this decision.
-    pub seeds: &'a [u64],
-    /// The decision's index in the episodes (the same for every row).
-    pub decision: usize,
-}
-
-impl DecisionBatch<'_> {
-    /// Rows.
-    pub fn len(&self) -> usize {
-        self.episodes.len()
-    }
-
-    /// Whether there is no row.
-    pub fn is_empty(&self) -> bool {
-        self.episodes.is_empty()
-    }
-
-    /// Row `r`'s frame.
-    pub fn frame(&self, r: usize) -> &[u8] {
-        let len = self.shape.pixel_len();
-        &self.frames[r * len..(r + 1) * len]
-    }
-
-    /// Row `r`'s proprio vector.
-    pub fn proprio_of(&self, r: usize) -> &[f32] {
-        let len = self.shape.proprio;
-        &self.proprio[r * len..(r + 1) * len]
-    }
-}
-
-/// One decision of a policy: `K × D` action tokens (bins), step after step
-/// (token `t` is dimension `t % D` of action `t / D`), and the log-prob of
-/// each.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChunkDecision {
-    /// The tokens.
-    pub tokens: Vec<u32>,
-    /// Their log-probs (nats, under the sampling temperature).
-    pub token_logprobs: Vec<f32>,
-    /// What a thinking policy (LaST-R1) decided before acting; `None` for
-    /// a policy without latents.
-    pub thought: Option<Thought>,
-}
-
-/// A thinking policy's latent chain of thought, stop and value at one
-/// decision (the `steps` columns `latents`, `latent_dim`,
-/// `chosen_latent_len`, `old_latent_end_logprob`, `old_value`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Thought {
-    /// Every latent it generated, flattened slot after slot (the chosen
-    /// chain first; the rest enter the stop's softmax).
-    pub latents: Vec<f32>,
-    /// Width of one latent.
-    pub latent_dim: u32,
-    /// Latents before the chosen `<latent_end>`.
-    pub latent_len: u32,
-    /// Log-prob of the chosen stop (nats).
-    pub stop_logprob: f32,
-    /// The value head's estimate at the chosen `<latent_end>`.
-    pub value: f32,
-}
-
-/// A policy that maps observations to action-token chunks.
-pub trait ChunkPolicy {
-    /// Its errors (bad input: e.g. an observation the checkpoint does not
-    /// take; failure: the model failed).
-    type Error: Classify + Send + Sync + 'static;
-    /// Actions per decision, `K`.
-    fn chunk_len(&self) -> usize;
-    /// Dimensions of one action, `D`.
-    fn action_dim(&self) -> usize;
-    /// The observation shape the policy takes.
-    fn observation_shape(&self) -> ObservationShape;
-    /// The token ids of an instruction (the decision's `prompt_ids`).
-    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error>;
-    /// One decision per row of `batch`, in row order.
-    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error>;
-}
+pub use embodyflow_world::{
+    ChunkDecision, ChunkPolicy, ChunkReport, ClosedLoopWorld, DecisionBatch, Thought, WorldError,
+    observed_prompt,
+};
 
 /// Why a closed-loop run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -783,7 +694,6 @@ fn decode_chunks<W: ClosedLoopWorld + ?Sized>(
     Ok(observations)
 }
 
-pub mod expert;
 pub mod vla;
 
 #[cfg(test)]

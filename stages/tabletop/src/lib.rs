@@ -19,7 +19,8 @@
 //!   LIBERO's protocol: train / val / test initial states of the same
 //!   tasks ([`initial_state`]);
 //! - [`expert`]: the scripted expert (waypoints → actions, with noise) and
-//!   the push strategy;
+//!   the push strategy; [`expert_policy`]: it as a closed-loop policy
+//!   (`embodyflow_world::ChunkPolicy`), for the driver and evaluation;
 //! - [`batch`]: many episodes in lockstep (G copies per task, one action
 //!   chunk per decision), observed into contiguous buffers;
 //! - [`episodes`]: a batch behind the closed-loop world interface
@@ -43,6 +44,7 @@
 pub mod batch;
 pub mod episodes;
 pub mod expert;
+pub mod expert_policy;
 pub mod render;
 pub mod rows;
 pub mod scene;
@@ -54,12 +56,13 @@ pub use episodes::{TabletopEpisodes, observation_shape};
 pub use expert::{
     Decision, Demonstration, Episode, Expert, ExpertConfig, Strategy, demonstration, run_episode,
 };
+pub use expert_policy::ExpertPolicy;
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 pub use rows::{ENV, task_from_row, task_row};
 pub use scene::{Goal, TaskSpec};
 pub use suite::{
-    LAYOUT_SPLITS, REGION_HALF_WIDTH, STATE_SPLITS, STATES_PER_TASK, Split, Suite, generate,
-    initial_state, protocol_tasks, reseed,
+    LAYOUT_SPLITS, REGION_HALF_WIDTH, STATE_SPLITS, Split, Suite, generate, initial_state,
+    protocol_tasks, reseed,
 };
 pub use world::{
     ACTION_DIM, Body, GRIPPER_START, Grip, Gripper, PROPRIO_DIM, Status, StepOutcome, Support,

@@ -24,8 +24,8 @@
 //! [`REGION_HALF_WIDTH`]; an initial state moves every object to a uniform
 //! point of its region (redrawn until the checks below hold). The `train`,
 //! `val` and `test` splits are initial states `0, 1, ...` drawn from three
-//! disjoint random streams of the same tasks (LIBERO stores
-//! [`STATES_PER_TASK`] per task); "one demo" is one initial state per task,
+//! disjoint random streams of the same tasks (LIBERO stores 50 per task,
+//! `generate-tasks`' default `states`); "one demo" is one initial state per task,
 //! "full SFT" every train state. New layouts (`val` above) and held-out
 //! goals (`unseen`) stay the generalisation splits.
 //!
@@ -128,9 +128,6 @@ pub const LAYOUT_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Unseen];
 /// The splits of LIBERO's protocol ([`initial_state`]): disjoint initial
 /// states of the same tasks.
 pub const STATE_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Test];
-
-/// Initial states LIBERO stores per task (its `init_states` files).
-pub const STATES_PER_TASK: u32 = 50;
 
 /// Half-width of the square region an object's initial position is drawn
 /// from, around its place in the task's layout (the table is the unit

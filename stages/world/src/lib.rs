@@ -9,7 +9,10 @@
 //! proprio and actions as `f32`, the shape as an
 //! [`ObservationShape`]), and the rollout driver
 //! (`embodyflow_rollout::closed_loop::run_closed_loop`) runs a policy over
-//! any implementation. The tabletop world (`embodyflow_tabletop::TabletopEpisodes`)
+//! any implementation. The policy's side is here too ([`policy`]:
+//! [`ChunkPolicy`], the batch it sees and the decisions it answers), so a
+//! world can offer a scripted policy of its own (the tabletop world's
+//! `ExpertPolicy`) without linking the models. The tabletop world (`embodyflow_tabletop::TabletopEpisodes`)
 //! and the Gymnasium bridge (`embodyflow_gym::GymEpisodes`) implement it,
 //! so neither links libtorch; `embodyflow_worlds` chooses one per task row.
 //!
@@ -85,6 +88,10 @@
 //! [`step_chunks`]: ClosedLoopWorld::step_chunks
 
 use embodyflow_core::observation::ObservationShape;
+
+pub mod policy;
+
+pub use policy::{ChunkDecision, ChunkPolicy, DecisionBatch, Thought};
 
 /// An error of a world while stepping (the driver checks actions first, so
 /// this is a failure of the world).

@@ -10,6 +10,31 @@
 //! (a discrete action's index is its bin, a box action's values are
 //! `bins.encode`d); demonstrations a worker fault ended count as failed.
 //!
+//! Its tasks (`generate-tasks --set env=gym`, keys `gym.*`): `gym.adapter`
+//! (`babyai`, `metaworld`, ...), `gym.env_ids` (task `i` is index `i div n`
+//! of env id `i mod n`, so a list of BabyAI levels alternates),
+//! `gym.max_steps`, `gym.kwargs` (the adapter's, for every task),
+//! `gym.instruction` (for environments that give none, as the generic
+//! adapter's), `gym.success` (the success rule of adapters that take one,
+//! [`SuccessRule`]: the rule in force, the adapter's default when unset, is
+//! written into every spec and named in the summary) and `gym.python` (the
+//! workers' interpreter). Each task's reset seed is a hash of `--seed`, the
+//! split, the env id and the index (so the splits hold disjoint seeds), its
+//! `task_type` is its env id and its instruction is the one the environment
+//! gives at that reset (BabyAI's mission; the bridge resets every task once
+//! to read it, `gym.workers` at a time). Ids read
+//! `gym-<adapter>/<env id>/<split>/<seed>/<index>`; the row holds the spec
+//! JSON in `observation` ([`embodyflow_gym::task_row`]). Under `protocol =
+//! initial-states` it draws environments with fixed, indexed initial states
+//! (LIBERO's 50 per task: the `libero` adapter's reset seed is the index):
+//! `count` tasks (the first `count` of `gym.env_ids`), each at the `states`
+//! initial states `gym.first_state ..` (reset seeds, state-major), ids
+//! `gym-<adapter>/<env id>@<split>/<state>`; the splits are disjoint ranges
+//! of the same tasks' states (e.g. train 0..40, val 40..50, each table
+//! naming its range), a held-out-tasks table other env ids. An index the
+//! environment lacks is refused when the task is reset (exit 2, naming the
+//! task).
+//!
 //! ```
 //! use embodyflow_gym::{GymTask, GymTaskSpec};
 //! use embodyflow_worlds::RUN_SEED_STRIDE;
@@ -20,15 +45,24 @@
 //! assert_eq!(run.spec::<GymTask>().unwrap().spec.seed, 7 + 2 * RUN_SEED_STRIDE);
 //! ```
 
+use std::collections::BTreeMap;
+
 use embodyflow_core::Error;
+use embodyflow_core::cli::ShardSpec;
+use embodyflow_core::config::{ConfigKeys, at_least, ensure};
 use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::section::SectionConfig;
 use embodyflow_gym::{
-    self as bridge, BridgeConfig, ENV_PREFIX, GymEpisodes, GymTask, Pool, task_from_row,
+    self as bridge, BridgeConfig, ENV_PREFIX, GymEpisodes, GymTask, GymTaskSpec, Pool, SuccessRule,
+    task_from_row,
 };
+use embodyflow_world::ClosedLoopWorld;
+use serde::{Deserialize, Serialize};
 
 use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use crate::generate::{Config, Generator, ROOT, Settings, TaskSink};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
-use crate::{PolicyShape, RUN_SEED_STRIDE, WorldOptions, WorldsError};
+use crate::{PolicyShape, RUN_SEED_STRIDE, WorldOptions, Worlds, WorldsError};
 
 /// `env = gym:<adapter>`.
 pub static GYM: Gym = Gym;
@@ -163,6 +197,245 @@ impl World for Gym {
         }
         Ok(format!("{ENV_PREFIX}{}", first.adapter))
     }
+}
+
+/// `gym.*`: which Gymnasium environments (`env = gym`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct GymKeys {
+    /// The bridge's adapter for env = gym (babyai, metaworld, generic, ...).
+    pub adapter: String,
+    /// The environment ids for env = gym, in turn (task i: id i mod n).
+    pub env_ids: Vec<String>,
+    /// Environment steps per episode for env = gym (at least 1).
+    pub max_steps: u32,
+    /// Bridge workers resetting the tasks to read their instructions (at
+    /// least 1).
+    pub workers: usize,
+    /// The adapter's keyword arguments for every task, a JSON object
+    /// (gymnasium.make's for most adapters).
+    pub kwargs: serde_json::Value,
+    /// The instruction of environments that give none (the generic
+    /// adapter's).
+    pub instruction: Option<String>,
+    /// When an episode succeeds (adapters that take a rule, e.g. generic):
+    /// info (the env's info success; the default where the env reports
+    /// one), terminal_reward (terminated with a positive reward), survive
+    /// (reaching truncation or max_steps without terminating),
+    /// return_at_least:X (a return of at least X at the end); unset and no
+    /// info signal: refused.
+    pub success: Option<SuccessRule>,
+    /// The gym bridge workers' Python, e.g. a venv with your adapter
+    /// packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv).
+    pub python: Option<std::path::PathBuf>,
+    /// env = gym with protocol = initial-states: the first initial state
+    /// (reset seed) of the split's range (default 0).
+    pub first_state: u64,
+}
+
+impl Default for GymKeys {
+    fn default() -> Self {
+        GymKeys {
+            adapter: "babyai".into(),
+            env_ids: vec!["BabyAI-GoToLocal-v0".into()],
+            max_steps: 64,
+            workers: 1,
+            kwargs: serde_json::json!({}),
+            instruction: None,
+            success: None,
+            python: None,
+            first_state: 0,
+        }
+    }
+}
+
+/// The bridge's keys in generate-tasks' config: the `gym` table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct GymTable {
+    /// Gymnasium environments (env = gym).
+    #[keys(section)]
+    pub gym: GymKeys,
+}
+
+impl SectionConfig<Config> for GymTable {
+    /// `gym.*` in range whatever the world; under LIBERO's protocol at
+    /// most one task per env id (each task's states are drawn once).
+    fn check(&self, config: &Config) -> embodyflow_core::Result<()> {
+        let keys = &self.gym;
+        if config.is(NAME) && config.initial_states() {
+            ensure(
+                config.count <= keys.env_ids.len(),
+                "count",
+                &format!(
+                    "at most the {} env ids of gym.env_ids: protocol = initial-states draws each task's states once",
+                    keys.env_ids.len()
+                ),
+                config.count,
+            )?;
+        }
+        at_least("gym.max_steps", keys.max_steps, 1)?;
+        at_least("gym.workers", keys.workers, 1)?;
+        ensure(
+            keys.kwargs.is_object(),
+            "gym.kwargs",
+            "a JSON object of keyword arguments",
+            &keys.kwargs,
+        )?;
+        ensure(
+            !keys.env_ids.is_empty() && keys.env_ids.iter().all(|id| !id.is_empty()),
+            "gym.env_ids",
+            "a list of environment ids",
+            format!("{:?}", keys.env_ids),
+        )
+    }
+}
+
+/// Its name in generate-tasks' `env`.
+const NAME: &str = "gym";
+
+impl Generator for Gym {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn settings(&self) -> Option<Settings> {
+        Some(Settings::of::<GymTable>(ROOT))
+    }
+
+    fn initial_states(&self) -> bool {
+        true
+    }
+
+    /// Bridge tasks of the shard, their instructions from the adapter (or
+    /// `gym.instruction`), counted by env id.
+    fn write(
+        &self,
+        config: &Config,
+        shard: ShardSpec,
+        seed: u64,
+        sink: &mut TaskSink,
+    ) -> Result<(), WorldsError> {
+        let GymTable { gym: keys } = config.keys()?;
+        let split = config.split;
+        // (env id, task id, reset seed) in table order.
+        let draws: Vec<(&String, String, u64)> = match config.initial_states() {
+            false => (0..config.count)
+                .map(|i| {
+                    let env_id = &keys.env_ids[i % keys.env_ids.len()];
+                    let index = i / keys.env_ids.len();
+                    let id = format!("gym-{}/{env_id}/{split}/{seed}/{index:06}", keys.adapter);
+                    (env_id, id, reset_seed(seed, split.as_str(), env_id, index))
+                })
+                .collect(),
+            true => (0..u64::from(config.states))
+                .flat_map(|state| {
+                    keys.env_ids[..config.count]
+                        .iter()
+                        .map(move |id| (id, state))
+                })
+                .map(|(env_id, state)| {
+                    let state = keys.first_state + state;
+                    let id = format!("gym-{}/{env_id}@{split}/{state}", keys.adapter);
+                    (env_id, id, state)
+                })
+                .collect(),
+        };
+        let mut tasks = Vec::new();
+        for (env_id, id, reset) in draws {
+            if !shard.owns(&id) {
+                continue;
+            }
+            let mut spec = GymTaskSpec::new(&keys.adapter, env_id, reset, keys.max_steps);
+            spec.kwargs = keys.kwargs.clone();
+            spec.instruction.clone_from(&keys.instruction);
+            spec.success.clone_from(&keys.success);
+            tasks.push(GymTask { task_id: id, spec });
+        }
+        let (instructions, rule) = instructions(&mut tasks, &keys)?;
+        let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+        for (task, instruction) in tasks.iter().zip(instructions) {
+            let mut row = bridge::task_row(&task.task_id, split.as_str(), &task.spec)?;
+            row.task_type = Some(task.spec.env_id.clone());
+            row.instruction = instruction;
+            *by_type.entry(task.spec.env_id.clone()).or_default() += 1;
+            sink.push(row)?;
+        }
+        sink.summary
+            .add("env", format!("{ENV_PREFIX}{}", keys.adapter))
+            .add("tasks", tasks.len())
+            .add(
+                "success rule",
+                rule.map_or("the adapter's own".into(), |r| r.to_string()),
+            );
+        if config.initial_states() {
+            let first = keys.first_state;
+            sink.summary.add("protocol", "initial-states").add(
+                "initial states (reset seeds)",
+                format!("{first}..{}", first + u64::from(config.states)),
+            );
+        }
+        sink.add_counts(by_type);
+        Ok(())
+    }
+}
+
+/// A bridge task's reset seed: BLAKE3 of `--seed`, the split, the env id
+/// and the index, as a non-negative i64 (the `seed` column).
+fn reset_seed(seed: u64, split: &str, env_id: &str, index: usize) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&seed.to_le_bytes());
+    hasher.update(split.as_bytes());
+    hasher.update(&[0]);
+    hasher.update(env_id.as_bytes());
+    hasher.update(&(index as u64).to_le_bytes());
+    let bytes = hasher.finalize();
+    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes")) >> 1
+}
+
+/// The instruction each task's environment gives at its reset (one reset
+/// per task, on `gym.workers` bridge workers; an adapter that gives none
+/// leaves its spec's, or an empty text), and the success rule in force:
+/// the one the adapter announces (its default when `gym.success` is
+/// unset), written into every spec; `None` for an adapter that decides
+/// success itself.
+fn instructions(
+    tasks: &mut [GymTask],
+    keys: &GymKeys,
+) -> Result<(Vec<String>, Option<SuccessRule>), WorldsError> {
+    let Some(first) = tasks.first() else {
+        return Ok((Vec::new(), keys.success.clone()));
+    };
+    let bridge = BridgeConfig {
+        workers: keys.workers,
+        python: BridgeConfig::python(keys.python.as_deref()),
+        ..Default::default()
+    };
+    let info = bridge::probe(&bridge, &first.spec)?;
+    for task in tasks.iter_mut() {
+        task.spec.success.clone_from(&info.success);
+    }
+    let mut worlds = Worlds::new(WorldOptions {
+        image_size: info.shape.height,
+        bins: info.action.bins(),
+        bridge,
+    });
+    let tasks: Vec<WorldTask> = tasks.iter().cloned().map(task).collect();
+    let episodes = worlds.episodes(&tasks, 1)?;
+    let mut instructions = Vec::with_capacity(tasks.len());
+    for (i, task) in tasks.iter().enumerate() {
+        // A task whose environment cannot be reset is no task to write.
+        if let Some(reason) = episodes.start_failure(i) {
+            return Err(Error::BadInput(format!(
+                "task `{}`: its environment could not be reset: {reason}",
+                task.task_id()
+            ))
+            .into());
+        }
+        instructions.push(episodes.instruction(i).to_string());
+    }
+    worlds.done(episodes);
+    Ok((instructions, info.success))
 }
 
 impl WorldEpisodes for GymEpisodes {

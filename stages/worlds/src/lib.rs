@@ -1,14 +1,16 @@
-//! The closed-loop worlds a stage can run, chosen by each task row's `env`
-//! column and listed once, in [`WORLDS`]: each is a [`World`] (one module
-//! of this crate with a `pub static` value) that builds [`WorldTask`]s from
-//! its rows and batches of their episodes ([`Episodes`], a
-//! [`ClosedLoopWorld`] the driver steps). `collect-rollouts`, `evaluate`,
-//! `init-policy` and update-policy's demonstrations go through here, so a
-//! new closed-loop world plugs in with one module and one line of
-//! [`WORLDS`], and no stage names a world.
+//! The worlds the stages know, listed once in [`WORLDS`], one-shot and
+//! closed-loop alike: each declares how `generate-tasks` writes its tasks
+//! ([`Generator`], [`generate`]) and, for a closed-loop world, how its
+//! episodes run: a [`World`] (one module of this crate with a `pub static`
+//! value) that builds [`WorldTask`]s from its rows and batches of their
+//! episodes ([`Episodes`], a [`ClosedLoopWorld`] the driver steps).
+//! `generate-tasks`, `collect-rollouts`, `evaluate`, `init-policy` and
+//! update-policy's demonstrations go through here, so a new world plugs in
+//! with one module and one line of [`WORLDS`], and no stage names a world.
 //!
 //! | `env` | world | a task's run `r > 0` |
 //! |---|---|---|
+//! | `household` | the household planning world, one-shot ([`household::HOUSEHOLD`]; its plans run in `embodyflow_envs`) | another scene (`embodyflow_household::reseed`) |
 //! | `tabletop` | the embedded tabletop world, in process ([`tabletop::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
 //! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`gym::GYM`], [`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
 //!
@@ -33,6 +35,7 @@ use std::time::Duration;
 pub mod demonstrations;
 pub mod generate;
 pub mod gym;
+pub mod household;
 pub mod tabletop;
 #[cfg(test)]
 mod toy;
@@ -47,40 +50,79 @@ use embodyflow_gym::BridgeConfig;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 use serde::{Deserialize, Serialize};
 
+pub use generate::Generator;
 pub use world::{Kept, World, WorldEpisodes, WorldTask};
 
 /// What the workers of a world played by them went through (the bridge's
 /// crashed, hung and malformed counts and restarts), for a stage's summary.
 pub use embodyflow_gym::FaultCounts;
 
-/// Every closed-loop world the stages run, in the order messages name them;
-/// the first is the one a VLA is made for without a tasks table
+/// A world of the registry: how `generate-tasks` writes its tasks and,
+/// for a closed-loop world, how its episodes run.
+#[derive(Clone, Copy)]
+pub struct Registered {
+    /// Its tasks' generator (`generate-tasks --set env=NAME`).
+    pub tasks: &'static dyn Generator,
+    /// The world its episodes run in; `None` for a one-shot world (a plan
+    /// per task, run by `embodyflow_envs`).
+    pub closed_loop: Option<&'static dyn World>,
+}
+
+impl Registered {
+    /// A closed-loop world, which generates its tasks too.
+    pub const fn closed_loop<W: World + Generator>(world: &'static W) -> Registered {
+        Registered {
+            tasks: world,
+            closed_loop: Some(world),
+        }
+    }
+
+    /// A one-shot world: its tasks' generator.
+    pub const fn one_shot<G: Generator>(world: &'static G) -> Registered {
+        Registered {
+            tasks: world,
+            closed_loop: None,
+        }
+    }
+}
+
+/// Every world the stages know, one line each, in the order messages name
+/// them: the first is `generate-tasks`' default `env`, the first
+/// closed-loop one the world a VLA is made for without a tasks table
 /// ([`default_world`]).
-pub static WORLDS: &[&dyn World] = &[
-    &tabletop::TABLETOP,
-    &gym::GYM,
+pub static WORLDS: &[Registered] = &[
+    Registered::one_shot(&household::HOUSEHOLD),
+    Registered::closed_loop(&tabletop::TABLETOP),
+    Registered::closed_loop(&gym::GYM),
     #[cfg(test)]
-    &toy::TOY,
+    Registered::closed_loop(&toy::TOY),
 ];
+
+/// The closed-loop worlds of [`WORLDS`], in its order.
+pub fn closed_loop_worlds() -> impl Iterator<Item = &'static dyn World> {
+    WORLDS.iter().filter_map(|w| w.closed_loop)
+}
 
 /// The world whose task rows have `env`; `None` for an `env` that is not a
 /// closed-loop world (a one-shot environment, or none at all).
 pub fn world_of(env: &str) -> Option<&'static dyn World> {
-    WORLDS.iter().copied().find(|w| w.claims(env))
+    closed_loop_worlds().find(|w| w.claims(env))
 }
 
 /// The world a VLA is made for when no tasks table names one
-/// (`init-policy --set kind=vla` without `--input`): the first of
-/// [`WORLDS`], which generates its own train tasks
+/// (`init-policy --set kind=vla` without `--input`): the first closed-loop
+/// world of [`WORLDS`], which generates its own train tasks
 /// ([`World::train_tasks`]).
 pub fn default_world() -> &'static dyn World {
-    WORLDS[0]
+    closed_loop_worlds()
+        .next()
+        .expect("the registry holds a closed-loop world")
 }
 
 /// The one world of `tasks`; tasks of two worlds are bad input naming a
 /// task of each (a batch, or a set of demonstrations, runs one).
 pub fn world_of_tasks(tasks: &[WorldTask]) -> Result<&'static dyn World, Error> {
-    let world = tasks.first().map_or(WORLDS[0], WorldTask::world);
+    let world = tasks.first().map_or(default_world(), WorldTask::world);
     match tasks.iter().find(|t| !std::ptr::addr_eq(t.world(), world)) {
         None => Ok(world),
         Some(other) => Err(Error::BadInput(format!(
@@ -246,7 +288,7 @@ pub struct WorldOptions {
 /// A batch of episodes of one closed-loop world: `G` copies of each task,
 /// sharing its initial state (episode `t * G + g` is copy `g` of task `t`).
 pub struct Episodes {
-    /// Its world's index in [`WORLDS`].
+    /// Its world's index among the [`closed_loop_worlds`].
     world: usize,
     episodes: Box<dyn WorldEpisodes>,
 }
@@ -343,7 +385,7 @@ impl Worlds {
     pub fn new(options: WorldOptions) -> Worlds {
         Worlds {
             options,
-            kept: WORLDS.iter().map(|_| Kept::default()).collect(),
+            kept: closed_loop_worlds().map(|_| Kept::default()).collect(),
         }
     }
 
@@ -352,9 +394,8 @@ impl Worlds {
     /// workers of the previous one, if any ([`Worlds::done`]).
     pub fn episodes(&mut self, tasks: &[WorldTask], group: usize) -> Result<Episodes, WorldsError> {
         let world = world_of_tasks(tasks)?;
-        let index = WORLDS
-            .iter()
-            .position(|w| std::ptr::addr_eq(*w, world))
+        let index = closed_loop_worlds()
+            .position(|w| std::ptr::addr_eq(w, world))
             .expect("a task's world is listed in WORLDS");
         let episodes = world.episodes(tasks, group, &self.options, &mut self.kept[index])?;
         Ok(Episodes {

@@ -7,6 +7,20 @@
 //! grasping demonstrations (`embodyflow_tabletop::demonstration`, noise
 //! and seed per task) cut into the policy's chunks at its frame size.
 //!
+//! Its tasks (`generate-tasks --set env=tabletop`): `suite` (`spatial` |
+//! `object` | `goal` | `long` | `all`; unset means `all`) picks the suites;
+//! with `all`, task `i` belongs to suite `i mod 4` (spatial, object, goal,
+//! long) with index `i div 4` in it. A row carries the whole scene spec as
+//! JSON in `observation` (`embodyflow_tabletop::rows`), its id reads
+//! `tabletop-<suite>/<split>/<seed>/<index>`. Under `protocol = layouts`
+//! val holds the train combinations in new layouts and unseen the held-out
+//! goals; under `initial-states` (LIBERO's protocol,
+//! `embodyflow_tabletop::initial_state`) it writes `count` tasks of one
+//! `suite` (the goal suite has seven), each at `states` initial states of
+//! the split, state-major (every task's state 0, then state 1, ...), ids
+//! `tabletop-<suite>/<seed>/<index>@<split>/<state>`. The summary counts
+//! tasks by suite and type.
+//!
 //! ```
 //! use embodyflow_tabletop::{Split, Suite, generate, task_row};
 //! use embodyflow_worlds::WorldTask;
@@ -16,14 +30,20 @@
 //! assert_ne!(task.reseed(1).unwrap(), task); // another layout
 //! ```
 
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
+use embodyflow_core::cli::ShardSpec;
+use embodyflow_core::config::{ConfigKeys, ensure};
 use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::section::SectionConfig;
 use embodyflow_core::{Error, observation, progress};
 use embodyflow_gym::BridgeConfig;
 use embodyflow_tabletop::{self as tt, ExpertConfig, Strategy, TabletopEpisodes, TaskSpec};
+use serde::{Deserialize, Serialize};
 
 use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use crate::generate::{Config, Generator, ROOT, Settings, TaskSink, names_where};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
 use crate::{PolicyShape, WorldOptions, WorldsError};
 
@@ -200,6 +220,155 @@ fn demonstration(
         });
     }
     Ok(out)
+}
+
+/// The tabletop suites a run generates (`suite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SuiteChoice {
+    /// Spatial relations.
+    Spatial,
+    /// New objects.
+    Object,
+    /// One layout, many goals.
+    Goal,
+    /// Two sub-goals.
+    Long,
+    /// The four in turn.
+    All,
+}
+
+impl SuiteChoice {
+    /// The suite of task `i` and its index within the suite.
+    fn task(self, i: usize) -> (tt::Suite, u64) {
+        let one = |s| (s, i as u64);
+        match self {
+            SuiteChoice::Spatial => one(tt::Suite::Spatial),
+            SuiteChoice::Object => one(tt::Suite::Object),
+            SuiteChoice::Goal => one(tt::Suite::Goal),
+            SuiteChoice::Long => one(tt::Suite::Long),
+            SuiteChoice::All => (tt::Suite::ALL[i % 4], (i / 4) as u64),
+        }
+    }
+}
+
+/// The tabletop world's keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct TabletopKeys {
+    /// Tabletop suite: spatial, object, goal, long or all (all when unset;
+    /// env = tabletop only).
+    pub suite: Option<SuiteChoice>,
+}
+
+impl SectionConfig<Config> for TabletopKeys {
+    /// A suite only for tabletop tasks; LIBERO's protocol draws the tasks
+    /// of one suite, at most as many as it holds.
+    fn check(&self, config: &Config) -> embodyflow_core::Result<()> {
+        if !config.is(tt::ENV) {
+            return ensure(
+                self.suite.is_none(),
+                "suite",
+                &format!(
+                    "no suite with env = {} (suites are the tabletop world's)",
+                    names_where(|g| g.name() != tt::ENV)
+                ),
+                format!(
+                    "suite = {}",
+                    self.suite
+                        .map_or("unset".into(), |s| format!("{s:?}").to_lowercase())
+                ),
+            );
+        }
+        if !config.initial_states() {
+            return Ok(());
+        }
+        let suite = match self.suite {
+            None | Some(SuiteChoice::All) => None,
+            Some(choice) => Some(choice.task(0).0),
+        };
+        let suite = suite.ok_or_else(|| Error::BadValue {
+            key: "suite".into(),
+            reason:
+                "protocol = initial-states draws the tasks of one suite: spatial, object, goal or long"
+                    .into(),
+        })?;
+        match tt::protocol_tasks(suite) {
+            Some(n) => ensure(
+                config.count as u64 <= n,
+                "count",
+                &format!("at most {n}: the {suite} suite's tasks under protocol = initial-states"),
+                config.count,
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Generator for Tabletop {
+    fn name(&self) -> &'static str {
+        tt::ENV
+    }
+
+    fn settings(&self) -> Option<Settings> {
+        Some(Settings::of::<TabletopKeys>(ROOT))
+    }
+
+    fn initial_states(&self) -> bool {
+        true
+    }
+
+    /// The shard's tasks (layouts, or tasks x initial states), counted by
+    /// suite and type.
+    fn write(
+        &self,
+        config: &Config,
+        shard: ShardSpec,
+        seed: u64,
+        sink: &mut TaskSink,
+    ) -> Result<(), WorldsError> {
+        let keys: TabletopKeys = config.keys()?;
+        let split = config.split;
+        let choice = keys.suite.unwrap_or(SuiteChoice::All);
+        // (task index within its suite, initial state) in table order.
+        let draws: Vec<(usize, Option<u32>)> = match config.initial_states() {
+            false => (0..config.count).map(|i| (i, None)).collect(),
+            true => (0..config.states)
+                .flat_map(|state| (0..config.count).map(move |i| (i, Some(state))))
+                .collect(),
+        };
+        let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
+        let mut owned = 0usize;
+        for (i, state) in draws {
+            let (suite, index) = choice.task(i);
+            let (name, split_name) = (suite.as_str(), split.as_str());
+            let id = match state {
+                Some(state) => tt::scene::state_id_of(name, split_name, seed, index, state),
+                None => tt::scene::task_id_of(name, split_name, seed, index),
+            };
+            if !shard.owns(&id) {
+                continue;
+            }
+            let task = match state {
+                Some(state) => tt::initial_state(suite, seed, index, split, state)
+                    .map_err(|e| Error::BadInput(e.to_string()))?,
+                None => tt::generate(suite, split, seed, index),
+            };
+            *by_type
+                .entry(format!("{suite}: {}", task.task_type))
+                .or_default() += 1;
+            owned += 1;
+            sink.push(tt::task_row(&task))?;
+        }
+        sink.summary.add("env", tt::ENV).add("tasks", owned);
+        if config.initial_states() {
+            sink.summary
+                .add("protocol", "initial-states")
+                .add("initial states per task", config.states);
+        }
+        sink.add_counts(by_type);
+        Ok(())
+    }
 }
 
 impl WorldEpisodes for TabletopEpisodes {}

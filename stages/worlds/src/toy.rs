@@ -1,18 +1,26 @@
 //! A toy closed-loop world, added the way `docs/src/extending.md` says:
 //! this module (a [`World`] and its episodes implementing
-//! [`ClosedLoopWorld`]) and one line in [`WORLDS`](crate::WORLDS). A task
-//! row `env = toy` is a corridor of `seed` cells; an action > 0 moves one
-//! cell on, and reaching the end is success; its expert always moves on.
-//! Its tests run it through the registry, the closed-loop driver and the
+//! [`ClosedLoopWorld`], and a [`Generator`] of its tasks with a key of its
+//! own) and one line in [`WORLDS`](crate::WORLDS). A task row `env = toy`
+//! is a corridor of `seed` cells; an action > 0 moves one cell on, and
+//! reaching the end is success; its expert always moves on.
+//! `generate-tasks --set env=toy` writes task `i` as a corridor of
+//! `corridor + i` cells. Its tests write its tasks with `generate-tasks`
+//! and run them through the registry, the closed-loop driver and the
 //! demonstrations update-policy's behaviour cloning asks for.
 
 use embodyflow_core::Error;
+use embodyflow_core::cli::ShardSpec;
+use embodyflow_core::config::{ConfigKeys, at_least};
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::section::SectionConfig;
 use embodyflow_gym::BridgeConfig;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
+use serde::{Deserialize, Serialize};
 
 use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use crate::generate::{Config, Generator, ROOT, Settings, TaskSink};
 use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
 use crate::{PolicyShape, WorldOptions, WorldsError};
 
@@ -141,6 +149,73 @@ impl World for Toy {
     }
 }
 
+/// The toy world's key in generate-tasks' config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+struct ToyKeys {
+    /// Cells of task 0's corridor with env = toy (task i's has i more; at
+    /// least 1).
+    corridor: u32,
+}
+
+impl Default for ToyKeys {
+    fn default() -> Self {
+        ToyKeys { corridor: 3 }
+    }
+}
+
+impl SectionConfig<Config> for ToyKeys {
+    fn check(&self, _: &Config) -> embodyflow_core::Result<()> {
+        at_least("corridor", self.corridor, 1)
+    }
+}
+
+impl Generator for Toy {
+    fn name(&self) -> &'static str {
+        "toy"
+    }
+
+    fn settings(&self) -> Option<Settings> {
+        Some(Settings::of::<ToyKeys>(ROOT))
+    }
+
+    fn write(
+        &self,
+        config: &Config,
+        shard: ShardSpec,
+        seed: u64,
+        sink: &mut TaskSink,
+    ) -> Result<(), WorldsError> {
+        let keys: ToyKeys = config.keys()?;
+        let mut owned = 0;
+        for index in 0..config.count {
+            let task_id = format!("toy/{}/{seed}/{index}", config.split);
+            if shard.owns(&task_id) {
+                let length = i64::from(keys.corridor) + index as i64;
+                sink.push(row(&task_id, config.split.as_str(), length))?;
+                owned += 1;
+            }
+        }
+        sink.summary.add("tasks", owned);
+        Ok(())
+    }
+}
+
+/// Task `task_id` of `split`: a corridor of `length` cells.
+fn row(task_id: &str, split: &str, length: i64) -> TaskRow {
+    TaskRow {
+        task_id: task_id.into(),
+        suite: "toy".into(),
+        env: "toy".into(),
+        split: split.into(),
+        task_type: None,
+        seed: length,
+        instruction: "walk on".into(),
+        observation: None,
+        gt_actions: None,
+    }
+}
+
 /// Episodes: each corridor with its position and steps taken.
 #[derive(Default)]
 struct Corridors {
@@ -266,24 +341,49 @@ mod tests {
         }
     }
 
-    fn row(task_id: &str, length: i64) -> TaskRow {
-        TaskRow {
-            task_id: task_id.into(),
-            suite: "toy".into(),
-            env: "toy".into(),
-            split: "train".into(),
-            task_type: None,
-            seed: length,
-            instruction: "walk on".into(),
-            observation: None,
-            gt_actions: None,
-        }
+    /// The toy's tasks as `generate-tasks --set env=toy` writes them:
+    /// corridors of 3 and 5 cells (`corridor = 3`, every other task).
+    fn generated() -> Vec<TaskRow> {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let args = crate::generate::Args::parse_from([
+            "generate-tasks",
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            "env=toy",
+            "--set",
+            "count=3",
+            "--seed",
+            "4",
+        ]);
+        crate::generate::run(args).unwrap();
+        let tasks = embodyflow_core::dataset::TableReader::open(
+            &out.join("tasks"),
+            embodyflow_core::schemas::TableName::Tasks,
+        )
+        .unwrap();
+        let rows: Vec<TaskRow> = tasks.read_rows().unwrap();
+        let ids: Vec<&str> = rows.iter().map(|r| r.task_id.as_str()).collect();
+        assert_eq!(ids, ["toy/train/4/0", "toy/train/4/1", "toy/train/4/2"]);
+        rows.into_iter().step_by(2).collect()
+    }
+
+    #[test]
+    fn the_toy_worlds_tasks_come_from_generate_tasks_through_the_registry() {
+        let rows = generated();
+        let lengths: Vec<i64> = rows.iter().map(|r| r.seed).collect();
+        assert_eq!(lengths, [3, 5]);
+        assert!(rows.iter().all(|r| r.env == "toy" && r.split == "train"));
+        let problem = embodyflow_core::config::refused_key::<Config>(&["env=toy", "corridor=0"]);
+        assert_eq!(problem.as_deref(), Some("corridor"));
     }
 
     #[test]
     fn the_toy_world_runs_through_the_registry_and_the_driver() {
         assert!(is_closed_loop("toy"));
-        let tasks: Vec<WorldTask> = [row("short", 3), row("long", 5)]
+        let tasks: Vec<WorldTask> = generated()
             .iter()
             .map(WorldTask::from_row)
             .collect::<Result<_, _>>()
@@ -313,7 +413,15 @@ mod tests {
             .unwrap();
             worlds.done(episodes);
             let ids: Vec<&str> = run.episodes.iter().map(|e| e.task_id.as_str()).collect();
-            assert_eq!(ids, ["short", "short", "long", "long"]);
+            assert_eq!(
+                ids,
+                [
+                    "toy/train/4/0",
+                    "toy/train/4/0",
+                    "toy/train/4/2",
+                    "toy/train/4/2"
+                ]
+            );
             let steps: Vec<u32> = run.episodes.iter().map(|e| e.env_steps).collect();
             let expected = if success {
                 [3, 3, 5, 5]
@@ -332,7 +440,7 @@ mod tests {
 
     #[test]
     fn the_toy_experts_demonstrations_come_through_the_registry() {
-        let tasks: Vec<WorldTask> = [row("short", 3), row("long", 5)]
+        let tasks: Vec<WorldTask> = generated()
             .iter()
             .map(WorldTask::from_row)
             .collect::<Result<_, _>>()
@@ -360,7 +468,7 @@ mod tests {
             .unwrap();
         assert_eq!(about, "always on");
         let ids: Vec<&str> = demos.iter().map(|d| d.task_id.as_str()).collect();
-        assert_eq!(ids, ["short", "long"]);
+        assert_eq!(ids, ["toy/train/4/0", "toy/train/4/2"]);
         // Cells 0 and 2 of the short corridor; its last decision moves once.
         let short = &demos[0];
         let cells: Vec<u8> = short

@@ -1,6 +1,6 @@
 //! What a closed-loop world declares to the stages: the [`World`] trait
 //! (one `pub static` value per world, listed once in
-//! [`WORLDS`](crate::WORLDS)), a task of any world ([`WorldTask`]: its id,
+//! [`WORLDS`](crate::WORLDS), which also holds its [`Generator`](crate::Generator)), a task of any world ([`WorldTask`]: its id,
 //! instruction, `max_steps` and the world's own spec) and a batch of
 //! episodes ([`WorldEpisodes`]: the world interface
 //! [`ClosedLoopWorld`] and what the batch hands back to the stage's next
@@ -182,8 +182,7 @@ impl WorldTask {
                 "task `{}`: environment `{}` is not a closed-loop world (known: {})",
                 row.task_id,
                 row.env,
-                crate::WORLDS
-                    .iter()
+                crate::closed_loop_worlds()
                     .map(|w| w.env())
                     .collect::<Vec<_>>()
                     .join(", ")

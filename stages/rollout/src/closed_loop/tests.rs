@@ -1,8 +1,7 @@
-use super::expert::ExpertPolicy;
 use super::*;
 use embodyflow_core::observation::decode;
 use embodyflow_tabletop::{
-    ACTION_DIM, Expert, ExpertConfig, PROPRIO_DIM, Split, Status, Strategy, Suite,
+    ACTION_DIM, Expert, ExpertConfig, ExpertPolicy, PROPRIO_DIM, Split, Status, Strategy, Suite,
     TabletopEpisodes, TaskSpec, World, frame_len, generate, run_episode,
 };
 

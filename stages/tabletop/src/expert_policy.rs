@@ -1,38 +1,52 @@
-//! The tabletop world's scripted expert ([`embodyflow_tabletop::Expert`])
-//! as a [`ChunkPolicy`]: a reference policy for the closed-loop driver and
-//! for evaluation, with the success and grasp facts of a controller that
-//! knows the scene.
+//! The scripted expert ([`Expert`]) as a [`ChunkPolicy`] (the policy
+//! interface of `embodyflow_world`, below the models): a reference policy
+//! for the closed-loop driver and for evaluation, with the success and
+//! grasp facts of a controller that knows the scene.
 //!
 //! It keeps its own copy of each episode's world, built from the same
-//! tasks as the [`TabletopEpisodes`](tabletop::TabletopEpisodes) it plays in (`group` copies of
+//! tasks as the [`TabletopEpisodes`](crate::TabletopEpisodes) it plays in (`group` copies of
 //! each task, episode `t * group + g` being copy `g` of task `t`), steps its
 //! copy with the bin centres the real world receives (so the copies stay
 //! identical) and checks that every observation it is given is its copy's:
 //! a policy built for other tasks is refused (bad input), not followed.
 //! Copy `g` draws its noise from seed `g`.
 //!
-//! ```no_run
-//! use embodyflow_algos::action_tokens::ActionBins;
-//! use embodyflow_rollout::closed_loop::expert::ExpertPolicy;
-//! use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
-//! use embodyflow_tabletop::{Split, Strategy, Suite, TabletopEpisodes, generate};
+//! One decision as the rollout driver
+//! (`embodyflow_rollout::closed_loop::run_closed_loop`) asks for it:
+//!
+//! ```
+//! use embodyflow_tabletop::{ExpertPolicy, Split, Strategy, Suite, TabletopEpisodes, generate};
+//! use embodyflow_world::{ChunkPolicy, ClosedLoopWorld, DecisionBatch};
 //! let tasks = vec![generate(Suite::Goal, Split::Val, 7, 0)];
 //! let mut policy = ExpertPolicy::new(&tasks, 2, 32, 8, Strategy::Grasp, 0.0).unwrap();
 //! let mut world = TabletopEpisodes::new(&tasks, 2, 32).unwrap();
-//! let config = ClosedLoopConfig { max_decisions: 64, label: "expert" };
-//! let run = run_closed_loop(&mut world, &mut policy, &ActionBins::openvla(), &[0, 1], &config).unwrap();
+//! world.observe();
+//! let ids: [&[i32]; 2] = [&[], &[]];
+//! let batch = DecisionBatch {
+//!     shape: world.observation_shape(),
+//!     frames: world.frames(),
+//!     proprio: world.proprio(),
+//!     instructions: &ids,
+//!     episodes: &[0, 1],
+//!     seeds: &[0, 1],
+//!     decision: 0,
+//! };
+//! let decisions = policy.decide(&batch).unwrap();
+//! assert_eq!(decisions[0].tokens.len(), 8 * policy.action_dim());
 //! ```
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
-use embodyflow_tabletop as tabletop;
-use tabletop::{ACTION_DIM, Expert, ExpertConfig, Status, Strategy, World};
+use embodyflow_world::{ChunkDecision, ChunkPolicy, DecisionBatch};
 
-use super::{ChunkDecision, ChunkPolicy, DecisionBatch};
+use crate::{
+    ACTION_DIM, Expert, ExpertConfig, Status, Strategy, TabletopError, TaskSpec, World, frame_len,
+    observation_shape,
+};
 
 /// The scripted expert of every episode of a
-/// [`TabletopEpisodes`](tabletop::TabletopEpisodes).
+/// [`TabletopEpisodes`](crate::TabletopEpisodes).
 pub struct ExpertPolicy {
     worlds: Vec<World>,
     experts: Vec<Expert>,
@@ -49,13 +63,13 @@ impl ExpertPolicy {
     /// task it cannot build, a push expert for a goal it cannot push, a bad
     /// noise.
     pub fn new(
-        tasks: &[tabletop::TaskSpec],
+        tasks: &[TaskSpec],
         group: usize,
         size: usize,
         chunk_len: usize,
         strategy: Strategy,
         noise: f32,
-    ) -> Result<ExpertPolicy, tabletop::TabletopError> {
+    ) -> Result<ExpertPolicy, TabletopError> {
         let (mut worlds, mut experts) = (Vec::new(), Vec::new());
         for task in tasks {
             for g in 0..group {
@@ -74,7 +88,7 @@ impl ExpertPolicy {
             bins: ActionBins::openvla(),
             size,
             chunk_len,
-            frame: vec![0; tabletop::frame_len(size)],
+            frame: vec![0; frame_len(size)],
         })
     }
 }
@@ -91,7 +105,7 @@ impl ChunkPolicy for ExpertPolicy {
     }
 
     fn observation_shape(&self) -> ObservationShape {
-        tabletop::observation_shape(self.size)
+        observation_shape(self.size)
     }
 
     /// The instruction's bytes: the expert reads the scene, not the words.
