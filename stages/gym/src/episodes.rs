@@ -40,6 +40,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use embodyflow_algos::action_tokens::ActionBins;
@@ -91,6 +92,9 @@ impl std::fmt::Display for FaultCounts {
 /// The worker processes of a bridge, restarted after faults.
 pub struct Pool {
     config: BridgeConfig,
+    /// The sockets of the served workers it takes before it spawns any
+    /// ([`crate::served`]).
+    served: Vec<PathBuf>,
     workers: Vec<Option<Worker>>,
     faults: FaultCounts,
     /// What each adapter, env id and kwargs looked like (`hello` once per
@@ -99,13 +103,23 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Starts `config.workers` workers (at least one).
+    /// Starts `config.workers` workers (at least one), taking the idle
+    /// served workers that [`POOL_VAR`](crate::served::POOL_VAR) names
+    /// first.
     pub fn new(config: &BridgeConfig) -> Result<Pool, BridgeError> {
+        Pool::with_served(config, crate::served::from_env())
+    }
+
+    /// Starts `config.workers` workers (at least one), taking the idle
+    /// served workers of `served` (their sockets) first, also when it
+    /// replaces a faulty worker.
+    pub fn with_served(config: &BridgeConfig, served: Vec<PathBuf>) -> Result<Pool, BridgeError> {
         let workers = (0..config.workers.max(1))
-            .map(|w| crate::spawn(config, w).map(Some))
+            .map(|w| crate::spawn(config, &served, w).map(Some))
             .collect::<Result<_, _>>()?;
         Ok(Pool {
             config: config.clone(),
+            served,
             workers,
             faults: FaultCounts::default(),
             infos: Vec::new(),
@@ -135,7 +149,7 @@ impl Pool {
     /// Worker `w`, started again if its restart had failed.
     pub(crate) fn worker(&mut self, w: usize) -> Result<&mut Worker, BridgeError> {
         if self.workers[w].is_none() {
-            self.workers[w] = Some(crate::spawn(&self.config, w)?);
+            self.workers[w] = Some(crate::spawn(&self.config, &self.served, w)?);
         }
         Ok(self.workers[w].as_mut().expect("just started"))
     }
@@ -143,13 +157,16 @@ impl Pool {
     /// Asks every worker that awaits no reply to close (each closes its
     /// environments and exits), waits for their answers (at most
     /// [`CLOSE_PATIENCE`] or the timeout, together) and kills the process
-    /// groups of all.
+    /// groups of all. A served worker that awaits no reply is let go with
+    /// its environments instead (`crate::served`).
     fn close(&mut self) {
         let patience = self.config.timeout.min(CLOSE_PATIENCE);
         let mut closing = Vec::new();
         for mut worker in self.workers.iter_mut().filter_map(Option::take) {
             if worker.busy() {
                 worker.kill();
+            } else if worker.served() {
+                drop(worker);
             } else {
                 worker.send(&json!({"op": "close"}));
                 closing.push(worker);
@@ -172,7 +189,7 @@ impl Pool {
         if let Some(mut worker) = self.workers[w].take() {
             worker.kill();
         }
-        if let Ok(worker) = crate::spawn(&self.config, w) {
+        if let Ok(worker) = crate::spawn(&self.config, &self.served, w) {
             self.workers[w] = Some(worker);
             self.faults.restarts += 1;
         }

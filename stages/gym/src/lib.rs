@@ -25,6 +25,8 @@
 //!   cannot be started) stops a stage.
 //! - [`expert`]: the adapters' scripted experts' whole episodes
 //!   ([`expert_demonstrations`]).
+//! - [`served`]: workers a pipeline runner keeps warm across its steps
+//!   (`keep_workers`), which a stage's pool takes before it spawns any.
 //!
 //! An environment family is an adapter: a Python `make` function
 //! registered in the entry-point group `embodyflow_gym.adapters` by the
@@ -58,6 +60,7 @@ use serde_json::{Value, json};
 pub mod episodes;
 pub mod expert;
 pub mod protocol;
+pub mod served;
 pub mod worker;
 
 pub use episodes::{FaultCounts, GymEpisodes, Pool};
@@ -565,7 +568,16 @@ impl Classify for BridgeError {
     }
 }
 
-pub(crate) fn spawn(config: &BridgeConfig, index: usize) -> Result<Worker, BridgeError> {
+/// Worker `index` of a pool: an idle one of the `served` workers (the
+/// runner's kept ones, [`served::attach`]), else a new process.
+pub(crate) fn spawn(
+    config: &BridgeConfig,
+    served: &[PathBuf],
+    index: usize,
+) -> Result<Worker, BridgeError> {
+    if let Some(worker) = served::attach(config, served, index) {
+        return Ok(worker);
+    }
     Worker::spawn(&config.python, index).map_err(|source| BridgeError::Python {
         python: config.python.clone(),
         source,

@@ -33,6 +33,12 @@
 //! first environment built): its first frame may take a longer start-up
 //! patience.
 //!
+//! A worker may also be one a pipeline runner keeps warm across its steps
+//! ([`crate::served`]), reached over its Unix socket ([`Worker::over`])
+//! with the same frames: letting it go ([`Worker::kill`] when it is idle)
+//! closes the connection, its environments stay built for the next stage;
+//! a fault kills its process group as a spawned worker's.
+//!
 //! ```no_run
 //! use embodyflow_gym::worker::Worker;
 //! use std::time::Duration;
@@ -41,11 +47,13 @@
 //! let reply = worker.receive(Duration::from_secs(5)).unwrap();
 //! ```
 
+use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
-use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
@@ -98,14 +106,34 @@ pub enum Reply {
     },
 }
 
+/// The process behind a [`Worker`].
+enum Process {
+    /// Started by this process, talked to over its stdin and stdout.
+    Spawned(Child),
+    /// A served worker ([`crate::served`]) reached over its socket.
+    Served {
+        /// Its pid, as its `status` reply says.
+        pid: i32,
+        /// Whether it leads its process group (a kill then ends the group).
+        group: bool,
+        /// Its socket.
+        socket: PathBuf,
+        /// The lock that marks it taken while this connection lasts.
+        _taken: File,
+        /// Whether it was killed already.
+        killed: bool,
+    },
+}
+
 /// A running worker process.
 pub struct Worker {
     index: usize,
-    child: Child,
-    /// Its stdin (non-blocking); `None` once it is closed or broken.
-    stdin: Option<ChildStdin>,
-    /// Its stdout (non-blocking).
-    stdout: ChildStdout,
+    process: Process,
+    /// Where requests go (non-blocking): its stdin or its socket; `None`
+    /// once it is closed or broken.
+    stdin: Option<File>,
+    /// Where replies come from (non-blocking): its stdout or its socket.
+    stdout: File,
     /// Request bytes the pipe has not taken yet.
     unsent: Vec<u8>,
     /// Reply bytes read and not yet a whole frame.
@@ -125,31 +153,65 @@ fn non_blocking(fd: impl AsFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The worker's command line (`<python> -u -m embodyflow_gym.worker`),
+/// the package directory first on its `PYTHONPATH`, in a process group of
+/// its own.
+pub(crate) fn command(python: &Path) -> Command {
+    let mut path = std::ffi::OsString::from(PYTHON_DIR);
+    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut command = Command::new(python);
+    command
+        .args(["-u", "-m", "embodyflow_gym.worker"])
+        .env("PYTHONPATH", path)
+        .process_group(0);
+    command
+}
+
 impl Worker {
     /// Starts worker `index` (its name in messages) with `python`, the
     /// package directory on its `PYTHONPATH`, in a process group of its
     /// own; stderr passes through.
     pub fn spawn(python: &Path, index: usize) -> std::io::Result<Worker> {
-        let mut path = std::ffi::OsString::from(PYTHON_DIR);
-        if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path.push(":");
-            path.push(old);
-        }
-        let mut child = Command::new(python)
-            .args(["-u", "-m", "embodyflow_gym.worker"])
-            .env("PYTHONPATH", path)
+        let mut child = command(python)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .process_group(0)
             .spawn()?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
+        let stdin = OwnedFd::from(child.stdin.take().expect("piped stdin"));
+        let stdout = OwnedFd::from(child.stdout.take().expect("piped stdout"));
+        Worker::new(index, Process::Spawned(child), stdin.into(), stdout.into())
+    }
+
+    /// Worker `index` over a connection to a served worker's `socket`
+    /// (`taken`: the lock that marks it taken, held while the worker
+    /// lives), with the pid and process-group leadership its `status`
+    /// reply gave.
+    pub(crate) fn over(
+        index: usize,
+        stream: UnixStream,
+        socket: &Path,
+        taken: File,
+    ) -> std::io::Result<Worker> {
+        let reader = OwnedFd::from(stream.try_clone()?);
+        let process = Process::Served {
+            pid: 0,
+            group: false,
+            socket: socket.to_path_buf(),
+            _taken: taken,
+            killed: false,
+        };
+        Worker::new(index, process, OwnedFd::from(stream).into(), reader.into())
+    }
+
+    fn new(index: usize, process: Process, stdin: File, stdout: File) -> std::io::Result<Worker> {
         non_blocking(&stdin)?;
         non_blocking(&stdout)?;
         Ok(Worker {
             index,
-            child,
+            process,
             stdin: Some(stdin),
             stdout,
             unsent: Vec::new(),
@@ -160,14 +222,35 @@ impl Worker {
         })
     }
 
+    /// Records the pid of a served worker (from its `status` reply) and
+    /// whether it leads its process group.
+    pub(crate) fn served_as(&mut self, served_pid: i32, leads_group: bool) {
+        if let Process::Served { pid, group, .. } = &mut self.process {
+            (*pid, *group) = (served_pid, leads_group);
+        }
+    }
+
+    /// Whether it is a served worker.
+    pub fn served(&self) -> bool {
+        matches!(self.process, Process::Served { .. })
+    }
+
     /// Whether a request awaits its reply.
     pub fn busy(&self) -> bool {
         self.awaiting.is_some()
     }
 
-    /// `worker <index> (pid <pid>)`.
+    /// `worker <index> (pid <pid>)`, `worker <index> (pid <pid>, served at
+    /// <socket>)`.
     pub fn name(&self) -> String {
-        format!("worker {} (pid {})", self.index, self.child.id())
+        match &self.process {
+            Process::Spawned(child) => format!("worker {} (pid {})", self.index, child.id()),
+            Process::Served { pid, socket, .. } => format!(
+                "worker {} (pid {pid}, served at {})",
+                self.index,
+                socket.display()
+            ),
+        }
     }
 
     /// Sends a request (`header`, a JSON object, with the request's id
@@ -348,11 +431,16 @@ impl Worker {
     }
 
     /// How the process ended, waiting for it a moment (it closed its
-    /// stdout, so it is exiting).
+    /// stdout, so it is exiting); a served worker's parent is the runner,
+    /// which alone can tell.
     fn exit_status(&mut self) -> String {
+        let child = match &mut self.process {
+            Process::Spawned(child) => child,
+            Process::Served { .. } => return "closed its connection".into(),
+        };
         let until = Instant::now() + Duration::from_secs(2);
         loop {
-            match self.child.try_wait() {
+            match child.try_wait() {
                 Ok(Some(status)) => return status.to_string(),
                 Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
                 Ok(None) => return "closed its stdout, still running".into(),
@@ -363,17 +451,40 @@ impl Worker {
 
     /// Kills its process group (the worker and every process it or its
     /// environments started) and reaps the worker. The group id stays
-    /// taken while any member lives, so it names no other group.
+    /// taken while any member lives, so it names no other group. A served
+    /// worker's group is killed the same way (the runner reaps it and
+    /// starts another for its next step).
     pub fn kill(&mut self) {
         self.stdin = None;
-        let _ = kill_process_group(Pid::from_child(&self.child), Signal::KILL);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        match &mut self.process {
+            Process::Spawned(child) => {
+                let _ = kill_process_group(Pid::from_child(child), Signal::KILL);
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Process::Served {
+                pid, group, killed, ..
+            } => {
+                if let Some(pid) = Pid::from_raw(*pid).filter(|_| !*killed) {
+                    let _ = if *group {
+                        kill_process_group(pid, Signal::KILL)
+                    } else {
+                        rustix::process::kill_process(pid, Signal::KILL)
+                    };
+                }
+                *killed = true;
+            }
+        }
     }
 }
 
 impl Drop for Worker {
+    /// Kills a spawned worker ([`Worker::kill`]); a served one that awaits
+    /// no reply is let go (the connection closes, the worker waits for its
+    /// next client with its environments built), one that does is killed.
     fn drop(&mut self) {
-        self.kill();
+        if !self.served() || self.busy() {
+            self.kill();
+        }
     }
 }

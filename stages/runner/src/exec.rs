@@ -693,6 +693,10 @@ pub fn run_plan(
     } else {
         Some(Lock::take(&plan.out, LEFTOVER_WAIT)?)
     };
+    // Declared after the lock: dropped first, so the workers are gone
+    // before the run directory is free again.
+    let mut kept = (plan.keep_workers > 0 && !options.dry_run)
+        .then(|| crate::workers::KeptWorkers::new(&plan.out, plan.keep_workers));
     let hash_started = Instant::now();
     let binaries = hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();
@@ -738,7 +742,10 @@ pub fn run_plan(
                         pass_on(instance)?;
                         (Vec::new(), 0.0, Status::PassedOn)
                     } else {
-                        let env = cache::process_environment(instance, &machine);
+                        let mut env = cache::process_environment(instance, &machine);
+                        if let Some(kept) = &mut kept {
+                            env.push(kept.env()?);
+                        }
                         let started = Instant::now();
                         let mut watch = |log: &Path| {
                             let line = crate::watch::last_line(log);
@@ -790,6 +797,9 @@ pub fn run_plan(
         steps.push(outcome);
     }
     display.finish();
+    if let Some(line) = kept.as_ref().and_then(|k| k.summary()) {
+        say(&line);
+    }
     Ok(RunOutcome {
         steps,
         notes: checked.notes,

@@ -17,6 +17,8 @@
 //! ```toml
 //! [pipeline]
 //! name = "example"                      # defaults to the file stem
+//! keep_workers = 2                      # Gymnasium bridge workers kept warm across
+//!                                       # the steps (local backend, [`workers`])
 //!
 //! [vars]                                # `${name}` in any string; `--set name=value`
 //! tasks = "runs/data/train"
@@ -122,6 +124,7 @@ pub mod runlog;
 pub mod slurm;
 pub mod tfevents;
 pub mod watch;
+pub mod workers;
 
 use std::path::PathBuf;
 
@@ -224,6 +227,18 @@ pub fn run(args: Args) -> Result<()> {
             let started = std::time::Instant::now();
             let mut pipeline = pipeline::Pipeline::load(&file)?;
             let chosen = registry::chosen(&pipeline, backend.as_deref())?;
+            if let Some((_, line)) = pipeline.keep_workers
+                && chosen.name() != "local"
+            {
+                return Err(RunnerError::Pipeline {
+                    file: file.clone(),
+                    line,
+                    message: format!(
+                        "`keep_workers` (under [pipeline]) keeps the Gymnasium bridge's workers on this machine across steps, which the local backend alone can do, not `{}`: remove it to run there",
+                        chosen.name()
+                    ),
+                });
+            }
             pipeline.sweep_from_command_line(&sweeps)?;
             let overrides = plan::Overrides::parse(&pipeline, &sets)?;
             let plan = plan::Plan::build(&pipeline, &out, &overrides)?;

@@ -38,6 +38,7 @@ struct RawFile {
 struct RawMeta {
     name: Option<String>,
     description: Option<String>,
+    keep_workers: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -262,6 +263,10 @@ pub struct Pipeline {
     pub sweep: Vec<SweepAxis>,
     /// Where the stage processes run (`[backend]`).
     pub backend: Table,
+    /// `[pipeline] keep_workers = N`: the Gymnasium bridge workers the run
+    /// keeps warm across its steps ([`crate::workers`]), with its line;
+    /// none (or 0): each stage process starts its own.
+    pub keep_workers: Option<(u32, usize)>,
 }
 
 /// Converts a TOML value to the text passed on a command line or substituted
@@ -524,9 +529,16 @@ impl Pipeline {
                 source.backend(table, &names)?
             }
         };
+        let keep_workers = raw
+            .pipeline
+            .as_ref()
+            .and_then(|m| m.keep_workers.as_ref())
+            .filter(|n| *n.get_ref() > 0)
+            .map(|n| (*n.get_ref(), source.line(n.span())));
         let pipeline = Pipeline {
             path: path.to_path_buf(),
             name,
+            keep_workers,
             description: raw.pipeline.and_then(|m| m.description).unwrap_or_default(),
             vars,
             setup,

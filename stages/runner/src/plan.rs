@@ -156,6 +156,8 @@ pub struct Plan {
     pub cells: Vec<Cell>,
     /// The swept variables.
     pub swept: Vec<String>,
+    /// Gymnasium bridge workers kept warm across the steps (0: none).
+    pub keep_workers: u32,
 }
 
 /// `pipeline --set` overrides: variables, and `STEP.key=value` stage settings.
@@ -863,6 +865,7 @@ impl Plan {
             instances: builder.instances,
             cells,
             swept: builder.swept,
+            keep_workers: pipeline.keep_workers.map_or(0, |(n, _)| n),
         })
     }
 

@@ -21,7 +21,10 @@ replies (each with the "id" of its request):
   demo_files {paths} / demo_read {path, demo, k} / demo_replay {path, demo, steps}
       -> LIBERO's HDF5 demonstrations (`demos`: the files checked, one
          demo's decisions, the replay check)
-  close -> {} and exit (after closing every environment)
+  status -> {python, pid, group, builds}  (sys.executable; whether it leads
+      its process group; environments built since it started)
+  close -> {} and exit (after closing every environment); a served worker
+      keeps its environments and waits for its next client instead
 While a reset or an expert episode works, the worker sends progress frames
 {progress: true, id} (one after each environment it builds, else at most
 one per PROGRESS_EVERY seconds, between environments or decisions): the
@@ -46,12 +49,23 @@ inherited beyond stdin, stdout and stderr (a lock its parent holds must not
 outlive the parent in a worker stuck in native code), closes every
 environment it ends, and exits when stdin ends or its parent changes (the
 Rust side died), then killing its group.
+
+Served (`python -m embodyflow_gym.worker --serve SOCKET`, a pipeline
+runner's kept workers): the same requests and replies over a Unix socket,
+one client connection at a time; the socket appears (renamed into place)
+only once it listens. A client that closes its connection, or sends
+`close`, or sends bytes that are not a frame, returns the worker to waiting
+for the next: the environments of its slots become spare, every built
+environment is kept for the next client. It exits when its parent (the
+runner) changes, then killing its group.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -166,6 +180,8 @@ class Worker:
         self.last_progress = time.monotonic()
         # The id of the request being served.
         self.request = None
+        # Environments built since the worker started (`status`).
+        self.builds = 0
 
     def send(self, header, body=b""):
         header["id"] = self.request
@@ -182,6 +198,7 @@ class Worker:
         """A new environment of `spec`; a progress frame follows (the
         first tells the Rust side that the worker is up)."""
         episode = make_episode(spec, seed)
+        self.builds += 1
         self.progress(now=True)
         return episode
 
@@ -198,7 +215,23 @@ class Worker:
         spare = self.spare.setdefault(spec_key(header), [])
         if not spare:
             spare.append(make_episode(header, header.get("seed", 0)))
+            self.builds += 1
         return space_of(spare[-1]), []
+
+    def status(self, header, body):
+        return {
+            "python": sys.executable,
+            "pid": os.getpid(),
+            "group": os.getpgid(0) == os.getpid(),
+            "builds": self.builds,
+        }, []
+
+    def release(self):
+        """The client is gone: every slot's environment becomes spare."""
+        for slot in self.slots.values():
+            self.give_back(slot.spec, slot.episode)
+        self.slots = {}
+        self.request = None
 
     def slot(self, item):
         """The slot of a reset item, holding an environment of its spec."""
@@ -387,14 +420,14 @@ def watch_parent():
             os._exit(0)
 
 
-def main():
+def main(argv):
     close_inherited()
-    # Frames go to the original stdout only; fd 1 then points at stderr so
-    # that prints of any library cannot corrupt the protocol.
+    # Frames go to the original stdout (or a client's socket) only; fd 1
+    # then points at stderr so that prints of any library cannot corrupt
+    # the protocol.
     protocol.OUT = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    stdin = sys.stdin.buffer
     threading.Thread(target=watch_parent, daemon=True).start()
     worker = Worker()
     handlers = {
@@ -402,15 +435,45 @@ def main():
         "reset": worker.reset,
         "step_chunk": worker.step_chunk,
         "expert_episode": worker.expert_episode,
+        "status": worker.status,
     }
     handlers.update(demo_handlers(worker))
     try:
-        serve(worker, handlers, stdin)
+        if argv[:1] == ["--serve"] and len(argv) == 2:
+            serve_socket(worker, handlers, argv[1])
+        elif argv:
+            sys.exit(f"usage: python -m embodyflow_gym.worker [--serve SOCKET], not {argv}")
+        else:
+            serve(worker, handlers, sys.stdin.buffer)
     finally:
         worker.close_all()
 
 
-def serve(worker, handlers, stdin):
+def serve_socket(worker, handlers, path):
+    """Serves the clients of the socket `path`, one at a time, forever."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = f"{path}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging)
+    listener.bind(staging)
+    listener.listen(16)
+    os.rename(staging, path)
+    while True:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as reader:
+            protocol.OUT = conn.makefile("wb")
+            try:
+                serve(worker, handlers, reader, served=True)
+            except (OSError, protocol.Malformed, ValueError):
+                traceback.print_exc()
+            finally:
+                worker.release()
+                with contextlib.suppress(OSError):
+                    protocol.OUT.close()
+
+
+def serve(worker, handlers, stdin, served=False):
+    """Answers the requests of `stdin` until it ends or a `close`."""
     while True:
         frame = protocol.read_frame(stdin)
         if frame is None:
@@ -419,7 +482,8 @@ def serve(worker, handlers, stdin):
         worker.request = header.get("id")
         op = header.get("op")
         if op == "close":
-            worker.close_all()
+            if not served:
+                worker.close_all()
             worker.send({"ok": True})
             return
         handler = handlers.get(op)
@@ -437,4 +501,4 @@ def serve(worker, handlers, stdin):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

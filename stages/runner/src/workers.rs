@@ -1,0 +1,95 @@
+//! `[pipeline] keep_workers = N`: the Gymnasium bridge's workers kept warm
+//! across a run's steps. Without it each stage process that drives a
+//! bridge environment starts its own workers, and they (with every
+//! environment they built) die with it. With it the runner starts `N`
+//! served workers ([`embodyflow_gym::served`]) when the first step runs,
+//! in `OUT/_runner/workers/` (`<i>.sock`, their output in `<i>.log`),
+//! names their sockets to every stage process in
+//! [`POOL_VAR`](embodyflow_gym::served::POOL_VAR), and kills them (with
+//! their process groups) when the run ends: at success, at a failed step
+//! (the guard drops as the error returns) and when the runner dies (each
+//! worker exits, killing its group, once its parent changes: Ctrl-C and
+//! `kill -9` included). Before each step a worker that died (a stage killed
+//! it after a fault) is started again.
+//!
+//! A stage's bridge takes idle kept workers before it spawns any, so
+//! consecutive steps on the same environments build them once
+//! (Meta-World's MT1 costs about a second per environment). Results do not
+//! change: every episode resets its environment with its own seed, as
+//! within one stage. The variable is not part of a step's cache key. The
+//! workers run the Python a stage would run without a `bridge.python` key
+//! (`$EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`); a stage that
+//! names another spawns its own. Local backend only: Slurm and Ray run each
+//! step's processes on whichever node the cluster picks.
+//!
+//! ```toml
+//! [pipeline]
+//! name = "metaworld-grpo"
+//! keep_workers = 2          # at least the stages' `bridge.workers`
+//! ```
+
+use std::path::Path;
+use std::time::Duration;
+
+use embodyflow_gym::BridgeConfig;
+use embodyflow_gym::served::{POOL_VAR, ServedWorkers};
+
+use crate::error::{Result, RunnerError};
+
+/// The kept workers of a run, started when a step first needs them.
+pub(crate) struct KeptWorkers {
+    count: usize,
+    dir: std::path::PathBuf,
+    workers: Option<ServedWorkers>,
+}
+
+impl KeptWorkers {
+    /// `count` workers for the run directory `out` (none started yet).
+    pub(crate) fn new(out: &Path, count: u32) -> KeptWorkers {
+        KeptWorkers {
+            count: count as usize,
+            dir: crate::cache::runner_dir(out).join("workers"),
+            workers: None,
+        }
+    }
+
+    /// The environment entry that names the workers' sockets to a stage
+    /// process, after starting them (the first time) or starting again
+    /// those that died.
+    pub(crate) fn env(&mut self) -> Result<(String, String)> {
+        let workers = match &mut self.workers {
+            Some(workers) => {
+                workers.revive().map_err(serve_error)?;
+                workers
+            }
+            None => self.workers.insert(
+                ServedWorkers::start(&self.dir, self.count, &BridgeConfig::python(None))
+                    .map_err(serve_error)?,
+            ),
+        };
+        Ok((
+            POOL_VAR.to_string(),
+            workers.sockets_var().to_string_lossy().into_owned(),
+        ))
+    }
+
+    /// One line on the workers, for the end of the run: their pids and the
+    /// environments each built; none when no step started them.
+    pub(crate) fn summary(&self) -> Option<String> {
+        let workers = self.workers.as_ref()?;
+        let each: Vec<String> = workers
+            .status(Duration::from_secs(10))
+            .into_iter()
+            .zip(workers.pids())
+            .map(|(status, pid)| match status {
+                Ok(status) => format!("pid {} built {} environment(s)", status.pid, status.builds),
+                Err(why) => format!("pid {pid}: {why}"),
+            })
+            .collect();
+        Some(format!("kept bridge workers: {}", each.join("; ")))
+    }
+}
+
+fn serve_error(e: embodyflow_gym::served::ServeError) -> RunnerError {
+    RunnerError::Backend(format!("keep_workers: {e}"))
+}
