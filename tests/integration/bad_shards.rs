@@ -685,6 +685,50 @@ fn version_2_steps_and_rewards_are_read_with_the_version_3_columns_null() {
 }
 
 #[test]
+fn version_4_trajectories_are_read_with_source_row_null() {
+    use embodyflow_core::schemas::TrajectoryRow;
+    let dir = tempfile::tempdir().unwrap();
+    let imported: Vec<TrajectoryRow> = TrajectoryRow::examples()
+        .into_iter()
+        .zip(0..)
+        .map(|(r, row)| TrajectoryRow {
+            source_row: Some(row),
+            ..r
+        })
+        .collect();
+    embodyflow_tests::write_table(dir.path(), &imported);
+    let table = dir.path().join("trajectories");
+    let batch = original_batch_of(&table, TableName::Trajectories);
+    assert_eq!(
+        TableReader::open(&table, TableName::Trajectories)
+            .unwrap()
+            .read_rows::<TrajectoryRow>()
+            .unwrap(),
+        imported,
+        "version 5 keeps the dump's rows"
+    );
+    as_older_version(
+        &table,
+        &without_column(&batch, "source_row"),
+        "trajectories",
+        4,
+    );
+    let read: Vec<TrajectoryRow> = TableReader::open(&table, TableName::Trajectories)
+        .unwrap()
+        .read_rows()
+        .unwrap();
+    let collected: Vec<TrajectoryRow> = imported
+        .into_iter()
+        .map(|r| TrajectoryRow {
+            source_row: None,
+            ..r
+        })
+        .collect();
+    assert_eq!(read, collected);
+    assert_eq!(validate(&table).code, 0);
+}
+
+#[test]
 fn version_1_tables_without_the_columns_added_since_are_read_with_them_null() {
     use embodyflow_core::schemas::{EvalRow, Row, StepRow, TrajectoryRow};
     /// Writes `R`'s examples with every column added since version 1 set
@@ -729,11 +773,17 @@ fn version_1_tables_without_the_columns_added_since_are_read_with_them_null() {
     }
     check::<TrajectoryRow>(
         "trajectories",
-        &["ever_grasped", "failure_reason", "infra_fault"],
+        &[
+            "ever_grasped",
+            "failure_reason",
+            "infra_fault",
+            "source_row",
+        ],
         |r, set| {
             r.ever_grasped = set.then_some(true);
             r.failure_reason = set.then(|| "worker 0 crashed".to_string());
             r.infra_fault = set.then_some(true);
+            r.source_row = set.then_some(7);
         },
     );
     check::<RewardRow>(

@@ -145,27 +145,32 @@
 //! ```
 //!
 //! `--format verl` export: one JSON object per advantages row, `uid`
-//! (`trajectories.task_id`), `prompt_sha256` (with `--tasks`: the SHA-256 of
-//! the task's instruction, the dump's prompt), `step` (`iteration`), `sample_index`,
-//! `trajectory_id`, `step_index`, `rescored` (the rewards table's score, with
-//! `--rewards`), `advantage` (`episode_adv`), `token_advantages` (per response
-//! token), `estimator`. Joined with the dump in pandas, every row checked
-//! against its prompt:
+//! (`trajectories.task_id`), `dump_row` (`trajectories.source_row`: the
+//! dump's row the trajectory came from, 0-based over all its files in the
+//! order given, the numbering of the `p<row>` / `r<row>` uids; absent for
+//! trajectories collected here), `prompt_sha256` (with `--tasks`: the
+//! SHA-256 of the task's instruction, the dump's prompt), `step`
+//! (`iteration`), `sample_index`, `trajectory_id`, `step_index`,
+//! `rescored` (the rewards table's score, with `--rewards`), `advantage`
+//! (`episode_adv`), `token_advantages` (per response token), `estimator`.
+//! Joined with the dump in pandas by the dump's row index, whatever the
+//! grouping, every row checked against its prompt:
 //!
 //! ```text
 //! import hashlib
 //! import pandas as pd
-//! dump = pd.read_json("rollouts/3.jsonl", lines=True)
-//! dump["sample_index"] = dump.groupby(["step", "uid"]).cumcount()
+//! files = ["rollouts/3.jsonl"]  # the --from files, in their order
+//! dump = pd.concat([pd.read_json(f, lines=True) for f in files], ignore_index=True)
 //! adv = pd.read_json("adv.jsonl", lines=True)
-//! rows = dump.merge(adv, on=["uid", "step", "sample_index"], validate="one_to_one")
+//! rows = dump.merge(adv, left_index=True, right_on="dump_row", suffixes=("_dump", ""),
+//!                   validate="one_to_one")
 //! sha = rows["input"].map(lambda p: hashlib.sha256(p.encode()).hexdigest())
 //! assert (sha == rows["prompt_sha256"]).all(), "a row joined another prompt's advantages"
-//! print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
+//! print(rows[["dump_row", "uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
 //! ```
-//! (A dump without `uid`: with `--group-size N`, set `dump["uid"] = "r" + (dump.index // N
-//! * N).astype(str)` first; with `--group-by-prompt`, `dump["uid"] = "p" +
-//! dump.index.to_series().groupby(dump["input"]).transform("min").astype(str)`.)
+//! (Parquet files: `pd.read_parquet(f)`, the prompt and score columns by their
+//! names there; a conversational prompt's hash is of its rendered text,
+//! `tasks.instruction`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
@@ -1528,7 +1533,7 @@ fn rollout_rows(
     let group_id = format!("it{}/{}/d0", row.step, row.uid);
     let trajectory_id = format!("{group_id}/s{sample}");
     let trajectory = TrajectoryRow {
-        source_row: None,
+        source_row: Some(row.row as i64),
         infra_fault: None,
         trajectory_id: trajectory_id.clone(),
         group_id: group_id.clone(),
@@ -1734,7 +1739,8 @@ pub fn prompt_sha256(text: &str) -> String {
         .collect()
 }
 
-/// Writes the advantages table at `dir` as JSON lines keyed by `uid`
+/// Writes the advantages table at `dir` as JSON lines keyed by `dump_row`
+/// (`trajectories.source_row`, for imported trajectories), `uid`
 /// (`trajectories.task_id`), `step` and `sample_index` (module doc), with
 /// the rewards table's score as `rescored` when `rewards` is given; returns
 /// the number of rows. A closed pipe ends the export quietly.
@@ -1789,6 +1795,9 @@ pub fn export_verl(
             .ok_or_else(|| unknown(trajectories))?;
         let mut object = Map::new();
         object.insert("uid".into(), trajectory.task_id.clone().into());
+        if let Some(dump_row) = trajectory.source_row {
+            object.insert("dump_row".into(), dump_row.into());
+        }
         if let (Some(prompts), Some(path)) = (&prompts, tasks) {
             let hash = prompts.get(&trajectory.task_id).ok_or_else(|| {
                 Error::BadInput(format!(
