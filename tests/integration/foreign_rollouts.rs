@@ -400,25 +400,26 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         ],
     );
     assert_eq!(result.code, 0, "{result}");
-    let joined = pandas_join(&dump, &exported, "");
+    let joined = pandas_join(&[&dump], &exported);
     // print() ends the CSV (which ends its last line) with one more line break.
     let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
-    assert_eq!(lines[0], "uid,sample_index,score,rescored,advantage");
+    assert_eq!(lines[0], JOINED_HEADER);
     assert_eq!(lines.len(), 13, "{joined}");
     for line in &lines[1..] {
         let cells: Vec<&str> = line.split(',').collect();
-        let (g, s): (usize, usize) = (cells[0][4..].parse().unwrap(), cells[1].parse().unwrap());
-        assert_eq!(cells[2].parse::<f64>().unwrap(), SCORES[g][s], "{line}");
+        let (g, s): (usize, usize) = (cells[1][4..].parse().unwrap(), cells[2].parse().unwrap());
+        assert_eq!(cells[0], (g * 4 + s).to_string(), "the dump's row: {line}");
+        assert_eq!(cells[3].parse::<f64>().unwrap(), SCORES[g][s], "{line}");
         let row = r1_adv
             .iter()
             .find(|r| r.trajectory_id == format!("it3/uid-{g}/d0/s{s}"))
             .unwrap();
         assert_eq!(
-            cells[3].parse::<f32>().unwrap(),
+            cells[4].parse::<f32>().unwrap(),
             r1[g * 4 + s].score,
             "{line}"
         );
-        assert_eq!(cells[4].parse::<f32>().unwrap(), row.episode_adv, "{line}");
+        assert_eq!(cells[5].parse::<f32>().unwrap(), row.episode_adv, "{line}");
     }
 }
 
@@ -431,26 +432,58 @@ fn steps_len(steps: &[StepRow], trajectory_id: &str) -> usize {
         .len()
 }
 
-/// The module doc's pandas example, run with the project's Python, with
-/// `uid` (a line setting `dump["uid"]`, for a dump without one) after the
-/// dump is read; it fails when a row joins another prompt's advantages.
-fn pandas_join(dump: &Path, exported: &Path, uid: &str) -> String {
-    let script = format!(
-        r#"import hashlib
-import pandas as pd
-dump = pd.read_json("{}", lines=True)
-{uid}
-dump["sample_index"] = dump.groupby(["step", "uid"]).cumcount()
-adv = pd.read_json("{}", lines=True)
-rows = dump.merge(adv, on=["uid", "step", "sample_index"], validate="one_to_one")
-sha = rows["input"].map(lambda p: hashlib.sha256(p.encode()).hexdigest())
-assert (sha == rows["prompt_sha256"]).all(), "a row joined another prompt's advantages"
-print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(index=False))
-"#,
-        dump.display(),
-        exported.display()
+/// The columns the documented pandas join prints.
+const JOINED_HEADER: &str = "dump_row,uid,sample_index,score,rescored,advantage";
+
+/// The book's pandas join (docs/src/interoperability.md, the `python`
+/// block of the export; the table module's doc holds the same lines), run
+/// with the project's Python on the dump `files` (JSON lines, or Parquet
+/// read with `pd.read_parquet`) and the exported `adv.jsonl`; it fails when
+/// a row joins another prompt's advantages. Returns what it prints.
+fn pandas_join(files: &[&Path], exported: &Path) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let book = std::fs::read_to_string(root.join("docs/src/interoperability.md")).unwrap();
+    let export = &book[book
+        .find("## Exporting advantages back to the dump")
+        .unwrap()..];
+    let block = export.split("```python\n").nth(1).unwrap();
+    let block = &block[..block.find("```").unwrap()];
+    let module = std::fs::read_to_string(root.join("stages/table/src/foreign.rs")).unwrap();
+    let module_doc: String = module
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        module_doc.contains(block),
+        "the table module's doc and the book show different joins"
     );
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let listed: Vec<String> = files
+        .iter()
+        .map(|f| format!("{:?}", f.display().to_string()))
+        .collect();
+    let parquet = files
+        .iter()
+        .all(|f| f.extension().is_some_and(|e| e == "parquet"));
+    let script = block
+        .replace(
+            r#"files = ["rollouts/3.jsonl"]"#,
+            &format!("files = [{}]", listed.join(", ")),
+        )
+        .replace(
+            r#""adv.jsonl""#,
+            &format!("{:?}", exported.display().to_string()),
+        );
+    let script = if parquet {
+        script.replace("pd.read_json(f, lines=True)", "pd.read_parquet(f)")
+    } else {
+        script
+    };
+    assert!(
+        script.contains(&listed[0]) && !script.contains("\"adv.jsonl\""),
+        "{script}"
+    );
+    let python = root.join(".venv/bin/python");
     let output = Command::new(&python)
         .args(["-c", &script])
         .output()
@@ -461,6 +494,29 @@ print(rows[["uid", "sample_index", "score", "rescored", "advantage"]].to_csv(ind
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).unwrap()
+}
+
+/// `table export --format verl` of the advantages at `advantages`, with the
+/// imported trajectories and tasks and `rewards`, into `out`.
+fn export_for_verl(advantages: &Path, imported: &Path, rewards: &Path, out: &Path) {
+    let result = run(
+        "table",
+        &[
+            "export",
+            advantages.to_str().unwrap(),
+            "--format",
+            "verl",
+            "--trajectories",
+            imported.join("trajectories").to_str().unwrap(),
+            "--rewards",
+            rewards.to_str().unwrap(),
+            "--tasks",
+            imported.join("tasks").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, 0, "{result}");
 }
 
 #[test]
@@ -538,33 +594,223 @@ fn verl_dump_without_uid_groups_consecutive_rows_or_by_prompt() {
     // under --group-by-prompt (uid p<0-based row of the prompt's first row>).
     advantages(&out, &out.join("rewards"), &tmp.path().join("adv"), &[]);
     let exported = tmp.path().join("adv.jsonl");
-    let result = run(
-        "table",
-        &[
-            "export",
-            tmp.path().join("adv/advantages").to_str().unwrap(),
-            "--format",
-            "verl",
-            "--trajectories",
-            out.join("trajectories").to_str().unwrap(),
-            "--rewards",
-            out.join("rewards").to_str().unwrap(),
-            "--tasks",
-            out.join("tasks").to_str().unwrap(),
-            "--out",
-            exported.to_str().unwrap(),
-        ],
+    export_for_verl(
+        &tmp.path().join("adv/advantages"),
+        &out,
+        &out.join("rewards"),
+        &exported,
     );
-    assert_eq!(result.code, 0, "{result}");
-    let uid = r#"dump["uid"] = "p" + dump.index.to_series().groupby(dump["input"]).transform("min").astype(str)"#;
-    let joined = pandas_join(&dump, &exported, uid);
+    let joined = pandas_join(&[&dump], &exported);
     let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines.len(), 1 + 4, "{joined}");
     for line in &lines[1..] {
         let cells: Vec<&str> = line.split(',').collect();
         let score = |cell: &str| cell.parse::<f64>().unwrap();
-        assert_eq!(score(cells[2]), score(cells[3]), "its own score: {line}");
+        assert_eq!(score(cells[3]), score(cells[4]), "its own score: {line}");
     }
+}
+
+/// Eight dump rows of four prompts, two rows each, in an order where the
+/// first row of a prompt counted from 1 names another prompt's first row
+/// counted from 0 (B's first row is 1 from 0, A's is 1 from 1; C's is 2,
+/// B's is 2): a numbering off by one joins four of the eight rows with
+/// another prompt's advantages. Each row scores `row / 8`.
+const INTERLEAVED: [char; 8] = ['A', 'B', 'C', 'C', 'D', 'D', 'A', 'B'];
+
+/// Eight rows in groups of two consecutive rows; prompt A has two groups.
+const CONSECUTIVE: [char; 8] = ['A', 'A', 'B', 'B', 'A', 'A', 'C', 'C'];
+
+/// The dump row of prompt `prompt` at `row`, with the veRL keys (`input`,
+/// `output`, `score`, `step`).
+fn lettered_row(prompt: char, row: usize) -> serde_json::Value {
+    serde_json::json!({
+        "input": format!("user\nTask {prompt}: put a Mug in the Sink.\nassistant\n"),
+        "output": responses()[row % 4],
+        "score": row as f64 / 8.0,
+        "step": 3,
+    })
+}
+
+/// Imports `files` (veRL JSON lines, or Parquet with the veRL keys as
+/// columns) with `grouping`, GRPO on the dump's scores, exports for veRL,
+/// and checks every exported row against the dump line `dump_row` names:
+/// its uid (`p`/`r` + the 0-based first row of its group), the task's
+/// prompt, its score, its GRPO advantage within its group; then the book's
+/// pandas join pairs every line with its own prompt and score.
+fn dump_rows_pair_with_their_lines(
+    dir: &Path,
+    files: &[&Path],
+    prompts: &[char],
+    grouping: &[&str],
+    uid_of: impl Fn(usize) -> usize,
+) {
+    let tok = tokenizer(dir);
+    let out = dir.join("imported");
+    let mut args = vec!["import", "--format"];
+    if files[0].extension().is_some_and(|e| e == "parquet") {
+        args.extend([
+            "parquet",
+            "--column",
+            "prompt=input",
+            "--column",
+            "response=output",
+            "--column",
+            "reward=score",
+            "--column",
+            "step=step",
+        ]);
+    } else {
+        args.push("verl");
+    }
+    args.push("--from");
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    args.extend([
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    args.extend_from_slice(grouping);
+    let result = run("table", &args);
+    assert_eq!(result.code, 0, "{result}");
+    let trajectories: Vec<TrajectoryRow> = rows(&out.join("trajectories"), TableName::Trajectories);
+    let mut source_rows: Vec<i64> = trajectories.iter().map(|t| t.source_row.unwrap()).collect();
+    source_rows.sort();
+    assert_eq!(source_rows, (0..prompts.len() as i64).collect::<Vec<_>>());
+
+    advantages(
+        &out,
+        &out.join("rewards"),
+        &dir.join("adv"),
+        &["estimator=grpo"],
+    );
+    let exported = dir.join("adv.jsonl");
+    export_for_verl(
+        &dir.join("adv/advantages"),
+        &out,
+        &out.join("rewards"),
+        &exported,
+    );
+    let instructions: BTreeMap<String, String> =
+        rows::<TaskRow>(&out.join("tasks"), TableName::Tasks)
+            .into_iter()
+            .map(|t| (t.task_id, t.instruction))
+            .collect();
+    let text = std::fs::read_to_string(&exported).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), prompts.len());
+    let score = |row: usize| row as f64 / 8.0;
+    for line in &lines {
+        let row = line["dump_row"].as_u64().unwrap() as usize;
+        let dumped = lettered_row(prompts[row], row);
+        let uid = line["uid"].as_str().unwrap();
+        assert_eq!(uid[1..].parse::<usize>().unwrap(), uid_of(row), "{line}");
+        assert_eq!(instructions[uid], dumped["input"], "its own prompt: {line}");
+        assert_eq!(line["rescored"].as_f64().unwrap(), score(row), "{line}");
+        let group: Vec<usize> = (0..prompts.len())
+            .filter(|&r| uid_of(r) == uid_of(row))
+            .collect();
+        let scores: Vec<f64> = group.iter().map(|&r| score(r)).collect();
+        let expected = grpo_by_hand(&scores, true)[group.iter().position(|&r| r == row).unwrap()];
+        assert_close(line["advantage"].as_f64().unwrap() as f32, expected, uid);
+    }
+
+    let joined = pandas_join(files, &exported);
+    let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines[0], JOINED_HEADER);
+    assert_eq!(lines.len(), 1 + prompts.len(), "{joined}");
+    for line in &lines[1..] {
+        let cells: Vec<&str> = line.split(',').collect();
+        let row: usize = cells[0].parse().unwrap();
+        assert_eq!(
+            cells[1][1..].parse::<usize>().unwrap(),
+            uid_of(row),
+            "{line}"
+        );
+        assert_eq!(
+            cells[3].parse::<f64>().unwrap(),
+            score(row),
+            "the dump's score: {line}"
+        );
+        assert_eq!(
+            cells[4].parse::<f64>().unwrap(),
+            score(row),
+            "its own score: {line}"
+        );
+    }
+}
+
+/// The 0-based first row of each row's prompt, and the same counted from 1.
+fn first_rows(prompts: &[char]) -> (Vec<usize>, Vec<usize>) {
+    let first = |row: usize| prompts.iter().position(|&p| p == prompts[row]).unwrap();
+    let from_0: Vec<usize> = (0..prompts.len()).map(first).collect();
+    let from_1 = from_0.iter().map(|r| r + 1).collect();
+    (from_0, from_1)
+}
+
+#[test]
+fn the_dump_row_pairs_every_advantage_with_its_own_line() {
+    let (from_0, from_1) = first_rows(&INTERLEAVED);
+    let misjoined = (0..8)
+        .filter(|&r| {
+            from_0.iter().any(|&f| f == from_1[r]) && INTERLEAVED[from_1[r]] != INTERLEAVED[r]
+        })
+        .count();
+    assert_eq!(misjoined, 4, "the layout catches a numbering off by one");
+    let lines: Vec<_> = INTERLEAVED
+        .iter()
+        .enumerate()
+        .map(|(r, &p)| lettered_row(p, r))
+        .collect();
+
+    // veRL JSON lines, one file: line r + 1 is row r.
+    let tmp = tempfile::tempdir().unwrap();
+    let dump = tmp.path().join("3.jsonl");
+    write_lines(&dump, &lines);
+    dump_rows_pair_with_their_lines(
+        tmp.path(),
+        &[&dump],
+        &INTERLEAVED,
+        &["--group-by-prompt"],
+        |r| from_0[r],
+    );
+
+    // Two Parquet files (5 + 3 rows): rows counted on over the second.
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [tmp.path().join("a.parquet"), tmp.path().join("b.parquet")];
+    parquet_file(&files[0], &lines[..5]);
+    parquet_file(&files[1], &lines[5..]);
+    let files = [files[0].as_path(), files[1].as_path()];
+    dump_rows_pair_with_their_lines(
+        tmp.path(),
+        &files,
+        &INTERLEAVED,
+        &["--group-by-prompt"],
+        |r| from_0[r],
+    );
+
+    // Groups of two consecutive rows, one across the files (3 + 5 rows);
+    // prompt A in two groups.
+    let tmp = tempfile::tempdir().unwrap();
+    let lines: Vec<_> = CONSECUTIVE
+        .iter()
+        .enumerate()
+        .map(|(r, &p)| lettered_row(p, r))
+        .collect();
+    let files = [tmp.path().join("a.parquet"), tmp.path().join("b.parquet")];
+    parquet_file(&files[0], &lines[..3]);
+    parquet_file(&files[1], &lines[3..]);
+    let files = [files[0].as_path(), files[1].as_path()];
+    dump_rows_pair_with_their_lines(
+        tmp.path(),
+        &files,
+        &CONSECUTIVE,
+        &["--group-size", "2"],
+        |r| r / 2 * 2,
+    );
 }
 
 #[test]
