@@ -79,7 +79,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs};
-use embodyflow_core::config::{at_least, ensure};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -149,10 +149,11 @@ impl Classify for CollectError {
 }
 
 /// `dynamic_sampling.*` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct DynamicSampling {
-    /// Drop all-success / all-failure groups and draw replacements.
+    /// Drop all-success / all-failure groups and draw replacements (DAPO
+    /// filter_groups).
     pub enabled: bool,
     /// Most replacement draws per run.
     pub max_extra_draws: usize,
@@ -167,33 +168,37 @@ impl Default for DynamicSampling {
     }
 }
 
-/// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The stage's config. Each field's doc comment is its key's meaning
+/// (`--help`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Iteration recorded in the ids and rows.
     pub iteration: i32,
-    /// Answers per task draw (G).
+    /// Answers per task draw, G (veRL rollout.n).
     pub group_size: usize,
-    /// Sampling temperature T (>= 0; 0: greedy decoding, the log-probs
-    /// stored at T = 1).
+    /// Sampling temperature T >= 0 (SimpleVLA-RL's 1.6; veRL's default is
+    /// 1.0); 0: greedy, the arg max each step, log-probs at T = 1.
     pub temperature: f64,
-    /// Nucleus mass.
+    /// Nucleus sampling mass (1: off).
     pub top_p: f64,
     /// Most tokens per answer.
     pub max_new_tokens: usize,
-    /// Groups per run, as slots of the draw (every task once when unset).
+    /// Groups per run, as slots of the draw (unset: every task once).
     pub tasks_per_iteration: Option<usize>,
     /// Sequences per sampling batch.
     pub batch_rows: usize,
     /// Dynamic sampling.
+    #[keys(section)]
     pub dynamic_sampling: DynamicSampling,
-    /// Standard deviation of the exploration noise added to each latent a
-    /// thinking VLA (LaST-R1) generates (0: the policy's mean).
+    /// Exploration noise (std) on each latent of a thinking VLA (LaST-R1),
+    /// >= 0 (0: the policy's mean).
     pub latent_noise_std: f64,
     /// The gym bridge's workers (bridge tasks).
+    #[keys(table = BridgeKeys::KEYS)]
     pub bridge: BridgeKeys,
     /// Output layout.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
@@ -216,36 +221,9 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        ("batch_rows", "sequences per sampling batch"),
-        BridgeKeys::KEYS[0],
-        BridgeKeys::KEYS[1],
-        BridgeKeys::KEYS[2],
-        (
-            "dynamic_sampling.enabled",
-            "drop all-success / all-failure groups and draw replacements (DAPO filter_groups)",
-        ),
-        (
-            "dynamic_sampling.max_extra_draws",
-            "most replacement draws per run",
-        ),
-        ("group_size", "answers per task draw, G (veRL rollout.n)"),
-        ("iteration", "iteration recorded in the ids and rows"),
-        (
-            "latent_noise_std",
-            "exploration noise (std) on each latent of a thinking VLA (LaST-R1), >= 0",
-        ),
-        ("max_new_tokens", "most tokens per answer"),
-        (
-            "tasks_per_iteration",
-            "groups per run, as slots of the draw (unset: every task once)",
-        ),
-        (
-            "temperature",
-            "sampling temperature T >= 0 (SimpleVLA-RL's 1.6; veRL's default is 1.0); 0: greedy, the arg max each step, log-probs at T = 1",
-        ),
-        ("top_p", "nucleus sampling mass (1: off)"),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -1083,7 +1061,7 @@ mod tests {
     }
 }
 
-/// The stage's `KEYS` table documents exactly the config's keys.
+/// The fields' doc comments document exactly the config's keys.
 #[cfg(test)]
 mod config_keys {
     #[test]

@@ -78,7 +78,9 @@ use crate::threads::{Threads, ThreadsConfig};
 /// (joined into one line, the final full stop dropped, the first word in
 /// lower case unless it is an acronym); `#[keys(section)]` marks a table of
 /// settings whose own keys follow its name, `#[keys(skip)]` a field whose
-/// keys are documented elsewhere (`output`).
+/// keys are documented elsewhere (`output`), `#[keys(table = PATH)]` a field
+/// of a type from another crate that keeps its `(dotted key, meaning)` pairs
+/// in a list for the stages holding it (`embodyflow_worlds::BridgeKeys::KEYS`).
 ///
 /// ```
 /// use embodyflow_core::config::{ConfigKeys, keys_of};
@@ -89,6 +91,9 @@ use crate::threads::{Threads, ThreadsConfig};
 ///     /// GAE lambda.
 ///     lam: f32,
 /// }
+/// /// A type of another crate, with its keys kept in a list.
+/// struct Pool;
+/// const POOL_KEYS: [(&str, &str); 1] = [("pool.workers", "worker processes")];
 /// #[derive(ConfigKeys)]
 /// struct Config {
 ///     /// Rows per record batch read from the steps table.
@@ -96,6 +101,9 @@ use crate::threads::{Threads, ThreadsConfig};
 ///     /// GAE settings.
 ///     #[keys(section)]
 ///     gae: Gae,
+///     /// The workers.
+///     #[keys(table = POOL_KEYS)]
+///     pool: Pool,
 /// }
 /// assert_eq!(
 ///     keys_of::<Config>(),
@@ -103,8 +111,12 @@ use crate::threads::{Threads, ThreadsConfig};
 ///         ("batch_rows".to_string(), "rows per record batch read from the steps table"),
 ///         ("gae.gamma".to_string(), "discount"),
 ///         ("gae.lam".to_string(), "GAE lambda"),
+///         ("pool.workers".to_string(), "worker processes"),
 ///     ]
 /// );
+/// let mut nested = Vec::new();
+/// <Config as ConfigKeys>::config_keys("sft", &mut nested);
+/// assert_eq!(nested[3], ("sft.pool.workers".to_string(), "worker processes"));
 /// ```
 pub trait ConfigKeys {
     /// Appends each key under `prefix` (empty at the top) with its meaning.

@@ -32,6 +32,7 @@
 
 use std::fmt::Write as _;
 
+use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::schemas::PlanAction;
 use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -45,15 +46,16 @@ pub const STUDENT_TEMPLATE: &str = "{prompt}";
 const PLACEHOLDERS: [&str; 3] = ["prompt", "instruction", "reference_plan"];
 
 /// The two templates of a teacher-student contrast, and the name recorded with
-/// each row they produce.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// each row they produce. Each field's doc comment is its key's meaning
+/// (`template.*` of the stages that read templates).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextTemplates {
-    /// Recorded in the `template` column of `teacher_logp`.
+    /// Template name, recorded in the template column of teacher_logp.
     pub name: String,
-    /// Teacher context: must hold `{reference_plan}`.
+    /// Teacher context template (must hold {reference_plan}).
     pub teacher: String,
-    /// Student context: must not hold `{reference_plan}`.
+    /// Student context template (must not hold {reference_plan}).
     pub student: String,
 }
 

@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
 use embodyflow_core::cli::{PolicyArg, StageArgs};
-use embodyflow_core::config::{at_least, ensure, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, positive};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -116,34 +116,38 @@ impl Classify for EvalError {
     }
 }
 
-/// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The stage's config. Each field's doc comment is its key's meaning
+/// (`--help`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Scene layouts per task.
     pub runs: u32,
     /// Most tokens per answer (plan policies).
     pub max_new_tokens: usize,
-    /// Sequences per decoding batch (episodes stepped together in a
-    /// closed-loop world).
+    /// Sequences per decoding batch (closed loop: episodes stepped
+    /// together).
     pub batch_rows: usize,
     /// Sampled answers for pass@k.
+    #[keys(section)]
     pub pass_at_k: PassAtKConfig,
     /// The gym bridge's workers (bridge tasks).
+    #[keys(table = BridgeKeys::KEYS)]
     pub bridge: BridgeKeys,
     /// Output layout.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
 /// pass@k: `samples` answers per task and layout at `temperature`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct PassAtKConfig {
-    /// Answers drawn per task and layout (0: no pass@k).
+    /// Sampled answers per task and layout for pass@k (0: no pass@k).
     pub samples: usize,
-    /// Sampling temperature (> 0).
+    /// pass@k sampling temperature (> 0).
     pub temperature: f64,
-    /// Nucleus sampling mass (1: off; plan policies).
+    /// pass@k nucleus sampling mass (1: off; plan policies).
     pub top_p: f64,
 }
 
@@ -171,26 +175,9 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        (
-            "batch_rows",
-            "sequences per decoding batch (closed loop: episodes stepped together)",
-        ),
-        BridgeKeys::KEYS[0],
-        BridgeKeys::KEYS[1],
-        BridgeKeys::KEYS[2],
-        ("max_new_tokens", "most tokens per answer (plan policies)"),
-        (
-            "pass_at_k.samples",
-            "sampled answers per task and layout for pass@k (0: no pass@k)",
-        ),
-        ("pass_at_k.temperature", "pass@k sampling temperature (> 0)"),
-        (
-            "pass_at_k.top_p",
-            "pass@k nucleus sampling mass (1: off; plan policies)",
-        ),
-        ("runs", "scene layouts per task"),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -769,7 +756,7 @@ mod tests {
     }
 }
 
-/// The stage's `KEYS` table documents exactly the config's keys.
+/// The fields' doc comments document exactly the config's keys.
 #[cfg(test)]
 mod config_keys {
     #[test]

@@ -47,7 +47,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use embodyflow_core::cli::{PolicyArg, StageArgs, TeacherArg};
-use embodyflow_core::config::{at_least, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, keys_of, positive};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
@@ -83,17 +83,20 @@ pub struct Args {
     strict: bool,
 }
 
-/// The stage's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The stage's config. Each field's doc comment is its key's meaning
+/// (`--help`; `template.*`: [`ContextTemplates`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Teacher and student context templates.
+    #[keys(section)]
     pub template: ContextTemplates,
-    /// Steps per forward pass (each contributes a teacher and a student sequence).
+    /// Steps per forward pass (each a teacher and a student sequence).
     pub batch_rows: usize,
-    /// Log-probs are computed from `logits / temperature` (1: the model's own distribution).
+    /// Log-probs of logits / temperature (1: the model's own distribution).
     pub temperature: f64,
     /// Output layout.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
@@ -109,28 +112,9 @@ impl Default for Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        (
-            "batch_rows",
-            "steps per forward pass (each a teacher and a student sequence)",
-        ),
-        (
-            "temperature",
-            "log-probs of logits / temperature (1: the model's own distribution)",
-        ),
-        (
-            "template.name",
-            "template name, recorded in the template column",
-        ),
-        (
-            "template.student",
-            "student context template (must not hold {reference_plan})",
-        ),
-        (
-            "template.teacher",
-            "teacher context template (must hold {reference_plan})",
-        ),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -783,7 +767,7 @@ mod tests {
     }
 }
 
-/// The stage's `KEYS` table documents exactly the config's keys.
+/// The fields' doc comments document exactly the config's keys.
 #[cfg(test)]
 mod config_keys {
     #[test]

@@ -59,7 +59,7 @@ use std::path::Path;
 use embodyflow_core::Error;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::commit::{Commit, Digest};
-use embodyflow_core::config::{at_least, ensure};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of};
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_core::spec;
@@ -90,16 +90,16 @@ pub struct Args {
 }
 
 /// `model.*`: the architecture (the vocabulary comes from the tokenizer).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Longest prompt + response.
+    /// Longest prompt + response, in tokens.
     pub n_ctx: i64,
-    /// Width.
+    /// Model width.
     pub n_embd: i64,
     /// Attention heads.
     pub n_head: i64,
-    /// Blocks.
+    /// Transformer blocks.
     pub n_layer: i64,
 }
 
@@ -115,21 +115,22 @@ impl Default for ModelConfig {
 }
 
 /// `tokenizer.*`: the BPE training.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct TokenizerConfig {
     /// Tokens in the vocabulary, special tokens included.
     pub vocab_size: usize,
-    /// Generated training tasks whose prompts and answers form the corpus.
+    /// Generated training tasks whose texts train the tokenizer (household
+    /// prompts and answers; tabletop instructions for kind = vla).
     pub corpus_tasks: usize,
-    /// Reuse this tokenizer instead of training one: a `tokenizer.json` or a
-    /// checkpoint directory holding one (a teacher that must share the
-    /// policy's tokenizer).
+    /// Reuse this tokenizer.json (or a checkpoint holding one) instead of
+    /// training one, as a teacher that must share the policy's tokenizer
+    /// does.
     pub from: Option<std::path::PathBuf>,
-    /// `--input` tasks of a world that observes text: probe episodes (one
-    /// per task, the first ones) whose prompts train the tokenizer and
-    /// bound `vla.max_instruction`; 0: instructions only, the text counted
-    /// as one token per character.
+    /// --input tasks of a world that observes text: probe episodes (one per
+    /// task, the first ones) whose prompts (instruction, newline, observed
+    /// text) train the tokenizer and bound vla.max_instruction; 0:
+    /// instructions only, the text counted as one token per character.
     pub probe_episodes: usize,
 }
 
@@ -146,40 +147,45 @@ impl Default for TokenizerConfig {
 
 /// `vla.*`: the VLA's architecture (`kind = "vla"`; the vocabulary comes
 /// from the tokenizer, the proprio length and action size from the tabletop
-/// world, the bins span `[-1, 1]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// world, the bins span `[-1, 1]`). Each field's doc comment is its key's
+/// meaning (`--help`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct VlaKeys {
-    /// Most instruction tokens.
+    /// Most prompt tokens: the instruction, and in a world that observes
+    /// text a newline and the text; every corpus instruction and probe
+    /// prompt must fit (kind = vla).
     pub max_instruction: i64,
-    /// Side of the square RGB image in pixels.
+    /// Side of the square RGB image in pixels (kind = vla).
     pub image_size: i64,
-    /// Side of a square image patch (divides `image_size`).
+    /// Side of a square image patch, divides vla.image_size (kind = vla).
     pub patch_size: i64,
-    /// Actions per decision (K).
+    /// Actions per decision, K (kind = vla).
     pub chunk_len: i64,
-    /// Bins per action dimension.
+    /// Bins per action dimension over [-1, 1] (kind = vla).
     pub n_bins: i64,
-    /// Width.
+    /// VLA width (kind = vla).
     pub n_embd: i64,
-    /// Attention heads.
+    /// VLA attention heads (kind = vla).
     pub n_head: i64,
-    /// Blocks.
+    /// VLA transformer blocks (kind = vla).
     pub n_layer: i64,
-    /// Latents of LaST-R1's chain of thought before the actions (0: none).
+    /// Latents of LaST-R1's chain of thought before the actions, 0 = none
+    /// (kind = vla).
     pub latent_length: i64,
-    /// Latents per `<latent_end>` candidate (divides `latent_length`).
+    /// Latents per `<latent_end>` stop candidate, divides vla.latent_length
+    /// (kind = vla).
     pub latent_group: i64,
-    /// The trunk: `small` (our transformer of `vla.n_embd`, `vla.n_head`,
-    /// `vla.n_layer`) or `hf:DIR`, the vision-language model (Qwen2.5-VL,
-    /// Qwen3-VL) in DIR, whose weights, tokenizer, width and layers the
-    /// VLA takes.
+    /// Small (our transformer, vla.n_embd / n_head / n_layer) or hf:DIR, a
+    /// Qwen2.5-VL / Qwen3-VL directory whose weights, tokenizer and width
+    /// the VLA takes (kind = vla).
     pub trunk: String,
-    /// With an `hf:` trunk: the action tokens' logits from a separate head
-    /// (`head`) or the model's last `n_bins` vocabulary ids (`vocab`, as
-    /// OpenVLA).
+    /// With an hf: trunk, the action logits from a separate head (head) or
+    /// the model's last vla.n_bins vocabulary ids (vocab, as OpenVLA)
+    /// (kind = vla).
     pub action_tokens: ActionTokens,
-    /// With an `hf:` trunk: keep the vision encoder's weights fixed.
+    /// With an hf: trunk, keep the vision encoder's weights fixed (kind =
+    /// vla).
     pub freeze_vision: bool,
 }
 
@@ -314,95 +320,36 @@ impl VlaKeys {
     }
 }
 
-/// The tool's config.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The tool's config. Each field's doc comment is its key's meaning
+/// (`--help`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Which network: a plan policy (`model.*`) or a VLA (`vla.*`).
+    /// Plan (a plan policy, model.*) or vla (a VLA, vla.*: for the tabletop
+    /// world, or for the world of the --input tasks).
     pub kind: Kind,
     /// Architecture of a plan policy.
+    #[keys(section)]
     pub model: ModelConfig,
     /// Architecture of a VLA.
+    #[keys(section)]
     pub vla: VlaKeys,
     /// Tokenizer.
+    #[keys(section)]
     pub tokenizer: TokenizerConfig,
     /// The gym bridge's workers that probe an `--input` world (its shape,
     /// the probe episodes).
+    #[keys(table = BridgeKeys::KEYS)]
     pub bridge: BridgeKeys,
     /// Unused (no tables are written); present for the uniform `output.*` keys.
+    #[keys(skip)]
     pub output: OutputConfig,
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[
-        (
-            "kind",
-            "plan (a plan policy, model.*) or vla (a VLA, vla.*: for the tabletop world, or for the world of the --input tasks)",
-        ),
-        ("model.n_ctx", "longest prompt + response, in tokens"),
-        ("model.n_embd", "model width"),
-        ("model.n_head", "attention heads"),
-        ("model.n_layer", "transformer blocks"),
-        BridgeKeys::KEYS[0],
-        BridgeKeys::KEYS[1],
-        BridgeKeys::KEYS[2],
-        (
-            "tokenizer.corpus_tasks",
-            "generated training tasks whose texts train the tokenizer (household prompts and answers; tabletop instructions for kind = vla)",
-        ),
-        (
-            "tokenizer.probe_episodes",
-            "--input tasks of a world that observes text: probe episodes whose prompts (instruction, newline, observed text) train the tokenizer and bound vla.max_instruction; 0: instructions only",
-        ),
-        (
-            "tokenizer.from",
-            "reuse this tokenizer.json (or a checkpoint holding one) instead of training one",
-        ),
-        (
-            "tokenizer.vocab_size",
-            "tokens in the vocabulary, special tokens included",
-        ),
-        ("vla.chunk_len", "actions per decision, K (kind = vla)"),
-        (
-            "vla.image_size",
-            "side of the square RGB image in pixels (kind = vla)",
-        ),
-        (
-            "vla.max_instruction",
-            "most prompt tokens: the instruction, and in a world that observes text a newline and the text; every corpus instruction and probe prompt must fit (kind = vla)",
-        ),
-        (
-            "vla.n_bins",
-            "bins per action dimension over [-1, 1] (kind = vla)",
-        ),
-        ("vla.n_embd", "VLA width (kind = vla)"),
-        ("vla.n_head", "VLA attention heads (kind = vla)"),
-        (
-            "vla.latent_length",
-            "latents of LaST-R1's chain of thought before the actions, 0 = none (kind = vla)",
-        ),
-        (
-            "vla.latent_group",
-            "latents per <latent_end> stop candidate, divides vla.latent_length (kind = vla)",
-        ),
-        ("vla.n_layer", "VLA transformer blocks (kind = vla)"),
-        (
-            "vla.trunk",
-            "small (our transformer, vla.n_embd / n_head / n_layer) or hf:DIR, a Qwen2.5-VL / Qwen3-VL directory whose weights, tokenizer and width the VLA takes (kind = vla)",
-        ),
-        (
-            "vla.action_tokens",
-            "with an hf: trunk, the action logits from a separate head (head) or the model's last vla.n_bins vocabulary ids (vocab, as OpenVLA) (kind = vla)",
-        ),
-        (
-            "vla.freeze_vision",
-            "with an hf: trunk, keep the vision encoder's weights fixed (kind = vla)",
-        ),
-        (
-            "vla.patch_size",
-            "side of a square image patch, divides vla.image_size (kind = vla)",
-        ),
-    ];
+    fn key_docs() -> Vec<(String, &'static str)> {
+        keys_of::<Config>()
+    }
 
     fn output(&self) -> &OutputConfig {
         &self.output
@@ -787,7 +734,7 @@ mod tests {
     }
 }
 
-/// Init-policy's and update-policy's `KEYS` table documents exactly the config's keys.
+/// Init-policy's and update-policy's fields' doc comments document exactly their configs' keys.
 #[cfg(test)]
 mod config_keys {
     #[test]
