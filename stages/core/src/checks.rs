@@ -6,10 +6,13 @@
 //! [`crate::config`] re-exports them.
 //!
 //! ```
-//! use embodyflow_core::checks::{at_least, in_range};
+//! use embodyflow_core::checks::{at_least, in_range, non_negative};
 //! assert!(at_least("batch_rows", 1, 1).is_ok());
 //! let err = in_range("gae.gamma", 1.5, 0.0, 1.0).unwrap_err().to_string();
 //! assert_eq!(err, "config key `gae.gamma`: expected a number in [0, 1], found 1.5");
+//! assert!(non_negative("ppo.kl_coef", 0.0).is_ok());
+//! let err = non_negative("ppo.kl_coef", f64::NAN).unwrap_err().to_string();
+//! assert_eq!(err, "config key `ppo.kl_coef`: expected a finite number of at least 0, found NaN");
 //! ```
 
 use std::fmt::Display;
@@ -41,6 +44,16 @@ pub fn positive(key: &str, value: f64) -> Result<()> {
         value.is_finite() && value > 0.0,
         key,
         "a finite number above 0",
+        value,
+    )
+}
+
+/// A finite number of at least 0 (a coefficient or clip that 0 turns off).
+pub fn non_negative(key: &str, value: f64) -> Result<()> {
+    ensure(
+        value.is_finite() && value >= 0.0,
+        key,
+        "a finite number of at least 0",
         value,
     )
 }

@@ -12,7 +12,7 @@
 //! unknown name is a bad value listing the valid ones). Last, the values are
 //! checked: `output.*` here, the stage's own ranges and relations between
 //! keys by [`StageConfig::validate`] (the [`ensure`], [`at_least`],
-//! [`positive`], [`finite`] and [`in_range`] helpers name the key, what was
+//! [`positive`], [`non_negative`], [`finite`] and [`in_range`] helpers name the key, what was
 //! expected and what was found). `--print-config`, the pipeline runner's
 //! pre-check and the stage run all resolve through [`load_config`], so they
 //! accept and reject the same configs. The resolved tree is what manifests
@@ -68,7 +68,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use crate::checks::{at_least, ensure, finite, in_range, positive};
+pub use crate::checks::{at_least, ensure, finite, in_range, non_negative, positive};
 use crate::dataset::WriteOptions;
 use crate::error::{Error, Result};
 use crate::threads::{Threads, ThreadsConfig};

@@ -54,13 +54,17 @@ pub enum HouseholdError {
         "unknown task type `{0}`; expected one of: pick_and_place, pick_clean_then_place, pick_heat_then_place, pick_cool_then_place, pick_two_obj_and_place, look_at_obj_in_light, pick_and_place_with_movable_recep"
     )]
     UnknownTaskType(String),
-    /// A scene image size the renderer does not draw.
-    #[error(
-        "scene image size {0} is outside {min}..={max} pixels",
-        min = render::MIN_IMAGE_SIZE,
-        max = render::MAX_IMAGE_SIZE
-    )]
-    ImageSize(usize),
+    /// A scene image size the renderer does not draw
+    /// ([`render::check_size`]).
+    #[error("scene image size {size} is outside {min}..={max} pixels")]
+    ImageSize {
+        /// The size asked for.
+        size: usize,
+        /// The smallest size drawn.
+        min: usize,
+        /// The largest size drawn.
+        max: usize,
+    },
     /// A tasks-table row that does not describe a household task.
     #[error("task `{task_id}`: {reason}")]
     BadTask {

@@ -135,7 +135,11 @@ pub fn check_size(size: usize) -> Result<(), HouseholdError> {
     if (MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&size) {
         Ok(())
     } else {
-        Err(HouseholdError::ImageSize(size))
+        Err(HouseholdError::ImageSize {
+            size,
+            min: MIN_IMAGE_SIZE,
+            max: MAX_IMAGE_SIZE,
+        })
     }
 }
 

@@ -526,3 +526,17 @@ fn rows_carry_the_image_only_when_asked() {
     let err = task_from_row(&bad).unwrap_err().to_string();
     assert!(err.contains(&task.task_id) && err.contains("4096"), "{err}");
 }
+
+#[test]
+fn an_image_size_the_renderer_does_not_draw_is_named_with_the_sizes_drawn() {
+    let (min, max) = (render::MIN_IMAGE_SIZE, render::MAX_IMAGE_SIZE);
+    assert!(render::check_size(min).is_ok() && render::check_size(max).is_ok());
+    let error = render::check_size(max + 1).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        format!(
+            "scene image size {} is outside {min}..={max} pixels",
+            max + 1
+        )
+    );
+}

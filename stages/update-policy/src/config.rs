@@ -26,7 +26,7 @@
 use std::path::PathBuf;
 
 use embodyflow_core::Error;
-use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, positive};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, non_negative, positive};
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_envs::context::ContextTemplates;
 use embodyflow_models::optimizer::{AdamWConfig, LrSchedule};
@@ -527,16 +527,6 @@ fn validate_schedule(optim: &OptimConfig) -> embodyflow_core::Result<()> {
         )?;
     }
     Ok(())
-}
-
-/// A finite number of at least 0 (a coefficient or clip that 0 turns off).
-pub(crate) fn non_negative(key: &str, value: f64) -> embodyflow_core::Result<()> {
-    ensure(
-        value.is_finite() && value >= 0.0,
-        key,
-        "a finite number of at least 0",
-        value,
-    )
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::images::encode_images;
 use embodyflow_models::policy::PlanNet;
 use embodyflow_models::tokenizer::encode;
-use embodyflow_rollout::task_prompt;
+use embodyflow_rollout::{sampling_seed, task_prompt};
 
 use crate::config::{DemosPerTask, SftConfig, SftContext};
 
@@ -83,7 +83,7 @@ pub struct ExampleThought {
     /// candidate lengths).
     pub latent_len: usize,
     /// The warm-up's candidate lengths, `latent_len` drawn anew from them
-    /// every epoch ([`crate::vla::thinking::redraw_warmup_lengths`]); empty for
+    /// every epoch ([`redraw_warmup_lengths`]); empty for
     /// LAPO (the rollout chose its stop).
     pub warmup_lengths: Vec<usize>,
     /// The rollout's log-prob of that stop (LAPO, PPO; 0 for SFT).
@@ -93,6 +93,41 @@ pub struct ExampleThought {
     /// The value target: GAE's return, advantage + value before whitening
     /// (LAPO; 0 for SFT and PPO).
     pub target_return: f32,
+}
+
+/// A warm-up example's chain length: one of `lengths`, uniformly, from
+/// the epoch's seed and the example's source.
+pub(crate) fn warmup_length(lengths: &[usize], epoch_seed: u64, source: &str) -> usize {
+    lengths[sampling_seed(epoch_seed, source) as usize % lengths.len()]
+}
+
+/// The examples of one warm-up epoch, each chain length drawn anew from
+/// its candidates with the epoch's seed (LaST-R1's warm-up draws a length
+/// per sample each time it is used); `None` when no example has warm-up
+/// candidates (LAPO, a plain VLA), so the examples are used as they are.
+/// Epoch 0's seed is the run's, so its draws are
+/// [`attach_warmup_targets`](crate::vla::thinking::attach_warmup_targets)'s.
+pub fn redraw_warmup_lengths(examples: &[Example], epoch_seed: u64) -> Option<Vec<Example>> {
+    let drawn = |e: &Example| {
+        e.thought
+            .as_ref()
+            .is_some_and(|t| !t.warmup_lengths.is_empty())
+    };
+    if !examples.iter().any(drawn) {
+        return None;
+    }
+    let mut examples = examples.to_vec();
+    for example in &mut examples {
+        let source = example.source.clone();
+        if let Some(thought) = example
+            .thought
+            .as_mut()
+            .filter(|t| !t.warmup_lengths.is_empty())
+        {
+            thought.latent_len = warmup_length(&thought.warmup_lengths, epoch_seed, &source);
+        }
+    }
+    Some(examples)
 }
 
 impl Example {
@@ -118,7 +153,7 @@ impl Example {
     }
 
     /// The encoded observation a VLA decision was taken at, if any: the one
-    /// accessor of the observation (read by [`crate::vla::decode_observations`]).
+    /// accessor of the observation (read by [`crate::vla::decisions::decode_observations`]).
     pub fn observation(&self) -> Option<&[u8]> {
         self.observation.as_ref().map(ObservationBytes::bytes)
     }

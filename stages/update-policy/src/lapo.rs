@@ -86,9 +86,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use embodyflow_core::config::{ConfigKeys, positive};
+use embodyflow_core::config::{ConfigKeys, non_negative, positive};
 
-use crate::config::non_negative;
 use crate::loss::{Denominators, LossAgg, PolicyLoss, PpoConfig, aggregate, policy_loss};
 
 /// `lapo.*` settings: the LAPO weights, the latent's sigma and the value loss

@@ -95,7 +95,7 @@ pub use config::{
 };
 pub use examples::{
     Example, ExampleThought, ObservationBytes, SftSet, check_vocabulary, kept_tasks, ppo_examples,
-    sft_examples, store_observations,
+    redraw_warmup_lengths, sft_examples, store_observations,
 };
 pub use run::run;
 pub use train::{

@@ -31,9 +31,8 @@ use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
 use crate::config::{Config, Objective, SftConfig};
-use crate::examples::{Example, SftSet};
+use crate::examples::{Example, SftSet, redraw_warmup_lengths};
 use crate::loss::{Denominators, aggregate, kl_penalty, policy_loss};
-use crate::vla;
 
 /// A network `update-policy` trains: how its examples are made, checked
 /// and scored. [`train`] and [`accumulate`] (shuffle, steps, gradient
@@ -162,7 +161,7 @@ pub fn train<M: Trainable>(
     let all_examples = examples;
     for epoch in 0..config.epochs {
         let epoch_seed = seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let redrawn = vla::thinking::redraw_warmup_lengths(all_examples, epoch_seed);
+        let redrawn = redraw_warmup_lengths(all_examples, epoch_seed);
         let examples = redrawn.as_deref().unwrap_or(all_examples);
         let mut order: Vec<usize> = (0..examples.len()).collect();
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(epoch_seed));

@@ -47,12 +47,11 @@
 //! ```
 
 use embodyflow_core::Error;
-use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{Entropy, ResponseScores};
-use embodyflow_models::vla::{Observation, Vla, VlaConfig};
+use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
 use embodyflow_rollout::sampling_seed;
@@ -62,88 +61,14 @@ use embodyflow_worlds::{WorldTask, world_of_tasks};
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
 
+pub mod decisions;
 pub mod demonstrations;
 pub mod thinking;
 
-/// The observation shape a VLA checkpoint takes: `image_size² × channels`
-/// and its proprio length.
-pub fn observation_shape(config: &VlaConfig) -> ObservationShape {
-    ObservationShape {
-        height: config.image_size as usize,
-        width: config.image_size as usize,
-        channels: config.channels as usize,
-        proprio: config.proprio_dim as usize,
-    }
-}
-
-/// The observations of a micro-batch decoded into contiguous buffers
-/// (`B × pixel_len` bytes, `B × proprio` floats), rows in order: the one
-/// place training reads examples' observations ([`Example::observation`]).
-pub fn decode_observations(
-    batch: &[&Example],
-    shape: &ObservationShape,
-) -> Result<(Vec<u8>, Vec<f32>), Error> {
-    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
-    let mut pixels = vec![0u8; batch.len() * pixel_len];
-    let mut proprio = vec![0f32; batch.len() * proprio_len];
-    for (r, example) in batch.iter().enumerate() {
-        let bytes = example.observation().ok_or_else(|| {
-            Error::BadInput(format!(
-                "{}: no observation (a VLA decision needs the steps.observation bytes)",
-                example.source
-            ))
-        })?;
-        observation::decode_into(
-            bytes,
-            shape,
-            &mut pixels[r * pixel_len..(r + 1) * pixel_len],
-            &mut proprio[r * proprio_len..(r + 1) * proprio_len],
-        )
-        .map_err(|e| {
-            Error::BadInput(format!(
-                "{}: {e} (the checkpoint takes {shape})",
-                example.source
-            ))
-        })?;
-    }
-    Ok((pixels, proprio))
-}
-
-/// The policy's view of a micro-batch: row `r` the decoded observation of
-/// `batch[r]` (its slices of `pixels` and `proprio`, as
-/// [`decode_observations`] laid them out) and its instruction.
-pub fn observation_rows<'a>(
-    batch: &[&'a Example],
-    pixels: &'a [u8],
-    proprio: &'a [f32],
-    shape: &ObservationShape,
-) -> Vec<Observation<'a>> {
-    let (pixel_len, proprio_len) = (shape.pixel_len(), shape.proprio);
-    batch
-        .iter()
-        .enumerate()
-        .map(|(r, example)| Observation {
-            image: &pixels[r * pixel_len..(r + 1) * pixel_len],
-            height: shape.height,
-            width: shape.width,
-            proprio: &proprio[r * proprio_len..(r + 1) * proprio_len],
-            instruction: &example.prompt,
-        })
-        .collect()
-}
-
-/// Every row's action tokens as a whole chunk of `per` (`K × D`), row after
-/// row: a demonstration's last decision may stop early, and its tokens
-/// past the end are bin 0 (the losses mask them out).
-pub fn padded_chunks(batch: &[&Example], per: usize) -> Vec<u32> {
-    let mut tokens = vec![0u32; batch.len() * per];
-    for (r, example) in batch.iter().enumerate() {
-        for (t, &token) in example.response.iter().enumerate() {
-            tokens[r * per + t] = token as u32;
-        }
-    }
-    tokens
-}
+use decisions::{
+    decode_observations, demonstration_example, dropped_note, observation_rows, observation_shape,
+    padded_chunks,
+};
 
 /// Behaviour-cloning examples (see the module doc): the scripted expert's
 /// demonstration of each kept task, asked of the tasks' world
@@ -253,39 +178,6 @@ pub fn sft_examples(
         notes,
         frame_encoder,
     })
-}
-
-/// A behaviour-cloning example: one decision of a demonstration, its
-/// instruction ids, action tokens and encoded observation.
-fn demonstration_example(
-    source: String,
-    prompt: &[i32],
-    tokens: &[u32],
-    observation: Vec<u8>,
-) -> Example {
-    Example {
-        source,
-        prompt: prompt.to_vec(),
-        response: tokens.iter().map(|&t| t as i32).collect(),
-        old_logprobs: Vec::new(),
-        advantages: Vec::new(),
-        temperature: 1.0,
-        observation: Some(observation.into()),
-        thought: None,
-        response_mask: None,
-    }
-}
-
-/// The summary line of the demonstrations left out because they failed.
-fn dropped_note(dropped: &[String]) -> (String, String) {
-    let value = match dropped.first() {
-        None => "0".to_string(),
-        Some(first) => format!(
-            "{} failed and were left out (first: task `{first}`)",
-            dropped.len()
-        ),
-    };
-    ("dropped demonstrations".to_string(), value)
 }
 
 impl Trainable for Vla {

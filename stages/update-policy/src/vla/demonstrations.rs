@@ -41,7 +41,8 @@ use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::ChunkPolicy;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 
-use super::{demonstration_example, dropped_note, thinking};
+use super::decisions::{demonstration_example, dropped_note};
+use super::thinking;
 use crate::{DemosPerTask, SftConfig, SftSet};
 
 /// Behaviour-cloning examples from the demonstrations table at `dir` (see

@@ -1,7 +1,9 @@
 use super::*;
 use crate::{Config, Objective, OptimConfig, train};
+use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::tiny_vla;
+use embodyflow_models::vla::{Observation, VlaConfig};
 use embodyflow_tabletop::{
     self as tabletop, ExpertConfig, Split, Strategy, Suite, World, frame_len, generate, task_row,
 };

@@ -43,10 +43,10 @@ use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::frame_encoder::FrameEncoder;
 use embodyflow_models::policy::Entropy;
 use embodyflow_models::vla::{LatentConfig, LatentScores, Observation, Vla};
-use embodyflow_rollout::sampling_seed;
 use tch::{Kind, Tensor};
 
-use super::{decode_observations, observation_rows, observation_shape, padded_chunks};
+use super::decisions::{decode_observations, observation_rows, observation_shape, padded_chunks};
+use crate::examples::warmup_length;
 use crate::lapo::{LapoBatch, lapo_loss};
 use crate::loss::{Denominators, policy_loss};
 use crate::{Config, Example, ExampleThought, Objective, OwnLoss};
@@ -155,40 +155,6 @@ pub fn attach_warmup_targets(
          chunk's actions, chain lengths drawn from {lengths:?}"
     );
     Ok((note, fitted))
-}
-
-/// A warm-up example's chain length: one of `lengths`, uniformly, from
-/// the epoch's seed and the example's source.
-fn warmup_length(lengths: &[usize], epoch_seed: u64, source: &str) -> usize {
-    lengths[sampling_seed(epoch_seed, source) as usize % lengths.len()]
-}
-
-/// The examples of one warm-up epoch, each chain length drawn anew from
-/// its candidates with the epoch's seed (LaST-R1's warm-up draws a length
-/// per sample each time it is used); `None` when no example has warm-up
-/// candidates (LAPO, a plain VLA), so the examples are used as they are.
-/// Epoch 0's seed is the run's, so its draws are [`attach_warmup_targets`]'s.
-pub fn redraw_warmup_lengths(examples: &[Example], epoch_seed: u64) -> Option<Vec<Example>> {
-    let drawn = |e: &Example| {
-        e.thought
-            .as_ref()
-            .is_some_and(|t| !t.warmup_lengths.is_empty())
-    };
-    if !examples.iter().any(drawn) {
-        return None;
-    }
-    let mut examples = examples.to_vec();
-    for example in &mut examples {
-        let source = example.source.clone();
-        if let Some(thought) = example
-            .thought
-            .as_mut()
-            .filter(|t| !t.warmup_lengths.is_empty())
-        {
-            thought.latent_len = warmup_length(&thought.warmup_lengths, epoch_seed, &source);
-        }
-    }
-    Some(examples)
 }
 
 /// Fails on an example a checkpoint with (or without) a latent chain cannot

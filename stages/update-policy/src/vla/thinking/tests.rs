@@ -1,5 +1,5 @@
 use super::*;
-use crate::{OptimConfig, SftConfig, Trainable, ppo_examples, train};
+use crate::{OptimConfig, SftConfig, Trainable, ppo_examples, redraw_warmup_lengths, train};
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::{tiny_thinking_vla, tiny_vla};
