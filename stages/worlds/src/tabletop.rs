@@ -400,6 +400,13 @@ mod tests {
     }
 
     #[test]
+    fn all_suites_take_turns() {
+        let suites: Vec<_> = (0..8).map(|i| SuiteChoice::All.task(i)).collect();
+        assert_eq!(suites[5], (tt::Suite::Object, 1));
+        assert_eq!(SuiteChoice::Goal.task(5), (tt::Suite::Goal, 5));
+    }
+
+    #[test]
     fn a_policy_of_another_shape_gets_no_demonstrations() {
         let tasks = TABLETOP.train_tasks(1, 3).unwrap();
         let (bins, bridge) = (ActionBins::openvla(), BridgeConfig::default());
