@@ -54,6 +54,7 @@ use embodyflow_core::{Classify, ErrorKind};
 /// Chat templates: the `embodyflow-chat` crate (no libtorch; the `table`
 /// tool uses it too), its errors converting into [`HfError`].
 pub use embodyflow_chat as chat;
+pub mod checkpointing;
 pub mod config;
 pub mod image;
 pub mod model;

@@ -49,6 +49,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::HfError;
+use crate::checkpointing::{self, Shallow};
 use crate::config::{HfConfig, ModelType};
 use crate::safetensors::{self, Weights};
 
@@ -194,6 +195,39 @@ pub(crate) fn greedy_loop(
     } else {
         Tensor::cat(&tokens, 1)
     })
+}
+
+impl Shallow for Layer {
+    fn shallow(&self) -> Self {
+        Layer {
+            input_layernorm: self.input_layernorm.shallow(),
+            post_attention_layernorm: self.post_attention_layernorm.shallow(),
+            q_proj: self.q_proj.shallow(),
+            k_proj: self.k_proj.shallow(),
+            v_proj: self.v_proj.shallow(),
+            o_proj: self.o_proj.shallow(),
+            q_k_norm: self.q_k_norm.shallow(),
+            gate_proj: self.gate_proj.shallow(),
+            up_proj: self.up_proj.shallow(),
+            down_proj: self.down_proj.shallow(),
+        }
+    }
+}
+
+/// Features added at some positions after the first decoder layers
+/// (Qwen3-VL's DeepStack): `mask` `[B, T, 1]` (bool) marks the positions,
+/// `features[i]` `[positions, hidden]` is added after layer `i`.
+pub(crate) struct Added<'a> {
+    pub(crate) mask: &'a Tensor,
+    pub(crate) features: &'a [Tensor],
+}
+
+/// `h` with `feature` `[positions, hidden]` added where `mask` `[B, T, 1]` is set.
+fn add_at(h: Tensor, mask: &Tensor, feature: &Tensor) -> Tensor {
+    let width = h.size()[2];
+    let at = h.masked_select(mask).view([-1, width]);
+    let added = at + feature.to_kind(h.kind());
+    h.masked_scatter(mask, &added)
 }
 
 impl Layer {
@@ -476,7 +510,7 @@ impl HfNet {
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * &self.inv_freq;
         let rope = self.rope(&freqs);
         let h = self.embed(&ids);
-        Ok(self.decode(h, &rope, &keys, cache, &mut |_, h| h))
+        Ok(self.decode(h, &rope, &keys, cache, None))
     }
 
     /// The rotary `(cos, sin)` `[B, 1, T, head_dim]` in the model's dtype
@@ -504,15 +538,15 @@ impl HfNet {
 
     /// Logits of the embeddings `h` `[B, T, hidden]` under the rotary
     /// `rope` ([`HfNet::rope`]) and the key mask `keys` `[B, past + T]`
-    /// (bool), continuing `cache`; `after_layer(i, h)` replaces the hidden
-    /// states after layer `i` (Qwen3-VL adds its DeepStack features there).
+    /// (bool), continuing `cache`; `added` is added after the first layers
+    /// (Qwen3-VL's DeepStack features).
     pub(crate) fn decode(
         &self,
         h: Tensor,
         rope: &(Tensor, Tensor),
         keys: &Tensor,
         cache: Option<&mut KvCache>,
-        after_layer: &mut dyn FnMut(usize, Tensor) -> Tensor,
+        added: Option<Added<'_>>,
     ) -> Tensor {
         let device = self.device();
         let t = h.size()[1];
@@ -522,38 +556,76 @@ impl HfNet {
         let query_index = Tensor::arange_start(past, s, (Kind::Int64, device));
         let causal = key_index.unsqueeze(0).le_tensor(&query_index.unsqueeze(1));
         let allowed = causal.unsqueeze(0).logical_and(&keys.unsqueeze(1));
-        self.head(&self.hidden(h, rope, &allowed, cache, after_layer))
+        self.head(&self.hidden(h, rope, &allowed, cache, added))
     }
 
     /// The final hidden states (after the last norm) `[B, T, hidden]` of
     /// the embeddings `h` under the rotary `rope`, each query attending to
     /// the keys `allowed` `[B or 1, T, past + T]` (bool: query, key) sets,
-    /// continuing `cache`; `after_layer` as [`HfNet::decode`]'s. A query
+    /// continuing `cache`; `added` as [`HfNet::decode`]'s. A query
     /// allowed no key attends uniformly (the mask holds the dtype's most
-    /// negative value, not `-inf`).
+    /// negative value, not `-inf`). Without a cache, each layer is a block
+    /// of a [`checkpointing::run`] (recomputed in the backward when
+    /// checkpointing is on).
     pub(crate) fn hidden(
         &self,
         h: Tensor,
         rope: &(Tensor, Tensor),
         allowed: &Tensor,
         cache: Option<&mut KvCache>,
-        after_layer: &mut dyn FnMut(usize, Tensor) -> Tensor,
+        added: Option<Added<'_>>,
     ) -> Tensor {
         let kind = self.kind();
         let (b, t, _) = h.size3().unwrap_or_default();
         let s = allowed.size()[2];
         let mask = Tensor::zeros([b, 1, t, s], (kind, self.device()))
             .masked_fill(&allowed.logical_not().unsqueeze(1), min_value(kind));
-        let mut h = h;
-        let mut cache = cache;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let entry = cache.as_mut().and_then(|c| c.layers.get_mut(i));
-            let (next, new_entry) = layer.forward(&h, rope, &mask, entry, &self.config);
-            if let (Some(c), Some(e)) = (cache.as_mut(), new_entry) {
-                c.layers.push(e);
+        let h = match cache {
+            Some(cache) => {
+                let mut h = h;
+                for (i, layer) in self.layers.iter().enumerate() {
+                    let entry = cache.layers.get_mut(i);
+                    let (next, new_entry) = layer.forward(&h, rope, &mask, entry, &self.config);
+                    if let Some(e) = new_entry {
+                        cache.layers.push(e);
+                    }
+                    h = match &added {
+                        Some(a) if i < a.features.len() => add_at(next, a.mask, &a.features[i]),
+                        _ => next,
+                    };
+                }
+                h
             }
-            h = after_layer(i, next);
-        }
+            None => {
+                let features: Vec<&Tensor> = added
+                    .as_ref()
+                    .map_or(vec![], |a| a.features.iter().collect());
+                let image_mask = added.as_ref().map(|a| a.mask.shallow_clone());
+                let config = std::rc::Rc::new(self.config.clone());
+                let trains = self.layers.iter().any(|l| l.q_proj.ws.requires_grad());
+                checkpointing::run(h, &features, trains, |features| {
+                    self.layers
+                        .iter()
+                        .enumerate()
+                        .map(|(i, layer)| {
+                            let layer = layer.shallow();
+                            let (rope, mask, config) =
+                                (rope.shallow(), mask.shallow(), config.clone());
+                            let added = image_mask
+                                .shallow()
+                                .zip(features.get(i).map(Tensor::shallow_clone));
+                            Box::new(move |x: &Tensor| {
+                                let (y, _) = layer.forward(x, &rope, &mask, None, &config);
+                                match &added {
+                                    Some((at, feature)) => add_at(y, at, feature),
+                                    None => y,
+                                }
+                            }) as checkpointing::Block
+                        })
+                        .collect()
+                })
+            }
+        };
         rms_norm(&h, &self.norm, self.config.rms_norm_eps)
     }
 
@@ -723,6 +795,36 @@ mod tests {
             let vs = nn::VarStore::new(Device::Cpu);
             let _net = HfNet::new(&vs.root(), config.clone());
             assert_tensors_are_the_variables(&vs, config.tensors());
+        }
+    }
+
+    /// Checkpointed per layer, every parameter's gradient is the plain
+    /// backward's, for each architecture, with left padding.
+    #[test]
+    fn checkpointed_layers_give_the_plain_gradients() {
+        let base = r#""vocab_size": 40, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 32"#;
+        for extra in [
+            r#""model_type": "qwen2""#,
+            r#""model_type": "qwen3", "head_dim": 6, "tie_word_embeddings": true"#,
+            r#""model_type": "llama", "attention_bias": true, "mlp_bias": true"#,
+        ] {
+            let text = format!("{{{base}, {extra}}}");
+            let config = HfConfig::parse(&text, Path::new("config.json")).unwrap();
+            tch::manual_seed(3);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let net = HfNet::new(&vs.root(), config);
+            crate::testing::randomize(&vs);
+            let ids = Tensor::from_slice(&[0i64, 0, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]).view([2, 6]);
+            let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).view([2, 6]);
+            let target = Tensor::randn([2, 6, 40], (Kind::Float, Device::Cpu));
+            let loss = || {
+                let logp = net.forward(&ids, &mask).unwrap().log_softmax(-1, Kind::Float);
+                (logp * &target).sum(Kind::Float)
+            };
+            let diff = crate::testing::checkpointing_gradient_diff(&vs, &loss);
+            assert!(diff <= 1e-5, "{extra}: {diff}");
         }
     }
 }

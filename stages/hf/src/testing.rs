@@ -98,3 +98,53 @@ pub fn max_diff_at_tokens(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 
         .max()
         .double_value(&[])
 }
+
+/// Every variable of `vs` set to `N(0, 0.2²)` draws (a network built
+/// zero-initialised, without weights files).
+pub fn randomize(vs: &tch::nn::VarStore) {
+    tch::no_grad(|| {
+        for (_, mut var) in vs.variables() {
+            let draw = var.randn_like() * 0.2;
+            var.copy_(&draw);
+        }
+    });
+}
+
+/// The largest difference between the parameters' gradients of `loss()`
+/// backpropagated plainly and with block checkpointing
+/// ([`crate::checkpointing`]); asserts that the checkpointed pass recorded
+/// segments and that both give a gradient to the same parameters.
+pub fn checkpointing_gradient_diff(vs: &tch::nn::VarStore, loss: &dyn Fn() -> Tensor) -> f64 {
+    use crate::checkpointing;
+    let grads = |on: bool| {
+        for mut var in vs.trainable_variables() {
+            var.zero_grad();
+        }
+        let _switch = checkpointing::enable(on);
+        let value = loss();
+        assert_eq!(checkpointing::pending() > 0, on, "segments recorded: {on}");
+        checkpointing::backward(&value);
+        assert_eq!(checkpointing::pending(), 0);
+        vs.variables()
+            .into_iter()
+            .map(|(name, var)| {
+                let g = var.grad();
+                (name, g.defined().then(|| g.copy()))
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (plain, checkpointed) = (grads(false), grads(true));
+    let mut diff = 0f64;
+    for (name, g) in &plain {
+        match (g, &checkpointed[name]) {
+            (Some(a), Some(b)) => {
+                let d = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max();
+                diff = diff.max(d.double_value(&[]));
+            }
+            (None, None) => {}
+            (a, b) => panic!("{name}: a gradient plainly {}, checkpointed {}", a.is_some(), b.is_some()),
+        }
+    }
+    assert!(plain.values().any(Option::is_some), "no gradient at all");
+    diff
+}

@@ -33,6 +33,7 @@
 
 use std::path::Path;
 
+use embodyflow_hf::checkpointing::{self, Shallow};
 use embodyflow_hf::safetensors::Expected;
 use tokenizers::Tokenizer;
 
@@ -132,15 +133,57 @@ impl GptConfig {
     }
 }
 
+/// A block's layer norm: `nn::layer_norm`'s parameters (`weight`, `bias`)
+/// and its forward (eps 1e-5), held so a block can be shallow-copied.
+#[derive(Debug)]
+struct Norm {
+    ws: Tensor,
+    bs: Tensor,
+}
+
+impl Norm {
+    fn new(path: nn::Path, dim: i64) -> Norm {
+        let norm = nn::layer_norm(path, vec![dim], Default::default());
+        Norm {
+            ws: norm.ws.expect("an affine layer norm"),
+            bs: norm.bs.expect("an affine layer norm"),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm(self.ws.size(), Some(&self.ws), Some(&self.bs), 1e-5, true)
+    }
+}
+
 #[derive(Debug)]
 struct Block {
-    ln_1: nn::LayerNorm,
+    ln_1: Norm,
     c_attn: nn::Linear,
     attn_proj: nn::Linear,
-    ln_2: nn::LayerNorm,
+    ln_2: Norm,
     c_fc: nn::Linear,
     mlp_proj: nn::Linear,
     n_head: i64,
+}
+
+impl Shallow for Block {
+    fn shallow(&self) -> Self {
+        Block {
+            ln_1: Norm {
+                ws: self.ln_1.ws.shallow(),
+                bs: self.ln_1.bs.shallow(),
+            },
+            c_attn: self.c_attn.shallow(),
+            attn_proj: self.attn_proj.shallow(),
+            ln_2: Norm {
+                ws: self.ln_2.ws.shallow(),
+                bs: self.ln_2.bs.shallow(),
+            },
+            c_fc: self.c_fc.shallow(),
+            mlp_proj: self.mlp_proj.shallow(),
+            n_head: self.n_head,
+        }
+    }
 }
 
 impl Block {
@@ -149,10 +192,10 @@ impl Block {
         let attn = path / "attn";
         let mlp = path / "mlp";
         Block {
-            ln_1: nn::layer_norm(path / "ln_1", vec![e], Default::default()),
+            ln_1: Norm::new(path / "ln_1", e),
             c_attn: nn::linear(&attn / "c_attn", e, 3 * e, Default::default()),
             attn_proj: nn::linear(&attn / "c_proj", e, e, Default::default()),
-            ln_2: nn::layer_norm(path / "ln_2", vec![e], Default::default()),
+            ln_2: Norm::new(path / "ln_2", e),
             c_fc: nn::linear(&mlp / "c_fc", e, 4 * e, Default::default()),
             mlp_proj: nn::linear(&mlp / "c_proj", 4 * e, e, Default::default()),
             n_head: config.n_head,
@@ -445,12 +488,28 @@ impl Gpt {
 
     /// The blocks over the new positions' embeddings `x`. A bool `mask`
     /// becomes the additive float mask SDPA applies (0 / -inf) once here, not
-    /// in every layer.
+    /// in every layer. Without a context, the blocks are a
+    /// [`checkpointing::run`] (recomputed in the backward when
+    /// checkpointing is on).
     fn blocks(&self, mut x: Tensor, mask: Option<&Tensor>, mut context: Context) -> Tensor {
         let mask = mask.map(|mask| {
             Tensor::zeros(mask.size(), (self.wte.ws.kind(), mask.device()))
                 .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
         });
+        if let Context::None = context {
+            let trains = self.blocks.iter().any(|b| b.c_attn.ws.requires_grad());
+            let x = checkpointing::run(x, &[], trains, |_| {
+                self.blocks
+                    .iter()
+                    .map(|block| {
+                        let (block, mask) = (block.shallow(), mask.shallow());
+                        Box::new(move |x: &Tensor| block.forward(x, mask.as_ref(), Past::None))
+                            as checkpointing::Block
+                    })
+                    .collect()
+            });
+            return self.ln_f.forward(&x);
+        }
         for (index, block) in self.blocks.iter().enumerate() {
             let past = match &mut context {
                 Context::None => Past::None,

@@ -13,6 +13,7 @@
 //!   tokenizer, manifest), loaded with consistency checks and saved atomically;
 //! - [`optimizer`]: AdamW whose moments are saved in the checkpoint, so a
 //!   run of many `update-policy` calls optimises like one process;
+//! - [`precision`]: bf16 training over fp32 master weights;
 //! - [`policy`]: batched sampling with the cache (temperature, greedy,
 //!   top-p) and the log-probs, entropies and masks the update needs;
 //! - [`hf`]: a Hugging Face decoder (Qwen2, Qwen3, Llama) as a plan
@@ -42,6 +43,9 @@ use embodyflow_core::{Classify, ErrorKind};
 use crate::checkpoint::NetSpec;
 
 pub mod checkpoint;
+/// Gradient checkpointing per block (`embodyflow_hf::checkpointing`), which
+/// our small networks use too.
+pub use embodyflow_hf::checkpointing;
 pub mod device;
 pub mod frame_encoder;
 pub mod gpt;
@@ -49,6 +53,7 @@ pub mod hf;
 pub mod images;
 pub mod optimizer;
 pub mod policy;
+pub mod precision;
 pub mod prompt;
 #[doc(hidden)]
 pub mod testing;

@@ -339,26 +339,29 @@ impl AdamW {
             .map(Tensor::grad)
             .filter(Tensor::defined)
             .collect();
-        let norm = grads
-            .iter()
-            .map(|g| g.square().sum(Kind::Double).double_value(&[]))
-            .sum::<f64>()
-            .sqrt();
-        if max_norm > 0.0 && norm > max_norm {
-            // PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-            let scale = max_norm / (norm + 1e-6);
-            tch::no_grad(|| {
-                for mut g in grads {
-                    let _ = g.g_mul_scalar_(scale);
-                }
-            });
-        }
-        norm
+        clip_grads(&grads, max_norm)
     }
 
     /// One AdamW step on every parameter that has a gradient; returns the
     /// learning rate it used.
     pub fn step(&mut self, vars: &VarStore) -> f64 {
+        let params = vars
+            .variables()
+            .into_iter()
+            .filter(|(_, var)| var.requires_grad())
+            .map(|(name, var)| {
+                let grad = var.grad();
+                (name, var, grad)
+            })
+            .filter(|(_, _, grad)| grad.defined())
+            .collect();
+        self.step_params(params)
+    }
+
+    /// One AdamW step on `params` (name, parameter, its gradient; the
+    /// moments take the parameter's dtype): [`AdamW::step`] on a store,
+    /// or on fp32 master weights ([`crate::precision`]).
+    pub fn step_params(&mut self, params: Vec<(String, Tensor, Tensor)>) -> f64 {
         let lr = self.lr();
         let AdamWConfig {
             beta1,
@@ -373,11 +376,7 @@ impl AdamW {
         let lr_scales = &self.lr_scales;
         let (exp_avg, exp_avg_sq) = (&mut self.state.exp_avg, &mut self.state.exp_avg_sq);
         tch::no_grad(|| {
-            for (name, mut var) in vars.variables() {
-                let grad = var.grad();
-                if !var.requires_grad() || !grad.defined() {
-                    continue;
-                }
+            for (name, mut var, grad) in params {
                 let lr = lr * lr_scale(lr_scales, &name);
                 let step_size = lr / (1.0 - beta1.powi(t));
                 let m = exp_avg
@@ -397,6 +396,27 @@ impl AdamW {
         });
         lr
     }
+}
+
+/// Scales `grads` in place so their global L2 norm is at most `max_norm`
+/// (`max_norm <= 0`: no clipping; PyTorch's `clip_grad_norm_`) and returns
+/// the norm before clipping.
+pub fn clip_grads(grads: &[Tensor], max_norm: f64) -> f64 {
+    let norm = grads
+        .iter()
+        .map(|g| g.square().sum(Kind::Double).double_value(&[]))
+        .sum::<f64>()
+        .sqrt();
+    if max_norm > 0.0 && norm > max_norm {
+        // PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6).
+        let scale = max_norm / (norm + 1e-6);
+        tch::no_grad(|| {
+            for g in grads {
+                let _ = g.shallow_clone().g_mul_scalar_(scale);
+            }
+        });
+    }
+    norm
 }
 
 #[cfg(test)]

@@ -49,6 +49,30 @@ pub enum ObservationsMode {
     Mmap,
 }
 
+/// `train.precision`: the dtype the forward and backward run in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// The parameters' own dtype (f32 for our networks).
+    #[default]
+    Fp32,
+    /// bf16 forward and backward over bf16 copies of fp32 master weights,
+    /// AdamW and its moments in fp32, log-probs from logits upcast to fp32
+    /// ([`embodyflow_models::precision`]).
+    Bf16,
+}
+
+/// `train.*`: how a training pass runs (memory and precision), not what it
+/// computes. Each field's doc comment is its key's meaning.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Recompute each transformer block in the backward instead of keeping its activations (less memory, one more forward per block).
+    pub gradient_checkpointing: bool,
+    /// fp32, or bf16: forward and backward in bf16 over fp32 master weights (AdamW in fp32; plan policies only).
+    pub precision: Precision,
+}
+
 /// What the update optimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -316,6 +340,9 @@ pub struct Config {
     /// VLA: where observations are kept while training: mmap (a memory-mapped
     /// Arrow IPC file in sealed shared memory) or memory.
     pub observations: ObservationsMode,
+    /// Memory and precision of the passes.
+    #[keys(section)]
+    pub train: TrainConfig,
     /// Output layout of the metrics table.
     #[keys(skip)]
     pub output: OutputConfig,
@@ -336,6 +363,7 @@ impl Default for Config {
             kl_reference: None,
             sft: SftConfig::default(),
             observations: ObservationsMode::default(),
+            train: TrainConfig::default(),
             output: OutputConfig::default(),
         }
     }

@@ -15,6 +15,12 @@
 //!   step: zero_grad; for micro in micro_batches(step): backward(loss(micro) / D)
 //!         clip_grad_norm(optim.grad_clip); AdamW step at lr(step count)
 //! ```
+//!
+//! `train.gradient_checkpointing` recomputes each transformer block in the
+//! backward (`embodyflow_hf::checkpointing`: the loss's backward, then the
+//! blocks from the top); `train.precision = "bf16"` runs the passes in bf16
+//! and steps fp32 master weights ([`embodyflow_models::precision`]), the
+//! checkpoint written in fp32.
 
 use std::time::Instant;
 
@@ -22,7 +28,10 @@ use embodyflow_core::schemas::{MetricRow, TaskRow};
 use embodyflow_core::{Error, progress};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyNet};
-use embodyflow_models::optimizer::{AdamW, OptimizerState};
+use embodyflow_models::checkpoint::PolicyKind;
+use embodyflow_models::checkpointing;
+use embodyflow_models::optimizer::{AdamW, OptimizerState, clip_grads};
+use embodyflow_models::precision::MasterWeights;
 use embodyflow_models::policy::{Entropy, ResponseScores};
 use embodyflow_models::vla::VALUE_HEAD;
 use rand::SeedableRng;
@@ -30,7 +39,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
-use crate::config::{Config, Objective, SftConfig};
+use crate::config::{Config, Objective, Precision, SftConfig};
 use crate::examples::{Example, SftSet, redraw_warmup_lengths};
 use crate::loss::{Denominators, aggregate, kl_penalty, policy_loss};
 
@@ -146,6 +155,17 @@ pub fn train<M: Trainable>(
         .into());
     }
     M::check_examples(policy, examples)?;
+    if config.train.precision == Precision::Bf16 && M::KIND == PolicyKind::Vla {
+        return Err(Error::Usage(
+            "train.precision = \"bf16\" runs plan policies (our transformer, Hugging Face \
+             decoders and vision-language models); a VLA trains in fp32"
+                .into(),
+        )
+        .into());
+    }
+    let _checkpointing = checkpointing::enable(config.train.gradient_checkpointing);
+    let master = (config.train.precision == Precision::Bf16)
+        .then(|| MasterWeights::new(&mut policy.vars));
     let optim = &config.optim;
     let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
     if config.objective == Objective::Lapo {
@@ -180,8 +200,20 @@ pub fn train<M: Trainable>(
             let sums = accumulate(policy, reference, examples, &micros, denominators, config)?;
             tokens += sums.tokens;
             sequences += step.len() as u64;
-            let grad_norm = optimizer.clip_grad_norm(&policy.vars, optim.grad_clip);
-            let lr = optimizer.step(&policy.vars);
+            let (grad_norm, lr) = match &master {
+                None => (
+                    optimizer.clip_grad_norm(&policy.vars, optim.grad_clip),
+                    optimizer.step(&policy.vars),
+                ),
+                Some(master) => {
+                    let params = master.gradients(&policy.vars);
+                    let grads: Vec<Tensor> = params.iter().map(|p| p.2.shallow_clone()).collect();
+                    let norm = clip_grads(&grads, optim.grad_clip);
+                    let lr = optimizer.step_params(params);
+                    master.write_back(&policy.vars);
+                    (norm, lr)
+                }
+            };
             policy.manifest.updates += 1;
             metrics.push(MetricRow {
                 iteration: config.iteration,
@@ -214,6 +246,9 @@ pub fn train<M: Trainable>(
         }
     }
     bar.finish_and_clear();
+    if let Some(master) = master {
+        master.finish(&mut policy.vars);
+    }
     policy.optimizer = Some(optimizer.state);
     Ok(TrainReport {
         metrics,
@@ -310,7 +345,7 @@ pub fn accumulate<M: Trainable>(
                 ))
                 .into());
             }
-            own.loss.backward();
+            checkpointing::backward(&own.loss);
             sums.loss += own.loss.double_value(&[]);
             sums.pg_loss += own.pg_loss;
             sums.entropy += own.entropy;
@@ -401,7 +436,7 @@ pub fn accumulate<M: Trainable>(
             sums.kl_loss += kl.double_value(&[]);
             loss += kl * config.ppo.kl_coef;
         }
-        loss.backward();
+        checkpointing::backward(&loss);
         sums.loss += loss.double_value(&[]);
         sums.entropy += entropy.double_value(&[]);
         sums.tokens += scores.mask.sum(Kind::Double).double_value(&[]) as u64;

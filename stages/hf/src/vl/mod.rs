@@ -50,7 +50,7 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::HfError;
 use crate::model::{
-    HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint,
+    Added, HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint,
 };
 use crate::safetensors::Weights;
 pub use config::{Layout, VisionConfig, VlConfig, VlFamily};
@@ -113,21 +113,11 @@ struct Prompt {
     deepstack: Option<(Tensor, Vec<Tensor>)>,
 }
 
-/// What runs after decoder layer `layer`: Qwen3-VL's DeepStack feature
-/// `layer` added at the image positions (the hidden states unchanged
-/// without one).
-fn deepstack_after(
-    deepstack: &Option<(Tensor, Vec<Tensor>)>,
-    width: i64,
-) -> impl FnMut(usize, Tensor) -> Tensor + '_ {
-    move |layer, h| match deepstack {
-        Some((mask, features)) if layer < features.len() => {
-            let at_images = h.masked_select(mask).view([-1, width]);
-            let added = at_images + features[layer].to_kind(h.kind());
-            h.masked_scatter(mask, &added)
-        }
-        _ => h,
-    }
+/// The DeepStack features of a prompt, as the decoder adds them.
+fn deepstack_added(deepstack: &Option<(Tensor, Vec<Tensor>)>) -> Option<Added<'_>> {
+    deepstack
+        .as_ref()
+        .map(|(mask, features)| Added { mask, features })
 }
 
 /// The network of a vision-language checkpoint: the language model, the
@@ -347,7 +337,7 @@ impl VlNet {
         attention_mask: &Tensor,
         images: Option<&Images>,
     ) -> Result<Tensor, HfError> {
-        self.forward_cached(input_ids, attention_mask, images, &mut VlCache::default())
+        self.run(input_ids, attention_mask, images, None)
     }
 
     /// As [`VlNet::forward`], continuing `cache`: the first call holds the
@@ -360,7 +350,18 @@ impl VlNet {
         images: Option<&Images>,
         cache: &mut VlCache,
     ) -> Result<Tensor, HfError> {
-        let past = cache.len();
+        self.run(input_ids, attention_mask, images, Some(cache))
+    }
+
+    /// [`VlNet::forward_cached`], or [`VlNet::forward`] without a cache.
+    fn run(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        images: Option<&Images>,
+        mut cache: Option<&mut VlCache>,
+    ) -> Result<Tensor, HfError> {
+        let past = cache.as_ref().map_or(0, |c| c.len());
         let (ids, keys) = self.language.check_batch(input_ids, attention_mask, past)?;
         let (b, t) = ids.size2().unwrap_or_default();
         let device = self.language.device();
@@ -369,7 +370,9 @@ impl VlNet {
         let positions = if past == 0 {
             let prompt = self.embed_prompt(h, &ids, &keys, images)?;
             (h, deepstack) = (prompt.h, prompt.deepstack);
-            cache.rope_deltas = Some(prompt.deltas);
+            if let Some(cache) = cache.as_mut() {
+                cache.rope_deltas = Some(prompt.deltas);
+            }
             prompt.positions
         } else {
             if images.is_some_and(|i| !i.grid_thw.is_empty()) {
@@ -377,7 +380,7 @@ impl VlNet {
                     "images go with the prompt, not with a cached continuation".into(),
                 ));
             }
-            let deltas = match &cache.rope_deltas {
+            let deltas = match cache.as_ref().and_then(|c| c.rope_deltas.as_ref()) {
                 Some(d) => d.shallow_clone(),
                 None => Tensor::zeros([b, 1], (Kind::Int64, device)),
             };
@@ -386,13 +389,12 @@ impl VlNet {
                 .expand([3, b, t], false)
         };
         let rope = self.rope_of(&positions);
-        let width = self.config.text.hidden_size;
         Ok(self.language.decode(
             h,
             &rope,
             &keys,
-            Some(&mut cache.kv),
-            &mut deepstack_after(&deepstack, width),
+            cache.map(|c| &mut c.kv),
+            deepstack_added(&deepstack),
         ))
     }
 
@@ -423,13 +425,12 @@ impl VlNet {
         }
         let prompt = self.embed_prompt(h, &ids, &keys, images)?;
         let rope = self.rope_of(&prompt.positions);
-        let width = self.config.text.hidden_size;
         Ok(self.language.hidden(
             prompt.h,
             &rope,
             allowed,
             None,
-            &mut deepstack_after(&prompt.deepstack, width),
+            deepstack_added(&prompt.deepstack),
         ))
     }
 
@@ -661,6 +662,53 @@ mod tests {
             err.contains("1 image placeholders") && err.contains("2 images"),
             "{err}"
         );
+    }
+
+    /// Checkpointed per decoder layer and per vision block (Qwen3-VL's
+    /// DeepStack features between them), every parameter's gradient is the
+    /// plain backward's; with the vision tower frozen, it gets none.
+    #[test]
+    fn checkpointed_blocks_give_the_plain_gradients() {
+        for family in ["qwen2_5_vl", "qwen3_vl"] {
+            for frozen in [false, true] {
+                tch::manual_seed(5);
+                let vs = nn::VarStore::new(Device::Cpu);
+                let net = VlNet::new(&vs.root(), tiny(family, false), Layout::CURRENT);
+                crate::testing::randomize(&vs);
+                if frozen {
+                    for (name, var) in vs.variables() {
+                        if name.contains("visual") {
+                            let _ = var.set_requires_grad(false);
+                        }
+                    }
+                }
+                // Two rows, one 8 × 8-patch image in the first (16 tokens).
+                let images = Images {
+                    pixel_values: Tensor::randn([64, 3 * 2 * 16], (Kind::Float, Device::Cpu)),
+                    grid_thw: vec![[1, 8, 8]],
+                };
+                let mut row = vec![5i64, 190];
+                row.extend([192; 16]);
+                row.extend([191, 6, 7]);
+                let mut other = vec![0i64; 10];
+                other.extend(8..19);
+                let ids = Tensor::from_slice(&[row, other].concat()).view([2, 21]);
+                let mask = ids.ne(0).to_kind(Kind::Int64);
+                let target = Tensor::randn([2, 21, 200], (Kind::Float, Device::Cpu));
+                let loss = || {
+                    let logits = net.forward(&ids, &mask, Some(&images)).unwrap();
+                    (logits.log_softmax(-1, Kind::Float) * &target).sum(Kind::Float)
+                };
+                let diff = crate::testing::checkpointing_gradient_diff(&vs, &loss);
+                assert!(diff <= 1e-5, "{family}, vision frozen {frozen}: {diff}");
+                let visual_grads = vs
+                    .variables()
+                    .into_iter()
+                    .filter(|(name, var)| name.contains("visual") && var.grad().defined())
+                    .count();
+                assert_eq!(visual_grads == 0, frozen, "{family}");
+            }
+        }
     }
 
     /// get_rope_index's worked example: text, a 1 × (4 × 6 patches → 2 × 3)

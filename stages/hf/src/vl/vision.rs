@@ -26,6 +26,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::HfError;
+use crate::checkpointing::{self, Shallow};
 use crate::model::{linear, norm_weight, rms_norm, rotate_half};
 use crate::vl::Images;
 use crate::vl::config::{VisionConfig, VlFamily};
@@ -59,6 +60,15 @@ impl Norm {
     }
 }
 
+impl Shallow for Norm {
+    fn shallow(&self) -> Self {
+        match self {
+            Norm::Rms(w) => Norm::Rms(w.shallow()),
+            Norm::Layer(w, b) => Norm::Layer(w.shallow(), b.shallow()),
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Mlp {
     /// `down(act(gate(x)) ⊙ up(x))`, with biases.
@@ -74,6 +84,21 @@ struct Block {
     qkv: nn::Linear,
     proj: nn::Linear,
     mlp: Mlp,
+}
+
+impl Shallow for Block {
+    fn shallow(&self) -> Self {
+        Block {
+            norm1: self.norm1.shallow(),
+            norm2: self.norm2.shallow(),
+            qkv: self.qkv.shallow(),
+            proj: self.proj.shallow(),
+            mlp: match &self.mlp {
+                Mlp::Gated(a, b, c) => Mlp::Gated(a.shallow(), b.shallow(), c.shallow()),
+                Mlp::Plain(a, b) => Mlp::Plain(a.shallow(), b.shallow()),
+            },
+        }
+    }
 }
 
 /// A patch merger: `fc2(gelu(fc1(norm(·))))` over the concatenated patches
@@ -275,14 +300,40 @@ impl VisionTower {
         }
         let merged = e * unit;
         let mut deepstack = Vec::new();
-        for (i, block) in self.blocks.iter().enumerate() {
-            let i = i as i64;
-            let lengths = match &window {
-                Some((_, windows)) if !c.fullatt_block_indexes.contains(&i) => windows,
-                _ => &full,
-            };
-            h = block.forward(&h, &cos, &sin, lengths, c);
-            if let Some(j) = c.deepstack_visual_indexes.iter().position(|&d| d == i) {
+        // The blocks in chains ending where a DeepStack merger reads
+        // (each a checkpointing::run, recomputed when checkpointing is on).
+        let config = std::rc::Rc::new(c.clone());
+        let mut start = 0;
+        for end in 1..=self.blocks.len() {
+            let ds = c
+                .deepstack_visual_indexes
+                .iter()
+                .position(|&d| d == end as i64 - 1);
+            if ds.is_none() && end < self.blocks.len() {
+                continue;
+            }
+            let chain = start..end;
+            start = end;
+            let trains = self.blocks[chain.start].qkv.ws.requires_grad();
+            h = checkpointing::run(h, &[], trains, |_| {
+                chain
+                    .map(|i| {
+                        let lengths = match &window {
+                            Some((_, windows))
+                                if !c.fullatt_block_indexes.contains(&(i as i64)) =>
+                            {
+                                windows.clone()
+                            }
+                            _ => full.clone(),
+                        };
+                        let block = self.blocks[i].shallow();
+                        let (cos, sin, config) = (cos.shallow(), sin.shallow(), config.clone());
+                        Box::new(move |x: &Tensor| block.forward(x, &cos, &sin, &lengths, &config))
+                            as checkpointing::Block
+                    })
+                    .collect()
+            });
+            if let Some(j) = ds {
                 deepstack.push(self.deepstack[j].forward(&h, merged));
             }
         }
