@@ -15,6 +15,7 @@ mod grpo_step;
 mod gym_faults;
 mod gym_stages;
 mod hf_policy;
+mod kept_workers;
 mod killed_writer;
 mod lapo_inputs;
 mod learning_loop;
