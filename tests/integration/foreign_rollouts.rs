@@ -178,9 +178,22 @@ fn assert_close(found: f32, expected: f64, what: &str) {
 #[test]
 fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dump, tok) = (verl_dump(tmp.path()), tokenizer(tmp.path()));
-    let imported = tmp.path().join("imported");
-    let result = import("verl", &dump, &tok, &imported, &[]);
+    let root = tmp.path();
+    let (dump, tok) = (verl_dump(root), tokenizer(root));
+    let (imported, steps) = the_import_maps_the_dump(root, &dump, &tok);
+    the_dump_scores_give_grpo_and_dr_grpo_by_hand(root, &imported, &steps);
+    let (r1, r1_adv) = rescored_by_outcome_and_embodied_r1(root, &imported);
+    a_ppo_update_on_a_dump_is_refused(root, &imported);
+    step_rewards_credit_the_aligned_action_names(root, &imported, &tok, &steps);
+    the_export_joins_the_dump_in_pandas(root, &dump, &imported, &r1, &r1_adv);
+}
+
+/// The verl dump imported: its counts, unmapped keys and plan-less rows
+/// reported, and the mapping at exact points (tasks, trajectories, steps,
+/// rewards); returns the imported tables' directory and its steps.
+fn the_import_maps_the_dump(root: &Path, dump: &Path, tok: &Path) -> (PathBuf, Vec<StepRow>) {
+    let imported = root.join("imported");
+    let result = import("verl", dump, tok, &imported, &[]);
     assert_eq!(result.code, 0, "{result}");
     assert!(
         result
@@ -251,13 +264,16 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
     let scores: Vec<f32> = imported_rewards.iter().map(|r| r.score).collect();
     let expected: Vec<f32> = SCORES.iter().flatten().map(|&s| s as f32).collect();
     assert_eq!(scores, expected);
+    (imported, steps)
+}
 
-    // The dump's own scores: GRPO and Dr. GRPO of every group, by hand.
+/// The dump's own scores: GRPO and Dr. GRPO of every group, by hand.
+fn the_dump_scores_give_grpo_and_dr_grpo_by_hand(root: &Path, imported: &Path, steps: &[StepRow]) {
     for (estimator, norm) in [("grpo", true), ("dr_grpo", false)] {
         let adv = advantages(
-            &imported,
+            imported,
             &imported.join("rewards"),
-            &tmp.path().join(format!("adv-{estimator}")),
+            &root.join(format!("adv-{estimator}")),
             &[&format!("estimator={estimator}")],
         );
         for (g, scores) in SCORES.iter().enumerate() {
@@ -265,15 +281,22 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
                 let row = &adv[g * 4 + s];
                 assert_eq!(row.trajectory_id, format!("it3/uid-{g}/d0/s{s}"));
                 assert_close(row.episode_adv, expected, &row.trajectory_id);
-                assert_eq!(row.advantages.len(), steps_len(&steps, &row.trajectory_id));
+                assert_eq!(row.advantages.len(), steps_len(steps, &row.trajectory_id));
                 assert!(row.advantages.iter().all(|&a| a == row.episode_adv));
             }
         }
     }
+}
 
-    // Rescored: outcome (coef 2 on score > 0) and Embodied-R1 on the gold plans.
+/// Rescored: outcome (coef 2 on score > 0) and Embodied-R1 on the gold
+/// plans, and GRPO of the Embodied-R1 scores; returns those rewards and
+/// advantages.
+fn rescored_by_outcome_and_embodied_r1(
+    root: &Path,
+    imported: &Path,
+) -> (Vec<RewardRow>, Vec<AdvantageRow>) {
     let score = |name: &str, sets: &[&str]| -> Vec<RewardRow> {
-        let out = tmp.path().join(name);
+        let out = root.join(name);
         let mut args = vec![
             "--input",
             imported.to_str().unwrap(),
@@ -303,22 +326,26 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         assert_eq!(r1[g * 4 + 3].score, 0.0, "a parse failure scores 0");
     }
     let r1_adv = advantages(
-        &imported,
-        &tmp.path().join("r1/rewards"),
-        &tmp.path().join("adv-r1"),
+        imported,
+        &root.join("r1/rewards"),
+        &root.join("adv-r1"),
         &["estimator=grpo"],
     );
     let r1_group: Vec<f64> = r1[..4].iter().map(|r| f64::from(r.score)).collect();
     for (s, expected) in grpo_by_hand(&r1_group, true).into_iter().enumerate() {
         assert_close(r1_adv[s].episode_adv, expected, &r1_adv[s].trajectory_id);
     }
-    // A dump holds no behaviour log-probs: a PPO update on it is refused.
-    let policy = tmp.path().join("policy");
+    (r1, r1_adv)
+}
+
+/// A dump holds no behaviour log-probs: a PPO update on it is refused.
+fn a_ppo_update_on_a_dump_is_refused(root: &Path, imported: &Path) {
+    let policy = root.join("policy");
     let mut init_args = vec!["--out", policy.to_str().unwrap(), "--seed", "0"];
     init_args.extend(TINY_POLICY);
     let init = run("init-policy", &init_args);
     assert_eq!(init.code, 0, "{init}");
-    let update_out = tmp.path().join("update");
+    let update_out = root.join("update");
     let update = run(
         "update-policy",
         &[
@@ -329,7 +356,7 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
             "--input",
             imported.join("steps").to_str().unwrap(),
             "--input",
-            tmp.path().join("adv-r1/advantages").to_str().unwrap(),
+            root.join("adv-r1/advantages").to_str().unwrap(),
             "--out",
             update_out.to_str().unwrap(),
         ],
@@ -343,14 +370,22 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         "{update}"
     );
     assert!(!update_out.join("policy").exists());
+}
 
-    // Step rewards on the imported token ids: the rule's A^S sits on the
-    // action-name tokens the import's tokenizer aligns (given as step.tokenizer).
+/// Step rewards on the imported token ids: the rule's A^S sits on the
+/// action-name tokens the import's tokenizer aligns (given as
+/// step.tokenizer).
+fn step_rewards_credit_the_aligned_action_names(
+    root: &Path,
+    imported: &Path,
+    tok: &Path,
+    steps: &[StepRow],
+) {
     let set_tok = format!("step.tokenizer={}", tok.display());
     let step_adv = advantages(
-        &imported,
-        &tmp.path().join("r1/rewards"),
-        &tmp.path().join("adv-step"),
+        imported,
+        &root.join("r1/rewards"),
+        &root.join("adv-step"),
         &["estimator=grpo_step", "step.kind=rule", &set_tok],
     );
     let credited = |s: usize, sign: f32| -> String {
@@ -379,20 +414,29 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
             .iter()
             .all(|&a| a == 0.0)
     );
+}
 
-    // Exported for veRL, joined with the dump in pandas (the module doc's example).
-    let exported = tmp.path().join("adv.jsonl");
+/// Exported for veRL, joined with the dump in pandas (the module doc's
+/// example): each line the dump's score, the rescore and the advantage.
+fn the_export_joins_the_dump_in_pandas(
+    root: &Path,
+    dump: &Path,
+    imported: &Path,
+    r1: &[RewardRow],
+    r1_adv: &[AdvantageRow],
+) {
+    let exported = root.join("adv.jsonl");
     let result = run(
         "table",
         &[
             "export",
-            tmp.path().join("adv-r1/advantages").to_str().unwrap(),
+            root.join("adv-r1/advantages").to_str().unwrap(),
             "--format",
             "verl",
             "--trajectories",
             imported.join("trajectories").to_str().unwrap(),
             "--rewards",
-            tmp.path().join("r1/rewards").to_str().unwrap(),
+            root.join("r1/rewards").to_str().unwrap(),
             "--tasks",
             imported.join("tasks").to_str().unwrap(),
             "--out",
@@ -400,7 +444,7 @@ fn verl_dump_is_imported_rescored_and_its_advantages_exported() {
         ],
     );
     assert_eq!(result.code, 0, "{result}");
-    let joined = pandas_join(&[&dump], &exported);
+    let joined = pandas_join(&[dump], &exported);
     // print() ends the CSV (which ends its last line) with one more line break.
     let lines: Vec<&str> = joined.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines[0], JOINED_HEADER);

@@ -10,7 +10,7 @@
 //! with its log-probs at T = 1; a teacher of another chat template reads the
 //! policy's prompts; sizes the weights do not hold exit 2.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use embodyflow_core::dataset::TableReader;
@@ -52,6 +52,16 @@ fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R
 fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    let data = household_tasks(root);
+    let (qwen, made) = tiny_qwen3(root);
+    let policy = sft_saves_transformers_layout(root, &qwen, &data);
+    let (rollouts, steps) = rollouts_open_with_the_chat_template(root, &policy, &data, &made);
+    transformers_gives_the_recorded_logprobs(root, &policy, &steps);
+    the_loop_runs_on(root, &policy, &rollouts, &data, steps.len());
+}
+
+/// 14 train and 4 val household tasks under `root/data`.
+fn household_tasks(root: &Path) -> PathBuf {
     let data = root.join("data");
     for (split, seed, count) in [("train", "1", "14"), ("val", "2", "4")] {
         ok(
@@ -68,6 +78,13 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
             ],
         );
     }
+    data
+}
+
+/// A tiny random Qwen3 that transformers saved, with our household
+/// tokenizer plus Qwen's chat tokens, and what the script reports of it
+/// (`prompt_ids`: a prompt through `apply_chat_template`).
+fn tiny_qwen3(root: &Path) -> (PathBuf, serde_json::Value) {
     // Our household tokenizer, which the Qwen3 takes with Qwen's chat tokens.
     let init_dir = root.join("init");
     let mut init = vec!["--out", s(&init_dir), "--seed", "0"];
@@ -80,12 +97,17 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
         s(&root.join("init/tokenizer.json")),
     ]);
     let made: serde_json::Value = serde_json::from_str(made.lines().last().unwrap()).unwrap();
+    (qwen, made)
+}
 
+/// SFT of the Qwen3 saves a checkpoint in transformers' layout, carrying
+/// the tokenizer and generation files; returns its directory.
+fn sft_saves_transformers_layout(root: &Path, qwen: &Path, data: &Path) -> PathBuf {
     let sft = ok(
         "update-policy",
         &[
             "--policy",
-            s(&qwen),
+            s(qwen),
             "--input",
             s(&data.join("train")),
             "--out",
@@ -120,13 +142,23 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
     }
     let config = std::fs::read_to_string(policy.join("config.json")).unwrap();
     assert!(config.contains("\"model_type\": \"qwen3\"") && !config.contains("\"kind\""));
+    policy
+}
 
+/// Collected rollouts of the SFT policy: their prompts open with the chat
+/// template's system turn, their log-probs are finite and at most 0.
+fn rollouts_open_with_the_chat_template(
+    root: &Path,
+    policy: &Path,
+    data: &Path,
+    made: &serde_json::Value,
+) -> (PathBuf, Vec<StepRow>) {
     let rollouts = root.join("it0/rollouts");
     ok(
         "collect-rollouts",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
             s(&data.join("train")),
             "--out",
@@ -167,9 +199,12 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
                 .all(|lp| lp.is_finite() && *lp <= 0.0)
         );
     }
+    (rollouts, steps)
+}
 
-    // transformers, loading what update-policy saved, gives the log-probs
-    // collect-rollouts recorded (T = 1.6, each row alone).
+/// transformers, loading what update-policy saved, gives the log-probs
+/// collect-rollouts recorded (T = 1.6, each row alone).
+fn transformers_gives_the_recorded_logprobs(root: &Path, policy: &Path, steps: &[StepRow]) {
     let input = root.join("logprobs-in.json");
     let rows_json: Vec<serde_json::Value> = steps
         .iter()
@@ -182,7 +217,7 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
     )
     .unwrap();
     let output = root.join("logprobs-out.json");
-    python(&["logprobs", s(&policy), s(&input), s(&output)]);
+    python(&["logprobs", s(policy), s(&input), s(&output)]);
     let theirs: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     let mut worst = 0.0f64;
@@ -193,12 +228,17 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
     }
     eprintln!("log-probs: max |ours - transformers'| = {worst:.2e}");
     assert!(worst < 1e-4, "max |ours - transformers'| = {worst}");
+}
 
+/// The rest of the loop on the SFT policy's rollouts: rewards, advantages,
+/// a PPO update, evaluate on val and teacher-logp with the policy as its
+/// own teacher (one row per step).
+fn the_loop_runs_on(root: &Path, policy: &Path, rollouts: &Path, data: &Path, step_count: usize) {
     ok(
         "score-rewards",
         &[
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&data.join("train")),
             "--out",
@@ -211,7 +251,7 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
         "compute-advantages",
         &[
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("it0/rewards")),
             "--out",
@@ -222,9 +262,9 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
         "update-policy",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("it0/adv")),
             "--out",
@@ -257,11 +297,11 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
         "teacher-logp",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--teacher",
             "self",
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&data.join("train")),
             "--out",
@@ -272,7 +312,7 @@ fn a_tiny_qwen3_goes_through_the_household_loop_and_stays_transformers() {
         &root.join("it0/teacher/teacher_logp"),
         TableName::TeacherLogp,
     );
-    assert_eq!(teacher.len(), steps.len());
+    assert_eq!(teacher.len(), step_count);
 }
 
 #[test]
@@ -320,7 +360,7 @@ fn a_tokenizer_larger_than_the_embedding_is_refused_naming_the_file() {
 /// Generated household tasks in `root/data`, our tokenizer in `root/init`
 /// and a tiny Qwen3 made by transformers in `root/qwen3` (`sharp`: logits
 /// whole units apart, see `hf_golden.py plan-policy`).
-fn tasks_and_qwen(root: &Path, sharp: bool) -> std::path::PathBuf {
+fn tasks_and_qwen(root: &Path, sharp: bool) -> PathBuf {
     ok(
         "generate-tasks",
         &[
@@ -350,7 +390,7 @@ fn tasks_and_qwen(root: &Path, sharp: bool) -> std::path::PathBuf {
 
 /// `collect-rollouts` of `policy` on `root/data` (seed 5) with `sets`,
 /// into `root/rollouts`.
-fn collect(root: &Path, policy: &Path, sets: &[&str]) -> std::path::PathBuf {
+fn collect(root: &Path, policy: &Path, sets: &[&str]) -> PathBuf {
     let rollouts = root.join("rollouts");
     let data = root.join("data");
     let mut args = vec![

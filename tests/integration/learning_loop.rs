@@ -3,7 +3,7 @@
 //! (PPO) and evaluate, each as a user runs it; then the bad inputs of the
 //! policy stages.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{
@@ -86,6 +86,17 @@ fn one_iteration_through_every_stage() {
     let root = dir.path();
     prepare(root);
     let policy = root.join("sft/policy");
+    sft_metrics_are_finite_and_leave_ppo_figures_null(root);
+    let (rollouts, checkpoint_id) = rollouts_are_the_policys_and_reproducible(root, &policy);
+    rewards_and_step_advantages(root, &policy, &rollouts);
+    ppo_starts_at_the_behaviour_policy_and_resumes(root, &policy, &rollouts, &checkpoint_id);
+    evaluate_writes_a_row_per_val_task_and_run(root);
+    pass_at_k_is_reproducible_and_refuses_greedy_sampling(root);
+}
+
+/// The SFT metrics `prepare` wrote: finite losses and gradients, PPO-only
+/// figures null (not 0.0).
+fn sft_metrics_are_finite_and_leave_ppo_figures_null(root: &Path) {
     let metrics: Vec<MetricRow> = TableReader::open(&root.join("sft/metrics"), TableName::Metrics)
         .unwrap()
         .read_rows()
@@ -104,14 +115,20 @@ fn one_iteration_through_every_stage() {
             .all(|m| m.clipfrac.is_none() && m.clipfrac_lower.is_none() && m.approx_kl.is_none()),
         "{metrics:?}"
     );
+}
 
+/// Rollouts of the SFT policy under `root/it0/rollouts`: one step per
+/// trajectory, the policy's id, log-probs at most 0, SimpleVLA-RL's
+/// temperature; the same seed gives the same rollouts, whatever the
+/// sampling batch size. Returns them and the policy's manifest.
+fn rollouts_are_the_policys_and_reproducible(root: &Path, policy: &Path) -> (PathBuf, String) {
     let rollouts = root.join("it0/rollouts");
     let collect = |out: &Path| {
         ok(
             "collect-rollouts",
             &[
                 "--policy",
-                s(&policy),
+                s(policy),
                 "--input",
                 s(&root.join("data/train")),
                 "--out",
@@ -166,12 +183,17 @@ fn one_iteration_through_every_stage() {
             .clone()
     };
     assert_eq!(hash(&rollouts), hash(&again));
+    (rollouts, checkpoint_id)
+}
 
+/// Rewards (verify) and step advantages (grpo_step, rule) of the rollouts,
+/// under `root/it0`.
+fn rewards_and_step_advantages(root: &Path, policy: &Path, rollouts: &Path) {
     ok(
         "score-rewards",
         &[
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("data/train")),
             "--out",
@@ -184,9 +206,9 @@ fn one_iteration_through_every_stage() {
         "compute-advantages",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("it0/rewards")),
             "--out",
@@ -197,13 +219,25 @@ fn one_iteration_through_every_stage() {
             "step.kind=rule",
         ],
     );
+}
+
+/// A PPO update from the SFT policy starts at the behaviour policy (ratio
+/// 1, nothing clipped), records its parent, moves the weights through the
+/// entropy bonus alone, and a second update resumes PPO's AdamW moments
+/// (not SFT's).
+fn ppo_starts_at_the_behaviour_policy_and_resumes(
+    root: &Path,
+    policy: &Path,
+    rollouts: &Path,
+    checkpoint_id: &str,
+) {
     let update = ok(
         "update-policy",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("it0/adv")),
             "--out",
@@ -235,7 +269,7 @@ fn one_iteration_through_every_stage() {
     );
     assert_eq!(metrics[0].clipfrac, Some(0.0));
     let manifest = std::fs::read_to_string(root.join("it0/update/policy/manifest.json")).unwrap();
-    let sft_id: serde_json::Value = serde_json::from_str(&checkpoint_id).unwrap();
+    let sft_id: serde_json::Value = serde_json::from_str(checkpoint_id).unwrap();
     let new: serde_json::Value = serde_json::from_str(&manifest).unwrap();
     assert_eq!(new["parent"], sft_id["id"]);
     // All-equal rewards give zero advantages; the entropy bonus still moves the weights.
@@ -248,7 +282,7 @@ fn one_iteration_through_every_stage() {
             "--policy",
             s(&root.join("it0/update/policy")),
             "--input",
-            s(&rollouts),
+            s(rollouts),
             "--input",
             s(&root.join("it0/adv")),
             "--out",
@@ -260,7 +294,11 @@ fn one_iteration_through_every_stage() {
         ],
     );
     assert!(again.contains("AdamW resumed at step 4"), "{again}");
+}
 
+/// Evaluate on val: 2 runs of the 4 tasks, each row with its split and
+/// task type.
+fn evaluate_writes_a_row_per_val_task_and_run(root: &Path) {
     let eval = ok(
         "evaluate",
         &[
@@ -286,9 +324,12 @@ fn one_iteration_through_every_stage() {
         rows.iter()
             .all(|r| r.split == "val" && r.task_type.is_some())
     );
+}
 
-    // pass@k: 4 sampled answers per task and layout, the same with the same
-    // seed; the eval table keeps the greedy answers only.
+/// pass@k: 4 sampled answers per task and layout, the same with the same
+/// seed; the eval table keeps the greedy answers only; temperature 0 is
+/// refused, naming the key.
+fn pass_at_k_is_reproducible_and_refuses_greedy_sampling(root: &Path) {
     let pass_at_k = |out: &str, temperature: &str| {
         run(
             "evaluate",
@@ -417,8 +458,21 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
     prepare(root);
     let policy = root.join("sft/policy");
     let train = root.join("data/train");
+    let (broken, config) = weights_of_another_shape_are_named(root, &policy, &train);
+    a_tokenizer_of_another_vocabulary_is_named(root, &broken, &config);
+    a_context_too_short_for_the_prompts_is_named(root);
+    let (rollouts, steps) = advantages_of_another_length_are_named(root, &policy, &train);
+    masks_with_holes_train_and_masks_of_another_length_are_named(root, &policy, &rollouts, &steps);
+}
 
-    // A config that disagrees with the weights.
+/// A config that disagrees with the weights: collect-rollouts exits 2
+/// naming the weights file and writes nothing. Returns the broken
+/// checkpoint (a copy of the policy) and the policy's config.
+fn weights_of_another_shape_are_named(
+    root: &Path,
+    policy: &Path,
+    train: &Path,
+) -> (PathBuf, String) {
     let broken = root.join("broken");
     std::fs::create_dir_all(&broken).unwrap();
     for file in [
@@ -440,7 +494,7 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "--policy",
         s(&broken),
         "--input",
-        s(&train),
+        s(train),
         "--out",
         s(&missing),
     ];
@@ -451,9 +505,13 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "{result}"
     );
     assert!(!missing.exists(), "nothing written");
+    (broken, config)
+}
 
-    // A tokenizer from another vocabulary.
-    std::fs::write(broken.join("config.json"), &config).unwrap();
+/// A tokenizer from another vocabulary: evaluate exits 2 naming the file
+/// and the vocabulary size.
+fn a_tokenizer_of_another_vocabulary_is_named(root: &Path, broken: &Path, config: &str) {
+    std::fs::write(broken.join("config.json"), config).unwrap();
     let other = root.join("other");
     ok(
         "init-policy",
@@ -475,7 +533,7 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "evaluate",
         &[
             "--policy",
-            s(&broken),
+            s(broken),
             "--input",
             s(&root.join("data/val")),
             "--out",
@@ -487,8 +545,11 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         result.stderr.contains("tokenizer.json") && result.stderr.contains("vocab_size"),
         "{result}"
     );
+}
 
-    // A context too short for the prompts.
+/// A context too short for the prompts: evaluate exits 2 naming n_ctx and
+/// the task.
+fn a_context_too_short_for_the_prompts_is_named(root: &Path) {
     let short = root.join("short");
     ok(
         "init-policy",
@@ -521,16 +582,24 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         result.stderr.contains("n_ctx = 64") && result.stderr.contains("household/val/"),
         "{result}"
     );
+}
 
-    // Advantages whose length differs from the response.
+/// Advantages whose length differs from the response: update-policy exits
+/// 2 naming the trajectory and writes nothing. Returns the rollouts it read
+/// and their steps.
+fn advantages_of_another_length_are_named(
+    root: &Path,
+    policy: &Path,
+    train: &Path,
+) -> (PathBuf, Vec<StepRow>) {
     let rollouts = root.join("r");
     ok(
         "collect-rollouts",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
-            s(&train),
+            s(train),
             "--out",
             s(&rollouts),
             "--set",
@@ -562,7 +631,7 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "update-policy",
         &[
             "--policy",
-            s(&policy),
+            s(policy),
             "--input",
             s(&rollouts),
             "--input",
@@ -577,9 +646,18 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
         "{result}"
     );
     assert!(!root.join("z").exists(), "nothing written");
+    (rollouts, steps)
+}
 
-    // collect-rollouts writes no response mask. Our own steps with holes
-    // (tool tokens) train; a mask of the wrong length is bad input.
+/// collect-rollouts writes no response mask. Our own steps with holes
+/// (tool tokens) train; a mask of the wrong length is bad input naming the
+/// step, and nothing is written.
+fn masks_with_holes_train_and_masks_of_another_length_are_named(
+    root: &Path,
+    policy: &Path,
+    rollouts: &Path,
+    steps: &[StepRow],
+) {
     assert!(steps.iter().all(|s| s.response_mask.is_none()));
     let advantages: Vec<embodyflow_core::schemas::AdvantageRow> = steps
         .iter()
@@ -614,7 +692,7 @@ fn bad_checkpoints_and_bad_advantages_are_named() {
             "update-policy",
             &[
                 "--policy",
-                s(&policy),
+                s(policy),
                 "--input",
                 s(&dir),
                 "--input",

@@ -113,8 +113,19 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
         "openvla",
         &["--demos", "2", "--steps", "5", "--skip", "1"],
     );
-    let vla = dir.path().join("vla");
-    let tasks = tasks_table(dir.path(), 32);
+    let vla = small_vla(dir.path());
+    let (out, other) = (dir.path().join("demos"), dir.path().join("regenerated"));
+    libero_layout_imports_as_the_adapters_rows(&own, &vla, &out);
+    openvla_layout_keeps_every_action(&regenerated, &vla, &other);
+    sft_trains_on_the_import_and_refuses_another_chunk_length(dir.path(), &own, &vla, &out);
+    replay_repeats_a_demo_and_tells_initial_states_apart(&own);
+}
+
+/// A VLA of 32 px frames and 2-action chunks for the LIBERO task, under
+/// `root/vla`.
+fn small_vla(root: &Path) -> PathBuf {
+    let vla = root.join("vla");
+    let tasks = tasks_table(root, 32);
     let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
     init.extend_from_slice(&[
         "--set",
@@ -136,8 +147,19 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
     ]);
     ok("init-policy", &init);
 
-    let (out, other) = (dir.path().join("demos"), dir.path().join("regenerated"));
-    let result = import(&[&own], &vla, &out);
+    vla
+}
+
+/// OpenVLA's 256 bins over [-1, 1], the import's tokenisation.
+fn bins() -> ActionBins {
+    ActionBins::new(256, -1.0, 1.0).unwrap()
+}
+
+/// LIBERO's own layout imported: the task, trajectory and steps rows the
+/// adapter writes, action tokens by decision and the first observation
+/// (turned as the adapter turns its cameras).
+fn libero_layout_imports_as_the_adapters_rows(own: &Path, vla: &Path, out: &Path) {
+    let result = import(&[own], vla, out);
     assert_eq!(result.code, 0, "{result}");
     assert!(
         result.stdout.contains("imported 1 files (libero layout)")
@@ -146,7 +168,7 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
                 .contains("2 demonstrations, 6 decisions of up to 2 actions, 10 actions, 32 px"),
         "{result}"
     );
-    let task_rows: Vec<TaskRow> = rows(&out, TableName::Tasks);
+    let task_rows: Vec<TaskRow> = rows(out, TableName::Tasks);
     assert_eq!(task_rows.len(), 1);
     let task = &task_rows[0];
     assert_eq!(
@@ -166,7 +188,7 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
     let spec = embodyflow_gym::task_from_row(task).unwrap().spec;
     assert_eq!(spec.kwargs, serde_json::json!({"resolution": 32}));
 
-    let trajectories: Vec<TrajectoryRow> = rows(&out, TableName::Trajectories);
+    let trajectories: Vec<TrajectoryRow> = rows(out, TableName::Trajectories);
     let ids: Vec<&str> = trajectories
         .iter()
         .map(|t| t.trajectory_id.as_str())
@@ -187,7 +209,7 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
             t.policy
         );
     }
-    let steps: Vec<StepRow> = rows(&out, TableName::Steps);
+    let steps: Vec<StepRow> = rows(out, TableName::Steps);
     assert_eq!(steps.len(), 6);
     let tokenizer = tokenizers::Tokenizer::from_file(vla.join("tokenizer.json")).unwrap();
     let prompt: Vec<i32> = tokenizer
@@ -197,9 +219,9 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
         .iter()
         .map(|&i| i as i32)
         .collect();
-    let demo = file_demo(&own, "demo_0");
+    let demo = file_demo(own, "demo_0");
     let actions: Vec<Vec<f32>> = serde_json::from_value(demo["actions"].clone()).unwrap();
-    let bins = ActionBins::new(256, -1.0, 1.0).unwrap();
+    let bins = bins();
     for (i, step) in steps.iter().take(3).enumerate() {
         assert_eq!(step.step_index, i as i32);
         assert_eq!(step.prompt_ids, prompt);
@@ -243,11 +265,13 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
     }
     let proprio: Vec<f32> = serde_json::from_value(demo["proprio"].clone()).unwrap();
     assert_eq!(first.proprio, proprio);
+}
 
-    // OpenVLA's layout: observations before their actions, every action kept.
-    let result = import(&[&regenerated], &vla, &other);
+/// OpenVLA's layout: observations before their actions, every action kept.
+fn openvla_layout_keeps_every_action(regenerated: &Path, vla: &Path, other: &Path) {
+    let result = import(&[regenerated], vla, other);
     assert_eq!(result.code, 0, "{result}");
-    let trajectories: Vec<TrajectoryRow> = rows(&other, TableName::Trajectories);
+    let trajectories: Vec<TrajectoryRow> = rows(other, TableName::Trajectories);
     let ids: Vec<(&str, i32, i32)> = trajectories
         .iter()
         .map(|t| (t.trajectory_id.as_str(), t.num_steps, t.env_steps))
@@ -259,14 +283,14 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
             ("it0/gym-libero/libero_spatial/0@train/demos/d2/s0", 3, 5)
         ]
     );
-    let steps: Vec<StepRow> = rows(&other, TableName::Steps);
-    let demo = file_demo(&regenerated, "demo_2");
+    let steps: Vec<StepRow> = rows(other, TableName::Steps);
+    let demo = file_demo(regenerated, "demo_2");
     let actions: Vec<Vec<f32>> = serde_json::from_value(demo["actions"].clone()).unwrap();
     let step = steps
         .iter()
         .find(|s| s.trajectory_id.contains("/d2/") && s.step_index == 0)
         .unwrap();
-    let tokens: Vec<i32> = bins
+    let tokens: Vec<i32> = bins()
         .encode(&actions[..2].concat())
         .unwrap()
         .into_iter()
@@ -276,16 +300,24 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
     let proprio: Vec<f32> = serde_json::from_value(demo["proprio"].clone()).unwrap();
     let first = observation::decode(step.observation.as_deref().unwrap()).unwrap();
     assert_eq!(first.proprio, proprio);
+}
 
-    // One SFT epoch of the VLA on the imported demonstrations.
-    let sft = dir.path().join("sft");
+/// One SFT epoch of the VLA on the imported demonstrations; decisions of
+/// another chunk length are refused, naming the step.
+fn sft_trains_on_the_import_and_refuses_another_chunk_length(
+    root: &Path,
+    own: &Path,
+    vla: &Path,
+    out: &Path,
+) {
+    let sft = root.join("sft");
     let sft_args = |out_dir: &Path, table: &Path| {
         let demos = format!("sft.demonstrations={}", s(table));
         run(
             "update-policy",
             &[
                 "--policy",
-                s(&vla),
+                s(vla),
                 "--input",
                 s(&table.join("tasks")),
                 "--out",
@@ -301,7 +333,7 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
             ],
         )
     };
-    let result = sft_args(&sft, &out);
+    let result = sft_args(&sft, out);
     assert_eq!(result.code, 0, "{result}");
     assert!(
         result
@@ -312,18 +344,11 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
     );
     assert!(sft.join("policy").join("config.json").is_file());
     // Decisions of another chunk length are refused, naming the step.
-    let ones = dir.path().join("k1");
-    let mut args = vec!["import", "--format", "libero-hdf5", "--from", s(&own)];
-    args.extend([
-        "--tokenizer",
-        s(&vla),
-        "--chunk-len",
-        "1",
-        "--out",
-        s(&ones),
-    ]);
+    let ones = root.join("k1");
+    let mut args = vec!["import", "--format", "libero-hdf5", "--from", s(own)];
+    args.extend(["--tokenizer", s(vla), "--chunk-len", "1", "--out", s(&ones)]);
     ok("table", &args);
-    let result = sft_args(&dir.path().join("sft-k1"), &ones);
+    let result = sft_args(&root.join("sft-k1"), &ones);
     assert_eq!(result.code, 2, "{result}");
     assert!(
         result.to_string().contains(
@@ -331,14 +356,16 @@ fn libero_demonstrations_import_as_the_adapters_rows_train_a_vla_and_replay() {
         ),
         "{result}"
     );
+}
 
-    // The replay check: demo_0 twice on the worker's one environment, then
-    // demo_1 (another initial state): the same observations, of the file's shape.
+/// The replay check: demo_0 twice on the worker's one environment, then
+/// demo_1 (another initial state): the same observations, of the file's shape.
+fn replay_repeats_a_demo_and_tells_initial_states_apart(own: &Path) {
     let replay = ok(
         "table",
         &[
             "replay",
-            s(&own),
+            s(own),
             "--demo",
             "demo_0",
             "--demo",
