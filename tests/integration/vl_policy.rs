@@ -7,9 +7,11 @@
 //! teacher-logp with a vision-language teacher. The image rides with the
 //! prompt: each step records the task's scene image (`steps.observation`)
 //! beside prompt ids holding its expanded placeholders, and update-policy,
-//! rescoring from that row, starts at ratio 1 (approx_kl 0). An image the
-//! processor cannot take and a prompt whose placeholders miss their image
-//! exit 2 naming the file, key or row, writing nothing.
+//! rescoring from that row, starts at ratio 1 (approx_kl 0); with
+//! `freeze_vision` the same update leaves the vision encoder's weights as
+//! they were (they move without it), and a text policy refuses the key. An
+//! image the processor cannot take and a prompt whose placeholders miss
+//! their image exit 2 naming the file, key or row, writing nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +21,7 @@ use embodyflow_core::observation::decode;
 use embodyflow_core::schemas::{
     EvalRow, MetricRow, StepRow, TableName, TaskRow, TeacherLogpRow, TrajectoryRow,
 };
-use embodyflow_tests::{Run, TINY_POLICY, run, write_table};
+use embodyflow_tests::{Run, TINY_POLICY, run, tensor_bytes, write_table};
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python");
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/hf_vl_golden.py");
@@ -202,31 +204,37 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
     }
     // One GRPO step over all six answers, against the model itself as the
     // KL reference: rescored from the steps rows (image included), the
-    // log-probs are the sampler's, so the ratio and the KL start at 0.
-    let update = ok(
-        "update-policy",
-        &[
+    // log-probs are the sampler's, so the ratio and the KL start at 0. Its
+    // entropy bonus moves every parameter the answers' logits depend on,
+    // whatever their advantages.
+    let adv = root.join("it0/adv-grpo_step");
+    let grpo = |out: &str, policy: &Path, more: &[&str]| {
+        let kl_reference = format!("kl_reference={}", s(&qwen));
+        let mut args = vec![
             "--policy",
-            s(&qwen),
+            s(policy),
             "--input",
             s(&rollouts),
             "--input",
-            s(&root.join("it0/adv-grpo_step")),
+            s(&adv),
             "--out",
-            s(&root.join("it1")),
-            "--set",
+            out,
+        ];
+        let sets = [
             "epochs=1",
-            "--set",
             "mini_batch=6",
-            "--set",
             "micro_batch=3",
-            "--set",
-            &format!("kl_reference={}", s(&qwen)),
-            "--set",
             "ppo.kl_coef=0.01",
-        ],
-    );
-    assert!(update.contains("| objective | ppo |"), "{update}");
+            "ppo.entropy_coef=0.01",
+        ];
+        for set in sets.iter().chain(&[kl_reference.as_str()]).chain(more) {
+            args.extend(["--set", set]);
+        }
+        run("update-policy", &args)
+    };
+    let update = grpo(s(&root.join("it1")), &qwen, &[]);
+    assert_eq!(update.code, 0, "{update}");
+    assert!(update.stdout.contains("| objective | ppo |"), "{update}");
     let metrics: Vec<MetricRow> = rows(&root.join("it1/metrics"), TableName::Metrics);
     assert_eq!(metrics.len(), 1);
     let (approx_kl, kl) = (metrics[0].approx_kl.unwrap(), metrics[0].kl_loss.unwrap());
@@ -236,6 +244,38 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
     );
     let policy = root.join("it1/policy");
     assert!(policy.join("preprocessor_config.json").is_file());
+
+    // The same step with `freeze_vision`: the vision encoder's weights stay
+    // the model's, the language model's move as they did without it (the
+    // step moved the vision encoder then). A text policy has none to freeze.
+    let frozen = root.join("it1-frozen");
+    let update = grpo(s(&frozen), &qwen, &["freeze_vision=true"]);
+    assert_eq!(update.code, 0, "{update}");
+    assert!(
+        update.stdout.contains("| vision encoder | frozen"),
+        "{update}"
+    );
+    let weight = |dir: &Path, name: &str| tensor_bytes(&dir.join("model.safetensors"), name);
+    for (name, moves_when_frozen) in [
+        ("visual.blocks.0.mlp.up_proj.weight", false),
+        ("visual.merger.mlp.0.weight", false),
+        ("model.layers.1.mlp.up_proj.weight", true),
+    ] {
+        let before = weight(&qwen, name);
+        let moved = weight(&policy, name) != before;
+        assert!(moved, "{name} moves without freeze_vision");
+        let moved = weight(&frozen.join("policy"), name) != before;
+        assert_eq!(moved, moves_when_frozen, "{name} with freeze_vision");
+    }
+    let text = root.join("text-frozen");
+    let text_only = ["freeze_vision=true", "ppo.kl_coef=0"];
+    let refused = grpo(s(&text), &root.join("init"), &text_only);
+    assert_eq!(refused.code, 2, "{refused}");
+    assert!(
+        refused.stderr.contains("freeze_vision") && refused.stderr.contains("no vision encoder"),
+        "{refused}"
+    );
+    assert!(!text.exists(), "nothing written");
 
     ok(
         "evaluate",

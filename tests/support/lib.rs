@@ -311,6 +311,21 @@ pub fn read_advantages(dir: &Path) -> Vec<embodyflow_core::schemas::AdvantageRow
     rows
 }
 
+/// The bytes of tensor `name` in the safetensors file `file`.
+pub fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offsets = &header[name]["data_offsets"];
+    let (start, end) = (
+        offsets[0]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no tensor `{name}` in {file:?}")) as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    bytes[8 + n + start..8 + n + end].to_vec()
+}
+
 /// The producer recorded in fixture tables.
 pub fn fixture_producer() -> embodyflow_core::manifest::Producer {
     embodyflow_core::manifest::Producer {

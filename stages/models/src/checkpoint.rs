@@ -247,6 +247,12 @@ pub trait PolicyNet: Sized {
     fn image_token(&self) -> Option<i32> {
         None
     }
+    /// The name prefix of the vision encoder's parameters (they are named
+    /// `prefix.…`), which [`Checkpoint::freeze_vision`] freezes; `None`:
+    /// the network has no vision encoder.
+    fn vision_encoder(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// [`PolicyNet::tokens`] of our networks: `<|pad|>`, `<|plan|>` and
@@ -667,6 +673,27 @@ impl<M: PolicyNet> Checkpoint<M> {
             PromptFormat::Plan => token == self.special.eos,
             PromptFormat::Chat { stop, .. } => stop.contains(&token),
         }
+    }
+
+    /// Keeps the vision encoder's weights fixed, as the seeds train a
+    /// vision-language model: its parameters ([`PolicyNet::vision_encoder`])
+    /// stop requiring gradients, so no optimizer step changes them
+    /// ([`crate::optimizer::AdamW::step`] skips them). Returns how many
+    /// parameter values were frozen, `None` when the network has no vision
+    /// encoder.
+    pub fn freeze_vision(&self) -> Option<i64> {
+        let prefix = format!("{}.", self.model.vision_encoder()?);
+        let frozen = self
+            .vars
+            .variables()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, tensor)| {
+                let _ = tensor.set_requires_grad(false);
+                tensor.numel() as i64
+            })
+            .sum();
+        Some(frozen)
     }
 
     /// Number of trainable parameters.

@@ -186,6 +186,10 @@ impl PolicyNet for VlPolicy {
         Some(self.setup.config.image_token_id as i32)
     }
 
+    fn vision_encoder(&self) -> Option<&'static str> {
+        Some(self.setup.layout.visual)
+    }
+
     fn tokens(dir: &Path, tokenizer: &Tokenizer, setup: &VlSetup) -> Result<Tokens, ModelError> {
         let source = &setup.config.source;
         let mut configs = vec![source];

@@ -588,6 +588,13 @@ impl PolicyNet for Vla {
     fn config(&self) -> &VlaConfig {
         &self.config
     }
+
+    fn vision_encoder(&self) -> Option<&'static str> {
+        self.config
+            .trunk
+            .as_ref()
+            .map(|_| embodyflow_hf::vl::Layout::CURRENT.visual)
+    }
 }
 
 impl Vla {

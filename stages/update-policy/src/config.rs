@@ -323,6 +323,8 @@ pub struct Config {
     pub micro_batch: usize,
     /// Mini-batches per optimizer step (loss normalised over all of them).
     pub grad_accumulation: usize,
+    /// Keep the vision encoder's weights fixed, as the seeds train: a vision-language policy's, or a VLA's vision-language trunk's (frozen anyway when init-policy's vla.freeze_vision was set); refused for a policy without one.
+    pub freeze_vision: bool,
     /// Optimizer.
     #[keys(section)]
     pub optim: OptimConfig,
@@ -357,6 +359,7 @@ impl Default for Config {
             mini_batch: 64,
             micro_batch: 16,
             grad_accumulation: 1,
+            freeze_vision: false,
             optim: OptimConfig::default(),
             ppo: PpoConfig::default(),
             lapo: LapoConfig::default(),

@@ -226,7 +226,9 @@ impl VlaKeys {
             )));
         }
         let image_size = observation.height as i64;
-        if self.patch_size < 1 || (image_size > 0 && image_size % self.patch_size != 0) {
+        // An hf: trunk's patches are its processor's, over the resized frame.
+        let own_patches = self.hf_dir().is_none() && image_size > 0;
+        if self.patch_size < 1 || (own_patches && image_size % self.patch_size != 0) {
             return Err(Error::BadValue {
                 key: "vla.patch_size".into(),
                 reason: format!(

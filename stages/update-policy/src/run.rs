@@ -54,6 +54,7 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
     let policy_out = args.stage.out.join("policy");
     let config = &stage.config;
     let (mut policy, reference) = load_policies::<M>(config, args)?;
+    let frozen = freeze_vision(config, args, &policy)?;
     let (examples, notes) = training_examples(stage, args.stage.seed, &mut policy)?;
     check_example_set(&examples)?;
     let examples = match config.observations {
@@ -84,6 +85,9 @@ fn update<M: Trainable>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelE
             format!("{parent} -> {child} ({})", policy_out.display()),
         )
         .add("examples", examples.len());
+    if let Some(frozen) = frozen {
+        summary.add("vision encoder", format!("frozen, {frozen} parameters"));
+    }
     if let Some(note) = observations_note(&examples) {
         summary.add("observations", note);
     }
@@ -118,6 +122,28 @@ fn load_policies<M: Trainable>(
         _ => None,
     };
     Ok((policy, reference))
+}
+
+/// With `freeze_vision`, freezes the policy's vision encoder
+/// ([`Checkpoint::freeze_vision`]) and returns how many parameter values
+/// it holds; a policy without one is refused naming the key.
+fn freeze_vision<M: Trainable>(
+    config: &Config,
+    args: &Args,
+    policy: &Checkpoint<M>,
+) -> Result<Option<i64>, Error> {
+    if !config.freeze_vision {
+        return Ok(None);
+    }
+    let frozen = policy.freeze_vision().ok_or_else(|| Error::BadValue {
+        key: "freeze_vision".into(),
+        reason: format!(
+            "the policy {} (a {} network) has no vision encoder to freeze",
+            args.policy.policy.display(),
+            M::NAME
+        ),
+    })?;
+    Ok(Some(frozen))
 }
 
 /// Summary lines (key, value) on how the examples were made.

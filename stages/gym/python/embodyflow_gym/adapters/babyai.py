@@ -3,7 +3,11 @@
 Observation: the 7x7x3 symbolic egocentric view as the frame, uint8,
 channels scaled to spread over 0..255 (object index x 23, 0..230; colour
 index x 51, 0..255; state index x 127, 0..254: exact and invertible by
-integer division); proprio = the agent's direction one-hot (4). Instruction
+integer division); or, with `view = "rgb"` in kwargs, the same view
+rendered as an RGB image, 7 x tile_size pixels a side (MiniGrid's
+`RGBImgPartialObsWrapper` frame: `get_frame(agent_pov=True)`; `tile_size`
+is MiniGrid's own keyword, default 32: 224 x 224), the frame a camera-like
+vision encoder reads. Proprio = the agent's direction one-hot (4). Instruction
 = the mission. Actions Discrete(7) (left, right, forward, pickup, drop,
 toggle, done). Success = the episode terminated with a positive reward.
 Expert = minigrid.utils.baby_ai_bot.BabyAIBot. State key = the full grid
@@ -26,6 +30,8 @@ PACKAGES = ["gymnasium==1.4.0", "minigrid==3.2.0"]
 SCALE = np.array([23, 51, 127], dtype=np.uint8)
 # Actions that can change the grid: pickup, drop, toggle.
 GRID_ACTIONS = (3, 4, 5)
+# What the frame shows (kwargs "view").
+VIEWS = ("symbolic", "rgb")
 
 
 def make(env_id, kwargs, seed):
@@ -34,24 +40,32 @@ def make(env_id, kwargs, seed):
 
     if not env_id.startswith("BabyAI-"):
         raise BadEnv(f"`{env_id}` is not a BabyAI level (ids start with BabyAI-)")
+    kwargs = dict(kwargs)
+    view = kwargs.pop("view", "symbolic")
+    if view not in VIEWS:
+        raise BadEnv(f"view {view!r}: expected one of {', '.join(VIEWS)}")
     try:
         env = gymnasium.make(env_id, **kwargs)
     except gymnasium.error.Error as e:
         raise BadEnv(f"environment `{env_id}` does not exist: {e}") from e
-    return Episode(env)
+    return Episode(env, view == "rgb")
 
 
 class Episode:
-    def __init__(self, env):
+    def __init__(self, env, rgb):
         self.env = env
+        self.rgb = rgb
         self.obs = None
         self.bot = None
         self.grid = None
 
     def space(self):
+        side = int(self.env.unwrapped.agent_view_size)
+        if self.rgb:
+            side *= int(self.env.unwrapped.tile_size)
         return {
-            "height": 7,
-            "width": 7,
+            "height": side,
+            "width": side,
             "channels": 3,
             "proprio": 4,
             "action": {"kind": "discrete", "n": int(self.env.action_space.n)},
@@ -75,7 +89,11 @@ class Episode:
         return terminated or truncated, bool(terminated and reward > 0)
 
     def observation(self):
-        image = self.obs["image"] * SCALE
+        if self.rgb:
+            u = self.env.unwrapped
+            image = u.get_frame(tile_size=u.tile_size, agent_pov=True)
+        else:
+            image = self.obs["image"] * SCALE
         proprio = np.zeros(4, dtype=np.float32)
         proprio[int(self.obs["direction"])] = 1.0
         return image, proprio
