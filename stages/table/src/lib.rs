@@ -66,6 +66,9 @@ use embodyflow_core::{Error, Result, progress};
 
 pub mod foreign;
 pub mod libero_hdf5;
+mod rows;
+
+use rows::{csv_cell, f32_columns, json_text, refused_row};
 
 /// Command line of `table`.
 #[derive(Debug, clap::Parser)]
@@ -850,16 +853,6 @@ fn settle_around(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A row the writer refuses (a value outside its column's declared range)
-/// is bad input when the rows are the user's: exit 2, the message naming
-/// the column, the value and the row's key.
-pub(crate) fn refused_row(error: Error) -> Error {
-    match error {
-        Error::InvalidOutputValue { .. } => Error::BadInput(error.to_string()),
-        other => other,
-    }
-}
-
 /// The table a directory's manifest names (its directory settled first).
 fn table_of(dir: &Path) -> Result<TableName> {
     settle_around(dir)?;
@@ -1030,64 +1023,6 @@ fn shown_row(value: &serde_json::Value, def: &embodyflow_core::schemas::TableDef
         })
         .collect();
     format!("{{{}}}", fields.join(","))
-}
-
-/// Per column, whether its floats are all f32 (f32, list<f32>, …; not with
-/// an f64).
-fn f32_columns(def: &embodyflow_core::schemas::TableDef) -> Vec<bool> {
-    def.columns
-        .iter()
-        .map(|c| {
-            let ty = format_type(&c.data_type);
-            ty.contains("f32") && !ty.contains("f64")
-        })
-        .collect()
-}
-
-/// The JSON text of `value`, its floats written as f32 when `f32s` (a
-/// `serde_json::Value` widens an f32 to f64: 0.99 would read
-/// 0.9900000095367432); a float keeps a `.0` so readers see a float.
-fn json_text(value: &serde_json::Value, f32s: bool) -> String {
-    use serde_json::Value;
-    match value {
-        Value::Number(n) if f32s && n.is_f64() => {
-            let text = (n.as_f64().expect("an f64") as f32).to_string();
-            if text.contains(['.', 'e', 'i', 'N']) {
-                text
-            } else {
-                text + ".0"
-            }
-        }
-        Value::Array(items) => {
-            let items: Vec<String> = items.iter().map(|v| json_text(v, f32s)).collect();
-            format!("[{}]", items.join(","))
-        }
-        Value::Object(map) => {
-            let fields: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), json_text(v, f32s)))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        other => other.to_string(),
-    }
-}
-
-/// One CSV cell (RFC 4180) of a row's JSON value: empty for null, strings as
-/// they are, numbers and booleans as JSON, lists and objects as JSON text
-/// (floats as f32 when the column's floats are all f32, `f32s`); quoted
-/// when it holds a comma, quote or line break.
-fn csv_cell(value: Option<&serde_json::Value>, f32s: bool) -> String {
-    let text = match value {
-        None | Some(serde_json::Value::Null) => return String::new(),
-        Some(serde_json::Value::String(text)) => text.clone(),
-        Some(other) => json_text(other, f32s),
-    };
-    if text.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text
-    }
 }
 
 /// Writes every row of the table at `dir` to `out` in `format`; returns the
