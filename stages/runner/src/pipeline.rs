@@ -1101,6 +1101,17 @@ mode = ["exact", "lcs"]
     }
 
     #[test]
+    fn keep_workers_is_a_count_of_workers_with_its_line() {
+        let step = "[[step]]\nname = \"tasks\"\nstage = \"generate-tasks\"\n";
+        let with = |head: &str| parse(&format!("[pipeline]\nname = \"k\"\n{head}\n{step}"));
+        assert_eq!(with("keep_workers = 2").unwrap().keep_workers, Some((2, 3)));
+        assert_eq!(with("keep_workers = 0").unwrap().keep_workers, None);
+        assert_eq!(with("").unwrap().keep_workers, None);
+        let err = with("keep_workers = true").unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:3:") && err.contains("u32"), "{err}");
+    }
+
+    #[test]
     fn templates_render_and_reject_unclosed_references() {
         let mut lookup = |n: &str| format!("<{n}>");
         assert_eq!(render("a/${x}/b${ y }", &mut lookup), "a/<x>/b<y>");
