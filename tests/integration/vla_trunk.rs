@@ -17,7 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use embodyflow_core::dataset::TableReader;
 use embodyflow_core::observation::{decode, encode_named};
 use embodyflow_core::schemas::{AdvantageRow, EvalRow, MetricRow, StepRow, TableName, TaskRow};
 use embodyflow_tests::{
@@ -25,31 +24,16 @@ use embodyflow_tests::{
     write_table,
 };
 
+use super::gym_stages::{ok, rows, s};
+
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python");
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../scripts/vla_trunk_fixture.py"
 );
 
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
-fn ok(name: &str, args: &[&str]) -> String {
-    let result = run(name, args);
-    assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
-    result.stdout
-}
-
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn rows<R: embodyflow_core::schemas::Row>(dir: &Path, table: TableName) -> Vec<R> {
-    TableReader::open(&dir.join(table.as_str()), table)
-        .unwrap()
-        .read_rows()
-        .unwrap()
 }
 
 fn update(policy: &Path, inputs: &[&Path], out: &Path, sets: &[&str]) -> String {
@@ -294,27 +278,19 @@ fn a_vla_on_a_qwen_vl_trunk_runs_on_the_bridges_rgb_frames() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let tasks = root.join("tasks");
-    ok(
-        "generate-tasks",
-        &[
-            "--out",
-            s(&tasks),
-            "--seed",
-            "5",
-            "--set",
-            "env=gym",
-            "--set",
-            "gym.adapter=babyai",
-            "--set",
-            "gym.env_ids=[\"BabyAI-GoToLocal-v0\"]",
-            "--set",
-            "gym.kwargs={view = \"rgb\", tile_size = 4}",
-            "--set",
-            "gym.max_steps=12",
-            "--set",
-            "count=4",
-        ],
-    );
+    let sets = [
+        "env=gym",
+        "gym.adapter=babyai",
+        "gym.env_ids=[\"BabyAI-GoToLocal-v0\"]",
+        "gym.kwargs={view = \"rgb\", tile_size = 4}",
+        "gym.max_steps=12",
+        "count=4",
+    ];
+    let mut args = vec!["--out", s(&tasks), "--seed", "5"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    ok("generate-tasks", &args);
     // A tokenizer trained on the tasks' instructions: a small VLA's.
     let small = root.join("vla");
     ok(
