@@ -53,8 +53,6 @@ pub struct Config {
 }
 
 impl StageConfig for Config {
-    const KEYS: &'static [(&'static str, &'static str)] = &[];
-
     fn output(&self) -> &OutputConfig {
         &self.output
     }
