@@ -798,6 +798,47 @@ mod tests {
         }
     }
 
+    /// Peak resident memory of one training step (forward and backward) of
+    /// a 12-layer decoder (hidden 256) on 4 × 1024 tokens, plainly or with
+    /// `EMBODYFLOW_CHECKPOINTING=1` per layer: run each in its own process
+    /// (`docs/src/benchmarks.md`).
+    #[test]
+    #[ignore = "a measurement: run with --ignored --nocapture, one process per setting"]
+    fn checkpointing_peak_memory() {
+        fn status_kib(key: &str) -> f64 {
+            let text = std::fs::read_to_string("/proc/self/status").unwrap();
+            let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        }
+        let on = std::env::var("EMBODYFLOW_CHECKPOINTING").is_ok_and(|v| v == "1");
+        let text = r#"{"model_type": "qwen2", "vocab_size": 512, "hidden_size": 256,
+            "intermediate_size": 688, "num_hidden_layers": 12, "num_attention_heads": 8,
+            "num_key_value_heads": 4, "max_position_embeddings": 2048}"#;
+        let config = HfConfig::parse(text, Path::new("config.json")).unwrap();
+        tch::manual_seed(1);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let net = HfNet::new(&vs.root(), config);
+        crate::testing::randomize(&vs);
+        let ids = Tensor::randint(512, [4, 1024], (Kind::Int64, Device::Cpu));
+        let mask = ids.ones_like();
+        let before = status_kib("VmRSS:");
+        let started = std::time::Instant::now();
+        let _switch = crate::checkpointing::enable(on);
+        let loss = net
+            .forward(&ids, &mask)
+            .unwrap()
+            .log_softmax(-1, Kind::Float)
+            .mean(Kind::Float);
+        crate::checkpointing::backward(&loss);
+        let peak = status_kib("VmHWM:");
+        println!(
+            "checkpointing {on}: peak RSS {:.0} MiB above the model's {:.0} MiB, step {:.2} s",
+            (peak - before) / 1024.0,
+            before / 1024.0,
+            started.elapsed().as_secs_f64()
+        );
+    }
+
     /// Checkpointed per layer, every parameter's gradient is the plain
     /// backward's, for each architecture, with left padding.
     #[test]
@@ -816,11 +857,15 @@ mod tests {
             let vs = nn::VarStore::new(Device::Cpu);
             let net = HfNet::new(&vs.root(), config);
             crate::testing::randomize(&vs);
-            let ids = Tensor::from_slice(&[0i64, 0, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]).view([2, 6]);
+            let ids =
+                Tensor::from_slice(&[0i64, 0, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]).view([2, 6]);
             let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).view([2, 6]);
             let target = Tensor::randn([2, 6, 40], (Kind::Float, Device::Cpu));
             let loss = || {
-                let logp = net.forward(&ids, &mask).unwrap().log_softmax(-1, Kind::Float);
+                let logp = net
+                    .forward(&ids, &mask)
+                    .unwrap()
+                    .log_softmax(-1, Kind::Float);
                 (logp * &target).sum(Kind::Float)
             };
             let diff = crate::testing::checkpointing_gradient_diff(&vs, &loss);

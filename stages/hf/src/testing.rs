@@ -138,11 +138,17 @@ pub fn checkpointing_gradient_diff(vs: &tch::nn::VarStore, loss: &dyn Fn() -> Te
     for (name, g) in &plain {
         match (g, &checkpointed[name]) {
             (Some(a), Some(b)) => {
-                let d = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max();
+                let d = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+                    .abs()
+                    .max();
                 diff = diff.max(d.double_value(&[]));
             }
             (None, None) => {}
-            (a, b) => panic!("{name}: a gradient plainly {}, checkpointed {}", a.is_some(), b.is_some()),
+            (a, b) => panic!(
+                "{name}: a gradient plainly {}, checkpointed {}",
+                a.is_some(),
+                b.is_some()
+            ),
         }
     }
     assert!(plain.values().any(Option::is_some), "no gradient at all");

@@ -578,6 +578,8 @@ mod tests {
                 "sft.demos_per_task_type=1",
                 "sft.expert_noise=0",
                 "observations=memory",
+                "train.gradient_checkpointing=true",
+                "train.precision=bf16",
             ]),
             None
         );
@@ -601,6 +603,11 @@ mod tests {
         for (sets, key) in [
             (&["objective=dpo"][..], "objective"),
             (&["observations=disk"], "observations"),
+            (&["train.precision=fp16"], "train.precision"),
+            (
+                &["train.gradient_checkpointing=yes"],
+                "train.gradient_checkpointing",
+            ),
             (&["ppo.loss_agg=mean"], "ppo.loss_agg"),
             (&["ppo.kl_estimator=k4"], "ppo.kl_estimator"),
             (&["sft.context=none"], "sft.context"),

@@ -27,12 +27,12 @@ use std::time::Instant;
 use embodyflow_core::schemas::{MetricRow, TaskRow};
 use embodyflow_core::{Error, progress};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyNet};
 use embodyflow_models::checkpoint::PolicyKind;
+use embodyflow_models::checkpoint::{Checkpoint, PolicyNet};
 use embodyflow_models::checkpointing;
 use embodyflow_models::optimizer::{AdamW, OptimizerState, clip_grads};
-use embodyflow_models::precision::MasterWeights;
 use embodyflow_models::policy::{Entropy, ResponseScores};
+use embodyflow_models::precision::MasterWeights;
 use embodyflow_models::vla::VALUE_HEAD;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -164,8 +164,8 @@ pub fn train<M: Trainable>(
         .into());
     }
     let _checkpointing = checkpointing::enable(config.train.gradient_checkpointing);
-    let master = (config.train.precision == Precision::Bf16)
-        .then(|| MasterWeights::new(&mut policy.vars));
+    let master =
+        (config.train.precision == Precision::Bf16).then(|| MasterWeights::new(&mut policy.vars));
     let optim = &config.optim;
     let mut optimizer = AdamW::new(optim.adamw(), state).with_schedule(optim.schedule());
     if config.objective == Objective::Lapo {

@@ -718,8 +718,14 @@ fn bf16_steps_fp32_master_weights_and_starts_at_ratio_one() {
             let mut bf16 = tiny_policy();
             let master = MasterWeights::new(&mut bf16.vars);
             let logp = tch::no_grad(|| {
-                score_responses(&bf16, &[&example.prompt], &[&example.response], 1.0, Entropy::Skip)
-                    .logprobs
+                score_responses(
+                    &bf16,
+                    &[&example.prompt],
+                    &[&example.response],
+                    1.0,
+                    Entropy::Skip,
+                )
+                .logprobs
             });
             master.finish(&mut bf16.vars);
             logp
@@ -742,7 +748,15 @@ fn bf16_steps_fp32_master_weights_and_starts_at_ratio_one() {
     };
     let run = |precision| {
         let mut policy = tiny_policy();
-        let report = train(&mut policy, None, &examples, &config(precision), 0, OptimizerState::fresh("ppo")).unwrap();
+        let report = train(
+            &mut policy,
+            None,
+            &examples,
+            &config(precision),
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .unwrap();
         (policy, report)
     };
     let (bf16, bf16_report) = run(Precision::Bf16);
@@ -759,5 +773,8 @@ fn bf16_steps_fp32_master_weights_and_starts_at_ratio_one() {
     }
     let moved = max_weight_difference(&fp32, &tiny_policy());
     let apart = max_weight_difference(&bf16, &fp32);
-    assert!(moved > 1e-3 && apart < 2e-2, "moved {moved}, bf16 vs fp32 {apart}");
+    assert!(
+        moved > 1e-3 && apart < 2e-2,
+        "moved {moved}, bf16 vs fp32 {apart}"
+    );
 }

@@ -556,7 +556,11 @@ fn checkpointed_trunk_blocks_give_the_plain_gradients() {
         .unwrap();
         assert!(sums.kl_loss > 0.0, "{sums:?}");
         let _scores = Vla::score(&policy, &[&examples[0]], 1.0, Entropy::Skip).unwrap();
-        assert_eq!(checkpointing::pending() > 0, on, "the trunk's blocks recorded");
+        assert_eq!(
+            checkpointing::pending() > 0,
+            on,
+            "the trunk's blocks recorded"
+        );
         let mut grads: Vec<(String, tch::Tensor)> = policy
             .vars
             .variables()
@@ -574,5 +578,6 @@ fn checkpointed_trunk_blocks_give_the_plain_gradients() {
         diff = diff.max((a - b).abs().max().double_value(&[]));
     }
     assert!(diff <= 1e-5, "max gradient difference {diff}");
-    assert!(plain.iter().any(|(name, g)| name.starts_with("h.") && g.abs().sum(tch::Kind::Double).double_value(&[]) > 0.0));
+    assert!(plain.iter().any(|(name, g)| name.starts_with("h.")
+        && g.abs().sum(tch::Kind::Double).double_value(&[]) > 0.0));
 }
