@@ -250,6 +250,17 @@ impl ServedWorkers {
         self.workers.iter().map(|w| w.child.id()).collect()
     }
 
+    /// Each worker's pid and the environments it has built, asked over its
+    /// socket ([`ServedWorkers::status`]); why, for the first that is taken
+    /// or does not answer within `timeout`.
+    pub fn builds(&self, timeout: Duration) -> Result<Vec<(u32, u64)>, String> {
+        self.pids()
+            .into_iter()
+            .zip(self.status(timeout))
+            .map(|(pid, status)| Ok((pid, status?.builds)))
+            .collect()
+    }
+
     /// What each says of itself, asked over its socket (each reply within
     /// `timeout`); a worker that is taken or does not answer gives why.
     pub fn status(&self, timeout: Duration) -> Vec<Result<ServedStatus, String>> {

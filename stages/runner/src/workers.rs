@@ -77,15 +77,13 @@ impl KeptWorkers {
     /// environments each built; none when no step started them.
     pub(crate) fn summary(&self) -> Option<String> {
         let workers = self.workers.as_ref()?;
-        let each: Vec<String> = workers
-            .status(Duration::from_secs(10))
-            .into_iter()
-            .zip(workers.pids())
-            .map(|(status, pid)| match status {
-                Ok(status) => format!("pid {} built {} environment(s)", status.pid, status.builds),
-                Err(why) => format!("pid {pid}: {why}"),
-            })
-            .collect();
+        let each: Vec<String> = match workers.builds(Duration::from_secs(10)) {
+            Ok(builds) => builds
+                .into_iter()
+                .map(|(pid, n)| format!("pid {pid} built {n} environment(s)"))
+                .collect(),
+            Err(why) => vec![format!("pids {:?}: {why}", workers.pids())],
+        };
         Some(format!("kept bridge workers: {}", each.join("; ")))
     }
 }
