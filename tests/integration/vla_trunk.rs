@@ -272,25 +272,36 @@ fn a_vla_on_a_qwen_vl_trunk_is_cloned_updated_by_grpo_and_evaluated() {
 /// BabyAI through the bridge, the agent's view rendered as 28 × 28 RGB
 /// frames (`view = "rgb"`, 4 pixels a cell): frames whose side is no
 /// multiple of the trunk's patch, which the image processor resizes; the
-/// BabyAI bot's demonstrations for behaviour cloning.
+/// BabyAI bot's demonstrations for behaviour cloning. A view the adapter
+/// does not render is refused naming the views.
 #[test]
 fn a_vla_on_a_qwen_vl_trunk_runs_on_the_bridges_rgb_frames() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let tasks = root.join("tasks");
-    let sets = [
-        "env=gym",
-        "gym.adapter=babyai",
-        "gym.env_ids=[\"BabyAI-GoToLocal-v0\"]",
-        "gym.kwargs={view = \"rgb\", tile_size = 4}",
-        "gym.max_steps=12",
-        "count=4",
-    ];
-    let mut args = vec!["--out", s(&tasks), "--seed", "5"];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    ok("generate-tasks", &args);
+    let generate = |out: &Path, view: &str| {
+        let kwargs = format!("gym.kwargs={{view = \"{view}\", tile_size = 4}}");
+        let sets = [
+            "env=gym",
+            "gym.adapter=babyai",
+            "gym.env_ids=[\"BabyAI-GoToLocal-v0\"]",
+            &kwargs,
+            "gym.max_steps=12",
+            "count=4",
+        ];
+        let mut args = vec!["--out", s(out), "--seed", "5"];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        run("generate-tasks", &args)
+    };
+    let refused = generate(&root.join("depth"), "depth");
+    assert_eq!(refused.code, 2, "{refused}");
+    let views = "view 'depth': expected one of symbolic, rgb";
+    assert!(refused.stderr.contains(views), "{refused}");
+    assert!(!root.join("depth").exists());
+    let made = generate(&tasks, "rgb");
+    assert_eq!(made.code, 0, "{made}");
     // A tokenizer trained on the tasks' instructions: a small VLA's.
     let small = root.join("vla");
     ok(
