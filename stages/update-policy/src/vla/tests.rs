@@ -581,3 +581,30 @@ fn checkpointed_trunk_blocks_give_the_plain_gradients() {
     assert!(plain.iter().any(|(name, g)| name.starts_with("h.")
         && g.abs().sum(tch::Kind::Double).double_value(&[]) > 0.0));
 }
+
+/// `train.precision = "bf16"` trains plan policies; a VLA is refused
+/// naming the key, before any step changes it.
+#[test]
+fn bf16_on_a_vla_is_refused_naming_the_key() {
+    let mut policy = tiny_vla(K);
+    let example = rollout(&policy, 1.0);
+    let config = Config {
+        train: crate::config::TrainConfig {
+            precision: crate::config::Precision::Bf16,
+            ..Default::default()
+        },
+        ..ppo_config(1)
+    };
+    let error = train(
+        &mut policy,
+        None,
+        std::slice::from_ref(&example),
+        &config,
+        0,
+        OptimizerState::fresh("ppo"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("train.precision"), "{error}");
+    assert_eq!(policy.manifest.updates, 0);
+}
