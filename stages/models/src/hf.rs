@@ -585,6 +585,30 @@ mod tests {
         (policy, prompts)
     }
 
+    /// Over bf16 copies of its weights (`crate::precision`) a decoder
+    /// scores in bf16 with log-probs from fp32 logits, near the fp32
+    /// scores; back from the master weights it scores exactly as before.
+    #[test]
+    fn a_decoder_scores_over_bf16_copies_and_returns_to_its_fp32_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut policy, prompts) = policy_and_prompts(dir.path());
+        let responses: Vec<&[i32]> = prompts.iter().map(|p| &p[2..6]).collect();
+        let score = |policy: &Checkpoint<HfNet>| {
+            tch::no_grad(|| score_responses(policy, &prompts, &responses, 1.0, Entropy::Skip))
+        };
+        let fp32 = score(&policy).logprobs;
+        let master = crate::precision::MasterWeights::new(&mut policy.vars);
+        let bf16 = score(&policy).logprobs;
+        assert_eq!(bf16.kind(), tch::Kind::Float);
+        let apart = (&bf16 - &fp32).abs().max().double_value(&[]);
+        assert!(
+            apart > 0.0 && apart < 0.2,
+            "bf16 vs fp32 log-probs: {apart}"
+        );
+        master.finish(&mut policy.vars);
+        assert!(score(&policy).logprobs.equal(&fp32));
+    }
+
     #[test]
     fn prompts_are_the_chat_template_and_read_back_to_the_text() {
         let dir = tempfile::tempdir().unwrap();
