@@ -547,3 +547,42 @@ fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
         "the same frames, the same targets"
     );
 }
+
+/// The thinking VLA's own losses (the warm-up with its one-step latent
+/// predictions, LAPO with its value head) train with
+/// `train.gradient_checkpointing` as without: the same first-step loss
+/// and gradient norm.
+#[test]
+fn checkpointed_warm_up_and_lapo_steps_are_the_plain_ones() {
+    let set = Vla::sft_examples(&tiny_thinking_vla(K), &tasks(), &SftConfig::default(), 3)
+        .unwrap()
+        .examples;
+    let (trajectories, steps, advantages) = lapo_inputs(&tiny_thinking_vla(K), 1.0);
+    let lapo = ppo_examples(&trajectories, steps, advantages, true).unwrap();
+    for (objective, examples) in [(Objective::Sft, &set), (Objective::Lapo, &lapo)] {
+        let first_step = |on: bool| {
+            let mut policy = tiny_thinking_vla(K);
+            let mut config = config(objective, 1, 1e-3);
+            config.train.gradient_checkpointing = on;
+            let report = train(
+                &mut policy,
+                None,
+                examples,
+                &config,
+                0,
+                OptimizerState::fresh(objective.name()),
+            )
+            .unwrap();
+            report.metrics[0].clone()
+        };
+        let (plain, checkpointed) = (first_step(false), first_step(true));
+        assert!(
+            (plain.loss - checkpointed.loss).abs() < 1e-5,
+            "{plain:?}\n{checkpointed:?}"
+        );
+        assert!(
+            (plain.grad_norm - checkpointed.grad_norm).abs() <= 1e-4 * plain.grad_norm,
+            "{plain:?}\n{checkpointed:?}"
+        );
+    }
+}
