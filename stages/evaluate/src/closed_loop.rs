@@ -61,7 +61,7 @@ use embodyflow_rollout::closed_loop::{
 use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::{FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions};
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// A task in one layout.
 #[derive(Clone, Debug, PartialEq)]

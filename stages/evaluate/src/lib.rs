@@ -47,6 +47,9 @@
 //! ```
 
 pub mod closed_loop;
+mod error;
+
+pub use error::EvalError;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -56,7 +59,6 @@ use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, positive};
 use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
-use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
@@ -65,10 +67,9 @@ use embodyflow_models::hf::HfNet;
 use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
-use embodyflow_rollout::closed_loop::ClosedLoopError;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
-use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldsError};
+use embodyflow_worlds::{BridgeKeys, WorldOptions};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `evaluate`.
@@ -84,36 +85,6 @@ pub struct Args {
     stage: StageArgs,
     #[command(flatten)]
     policy: PolicyArg,
-}
-
-/// Why `evaluate` stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum EvalError {
-    /// Loading or running the policy, reading or writing tables.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A closed-loop run (names the episode, task and decision).
-    #[error(transparent)]
-    ClosedLoop(#[from] ClosedLoopError),
-    /// A batch's world could not be built (a task row, the gym bridge).
-    #[error(transparent)]
-    World(#[from] WorldsError),
-}
-
-impl From<Error> for EvalError {
-    fn from(error: Error) -> Self {
-        EvalError::Model(error.into())
-    }
-}
-
-impl Classify for EvalError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            EvalError::Model(error) => error.kind(),
-            EvalError::ClosedLoop(error) => error.kind(),
-            EvalError::World(error) => error.kind(),
-        }
-    }
 }
 
 /// The stage's config. Each field's doc comment is its key's meaning
