@@ -48,7 +48,6 @@
 //! ```
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use embodyflow_algos::action_tokens::{ActionBins, ActionTokenError};
 use embodyflow_core::observation::ObservationShape;
@@ -57,29 +56,18 @@ use embodyflow_core::{Classify, ErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+mod config;
 pub mod episodes;
 pub mod expert;
 pub mod protocol;
 pub mod served;
 pub mod worker;
 
+pub use config::{BridgeConfig, DEFAULT_PYTHON, PYTHON_VAR, STARTUP_TIMEOUT};
 pub use episodes::{FaultCounts, GymEpisodes, Pool};
 pub use expert::{Demonstration, DemonstrationDecision, expert_demonstrations};
 
 use worker::{Fault, Reply, Worker};
-
-/// The Python the workers run when neither a stage's `bridge.python` key nor
-/// `EMBODYFLOW_GYM_PYTHON` names one: the workspace's `.venv`
-/// (scripts/setup), found from this crate's directory.
-pub const DEFAULT_PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
-
-/// The environment variable naming another Python for the workers.
-pub const PYTHON_VAR: &str = "EMBODYFLOW_GYM_PYTHON";
-
-/// The default [`BridgeConfig::startup_timeout`]: how long a worker may take
-/// to start and build an environment (imports: ~1 s for Meta-World's MuJoCo
-/// on an idle machine).
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many times a worker is started for a hello or a reset before the
 /// episodes it was to host fail: the first start and two restarts.
@@ -87,47 +75,6 @@ pub const START_ATTEMPTS: usize = 3;
 
 /// The tasks table's `env` prefix of a bridge task (`gym:<adapter>`).
 pub const ENV_PREFIX: &str = "gym:";
-
-/// How the bridge runs its workers.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BridgeConfig {
-    /// Worker processes (episodes are split over them).
-    pub workers: usize,
-    /// Longest wait for a reply to a step, and longest silence between two
-    /// frames of a reset or an expert episode (which send progress frames
-    /// as they go); past it the worker is hung.
-    pub timeout: Duration,
-    /// Longest wait for a starting worker's first frame (its Python
-    /// imports and first environment), when longer than `timeout`
-    /// (default [`STARTUP_TIMEOUT`]); after that frame `timeout` applies.
-    pub startup_timeout: Duration,
-    /// The Python interpreter (any with the packages the adapters need;
-    /// the worker's own package is put on its `PYTHONPATH`).
-    pub python: PathBuf,
-}
-
-impl BridgeConfig {
-    /// The interpreter a stage runs: its config key's when set, else
-    /// `$EMBODYFLOW_GYM_PYTHON`, else [`DEFAULT_PYTHON`].
-    pub fn python(key: Option<&std::path::Path>) -> PathBuf {
-        key.map(PathBuf::from)
-            .or_else(|| std::env::var_os(PYTHON_VAR).map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_PYTHON))
-    }
-}
-
-impl Default for BridgeConfig {
-    /// One worker, 60 s timeouts, `$EMBODYFLOW_GYM_PYTHON` or
-    /// [`DEFAULT_PYTHON`].
-    fn default() -> BridgeConfig {
-        BridgeConfig {
-            workers: 1,
-            timeout: Duration::from_secs(60),
-            startup_timeout: STARTUP_TIMEOUT,
-            python: BridgeConfig::python(None),
-        }
-    }
-}
 
 /// When an episode of an adapter that takes a rule (the `generic` one)
 /// succeeds. Written as text: `info`, `terminal_reward`, `survive`,

@@ -50,7 +50,7 @@ use rustix::process::{Pid, Signal, kill_process_group};
 use serde_json::{Value, json};
 
 use crate::worker::{Reply, Worker, command};
-use crate::{BridgeConfig, STARTUP_TIMEOUT};
+use crate::config::{BridgeConfig, STARTUP_TIMEOUT};
 
 /// The environment variable naming the sockets of the served workers a
 /// stage process may take (colon-separated).
