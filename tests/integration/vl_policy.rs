@@ -4,7 +4,8 @@
 //! template) plans household tasks that carry a scene image through the
 //! stages — collect-rollouts, score-rewards, compute-advantages (grpo and
 //! grpo_step), one GRPO update with a KL reference, evaluate, and
-//! teacher-logp with a vision-language teacher. The image rides with the
+//! teacher-logp with a vision-language teacher, of its own rollouts and of
+//! a tiny text decoder's with the same tokenizer. The image rides with the
 //! prompt: each step records the task's scene image (`steps.observation`)
 //! beside prompt ids holding its expanded placeholders, and update-policy,
 //! rescoring from that row, starts at ratio 1 (approx_kl 0); with
@@ -147,6 +148,33 @@ fn advantages(root: &Path, policy: &Path, rollouts: &Path, estimator: &str) -> P
         ],
     );
     out
+}
+
+/// The teacher log-probs of `rollouts` (of tasks `root/data/train`) by
+/// teacher-logp with `policy` and `teacher`, written beside them in `teacher`.
+fn teacher_logp(
+    root: &Path,
+    policy: &Path,
+    teacher: &Path,
+    rollouts: &Path,
+) -> Vec<TeacherLogpRow> {
+    let out = rollouts.parent().unwrap().join("teacher");
+    ok(
+        "teacher-logp",
+        &[
+            "--policy",
+            s(policy),
+            "--teacher",
+            s(teacher),
+            "--input",
+            s(rollouts),
+            "--input",
+            s(&root.join("data/train")),
+            "--out",
+            s(&out),
+        ],
+    );
+    rows(&out.join("teacher_logp"), TableName::TeacherLogp)
 }
 
 #[test]
@@ -296,25 +324,7 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
     assert_eq!(eval.len(), 2);
 
     // The trained model as the teacher of the rollouts of the first.
-    ok(
-        "teacher-logp",
-        &[
-            "--policy",
-            s(&qwen),
-            "--teacher",
-            s(&policy),
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&root.join("data/train")),
-            "--out",
-            s(&root.join("it0/teacher")),
-        ],
-    );
-    let teacher: Vec<TeacherLogpRow> = rows(
-        &root.join("it0/teacher/teacher_logp"),
-        TableName::TeacherLogp,
-    );
+    let teacher = teacher_logp(root, &qwen, &policy, &rollouts);
     assert_eq!(teacher.len(), steps.len());
 }
 
@@ -394,4 +404,186 @@ fn images_the_processor_cannot_take_and_placeholders_without_their_image_exit_2(
         }
         assert!(!out.exists(), "{stage}: nothing written");
     }
+}
+
+/// A tiny random Qwen2 text decoder in `out` with the tokenizer (and chat
+/// template) of the vision-language model in `vl`: a text policy whose
+/// rollouts the vision-language model can score.
+fn text_policy_sharing_the_tokenizer(vl: &Path, out: &Path) {
+    const MAKE: &str = r#"
+import sys, torch, transformers
+from transformers import AutoTokenizer, GenerationConfig
+vl, out = sys.argv[1:]
+torch.manual_seed(43)
+tok = AutoTokenizer.from_pretrained(vl)
+im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+config = transformers.Qwen2Config(
+    vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=im_end,
+    pad_token_id=pad, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+transformers.Qwen2ForCausalLM(config).save_pretrained(out)
+tok.save_pretrained(out)
+GenerationConfig(eos_token_id=[im_end], pad_token_id=pad).save_pretrained(out)
+"#;
+    let made = Command::new(PYTHON)
+        .args(["-c", MAKE, s(vl), s(out)])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+}
+
+/// The teacher log-probs of `response` after `text` in a user turn with
+/// `image` (`size` × `size` RGB bytes), scored by transformers' Qwen2.5-VL
+/// in `vl` with its own processor.
+fn transformers_logprobs(
+    vl: &Path,
+    text: &str,
+    size: usize,
+    image: &[u8],
+    response: &[i32],
+) -> Vec<f64> {
+    const SCORE: &str = r#"
+import json, sys, numpy, torch, transformers
+from PIL import Image
+vl = sys.argv[1]
+given = json.load(sys.stdin)
+torch.set_num_threads(1)
+tok = transformers.AutoTokenizer.from_pretrained(vl)
+pixels = transformers.AutoImageProcessor.from_pretrained(vl)
+model = transformers.AutoModelForImageTextToText.from_pretrained(vl, attn_implementation="sdpa").eval()
+size = given["size"]
+image = Image.fromarray(numpy.array(given["image"], dtype=numpy.uint8).reshape(size, size, 3))
+messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": given["text"]}]}]
+rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+processed = pixels(images=[image], return_tensors="pt")
+pad = model.config.image_token_id
+ids = []
+for t in tok(rendered)["input_ids"]:
+    ids += [t] * (int(processed["image_grid_thw"].prod()) // 4 if t == pad else 1)
+context = len(ids)
+ids = torch.tensor([ids + given["response"]], dtype=torch.long)
+with torch.no_grad():
+    logp = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=processed["pixel_values"],
+                 image_grid_thw=processed["image_grid_thw"]).logits[0].double().log_softmax(-1)
+print(json.dumps([logp[context - 1 + k, t].item() for k, t in enumerate(given["response"])]))
+"#;
+    let input =
+        serde_json::json!({"text": text, "size": size, "image": image, "response": response});
+    let mut child = Command::new(PYTHON)
+        .args(["-c", SCORE, s(vl)])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        input.to_string().as_bytes(),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A text policy's rollouts (no image recorded) scored by a vision-language
+/// teacher: the teacher reads the task's scene image drawn again from the
+/// task row, so its log-probs equal transformers' on that image and the
+/// teacher context, and differ from those on a blank image. A response
+/// holding the teacher's image placeholder is skipped.
+#[test]
+fn a_vision_language_teacher_scores_a_text_policys_rollouts_on_the_scene_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (qwen, made) = tasks_and_qwen_vl(root);
+    let image_token = made["image_token_id"].as_i64().unwrap() as i32;
+    let text = root.join("qwen-text");
+    text_policy_sharing_the_tokenizer(&qwen, &text);
+    let rollouts = root.join("it0/rollouts");
+    let result = collect(root, &text, &rollouts);
+    assert_eq!(result.code, 0, "{result}");
+    let steps: Vec<StepRow> = rows(&rollouts.join("steps"), TableName::Steps);
+    assert!(
+        steps.iter().all(|step| step.observation.is_none()),
+        "a text policy records no image"
+    );
+    let scored = teacher_logp(root, &text, &qwen, &rollouts);
+    // A response holding the image placeholder (the random text policy
+    // samples it) has no image to stand for: skipped, the others scored.
+    let (placeholder, plain): (Vec<&StepRow>, Vec<&StepRow>) = steps
+        .iter()
+        .partition(|step| step.response_ids.contains(&image_token));
+    assert!(!placeholder.is_empty() && !plain.is_empty());
+    let key = |trajectory: &str, index: i32| (trajectory.to_string(), index);
+    let mut expected: Vec<_> = plain
+        .iter()
+        .map(|step| key(&step.trajectory_id, step.step_index))
+        .collect();
+    let mut got: Vec<_> = scored
+        .iter()
+        .map(|row| key(&row.trajectory_id, row.step_index))
+        .collect();
+    expected.sort();
+    got.sort();
+    assert_eq!(got, expected);
+    let tasks: Vec<TaskRow> = rows(&root.join("data/train/tasks"), TableName::Tasks);
+    let trajectories: Vec<TrajectoryRow> =
+        rows(&rollouts.join("trajectories"), TableName::Trajectories);
+    let row = &scored[0];
+    let step = steps
+        .iter()
+        .find(|s| s.trajectory_id == row.trajectory_id && s.step_index == row.step_index)
+        .unwrap();
+    let task_id = &trajectories
+        .iter()
+        .find(|t| t.trajectory_id == step.trajectory_id)
+        .unwrap()
+        .task_id;
+    let task = tasks.iter().find(|t| &t.task_id == task_id).unwrap();
+    let prompt = embodyflow_household::prompt(&embodyflow_household::task_from_row(task).unwrap());
+    let plan: String = task
+        .gt_actions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|a| format!("{}: {}\n", a.action_id, a.action_name))
+        .collect();
+    let context = format!(
+        "{prompt}\nHere is a reference successful plan:\n=== Reference Plan Begin ===\n{plan}=== Reference Plan End ===\nNow answer the task above.\n"
+    );
+    let (size, image) = embodyflow_household::task_image(task).unwrap().unwrap();
+    let reference = transformers_logprobs(&qwen, &context, size, &image, &step.response_ids);
+    assert_eq!(row.teacher_logp.len(), reference.len());
+    for (ours, theirs) in row.teacher_logp.iter().zip(&reference) {
+        assert!(
+            (f64::from(*ours) - theirs).abs() < 1e-4,
+            "{:?} vs {reference:?}",
+            row.teacher_logp
+        );
+    }
+    let blank = transformers_logprobs(
+        &qwen,
+        &context,
+        size,
+        &vec![0; image.len()],
+        &step.response_ids,
+    );
+    assert!(
+        row.teacher_logp
+            .iter()
+            .zip(&blank)
+            .any(|(ours, theirs)| (f64::from(*ours) - theirs).abs() > 1e-3),
+        "the image reaches the teacher: {:?} vs blank {blank:?}",
+        row.teacher_logp
+    );
 }

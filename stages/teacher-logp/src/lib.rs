@@ -15,7 +15,9 @@
 //! lists align 1:1 with the response tokens and with the step spans
 //! `compute-advantages` finds. The teacher is `--teacher self` (the policy
 //! checkpoint) or another checkpoint whose tokenizer must equal the
-//! policy's. `{prompt}` in a template is the prompt the policy actually saw
+//! policy's: of the policy's network, or a vision-language teacher of a
+//! Hugging Face text policy (its rollouts scored by a teacher that also sees
+//! the task's scene image). `{prompt}` in a template is the prompt the policy actually saw
 //! (the rollout's `prompt_ids`, decoded; for a Hugging Face policy the user
 //! message's text, read out with the policy's chat template, and each
 //! context rendered with the teacher's, so a teacher of another template
@@ -25,7 +27,8 @@
 //!
 //! A step whose task has no ground-truth plan is skipped and counted (an
 //! error under `--strict`), as is a step whose teacher context and response do
-//! not fit in the teacher's `n_ctx`; `compute-advantages` gives such steps no
+//! not fit in the teacher's `n_ctx` and one whose response holds the image
+//! placeholder of a teacher that reads images; `compute-advantages` gives such steps no
 //! step advantage. A response id outside the teacher's vocabulary, a tokenizer
 //! that differs from the policy's or a template without its placeholder is an
 //! error before anything is written. Each batch of `batch_rows` steps runs
@@ -52,6 +55,7 @@ use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TeacherLogpRow, Traj
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, progress};
+use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind, policy_net};
@@ -143,8 +147,10 @@ pub struct Job {
     pub student_context: Vec<i32>,
     /// The rollout's response ids.
     pub response: Vec<i32>,
-    /// The images both contexts carry: those the policy saw
-    /// (`steps.observation`), when the teacher reads images.
+    /// The images both contexts carry, when the teacher reads images: those
+    /// the policy saw (`steps.observation`), or for a policy that recorded
+    /// none (a text policy) the task's scene image drawn again from its row
+    /// ([`TaskEnv::image`]).
     pub images: Vec<RgbImage>,
 }
 
@@ -155,23 +161,29 @@ pub struct Skipped {
     pub no_reference: usize,
     /// The teacher context and the response exceed the teacher's `n_ctx`.
     pub too_long: usize,
+    /// The response holds the token a teacher that reads images takes for
+    /// an image placeholder (a text policy may sample it), which has no
+    /// image to stand for.
+    pub image_placeholder: usize,
 }
 
 /// Builds the two contexts of every step, checking the response ids against
 /// the teacher's vocabulary. The task text is read out of the prompt the
 /// policy saw with the policy's prompt format (its chat template), and the
 /// contexts are rendered with the teacher's: a teacher of another template
-/// (same tokenizer) reads the text the policy read.
-pub fn build_jobs<M: PlanNet>(
-    policy: &Checkpoint<M>,
-    teacher: &Checkpoint<M>,
+/// (same tokenizer) reads the text the policy read. A teacher that reads
+/// images gets the step's recorded images or, when it has none, the task's
+/// scene image ([`TaskEnv::image`]); one that reads text only gets none.
+pub fn build_jobs<P: PlanNet, T: PlanNet>(
+    policy: &Checkpoint<P>,
+    teacher: &Checkpoint<T>,
     templates: &ContextTemplates,
     trajectories: &[TrajectoryRow],
     steps: &[StepRow],
     tasks: &HashMap<&str, &TaskRow>,
     strict: bool,
 ) -> Result<(Vec<Job>, Skipped), ModelError> {
-    let vocab = M::vocab_size(teacher.model.config());
+    let vocab = T::vocab_size(teacher.model.config());
     let n_ctx = teacher.model.max_len();
     let task_of: HashMap<&str, &str> = trajectories
         .iter()
@@ -206,6 +218,14 @@ pub fn build_jobs<M: PlanNet>(
             ))
             .into());
         }
+        if teacher
+            .model
+            .image_token()
+            .is_some_and(|image| step.response_ids.contains(&image))
+        {
+            skipped.image_placeholder += 1;
+            continue;
+        }
         let Some(actions) = task.gt_actions.as_deref() else {
             if strict {
                 return Err(Error::BadInput(format!(
@@ -226,6 +246,11 @@ pub fn build_jobs<M: PlanNet>(
             .model
             .check_images(&step.prompt_ids, &images)
             .map_err(|e| Error::BadInput(format!("{}: prompt_ids: {e}", at())))?;
+        let images = if images.is_empty() && teacher.model.image_token().is_some() {
+            scene_image(task)?
+        } else {
+            images
+        };
         let prompt = policy.prompt_text(&step.prompt_ids)?;
         let context = |text: String| {
             teacher
@@ -257,6 +282,18 @@ pub fn build_jobs<M: PlanNet>(
         });
     }
     Ok((jobs, skipped))
+}
+
+/// The scene image of `task` as the policy saw it when collecting (run 0 of
+/// [`TaskEnv::from_row`]); none for a task without one.
+fn scene_image(task: &TaskRow) -> Result<Vec<RgbImage>, ModelError> {
+    let env = TaskEnv::from_row(task, 0)?;
+    Ok(env
+        .image()
+        .map(|image| RgbImage::new(image.height, image.width, image.rgb))
+        .transpose()?
+        .into_iter()
+        .collect())
 }
 
 /// Orders jobs for batching: the steps of one group (one task, one prompt:
@@ -349,9 +386,10 @@ pub fn contrast_stats(scores: &[(Vec<f32>, Vec<f32>)]) -> Option<(f64, f64, f64,
     Some((mean, var.sqrt(), min, max))
 }
 
-fn same_tokenizer<M: PolicyNet>(
-    policy: &Checkpoint<M>,
-    teacher: &Checkpoint<M>,
+fn same_tokenizer<P: PolicyNet, T: PolicyNet>(
+    policy: &Checkpoint<P>,
+    teacher: &Checkpoint<T>,
+    policy_dir: &Path,
     teacher_dir: &Path,
 ) -> Result<(), ModelError> {
     let ours = policy.tokenizer.get_vocab(true);
@@ -365,7 +403,8 @@ fn same_tokenizer<M: PolicyNet>(
         return Err(ModelError::BadCheckpoint {
             file: teacher_dir.join("tokenizer.json"),
             reason: format!(
-                "the teacher's tokenizer differs from the policy's ({differing} tokens differ; {} vs {} tokens): response ids would mean other text to the teacher",
+                "the teacher's tokenizer differs from the policy's ({}) ({differing} tokens differ; {} vs {} tokens): response ids would mean other text to the teacher",
+                policy_dir.join("tokenizer.json").display(),
                 theirs.len(),
                 ours.len()
             ),
@@ -379,39 +418,62 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage =
         Stage::<Config>::start(&spec::TEACHER_LOGP, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
+    let vision_language = |dir: &Path| -> Result<bool, ModelError> {
+        Ok(policy_kind(dir)? == PolicyKind::Hf && policy_net(dir)?.is::<VlPolicy>())
+    };
+    let is_self = args.teacher.teacher.as_os_str() == "self";
+    let vl_teacher = !is_self && vision_language(&args.teacher.teacher)?;
     match policy_kind(&args.policy.policy)? {
-        PolicyKind::Hf if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
-            score_steps::<VlPolicy>(&stage, &args)
+        PolicyKind::Hf if vision_language(&args.policy.policy)? => {
+            load_and_score::<VlPolicy, VlPolicy>(&stage, &args)
         }
-        PolicyKind::Hf => score_steps::<HfNet>(&stage, &args),
+        PolicyKind::Hf if vl_teacher => load_and_score::<HfNet, VlPolicy>(&stage, &args),
+        PolicyKind::Hf => load_and_score::<HfNet, HfNet>(&stage, &args),
         // A VLA is refused by the plan policy's loader, naming the kinds.
-        PolicyKind::Plan | PolicyKind::Vla => score_steps::<Gpt>(&stage, &args),
+        PolicyKind::Plan | PolicyKind::Vla => load_and_score::<Gpt, Gpt>(&stage, &args),
     }
 }
 
-/// The stage with a policy (and teacher) of network `M`: ours ([`Gpt`]), a
-/// Hugging Face decoder ([`HfNet`]) or vision-language model
-/// ([`VlPolicy`]), the teacher of the same kind.
-fn score_steps<M: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
-    let config = &stage.config;
+/// Loads a policy of network `P` and, unless it is its own teacher, a
+/// teacher of network `T`: ours ([`Gpt`]) for both, a Hugging Face decoder
+/// ([`HfNet`]) or vision-language model ([`VlPolicy`]) with a teacher of the
+/// same kind, or a Hugging Face decoder with a vision-language teacher.
+fn load_and_score<P: PlanNet, T: PlanNet>(
+    stage: &Stage<Config>,
+    args: &Args,
+) -> Result<(), ModelError> {
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
-    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
-    let is_self = args.teacher.teacher.as_os_str() == "self";
-    let loaded;
-    let (teacher, teacher_name) = if is_self {
-        (&policy, "self".to_string())
-    } else {
-        loaded = Checkpoint::<M>::load_kind(&args.teacher.teacher, device)?;
-        same_tokenizer(&policy, &loaded, &args.teacher.teacher)?;
-        (&loaded, loaded.manifest.id.clone())
-    };
+    let policy = Checkpoint::<P>::load_kind(&args.policy.policy, device)?;
+    if args.teacher.teacher.as_os_str() == "self" {
+        return score_steps(stage, args, &policy, &policy, "self".to_string());
+    }
+    let teacher = Checkpoint::<T>::load_kind(&args.teacher.teacher, device)?;
+    same_tokenizer(
+        &policy,
+        &teacher,
+        &args.policy.policy,
+        &args.teacher.teacher,
+    )?;
+    let name = teacher.manifest.id.clone();
+    score_steps(stage, args, &policy, &teacher, name)
+}
+
+/// The stage with a loaded policy and teacher.
+fn score_steps<P: PlanNet, T: PlanNet>(
+    stage: &Stage<Config>,
+    args: &Args,
+    policy: &Checkpoint<P>,
+    teacher: &Checkpoint<T>,
+    teacher_name: String,
+) -> Result<(), ModelError> {
+    let config = &stage.config;
     let trajectories: Vec<TrajectoryRow> = stage.input(TableName::Trajectories)?.read_rows()?;
     let steps: Vec<StepRow> = stage.input(TableName::Steps)?.read_rows()?;
     let task_rows: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
     let tasks: HashMap<&str, &TaskRow> =
         task_rows.iter().map(|t| (t.task_id.as_str(), t)).collect();
     let (mut jobs, skipped) = build_jobs(
-        &policy,
+        policy,
         teacher,
         &config.template,
         &trajectories,
@@ -474,6 +536,10 @@ fn score_steps<M: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), Mod
         .add(
             "skipped: context + response longer than n_ctx",
             skipped.too_long,
+        )
+        .add(
+            "skipped: response holds the teacher's image placeholder",
+            skipped.image_placeholder,
         );
     if let Some((mean, std, min, max)) = contrast_stats(&scores) {
         summary.add(
