@@ -195,7 +195,7 @@ pub struct Config {
     /// >= 0 (0: the policy's mean).
     pub latent_noise_std: f64,
     /// The gym bridge's workers (bridge tasks).
-    #[keys(table = BridgeKeys::KEYS)]
+    #[keys(section)]
     pub bridge: BridgeKeys,
     /// Output layout.
     #[keys(skip)]

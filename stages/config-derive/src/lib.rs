@@ -10,12 +10,7 @@
 //! marked `#[keys(section)]` is a table of settings: its own keys, prefixed
 //! with the field's name (`gae.gamma`), instead of one key. A field marked
 //! `#[keys(skip)]` is left out (keys documented elsewhere, such as every
-//! stage's `output.*`). A field marked `#[keys(table = PATH)]` takes its
-//! keys from `PATH`, a list of `(dotted key, meaning)` pairs that a type of
-//! another crate keeps for the stages that hold it (`BridgeKeys::KEYS`:
-//! `bridge.workers`, …): each key is named from the struct that holds the
-//! field, so it begins with the field's name, and the prefix of the struct
-//! is put before it. A key is named as serde names it
+//! stage's `output.*`). A key is named as serde names it
 //! (`#[serde(rename = "fn")]`). A field without a doc comment is a compile
 //! error.
 //!
@@ -27,9 +22,6 @@
 //!     /// GAE settings.
 //!     #[keys(section)]
 //!     gae: GaeConfig,             // ("gae.gamma", …), ("gae.lam", …)
-//!     /// The gym bridge's workers.
-//!     #[keys(table = BridgeKeys::KEYS)]
-//!     bridge: BridgeKeys,         // ("bridge.workers", …) as BridgeKeys::KEYS has them
 //!     #[keys(skip)]
 //!     output: OutputConfig,       // nothing
 //! }
@@ -55,8 +47,6 @@ enum Role {
     Key,
     Section,
     Skip,
-    /// Keys and meanings from a list of pairs (`#[keys(table = PATH)]`).
-    Table(syn::Path),
 }
 
 fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
@@ -79,11 +69,6 @@ fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
         let ty = &field.ty;
         match role(&field.attrs)? {
             Role::Skip => {}
-            Role::Table(table) => pushes.push(quote! {
-                for &(key, meaning) in #table.iter() {
-                    out.push((::embodyflow_core::config::dotted(prefix, key), meaning));
-                }
-            }),
             Role::Section => pushes.push(quote! {
                 <#ty as ::embodyflow_core::config::ConfigKeys>::config_keys(
                     &::embodyflow_core::config::dotted(prefix, #name),
@@ -125,11 +110,8 @@ fn role(attrs: &[syn::Attribute]) -> syn::Result<Role> {
             } else if meta.path.is_ident("skip") {
                 role = Role::Skip;
                 Ok(())
-            } else if meta.path.is_ident("table") {
-                role = Role::Table(meta.value()?.parse()?);
-                Ok(())
             } else {
-                Err(meta.error("expected `section`, `skip` or `table = PATH`"))
+                Err(meta.error("expected `section` or `skip`"))
             }
         })?;
     }
@@ -232,36 +214,6 @@ mod tests {
         assert!(matches!(role(&field.attrs).unwrap(), Role::Section));
         let wrong: syn::Field = syn::parse_quote! { #[keys(flatten)] x: u8 };
         assert!(role(&wrong.attrs).is_err());
-        let bare_table: syn::Field = syn::parse_quote! { #[keys(table)] x: u8 };
-        assert!(role(&bare_table.attrs).is_err());
-    }
-
-    #[test]
-    fn a_table_field_pushes_each_pair_under_the_prefix() {
-        let field: syn::Field = syn::parse_quote! {
-            #[keys(table = BridgeKeys::KEYS)]
-            bridge: BridgeKeys
-        };
-        let Role::Table(table) = role(&field.attrs).unwrap() else {
-            panic!("`table = PATH` is a table");
-        };
-        assert_eq!(quote!(#table).to_string(), "BridgeKeys :: KEYS");
-        let input: DeriveInput = syn::parse_quote! {
-            struct Config {
-                /// Rows per batch.
-                batch_rows: usize,
-                /// The gym bridge's workers.
-                #[keys(table = BridgeKeys::KEYS)]
-                bridge: BridgeKeys,
-                #[keys(skip)]
-                output: OutputConfig,
-            }
-        };
-        let expanded = expand(&input).unwrap().to_string();
-        let key = expanded.find("\"rows per batch\"").unwrap();
-        let table = expanded.find("in BridgeKeys :: KEYS . iter ()").unwrap();
-        assert!(key < table, "fields keep their order: {expanded}");
-        assert!(!expanded.contains("output"), "{expanded}");
     }
 
     #[test]

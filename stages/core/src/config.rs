@@ -78,9 +78,7 @@ use crate::threads::{Threads, ThreadsConfig};
 /// (joined into one line, the final full stop dropped, the first word in
 /// lower case unless it is an acronym); `#[keys(section)]` marks a table of
 /// settings whose own keys follow its name, `#[keys(skip)]` a field whose
-/// keys are documented elsewhere (`output`), `#[keys(table = PATH)]` a field
-/// of a type from another crate that keeps its `(dotted key, meaning)` pairs
-/// in a list for the stages holding it (`embodyflow_worlds::BridgeKeys::KEYS`).
+/// keys are documented elsewhere (`output`).
 ///
 /// ```
 /// use embodyflow_core::config::{ConfigKeys, keys_of};

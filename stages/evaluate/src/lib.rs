@@ -103,7 +103,7 @@ pub struct Config {
     #[keys(section)]
     pub pass_at_k: PassAtKConfig,
     /// The gym bridge's workers (bridge tasks).
-    #[keys(table = BridgeKeys::KEYS)]
+    #[keys(section)]
     pub bridge: BridgeKeys,
     /// Output layout.
     #[keys(skip)]

@@ -341,7 +341,7 @@ pub struct Config {
     pub tokenizer: TokenizerConfig,
     /// The gym bridge's workers that probe an `--input` world (its shape,
     /// the probe episodes).
-    #[keys(table = BridgeKeys::KEYS)]
+    #[keys(section)]
     pub bridge: BridgeKeys,
     /// Unused (no tables are written); present for the uniform `output.*` keys.
     #[keys(skip)]

@@ -44,6 +44,7 @@ pub mod world;
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_gym::BridgeConfig;
@@ -304,21 +305,22 @@ impl Episodes {
 }
 
 /// `bridge.*`: how collect-rollouts and evaluate run the Gymnasium
-/// bridge's workers (bridge tasks only).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// bridge's workers (bridge tasks only). Each field's doc comment is its
+/// key's meaning (`--help`); a stage holds it as a `#[keys(section)]`
+/// field named `bridge`. A worker past `timeout_s` counts as hung: it is
+/// killed and restarted and its episodes fail with the reason; a starting
+/// worker's first frame may take longer
+/// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct BridgeKeys {
-    /// Worker processes; 0: one per CPU this process may run on.
+    /// Gym bridge worker processes (0: one per CPU); bridge tasks only.
     pub workers: usize,
-    /// Seconds a worker may take to answer a step, or stay silent in a
-    /// reset or an expert episode (which send progress frames as they go),
-    /// before it counts as hung (killed and restarted; its episodes fail
-    /// with the reason). A starting worker's first frame may take longer
-    /// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
+    /// Seconds a gym bridge worker may take per step, or stay silent in a
+    /// reset or expert episode, before it counts as hung, > 0.
     pub timeout_s: f64,
-    /// The workers' Python (unset: `$EMBODYFLOW_GYM_PYTHON`, else the
-    /// workspace's `.venv`): a virtual environment with a user's adapter
-    /// packages installed.
+    /// The gym bridge workers' Python, e.g. a venv with your adapter
+    /// packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv).
     pub python: Option<std::path::PathBuf>,
 }
 
@@ -333,22 +335,6 @@ impl Default for BridgeKeys {
 }
 
 impl BridgeKeys {
-    /// The keys and their meanings, for a stage's `KEYS`.
-    pub const KEYS: [(&'static str, &'static str); 3] = [
-        (
-            "bridge.workers",
-            "gym bridge worker processes (0: one per CPU); bridge tasks only",
-        ),
-        (
-            "bridge.timeout_s",
-            "seconds a gym bridge worker may take per step, or stay silent in a reset or expert episode, before it counts as hung, > 0",
-        ),
-        (
-            "bridge.python",
-            "the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
-        ),
-    ];
-
     /// Checks the values (for a stage's `validate`; `prefix` is where the
     /// stage keeps them, `""` for `bridge.*`, `"sft."` for `sft.bridge.*`).
     pub fn validate(&self, prefix: &str) -> embodyflow_core::Result<()> {
