@@ -11,8 +11,10 @@
 //! - [`text`]: what a policy reads and writes (prompt, expert response), the
 //!   tasks-table rows and a tokenizer corpus;
 //! - [`render`]: a task's scene image (a top-down map of its initial
-//!   state) for a vision-language planner, carried by rows that ask for it;
-//! - [`generate`]: the `generate-tasks` stage.
+//!   state) for a vision-language planner, carried by rows that ask for it.
+//!
+//! The `generate-tasks` stage (`embodyflow_worlds::generate`) draws this
+//! world's tasks with [`generate_tasks`].
 //!
 //! Everything is pure Rust and deterministic from seeds; the executor keeps
 //! the state in a few bytes and runs millions of plan steps per second.
