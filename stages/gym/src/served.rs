@@ -49,8 +49,8 @@ use rustix::fs::{FlockOperation, flock};
 use rustix::process::{Pid, Signal, kill_process_group};
 use serde_json::{Value, json};
 
-use crate::worker::{Reply, Worker, command};
 use crate::config::{BridgeConfig, STARTUP_TIMEOUT};
+use crate::worker::{Reply, Worker, command};
 
 /// The environment variable naming the sockets of the served workers a
 /// stage process may take (colon-separated).

@@ -42,9 +42,9 @@ mod toy;
 pub mod world;
 
 use embodyflow_algos::action_tokens::ActionBins;
+use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
-use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
 use embodyflow_gym::BridgeConfig;
