@@ -89,9 +89,8 @@ use crate::threads::{Threads, ThreadsConfig};
 ///     /// GAE lambda.
 ///     lam: f32,
 /// }
-/// /// A type of another crate, with its keys kept in a list.
-/// struct Pool;
-/// const POOL_KEYS: [(&str, &str); 1] = [("pool.workers", "worker processes")];
+/// /// Keys documented elsewhere.
+/// struct Output;
 /// #[derive(ConfigKeys)]
 /// struct Config {
 ///     /// Rows per record batch read from the steps table.
@@ -99,9 +98,9 @@ use crate::threads::{Threads, ThreadsConfig};
 ///     /// GAE settings.
 ///     #[keys(section)]
 ///     gae: Gae,
-///     /// The workers.
-///     #[keys(table = POOL_KEYS)]
-///     pool: Pool,
+///     /// Where the tables go.
+///     #[keys(skip)]
+///     output: Output,
 /// }
 /// assert_eq!(
 ///     keys_of::<Config>(),
@@ -109,12 +108,11 @@ use crate::threads::{Threads, ThreadsConfig};
 ///         ("batch_rows".to_string(), "rows per record batch read from the steps table"),
 ///         ("gae.gamma".to_string(), "discount"),
 ///         ("gae.lam".to_string(), "GAE lambda"),
-///         ("pool.workers".to_string(), "worker processes"),
 ///     ]
 /// );
 /// let mut nested = Vec::new();
 /// <Config as ConfigKeys>::config_keys("sft", &mut nested);
-/// assert_eq!(nested[3], ("sft.pool.workers".to_string(), "worker processes"));
+/// assert_eq!(nested[2], ("sft.gae.lam".to_string(), "GAE lambda"));
 /// ```
 pub trait ConfigKeys {
     /// Appends each key under `prefix` (empty at the top) with its meaning.
