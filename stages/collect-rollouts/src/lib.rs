@@ -78,14 +78,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
 
+use embodyflow_core::Error;
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of};
 use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
-use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_envs::TaskEnv;
-use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
@@ -94,10 +93,10 @@ use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
-    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, ClosedLoopError, RunTotals, run_closed_loop,
+    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
-use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldTask, Worlds, WorldsError, max_decisions};
+use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldTask, Worlds, max_decisions};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -119,34 +118,7 @@ pub struct Args {
 }
 
 /// Why `collect-rollouts` stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum CollectError {
-    /// Loading or running the policy, reading or writing tables.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A closed-loop run (names the episode, task and decision).
-    #[error(transparent)]
-    ClosedLoop(#[from] ClosedLoopError),
-    /// A batch's world could not be built (a task row, the gym bridge).
-    #[error(transparent)]
-    World(#[from] WorldsError),
-}
-
-impl From<Error> for CollectError {
-    fn from(error: Error) -> Self {
-        CollectError::Model(error.into())
-    }
-}
-
-impl Classify for CollectError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            CollectError::Model(error) => error.kind(),
-            CollectError::ClosedLoop(error) => error.kind(),
-            CollectError::World(error) => error.kind(),
-        }
-    }
-}
+pub use embodyflow_rollout::PolicyRunError as CollectError;
 
 /// `dynamic_sampling.*` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]

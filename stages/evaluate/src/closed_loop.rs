@@ -61,7 +61,7 @@ use embodyflow_rollout::closed_loop::{
 use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::{FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions};
 
-use crate::error::EvalError;
+use embodyflow_rollout::PolicyRunError as EvalError;
 
 /// A task in one layout.
 #[derive(Clone, Debug, PartialEq)]

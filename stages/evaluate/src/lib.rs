@@ -47,9 +47,9 @@
 //! ```
 
 pub mod closed_loop;
-mod error;
 
-pub use error::EvalError;
+/// Why `evaluate` stopped.
+pub use embodyflow_rollout::PolicyRunError as EvalError;
 
 use std::collections::{BTreeMap, HashMap};
 

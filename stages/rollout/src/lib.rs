@@ -19,6 +19,9 @@
 //! ```
 
 pub mod closed_loop;
+mod error;
+
+pub use error::PolicyRunError;
 
 use std::path::Path;
 
