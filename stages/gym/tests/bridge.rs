@@ -739,7 +739,10 @@ fn expert_decisions_carry_the_text_they_observed() {
     assert_eq!(texts, [Some("at 0"), Some("at 2")]);
 }
 
-/// Counter tasks whose resets take `reset` kwargs, `group` copies each.
+/// Counter tasks whose resets take `reset` kwargs, `group` copies each, on
+/// one worker whose replies may keep silent for `patience` (its start-up,
+/// the `hello` before the resets, gets the default patience: a Python
+/// importing Gymnasium on a loaded machine takes more than a second).
 fn reset_world(
     kwargs: serde_json::Value,
     group: usize,
@@ -749,7 +752,7 @@ fn reset_world(
     spec.kwargs = kwargs;
     let config = BridgeConfig {
         timeout: patience,
-        startup_timeout: patience,
+        startup_timeout: patience.max(embodyflow_gym::STARTUP_TIMEOUT),
         ..config(1)
     };
     let bins = ActionSpace::Discrete { n: 3 }.bins();
