@@ -197,3 +197,87 @@ pub fn assert_sampled_are_scored<M: PlanNet, P: AsPrompt>(
         }
     }
 }
+
+/// Qwen2-VL's chat template in small: a user turn's content is a string
+/// or a list of image and text parts.
+pub const TINY_VL_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// A tiny random vision-language plan policy of `family` (`qwen2_5_vl` or
+/// `qwen3_vl`) in transformers' layout in `dir`, written here (no Python):
+/// the tiny policy's BPE plus the chat tokens and `<|vision_start|>`,
+/// `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>` (the ids the config
+/// names), [`TINY_VL_TEMPLATE`], 2 vision and 2 language layers of widths
+/// 32 and 48, GQA 4/2, patch 4, merge 2, temporal patch 2 (Qwen2.5-VL:
+/// untied, one windowed and one full block; Qwen3-VL: tied, DeepStack from
+/// both blocks), weights drawn after seeding with 7, and a
+/// `preprocessor_config.json` for 8² to 64² pixels.
+pub fn write_tiny_vl_policy(dir: &std::path::Path, family: &str) {
+    use embodyflow_hf::HfNet;
+    use embodyflow_hf::vl::{Layout, VlConfig, VlNet};
+    use tch::Tensor;
+    use tokenizers::AddedToken;
+    let mut tokenizer = tiny_tokenizer();
+    let specials = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ];
+    tokenizer.add_special_tokens(&specials.map(|t| AddedToken::from(t, true)));
+    let id = |token: &str| tokenizer.token_to_id(token).unwrap();
+    let vocab = (tokenizer.get_vocab_size(true) as i64 + 63) / 64 * 64;
+    let text = serde_json::json!({
+        "vocab_size": vocab, "hidden_size": 48, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+    });
+    let mut config = serde_json::json!({
+        "model_type": family,
+        "tie_word_embeddings": family == "qwen3_vl",
+        "text_config": text,
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48,
+            "num_heads": 2, "patch_size": 4, "out_hidden_size": 48},
+        "image_token_id": id("<|image_pad|>"),
+        "video_token_id": id("<|video_pad|>"),
+        "vision_start_token_id": id("<|vision_start|>"),
+        "vision_end_token_id": id("<|vision_end|>"),
+    });
+    if family == "qwen3_vl" {
+        config["text_config"]["head_dim"] = 16.into();
+        config["text_config"]["rope_parameters"] = serde_json::json!(
+            {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": true});
+        config["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1]);
+        config["vision_config"]["num_position_embeddings"] = 16.into();
+    } else {
+        config["text_config"]["rope_scaling"] =
+            serde_json::json!({"type": "mrope", "mrope_section": [2, 2, 2]});
+        config["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1]);
+        config["vision_config"]["window_size"] = 16.into();
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let parsed = VlConfig::parse(&config.to_string(), std::path::Path::new("config.json")).unwrap();
+    let _guard = seed(7);
+    let vars = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _net = VlNet::new(&vars.root(), parsed, Layout::CURRENT);
+    tch::no_grad(|| {
+        for (_, mut variable) in vars.variables() {
+            variable.copy_(&(Tensor::randn_like(&variable) * 0.5));
+        }
+    });
+    HfNet::write_weights(&vars, &dir.join(crate::checkpoint::WEIGHTS_FILE)).unwrap();
+    tokenizer
+        .save(dir.join(crate::checkpoint::TOKENIZER_FILE), false)
+        .unwrap();
+    let tokenizer_config =
+        serde_json::json!({"chat_template": TINY_VL_TEMPLATE, "eos_token": "<|im_end|>"});
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        tokenizer_config.to_string(),
+    )
+    .unwrap();
+    let processor = serde_json::json!({"patch_size": 4, "merge_size": 2,
+        "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 4096});
+    std::fs::write(dir.join(crate::vl::PROCESSOR_FILE), processor.to_string()).unwrap();
+}

@@ -302,82 +302,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::{policy_kind, policy_net};
     use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
-    use crate::testing::{assert_sampled_are_scored, seed, tiny_tokenizer};
+    use crate::testing::{assert_sampled_are_scored, write_tiny_vl_policy as write_model};
     use embodyflow_hf::VlModel;
-    use tokenizers::AddedToken;
-
-    /// Qwen2-VL's chat template in small: a user turn's content is a string
-    /// or a list of image and text parts.
-    const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
-    /// A tiny random vision-language model of `family` in transformers'
-    /// layout in `dir`: the tiny policy's BPE plus the chat and vision
-    /// tokens, 2 vision and 2 language layers, GQA 4/2, patch 4, merge 2.
-    fn write_model(dir: &Path, family: &str) {
-        let mut tokenizer = tiny_tokenizer();
-        let specials = [
-            "<|im_start|>",
-            "<|im_end|>",
-            "<|vision_start|>",
-            "<|vision_end|>",
-            "<|image_pad|>",
-        ];
-        tokenizer.add_special_tokens(&specials.map(|t| AddedToken::from(t, true)));
-        let id = |token: &str| tokenizer.token_to_id(token).unwrap();
-        let vocab = (tokenizer.get_vocab_size(true) as i64 + 63) / 64 * 64;
-        let text = serde_json::json!({
-            "vocab_size": vocab, "hidden_size": 48, "intermediate_size": 96,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 256,
-        });
-        let mut config = serde_json::json!({
-            "model_type": family,
-            "tie_word_embeddings": family == "qwen3_vl",
-            "text_config": text,
-            "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48,
-                "num_heads": 2, "patch_size": 4, "out_hidden_size": 48},
-            "image_token_id": id("<|image_pad|>"),
-            "video_token_id": vocab - 1,
-            "vision_start_token_id": id("<|vision_start|>"),
-            "vision_end_token_id": id("<|vision_end|>"),
-        });
-        if family == "qwen3_vl" {
-            config["text_config"]["head_dim"] = 16.into();
-            config["text_config"]["rope_parameters"] = serde_json::json!(
-                {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": true});
-            config["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1]);
-            config["vision_config"]["num_position_embeddings"] = 16.into();
-        } else {
-            config["text_config"]["rope_scaling"] =
-                serde_json::json!({"type": "mrope", "mrope_section": [2, 2, 2]});
-            config["vision_config"]["fullatt_block_indexes"] = serde_json::json!([1]);
-            config["vision_config"]["window_size"] = 16.into();
-        }
-        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-        let parsed = VlConfig::parse(&config.to_string(), Path::new("config.json")).unwrap();
-        let _guard = seed(7);
-        let vars = VarStore::new(tch::Device::Cpu);
-        let _net = VlNet::new(&vars.root(), parsed, Layout::CURRENT);
-        tch::no_grad(|| {
-            for (_, mut variable) in vars.variables() {
-                variable.copy_(&(Tensor::randn_like(&variable) * 0.5));
-            }
-        });
-        HfNet::write_weights(&vars, &dir.join(WEIGHTS_FILE)).unwrap();
-        tokenizer
-            .save(dir.join(crate::checkpoint::TOKENIZER_FILE), false)
-            .unwrap();
-        let tokenizer_config =
-            serde_json::json!({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"});
-        std::fs::write(
-            dir.join("tokenizer_config.json"),
-            tokenizer_config.to_string(),
-        )
-        .unwrap();
-        let processor = serde_json::json!({"patch_size": 4, "merge_size": 2,
-            "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 4096});
-        std::fs::write(dir.join(PROCESSOR_FILE), processor.to_string()).unwrap();
-    }
 
     fn load(dir: &Path) -> Result<Checkpoint<VlPolicy>, ModelError> {
         Checkpoint::<VlPolicy>::load_kind(dir, tch::Device::Cpu)

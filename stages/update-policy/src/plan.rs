@@ -144,3 +144,193 @@ fn score_plan_examples<M: PlanNet>(
         entropy,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use embodyflow_models::checkpoint::PolicyNet;
+    use embodyflow_models::images::encode_images;
+    use embodyflow_models::optimizer::OptimizerState;
+    use embodyflow_models::precision::MasterWeights;
+    use embodyflow_models::testing::write_tiny_vl_policy;
+    use tch::Kind;
+
+    use super::*;
+    use crate::config::{Config, OptimConfig, Precision, TrainConfig};
+    use crate::examples::ObservationBytes;
+    use crate::train::train;
+
+    fn load(dir: &Path) -> Checkpoint<VlPolicy> {
+        Checkpoint::<VlPolicy>::load_kind(dir, tch::Device::Cpu).unwrap()
+    }
+
+    /// A 32 × 32 image of bytes drawn from `seed` (16 tokens at patch 4,
+    /// merge 2).
+    fn image(seed: u32) -> RgbImage {
+        let mut state = seed.wrapping_mul(2_654_435_761) | 1;
+        let data = (0..32 * 32 * 3)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state as u8
+            })
+            .collect();
+        RgbImage::new(32, 32, data).unwrap()
+    }
+
+    /// Three prompts, each with its own scene image, and two answers to
+    /// each, whose old log-probs are the bf16 policy's (each example scored
+    /// alone) and whose advantages are of both signs.
+    fn examples(policy: &mut Checkpoint<VlPolicy>) -> Vec<Example> {
+        let master = MasterWeights::new(&mut policy.vars);
+        let mut examples = Vec::new();
+        for (g, text) in ["find a Mug 3", "put the apple", "pick up the Mug"]
+            .iter()
+            .enumerate()
+        {
+            let prompt = policy.prompt(text, vec![image(g as u32 + 1)]).unwrap();
+            for sample in 0..2 {
+                let n = 3 + g + 2 * sample;
+                let mut response: Vec<i32> = (0..n as i32 - 1)
+                    .map(|t| 20 + 7 * t + sample as i32)
+                    .collect();
+                response.push(policy.special.eos);
+                let old = tch::no_grad(|| {
+                    score_responses(
+                        &*policy,
+                        &[(prompt.ids.as_slice(), prompt.images.as_slice())],
+                        &[&response],
+                        1.0,
+                        Entropy::Skip,
+                    )
+                    .logprobs
+                });
+                examples.push(Example {
+                    source: format!("prompt {g} sample {sample}"),
+                    prompt: prompt.ids.clone(),
+                    response,
+                    old_logprobs: Vec::<f32>::try_from(old.view([-1])).unwrap(),
+                    advantages: (0..n)
+                        .map(|t| sample as f32 - 0.5 + 0.1 * t as f32)
+                        .collect(),
+                    temperature: 1.0,
+                    observation: encode_images(&prompt.images)
+                        .unwrap()
+                        .map(ObservationBytes::Held),
+                    thought: None,
+                    response_mask: None,
+                });
+            }
+        }
+        master.finish(&mut policy.vars);
+        examples
+    }
+
+    /// The dtype of every tensor of a `.safetensors` file, from its header.
+    fn saved_dtypes(file: &Path) -> HashMap<String, String> {
+        let bytes = std::fs::read(file).unwrap();
+        let length = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&bytes[8..8 + length]).unwrap();
+        header
+            .into_iter()
+            .filter(|(name, _)| name != "__metadata__")
+            .map(|(name, entry)| (name, entry["dtype"].as_str().unwrap().to_string()))
+            .collect()
+    }
+
+    fn max_difference(a: &Checkpoint<VlPolicy>, b: &Checkpoint<VlPolicy>, prefix: &str) -> f64 {
+        let b = b.vars.variables();
+        a.vars
+            .variables()
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(name, t)| (t - &b[name]).abs().max().double_value(&[]))
+            .fold(0.0, f64::max)
+    }
+
+    /// `train.precision = "bf16"` on a Qwen2.5-VL and a Qwen3-VL planner,
+    /// each prompt with its scene image, the vision encoder trained and
+    /// frozen: on old log-probs the bf16 policy recorded, the first step's
+    /// ratio is exactly 1 (approx_kl and clipfrac 0); three steps stay
+    /// within 2e-2 of the fp32 run's losses and weights, as on a text
+    /// decoder; a frozen vision encoder's weights are the model's to the
+    /// bit (a trained one moves); the weights are f32 again and saved as F32.
+    #[test]
+    fn bf16_trains_a_vision_language_planner_over_fp32_master_weights() {
+        for family in ["qwen2_5_vl", "qwen3_vl"] {
+            let dir = tempfile::tempdir().unwrap();
+            write_tiny_vl_policy(dir.path(), family);
+            let initial = load(dir.path());
+            let examples = examples(&mut load(dir.path()));
+            let visual = format!("{}.", initial.model.vision_encoder().unwrap());
+            for freeze in [false, true] {
+                let run = |precision| {
+                    let mut policy = load(dir.path());
+                    if freeze {
+                        assert!(policy.freeze_vision().unwrap() > 0);
+                    }
+                    let config = Config {
+                        epochs: 3,
+                        mini_batch: examples.len(),
+                        micro_batch: examples.len(),
+                        optim: OptimConfig {
+                            lr: 1e-3,
+                            ..Default::default()
+                        },
+                        train: TrainConfig {
+                            precision,
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    let report = train(
+                        &mut policy,
+                        None,
+                        &examples,
+                        &config,
+                        0,
+                        OptimizerState::fresh("ppo"),
+                    )
+                    .unwrap();
+                    (policy, report)
+                };
+                let (bf16, bf16_report) = run(Precision::Bf16);
+                let (fp32, fp32_report) = run(Precision::Fp32);
+                let at = format!("{family}, freeze_vision {freeze}");
+                let first = &bf16_report.metrics[0];
+                assert_eq!(first.approx_kl, Some(0.0), "{at}: {first:?}");
+                assert_eq!(first.clipfrac, Some(0.0), "{at}: {first:?}");
+                for (name, var) in bf16.vars.variables() {
+                    assert_eq!(var.kind(), Kind::Float, "{at}: {name}");
+                }
+                for (a, b) in bf16_report.metrics.iter().zip(&fp32_report.metrics) {
+                    assert!((a.loss - b.loss).abs() < 2e-2, "{at}\n{a:?}\n{b:?}");
+                }
+                let moved = max_difference(&fp32, &initial, "");
+                let apart = max_difference(&bf16, &fp32, "");
+                assert!(
+                    moved > 1e-3 && apart < 2e-2,
+                    "{at}: moved {moved}, bf16 vs fp32 {apart}"
+                );
+                let vision_moved = max_difference(&bf16, &initial, &visual);
+                assert_eq!(
+                    vision_moved == 0.0,
+                    freeze,
+                    "{at}: vision moved {vision_moved}"
+                );
+                let out = tempfile::tempdir().unwrap();
+                let saved = out.path().join("policy");
+                bf16.save(&saved, "update-policy", false).unwrap();
+                let dtypes = saved_dtypes(&saved.join("model.safetensors"));
+                assert!(!dtypes.is_empty());
+                for (name, dtype) in dtypes {
+                    assert_eq!(dtype, "F32", "{at}: {name}");
+                }
+            }
+        }
+    }
+}
