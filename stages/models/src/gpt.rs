@@ -31,16 +31,10 @@
 //! assert_eq!(model.forward(&ids).size(), [1, 3, 16]);
 //! ```
 
-use std::path::Path;
-
 use embodyflow_hf::checkpointing::{self, Shallow};
 use embodyflow_hf::safetensors::Expected;
-use tokenizers::Tokenizer;
 
-use crate::ModelError;
-use crate::checkpoint::{
-    Checkpoint, ConfigTag, PolicyKind, PolicyNet, serde_config, tagged_config,
-};
+use crate::net::{ConfigTag, PolicyKind, PolicyNet, serde_config, tagged_config};
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -574,22 +568,6 @@ impl PolicyNet for Gpt {
 
     fn config(&self) -> &GptConfig {
         Gpt::config(self)
-    }
-}
-
-impl Checkpoint<Gpt> {
-    /// A freshly initialised plan policy (random weights, seeded by `tch::manual_seed`).
-    pub fn init(
-        config: &GptConfig,
-        tokenizer: Tokenizer,
-        device: tch::Device,
-    ) -> Result<Checkpoint, ModelError> {
-        Checkpoint::init_kind(config, tokenizer, device)
-    }
-
-    /// Loads the plan policy in `dir` onto `device`, checking that its files agree.
-    pub fn load(dir: &Path, device: tch::Device) -> Result<Checkpoint, ModelError> {
-        Checkpoint::load_kind(dir, device)
     }
 }
 

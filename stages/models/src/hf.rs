@@ -5,7 +5,7 @@
 //! `--teacher`, and that update-policy saves back in the same layout.
 //!
 //! The directory: `config.json` (with `model_type`, no `kind`: that is how
-//! [`crate::checkpoint::policy_kind`] tells it from ours),
+//! [`crate::registry::policy_kind`] tells it from ours),
 //! `model.safetensors` or a sharded `model.safetensors.index.json`,
 //! `tokenizer.json`, and optionally `tokenizer_config.json` (chat template,
 //! special tokens), `chat_template.jinja` and `generation_config.json`.
@@ -615,7 +615,7 @@ mod tests {
         write_model(dir.path(), None, None);
         let policy = load(dir.path()).unwrap();
         assert_eq!(
-            crate::checkpoint::policy_kind(dir.path()).unwrap(),
+            crate::registry::policy_kind(dir.path()).unwrap(),
             PolicyKind::Hf
         );
         let im_end = policy.tokenizer.token_to_id("<|im_end|>").unwrap() as i32;

@@ -9,8 +9,13 @@
 //!   key/value cache for decoding;
 //! - [`tokenizer`]: a byte-level BPE trained on an environment's language,
 //!   saved as `tokenizer.json`;
+//! - [`net`]: what a network declares to the checkpoint ([`net::PolicyNet`]:
+//!   its kind, how its `config.json` names it, its weights and tokenizer),
+//!   implemented by each network in its own module;
 //! - [`checkpoint`]: the checkpoint directory (config, safetensors weights,
-//!   tokenizer, manifest), loaded with consistency checks and saved atomically;
+//!   tokenizer, manifest) of any such network, saved atomically;
+//! - [`registry`]: the networks a checkpoint can hold ([`registry::NETS`]),
+//!   which one a directory holds, and loading it with consistency checks;
 //! - [`optimizer`]: AdamW whose moments are saved in the checkpoint, so a
 //!   run of many `update-policy` calls optimises like one process;
 //! - [`precision`]: bf16 training over fp32 master weights;
@@ -40,8 +45,6 @@ use std::path::PathBuf;
 
 use embodyflow_core::{Classify, ErrorKind};
 
-use crate::checkpoint::NetSpec;
-
 pub mod checkpoint;
 /// Gradient checkpointing per block (`embodyflow_hf::checkpointing`), which
 /// our small networks use too.
@@ -51,26 +54,17 @@ pub mod frame_encoder;
 pub mod gpt;
 pub mod hf;
 pub mod images;
+pub mod net;
 pub mod optimizer;
 pub mod policy;
 pub mod precision;
 pub mod prompt;
+pub mod registry;
 #[doc(hidden)]
 pub mod testing;
 pub mod tokenizer;
 pub mod vl;
 pub mod vla;
-
-/// Every network a checkpoint directory can hold, as each declares itself
-/// ([`checkpoint::PolicyNet`]); [`checkpoint::policy_net`] finds a
-/// directory's among them by its `config.json`. The first whose tag takes
-/// a config without `kind` and `model_type` is the default.
-pub const NETS: [NetSpec; 4] = [
-    NetSpec::of::<gpt::Gpt>(),
-    NetSpec::of::<vla::Vla>(),
-    NetSpec::of::<hf::HfNet>(),
-    NetSpec::of::<vl::VlPolicy>(),
-];
 
 /// Errors of loading, saving and running a policy.
 #[derive(Debug, thiserror::Error)]

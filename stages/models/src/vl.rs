@@ -300,7 +300,7 @@ impl PlanNet for VlPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{policy_kind, policy_net};
+    use crate::registry::{policy_kind, policy_net};
     use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
     use crate::testing::{assert_sampled_are_scored, write_tiny_vl_policy as write_model};
     use embodyflow_hf::VlModel;

@@ -176,7 +176,7 @@ pub enum Mode {
 }
 
 /// The mode of `tasks` under the policy in `dir` (of kind `kind`, from
-/// `embodyflow_models::checkpoint::policy_kind`): all tasks one-shot with a
+/// `embodyflow_models::registry::policy_kind`): all tasks one-shot with a
 /// plan policy, or all in a closed-loop world ([`embodyflow_worlds::is_closed_loop`])
 /// with a VLA; anything else is bad input naming a task and the policy.
 /// `collect-rollouts` and `evaluate` choose their loop with it.

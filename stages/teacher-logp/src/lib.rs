@@ -58,11 +58,12 @@ use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet, policy_kind, policy_net};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::images::decode_images;
 use embodyflow_models::policy::{Entropy, PlanNet, RgbImage, score_responses};
+use embodyflow_models::registry::{policy_kind, policy_net};
 use embodyflow_models::vl::VlPolicy;
 use serde::{Deserialize, Serialize};
 

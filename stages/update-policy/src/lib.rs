@@ -21,7 +21,7 @@
 //!   reference checkpoint (`kl_reference`, with `ppo.kl_coef > 0`).
 //!
 //! The policy is a plan policy or a VLA (`config.json` `kind`,
-//! [`policy_kind`](embodyflow_models::checkpoint::policy_kind)); the loop below is one for both, a [`Trainable`]
+//! [`policy_kind`](embodyflow_models::registry::policy_kind)); the loop below is one for both, a [`Trainable`]
 //! network supplying the checks and the per-token scores of its examples.
 //! On a VLA ([`vla`]) an example is one decision: the observation
 //! (frame and proprio, the `steps.observation` bytes), the instruction ids

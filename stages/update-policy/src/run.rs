@@ -18,10 +18,11 @@ use embodyflow_core::schemas::{
 use embodyflow_core::spec;
 use embodyflow_core::stage::{Stage, Summary};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, policy_kind, policy_net};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::optimizer::OptimizerState;
+use embodyflow_models::registry::{policy_kind, policy_net};
 use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
 

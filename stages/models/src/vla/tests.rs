@@ -1,7 +1,8 @@
 use tch::nn::OptimizerConfig;
 
 use super::*;
-use crate::checkpoint::{Checkpoint, policy_kind};
+use crate::checkpoint::Checkpoint;
+use crate::registry::policy_kind;
 use crate::testing::{seed, tiny_tokenizer};
 
 /// A tiny VLA: 16 × 16 images in 16 patches of 4 × 4, proprio of 3,

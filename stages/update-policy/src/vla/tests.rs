@@ -340,7 +340,7 @@ fn behaviour_cloning_learns_and_its_state_resumes() {
         .unwrap();
     let path = dir.path().join("policy");
     assert_eq!(
-        embodyflow_models::checkpoint::policy_kind(&path).unwrap(),
+        embodyflow_models::registry::policy_kind(&path).unwrap(),
         embodyflow_models::checkpoint::PolicyKind::Vla
     );
     let reloaded = Checkpoint::<Vla>::load_kind(&path, tch::Device::Cpu).unwrap();
