@@ -97,7 +97,7 @@ use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
-use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldTask, Worlds, max_decisions};
+use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldTask, Worlds, max_decisions, task_of};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -886,7 +886,7 @@ fn closed_loop(
     let config = &stage.config;
     let group_size = config.group_size;
     let policy = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
-    let specs = draws.build_each(&batches, WorldTask::from_row)?;
+    let specs = draws.build_each(&batches, task_of)?;
     let vla = policy.model.config();
     let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
     let mut sampler =

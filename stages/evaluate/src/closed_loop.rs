@@ -59,7 +59,9 @@ use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
-use embodyflow_worlds::{FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions};
+use embodyflow_worlds::{
+    FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions, task_of,
+};
 
 use embodyflow_rollout::PolicyRunError as EvalError;
 
@@ -82,7 +84,7 @@ pub fn layouts<'a>(owned: &[(u32, &'a TaskRow)]) -> Result<Vec<Layout<'a>>, Erro
     owned
         .iter()
         .map(|&(run, task)| {
-            let spec = WorldTask::from_row(task)?.reseed(run)?;
+            let spec = task_of(task)?.reseed(run)?;
             Ok(Layout { task, run, spec })
         })
         .collect()

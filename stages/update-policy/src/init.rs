@@ -72,7 +72,7 @@ use embodyflow_models::vla::trunk::init_on_vlm;
 use embodyflow_models::vla::{ActionTokens, LatentConfig, Vla, VlaConfig};
 use embodyflow_worlds::{
     BridgeKeys, PolicyShape, WorldOptions, WorldTask, WorldsError, default_world, policy_shape,
-    probe_prompts,
+    probe_prompts, task_of,
 };
 use serde::{Deserialize, Serialize};
 
@@ -559,7 +559,7 @@ fn vla_world(
             }
             let tasks: Vec<WorldTask> = rows
                 .iter()
-                .map(WorldTask::from_row)
+                .map(task_of)
                 .collect::<Result<_, _>>()?;
             (tasks, rows.into_iter().map(|r| r.instruction).collect())
         }

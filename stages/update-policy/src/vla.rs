@@ -56,7 +56,7 @@ use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
 use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::demonstrations::{DemoRequest, Demonstration};
-use embodyflow_worlds::{WorldTask, world_of_tasks};
+use embodyflow_worlds::{WorldTask, task_of, world_of_tasks};
 
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
@@ -93,7 +93,7 @@ pub fn sft_examples(
     }
     let tasks: Vec<WorldTask> = kept_tasks(tasks, sft)
         .into_iter()
-        .map(WorldTask::from_row)
+        .map(task_of)
         .collect::<Result<_, _>>()?;
     let world = world_of_tasks(&tasks)?;
     let config = policy.model.config();

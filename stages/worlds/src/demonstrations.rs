@@ -1,5 +1,5 @@
 //! A world's scripted expert as behaviour-cloning data
-//! ([`World::demonstrations`](crate::World::demonstrations)): each task's
+//! (`World::demonstrations`): each task's
 //! expert episode recorded as a policy would have lived it, one
 //! [`DemoDecision`] per chunk of `K` actions — the observation before the
 //! chunk encoded in the policy's shape

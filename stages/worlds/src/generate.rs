@@ -1,16 +1,13 @@
 //! The `generate-tasks` stage: writes the tasks table of one split of a
-//! registered world, and the interface through which each world says how
-//! ([`Generator`]).
+//! registered world through its [`Generator`].
 //!
-//! Every world of the registry ([`WORLDS`](crate::WORLDS), one-shot and
-//! closed-loop alike) declares its `env` name, its own keys (a [`Settings`]
-//! section at the top of this stage's config: its type's fields with their
-//! doc comments, defaults and value checks), whether it writes LIBERO's
-//! initial-states protocol, and how it writes a shard's tasks. The stage
-//! iterates the registry for the config, `--help` and the checks and runs
-//! the chosen world's [`Generator::write`]; it names no world. What each
-//! world writes is documented with it: [`crate::household`],
-//! [`crate::tabletop`], [`crate::gym`].
+//! Every world of the registry ([`WORLDS`], one-shot and closed-loop
+//! alike) declares its `env` name, its own keys (a
+//! [`Settings`](crate::generator::Settings) section at the top of this
+//! stage's config), whether it writes LIBERO's initial-states protocol, and
+//! how it writes a shard's tasks. The stage iterates the registry for the
+//! config, `--help` and the checks and hands the chosen world's
+//! [`Generator::write`] a [`TaskRequest`] of its config; it names no world.
 //!
 //! Keys of every world: `env` (a registered world's name), `split`
 //! (`train` | `val` | `unseen` | `test`), `count`, `protocol` and
@@ -35,117 +32,29 @@
 //!     --set 'gym.env_ids=["BabyAI-GoToLocal-v0","BabyAI-PickupLoc-v0"]' --set count=64 --seed 7
 //! ```
 //!
-//! A world's generator, in outline (the test-only `toy` world of this crate
-//! is a whole one):
-//!
-//! ```text
-//! #[derive(Serialize, Deserialize, Default, ConfigKeys)]
-//! #[serde(default, deny_unknown_fields)]
-//! struct CorridorKeys {
-//!     /// Cells of the shortest corridor (env = corridor).
-//!     corridor_min: u32,
-//! }
-//! impl SectionConfig<Config> for CorridorKeys { /* its value checks */ }
-//! impl Generator for Corridor {
-//!     fn name(&self) -> &'static str { "corridor" }
-//!     fn settings(&self) -> Option<Settings> { Some(Settings::of::<CorridorKeys>(ROOT)) }
-//!     fn write(&self, config: &Config, shard: ShardSpec, seed: u64, sink: &mut TaskSink) -> ... {
-//!         let keys: CorridorKeys = config.keys()?;
-//!         // sink.push(row) for each task the shard owns, then its summary lines
-//!     }
-//! }
-//! ```
+//! What a world writes is documented with it ([`crate::household`],
+//! [`crate::tabletop`], [`crate::gym`]); the interface it implements is
+//! [`crate::generator`].
 
-use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use embodyflow_core::cli::{ShardSpec, StageArgs};
+use embodyflow_core::cli::StageArgs;
 use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of};
-use embodyflow_core::dataset::TableWriter;
-use embodyflow_core::schemas::{Split, TableName, TaskRow};
-use embodyflow_core::section::{self, Section, SectionConfig};
+use embodyflow_core::schemas::{Split, TableName};
+use embodyflow_core::section;
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::WorldsError;
+use crate::generator::{Generator, LIBERO_STATES, Protocol, ROOT, Settings, TaskRequest, TaskSink};
+use crate::registry::{WORLDS, generator, generators, names_where};
+use crate::world::WorldsError;
 
-/// How `generate-tasks` writes a world's tasks (`env = NAME`): one
-/// `pub static` value per world, listed once in [`WORLDS`](crate::WORLDS).
-pub trait Generator: Sync {
-    /// `env = NAME`.
-    fn name(&self) -> &'static str;
-
-    /// Its own keys (`image_size`, `suite`, `gym.*`): a section of the
-    /// config's top level ([`ROOT`]), whose type's doc comments are the
-    /// keys' meanings and whose checks see the whole config (a world's key
-    /// set for another world is refused there). `None`: no keys of its own.
-    fn settings(&self) -> Option<Settings> {
-        None
-    }
-
-    /// Whether it writes `protocol = initial-states` tables (`count` tasks
-    /// at `states` initial states each).
-    fn initial_states(&self) -> bool {
-        false
-    }
-
-    /// Writes the tasks of `config` that `shard` owns into `sink` (their
-    /// seeds drawn from `seed`) and adds its lines to the sink's summary.
-    /// Its own keys are [`Config::keys`].
-    fn write(
-        &self,
-        config: &Config,
-        shard: ShardSpec,
-        seed: u64,
-        sink: &mut TaskSink,
-    ) -> std::result::Result<(), WorldsError>;
-}
-
-/// A world's keys in the stage's config ([`Generator::settings`]).
-pub type Settings = Section<Config>;
-
-/// The table of a world's keys: the config's top level (its keys are
-/// `image_size`, `suite`, and `gym.*` for a type whose field is `gym`).
-pub const ROOT: &str = "";
-
-/// LIBERO's initial states per task (its `init_states` files): the
-/// default of `states`.
-pub const LIBERO_STATES: u32 = 50;
-
-/// Every world's generator, in the order of [`WORLDS`](crate::WORLDS).
-pub fn generators() -> impl Iterator<Item = &'static dyn Generator> {
-    crate::WORLDS.iter().map(|w| w.tasks)
-}
-
-/// The generator of `env = name`.
-pub fn generator(name: &str) -> Option<&'static dyn Generator> {
-    generators().find(|g| g.name() == name)
-}
-
-/// Every world's keys, in the order of [`WORLDS`](crate::WORLDS).
+/// Every world's keys, in the order of [`WORLDS`].
 fn sections() -> Vec<Settings> {
     generators().filter_map(|g| g.settings()).collect()
-}
-
-/// `a, b or c`.
-fn either(names: &[&str]) -> String {
-    match names {
-        [] => String::new(),
-        [one] => one.to_string(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
-    }
-}
-
-/// The names of the worlds `keep` keeps, as `a, b or c`.
-pub fn names_where(keep: impl Fn(&dyn Generator) -> bool) -> String {
-    let names: Vec<&str> = generators()
-        .filter(|g| keep(*g))
-        .map(|g| g.name())
-        .collect();
-    either(&names)
 }
 
 /// The meaning of `env`, naming every world.
@@ -163,17 +72,6 @@ static ENV_MEANING: LazyLock<String> =
 pub struct Args {
     #[command(flatten)]
     stage: StageArgs,
-}
-
-/// What a table holds (see the module doc).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Protocol {
-    /// `count` tasks, each in a layout of its own split.
-    #[default]
-    Layouts,
-    /// `count` tasks at `states` initial states each (LIBERO's protocol).
-    InitialStates,
 }
 
 /// The stage's config: the keys of every world, and each world's own keys
@@ -211,7 +109,7 @@ impl Default for Config {
             _ => Map::new(),
         };
         Config {
-            env: crate::WORLDS[0].tasks.name().to_string(),
+            env: WORLDS[0].tasks.name().to_string(),
             split: Split::Train,
             count: 1000,
             protocol: Protocol::Layouts,
@@ -228,28 +126,23 @@ impl Config {
         generator(&self.env).expect("`env` was checked at load")
     }
 
-    /// A world's keys, typed (its [`Generator::settings`] type).
-    pub fn keys<T: SectionConfig<Config>>(&self) -> Result<T> {
-        section::read::<Config, T>(ROOT, &self.tree())
-    }
-
-    /// Whether the chosen world is `name`.
-    pub fn is(&self, name: &str) -> bool {
-        self.env == name
+    /// What the chosen world is asked: this config's keys and every
+    /// world's own, and the registered worlds' names.
+    pub fn request(&self) -> TaskRequest {
+        TaskRequest {
+            env: self.env.clone(),
+            split: self.split,
+            count: self.count,
+            protocol: self.protocol,
+            states: self.states,
+            keys: self.worlds.clone(),
+            worlds: generators().map(|g| g.name()).collect(),
+        }
     }
 
     /// Whether the table holds tasks at initial states.
     pub fn initial_states(&self) -> bool {
         self.protocol == Protocol::InitialStates
-    }
-
-    /// The worlds' keys as the sections read them: the top level as table
-    /// [`ROOT`].
-    fn tree(&self) -> Value {
-        Value::Object(Map::from_iter([(
-            ROOT.to_string(),
-            Value::Object(self.worlds.clone()),
-        )]))
     }
 }
 
@@ -313,7 +206,8 @@ impl StageConfig for Config {
             "train, val or unseen (test is the initial-states protocol's: set protocol = initial-states)",
             self.split,
         )?;
-        section::check(&sections(), &self.tree(), self)
+        let request = self.request();
+        section::check(&sections(), &request.tree(), &request)
     }
 }
 
@@ -329,49 +223,14 @@ pub fn run(args: Args) -> std::result::Result<(), WorldsError> {
     let (shard, seed) = (stage.args.shard, stage.args.seed);
     let mut summary = Summary::new(format!("generate-tasks ({})", config.split));
     summary.add("shard", shard).add("seed", seed);
-    let mut sink = TaskSink {
-        writer: stage.writer(TableName::Tasks)?,
-        rows: Vec::new(),
-        summary,
-    };
-    config.generator().write(config, shard, seed, &mut sink)?;
-    let TaskSink {
-        mut writer,
-        rows,
-        summary,
-    } = sink;
-    writer.write_rows(&rows)?;
+    let mut sink = TaskSink::new(stage.writer(TableName::Tasks)?, summary);
+    config
+        .generator()
+        .write(&config.request(), shard, seed, &mut sink)?;
+    let (writer, summary) = sink.finish()?;
     stage.finish(writer)?;
     stage.commit(&summary)?;
     Ok(())
-}
-
-/// Where a world's tasks go: the table writer, the rows waiting for it,
-/// and the summary the world adds its lines to.
-pub struct TaskSink {
-    writer: TableWriter,
-    rows: Vec<TaskRow>,
-    /// The stage's summary (shard and seed, then the world's lines).
-    pub summary: Summary,
-}
-
-impl TaskSink {
-    /// Adds `row`; the waiting rows are written once 4096 wait.
-    pub fn push(&mut self, row: TaskRow) -> Result<()> {
-        self.rows.push(row);
-        if self.rows.len() >= 4096 {
-            self.writer.write_rows(&self.rows)?;
-            self.rows.clear();
-        }
-        Ok(())
-    }
-
-    /// Adds each name's task count to the summary, in name order.
-    pub fn add_counts<K: Into<String>>(&mut self, counts: BTreeMap<K, usize>) {
-        for (name, n) in counts {
-            self.summary.add(name, n);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -422,7 +281,7 @@ mod tests {
         let problem = resolve(&["env=lab"]).problem.unwrap();
         assert_eq!(problem.key.as_deref(), Some("env"));
         assert!(problem.message.contains("`lab`"), "{}", problem.message);
-        for world in crate::WORLDS {
+        for world in WORLDS {
             let name = world.tasks.name();
             assert!(
                 problem.message.contains(&format!("`{name}`")),

@@ -37,7 +37,7 @@
 //!
 //! ```
 //! use embodyflow_gym::{GymTask, GymTaskSpec};
-//! use embodyflow_worlds::RUN_SEED_STRIDE;
+//! use embodyflow_worlds::gym::RUN_SEED_STRIDE;
 //! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 7, 64);
 //! let task = embodyflow_worlds::gym::task(GymTask { task_id: "goto/7".into(), spec });
 //! assert_eq!((task.env(), task.max_steps()), ("gym:babyai", 64));
@@ -46,6 +46,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use embodyflow_core::Error;
 use embodyflow_core::cli::ShardSpec;
@@ -60,9 +61,14 @@ use embodyflow_world::ClosedLoopWorld;
 use serde::{Deserialize, Serialize};
 
 use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use crate::generate::{Config, Generator, ROOT, Settings, TaskSink};
-use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
-use crate::{PolicyShape, RUN_SEED_STRIDE, WorldOptions, Worlds, WorldsError};
+use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use crate::world::{
+    Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
+};
+
+/// A bridge task's run `r > 0` resets with seed `seed + r * RUN_SEED_STRIDE`
+/// (far from the seeds a task generator hands out next to each other).
+pub const RUN_SEED_STRIDE: u64 = 1_000_003;
 
 /// `env = gym:<adapter>`.
 pub static GYM: Gym = Gym;
@@ -258,10 +264,10 @@ pub struct GymTable {
     pub gym: GymKeys,
 }
 
-impl SectionConfig<Config> for GymTable {
+impl SectionConfig<TaskRequest> for GymTable {
     /// `gym.*` in range whatever the world; under LIBERO's protocol at
     /// most one task per env id (each task's states are drawn once).
-    fn check(&self, config: &Config) -> embodyflow_core::Result<()> {
+    fn check(&self, config: &TaskRequest) -> embodyflow_core::Result<()> {
         let keys = &self.gym;
         if config.is(NAME) && config.initial_states() {
             ensure(
@@ -311,7 +317,7 @@ impl Generator for Gym {
     /// `gym.instruction`), counted by env id.
     fn write(
         &self,
-        config: &Config,
+        config: &TaskRequest,
         shard: ShardSpec,
         seed: u64,
         sink: &mut TaskSink,
@@ -415,13 +421,9 @@ fn instructions(
     for task in tasks.iter_mut() {
         task.spec.success.clone_from(&info.success);
     }
-    let mut worlds = Worlds::new(WorldOptions {
-        image_size: info.shape.height,
-        bins: info.action.bins(),
-        bridge,
-    });
     let tasks: Vec<WorldTask> = tasks.iter().cloned().map(task).collect();
-    let episodes = worlds.episodes(&tasks, 1)?;
+    let pool = Pool::new(&bridge)?;
+    let episodes = GymEpisodes::with_pool(pool, &specs::<GymTask>(&tasks), 1, &info.action.bins())?;
     let mut instructions = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
         // A task whose environment cannot be reset is no task to write.
@@ -434,8 +436,60 @@ fn instructions(
         }
         instructions.push(episodes.instruction(i).to_string());
     }
-    worlds.done(episodes);
     Ok((instructions, info.success))
+}
+
+/// `bridge.*`: how collect-rollouts and evaluate run the Gymnasium
+/// bridge's workers (bridge tasks only). Each field's doc comment is its
+/// key's meaning (`--help`); a stage holds it as a `#[keys(section)]`
+/// field named `bridge`. A worker past `timeout_s` counts as hung: it is
+/// killed and restarted and its episodes fail with the reason; a starting
+/// worker's first frame may take longer
+/// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct BridgeKeys {
+    /// Gym bridge worker processes (0: one per CPU); bridge tasks only.
+    pub workers: usize,
+    /// Seconds a gym bridge worker may take per step, or stay silent in a
+    /// reset or expert episode, before it counts as hung, > 0.
+    pub timeout_s: f64,
+    /// The gym bridge workers' Python, e.g. a venv with your adapter
+    /// packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv).
+    pub python: Option<std::path::PathBuf>,
+}
+
+impl Default for BridgeKeys {
+    fn default() -> Self {
+        BridgeKeys {
+            workers: 0,
+            timeout_s: 60.0,
+            python: None,
+        }
+    }
+}
+
+impl BridgeKeys {
+    /// Checks the values (for a stage's `validate`; `prefix` is where the
+    /// stage keeps them, `""` for `bridge.*`, `"sft."` for `sft.bridge.*`).
+    pub fn validate(&self, prefix: &str) -> embodyflow_core::Result<()> {
+        embodyflow_core::config::positive(&format!("{prefix}bridge.timeout_s"), self.timeout_s)
+    }
+
+    /// The bridge's config (the Python of `python`, else
+    /// `EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`).
+    pub fn config(&self) -> BridgeConfig {
+        let workers = match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        BridgeConfig {
+            workers,
+            timeout: Duration::from_secs_f64(self.timeout_s),
+            startup_timeout: embodyflow_gym::STARTUP_TIMEOUT,
+            python: BridgeConfig::python(self.python.as_deref()),
+        }
+    }
 }
 
 impl WorldEpisodes for GymEpisodes {

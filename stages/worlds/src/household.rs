@@ -12,7 +12,7 @@
 //! the mean expert plan length.
 //!
 //! ```
-//! use embodyflow_worlds::generate::generator;
+//! use embodyflow_worlds::generator;
 //! let household = generator("household").unwrap();
 //! assert!(household.settings().is_some() && !household.initial_states());
 //! ```
@@ -27,8 +27,8 @@ use embodyflow_household::task::generate_task;
 use embodyflow_household::{TaskType, image_task_row, render};
 use serde::{Deserialize, Serialize};
 
-use crate::WorldsError;
-use crate::generate::{Config, Generator, ROOT, Settings, TaskSink};
+use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use crate::world::WorldsError;
 
 /// `env = household`.
 pub static HOUSEHOLD: Household = Household;
@@ -49,10 +49,10 @@ pub struct HouseholdKeys {
     pub image_size: Option<usize>,
 }
 
-impl SectionConfig<Config> for HouseholdKeys {
+impl SectionConfig<TaskRequest> for HouseholdKeys {
     /// A scene image only for household tasks, of a size the renderer
     /// draws.
-    fn check(&self, config: &Config) -> Result<()> {
+    fn check(&self, config: &TaskRequest) -> Result<()> {
         let Some(size) = self.image_size else {
             return Ok(());
         };
@@ -83,7 +83,7 @@ impl Generator for Household {
     /// The shard's tasks, counted by type.
     fn write(
         &self,
-        config: &Config,
+        config: &TaskRequest,
         shard: ShardSpec,
         seed: u64,
         sink: &mut TaskSink,
@@ -112,18 +112,5 @@ impl Generator for Household {
         );
         sink.add_counts(by_type);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_registrys_one_shot_worlds_are_the_environments_that_run_plans() {
-        let one_shot: Vec<&str> = crate::WORLDS
-            .iter()
-            .filter(|w| w.closed_loop.is_none())
-            .map(|w| w.tasks.name())
-            .collect();
-        assert_eq!(one_shot, embodyflow_envs::ONE_SHOT);
     }
 }

@@ -23,9 +23,9 @@
 //!
 //! ```
 //! use embodyflow_tabletop::{Split, Suite, generate, task_row};
-//! use embodyflow_worlds::WorldTask;
+//! use embodyflow_worlds::task_of;
 //! let spec = generate(Suite::Goal, Split::Train, 7, 0);
-//! let task = WorldTask::from_row(&task_row(&spec)).unwrap();
+//! let task = task_of(&task_row(&spec)).unwrap();
 //! assert_eq!((task.env(), task.max_steps()), ("tabletop", spec.max_steps));
 //! assert_ne!(task.reseed(1).unwrap(), task); // another layout
 //! ```
@@ -43,9 +43,10 @@ use embodyflow_tabletop::{self as tt, ExpertConfig, Strategy, TabletopEpisodes, 
 use serde::{Deserialize, Serialize};
 
 use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use crate::generate::{Config, Generator, ROOT, Settings, TaskSink, names_where};
-use crate::world::{Kept, World, WorldEpisodes, WorldTask, specs};
-use crate::{PolicyShape, WorldOptions, WorldsError};
+use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use crate::world::{
+    Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
+};
 
 /// `env = tabletop`.
 pub static TABLETOP: Tabletop = Tabletop;
@@ -261,17 +262,17 @@ pub struct TabletopKeys {
     pub suite: Option<SuiteChoice>,
 }
 
-impl SectionConfig<Config> for TabletopKeys {
+impl SectionConfig<TaskRequest> for TabletopKeys {
     /// A suite only for tabletop tasks; LIBERO's protocol draws the tasks
     /// of one suite, at most as many as it holds.
-    fn check(&self, config: &Config) -> embodyflow_core::Result<()> {
+    fn check(&self, config: &TaskRequest) -> embodyflow_core::Result<()> {
         if !config.is(tt::ENV) {
             return ensure(
                 self.suite.is_none(),
                 "suite",
                 &format!(
                     "no suite with env = {} (suites are the tabletop world's)",
-                    names_where(|g| g.name() != tt::ENV)
+                    config.others(tt::ENV)
                 ),
                 format!(
                     "suite = {}",
@@ -322,7 +323,7 @@ impl Generator for Tabletop {
     /// suite and type.
     fn write(
         &self,
-        config: &Config,
+        config: &TaskRequest,
         shard: ShardSpec,
         seed: u64,
         sink: &mut TaskSink,
@@ -378,12 +379,10 @@ mod tests {
     use embodyflow_algos::action_tokens::ActionBins;
 
     use super::*;
-    use crate::{default_world, world_of};
 
     #[test]
     fn train_tasks_are_the_four_suites_in_turn_at_the_frame_sizes_it_renders() {
-        let world = world_of(tt::ENV).unwrap();
-        assert!(std::ptr::addr_eq(world, default_world()));
+        let world = &TABLETOP;
         let tasks = world.train_tasks(8, 3).unwrap();
         assert_eq!(tasks.len(), 8);
         for (i, task) in tasks.iter().enumerate() {

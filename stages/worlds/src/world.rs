@@ -1,11 +1,13 @@
 //! What a closed-loop world declares to the stages: the [`World`] trait
-//! (one `pub static` value per world, listed once in
-//! [`WORLDS`](crate::WORLDS), which also holds its [`Generator`](crate::Generator)), a task of any world ([`WorldTask`]: its id,
-//! instruction, `max_steps` and the world's own spec) and a batch of
-//! episodes ([`WorldEpisodes`]: the world interface
-//! [`ClosedLoopWorld`] and what the batch hands back to the stage's next
-//! one). The stages go through [`crate::Worlds`] and the functions of the
-//! crate root and never name a world.
+//! (one `pub static` value per world, listed once in the registry, which
+//! also holds its `Generator`), a task of
+//! any world ([`WorldTask`]: its id, instruction, `max_steps` and the
+//! world's own spec), a batch of episodes ([`WorldEpisodes`]: the world
+//! interface [`ClosedLoopWorld`] and what the batch hands back to the
+//! stage's next one), what a batch is built with ([`WorldOptions`]), the
+//! shape of a policy for the world ([`PolicyShape`]) and why a batch could
+//! not be built ([`WorldsError`]). The stages go through the registry
+//! and never name a world.
 //!
 //! A world answers for the task rows whose `env` it claims
 //! ([`World::claims`]): their task ([`World::task`]), another run of one
@@ -31,13 +33,14 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use embodyflow_core::Error;
+use embodyflow_algos::action_tokens::ActionBins;
+use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
+use embodyflow_core::{Classify, Error, ErrorKind};
 use embodyflow_gym::{BridgeConfig, FaultCounts};
 use embodyflow_world::ClosedLoopWorld;
 
 use crate::demonstrations::{DemoRequest, Demonstration};
-use crate::{PolicyShape, WorldOptions, WorldsError};
 
 /// A closed-loop world, as the stages see it.
 pub trait World: Sync {
@@ -172,24 +175,6 @@ impl WorldTask {
         }
     }
 
-    /// The task of `row` (its `env` names the world, [`crate::world_of`]);
-    /// a row its world cannot build, or a world that is not closed-loop, is
-    /// bad input naming the task.
-    pub fn from_row(row: &TaskRow) -> Result<WorldTask, Error> {
-        match crate::world_of(&row.env) {
-            Some(world) => world.task(row),
-            None => Err(Error::BadInput(format!(
-                "task `{}`: environment `{}` is not a closed-loop world (known: {})",
-                row.task_id,
-                row.env,
-                crate::closed_loop_worlds()
-                    .map(|w| w.env())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        }
-    }
-
     /// Its world.
     pub fn world(&self) -> &'static dyn World {
         self.world
@@ -267,4 +252,55 @@ pub fn specs<T: Clone + 'static>(tasks: &[WorldTask]) -> Vec<T> {
                 .clone()
         })
         .collect()
+}
+
+/// What a policy for a world observes and does: the shape of its
+/// observations, the dimensions of one action and, where the world fixes
+/// them, its action bins.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyShape {
+    /// The observations (frame and proprio).
+    pub observation: ObservationShape,
+    /// Dimensions of one action.
+    pub action_dim: usize,
+    /// The bins the world's actions need (a discrete action space: one bin
+    /// per action and one more, `ActionSpace::bins`); `None` when any bins
+    /// over `[-1, 1]` do (the tabletop world).
+    pub bins: Option<ActionBins>,
+    /// The longest text an observation carries, in characters (a
+    /// Gymnasium `Text` observation, which each decision's prompt holds
+    /// after the instruction); 0 when the world observes no text.
+    pub observation_text: usize,
+}
+
+/// How a batch's episodes observe and act.
+#[derive(Clone, Debug)]
+pub struct WorldOptions {
+    /// Frame size of the tabletop world's renders (the policy's).
+    pub image_size: usize,
+    /// The policy's action bins.
+    pub bins: ActionBins,
+    /// How the bridge runs its workers (bridge tasks).
+    pub bridge: BridgeConfig,
+}
+
+/// Why a batch's episodes could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum WorldsError {
+    /// A task row its world cannot build, or tasks of two worlds.
+    #[error(transparent)]
+    Core(#[from] Error),
+    /// The bridge could not start or reset its environments (a missing
+    /// package, an unknown env id, a Python that cannot start, ...).
+    #[error("the gym bridge: {0}")]
+    Bridge(#[from] embodyflow_gym::BridgeError),
+}
+
+impl Classify for WorldsError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            WorldsError::Core(e) => e.kind(),
+            WorldsError::Bridge(e) => e.kind(),
+        }
+    }
 }
