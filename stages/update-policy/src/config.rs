@@ -196,8 +196,9 @@ impl Default for OptimConfig {
     }
 }
 
-/// `sft.*` settings. Each field's doc comment is its key's meaning (the
-/// `template`, `warmup` and `bridge` sections': [`SFT_SECTION_KEYS`]).
+/// `sft.*` settings. Each field's doc comment is its key's meaning; the
+/// `template`, `warmup` and `bridge` sections' keys are their types' fields
+/// ([`ContextTemplates`], [`WarmupConfig`], [`BridgeKeys`]).
 /// `demos_per_task` counts rows by [`TaskRow::task_key`], 1 by default:
 /// SimpleVLA-RL's one-trajectory SFT, from each task's first initial state;
 /// `demos_per_task_type = 1` is the household study's held-out-combination
@@ -219,7 +220,7 @@ pub struct SftConfig {
     /// The teacher template (`context = reference | both`): the same
     /// templates `teacher-logp` reads, so a teacher is trained on the context
     /// it will score in.
-    #[keys(skip)]
+    #[keys(section)]
     pub template: ContextTemplates,
     /// VLA: the tabletop expert's relative action noise in [0, 1] on
     /// demonstrations (seeded by --seed and task).
@@ -227,11 +228,11 @@ pub struct SftConfig {
     /// A thinking VLA's warm-up: the weights of the latent cosine, stop
     /// and action cross-entropies (LaST-R1: 1 : 0.1 : 1) and what fills the
     /// latent slots.
-    #[keys(skip)]
+    #[keys(section)]
     pub warmup: WarmupConfig,
     /// The gym bridge's workers running the scripted experts of bridge
     /// tasks (`sft.bridge.*`).
-    #[keys(skip)]
+    #[keys(section)]
     pub bridge: BridgeKeys,
     /// VLA: a table directory of demonstrations (tasks, trajectories, steps:
     /// table import --format libero-hdf5) to train on instead of a scripted
@@ -372,55 +373,9 @@ impl Default for Config {
     }
 }
 
-/// The `sft.*` keys of the sections whose types other crates declare
-/// (`sft.template`, `sft.warmup`, `sft.bridge`: `#[keys(skip)]` in
-/// [`SftConfig`]), with their meanings for this stage; every other key
-/// is documented by its field ([`ConfigKeys`]).
-const SFT_SECTION_KEYS: [(&str, &str); 10] = [
-    (
-        "sft.bridge.python",
-        "bridge tasks: the gym bridge workers' Python, e.g. a venv with your adapter packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv)",
-    ),
-    (
-        "sft.bridge.timeout_s",
-        "bridge tasks: seconds a gym bridge worker may take per request before it counts as hung, > 0",
-    ),
-    (
-        "sft.bridge.workers",
-        "bridge tasks: gym bridge workers running the scripted experts (0: one per CPU)",
-    ),
-    (
-        "sft.template.name",
-        "teacher template name (context = reference | both)",
-    ),
-    ("sft.template.student", "student context template"),
-    (
-        "sft.template.teacher",
-        "teacher context template, with {reference_plan}",
-    ),
-    (
-        "sft.warmup.action",
-        "thinking VLA warm-up: weight of the action cross-entropy (1)",
-    ),
-    (
-        "sft.warmup.end",
-        "thinking VLA warm-up: weight of the <latent_end> cross-entropy (0.1)",
-    ),
-    (
-        "sft.warmup.latent",
-        "thinking VLA warm-up: weight of the latent cosine loss (1)",
-    ),
-    (
-        "sft.warmup.self_forcing",
-        "thinking VLA warm-up: the latent slots hold the policy's own one-step predictions (true) or the targets (false: LaST-R1's teacher forcing)",
-    ),
-];
-
 impl StageConfig for Config {
     fn key_docs() -> Vec<(String, &'static str)> {
-        let mut keys = keys_of::<Config>();
-        keys.extend(SFT_SECTION_KEYS.map(|(key, meaning)| (key.to_string(), meaning)));
-        keys
+        keys_of::<Config>()
     }
 
     fn output(&self) -> &OutputConfig {

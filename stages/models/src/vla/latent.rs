@@ -66,6 +66,7 @@
 //! println!("thought {} latents, value {}", out[0].latent_len, out[0].value);
 //! ```
 
+use embodyflow_core::config::ConfigKeys;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -232,15 +233,16 @@ pub struct LatentScores {
 }
 
 /// The warm-up loss's weights (LaST-R1: 1 : 0.1 : 1) and what fills the
-/// latent slots.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// latent slots. Each field's doc comment is its key's meaning
+/// (update-policy's `sft.warmup.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct WarmupConfig {
-    /// The latents' cosine term.
+    /// Weight of the latents' cosine term (LaST-R1: 1).
     pub latent: f64,
-    /// The stop's cross-entropy.
+    /// Weight of the stop's (`<latent_end>`) cross-entropy (LaST-R1: 0.1).
     pub end: f64,
-    /// The actions' cross-entropy.
+    /// Weight of the actions' cross-entropy (LaST-R1: 1).
     pub action: f64,
     /// Fill the slots with the policy's own one-step predictions (true) or
     /// with the targets, LaST-R1's teacher forcing (false).
