@@ -102,6 +102,13 @@ pub trait PlanNet: PolicyNet {
         responses: &[&[i32]],
         longest: i64,
     ) -> Tensor;
+    /// The video placeholder of a network that reads images
+    /// (`<|video_pad|>`, config.json `video_token_id`): no video reaches
+    /// the model, so a prompt holding it is refused and a response holding
+    /// it is not scored; `None` for a network without one.
+    fn video_token(&self) -> Option<i32> {
+        None
+    }
     /// `ids` (one placeholder per image, as the chat template writes them)
     /// with each image's placeholder expanded to the tokens it takes; a
     /// network that sees no images is never given any
@@ -197,7 +204,7 @@ impl<M: PlanNet> Checkpoint<M> {
     pub fn prompt(&self, text: &str, images: Vec<RgbImage>) -> Result<Prompt, ModelError> {
         if images.is_empty() || self.model.image_token().is_none() {
             return Ok(Prompt {
-                ids: self.prompt_ids(text)?,
+                ids: self.model.expand_images(self.prompt_ids(text)?, &[])?,
                 images: Vec::new(),
             });
         }

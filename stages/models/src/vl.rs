@@ -53,6 +53,9 @@ use crate::policy::PlanNet;
 /// The image processor's file in a vision-language model directory.
 pub const PROCESSOR_FILE: &str = "preprocessor_config.json";
 
+/// Qwen's video placeholder token, which [`VlPolicy`] refuses in prompts.
+const VIDEO_PLACEHOLDER: &str = "<|video_pad|>";
+
 /// The files a checkpoint trained from a vision-language model carries
 /// unchanged: the decoder's ([`CARRIED_FILES`]) and the image processor's.
 pub const VL_CARRIED_FILES: [&str; 9] = {
@@ -104,6 +107,23 @@ impl VlPolicy {
                 reason: "the model directory has none, so the model reads no images".into(),
             })?;
         Ok(processor.process(images)?)
+    }
+
+    /// Fails on the video placeholder in a prompt's `ids`: the model
+    /// reads images only (no video frames reach its vision encoder), and
+    /// transformers would take `<|vision_start|><|video_pad|>` for a video
+    /// it was not given.
+    fn refuse_video(&self, ids: &[i32]) -> Result<(), ModelError> {
+        let video = self.setup.config.video_token_id as i32;
+        match ids.iter().position(|&id| id == video) {
+            None => Ok(()),
+            Some(at) => Err(embodyflow_core::Error::BadInput(format!(
+                "the prompt holds the video placeholder `{VIDEO_PLACEHOLDER}` (token {video}, \
+                 config.json `video_token_id`) at position {at}: videos are not supported, \
+                 only images"
+            ))
+            .into()),
+        }
     }
 
     /// The images of every row, in row order, processed; `None` without any.
@@ -253,17 +273,23 @@ impl PlanNet for VlPolicy {
         })
     }
 
+    fn video_token(&self) -> Option<i32> {
+        Some(self.setup.config.video_token_id as i32)
+    }
+
     fn expand_images(&self, ids: Vec<i32>, images: &[RgbImage]) -> Result<Vec<i32>, ModelError> {
-        if images.is_empty() {
-            return Ok(ids);
-        }
-        let grids = self.process(images)?.grid_thw;
+        self.refuse_video(&ids)?;
+        let grids = match images {
+            [] => Vec::new(),
+            _ => self.process(images)?.grid_thw,
+        };
         let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
         let expanded = self.net.expand_image_tokens(&ids, &grids)?;
         Ok(expanded.into_iter().map(|id| id as i32).collect())
     }
 
     fn check_images(&self, ids: &[i32], images: &[RgbImage]) -> Result<(), ModelError> {
+        self.refuse_video(ids)?;
         let image = self.setup.config.image_token_id as i32;
         let runs: Vec<usize> = ids
             .chunk_by(|a, b| a == b)
@@ -300,8 +326,8 @@ impl PlanNet for VlPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{policy_kind, policy_net};
     use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
+    use crate::registry::{policy_kind, policy_net};
     use crate::testing::{assert_sampled_are_scored, write_tiny_vl_policy as write_model};
     use embodyflow_hf::VlModel;
 
@@ -509,6 +535,52 @@ mod tests {
         for needle in [PROCESSOR_FILE, "`max_pixels`", "image 0", "32 x 32"] {
             assert!(error.contains(needle), "lacks {needle}: {error}");
         }
+    }
+
+    /// The video placeholder in a prompt is refused, naming the token:
+    /// in a task's text (with and without a scene image) and in prompt ids
+    /// read back from a table; an image placeholder in the text of a
+    /// prompt given no image is refused as well.
+    #[test]
+    fn a_prompt_holding_the_video_placeholder_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), "qwen3_vl");
+        let policy = load(dir.path()).unwrap();
+        let video = policy.model.video_token().unwrap();
+        let bad_input = |error: ModelError| {
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput,
+                "{error}"
+            );
+            error.to_string()
+        };
+        let text = "find a Mug <|video_pad|>";
+        for images in [vec![], vec![image(1)]] {
+            let error = bad_input(policy.prompt(text, images).unwrap_err());
+            for needle in [
+                "`<|video_pad|>`",
+                &format!("token {video}"),
+                "`video_token_id`",
+            ] {
+                assert!(error.contains(needle), "lacks {needle}: {error}");
+            }
+        }
+        let mut prompt = policy.prompt("find a Mug", vec![image(1)]).unwrap();
+        policy
+            .model
+            .check_images(&prompt.ids, &prompt.images)
+            .unwrap();
+        prompt.ids.insert(3, video);
+        let error = bad_input(
+            policy
+                .model
+                .check_images(&prompt.ids, &prompt.images)
+                .unwrap_err(),
+        );
+        assert!(error.contains("`<|video_pad|>`"), "{error}");
+        let error = bad_input(policy.prompt("find <|image_pad|>", vec![]).unwrap_err());
+        assert!(error.contains("1 image placeholders"), "{error}");
     }
 
     /// The message of loading `dir` as `M`, which must fail as bad input.

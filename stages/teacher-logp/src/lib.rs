@@ -28,7 +28,7 @@
 //! A step whose task has no ground-truth plan is skipped and counted (an
 //! error under `--strict`), as is a step whose teacher context and response do
 //! not fit in the teacher's `n_ctx` and one whose response holds the image
-//! placeholder of a teacher that reads images; `compute-advantages` gives such steps no
+//! or video placeholder of a teacher that reads images; `compute-advantages` gives such steps no
 //! step advantage. A response id outside the teacher's vocabulary, a tokenizer
 //! that differs from the policy's or a template without its placeholder is an
 //! error before anything is written. Each batch of `batch_rows` steps runs
@@ -166,6 +166,9 @@ pub struct Skipped {
     /// an image placeholder (a text policy may sample it), which has no
     /// image to stand for.
     pub image_placeholder: usize,
+    /// The response holds the video placeholder of a teacher that reads
+    /// images (`<|video_pad|>`), which no video fills.
+    pub video_placeholder: usize,
 }
 
 /// Builds the two contexts of every step, checking the response ids against
@@ -225,6 +228,14 @@ pub fn build_jobs<P: PlanNet, T: PlanNet>(
             .is_some_and(|image| step.response_ids.contains(&image))
         {
             skipped.image_placeholder += 1;
+            continue;
+        }
+        if teacher
+            .model
+            .video_token()
+            .is_some_and(|video| step.response_ids.contains(&video))
+        {
+            skipped.video_placeholder += 1;
             continue;
         }
         let Some(actions) = task.gt_actions.as_deref() else {
@@ -541,6 +552,10 @@ fn score_steps<P: PlanNet, T: PlanNet>(
         .add(
             "skipped: response holds the teacher's image placeholder",
             skipped.image_placeholder,
+        )
+        .add(
+            "skipped: response holds the teacher's video placeholder",
+            skipped.video_placeholder,
         );
     if let Some((mean, std, min, max)) = contrast_stats(&scores) {
         summary.add(
@@ -794,6 +809,76 @@ mod tests {
         .unwrap();
         assert!(jobs.is_empty());
         assert_eq!(skipped.too_long, 1);
+    }
+
+    /// A vision-language teacher (here its own policy) skips and counts a
+    /// response holding its image or video placeholder, scoring the
+    /// others; a prompt holding the video placeholder is an error naming
+    /// the step and the token.
+    #[test]
+    fn responses_holding_a_vision_placeholder_are_skipped_and_video_prompts_refused() {
+        use embodyflow_models::images::encode_images;
+        let dir = tempfile::tempdir().unwrap();
+        embodyflow_models::testing::write_tiny_vl_policy(dir.path(), "qwen2_5_vl");
+        let policy = Checkpoint::<VlPolicy>::load_kind(dir.path(), tch::Device::Cpu).unwrap();
+        let (trajectory, _, task) = rollout(&tiny_policy(128), mug_plan());
+        let image = RgbImage::new(32, 32, (0..32 * 32 * 3).map(|i| i as u8).collect()).unwrap();
+        let prompt = policy.prompt("find a Mug", vec![image]).unwrap();
+        let observation = encode_images(&prompt.images).unwrap();
+        let (image, video) = (
+            policy.model.image_token().unwrap(),
+            policy.model.video_token().unwrap(),
+        );
+        let responses = [vec![20, 21, image], vec![20, video, 22], vec![20, 21, 22]];
+        let trajectories: Vec<TrajectoryRow> = (0..responses.len())
+            .map(|i| TrajectoryRow {
+                trajectory_id: format!("r{i}"),
+                ..trajectory[0].clone()
+            })
+            .collect();
+        let mut steps: Vec<StepRow> = responses
+            .iter()
+            .enumerate()
+            .map(|(i, response)| StepRow {
+                observation: observation.clone(),
+                ..StepRow::one_shot(
+                    format!("r{i}"),
+                    prompt.ids.clone(),
+                    response.clone(),
+                    vec![0.0; response.len()],
+                )
+            })
+            .collect();
+        let tasks = HashMap::from([("t0", &task)]);
+        let build = |steps: &[StepRow]| {
+            build_jobs(
+                &policy,
+                &policy,
+                &ContextTemplates::default(),
+                &trajectories,
+                steps,
+                &tasks,
+                true,
+            )
+        };
+        let (jobs, skipped) = build(&steps).unwrap();
+        assert_eq!(
+            (skipped.image_placeholder, skipped.video_placeholder),
+            (1, 1)
+        );
+        let scored: Vec<&str> = jobs.iter().map(|j| j.trajectory_id.as_str()).collect();
+        assert_eq!(scored, ["r2"]);
+        steps[2].prompt_ids.insert(2, video);
+        let error = build(&steps).err().unwrap();
+        assert_eq!(
+            embodyflow_core::Classify::kind(&error),
+            embodyflow_core::ErrorKind::BadInput
+        );
+        let error = error.to_string();
+        assert!(
+            error.contains("trajectory `r2` step 0") && error.contains("`<|video_pad|>`"),
+            "{error}"
+        );
     }
 
     #[test]

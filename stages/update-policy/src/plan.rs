@@ -89,7 +89,9 @@ fn example_images(example: &Example) -> Result<Vec<RgbImage>, Error> {
 
 /// [`Trainable::check_examples`] of a plan policy: ids in its vocabulary,
 /// each image placeholder run matching an image of the example
-/// (`steps.observation`) the policy reads, prompt + response within its
+/// (`steps.observation`) the policy reads, no image or video placeholder
+/// in a response (the sampler read a sampled one as text, the scorer would
+/// read it as an image slot with no image), prompt + response within its
 /// context.
 fn check_plan_examples<M: PlanNet>(
     policy: &Checkpoint<M>,
@@ -103,6 +105,24 @@ fn check_plan_examples<M: PlanNet>(
             .model
             .check_images(&example.prompt, &images)
             .map_err(|e| Error::BadInput(format!("{}: {e}", example.source)))?;
+        let placeholders = [
+            ("image", policy.model.image_token()),
+            ("video", policy.model.video_token()),
+        ];
+        for (what, token) in placeholders {
+            if let Some(token) = token.filter(|t| example.response.contains(t)) {
+                let text = policy
+                    .tokenizer
+                    .id_to_token(token as u32)
+                    .unwrap_or_default();
+                return Err(Error::BadInput(format!(
+                    "{}: response_ids hold the {what} placeholder `{text}` (token {token}), \
+                     which the model reads as a {what} slot that no {what} fills; update on \
+                     rollouts without it",
+                    example.source
+                )));
+            }
+        }
     }
     let n_ctx = policy.model.max_len();
     if let Some(long) = examples
@@ -250,6 +270,47 @@ mod tests {
             .filter(|(name, _)| name.starts_with(prefix))
             .map(|(name, t)| (t - &b[name]).abs().max().double_value(&[]))
             .fold(0.0, f64::max)
+    }
+
+    /// A response holding the policy's image or video placeholder is bad
+    /// input naming the example and the token, before any pass: the
+    /// sampler read a sampled placeholder as text, the scorer would take
+    /// an image placeholder for an image slot (the pass then failed on the
+    /// missing image) and transformers a video placeholder after
+    /// `<|vision_start|>` for a video.
+    #[test]
+    fn responses_holding_an_image_or_video_placeholder_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_tiny_vl_policy(dir.path(), "qwen2_5_vl");
+        let mut policy = load(dir.path());
+        let examples = examples(&mut policy);
+        check_plan_examples(&policy, &examples).unwrap();
+        let image = policy.model.image_token().unwrap();
+        let video = policy.model.video_token().unwrap();
+        for (token, text) in [(image, "`<|image_pad|>`"), (video, "`<|video_pad|>`")] {
+            let mut bad = examples.clone();
+            bad[1].response.insert(1, token);
+            bad[1].old_logprobs.insert(1, -1.0);
+            bad[1].advantages.insert(1, 0.0);
+            let error = train(
+                &mut policy,
+                None,
+                &bad,
+                &Config::default(),
+                0,
+                OptimizerState::fresh("ppo"),
+            )
+            .unwrap_err();
+            assert_eq!(
+                embodyflow_core::Classify::kind(&error),
+                embodyflow_core::ErrorKind::BadInput,
+                "{error}"
+            );
+            let error = error.to_string();
+            for needle in [bad[1].source.as_str(), "response_ids", text] {
+                assert!(error.contains(needle), "lacks {needle}: {error}");
+            }
+        }
     }
 
     /// `train.precision = "bf16"` on a Qwen2.5-VL and a Qwen3-VL planner,
