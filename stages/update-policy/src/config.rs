@@ -69,7 +69,7 @@ pub enum Precision {
 pub struct TrainConfig {
     /// Recompute each transformer block in the backward instead of keeping its activations (less memory, one more forward per block).
     pub gradient_checkpointing: bool,
-    /// fp32, or bf16: forward and backward in bf16 over fp32 master weights (AdamW in fp32; plan policies only).
+    /// fp32, or bf16: forward and backward in bf16 over fp32 master weights (AdamW in fp32; plan policies and VLAs).
     pub precision: Precision,
 }
 
