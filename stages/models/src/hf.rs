@@ -62,9 +62,9 @@ use tch::{Kind, Tensor};
 use tokenizers::Tokenizer;
 
 use crate::ModelError;
-use crate::checkpoint::{
-    Checkpoint, ConfigTag, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens,
-    WEIGHTS_FILE,
+use crate::checkpoint::Checkpoint;
+use crate::net::{
+    ConfigTag, PolicyKind, PolicyNet, PromptFormat, TOKENIZER_FILE, Tokens, WEIGHTS_FILE, bad,
 };
 use crate::policy::{PlanNet, response_positions, scoring_rows};
 use crate::prompt::{USER_MARK, markers, render_user};
@@ -82,13 +82,6 @@ pub const CARRIED_FILES: [&str; 8] = [
     "vocab.json",
     "merges.txt",
 ];
-
-fn bad(file: &Path, reason: impl Into<String>) -> ModelError {
-    ModelError::BadCheckpoint {
-        file: file.to_path_buf(),
-        reason: reason.into(),
-    }
-}
 
 /// A JSON object file of the model directory, `None` when absent.
 fn json_object(file: &Path) -> Result<Option<Map<String, Value>>, ModelError> {
