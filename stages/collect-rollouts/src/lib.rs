@@ -901,7 +901,7 @@ fn closed_loop(
     let mut worlds = Worlds::new(WorldOptions {
         image_size,
         bins: bins.clone(),
-        bridge: config.bridge.config(),
+        workers: config.bridge.settings(),
     });
     let mut totals = RunTotals::default();
     let sample = |pending: &[usize], seeds: &[u64]| -> Result<_, CollectError> {

@@ -41,7 +41,7 @@
 //! let options = embodyflow_worlds::WorldOptions {
 //!     image_size: 32,
 //!     bins: ActionBins::openvla(),
-//!     bridge: Default::default(),
+//!     workers: Default::default(),
 //! };
 //! let mut expert =
 //!     ExpertPolicy::new(&specs, 1, 32, 8, embodyflow_tabletop::Strategy::Grasp, 0.0).unwrap();
@@ -59,9 +59,7 @@ use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
-use embodyflow_worlds::{
-    FaultCounts, WorldOptions, WorldTask, Worlds, max_decisions, task_of,
-};
+use embodyflow_worlds::{WorldOptions, WorldTask, Worlds, max_decisions, task_of};
 
 use embodyflow_rollout::PolicyRunError as EvalError;
 
@@ -117,8 +115,8 @@ pub struct Played {
     /// What a thinking policy's decisions showed; `None` when no decision
     /// carried a thought (a policy without latents).
     pub thinking: Option<Thinking>,
-    /// The gym bridge's worker faults; `None` when no bridge task ran.
-    pub faults: Option<FaultCounts>,
+    /// The gym bridge's worker faults in words; `None` when no bridge task ran.
+    pub faults: Option<String>,
 }
 
 /// What a thinking policy's (LaST-R1) decisions showed over the episodes
@@ -399,7 +397,7 @@ mod tests {
         WorldOptions {
             image_size: SIZE,
             bins: ActionBins::openvla(),
-            bridge: Default::default(),
+            workers: Default::default(),
         }
     }
 

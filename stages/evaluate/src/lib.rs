@@ -508,7 +508,7 @@ fn closed_loop_episodes(
     let options = WorldOptions {
         image_size: checkpoint.model.config().image_size as usize,
         bins: greedy.bins(),
-        bridge: config.bridge.config(),
+        workers: config.bridge.settings(),
     };
     let (rows, played) = closed_loop::evaluate_layouts(
         &mut greedy,

@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::{self, ObservationShape};
+use embodyflow_world::world::{Kept, WorldEpisodes};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -666,6 +667,15 @@ pub(crate) fn describe(
         (None, None, None) => unreachable!("every task is described or unstartable"),
     };
     Ok((info, unstarted))
+}
+
+/// A batch the registry hands a stage: its workers serve the stage's next
+/// batch of bridge tasks, and their fault counts go to its summary.
+impl WorldEpisodes for GymEpisodes {
+    fn finish(self: Box<Self>, kept: &mut Kept) {
+        kept.faults = Some(self.faults().to_string());
+        kept.state = Some(Box::new(self.into_pool()));
+    }
 }
 
 impl ClosedLoopWorld for GymEpisodes {

@@ -20,6 +20,7 @@
 //! ```
 
 use embodyflow_core::observation::ObservationShape;
+use embodyflow_world::world::WorldEpisodes;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
 
 use crate::TabletopError;
@@ -141,3 +142,6 @@ impl ClosedLoopWorld for TabletopEpisodes {
         None
     }
 }
+
+/// A batch the registry hands a stage; it keeps nothing between batches.
+impl WorldEpisodes for TabletopEpisodes {}

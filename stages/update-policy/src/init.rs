@@ -577,17 +577,17 @@ fn vla_world(
             (tasks, instructions)
         }
     };
-    let bridge = config.bridge.config();
+    let workers = config.bridge.settings();
     let image_size = config.vla.image_size as usize;
     let bad = |e: WorldsError| Error::BadInput(e.to_string());
-    let shape = policy_shape(&tasks[0], image_size, &bridge).map_err(bad)?;
+    let shape = policy_shape(&tasks[0], image_size, &workers).map_err(bad)?;
     let prompts = match (shape.observation_text, &shape.bins) {
         (0, _) | (_, None) => Vec::new(),
         (_, Some(bins)) => {
             let options = WorldOptions {
                 image_size,
                 bins: bins.clone(),
-                bridge,
+                workers,
             };
             let episodes = config.tokenizer.probe_episodes;
             probe_prompts(&tasks, &options, episodes, seed).map_err(bad)?

@@ -105,7 +105,7 @@ pub fn sft_examples(
         .iter()
         .map(|t| sampling_seed(seed, &t.task_id()))
         .collect();
-    let bridge = sft.bridge.config();
+    let workers = sft.bridge.settings();
     let request = DemoRequest {
         observation: observation_shape(config),
         action_dim: config.action_dim as usize,
@@ -114,7 +114,7 @@ pub fn sft_examples(
         noise: sft.expert_noise,
         seeds: &seeds,
         step_frames: thinking.is_some(),
-        bridge: &bridge,
+        workers: &workers,
     };
     let k = request.chunk_len;
     let (mut futures, mut all_frames) = (Vec::new(), Vec::new());

@@ -13,7 +13,7 @@
 //! never names a world.
 //!
 //! ```
-//! use embodyflow_worlds::demonstrations::{DemoDecision, Demonstration};
+//! use embodyflow_world::demonstrations::{DemoDecision, Demonstration};
 //! let demo = Demonstration {
 //!     task_id: "t".into(),
 //!     instruction: "push right".into(),
@@ -26,7 +26,8 @@
 
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
-use embodyflow_gym::BridgeConfig;
+
+use crate::workers::WorkerSettings;
 
 /// What a stage asks of a world's scripted expert: demonstrations of its
 /// tasks as the policy will observe and act.
@@ -51,8 +52,8 @@ pub struct DemoRequest<'a> {
     /// Whether each demonstration also carries the frame of every step (a
     /// thinking VLA's warm-up); a world that cannot record them refuses.
     pub step_frames: bool,
-    /// How the bridge runs its workers (a world played by them).
-    pub bridge: &'a BridgeConfig,
+    /// How a world played by workers runs them (the bridge's).
+    pub workers: &'a WorkerSettings,
 }
 
 /// One task's expert episode, cut into decisions.

@@ -35,7 +35,7 @@
 //! ```
 //!
 //! ```
-//! use embodyflow_worlds::generator::either;
+//! use embodyflow_world::generator::either;
 //! assert_eq!(either(&["household", "tabletop", "gym"]), "household, tabletop or gym");
 //! assert_eq!(either(&["gym"]), "gym");
 //! ```

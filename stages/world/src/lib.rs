@@ -16,6 +16,14 @@
 //! and the Gymnasium bridge (`embodyflow_gym::GymEpisodes`) implement it,
 //! so neither links libtorch; `embodyflow_worlds` chooses one per task row.
 //!
+//! What a world declares to the stages is here too, so a world is one
+//! crate implementing these interfaces and one line of the registry
+//! (`embodyflow_worlds::WORLDS`): [`world`] (the [`World`](world::World)
+//! trait, a task of any world, a batch's options, a policy's shape),
+//! [`generator`] (how `generate-tasks` writes its tasks),
+//! [`demonstrations`] (its scripted expert's episodes for behaviour
+//! cloning) and [`workers`] (a world's own settings, passed on unread).
+//!
 //! One decision of the driver, in the interface's terms: [`observe`] every
 //! episode, read the live episodes' [`frames`] and [`proprio`] (and, in a
 //! world that observes text, each one's [`observation_text`], joined to the
@@ -89,7 +97,11 @@
 
 use embodyflow_core::observation::ObservationShape;
 
+pub mod demonstrations;
+pub mod generator;
 pub mod policy;
+pub mod workers;
+pub mod world;
 
 pub use policy::{ChunkDecision, ChunkPolicy, DecisionBatch, Thought};
 

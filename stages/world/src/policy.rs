@@ -6,7 +6,7 @@
 //! offer a scripted policy of its own (the tabletop world's expert) without
 //! linking libtorch. The rollout driver
 //! (`embodyflow_rollout::closed_loop::run_closed_loop`) runs any
-//! [`ChunkPolicy`] in any [`ClosedLoopWorld`](crate::ClosedLoopWorld).
+//! [`ChunkPolicy`] in any `ClosedLoopWorld`.
 //!
 //! ```
 //! use embodyflow_core::observation::ObservationShape;

@@ -20,12 +20,17 @@
 //! must outlive a batch (the bridge's worker pool, its fault counts) it
 //! keeps in the stage's [`Kept`] slot for it.
 //!
+//! A world's own settings travel through the stages unread
+//! (`WorkerSettings`: the bridge's workers from a stage's `bridge.*`
+//! keys), and what one reports beyond episodes (its workers' faults) comes
+//! back in words ([`Kept::faults`]), so this crate knows no world.
+//!
 //! ```
-//! use embodyflow_worlds::{WORLDS, world_of};
-//! assert_eq!(world_of("tabletop").unwrap().env(), "tabletop");
-//! assert_eq!(world_of("gym:babyai").unwrap().env(), "gym:<adapter>");
-//! assert!(world_of("household").is_none()); // one-shot plans: embodyflow_envs
-//! assert!(WORLDS.len() >= 2);
+//! use embodyflow_world::world::{World, WorldTask};
+//! // A task's world answers for it: `task.world().env()`, `task.reseed(1)`.
+//! fn env_of(task: &WorldTask) -> &'static str {
+//!     task.world().env()
+//! }
 //! ```
 
 use std::any::Any;
@@ -33,14 +38,13 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
+use crate::ClosedLoopWorld;
+use crate::demonstrations::{DemoRequest, Demonstration};
+use crate::workers::WorkerSettings;
 use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::{Classify, Error, ErrorKind};
-use embodyflow_gym::{BridgeConfig, FaultCounts};
-use embodyflow_world::ClosedLoopWorld;
-
-use crate::demonstrations::{DemoRequest, Demonstration};
 
 /// A closed-loop world, as the stages see it.
 pub trait World: Sync {
@@ -55,12 +59,13 @@ pub trait World: Sync {
     /// Run `run` (≥ 1) of one of its tasks (evaluation averages over runs).
     fn reseed(&'static self, task: &WorldTask, run: u32) -> Result<WorldTask, Error>;
     /// The shape of a policy for the task's world (at frames of
-    /// `image_size` pixels where the world renders at the policy's size).
+    /// `image_size` pixels where the world renders at the policy's size;
+    /// a world played by workers asks one, as `workers` says).
     fn policy_shape(
         &self,
         task: &WorldTask,
         image_size: usize,
-        bridge: &BridgeConfig,
+        workers: &WorkerSettings,
     ) -> Result<PolicyShape, WorldsError>;
     /// `group` episodes of each of `tasks` (all of this world; episode
     /// `t * group + g` is copy `g` of task `t`), built with what the
@@ -121,8 +126,10 @@ pub trait WorldEpisodes: ClosedLoopWorld {
 pub struct Kept {
     /// The world's own state (the bridge's worker pool).
     pub state: Option<Box<dyn Any>>,
-    /// Its workers' faults so far; `None` for a world without workers.
-    pub faults: Option<FaultCounts>,
+    /// Its workers' faults so far, in words for the stage's summary (the
+    /// bridge's `worker faults: 0 crashed, 0 hung, 0 malformed; 0
+    /// restarts`); `None` for a world without workers.
+    pub faults: Option<String>,
 }
 
 /// A world's own task description, held by a [`WorldTask`].
@@ -280,8 +287,9 @@ pub struct WorldOptions {
     pub image_size: usize,
     /// The policy's action bins.
     pub bins: ActionBins,
-    /// How the bridge runs its workers (bridge tasks).
-    pub bridge: BridgeConfig,
+    /// How a world played by workers runs them (the bridge's, from a
+    /// stage's `bridge.*` keys).
+    pub workers: WorkerSettings,
 }
 
 /// Why a batch's episodes could not be built.
@@ -290,17 +298,41 @@ pub enum WorldsError {
     /// A task row its world cannot build, or tasks of two worlds.
     #[error(transparent)]
     Core(#[from] Error),
-    /// The bridge could not start or reset its environments (a missing
-    /// package, an unknown env id, a Python that cannot start, ...).
-    #[error("the gym bridge: {0}")]
-    Bridge(#[from] embodyflow_gym::BridgeError),
+    /// A world could not start or reset its environments (the gym
+    /// bridge: a missing package, an unknown env id, a Python that cannot
+    /// start, ...): its error, named by the world and classified as it
+    /// classifies it ([`WorldsError::world`]).
+    #[error("{world}: {error}")]
+    World {
+        /// What failed, in messages (`the gym bridge`).
+        world: &'static str,
+        /// The error's kind ([`Classify::kind`] of the error).
+        kind: ErrorKind,
+        /// The world's error.
+        #[source]
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl WorldsError {
+    /// A world's own `error`, in messages `world: error`.
+    pub fn world<E>(world: &'static str, error: E) -> WorldsError
+    where
+        E: std::error::Error + Classify + Send + Sync + 'static,
+    {
+        WorldsError::World {
+            world,
+            kind: error.kind(),
+            error: Box::new(error),
+        }
+    }
 }
 
 impl Classify for WorldsError {
     fn kind(&self) -> ErrorKind {
         match self {
             WorldsError::Core(e) => e.kind(),
-            WorldsError::Bridge(e) => e.kind(),
+            WorldsError::World { kind, .. } => *kind,
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Every world of the registry ([`WORLDS`], one-shot and closed-loop
 //! alike) declares its `env` name, its own keys (a
-//! [`Settings`](crate::generator::Settings) section at the top of this
+//! [`Settings`](embodyflow_world::generator::Settings) section at the top of this
 //! stage's config), whether it writes LIBERO's initial-states protocol, and
 //! how it writes a shard's tasks. The stage iterates the registry for the
 //! config, `--help` and the checks and hands the chosen world's
@@ -48,9 +48,11 @@ use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::generator::{Generator, LIBERO_STATES, Protocol, ROOT, Settings, TaskRequest, TaskSink};
 use crate::registry::{WORLDS, generator, generators, names_where};
-use crate::world::WorldsError;
+use embodyflow_world::generator::{
+    Generator, LIBERO_STATES, Protocol, ROOT, Settings, TaskRequest, TaskSink,
+};
+use embodyflow_world::world::WorldsError;
 
 /// Every world's keys, in the order of [`WORLDS`].
 fn sections() -> Vec<Settings> {

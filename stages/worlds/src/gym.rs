@@ -54,15 +54,16 @@ use embodyflow_core::config::{ConfigKeys, at_least, ensure};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
 use embodyflow_gym::{
-    self as bridge, BridgeConfig, ENV_PREFIX, GymEpisodes, GymTask, GymTaskSpec, Pool, SuccessRule,
-    task_from_row,
+    self as bridge, BridgeConfig, BridgeError, ENV_PREFIX, GymEpisodes, GymTask, GymTaskSpec, Pool,
+    SuccessRule, task_from_row,
 };
 use embodyflow_world::ClosedLoopWorld;
 use serde::{Deserialize, Serialize};
 
-use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
-use crate::world::{
+use embodyflow_world::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use embodyflow_world::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use embodyflow_world::workers::WorkerSettings;
+use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
 };
 
@@ -122,10 +123,10 @@ impl World for Gym {
         &self,
         task: &WorldTask,
         _: usize,
-        bridge: &BridgeConfig,
+        workers: &WorkerSettings,
     ) -> Result<PolicyShape, WorldsError> {
         let task = task.spec::<GymTask>().expect("a bridge task");
-        let info = bridge::probe(bridge, &task.spec)?;
+        let info = bridge::probe(&bridge_config(workers), &task.spec).map_err(bridge_error)?;
         Ok(PolicyShape {
             observation: info.shape,
             action_dim: info.action.dim(),
@@ -143,10 +144,10 @@ impl World for Gym {
     ) -> Result<Box<dyn WorldEpisodes>, WorldsError> {
         let pool = match kept.state.take().map(|state| state.downcast::<Pool>()) {
             Some(Ok(pool)) => *pool,
-            _ => Pool::new(&options.bridge)?,
+            _ => Pool::new(&bridge_config(&options.workers)).map_err(bridge_error)?,
         };
-        let episodes =
-            GymEpisodes::with_pool(pool, &specs::<GymTask>(tasks), group, &options.bins)?;
+        let episodes = GymEpisodes::with_pool(pool, &specs::<GymTask>(tasks), group, &options.bins)
+            .map_err(bridge_error)?;
         Ok(Box::new(episodes))
     }
 
@@ -166,11 +167,12 @@ impl World for Gym {
         let Some(first) = tasks.first().map(|t| &t.spec) else {
             return Err(bad(&"no task to demonstrate"));
         };
-        let info = bridge::probe(request.bridge, first).map_err(|e| bad(&e))?;
+        let bridge = bridge_config(request.workers);
+        let info = bridge::probe(&bridge, first).map_err(|e| bad(&e))?;
         info.action
             .check_bins(request.bins)
             .map_err(|e| Error::BadInput(format!("the checkpoint's action bins: {e}")))?;
-        let demos = bridge::expert_demonstrations(request.bridge, &tasks, request.chunk_len)
+        let demos = bridge::expert_demonstrations(&bridge, &tasks, request.chunk_len)
             .map_err(|e| bad(&e))?;
         for demo in demos {
             let mut decisions = Vec::new();
@@ -361,7 +363,8 @@ impl Generator for Gym {
         let (instructions, rule) = instructions(&mut tasks, &keys)?;
         let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
         for (task, instruction) in tasks.iter().zip(instructions) {
-            let mut row = bridge::task_row(&task.task_id, split.as_str(), &task.spec)?;
+            let mut row = bridge::task_row(&task.task_id, split.as_str(), &task.spec)
+                .map_err(bridge_error)?;
             row.task_type = Some(task.spec.env_id.clone());
             row.instruction = instruction;
             *by_type.entry(task.spec.env_id.clone()).or_default() += 1;
@@ -417,13 +420,14 @@ fn instructions(
         python: BridgeConfig::python(keys.python.as_deref()),
         ..Default::default()
     };
-    let info = bridge::probe(&bridge, &first.spec)?;
+    let info = bridge::probe(&bridge, &first.spec).map_err(bridge_error)?;
     for task in tasks.iter_mut() {
         task.spec.success.clone_from(&info.success);
     }
     let tasks: Vec<WorldTask> = tasks.iter().cloned().map(task).collect();
-    let pool = Pool::new(&bridge)?;
-    let episodes = GymEpisodes::with_pool(pool, &specs::<GymTask>(&tasks), 1, &info.action.bins())?;
+    let pool = Pool::new(&bridge).map_err(bridge_error)?;
+    let episodes = GymEpisodes::with_pool(pool, &specs::<GymTask>(&tasks), 1, &info.action.bins())
+        .map_err(bridge_error)?;
     let mut instructions = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
         // A task whose environment cannot be reset is no task to write.
@@ -476,6 +480,12 @@ impl BridgeKeys {
         embodyflow_core::config::positive(&format!("{prefix}bridge.timeout_s"), self.timeout_s)
     }
 
+    /// The bridge's config as the worlds take it (passed on unread by the
+    /// stages and the registry).
+    pub fn settings(&self) -> WorkerSettings {
+        WorkerSettings::of(self.config())
+    }
+
     /// The bridge's config (the Python of `python`, else
     /// `EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`).
     pub fn config(&self) -> BridgeConfig {
@@ -492,11 +502,16 @@ impl BridgeKeys {
     }
 }
 
-impl WorldEpisodes for GymEpisodes {
-    fn finish(self: Box<Self>, kept: &mut Kept) {
-        kept.faults = Some(self.faults());
-        kept.state = Some(Box::new(self.into_pool()));
-    }
+/// The bridge's config among a stage's worker settings
+/// ([`BridgeKeys::settings`]); the defaults without them.
+fn bridge_config(workers: &WorkerSettings) -> BridgeConfig {
+    workers.get::<BridgeConfig>().cloned().unwrap_or_default()
+}
+
+/// The bridge's error as the registry's: `the gym bridge: ...`, classified
+/// as the bridge classifies it.
+fn bridge_error(error: BridgeError) -> WorldsError {
+    WorldsError::world("the gym bridge", error)
 }
 
 #[cfg(test)]
@@ -513,7 +528,7 @@ mod tests {
             task_id: "goto/7".into(),
             spec,
         })];
-        let (bins, bridge) = (ActionBins::openvla(), BridgeConfig::default());
+        let (bins, workers) = (ActionBins::openvla(), WorkerSettings::default());
         let request = DemoRequest {
             observation: embodyflow_core::observation::ObservationShape {
                 height: 7,
@@ -527,7 +542,7 @@ mod tests {
             noise: 0.0,
             seeds: &[0],
             step_frames: true,
-            bridge: &bridge,
+            workers: &workers,
         };
         let error = GYM
             .demonstrations(&tasks, &request, &mut |_| panic!("no demonstration"))

@@ -27,8 +27,8 @@ use embodyflow_household::task::generate_task;
 use embodyflow_household::{TaskType, image_task_row, render};
 use serde::{Deserialize, Serialize};
 
-use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
-use crate::world::WorldsError;
+use embodyflow_world::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use embodyflow_world::world::WorldsError;
 
 /// `env = household`.
 pub static HOUSEHOLD: Household = Household;

@@ -16,13 +16,12 @@
 //! | `tabletop` | the embedded tabletop world, in process ([`tabletop::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
 //! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`gym::GYM`], [`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
 //!
-//! The interfaces ([`world`], [`generator`], [`demonstrations`]) import
-//! no world and no registry; the worlds' modules import only them; the
-//! registry imports the worlds; the stage ([`generate`]) the registry.
+//! The interfaces a world implements are `embodyflow_world`'s ([`world`],
+//! [`generator`], [`demonstrations`], re-exported here), below the models;
+//! the worlds' modules import only them; the registry imports the worlds;
+//! the stage ([`generate`]) the registry.
 
-pub mod demonstrations;
 pub mod generate;
-pub mod generator;
 pub mod gym;
 pub mod household;
 pub mod registry;
@@ -31,17 +30,16 @@ pub mod tabletop;
 mod toy;
 #[cfg(test)]
 mod toy_tests;
-pub mod world;
 
-pub use generator::Generator;
+pub use embodyflow_world::generator::Generator;
+pub use embodyflow_world::workers::WorkerSettings;
+pub use embodyflow_world::world::{
+    Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError,
+};
+pub use embodyflow_world::{demonstrations, generator, world};
 pub use gym::{BridgeKeys, RUN_SEED_STRIDE};
 pub use registry::{
     Episodes, Registered, WORLDS, Worlds, closed_loop_worlds, default_world, generator, generators,
     is_closed_loop, max_decisions, one_shot, policy_shape, probe_prompts, task_of, world_of,
     world_of_tasks,
 };
-pub use world::{Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError};
-
-/// What the workers of a world played by them went through (the bridge's
-/// crashed, hung and malformed counts and restarts), for a stage's summary.
-pub use embodyflow_gym::FaultCounts;

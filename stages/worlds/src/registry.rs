@@ -5,9 +5,9 @@
 //! tasks ([`default_world`]), whether an `env` is closed-loop
 //! ([`is_closed_loop`]) or a one-shot environment ([`one_shot`]) — and a
 //! stage's batches of episodes over its run ([`Worlds`], [`Episodes`]).
-//! The interfaces a world implements are leaf modules that know no world
-//! and no registry ([`crate::world`], [`crate::generator`],
-//! [`crate::demonstrations`]).
+//! The interfaces a world implements are `embodyflow_world`'s, which knows
+//! no world and no registry ([`embodyflow_world::world`],
+//! [`embodyflow_world::generator`], [`embodyflow_world::demonstrations`]).
 //!
 //! A stage keeps one [`Worlds`] for its run: the bridge's worker pool
 //! outlives a batch (workers start once, not per batch) and its fault
@@ -18,7 +18,7 @@
 //! use embodyflow_worlds::{WorldOptions, WorldTask, Worlds, task_of};
 //! # let rows: Vec<embodyflow_core::schemas::TaskRow> = todo!();
 //! let tasks: Vec<WorldTask> = rows.iter().map(task_of).collect::<Result<_, _>>().unwrap();
-//! let options = WorldOptions { image_size: 32, bins: ActionBins::openvla(), bridge: Default::default() };
+//! let options = WorldOptions { image_size: 32, bins: ActionBins::openvla(), workers: Default::default() };
 //! let mut worlds = Worlds::new(options);
 //! let episodes = worlds.episodes(&tasks, 8).unwrap(); // G = 8 copies of each task
 //! // ... run_closed_loop(&mut episodes, ...)
@@ -29,14 +29,16 @@ use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_envs::TaskEnv;
-use embodyflow_gym::{BridgeConfig, FaultCounts};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 
-use crate::generator::{Generator, either};
 #[cfg(test)]
 use crate::toy;
-use crate::world::{Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError};
 use crate::{gym, household, tabletop};
+use embodyflow_world::generator::{Generator, either};
+use embodyflow_world::workers::WorkerSettings;
+use embodyflow_world::world::{
+    Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError,
+};
 
 /// A world of the registry: how `generate-tasks` writes its tasks and,
 /// for a closed-loop world, how its episodes run.
@@ -206,9 +208,9 @@ pub fn one_shot(row: &TaskRow, run: u32) -> Result<TaskEnv, Error> {
 pub fn policy_shape(
     task: &WorldTask,
     image_size: usize,
-    bridge: &BridgeConfig,
+    workers: &WorkerSettings,
 ) -> Result<PolicyShape, WorldsError> {
-    task.world().policy_shape(task, image_size, bridge)
+    task.world().policy_shape(task, image_size, workers)
 }
 
 /// The decisions of `chunk_len` actions after which every episode of
@@ -332,9 +334,10 @@ impl Worlds {
         episodes.episodes.finish(&mut self.kept[episodes.world]);
     }
 
-    /// The bridge's fault counts so far; `None` when no bridge task ran.
-    pub fn faults(&self) -> Option<FaultCounts> {
-        self.kept.iter().find_map(|k| k.faults)
+    /// The bridge's fault counts so far, in words (`worker faults: 0
+    /// crashed, ...`); `None` when no bridge task ran.
+    pub fn faults(&self) -> Option<String> {
+        self.kept.iter().find_map(|k| k.faults.clone())
     }
 }
 

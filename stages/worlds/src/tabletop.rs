@@ -38,13 +38,13 @@ use embodyflow_core::config::{ConfigKeys, ensure};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
 use embodyflow_core::{Error, observation, progress};
-use embodyflow_gym::BridgeConfig;
 use embodyflow_tabletop::{self as tt, ExpertConfig, Strategy, TabletopEpisodes, TaskSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
-use crate::world::{
+use embodyflow_world::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use embodyflow_world::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use embodyflow_world::workers::WorkerSettings;
+use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
 };
 
@@ -108,7 +108,7 @@ impl World for Tabletop {
         &self,
         _: &WorldTask,
         image_size: usize,
-        _: &BridgeConfig,
+        _: &WorkerSettings,
     ) -> Result<PolicyShape, WorldsError> {
         Ok(shape(image_size))
     }
@@ -372,8 +372,6 @@ impl Generator for Tabletop {
     }
 }
 
-impl WorldEpisodes for TabletopEpisodes {}
-
 #[cfg(test)]
 mod tests {
     use embodyflow_algos::action_tokens::ActionBins;
@@ -408,7 +406,7 @@ mod tests {
     #[test]
     fn a_policy_of_another_shape_gets_no_demonstrations() {
         let tasks = TABLETOP.train_tasks(1, 3).unwrap();
-        let (bins, bridge) = (ActionBins::openvla(), BridgeConfig::default());
+        let (bins, workers) = (ActionBins::openvla(), WorkerSettings::default());
         let mut observation = tt::observation_shape(32);
         observation.proprio += 1;
         let request = DemoRequest {
@@ -419,7 +417,7 @@ mod tests {
             noise: 0.0,
             seeds: &[0],
             step_frames: false,
-            bridge: &bridge,
+            workers: &workers,
         };
         let error = TABLETOP
             .demonstrations(&tasks, &request, &mut |_| panic!("no demonstration"))

@@ -16,13 +16,13 @@ use embodyflow_core::config::{ConfigKeys, at_least};
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
-use embodyflow_gym::BridgeConfig;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
 use serde::{Deserialize, Serialize};
 
-use crate::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use crate::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
-use crate::world::{
+use embodyflow_world::demonstrations::{DemoDecision, DemoRequest, Demonstration};
+use embodyflow_world::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use embodyflow_world::workers::WorkerSettings;
+use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
 };
 
@@ -82,7 +82,7 @@ impl World for Toy {
         &self,
         _: &WorldTask,
         _: usize,
-        _: &BridgeConfig,
+        _: &WorkerSettings,
     ) -> Result<PolicyShape, WorldsError> {
         Ok(PolicyShape {
             observation: shape(),

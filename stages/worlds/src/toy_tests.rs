@@ -11,15 +11,15 @@ use embodyflow_rollout::closed_loop::{
 use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
-use embodyflow_gym::BridgeConfig;
+use embodyflow_world::workers::WorkerSettings;
 
-use crate::demonstrations::DemoRequest;
 use crate::generate::{Args, Config, run};
 use crate::registry::{
     Worlds, is_closed_loop, max_decisions, policy_shape, task_of, world_of, world_of_tasks,
 };
 use crate::toy::shape;
-use crate::world::{WorldOptions, WorldTask};
+use embodyflow_world::demonstrations::DemoRequest;
+use embodyflow_world::world::{WorldOptions, WorldTask};
 
 /// Always the same bin, `K = 2` actions per decision.
 struct Constant(u32);
@@ -100,10 +100,10 @@ fn the_toy_world_runs_through_the_registry_and_the_driver() {
     let options = WorldOptions {
         image_size: 32,
         bins: bins.clone(),
-        bridge: BridgeConfig::default(),
+        workers: WorkerSettings::default(),
     };
-    let bridge = BridgeConfig::default();
-    assert_eq!(policy_shape(&tasks[0], 32, &bridge).unwrap().action_dim, 1);
+    let workers = WorkerSettings::default();
+    assert_eq!(policy_shape(&tasks[0], 32, &workers).unwrap().action_dim, 1);
     let mut worlds = Worlds::new(options);
     for (bin, success) in [(255, true), (0, false)] {
         let mut episodes = worlds.episodes(&tasks, 2).unwrap(); // G = 2
@@ -156,7 +156,7 @@ fn the_toy_experts_demonstrations_come_through_the_registry() {
     let world = world_of_tasks(&tasks).unwrap();
     assert!(std::ptr::addr_eq(world, world_of("toy").unwrap()));
     let bins = ActionBins::openvla();
-    let bridge = BridgeConfig::default();
+    let workers = WorkerSettings::default();
     let request = DemoRequest {
         observation: shape(),
         action_dim: 1,
@@ -165,7 +165,7 @@ fn the_toy_experts_demonstrations_come_through_the_registry() {
         noise: 0.0,
         seeds: &[0, 0],
         step_frames: true,
-        bridge: &bridge,
+        workers: &workers,
     };
     let mut demos = Vec::new();
     let about = world
