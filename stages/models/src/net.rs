@@ -42,8 +42,8 @@ use crate::tokenizer::SpecialIds;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
-    /// A plan policy: a [`Gpt`](crate::gpt::Gpt) writing JSON plans (the default when
-    /// `kind` is absent).
+    /// A plan policy: a [`Gpt`](crate::gpt::Gpt) writing JSON plans (the
+    /// default when `kind` is absent).
     Plan,
     /// A vision-language-action policy ([`crate::vla::Vla`]).
     Vla,
@@ -51,8 +51,7 @@ pub enum PolicyKind {
     /// (its `config.json` has no `kind` but a `model_type`): a decoder
     /// (Qwen2, Qwen3, Llama: [`embodyflow_hf::HfNet`]) or a vision-language
     /// model (Qwen2.5-VL, Qwen3-VL: [`crate::vl::VlPolicy`]);
-    /// [`policy_net`](crate::registry::policy_net)
-    /// tells which.
+    /// [`policy_net`](crate::registry::policy_net) tells which.
     Hf,
 }
 
@@ -122,8 +121,6 @@ impl NetSpec {
 /// `model.safetensors` named by parameter path, a tokenizer with
 /// `<|pad|>`, `<|plan|>` and `<|eos|>`); a Hugging Face model overrides
 /// them with transformers' (`crate::hf`, `crate::vl`).
-///
-/// [`Checkpoint::freeze_vision`]: crate::checkpoint::Checkpoint::freeze_vision
 pub trait PolicyNet: Sized {
     /// The architecture (`config.json` without `kind`).
     type Config;
@@ -212,6 +209,8 @@ pub trait PolicyNet: Sized {
     /// The name prefix of the vision encoder's parameters (they are named
     /// `prefix.…`), which [`Checkpoint::freeze_vision`] freezes; `None`:
     /// the network has no vision encoder.
+    ///
+    /// [`Checkpoint::freeze_vision`]: crate::checkpoint::Checkpoint::freeze_vision
     fn vision_encoder(&self) -> Option<&'static str> {
         None
     }
