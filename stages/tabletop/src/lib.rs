@@ -42,6 +42,7 @@
 //! ```
 
 pub mod batch;
+pub mod declaration;
 pub mod episodes;
 pub mod expert;
 pub mod expert_policy;

@@ -13,7 +13,7 @@
 //! | `env` | world | a task's run `r > 0` |
 //! |---|---|---|
 //! | `household` | the household planning world, one-shot ([`household::HOUSEHOLD`]; its plans run in `embodyflow_envs`) | another scene (`embodyflow_household::reseed`) |
-//! | `tabletop` | the embedded tabletop world, in process ([`tabletop::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
+//! | `tabletop` | the embedded tabletop world, in process ([`embodyflow_tabletop::declaration::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
 //! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`gym::GYM`], [`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
 //!
 //! The interfaces a world implements are `embodyflow_world`'s ([`world`],
@@ -25,7 +25,6 @@ pub mod generate;
 pub mod gym;
 pub mod household;
 pub mod registry;
-pub mod tabletop;
 #[cfg(test)]
 mod toy;
 #[cfg(test)]

@@ -33,7 +33,7 @@ use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt
 
 #[cfg(test)]
 use crate::toy;
-use crate::{gym, household, tabletop};
+use crate::{gym, household};
 use embodyflow_world::generator::{Generator, either};
 use embodyflow_world::workers::WorkerSettings;
 use embodyflow_world::world::{
@@ -75,7 +75,7 @@ impl Registered {
 /// ([`default_world`]).
 pub static WORLDS: &[Registered] = &[
     Registered::one_shot(&household::HOUSEHOLD),
-    Registered::closed_loop(&tabletop::TABLETOP),
+    Registered::closed_loop(&embodyflow_tabletop::declaration::TABLETOP),
     Registered::closed_loop(&gym::GYM),
     #[cfg(test)]
     Registered::closed_loop(&toy::TOY),
@@ -399,5 +399,11 @@ mod tests {
             .map(|w| w.tasks.name())
             .collect();
         assert_eq!(one_shot, embodyflow_envs::ONE_SHOT);
+    }
+
+    #[test]
+    fn the_first_closed_loop_world_is_the_default_one() {
+        let tabletop = super::world_of("tabletop").unwrap();
+        assert!(std::ptr::addr_eq(tabletop, super::default_world()));
     }
 }

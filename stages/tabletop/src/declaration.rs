@@ -1,6 +1,8 @@
-//! The tabletop world (`env = tabletop`, [`embodyflow_tabletop`]) in
-//! process: a row's scene spec ([`embodyflow_tabletop::task_from_row`]),
-//! run `r` another layout ([`embodyflow_tabletop::reseed`]), episodes
+//! The tabletop world as the stages see it (`env = tabletop`), one line
+//! of the registry (`embodyflow_worlds::WORLDS`): [`TABLETOP`] implements
+//! the world interfaces of `embodyflow_world` (`World` and `Generator`) in
+//! process: a row's scene spec ([`task_from_row`](crate::task_from_row)),
+//! run `r` another layout ([`reseed`](crate::reseed)), episodes
 //! rendered at the policy's frame size ([`TabletopEpisodes`]) within
 //! [`MIN_FRAME_SIZE`](tt::MIN_FRAME_SIZE)`..=`[`MAX_FRAME_SIZE`](tt::MAX_FRAME_SIZE),
 //! train tasks of the four suites in turn, and the scripted expert's
@@ -22,10 +24,11 @@
 //! tasks by suite and type.
 //!
 //! ```
+//! use embodyflow_tabletop::declaration::TABLETOP;
 //! use embodyflow_tabletop::{Split, Suite, generate, task_row};
-//! use embodyflow_worlds::task_of;
+//! use embodyflow_world::world::World;
 //! let spec = generate(Suite::Goal, Split::Train, 7, 0);
-//! let task = task_of(&task_row(&spec)).unwrap();
+//! let task = TABLETOP.task(&task_row(&spec)).unwrap();
 //! assert_eq!((task.env(), task.max_steps()), ("tabletop", spec.max_steps));
 //! assert_ne!(task.reseed(1).unwrap(), task); // another layout
 //! ```
@@ -33,12 +36,13 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
+use crate as tt;
+use crate::{ExpertConfig, Strategy, TabletopEpisodes, TaskSpec};
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::config::{ConfigKeys, ensure};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
 use embodyflow_core::{Error, observation, progress};
-use embodyflow_tabletop::{self as tt, ExpertConfig, Strategy, TabletopEpisodes, TaskSpec};
 use serde::{Deserialize, Serialize};
 
 use embodyflow_world::demonstrations::{DemoDecision, DemoRequest, Demonstration};
