@@ -40,6 +40,13 @@
 //! cloning is the mean cross-entropy over the action tokens of the chunk
 //! steps that lie within the episode.
 //!
+//! Over bf16 parameters (`train.precision = "bf16"`: bf16 copies of fp32
+//! master weights, [`crate::precision`]) the network runs in bf16: the
+//! pixels, proprio and latent slots are cast to the parameters' dtype where
+//! they enter, and the heads' outputs (action logits, `<latent_end>` logits,
+//! values) and the predicted latents are upcast to f32, so every log-prob,
+//! value and loss is computed in f32.
+//!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
 //! use embodyflow_models::vla::{Observation, Vla};
@@ -646,6 +653,13 @@ impl Vla {
         self.action_query.device()
     }
 
+    /// The parameters' dtype (`Float`, or `BFloat16` over fp32 master
+    /// weights: [`crate::precision`]): what the inputs are cast to where
+    /// they enter the network.
+    fn kind(&self) -> Kind {
+        self.action_query.kind()
+    }
+
     /// Logits `[batch, K × D, n_bins]` of a batch of observations (with
     /// gradients when gradients are on).
     pub fn logits(&self, batch: &[Observation]) -> Result<Tensor, VlaError> {
@@ -898,7 +912,8 @@ impl Vla {
             .forward(
                 &Tensor::from_slice(&proprio)
                     .view([b, proprio_in])
-                    .to(device),
+                    .to(device)
+                    .to_kind(self.kind()),
             )
             .unsqueeze(1);
         let mut parts = Vec::new();
@@ -920,7 +935,7 @@ impl Vla {
             );
         }
         let tail = match parts.is_empty() {
-            true => Tensor::zeros([b, 0, config.n_embd], (Kind::Float, device)),
+            true => Tensor::zeros([b, 0, config.n_embd], (self.kind(), device)),
             false => Tensor::cat(&parts, 1),
         };
         let time = tail.size()[1];
@@ -952,9 +967,10 @@ impl Vla {
         })
     }
 
-    /// Logits `[batch, K × D, n_bins]` of the action placeholders (the last
-    /// `K × D` positions) of hidden states `[batch, time, embd]`: the
-    /// action head's, or the trunk's vocabulary rows of the bins.
+    /// Logits `[batch, K × D, n_bins]` (f32) of the action placeholders
+    /// (the last `K × D` positions) of hidden states `[batch, time, embd]`:
+    /// the action head's, or the trunk's vocabulary rows of the bins, run
+    /// in the parameters' dtype and upcast before any `log_softmax`.
     fn action_logits(&self, hidden: &Tensor) -> Tensor {
         let actions = self.config.n_action_tokens();
         let time = hidden.size()[1];
@@ -966,6 +982,7 @@ impl Vla {
                 .vocab_action_logits(&at_actions, self.config.n_bins)
                 .expect("a VLA without an action head reads its trunk's vocabulary"),
         }
+        .to_kind(Kind::Float)
     }
 
     fn check_batch(&self, batch: &[Observation]) -> Result<(), VlaError> {

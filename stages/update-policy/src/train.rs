@@ -27,7 +27,6 @@ use std::time::Instant;
 use embodyflow_core::schemas::{MetricRow, TaskRow};
 use embodyflow_core::{Error, progress};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::PolicyKind;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyNet};
 use embodyflow_models::checkpointing;
 use embodyflow_models::optimizer::{AdamW, OptimizerState, clip_grads};
@@ -155,14 +154,6 @@ pub fn train<M: Trainable>(
         .into());
     }
     M::check_examples(policy, examples)?;
-    if config.train.precision == Precision::Bf16 && M::KIND == PolicyKind::Vla {
-        return Err(Error::Usage(
-            "train.precision = \"bf16\" runs plan policies (our transformer, Hugging Face \
-             decoders and vision-language models); a VLA trains in fp32"
-                .into(),
-        )
-        .into());
-    }
     let _checkpointing = checkpointing::enable(config.train.gradient_checkpointing);
     let master =
         (config.train.precision == Precision::Bf16).then(|| MasterWeights::new(&mut policy.vars));

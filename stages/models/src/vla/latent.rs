@@ -188,14 +188,14 @@ pub(super) struct LatentInput {
 
 /// What one trunk pass over a sequence with a latent part gives.
 struct LatentPass {
-    /// Final hidden states `[batch, time, embd]`.
+    /// Final hidden states `[batch, time, embd]`, in the parameters' dtype.
     hidden: Tensor,
     /// The latent each slot predicts `[batch, L, embd]` (the hidden state
-    /// before the slot).
+    /// before the slot), f32.
     predicted: Tensor,
-    /// The `<latent_end>` logit of every candidate `[batch, M]`.
+    /// The `<latent_end>` logit of every candidate `[batch, M]`, f32.
     end_logits: Tensor,
-    /// The value at every candidate's `<latent_end>` `[batch, M]`.
+    /// The value at every candidate's `<latent_end>` `[batch, M]`, f32.
     values: Tensor,
 }
 
@@ -336,7 +336,8 @@ impl Vla {
         let (b, e) = (latents.size()[0], self.config.n_embd);
         let token = |t: &Tensor| t.view([1, 1, e]).expand([b, 1, e], false);
         let norm = latents.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-6);
-        let slots = latents / norm * (e as f64).sqrt();
+        // Rescaled in the latents' own precision, then cast to the parameters'.
+        let slots = (latents / norm * (e as f64).sqrt()).to_kind(parts.start.kind());
         let mut pieces = vec![token(&parts.start)];
         for m in 0..shape.candidates() {
             pieces.push(slots.narrow(1, m * shape.group, shape.group));
@@ -374,10 +375,12 @@ impl Vla {
         let candidates = 0..shape.candidates();
         let before_end = index(candidates.clone().map(|m| shape.end(m) - 1).collect());
         let at_end = index(candidates.map(|m| shape.end(m)).collect());
+        // The heads run in the parameters' dtype; what they read out is f32.
+        let float = |t: Tensor| t.squeeze_dim(2).to_kind(Kind::Float);
         Ok(LatentPass {
-            end_logits: parts.end_head.forward(&before_end).squeeze_dim(2),
-            values: parts.value_head.forward(&at_end).squeeze_dim(2),
-            predicted,
+            end_logits: float(parts.end_head.forward(&before_end)),
+            values: float(parts.value_head.forward(&at_end)),
+            predicted: predicted.to_kind(Kind::Float),
             hidden,
         })
     }

@@ -762,3 +762,27 @@ fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
     let error = policy.model.logits(&rows.batch()).unwrap_err().to_string();
     assert!(error.ends_with("the policy takes 16x16x6"), "{error}");
 }
+
+/// Over bf16 copies of its weights (`crate::precision`) a VLA runs in
+/// bf16, its pixels and proprio cast where they enter, and its action
+/// logits come out in f32, near the fp32 ones (bf16 keeps 8 bits of
+/// mantissa); back from the master weights it gives exactly the fp32
+/// logits again.
+#[test]
+fn over_bf16_copies_the_logits_are_f32_near_the_fp32_ones() {
+    let mut policy = tiny(3);
+    let rows = Rows::new(3);
+    let logits = |policy: &Checkpoint<Vla>| tch::no_grad(|| policy.model.logits(&rows.batch()));
+    let fp32 = logits(&policy).unwrap();
+    let master = crate::precision::MasterWeights::new(&mut policy.vars);
+    let bf16 = logits(&policy).unwrap();
+    assert_eq!(bf16.kind(), Kind::Float);
+    let apart = max_diff(&bf16, &fp32);
+    let largest = fp32.abs().max().double_value(&[]);
+    assert!(
+        apart > 0.0 && apart < 2e-2 * largest.max(1.0),
+        "bf16 vs fp32 logits: {apart} (largest {largest})"
+    );
+    master.finish(&mut policy.vars);
+    assert!(logits(&policy).unwrap().equal(&fp32));
+}

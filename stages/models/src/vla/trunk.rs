@@ -286,7 +286,8 @@ impl Trunk {
         }
     }
 
-    /// Final hidden states `[batch, time, embd]` (f32) of the observation
+    /// Final hidden states `[batch, time, embd]` (in the dtype of `proprio`
+    /// and `tail`, the VLA's parameters') of the observation
     /// prefix (image, `proprio` `[batch, 1, embd]`, instruction) then
     /// `tail` `[batch, n, embd]`, and where the tail starts. The prefix
     /// never sees the tail; the tail sees the whole prefix and, among
@@ -308,7 +309,8 @@ impl Trunk {
             Trunk::Small { gpt, patch_embed } => {
                 let (ids, lengths) = instruction_ids(batch, 0, device);
                 let longest = ids.size()[1];
-                let patches = patch_embed.forward(&patches(config, batch, device));
+                let pixels = patches(config, batch, device).to_kind(patch_embed.ws.kind());
+                let patches = patch_embed.forward(&pixels);
                 let n_patches = config.n_patches();
                 let prefix = n_patches + 1 + longest;
                 let start = config.prefix_len();
@@ -426,7 +428,7 @@ impl HfTrunk {
                 Some((&replace, &embeddings)),
             )
             .map_err(|e| VlaError::Trunk(e.to_string()))?;
-        Ok((hidden.to_kind(Kind::Float), prefix))
+        Ok((hidden.to_kind(kind), prefix))
     }
 
     /// The frames of a batch as the processor gives them: each row's

@@ -356,7 +356,7 @@ fn sft_set(policy: &Checkpoint, lengths: &[usize]) -> Vec<Example> {
         .collect()
 }
 
-fn max_weight_difference(a: &Checkpoint, b: &Checkpoint) -> f64 {
+pub(crate) fn max_weight_difference<M: PolicyNet>(a: &Checkpoint<M>, b: &Checkpoint<M>) -> f64 {
     let b_vars = b.vars.variables();
     a.vars
         .variables()
@@ -701,38 +701,125 @@ fn a_resumed_run_continues_the_schedule() {
     );
 }
 
-/// `train.precision = "bf16"`: the passes run in bf16 over fp32 master
-/// weights. On data whose old log-probs the bf16 policy recorded, the
-/// first step's ratio is exactly 1 (approx_kl and clipfrac 0); three
-/// steps stay within 2e-2 of the fp32 run's losses and weights (bf16 keeps
-/// 8 bits of mantissa); the checkpoint's weights are f32 again afterwards.
+/// `f` of a bf16 copy of `make()`'s network, as `train.precision =
+/// "bf16"` holds it (over fp32 master weights), without gradients: what a
+/// policy training in bf16 records of itself.
+pub(crate) fn in_bf16<M: PolicyNet, R>(
+    make: impl Fn() -> Checkpoint<M>,
+    f: impl FnOnce(&Checkpoint<M>) -> R,
+) -> R {
+    let mut policy = make();
+    let _master = MasterWeights::new(&mut policy.vars);
+    tch::no_grad(|| f(&policy))
+}
+
+/// The examples' old log-probs rewritten as a bf16 copy of `make()`'s
+/// network scores them ([`in_bf16`]), one example at a time.
+pub(crate) fn recorded_in_bf16<M: Trainable>(
+    make: impl Fn() -> Checkpoint<M>,
+    examples: &mut [Example],
+) {
+    let recorded: Vec<Vec<f32>> = in_bf16(make, |policy| {
+        examples
+            .iter()
+            .map(|e| {
+                let scores = M::score(policy, &[e], f64::from(e.temperature), Entropy::Skip);
+                Vec::<f32>::try_from(scores.unwrap().logprobs.view([-1])).unwrap()
+            })
+            .collect()
+    });
+    for (example, logprobs) in examples.iter_mut().zip(recorded) {
+        example.old_logprobs = logprobs;
+    }
+}
+
+/// What `train.precision = "bf16"` promises, on `make()`'s network trained
+/// under `config` (against `reference` when given) in bf16 on
+/// `bf16_examples`, whose old log-probs a bf16 copy of the network recorded
+/// ([`recorded_in_bf16`]), and in fp32 on `fp32_examples` (the same
+/// decisions as the fp32 network recorded them, or the same examples): a
+/// policy-gradient objective's first bf16 step has ratio exactly 1
+/// (approx_kl and clipfrac 0); every step's loss stays within 2e-2 of the
+/// fp32 run's (relative beyond 1: bf16 keeps 8 bits of mantissa, so a
+/// cross-entropy of 5 rounds by more), and so do the weights, which moved
+/// by more than the rate; the weights are f32 again afterwards
+/// and saved as F32, the optimizer state kept. Returns the bf16 and the
+/// fp32 run's reports.
+pub(crate) fn assert_bf16_tracks_fp32<M: Trainable>(
+    make: impl Fn() -> Checkpoint<M>,
+    reference: Option<&Checkpoint<M>>,
+    bf16_examples: &[Example],
+    fp32_examples: &[Example],
+    config: &Config,
+) -> (TrainReport, TrainReport) {
+    let run = |precision, examples| {
+        let mut policy = make();
+        let config = Config {
+            train: crate::config::TrainConfig {
+                precision,
+                ..config.train
+            },
+            ..config.clone()
+        };
+        let state = OptimizerState::fresh(config.objective.name());
+        let report = train(&mut policy, reference, examples, &config, 0, state).unwrap();
+        (policy, report)
+    };
+    let (bf16, bf16_report) = run(Precision::Bf16, bf16_examples);
+    let (fp32, fp32_report) = run(Precision::Fp32, fp32_examples);
+    let first = &bf16_report.metrics[0];
+    if config.objective != Objective::Sft {
+        assert_eq!(first.approx_kl, Some(0.0), "{first:?}");
+        assert_eq!(first.clipfrac, Some(0.0), "{first:?}");
+    }
+    for (name, var) in bf16.vars.variables() {
+        assert_eq!(var.kind(), Kind::Float, "{name}");
+    }
+    assert!(bf16.optimizer.is_some(), "the optimizer state is kept");
+    assert_eq!(bf16_report.metrics.len(), fp32_report.metrics.len());
+    for (a, b) in bf16_report.metrics.iter().zip(&fp32_report.metrics) {
+        let tolerance = 2e-2 * b.loss.abs().max(1.0);
+        assert!((a.loss - b.loss).abs() < tolerance, "{a:?}\n{b:?}");
+    }
+    let moved = max_weight_difference(&fp32, &make());
+    let apart = max_weight_difference(&bf16, &fp32);
+    assert!(
+        moved > config.optim.lr && apart < 2e-2,
+        "moved {moved}, bf16 vs fp32 {apart}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    bf16.save(&dir.path().join("policy"), "update-policy", false)
+        .unwrap();
+    let dtypes = stored_dtypes(&dir.path().join("policy/model.safetensors"));
+    assert!(!dtypes.is_empty());
+    for (name, dtype) in dtypes {
+        assert_eq!(dtype, "F32", "{name}");
+    }
+    (bf16_report, fp32_report)
+}
+
+/// (name, dtype) of every tensor of a safetensors file, read from its
+/// header.
+fn stored_dtypes(file: &std::path::Path) -> Vec<(String, String)> {
+    let bytes = std::fs::read(file).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    header
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, entry)| (name, entry["dtype"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// `train.precision = "bf16"` on the plan policy: PPO over fp32 master
+/// weights starts at ratio 1 and tracks the fp32 run
+/// ([`assert_bf16_tracks_fp32`]).
 #[test]
 fn bf16_steps_fp32_master_weights_and_starts_at_ratio_one() {
-    use embodyflow_models::precision::MasterWeights;
-    let mut recorder = tiny_policy();
-    let master = MasterWeights::new(&mut recorder.vars);
-    let mut examples = ppo_groups(&recorder);
-    master.finish(&mut recorder.vars);
-    for example in &mut examples {
-        let policy_logp = {
-            let mut bf16 = tiny_policy();
-            let master = MasterWeights::new(&mut bf16.vars);
-            let logp = tch::no_grad(|| {
-                score_responses(
-                    &bf16,
-                    &[&example.prompt],
-                    &[&example.response],
-                    1.0,
-                    Entropy::Skip,
-                )
-                .logprobs
-            });
-            master.finish(&mut bf16.vars);
-            logp
-        };
-        example.old_logprobs = Vec::<f32>::try_from(policy_logp.view([-1])).unwrap();
-    }
-    let config = |precision| Config {
+    let mut examples = in_bf16(tiny_policy, ppo_groups);
+    recorded_in_bf16(tiny_policy, &mut examples);
+    let config = Config {
         epochs: 3,
         mini_batch: 9,
         micro_batch: 9,
@@ -740,41 +827,7 @@ fn bf16_steps_fp32_master_weights_and_starts_at_ratio_one() {
             lr: 1e-3,
             ..Default::default()
         },
-        train: crate::config::TrainConfig {
-            precision,
-            ..Default::default()
-        },
         ..Default::default()
     };
-    let run = |precision| {
-        let mut policy = tiny_policy();
-        let report = train(
-            &mut policy,
-            None,
-            &examples,
-            &config(precision),
-            0,
-            OptimizerState::fresh("ppo"),
-        )
-        .unwrap();
-        (policy, report)
-    };
-    let (bf16, bf16_report) = run(Precision::Bf16);
-    let (fp32, fp32_report) = run(Precision::Fp32);
-    let first = &bf16_report.metrics[0];
-    assert_eq!(first.approx_kl, Some(0.0), "{first:?}");
-    assert_eq!(first.clipfrac, Some(0.0), "{first:?}");
-    for (name, var) in bf16.vars.variables() {
-        assert_eq!(var.kind(), Kind::Float, "{name}");
-    }
-    assert!(bf16.optimizer.is_some(), "the optimizer state is kept");
-    for (a, b) in bf16_report.metrics.iter().zip(&fp32_report.metrics) {
-        assert!((a.loss - b.loss).abs() < 2e-2, "{a:?}\n{b:?}");
-    }
-    let moved = max_weight_difference(&fp32, &tiny_policy());
-    let apart = max_weight_difference(&bf16, &fp32);
-    assert!(
-        moved > 1e-3 && apart < 2e-2,
-        "moved {moved}, bf16 vs fp32 {apart}"
-    );
+    assert_bf16_tracks_fp32(tiny_policy, None, &examples, &examples, &config);
 }

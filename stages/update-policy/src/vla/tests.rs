@@ -1,9 +1,10 @@
 use super::*;
+use crate::train::tests::{assert_bf16_tracks_fp32, recorded_in_bf16};
 use crate::{Config, Objective, OptimConfig, train};
 use embodyflow_core::observation::{self, ObservationShape};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::tiny_vla;
-use embodyflow_models::vla::{Observation, VlaConfig};
+use embodyflow_models::vla::{LatentConfig, Observation, VlaConfig};
 use embodyflow_tabletop::{
     self as tabletop, ExpertConfig, Split, Strategy, Suite, World, frame_len, generate, task_row,
 };
@@ -126,6 +127,11 @@ fn first_observation(size: usize) -> Vec<u8> {
 /// A rollout decision sampled by `policy` at temperature 1 from the first
 /// frame, with `advantage` on every token.
 fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
+    sampled_rollout(policy, advantage, 11)
+}
+
+/// [`rollout`] drawn with sampling seed `seed`.
+fn sampled_rollout(policy: &Checkpoint<Vla>, advantage: f32, seed: u64) -> Example {
     let bytes = first_observation(32);
     let seen = observation::decode(&bytes).unwrap();
     let instruction = VlaPolicy::new(policy, 1.0)
@@ -139,7 +145,7 @@ fn rollout(policy: &Checkpoint<Vla>, advantage: f32) -> Example {
         proprio: &seen.proprio,
         instruction: &instruction,
     };
-    let decision = policy.model.sample(&[row], &[11], 1.0).unwrap().remove(0);
+    let decision = policy.model.sample(&[row], &[seed], 1.0).unwrap().remove(0);
     Example {
         source: "trajectory `t0` step 2".into(),
         prompt: instruction,
@@ -582,29 +588,97 @@ fn checkpointed_trunk_blocks_give_the_plain_gradients() {
         && g.abs().sum(tch::Kind::Double).double_value(&[]) > 0.0));
 }
 
-/// `train.precision = "bf16"` trains plan policies; a VLA is refused
-/// naming the key, before any step changes it.
-#[test]
-fn bf16_on_a_vla_is_refused_naming_the_key() {
-    let mut policy = tiny_vla(K);
-    let example = rollout(&policy, 1.0);
-    let config = Config {
-        train: crate::config::TrainConfig {
-            precision: crate::config::Precision::Bf16,
+/// A tiny random Qwen2.5-VL saved once for the tests of this binary
+/// (transformers takes seconds to start).
+fn tiny_qwen_vl() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        embodyflow_models::testing::tiny_vlm(dir.path(), "qwen2_5_vl");
+        dir
+    })
+    .path()
+}
+
+/// A VLA of the tabletop's shape (chunks of `K`) on the tiny Qwen2.5-VL
+/// ([`tiny_qwen_vl`]), its action bins the vocabulary's last ids, its
+/// vision encoder trained, `latent` its chain of thought; heads drawn
+/// from a fixed seed.
+pub(crate) fn qwen_vla(latent: Option<LatentConfig>) -> Checkpoint<Vla> {
+    use embodyflow_models::vla::trunk::{ActionTokens, init_on_vlm};
+    let shape = VlaConfig {
+        chunk_len: K,
+        max_instruction: 160,
+        latent,
+        ..VlaConfig::small(0)
+    };
+    let _generator = embodyflow_models::testing::seed(embodyflow_models::testing::SEED);
+    init_on_vlm(
+        tiny_qwen_vl(),
+        &shape,
+        ActionTokens::Vocab,
+        false,
+        tch::Device::Cpu,
+    )
+    .unwrap()
+}
+
+/// `train.precision = "bf16"` on `make()`'s VLA at rate `lr`: GRPO on
+/// four rollout decisions against an fp32 KL reference, then behaviour
+/// cloning, each three steps from the same start, track the fp32 run
+/// ([`assert_bf16_tracks_fp32`]: the first bf16 step at ratio 1 on the
+/// log-probs a bf16 copy recorded, the fp32 run on the rollouts' own;
+/// losses and weights within 2e-2, the weights saved as F32), the KL
+/// penalty too; the reference stays fp32.
+fn bf16_trains_like_fp32(make: impl Fn() -> Checkpoint<Vla>, lr: f64) {
+    let reference = make();
+    let rollouts: Vec<Example> = [(1.0, 11), (-1.0, 12), (0.5, 13), (-0.5, 14)]
+        .into_iter()
+        .map(|(advantage, seed)| sampled_rollout(&reference, advantage, seed))
+        .collect();
+    let mut examples = rollouts.clone();
+    recorded_in_bf16(&make, &mut examples);
+    let grpo = Config {
+        epochs: 3,
+        mini_batch: 4,
+        micro_batch: 1,
+        optim: OptimConfig {
+            lr,
             ..Default::default()
         },
-        ..ppo_config(1)
+        ppo: crate::loss::PpoConfig {
+            kl_coef: 0.1,
+            ..Default::default()
+        },
+        ..Default::default()
     };
-    let error = train(
-        &mut policy,
-        None,
-        std::slice::from_ref(&example),
-        &config,
-        0,
-        OptimizerState::fresh("ppo"),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(error.contains("train.precision"), "{error}");
-    assert_eq!(policy.manifest.updates, 0);
+    let (bf16, fp32) =
+        assert_bf16_tracks_fp32(&make, Some(&reference), &examples, &rollouts, &grpo);
+    for (a, b) in bf16.metrics.iter().zip(&fp32.metrics) {
+        let (a, b) = (a.kl_loss.unwrap(), b.kl_loss.unwrap());
+        assert!(a.is_finite() && (a - b).abs() < 2e-2, "kl {a} vs {b}");
+    }
+    for (name, var) in reference.vars.variables() {
+        assert_eq!(var.kind(), tch::Kind::Float, "{name}");
+    }
+    let sft = Config {
+        objective: Objective::Sft,
+        ..grpo
+    };
+    assert_bf16_tracks_fp32(&make, None, &rollouts, &rollouts, &sft);
+}
+
+/// bf16 trains a VLA of the small trunk (its patches and proprio cast to
+/// bf16 where they enter, its action head's logits upcast).
+#[test]
+fn bf16_trains_a_vla_as_fp32_does() {
+    bf16_trains_like_fp32(|| tiny_vla(K), 1e-3);
+}
+
+/// bf16 trains a VLA on a vision-language trunk (vision encoder, language
+/// model, action bins read from the vocabulary); at a tenth of the small
+/// trunk's rate, which moves this trunk's policy far in three steps.
+#[test]
+fn bf16_trains_a_vla_on_a_vision_language_trunk_as_fp32_does() {
+    bf16_trains_like_fp32(|| qwen_vla(None), 1e-4);
 }

@@ -431,3 +431,61 @@ fn checkpoints_keep_the_latent_config_and_old_configs_still_load() {
         "a plain VLA's config is unchanged: {plain_config}"
     );
 }
+
+/// Over bf16 copies of its weights (`crate::precision`) a thinking VLA
+/// samples and scores in bf16 — its frames, proprio and latent slots cast
+/// where they enter — and every log-prob, value and predicted latent it
+/// returns, and its warm-up loss, is f32, near the fp32 ones (bf16 keeps 8
+/// bits of mantissa); back from the master weights it scores exactly as
+/// before.
+#[test]
+fn over_bf16_copies_it_thinks_in_bf16_and_scores_in_f32() {
+    let mut policy = tiny(3);
+    let rows = Rows::new(4);
+    let batch = rows.batch();
+    let out = policy
+        .model
+        .sample_with_latents(&batch, &[1, 2, 3, 4], 1.0, 0.3)
+        .unwrap();
+    let targets: Vec<&[f32]> = out.iter().map(|d| d.latents.as_slice()).collect();
+    let stops: Vec<usize> = out.iter().map(|d| d.stop).collect();
+    let tokens: Vec<&[u32]> = out.iter().map(|d| d.decision.tokens.as_slice()).collect();
+    let warmup = |policy: &Checkpoint<Vla>| {
+        tch::no_grad(|| {
+            let warmup = WarmupConfig::default();
+            let loss = policy
+                .model
+                .warmup_loss(&batch, &targets, &stops, &tokens, None, warmup);
+            loss.unwrap().total
+        })
+    };
+    let fp32 = scores_of(&policy.model, &batch, &out, 1.6);
+    let fp32_warmup = warmup(&policy);
+    let master = crate::precision::MasterWeights::new(&mut policy.vars);
+    let sampled = policy
+        .model
+        .sample_with_latents(&batch, &[1, 2, 3, 4], 1.0, 0.3)
+        .unwrap();
+    assert!(sampled.iter().all(|d| d.value.is_finite()));
+    let bf16 = scores_of(&policy.model, &batch, &out, 1.6);
+    let bf16_warmup = warmup(&policy);
+    for (what, a, b) in [
+        ("actions", &bf16.token_logprobs, &fp32.token_logprobs),
+        ("stops", &bf16.stop_logprobs, &fp32.stop_logprobs),
+        ("values", &bf16.values, &fp32.values),
+        ("latents", &bf16.latents, &fp32.latents),
+        ("warm-up loss", &bf16_warmup, &fp32_warmup),
+    ] {
+        assert_eq!(a.kind(), Kind::Float, "{what}");
+        let apart = (a - b).abs().max().double_value(&[]);
+        let largest = b.abs().max().double_value(&[]);
+        assert!(
+            apart > 0.0 && apart < 2e-2 * largest.max(1.0),
+            "{what}: bf16 vs fp32 {apart} (largest {largest})"
+        );
+    }
+    master.finish(&mut policy.vars);
+    let again = scores_of(&policy.model, &batch, &out, 1.6);
+    assert!(again.token_logprobs.equal(&fp32.token_logprobs));
+    assert!(again.values.equal(&fp32.values));
+}

@@ -1,4 +1,5 @@
 use super::*;
+use crate::train::tests::{assert_bf16_tracks_fp32, in_bf16};
 use crate::{OptimConfig, SftConfig, Trainable, ppo_examples, redraw_warmup_lengths, train};
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
 use embodyflow_models::optimizer::OptimizerState;
@@ -322,34 +323,122 @@ struct StoredLogprobs {
 }
 
 fn stored_logprobs(policy: &Checkpoint<Vla>, examples: &[Example]) -> StoredLogprobs {
-    let refs: Vec<&Example> = examples.iter().collect();
     tch::no_grad(|| {
-        let shape = observation_shape(policy.model.config());
-        let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
-        let rows = observation_rows(&refs, &pixels, &proprio, &shape);
-        let latents: Vec<&[f32]> = refs
-            .iter()
-            .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
-            .collect();
-        let stops: Vec<usize> = refs
-            .iter()
-            .map(|e| e.thought.as_ref().unwrap().latent_len / 2 - 1)
-            .collect();
-        let tokens: Vec<Vec<u32>> = refs
-            .iter()
-            .map(|e| e.response.iter().map(|&t| t as u32).collect())
-            .collect();
-        let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-        let scores = policy
-            .model
-            .latent_scores(&rows, &latents, &stops, &tokens, 1.0, Entropy::Skip)
-            .unwrap();
+        let scores = stored_scores(policy, examples);
         let sum = |t: &Tensor| t.sum(Kind::Double).double_value(&[]);
         StoredLogprobs {
             stop: sum(&scores.stop_logprobs),
             actions: sum(&scores.token_logprobs),
         }
     })
+}
+
+/// The policy's scores of the examples' stored decisions behind their
+/// stored latents, at T = 1.
+fn stored_scores(policy: &Checkpoint<Vla>, examples: &[Example]) -> LatentScores {
+    let refs: Vec<&Example> = examples.iter().collect();
+    let shape = observation_shape(policy.model.config());
+    let (pixels, proprio) = decode_observations(&refs, &shape).unwrap();
+    let rows = observation_rows(&refs, &pixels, &proprio, &shape);
+    let latents: Vec<&[f32]> = refs
+        .iter()
+        .map(|e| e.thought.as_ref().unwrap().latents.as_slice())
+        .collect();
+    let stops: Vec<usize> = refs
+        .iter()
+        .map(|e| e.thought.as_ref().unwrap().latent_len / 2 - 1)
+        .collect();
+    let tokens: Vec<Vec<u32>> = refs
+        .iter()
+        .map(|e| e.response.iter().map(|&t| t as u32).collect())
+        .collect();
+    let tokens: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+    policy
+        .model
+        .latent_scores(&rows, &latents, &stops, &tokens, 1.0, Entropy::Skip)
+        .unwrap()
+}
+
+/// The rollout examples' action and stop log-probs rewritten as a bf16
+/// copy of `make()`'s network scores them behind the stored latents
+/// ([`in_bf16`]), one example at a time.
+fn thoughts_recorded_in_bf16(make: impl Fn() -> Checkpoint<Vla>, examples: &mut [Example]) {
+    let recorded: Vec<(Vec<f32>, f32)> = in_bf16(make, |policy| {
+        examples
+            .iter()
+            .map(|e| {
+                let scores = stored_scores(policy, std::slice::from_ref(e));
+                let actions = Vec::<f32>::try_from(scores.token_logprobs.view([-1])).unwrap();
+                (actions, scores.stop_logprobs.double_value(&[0]) as f32)
+            })
+            .collect()
+    });
+    for (example, (actions, stop)) in examples.iter_mut().zip(recorded) {
+        example.old_logprobs = actions;
+        example.thought.as_mut().unwrap().old_stop_logprob = stop;
+    }
+}
+
+/// `train.precision = "bf16"` on `make()`'s thinking VLA at rate 1e-4 (a
+/// decision's ratio multiplies its tokens': at 1e-3 three steps move it
+/// far past the clip range) tracks the fp32 run ([`assert_bf16_tracks_fp32`]: the first bf16 step
+/// at ratio 1 on the log-probs a bf16 copy recorded, the fp32 run on the
+/// rollouts' own; losses and weights within 2e-2, the weights saved as
+/// F32) under LAPO, whose value
+/// loss is finite and within 2e-2 of fp32's, under GRPO on the sampled
+/// tokens and stops, and in the warm-up; the stored latents enter cast to
+/// bf16, the value and stop logits and predicted latents come out in f32.
+fn bf16_thinks_like_fp32(make: impl Fn() -> Checkpoint<Vla>) {
+    // One decision per micro-batch, as they were recorded.
+    let config = |objective, epochs| Config {
+        micro_batch: 1,
+        ..config(objective, epochs, 1e-4)
+    };
+    let (trajectories, steps, advantages) = lapo_inputs(&make(), 1.0);
+    let lapo = ppo_examples(&trajectories, steps.clone(), advantages.clone(), true).unwrap();
+    let mut recorded = lapo.clone();
+    thoughts_recorded_in_bf16(&make, &mut recorded);
+    let lapo_config = config(Objective::Lapo, 3);
+    let (bf16, fp32) = assert_bf16_tracks_fp32(&make, None, &recorded, &lapo, &lapo_config);
+    for (a, b) in bf16.metrics.iter().zip(&fp32.metrics) {
+        let (a, b) = (a.value_loss.unwrap(), b.value_loss.unwrap());
+        assert!(
+            a.is_finite() && (a - b).abs() < 2e-2,
+            "value loss {a} vs {b}"
+        );
+    }
+    let grpo_advantages: Vec<AdvantageRow> = advantages
+        .into_iter()
+        .map(|row| AdvantageRow {
+            returns: None,
+            estimator: "grpo".into(),
+            ..row
+        })
+        .collect();
+    let grpo = ppo_examples(&trajectories, steps, grpo_advantages, false).unwrap();
+    let mut recorded = grpo.clone();
+    thoughts_recorded_in_bf16(&make, &mut recorded);
+    assert_bf16_tracks_fp32(&make, None, &recorded, &grpo, &config(Objective::Ppo, 3));
+    let warmup = Vla::sft_examples(&make(), &tasks(), &SftConfig::default(), 3)
+        .unwrap()
+        .examples;
+    assert_bf16_tracks_fp32(&make, None, &warmup, &warmup, &config(Objective::Sft, 2));
+}
+
+/// bf16 trains a thinking VLA of the small trunk as fp32 does.
+#[test]
+fn bf16_trains_a_thinking_vla_as_fp32_does() {
+    bf16_thinks_like_fp32(|| tiny_thinking_vla(K));
+}
+
+/// bf16 trains a thinking VLA on a vision-language trunk as fp32 does.
+#[test]
+fn bf16_trains_a_thinking_vla_on_a_vision_language_trunk_as_fp32_does() {
+    let latent = LatentConfig {
+        length: 4,
+        group: 2,
+    };
+    bf16_thinks_like_fp32(|| crate::vla::tests::qwen_vla(Some(latent.clone())));
 }
 
 /// GRPO on a thinking VLA (`objective = ppo` on advantages without returns):
