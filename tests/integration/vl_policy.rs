@@ -328,6 +328,69 @@ fn a_tiny_qwen_vl_plans_from_scene_images_through_the_stages() {
     assert_eq!(teacher.len(), steps.len());
 }
 
+/// A copy of the model directory `from` in `to`.
+fn copy_model(from: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to.to_path_buf()
+}
+
+/// A model directory whose processor cuts patches of another size than
+/// its vision config (`merge_size`, `temporal_patch_size`), or whose
+/// tokenizer lacks `<|image_pad|>`, is refused when the policy loads:
+/// collect-rollouts exits 2 naming the file and key, writing nothing.
+#[test]
+fn a_processor_or_tokenizer_of_another_model_exits_2_writing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (qwen, _) = tasks_and_qwen_vl(root);
+    let edits: [(&str, &str, &str, &str, &[&str]); 3] = [
+        (
+            "preprocessor_config.json",
+            "\"merge_size\": 2",
+            "\"merge_size\": 1",
+            "merge",
+            &["`merge_size` is 1", "`vision_config.spatial_merge_size` 2"],
+        ),
+        (
+            "preprocessor_config.json",
+            "\"temporal_patch_size\": 2",
+            "\"temporal_patch_size\": 1",
+            "temporal",
+            &[
+                "`temporal_patch_size` is 1",
+                "`vision_config.temporal_patch_size` 2",
+            ],
+        ),
+        (
+            "tokenizer.json",
+            "<|image_pad|>",
+            "<|image_pod|>",
+            "tokenizer",
+            &["lacks `<|image_pad|>`", "`image_token_id`"],
+        ),
+    ];
+    for (file, from, to, name, needles) in edits {
+        let model = copy_model(&qwen, &root.join(format!("qwen-vl-{name}")));
+        let text = std::fs::read_to_string(model.join(file)).unwrap();
+        assert!(text.contains(from), "{file} lacks {from}: {text}");
+        std::fs::write(model.join(file), text.replace(from, to)).unwrap();
+        let out = root.join(format!("refused-{name}"));
+        let result = collect(root, &model, &out);
+        assert_eq!(result.code, 2, "{name}: {result}");
+        for needle in std::iter::once(&file).chain(needles) {
+            assert!(
+                result.stderr.contains(needle),
+                "{name}: lacks {needle}: {result}"
+            );
+        }
+        assert!(!out.exists(), "{name}: nothing written");
+    }
+}
+
 #[test]
 fn images_the_processor_cannot_take_and_placeholders_without_their_image_exit_2() {
     let dir = tempfile::tempdir().unwrap();
@@ -335,12 +398,7 @@ fn images_the_processor_cannot_take_and_placeholders_without_their_image_exit_2(
     let (qwen, _) = tasks_and_qwen_vl(root);
 
     // A processor whose pixel budget no resize of a 32 × 32 image meets.
-    let small = root.join("qwen-vl-small");
-    std::fs::create_dir(&small).unwrap();
-    for entry in std::fs::read_dir(&qwen).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), small.join(entry.file_name())).unwrap();
-    }
+    let small = copy_model(&qwen, &root.join("qwen-vl-small"));
     let processor = small.join("preprocessor_config.json");
     let text = std::fs::read_to_string(&processor).unwrap();
     let budget = ["\"longest_edge\": 4096", "\"shortest_edge\": 256"];

@@ -281,3 +281,32 @@ pub fn write_tiny_vl_policy(dir: &std::path::Path, family: &str) {
         "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 4096});
     std::fs::write(dir.join(crate::vl::PROCESSOR_FILE), processor.to_string()).unwrap();
 }
+
+/// A 32 × 32 RGB image of pseudo-random bytes drawn from `seed` (an 8 × 8
+/// patch grid, 16 tokens after the merge, for [`write_tiny_vl_policy`]).
+pub fn tiny_image(seed: u32) -> embodyflow_hf::image::RgbImage {
+    let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let data = (0..32 * 32 * 3)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect();
+    embodyflow_hf::image::RgbImage::new(32, 32, data).expect("32 × 32 × 3 bytes")
+}
+
+/// (name, dtype) of every tensor of a `.safetensors` file, read from its
+/// header (`"F32"`, `"BF16"`, …).
+pub fn stored_dtypes(file: &std::path::Path) -> Vec<(String, String)> {
+    let bytes = std::fs::read(file).expect("the safetensors file reads");
+    let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).expect("a JSON header");
+    header
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, entry)| (name, entry["dtype"].as_str().unwrap_or("").to_string()))
+        .collect()
+}

@@ -43,7 +43,9 @@ use tch::nn::VarStore;
 use tokenizers::Tokenizer;
 
 use crate::ModelError;
-use crate::checkpoint::{Checkpoint, ConfigTag, PolicyKind, PolicyNet, Tokens, WEIGHTS_FILE};
+use crate::checkpoint::{
+    Checkpoint, ConfigTag, PolicyKind, PolicyNet, TOKENIZER_FILE, Tokens, WEIGHTS_FILE,
+};
 use crate::hf::{
     CARRIED_FILES, HfCache, chat_response_logits, chat_tokens, keep_chat_rows, start_chat,
     step_chat,
@@ -55,6 +57,47 @@ pub const PROCESSOR_FILE: &str = "preprocessor_config.json";
 
 /// Qwen's video placeholder token, which [`VlPolicy`] refuses in prompts.
 const VIDEO_PLACEHOLDER: &str = "<|video_pad|>";
+
+/// The tokens Qwen's chat templates write around an image part, each with
+/// the config.json key that gives its id.
+const VISION_TOKENS: [(&str, &str); 3] = [
+    ("<|vision_start|>", "vision_start_token_id"),
+    ("<|image_pad|>", "image_token_id"),
+    ("<|vision_end|>", "vision_end_token_id"),
+];
+
+/// Fails unless `tokenizer` (`dir`'s) holds each of [`VISION_TOKENS`] at
+/// the id `config` gives it: a tokenizer without them (a text model's)
+/// encodes the template's image part as characters, and one that places
+/// them elsewhere hands the model placeholders it does not read as images.
+fn check_vision_tokens(
+    dir: &Path,
+    tokenizer: &Tokenizer,
+    config: &VlConfig,
+) -> Result<(), ModelError> {
+    let ids = [
+        config.vision_start_token_id,
+        config.image_token_id,
+        config.vision_end_token_id,
+    ];
+    for (&(token, key), id) in VISION_TOKENS.iter().zip(ids) {
+        let reason = match tokenizer.token_to_id(token) {
+            Some(found) if i64::from(found) == id => continue,
+            Some(found) => format!(
+                "holds `{token}` as id {found}, but config.json `{key}` is {id}: another model's tokenizer?"
+            ),
+            None => format!(
+                "lacks `{token}`, the token of config.json `{key}` ({id}) that the chat template \
+                 writes for an image: another model's tokenizer?"
+            ),
+        };
+        return Err(ModelError::BadCheckpoint {
+            file: dir.join(TOKENIZER_FILE),
+            reason,
+        });
+    }
+    Ok(())
+}
 
 /// The files a checkpoint trained from a vision-language model carries
 /// unchanged: the decoder's ([`CARRIED_FILES`]) and the image processor's.
@@ -211,6 +254,7 @@ impl PolicyNet for VlPolicy {
     }
 
     fn tokens(dir: &Path, tokenizer: &Tokenizer, setup: &VlSetup) -> Result<Tokens, ModelError> {
+        check_vision_tokens(dir, tokenizer, &setup.config)?;
         let source = &setup.config.source;
         let mut configs = vec![source];
         if let Some(Value::Object(text)) = source.get("text_config") {
@@ -328,7 +372,9 @@ mod tests {
     use super::*;
     use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
     use crate::registry::{policy_kind, policy_net};
-    use crate::testing::{assert_sampled_are_scored, write_tiny_vl_policy as write_model};
+    use crate::testing::{
+        assert_sampled_are_scored, tiny_image as image, write_tiny_vl_policy as write_model,
+    };
     use embodyflow_hf::VlModel;
 
     fn load(dir: &Path) -> Result<Checkpoint<VlPolicy>, ModelError> {
@@ -408,20 +454,6 @@ mod tests {
             Vec::<f32>::try_from(a.view([-1])).unwrap(),
             Vec::<f32>::try_from(b.view([-1])).unwrap()
         );
-    }
-
-    /// A 32 × 32 image of pseudo-random bytes drawn from `seed`.
-    fn image(seed: u32) -> RgbImage {
-        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        let data = (0..32 * 32 * 3)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                state as u8
-            })
-            .collect();
-        RgbImage::new(32, 32, data).unwrap()
     }
 
     /// A prompt carries its image into the model: the same text with
@@ -638,10 +670,59 @@ mod tests {
         std::fs::write(&config_file, &written).unwrap();
         load(dir.path()).unwrap();
         let processor = dir.path().join(PROCESSOR_FILE);
-        std::fs::write(&processor, r#"{"patch_size": 8, "merge_size": 2}"#).unwrap();
+        let written_processor = std::fs::read_to_string(&processor).unwrap();
+        for (key, value, model_key) in [
+            ("patch_size", 8, "vision_config.patch_size"),
+            ("merge_size", 4, "vision_config.spatial_merge_size"),
+            (
+                "temporal_patch_size",
+                1,
+                "vision_config.temporal_patch_size",
+            ),
+        ] {
+            let mut edited: Value = serde_json::from_str(&written_processor).unwrap();
+            edited[key] = value.into();
+            std::fs::write(&processor, edited.to_string()).unwrap();
+            let error = refused::<VlPolicy>(dir.path());
+            for needle in [PROCESSOR_FILE, &format!("`{key}` is {value}"), model_key] {
+                assert!(error.contains(needle), "{key}: lacks {needle}: {error}");
+            }
+        }
+    }
+
+    /// A tokenizer without the image part's tokens, or with one at another
+    /// id than config.json gives it, is refused naming tokenizer.json, the
+    /// token and the config key.
+    #[test]
+    fn a_tokenizer_without_the_image_tokens_is_refused_naming_token_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), "qwen2_5_vl");
+        let tokenizer_file = dir.path().join(crate::checkpoint::TOKENIZER_FILE);
+        let tokenizer = std::fs::read_to_string(&tokenizer_file).unwrap();
+        for (token, key) in VISION_TOKENS {
+            let renamed = token.replace('|', "!");
+            std::fs::write(&tokenizer_file, tokenizer.replace(token, &renamed)).unwrap();
+            let error = refused::<VlPolicy>(dir.path());
+            for needle in ["tokenizer.json", &format!("lacks `{token}`"), key] {
+                assert!(error.contains(needle), "{token}: lacks {needle}: {error}");
+            }
+        }
+        std::fs::write(&tokenizer_file, &tokenizer).unwrap();
+        let config_file = dir.path().join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
+        let (image, video) = (
+            config["image_token_id"].as_i64().unwrap(),
+            config["video_token_id"].as_i64().unwrap(),
+        );
+        config["image_token_id"] = video.into();
+        std::fs::write(&config_file, config.to_string()).unwrap();
         let error = refused::<VlPolicy>(dir.path());
+        let needle = format!(
+            "holds `<|image_pad|>` as id {image}, but config.json `image_token_id` is {video}"
+        );
         assert!(
-            error.contains(PROCESSOR_FILE) && error.contains("`patch_size`"),
+            error.contains("tokenizer.json") && error.contains(&needle),
             "{error}"
         );
     }

@@ -167,14 +167,13 @@ fn score_plan_examples<M: PlanNet>(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::path::Path;
 
     use embodyflow_models::checkpoint::PolicyNet;
     use embodyflow_models::images::encode_images;
     use embodyflow_models::optimizer::OptimizerState;
     use embodyflow_models::precision::MasterWeights;
-    use embodyflow_models::testing::write_tiny_vl_policy;
+    use embodyflow_models::testing::{stored_dtypes, tiny_image as image, write_tiny_vl_policy};
     use tch::Kind;
 
     use super::*;
@@ -184,21 +183,6 @@ mod tests {
 
     fn load(dir: &Path) -> Checkpoint<VlPolicy> {
         Checkpoint::<VlPolicy>::load_kind(dir, tch::Device::Cpu).unwrap()
-    }
-
-    /// A 32 × 32 image of bytes drawn from `seed` (16 tokens at patch 4,
-    /// merge 2).
-    fn image(seed: u32) -> RgbImage {
-        let mut state = seed.wrapping_mul(2_654_435_761) | 1;
-        let data = (0..32 * 32 * 3)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                state as u8
-            })
-            .collect();
-        RgbImage::new(32, 32, data).unwrap()
     }
 
     /// Three prompts, each with its own scene image, and two answers to
@@ -247,19 +231,6 @@ mod tests {
         }
         master.finish(&mut policy.vars);
         examples
-    }
-
-    /// The dtype of every tensor of a `.safetensors` file, from its header.
-    fn saved_dtypes(file: &Path) -> HashMap<String, String> {
-        let bytes = std::fs::read(file).unwrap();
-        let length = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&bytes[8..8 + length]).unwrap();
-        header
-            .into_iter()
-            .filter(|(name, _)| name != "__metadata__")
-            .map(|(name, entry)| (name, entry["dtype"].as_str().unwrap().to_string()))
-            .collect()
     }
 
     fn max_difference(a: &Checkpoint<VlPolicy>, b: &Checkpoint<VlPolicy>, prefix: &str) -> f64 {
@@ -386,7 +357,7 @@ mod tests {
                 let out = tempfile::tempdir().unwrap();
                 let saved = out.path().join("policy");
                 bf16.save(&saved, "update-policy", false).unwrap();
-                let dtypes = saved_dtypes(&saved.join("model.safetensors"));
+                let dtypes = stored_dtypes(&saved.join("model.safetensors"));
                 assert!(!dtypes.is_empty());
                 for (name, dtype) in dtypes {
                     assert_eq!(dtype, "F32", "{at}: {name}");
