@@ -57,6 +57,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 mod config;
+pub mod declaration;
 pub mod episodes;
 pub mod expert;
 pub mod protocol;

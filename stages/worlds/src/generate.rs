@@ -33,7 +33,7 @@
 //! ```
 //!
 //! What a world writes is documented with it ([`crate::household`],
-//! [`embodyflow_tabletop::declaration`], [`crate::gym`]); the interface it implements is
+//! [`embodyflow_tabletop::declaration`], [`embodyflow_gym::declaration`]); the interface it implements is
 //! [`crate::generator`].
 
 use std::sync::LazyLock;

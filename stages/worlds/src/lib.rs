@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | `household` | the household planning world, one-shot ([`household::HOUSEHOLD`]; its plans run in `embodyflow_envs`) | another scene (`embodyflow_household::reseed`) |
 //! | `tabletop` | the embedded tabletop world, in process ([`embodyflow_tabletop::declaration::TABLETOP`]) | another layout ([`embodyflow_tabletop::reseed`]) |
-//! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`gym::GYM`], [`embodyflow_gym`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
+//! | `gym:<adapter>` | a Gymnasium environment through the bridge ([`embodyflow_gym::declaration::GYM`]) | reset seed `seed + r * RUN_SEED_STRIDE` |
 //!
 //! The interfaces a world implements are `embodyflow_world`'s ([`world`],
 //! [`generator`], [`demonstrations`], re-exported here), below the models;
@@ -22,7 +22,6 @@
 //! the stage ([`generate`]) the registry.
 
 pub mod generate;
-pub mod gym;
 pub mod household;
 pub mod registry;
 #[cfg(test)]
@@ -30,13 +29,13 @@ mod toy;
 #[cfg(test)]
 mod toy_tests;
 
+pub use embodyflow_gym::declaration::{BridgeKeys, RUN_SEED_STRIDE};
 pub use embodyflow_world::generator::Generator;
 pub use embodyflow_world::workers::WorkerSettings;
 pub use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError,
 };
 pub use embodyflow_world::{demonstrations, generator, world};
-pub use gym::{BridgeKeys, RUN_SEED_STRIDE};
 pub use registry::{
     Episodes, Registered, WORLDS, Worlds, closed_loop_worlds, default_world, generator, generators,
     is_closed_loop, max_decisions, one_shot, policy_shape, probe_prompts, task_of, world_of,

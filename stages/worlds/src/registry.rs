@@ -31,9 +31,9 @@ use embodyflow_core::schemas::TaskRow;
 use embodyflow_envs::TaskEnv;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 
+use crate::household;
 #[cfg(test)]
 use crate::toy;
-use crate::{gym, household};
 use embodyflow_world::generator::{Generator, either};
 use embodyflow_world::workers::WorkerSettings;
 use embodyflow_world::world::{
@@ -76,7 +76,7 @@ impl Registered {
 pub static WORLDS: &[Registered] = &[
     Registered::one_shot(&household::HOUSEHOLD),
     Registered::closed_loop(&embodyflow_tabletop::declaration::TABLETOP),
-    Registered::closed_loop(&gym::GYM),
+    Registered::closed_loop(&embodyflow_gym::declaration::GYM),
     #[cfg(test)]
     Registered::closed_loop(&toy::TOY),
 ];

@@ -1,11 +1,14 @@
-//! Gymnasium environments through the bridge (`env = gym:<adapter>`,
-//! [`embodyflow_gym`]): a row's task spec ([`embodyflow_gym::task_from_row`]),
+//! Gymnasium environments through the bridge as the stages see them
+//! (`env = gym:<adapter>`), one line of the registry
+//! (`embodyflow_worlds::WORLDS`): [`GYM`] implements the world interfaces
+//! of `embodyflow_world` (`World` and `Generator`), and [`BridgeKeys`] are
+//! the `bridge.*` keys of the stages that run its episodes: a row's task spec ([`task_from_row`](crate::task_from_row)),
 //! run `r` the reset seed `seed + r * RUN_SEED_STRIDE`, the policy's shape
 //! as the adapter reports it (a fresh worker's probe) and episodes on the
 //! bridge's workers, which the stage's next batch reuses
 //! ([`GymEpisodes::with_pool`]); their fault counts go to its summary.
 //! Its demonstrations are the adapter's scripted expert playing each task
-//! in a worker ([`embodyflow_gym::expert_demonstrations`]): the observation
+//! in a worker ([`expert_demonstrations`](crate::expert_demonstrations)): the observation
 //! the worker encoded, the text it observed, the chunk's actions as tokens
 //! (a discrete action's index is its bin, a box action's values are
 //! `bins.encode`d); demonstrations a worker fault ended count as failed.
@@ -24,7 +27,7 @@
 //! gives at that reset (BabyAI's mission; the bridge resets every task once
 //! to read it, `gym.workers` at a time). Ids read
 //! `gym-<adapter>/<env id>/<split>/<seed>/<index>`; the row holds the spec
-//! JSON in `observation` ([`embodyflow_gym::task_row`]). Under `protocol =
+//! JSON in `observation` ([`task_row`](crate::task_row)). Under `protocol =
 //! initial-states` it draws environments with fixed, indexed initial states
 //! (LIBERO's 50 per task: the `libero` adapter's reset seed is the index):
 //! `count` tasks (the first `count` of `gym.env_ids`), each at the `states`
@@ -37,9 +40,9 @@
 //!
 //! ```
 //! use embodyflow_gym::{GymTask, GymTaskSpec};
-//! use embodyflow_worlds::gym::RUN_SEED_STRIDE;
+//! use embodyflow_gym::declaration::{RUN_SEED_STRIDE, task};
 //! let spec = GymTaskSpec::new("babyai", "BabyAI-GoToLocal-v0", 7, 64);
-//! let task = embodyflow_worlds::gym::task(GymTask { task_id: "goto/7".into(), spec });
+//! let task = task(GymTask { task_id: "goto/7".into(), spec });
 //! assert_eq!((task.env(), task.max_steps()), ("gym:babyai", 64));
 //! let run = task.reseed(2).unwrap();
 //! assert_eq!(run.spec::<GymTask>().unwrap().spec.seed, 7 + 2 * RUN_SEED_STRIDE);
@@ -48,15 +51,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate as bridge;
+use crate::{
+    BridgeConfig, BridgeError, ENV_PREFIX, GymEpisodes, GymTask, GymTaskSpec, Pool, SuccessRule,
+    task_from_row,
+};
 use embodyflow_core::Error;
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::config::{ConfigKeys, at_least, ensure};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
-use embodyflow_gym::{
-    self as bridge, BridgeConfig, BridgeError, ENV_PREFIX, GymEpisodes, GymTask, GymTaskSpec, Pool,
-    SuccessRule, task_from_row,
-};
 use embodyflow_world::ClosedLoopWorld;
 use serde::{Deserialize, Serialize};
 
@@ -449,7 +453,7 @@ fn instructions(
 /// field named `bridge`. A worker past `timeout_s` counts as hung: it is
 /// killed and restarted and its episodes fail with the reason; a starting
 /// worker's first frame may take longer
-/// ([`embodyflow_gym::STARTUP_TIMEOUT`]).
+/// ([`STARTUP_TIMEOUT`](crate::STARTUP_TIMEOUT)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct BridgeKeys {
@@ -496,7 +500,7 @@ impl BridgeKeys {
         BridgeConfig {
             workers,
             timeout: Duration::from_secs_f64(self.timeout_s),
-            startup_timeout: embodyflow_gym::STARTUP_TIMEOUT,
+            startup_timeout: crate::STARTUP_TIMEOUT,
             python: BridgeConfig::python(self.python.as_deref()),
         }
     }
@@ -516,8 +520,8 @@ fn bridge_error(error: BridgeError) -> WorldsError {
 
 #[cfg(test)]
 mod tests {
+    use crate::GymTaskSpec;
     use embodyflow_algos::action_tokens::ActionBins;
-    use embodyflow_gym::GymTaskSpec;
 
     use super::*;
 
