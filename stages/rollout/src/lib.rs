@@ -80,8 +80,9 @@ pub struct Episode {
 /// [`TaskEnv::prompt`], or a context built around it): the text and, when
 /// the task carries a scene image ([`TaskEnv::image`]), the image, which a
 /// policy that reads text only goes without (the second value says whether
-/// an image was left out). An image the model's processor cannot take is
-/// bad input naming the task.
+/// an image was left out). An image the model's processor cannot take, or
+/// a text the model refuses (a vision-language model's video placeholder),
+/// is bad input naming the task.
 pub fn task_prompt<M: PlanNet>(
     policy: &Checkpoint<M>,
     env: &TaskEnv,
@@ -95,9 +96,9 @@ pub fn task_prompt<M: PlanNet>(
         .into_iter()
         .collect();
     let given = images.len();
-    let prompt = policy.prompt(text, images).map_err(|e| {
-        embodyflow_core::Error::BadInput(format!("task `{task}`: its scene image: {e}"))
-    })?;
+    let prompt = policy
+        .prompt(text, images)
+        .map_err(|e| embodyflow_core::Error::BadInput(format!("task `{task}`: its prompt: {e}")))?;
     let left_out = prompt.images.len() < given;
     Ok((prompt, left_out))
 }
