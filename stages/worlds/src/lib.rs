@@ -25,8 +25,6 @@ pub mod generate;
 pub mod household;
 pub mod registry;
 #[cfg(test)]
-mod toy;
-#[cfg(test)]
 mod toy_tests;
 
 pub use embodyflow_gym::declaration::{BridgeKeys, RUN_SEED_STRIDE};

@@ -32,8 +32,6 @@ use embodyflow_envs::TaskEnv;
 use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
 
 use crate::household;
-#[cfg(test)]
-use crate::toy;
 use embodyflow_world::generator::{Generator, either};
 use embodyflow_world::workers::WorkerSettings;
 use embodyflow_world::world::{
@@ -78,7 +76,7 @@ pub static WORLDS: &[Registered] = &[
     Registered::closed_loop(&embodyflow_tabletop::declaration::TABLETOP),
     Registered::closed_loop(&embodyflow_gym::declaration::GYM),
     #[cfg(test)]
-    Registered::closed_loop(&toy::TOY),
+    Registered::closed_loop(&embodyflow_toy_world::TOY),
 ];
 
 /// The closed-loop worlds of [`WORLDS`], in its order.

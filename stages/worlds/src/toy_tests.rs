@@ -1,4 +1,4 @@
-//! The toy world ([`crate::toy`]) through the registry as a stage sees
+//! The toy world (`embodyflow_toy_world`) through the registry as a stage sees
 //! it: its tasks from `generate-tasks --set env=toy`, run by `env` through
 //! the registry and the closed-loop driver, and its expert's
 //! demonstrations as behaviour cloning asks for them.
@@ -17,7 +17,7 @@ use crate::generate::{Args, Config, run};
 use crate::registry::{
     Worlds, is_closed_loop, max_decisions, policy_shape, task_of, world_of, world_of_tasks,
 };
-use crate::toy::shape;
+use embodyflow_toy_world::shape;
 use embodyflow_world::demonstrations::DemoRequest;
 use embodyflow_world::world::{WorldOptions, WorldTask};
 

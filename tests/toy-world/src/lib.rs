@@ -1,14 +1,23 @@
-//! A toy closed-loop world, added the way `docs/src/extending.md` says:
-//! this module (a [`World`] and its episodes implementing
-//! [`ClosedLoopWorld`], and a [`Generator`] of its tasks with a key of its
-//! own) and one line in the registry's `WORLDS`. A task row `env = toy`
-//! is a corridor of `seed` cells; an action > 0 moves one cell on, and
-//! reaching the end is success; its expert always moves on.
-//! `generate-tasks --set env=toy` writes task `i` as a corridor of
-//! `corridor + i` cells. Its tests (the registry's `toy_tests`) write its tasks
-//! with `generate-tasks` and run them through the registry, the
-//! closed-loop driver and the demonstrations update-policy's behaviour
-//! cloning asks for.
+//! A toy closed-loop world for tests, added the way
+//! `docs/src/extending.md` says: this crate (a [`World`] and its episodes
+//! implementing [`ClosedLoopWorld`], and a [`Generator`] of its tasks with
+//! a key of its own) and one line in the registry's `WORLDS`, under
+//! `#[cfg(test)]` (a dev-dependency of `embodyflow-worlds`: no shipped
+//! binary lists it). A task row `env = toy` is a corridor of `seed`
+//! cells; an action > 0 moves one cell on, and reaching the end is
+//! success; its expert always moves on. `generate-tasks --set env=toy`
+//! writes task `i` as a corridor of `corridor + i` cells. The registry's
+//! tests (`stages/worlds/src/toy_tests.rs`) write its tasks with
+//! `generate-tasks` and run them through the registry, the closed-loop
+//! driver and the demonstrations update-policy's behaviour cloning asks
+//! for.
+//!
+//! ```
+//! use embodyflow_toy_world::TOY;
+//! use embodyflow_world::generator::Generator;
+//! use embodyflow_world::world::World;
+//! assert_eq!((TOY.env(), Generator::name(&TOY)), ("toy", "toy"));
+//! ```
 
 use embodyflow_core::Error;
 use embodyflow_core::cli::ShardSpec;
