@@ -790,26 +790,13 @@ pub(crate) fn assert_bf16_tracks_fp32<M: Trainable>(
     let dir = tempfile::tempdir().unwrap();
     bf16.save(&dir.path().join("policy"), "update-policy", false)
         .unwrap();
-    let dtypes = stored_dtypes(&dir.path().join("policy/model.safetensors"));
+    let dtypes =
+        embodyflow_models::testing::stored_dtypes(&dir.path().join("policy/model.safetensors"));
     assert!(!dtypes.is_empty());
     for (name, dtype) in dtypes {
         assert_eq!(dtype, "F32", "{name}");
     }
     (bf16_report, fp32_report)
-}
-
-/// (name, dtype) of every tensor of a safetensors file, read from its
-/// header.
-fn stored_dtypes(file: &std::path::Path) -> Vec<(String, String)> {
-    let bytes = std::fs::read(file).unwrap();
-    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
-    header
-        .into_iter()
-        .filter(|(name, _)| name != "__metadata__")
-        .map(|(name, entry)| (name, entry["dtype"].as_str().unwrap().to_string()))
-        .collect()
 }
 
 /// `train.precision = "bf16"` on the plan policy: PPO over fp32 master
