@@ -13,7 +13,9 @@
 //!
 //! The log-probs the PPO/GRPO ratio reads are computed from logits upcast
 //! to fp32 before `log_softmax` (the scorers' `log_softmax(-1, Float)`), so
-//! only the network runs in bf16. On CUDA this is the same option; torch's
+//! only the network runs in bf16. A VLA ([`crate::vla`]) also casts its
+//! float inputs (pixels, proprio, latent slots) to the parameters' dtype
+//! where they enter and upcasts its values and predicted latents to fp32. On CUDA this is the same option; torch's
 //! autocast would instead keep fp32 parameters and cast each matmul's
 //! inputs, which costs the same bf16 matmuls with the fp32 copy held as
 //! the parameters themselves.
