@@ -1,14 +1,14 @@
 //! The worlds the stages know, listed once in [`WORLDS`] ([`registry`]),
 //! one-shot and closed-loop alike: each declares how `generate-tasks`
 //! writes its tasks ([`Generator`], [`generate`]) and, for a closed-loop
-//! world, how its episodes run: a [`World`] (one module of this crate with
-//! a `pub static` value) that builds [`WorldTask`]s from its rows and
-//! batches of their episodes ([`Episodes`], a
+//! world, how its episodes run: a [`World`] (a `pub static` value of its
+//! own crate) that builds [`WorldTask`]s from its rows and batches of their
+//! episodes ([`Episodes`], a
 //! [`ClosedLoopWorld`](embodyflow_world::ClosedLoopWorld) the driver
-//! steps).
-//! `generate-tasks`, `collect-rollouts`, `evaluate`, `init-policy` and
-//! update-policy's demonstrations go through here, so a new world plugs in
-//! with one module and one line of [`WORLDS`], and no stage names a world.
+//! steps). `generate-tasks`, `collect-rollouts`, `evaluate`, `init-policy`
+//! and update-policy's demonstrations go through here, so a closed-loop
+//! world plugs in as one crate implementing `embodyflow_world`'s
+//! interfaces and one line of [`WORLDS`], and no stage names a world.
 //!
 //! | `env` | world | a task's run `r > 0` |
 //! |---|---|---|
@@ -18,8 +18,8 @@
 //!
 //! The interfaces a world implements are `embodyflow_world`'s ([`world`],
 //! [`generator`], [`demonstrations`], re-exported here), below the models;
-//! the worlds' modules import only them; the registry imports the worlds;
-//! the stage ([`generate`]) the registry.
+//! the world crates and the household module import only them; the
+//! registry imports the worlds; the stage ([`generate`]) the registry.
 
 pub mod generate;
 pub mod household;
