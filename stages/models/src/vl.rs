@@ -312,8 +312,13 @@ impl PlanNet for VlPolicy {
         longest: i64,
     ) -> Tensor {
         let images = policy.model.row_images(images);
+        // A placeholder the sampler drew into a response was read as text.
+        let prompt_lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
         chat_response_logits(policy, prompts, responses, longest, |ids, mask| {
-            policy.model.net.forward(ids, mask, images.as_ref())
+            policy
+                .model
+                .net
+                .forward_responses(ids, mask, images.as_ref(), &prompt_lens)
         })
     }
 
@@ -613,6 +618,49 @@ mod tests {
         assert!(error.contains("`<|video_pad|>`"), "{error}");
         let error = bad_input(policy.prompt("find <|image_pad|>", vec![]).unwrap_err());
         assert!(error.contains("1 image placeholders"), "{error}");
+    }
+
+    /// An image or video placeholder sampled into a response is a text
+    /// token to the scorer, as it was to decoding: the scored log-probs of
+    /// a response holding both equal those of feeding it token by token
+    /// through the cache after the prompt and its image.
+    #[test]
+    fn placeholders_sampled_into_a_response_score_as_decoding_read_them() {
+        for family in VlFamily::NAMES {
+            let dir = tempfile::tempdir().unwrap();
+            write_model(dir.path(), family);
+            let policy = load(dir.path()).unwrap();
+            let prompt = policy.prompt("find a Mug", vec![image(1)]).unwrap();
+            let image_token = policy.model.image_token().unwrap();
+            let video_token = policy.model.video_token().unwrap();
+            let response = [20, image_token, 21, video_token, image_token, 22];
+            let scored = score_responses(&policy, &[&prompt], &[&response], 1.0, Entropy::Skip);
+            let scored = Vec::<f32>::try_from(scored.logprobs.view([-1])).unwrap();
+            let net = policy.model.net();
+            let images = policy.model.process(&prompt.images).unwrap();
+            let ids: Vec<i64> = prompt.ids.iter().map(|&t| i64::from(t)).collect();
+            let ids = Tensor::from_slice(&ids).view([1, -1]);
+            let mut cache = VlCache::default();
+            let mut length = ids.size()[1];
+            let mut logits = net
+                .forward_cached(&ids, &ids.ones_like(), Some(&images), &mut cache)
+                .unwrap();
+            let mut decoded = Vec::new();
+            for &token in &response {
+                let last = logits.select(1, -1).log_softmax(-1, tch::Kind::Float);
+                decoded.push(last.double_value(&[0, i64::from(token)]));
+                length += 1;
+                let next = Tensor::from_slice(&[i64::from(token)]).view([1, 1]);
+                let mask = Tensor::ones([1, length], (tch::Kind::Int64, tch::Device::Cpu));
+                logits = net.forward_cached(&next, &mask, None, &mut cache).unwrap();
+            }
+            for (a, b) in scored.iter().zip(&decoded) {
+                assert!(
+                    (f64::from(*a) - b).abs() < 1e-4,
+                    "{family}: scored {scored:?}, decoded {decoded:?}"
+                );
+            }
+        }
     }
 
     /// The message of loading `dir` as `M`, which must fail as bad input.

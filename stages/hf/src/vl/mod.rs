@@ -337,7 +337,21 @@ impl VlNet {
         attention_mask: &Tensor,
         images: Option<&Images>,
     ) -> Result<Tensor, HfError> {
-        self.run(input_ids, attention_mask, images, None)
+        self.run(input_ids, attention_mask, images, None, None)
+    }
+
+    /// As [`VlNet::forward`] over prompts followed by responses, row `r`'s
+    /// prompt its first `prompt_lens[r]` tokens: an image placeholder in a
+    /// response is a text token at a text position, as decoding read it
+    /// when it was sampled, and no image slot.
+    pub fn forward_responses(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        images: Option<&Images>,
+        prompt_lens: &[i64],
+    ) -> Result<Tensor, HfError> {
+        self.run(input_ids, attention_mask, images, None, Some(prompt_lens))
     }
 
     /// As [`VlNet::forward`], continuing `cache`: the first call holds the
@@ -350,16 +364,18 @@ impl VlNet {
         images: Option<&Images>,
         cache: &mut VlCache,
     ) -> Result<Tensor, HfError> {
-        self.run(input_ids, attention_mask, images, Some(cache))
+        self.run(input_ids, attention_mask, images, Some(cache), None)
     }
 
-    /// [`VlNet::forward_cached`], or [`VlNet::forward`] without a cache.
+    /// [`VlNet::forward_cached`], or [`VlNet::forward`] without a cache
+    /// (image placeholders read as text from column `text_from[row]` on).
     fn run(
         &self,
         input_ids: &Tensor,
         attention_mask: &Tensor,
         images: Option<&Images>,
         mut cache: Option<&mut VlCache>,
+        text_from: Option<&[i64]>,
     ) -> Result<Tensor, HfError> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (ids, keys) = self.language.check_batch(input_ids, attention_mask, past)?;
@@ -368,7 +384,8 @@ impl VlNet {
         let mut h = self.language.embed(&ids);
         let mut deepstack = None;
         let positions = if past == 0 {
-            let prompt = self.embed_prompt(h, &ids, &keys, images)?;
+            let slots = self.image_slots(&ids, &keys, text_from);
+            let prompt = self.embed_prompt(h, &keys, &slots, images)?;
             (h, deepstack) = (prompt.h, prompt.deepstack);
             if let Some(cache) = cache.as_mut() {
                 cache.rope_deltas = Some(prompt.deltas);
@@ -423,7 +440,8 @@ impl VlNet {
                 &embeddings.to_kind(h.kind()),
             );
         }
-        let prompt = self.embed_prompt(h, &ids, &keys, images)?;
+        let slots = self.image_slots(&ids, &keys, None);
+        let prompt = self.embed_prompt(h, &keys, &slots, images)?;
         let rope = self.rope_of(&prompt.positions);
         Ok(self.language.hidden(
             prompt.h,
@@ -434,19 +452,37 @@ impl VlNet {
         ))
     }
 
+    /// The image slots `[B, T]` (bool) of `ids`: the image placeholders
+    /// among the valid tokens `keys`, before column `text_from[row]` when
+    /// given (a placeholder past it is a sampled text token).
+    fn image_slots(&self, ids: &Tensor, keys: &Tensor, text_from: Option<&[i64]>) -> Tensor {
+        let slots = ids.eq(self.config.image_token_id).logical_and(keys);
+        match text_from {
+            None => slots,
+            Some(from) => {
+                let (_, t) = ids.size2().unwrap_or_default();
+                let columns = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0);
+                let from = Tensor::from_slice(from)
+                    .to_device(ids.device())
+                    .unsqueeze(1);
+                slots.logical_and(&columns.lt_tensor(&from))
+            }
+        }
+    }
+
     /// A prompt's embeddings `h` with the image features written at the
-    /// placeholders, its M-RoPE positions and offsets ([`VlNet::rope_index`])
-    /// and the DeepStack features to add.
+    /// image `slots` ([`VlNet::image_slots`]), its M-RoPE positions and
+    /// offsets ([`VlNet::rope_index`]) and the DeepStack features to add.
     fn embed_prompt(
         &self,
         h: Tensor,
-        ids: &Tensor,
         keys: &Tensor,
+        slots: &Tensor,
         images: Option<&Images>,
     ) -> Result<Prompt, HfError> {
-        let image_mask = ids.eq(self.config.image_token_id).logical_and(keys);
+        let image_mask = slots.shallow_clone();
         let grids = images.map_or(&[][..], |i| &i.grid_thw[..]);
-        let (positions, deltas) = self.rope_index(ids, keys, grids)?;
+        let (positions, deltas) = self.rope_index(keys, slots, grids)?;
         let mut prompt = Prompt {
             h,
             positions,
@@ -479,20 +515,21 @@ impl VlNet {
     }
 
     /// transformers' `get_rope_index`: the M-RoPE positions `[3, B, T]` of
-    /// the valid tokens (padding 0) and each row's `max + 1 - tokens`
-    /// `[B, 1]`, each run of image placeholders taking the next grid.
+    /// the valid tokens `keys` (padding 0) and each row's `max + 1 - tokens`
+    /// `[B, 1]`, each run of image `slots` ([`VlNet::image_slots`]) taking
+    /// the next grid.
     fn rope_index(
         &self,
-        ids: &Tensor,
         keys: &Tensor,
+        slots: &Tensor,
         grids: &[[i64; 3]],
     ) -> Result<(Tensor, Tensor), HfError> {
-        let (b, t) = ids.size2().unwrap_or_default();
-        let ids: Vec<Vec<i64>> = Vec::try_from(&ids.to_device(Device::Cpu))
-            .map_err(|e: tch::TchError| HfError::Torch(e.to_string()))?;
-        let keys: Vec<Vec<i64>> = Vec::try_from(&keys.to_device(Device::Cpu).to_kind(Kind::Int64))
-            .map_err(|e: tch::TchError| HfError::Torch(e.to_string()))?;
-        let image = self.config.image_token_id;
+        let (b, t) = keys.size2().unwrap_or_default();
+        let rows = |mask: &Tensor| -> Result<Vec<Vec<i64>>, HfError> {
+            Vec::try_from(&mask.to_device(Device::Cpu).to_kind(Kind::Int64))
+                .map_err(|e: tch::TchError| HfError::Torch(e.to_string()))
+        };
+        let (keys, slots) = (rows(keys)?, rows(slots)?);
         let merge = self.config.vision.spatial_merge_size;
         let mut positions = vec![0i64; (3 * b * t) as usize];
         let mut deltas = Vec::with_capacity(b as usize);
@@ -505,7 +542,7 @@ impl VlNet {
             let mut k = 0;
             while k < valid.len() {
                 let j = valid[k];
-                if ids[row][j] != image {
+                if slots[row][j] == 0 {
                     for axis in 0..3 {
                         positions[axis * bu * tu + row * tu + j] = current;
                     }
@@ -516,7 +553,7 @@ impl VlNet {
                 }
                 let run = valid[k..]
                     .iter()
-                    .take_while(|&&j| ids[row][j] == image)
+                    .take_while(|&&j| slots[row][j] != 0)
                     .count();
                 let Some(&[gt, gh, gw]) = grids.get(next_grid) else {
                     return Err(HfError::BadBatch(format!(
@@ -724,7 +761,8 @@ mod tests {
         let mask: Vec<i64> = (0..ids.len()).map(|j| i64::from(j > 0)).collect();
         let ids = Tensor::from_slice(&ids).unsqueeze(0);
         let keys = Tensor::from_slice(&mask).unsqueeze(0).ne(0);
-        let (p, d) = net.rope_index(&ids, &keys, &[[1, 4, 6]]).unwrap();
+        let slots = net.image_slots(&ids, &keys, None);
+        let (p, d) = net.rope_index(&keys, &slots, &[[1, 4, 6]]).unwrap();
         let p: Vec<Vec<Vec<i64>>> = Vec::try_from(&p).unwrap();
         assert_eq!(p[0][0], [0, 0, 1, 2, 2, 2, 2, 2, 2, 5, 6]);
         assert_eq!(p[1][0], [0, 0, 1, 2, 2, 2, 3, 3, 3, 5, 6]);
