@@ -213,6 +213,23 @@ mod tests {
         examples
     }
 
+    /// PPO on `examples` from a fresh AdamW, without a KL reference.
+    fn ppo(
+        policy: &mut Checkpoint<VlPolicy>,
+        examples: &[Example],
+        config: &Config,
+    ) -> crate::train::TrainReport {
+        train(
+            policy,
+            None,
+            examples,
+            config,
+            0,
+            OptimizerState::fresh("ppo"),
+        )
+        .unwrap()
+    }
+
     fn max_difference(a: &Checkpoint<VlPolicy>, b: &Checkpoint<VlPolicy>, prefix: &str) -> f64 {
         let b = b.vars.variables();
         a.vars
@@ -258,15 +275,7 @@ mod tests {
             micro_batch: 2,
             ..Default::default()
         };
-        let report = train(
-            &mut policy,
-            None,
-            &examples,
-            &config,
-            0,
-            OptimizerState::fresh("ppo"),
-        )
-        .unwrap();
+        let report = ppo(&mut policy, &examples, &config);
         let kl = report.metrics[0].approx_kl.unwrap();
         assert!(kl.abs() < 1e-5, "approx_kl {kl}");
     }
@@ -306,15 +315,7 @@ mod tests {
                         },
                         ..Default::default()
                     };
-                    let report = train(
-                        &mut policy,
-                        None,
-                        &examples,
-                        &config,
-                        0,
-                        OptimizerState::fresh("ppo"),
-                    )
-                    .unwrap();
+                    let report = ppo(&mut policy, &examples, &config);
                     (policy, report)
                 };
                 let (bf16, bf16_report) = run(Precision::Bf16);
