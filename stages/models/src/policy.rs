@@ -104,8 +104,8 @@ pub trait PlanNet: PolicyNet {
     ) -> Tensor;
     /// The video placeholder of a network that reads images
     /// (`<|video_pad|>`, config.json `video_token_id`): no video reaches
-    /// the model, so a prompt holding it is refused and a response holding
-    /// it is not scored; `None` for a network without one.
+    /// the model, so a prompt holding it is refused and a teacher skips a
+    /// response holding it; `None` for a network without one.
     fn video_token(&self) -> Option<i32> {
         None
     }

@@ -16,7 +16,11 @@
 //! images reach the vision encoder through the processor
 //! ([`VlPolicy::process`]) in sampling and in scoring alike, and
 //! [`PlanNet::check_images`] checks a prompt read back from a table against
-//! its images. The language model runs under M-RoPE, whose
+//! its images; a prompt holding the video placeholder is refused, and a
+//! tokenizer without the image part's tokens at config.json's ids is
+//! refused when the policy loads. A placeholder sampled into a response is
+//! text to the scorer, as it was to decoding
+//! ([`VlNet::forward_responses`]). The language model runs under M-RoPE, whose
 //! positions on a prompt without an image are the plain ones on all three
 //! axes; a decoding step continues each row at its prompt's offset (kept
 //! in the cache).
