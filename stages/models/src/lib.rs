@@ -85,7 +85,7 @@ pub enum ModelError {
     Torch(String),
     /// A VLA batch the policy cannot run (named by row).
     #[error(transparent)]
-    Vla(#[from] vla::VlaError),
+    Vla(#[from] vla::error::VlaError),
     /// A Hugging Face model that cannot be loaded, run or saved.
     #[error(transparent)]
     Hf(#[from] embodyflow_hf::HfError),

@@ -70,121 +70,19 @@ use embodyflow_core::config::ConfigKeys;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use tch::nn::{self, Module};
+use tch::nn::Module;
 use tch::{Device, Kind, Tensor};
 
-use super::{
-    Decision, Observation, Vla, VlaError, check_rows, check_temperature, gather_tokens,
-    log_softmax_at, masked_mean, masked_nll,
-};
+use super::batch::{Decision, Observation};
+pub use super::config::LatentConfig;
+use super::error::{VlaError, check_rows, check_temperature};
+use super::model::Vla;
+use super::scores::{gather_tokens, log_softmax_at, masked_mean, masked_nll};
 use crate::policy::{Entropy, arg_max, draw};
+use parts::LatentInput;
+pub use parts::VALUE_HEAD;
 
-/// The latent chain's shape (a [`VlaConfig`](super::VlaConfig)'s `latent`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LatentConfig {
-    /// Most latent vectors before the actions (LaST-R1's `latent_length`, 8).
-    pub length: i64,
-    /// Latents per group; a `<latent_end>` candidate follows each group
-    /// (`latent_length / latent_end_num`, 2).
-    pub group: i64,
-}
-
-impl LatentConfig {
-    /// LaST-R1's LIBERO setting: 8 latents in groups of 2 (stops at 2, 4, 6, 8).
-    pub fn last_r1() -> LatentConfig {
-        LatentConfig {
-            length: 8,
-            group: 2,
-        }
-    }
-
-    /// Why this is no latent chain, if it is not.
-    pub fn check(&self) -> Result<(), String> {
-        if self.length < 1 || self.group < 1 {
-            return Err(format!(
-                "latent.length and latent.group must be at least 1, found {} and {}",
-                self.length, self.group
-            ));
-        }
-        if self.length % self.group != 0 {
-            return Err(format!(
-                "latent.group {} must divide latent.length {}",
-                self.group, self.length
-            ));
-        }
-        Ok(())
-    }
-
-    /// Stop candidates `M = length / group`.
-    pub fn candidates(&self) -> i64 {
-        self.length / self.group
-    }
-
-    /// Latent lengths of the candidates: `group, 2·group, …, length`.
-    pub fn candidate_lengths(&self) -> Vec<usize> {
-        (1..=self.candidates())
-            .map(|m| (m * self.group) as usize)
-            .collect()
-    }
-
-    /// Positions of the latent part: `<latent_start>`, the slots and one
-    /// `<latent_end>` per group.
-    pub fn positions(&self) -> i64 {
-        1 + self.length + self.candidates()
-    }
-
-    /// Position of latent slot `i` inside the latent part.
-    fn slot(&self, i: i64) -> i64 {
-        1 + i + i / self.group
-    }
-
-    /// Position of candidate `m`'s `<latent_end>` inside the latent part.
-    fn end(&self, m: i64) -> i64 {
-        (m + 1) * (self.group + 1)
-    }
-}
-
-/// Name prefix of the value head's parameters (an optimiser group of its
-/// own rate under LAPO).
-pub const VALUE_HEAD: &str = "value_head.";
-
-/// The parameters a latent chain adds.
-#[derive(Debug)]
-pub(super) struct LatentParts {
-    start: Tensor,
-    end: Tensor,
-    end_head: nn::Linear,
-    value_head: nn::Linear,
-}
-
-impl LatentParts {
-    pub(super) fn new(path: &nn::Path, embd: i64) -> LatentParts {
-        let embedding = nn::Init::Randn {
-            mean: 0.0,
-            stdev: 0.02,
-        };
-        LatentParts {
-            start: path.var("latent_start", &[embd], embedding),
-            end: path.var("latent_end", &[embd], embedding),
-            end_head: nn::linear(path / "end_head", embd, 1, Default::default()),
-            value_head: nn::linear(
-                path / VALUE_HEAD.trim_end_matches('.'),
-                embd,
-                1,
-                Default::default(),
-            ),
-        }
-    }
-}
-
-/// The latent part of a sequence to embed.
-pub(super) struct LatentInput {
-    /// The slots' inputs `[batch, L, embd]`.
-    pub(super) latents: Tensor,
-    /// Per row, the positions of the latent part the actions see.
-    pub(super) visible: Vec<i64>,
-}
+pub(super) mod parts;
 
 /// What one trunk pass over a sequence with a latent part gives.
 struct LatentPass {
@@ -313,39 +211,6 @@ fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
 }
 
 impl Vla {
-    /// The latent chain's shape, or the error of a policy without one.
-    fn latent_shape(&self) -> Result<&LatentConfig, VlaError> {
-        self.config.latent.as_ref().ok_or_else(|| {
-            VlaError::Latents(
-                "this VLA has no latent chain of thought (its config has no `latent`)".into(),
-            )
-        })
-    }
-
-    fn latent_parts(&self) -> &LatentParts {
-        self.latent
-            .as_ref()
-            .expect("a latent config comes with latent parameters")
-    }
-
-    /// The latent part's embeddings `[batch, positions, embd]` with
-    /// `latents` `[batch, L, embd]` in the slots.
-    pub(super) fn latent_part(&self, latents: &Tensor) -> Result<Tensor, VlaError> {
-        let shape = self.latent_shape()?;
-        let parts = self.latent_parts();
-        let (b, e) = (latents.size()[0], self.config.n_embd);
-        let token = |t: &Tensor| t.view([1, 1, e]).expand([b, 1, e], false);
-        let norm = latents.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-6);
-        // Rescaled in the latents' own precision, then cast to the parameters'.
-        let slots = (latents / norm * (e as f64).sqrt()).to_kind(parts.start.kind());
-        let mut pieces = vec![token(&parts.start)];
-        for m in 0..shape.candidates() {
-            pieces.push(slots.narrow(1, m * shape.group, shape.group));
-            pieces.push(token(&parts.end));
-        }
-        Ok(Tensor::cat(&pieces, 1))
-    }
-
     /// One trunk pass over `[prefix | latent part (`latents` in the slots) |
     /// actions when asked]`, the actions seeing `visible[b]` positions of
     /// the latent part (`visible` unread without actions), and what it

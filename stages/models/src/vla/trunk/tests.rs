@@ -3,6 +3,7 @@ use std::sync::OnceLock;
 
 use tch::{Device, Tensor};
 
+use super::network::PASSES;
 use super::*;
 use crate::checkpoint::{Checkpoint, PolicyNet};
 use crate::optimizer::{AdamW, AdamWConfig, OptimizerState};

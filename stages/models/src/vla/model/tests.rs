@@ -1,5 +1,7 @@
 use tch::nn::OptimizerConfig;
 
+use embodyflow_core::{Classify, ErrorKind};
+
 use super::*;
 use crate::checkpoint::Checkpoint;
 use crate::registry::policy_kind;
