@@ -2,7 +2,7 @@
 //! [`Vla`] that "thinks" in continuous latent vectors before it acts, with
 //! `<latent_end>` stop candidates and a value head.
 //!
-//! With `latent = { length = L, group = G }` in the [`VlaConfig`], a
+//! With `latent = { length = L, group = G }` in the [`VlaConfig`](super::VlaConfig), a
 //! decision's sequence gains a latent part between the observation prefix
 //! and the action placeholders — LaST-R1's grouped layout, `M = L / G`
 //! stop candidates:
