@@ -129,6 +129,7 @@ impl<M: PolicyNet> Checkpoint<M> {
             )));
         }
         M::check(config).map_err(ModelError::Tokenizer)?;
+        let _draws = crate::generator::hold();
         let vars = VarStore::new(device);
         let model = M::build(&vars.root(), config);
         Ok(Checkpoint::fresh(vars, model, tokenizer, special))

@@ -16,6 +16,8 @@
 //!   tokenizer, manifest) of any such network, saved atomically;
 //! - [`registry`]: the networks a checkpoint can hold ([`registry::NETS`]),
 //!   which one a directory holds, and loading it with consistency checks;
+//! - [`generator`]: libtorch's process-wide generator, held while a
+//!   network draws its initial weights;
 //! - [`optimizer`]: AdamW whose moments are saved in the checkpoint, so a
 //!   run of many `update-policy` calls optimises like one process;
 //! - [`precision`]: bf16 training over fp32 master weights;
@@ -51,6 +53,7 @@ pub mod checkpoint;
 pub use embodyflow_hf::checkpointing;
 pub mod device;
 pub mod frame_encoder;
+pub mod generator;
 pub mod gpt;
 pub mod hf;
 pub mod images;

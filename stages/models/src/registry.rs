@@ -199,8 +199,13 @@ impl<M: PolicyNet> Checkpoint<M> {
         // The config against the weights' headers, before anything the
         // config sizes is allocated.
         let weights = M::open_weights(dir, &mut config)?;
-        let mut vars = VarStore::new(device);
-        let model = M::build(&vars.root(), &config);
+        let (mut vars, model) = {
+            // Building draws initial weights that the loaded ones replace.
+            let _draws = crate::generator::hold();
+            let vars = VarStore::new(device);
+            let model = M::build(&vars.root(), &config);
+            (vars, model)
+        };
         model.load_weights(&mut vars, &weights)?;
         let encoder_path = dir.join(FRAME_ENCODER_FILE);
         let frame_encoder = if encoder_path.is_file() {

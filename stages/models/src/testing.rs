@@ -57,18 +57,12 @@ pub fn tiny_config(vocab_size: i64, n_ctx: i64) -> GptConfig {
     }
 }
 
-/// Seeds libtorch's global generator and holds it for the guard's life.
-/// Tests of one binary run on parallel threads and `tch::manual_seed` is
-/// process-wide: a test that seeds and then draws (initial weights) without
-/// this lock can have another test reseed between the two, and its "same
-/// seed, same weights" no longer holds.
-pub fn seed(seed: i64) -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let guard = GENERATOR
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    tch::manual_seed(seed);
-    guard
+/// Seeds libtorch's global generator and holds it for the guard's life
+/// ([`crate::generator::seeded`]): tests of one binary run on parallel
+/// threads, and a network another test builds meanwhile waits instead of
+/// drawing between this seed and this test's draws.
+pub fn seed(seed: i64) -> crate::generator::Held {
+    crate::generator::seeded(seed)
 }
 
 /// The tiny policy with a context of `n_ctx` tokens, weights drawn after
@@ -168,6 +162,35 @@ mod tests {
         let (la, lb) = (a.model.forward(&input), b.model.forward(&input));
         assert_eq!(la.size(), [1, 3, a.model.config().vocab_size]);
         assert!(la.equal(&lb), "same seed, same weights");
+    }
+
+    #[test]
+    fn networks_built_on_another_thread_do_not_draw_between_a_seed_and_its_draws() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let input = tch::Tensor::from_slice(&[5i64, 9, 12]).view([1, 3]);
+        let expected = tiny_policy(48).model.forward(&input);
+        let done = Arc::new(AtomicBool::new(false));
+        let builder = {
+            let done = done.clone();
+            let tokenizer = tiny_tokenizer();
+            let config = tiny_config(tokenizer.get_vocab_size(true) as i64, 48);
+            std::thread::spawn(move || {
+                let mut built = 0;
+                while !done.load(Ordering::Relaxed) {
+                    Checkpoint::init(&config, tokenizer.clone(), tch::Device::Cpu).unwrap();
+                    built += 1;
+                }
+                built
+            })
+        };
+        let same = (0..20)
+            .filter(|_| tiny_policy(48).model.forward(&input).equal(&expected))
+            .count();
+        done.store(true, Ordering::Relaxed);
+        let built = builder.join().unwrap();
+        assert!(built > 0);
+        assert_eq!(same, 20, "{built} networks built meanwhile");
     }
 }
 

@@ -90,6 +90,7 @@ pub fn init_on_vlm(
     let tokenizer_file = dir.join(TOKENIZER_FILE);
     let tokenizer = crate::tokenizer::load(&tokenizer_file)?;
     let special = vlm_special_ids(&tokenizer_file, &tokenizer, &config)?;
+    let _draws = crate::generator::hold();
     let vars = nn::VarStore::new(device);
     let vla = Vla::new(&vars.root(), &config);
     let pretrained = VlModel::load(dir, device)?;
