@@ -557,10 +557,7 @@ fn vla_world(
             if rows.is_empty() {
                 return Err(Error::BadInput("the tasks table is empty".into()).into());
             }
-            let tasks: Vec<WorldTask> = rows
-                .iter()
-                .map(task_of)
-                .collect::<Result<_, _>>()?;
+            let tasks: Vec<WorldTask> = rows.iter().map(task_of).collect::<Result<_, _>>()?;
             (tasks, rows.into_iter().map(|r| r.instruction).collect())
         }
         None => {
