@@ -291,7 +291,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::pretty;
     use crate::gpt::GptConfig;
-    use crate::testing::{tiny_config, tiny_tokenizer as tokenizer};
+    use crate::testing::{load_refused, tiny_config, tiny_tokenizer as tokenizer};
 
     /// The shared tiny shape (2 layers, width 32) with a context of 16 tokens.
     fn config(vocab_size: i64) -> GptConfig {
@@ -394,17 +394,6 @@ mod tests {
         (path, vocab)
     }
 
-    /// The message of loading `path`, which must fail as bad input.
-    fn bad_input(path: &Path) -> String {
-        let error = Checkpoint::load(path, tch::Device::Cpu).err().unwrap();
-        assert_eq!(
-            embodyflow_core::Classify::kind(&error),
-            embodyflow_core::ErrorKind::BadInput,
-            "{error}"
-        );
-        error.to_string()
-    }
-
     #[test]
     fn mismatched_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
@@ -474,7 +463,7 @@ mod tests {
             let mut written = serde_json::to_value(config(vocab)).unwrap();
             written[key] = serde_json::Value::from(value);
             std::fs::write(path.join("config.json"), written.to_string()).unwrap();
-            let error = bad_input(&path);
+            let error = load_refused::<Gpt>(&path);
             assert!(
                 error.contains(needle) && error.contains(key),
                 "{key}: {error}"
@@ -498,14 +487,14 @@ mod tests {
                 .status()
                 .unwrap();
             assert!(made.success());
-            let error = bad_input(&path);
+            let error = load_refused::<Gpt>(&path);
             assert!(
                 error.contains(name) && error.contains("is a FIFO"),
                 "{error}"
             );
             std::fs::remove_file(&file).unwrap();
             std::fs::create_dir(&file).unwrap();
-            let error = bad_input(&path);
+            let error = load_refused::<Gpt>(&path);
             assert!(
                 error.contains(name) && error.contains("is a directory"),
                 "{error}"

@@ -65,6 +65,20 @@ pub fn seed(seed: i64) -> crate::generator::Held {
     crate::generator::seeded(seed)
 }
 
+/// The message of loading `dir` as an `M` checkpoint, which must fail as
+/// bad input.
+pub fn load_refused<M: crate::net::PolicyNet>(dir: &std::path::Path) -> String {
+    let error = Checkpoint::<M>::load_kind(dir, tch::Device::Cpu)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        embodyflow_core::Classify::kind(&error),
+        embodyflow_core::ErrorKind::BadInput,
+        "{error}"
+    );
+    error.to_string()
+}
+
 /// The tiny policy with a context of `n_ctx` tokens, weights drawn after
 /// seeding with `SEED` (under [`seed`]'s lock), on the CPU.
 pub fn tiny_policy(n_ctx: i64) -> Checkpoint {

@@ -382,7 +382,8 @@ mod tests {
     use crate::policy::{Entropy, Prompt, Sampling, sample, score_responses};
     use crate::registry::{policy_kind, policy_net};
     use crate::testing::{
-        assert_sampled_are_scored, tiny_image as image, write_tiny_vl_policy as write_model,
+        assert_sampled_are_scored, load_refused, tiny_image as image,
+        write_tiny_vl_policy as write_model,
     };
     use embodyflow_hf::VlModel;
 
@@ -667,19 +668,6 @@ mod tests {
         }
     }
 
-    /// The message of loading `dir` as `M`, which must fail as bad input.
-    fn refused<M: PolicyNet>(dir: &Path) -> String {
-        let error = Checkpoint::<M>::load_kind(dir, tch::Device::Cpu)
-            .err()
-            .expect("refused");
-        assert_eq!(
-            embodyflow_core::Classify::kind(&error),
-            embodyflow_core::ErrorKind::BadInput,
-            "{error}"
-        );
-        error.to_string()
-    }
-
     /// What a directory holds is named: a vision-language model loaded as a
     /// text decoder, an unknown `model_type`, a vision config we cannot
     /// run, a processor of another model.
@@ -687,7 +675,7 @@ mod tests {
     fn bad_vision_language_directories_name_the_file_and_key() {
         let dir = tempfile::tempdir().unwrap();
         write_model(dir.path(), "qwen2_5_vl");
-        let error = refused::<HfNet>(dir.path());
+        let error = load_refused::<HfNet>(dir.path());
         assert!(
             error.contains("config.json")
                 && error.contains(
@@ -712,9 +700,9 @@ mod tests {
         ] {
             assert!(error.contains(needle), "lacks {needle}: {error}");
         }
-        assert!(refused::<VlPolicy>(dir.path()).contains("qwen9_vl"));
+        assert!(load_refused::<VlPolicy>(dir.path()).contains("qwen9_vl"));
         edit("\"depth\":2", "\"depth\":2,\"hidden_act\":\"relu\"");
-        let error = refused::<VlPolicy>(dir.path());
+        let error = load_refused::<VlPolicy>(dir.path());
         assert!(
             error.contains("config.json") && error.contains("vision_config.hidden_act"),
             "{error}"
@@ -735,7 +723,7 @@ mod tests {
             let mut edited: Value = serde_json::from_str(&written_processor).unwrap();
             edited[key] = value.into();
             std::fs::write(&processor, edited.to_string()).unwrap();
-            let error = refused::<VlPolicy>(dir.path());
+            let error = load_refused::<VlPolicy>(dir.path());
             for needle in [PROCESSOR_FILE, &format!("`{key}` is {value}"), model_key] {
                 assert!(error.contains(needle), "{key}: lacks {needle}: {error}");
             }
@@ -754,7 +742,7 @@ mod tests {
         for (token, key) in VISION_TOKENS {
             let renamed = token.replace('|', "!");
             std::fs::write(&tokenizer_file, tokenizer.replace(token, &renamed)).unwrap();
-            let error = refused::<VlPolicy>(dir.path());
+            let error = load_refused::<VlPolicy>(dir.path());
             for needle in ["tokenizer.json", &format!("lacks `{token}`"), key] {
                 assert!(error.contains(needle), "{token}: lacks {needle}: {error}");
             }
@@ -769,7 +757,7 @@ mod tests {
         );
         config["image_token_id"] = video.into();
         std::fs::write(&config_file, config.to_string()).unwrap();
-        let error = refused::<VlPolicy>(dir.path());
+        let error = load_refused::<VlPolicy>(dir.path());
         let needle = format!(
             "holds `<|image_pad|>` as id {image}, but config.json `image_token_id` is {video}"
         );
