@@ -129,9 +129,7 @@ impl<M: PolicyNet> Checkpoint<M> {
             )));
         }
         M::check(config).map_err(ModelError::Tokenizer)?;
-        let _draws = crate::generator::hold();
-        let vars = VarStore::new(device);
-        let model = M::build(&vars.root(), config);
+        let (vars, model) = built(config, device);
         Ok(Checkpoint::fresh(vars, model, tokenizer, special))
     }
 
@@ -366,6 +364,15 @@ impl Checkpoint<Gpt> {
     ) -> Result<Checkpoint, ModelError> {
         Checkpoint::init_kind(config, tokenizer, device)
     }
+}
+
+/// A store on `device` holding a network `M` of `config`, its initial
+/// weights drawn holding libtorch's generator ([`crate::generator`]).
+pub(crate) fn built<M: PolicyNet>(config: &M::Config, device: tch::Device) -> (VarStore, M) {
+    let _draws = crate::generator::hold();
+    let vars = VarStore::new(device);
+    let model = M::build(&vars.root(), config);
+    (vars, model)
 }
 
 pub(crate) fn pretty<T: Serialize>(value: &T) -> String {

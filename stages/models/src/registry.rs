@@ -29,10 +29,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tch::nn::VarStore;
-
 use crate::ModelError;
-use crate::checkpoint::{Checkpoint, CheckpointManifest, FRAME_ENCODER_FILE, MANIFEST_FILE, io};
+use crate::checkpoint::{
+    Checkpoint, CheckpointManifest, FRAME_ENCODER_FILE, MANIFEST_FILE, built, io,
+};
 use crate::frame_encoder::FrameEncoder;
 use crate::gpt::Gpt;
 use crate::net::{
@@ -199,13 +199,8 @@ impl<M: PolicyNet> Checkpoint<M> {
         // The config against the weights' headers, before anything the
         // config sizes is allocated.
         let weights = M::open_weights(dir, &mut config)?;
-        let (mut vars, model) = {
-            // Building draws initial weights that the loaded ones replace.
-            let _draws = crate::generator::hold();
-            let vars = VarStore::new(device);
-            let model = M::build(&vars.root(), &config);
-            (vars, model)
-        };
+        // Building draws initial weights that the loaded ones replace.
+        let (mut vars, model) = built::<M>(&config, device);
         model.load_weights(&mut vars, &weights)?;
         let encoder_path = dir.join(FRAME_ENCODER_FILE);
         let frame_encoder = if encoder_path.is_file() {

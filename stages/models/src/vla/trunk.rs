@@ -46,13 +46,12 @@ use std::path::Path;
 use embodyflow_hf::VlModel;
 use embodyflow_hf::vl::Layout;
 use tch::Device;
-use tch::nn;
 
 use super::config::VlaConfig;
 pub use super::config::{ActionTokens, HfTrunkConfig, bin_of, vocab_id};
 use super::model::Vla;
 use crate::ModelError;
-use crate::checkpoint::{Checkpoint, TOKENIZER_FILE};
+use crate::checkpoint::{Checkpoint, TOKENIZER_FILE, built};
 use network::vlm_special_ids;
 
 pub(super) mod network;
@@ -90,9 +89,7 @@ pub fn init_on_vlm(
     let tokenizer_file = dir.join(TOKENIZER_FILE);
     let tokenizer = crate::tokenizer::load(&tokenizer_file)?;
     let special = vlm_special_ids(&tokenizer_file, &tokenizer, &config)?;
-    let _draws = crate::generator::hold();
-    let vars = nn::VarStore::new(device);
-    let vla = Vla::new(&vars.root(), &config);
+    let (vars, vla) = built::<Vla>(&config, device);
     let pretrained = VlModel::load(dir, device)?;
     let names = pretrained.net().layout().clone();
     let mut ours = vars.variables();
