@@ -7,6 +7,7 @@ mod closed_loop_rollouts;
 mod cluster;
 mod commit;
 mod compute_advantages;
+mod demo;
 mod docs;
 mod examples;
 mod foreign_rollouts;
