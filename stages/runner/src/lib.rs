@@ -24,6 +24,9 @@
 //! tasks = "runs/data/train"
 //! lr = 3e-5
 //!
+//! [renamed]                             # former names: `--set learning_rate=…` exits 2,
+//! learning_rate = "lr"                  # "variable `learning_rate` was renamed `lr`"
+//!
 //! [[step]]                              # setup steps run once, in order
 //! name = "init"
 //! stage = "init-policy"                 # a stage of embodyflow_core::spec::STAGES
@@ -69,7 +72,10 @@
 //! share the submission, the wait and the reports ([`cluster`]).
 //! Templates: `${var}`, `${step}` (an earlier step's output directory; in a
 //! loop step, this iteration's instance), `${iter}`, `${policy}`, `${out}`
-//! (the run directory). An `inputs` entry naming a step that does not run
+//! (the run directory). `${iter}` and `${policy}` (the iteration's policy)
+//! exist in loop steps only: a pipeline without a `[loop]` may declare
+//! variables of those names (an offline pipeline's `policy`, the checkpoint
+//! it starts from), one with a loop may not; `out` is never a variable. An `inputs` entry naming a step that does not run
 //! (its `when` or `every`) is left out; any other field naming one is an
 //! error. Relative paths are relative to the working directory.
 //!

@@ -2,8 +2,9 @@
 //! wrong, and the checks that need nothing but the file and the stages'
 //! declarations ([`embodyflow_core::spec`]): known stages, `shards` only
 //! where a stage shards, `policy` / `teacher` where a stage loads them, known
-//! names in templates, sweep keys that are variables. The format is
-//! described in the crate documentation.
+//! names in templates, sweep keys that are variables, renamed variables
+//! that are refused with their new name. The format is described in the
+//! crate documentation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,12 +19,20 @@ use crate::error::{Result, RunnerError};
 /// Names a template may use besides variables and steps.
 pub const BUILTINS: &[&str] = &["iter", "policy", "out"];
 
+/// The built-ins that exist in loop steps only (the iteration and its
+/// policy): a pipeline without a `[loop]` may declare variables of these
+/// names (an offline pipeline's `policy` is the checkpoint it starts from),
+/// one with a loop may not, so that `${policy}` means one thing in a file.
+pub const LOOP_BUILTINS: &[&str] = &["iter", "policy"];
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
     pipeline: Option<RawMeta>,
     #[serde(default)]
     vars: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    #[serde(default)]
+    renamed: BTreeMap<Spanned<String>, Spanned<String>>,
     #[serde(default)]
     step: Vec<Spanned<RawStep>>,
     #[serde(rename = "loop")]
@@ -255,6 +264,10 @@ pub struct Pipeline {
     pub description: String,
     /// Variables with their default values and lines.
     pub vars: BTreeMap<String, (String, usize)>,
+    /// `[renamed]`: a variable's former name, with the variable it is now
+    /// (`--set`, `--sweep` and templates naming the old one are refused
+    /// with the new name).
+    pub renamed: BTreeMap<String, String>,
     /// Steps run once, in order.
     pub setup: Vec<StepDef>,
     /// The loop, if any.
@@ -326,10 +339,12 @@ impl Source<'_> {
         }
     }
 
-    /// `[vars]`: names that hide no built-in, each a value.
+    /// `[vars]`: names that hide no built-in, each a value (`looped`: the
+    /// file has a `[loop]`, whose steps have `${iter}` and `${policy}`).
     fn vars(
         &self,
         raw: &BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+        looped: bool,
     ) -> Result<BTreeMap<String, (String, usize)>> {
         let mut vars = BTreeMap::new();
         for (key, value) in raw {
@@ -341,10 +356,17 @@ impl Source<'_> {
                     format!("variable name `{name}`: use letters, digits, `_` and `-`"),
                 ));
             }
-            if BUILTINS.contains(&name.as_str()) {
+            let loop_only = LOOP_BUILTINS.contains(&name.as_str());
+            if BUILTINS.contains(&name.as_str()) && (looped || !loop_only) {
                 return Err(self.err(
                     l,
-                    format!("variable `{name}` would hide the built-in `${{{name}}}`"),
+                    if loop_only {
+                        format!(
+                            "variable `{name}` would hide the built-in `${{{name}}}` of the loop's steps (a pipeline without a [loop] may declare it)"
+                        )
+                    } else {
+                        format!("variable `{name}` would hide the built-in `${{{name}}}`")
+                    },
                 ));
             }
             if matches!(value.get_ref(), toml::Value::Table(_)) {
@@ -356,6 +378,39 @@ impl Source<'_> {
             vars.insert(name, (value_text(value.get_ref()), l));
         }
         Ok(vars)
+    }
+
+    /// `[renamed]`: `old = "new"`, each old name no variable and each new
+    /// one a variable of `vars`.
+    fn renamed(
+        &self,
+        raw: &BTreeMap<Spanned<String>, Spanned<String>>,
+        vars: &BTreeMap<String, (String, usize)>,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut renamed = BTreeMap::new();
+        for (old, new) in raw {
+            let l = self.line(old.span());
+            let (old, new) = (old.get_ref(), new.get_ref());
+            if vars.contains_key(old) {
+                return Err(self.err(
+                    l,
+                    format!(
+                        "[renamed] `{old}` is a variable of [vars]: a renamed name is no variable"
+                    ),
+                ));
+            }
+            if !vars.contains_key(new) {
+                return Err(self.err(
+                    l,
+                    format!(
+                        "[renamed] `{old}` = `{new}`: `{new}` is not a variable; variables: {}",
+                        vars.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            renamed.insert(old.clone(), new.clone());
+        }
+        Ok(renamed)
     }
 
     /// A step (`in_loop`: of the loop).
@@ -490,7 +545,8 @@ impl Pipeline {
             let line = e.span().map_or(1, |s| line_of(text, s.start));
             source.err(line, e.message().trim().to_string())
         })?;
-        let vars = source.vars(&raw.vars)?;
+        let vars = source.vars(&raw.vars, raw.looped.is_some())?;
+        let renamed = source.renamed(&raw.renamed, &vars)?;
         let setup = raw
             .step
             .iter()
@@ -541,6 +597,7 @@ impl Pipeline {
             keep_workers,
             description: raw.pipeline.and_then(|m| m.description).unwrap_or_default(),
             vars,
+            renamed,
             setup,
             looped,
             sweep,
@@ -611,6 +668,14 @@ impl Pipeline {
     /// The declared variables, for messages.
     fn var_list(&self) -> String {
         self.vars.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+
+    /// "variable `old` was renamed `new`" when `name` is a former name of a
+    /// variable ([`Pipeline::renamed`]).
+    pub fn was_renamed(&self, name: &str) -> Option<String> {
+        self.renamed
+            .get(name)
+            .map(|new| format!("variable `{name}` was renamed `{new}`"))
     }
 
     /// A step's name: a valid one that is no variable or built-in.
@@ -737,6 +802,14 @@ impl Pipeline {
             ));
         }
         if let Some(when) = &step.when
+            && let Some(renamed) = self.was_renamed(&when.var)
+        {
+            return Err(self.err(
+                when.line,
+                format!("step `{}`: `when`: {renamed}", step.name),
+            ));
+        }
+        if let Some(when) = &step.when
             && !self.vars.contains_key(&when.var)
         {
             return Err(self.err(
@@ -767,6 +840,14 @@ impl Pipeline {
                     || seen.contains(name.as_str())
                     || (in_loop && BUILTINS.contains(&name.as_str()))
                     || name == "out";
+                if let Some(renamed) = self.was_renamed(&name)
+                    && !known
+                {
+                    return Err(self.err(
+                        template.line,
+                        format!("step `{}` field `{field}`: {renamed}", step.name),
+                    ));
+                }
                 if !known {
                     let later = self.step(&name).is_some();
                     return Err(self.err(
@@ -826,6 +907,9 @@ impl Pipeline {
     /// Sweep keys are variables, each with values.
     fn check_sweep(&self) -> Result<()> {
         for axis in &self.sweep {
+            if let Some(renamed) = self.was_renamed(&axis.var) {
+                return Err(self.err(axis.line, format!("sweep key: {renamed}")));
+            }
             if !self.vars.contains_key(&axis.var) {
                 return Err(self.err(
                     axis.line,
@@ -857,6 +941,9 @@ impl Pipeline {
                 .split_once('=')
                 .ok_or_else(|| bad("expected var=value,value,…".into()))?;
             let var = var.trim();
+            if let Some(renamed) = self.was_renamed(var) {
+                return Err(bad(renamed));
+            }
             if !self.vars.contains_key(var) {
                 let declared: Vec<&str> = self.vars.keys().map(String::as_str).collect();
                 return Err(bad(format!(
@@ -1084,6 +1171,69 @@ mode = ["exact", "lcs"]
             );
             assert!(err.contains(needle), "expected `{needle}`: {err}");
         }
+    }
+
+    #[test]
+    fn iter_and_policy_are_variables_only_in_a_pipeline_without_a_loop() {
+        let offline = "[vars]\npolicy = \"ckpt\"\n\n[[step]]\nname = \"adv\"\nstage = \"compute-advantages\"\npolicy = \"${policy}\"\n";
+        assert_eq!(parse(offline).unwrap().vars["policy"].0, "ckpt");
+        for name in ["policy", "iter"] {
+            let err = parse(&GOOD.replace("lr = 3e-5", &format!("{name} = 1")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("p.toml:6:")
+                    && err.contains(&format!("`{name}` would hide the built-in"))
+                    && err.contains("without a [loop]"),
+                "{err}"
+            );
+        }
+        let err = parse(&offline.replace("policy = \"ckpt\"", "out = \"o\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("variable `out` would hide the built-in `${out}`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn renamed_variables_name_their_new_name() {
+        let with = |renamed: &str| {
+            parse(&GOOD.replace(
+                "[[step]]\nname = \"tasks\"",
+                &format!("[renamed]\n{renamed}\n\n[[step]]\nname = \"tasks\""),
+            ))
+        };
+        let p = with("learning_rate = \"lr\"").unwrap();
+        assert_eq!(p.renamed["learning_rate"], "lr");
+        assert_eq!(
+            p.was_renamed("learning_rate").unwrap(),
+            "variable `learning_rate` was renamed `lr`"
+        );
+        assert_eq!(p.was_renamed("lr"), None);
+        for (renamed, needle) in [
+            ("lr = \"mode\"", "`lr` is a variable of [vars]"),
+            ("rate = \"rat\"", "`rat` is not a variable"),
+        ] {
+            let err = with(renamed).unwrap_err().to_string();
+            assert!(
+                err.starts_with("p.toml:10:") && err.contains(needle),
+                "{err}"
+            );
+        }
+        // The file itself naming the old name is told the new one.
+        let err = parse(
+            &GOOD
+                .replace(
+                    "[[step]]\nname = \"tasks\"",
+                    "[renamed]\nrate = \"lr\"\n\n[[step]]\nname = \"tasks\"",
+                )
+                .replace("\"${lr}\"", "\"${rate}\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("variable `rate` was renamed `lr`"), "{err}");
     }
 
     #[test]

@@ -190,6 +190,9 @@ impl Overrides {
                     "`{key}` is swept (each cell sets it): give its values with --sweep {key}=a,b"
                 )));
             }
+            if let Some(renamed) = pipeline.was_renamed(key) {
+                return Err(bad(renamed));
+            }
             if pipeline.vars.contains_key(key) {
                 overrides.vars.push((key.to_string(), value.to_string()));
             } else if let Some((step, rest)) = key.split_once('.')
@@ -989,6 +992,44 @@ estimator = ["grpo", "grpo_step"]
             adv.stage_args().contains(&"step.omega=1.0".to_string()),
             "{:?}",
             adv.stage_args()
+        );
+    }
+
+    #[test]
+    fn a_renamed_variable_is_refused_with_its_new_name() {
+        let text = SWEEP.replace(
+            "[[step]]\nname = \"collect\"",
+            "[renamed]\ntask_dir = \"tasks\"\n\n[[step]]\nname = \"collect\"",
+        );
+        plan(&text, &["tasks=data/pool"]).unwrap();
+        let error = plan_err(&text, &["task_dir=data/pool"]);
+        assert!(
+            error.contains("--set `task_dir=data/pool`: variable `task_dir` was renamed `tasks`"),
+            "{error}"
+        );
+        let mut p = Pipeline::parse(Path::new("p.toml"), &text).unwrap();
+        let error = p
+            .sweep_from_command_line(&["task_dir=a,b".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("variable `task_dir` was renamed `tasks`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_pipeline_without_a_loop_may_name_a_variable_policy() {
+        let text = SWEEP
+            .replace("policy = \"ckpt\"", "policy = \"${policy}\"")
+            .replace("[vars]\n", "[vars]\npolicy = \"ckpt\"\n");
+        let plan = plan(&text, &["policy=runs/sft/policy"]).unwrap();
+        assert_eq!(
+            plan.instances[0].external,
+            [
+                PathBuf::from("data/train"),
+                PathBuf::from("runs/sft/policy")
+            ]
         );
     }
 
