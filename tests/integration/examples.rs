@@ -355,7 +355,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
     // A changed variable reruns what depends on it, and only that.
     let policy = sh_ok(
         root,
-        &format!("{} POLICY=runs/generalist/policy", docs_make[0]),
+        &format!("{} policy=runs/generalist/policy", docs_make[0]),
     );
     assert_eq!(invoked(&policy), ["compute-advantages"], "{policy}");
     assert!(policy.stdout.contains("--policy runs/generalist/policy"));
@@ -375,7 +375,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
                 "one row per cell: {ablation}"
             );
         } else {
-            let want = if command.contains("REWARD=verify") {
+            let want = if command.contains("reward=verify") {
                 "verify"
             } else {
                 "embodied_r1"
@@ -475,6 +475,60 @@ fn every_documented_make_just_and_pipeline_command_runs() {
         let result = sh_ok(root, &command);
         assert!(result.stdout.contains("dry run:"), "`{command}`\n{result}");
     }
+}
+
+/// The Makefile's former variable names, given on the command line, stop
+/// make before it runs anything, naming the new (lowercase) name; the same
+/// word from the environment (`OUT` set for something else) is left alone.
+#[test]
+fn the_makefile_refuses_its_former_variable_names() {
+    for (old, new) in [
+        ("BIN", "bin"),
+        ("ROLLOUTS", "rollouts"),
+        ("DATA", "tasks"),
+        ("OUT", "out"),
+        ("REWARD", "reward"),
+        ("MATCH", "match"),
+        ("POLICY", "policy"),
+        ("VAL", "val"),
+    ] {
+        let result = sh(&repo(), &format!("make -f pipelines/Makefile -n {old}=x"));
+        assert_eq!(result.code, 2, "{old}: {result}");
+        assert!(
+            result
+                .stderr
+                .contains(&format!("variable `{old}` was renamed `{new}`")),
+            "{old}: {result}"
+        );
+        assert!(invoked(&result).is_empty(), "{old}: {result}");
+    }
+    let from_env = sh(
+        &repo(),
+        "OUT=/elsewhere make -f pipelines/Makefile -n FORCE",
+    );
+    assert_eq!(from_env.code, 0, "{from_env}");
+}
+
+/// The justfile's former `data` (a folder holding train/ and val/) stops
+/// just before any recipe runs, naming the two variables that replace it.
+#[test]
+fn the_justfile_refuses_its_former_variable_name() {
+    if sh(&repo(), "command -v just").code != 0 {
+        eprintln!("note: just is not installed (scripts/setup puts it in .venv/bin): not run");
+        return;
+    }
+    let result = sh(
+        &repo(),
+        "just -f pipelines/justfile data=runs/demo/rl-data iteration",
+    );
+    assert_ne!(result.code, 0, "{result}");
+    assert!(
+        result.stderr.contains(
+            "variable `data` was replaced by `tasks` and `val`: tasks=runs/demo/rl-data/train val=runs/demo/rl-data/val"
+        ),
+        "{result}"
+    );
+    assert!(invoked(&result).is_empty(), "{result}");
 }
 
 #[test]

@@ -26,11 +26,11 @@ fn shipped(name: &str) -> PathBuf {
 
 /// The household-grpo pipeline at test scale (tiny model, few tasks).
 const TINY: &[&str] = &[
-    "train_count=14",
-    "val_count=4",
+    "train_tasks=14",
+    "val_tasks=4",
     "sft_epochs=2",
     "iterations=2",
-    "tasks=4",
+    "draws=4",
     "group=3",
     "init.model.n_embd=32",
     "init.model.n_layer=1",
@@ -1025,30 +1025,20 @@ fn refused_dry_run(file: &Path, out: &Path, set: &str) -> Run {
     result
 }
 
-/// The tabletop-grpo pipeline at test scale (a tiny VLA, few tasks).
+/// The tabletop pipelines at test scale (a tiny VLA, few tasks): under
+/// LIBERO's protocol, 2 tasks at 2 train and 1 val initial states.
 const TINY_TABLETOP: &[&str] = &[
     "pretrain_count=4",
     "pretrain_epochs=2",
-    "train_count=4",
-    "val_count=2",
+    "suite_tasks=2",
+    "train_states=2",
+    "val_states=1",
     "sft_epochs=2",
     "iterations=2",
-    "tasks=2",
+    "draws=2",
     "group=2",
     "eval_runs=1",
 ];
-
-/// [`TINY_TABLETOP`] under LIBERO's protocol: 2 tasks at 2 train and 1
-/// val initial states instead of counts of layouts.
-fn tiny_initial_states() -> Vec<&'static str> {
-    let mut vars: Vec<&str> = TINY_TABLETOP
-        .iter()
-        .copied()
-        .filter(|v| !v.starts_with("train_count=") && !v.starts_with("val_count="))
-        .collect();
-    vars.extend(["task_count=2", "train_states=2", "val_states=1"]);
-    vars
-}
 
 /// Runs a shipped tabletop pipeline at [`TINY_TABLETOP`] scale with the
 /// tiny VLA's keys (and `extra` keys) on its init step; returns the
@@ -1098,23 +1088,77 @@ fn run_tiny_tabletop(
 #[test]
 fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
-    // Under LIBERO's protocol: 2 tasks at 2 train and 1 val initial states.
-    let mut vars: Vec<&str> = TINY_TABLETOP
-        .iter()
-        .copied()
-        .filter(|v| !v.starts_with("train_count=") && !v.starts_with("val_count="))
-        .collect();
-    vars.extend([
-        "task_count=2",
-        "train_states=2",
-        "val_states=1",
-        "extra_draws=2",
-    ]);
+    let mut vars = TINY_TABLETOP.to_vec();
+    vars.push("extra_draws=2");
     let (_, _, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[]);
     // A rerun finds every step cached.
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let again = ok(&refs);
     assert!(again.values().all(|s| s == "cached"), "{again:?}");
+}
+
+/// A shipped pipeline's former variable names (its `[renamed]` table) are
+/// refused, with `--set` and with `--sweep`, naming the new name, before
+/// anything runs.
+#[test]
+fn renamed_variables_are_refused_with_their_new_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    for (file, set, new) in [
+        ("household-grpo.toml", "train_count=16", "train_tasks"),
+        ("household-grpo.toml", "val_count=8", "val_tasks"),
+        ("household-grpo.toml", "tasks=8", "draws"),
+        ("textkeyroom-grpo.toml", "train_count=16", "train_tasks"),
+        ("tabletop-grpo.toml", "task_count=2", "suite_tasks"),
+        ("libero-spatial-grpo.toml", "tasks=2", "draws"),
+        (
+            "ablation-rule-vs-proxy.toml",
+            "checkpoint=runs/demo/sft/policy",
+            "policy",
+        ),
+    ] {
+        let old = set.split_once('=').unwrap().0;
+        let message = format!("variable `{old}` was renamed `{new}`");
+        let result = refused_dry_run(&shipped(file), &out, set);
+        assert!(
+            result.stderr.contains(&format!("--set `{set}`: {message}")),
+            "{file} {set}: {result}"
+        );
+        let sweep = run(
+            "pipeline",
+            &[
+                "run",
+                s(&shipped(file)),
+                "--out",
+                s(&out),
+                "--dry-run",
+                "--sweep",
+                &format!("{old}=1,2"),
+            ],
+        );
+        assert_eq!(sweep.code, 2, "{sweep}");
+        assert!(sweep.stderr.contains(&message), "{file} {old}: {sweep}");
+        assert!(!out.exists(), "{file} {set}: {result}");
+    }
+    // The new names plan, and the ablation's `policy` (it has no loop) is
+    // the checkpoint its steps load.
+    let file = shipped("ablation-rule-vs-proxy.toml");
+    let mut args = vec!["run", s(&file), "--out", s(&out), "--dry-run"];
+    let sets: Vec<String> = ["rollouts", "tasks", "val", "policy"]
+        .iter()
+        .map(|var| {
+            let path = dir.path().join(var);
+            std::fs::create_dir_all(&path).unwrap();
+            format!("{var}={}", path.display())
+        })
+        .collect();
+    for set in &sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    let ablation = run("pipeline", &args);
+    assert_eq!(ablation.code, 0, "{ablation}");
+    let policy = format!("--policy {}", dir.path().join("policy").display());
+    assert!(ablation.stdout.contains(&policy), "{ablation}");
 }
 
 /// LaST-R1's pipeline at tiny scale: a thinking VLA's warm-up, rollouts
@@ -1128,7 +1172,7 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
     let (first, out, args) = run_tiny_tabletop(
         dir.path(),
         "tabletop-lapo.toml",
-        &tiny_initial_states(),
+        TINY_TABLETOP,
         &["vla.latent_length=4", "vla.latent_group=2"],
     );
     assert_eq!(
