@@ -24,6 +24,7 @@ mod libero_demos;
 mod libero_tasks;
 mod progress_logs;
 mod ray;
+mod run_dir;
 mod runner;
 mod score_rewards;
 mod sharding;

@@ -159,7 +159,7 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked>
     }) {
         return Err(first);
     }
-    if !dry_run && std::fs::create_dir_all(crate::cache::runner_dir(&plan.out)).is_ok() {
+    if !dry_run && crate::exec::private_runner_dir(&plan.out).is_ok() {
         let _ = std::fs::write(
             &memo_path,
             serde_json::to_string(&memo).expect("serialises"),

@@ -88,6 +88,17 @@ pub enum RunnerError {
         /// Seconds waited.
         waited_s: f64,
     },
+    /// The runner's own directory of a run directory, or its lock, is not
+    /// the running user's alone: other users could take or hold the lock.
+    #[error(
+        "{path} {problem}: the runner's directory and its lock must belong to the user running it, and no other user may write the directory or read the lock"
+    )]
+    UnsafeRunDir {
+        /// `OUT/_runner` or `OUT/_runner/lock`.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// Bad command-line usage.
     #[error("{0}")]
     Usage(String),
@@ -162,6 +173,7 @@ impl Classify for RunnerError {
             | RunnerError::MissingBinary { .. }
             | RunnerError::Locked { .. }
             | RunnerError::Leftovers { .. }
+            | RunnerError::UnsafeRunDir { .. }
             | RunnerError::Usage(_)
             | RunnerError::Backend(_) => ErrorKind::BadInput,
         }

@@ -10,7 +10,10 @@
 //! gone, `kill -9` included. The run directory's lock (`Lock`) is an
 //! `flock` that every stage process inherits, so a resumed run starts only
 //! once the killed run's processes have all exited and none of them can
-//! write into a step directory the new run is filling.
+//! write into a step directory the new run is filling. The lock lies in
+//! `OUT/_runner`, which belongs to the user running the runner alone (made
+//! 0700, its lock 0600; see `private_runner_dir`), so another user beside
+//! the run directory can neither take the lock nor hold it open.
 //!
 //! Every process computes with the thread count its step declares
 //! (`cpus`, one by default; the stage's `threads` key when set), whatever
@@ -38,7 +41,7 @@
 //! ([`local_device`]); a CPU process keeps the runner's environment.
 
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -149,15 +152,8 @@ impl Lock {
     pub(crate) fn take(out: &Path, wait: Duration) -> Result<Lock> {
         use rustix::fs::{FlockOperation, flock};
         let dir = runner_dir(out);
-        std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(&dir, e))?;
         let path = dir.join("lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| RunnerError::io(&path, e))?;
+        let mut file = private_lock_file(&private_runner_dir(out)?, &path)?;
         let started = Instant::now();
         loop {
             match flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -196,6 +192,103 @@ impl Lock {
         rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
             .map_err(|e| RunnerError::io(&path, e.into()))?;
         Ok(Lock { _file: file })
+    }
+}
+
+/// Opens `OUT/_runner`, the runner's own directory, for the user running
+/// it alone: where it is new it is created (exclusively) with mode 0700;
+/// where it exists it must be a directory (not a symbolic link) of this
+/// user that neither group nor others may write into. Otherwise another
+/// user could put their own lock there, or open it and so block every run
+/// on the directory.
+pub(crate) fn private_runner_dir(out: &Path) -> Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{CWD, FileType, Mode, OFlags, fchmod, fstat, mkdirat, openat};
+    let dir = runner_dir(out);
+    std::fs::create_dir_all(out).map_err(|e| RunnerError::io(out, e))?;
+    let created = match mkdirat(CWD, &dir, Mode::RWXU) {
+        Ok(()) => true,
+        Err(rustix::io::Errno::EXIST) => false,
+        Err(e) => return Err(RunnerError::io(&dir, e.into())),
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match openat(CWD, &dir, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            let what = match std::fs::symlink_metadata(&dir) {
+                Ok(m) if m.file_type().is_symlink() => "is a symbolic link",
+                _ => "is not a directory",
+            };
+            return Err(unsafe_path(&dir, what.into()));
+        }
+        Err(e) => return Err(RunnerError::io(&dir, e.into())),
+    };
+    if created {
+        // Exactly 0700, whatever the umask took away.
+        fchmod(&fd, Mode::RWXU).map_err(|e| RunnerError::io(&dir, e.into()))?;
+    }
+    let stat = fstat(&fd).map_err(|e| RunnerError::io(&dir, e.into()))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return Err(unsafe_path(&dir, "is not a directory".into()));
+    }
+    owned_by_this_user(&dir, stat.st_uid)?;
+    let mode = stat.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(unsafe_path(
+            &dir,
+            format!(
+                "is writable by {} (mode {mode:04o}); `chmod 700` it",
+                if mode & 0o002 != 0 {
+                    "all users"
+                } else {
+                    "its group"
+                }
+            ),
+        ));
+    }
+    Ok(fd)
+}
+
+/// Opens (creating it with mode 0600) the lock file in the runner's
+/// directory `dir`, refusing a symbolic link or a file of another user; a
+/// lock of this user that others may read (0644, as runners made it
+/// before) is made 0600, since `flock` needs only a read descriptor.
+fn private_lock_file(dir: &std::os::fd::OwnedFd, path: &Path) -> Result<File> {
+    use rustix::fs::{FileType, Mode, OFlags, fchmod, fstat, openat};
+    let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match openat(dir, "lock", flags, Mode::RUSR | Mode::WUSR) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP) => {
+            return Err(unsafe_path(path, "is a symbolic link".into()));
+        }
+        Err(e) => return Err(RunnerError::io(path, e.into())),
+    };
+    let stat = fstat(&fd).map_err(|e| RunnerError::io(path, e.into()))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(unsafe_path(path, "is not a regular file".into()));
+    }
+    owned_by_this_user(path, stat.st_uid)?;
+    if stat.st_mode & 0o7777 != 0o600 {
+        fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(|e| RunnerError::io(path, e.into()))?;
+    }
+    Ok(File::from(fd))
+}
+
+fn owned_by_this_user(path: &Path, uid: u32) -> Result<()> {
+    let me = rustix::process::geteuid().as_raw();
+    if uid == me {
+        Ok(())
+    } else {
+        Err(unsafe_path(
+            path,
+            format!("is owned by uid {uid}, not by this user (uid {me})"),
+        ))
+    }
+}
+
+fn unsafe_path(path: &Path, problem: String) -> RunnerError {
+    RunnerError::UnsafeRunDir {
+        path: path.to_path_buf(),
+        problem,
     }
 }
 
@@ -870,6 +963,108 @@ mod tests {
         let _lock = Lock::take(out, wait).unwrap();
         let text = std::fs::read_to_string(runner_dir(out).join("lock")).unwrap();
         assert_eq!(text, std::process::id().to_string());
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    /// The lock file as `Lock::take` opens it, without taking it: a lock
+    /// taken here would be inherited by the processes other tests start.
+    fn open_lock(out: &Path) -> Result<File> {
+        private_lock_file(&private_runner_dir(out)?, &runner_dir(out).join("lock"))
+    }
+
+    fn refusal(out: &Path) -> String {
+        use embodyflow_core::Classify as _;
+        let err = open_lock(out).err().expect("refused");
+        assert!(matches!(err, RunnerError::UnsafeRunDir { .. }), "{err}");
+        assert_eq!(err.kind(), embodyflow_core::ErrorKind::BadInput, "{err}");
+        err.to_string()
+    }
+
+    #[test]
+    fn the_runner_directory_and_its_lock_are_the_users_alone() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run");
+        let runner = runner_dir(&out);
+        let lock = runner.join("lock");
+        open_lock(&out).unwrap();
+        assert_eq!(mode(&runner), 0o700);
+        assert_eq!(mode(&lock), 0o600);
+
+        // A lock others may read (as runners made it before) is made 0600.
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o644)).unwrap();
+        open_lock(&out).unwrap();
+        assert_eq!(mode(&lock), 0o600);
+        // A `_runner` of this user that others may only read is kept.
+        std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
+        open_lock(&out).unwrap();
+
+        // Writable by others: refused, naming the directory and the mode.
+        for (bits, whom) in [(0o777, "all users"), (0o770, "its group")] {
+            std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(bits)).unwrap();
+            let message = refusal(&out);
+            assert!(
+                message.contains(&format!(
+                    "{} is writable by {whom} (mode 0{bits:o})",
+                    runner.display()
+                )),
+                "{message}"
+            );
+        }
+        std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        // A lock that is a symbolic link is not followed.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, "").unwrap();
+        std::fs::remove_file(&lock).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &lock).unwrap();
+        let message = refusal(&out);
+        assert!(
+            message.contains(&format!("{} is a symbolic link", lock.display())),
+            "{message}"
+        );
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "");
+        std::fs::remove_file(&lock).unwrap();
+
+        // Nor is a `_runner` that is one.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let linked = dir.path().join("linked");
+        std::fs::create_dir(&linked).unwrap();
+        std::os::unix::fs::symlink(&other, runner_dir(&linked)).unwrap();
+        let message = refusal(&linked);
+        assert!(message.contains("_runner is a symbolic link"), "{message}");
+        assert!(!other.join("lock").exists());
+
+        // Another user's directory or lock (only root can make them here).
+        if rustix::process::geteuid().is_root() {
+            let nobody = Some(65534);
+            std::os::unix::fs::chown(&runner, nobody, nobody).unwrap();
+            let message = refusal(&out);
+            assert!(
+                message.contains(&format!(
+                    "{} is owned by uid 65534, not by this user (uid 0)",
+                    runner.display()
+                )),
+                "{message}"
+            );
+            std::os::unix::fs::chown(&runner, Some(0), Some(0)).unwrap();
+            open_lock(&out).unwrap();
+            std::os::unix::fs::chown(&lock, nobody, nobody).unwrap();
+            let message = refusal(&out);
+            assert!(
+                message.contains(&format!("{} is owned by uid 65534", lock.display())),
+                "{message}"
+            );
+        }
     }
 
     #[test]
