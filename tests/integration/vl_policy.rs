@@ -645,3 +645,74 @@ fn a_vision_language_teacher_scores_a_text_policys_rollouts_on_the_scene_image()
         row.teacher_logp
     );
 }
+
+/// A `config.json` whose vision sizes were forged (10^9 blocks, a width of
+/// 2^40) is refused when the policy loads, at once and before anything is
+/// allocated: collect-rollouts exits 2 naming the file, the key and the
+/// bound, writing nothing.
+#[test]
+fn forged_vision_sizes_exit_2_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let tasks = root.join("tasks");
+    ok(
+        "generate-tasks",
+        &[
+            "--out",
+            s(&tasks),
+            "--seed",
+            "1",
+            "--set",
+            "count=2",
+            "--set",
+            &format!("image_size={IMAGE_SIZE}"),
+        ],
+    );
+    for (key, value, bound) in [
+        ("depth", "1000000000", "1024"),
+        ("hidden_size", "1099511627776", "1048576"),
+    ] {
+        let model = root.join(format!("qwen-vl-{key}"));
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(
+            model.join("config.json"),
+            format!(
+                r#"{{"model_type": "qwen2_5_vl", "vocab_size": 200, "hidden_size": 48,
+                "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "rope_scaling": {{"type": "mrope", "mrope_section": [2, 2, 2]}},
+                "vision_config": {{"depth": 2, "hidden_size": 32, "num_heads": 2,
+                  "patch_size": 4, "out_hidden_size": 48, "{key}": {value}}},
+                "image_token_id": 192, "video_token_id": 193,
+                "vision_start_token_id": 190, "vision_end_token_id": 191}}"#
+            ),
+        )
+        .unwrap();
+        let out = root.join(format!("out-{key}"));
+        let started = std::time::Instant::now();
+        let result = run(
+            "collect-rollouts",
+            &[
+                "--policy",
+                s(&model),
+                "--input",
+                s(&tasks),
+                "--out",
+                s(&out),
+            ],
+        );
+        assert_eq!(result.code, 2, "{key}: {result}");
+        for needle in [
+            "config.json".to_string(),
+            format!("`vision_config.{key}` is {value}"),
+            format!("<= {bound}"),
+        ] {
+            assert!(result.stderr.contains(&needle), "{key}: {needle}: {result}");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{key}: took {:?}",
+            started.elapsed()
+        );
+        assert!(!out.exists(), "{key}: nothing written");
+    }
+}

@@ -464,6 +464,33 @@ fn text_config(
     Ok((text, section))
 }
 
+/// The most blocks a vision encoder may have (Qwen2.5-VL has 32,
+/// Qwen3-VL 27), which also bounds its lists of block indexes.
+pub const MAX_DEPTH: i64 = 1024;
+/// The most a vision width (`hidden_size`, `intermediate_size`,
+/// `out_hidden_size`) or the learned position grid may be: 2^20.
+pub const MAX_WIDTH: i64 = 1 << 20;
+
+/// The largest value `vision_config.<key>` may take. Every size is bounded
+/// before anything is allocated: a forged `depth` of 10^9 is refused here
+/// instead of listing 10^9 blocks' tensors, and the products the tensor
+/// shapes take (`hidden_size` × `spatial_merge_size`^2, squared; channels
+/// × temporal × patch^2 × `hidden_size`) stay far inside an `i64`.
+fn bound(key: &str) -> i64 {
+    match key {
+        "depth" => MAX_DEPTH,
+        "hidden_size" | "intermediate_size" | "out_hidden_size" | "num_position_embeddings" => {
+            MAX_WIDTH
+        }
+        "num_heads" => 1 << 16,
+        "in_channels" | "temporal_patch_size" => 64,
+        "patch_size" => 1024,
+        "spatial_merge_size" => 16,
+        "window_size" => 1 << 16,
+        _ => unreachable!("no bound for vision_config.{key}"),
+    }
+}
+
 /// The vision encoder's config from the `vision_config` object.
 fn vision_config(
     family: VlFamily,
@@ -475,11 +502,12 @@ fn vision_config(
         reason,
     };
     let int = |key: &str, default: i64| -> Result<i64, HfError> {
+        let bound = bound(key);
         match map.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_i64().filter(|&n| n > 0).ok_or_else(|| {
+            Some(v) => v.as_i64().filter(|&n| n > 0 && n <= bound).ok_or_else(|| {
                 bad(format!(
-                    "`vision_config.{key}` is {v}, expected an integer > 0"
+                    "`vision_config.{key}` is {v}, expected an integer > 0 and <= {bound}"
                 ))
             }),
         }
@@ -487,6 +515,10 @@ fn vision_config(
     let list = |key: &str, default: &[i64]| -> Result<Vec<i64>, HfError> {
         match map.get(key) {
             None | Some(Value::Null) => Ok(default.to_vec()),
+            Some(Value::Array(a)) if a.len() as u64 > MAX_DEPTH as u64 => Err(bad(format!(
+                "`vision_config.{key}` lists {} blocks, expected at most {MAX_DEPTH}",
+                a.len()
+            ))),
             Some(v) => v
                 .as_array()
                 .and_then(|a| a.iter().map(Value::as_i64).collect())
@@ -530,9 +562,17 @@ fn vision_config(
                     });
                 }
             }
-            p.get("rope_theta")
-                .and_then(Value::as_f64)
-                .unwrap_or(10_000.0)
+            match p.get("rope_theta") {
+                None | Some(Value::Null) => 10_000.0,
+                Some(v) => v
+                    .as_f64()
+                    .filter(|t| t.is_finite() && *t > 0.0)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`vision_config.rope_parameters.rope_theta` is {v}, expected a finite number > 0"
+                        ))
+                    })?,
+            }
         }
         _ => 10_000.0,
     };
@@ -592,4 +632,136 @@ fn vision_config(
         )));
     }
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small Qwen2.5-VL config with `vision` spliced into its
+    /// `vision_config` and `out_hidden_size` = the text width.
+    fn config(family: &str, vision: &str) -> String {
+        let text = if family == "qwen3_vl" {
+            r#""head_dim": 16, "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2]}"#
+        } else {
+            r#""rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 2]}"#
+        };
+        format!(
+            r#"{{"model_type": "{family}",
+            "text_config": {{"vocab_size": 200, "hidden_size": 48, "intermediate_size": 96,
+              "num_hidden_layers": 2, "num_attention_heads": 4, {text}}},
+            "vision_config": {{"depth": 2, "hidden_size": 32, "intermediate_size": 48,
+              "num_heads": 2, "patch_size": 4, "window_size": 16, "out_hidden_size": 48,
+              "fullatt_block_indexes": [1], "deepstack_visual_indexes": [0, 1],
+              "num_position_embeddings": 16 {vision}}},
+            "image_token_id": 192, "video_token_id": 193, "vision_start_token_id": 190,
+            "vision_end_token_id": 191}}"#
+        )
+    }
+
+    fn refused(family: &str, vision: &str) -> String {
+        let text = config(family, vision);
+        match VlConfig::parse(&text, Path::new("m/config.json")) {
+            Ok(_) => panic!("{vision} was accepted"),
+            Err(e) => {
+                assert!(matches!(e, HfError::BadConfig { .. }), "{e}");
+                e.to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn forged_vision_sizes_are_refused_before_anything_is_allocated() {
+        for family in VlFamily::NAMES {
+            VlConfig::parse(&config(family, ""), Path::new("m/config.json")).unwrap();
+        }
+        let started = std::time::Instant::now();
+        for (family, key, value, bound) in [
+            ("qwen2_5_vl", "depth", "1000000000", "1024"),
+            ("qwen3_vl", "depth", "1000000000", "1024"),
+            ("qwen2_5_vl", "hidden_size", "4294967296", "1048576"),
+            (
+                "qwen2_5_vl",
+                "intermediate_size",
+                "1099511627776",
+                "1048576",
+            ),
+            (
+                "qwen2_5_vl",
+                "out_hidden_size",
+                "9223372036854775807",
+                "1048576",
+            ),
+            ("qwen2_5_vl", "num_heads", "1000000000", "65536"),
+            ("qwen2_5_vl", "in_channels", "100000", "64"),
+            ("qwen2_5_vl", "patch_size", "3037000500", "1024"),
+            ("qwen2_5_vl", "temporal_patch_size", "1000000", "64"),
+            ("qwen2_5_vl", "spatial_merge_size", "65536", "16"),
+            ("qwen2_5_vl", "window_size", "1000000000", "65536"),
+            (
+                "qwen3_vl",
+                "num_position_embeddings",
+                "1000000000000",
+                "1048576",
+            ),
+        ] {
+            let err = refused(family, &format!(r#", "{key}": {value}"#));
+            assert!(
+                err.contains("m/config.json")
+                    && err.contains(&format!("`vision_config.{key}` is {value}"))
+                    && err.contains(&format!("<= {bound}")),
+                "{family} {key}: {err}"
+            );
+        }
+        // Block indexes: in range, and no longer a list than the bound.
+        let err = refused("qwen3_vl", r#", "deepstack_visual_indexes": [0, 2]"#);
+        assert!(
+            err.contains("`vision_config.deepstack_visual_indexes` holds 2"),
+            "{err}"
+        );
+        let many = vec!["1"; 2000].join(", ");
+        let err = refused(
+            "qwen2_5_vl",
+            &format!(r#", "fullatt_block_indexes": [{many}]"#),
+        );
+        assert!(
+            err.contains(
+                "`vision_config.fullatt_block_indexes` lists 2000 blocks, expected at most 1024"
+            ),
+            "{err}"
+        );
+        let err = refused(
+            "qwen3_vl",
+            r#", "rope_parameters": {"rope_type": "default", "rope_theta": -1.0}"#,
+        );
+        assert!(err.contains("rope_theta` is -1.0"), "{err}");
+        assert!(
+            started.elapsed().as_secs_f64() < 5.0,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// The largest config the bounds allow lists its tensors without an
+    /// overflowing shape.
+    #[test]
+    fn the_bounds_keep_every_shape_inside_an_i64() {
+        for family in VlFamily::NAMES {
+            let text = config(
+                family,
+                r#", "hidden_size": 1048576, "num_heads": 65536, "spatial_merge_size": 16,
+                "in_channels": 64, "temporal_patch_size": 64, "patch_size": 1024,
+                "window_size": 65536, "num_position_embeddings": 1048576,
+                "intermediate_size": 1048576"#,
+            );
+            let config = VlConfig::parse(&text, Path::new("m/config.json")).unwrap();
+            for expected in config.vision_tensors("visual") {
+                let numel = expected
+                    .shape
+                    .iter()
+                    .try_fold(1i64, |n, &d| n.checked_mul(d));
+                assert!(numel.is_some(), "{expected:?}");
+            }
+        }
+    }
 }
