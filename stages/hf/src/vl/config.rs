@@ -12,7 +12,9 @@
 //! the text-only decoders: `rope_theta` 1e6 (Qwen2.5-VL) or 5e5 (Qwen3-VL),
 //! `rms_norm_eps` 1e-5 (Qwen2.5-VL), `mrope_section` [16, 24, 24] or
 //! [24, 20, 20]; embeddings are tied when the top level or `text_config`
-//! says so.
+//! says so. Every `vision_config` size is bounded ([`MAX_DEPTH`] blocks,
+//! [`MAX_WIDTH`] wide, …) before anything is allocated: a size beyond its
+//! bound is a typed error naming the file, the key and the bound.
 //!
 //! ```no_run
 //! use embodyflow_hf::vl::VlConfig;
