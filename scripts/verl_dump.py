@@ -12,8 +12,8 @@ It exists so that the README's rescoring experiment runs on rollouts a real
 policy wrote rather than on hand-made lines:
 
     .venv/bin/python scripts/verl_dump.py --tasks runs/demo/data/pool/tasks \
-        --trajectories runs/demo/rl/it0/rollouts/trajectories \
-        --rewards runs/demo/rl/it0/rewards/rewards --step 3 --out runs/verl/3.jsonl
+        --trajectories runs/demo/rollouts/trajectories \
+        --rewards runs/demo/offline/rewards-outcome/rewards --step 3 --out runs/verl/3.jsonl
 
 Each argument is one table's directory (its `part-*.parquet` shards).
 """

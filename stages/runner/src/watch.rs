@@ -100,8 +100,10 @@ impl Costs {
     }
 }
 
-/// The last progress line of a stage log: its last non-empty line, read
-/// from its last 4 KiB (`None` when the log is empty or unreadable).
+/// The last progress line of a stage log: its last non-empty line that is
+/// not a row of a Markdown table (the threads table a torch stage prints as
+/// it starts), read from its last 4 KiB (`None` when the log holds no such
+/// line or is unreadable).
 pub fn last_line(log: &Path) -> Option<String> {
     let mut file = std::fs::File::open(log).ok()?;
     let len = file.metadata().ok()?.len();
@@ -112,7 +114,7 @@ pub fn last_line(log: &Path) -> Option<String> {
     text.lines()
         .rev()
         .map(str::trim)
-        .find(|l| !l.is_empty())
+        .find(|l| !l.is_empty() && !l.starts_with('|'))
         .map(|l| l.chars().take(160).collect())
 }
 
@@ -240,6 +242,15 @@ mod tests {
             line,
             "collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s"
         );
+        // A table row printed after it (the threads table) is no progress.
+        std::fs::write(
+            &log,
+            "collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s\n| threads | 2 |\n| omp_wait_policy | passive |\n",
+        )
+        .unwrap();
+        assert_eq!(last_line(&log).unwrap(), line);
+        std::fs::write(&log, "| threads | 2 |\n").unwrap();
+        assert_eq!(last_line(&log), None);
         assert_eq!(
             status_text("it0/collect", "collect-rollouts", Some(&line), Some(185.0)),
             "it0/collect (collect-rollouts) | collecting: 4/16 (25.0 %), 1.0/s, elapsed 4 s, eta 12 s | run eta ~ 3 min 05 s (measured step costs)"
