@@ -264,3 +264,104 @@ fn dynamic_sampling_that_drops_every_draw_warns_with_the_reasons() {
     let trajectories: Vec<TrajectoryRow> = rows(&rollouts, TableName::Trajectories);
     assert!(trajectories.is_empty());
 }
+
+#[test]
+fn a_worker_past_its_start_up_deadline_is_reported_naming_the_key() {
+    // The counter's build sleeps 30 s (LIBERO's scene on a loaded machine)
+    // past a start-up deadline of 1 s: init-policy's hello fails its three
+    // attempts within seconds, naming the key and its value.
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks");
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 1, 6);
+    spec.kwargs = serde_json::json!({"start_delay": 30});
+    write_table(&tasks, &[task_row("counter/0", "train", &spec).unwrap()]);
+    let vla = dir.path().join("vla");
+    let mut args = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
+    args.extend_from_slice(TINY_VLA);
+    args.extend(["--set", "bridge.timeout_s=1"]);
+    args.extend(["--set", "bridge.startup_timeout_s=1"]);
+    let started = std::time::Instant::now();
+    let result = embodyflow_tests::run("init-policy", &args);
+    let took = started.elapsed();
+    // init-policy reports whatever stops its probe as bad input (exit 2).
+    assert_ne!(result.code, 0, "{result}");
+    let text = result.to_string();
+    assert!(
+        text.contains(
+            "did not answer hello (faulty Counter-v0) within 1 s (bridge.startup_timeout_s = 1; raise it on a busy machine), the last of 3 attempts"
+        ),
+        "{text}"
+    );
+    assert!(took < std::time::Duration::from_secs(25), "{took:?}");
+    assert!(!vla.exists(), "nothing written");
+
+    // generate-tasks' workers take the same deadline as gym.startup_timeout_s.
+    let out = dir.path().join("generated");
+    let args = [
+        "--out",
+        s(&out),
+        "--set",
+        "env=gym",
+        "--set",
+        "gym.adapter=faulty",
+        "--set",
+        "gym.env_ids=[\"Counter-v0\"]",
+        "--set",
+        "gym.kwargs={start_delay = 30}",
+        "--set",
+        "gym.timeout_s=1",
+        "--set",
+        "gym.startup_timeout_s=1",
+    ];
+    let result = embodyflow_tests::run("generate-tasks", &args);
+    assert_eq!(result.code, 1, "{result}");
+    assert!(
+        result.to_string().contains(
+            "within 1 s (gym.startup_timeout_s = 1; raise it on a busy machine), the last of 3 attempts"
+        ),
+        "{result}"
+    );
+}
+
+#[test]
+fn a_slow_build_within_the_start_up_deadline_is_no_fault() {
+    // Each build sleeps 3 s, past bridge.timeout_s = 1 but within the
+    // default start-up deadline: the workers say they are building, so
+    // the hellos (the second task's on a worker already up) and the resets
+    // wait for them.
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks");
+    let rows_of: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|goal| {
+            let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 1, 6);
+            spec.kwargs = serde_json::json!({"start_delay": 3, "goal": goal});
+            task_row(&format!("counter/{goal}"), "train", &spec).unwrap()
+        })
+        .collect();
+    write_table(&tasks, &rows_of);
+    let vla = dir.path().join("vla");
+    let mut args = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
+    args.extend_from_slice(TINY_VLA);
+    args.extend(["--set", "bridge.timeout_s=1"]);
+    ok("init-policy", &args);
+    let rollouts = dir.path().join("rollouts");
+    let run = collect(
+        &vla,
+        &tasks,
+        &rollouts,
+        &["group_size=2", "bridge.workers=2", "bridge.timeout_s=1"],
+    );
+    assert_eq!(run.code, 0, "{run}");
+    assert!(
+        run.stdout
+            .contains("worker faults: 0 crashed, 0 hung, 0 malformed"),
+        "{run}"
+    );
+    let trajectories: Vec<TrajectoryRow> = rows(&rollouts, TableName::Trajectories);
+    assert_eq!(trajectories.len(), 4);
+    assert!(
+        trajectories.iter().all(|t| !t.faulted()),
+        "{trajectories:?}"
+    );
+}

@@ -1,9 +1,10 @@
 //! `generate-tasks env=gym protocol=initial-states`: tasks × initial
 //! states as reset seeds from `gym.first_state`, state-major, ids naming the
 //! split and the state (the `faulty` adapter's counter, which any seed
-//! resets); more tasks than env ids refused; and LIBERO's initial state 50
-//! refused naming the task, nothing written (skipped, saying so, without
-//! the LIBERO package).
+//! resets); more tasks than env ids refused; LIBERO's tasks without that
+//! protocol refused by the config check, before any worker starts; and
+//! LIBERO's initial state 50 refused naming the task, nothing written
+//! (skipped, saying so, without the LIBERO package).
 
 use embodyflow_core::schemas::{TableName, TaskRow};
 use embodyflow_tests::run;
@@ -107,4 +108,60 @@ fn an_initial_state_libero_lacks_is_refused_naming_the_task() {
         "{text}"
     );
     assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn libero_tasks_without_the_initial_states_protocol_are_refused_before_any_worker_starts() {
+    // The workers' Python does not exist: a worker started would fail to
+    // spawn with another message, so the refusal proves none was, and the
+    // test runs where LIBERO or its rendering is missing.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tasks");
+    let python = format!("gym.python={}", s(&dir.path().join("no-python")));
+    let args = [
+        "--out",
+        s(&out),
+        "--seed",
+        "1",
+        "--set",
+        "env=gym",
+        "--set",
+        "gym.adapter=libero",
+        "--set",
+        "gym.env_ids=[\"libero_spatial/0\"]",
+        "--set",
+        "count=1",
+        "--set",
+        &python,
+    ];
+    let started = std::time::Instant::now();
+    let result = run("generate-tasks", &args);
+    let took = started.elapsed();
+    assert_eq!(result.code, 2, "{result}");
+    let text = result.to_string();
+    assert!(
+        text.contains("config key `protocol`")
+            && text.contains("protocol = initial-states for gym.adapter = libero")
+            && text.contains("initial-state index (0..49)")
+            && text.contains("found layouts"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bridge's Python"),
+        "no worker started: {text}"
+    );
+    assert!(!out.exists(), "nothing written");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    // With the protocol the same command gets past the check: to the
+    // workers' missing Python.
+    let mut with = args.to_vec();
+    with.extend(["--set", "protocol=initial-states"]);
+    let result = run("generate-tasks", &with);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result
+            .to_string()
+            .contains("cannot start the bridge's Python"),
+        "{result}"
+    );
 }

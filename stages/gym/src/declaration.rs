@@ -20,8 +20,9 @@
 //! `gym.instruction` (for environments that give none, as the generic
 //! adapter's), `gym.success` (the success rule of adapters that take one,
 //! [`SuccessRule`]: the rule in force, the adapter's default when unset, is
-//! written into every spec and named in the summary) and `gym.python` (the
-//! workers' interpreter). Each task's reset seed is a hash of `--seed`, the
+//! written into every spec and named in the summary), `gym.python` (the
+//! workers' interpreter) and `gym.timeout_s` / `gym.startup_timeout_s` (the
+//! workers' deadlines, as `bridge.*`'s in the other stages). Each task's reset seed is a hash of `--seed`, the
 //! split, the env id and the index (so the splits hold disjoint seeds), its
 //! `task_type` is its env id and its instruction is the one the environment
 //! gives at that reset (BabyAI's mission; the bridge resets every task once
@@ -36,7 +37,10 @@
 //! of the same tasks' states (e.g. train 0..40, val 40..50, each table
 //! naming its range), a held-out-tasks table other env ids. An index the
 //! environment lacks is refused when the task is reset (exit 2, naming the
-//! task).
+//! task). An adapter whose reset seed is such an index
+//! ([`INDEXED_ADAPTERS`]: `libero`) is refused under the default protocol
+//! by the config check, before any worker starts (exit 2, naming
+//! `protocol = initial-states`).
 //!
 //! ```
 //! use embodyflow_gym::{GymTask, GymTaskSpec};
@@ -58,14 +62,16 @@ use crate::{
 };
 use embodyflow_core::Error;
 use embodyflow_core::cli::ShardSpec;
-use embodyflow_core::config::{ConfigKeys, at_least, ensure};
+use embodyflow_core::config::{ConfigKeys, at_least, ensure, positive};
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_core::section::SectionConfig;
 use embodyflow_world::ClosedLoopWorld;
 use serde::{Deserialize, Serialize};
 
 use embodyflow_world::demonstrations::{DemoDecision, DemoRequest, Demonstration};
-use embodyflow_world::generator::{Generator, ROOT, Settings, TaskRequest, TaskSink};
+use embodyflow_world::generator::{
+    Generator, LIBERO_STATES, ROOT, Settings, TaskRequest, TaskSink,
+};
 use embodyflow_world::workers::WorkerSettings;
 use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError, specs,
@@ -205,6 +211,7 @@ impl World for Gym {
                 success: demo.success,
                 decisions,
                 step_frames: Vec::new(),
+                failure: demo.failure,
             })?;
         }
         Ok(format!("{ENV_PREFIX}{}", first.adapter))
@@ -240,6 +247,13 @@ pub struct GymKeys {
     /// The gym bridge workers' Python, e.g. a venv with your adapter
     /// packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv).
     pub python: Option<std::path::PathBuf>,
+    /// Seconds a bridge worker may stay silent in a reset before it counts
+    /// as hung, > 0.
+    pub timeout_s: f64,
+    /// Seconds a bridge worker may take to start (its imports) or to build
+    /// an environment (LIBERO: a minute on a loaded machine) before it
+    /// counts as hung, > 0; gym.timeout_s when that is longer.
+    pub startup_timeout_s: f64,
     /// env = gym with protocol = initial-states: the first initial state
     /// (reset seed) of the split's range (default 0).
     pub first_state: u64,
@@ -256,6 +270,8 @@ impl Default for GymKeys {
             instruction: None,
             success: None,
             python: None,
+            timeout_s: 60.0,
+            startup_timeout_s: crate::STARTUP_TIMEOUT.as_secs_f64(),
             first_state: 0,
         }
     }
@@ -271,10 +287,24 @@ pub struct GymTable {
 }
 
 impl SectionConfig<TaskRequest> for GymTable {
-    /// `gym.*` in range whatever the world; under LIBERO's protocol at
-    /// most one task per env id (each task's states are drawn once).
+    /// `gym.*` in range whatever the world; an adapter that resets by
+    /// initial-state index only under LIBERO's protocol, and then at most
+    /// one task per env id (each task's states are drawn once). Checked
+    /// before any worker starts.
     fn check(&self, config: &TaskRequest) -> embodyflow_core::Result<()> {
         let keys = &self.gym;
+        if config.is(NAME) && INDEXED_ADAPTERS.contains(&keys.adapter.as_str()) {
+            ensure(
+                config.initial_states(),
+                "protocol",
+                format!(
+                    "protocol = initial-states for gym.adapter = {}: its reset seed is a task's initial-state index (0..{}), which the default protocol's hashed seeds never are; add --set protocol=initial-states (count tasks of gym.env_ids, states initial states each from gym.first_state)",
+                    keys.adapter,
+                    LIBERO_STATES - 1
+                ),
+                "layouts",
+            )?;
+        }
         if config.is(NAME) && config.initial_states() {
             ensure(
                 config.count <= keys.env_ids.len(),
@@ -288,6 +318,8 @@ impl SectionConfig<TaskRequest> for GymTable {
         }
         at_least("gym.max_steps", keys.max_steps, 1)?;
         at_least("gym.workers", keys.workers, 1)?;
+        positive("gym.timeout_s", keys.timeout_s)?;
+        positive("gym.startup_timeout_s", keys.startup_timeout_s)?;
         ensure(
             keys.kwargs.is_object(),
             "gym.kwargs",
@@ -305,6 +337,12 @@ impl SectionConfig<TaskRequest> for GymTable {
 
 /// Its name in generate-tasks' `env`.
 const NAME: &str = "gym";
+
+/// The adapters whose reset seed is the index of one of a task's fixed
+/// initial states (LIBERO's 50): their tasks are drawn only under `protocol
+/// = initial-states`, since the default protocol's seeds are hashes far
+/// beyond any index.
+pub const INDEXED_ADAPTERS: [&str; 1] = ["libero"];
 
 impl Generator for Gym {
     fn name(&self) -> &'static str {
@@ -421,8 +459,10 @@ fn instructions(
     };
     let bridge = BridgeConfig {
         workers: keys.workers,
+        timeout: Duration::from_secs_f64(keys.timeout_s),
+        startup_timeout: Duration::from_secs_f64(keys.startup_timeout_s),
         python: BridgeConfig::python(keys.python.as_deref()),
-        ..Default::default()
+        keys: Some(NAME.into()),
     };
     let info = bridge::probe(&bridge, &first.spec).map_err(bridge_error)?;
     for task in tasks.iter_mut() {
@@ -452,8 +492,10 @@ fn instructions(
 /// key's meaning (`--help`); a stage holds it as a `#[keys(section)]`
 /// field named `bridge`. A worker past `timeout_s` counts as hung: it is
 /// killed and restarted and its episodes fail with the reason; a starting
-/// worker's first frame may take longer
-/// ([`STARTUP_TIMEOUT`](crate::STARTUP_TIMEOUT)).
+/// worker's first frame and an environment's build may take
+/// `startup_timeout_s` ([`STARTUP_TIMEOUT`](crate::STARTUP_TIMEOUT) by
+/// default: a LIBERO hello takes a minute on a loaded machine). A worker
+/// that misses either deadline is reported naming its key and value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct BridgeKeys {
@@ -462,6 +504,10 @@ pub struct BridgeKeys {
     /// Seconds a gym bridge worker may take per step, or stay silent in a
     /// reset or expert episode, before it counts as hung, > 0.
     pub timeout_s: f64,
+    /// Seconds a gym bridge worker may take to start (its imports) or to
+    /// build an environment (LIBERO: a minute on a loaded machine) before
+    /// it counts as hung, > 0; timeout_s when that is longer.
+    pub startup_timeout_s: f64,
     /// The gym bridge workers' Python, e.g. a venv with your adapter
     /// packages (unset: $EMBODYFLOW_GYM_PYTHON, else .venv).
     pub python: Option<std::path::PathBuf>,
@@ -472,6 +518,7 @@ impl Default for BridgeKeys {
         BridgeKeys {
             workers: 0,
             timeout_s: 60.0,
+            startup_timeout_s: crate::STARTUP_TIMEOUT.as_secs_f64(),
             python: None,
         }
     }
@@ -481,7 +528,11 @@ impl BridgeKeys {
     /// Checks the values (for a stage's `validate`; `prefix` is where the
     /// stage keeps them, `""` for `bridge.*`, `"sft."` for `sft.bridge.*`).
     pub fn validate(&self, prefix: &str) -> embodyflow_core::Result<()> {
-        embodyflow_core::config::positive(&format!("{prefix}bridge.timeout_s"), self.timeout_s)
+        embodyflow_core::config::positive(&format!("{prefix}bridge.timeout_s"), self.timeout_s)?;
+        embodyflow_core::config::positive(
+            &format!("{prefix}bridge.startup_timeout_s"),
+            self.startup_timeout_s,
+        )
     }
 
     /// The bridge's config as the worlds take it (passed on unread by the
@@ -491,7 +542,8 @@ impl BridgeKeys {
     }
 
     /// The bridge's config (the Python of `python`, else
-    /// `EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`).
+    /// `EMBODYFLOW_GYM_PYTHON`, else the workspace's `.venv`), its
+    /// deadlines named as `bridge.*` keys.
     pub fn config(&self) -> BridgeConfig {
         let workers = match self.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -500,8 +552,9 @@ impl BridgeKeys {
         BridgeConfig {
             workers,
             timeout: Duration::from_secs_f64(self.timeout_s),
-            startup_timeout: crate::STARTUP_TIMEOUT,
+            startup_timeout: Duration::from_secs_f64(self.startup_timeout_s),
             python: BridgeConfig::python(self.python.as_deref()),
+            keys: Some("bridge".into()),
         }
     }
 }

@@ -17,7 +17,8 @@
 //! Faults: a worker that crashes, hangs past the timeout or sends a
 //! malformed frame is killed and restarted; each of its live episodes ends
 //! with `ChunkReport { done: true, success: false, failure: Some(reason) }`,
-//! the reason naming the worker, what happened and the decision. An
+//! the reason naming the worker, what happened and the decision (and, for
+//! a hung one, the key of the deadline it missed). An
 //! environment that raises ends only its own episode the same way. Before
 //! the first decision: a worker that dies saying hello or resetting is
 //! restarted and asked again, [`START_ATTEMPTS`] times in all; then the
@@ -404,7 +405,8 @@ impl GymEpisodes {
     /// Resets every episode that started: each worker builds (or reuses)
     /// and resets the environments of its slots, sending progress frames as
     /// it goes. A worker that crashes, stays silent past the timeout (its
-    /// start-up patience before its first frame) or sends a malformed reply
+    /// start-up patience before its first frame and while it builds an
+    /// environment) or sends a malformed reply
     /// is counted, restarted and asked again, [`START_ATTEMPTS`] times in
     /// all; then its episodes fail with the last fault. An episode whose
     /// environment raised fails alone.
@@ -422,8 +424,9 @@ impl GymEpisodes {
                 };
                 self.pool.fault(w, &fault);
                 if attempt == START_ATTEMPTS {
+                    let deadline = crate::missed_deadline(&self.pool.config, &fault);
                     let reason = format!(
-                        "{name} {fault} in reset, the last of {START_ATTEMPTS} attempts; killed and restarted"
+                        "{name} {fault} in reset, the last of {START_ATTEMPTS} attempts{deadline}; killed and restarted"
                     );
                     for &i in &members {
                         self.episodes[i].running = false;
@@ -784,7 +787,9 @@ impl ClosedLoopWorld for GymEpisodes {
                 Ok(Err(fault)) => fault,
                 Err(e) => Fault::Crashed(e.to_string()),
             };
-            let reason = format!("{name} {fault} at decision {decision}; killed and restarted");
+            let deadline = crate::missed_deadline(&self.pool.config, &fault);
+            let reason =
+                format!("{name} {fault} at decision {decision}{deadline}; killed and restarted");
             self.pool.fault(w, &fault);
             self.fail(&members, &reason, &mut reports);
         }

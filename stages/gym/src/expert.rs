@@ -160,7 +160,8 @@ fn parse(
 /// restarted for the next task), as does a worker that keeps dying saying
 /// hello ([`crate::START_ATTEMPTS`]). A worker playing an expert episode
 /// sends progress frames: it is hung after `config.timeout` without any
-/// (`config.startup_timeout` before its first frame).
+/// ([`BridgeConfig::build_patience`] before its first frame and while it
+/// builds an environment).
 pub fn expert_demonstrations(
     config: &BridgeConfig,
     tasks: &[GymTask],
@@ -240,7 +241,9 @@ pub fn expert_demonstrations(
                 Err(fault) => fault,
             };
             pool.fault(w, &fault);
-            let reason = format!("{name} {fault} in the expert episode; killed and restarted");
+            let deadline = crate::missed_deadline(pool.config(), &fault);
+            let reason =
+                format!("{name} {fault} in the expert episode{deadline}; killed and restarted");
             out[t] = Some(failed(task, reason));
         }
     }

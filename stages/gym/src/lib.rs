@@ -474,9 +474,13 @@ pub enum BridgeError {
     },
     /// A worker failed to start (its hello), [`START_ATTEMPTS`] times: a
     /// Python that cannot run the worker module, an environment that kills
-    /// its process while it is built.
+    /// its process while it is built, a start or a build past its deadline
+    /// (named with the key that set it: `worker 0 (pid …) did not answer
+    /// hello (libero libero_spatial/0) within 300 s (bridge.startup_timeout_s
+    /// = 300; raise it on a busy machine)`).
     #[error(
-        "{worker} {fault} during {request}, the last of {START_ATTEMPTS} attempts (python `{python}`; its traceback, if any, is on stderr)"
+        "{worker} {}, the last of {START_ATTEMPTS} attempts (python `{python}`; its traceback, if any, is on stderr)",
+        startup_fault(.fault, .request, .deadline)
     )]
     Startup {
         /// The worker.
@@ -487,6 +491,9 @@ pub enum BridgeError {
         fault: Fault,
         /// The interpreter.
         python: PathBuf,
+        /// What set the deadline a hung worker missed, and what to do
+        /// ([`BridgeConfig::deadline`]).
+        deadline: String,
     },
     /// Tasks or a policy that do not fit together.
     #[error("{0}")]
@@ -499,6 +506,28 @@ pub enum BridgeError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// What a worker that failed to start did during `request`: `did not
+/// answer hello (…) within 300 s (<deadline>)` when it hung, else `<fault>
+/// during hello (…)`.
+fn startup_fault(fault: &Fault, request: &str, deadline: &str) -> String {
+    match fault {
+        Fault::Hung(waited) => format!(
+            "did not answer {request} within {} s ({deadline})",
+            waited.as_secs_f64()
+        ),
+        other => format!("{other} during {request}"),
+    }
+}
+
+/// ` (<what set the deadline>; raise it on a busy machine)` for a worker
+/// that hung (its episodes' failure reasons name the key), else nothing.
+pub(crate) fn missed_deadline(config: &BridgeConfig, fault: &Fault) -> String {
+    match fault {
+        Fault::Hung(waited) => format!(" ({})", config.deadline(*waited)),
+        _ => String::new(),
+    }
 }
 
 impl Classify for BridgeError {
@@ -533,9 +562,12 @@ pub(crate) fn spawn(
 }
 
 /// What `spec`'s environment looks like, asked of the pool's worker `w`
-/// (`hello`): a worker that crashes, hangs or sends a malformed reply is
-/// restarted and asked again, [`START_ATTEMPTS`] times in all
-/// ([`BridgeError::Startup`] then); a refusal is the worker's answer.
+/// (`hello`, which builds the environment: the worker may stay silent for
+/// the start-up patience, [`BridgeConfig::build_patience`]): a worker that
+/// crashes, hangs or sends a malformed reply is restarted and asked again,
+/// [`START_ATTEMPTS`] times in all ([`BridgeError::Startup`] then, naming
+/// the key of the deadline a hung one missed); a refusal is the worker's
+/// answer.
 pub(crate) fn hello(
     pool: &mut Pool,
     w: usize,
@@ -571,11 +603,16 @@ pub(crate) fn hello(
         };
         pool.fault(w, &fault);
         if attempt == START_ATTEMPTS {
+            let deadline = match &fault {
+                Fault::Hung(waited) => pool.config().deadline(*waited),
+                _ => String::new(),
+            };
             return Err(BridgeError::Startup {
                 worker: name,
                 request: what,
                 fault,
                 python: pool.config().python.clone(),
+                deadline,
             });
         }
     }

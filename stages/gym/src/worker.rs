@@ -29,9 +29,12 @@
 //! after a whole timeout without any frame, so a loaded machine slows such
 //! a request down without failing it, and a worker that stopped is still
 //! found within one timeout. Progress frames never count as replies. A
-//! worker that has sent no frame yet is starting (the Python imports, the
-//! first environment built): its first frame may take a longer start-up
-//! patience.
+//! worker that has sent no frame yet is starting (the Python imports): its
+//! first frame may take a longer start-up patience, and so may the next
+//! frame after a progress frame that says the worker is building an
+//! environment (`{"progress": true, "building": true}`: a hello's, a
+//! reset's or an expert episode's; LIBERO's takes many seconds, a minute on
+//! a loaded machine).
 //!
 //! A worker may also be one a pipeline runner keeps warm across its steps
 //! ([`crate::served`]), reached over its Unix socket ([`Worker::over`])
@@ -300,31 +303,30 @@ impl Worker {
     }
 
     /// The reply to the request sent last, hung only after `patience`
-    /// without any frame (`start` while the worker has sent none yet, when
-    /// longer): each progress frame starts the wait again. A frame that
-    /// arrived while the caller waited on another worker counts from when
-    /// it is read, so the wait can only be longer than the worker's real
-    /// silence, never shorter.
+    /// without any frame (`start` when longer, while the worker has sent
+    /// none yet and after a progress frame saying it builds an
+    /// environment): each progress frame starts the wait again. A frame
+    /// that arrived while the caller waited on another worker counts from
+    /// when it is read, so the wait can only be longer than the worker's
+    /// real silence, never shorter.
     pub fn receive_patiently(
         &mut self,
         patience: Duration,
         start: Duration,
     ) -> Result<Reply, Fault> {
-        let first = if self.started {
-            patience
-        } else {
-            patience.max(start)
-        };
-        self.receive_until(first, Some(patience))
+        let start = patience.max(start);
+        let first = if self.started { patience } else { start };
+        self.receive_until(first, Some((patience, start)))
     }
 
     /// The next frame that answers the request sent last and is not a
     /// progress frame, polling the pipes until `wait` after the send
-    /// (moved to `patience` after each progress frame).
+    /// (moved to `patience.0` after each progress frame, to `patience.1`
+    /// after one that says the worker builds an environment).
     fn receive_until(
         &mut self,
         mut wait: Duration,
-        patience: Option<Duration>,
+        patience: Option<(Duration, Duration)>,
     ) -> Result<Reply, Fault> {
         let Some((id, sent)) = self.awaiting else {
             return Err(Fault::Malformed("a reply awaited without a request".into()));
@@ -346,9 +348,10 @@ impl Worker {
                     if frame.header.get("progress") != Some(&Value::Bool(true)) {
                         break frame;
                     }
-                    if let Some(patience) = patience {
-                        deadline = Instant::now() + patience;
-                        wait = patience;
+                    if let Some((patience, build)) = patience {
+                        let building = frame.header.get("building") == Some(&Value::Bool(true));
+                        wait = if building { build } else { patience };
+                        deadline = Instant::now() + wait;
                     }
                     continue;
                 }

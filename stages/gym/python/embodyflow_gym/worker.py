@@ -29,7 +29,12 @@ While a reset or an expert episode works, the worker sends progress frames
 {progress: true, id} (one after each environment it builds, else at most
 one per PROGRESS_EVERY seconds, between environments or decisions): the
 Rust side counts a worker as hung only after a whole timeout without any
-frame, however many environments a reset builds. A reply or progress frame
+frame, however many environments a reset builds. Before it builds an
+environment (in hello, a reset or an expert episode) it sends
+{progress: true, building: true, id}: until its next frame the Rust side
+waits the longer start-up patience (a LIBERO scene compiles for seconds,
+a minute on a loaded machine), as it waits for a starting worker's first
+frame. A reply or progress frame
 whose id is not the request's is malformed (one frame too many would
 otherwise shift every later reply).
 Every reply has "ok"; a failed request answers {ok: false, kind:
@@ -195,11 +200,19 @@ class Worker:
             self.last_progress = at
 
     def build(self, spec, seed):
-        """A new environment of `spec`; a progress frame follows (the
-        first tells the Rust side that the worker is up)."""
+        """A new environment of `spec`, between a progress frame that says
+        it is being built and one that follows it."""
+        episode = self.make(spec, seed)
+        self.progress(now=True)
+        return episode
+
+    def make(self, spec, seed):
+        """A new environment of `spec`, after a progress frame that says
+        it is being built (the Rust side then waits its start-up
+        patience)."""
+        self.send({"progress": True, "building": True})
         episode = make_episode(spec, seed)
         self.builds += 1
-        self.progress(now=True)
         return episode
 
     def take(self, spec, seed):
@@ -214,8 +227,7 @@ class Worker:
     def hello(self, header, body):
         spare = self.spare.setdefault(spec_key(header), [])
         if not spare:
-            spare.append(make_episode(header, header.get("seed", 0)))
-            self.builds += 1
+            spare.append(self.make(header, header.get("seed", 0)))
         return space_of(spare[-1]), []
 
     def status(self, header, body):

@@ -20,7 +20,9 @@ build, as Meta-World's on a loaded machine); `reset_fault` = "crash",
 "hang" or "raise" fails the reset, only the first time when `reset_once`
 names a file (made then: the restarted worker finds it). At start-up:
 `start_fault` = "crash" kills the worker while it builds the env
-(os._exit(5)), only the first time when `start_once` names a file.
+(os._exit(5)), only the first time when `start_once` names a file;
+`start_delay` (seconds) sleeps while the env is built (a slow build, as
+LIBERO's on a loaded machine, for the start-up deadline's tests).
 Processes: `child` (a file) starts a `sleep 1000` child when the env is
 built (a simulator's server) and appends its pid to the file; `closed` (a
 file) gets a line each time an env is closed, `built` (a file) one each
@@ -53,6 +55,7 @@ def make(env_id, kwargs, seed):
         raise BadEnv(f"start_fault {kwargs.get('start_fault')!r}: expected crash")
     if kwargs.get("start_fault") and once(kwargs.get("start_once")):
         os._exit(5)
+    time.sleep(float(kwargs.get("start_delay", 0.0)))
     return Episode(kwargs)
 
 
