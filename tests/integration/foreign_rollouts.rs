@@ -2085,3 +2085,121 @@ fn bad_token_rewards_and_masks_exit_2_naming_file_column_row_and_lengths() {
         &["--format parquet needs --column reward=COLUMN or --column token_rewards=COLUMN"],
     );
 }
+
+/// `source_row` numbers the dump's rows, each once: an imported table
+/// passes `table validate --deep`; the same table with a row repeated or
+/// beyond the dump is refused there, by `table export --format verl` and by
+/// `table import --table trajectories`, exit 2 naming the table, the row
+/// and the value.
+#[test]
+fn a_repeated_or_out_of_range_source_row_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (dump, tok) = (verl_dump(root), tokenizer(root));
+    let imported = root.join("imported");
+    let result = import("verl", &dump, &tok, &imported, &[]);
+    assert_eq!(result.code, 0, "{result}");
+    let table = imported.join("trajectories");
+    let validate = |dir: &Path| run("table", &["validate", "--deep", dir.to_str().unwrap()]);
+    let result = validate(&table);
+    assert_eq!(result.code, 0, "{result}");
+    let rows: Vec<TrajectoryRow> = rows(&table, TableName::Trajectories);
+    assert_eq!(rows.len(), 12);
+    let advantages = root.join("adv");
+    embodyflow_tests::write_table::<AdvantageRow>(&advantages, &[]);
+
+    for (name, at, value, needles) in [
+        (
+            "repeated",
+            5,
+            rows[2].source_row.unwrap(),
+            vec![
+                format!("row 5 (trajectory `{}`)", rows[5].trajectory_id),
+                format!("has source_row {}", rows[2].source_row.unwrap()),
+                format!("as row 2 (trajectory `{}`) has", rows[2].trajectory_id),
+            ],
+        ),
+        (
+            "beyond",
+            7,
+            12,
+            vec![
+                format!("row 7 (trajectory `{}`)", rows[7].trajectory_id),
+                "has source_row 12, outside 0..12".into(),
+            ],
+        ),
+    ] {
+        let mut forged = rows.clone();
+        forged[at].source_row = Some(value);
+        let dir = root.join(name);
+        embodyflow_tests::write_table(&dir, &forged);
+        let table = dir.join("trajectories");
+        let result = validate(&table);
+        assert_eq!(result.code, 2, "{name}: {result}");
+        assert!(
+            result
+                .stderr
+                .contains(&format!("table `trajectories` at {}", table.display())),
+            "{name}: {result}"
+        );
+        for needle in &needles {
+            assert!(
+                result.stderr.contains(needle.as_str()),
+                "{name}: {needle}: {result}"
+            );
+        }
+        let out = root.join(format!("{name}.jsonl"));
+        let result = run(
+            "table",
+            &[
+                "export",
+                advantages.join("advantages").to_str().unwrap(),
+                "--format",
+                "verl",
+                "--trajectories",
+                table.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(result.code, 2, "{name}: {result}");
+        assert!(result.stderr.contains("source_row"), "{name}: {result}");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            "",
+            "{name}: nothing exported"
+        );
+
+        // The same rows as JSON lines: refused on import, by line.
+        let lines = root.join(format!("{name}-rows.jsonl"));
+        let text: String = forged
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(&lines, text).unwrap();
+        let out = root.join(format!("{name}-imported"));
+        let result = run(
+            "table",
+            &[
+                "import",
+                "--table",
+                "trajectories",
+                "--from",
+                lines.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(result.code, 2, "{name}: {result}");
+        let line = needles[0].replacen(&format!("row {at}"), &format!("line {}", at + 1), 1);
+        assert!(result.stderr.contains(&line), "{name}: {line}: {result}");
+        assert!(
+            result.stderr.contains(needles[1].as_str()),
+            "{name}: {result}"
+        );
+        assert!(
+            !out.join("trajectories").exists(),
+            "{name}: nothing written"
+        );
+    }
+}

@@ -170,7 +170,11 @@
 //! ```
 //! (Parquet files: `pd.read_parquet(f)`, the prompt and score columns by their
 //! names there; a conversational prompt's hash is of its rendered text,
-//! `tasks.instruction`.)
+//! `tasks.instruction`.) The join holds because the imported trajectories
+//! of a table number the dump's rows, 0 to n - 1 each once: the export,
+//! `table validate --deep` and `table import --table trajectories` refuse
+//! a `source_row` repeated or out of that range ([`SourceRows`]), naming
+//! the table, the row and the value.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
@@ -502,6 +506,156 @@ pub enum ForeignError {
         /// The dump.
         file: PathBuf,
     },
+}
+
+/// A `trajectories.source_row` that breaks the numbering of the dump: the
+/// imported trajectories of a table come one from each row of their dump,
+/// so their `source_row`s are 0 to n - 1 for n of them, each once. Another
+/// value would make the documented join (`merge(..., validate="one_to_one")`
+/// on `dump_row`) raise, or drop the row it names.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceRowError {
+    /// Two trajectories name the same dump row.
+    #[error(
+        "table `trajectories` at {table}: {at} (trajectory `{trajectory}`) has source_row {value}, as {first} (trajectory `{first_trajectory}`) has: each dump row is one trajectory, so no two trajectories share a source_row"
+    )]
+    Repeated {
+        /// The table directory, or the imported file.
+        table: PathBuf,
+        /// `row r` (0-based) or `line l` (1-based).
+        at: String,
+        /// Its trajectory.
+        trajectory: String,
+        /// The value.
+        value: i64,
+        /// Where the value came first.
+        first: String,
+        /// That trajectory.
+        first_trajectory: String,
+    },
+    /// A trajectory names a row beyond the dump its trajectories came from.
+    #[error(
+        "table `trajectories` at {table}: {at} (trajectory `{trajectory}`) has source_row {value}, outside 0..{count}: the table's {count} imported trajectories come one from each row of a dump of {count} rows, numbered 0 to {last}",
+        last = count - 1
+    )]
+    OutOfRange {
+        /// The table directory, or the imported file.
+        table: PathBuf,
+        /// `row r` (0-based) or `line l` (1-based).
+        at: String,
+        /// Its trajectory.
+        trajectory: String,
+        /// The value.
+        value: i64,
+        /// The trajectories that have a `source_row`.
+        count: i64,
+    },
+}
+
+impl Classify for SourceRowError {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::BadInput
+    }
+}
+
+impl From<SourceRowError> for Error {
+    fn from(e: SourceRowError) -> Error {
+        Error::BadInput(e.to_string())
+    }
+}
+
+/// Checks the `source_row`s of a trajectories table as its rows come
+/// ([`SourceRows::add`]), then that they number the dump's rows
+/// ([`SourceRows::finish`]): unique, and below the count of trajectories
+/// that have one.
+#[derive(Debug)]
+pub struct SourceRows {
+    table: PathBuf,
+    place: fn(u64) -> String,
+    /// source_row -> (the row index it came at, its trajectory).
+    first: HashMap<i64, (u64, String)>,
+}
+
+impl SourceRows {
+    /// For the table at `table` (a directory, or the file imported), whose
+    /// rows `place` names from their index.
+    pub fn new(table: &Path, place: fn(u64) -> String) -> SourceRows {
+        SourceRows {
+            table: table.to_path_buf(),
+            place,
+            first: HashMap::new(),
+        }
+    }
+
+    /// The trajectory at `index` names dump row `source_row` (none when the
+    /// pipeline collected it).
+    pub fn add(
+        &mut self,
+        index: u64,
+        trajectory: &str,
+        source_row: Option<i64>,
+    ) -> std::result::Result<(), SourceRowError> {
+        let Some(value) = source_row else {
+            return Ok(());
+        };
+        match self.first.entry(value) {
+            std::collections::hash_map::Entry::Occupied(seen) => {
+                let (first, first_trajectory) = seen.get();
+                Err(SourceRowError::Repeated {
+                    table: self.table.clone(),
+                    at: (self.place)(index),
+                    trajectory: trajectory.to_string(),
+                    value,
+                    first: (self.place)(*first),
+                    first_trajectory: first_trajectory.clone(),
+                })
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert((index, trajectory.to_string()));
+                Ok(())
+            }
+        }
+    }
+
+    /// After every row: the first row (by index) whose value is not below
+    /// the number of trajectories with a `source_row`.
+    pub fn finish(self) -> std::result::Result<(), SourceRowError> {
+        let count = self.first.len() as i64;
+        let beyond = self
+            .first
+            .iter()
+            .filter(|(value, _)| !(0..count).contains(*value))
+            .min_by_key(|(_, (index, _))| *index);
+        match beyond {
+            None => Ok(()),
+            Some((&value, (index, trajectory))) => Err(SourceRowError::OutOfRange {
+                table: self.table.clone(),
+                at: (self.place)(*index),
+                trajectory: trajectory.clone(),
+                value,
+                count,
+            }),
+        }
+    }
+}
+
+/// The `source_row`s of the trajectories table at `dir`, checked
+/// ([`SourceRows`]); rows are named by their 0-based index.
+pub fn check_source_rows(dir: &Path, reader: &TableReader) -> Result<()> {
+    use arrow::array::{Int64Array, StringArray};
+    let mut rows = SourceRows::new(dir, |i| format!("row {i}"));
+    let mut index = 0u64;
+    for batch in reader.batches(Some(&["trajectory_id", "source_row"]), 65_536)? {
+        let batch = batch?;
+        let ids: &StringArray = embodyflow_core::dataset::column(&batch, "trajectory_id");
+        let values: &Int64Array = embodyflow_core::dataset::column(&batch, "source_row");
+        for i in 0..batch.num_rows() {
+            let value = values.is_valid(i).then(|| values.value(i));
+            rows.add(index, ids.value(i), value)?;
+            index += 1;
+        }
+    }
+    Ok(rows.finish()?)
 }
 
 impl Classify for ForeignError {
@@ -1764,12 +1918,13 @@ pub fn export_verl(
     };
     let advantages: Vec<AdvantageRow> =
         TableReader::open(dir, TableName::Advantages)?.read_rows()?;
-    let keys: HashMap<String, TrajectoryRow> =
-        TableReader::open(trajectories, TableName::Trajectories)?
-            .read_rows::<TrajectoryRow>()?
-            .into_iter()
-            .map(|t| (t.trajectory_id.clone(), t))
-            .collect();
+    let reader = TableReader::open(trajectories, TableName::Trajectories)?;
+    check_source_rows(trajectories, &reader)?;
+    let keys: HashMap<String, TrajectoryRow> = reader
+        .read_rows::<TrajectoryRow>()?
+        .into_iter()
+        .map(|t| (t.trajectory_id.clone(), t))
+        .collect();
     let scores: Option<HashMap<String, f32>> = match rewards {
         Some(path) => Some(
             TableReader::open(path, TableName::Rewards)?

@@ -18,7 +18,8 @@
 //! table show DIR [--limit N] [--columns a,b]  rows as JSON lines
 //! table manifest DIR                          the manifest as JSON (shards, hashes, producer, lineage)
 //! table validate DIR... [--deep]              decode every shard, refuse files the manifest
-//!                                              does not list; --deep also re-hashes
+//!                                              does not list; --deep also re-hashes, and
+//!                                              checks imported trajectories' source_row
 //! table merge OUT IN... [--overwrite]         the shards of one run -> the unsharded tables
 //! table export DIR --format csv|jsonl [--out FILE]
 //!                                              every row as CSV or JSON lines (stdout without --out)
@@ -61,7 +62,9 @@ use embodyflow_core::dataset::{
     TableReader, TableWriter, WriteOptions, batch_to_rows, stage_merged_table,
 };
 use embodyflow_core::manifest::{MANIFEST_FILE, Manifest, Producer, is_table_dir};
-use embodyflow_core::schemas::{Examples, Row, TableName, format_type, with_row_type};
+use embodyflow_core::schemas::{
+    Examples, Row, TableName, TrajectoryRow, format_type, with_row_type,
+};
 use embodyflow_core::{Error, Result, progress};
 
 pub mod foreign;
@@ -221,7 +224,9 @@ enum Command {
         /// Table directories.
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
-        /// Also recompute every shard's content hash.
+        /// Also recompute every shard's content hash, and check that the
+        /// `source_row`s of a trajectories table number its dump's rows
+        /// (unique, below the count of trajectories that have one).
         #[arg(long)]
         deep: bool,
     },
@@ -699,6 +704,9 @@ fn validate(dir: &Path, deep: bool, out: &mut impl Write) -> Result<()> {
     }
     if deep {
         reader.verify_hashes()?;
+        if table == TableName::Trajectories {
+            foreign::check_source_rows(dir, &reader)?;
+        }
     }
     writeln!(
         out,
@@ -897,7 +905,7 @@ pub fn describe(table: TableName) -> String {
     text
 }
 
-fn import<R: Row>(
+fn import<R: Row + 'static>(
     from: &Path,
     out: &Path,
     options: WriteOptions,
@@ -910,6 +918,8 @@ fn import<R: Row>(
     let mut writer = TableWriter::create(out, R::TABLE, options, overwrite)?;
     let bar = progress::bar(size, "importing");
     let mut rows: Vec<R> = Vec::with_capacity(8192);
+    let mut source_rows = (R::TABLE == TableName::Trajectories)
+        .then(|| foreign::SourceRows::new(from, |i| format!("line {}", i + 1)));
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|e| match e.kind() {
             std::io::ErrorKind::InvalidData => Error::BadInput(format!(
@@ -931,6 +941,11 @@ fn import<R: Row>(
                 R::TABLE
             ))
         })?;
+        if let Some(source_rows) = &mut source_rows
+            && let Some(t) = (&row as &dyn std::any::Any).downcast_ref::<TrajectoryRow>()
+        {
+            source_rows.add(index as u64, &t.trajectory_id, t.source_row)?;
+        }
         rows.push(row);
         if rows.len() == rows.capacity() {
             writer.write_rows(&rows).map_err(refused_row)?;
@@ -939,6 +954,9 @@ fn import<R: Row>(
     }
     writer.write_rows(&rows).map_err(refused_row)?;
     bar.finish_and_clear();
+    if let Some(source_rows) = source_rows {
+        source_rows.finish()?;
+    }
     let producer = Producer {
         stage: "table import".into(),
         version: env!("CARGO_PKG_VERSION").into(),
