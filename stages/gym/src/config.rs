@@ -35,9 +35,9 @@ pub const PYTHON_VAR: &str = "EMBODYFLOW_GYM_PYTHON";
 /// to start (its imports) or to build an environment. Meta-World's imports
 /// take ~1 s on an idle machine, but a LIBERO worker's hello (robosuite's
 /// imports, the rendering check, the scene compiled) took 12.5 s on the
-/// 2-core machine at load 3, 34-40 s at load 6 and 61-63 s at load 9: about
-/// 6 s per unit of load, 90-100 s at load 15. 300 s leaves a margin of
-/// three at load 15; a worker that really hangs while it starts is found
+/// 2-core machine at load 3, 34-40 s at load 6, 61-63 s at load 9 and
+/// 104 s at load 17.5: about 6 s per unit of load. 300 s leaves a margin
+/// of three at load 15-17; a worker that really hangs while it starts is found
 /// after it, each of its [`START_ATTEMPTS`](crate::START_ATTEMPTS).
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 
