@@ -46,7 +46,10 @@ fn the_demo_runs_every_section_at_tiny_scale() {
         assert!(stdout.contains(section), "no `{section}` in:\n{stdout}");
     }
     // Each section's time is printed as it ends.
-    let timed = stdout.lines().filter(|l| l.starts_with("-- ") && l.ends_with(" s")).count();
+    let timed = stdout
+        .lines()
+        .filter(|l| l.starts_with("-- ") && l.ends_with(" s"))
+        .count();
     assert_eq!(timed, 4, "setup and build, the three sections:\n{stdout}");
 
     // The table: before and after RL for the key-room, the offline rows.
@@ -59,17 +62,21 @@ fn the_demo_runs_every_section_at_tiny_scale() {
             .unwrap_or_else(|| panic!("no row `{start}` in:\n{results}"))
             .to_string()
     };
-    for start in [
-        "| fresh VLA (before RL) | ",
-        "| after 2 GRPO iterations | ",
-    ] {
+    for start in ["| fresh VLA (before RL) | ", "| after 2 GRPO iterations | "] {
         let cell = row(start);
         // mean ± std of greedy success, its binomial spread, mean ± std of
         // the sampled success and of the groups with mixed outcomes.
         assert_eq!(cell.matches('±').count(), 4, "{cell}");
     }
-    for reward in ["| outcome | GRPO |", "| verify | GRPO |", "| embodied_r1 | GRPO |"] {
-        assert!(row(reward).contains("groups whose rewards differ: "), "{results}");
+    for reward in [
+        "| outcome | GRPO |",
+        "| verify | GRPO |",
+        "| embodied_r1 | GRPO |",
+    ] {
+        assert!(
+            row(reward).contains("groups whose rewards differ: "),
+            "{results}"
+        );
     }
     assert!(row("| embodied_r1 | grpo_step (rule) |").contains(" of "));
 
@@ -81,11 +88,16 @@ fn the_demo_runs_every_section_at_tiny_scale() {
     }
 
     // The saved rollouts the README's make, just and ablation examples read.
-    let rows: Vec<TrajectoryRow> = TableReader::open(&out.join("rollouts/trajectories"), TableName::Trajectories)
-        .unwrap()
-        .read_rows()
-        .unwrap();
-    assert_eq!(rows.len(), 4 * 8, "4 task draws x 8 samples, every group kept");
+    let rows: Vec<TrajectoryRow> =
+        TableReader::open(&out.join("rollouts/trajectories"), TableName::Trajectories)
+            .unwrap()
+            .read_rows()
+            .unwrap();
+    assert_eq!(
+        rows.len(),
+        4 * 8,
+        "4 task draws x 8 samples, every group kept"
+    );
 
     // A directory the demo did not make is refused, its files kept; so is
     // an unknown scale.
@@ -95,7 +107,10 @@ fn the_demo_runs_every_section_at_tiny_scale() {
     let (code, _, stderr) = demo(&[("DEMO_SCALE", "tiny"), ("OUT", other.to_str().unwrap())]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("was not made by scripts/demo"), "{stderr}");
-    assert_eq!(std::fs::read_to_string(other.join("notes.txt")).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(other.join("notes.txt")).unwrap(),
+        "keep me"
+    );
     let (code, _, stderr) = demo(&[("DEMO_SCALE", "huge"), ("OUT", out_s)]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("DEMO_SCALE=huge"), "{stderr}");
