@@ -282,10 +282,10 @@ fn every_page_of_the_book_is_in_its_summary() {
     assert!(book.contains("[book]"), "docs/book.toml: {book}");
 }
 
-/// The lines between `<!-- stages:begin -->` and `<!-- stages:end -->`.
-fn between_markers(text: &str) -> Option<String> {
-    let (_, after) = text.split_once("<!-- stages:begin -->\n")?;
-    let (table, _) = after.split_once("<!-- stages:end -->")?;
+/// The lines between `<!-- NAME:begin -->` and `<!-- NAME:end -->`.
+fn between_markers(text: &str, name: &str) -> Option<String> {
+    let (_, after) = text.split_once(&format!("<!-- {name}:begin -->\n"))?;
+    let (table, _) = after.split_once(&format!("<!-- {name}:end -->"))?;
     Some(table.to_string())
 }
 
@@ -296,13 +296,128 @@ fn readme_stage_table_is_generated_from_the_declarations() {
     assert_eq!(printed.code, 0, "{printed}");
     assert_eq!(printed.stdout, table);
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let documented = between_markers(&readme)
+    let documented = between_markers(&readme, "stages")
         .expect("README.md has <!-- stages:begin --> and <!-- stages:end --> lines");
     assert_eq!(
         documented, table,
         "README.md's stage table differs from the declarations: put the output of \
          `target/release/pipeline stages --markdown` between its markers"
     );
+}
+
+/// The table of the shipped pipelines that docs/src/runner.md holds: one
+/// row per `pipelines/*.toml`, sorted by file name, with its `[pipeline]
+/// description`.
+fn shipped_pipelines_table() -> String {
+    let mut files = Vec::new();
+    files_under(&repo().join("pipelines"), ".toml", &mut files);
+    let mut table = String::from("| file | what it runs |\n|---|---|\n");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let parsed: toml::Table =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let description = parsed
+            .get("pipeline")
+            .and_then(|p| p.get("description"))
+            .and_then(toml::Value::as_str)
+            .unwrap_or_else(|| panic!("{} has no [pipeline] description", file.display()));
+        table.push_str(&format!(
+            "| `{}` | {} |\n",
+            relative(&file),
+            description.replace('|', "\\|")
+        ));
+    }
+    table.push('\n');
+    table
+}
+
+#[test]
+fn the_runner_page_lists_every_shipped_pipeline() {
+    let table = shipped_pipelines_table();
+    assert!(table.lines().count() >= 2 + 11, "{table}");
+    let page = std::fs::read_to_string(repo().join("docs/src/runner.md")).unwrap();
+    let documented = between_markers(&page, "pipelines")
+        .expect("docs/src/runner.md has <!-- pipelines:begin --> and <!-- pipelines:end --> lines");
+    assert_eq!(
+        documented, table,
+        "docs/src/runner.md's table of the shipped pipelines differs from pipelines/*.toml: \
+         put this between its markers:\n{table}"
+    );
+}
+
+/// The lines of `text` (outside code blocks) that follow a table row
+/// directly and are neither a row nor blank nor an HTML comment: mdBook
+/// renders such a line as one more cell of the table, so the paragraph it
+/// starts disappears into it.
+fn swallowed_by_tables(text: &str) -> Vec<usize> {
+    let lines = prose_lines(text);
+    lines
+        .windows(2)
+        .filter(|pair| {
+            let ((above, row), (n, line)) = (&pair[0], &pair[1]);
+            let line = line.trim();
+            *n == above + 1
+                && row.trim_start().starts_with('|')
+                && !line.is_empty()
+                && !line.starts_with('|')
+                && !line.starts_with("<!--")
+        })
+        .map(|pair| pair[1].0)
+        .collect()
+}
+
+#[test]
+fn no_paragraph_runs_into_a_table() {
+    assert_eq!(
+        swallowed_by_tables(
+            "| a |\n|---|\n| 1 |\nafter\n\n| b |\n|---|\n\ntext\n```\n| x |\ny\n```\n"
+        ),
+        [4]
+    );
+    let found: Vec<String> = markdown_files()
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(file).unwrap();
+            swallowed_by_tables(&text)
+                .into_iter()
+                .map(|n| format!("{}:{n}", relative(file)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "lines right after a table row, which mdBook renders inside the table \
+         (put a blank line before them):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_book_builds_with_mdbook() {
+    let found = std::process::Command::new("mdbook")
+        .arg("--version")
+        .output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "note: mdbook is not on the PATH (`cargo install mdbook --locked`): the book was not built"
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let built = std::process::Command::new("mdbook")
+        .arg("build")
+        .arg(repo().join("docs"))
+        .arg("--dest-dir")
+        .arg(out.path())
+        .output()
+        .expect("run mdbook");
+    let stderr = String::from_utf8_lossy(&built.stderr);
+    assert!(built.status.success(), "mdbook build docs:\n{stderr}");
+    assert!(
+        !stderr.contains("[ERROR]") && !stderr.contains("[WARN]"),
+        "mdbook build docs:\n{stderr}"
+    );
+    assert!(out.path().join("index.html").is_file());
 }
 
 /// Words that tell how the project was developed rather than what it is:

@@ -26,14 +26,14 @@ use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{RewardRow, TableName};
 use embodyflow_tests::{Run, TINY_POLICY, bin, run};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// The commands `text` documents: lines that start with `prefix` (after a
 /// comment's `#` and indentation), `\` continuations joined, a trailing
 /// `# comment` cut.
-fn documented(text: &str, prefix: &str) -> Vec<String> {
+pub(crate) fn documented(text: &str, prefix: &str) -> Vec<String> {
     let mut commands = Vec::new();
     let mut lines = text
         .lines()
@@ -56,31 +56,51 @@ fn documented(text: &str, prefix: &str) -> Vec<String> {
     commands
 }
 
+/// How the documented make and just commands start.
+pub(crate) const MAKE: &str = "make -f pipelines/Makefile";
+pub(crate) const JUST: &str = "just -f pipelines/justfile";
+
 /// The marker a page puts on the line before a code block's fence to keep
 /// the block out of this test: `<!-- examples: skip (REASON) -->`.
 const SKIP: &str = "<!-- examples: skip";
 
+/// A fenced code block of a Markdown page.
+pub(crate) struct Block {
+    /// The page line of its opening fence (from 1).
+    pub(crate) line: usize,
+    /// Its info string's first word (`sh`, `python`, `text`; empty when none).
+    pub(crate) lang: String,
+    /// Its lines.
+    pub(crate) text: String,
+    /// The reason of the [`SKIP`] marker before it, if there is one.
+    pub(crate) skip: Option<String>,
+}
+
 /// The code blocks of a Markdown text that this test runs, each as its
-/// lines; blocks after a [`SKIP`] marker are left out. A marker without a
-/// reason in parentheses, or not on the line right before a fence, is an
-/// error naming its line.
+/// lines; blocks after a [`SKIP`] marker are left out (see [`blocks`]).
 fn code_blocks(text: &str) -> Result<Vec<String>, String> {
+    Ok(blocks(text)?
+        .into_iter()
+        .filter(|b| b.skip.is_none())
+        .map(|b| b.text)
+        .collect())
+}
+
+/// Every fenced code block of a Markdown text, with the reason of the
+/// [`SKIP`] marker before it. A marker without a reason in parentheses, or
+/// not on the line right before a fence, is an error naming its line.
+pub(crate) fn blocks(text: &str) -> Result<Vec<Block>, String> {
     let mut blocks = Vec::new();
-    let mut fence: Option<(String, bool)> = None;
-    let mut block = String::new();
-    let mut skip_next: Option<usize> = None;
+    let mut fence: Option<(String, Block)> = None;
+    let mut skip_next: Option<(usize, String)> = None;
     for (n, line) in text.lines().enumerate() {
         let trimmed = line.trim();
-        if let Some((marker, skipped)) = &fence {
+        if let Some((marker, block)) = &mut fence {
             if trimmed.starts_with(marker.as_str()) {
-                let done = std::mem::take(&mut block);
-                if !skipped {
-                    blocks.push(done);
-                }
-                fence = None;
+                blocks.push(fence.take().unwrap().1);
             } else {
-                block.push_str(line);
-                block.push('\n');
+                block.text.push_str(line);
+                block.text.push('\n');
             }
             continue;
         }
@@ -89,8 +109,19 @@ fn code_blocks(text: &str) -> Result<Vec<String>, String> {
         if is_fence {
             let first = trimmed.chars().next().unwrap();
             let marker: String = trimmed.chars().take_while(|&c| c == first).collect();
-            fence = Some((marker, skipped.is_some()));
-        } else if let Some(at) = skipped {
+            let lang = trimmed[marker.len()..]
+                .split(|c: char| c.is_whitespace() || c == ',' || c == '{')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            let block = Block {
+                line: n + 1,
+                lang,
+                text: String::new(),
+                skip: skipped.map(|(_, reason)| reason),
+            };
+            fence = Some((marker, block));
+        } else if let Some((at, _)) = skipped {
             return Err(format!(
                 "line {at}: `{SKIP} (…) -->` must be on the line right before a code block's fence"
             ));
@@ -102,16 +133,16 @@ fn code_blocks(text: &str) -> Result<Vec<String>, String> {
                 .and_then(|r| r.strip_prefix('('))
                 .and_then(|r| r.strip_suffix(')'))
                 .map(str::trim);
-            if reason.is_none_or(str::is_empty) {
+            let Some(reason) = reason.filter(|r| !r.is_empty()) else {
                 return Err(format!(
                     "line {}: `{trimmed}` gives no reason: write `{SKIP} (why) -->`",
                     n + 1
                 ));
-            }
-            skip_next = Some(n + 1);
+            };
+            skip_next = Some((n + 1, reason.to_string()));
         }
     }
-    if let Some(at) = skip_next {
+    if let Some((at, _)) = skip_next {
         return Err(format!(
             "line {at}: `{SKIP}` is not followed by a code block"
         ));
@@ -154,17 +185,22 @@ fn documented_in_docs(docs: &[(String, String)], prefix: &str) -> Vec<String> {
 }
 
 /// Runs a binary and fails the test unless it exits 0.
-fn ok(name: &str, args: &[&str]) {
+pub(crate) fn ok(name: &str, args: &[&str]) {
     let result = run(name, args);
     assert_eq!(result.code, 0, "{name} {args:?}\n{result}");
 }
 
 /// scripts/demo's layout at tiny scale in `root`: runs/demo/data/{train,val,
-/// pool}, runs/demo/sft/policy, runs/demo/rl/it0/rollouts (collected by that
-/// policy on the pool, as the demo's RL does), runs/demo/rl-data/{train ->
-/// pool, val}, a second checkpoint at runs/generalist/policy, and a veRL dump
-/// imported to runs/verl/imported (pipelines/verl-rescore.toml reads it).
-fn demo_layout(root: &Path) {
+/// pool}, runs/demo/sft/policy, runs/demo/rollouts (collected by that
+/// policy on the pool, as the demo's household part does), runs/demo/rl-data/{train ->
+/// pool, val} (relative links, so a copy of `root` stands alone), a second
+/// checkpoint at runs/generalist/policy, and a veRL dump at rollouts/3.jsonl
+/// (the manual's name for one) imported to runs/verl/imported
+/// (pipelines/verl-rescore.toml reads it), and the README's one-minute
+/// import of docs/examples/verl-batch.parquet at runs/quick/imported and the
+/// book's of docs/examples/trl-rows.jsonl at runs/trl/imported (the pages
+/// rescore them with that file).
+pub(crate) fn demo_layout(root: &Path) {
     let release = bin("pipeline").parent().unwrap().to_path_buf();
     std::fs::create_dir_all(root.join("target")).unwrap();
     std::os::unix::fs::symlink(&release, root.join("target/release")).unwrap();
@@ -232,16 +268,14 @@ fn demo_layout(root: &Path) {
     // A veRL rollout dump imported where pipelines/verl-rescore.toml reads it.
     let verl = root.join("runs/verl");
     std::fs::create_dir_all(&verl).unwrap();
+    let dump = root.join("rollouts/3.jsonl");
+    std::fs::create_dir_all(dump.parent().unwrap()).unwrap();
     let line = |output: &str, score: f64| {
         serde_json::json!({"input": "put a Mug in the Sink", "output": output, "gts": null,
             "score": score, "step": 3, "uid": "u0"})
         .to_string()
     };
-    std::fs::write(
-        verl.join("3.jsonl"),
-        format!("{}\n{}\n", line("{}", 1.0), line("[]", 0.0)),
-    )
-    .unwrap();
+    std::fs::write(&dump, format!("{}\n{}\n", line("{}", 1.0), line("[]", 0.0))).unwrap();
     ok(
         "table",
         &[
@@ -249,20 +283,61 @@ fn demo_layout(root: &Path) {
             "--format",
             "verl",
             "--from",
-            verl.join("3.jsonl").to_str().unwrap(),
+            dump.to_str().unwrap(),
             "--tokenizer",
             &p("sft/policy"),
             "--out",
             verl.join("imported").to_str().unwrap(),
         ],
     );
+    let batch = repo().join("docs/examples/verl-batch.parquet");
+    let mut import = vec![
+        "import",
+        "--format",
+        "parquet",
+        "--from",
+        batch.to_str().unwrap(),
+    ];
+    for column in [
+        "prompt=prompt",
+        "response=response",
+        "prompt_ids=prompts",
+        "response_ids=responses",
+        "token_rewards=token_level_rewards",
+        "response_mask=response_mask",
+        "values=values",
+        "group=uid",
+        "step=step",
+    ] {
+        import.extend(["--column", column]);
+    }
+    let quick = root.join("runs/quick/imported");
+    import.extend(["--out", quick.to_str().unwrap()]);
+    ok("table", &import);
+    ok(
+        "table",
+        &[
+            "import",
+            "--format",
+            "trl",
+            "--from",
+            repo()
+                .join("docs/examples/trl-rows.jsonl")
+                .to_str()
+                .unwrap(),
+            "--tokenizer",
+            &p("sft/policy"),
+            "--out",
+            root.join("runs/trl/imported").to_str().unwrap(),
+        ],
+    );
     std::fs::create_dir_all(demo.join("rl-data")).unwrap();
-    std::os::unix::fs::symlink(demo.join("data/pool"), demo.join("rl-data/train")).unwrap();
-    std::os::unix::fs::symlink(demo.join("data/val"), demo.join("rl-data/val")).unwrap();
+    std::os::unix::fs::symlink("../data/pool", demo.join("rl-data/train")).unwrap();
+    std::os::unix::fs::symlink("../data/val", demo.join("rl-data/val")).unwrap();
 }
 
 /// Runs `command` with `sh -c` in `root`, `.venv/bin` first on the PATH.
-fn sh(root: &Path, command: &str) -> Run {
+pub(crate) fn sh(root: &Path, command: &str) -> Run {
     let path = format!(
         "{}:{}",
         repo().join(".venv/bin").display(),
@@ -282,7 +357,7 @@ fn sh(root: &Path, command: &str) -> Run {
     }
 }
 
-fn sh_ok(root: &Path, command: &str) -> Run {
+pub(crate) fn sh_ok(root: &Path, command: &str) -> Run {
     let result = sh(root, command);
     assert_eq!(result.code, 0, "`{command}`\n{result}");
     result
@@ -325,7 +400,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
     let justfile = read("pipelines/justfile");
 
     // make: the documentation's examples, then the Makefile's own, in order.
-    let make_prefix = "make -f pipelines/Makefile";
+    let make_prefix = MAKE;
     let docs_make = documented_in_docs(&docs, make_prefix);
     assert!(
         !docs_make.is_empty(),
@@ -400,7 +475,7 @@ fn every_documented_make_just_and_pipeline_command_runs() {
     assert!(wrong.stderr.contains("runs/demo/data/train"), "{wrong}");
 
     // just: the documentation's examples and the justfile's own.
-    let just_prefix = "just -f pipelines/justfile";
+    let just_prefix = JUST;
     let mut just = documented_in_docs(&docs, just_prefix);
     assert!(!just.is_empty(), "no just example in README.md or docs/src");
     for command in documented(&justfile, just_prefix) {

@@ -8,6 +8,7 @@ mod cluster;
 mod commit;
 mod compute_advantages;
 mod demo;
+mod doc_blocks;
 mod docs;
 mod examples;
 mod foreign_rollouts;
