@@ -256,7 +256,7 @@ pub(crate) fn demo_layout(root: &Path) {
             "--input",
             &p("data/pool"),
             "--out",
-            &p("rl/it0/rollouts"),
+            &p("rollouts"),
             "--set",
             "tasks_per_iteration=4",
             "--set",
