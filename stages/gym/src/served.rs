@@ -10,8 +10,10 @@
 //! Taking one: an exclusive `flock` on `SOCKET.taken` (non-blocking: a
 //! worker another stage process holds is skipped; the kernel drops the
 //! lock when its holder exits, `kill -9` included), a connection, and a
-//! `status` request whose reply gives the worker's Python, pid and the
-//! environments it has built. A worker of another Python than the stage's
+//! `status` request whose reply gives the worker's Python and the
+//! environments it has built. The worker's pid is the socket's peer as the
+//! kernel names it (`SO_PEERCRED`), never a reply's: a socket served by
+//! another user is not used, and a fault signals only that peer. A worker of another Python than the stage's
 //! `bridge.python` is let go and the stage spawns its own; so does a stage
 //! that needs more workers than are idle. A socket that is missing or
 //! refuses the connection (its worker died, the variable names a wrong
@@ -47,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, flock};
 use rustix::process::{Pid, Signal, kill_process_group};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::config::{BridgeConfig, STARTUP_TIMEOUT};
 use crate::worker::{Reply, Worker, command};
@@ -67,7 +69,7 @@ pub struct ServedStatus {
     pub socket: PathBuf,
     /// Its Python (`sys.executable`).
     pub python: PathBuf,
-    /// Its pid.
+    /// Its pid: the socket's peer, as the kernel says.
     pub pid: u32,
     /// Environments it has built since it started.
     pub builds: u64,
@@ -83,6 +85,15 @@ pub enum ServeError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// A directory for the sockets that others could reach or that this
+    /// run did not make.
+    #[error("{path}: {why}")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// Why it is not used.
+        why: String,
     },
     /// A worker exited or did not listen on its socket in time.
     #[error("the served worker at {socket} {what} (python `{python}`; its output is in {log})")]
@@ -115,6 +126,58 @@ pub struct ServedWorkers {
     own_dir: bool,
 }
 
+/// Makes `dir` for sockets, mode 0700 and owned by this user. With
+/// `existing`, a directory already there (the run's own, from an earlier
+/// start) is kept if this user owns it and is made 0700; without, `dir`
+/// must not exist (a directory in a shared temporary directory that
+/// another user made first is never used).
+fn private_dir(dir: &Path, existing: bool) -> Result<(), ServeError> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    let io = |source| ServeError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let unsafe_dir = |why: String| ServeError::Unsafe {
+        path: dir.to_path_buf(),
+        why,
+    };
+    if existing {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && existing => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(unsafe_dir(
+                "exists already, made by someone other than this run: the workers' sockets \
+                 are not put there (remove it, or set TMPDIR to a directory of your own)"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(io(e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me {
+        return Err(unsafe_dir(format!(
+            "is not a directory of this user (uid {me}; it is {} of uid {}): \
+             the workers' sockets are not put there",
+            if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a directory"
+            },
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
+    Ok(())
+}
+
 /// The lock file that marks `socket`'s worker taken.
 fn taken_path(socket: &Path) -> PathBuf {
     let mut path = socket.as_os_str().to_owned();
@@ -127,12 +190,10 @@ impl ServedWorkers {
     /// output in `dir/<i>.log`), and waits until each listens. When `dir`
     /// is too long for a socket's address ([`MAX_SOCKET_PATH`]) the sockets
     /// go to a new directory under the system's temporary one instead.
+    /// Either is made 0700 and must be this user's; the temporary one must
+    /// not exist before (one another user made first is refused).
     pub fn start(dir: &Path, n: usize, python: &Path) -> Result<ServedWorkers, ServeError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ServeError::Io { path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        private_dir(dir, true)?;
         let probe = dir.join(format!("{}.sock", n.saturating_sub(1)));
         let (dir, own_dir) = if probe.as_os_str().len() <= MAX_SOCKET_PATH {
             (dir.to_path_buf(), false)
@@ -143,8 +204,7 @@ impl ServedWorkers {
                 std::process::id(),
                 MADE.fetch_add(1, Ordering::Relaxed)
             ));
-            let _ = std::fs::remove_dir_all(&short);
-            std::fs::create_dir_all(&short).map_err(io(&short))?;
+            private_dir(&short, false)?;
             (short, true)
         };
         let mut workers = ServedWorkers {
@@ -312,6 +372,19 @@ fn take(
         Err(e) => return Err(format!("{}: {e}", lock.display())),
     }
     let stream = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    // The process at the other end, as the kernel says (never as a reply
+    // says): of this user, else refused; the only pid a fault may signal.
+    let peer = rustix::net::sockopt::socket_peercred(&stream)
+        .map_err(|e| format!("{}: its peer's credentials: {e}", socket.display()))?;
+    let me = rustix::process::geteuid();
+    if peer.uid != me {
+        return Err(format!(
+            "{}: served by uid {}, not this user (uid {}): not used",
+            socket.display(),
+            peer.uid.as_raw(),
+            me.as_raw()
+        ));
+    }
     let mut worker = Worker::over(index, stream, socket, taken)
         .map_err(|e| format!("{}: {e}", socket.display()))?;
     let header = match worker.request(&json!({"op": "status"}), timeout) {
@@ -326,17 +399,16 @@ fn take(
             .get(key)
             .ok_or_else(|| format!("{}: a status reply without `{key}`", socket.display()))
     };
+    let pid = peer.pid.as_raw_nonzero().get();
     let status = ServedStatus {
         socket: socket.to_path_buf(),
         python: PathBuf::from(field("python")?.as_str().unwrap_or_default()),
-        pid: field("pid")?
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
+        pid: u32::try_from(pid).unwrap_or(0),
         builds: field("builds")?.as_u64().unwrap_or(0),
     };
-    let leads = header.get("group").and_then(Value::as_bool) == Some(true);
-    worker.served_as(status.pid as i32, leads);
+    // Whether it leads its process group, as the kernel says.
+    let leads = rustix::process::getpgid(Some(peer.pid)).ok() == Some(peer.pid);
+    worker.served_as(pid, leads);
     Ok(Some((worker, status)))
 }
 
@@ -411,5 +483,179 @@ mod tests {
         ));
         assert!(!same_python(&python, &bin.join("python3")));
         assert!(!same_python(&python, &dir.path().join("other/bin/python")));
+    }
+
+    /// Waits (at most 20 s) until `path` exists.
+    fn wait_for(path: &Path) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !path.exists() {
+            assert!(Instant::now() < until, "{} never appeared", path.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether `child` still runs after up to `within`.
+    fn alive_after(child: &mut Child, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if Instant::now() >= until {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_socket_directory_someone_made_first_is_refused_and_a_new_one_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let taken = tmp.path().join("embodyflow-workers-1-0");
+        std::fs::create_dir(&taken).unwrap();
+        std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let message = private_dir(&taken, false).unwrap_err().to_string();
+        assert!(
+            message.contains(&taken.display().to_string())
+                && message.contains("exists already, made by someone other than this run"),
+            "{message}"
+        );
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&taken), 0o777, "left as it was, and unused");
+
+        let fresh = tmp.path().join("fresh");
+        private_dir(&fresh, false).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        // The run's own directory (OUT/_runner/workers) is made 0700 too,
+        // and one of this user's found open is closed.
+        let own = tmp.path().join("run/_runner/workers");
+        private_dir(&own, true).unwrap();
+        assert_eq!(mode(&own), 0o700);
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&own, true).unwrap();
+        assert_eq!(mode(&own), 0o700);
+    }
+
+    #[test]
+    fn a_fault_signals_the_sockets_peer_never_a_pid_its_reply_names() {
+        use std::os::unix::process::CommandExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("fake.sock");
+        let mut bystander = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // A fake served worker whose status names the bystander (and says
+        // it leads its group), then waits.
+        let script = format!(
+            r#"
+import os, socket, time
+from embodyflow_gym import protocol
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("{sock}.tmp"); s.listen(1); os.rename("{sock}.tmp", "{sock}")
+conn, _ = s.accept()
+header, _ = protocol.read_frame(conn.makefile("rb"))
+out = conn.makefile("wb")
+protocol.write_frame(out, {{"id": header["id"], "ok": True, "python": "x", "pid": {pid}, "group": True, "builds": 0}})
+out.flush()
+time.sleep(60)
+"#,
+            sock = socket.display(),
+            pid = bystander.id()
+        );
+        let mut fake = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .env("PYTHONPATH", crate::worker::PYTHON_DIR)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        wait_for(&socket);
+        let (mut worker, status) = take(&socket, 0, Duration::from_secs(20)).unwrap().unwrap();
+        assert_eq!(status.pid, fake.id(), "the peer, not the reply's pid");
+        worker.kill();
+        assert!(
+            alive_after(&mut bystander, Duration::from_millis(500)),
+            "the pid a reply named was signalled"
+        );
+        assert!(
+            !alive_after(&mut fake, Duration::from_secs(5)),
+            "the socket's peer was not killed"
+        );
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+    }
+
+    #[test]
+    fn a_served_worker_runs_no_adapter_a_client_names_and_its_socket_is_the_users_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        use std::os::unix::process::CommandExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("w.sock");
+        let marker = tmp.path().join("imported");
+        std::fs::write(
+            tmp.path().join("marked.py"),
+            format!(
+                "open({:?}, 'w').close()\ndef make(env_id, kwargs, seed):\n    raise SystemExit\n",
+                marker.display().to_string()
+            ),
+        )
+        .unwrap();
+        let python = BridgeConfig::python(None);
+        let mut served = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "umask 000; exec \"$0\" -u -m embodyflow_gym.worker --serve \"$1\"",
+            ])
+            .arg(&python)
+            .arg(&socket)
+            .env(
+                "PYTHONPATH",
+                format!("{}:{}", crate::worker::PYTHON_DIR, tmp.path().display()),
+            )
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        wait_for(&socket);
+        let mode = std::fs::symlink_metadata(&socket)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "under umask 000");
+        let (mut worker, _) = take(&socket, 0, Duration::from_secs(20)).unwrap().unwrap();
+        for (adapter, kwargs, says) in [
+            (
+                "timeit:timeit",
+                json!({}),
+                "does not serve adapter `timeit:timeit`",
+            ),
+            (
+                "marked:make",
+                json!({}),
+                "does not serve adapter `marked:make`",
+            ),
+            (
+                "faulty",
+                json!("a string"),
+                "`kwargs` must be a JSON object",
+            ),
+        ] {
+            let hello = json!({"op": "hello", "adapter": adapter, "env_id": "Counter-v0",
+                "kwargs": kwargs, "seed": 0, "max_steps": 5});
+            match worker.request(&hello, Duration::from_secs(20)) {
+                Ok(Reply::Refused { bad_input, message }) => {
+                    assert!(bad_input && message.contains(says), "{adapter}: {message}");
+                }
+                Ok(Reply::Done(frame)) => panic!("{adapter}: answered {:?}", frame.header),
+                Err(fault) => panic!("{adapter}: {fault}"),
+            }
+        }
+        assert!(!marker.exists(), "a module a client named was imported");
+        drop(worker);
+        let _ = served.kill();
+        let _ = served.wait();
+        let _ = kill_process_group(Pid::from_child(&served), Signal::KILL);
     }
 }

@@ -115,7 +115,7 @@ enum Process {
     Spawned(Child),
     /// A served worker ([`crate::served`]) reached over its socket.
     Served {
-        /// Its pid, as its `status` reply says.
+        /// Its pid: the socket's peer, as the kernel says (never a reply's).
         pid: i32,
         /// Whether it leads its process group (a kill then ends the group).
         group: bool,
@@ -170,7 +170,33 @@ pub(crate) fn command(python: &Path) -> Command {
         .args(["-u", "-m", "embodyflow_gym.worker"])
         .env("PYTHONPATH", path)
         .process_group(0);
+    die_with_parent(&mut command);
     command
+}
+
+/// Sets `PR_SET_PDEATHSIG` = SIGKILL in the worker before it runs Python,
+/// so that it dies with the process (the thread) that started it even when
+/// it is stuck in native code, where its own watch of its parent (a Python
+/// thread) cannot run; then checks that its parent is still the one that
+/// forked it: had that died before the `prctl`, nothing would signal the
+/// worker, so the spawn fails instead.
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    use rustix::process::{getpid, getppid, set_parent_process_death_signal};
+    let parent = getpid();
+    // SAFETY: the closure runs in the forked child before `exec`, where only
+    // async-signal-safe work is allowed: two system calls (prctl, getppid)
+    // through rustix, and an error from an errno or an `ErrorKind`; it
+    // allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(parent) {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            Ok(())
+        });
+    }
 }
 
 impl Worker {
@@ -225,8 +251,8 @@ impl Worker {
         })
     }
 
-    /// Records the pid of a served worker (from its `status` reply) and
-    /// whether it leads its process group.
+    /// Records the pid of a served worker (its socket's peer, as the
+    /// kernel names it) and whether it leads its process group.
     pub(crate) fn served_as(&mut self, served_pid: i32, leads_group: bool) {
         if let Process::Served { pid, group, .. } = &mut self.process {
             (*pid, *group) = (served_pid, leads_group);
@@ -488,6 +514,36 @@ impl Drop for Worker {
     fn drop(&mut self) {
         if !self.served() || self.busy() {
             self.kill();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_dies_with_the_thread_that_started_it_without_its_python_watch() {
+        // Its Python watch looks for a new parent, which a thread's end does
+        // not give: only the parent-death signal set before exec ends it.
+        let python = crate::BridgeConfig::python(None);
+        let mut worker = std::thread::scope(|scope| {
+            scope
+                .spawn(|| Worker::spawn(&python, 0).unwrap())
+                .join()
+                .unwrap()
+        });
+        let Process::Spawned(child) = &mut worker.process else {
+            unreachable!("spawned")
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < until,
+                "worker {} outlived the thread that started it",
+                child.id()
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }

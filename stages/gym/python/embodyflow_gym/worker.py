@@ -71,6 +71,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -89,8 +90,32 @@ class RequestError(Exception):
         self.kind = kind
 
 
+# A served worker's adapters: the names its own command line fixes
+# (`--adapter NAME`) besides the registered ones; None for a spawned worker,
+# whose requests come from the stage that started it.
+SERVED_ADAPTERS = None
+
+
+def check_spec(spec):
+    """Refuses a spec whose kwargs are not an object, and, in a served
+    worker, one naming an adapter it was not started with (a client names
+    no code to import: `module:function` only when the command line lists it)."""
+    adapter, kwargs = spec.get("adapter"), spec.get("kwargs")
+    if not isinstance(adapter, str):
+        raise RequestError("bad_input", f"`adapter` must be a string, not {adapter!r}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise RequestError("bad_input", f"`kwargs` must be a JSON object, not {type(kwargs).__name__} {kwargs!r}")
+    if SERVED_ADAPTERS is not None and ":" in adapter and adapter not in SERVED_ADAPTERS:
+        raise RequestError(
+            "bad_input",
+            f"this served worker does not serve adapter `{adapter}`: it serves the registered "
+            f"adapters and {sorted(SERVED_ADAPTERS) or 'no other'} (its command line's --adapter)",
+        )
+
+
 def make_episode(spec, seed):
     """A new environment of `spec` (a task spec, or hello's header)."""
+    check_spec(spec)
     adapter, env_id, kwargs = spec["adapter"], spec["env_id"], spec.get("kwargs") or {}
     resolved = None
     try:
@@ -451,10 +476,12 @@ def main(argv):
     }
     handlers.update(demo_handlers(worker))
     try:
-        if argv[:1] == ["--serve"] and len(argv) == 2:
+        if argv[:1] == ["--serve"] and len(argv) % 2 == 0 and all(a == "--adapter" for a in argv[2::2]):
+            global SERVED_ADAPTERS
+            SERVED_ADAPTERS = set(argv[3::2])
             serve_socket(worker, handlers, argv[1])
         elif argv:
-            sys.exit(f"usage: python -m embodyflow_gym.worker [--serve SOCKET], not {argv}")
+            sys.exit(f"usage: python -m embodyflow_gym.worker [--serve SOCKET [--adapter NAME]...], not {argv}")
         else:
             serve(worker, handlers, sys.stdin.buffer)
     finally:
@@ -467,11 +494,23 @@ def serve_socket(worker, handlers, path):
     staging = f"{path}.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(staging)
-    listener.bind(staging)
+    # The socket is this user's only, from its creation on.
+    old = os.umask(0o077)
+    try:
+        listener.bind(staging)
+    finally:
+        os.umask(old)
+    os.chmod(staging, 0o600)
     listener.listen(16)
     os.rename(staging, path)
+    me = os.geteuid()
     while True:
         conn, _ = listener.accept()
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != me:
+            print(f"refused a connection from pid {pid} of uid {uid} (this worker's uid is {me})", file=sys.stderr)
+            conn.close()
+            continue
         with conn, conn.makefile("rb") as reader:
             protocol.OUT = conn.makefile("wb")
             try:
