@@ -62,7 +62,11 @@ only once it listens. A client that closes its connection, or sends
 `close`, or sends bytes that are not a frame, returns the worker to waiting
 for the next: the environments of its slots become spare, every built
 environment is kept for the next client. It exits when its parent (the
-runner) changes, then killing its group.
+runner) changes, then killing its group. The socket is made 0600 (bound
+under umask 077) and a connection from another uid is refused; a served
+worker builds only registered adapters and the `module:function` names its
+command line lists (`--serve SOCKET --adapter NAME ...`), never one a client
+names, and `kwargs` must be a JSON object.
 """
 
 import contextlib
