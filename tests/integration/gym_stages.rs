@@ -713,3 +713,43 @@ fn an_adapter_installed_as_a_plugin_runs_through_every_stage() {
     assert_eq!(eval_rows.len(), 2);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }
+
+/// SFT on the expert's demonstrations when every worker hangs: there is
+/// nothing to train on, and update-policy says why (every demonstration
+/// ended by the fault, named), exit 2, writing nothing.
+#[test]
+fn sft_when_every_demonstration_hangs_names_the_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks");
+    let task_rows: Vec<TaskRow> = (0..2)
+        .map(|t| {
+            let mut spec = GymTaskSpec::new("faulty", "Counter-v0", t, 6);
+            spec.kwargs = serde_json::json!({"fault": "hang", "at_step": 1});
+            task_row(&format!("counter/{t}"), "train", &spec).unwrap()
+        })
+        .collect();
+    write_table(&tasks, &task_rows);
+    let vla = dir.path().join("vla");
+    let mut init = vec!["--out", s(&vla), "--input", s(&tasks), "--seed", "0"];
+    init.extend_from_slice(TINY_VLA);
+    ok("init-policy", &init);
+    let out = dir.path().join("sft");
+    let mut args = vec!["--policy", s(&vla), "--input", s(&tasks), "--out", s(&out)];
+    for set in [
+        "objective=sft",
+        "sft.bridge.workers=2",
+        "sft.bridge.timeout_s=1",
+    ] {
+        args.extend(["--set", set]);
+    }
+    let result = run("update-policy", &args);
+    assert_eq!(result.code, 2, "{result}");
+    for needle in [
+        "no training examples: every one of the 2 demonstrations of the expert",
+        "all 2 ended by an infrastructure fault, not by the expert (first: task `counter/0`: ",
+        "hung",
+    ] {
+        assert!(result.stderr.contains(needle), "{needle}: {result}");
+    }
+    assert!(!out.join("policy").exists(), "{result}");
+}

@@ -193,6 +193,7 @@ fn demonstration(
         success: demo.episode.success,
         decisions: Vec::new(),
         step_frames: Vec::new(),
+        failure: None,
     };
     if !out.success {
         return Ok(out);

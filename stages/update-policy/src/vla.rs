@@ -66,15 +66,16 @@ pub mod demonstrations;
 pub mod thinking;
 
 use decisions::{
-    decode_observations, demonstration_example, dropped_note, observation_rows, observation_shape,
-    padded_chunks,
+    Dropped, all_dropped, decode_observations, demonstration_example, dropped_note,
+    observation_rows, observation_shape, padded_chunks,
 };
 
 /// Behaviour-cloning examples (see the module doc): the scripted expert's
 /// demonstration of each kept task, asked of the tasks' world
 /// ([`embodyflow_worlds::World::demonstrations`]), one example per decision;
 /// the notes count the demonstrations used and those dropped because they
-/// failed.
+/// failed (with the first infrastructure fault among them). When every one
+/// failed there is nothing to train on: bad input saying how many and why.
 pub fn sft_examples(
     policy: &Checkpoint<Vla>,
     tasks: &[TaskRow],
@@ -124,7 +125,10 @@ pub fn sft_examples(
             .instruction_ids(&demo.instruction)
             .map_err(|e| Error::BadInput(format!("task `{}`: {e}", demo.task_id)))?;
         if !demo.success {
-            dropped.push(demo.task_id);
+            dropped.push(Dropped {
+                what: format!("task `{}`", demo.task_id),
+                fault: demo.failure,
+            });
             return Ok(());
         }
         used += 1;
@@ -157,6 +161,9 @@ pub fn sft_examples(
         Ok(())
     };
     let about = world.demonstrations(&tasks, &request, &mut add)?;
+    if used == 0 && !dropped.is_empty() {
+        return Err(all_dropped(&dropped, &format!("of the expert ({about})")).into());
+    }
     let mut notes = vec![(
         "demonstrations".to_string(),
         format!(

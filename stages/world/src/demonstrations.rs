@@ -20,6 +20,7 @@
 //!     success: true,
 //!     decisions: vec![DemoDecision { observation: vec![], text: None, tokens: vec![255] }],
 //!     step_frames: Vec::new(),
+//!     failure: None,
 //! };
 //! assert_eq!(demo.decisions.len(), 1);
 //! ```
@@ -71,6 +72,10 @@ pub struct Demonstration {
     /// The frame before every step, when asked for
     /// ([`DemoRequest::step_frames`]); empty otherwise.
     pub step_frames: Vec<Vec<u8>>,
+    /// Why the episode ended outside the task, when infrastructure ended
+    /// it (a worker that crashed, hung or sent a malformed frame); then
+    /// `success` is false. `None` for an expert that played its episode.
+    pub failure: Option<String>,
 }
 
 /// One decision of a demonstration.

@@ -155,6 +155,7 @@ impl World for Toy {
                 success: true,
                 decisions,
                 step_frames,
+                failure: None,
             })?;
         }
         Ok("always on".into())

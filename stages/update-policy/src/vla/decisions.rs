@@ -119,14 +119,78 @@ pub(crate) fn demonstration_example(
     }
 }
 
-/// The summary line of the demonstrations left out because they failed.
-pub(crate) fn dropped_note(dropped: &[String]) -> (String, String) {
+/// A demonstration left out because it failed: what it was (`task `t``
+/// or `trajectory `t``) and, when infrastructure ended it (a gym bridge
+/// worker that crashed or hung), why.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Dropped {
+    /// `task `t`` or `trajectory `t``.
+    pub(crate) what: String,
+    /// The fault that ended it, if one did.
+    pub(crate) fault: Option<String>,
+}
+
+/// The summary line of the demonstrations left out because they failed,
+/// with the first infrastructure fault among them.
+pub(crate) fn dropped_note(dropped: &[Dropped]) -> (String, String) {
     let value = match dropped.first() {
         None => "0".to_string(),
-        Some(first) => format!(
-            "{} failed and were left out (first: task `{first}`)",
-            dropped.len()
-        ),
+        Some(first) => {
+            let mut value = format!(
+                "{} failed and were left out (first: {})",
+                dropped.len(),
+                first.what
+            );
+            if let Some((count, first)) = first_fault(dropped) {
+                value.push_str(&format!(
+                    "; {count} of them ended by an infrastructure fault (first: {})",
+                    fault_text(first)
+                ));
+            }
+            value
+        }
     };
     ("dropped demonstrations".to_string(), value)
+}
+
+fn first_fault(dropped: &[Dropped]) -> Option<(usize, &Dropped)> {
+    let first = dropped.iter().find(|d| d.fault.is_some())?;
+    Some((dropped.iter().filter(|d| d.fault.is_some()).count(), first))
+}
+
+fn fault_text(dropped: &Dropped) -> String {
+    format!(
+        "{}: {}",
+        dropped.what,
+        dropped.fault.as_deref().unwrap_or_default()
+    )
+}
+
+/// The error when every demonstration failed, so none is left to train
+/// on: how many, and why (the infrastructure faults that ended them, or
+/// the expert's own failures), `of` naming where they came from.
+pub(crate) fn all_dropped(dropped: &[Dropped], of: &str) -> Error {
+    let n = dropped.len();
+    let why = match first_fault(dropped) {
+        Some((count, first)) if count == n => format!(
+            "all {n} ended by an infrastructure fault, not by the expert (first: {})",
+            fault_text(first)
+        ),
+        Some((count, first)) => format!(
+            "{count} ended by an infrastructure fault (first: {}), the other {} did not complete their task (first: {})",
+            fault_text(first),
+            n - count,
+            dropped
+                .iter()
+                .find(|d| d.fault.is_none())
+                .map_or(String::new(), |d| d.what.clone())
+        ),
+        None => format!(
+            "none completed its task, and no infrastructure fault ended them (first: {})",
+            dropped[0].what
+        ),
+    };
+    Error::BadInput(format!(
+        "no training examples: every one of the {n} demonstrations {of} failed and was left out: {why}"
+    ))
 }

@@ -9,7 +9,9 @@
 //! Which demonstrations: those whose task ([`TaskRow::task_key`]) is one of
 //! the `--input` tasks', the first `sft.demos_per_task` of each task in
 //! table order (`all`: every one); a demonstration marked incomplete, or
-//! ended by an infrastructure fault, is dropped and counted.
+//! ended by an infrastructure fault, is dropped and counted. When none is
+//! left (every one dropped, or none of an `--input` task) the stage exits
+//! 2 saying which.
 //!
 //! Checked before training, naming the trajectory and step (bad input): a
 //! prompt that is not the checkpoint's tokenisation of the task's
@@ -41,7 +43,7 @@ use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::ChunkPolicy;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 
-use super::decisions::{demonstration_example, dropped_note};
+use super::decisions::{Dropped, all_dropped, demonstration_example, dropped_note};
 use super::thinking;
 use crate::{DemosPerTask, SftConfig, SftSet};
 
@@ -105,7 +107,15 @@ pub fn sft_examples(
             continue;
         }
         if !trajectory.complete || trajectory.faulted() {
-            dropped.push(id.to_string());
+            dropped.push(Dropped {
+                what: format!("trajectory `{id}`"),
+                fault: trajectory.faulted().then(|| {
+                    trajectory
+                        .failure_reason
+                        .clone()
+                        .unwrap_or_else(|| "infra_fault".into())
+                }),
+            });
             continue;
         }
         used += 1;
@@ -152,6 +162,15 @@ pub fn sft_examples(
             let tokens: Vec<u32> = step.response_ids.iter().map(|&t| t as u32).collect();
             examples.push(demonstration_example(source, &prompt, &tokens, observation));
         }
+    }
+    if used == 0 && !dropped.is_empty() {
+        return Err(all_dropped(&dropped, &format!("of {}", dir.display())).into());
+    }
+    if used == 0 && other_tasks > 0 {
+        return Err(bad(format!(
+            "no training examples: the {other_tasks} demonstrations of {} are all of tasks not in --input",
+            dir.display()
+        )));
     }
     let notes = vec![
         (

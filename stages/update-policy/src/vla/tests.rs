@@ -109,6 +109,66 @@ fn sft_examples_are_the_experts_decisions() {
     assert!(error.contains(&tasks[0].task_id()), "{error}");
 }
 
+/// When every demonstration fails there is nothing to train on: the error
+/// says so and why, the tasks the expert failed or the infrastructure
+/// fault that ended them, not only that no examples were made.
+#[test]
+fn when_every_demonstration_fails_the_error_says_why() {
+    let policy = tiny_vla(K);
+    let rows: Vec<TaskRow> = (2..4)
+        .map(|i| {
+            let mut task = generate(Suite::Object, Split::Train, 3, i);
+            task.max_steps = 6;
+            task_row(&task)
+        })
+        .collect();
+    let error = sft_examples(&policy, &rows, &sft_config(), 7)
+        .err()
+        .expect("nothing to train on")
+        .to_string();
+    assert!(
+        error.contains("no training examples: every one of the 2 demonstrations of the expert")
+            && error.contains(&format!(
+                "none completed its task, and no infrastructure fault ended them (first: task `{}`)",
+                rows[0].task_id
+            )),
+        "{error}"
+    );
+
+    // Faults (a gym bridge's hung workers) are named with their cause.
+    let dropped = |fault: Option<&str>, task: &str| decisions::Dropped {
+        what: format!("task `{task}`"),
+        fault: fault.map(String::from),
+    };
+    let hung = "worker 0 hung: no frame within 60 s (bridge.timeout_s)";
+    let all = [dropped(Some(hung), "a"), dropped(Some(hung), "b")];
+    let error = decisions::all_dropped(&all, "of the expert (gym:babyai)").to_string();
+    assert_eq!(
+        error,
+        format!(
+            "no training examples: every one of the 2 demonstrations of the expert (gym:babyai) failed and was left out: all 2 ended by an infrastructure fault, not by the expert (first: task `a`: {hung})"
+        )
+    );
+    let some = [
+        dropped(None, "a"),
+        dropped(Some(hung), "b"),
+        dropped(None, "c"),
+    ];
+    let error = decisions::all_dropped(&some, "of the expert (gym:babyai)").to_string();
+    assert!(
+        error.contains(&format!(
+            "1 ended by an infrastructure fault (first: task `b`: {hung}), the other 2 did not complete their task (first: task `a`)"
+        )),
+        "{error}"
+    );
+    assert_eq!(
+        decisions::dropped_note(&some).1,
+        format!(
+            "3 failed and were left out (first: task `a`); 1 of them ended by an infrastructure fault (first: task `b`: {hung})"
+        )
+    );
+}
+
 /// A rendered observation of a task's first frame, `size` pixels.
 fn first_observation(size: usize) -> Vec<u8> {
     let task = generate(Suite::Goal, Split::Train, 3, 0);
