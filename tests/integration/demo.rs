@@ -5,27 +5,21 @@
 //! are on docs/src/results/demo.md; this test keeps the script itself from
 //! breaking when a stage key or a pipeline variable it passes changes.
 
-use std::path::Path;
 use std::process::Command;
 
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::{TableName, TrajectoryRow};
+use embodyflow_tests::Run;
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+use crate::examples::repo;
 
-/// Runs scripts/demo with `env`; (exit code, stdout, stderr).
-fn demo(env: &[(&str, &str)]) -> (i32, String, String) {
-    let output = Command::new(repo().join("scripts/demo"))
+/// Runs scripts/demo with `env`.
+fn demo(env: &[(&str, &str)]) -> Run {
+    Command::new(repo().join("scripts/demo"))
         .envs(env.iter().copied())
         .output()
-        .expect("spawn scripts/demo");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+        .expect("spawn scripts/demo")
+        .into()
 }
 
 #[test]
@@ -34,8 +28,11 @@ fn the_demo_runs_every_section_at_tiny_scale() {
     let out = dir.path().join("demo");
     let out_s = out.to_str().unwrap();
     // cargo built the binaries this test runs: the demo uses them as they are.
-    let (code, stdout, stderr) =
-        demo(&[("DEMO_SCALE", "tiny"), ("DEMO_BUILD", "no"), ("OUT", out_s)]);
+    let Run {
+        code,
+        stdout,
+        stderr,
+    } = demo(&[("DEMO_SCALE", "tiny"), ("DEMO_BUILD", "no"), ("OUT", out_s)]);
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
     for section in [
         "== setup and build",
@@ -106,7 +103,7 @@ fn the_demo_runs_every_section_at_tiny_scale() {
     let other = dir.path().join("mine");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("notes.txt"), "keep me").unwrap();
-    let (code, _, stderr) = demo(&[
+    let Run { code, stderr, .. } = demo(&[
         ("DEMO_SCALE", "tiny"),
         ("DEMO_BUILD", "no"),
         ("OUT", other.to_str().unwrap()),
@@ -118,7 +115,7 @@ fn the_demo_runs_every_section_at_tiny_scale() {
         "keep me"
     );
     for (knob, bad) in [("DEMO_SCALE", "huge"), ("DEMO_BUILD", "always")] {
-        let (code, _, stderr) = demo(&[(knob, bad), ("OUT", out_s)]);
+        let Run { code, stderr, .. } = demo(&[(knob, bad), ("OUT", out_s)]);
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains(&format!("{knob}={bad}")), "{stderr}");
     }

@@ -40,7 +40,7 @@ use std::time::Instant;
 
 use embodyflow_tests::{Run, bin, read_advantages};
 
-use crate::examples::{Block, blocks, demo_layout, repo, sh_ok};
+use crate::examples::{Block, blocks, demo_layout, repo, sh_ok, sh_with_path};
 
 /// The info strings of the blocks this test runs.
 const SHELL: [&str; 4] = ["sh", "bash", "shell", "console"];
@@ -328,24 +328,7 @@ fn as_run(command: &str) -> String {
 /// Runs `command` with `sh -c` in `dir`, `target/release` and `.venv/bin`
 /// first on the PATH.
 fn sh_in(dir: &Path, command: &str) -> Run {
-    let path = format!(
-        "{}:{}:{}",
-        release().display(),
-        repo().join(".venv/bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .current_dir(dir)
-        .env("PATH", path)
-        .output()
-        .expect("spawn sh");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    sh_with_path(dir, command, &[&release()])
 }
 
 /// The paths `command` writes: its `--out`, `table merge`'s first path.

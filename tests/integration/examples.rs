@@ -338,23 +338,27 @@ pub(crate) fn demo_layout(root: &Path) {
 
 /// Runs `command` with `sh -c` in `root`, `.venv/bin` first on the PATH.
 pub(crate) fn sh(root: &Path, command: &str) -> Run {
-    let path = format!(
-        "{}:{}",
-        repo().join(".venv/bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let output = Command::new("sh")
+    sh_with_path(root, command, &[])
+}
+
+/// Runs `command` with `sh -c` in `root`, `first` and then `.venv/bin`
+/// ahead of the PATH.
+pub(crate) fn sh_with_path(root: &Path, command: &str, first: &[&Path]) -> Run {
+    let venv = repo().join(".venv/bin");
+    let mut path: Vec<String> = first
+        .iter()
+        .chain([&venv.as_path()])
+        .map(|dir| dir.display().to_string())
+        .collect();
+    path.push(std::env::var("PATH").unwrap_or_default());
+    Command::new("sh")
         .arg("-c")
         .arg(command)
         .current_dir(root)
-        .env("PATH", path)
+        .env("PATH", path.join(":"))
         .output()
-        .expect("spawn sh");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .expect("spawn sh")
+        .into()
 }
 
 pub(crate) fn sh_ok(root: &Path, command: &str) -> Run {

@@ -45,18 +45,14 @@ set = { split = "train", count = 20 }
 
 /// `pipeline run FILE --out OUT` under umask 000.
 fn run_permissive(file: &Path, out: &Path) -> Run {
-    let output = Command::new("sh")
+    Command::new("sh")
         .arg("-c")
         .arg("umask 000; exec \"$0\" \"$@\"")
         .arg(bin("pipeline"))
         .args(["run", s(file), "--out", s(out)])
         .output()
-        .unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .unwrap()
+        .into()
 }
 
 #[test]

@@ -117,6 +117,16 @@ pub struct Run {
     pub stderr: String,
 }
 
+impl From<Output> for Run {
+    fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
 impl std::fmt::Display for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -134,16 +144,12 @@ pub fn run(name: &str, args: &[&str]) -> Run {
 
 /// Runs binary `name` with `args` and extra environment variables.
 pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let output: Output = Command::new(bin(name))
+    Command::new(bin(name))
         .args(args)
         .envs(env.iter().copied())
         .output()
-        .expect("spawn binary");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .expect("spawn binary")
+        .into()
 }
 
 /// Replaces the first shard of the table at `table_dir` with `batch`, written
