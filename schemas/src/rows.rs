@@ -107,10 +107,21 @@ impl TaskRow {
     /// assert_eq!(row("household/train/7/000042").task_key(), "household/train/7/000042");
     /// ```
     pub fn task_key(&self) -> &str {
-        self.task_id
-            .split_once(INITIAL_STATE_SEPARATOR)
-            .map_or(self.task_id.as_str(), |(task, _)| task)
+        task_key(&self.task_id)
     }
+}
+
+/// The task a task id poses ([`TaskRow::task_key`]): the id up to
+/// [`INITIAL_STATE_SEPARATOR`], for tables that carry the id alone (`eval`,
+/// `trajectories`).
+///
+/// ```
+/// assert_eq!(embodyflow_schemas::task_key("tabletop-goal/1/000003@test/0002"), "tabletop-goal/1/000003");
+/// ```
+pub fn task_key(task_id: &str) -> &str {
+    task_id
+        .split_once(INITIAL_STATE_SEPARATOR)
+        .map_or(task_id, |(task, _)| task)
 }
 
 impl TrajectoryRow {

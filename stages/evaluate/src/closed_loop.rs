@@ -56,7 +56,7 @@ use std::time::Instant;
 use embodyflow_core::Error;
 use embodyflow_core::schemas::{EvalRow, TaskRow};
 use embodyflow_rollout::closed_loop::{
-    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
+    ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, GraspPoint, RunTotals, run_closed_loop,
 };
 use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::{WorldOptions, WorldTask, Worlds, max_decisions, task_of};
@@ -89,7 +89,7 @@ pub fn layouts<'a>(owned: &[(u32, &'a TaskRow)]) -> Result<Vec<Layout<'a>>, Erro
 }
 
 /// What one episode did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EpisodeOutcome {
     /// Whether the goal was reached.
     pub success: bool,
@@ -101,6 +101,9 @@ pub struct EpisodeOutcome {
     pub truncated: bool,
     /// Whether an object a goal moves was ever grasped.
     pub ever_grasped: Option<bool>,
+    /// Where it was asked to grasp and where the fingers first closed
+    /// (`None`: the world does not say).
+    pub grasp: Option<GraspPoint>,
     /// Why it ended outside the task (a bridge worker's fault).
     pub failure: Option<String>,
 }
@@ -248,6 +251,7 @@ pub fn play<P: ChunkPolicy>(
                 env_steps: e.env_steps,
                 truncated: e.truncated,
                 ever_grasped: e.target_ever_grasped,
+                grasp: e.grasp,
                 failure: e.failure.clone(),
             }));
         played.totals.seconds += started.elapsed().as_secs_f64();
@@ -531,6 +535,7 @@ mod tests {
             env_steps: thoughts.len() as u32,
             truncated: !success,
             target_ever_grasped: None,
+            grasp: None,
         }
     }
 
@@ -634,5 +639,79 @@ mod tests {
             assert_eq!(*layout, chunk.iter().filter(|o| o.success).count());
         }
         assert!(successes.iter().sum::<usize>() > 0);
+    }
+
+    /// Closes the fingers at the start position on the first step, whatever
+    /// it sees: a policy that replays one trajectory.
+    struct Blind;
+
+    impl ChunkPolicy for Blind {
+        type Error = Error;
+        fn chunk_len(&self) -> usize {
+            K
+        }
+        fn action_dim(&self) -> usize {
+            tabletop::ACTION_DIM
+        }
+        fn observation_shape(&self) -> embodyflow_core::observation::ObservationShape {
+            tabletop::observation_shape(SIZE)
+        }
+        fn instruction_ids(&self, _: &str) -> Result<Vec<i32>, Error> {
+            Ok(vec![1])
+        }
+        fn decide(
+            &mut self,
+            batch: &embodyflow_rollout::closed_loop::DecisionBatch<'_>,
+        ) -> Result<Vec<embodyflow_rollout::closed_loop::ChunkDecision>, Error> {
+            // Still in x and y, down, fingers closed.
+            let action = ActionBins::openvla()
+                .encode(&[0.0, 0.0, -1.0, 1.0])
+                .unwrap();
+            Ok((0..batch.len())
+                .map(|_| embodyflow_rollout::closed_loop::ChunkDecision {
+                    tokens: action.iter().copied().cycle().take(K * 4).collect(),
+                    token_logprobs: vec![0.0; K * 4],
+                    thought: None,
+                })
+                .collect())
+        }
+    }
+
+    #[test]
+    fn the_expert_grasps_where_the_object_is_and_a_blind_policy_does_not() {
+        let rows: Vec<TaskRow> = (0..7)
+            .flat_map(|task| {
+                (0..6).map(move |state| {
+                    task_row(
+                        &tabletop::initial_state(Suite::Goal, 1, task, Split::Test, state).unwrap(),
+                    )
+                })
+            })
+            .collect();
+        let layouts = all_layouts(&rows, 1);
+        let (eval, played) = expert_rows(&layouts, Strategy::Grasp, layouts.len());
+        assert!(played.outcomes.iter().all(|o| o.grasp.is_some()));
+        let mut summary = Summary::new("evaluate");
+        let slope = crate::add_closed_loop_lines(&mut summary, &eval, &played, K as i64, "greedy")
+            .expect("the expert closes its fingers in every episode");
+        assert!((0.9..=1.1).contains(&slope.slope), "{slope:?}");
+        assert_eq!(slope.closed, layouts.len());
+        assert!(
+            summary.to_markdown().contains("| grasp slope"),
+            "{}",
+            summary.to_markdown()
+        );
+
+        let (eval, played) =
+            evaluate_layouts(&mut Blind, &options(), &layouts, "blind", 64).unwrap();
+        let slope = crate::add_closed_loop_lines(
+            &mut Summary::new("e"),
+            &eval,
+            &played,
+            K as i64,
+            "greedy",
+        )
+        .unwrap();
+        assert_eq!((slope.slope, slope.closed), (0.0, layouts.len()));
     }
 }

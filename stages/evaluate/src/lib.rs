@@ -47,16 +47,56 @@
 //! ```
 
 pub mod closed_loop;
+pub mod gate;
+pub mod grasp;
+
+use embodyflow_core::{Classify, ErrorKind};
+use embodyflow_rollout::PolicyRunError;
 
 /// Why `evaluate` stopped.
-pub use embodyflow_rollout::PolicyRunError as EvalError;
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// Loading or running the policy, its worlds, reading or writing tables.
+    #[error(transparent)]
+    Run(#[from] PolicyRunError),
+    /// The policy failed a `gate.*` key (the outputs and the summary with
+    /// every gate's figure are committed): exit 1.
+    #[error("{0}")]
+    Gate(String),
+}
+
+impl Classify for EvalError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            EvalError::Run(error) => error.kind(),
+            EvalError::Gate(_) => ErrorKind::Failure,
+        }
+    }
+}
+
+/// What the stage's steps fail with, as [`PolicyRunError`].
+macro_rules! through_policy_run {
+    ($($error:ty),*) => {$(
+        impl From<$error> for EvalError {
+            fn from(error: $error) -> Self {
+                EvalError::Run(error.into())
+            }
+        }
+    )*};
+}
+through_policy_run!(
+    embodyflow_core::Error,
+    ModelError,
+    embodyflow_rollout::closed_loop::ClosedLoopError,
+    embodyflow_worlds::WorldsError
+);
 
 use std::collections::{BTreeMap, HashMap};
 
 use embodyflow_algos::pass_at_k::{pass_at_k, reported_ks};
 use embodyflow_core::cli::{PolicyArg, StageArgs};
 use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, positive};
-use embodyflow_core::schemas::{EvalRow, TableName, TaskRow};
+use embodyflow_core::schemas::{self, EvalRow, TableName, TaskRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
@@ -68,9 +108,11 @@ use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::registry::{policy_kind, policy_net};
 use embodyflow_models::vl::VlPolicy;
 use embodyflow_models::vla::Vla;
+use embodyflow_rollout::closed_loop::GraspPoint;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
 use embodyflow_worlds::{BridgeKeys, WorldOptions};
+use gate::{GateConfig, Measured};
 use serde::{Deserialize, Serialize};
 
 /// Command line of `evaluate`.
@@ -106,6 +148,9 @@ pub struct Config {
     /// The gym bridge's workers (bridge tasks).
     #[keys(section)]
     pub bridge: BridgeKeys,
+    /// What the policy must show ([`gate`]): unset keys are no gate.
+    #[keys(section)]
+    pub gate: GateConfig,
     /// Output layout.
     #[keys(skip)]
     pub output: OutputConfig,
@@ -141,6 +186,7 @@ impl Default for Config {
             batch_rows: 128,
             pass_at_k: PassAtKConfig::default(),
             bridge: BridgeKeys::default(),
+            gate: GateConfig::default(),
             output: OutputConfig::default(),
         }
     }
@@ -172,7 +218,17 @@ impl StageConfig for Config {
             "pass_at_k.top_p",
             "a number in (0, 1]",
             self.pass_at_k.top_p,
-        )
+        )?;
+        self.gate.validate()?;
+        if let Some(key) = self.gate.needs_samples() {
+            ensure(
+                self.pass_at_k.samples >= 2,
+                "pass_at_k.samples",
+                format!("at least 2 (sampled episodes per layout) for {key}"),
+                self.pass_at_k.samples,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -354,7 +410,7 @@ pub fn run(args: Args) -> Result<(), EvalError> {
         .map(|&(_, task)| (task.task_id.as_str(), task))
         .collect();
     let mut summary = Summary::new("evaluate");
-    let rows = match mode {
+    let (rows, figures) = match mode {
         Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
             one_shot::<VlPolicy>(&stage, &args, &owned, &tasks, device, &mut summary)?
         }
@@ -366,11 +422,63 @@ pub fn run(args: Args) -> Result<(), EvalError> {
             closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?
         }
     };
+    let verdicts = config.gate.check(&figures.measured(&rows));
+    for verdict in verdicts.iter().flatten() {
+        let (key, value) = verdict.line();
+        summary.add(key, value);
+    }
     let mut writer = stage.writer(TableName::Eval)?;
     writer.write_rows(&rows)?;
     stage.finish(writer)?;
     stage.commit(&summary)?;
+    let failed: Vec<String> = verdicts
+        .iter()
+        .flatten()
+        .filter(|v| !v.passed)
+        .map(gate::Verdict::failure)
+        .collect();
+    if !failed.is_empty() && config.gate.enforce {
+        return Err(EvalError::Gate(format!(
+            "{}: the policy failed {} of its gates: {} (the figures are in {}; `--set gate.enforce=false` reports the gates and goes on)",
+            args.policy.policy.display(),
+            failed.len(),
+            failed.join("; "),
+            args.stage.out.join("_summary.evaluate.md").display()
+        )));
+    }
     Ok(())
+}
+
+/// What an evaluation measured besides its rows, for the gates.
+#[derive(Debug, Default)]
+struct Figures {
+    /// Successes among `n` samples per layout, when pass@k sampled.
+    samples: Option<(Vec<usize>, usize)>,
+    /// The grasp slope, when the world says where its goals are.
+    grasp_slope: Option<f64>,
+}
+
+impl Figures {
+    /// The gates' figures: greedy success over the episodes infrastructure
+    /// did not end, the grasp slope, and when sampled the sampled success
+    /// and the share of layouts with mixed outcomes.
+    fn measured(&self, rows: &[EvalRow]) -> Measured {
+        let played: Vec<&EvalRow> = rows.iter().filter(|r| r.failure_reason.is_none()).collect();
+        let success =
+            played.iter().filter(|r| r.success).count() as f64 / played.len().max(1) as f64;
+        let sampled_success = self.samples.as_ref().map(|(successes, n)| {
+            successes.iter().sum::<usize>() as f64 / (successes.len() * n).max(1) as f64
+        });
+        Measured {
+            success,
+            grasp_slope: self.grasp_slope,
+            sampled_success,
+            mixed_groups: self
+                .samples
+                .as_ref()
+                .and_then(|(successes, n)| gate::mixed_share(successes, *n)),
+        }
+    }
 }
 
 /// "`rows` (`tasks` tasks x `runs` runs, greedy)".
@@ -389,7 +497,7 @@ fn one_shot<M: PlanNet>(
     tasks: &HashMap<&str, &TaskRow>,
     device: tch::Device,
     summary: &mut Summary,
-) -> Result<Vec<EvalRow>, EvalError> {
+) -> Result<(Vec<EvalRow>, Figures), EvalError> {
     let config = &stage.config;
     let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let mut envs = Vec::new();
@@ -433,6 +541,7 @@ fn one_shot<M: PlanNet>(
     );
     let breakdowns = [BY_SPLIT, BY_TYPE];
     add_success(summary, &rows, tasks, &breakdowns);
+    let mut figures = Figures::default();
     if config.pass_at_k.samples > 0 {
         let n = config.pass_at_k.samples;
         let sampled = sample_answers(&policy, &envs, config, args.stage.seed)?;
@@ -452,8 +561,9 @@ fn one_shot<M: PlanNet>(
             .collect();
         let layout_tasks: Vec<&TaskRow> = owned.iter().map(|&(_, task)| task).collect();
         add_pass_at_k(summary, &layout_tasks, &successes, n, &breakdowns);
+        figures.samples = Some((successes, n));
     }
-    Ok(rows)
+    Ok((rows, figures))
 }
 
 type TaskInLayout<'a> = (u32, &'a TaskRow, TaskEnv);
@@ -499,7 +609,7 @@ fn closed_loop_episodes(
     tasks: &HashMap<&str, &TaskRow>,
     device: tch::Device,
     summary: &mut Summary,
-) -> Result<Vec<EvalRow>, EvalError> {
+) -> Result<(Vec<EvalRow>, Figures), EvalError> {
     let config = &stage.config;
     let checkpoint = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
     let chunk_len = checkpoint.model.config().chunk_len;
@@ -527,7 +637,11 @@ fn closed_loop_episodes(
             episodes_line(rows.len(), tasks.len(), config.runs),
         );
     add_success(summary, &rows, tasks, &[BY_SPLIT, BY_SUITE, BY_TYPE]);
-    add_closed_loop_lines(summary, &rows, &played, chunk_len, "greedy");
+    let slope = add_closed_loop_lines(summary, &rows, &played, chunk_len, "greedy");
+    let mut figures = Figures {
+        samples: None,
+        grasp_slope: slope.map(|s| s.slope),
+    };
     if config.pass_at_k.samples > 0 {
         let n = config.pass_at_k.samples;
         let mut sampler = VlaPolicy::new(&checkpoint, config.pass_at_k.temperature)?;
@@ -564,8 +678,9 @@ fn closed_loop_episodes(
                 config.pass_at_k.temperature
             )),
         );
+        figures.samples = Some((successes, n));
     }
-    Ok(rows)
+    Ok((rows, figures))
 }
 
 /// Summary rows of greedy closed-loop episodes: successes that never
@@ -573,25 +688,38 @@ fn closed_loop_episodes(
 /// throughput and the wall-time shares of world and policy; for a thinking
 /// VLA also the chosen latent lengths over all its decisions and the mean
 /// value at the first decision of successful and failed episodes
-/// ([`closed_loop::Thinking`]).
+/// ([`closed_loop::Thinking`]); and where the world says where its goals
+/// are, the grasp slope ([`grasp`]), which it returns.
 pub fn add_closed_loop_lines(
     summary: &mut Summary,
     rows: &[EvalRow],
     played: &closed_loop::Played,
     chunk_len: i64,
     sampling: &str,
-) {
+) -> Option<grasp::GraspSlope> {
     let (ungrasped, successes) = closed_loop::ungrasped_successes(rows);
     let truncated = played.outcomes.iter().filter(|o| o.truncated).count();
+    summary.add(
+        "successful episodes that never grasped",
+        if rows.iter().any(|r| r.ever_grasped.is_some()) {
+            format!("{ungrasped} of {successes}")
+        } else {
+            "- (the world has no grasp fact)".to_string()
+        },
+    );
+    let points: Vec<(&str, GraspPoint)> = rows
+        .iter()
+        .zip(&played.outcomes)
+        .filter_map(|(row, o)| Some((schemas::task_key(&row.task_id), o.grasp?)))
+        .collect();
+    let slope = grasp::grasp_slope(&points);
+    if !points.is_empty() {
+        summary.add(
+            "grasp slope (closing point on target, within tasks)",
+            grasp::grasp_slope_line(slope, points.len()),
+        );
+    }
     summary
-        .add(
-            "successful episodes that never grasped",
-            if rows.iter().any(|r| r.ever_grasped.is_some()) {
-                format!("{ungrasped} of {successes}")
-            } else {
-                "- (the world has no grasp fact)".to_string()
-            },
-        )
         .add(
             "episodes cut at the decision limit",
             format!("{truncated} of {}", played.outcomes.len()),
@@ -632,6 +760,7 @@ pub fn add_closed_loop_lines(
                 closed_loop::first_value_line(&thinking.first_values),
             );
     }
+    slope
 }
 
 #[cfg(test)]

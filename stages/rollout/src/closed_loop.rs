@@ -74,8 +74,8 @@ use embodyflow_core::progress;
 use embodyflow_core::schemas::StepRow;
 use embodyflow_core::{Classify, ErrorKind};
 pub use embodyflow_world::{
-    ChunkDecision, ChunkPolicy, ChunkReport, ClosedLoopWorld, DecisionBatch, Thought, WorldError,
-    observed_prompt,
+    ChunkDecision, ChunkPolicy, ChunkReport, ClosedLoopWorld, DecisionBatch, GraspPoint, Thought,
+    WorldError, observed_prompt,
 };
 
 /// Why a closed-loop run stopped.
@@ -243,6 +243,9 @@ pub struct ClosedLoopEpisode {
     /// Whether a goal's object was ever grasped (`None`: the world has no
     /// grasping).
     pub target_ever_grasped: Option<bool>,
+    /// Where it was asked to grasp and where it did (`None`: the world
+    /// does not say).
+    pub grasp: Option<GraspPoint>,
     /// Why it ended outside the task ([`ChunkReport::failure`]): a failure
     /// with a reason (the `failure_reason` column).
     pub failure: Option<String>,
@@ -395,6 +398,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     }
     for (i, episode) in episodes.iter_mut().enumerate() {
         episode.target_ever_grasped = world.target_ever_grasped(i);
+        episode.grasp = world.grasp_point(i);
     }
     Ok(ClosedLoopRun {
         decisions: episodes.iter().map(|e| e.decisions.len() as u64).sum(),
@@ -481,6 +485,7 @@ fn start_episodes<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
                 env_steps: 0,
                 truncated: false,
                 target_ever_grasped: None,
+                grasp: None,
                 failure: world.start_failure(i).map(str::to_string),
             })
         })

@@ -4,7 +4,9 @@
 //! and `B × PROPRIO_DIM` floats, B = tasks × G), then advanced by one action
 //! chunk each (`B × K × ACTION_DIM` floats, K ≥ 1): an episode runs its
 //! chunk's actions until it ends, and an ended episode is left alone (its
-//! chunk is ignored).
+//! chunk is ignored). Each episode also keeps its grasp point: where its
+//! first goal's target stood at reset ([`World::grasp_target`]) and where
+//! the gripper was when the fingers first closed.
 //!
 //! ```
 //! use embodyflow_tabletop::{ACTION_DIM, Batch, Split, Suite, generate};
@@ -21,7 +23,8 @@
 use crate::TabletopError;
 use crate::render::{MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 use crate::scene::TaskSpec;
-use crate::world::{ACTION_DIM, PROPRIO_DIM, Status, World};
+use crate::world::{ACTION_DIM, Grip, PROPRIO_DIM, Status, World};
+use embodyflow_world::GraspPoint;
 
 /// What one chunk did to one episode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +44,7 @@ pub struct Batch {
     size: usize,
     frames: Vec<u8>,
     proprio: Vec<f32>,
+    grasps: Vec<Option<GraspPoint>>,
 }
 
 impl Batch {
@@ -60,7 +64,17 @@ impl Batch {
             worlds.extend(std::iter::repeat_n(world, group));
         }
         let n = worlds.len();
+        let grasps = worlds
+            .iter()
+            .map(|w| {
+                w.grasp_target().map(|target| GraspPoint {
+                    target,
+                    closed_at: None,
+                })
+            })
+            .collect();
         Ok(Batch {
+            grasps,
             worlds,
             size,
             frames: vec![0; n * frame_len(size)],
@@ -81,6 +95,12 @@ impl Batch {
     /// Episode `i`'s world.
     pub fn world(&self, i: usize) -> &World {
         &self.worlds[i]
+    }
+
+    /// Episode `i`'s grasp point: its first goal's target at reset and
+    /// where the fingers first closed (`None`: a task without a goal).
+    pub fn grasp_point(&self, i: usize) -> Option<GraspPoint> {
+        self.grasps[i]
     }
 
     /// Whether every episode has ended.
@@ -138,11 +158,20 @@ impl Batch {
             }
         }
         let mut outcomes = Vec::with_capacity(self.worlds.len());
-        for (w, chunk) in self.worlds.iter_mut().zip(actions.chunks_exact(per)) {
+        let episodes = self.worlds.iter_mut().zip(&mut self.grasps);
+        for ((w, grasp), chunk) in episodes.zip(actions.chunks_exact(per)) {
             let mut env_steps = 0;
             for action in chunk.chunks_exact(ACTION_DIM) {
                 if w.status() != Status::Running {
                     break;
+                }
+                if let Some(point) = grasp
+                    && point.closed_at.is_none()
+                    && action[3] > 0.0
+                    && w.gripper().grip == Grip::Open
+                {
+                    let at = w.gripper().pos;
+                    point.closed_at = Some([at[0], at[1]]);
                 }
                 w.step(action)?;
                 env_steps += 1;

@@ -21,7 +21,7 @@
 
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_world::world::WorldEpisodes;
-use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError};
+use embodyflow_world::{ChunkReport, ClosedLoopWorld, GraspPoint, WorldError};
 
 use crate::TabletopError;
 use crate::batch::Batch;
@@ -124,6 +124,10 @@ impl ClosedLoopWorld for TabletopEpisodes {
 
     fn target_ever_grasped(&self, i: usize) -> Option<bool> {
         Some(self.batch.world(i).target_ever_grasped())
+    }
+
+    fn grasp_point(&self, i: usize) -> Option<GraspPoint> {
+        self.batch.grasp_point(i)
     }
 
     /// BLAKE3 of the world's exact state (`World::state_bytes`), 32 hex

@@ -416,6 +416,29 @@ impl World {
         i < 8 && self.grasped & (1 << i) != 0
     }
 
+    /// Where the first goal asks the fingers to close, as things stand now:
+    /// the object it moves, or the drawer's handle for a drawer goal. Read
+    /// at reset, it is the point a policy that looks at the scene grasps at
+    /// (evaluate's grasp slope).
+    ///
+    /// ```
+    /// use embodyflow_tabletop::{Split, Suite, World, generate};
+    /// let task = generate(Suite::Spatial, Split::Train, 7, 0);
+    /// let world = World::new(&task).unwrap();
+    /// let object = task.goals[0].moved_object().unwrap();
+    /// assert_eq!(world.grasp_target(), Some(world.bodies()[object].pos));
+    /// ```
+    pub fn grasp_target(&self) -> Option<[f32; 2]> {
+        match *self.goals.first()? {
+            Goal::PlaceIn { object, .. } | Goal::NextTo { object, .. } => {
+                Some(self.bodies[object].pos)
+            }
+            Goal::OpenDrawer { drawer } | Goal::CloseDrawer { drawer } => {
+                Some(self.bodies[drawer].handle())
+            }
+        }
+    }
+
     /// Whether an object a goal moves has been grasped at any step (false
     /// for a task that moves none, e.g. opening the drawer).
     pub fn target_ever_grasped(&self) -> bool {

@@ -124,6 +124,21 @@ pub struct ChunkReport {
     pub failure: Option<String>,
 }
 
+/// Where an episode was asked to grasp and where it did: the point a goal
+/// needs the fingers to close on (the object it moves, a drawer's handle) at
+/// the episode's start, and where the gripper stood when the fingers first
+/// closed (`None`: they never closed). Over held-out initial states the
+/// regression of `closed_at` on `target` tells a policy that looks where
+/// the object is (slope 1) from one that replays a mean trajectory (slope
+/// 0): evaluate's grasp slope.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraspPoint {
+    /// The grasp target's (x, y) at the episode's start.
+    pub target: [f32; 2],
+    /// The gripper's (x, y) when the fingers first closed.
+    pub closed_at: Option<[f32; 2]>,
+}
+
 /// Episodes of a closed-loop world, stepped together.
 pub trait ClosedLoopWorld {
     /// Number of episodes.
@@ -161,6 +176,12 @@ pub trait ClosedLoopWorld {
     /// Whether an object a goal of episode `i` moves was ever grasped; `None`
     /// for a world without grasping.
     fn target_ever_grasped(&self, i: usize) -> Option<bool>;
+    /// Episode `i`'s grasp point so far ([`GraspPoint`]); `None` for a
+    /// world that does not say where its goals are.
+    fn grasp_point(&self, i: usize) -> Option<GraspPoint> {
+        let _ = i;
+        None
+    }
     /// The anchor state of episode `i` as last observed (GiGPO's step
     /// groups): a hex hash of the world's exact state, equal exactly when
     /// two episodes are in the same state; `None` for a world that cannot

@@ -29,7 +29,7 @@ use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_envs::TaskEnv;
-use embodyflow_world::{ChunkReport, ClosedLoopWorld, WorldError, observed_prompt};
+use embodyflow_world::{ChunkReport, ClosedLoopWorld, GraspPoint, WorldError, observed_prompt};
 
 use crate::household;
 use embodyflow_world::generator::{Generator, either};
@@ -375,6 +375,9 @@ impl ClosedLoopWorld for Episodes {
     }
     fn target_ever_grasped(&self, i: usize) -> Option<bool> {
         self.world().target_ever_grasped(i)
+    }
+    fn grasp_point(&self, i: usize) -> Option<GraspPoint> {
+        self.world().grasp_point(i)
     }
     fn anchor_key(&self, i: usize) -> Option<String> {
         self.world().anchor_key(i)
