@@ -225,6 +225,10 @@ pub struct SftConfig {
     /// VLA: the tabletop expert's relative action noise in [0, 1] on
     /// demonstrations (seeded by --seed and task).
     pub expert_noise: f32,
+    /// VLA: where a demonstration's examples start: `chunks` (every K-th
+    /// step, the decisions the policy takes) or `steps` (every step with its
+    /// next K actions, as OpenVLA-OFT's loader).
+    pub windows: SftWindows,
     /// A thinking VLA's warm-up: the weights of the latent cosine, stop
     /// and action cross-entropies (LaST-R1: 1 : 0.1 : 1) and what fills the
     /// latent slots.
@@ -248,6 +252,7 @@ impl Default for SftConfig {
             context: SftContext::default(),
             template: ContextTemplates::default(),
             expert_noise: 0.05,
+            windows: SftWindows::default(),
             warmup: WarmupConfig::default(),
             bridge: BridgeKeys::default(),
             demonstrations: None,
@@ -292,6 +297,20 @@ impl<'de> Deserialize<'de> for DemosPerTask {
             }),
         }
     }
+}
+
+/// Where a VLA demonstration's examples start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SftWindows {
+    /// At every K-th step: the decisions the policy itself takes, one
+    /// example per chunk.
+    #[default]
+    Chunks,
+    /// At every step: its frame with the next K actions (fewer at the end,
+    /// masked), K times the examples; OpenVLA-OFT's loader makes one action
+    /// chunk per timestep the same way.
+    Steps,
 }
 
 /// What an SFT example's answer follows.

@@ -55,9 +55,10 @@ use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
 use embodyflow_rollout::sampling_seed;
-use embodyflow_worlds::demonstrations::{DemoRequest, Demonstration};
+use embodyflow_worlds::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use embodyflow_worlds::{WorldTask, task_of, world_of_tasks};
 
+use crate::config::SftWindows;
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
 
@@ -90,6 +91,16 @@ pub fn sft_examples(
         .into());
     }
     if let Some(dir) = &sft.demonstrations {
+        if sft.windows == SftWindows::Steps {
+            return Err(Error::BadValue {
+                key: "sft.windows".into(),
+                reason: format!(
+                    "`steps` windows a scripted expert's episode step by step; the demonstrations table {} holds its decisions as imported (`chunks`)",
+                    dir.display()
+                ),
+            }
+            .into());
+        }
         return demonstrations::sft_examples(policy, tasks, dir, sft);
     }
     let tasks: Vec<WorldTask> = kept_tasks(tasks, sft)
@@ -102,6 +113,14 @@ pub fn sft_examples(
     let bins = sampler.bins();
     // A thinking VLA's warm-up also needs every demonstration frame.
     let thinking = thinking::latent_of(policy).map(|l| l.length as usize);
+    let by_step = sft.windows == SftWindows::Steps;
+    if by_step && thinking.is_some() {
+        return Err(Error::BadValue {
+            key: "sft.windows".into(),
+            reason: "a thinking VLA's warm-up targets follow its decisions: only `chunks`".into(),
+        }
+        .into());
+    }
     let seeds: Vec<u64> = tasks
         .iter()
         .map(|t| sampling_seed(seed, &t.task_id()))
@@ -111,13 +130,18 @@ pub fn sft_examples(
         observation: observation_shape(config),
         action_dim: config.action_dim as usize,
         bins: &bins,
-        chunk_len: config.chunk_len as usize,
+        // Step windows: the expert's episode one step per decision, windowed below.
+        chunk_len: if by_step {
+            1
+        } else {
+            config.chunk_len as usize
+        },
         noise: sft.expert_noise,
         seeds: &seeds,
         step_frames: thinking.is_some(),
         workers: &workers,
     };
-    let k = request.chunk_len;
+    let k = config.chunk_len as usize;
     let (mut futures, mut all_frames) = (Vec::new(), Vec::new());
     let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
     let mut add = |demo: Demonstration| -> Result<(), Error> {
@@ -132,7 +156,12 @@ pub fn sft_examples(
             return Ok(());
         }
         used += 1;
-        for (i, decision) in demo.decisions.into_iter().enumerate() {
+        let decisions = if by_step {
+            step_windows(demo.decisions, k)
+        } else {
+            demo.decisions
+        };
+        for (i, decision) in decisions.into_iter().enumerate() {
             if let Some(length) = thinking {
                 futures.push(thinking::FutureFrames {
                     example: examples.len(),
@@ -185,6 +214,36 @@ pub fn sft_examples(
         notes,
         frame_encoder,
     })
+}
+
+/// A demonstration played one step per decision, as windows of `k`
+/// steps starting at every step: step `t`'s observation (and text) with the
+/// tokens of steps `t .. min(t + k, T)`, so the last `k − 1` windows are
+/// short and their missing steps out of the loss.
+///
+/// ```
+/// # use embodyflow_update_policy::vla::step_windows;
+/// # use embodyflow_worlds::demonstrations::DemoDecision;
+/// let step = |i: u8| DemoDecision { observation: vec![i], text: None, tokens: vec![u32::from(i); 2] };
+/// let windows = step_windows((0..3).map(step).collect(), 2);
+/// let tokens: Vec<Vec<u32>> = windows.iter().map(|w| w.tokens.clone()).collect();
+/// assert_eq!(tokens, [vec![0, 0, 1, 1], vec![1, 1, 2, 2], vec![2, 2]]);
+/// assert_eq!(windows[1].observation, [1]);
+/// ```
+pub fn step_windows(steps: Vec<DemoDecision>, k: usize) -> Vec<DemoDecision> {
+    let tokens: Vec<Vec<u32>> = (0..steps.len())
+        .map(|t| {
+            steps[t..(t + k).min(steps.len())]
+                .iter()
+                .flat_map(|s| s.tokens.iter().copied())
+                .collect()
+        })
+        .collect();
+    steps
+        .into_iter()
+        .zip(tokens)
+        .map(|(step, tokens)| DemoDecision { tokens, ..step })
+        .collect()
 }
 
 impl Trainable for Vla {

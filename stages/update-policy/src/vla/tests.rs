@@ -109,6 +109,65 @@ fn sft_examples_are_the_experts_decisions() {
     assert!(error.contains(&tasks[0].task_id()), "{error}");
 }
 
+/// `sft.windows = steps`: one example per step of the expert's episode,
+/// its frame and proprio with the tokens of the next K actions (fewer at
+/// the end); the windows at every K-th step are the chunk examples exactly.
+/// A thinking VLA and a demonstrations table refuse it, naming the key.
+#[test]
+fn step_windows_start_at_every_step_and_contain_the_chunks() {
+    let policy = tiny_vla(K);
+    let task = generate(Suite::Goal, Split::Train, 3, 0);
+    let rows = [task_row(&task)];
+    let chunks = sft_examples(&policy, &rows, &sft_config(), 7).unwrap();
+    let steps = SftConfig {
+        windows: SftWindows::Steps,
+        ..sft_config()
+    };
+    let windows = sft_examples(&policy, &rows, &steps, 7).unwrap();
+    let expert = ExpertConfig {
+        noise: 0.05,
+        seed: sampling_seed(7, &task.task_id()),
+    };
+    let demo = tabletop::demonstration(&task, Strategy::Grasp, expert, 1, 32).unwrap();
+    let n = demo.episode.steps as usize;
+    assert_eq!(windows.examples.len(), n);
+    for (t, example) in windows.examples.iter().enumerate() {
+        let seen = observation::decode(example.observation().unwrap()).unwrap();
+        assert_eq!(seen.pixels, demo.decisions[t].frame.as_slice(), "step {t}");
+        assert_eq!(
+            example.response.len(),
+            (n - t).min(K as usize) * 4,
+            "step {t}"
+        );
+    }
+    for (i, chunk) in chunks.examples.iter().enumerate() {
+        let window = &windows.examples[i * K as usize];
+        assert_eq!(
+            (&window.prompt, &window.response, window.observation()),
+            (&chunk.prompt, &chunk.response, chunk.observation()),
+            "decision {i}"
+        );
+    }
+    let thinking = embodyflow_models::testing::tiny_thinking_vla(K);
+    let error = sft_examples(&thinking, &rows, &steps, 7)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("sft.windows"), "{error}");
+    let table = SftConfig {
+        demonstrations: Some("runs/demos".into()),
+        ..steps
+    };
+    let error = sft_examples(&policy, &rows, &table, 7)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("sft.windows") && error.contains("runs/demos"),
+        "{error}"
+    );
+}
+
 /// When every demonstration fails there is nothing to train on: the error
 /// says so and why, the tasks the expert failed or the infrastructure
 /// fault that ended them, not only that no examples were made.
