@@ -160,6 +160,10 @@ pub struct VlaKeys {
     pub image_size: i64,
     /// Side of a square image patch, divides vla.image_size (kind = vla).
     pub patch_size: i64,
+    /// Channels of a convolutional stem (two 3 x 3 convolutions) before
+    /// the patches are cut, 0 = none: the patches are the pixels (kind =
+    /// vla, small trunk).
+    pub stem_channels: i64,
     /// Actions per decision, K (kind = vla).
     pub chunk_len: i64,
     /// Bins per action dimension over [-1, 1] (kind = vla).
@@ -196,6 +200,7 @@ impl Default for VlaKeys {
             max_instruction: small.max_instruction,
             image_size: small.image_size,
             patch_size: small.patch_size,
+            stem_channels: small.stem_channels,
             chunk_len: small.chunk_len,
             n_bins: small.n_bins,
             n_embd: small.n_embd,
@@ -247,6 +252,7 @@ impl VlaKeys {
             image_size,
             patch_size: self.patch_size,
             channels: observation.channels as i64,
+            stem_channels: self.stem_channels,
             proprio_dim: observation.proprio as i64,
             chunk_len: self.chunk_len,
             action_dim: shape.action_dim as i64,
@@ -298,6 +304,13 @@ impl VlaKeys {
             "vla.patch_size",
             format!("a positive divisor of vla.image_size = {}", self.image_size),
             self.patch_size,
+        )?;
+        at_least("vla.stem_channels", self.stem_channels, 0)?;
+        ensure(
+            self.stem_channels == 0 || self.trunk == "small",
+            "vla.stem_channels",
+            "0 with an hf: trunk (its vision encoder sees the frames)",
+            self.stem_channels,
         )?;
         at_least("vla.chunk_len", self.chunk_len, 1)?;
         at_least("vla.n_bins", self.n_bins, 2)?;

@@ -57,6 +57,14 @@ pub struct VlaConfig {
     /// at the same place. Absent from a config: 3.
     #[serde(default = "rgb", skip_serializing_if = "is_rgb")]
     pub channels: i64,
+    /// Channels of the small trunk's convolutional stem: two 3 × 3
+    /// convolutions (stride 1, GELU) before the patches are cut, so each
+    /// patch is embedded from per-pixel features rather than raw colours
+    /// (Xiao et al. 2021, "Early convolutions help transformers see
+    /// better"). Absent from a config, or 0: no stem, the patches are the
+    /// pixels (a linear patch embedding, as ViT).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stem_channels: i64,
     /// Length of the proprio vector.
     pub proprio_dim: i64,
     /// Actions per decision (`K`).
@@ -93,6 +101,10 @@ fn is_rgb(channels: &i64) -> bool {
     *channels == 3
 }
 
+fn is_zero(value: &i64) -> bool {
+    *value == 0
+}
+
 impl VlaConfig {
     /// The default shape, small enough for a CPU: 32 × 32 RGB images in 16
     /// patches of 8 × 8, proprio of 5, instructions of up to 32 tokens,
@@ -105,6 +117,7 @@ impl VlaConfig {
             image_size: 32,
             patch_size: 8,
             channels: 3,
+            stem_channels: 0,
             proprio_dim: 5,
             chunk_len: 8,
             action_dim: 4,
@@ -147,6 +160,15 @@ impl VlaConfig {
                 "image_size must be at least 0 (0: a world without frames), found {}",
                 self.image_size
             ));
+        }
+        if self.stem_channels < 0 {
+            return Err(format!(
+                "stem_channels must be at least 0 (0: no convolutional stem), found {}",
+                self.stem_channels
+            ));
+        }
+        if self.stem_channels > 0 && self.trunk.is_some() {
+            return Err("stem_channels: a convolutional stem is the small trunk's; a model trunk has its own vision encoder".into());
         }
         if self.max_instruction < 0 {
             return Err(format!(
@@ -199,8 +221,12 @@ impl VlaConfig {
         if self
             .patch_size
             .checked_mul(self.patch_size)
-            .and_then(|n| n.checked_mul(3))
+            .and_then(|n| n.checked_mul(self.patch_channels().max(3)))
             .is_none()
+            || self
+                .stem_channels
+                .checked_mul(self.stem_channels.max(self.channels) * 9)
+                .is_none()
             || self.n_embd.checked_mul(4).is_none()
         {
             return Err(format!(
@@ -239,10 +265,23 @@ impl VlaConfig {
         let p = self.patch_size;
         let mut own = Vec::new();
         if self.trunk.is_none() {
+            let s = self.stem_channels;
+            if s > 0 {
+                own.extend([
+                    Expected::new(
+                        "stem.conv1.weight",
+                        &[s, self.channels, 3, 3],
+                        "stem_channels, channels",
+                    ),
+                    Expected::new("stem.conv1.bias", &[s], "stem_channels"),
+                    Expected::new("stem.conv2.weight", &[s, s, 3, 3], "stem_channels"),
+                    Expected::new("stem.conv2.bias", &[s], "stem_channels"),
+                ]);
+            }
             own.push(Expected::new(
                 "patch_embed.weight",
-                &[e, p * p * self.channels],
-                "patch_size, channels, n_embd",
+                &[e, p * p * self.patch_channels()],
+                "patch_size, channels, stem_channels, n_embd",
             ));
             own.push(Expected::new("patch_embed.bias", &[e], "n_embd"));
         }
@@ -295,6 +334,16 @@ impl VlaConfig {
     pub fn n_patches(&self) -> i64 {
         let side = self.image_size / self.patch_size;
         side * side
+    }
+
+    /// Channels of the map the small trunk cuts patches from: the stem's,
+    /// or the frame's without one.
+    pub fn patch_channels(&self) -> i64 {
+        if self.stem_channels > 0 {
+            self.stem_channels
+        } else {
+            self.channels
+        }
     }
 
     /// Action tokens per decision: `chunk_len × action_dim`.

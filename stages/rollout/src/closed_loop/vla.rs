@@ -167,6 +167,7 @@ mod tests {
             max_instruction: 160,
             image_size: 32,
             patch_size: 8,
+            stem_channels: 0,
             channels: 3,
             proprio_dim: 5,
             chunk_len: 4,

@@ -16,6 +16,7 @@ fn tiny(seed_value: i64) -> Checkpoint<Vla> {
         image_size: 16,
         patch_size: 4,
         channels: 3,
+        stem_channels: 0,
         proprio_dim: 3,
         chunk_len: 3,
         action_dim: 2,

@@ -17,6 +17,7 @@ fn tiny_config(vocab_size: i64) -> VlaConfig {
         image_size: 16,
         patch_size: 4,
         channels: 3,
+        stem_channels: 0,
         proprio_dim: 3,
         chunk_len: 3,
         action_dim: 2,
@@ -763,6 +764,74 @@ fn two_cameras_joined_along_the_channels_are_one_six_channel_frame() {
     // A 3-channel frame is named with the channels the policy takes.
     let error = policy.model.logits(&rows.batch()).unwrap_err().to_string();
     assert!(error.ends_with("the policy takes 16x16x6"), "{error}");
+}
+
+/// A convolutional stem (`stem_channels`): its two 3 × 3 convolutions
+/// are parameters the config lists, the patches are cut from its features
+/// (`patch_embed` takes p·p·stem_channels), one pixel changes the logits,
+/// and the checkpoint round-trips; a config without a stem names none, so
+/// checkpoints written before read the same.
+#[test]
+fn a_convolutional_stem_feeds_the_patches_and_round_trips() {
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        stem_channels: 8,
+        ..tiny_config(tokenizer.get_vocab_size(true) as i64)
+    };
+    config.check().unwrap();
+    let shapes: Vec<(String, Vec<i64>)> = config
+        .tensors()
+        .filter(|t| t.name.starts_with("stem") || t.name.starts_with("patch_embed"))
+        .map(|t| (t.name, t.shape))
+        .collect();
+    let shape = |name: &str, s: &[i64]| (name.to_string(), s.to_vec());
+    assert_eq!(
+        shapes,
+        [
+            shape("stem.conv1.weight", &[8, 3, 3, 3]),
+            shape("stem.conv1.bias", &[8]),
+            shape("stem.conv2.weight", &[8, 8, 3, 3]),
+            shape("stem.conv2.bias", &[8]),
+            shape("patch_embed.weight", &[32, 4 * 4 * 8]),
+            shape("patch_embed.bias", &[32]),
+        ]
+    );
+    assert!(
+        serde_json::to_value(tiny_config(50))
+            .unwrap()
+            .get("stem_channels")
+            .is_none()
+    );
+    assert_eq!(serde_json::to_value(&config).unwrap()["stem_channels"], 8);
+    let _generator = seed(5);
+    let policy = Checkpoint::<Vla>::init_kind(&config, tokenizer, Device::Cpu).unwrap();
+    let rows = Rows::new(2);
+    let logits = tch::no_grad(|| policy.model.logits(&rows.batch()).unwrap());
+    assert_eq!(logits.size(), [2, 6, 32]);
+    let mut image = rows.images[0].clone();
+    image[3 * (5 * 16 + 7)] ^= 0x80;
+    let moved = tch::no_grad(|| {
+        policy
+            .model
+            .logits(&[Observation {
+                image: &image,
+                ..rows.batch()[0]
+            }])
+            .unwrap()
+    });
+    assert!(max_diff(&logits.narrow(0, 0, 1), &moved) > 1e-6);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vla");
+    policy.save(&path, "test", false).unwrap();
+    let loaded = Checkpoint::<Vla>::load_kind(&path, Device::Cpu).unwrap();
+    assert_eq!(loaded.model.config(), policy.model.config());
+    let again = tch::no_grad(|| loaded.model.logits(&rows.batch()).unwrap());
+    assert!(again.equal(&logits));
+    let negative = VlaConfig {
+        stem_channels: -1,
+        ..config
+    };
+    assert!(negative.check().unwrap_err().contains("stem_channels"));
 }
 
 /// Over bf16 copies of its weights (`crate::precision`) a VLA runs in

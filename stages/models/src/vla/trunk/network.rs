@@ -41,10 +41,43 @@ thread_local! {
 /// The trunk of a [`Vla`](crate::vla::Vla).
 #[derive(Debug)]
 pub(crate) enum Trunk {
-    /// Our small transformer and its patch embedding.
-    Small { gpt: Gpt, patch_embed: nn::Linear },
+    /// Our small transformer, its convolutional stem (`stem_channels > 0`)
+    /// and its patch embedding.
+    Small {
+        gpt: Gpt,
+        stem: Option<Stem>,
+        patch_embed: nn::Linear,
+    },
     /// A vision-language model.
     Hf(Box<HfTrunk>),
+}
+
+/// The small trunk's convolutional stem: two 3 × 3 convolutions, stride 1,
+/// zero padding 1, each followed by GELU (`VlaConfig::stem_channels`).
+#[derive(Debug)]
+pub(crate) struct Stem {
+    conv1: nn::Conv2D,
+    conv2: nn::Conv2D,
+}
+
+impl Stem {
+    fn new(path: &nn::Path, channels: i64, width: i64) -> Stem {
+        let config = nn::ConvConfig {
+            padding: 1,
+            ..Default::default()
+        };
+        Stem {
+            conv1: nn::conv2d(path / "conv1", channels, width, 3, config),
+            conv2: nn::conv2d(path / "conv2", width, width, 3, config),
+        }
+    }
+
+    /// Features `[b, s, s, width]` of frames `[b, s, s, channels]`.
+    fn forward(&self, frames: &Tensor) -> Tensor {
+        let x = frames.permute([0, 3, 1, 2]);
+        let x = self.conv1.forward(&x).gelu("none");
+        self.conv2.forward(&x).gelu("none").permute([0, 2, 3, 1])
+    }
 }
 
 /// A vision-language model as a trunk.
@@ -74,9 +107,12 @@ impl Trunk {
                 let p = config.patch_size;
                 Trunk::Small {
                     gpt: Gpt::new(path, &config.small_trunk()),
+                    stem: (config.stem_channels > 0).then(|| {
+                        Stem::new(&(path / "stem"), config.channels, config.stem_channels)
+                    }),
                     patch_embed: nn::linear(
                         path / "patch_embed",
-                        p * p * config.channels,
+                        p * p * config.patch_channels(),
                         config.n_embd,
                         Default::default(),
                     ),
@@ -129,11 +165,19 @@ impl Trunk {
         let device = tail.device();
         let n = tail.size()[1];
         match self {
-            Trunk::Small { gpt, patch_embed } => {
+            Trunk::Small {
+                gpt,
+                stem,
+                patch_embed,
+            } => {
                 let (ids, lengths) = instruction_ids(batch, 0, device);
                 let longest = ids.size()[1];
-                let pixels = patches(config, batch, device).to_kind(patch_embed.ws.kind());
-                let patches = patch_embed.forward(&pixels);
+                let frames = frames(config, batch, device).to_kind(patch_embed.ws.kind());
+                let features = match stem {
+                    Some(stem) => stem.forward(&frames),
+                    None => frames,
+                };
+                let patches = patch_embed.forward(&patches(config, &features));
                 let n_patches = config.n_patches();
                 let prefix = n_patches + 1 + longest;
                 let start = config.prefix_len();
@@ -301,25 +345,32 @@ fn instruction_ids(batch: &[Observation], pad: i64, device: Device) -> (Tensor, 
     (ids, lengths)
 }
 
-/// The small trunk's patches `[batch, (S / p)², p·p·C]` of a batch's
-/// frames, scaled to `[-1, 1]`.
-fn patches(config: &VlaConfig, batch: &[Observation], device: Device) -> Tensor {
+/// A batch's frames `[batch, S, S, C]`, scaled to `[-1, 1]`.
+fn frames(config: &VlaConfig, batch: &[Observation], device: Device) -> Tensor {
     let b = batch.len() as i64;
-    let (s, p, c) = (config.image_size, config.patch_size, config.channels);
-    let side = s / p;
+    let (s, c) = (config.image_size, config.channels);
     let mut pixels = Vec::with_capacity(batch.len() * (s * s * c) as usize);
     for row in batch {
         pixels.extend_from_slice(row.image);
     }
-    // [b, s, s, c] -> [b, side, p, side, p, c] -> patches [b, side², p·p·c].
     Tensor::from_slice(&pixels)
         .to(device)
-        .view([b, side, p, side, p, c])
-        .permute([0, 1, 3, 2, 4, 5])
-        .reshape([b, config.n_patches(), p * p * c])
+        .view([b, s, s, c])
         .to_kind(Kind::Float)
         / 127.5
         - 1.0
+}
+
+/// The small trunk's patches `[batch, (S / p)², p·p·C']` of a map `[batch,
+/// S, S, C']` (the frames, or the stem's features).
+fn patches(config: &VlaConfig, map: &Tensor) -> Tensor {
+    let (b, s, c) = (map.size()[0], config.image_size, map.size()[3]);
+    let p = config.patch_size;
+    let side = s / p;
+    // [b, s, s, c] -> [b, side, p, side, p, c] -> patches [b, side², p·p·c].
+    map.view([b, side, p, side, p, c])
+        .permute([0, 1, 3, 2, 4, 5])
+        .reshape([b, config.n_patches(), p * p * c])
 }
 
 /// The attention `[1 or batch, time, time]` of a prefix whose queries see
