@@ -96,7 +96,7 @@ def iterations(run):
 
 def read_run(run, cell):
     out = {"sampled": {}, "greedy": {}, "ev": {}, "latent_len": {}, "entropy": {}}
-    for name in ("eval_sft", "eval_init"):
+    for name in ("gate_one_demo", "eval_sft", "eval_init"):
         v = first_float(summary_line(os.path.join(run, name, "_summary.evaluate.md"), "success, split val"))
         if v is not None:
             out["greedy"][-1] = v

@@ -1040,35 +1040,39 @@ const TINY_TABLETOP: &[&str] = &[
     "eval_runs=1",
 ];
 
-/// Runs a shipped tabletop pipeline at [`TINY_TABLETOP`] scale with the
-/// tiny VLA's keys (and `extra` keys) on its init step; returns the
-/// statuses, the run directory (kept by `dir`) and the arguments.
-fn run_tiny_tabletop(
-    dir: &Path,
-    name: &str,
-    vars: &[&str],
-    init_extra: &[&str],
-) -> (BTreeMap<String, String>, PathBuf, Vec<String>) {
+/// The arguments of a shipped tabletop pipeline at [`TINY_TABLETOP`]
+/// scale with the tiny VLA's keys (and `extra` keys) on its init step,
+/// writing under `out`.
+fn tiny_tabletop_args(name: &str, out: &Path, vars: &[&str], init_extra: &[&str]) -> Vec<String> {
     let file = shipped(name);
-    let out = dir.join("run");
     // The tiny VLA's keys on the pipeline's init step (which sets kind = vla).
     let init = TINY_VLA
         .iter()
         .chain(init_extra)
         .map(|key| format!("init.{key}"));
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        s(&file).into(),
-        "--out".into(),
-        s(&out).into(),
-    ];
+    let mut args: Vec<String> = vec!["run".into(), s(&file).into(), "--out".into(), s(out).into()];
     for set in vars.iter().map(|v| v.to_string()).chain(init) {
         args.extend(["--set".to_string(), set]);
     }
+    args
+}
+
+/// Runs a shipped tabletop pipeline ([`tiny_tabletop_args`]) whose `setup`
+/// steps run before its loop; returns the statuses, the run directory
+/// (kept by `dir`) and the arguments.
+fn run_tiny_tabletop(
+    dir: &Path,
+    name: &str,
+    vars: &[&str],
+    init_extra: &[&str],
+    setup: usize,
+) -> (BTreeMap<String, String>, PathBuf, Vec<String>) {
+    let out = dir.join("run");
+    let args = tiny_tabletop_args(name, &out, vars, init_extra);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let first = ok(&refs);
-    // 7 setup steps, 2 iterations of collect / score / adv / update, the last one's eval.
-    assert_eq!(first.len(), 7 + 2 * 4 + 1, "{first:?}");
+    // The setup steps, 2 iterations of collect / score / adv / update, the last one's eval.
+    assert_eq!(first.len(), setup + 2 * 4 + 1, "{first:?}");
     assert!(
         first.values().all(|s| s == "ran" || s == "passed on"),
         "{first:?}"
@@ -1085,16 +1089,62 @@ fn run_tiny_tabletop(
     (first, out, args)
 }
 
+/// SimpleVLA-RL's pipeline at tiny scale with its gates reported only
+/// (`gates=false`): pretraining, one-demo and full SFT, the two gate
+/// evaluations (their figures and verdicts in their summaries), then RL.
 #[test]
 fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let mut vars = TINY_TABLETOP.to_vec();
-    vars.push("extra_draws=2");
-    let (_, _, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[]);
+    vars.extend(["extra_draws=2", "full_epochs=1", "gates=false"]);
+    // train, val, pretraining tasks, init, pretrain, sft, sft_full, gate_full, gate_one_demo
+    let (_, out, args) = run_tiny_tabletop(dir.path(), "tabletop-grpo.toml", &vars, &[], 9);
+    let full = std::fs::read_to_string(out.join("gate_full/_summary.evaluate.md")).unwrap();
+    for line in [
+        "| gate gate.min_success = 0.7 |",
+        "| gate gate.min_grasp_slope = 0.8 |",
+        "| grasp slope",
+    ] {
+        assert!(full.contains(line), "{line}: {full}");
+    }
+    let one = std::fs::read_to_string(out.join("gate_one_demo/_summary.evaluate.md")).unwrap();
+    for line in [
+        "| gate gate.min_success = 0.05 |",
+        "| gate gate.max_success = 0.35 |",
+        "| gate gate.min_mixed_groups = 0.25 |",
+        "| gate gate.min_sampled_ratio = 0.5 |",
+        "| pass@k episodes | 4 (2 tasks x 1 runs x 2 samples, T 1.6) |",
+    ] {
+        assert!(one.contains(line), "{line}: {one}");
+    }
     // A rerun finds every step cached.
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let again = ok(&refs);
     assert!(again.values().all(|s| s == "cached"), "{again:?}");
+}
+
+/// With its gates enforced (the default), a base that does not imitate
+/// stops the tabletop pipeline at its first gate, naming the gate and the
+/// figure; nothing of the RL loop runs and the gate's summary stays.
+#[test]
+fn the_tabletop_pipeline_refuses_rl_from_a_base_that_fails_its_gates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut vars = TINY_TABLETOP.to_vec();
+    vars.push("full_epochs=1");
+    let args = tiny_tabletop_args("tabletop-grpo.toml", &out, &vars, &[]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = run("pipeline", &refs);
+    assert_ne!(result.code, 0, "{result}");
+    let all = format!("{}{}", result.stdout, result.stderr);
+    assert!(all.contains("gate_full"), "{result}");
+    assert!(
+        all.contains("is below gate.min_success = 0.7") && all.contains("gate.enforce=false"),
+        "{result}"
+    );
+    let summary = std::fs::read_to_string(out.join("gate_full/_summary.evaluate.md")).unwrap();
+    assert!(summary.contains("FAILED"), "{summary}");
+    assert!(!out.join("it0").exists(), "RL ran from a gated-out base");
 }
 
 /// A shipped pipeline's former variable names (its `[renamed]` table) are
@@ -1156,6 +1206,7 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
         "tabletop-lapo.toml",
         TINY_TABLETOP,
         &["vla.latent_length=4", "vla.latent_group=2"],
+        7,
     );
     assert_eq!(
         (&*first["it0/update"], &*first["it1/update"]),
