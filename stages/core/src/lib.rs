@@ -22,7 +22,9 @@
 //!   proprio) in `steps.observation`;
 //! - [`observation_store`]: those observations written once into an Arrow
 //!   IPC file and served zero-copy from a memory mapping, epoch after epoch;
-//! - [`values`]: finite floats and declared integer ranges, checked on every read and write.
+//! - [`values`]: finite floats and declared integer ranges, checked on every read and write;
+//! - [`private_dir`]: directories for this user alone (made exclusively
+//!   0700, owner checked, never through a symbolic link).
 //!
 //! The table schemas themselves live in `embodyflow_schemas`, re-exported as
 //! [`schemas`].
@@ -44,6 +46,7 @@ pub mod manifest;
 pub mod numerics;
 pub mod observation;
 pub mod observation_store;
+pub mod private_dir;
 pub mod progress;
 pub mod section;
 pub mod spec;

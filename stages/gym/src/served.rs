@@ -88,7 +88,7 @@ pub enum ServeError {
     },
     /// A directory for the sockets that others could reach or that this
     /// run did not make.
-    #[error("{path}: {why}")]
+    #[error("{path} {why}")]
     Unsafe {
         /// The directory.
         path: PathBuf,
@@ -126,56 +126,35 @@ pub struct ServedWorkers {
     own_dir: bool,
 }
 
-/// Makes `dir` for sockets, mode 0700 and owned by this user. With
-/// `existing`, a directory already there (the run's own, from an earlier
-/// start) is kept if this user owns it and is made 0700; without, `dir`
-/// must not exist (a directory in a shared temporary directory that
+/// Makes `dir` for sockets for this user alone
+/// ([`embodyflow_core::private_dir`]: created exclusively with mode 0700,
+/// never through a symbolic link). With `existing`, a directory already
+/// there (the run's own, from an earlier start) is kept if it is this
+/// user's and no one else may write into it, and is made 0700; without,
+/// `dir` must not exist (a directory in a shared temporary directory that
 /// another user made first is never used).
 fn private_dir(dir: &Path, existing: bool) -> Result<(), ServeError> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
-    let io = |source| ServeError::Io {
-        path: dir.to_path_buf(),
-        source,
+    use embodyflow_core::private_dir::{IfExists, MADE_BY_SOMEONE_ELSE, PrivateDirError};
+    let if_exists = if existing {
+        IfExists::Reuse
+    } else {
+        IfExists::Refuse
     };
-    let unsafe_dir = |why: String| ServeError::Unsafe {
-        path: dir.to_path_buf(),
-        why,
-    };
-    if existing {
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(io)?;
-        }
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && existing => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            return Err(unsafe_dir(
-                "exists already, made by someone other than this run: the workers' sockets \
-                 are not put there (remove it, or set TMPDIR to a directory of your own)"
-                    .into(),
-            ));
-        }
-        Err(e) => return Err(io(e)),
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
-    let me = rustix::process::geteuid().as_raw();
-    if !meta.is_dir() || meta.uid() != me {
-        return Err(unsafe_dir(format!(
-            "is not a directory of this user (uid {me}; it is {} of uid {}): \
-             the workers' sockets are not put there",
-            if meta.is_dir() {
-                "a directory"
+    match embodyflow_core::private_dir::private_dir(dir, if_exists) {
+        Ok(_) => Ok(()),
+        Err(PrivateDirError::Io { path, source }) => Err(ServeError::Io { path, source }),
+        Err(PrivateDirError::Unsafe { path, problem }) => {
+            let remedy = if problem == MADE_BY_SOMEONE_ELSE {
+                " (remove it, or set TMPDIR to a directory of your own)"
             } else {
-                "not a directory"
-            },
-            meta.uid()
-        )));
+                ""
+            };
+            Err(ServeError::Unsafe {
+                path,
+                why: format!("{problem}: the workers' sockets are not put there{remedy}"),
+            })
+        }
     }
-    if meta.mode() & 0o777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-    }
-    Ok(())
 }
 
 /// The lock file that marks `socket`'s worker taken.

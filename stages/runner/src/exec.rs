@@ -196,56 +196,18 @@ impl Lock {
 }
 
 /// Opens `OUT/_runner`, the runner's own directory, for the user running
-/// it alone: where it is new it is created (exclusively) with mode 0700;
-/// where it exists it must be a directory (not a symbolic link) of this
-/// user that neither group nor others may write into. Otherwise another
-/// user could put their own lock there, or open it and so block every run
-/// on the directory.
+/// it alone ([`embodyflow_core::private_dir`]): where it is new it is
+/// created (exclusively) with mode 0700; where it exists it must be a
+/// directory (not a symbolic link) of this user that neither group nor
+/// others may write into, and is made 0700. Otherwise another user could
+/// put their own lock there, or open it and so block every run on the
+/// directory.
 pub(crate) fn private_runner_dir(out: &Path) -> Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{CWD, FileType, Mode, OFlags, fchmod, fstat, mkdirat, openat};
-    let dir = runner_dir(out);
-    std::fs::create_dir_all(out).map_err(|e| RunnerError::io(out, e))?;
-    let created = match mkdirat(CWD, &dir, Mode::RWXU) {
-        Ok(()) => true,
-        Err(rustix::io::Errno::EXIST) => false,
-        Err(e) => return Err(RunnerError::io(&dir, e.into())),
-    };
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = match openat(CWD, &dir, flags, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-            let what = match std::fs::symlink_metadata(&dir) {
-                Ok(m) if m.file_type().is_symlink() => "is a symbolic link",
-                _ => "is not a directory",
-            };
-            return Err(unsafe_path(&dir, what.into()));
-        }
-        Err(e) => return Err(RunnerError::io(&dir, e.into())),
-    };
-    if created {
-        // Exactly 0700, whatever the umask took away.
-        fchmod(&fd, Mode::RWXU).map_err(|e| RunnerError::io(&dir, e.into()))?;
-    }
-    let stat = fstat(&fd).map_err(|e| RunnerError::io(&dir, e.into()))?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
-        return Err(unsafe_path(&dir, "is not a directory".into()));
-    }
-    owned_by_this_user(&dir, stat.st_uid)?;
-    let mode = stat.st_mode & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(unsafe_path(
-            &dir,
-            format!(
-                "is writable by {} (mode {mode:04o}); `chmod 700` it",
-                if mode & 0o002 != 0 {
-                    "all users"
-                } else {
-                    "its group"
-                }
-            ),
-        ));
-    }
-    Ok(fd)
+    use embodyflow_core::private_dir::{IfExists, PrivateDirError, private_dir};
+    private_dir(&runner_dir(out), IfExists::Reuse).map_err(|e| match e {
+        PrivateDirError::Io { path, source } => RunnerError::io(&path, source),
+        PrivateDirError::Unsafe { path, problem } => unsafe_path(&path, problem),
+    })
 }
 
 /// Opens (creating it with mode 0600) the lock file in the runner's
