@@ -147,7 +147,9 @@ fn a_missing_socket_is_a_note_and_the_stage_runs_as_without_it() {
     let missing = dir.path().join("gone/0.sock");
     let noted = dir.path().join("noted");
     let args = stage_args(&policy, &tasks, &noted, &["group_size=2"]);
-    let stderr = stage("collect-rollouts", &args, s(&missing));
+    // The pool names it with a pid, as the runner does; nothing listens.
+    let entry = format!("{}@{}", std::process::id(), missing.display());
+    let stderr = stage("collect-rollouts", &args, &entry);
     assert!(
         stderr.contains(&format!(
             "note: the served worker at {} cannot be reached",

@@ -41,7 +41,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use embodyflow_algos::action_tokens::ActionBins;
@@ -94,9 +93,9 @@ impl std::fmt::Display for FaultCounts {
 /// The worker processes of a bridge, restarted after faults.
 pub struct Pool {
     config: BridgeConfig,
-    /// The sockets of the served workers it takes before it spawns any
-    /// ([`crate::served`]).
-    served: Vec<PathBuf>,
+    /// The served workers it takes before it spawns any
+    /// ([`crate::served`]): their sockets and the pids the run started.
+    served: Vec<crate::served::ServedSocket>,
     workers: Vec<Option<Worker>>,
     faults: FaultCounts,
     /// What each adapter, env id and kwargs looked like (`hello` once per
@@ -113,9 +112,13 @@ impl Pool {
     }
 
     /// Starts `config.workers` workers (at least one), taking the idle
-    /// served workers of `served` (their sockets) first, also when it
-    /// replaces a faulty worker.
-    pub fn with_served(config: &BridgeConfig, served: Vec<PathBuf>) -> Result<Pool, BridgeError> {
+    /// served workers of `served` (their sockets, with the pid of the
+    /// worker the run started at each) first, also when it replaces a
+    /// faulty worker.
+    pub fn with_served(
+        config: &BridgeConfig,
+        served: Vec<crate::served::ServedSocket>,
+    ) -> Result<Pool, BridgeError> {
         let workers = (0..config.workers.max(1))
             .map(|w| crate::spawn(config, &served, w).map(Some))
             .collect::<Result<_, _>>()?;

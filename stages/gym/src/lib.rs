@@ -549,7 +549,7 @@ impl Classify for BridgeError {
 /// runner's kept ones, [`served::attach`]), else a new process.
 pub(crate) fn spawn(
     config: &BridgeConfig,
-    served: &[PathBuf],
+    served: &[served::ServedSocket],
     index: usize,
 ) -> Result<Worker, BridgeError> {
     if let Some(worker) = served::attach(config, served, index) {

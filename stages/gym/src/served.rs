@@ -2,8 +2,9 @@
 //! `keep_workers` ([`ServedWorkers`]) starts `N` workers that each serve a
 //! Unix socket (`python -u -m embodyflow_gym.worker --serve SOCKET`, the
 //! same frames as over a spawned worker's pipes, one client at a time) and
-//! names their sockets to every stage process in [`POOL_VAR`]
-//! (colon-separated, as `PATH`). A stage's bridge then takes idle served
+//! names their sockets, each with the pid of the process it started to
+//! serve it, to every stage process in [`POOL_VAR`] (`PID@SOCKET`
+//! entries, colon-separated as `PATH`). A stage's bridge then takes idle served
 //! workers before it spawns any ([`attach`]): their environments, built by
 //! an earlier stage of the run, are reset instead of built again.
 //!
@@ -11,10 +12,16 @@
 //! worker another stage process holds is skipped; the kernel drops the
 //! lock when its holder exits, `kill -9` included), a connection, and a
 //! `status` request whose reply gives the worker's Python and the
-//! environments it has built. The worker's pid is the socket's peer as the
-//! kernel names it (`SO_PEERCRED`), never a reply's: a socket served by
-//! another user is not used, and a fault signals only that peer. A worker of another Python than the stage's
-//! `bridge.python` is let go and the stage spawns its own; so does a stage
+//! environments it has built. The process at the other end is the
+//! socket's peer as the kernel names it (`SO_PEERCRED`), never as a reply
+//! names it, and it must be the very process the run started there: a
+//! socket served by another user, or by any pid but the one [`POOL_VAR`]
+//! gives for it, is not used (a note on stderr says why), so a fault
+//! signals only a worker the run itself started, never a pid a peer merely
+//! reports. (A served worker that died stays the runner's unreaped child
+//! until the runner's next step, so its pid names no other process while
+//! the stage that saw it die may still signal it.) A worker of another
+//! Python than the stage's `bridge.python` is let go and the stage spawns its own; so does a stage
 //! that needs more workers than are idle. A socket that is missing or
 //! refuses the connection (its worker died, the variable names a wrong
 //! path) is not an error: a note on stderr names it and the stage spawns a
@@ -31,7 +38,8 @@
 //! use embodyflow_gym::served::{POOL_VAR, ServedWorkers};
 //! let dir = std::path::Path::new("runs/demo/_runner/workers");
 //! let mut workers = ServedWorkers::start(dir, 2, std::path::Path::new(".venv/bin/python")).unwrap();
-//! // Every stage process the runner starts gets `POOL_VAR = workers.sockets_var()`.
+//! // Every stage process the runner starts gets `POOL_VAR = workers.sockets_var()`
+//! // (`PID@SOCKET:PID@SOCKET`).
 //! std::process::Command::new("target/release/evaluate")
 //!     .env(POOL_VAR, workers.sockets_var())
 //!     .status()
@@ -61,6 +69,17 @@ pub const POOL_VAR: &str = "EMBODYFLOW_GYM_POOL";
 /// The longest socket path served here: a Unix socket's address holds 108
 /// bytes, and the worker binds `SOCKET.<pid>` before renaming it.
 pub const MAX_SOCKET_PATH: usize = 96;
+
+/// A served worker a stage may take: its socket and the pid of the process
+/// the run started to serve it (the only process a stage accepts at that
+/// socket and may signal).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedSocket {
+    /// The socket.
+    pub socket: PathBuf,
+    /// The pid of the worker the run started there.
+    pub pid: u32,
+}
 
 /// What a served worker says of itself (`status`).
 #[derive(Clone, Debug, PartialEq)]
@@ -273,15 +292,26 @@ impl ServedWorkers {
         Ok(revived)
     }
 
-    /// The value of [`POOL_VAR`] that names their sockets.
+    /// The value of [`POOL_VAR`] that names their sockets, each with the
+    /// pid of its worker (`PID@SOCKET`, colon-separated).
     pub fn sockets_var(&self) -> std::ffi::OsString {
-        std::env::join_paths(self.workers.iter().map(|w| &w.socket))
-            .expect("socket paths are made without colons")
+        let entries = self.sockets().into_iter().map(|s| {
+            let mut entry = std::ffi::OsString::from(format!("{}@", s.pid));
+            entry.push(s.socket);
+            entry
+        });
+        std::env::join_paths(entries).expect("socket paths are made without colons")
     }
 
-    /// Their sockets.
-    pub fn sockets(&self) -> Vec<PathBuf> {
-        self.workers.iter().map(|w| w.socket.clone()).collect()
+    /// Their sockets, each with the pid of the worker started there.
+    pub fn sockets(&self) -> Vec<ServedSocket> {
+        self.workers
+            .iter()
+            .map(|w| ServedSocket {
+                socket: w.socket.clone(),
+                pid: w.child.id(),
+            })
+            .collect()
     }
 
     /// Their pids, in order.
@@ -303,9 +333,9 @@ impl ServedWorkers {
     /// What each says of itself, asked over its socket (each reply within
     /// `timeout`); a worker that is taken or does not answer gives why.
     pub fn status(&self, timeout: Duration) -> Vec<Result<ServedStatus, String>> {
-        self.workers
+        self.sockets()
             .iter()
-            .map(|w| match take(&w.socket, 0, timeout) {
+            .map(|w| match take(w, 0, timeout) {
                 Ok(Some((_, status))) => Ok(status),
                 Ok(None) => Err(format!("{} is taken", w.socket.display())),
                 Err(why) => Err(why),
@@ -330,14 +360,17 @@ impl Drop for ServedWorkers {
     }
 }
 
-/// Takes the served worker at `socket` as worker `index` of a stage: its
-/// `taken` lock, a connection and its `status` (within `timeout`); `None`
-/// when another process holds it, why when it cannot be reached.
+/// Takes the served worker at `served.socket` as worker `index` of a
+/// stage: its `taken` lock, a connection to the process the run started
+/// there (`served.pid`, checked against the kernel's peer credentials) and
+/// its `status` (within `timeout`); `None` when another process holds it,
+/// why when it cannot be reached or is served by any other process.
 fn take(
-    socket: &Path,
+    served: &ServedSocket,
     index: usize,
     timeout: Duration,
 ) -> Result<Option<(Worker, ServedStatus)>, String> {
+    let socket = served.socket.as_path();
     let lock = taken_path(socket);
     let taken = OpenOptions::new()
         .create(true)
@@ -352,7 +385,8 @@ fn take(
     }
     let stream = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     // The process at the other end, as the kernel says (never as a reply
-    // says): of this user, else refused; the only pid a fault may signal.
+    // says): of this user and the very process the run started there, else
+    // refused; the only pid a fault may signal.
     let peer = rustix::net::sockopt::socket_peercred(&stream)
         .map_err(|e| format!("{}: its peer's credentials: {e}", socket.display()))?;
     let me = rustix::process::geteuid();
@@ -362,6 +396,14 @@ fn take(
             socket.display(),
             peer.uid.as_raw(),
             me.as_raw()
+        ));
+    }
+    let pid = peer.pid.as_raw_nonzero().get();
+    if u32::try_from(pid).ok() != Some(served.pid) {
+        return Err(format!(
+            "{}: served by pid {pid}, not by the worker this run started there (pid {}): not used",
+            socket.display(),
+            served.pid
         ));
     }
     let mut worker = Worker::over(index, stream, socket, taken)
@@ -378,11 +420,10 @@ fn take(
             .get(key)
             .ok_or_else(|| format!("{}: a status reply without `{key}`", socket.display()))
     };
-    let pid = peer.pid.as_raw_nonzero().get();
     let status = ServedStatus {
         socket: socket.to_path_buf(),
         python: PathBuf::from(field("python")?.as_str().unwrap_or_default()),
-        pid: u32::try_from(pid).unwrap_or(0),
+        pid: served.pid,
         builds: field("builds")?.as_u64().unwrap_or(0),
     };
     // Whether it leads its process group, as the kernel says.
@@ -403,24 +444,52 @@ fn same_python(a: &Path, b: &Path) -> bool {
     a == b || resolved(a).is_some_and(|r| Some(r) == resolved(b))
 }
 
-/// The sockets [`POOL_VAR`] names (none when it is unset).
-pub fn from_env() -> Vec<PathBuf> {
+/// The served workers [`POOL_VAR`] names (none when it is unset); an
+/// entry that is not `PID@SOCKET` is left out, a note on stderr naming it
+/// (a socket without the pid of the worker the run started there is never
+/// used).
+pub fn from_env() -> Vec<ServedSocket> {
     std::env::var_os(POOL_VAR)
-        .map(|list| {
-            std::env::split_paths(&list)
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect()
-        })
+        .map(|list| parse_pool(&list))
         .unwrap_or_default()
+}
+
+/// The entries of a [`POOL_VAR`] value (see [`from_env`]).
+fn parse_pool(list: &std::ffi::OsStr) -> Vec<ServedSocket> {
+    use std::os::unix::ffi::OsStrExt as _;
+    std::env::split_paths(list)
+        .filter(|p| !p.as_os_str().is_empty())
+        .filter_map(|entry| {
+            let bytes = entry.as_os_str().as_bytes();
+            let parsed = bytes.iter().position(|&b| b == b'@').and_then(|at| {
+                let pid = std::str::from_utf8(&bytes[..at]).ok()?;
+                let pid = pid.parse::<u32>().ok().filter(|&p| p > 0)?;
+                let socket = PathBuf::from(std::ffi::OsStr::from_bytes(&bytes[at + 1..]));
+                (!socket.as_os_str().is_empty()).then_some(ServedSocket { socket, pid })
+            });
+            if parsed.is_none() {
+                eprintln!(
+                    "note: {POOL_VAR} entry `{}` is not PID@SOCKET (the pid of the worker the run started at the socket): not used",
+                    entry.display()
+                );
+            }
+            parsed
+        })
+        .collect()
 }
 
 /// An idle one of the served workers at `sockets` that runs
 /// `config.python`, as worker `index` of a stage's pool; `None` when none
 /// is idle, reachable and of that Python (a note on stderr says why for
 /// each that cannot be reached, and for one of another Python).
-pub(crate) fn attach(config: &BridgeConfig, sockets: &[PathBuf], index: usize) -> Option<Worker> {
-    for socket in sockets {
-        match take(socket, index, config.timeout) {
+pub(crate) fn attach(
+    config: &BridgeConfig,
+    sockets: &[ServedSocket],
+    index: usize,
+) -> Option<Worker> {
+    for served in sockets {
+        let socket = &served.socket;
+        match take(served, index, config.timeout) {
             Ok(Some((worker, status))) if same_python(&status.python, &config.python) => {
                 return Some(worker);
             }
@@ -516,42 +585,66 @@ mod tests {
         assert_eq!(mode(&own), 0o700);
     }
 
-    #[test]
-    fn a_fault_signals_the_sockets_peer_never_a_pid_its_reply_names() {
+    /// `sleep 60` in a process group of its own.
+    fn bystander() -> Child {
         use std::os::unix::process::CommandExt as _;
-        let tmp = tempfile::tempdir().unwrap();
-        let socket = tmp.path().join("fake.sock");
-        let mut bystander = std::process::Command::new("sleep")
+        std::process::Command::new("sleep")
             .arg("60")
             .process_group(0)
             .spawn()
-            .unwrap();
-        // A fake served worker whose status names the bystander (and says
-        // it leads its group), then waits.
+            .unwrap()
+    }
+
+    /// A fake served worker at `socket` (in a process group of its own)
+    /// whose status names `reply_pid` (and says it leads its group), then
+    /// waits (also when its client hangs up); returns once it listens.
+    fn fake_worker(socket: &Path, reply_pid: u32) -> Child {
+        use std::os::unix::process::CommandExt as _;
         let script = format!(
             r#"
 import os, socket, time
 from embodyflow_gym import protocol
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind("{sock}.tmp"); s.listen(1); os.rename("{sock}.tmp", "{sock}")
+s.bind("{sock}.tmp"); s.listen(4); os.rename("{sock}.tmp", "{sock}")
 conn, _ = s.accept()
-header, _ = protocol.read_frame(conn.makefile("rb"))
-out = conn.makefile("wb")
-protocol.write_frame(out, {{"id": header["id"], "ok": True, "python": "x", "pid": {pid}, "group": True, "builds": 0}})
-out.flush()
+try:
+    header, _ = protocol.read_frame(conn.makefile("rb"))
+    out = conn.makefile("wb")
+    protocol.write_frame(out, {{"id": header["id"], "ok": True, "python": "x", "pid": {reply_pid}, "group": True, "builds": 0}})
+    out.flush()
+except Exception:
+    pass  # a client that hung up: wait all the same
 time.sleep(60)
 "#,
             sock = socket.display(),
-            pid = bystander.id()
         );
-        let mut fake = std::process::Command::new("python3")
+        let fake = std::process::Command::new("python3")
             .args(["-c", &script])
             .env("PYTHONPATH", crate::worker::PYTHON_DIR)
             .process_group(0)
             .spawn()
             .unwrap();
-        wait_for(&socket);
-        let (mut worker, status) = take(&socket, 0, Duration::from_secs(20)).unwrap().unwrap();
+        wait_for(socket);
+        fake
+    }
+
+    fn reap(mut child: Child) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn a_fault_signals_the_sockets_peer_never_a_pid_its_reply_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("fake.sock");
+        let mut bystander = bystander();
+        let mut fake = fake_worker(&socket, bystander.id());
+        // The run started `fake` at the socket.
+        let served = ServedSocket {
+            socket: socket.clone(),
+            pid: fake.id(),
+        };
+        let (mut worker, status) = take(&served, 0, Duration::from_secs(20)).unwrap().unwrap();
         assert_eq!(status.pid, fake.id(), "the peer, not the reply's pid");
         worker.kill();
         assert!(
@@ -562,8 +655,60 @@ time.sleep(60)
             !alive_after(&mut fake, Duration::from_secs(5)),
             "the socket's peer was not killed"
         );
-        let _ = bystander.kill();
-        let _ = bystander.wait();
+        reap(bystander);
+    }
+
+    #[test]
+    fn a_socket_served_by_a_process_the_run_did_not_start_is_not_taken_nor_signalled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("impostor.sock");
+        // The run started `ours` for the socket; another process serves it.
+        let mut ours = bystander();
+        let mut impostor = fake_worker(&socket, ours.id());
+        let served = ServedSocket {
+            socket: socket.clone(),
+            pid: ours.id(),
+        };
+        let why = take(&served, 0, Duration::from_secs(20))
+            .err()
+            .expect("refused");
+        assert_eq!(
+            why,
+            format!(
+                "{}: served by pid {}, not by the worker this run started there (pid {}): not used",
+                socket.display(),
+                impostor.id(),
+                ours.id()
+            )
+        );
+        // A stage's pool passes it by (and would spawn its own worker).
+        let config = BridgeConfig {
+            timeout: Duration::from_secs(20),
+            ..BridgeConfig::default()
+        };
+        assert!(attach(&config, std::slice::from_ref(&served), 0).is_none());
+        assert!(
+            alive_after(&mut impostor, Duration::from_millis(500))
+                && alive_after(&mut ours, Duration::from_millis(10)),
+            "a process was signalled"
+        );
+        reap(impostor);
+        reap(ours);
+    }
+
+    #[test]
+    fn the_pool_variable_names_each_socket_with_the_pid_the_run_started_there() {
+        let entry = |pid: u32, socket: &str| ServedSocket {
+            socket: PathBuf::from(socket),
+            pid,
+        };
+        let parsed = parse_pool(std::ffi::OsStr::new(
+            "4242@/run/w/0.sock:/run/w/1.sock:x@/run/w/2.sock:0@/run/w/3.sock:7@::12@/run/a@b.sock",
+        ));
+        assert_eq!(
+            parsed,
+            [entry(4242, "/run/w/0.sock"), entry(12, "/run/a@b.sock")]
+        );
     }
 
     #[test]
@@ -603,7 +748,13 @@ time.sleep(60)
             .mode()
             & 0o777;
         assert_eq!(mode, 0o600, "under umask 000");
-        let (mut worker, _) = take(&socket, 0, Duration::from_secs(20)).unwrap().unwrap();
+        let served_socket = ServedSocket {
+            socket: socket.clone(),
+            pid: served.id(),
+        };
+        let (mut worker, _) = take(&served_socket, 0, Duration::from_secs(20))
+            .unwrap()
+            .unwrap();
         for (adapter, kwargs, says) in [
             (
                 "timeit:timeit",

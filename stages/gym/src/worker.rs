@@ -115,7 +115,9 @@ enum Process {
     Spawned(Child),
     /// A served worker ([`crate::served`]) reached over its socket.
     Served {
-        /// Its pid: the socket's peer, as the kernel says (never a reply's).
+        /// Its pid: the socket's peer, as the kernel says (never a reply's),
+        /// once checked to be the process the run started at the socket
+        /// ([`crate::served`]); 0 (never signalled) until then.
         pid: i32,
         /// Whether it leads its process group (a kill then ends the group).
         group: bool,

@@ -6,10 +6,10 @@
 //! the rest of the pool and started again by `revive`; a socket that does
 //! not exist leaves the pool to spawn its own. Needs `.venv` (numpy).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use embodyflow_gym::served::ServedWorkers;
+use embodyflow_gym::served::{ServedSocket, ServedWorkers};
 use embodyflow_gym::{ActionSpace, BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, Pool};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld};
 use serde_json::json;
@@ -44,7 +44,7 @@ fn tasks(kwargs: serde_json::Value, built: &Path) -> Vec<GymTask> {
 /// episode's last report, and the pool.
 fn play(
     config: &BridgeConfig,
-    served: Vec<PathBuf>,
+    served: Vec<ServedSocket>,
     tasks: &[GymTask],
 ) -> (Vec<ChunkReport>, Pool) {
     let bins = ActionSpace::Discrete { n: 3 }.bins();
@@ -179,7 +179,10 @@ fn a_socket_that_does_not_exist_leaves_the_pool_to_spawn_its_own() {
     let config = config(1, Duration::from_secs(20));
     let built = dir.path().join("built");
     let tasks = tasks(json!({}), &built);
-    let missing = vec![dir.path().join("no-such.sock")];
+    let missing = vec![ServedSocket {
+        socket: dir.path().join("no-such.sock"),
+        pid: std::process::id(),
+    }];
     let (reports, pool) = play(&config, missing, &tasks);
     assert!(reports.iter().all(|r| r.success), "{reports:?}");
     assert_eq!(pool.faults().total(), 0);

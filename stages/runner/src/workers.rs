@@ -4,8 +4,11 @@
 //! environment they built) die with it. With it the runner starts `N`
 //! served workers ([`embodyflow_gym::served`]) when the first step runs,
 //! in `OUT/_runner/workers/` (`<i>.sock`, their output in `<i>.log`),
-//! names their sockets to every stage process in
-//! [`POOL_VAR`](embodyflow_gym::served::POOL_VAR), and kills them (with
+//! names their sockets, each with the pid of the worker it started there,
+//! to every stage process in
+//! [`POOL_VAR`](embodyflow_gym::served::POOL_VAR) (a stage takes a socket
+//! only when that very process serves it, so it signals no other after a
+//! fault), and kills them (with
 //! their process groups) when the run ends: at success, at a failed step
 //! (the guard drops as the error returns) and when the runner dies (each
 //! worker exits, killing its group, once its parent changes: Ctrl-C and
