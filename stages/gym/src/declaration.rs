@@ -597,6 +597,7 @@ mod tests {
             bins: &bins,
             chunk_len: 1,
             noise: 0.0,
+            planned_labels: false,
             seeds: &[0],
             step_frames: true,
             workers: &workers,

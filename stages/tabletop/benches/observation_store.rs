@@ -42,7 +42,7 @@ use embodyflow_core::observation::{ObservationShape, decode, encode};
 use embodyflow_core::observation_store::{ObservationStore, ObservationStoreWriter};
 use embodyflow_core::schemas::{StepRow, TableName};
 use embodyflow_tabletop::{
-    ExpertConfig, PROPRIO_DIM, Split, Strategy, Suite, demonstration, generate,
+    ExpertConfig, Labels, PROPRIO_DIM, Split, Strategy, Suite, demonstration, generate,
 };
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -73,7 +73,8 @@ fn step_rows(size: usize) -> Vec<StepRow> {
             noise: 0.3,
             seed: i as u64,
         };
-        let Ok(demo) = demonstration(&task, Strategy::Grasp, config, K, size) else {
+        let Ok(demo) = demonstration(&task, Strategy::Grasp, config, Labels::Executed, K, size)
+        else {
             continue;
         };
         // A word-level stand-in for the instruction's BPE ids.

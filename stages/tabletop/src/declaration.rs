@@ -170,7 +170,12 @@ impl World for Tabletop {
             bar.inc(1);
         }
         bar.finish_and_clear();
-        Ok(format!("grasp, noise {}", request.noise))
+        let labels = if request.planned_labels {
+            ", planned labels"
+        } else {
+            ""
+        };
+        Ok(format!("grasp, noise {}{labels}", request.noise))
     }
 }
 
@@ -186,7 +191,13 @@ fn demonstration(
         |e: &dyn std::fmt::Display| Error::BadInput(format!("tasks table: task `{id}`: {e}"));
     let spec = task.spec::<TaskSpec>().expect("a tabletop task");
     let (k, size) = (request.chunk_len, request.observation.height);
-    let demo = tt::demonstration(spec, Strategy::Grasp, expert, k, size).map_err(|e| named(&e))?;
+    let labels = if request.planned_labels {
+        tt::Labels::Planned
+    } else {
+        tt::Labels::Executed
+    };
+    let demo =
+        tt::demonstration(spec, Strategy::Grasp, expert, labels, k, size).map_err(|e| named(&e))?;
     let mut out = Demonstration {
         task_id: id.clone(),
         instruction: spec.instruction.clone(),
@@ -199,8 +210,8 @@ fn demonstration(
         return Ok(out);
     }
     if request.step_frames {
-        let per_step =
-            tt::demonstration(spec, Strategy::Grasp, expert, 1, size).map_err(|e| named(&e))?;
+        let per_step = tt::demonstration(spec, Strategy::Grasp, expert, labels, 1, size)
+            .map_err(|e| named(&e))?;
         if per_step.episode != demo.episode {
             return Err(Error::Usage(format!(
                 "task `{id}`: the expert's episode differs when recorded step by step"
@@ -420,6 +431,7 @@ mod tests {
             bins: &bins,
             chunk_len: 4,
             noise: 0.0,
+            planned_labels: false,
             seeds: &[0],
             step_frames: false,
             workers: &workers,

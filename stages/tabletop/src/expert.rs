@@ -220,6 +220,14 @@ impl Expert {
     /// The next action for `world` (hold still with the gripper as it is
     /// when nothing is left to do).
     pub fn act(&mut self, world: &World) -> [f32; ACTION_DIM] {
+        self.act_and_plan(world).0
+    }
+
+    /// The next action for `world` and the action it plans before its noise
+    /// (equal without noise): DART's label (Laskey et al. 2017), so that a
+    /// demonstration wanders with the noise while every label leads back to
+    /// the plan.
+    pub fn act_and_plan(&mut self, world: &World) -> ([f32; ACTION_DIM], [f32; ACTION_DIM]) {
         // Each pass either returns or advances; waypoint lists are short,
         // so a bounded loop covers a primitive's expansion and its checks.
         for _ in 0..64 {
@@ -239,6 +247,7 @@ impl Expert {
                     if m > 1.0 {
                         a = a.map(|v| v / m);
                     }
+                    let plan = [a[0], a[1], a[2], self.grip_command()];
                     if self.noise > 0.0 {
                         let scale = self.noise * a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                         for v in &mut a {
@@ -246,12 +255,13 @@ impl Expert {
                         }
                     }
                     let a = a.map(|v| v.clamp(-1.0, 1.0));
-                    return [a[0], a[1], a[2], self.grip_command()];
+                    return ([a[0], a[1], a[2], self.grip_command()], plan);
                 }
                 Waypoint::Grip(close) => {
                     self.closed = close;
                     self.at += 1;
-                    return [0.0, 0.0, 0.0, self.grip_command()];
+                    let grip = [0.0, 0.0, 0.0, self.grip_command()];
+                    return (grip, grip);
                 }
                 Waypoint::Holding(i) => {
                     if matches!(world.gripper().grip, Grip::Object { index, .. } if index == i) {
@@ -269,7 +279,8 @@ impl Expert {
                 }
             }
         }
-        [0.0, 0.0, 0.0, self.grip_command()]
+        let still = [0.0, 0.0, 0.0, self.grip_command()];
+        (still, still)
     }
 
     fn grip_command(&self) -> f32 {
@@ -435,11 +446,13 @@ pub struct Demonstration {
 }
 
 /// Runs the expert on `task` and records it as decisions of `k` actions
-/// observed at `size` pixels.
+/// observed at `size` pixels, each action as `labels` says (the one taken,
+/// or the one planned before the noise).
 pub fn demonstration(
     task: &TaskSpec,
     strategy: Strategy,
     config: ExpertConfig,
+    labels: Labels,
     k: usize,
     size: usize,
 ) -> Result<Demonstration, TabletopError> {
@@ -460,9 +473,12 @@ pub fn demonstration(
         let mut actions = Vec::with_capacity(k);
         for _ in 0..k {
             if world.status() == Status::Running {
-                let a = expert.act(&world);
+                let (a, plan) = expert.act_and_plan(&world);
                 world.step(&a)?;
-                actions.push(a);
+                actions.push(match labels {
+                    Labels::Executed => a,
+                    Labels::Planned => plan,
+                });
             } else {
                 actions.push([0.0, 0.0, 0.0, expert.grip_command()]);
             }
@@ -482,6 +498,18 @@ pub fn demonstration(
             any_grasped: (0..world.bodies().len()).any(|i| world.ever_grasped(i)),
         },
     })
+}
+
+/// Which action a demonstration records for each step it took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Labels {
+    /// The action the world received, noise included.
+    #[default]
+    Executed,
+    /// The action the expert planned before its noise (DART: the episode
+    /// still runs the noisy action, so it visits states off the plan, and
+    /// every label steers back towards it; without noise the two agree).
+    Planned,
 }
 
 /// What an episode came to.

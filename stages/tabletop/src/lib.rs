@@ -55,7 +55,8 @@ pub mod world;
 pub use batch::{Batch, ChunkOutcome};
 pub use episodes::{TabletopEpisodes, observation_shape};
 pub use expert::{
-    Decision, Demonstration, Episode, Expert, ExpertConfig, Strategy, demonstration, run_episode,
+    Decision, Demonstration, Episode, Expert, ExpertConfig, Labels, Strategy, demonstration,
+    run_episode,
 };
 pub use expert_policy::ExpertPolicy;
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};

@@ -936,6 +936,43 @@ fn a_batch_steps_its_episodes_as_they_step_alone() {
     ));
 }
 
+/// DART's labels: with planned labels the noisy expert takes the very same
+/// episode (the noise still moves it), but every label is the plan before
+/// the noise; the labels differ from the executed actions exactly where the
+/// expert moved, and never in the grip command. Without noise both agree.
+#[test]
+fn planned_labels_keep_the_noisy_episode_and_label_the_plan() {
+    let task = generate(Suite::Goal, Split::Train, 8, 1);
+    let noisy = ExpertConfig {
+        noise: 0.3,
+        seed: 5,
+    };
+    let executed = demonstration(&task, Strategy::Grasp, noisy, Labels::Executed, 1, 32).unwrap();
+    let planned = demonstration(&task, Strategy::Grasp, noisy, Labels::Planned, 1, 32).unwrap();
+    assert_eq!(executed.episode, planned.episode);
+    let mut differ = 0;
+    for (e, p) in executed.decisions.iter().zip(&planned.decisions) {
+        assert_eq!(
+            (&e.frame, e.proprio),
+            (&p.frame, p.proprio),
+            "the same states"
+        );
+        let (a, b) = (e.actions[0], p.actions[0]);
+        assert_eq!(a[3], b[3], "the grip command takes no noise");
+        assert!(b[..3].iter().all(|v| v.abs() <= 1.0));
+        differ += usize::from(a != b);
+    }
+    assert!(
+        differ * 2 > executed.decisions.len(),
+        "{differ} of {}",
+        executed.decisions.len()
+    );
+    let clean = ExpertConfig::default();
+    let a = demonstration(&task, Strategy::Grasp, clean, Labels::Executed, 8, 32).unwrap();
+    let b = demonstration(&task, Strategy::Grasp, clean, Labels::Planned, 8, 32).unwrap();
+    assert_eq!(a.decisions, b.decisions);
+}
+
 #[test]
 fn a_demonstration_replays_chunk_by_chunk_to_success() {
     for suite in Suite::ALL {
@@ -944,7 +981,7 @@ fn a_demonstration_replays_chunk_by_chunk_to_success() {
             noise: 0.2,
             seed: 4,
         };
-        let demo = demonstration(&task, Strategy::Grasp, config, 8, 32).unwrap();
+        let demo = demonstration(&task, Strategy::Grasp, config, Labels::Executed, 8, 32).unwrap();
         assert!(demo.episode.success, "{suite}");
         assert_eq!(
             demo.decisions.len(),
@@ -969,8 +1006,8 @@ fn a_demonstration_replays_chunk_by_chunk_to_success() {
     }
     let task = generate(Suite::Goal, Split::Train, 8, 2);
     let config = ExpertConfig::default();
-    assert!(demonstration(&task, Strategy::Grasp, config, 0, 32).is_err());
-    assert!(demonstration(&task, Strategy::Grasp, config, 8, 3).is_err());
+    assert!(demonstration(&task, Strategy::Grasp, config, Labels::Executed, 0, 32).is_err());
+    assert!(demonstration(&task, Strategy::Grasp, config, Labels::Executed, 8, 3).is_err());
 }
 
 #[test]

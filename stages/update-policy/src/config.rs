@@ -225,6 +225,11 @@ pub struct SftConfig {
     /// VLA: the tabletop expert's relative action noise in [0, 1] on
     /// demonstrations (seeded by --seed and task).
     pub expert_noise: f32,
+    /// VLA: what each demonstrated action is labelled with: `executed` (the
+    /// action taken, noise included) or `planned` (the expert's action
+    /// before its noise, DART: the noise moves the episode off the plan and
+    /// the labels steer back).
+    pub expert_labels: ExpertLabels,
     /// VLA: where a demonstration's examples start: `chunks` (every K-th
     /// step, the decisions the policy takes) or `steps` (every step with its
     /// next K actions, as OpenVLA-OFT's loader).
@@ -252,6 +257,7 @@ impl Default for SftConfig {
             context: SftContext::default(),
             template: ContextTemplates::default(),
             expert_noise: 0.05,
+            expert_labels: ExpertLabels::default(),
             windows: SftWindows::default(),
             warmup: WarmupConfig::default(),
             bridge: BridgeKeys::default(),
@@ -297,6 +303,18 @@ impl<'de> Deserialize<'de> for DemosPerTask {
             }),
         }
     }
+}
+
+/// What a VLA demonstration's actions are labelled with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertLabels {
+    /// The actions the world received, noise included.
+    #[default]
+    Executed,
+    /// The actions the expert planned before its noise (DART, Laskey et
+    /// al. 2017).
+    Planned,
 }
 
 /// Where a VLA demonstration's examples start.

@@ -58,7 +58,7 @@ use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use embodyflow_worlds::{WorldTask, task_of, world_of_tasks};
 
-use crate::config::SftWindows;
+use crate::config::{ExpertLabels, SftWindows};
 use crate::loss::Denominators;
 use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
 
@@ -137,6 +137,7 @@ pub fn sft_examples(
             config.chunk_len as usize
         },
         noise: sft.expert_noise,
+        planned_labels: sft.expert_labels == ExpertLabels::Planned,
         seeds: &seeds,
         step_frames: thinking.is_some(),
         workers: &workers,

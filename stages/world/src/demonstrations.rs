@@ -48,6 +48,11 @@ pub struct DemoRequest<'a> {
     /// The expert's relative action noise, for a world whose expert takes
     /// noise (`sft.expert_noise`).
     pub noise: f32,
+    /// Whether each action is labelled with what the expert planned before
+    /// its noise rather than what it did (DART; `sft.expert_labels =
+    /// planned`). An expert without noise does what it plans, so a world
+    /// whose expert takes no noise has nothing to change.
+    pub planned_labels: bool,
     /// Each task's expert seed, in task order.
     pub seeds: &'a [u64],
     /// Whether each demonstration also carries the frame of every step (a

@@ -163,6 +163,7 @@ fn the_toy_experts_demonstrations_come_through_the_registry() {
         bins: &bins,
         chunk_len: 2,
         noise: 0.0,
+        planned_labels: false,
         seeds: &[0, 0],
         step_frames: true,
         workers: &workers,

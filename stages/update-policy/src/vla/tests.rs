@@ -43,7 +43,14 @@ fn sft_examples_are_the_experts_decisions() {
             noise: 0.05,
             seed: sampling_seed(7, &task.task_id()),
         };
-        let demo = tabletop::demonstration(task, Strategy::Grasp, expert, K as usize, 32).unwrap();
+        let demo = tabletop::demonstration(
+            task,
+            Strategy::Grasp,
+            expert,
+            tabletop::Labels::Executed,
+            K as usize,
+            32,
+        ).unwrap();
         assert!(demo.episode.success);
         let steps = demo.episode.steps as usize;
         let instruction = sampler.instruction_ids(&task.instruction).unwrap();
@@ -128,7 +135,14 @@ fn step_windows_start_at_every_step_and_contain_the_chunks() {
         noise: 0.05,
         seed: sampling_seed(7, &task.task_id()),
     };
-    let demo = tabletop::demonstration(&task, Strategy::Grasp, expert, 1, 32).unwrap();
+    let demo = tabletop::demonstration(
+        &task,
+        Strategy::Grasp,
+        expert,
+        tabletop::Labels::Executed,
+        1,
+        32,
+    ).unwrap();
     let n = demo.episode.steps as usize;
     assert_eq!(windows.examples.len(), n);
     for (t, example) in windows.examples.iter().enumerate() {
@@ -165,6 +179,49 @@ fn step_windows_start_at_every_step_and_contain_the_chunks() {
     assert!(
         error.contains("sft.windows") && error.contains("runs/demos"),
         "{error}"
+    );
+}
+
+/// `sft.expert_labels = planned` asks the world for DART's labels: the
+/// same noisy episodes (the same observations), the expert's planned
+/// actions as the tokens, and the summary says so.
+#[test]
+fn planned_labels_reach_the_world_and_keep_its_observations() {
+    let policy = tiny_vla(K);
+    let rows = [task_row(&generate(Suite::Goal, Split::Train, 3, 0))];
+    let noisy = SftConfig {
+        expert_noise: 0.3,
+        ..sft_config()
+    };
+    let executed = sft_examples(&policy, &rows, &noisy, 7).unwrap();
+    let planned = SftConfig {
+        expert_labels: crate::config::ExpertLabels::Planned,
+        ..noisy
+    };
+    let planned = sft_examples(&policy, &rows, &planned, 7).unwrap();
+    assert_eq!(executed.examples.len(), planned.examples.len());
+    let same_states = executed
+        .examples
+        .iter()
+        .zip(&planned.examples)
+        .all(|(a, b)| a.observation() == b.observation());
+    assert!(same_states);
+    assert_ne!(
+        executed
+            .examples
+            .iter()
+            .map(|e| &e.response)
+            .collect::<Vec<_>>(),
+        planned
+            .examples
+            .iter()
+            .map(|e| &e.response)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        planned.notes[0].1.contains("planned labels"),
+        "{:?}",
+        planned.notes
     );
 }
 
