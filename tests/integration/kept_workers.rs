@@ -4,7 +4,8 @@
 //! is a note and the stage runs as without it; the runner keeps its
 //! workers across steps and leaves none behind after a run that succeeds,
 //! a run whose step fails and a run stopped with Ctrl-C (SIGINT); the
-//! Slurm and Ray backends refuse the key.
+//! Slurm and Ray backends refuse the key; a `module:function` adapter
+//! the pipeline's steps name runs on the kept workers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -79,6 +80,7 @@ fn consecutive_stages_take_the_same_served_workers_and_build_nothing_again() {
         &dir.path().join("workers"),
         2,
         &BridgeConfig::default().python,
+        &[],
     )
     .unwrap();
     let pool = workers.sockets_var().into_string().unwrap();
@@ -342,6 +344,83 @@ fn the_runner_keeps_workers_across_steps_and_leaves_none_behind() {
         Vec::<u32>::new(),
         "after Ctrl-C"
     );
+}
+
+/// A pipeline that generates counter tasks of the `module:function`
+/// adapter `counting:make` (the `faulty` fixture under another name, each
+/// build appended to `built`), shapes a tiny VLA on them and collects
+/// rollouts, two bridge workers each, with `head` under `[pipeline]`.
+fn plugin_pipeline(dir: &Path, head: &str, built: &Path) -> PathBuf {
+    let file = dir.join("plugin.toml");
+    let text = format!(
+        r#"[pipeline]
+name = "plugin"
+{head}
+
+[[step]]
+name = "tasks"
+stage = "generate-tasks"
+seed = 1
+set = {{ env = "gym", count = 2, "gym.adapter" = "counting:make", "gym.env_ids" = ["Counter-v0"], "gym.max_steps" = 6, "gym.workers" = 2, "gym.kwargs" = {{ built = "{built}" }} }}
+
+[[step]]
+name = "init"
+stage = "init-policy"
+inputs = ["${{tasks}}"]
+seed = 0
+set = {{ kind = "vla", "vla.patch_size" = 1, "vla.chunk_len" = 1, "vla.n_layer" = 1, "vla.n_embd" = 32, "vla.n_head" = 2, "tokenizer.vocab_size" = 280, "bridge.workers" = 2 }}
+
+[[step]]
+name = "collect"
+stage = "collect-rollouts"
+policy = "${{init}}"
+inputs = ["${{tasks}}"]
+set = {{ group_size = 2, "bridge.workers" = 2 }}
+"#,
+        built = built.display()
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+#[test]
+fn a_module_function_adapter_the_steps_name_runs_on_the_kept_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    // `counting` is importable by the workers' Python through PYTHONPATH.
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::write(
+        plugins.join("counting.py"),
+        "from embodyflow_gym.adapters.faulty import make\n",
+    )
+    .unwrap();
+    let built = dir.path().join("built");
+    let file = plugin_pipeline(dir.path(), "keep_workers = 2", &built);
+    let out = dir.path().join("run");
+    let python_path = plugins.to_str().unwrap();
+    let result = run_with_env(
+        "pipeline",
+        &["run", s(&file), "--out", s(&out)],
+        &[("PYTHONPATH", python_path)],
+    );
+    assert_eq!(result.code, 0, "{result}");
+    // Every environment was built on a kept worker: the workers' counts
+    // add up to the adapter's.
+    let line = result
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("kept bridge workers: "))
+        .unwrap_or_else(|| panic!("{result}"));
+    let on_kept: usize = line
+        .split(" built ")
+        .skip(1)
+        .map(|part| part.split(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum();
+    assert!(on_kept > 0, "{line}");
+    assert_eq!(on_kept, lines(&built), "{line}");
+    let trajectories: Vec<TrajectoryRow> = rows(&out.join("collect"), TableName::Trajectories);
+    assert_eq!(trajectories.len(), 4);
+    assert!(trajectories.iter().all(|t| t.failure_reason.is_none()));
 }
 
 #[test]

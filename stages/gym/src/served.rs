@@ -1,12 +1,15 @@
 //! Workers kept warm across stage processes: a pipeline runner's
 //! `keep_workers` ([`ServedWorkers`]) starts `N` workers that each serve a
-//! Unix socket (`python -u -m embodyflow_gym.worker --serve SOCKET`, the
-//! same frames as over a spawned worker's pipes, one client at a time) and
-//! names their sockets, each with the pid of the process it started to
-//! serve it, to every stage process in [`POOL_VAR`] (`PID@SOCKET`
-//! entries, colon-separated as `PATH`). A stage's bridge then takes idle served
-//! workers before it spawns any ([`attach`]): their environments, built by
-//! an earlier stage of the run, are reset instead of built again.
+//! Unix socket (`python -u -m embodyflow_gym.worker --serve SOCKET
+//! [--adapter NAME]...`, the same frames as over a spawned worker's pipes,
+//! one client at a time; it builds its Python's registered adapters and
+//! only the `module:function` ones its command line lists, never one a
+//! client names) and names their sockets, each with the pid of the process
+//! it started to serve it, to every stage process in [`POOL_VAR`]
+//! (`PID@SOCKET` entries, colon-separated as `PATH`). A stage's bridge then
+//! takes idle served workers before it spawns any ([`attach`]): their
+//! environments, built by an earlier stage of the run, are reset instead of
+//! built again.
 //!
 //! Taking one: an exclusive `flock` on `SOCKET.taken` (non-blocking: a
 //! worker another stage process holds is skipped; the kernel drops the
@@ -37,7 +40,9 @@
 //! ```no_run
 //! use embodyflow_gym::served::{POOL_VAR, ServedWorkers};
 //! let dir = std::path::Path::new("runs/demo/_runner/workers");
-//! let mut workers = ServedWorkers::start(dir, 2, std::path::Path::new(".venv/bin/python")).unwrap();
+//! let python = std::path::Path::new(".venv/bin/python");
+//! // Registered adapters, and `myenvs:make` besides (its `--adapter`).
+//! let mut workers = ServedWorkers::start(dir, 2, python, &["myenvs:make".into()]).unwrap();
 //! // Every stage process the runner starts gets `POOL_VAR = workers.sockets_var()`
 //! // (`PID@SOCKET:PID@SOCKET`).
 //! std::process::Command::new("target/release/evaluate")
@@ -139,6 +144,10 @@ struct Served {
 pub struct ServedWorkers {
     dir: PathBuf,
     python: PathBuf,
+    /// The `module:function` adapters on every worker's command line
+    /// (`--adapter NAME`): the only ones beyond the registered entry
+    /// points that a client may name.
+    adapters: Vec<String>,
     workers: Vec<Served>,
     /// A directory made for the sockets (removed on drop) when `dir` is too
     /// long for a socket's address.
@@ -190,7 +199,17 @@ impl ServedWorkers {
     /// go to a new directory under the system's temporary one instead.
     /// Either is made 0700 and must be this user's; the temporary one must
     /// not exist before (one another user made first is refused).
-    pub fn start(dir: &Path, n: usize, python: &Path) -> Result<ServedWorkers, ServeError> {
+    ///
+    /// `adapters` is the explicit allow-list of `module:function` adapters
+    /// the workers build besides their Python's registered ones (each
+    /// passed as `--adapter NAME`, also to a worker started again by
+    /// [`ServedWorkers::revive`]); a client naming any other is refused.
+    pub fn start(
+        dir: &Path,
+        n: usize,
+        python: &Path,
+        adapters: &[String],
+    ) -> Result<ServedWorkers, ServeError> {
         private_dir(dir, true)?;
         let probe = dir.join(format!("{}.sock", n.saturating_sub(1)));
         let (dir, own_dir) = if probe.as_os_str().len() <= MAX_SOCKET_PATH {
@@ -208,6 +227,7 @@ impl ServedWorkers {
         let mut workers = ServedWorkers {
             dir,
             python: python.to_path_buf(),
+            adapters: adapters.to_vec(),
             workers: Vec::with_capacity(n),
             own_dir,
         };
@@ -235,9 +255,12 @@ impl ServedWorkers {
             path: log.clone(),
             source,
         })?;
-        command(&self.python)
-            .arg("--serve")
-            .arg(socket)
+        let mut command = command(&self.python);
+        command.arg("--serve").arg(socket);
+        for adapter in &self.adapters {
+            command.arg("--adapter").arg(adapter);
+        }
+        command
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -713,6 +736,8 @@ time.sleep(60)
 
     #[test]
     fn a_served_worker_runs_no_adapter_a_client_names_and_its_socket_is_the_users_only() {
+        // Started with `--adapter allowed:make`: that one it builds, no
+        // other `module:function` a client names.
         use std::os::unix::fs::PermissionsExt as _;
         use std::os::unix::process::CommandExt as _;
         let tmp = tempfile::tempdir().unwrap();
@@ -726,11 +751,16 @@ time.sleep(60)
             ),
         )
         .unwrap();
+        std::fs::write(
+            tmp.path().join("allowed.py"),
+            "from embodyflow_gym.adapters.faulty import make\n",
+        )
+        .unwrap();
         let python = BridgeConfig::python(None);
         let mut served = std::process::Command::new("sh")
             .args([
                 "-c",
-                "umask 000; exec \"$0\" -u -m embodyflow_gym.worker --serve \"$1\"",
+                "umask 000; exec \"$0\" -u -m embodyflow_gym.worker --serve \"$1\" --adapter allowed:make",
             ])
             .arg(&python)
             .arg(&socket)
@@ -764,7 +794,7 @@ time.sleep(60)
             (
                 "marked:make",
                 json!({}),
-                "does not serve adapter `marked:make`",
+                "does not serve adapter `marked:make`: it serves the registered adapters and ['allowed:make']",
             ),
             (
                 "faulty",
@@ -783,6 +813,12 @@ time.sleep(60)
             }
         }
         assert!(!marker.exists(), "a module a client named was imported");
+        let hello = json!({"op": "hello", "adapter": "allowed:make", "env_id": "Counter-v0",
+            "kwargs": {}, "seed": 0, "max_steps": 5});
+        match worker.request(&hello, Duration::from_secs(20)) {
+            Ok(Reply::Done(frame)) => assert!(frame.header.contains_key("height"), "{frame:?}"),
+            other => panic!("allowed:make, on the command line: {other:?}"),
+        }
         drop(worker);
         let _ = served.kill();
         let _ = served.wait();

@@ -83,7 +83,7 @@ fn census(workers: &ServedWorkers) -> Vec<(u32, u64)> {
 fn consecutive_pools_take_the_same_served_workers_and_build_nothing_again() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(2, Duration::from_secs(20));
-    let mut workers = ServedWorkers::start(&dir.path().join("w"), 2, &config.python).unwrap();
+    let mut workers = ServedWorkers::start(&dir.path().join("w"), 2, &config.python, &[]).unwrap();
     let built = dir.path().join("built");
     let tasks = tasks(json!({}), &built);
     assert_eq!(
@@ -133,7 +133,8 @@ fn a_served_worker_that_dies_or_hangs_mid_episode_fails_its_episodes_and_is_repl
     ] {
         let dir = tempfile::tempdir().unwrap();
         let config = config(2, Duration::from_secs(1));
-        let mut workers = ServedWorkers::start(&dir.path().join("w"), 2, &config.python).unwrap();
+        let mut workers =
+            ServedWorkers::start(&dir.path().join("w"), 2, &config.python, &[]).unwrap();
         let before = workers.pids();
         let built = dir.path().join("built");
         let tasks = tasks(json!({"fault": fault, "at_step": 2}), &built);

@@ -750,8 +750,10 @@ pub fn run_plan(
     };
     // Declared after the lock: dropped first, so the workers are gone
     // before the run directory is free again.
-    let mut kept = (plan.keep_workers > 0 && !options.dry_run)
-        .then(|| crate::workers::KeptWorkers::new(&plan.out, plan.keep_workers));
+    let mut kept = (plan.keep_workers > 0 && !options.dry_run).then(|| {
+        let adapters = crate::workers::named_adapters(&checked.configs);
+        crate::workers::KeptWorkers::new(&plan.out, plan.keep_workers, adapters)
+    });
     let hash_started = Instant::now();
     let binaries = hash_binaries(plan, options)?;
     let binary_hash_s = hash_started.elapsed().as_secs_f64();

@@ -15,6 +15,17 @@
 //! `kill -9` included). Before each step a worker that died (a stage killed
 //! it after a fault) is started again.
 //!
+//! A kept worker builds its Python's registered adapters and, besides
+//! them, only the `module:function` adapters on its command line, never
+//! one a stage names to it. The runner lists there every `module:function`
+//! adapter the pipeline's steps name in their resolved config
+//! (`gym.adapter`, as `generate-tasks --set gym.adapter=myenvs:make` takes
+//! it), each as `--adapter NAME` ([`named_adapters`]): that explicit
+//! allow-list lets the steps that play those tasks run on the kept
+//! workers. A tasks table from outside the run whose rows name another
+//! `module:function` adapter is refused by the kept worker (bad input,
+//! naming the adapter and what the worker serves).
+//!
 //! A stage's bridge takes idle kept workers before it spawns any, so
 //! consecutive steps on the same environments build them once
 //! (Meta-World's MT1 costs about a second per environment). Results do not
@@ -31,6 +42,7 @@
 //! keep_workers = 2          # at least the stages' `bridge.workers`
 //! ```
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -42,15 +54,20 @@ use crate::error::{Result, RunnerError};
 /// The kept workers of a run, started when a step first needs them.
 pub(crate) struct KeptWorkers {
     count: usize,
+    /// The `module:function` adapters the workers may build.
+    adapters: Vec<String>,
     dir: std::path::PathBuf,
     workers: Option<ServedWorkers>,
 }
 
 impl KeptWorkers {
-    /// `count` workers for the run directory `out` (none started yet).
-    pub(crate) fn new(out: &Path, count: u32) -> KeptWorkers {
+    /// `count` workers for the run directory `out` (none started yet),
+    /// allowed the `module:function` adapters `adapters` besides the
+    /// registered ones.
+    pub(crate) fn new(out: &Path, count: u32, adapters: Vec<String>) -> KeptWorkers {
         KeptWorkers {
             count: count as usize,
+            adapters,
             dir: crate::cache::runner_dir(out).join("workers"),
             workers: None,
         }
@@ -66,8 +83,13 @@ impl KeptWorkers {
                 workers
             }
             None => self.workers.insert(
-                ServedWorkers::start(&self.dir, self.count, &BridgeConfig::python(None))
-                    .map_err(serve_error)?,
+                ServedWorkers::start(
+                    &self.dir,
+                    self.count,
+                    &BridgeConfig::python(None),
+                    &self.adapters,
+                )
+                .map_err(serve_error)?,
             ),
         };
         Ok((
@@ -91,6 +113,45 @@ impl KeptWorkers {
     }
 }
 
+/// The `module:function` adapters the steps' resolved configs name
+/// (`gym.adapter`; a registered adapter's plain name needs no listing),
+/// each once, sorted.
+pub(crate) fn named_adapters(configs: &[Option<serde_json::Value>]) -> Vec<String> {
+    configs
+        .iter()
+        .flatten()
+        .filter_map(|config| config.pointer("/gym/adapter")?.as_str())
+        .filter(|adapter| adapter.contains(':'))
+        .map(str::to_string)
+        .collect::<BTreeSet<String>>()
+        .into_iter()
+        .collect()
+}
+
 fn serve_error(e: embodyflow_gym::served::ServeError) -> RunnerError {
     RunnerError::Backend(format!("keep_workers: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_kept_workers_serve_the_module_function_adapters_the_steps_name() {
+        let configs = [
+            Some(json!({"env": "gym", "gym": {"adapter": "myenvs:make"}})),
+            None,
+            Some(json!({"env": "gym", "gym": {"adapter": "metaworld"}})),
+            Some(json!({"group_size": 2})),
+            Some(json!({"gym": {"adapter": "lab.envs:cartpole"}})),
+            Some(json!({"gym": {"adapter": "myenvs:make"}})),
+            Some(json!({"gym": {"adapter": 3}})),
+        ];
+        assert_eq!(
+            named_adapters(&configs),
+            ["lab.envs:cartpole", "myenvs:make"]
+        );
+        assert!(named_adapters(&[]).is_empty());
+    }
 }

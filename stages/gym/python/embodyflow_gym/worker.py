@@ -113,7 +113,8 @@ def check_spec(spec):
         raise RequestError(
             "bad_input",
             f"this served worker does not serve adapter `{adapter}`: it serves the registered "
-            f"adapters and {sorted(SERVED_ADAPTERS) or 'no other'} (its command line's --adapter)",
+            f"adapters and {sorted(SERVED_ADAPTERS) or 'no other'} (its command line's --adapter; "
+            f"a pipeline's kept workers serve the module:function adapters its steps name in gym.adapter)",
         )
 
 
