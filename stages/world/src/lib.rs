@@ -27,7 +27,8 @@
 //! One decision of the driver, in the interface's terms: [`observe`] every
 //! episode, read the live episodes' [`frames`] and [`proprio`] (and, in a
 //! world that observes text, each one's [`observation_text`], joined to the
-//! instruction by [`observed_prompt`]), ask the policy, then
+//! instruction by [`observed_prompt`]; with a policy that recalls its last
+//! decisions, [`history_prompt`]), ask the policy, then
 //! [`step_chunks`] with `len() × K × action_dim()` actions; each episode's
 //! [`ChunkReport`] says how many actions it executed and whether it ended
 //! (success, the world's `max_steps`, or a fault of its environment: a
@@ -95,6 +96,7 @@
 //! [`observation_text`]: ClosedLoopWorld::observation_text
 //! [`step_chunks`]: ClosedLoopWorld::step_chunks
 
+use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::observation::ObservationShape;
 
 pub mod demonstrations;
@@ -218,5 +220,223 @@ pub fn observed_prompt(instruction: &str, text: &str) -> String {
         text.to_string()
     } else {
         format!("{instruction}\n{text}")
+    }
+}
+
+/// One earlier decision of an episode as a history prompt recalls it
+/// ([`history_prompt`]): the text it observed (`None` in a world whose
+/// observations carry no text) and the action it took, in words
+/// ([`action_text`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PastDecision {
+    /// The observation's text at that decision.
+    pub text: Option<String>,
+    /// The action taken, as [`action_text`] writes it.
+    pub action: String,
+}
+
+/// The prompt of a decision that recalls the episode's last `history`
+/// decisions: the instruction, one line per recalled decision, then the
+/// current observation's text (absent in a world without text), joined by
+/// newlines; `past` is every earlier decision of the episode, oldest first.
+///
+/// The shape is verl-agent's history prompt
+/// (`agent_system/environments/prompts/alfworld.py`'s `ALFWORLD_TEMPLATE`,
+/// filled by `env_manager.py`'s `build_text_obs`): the task, the most
+/// recent `history_length` observations with the action taken after each,
+/// as its `SimpleMemory.fetch` writes them,
+/// `[Observation {n}: '{obs}', Action {n}: '{act}']` with `n` counted from
+/// the episode's first decision (1), then the current observation.
+/// Its prose around them ("Prior to this step, you have already taken ..."),
+/// the admissible actions and the reasoning instructions are left out: our
+/// VLAs read a few dozen prompt tokens and answer in action bins. A
+/// decision of a world without text is recalled by its action alone,
+/// `[Action {n}: '{act}']`. With `history = 0`, or at an episode's first
+/// decision (verl-agent's `*_TEMPLATE_NO_HIS`), the prompt is
+/// [`observed_prompt`]'s (the instruction alone in a world without text).
+/// The rollout driver and update-policy's behaviour cloning both build
+/// their prompts here, so training and acting read the same text.
+///
+/// ```
+/// use embodyflow_world::{PastDecision, history_prompt, observed_prompt};
+/// let past = |text: &str, action: &str| PastDecision { text: Some(text.into()), action: action.into() };
+/// let episode = [past("in room 0", "1"), past("in room 1", "1"), past("in room 2", "0")];
+/// assert_eq!(
+///     history_prompt("find the key", 2, &episode, Some("in room 1")),
+///     "find the key\n[Observation 2: 'in room 1', Action 2: '1']\n\
+///      [Observation 3: 'in room 2', Action 3: '0']\nin room 1"
+/// );
+/// assert_eq!(history_prompt("find the key", 0, &episode, Some("in room 1")), observed_prompt("find the key", "in room 1"));
+/// let blind = [PastDecision { text: None, action: "2".into() }];
+/// assert_eq!(history_prompt("go to the door", 2, &blind, None), "go to the door\n[Action 1: '2']");
+/// ```
+pub fn history_prompt(
+    instruction: &str,
+    history: usize,
+    past: &[PastDecision],
+    current: Option<&str>,
+) -> String {
+    let first = past.len() - past.len().min(history);
+    let mut lines: Vec<String> = Vec::with_capacity(history + 2);
+    if !instruction.is_empty() {
+        lines.push(instruction.to_string());
+    }
+    for (at, decision) in past.iter().enumerate().skip(first) {
+        let n = at + 1;
+        lines.push(match &decision.text {
+            Some(text) => format!(
+                "[Observation {n}: '{text}', Action {n}: '{}']",
+                decision.action
+            ),
+            None => format!("[Action {n}: '{}']", decision.action),
+        });
+    }
+    lines.extend(current.map(str::to_string));
+    lines.join("\n")
+}
+
+/// A chunk of action tokens (`K × D`, token `t` is dimension `t % D` of
+/// action `t / D`) in words for a history prompt ([`history_prompt`]):
+/// each action's dimensions as the bins they execute, separated by
+/// spaces, the chunk's actions by `, `. A bin is the index of the centre
+/// its token decodes to (`min(token, n_bins - 2)`: OpenVLA's top bin
+/// shares the centre below it), so for a discrete action space, whose
+/// policy has one bin per action and one more
+/// (`embodyflow_gym::ActionSpace::bins`), it is the action's index as the
+/// bridge sends it to the environment; for a box it is the bin of each
+/// dimension, whose centre is the value executed.
+///
+/// ```
+/// use embodyflow_algos::action_tokens::ActionBins;
+/// use embodyflow_world::action_text;
+/// let discrete = ActionBins::new(8, -1.0, 1.0).unwrap(); // Discrete(7)
+/// assert_eq!(action_text(&[2], 1, &discrete), "2");
+/// assert_eq!(action_text(&[7], 1, &discrete), "6"); // the top bin executes action 6
+/// assert_eq!(action_text(&[0, 255, 3, 4], 2, &ActionBins::openvla()), "0 254, 3 4");
+/// ```
+pub fn action_text(tokens: &[u32], action_dim: usize, bins: &ActionBins) -> String {
+    let top = bins.n_bins().saturating_sub(2) as u32;
+    tokens
+        .chunks(action_dim.max(1))
+        .map(|action| {
+            action
+                .iter()
+                .map(|&t| t.min(top).to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(text: &str, action: &str) -> PastDecision {
+        PastDecision {
+            text: Some(text.to_string()),
+            action: action.to_string(),
+        }
+    }
+
+    /// The key-room's sentences and actions (0 west, 1 east, 2 pick up).
+    fn keyroom() -> Vec<PastDecision> {
+        vec![
+            seen("you are in room 0; the key is in room 2", "1"),
+            seen("you are in room 1; the key is in room 2", "0"),
+            seen("you are in room 0; the key is in room 2", "1"),
+        ]
+    }
+
+    #[test]
+    fn a_history_prompt_recalls_the_last_decisions_numbered_from_the_first() {
+        let now = "you are in room 1; the key is in room 2";
+        assert_eq!(
+            history_prompt("find the key", 2, &keyroom(), Some(now)),
+            "find the key\n\
+             [Observation 2: 'you are in room 1; the key is in room 2', Action 2: '0']\n\
+             [Observation 3: 'you are in room 0; the key is in room 2', Action 3: '1']\n\
+             you are in room 1; the key is in room 2"
+        );
+        assert_eq!(
+            history_prompt("find the key", 1, &keyroom(), Some(now)),
+            "find the key\n\
+             [Observation 3: 'you are in room 0; the key is in room 2', Action 3: '1']\n\
+             you are in room 1; the key is in room 2"
+        );
+    }
+
+    #[test]
+    fn without_history_the_prompt_is_the_memoryless_one() {
+        let now = "you are in room 1; the key is in room 2";
+        for instruction in ["find the key", ""] {
+            assert_eq!(
+                history_prompt(instruction, 0, &keyroom(), Some(now)),
+                observed_prompt(instruction, now)
+            );
+            // An episode's first decision has nothing to recall.
+            assert_eq!(
+                history_prompt(instruction, 3, &[], Some(now)),
+                observed_prompt(instruction, now)
+            );
+        }
+        assert_eq!(
+            history_prompt("find the key", 0, &keyroom(), Some(now)),
+            "find the key\nyou are in room 1; the key is in room 2"
+        );
+        assert_eq!(
+            history_prompt("go to the door", 0, &[], None),
+            "go to the door"
+        );
+    }
+
+    #[test]
+    fn a_history_longer_than_the_episode_so_far_recalls_all_of_it() {
+        let episode = keyroom();
+        let whole = history_prompt("find the key", 3, &episode, Some("now"));
+        for history in [4, 8, 1000] {
+            assert_eq!(
+                history_prompt("find the key", history, &episode, Some("now")),
+                whole
+            );
+        }
+        assert_eq!(
+            history_prompt("find the key", 8, &episode[..1], Some("now")),
+            "find the key\n[Observation 1: 'you are in room 0; the key is in room 2', Action 1: '1']\nnow"
+        );
+    }
+
+    #[test]
+    fn a_world_without_text_recalls_its_actions_alone() {
+        let blind = |action: &str| PastDecision {
+            text: None,
+            action: action.to_string(),
+        };
+        let episode = [blind("0"), blind("0"), blind("2")];
+        assert_eq!(
+            history_prompt("go to the red ball", 2, &episode, None),
+            "go to the red ball\n[Action 2: '0']\n[Action 3: '2']"
+        );
+        assert_eq!(
+            history_prompt("", 2, &episode, None),
+            "[Action 2: '0']\n[Action 3: '2']"
+        );
+    }
+
+    #[test]
+    fn an_action_is_written_as_the_bins_it_executes() {
+        // Discrete(3) as the bridge's policies have it: 4 bins, the top one
+        // executing action 2 as the bridge does.
+        let discrete = ActionBins::new(4, -1.0, 1.0).unwrap();
+        let words: Vec<String> = (0..4).map(|t| action_text(&[t], 1, &discrete)).collect();
+        assert_eq!(words, ["0", "1", "2", "2"]);
+        // K = 2 actions of D = 3 dimensions.
+        let box_bins = ActionBins::openvla();
+        assert_eq!(
+            action_text(&[0, 127, 255, 3, 4, 5], 3, &box_bins),
+            "0 127 254, 3 4 5"
+        );
+        assert_eq!(action_text(&[], 1, &box_bins), "");
     }
 }

@@ -118,6 +118,13 @@ pub trait ChunkPolicy {
     fn observation_shape(&self) -> ObservationShape;
     /// The token ids of an instruction (the decision's `prompt_ids`).
     fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error>;
+    /// The earlier decisions of its episode each decision's prompt recalls
+    /// (`crate::history_prompt`: their observed texts and actions); 0, the
+    /// default: the prompt holds the instruction and the current text
+    /// alone.
+    fn history(&self) -> usize {
+        0
+    }
     /// One decision per row of `batch`, in row order.
     fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error>;
 }
