@@ -21,7 +21,8 @@
 //!
 //! ```text
 //! observe all → gather the live episodes' frames and proprio (and, in a
-//! world that observes text, each decision's prompt: observed_prompt) → one policy
+//! world that observes text or for a policy with a history, each decision's
+//! prompt: history_prompt) → one policy
 //! call over them (row seed = decision_seed(episode seed, decision)) →
 //! check every row (K·D tokens in 0..n_bins, finite log-probs) → decode the
 //! bins to actions (ActionBins, OpenVLA's centres) → step every live
@@ -45,7 +46,13 @@
 //! [`ClosedLoopWorld::observation_text`]) gives each decision its own
 //! prompt, the instruction and the text on the next line
 //! ([`observed_prompt`]), tokenised by the policy; it is recorded in the
-//! decision's `steps.prompt_ids`, where update-policy reads it back.
+//! decision's `steps.prompt_ids`, where update-policy reads it back. A
+//! policy with a history ([`ChunkPolicy::history`] `= H > 0`, a VLA's
+//! `history`) reads at each decision the episode's last `H` decisions too,
+//! each one's observed text and its action ([`action_text`] of its tokens)
+//! in verl-agent's shape ([`history_prompt`]), in any world (where no text
+//! is observed, the actions alone); the episode's first decision reads the
+//! prompt it would without history.
 //!
 //! ```no_run
 //! use embodyflow_algos::action_tokens::ActionBins;
@@ -74,8 +81,8 @@ use embodyflow_core::progress;
 use embodyflow_core::schemas::StepRow;
 use embodyflow_core::{Classify, ErrorKind};
 pub use embodyflow_world::{
-    ChunkDecision, ChunkPolicy, ChunkReport, ClosedLoopWorld, DecisionBatch, GraspPoint, Thought,
-    WorldError, observed_prompt,
+    ChunkDecision, ChunkPolicy, ChunkReport, ClosedLoopWorld, DecisionBatch, GraspPoint,
+    PastDecision, Thought, WorldError, action_text, history_prompt, observed_prompt,
 };
 
 /// Why a closed-loop run stopped.
@@ -93,8 +100,8 @@ pub enum ClosedLoopError {
         /// The policy's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The policy cannot encode a decision's prompt in a world that
-    /// observes text (the instruction and the observation's text).
+    /// The policy cannot encode a decision's own prompt (the instruction,
+    /// the observed text and the decisions a policy with a history recalls).
     #[error(
         "episode {episode} (task `{task}`), decision {decision}, its prompt with the observed text: {source}"
     )]
@@ -217,7 +224,8 @@ pub struct RecordedDecision {
     pub anchor_key: Option<String>,
     /// The decision's prompt when it is not the episode's: in a world that
     /// observes text, the instruction and the observed text
-    /// ([`observed_prompt`]), tokenised.
+    /// ([`observed_prompt`]), and for a policy with a history the
+    /// decisions it recalls ([`history_prompt`]), tokenised.
     pub prompt_ids: Option<Vec<i32>>,
     /// Actions of the chunk the world executed (fewer than `K` when the
     /// episode ended within it).
@@ -380,7 +388,7 @@ pub fn run_closed_loop<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     let fit = Fit::check(world, policy, seeds)?;
     let mut episodes = start_episodes(world, policy)?;
     let n = episodes.len();
-    let mut lockstep = Lockstep::new(fit, bins, seeds);
+    let mut lockstep = Lockstep::new(fit, bins, seeds, policy.history());
     let mut live: Vec<usize> = (0..n).filter(|&i| world.running(i)).collect();
     let bar = progress::bar(n as u64, config.label);
     bar.inc((n - live.len()) as u64);
@@ -493,13 +501,16 @@ fn start_episodes<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
 }
 
 /// The driver's state across decisions: what every decision uses (the
-/// fit, the bins, the episodes' seeds), the buffers one decision fills (the
-/// live episodes' frames and proprio, every episode's chunk of actions) and
-/// the time spent in the world and in the policy.
+/// fit, the bins, the episodes' seeds, the policy's history length), each
+/// episode's decisions as its prompts recall them, the buffers one decision
+/// fills (the live episodes' frames and proprio, every episode's chunk of
+/// actions) and the time spent in the world and in the policy.
 struct Lockstep<'a> {
     fit: Fit,
     bins: &'a ActionBins,
     seeds: &'a [u64],
+    history: usize,
+    past: Vec<Vec<PastDecision>>,
     frames: Vec<u8>,
     proprio: Vec<f32>,
     actions: Vec<f32>,
@@ -508,12 +519,14 @@ struct Lockstep<'a> {
 }
 
 impl<'a> Lockstep<'a> {
-    fn new(fit: Fit, bins: &'a ActionBins, seeds: &'a [u64]) -> Lockstep<'a> {
+    fn new(fit: Fit, bins: &'a ActionBins, seeds: &'a [u64], history: usize) -> Lockstep<'a> {
         let actions = vec![0.0f32; seeds.len() * fit.per_chunk()];
         Lockstep {
             fit,
             bins,
             seeds,
+            history,
+            past: vec![Vec::new(); seeds.len()],
             frames: Vec::new(),
             proprio: Vec::new(),
             actions,
@@ -534,7 +547,7 @@ impl<'a> Lockstep<'a> {
         episodes: &mut [ClosedLoopEpisode],
     ) -> Result<Vec<ChunkReport>, ClosedLoopError> {
         self.observe(world, live);
-        let prompts = observed_prompts(world, policy, live, decision)?;
+        let prompts = decision_prompts(world, policy, live, decision, self.history, &self.past)?;
         let instructions: Vec<&[i32]> = live
             .iter()
             .zip(&prompts)
@@ -568,6 +581,18 @@ impl<'a> Lockstep<'a> {
             });
         }
         let anchors: Vec<Option<String>> = live.iter().map(|&i| world.anchor_key(i)).collect();
+        // What the episodes' later prompts recall of this decision.
+        let recalled: Vec<PastDecision> = match self.history {
+            0 => Vec::new(),
+            _ => live
+                .iter()
+                .zip(&chosen)
+                .map(|(&i, c)| PastDecision {
+                    text: world.observation_text(i).map(str::to_string),
+                    action: action_text(&c.tokens, self.fit.d, self.bins),
+                })
+                .collect(),
+        };
         let observations = decode_chunks(
             &self.fit,
             world,
@@ -581,6 +606,9 @@ impl<'a> Lockstep<'a> {
             .step_chunks(&self.actions, self.fit.k)
             .map_err(|source| ClosedLoopError::World { decision, source })?;
         self.world_time += started.elapsed();
+        for (&i, past) in live.iter().zip(recalled) {
+            self.past[i].push(past);
+        }
         let recorded = live.iter().zip(chosen).zip(observations).zip(anchors);
         for ((((&i, chosen), observation), anchor_key), prompt_ids) in recorded.zip(prompts) {
             let report = &reports[i];
@@ -621,20 +649,25 @@ impl<'a> Lockstep<'a> {
 }
 
 /// Each live episode's own prompt at `decision`, in a world that observes
-/// text ([`observed_prompt`], tokenised by the policy); `None` where the
-/// episode's instruction serves.
-fn observed_prompts<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
+/// text or for a policy that recalls the episode's last `history`
+/// decisions (`past`, by episode: [`history_prompt`], tokenised by the
+/// policy); `None` where the episode's instruction serves (no text, nothing
+/// to recall).
+fn decision_prompts<W: ClosedLoopWorld + ?Sized, P: ChunkPolicy + ?Sized>(
     world: &W,
     policy: &P,
     live: &[usize],
     decision: usize,
+    history: usize,
+    past: &[Vec<PastDecision>],
 ) -> Result<Vec<Option<Vec<i32>>>, ClosedLoopError> {
     live.iter()
         .map(|&i| {
-            let Some(text) = world.observation_text(i) else {
+            let text = world.observation_text(i);
+            if text.is_none() && (history == 0 || past[i].is_empty()) {
                 return Ok(None);
-            };
-            let prompt = observed_prompt(world.instruction(i), text);
+            }
+            let prompt = history_prompt(world.instruction(i), history, &past[i], text);
             policy
                 .instruction_ids(&prompt)
                 .map(Some)

@@ -29,12 +29,23 @@
 //! action space fixes the bins (`n + 1` over `[-1, 1]`, one per action),
 //! and the tokenizer is trained on the tasks' instructions. In a world that
 //! observes text it is also trained on the prompts of
-//! `tokenizer.probe_episodes` probe episodes (random actions; each
-//! decision's instruction, newline and observed text:
+//! `tokenizer.probe_episodes` probe episodes (random chunks of actions;
+//! each decision's instruction, newline and observed text:
 //! [`embodyflow_worlds::probe_prompts`]), so an observation's words become
 //! tokens rather than one token per character, and `vla.max_instruction`,
 //! which counts the tokens of a decision's whole prompt, must hold the
 //! longest probe prompt (`bridge.*`: the workers that play them).
+//!
+//! `vla.history = H` makes every prompt of the VLA recall its episode's
+//! last `H` decisions, each one's observed text and action, in
+//! verl-agent's history prompt (`embodyflow_world::history_prompt`; a
+//! world without text recalls the actions alone). It is stored in the
+//! checkpoint's config, so collect-rollouts, evaluate and update-policy's
+//! behaviour cloning build the same prompts. The probe episodes then run in
+//! any world (the actions as the world's bins, else `vla.n_bins` over
+//! `[-1, 1]`) and their prompts carry the recalled decisions: a
+//! `vla.max_instruction` too small for the longest is refused naming both
+//! keys, and `vla.history > 0` needs `tokenizer.probe_episodes >= 1`.
 //!
 //! `vla.trunk = "hf:DIR"` puts the VLA on the vision-language model in
 //! DIR (Qwen2.5-VL or Qwen3-VL in transformers' layout, with
@@ -56,6 +67,7 @@
 
 use std::path::Path;
 
+use embodyflow_algos::action_tokens::ActionBins;
 use embodyflow_core::Error;
 use embodyflow_core::cli::StageArgs;
 use embodyflow_core::commit::{Commit, Digest};
@@ -71,8 +83,8 @@ use embodyflow_models::tokenizer::{encode, load, train_bpe};
 use embodyflow_models::vla::trunk::init_on_vlm;
 use embodyflow_models::vla::{ActionTokens, LatentConfig, Vla, VlaConfig};
 use embodyflow_worlds::{
-    BridgeKeys, PolicyShape, WorldOptions, WorldTask, WorldsError, default_world, policy_shape,
-    probe_prompts, task_of,
+    BridgeKeys, PolicyShape, Probe, WorldOptions, WorldTask, WorldsError, default_world,
+    policy_shape, probe_prompts, task_of,
 };
 use serde::{Deserialize, Serialize};
 
@@ -145,7 +157,7 @@ impl Default for TokenizerConfig {
     }
 }
 
-/// `vla.*`: the VLA's architecture (`kind = "vla"`; the vocabulary comes
+/// `vla.*`: the VLA's architecture and prompt (`kind = "vla"`; the vocabulary comes
 /// from the tokenizer, the proprio length and action size from the tabletop
 /// world, the bins span `[-1, 1]`). Each field's doc comment is its key's
 /// meaning (`--help`).
@@ -191,6 +203,11 @@ pub struct VlaKeys {
     /// With an hf: trunk, keep the vision encoder's weights fixed (kind =
     /// vla).
     pub freeze_vision: bool,
+    /// Earlier decisions of the episode each prompt recalls, H: their
+    /// observed texts and actions (verl-agent's history prompt), 0 = none;
+    /// the probe prompts carry them, so vla.max_instruction must hold the
+    /// longest (kind = vla).
+    pub history: i64,
 }
 
 impl Default for VlaKeys {
@@ -211,6 +228,7 @@ impl Default for VlaKeys {
             trunk: "small".into(),
             action_tokens: ActionTokens::Head,
             freeze_vision: false,
+            history: small.history,
         }
     }
 }
@@ -259,6 +277,7 @@ impl VlaKeys {
             n_bins,
             action_low,
             action_high,
+            history: self.history,
             n_embd: self.n_embd,
             n_head: self.n_head,
             n_layer: self.n_layer,
@@ -286,6 +305,7 @@ impl VlaKeys {
             &self.trunk,
         )?;
         at_least("vla.max_instruction", self.max_instruction, 1)?;
+        at_least("vla.history", self.history, 0)?;
         let world = default_world();
         if let Some(sizes) = world.frame_sizes() {
             let (min, max) = (*sizes.start(), *sizes.end());
@@ -373,6 +393,15 @@ impl StageConfig for Config {
     fn validate(&self) -> embodyflow_core::Result<()> {
         if self.kind == Kind::Vla {
             self.vla.validate()?;
+            ensure(
+                self.vla.history == 0 || self.tokenizer.probe_episodes > 0,
+                "tokenizer.probe_episodes",
+                format!(
+                    "at least 1 with vla.history = {} (the probe episodes' prompts, which recall earlier decisions, bound vla.max_instruction)",
+                    self.vla.history
+                ),
+                self.tokenizer.probe_episodes,
+            )?;
         }
         self.bridge.validate("")?;
         let model = &self.model;
@@ -483,8 +512,12 @@ pub fn run(args: Args) -> Result<(), ModelError> {
             };
             let lengths = check_prompts(&policy, &corpus, shape.observation_text, prompts)?;
             if let Some((mean, longest)) = lengths {
+                let history = match vla.history {
+                    0 => String::new(),
+                    h => format!(" with vla.history = {h}"),
+                };
                 prompt_lengths = Some(format!(
-                    "{} probe prompts: {mean:.1} tokens on average, {longest} at most (vla.max_instruction = {})",
+                    "{} probe prompts{history}: {mean:.1} tokens on average, {longest} at most (vla.max_instruction = {})",
                     prompts.len(),
                     vla.max_instruction
                 ));
@@ -553,8 +586,8 @@ fn stage_checkpoint<M: embodyflow_models::checkpoint::PolicyNet>(
 }
 
 /// The world a VLA is made for: its shape, the instructions its tokenizer
-/// learns and, in a world that observes text, the prompts of probe episodes
-/// ([`probe_prompts`]). The world of the input tasks when given (their
+/// learns and, in a world that observes text or for a VLA with a history
+/// (`vla.history`), the prompts of probe episodes ([`probe_prompts`]). The world of the input tasks when given (their
 /// instructions), else the default world's `tokenizer.corpus_tasks`
 /// generated train tasks ([`default_world`], [`World::train_tasks`]).
 ///
@@ -591,24 +624,43 @@ fn vla_world(
     let image_size = config.vla.image_size as usize;
     let bad = |e: WorldsError| Error::BadInput(e.to_string());
     let shape = policy_shape(&tasks[0], image_size, &workers).map_err(bad)?;
-    let prompts = match (shape.observation_text, &shape.bins) {
-        (0, _) | (_, None) => Vec::new(),
-        (_, Some(bins)) => {
+    let keys = &config.vla;
+    // Probe where prompts hold more than the instruction: a world that
+    // observes text and acts discretely, or any world with a history (its
+    // actions as the VLA's bins: the world's, else vla.n_bins over [-1, 1]).
+    let bins = match (&shape.bins, shape.observation_text, keys.history) {
+        (Some(bins), text, history) if text > 0 || history > 0 => Some(bins.clone()),
+        (None, _, history) if history > 0 => Some(
+            ActionBins::new(keys.n_bins as usize, -1.0, 1.0).map_err(|e| Error::BadValue {
+                key: "vla.n_bins".into(),
+                reason: e.to_string(),
+            })?,
+        ),
+        _ => None,
+    };
+    let prompts = match bins {
+        None => Vec::new(),
+        Some(bins) => {
             let options = WorldOptions {
                 image_size,
-                bins: bins.clone(),
+                bins,
                 workers,
             };
-            let episodes = config.tokenizer.probe_episodes;
-            probe_prompts(&tasks, &options, episodes, seed).map_err(bad)?
+            let probe = Probe {
+                episodes: config.tokenizer.probe_episodes,
+                chunk_len: keys.chunk_len as usize,
+                history: keys.history as usize,
+            };
+            probe_prompts(&tasks, &options, &probe, seed).map_err(bad)?
         }
     };
     Ok((shape, instructions, prompts))
 }
 
 /// Every prompt fits in `vla.max_instruction` tokens, which count a
-/// decision's whole prompt: every probe prompt (the instruction, a newline
-/// and an observed text, tokenised by the tokenizer trained on them) and
+/// decision's whole prompt: every probe prompt (the instruction, an observed
+/// text and, with `vla.history`, the decisions it recalls, tokenised by the
+/// tokenizer trained on them) and
 /// every corpus instruction; in a world that observes text of up to `text`
 /// characters but without probe prompts, each instruction with room for a
 /// newline and one token per character (a byte-level BPE never needs more
@@ -623,6 +675,13 @@ fn check_prompts(
     prompts: &[String],
 ) -> Result<Option<(f64, i64)>, ModelError> {
     let vla = policy.model.config();
+    let observed = if text > 0 { ", observed text" } else { "" };
+    let parts = match vla.history {
+        0 => "instruction, newline, observed text".to_string(),
+        h => format!(
+            "instruction, the decisions it recalls (vla.history = {h}: lower it, or raise vla.max_instruction){observed}"
+        ),
+    };
     let fits = |tokens: i64, why: String| {
         ensure(
             tokens <= vla.max_instruction,
@@ -636,9 +695,7 @@ fn check_prompts(
         let tokens = encode(&policy.tokenizer, prompt)?.len() as i64;
         fits(
             tokens,
-            format!(
-                "at least {tokens} (the probe prompt `{prompt}`: instruction, newline, observed text)"
-            ),
+            format!("at least {tokens} (the probe prompt `{prompt}`: {parts})"),
         )?;
         lengths.push(tokens);
     }
@@ -736,6 +793,7 @@ mod tests {
             ("vla.n_head=0", "vla.n_head"),
             ("vla.n_layer=0", "vla.n_layer"),
             ("vla.n_embd=90", "vla.n_embd"),
+            ("vla.history=-1", "vla.history"),
         ] {
             assert_eq!(
                 refused_key::<Config>(&["kind=vla", set]).as_deref(),
@@ -743,6 +801,17 @@ mod tests {
                 "{set}"
             );
         }
+        // A history's prompts are bounded by probe episodes' prompts.
+        assert_eq!(refused_key::<Config>(&["kind=vla", "vla.history=2"]), None);
+        assert_eq!(
+            refused_key::<Config>(&["kind=vla", "vla.history=2", "tokenizer.probe_episodes=0"])
+                .as_deref(),
+            Some("tokenizer.probe_episodes")
+        );
+        assert_eq!(
+            refused_key::<Config>(&["kind=vla", "tokenizer.probe_episodes=0"]),
+            None
+        );
     }
 }
 

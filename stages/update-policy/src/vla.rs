@@ -22,12 +22,19 @@
 //!   last one of an episode may have fewer than `K × D` (the steps after the
 //!   end are out of the loss, as `Vla::bc_loss`'s `valid_steps` leaves them
 //!   out); in a world that observes text its prompt is the instruction and
-//!   that decision's text. Demonstrations that fail are dropped and
-//!   counted. The loss is the token mean of `-log π(a_t | o)` over the
-//!   step's tokens.
+//!   that decision's text, and for a checkpoint with a history
+//!   (`vla.history = H`) it recalls the expert's last `H` decisions, their
+//!   texts and actions, as the rollout driver's prompts do
+//!   ([`embodyflow_rollout::closed_loop::history_prompt`]; `sft.windows =
+//!   steps` with chunks of more than one action is then refused: the
+//!   driver recalls decisions, not steps). Demonstrations that fail are
+//!   dropped and counted. The loss is the token mean of `-log π(a_t | o)`
+//!   over the step's tokens.
 //! - SFT on a demonstrations table (`sft.demonstrations`,
 //!   [`demonstrations`]): its steps rows as they are (LIBERO's imported
-//!   demonstrations), checked against the checkpoint's tokenizer and chunk.
+//!   demonstrations), checked against the checkpoint's tokenizer and chunk;
+//!   refused for a checkpoint with a history, whose prompts the table's do
+//!   not recall.
 //! - PPO: the `steps` rows of `collect-rollouts` (`K × D` tokens, their
 //!   behaviour log-probs, the `observation` bytes) joined with their
 //!   advantages and temperature by [`crate::ppo_examples`]; log-probs
@@ -53,7 +60,7 @@ use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{Entropy, ResponseScores};
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
-use embodyflow_rollout::closed_loop::{ChunkPolicy, observed_prompt};
+use embodyflow_rollout::closed_loop::{ChunkPolicy, PastDecision, action_text, history_prompt};
 use embodyflow_rollout::sampling_seed;
 use embodyflow_worlds::demonstrations::{DemoDecision, DemoRequest, Demonstration};
 use embodyflow_worlds::{WorldTask, task_of, world_of_tasks};
@@ -90,7 +97,18 @@ pub fn sft_examples(
         }
         .into());
     }
+    let history = policy.model.config().history as usize;
     if let Some(dir) = &sft.demonstrations {
+        if history > 0 {
+            return Err(Error::BadValue {
+                key: "sft.demonstrations".into(),
+                reason: format!(
+                    "the demonstrations table {} holds each decision's prompt as imported; this checkpoint's prompts recall its last {history} decisions (init-policy's vla.history): clone its world's expert instead",
+                    dir.display()
+                ),
+            }
+            .into());
+        }
         if sft.windows == SftWindows::Steps {
             return Err(Error::BadValue {
                 key: "sft.windows".into(),
@@ -121,6 +139,16 @@ pub fn sft_examples(
         }
         .into());
     }
+    if by_step && history > 0 && config.chunk_len > 1 {
+        return Err(Error::BadValue {
+            key: "sft.windows".into(),
+            reason: format!(
+                "`steps` windows start at every step; this checkpoint's prompts recall its last {history} decisions (init-policy's vla.history), one per chunk of {} actions: only `chunks`",
+                config.chunk_len
+            ),
+        }
+        .into());
+    }
     let seeds: Vec<u64> = tasks
         .iter()
         .map(|t| sampling_seed(seed, &t.task_id()))
@@ -142,7 +170,7 @@ pub fn sft_examples(
         step_frames: thinking.is_some(),
         workers: &workers,
     };
-    let k = config.chunk_len as usize;
+    let (k, action_dim) = (config.chunk_len as usize, config.action_dim as usize);
     let (mut futures, mut all_frames) = (Vec::new(), Vec::new());
     let (mut examples, mut dropped, mut used) = (Vec::new(), Vec::new(), 0usize);
     let mut add = |demo: Demonstration| -> Result<(), Error> {
@@ -162,6 +190,8 @@ pub fn sft_examples(
         } else {
             demo.decisions
         };
+        // The decisions each prompt recalls, as the driver keeps them.
+        let mut past: Vec<PastDecision> = Vec::new();
         for (i, decision) in decisions.into_iter().enumerate() {
             if let Some(length) = thinking {
                 futures.push(thinking::FutureFrames {
@@ -170,15 +200,26 @@ pub fn sft_examples(
                 });
             }
             let source = format!("task `{}` decision {i}", demo.task_id);
-            // A world that observes text: the decision's own prompt, as the driver builds it.
-            let observed = match &decision.text {
-                Some(text) => Some(
+            // A world that observes text, a policy with a history: the
+            // decision's own prompt, as the driver builds it.
+            let text = decision.text.as_deref();
+            let own = text.is_some() || (history > 0 && !past.is_empty());
+            let observed = if own {
+                let own = history_prompt(&demo.instruction, history, &past, text);
+                Some(
                     sampler
-                        .instruction_ids(&observed_prompt(&demo.instruction, text))
+                        .instruction_ids(&own)
                         .map_err(|e| Error::BadInput(format!("{source}: {e}")))?,
-                ),
-                None => None,
+                )
+            } else {
+                None
             };
+            if history > 0 {
+                past.push(PastDecision {
+                    text: decision.text.clone(),
+                    action: action_text(&decision.tokens, action_dim, &bins),
+                });
+            }
             let prompt = observed.as_deref().unwrap_or(&prompt);
             examples.push(demonstration_example(
                 source,

@@ -35,7 +35,7 @@ pub use embodyflow_world::world::{
 };
 pub use embodyflow_world::{demonstrations, generator, world};
 pub use registry::{
-    Episodes, Registered, WORLDS, Worlds, closed_loop_worlds, default_world, generator, generators,
-    is_closed_loop, max_decisions, one_shot, policy_shape, probe_prompts, task_of, world_of,
-    world_of_tasks,
+    Episodes, Probe, Registered, WORLDS, Worlds, closed_loop_worlds, default_world, generator,
+    generators, is_closed_loop, max_decisions, one_shot, policy_shape, probe_prompts, task_of,
+    world_of, world_of_tasks,
 };

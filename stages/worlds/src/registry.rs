@@ -29,7 +29,9 @@ use embodyflow_core::Error;
 use embodyflow_core::observation::ObservationShape;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_envs::TaskEnv;
-use embodyflow_world::{ChunkReport, ClosedLoopWorld, GraspPoint, WorldError, observed_prompt};
+use embodyflow_world::{
+    ChunkReport, ClosedLoopWorld, GraspPoint, PastDecision, WorldError, action_text, history_prompt,
+};
 
 use crate::household;
 use embodyflow_world::generator::{Generator, either};
@@ -219,40 +221,66 @@ pub fn max_decisions(tasks: &[WorldTask], chunk_len: usize) -> usize {
     max_steps.div_ceil(chunk_len.max(1))
 }
 
-/// The prompts a policy would read in probe episodes of a world that
-/// observes text: one episode of each of the first `episodes` tasks,
-/// random actions (a hash of `seed`, the decision and the value's index,
-/// one action per decision) until it ends, and at each decision the
-/// instruction, a newline and the observed text
-/// ([`observed_prompt`]). `init-policy` trains the tokenizer on them and
-/// bounds `vla.max_instruction` by the longest in tokens. Empty for a
-/// world without text.
+/// What [`probe_prompts`] plays: how many episodes, and the policy's
+/// decisions (actions per decision, and the earlier decisions each prompt
+/// recalls).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Episodes, one of each of the first tasks.
+    pub episodes: usize,
+    /// Actions per decision, `K` (at least 1).
+    pub chunk_len: usize,
+    /// Earlier decisions each prompt recalls, `H` ([`history_prompt`]).
+    pub history: usize,
+}
+
+/// The prompts a policy would read in probe episodes: one episode of each
+/// of the first `probe.episodes` tasks, random chunks of `probe.chunk_len`
+/// actions (a hash of `seed`, the decision and the value's index) until it
+/// ends, and at each decision whose prompt is not the instruction alone the
+/// prompt the driver builds ([`history_prompt`]: the instruction, the last
+/// `probe.history` decisions' observed texts and actions, the observed
+/// text; [`embodyflow_world::observed_prompt`] without a history). `init-policy` trains the
+/// tokenizer on them and bounds `vla.max_instruction` by the longest in
+/// tokens. Empty for a world without text and a policy without history.
 pub fn probe_prompts(
     tasks: &[WorldTask],
     options: &WorldOptions,
-    episodes: usize,
+    probe: &Probe,
     seed: u64,
 ) -> Result<Vec<String>, WorldsError> {
-    let tasks = &tasks[..episodes.min(tasks.len())];
+    let tasks = &tasks[..probe.episodes.min(tasks.len())];
     if tasks.is_empty() {
         return Ok(Vec::new());
     }
     let mut worlds = Worlds::new(options.clone());
     let mut world = worlds.episodes(tasks, 1)?;
-    let (n, dim) = (world.len(), world.action_dim());
+    let (n, dim, k, history) = (
+        world.len(),
+        world.action_dim(),
+        probe.chunk_len.max(1),
+        probe.history,
+    );
     let n_bins = options.bins.n_bins() as u64;
     let mut prompts = Vec::new();
-    for decision in 0..=max_decisions(tasks, 1) {
+    let mut past: Vec<Vec<PastDecision>> = vec![Vec::new(); n];
+    for decision in 0..=max_decisions(tasks, k) {
         let live: Vec<usize> = (0..n).filter(|&i| world.running(i)).collect();
         for &i in &live {
-            if let Some(text) = world.observation_text(i) {
-                prompts.push(observed_prompt(world.instruction(i), text));
+            let text = world.observation_text(i);
+            if text.is_some() || (history > 0 && !past[i].is_empty()) {
+                prompts.push(history_prompt(
+                    world.instruction(i),
+                    history,
+                    &past[i],
+                    text,
+                ));
             }
         }
         if live.is_empty() {
             break;
         }
-        let tokens: Vec<u32> = (0..n * dim)
+        let tokens: Vec<u32> = (0..n * k * dim)
             .map(|j| {
                 let mut hasher = blake3::Hasher::new();
                 hasher.update(&seed.to_le_bytes());
@@ -263,12 +291,24 @@ pub fn probe_prompts(
                 (value % n_bins) as u32
             })
             .collect();
+        if history > 0 {
+            for &i in &live {
+                past[i].push(PastDecision {
+                    text: world.observation_text(i).map(str::to_string),
+                    action: action_text(
+                        &tokens[i * k * dim..(i + 1) * k * dim],
+                        dim,
+                        &options.bins,
+                    ),
+                });
+            }
+        }
         let actions = options
             .bins
             .decode(&tokens)
             .map_err(|e| Error::BadInput(format!("probe episodes: {e}")))?;
         world
-            .step_chunks(&actions, 1)
+            .step_chunks(&actions, k)
             .map_err(|e| Error::BadInput(format!("probe episodes: {e}")))?;
     }
     worlds.done(world);

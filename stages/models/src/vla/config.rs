@@ -77,6 +77,14 @@ pub struct VlaConfig {
     pub action_low: f64,
     /// Highest action value (the last bin's edge).
     pub action_high: f64,
+    /// Earlier decisions of its episode each decision's prompt recalls,
+    /// `H`: their observed texts and actions in verl-agent's history
+    /// prompt (`embodyflow_world::history_prompt`), which every stage that
+    /// acts or trains builds alike; `max_instruction` counts the whole
+    /// prompt. Absent from a config, or 0: the prompt holds the
+    /// instruction and the current text alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history: i64,
     /// Width of the residual stream.
     pub n_embd: i64,
     /// Attention heads (must divide `n_embd`).
@@ -124,6 +132,7 @@ impl VlaConfig {
             n_bins: 256,
             action_low: -1.0,
             action_high: 1.0,
+            history: 0,
             n_embd: 128,
             n_head: 4,
             n_layer: 4,
@@ -169,6 +178,12 @@ impl VlaConfig {
         }
         if self.stem_channels > 0 && self.trunk.is_some() {
             return Err("stem_channels: a convolutional stem is the small trunk's; a model trunk has its own vision encoder".into());
+        }
+        if self.history < 0 {
+            return Err(format!(
+                "history must be at least 0 (0: prompts recall no earlier decision), found {}",
+                self.history
+            ));
         }
         if self.max_instruction < 0 {
             return Err(format!(

@@ -400,3 +400,199 @@ fn step_rows_survive_the_steps_table_and_decode_from_it() {
         observation.expect_shape(&shape()).unwrap();
     }
 }
+
+/// A corridor whose observation is a sentence: each episode starts in cell
+/// 0 and never ends; actions are Discrete(3) through 4 bins (0 west, 1
+/// east, 2 stay), mapped back to their index as the Gymnasium bridge maps
+/// them.
+struct TextCorridor {
+    cells: Vec<u32>,
+    texts: Vec<String>,
+    bins: ActionBins,
+}
+
+impl TextCorridor {
+    fn new(n: usize) -> TextCorridor {
+        TextCorridor {
+            cells: vec![0; n],
+            texts: vec![String::new(); n],
+            bins: ActionBins::new(4, -1.0, 1.0).unwrap(),
+        }
+    }
+}
+
+fn text_shape() -> ObservationShape {
+    ObservationShape {
+        height: 0,
+        width: 0,
+        channels: 3,
+        proprio: 0,
+    }
+}
+
+impl ClosedLoopWorld for TextCorridor {
+    fn len(&self) -> usize {
+        self.cells.len()
+    }
+    fn observation_shape(&self) -> ObservationShape {
+        text_shape()
+    }
+    fn image_names(&self) -> &[String] {
+        &[]
+    }
+    fn action_dim(&self) -> usize {
+        1
+    }
+    fn task_id(&self, _: usize) -> &str {
+        "corridor"
+    }
+    fn instruction(&self, _: usize) -> &str {
+        "walk"
+    }
+    fn running(&self, _: usize) -> bool {
+        true
+    }
+    fn observe(&mut self) {
+        self.texts = self.cells.iter().map(|c| format!("in cell {c}")).collect();
+    }
+    fn frames(&self) -> &[u8] {
+        &[]
+    }
+    fn proprio(&self) -> &[f32] {
+        &[]
+    }
+    fn step_chunks(&mut self, actions: &[f32], k: usize) -> Result<Vec<ChunkReport>, WorldError> {
+        for (cell, chunk) in self.cells.iter_mut().zip(actions.chunks(k)) {
+            for action in self.bins.encode(chunk)? {
+                match action.min(2) {
+                    0 => *cell = cell.saturating_sub(1),
+                    1 => *cell += 1,
+                    _ => {}
+                }
+            }
+        }
+        let report = ChunkReport {
+            env_steps: k as u32,
+            done: false,
+            success: false,
+            failure: None,
+        };
+        Ok(vec![report; self.cells.len()])
+    }
+    fn target_ever_grasped(&self, _: usize) -> Option<bool> {
+        None
+    }
+    fn observation_text(&self, i: usize) -> Option<&str> {
+        Some(&self.texts[i])
+    }
+    fn start_failure(&self, _: usize) -> Option<&str> {
+        None
+    }
+}
+
+/// Plays each episode's scripted tokens (one action per decision) and
+/// keeps the prompts it read, by episode, as text (byte ids).
+struct Script {
+    tokens: Vec<Vec<u32>>,
+    history: usize,
+    read: Vec<Vec<String>>,
+}
+
+impl ChunkPolicy for Script {
+    type Error = embodyflow_core::Error;
+
+    fn chunk_len(&self) -> usize {
+        1
+    }
+
+    fn action_dim(&self) -> usize {
+        1
+    }
+
+    fn observation_shape(&self) -> ObservationShape {
+        text_shape()
+    }
+
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, Self::Error> {
+        Ok(byte_ids(instruction))
+    }
+
+    fn history(&self) -> usize {
+        self.history
+    }
+
+    fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, Self::Error> {
+        Ok(batch
+            .episodes
+            .iter()
+            .zip(batch.instructions)
+            .map(|(&i, prompt)| {
+                let text = prompt.iter().map(|&b| b as u8 as char).collect();
+                self.read[i].push(text);
+                ChunkDecision {
+                    tokens: vec![self.tokens[i][batch.decision]],
+                    token_logprobs: vec![-0.5],
+                    thought: None,
+                }
+            })
+            .collect())
+    }
+}
+
+/// The prompts each episode of the text corridor read under `tokens`, and
+/// the episodes (3 decisions each).
+fn corridor_prompts(
+    tokens: Vec<Vec<u32>>,
+    history: usize,
+) -> (Vec<Vec<String>>, Vec<ClosedLoopEpisode>) {
+    let n = tokens.len();
+    let mut world = TextCorridor::new(n);
+    let mut policy = Script {
+        tokens,
+        history,
+        read: vec![Vec::new(); n],
+    };
+    let bins = world.bins.clone();
+    let run = run_closed_loop(&mut world, &mut policy, &bins, &seeds(n, 0), &config(3)).unwrap();
+    (policy.read, run.episodes)
+}
+
+/// Two episodes in the same cell at their third decision, one having gone
+/// east and back (actions 1, 0), the other having stayed (2, then the top
+/// bin 3, which executes action 2 as the bridge maps it): with a history
+/// of 2 their prompts recall different decisions, each the text it saw and
+/// the action it took; without one they read the same prompt. The steps
+/// rows carry the prompts the policy read.
+#[test]
+fn a_policy_with_a_history_reads_its_episodes_past_in_each_prompt() {
+    let tokens = vec![vec![1, 0, 2], vec![2, 3, 2]];
+    let (read, episodes) = corridor_prompts(tokens.clone(), 2);
+    assert_eq!(
+        read[0],
+        [
+            "walk\nin cell 0",
+            "walk\n[Observation 1: 'in cell 0', Action 1: '1']\nin cell 1",
+            "walk\n[Observation 1: 'in cell 0', Action 1: '1']\n\
+             [Observation 2: 'in cell 1', Action 2: '0']\nin cell 0",
+        ]
+    );
+    assert_eq!(
+        read[1][2],
+        "walk\n[Observation 1: 'in cell 0', Action 1: '2']\n\
+         [Observation 2: 'in cell 0', Action 2: '2']\nin cell 0"
+    );
+    assert_ne!(read[0][2], read[1][2]);
+    for (episode, prompts) in episodes.iter().zip(&read) {
+        let rows = episode.step_rows("t");
+        let stored: Vec<Vec<i32>> = rows.into_iter().map(|r| r.prompt_ids).collect();
+        let wanted: Vec<Vec<i32>> = prompts.iter().map(|p| byte_ids(p)).collect();
+        assert_eq!(stored, wanted);
+    }
+    // Memoryless, the two read one prompt at their third decision.
+    let (read, _) = corridor_prompts(tokens, 0);
+    assert_eq!(
+        (&*read[0][2], &*read[1][2]),
+        ("walk\nin cell 0", "walk\nin cell 0")
+    );
+    assert_eq!(read[0][1], "walk\nin cell 1");
+}

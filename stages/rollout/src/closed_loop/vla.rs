@@ -96,12 +96,20 @@ impl ChunkPolicy for VlaPolicy<'_> {
         let ids = encode(&self.checkpoint.tokenizer, instruction)?;
         let most = self.checkpoint.model.config().max_instruction;
         if ids.len() as i64 > most {
+            let history = match self.history() {
+                0 => String::new(),
+                h => format!(" (its prompts recall the last {h} decisions: history = {h})"),
+            };
             return Err(ModelError::Tokenizer(format!(
-                "instruction `{instruction}` is {} tokens, the checkpoint takes at most max_instruction = {most}",
+                "instruction `{instruction}` is {} tokens, the checkpoint takes at most max_instruction = {most}{history}",
                 ids.len()
             )));
         }
         Ok(ids)
+    }
+
+    fn history(&self) -> usize {
+        self.checkpoint.model.config().history as usize
     }
 
     fn decide(&mut self, batch: &DecisionBatch<'_>) -> Result<Vec<ChunkDecision>, ModelError> {
@@ -178,6 +186,7 @@ mod tests {
             n_embd: 32,
             n_head: 4,
             n_layer: 2,
+            history: 0,
             latent,
             trunk: None,
         };

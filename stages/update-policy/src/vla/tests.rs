@@ -50,7 +50,8 @@ fn sft_examples_are_the_experts_decisions() {
             tabletop::Labels::Executed,
             K as usize,
             32,
-        ).unwrap();
+        )
+        .unwrap();
         assert!(demo.episode.success);
         let steps = demo.episode.steps as usize;
         let instruction = sampler.instruction_ids(&task.instruction).unwrap();
@@ -142,7 +143,8 @@ fn step_windows_start_at_every_step_and_contain_the_chunks() {
         tabletop::Labels::Executed,
         1,
         32,
-    ).unwrap();
+    )
+    .unwrap();
     let n = demo.episode.steps as usize;
     assert_eq!(windows.examples.len(), n);
     for (t, example) in windows.examples.iter().enumerate() {
@@ -180,6 +182,155 @@ fn step_windows_start_at_every_step_and_contain_the_chunks() {
         error.contains("sft.windows") && error.contains("runs/demos"),
         "{error}"
     );
+}
+
+/// A VLA for the bridge's counter (`faulty` adapter, 2 x 2 frames, proprio
+/// 1, Discrete(3) as 4 bins, one action per decision) whose prompts recall
+/// the last `history` decisions.
+fn counter_vla(history: i64) -> Checkpoint<Vla> {
+    let tokenizer = embodyflow_models::testing::tiny_tokenizer();
+    let config = VlaConfig {
+        max_instruction: 160,
+        image_size: 2,
+        patch_size: 1,
+        proprio_dim: 1,
+        chunk_len: 1,
+        action_dim: 1,
+        n_bins: 4,
+        n_embd: 32,
+        n_layer: 1,
+        history,
+        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
+    };
+    let _generator = embodyflow_models::testing::seed(embodyflow_models::testing::SEED);
+    Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap()
+}
+
+/// Replays the SFT examples' actions, one decision each, with the
+/// checkpoint's prompts (its tokenizer and history).
+struct Replay<'a> {
+    sampler: VlaPolicy<'a>,
+    tokens: Vec<u32>,
+}
+
+impl ChunkPolicy for Replay<'_> {
+    type Error = ModelError;
+    fn chunk_len(&self) -> usize {
+        self.sampler.chunk_len()
+    }
+    fn action_dim(&self) -> usize {
+        self.sampler.action_dim()
+    }
+    fn observation_shape(&self) -> ObservationShape {
+        self.sampler.observation_shape()
+    }
+    fn instruction_ids(&self, instruction: &str) -> Result<Vec<i32>, ModelError> {
+        self.sampler.instruction_ids(instruction)
+    }
+    fn history(&self) -> usize {
+        self.sampler.history()
+    }
+    fn decide(
+        &mut self,
+        batch: &embodyflow_rollout::closed_loop::DecisionBatch<'_>,
+    ) -> Result<Vec<embodyflow_rollout::closed_loop::ChunkDecision>, ModelError> {
+        Ok(vec![embodyflow_rollout::closed_loop::ChunkDecision {
+            tokens: vec![self.tokens[batch.decision]],
+            token_logprobs: vec![0.0],
+            thought: None,
+        }])
+    }
+}
+
+/// In a world that observes text (the bridge's counter with `text`: "at
+/// N", its expert moving +1 to the goal 4), with `vla.history = 2` each SFT
+/// example's prompt recalls the expert's last two decisions, and it is the
+/// prompt the rollout driver builds and records when the same actions are
+/// taken: training and acting read the same text, decision by decision.
+/// Without a history the prompts are the instruction and the text alone.
+#[test]
+fn sft_prompts_with_a_history_are_the_drivers_for_the_same_expert_episode() {
+    use embodyflow_gym::GymTaskSpec;
+    use embodyflow_rollout::closed_loop::{ClosedLoopConfig, run_closed_loop};
+    use embodyflow_worlds::{WorldOptions, Worlds, task_of};
+    let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
+    spec.kwargs = serde_json::json!({"text": true, "goal": 4});
+    let rows = [embodyflow_gym::task_row("counter/0", "train", &spec).unwrap()];
+    let policy = counter_vla(2);
+    let set = sft_examples(&policy, &rows, &sft_config(), 7).unwrap();
+    assert_eq!(set.examples.len(), 4, "{:?}", set.notes);
+    let decode = |ids: &[i32]| {
+        let ids: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
+        policy.tokenizer.decode(&ids, false).unwrap()
+    };
+    assert_eq!(
+        decode(&set.examples[3].prompt),
+        "count to 4\n[Observation 2: 'at 1', Action 2: '1']\n\
+         [Observation 3: 'at 2', Action 3: '1']\nat 3"
+    );
+    let sampler = VlaPolicy::new(&policy, 0.0).unwrap();
+    let bins = sampler.bins();
+    let tokens = set.examples.iter().map(|e| e.response[0] as u32).collect();
+    let mut replay = Replay { sampler, tokens };
+    let options = WorldOptions {
+        image_size: 2,
+        bins: bins.clone(),
+        workers: Default::default(),
+    };
+    let mut worlds = Worlds::new(options);
+    let mut world = worlds.episodes(&[task_of(&rows[0]).unwrap()], 1).unwrap();
+    let config = ClosedLoopConfig {
+        max_decisions: 8,
+        label: "replay (test)",
+    };
+    let run = run_closed_loop(&mut world, &mut replay, &bins, &[0], &config).unwrap();
+    worlds.done(world);
+    assert!(run.episodes[0].success);
+    let driven: Vec<Vec<i32>> = run.episodes[0]
+        .step_rows("t")
+        .into_iter()
+        .map(|r| r.prompt_ids)
+        .collect();
+    let trained: Vec<Vec<i32>> = set.examples.iter().map(|e| e.prompt.clone()).collect();
+    assert_eq!(driven, trained);
+    // Memoryless: the instruction and the text.
+    let memoryless = sft_examples(&counter_vla(0), &rows, &sft_config(), 7).unwrap();
+    assert_eq!(decode(&memoryless.examples[3].prompt), "count to 4\nat 3");
+}
+
+/// A checkpoint with a history refuses a demonstrations table (its prompts
+/// are the imported instructions) and `sft.windows = steps` over chunks of
+/// more than one action (the driver recalls decisions, not steps), naming
+/// the key and the history.
+#[test]
+fn a_history_refuses_sft_sources_whose_prompts_cannot_recall_it() {
+    let tokenizer = embodyflow_models::testing::tiny_tokenizer();
+    let config = VlaConfig {
+        chunk_len: K,
+        max_instruction: 160,
+        history: 2,
+        ..VlaConfig::small(tokenizer.get_vocab_size(true) as i64)
+    };
+    let policy = Checkpoint::<Vla>::init_kind(&config, tokenizer, tch::Device::Cpu).unwrap();
+    let rows = [task_row(&generate(Suite::Goal, Split::Train, 3, 0))];
+    let table = SftConfig {
+        demonstrations: Some("runs/demos".into()),
+        ..sft_config()
+    };
+    let steps = SftConfig {
+        windows: SftWindows::Steps,
+        ..sft_config()
+    };
+    for (sft, key) in [(table, "sft.demonstrations"), (steps, "sft.windows")] {
+        let error = sft_examples(&policy, &rows, &sft, 7)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains(key) && error.contains("recall its last 2 decisions"),
+            "{error}"
+        );
+    }
 }
 
 /// `sft.expert_labels = planned` asks the world for DART's labels: the

@@ -23,6 +23,7 @@ fn tiny(seed_value: i64) -> Checkpoint<Vla> {
         n_bins: 32,
         action_low: -1.0,
         action_high: 1.0,
+        history: 0,
         n_embd: 16,
         n_head: 2,
         n_layer: 2,

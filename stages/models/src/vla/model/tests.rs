@@ -5,7 +5,7 @@ use embodyflow_core::{Classify, ErrorKind};
 use super::*;
 use crate::checkpoint::Checkpoint;
 use crate::registry::policy_kind;
-use crate::testing::{seed, tiny_tokenizer};
+use crate::testing::{load_refused, seed, tiny_tokenizer};
 
 /// A tiny VLA: 16 × 16 images in 16 patches of 4 × 4, proprio of 3,
 /// instructions of up to 6 tokens, chunks of 3 actions of 2 dimensions,
@@ -24,6 +24,7 @@ fn tiny_config(vocab_size: i64) -> VlaConfig {
         n_bins: 32,
         action_low: -1.0,
         action_high: 1.0,
+        history: 0,
         n_embd: 32,
         n_head: 4,
         n_layer: 2,
@@ -832,6 +833,52 @@ fn a_convolutional_stem_feeds_the_patches_and_round_trips() {
         ..config
     };
     assert!(negative.check().unwrap_err().contains("stem_channels"));
+}
+
+/// `history` (the decisions a prompt recalls) is the policy's: a
+/// checkpoint saves and loads it, a config of 0 names none (so checkpoints
+/// written before it read the same, memoryless), and a negative one is
+/// refused by `check` and when its `config.json` is loaded, naming the key.
+#[test]
+fn the_history_length_round_trips_and_a_negative_one_is_refused() {
+    let tokenizer = tiny_tokenizer();
+    let config = VlaConfig {
+        history: 2,
+        ..tiny_config(tokenizer.get_vocab_size(true) as i64)
+    };
+    config.check().unwrap();
+    let memoryless = serde_json::to_value(tiny_config(50)).unwrap();
+    assert!(memoryless.get("history").is_none(), "{memoryless}");
+    let read: VlaConfig = serde_json::from_value(memoryless).unwrap();
+    assert_eq!(read, tiny_config(50));
+    assert_eq!(serde_json::to_value(&config).unwrap()["history"], 2);
+    let _generator = seed(5);
+    let policy = Checkpoint::<Vla>::init_kind(&config, tokenizer, Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vla");
+    policy.save(&path, "test", false).unwrap();
+    let loaded = Checkpoint::<Vla>::load_kind(&path, Device::Cpu).unwrap();
+    assert_eq!(loaded.model.config(), &config);
+    let negative = VlaConfig {
+        history: -1,
+        ..config
+    };
+    assert_eq!(
+        negative.check().unwrap_err(),
+        "history must be at least 0 (0: prompts recall no earlier decision), found -1"
+    );
+    let text = std::fs::read_to_string(path.join("config.json")).unwrap();
+    assert!(text.contains("\"history\": 2"), "{text}");
+    std::fs::write(
+        path.join("config.json"),
+        text.replace("\"history\": 2", "\"history\": -1"),
+    )
+    .unwrap();
+    let error = load_refused::<Vla>(&path);
+    assert!(
+        error.contains("config.json") && error.contains("history must be at least 0"),
+        "{error}"
+    );
 }
 
 /// Over bf16 copies of its weights (`crate::precision`) a VLA runs in
