@@ -462,3 +462,138 @@ fn bad_libero_demonstration_files_are_refused_naming_the_group_or_key() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+/// Whether the bridge's Python has h5py; prints why a test is skipped when
+/// it does not.
+fn h5py_installed() -> bool {
+    let found = std::process::Command::new(python())
+        .args(["-c", "import h5py"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !found {
+        eprintln!(
+            "skipped: h5py is not installed in {} (run scripts/setup)",
+            python().display()
+        );
+    }
+    found
+}
+
+#[test]
+fn files_declaring_huge_sizes_are_bad_input_naming_the_dataset_and_the_value() {
+    if !h5py_installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = dir.path().join("tokenizer.json");
+    tokenizers::Tokenizer::new(tokenizers::models::wordlevel::WordLevel::default())
+        .save(&tokenizer, false)
+        .unwrap();
+    let out = dir.path().join("out");
+    // Each case: h5py code that writes `f`'s data/demo_0 (or more) with
+    // declared sizes (chunked datasets store nothing, so the files stay a
+    // few KiB), and what the refusal names after the file.
+    let demo = "d = f.create_group('data/demo_0'); o = d.create_group('obs')\n";
+    let small = "n = 4\n\
+        d['actions'] = np.zeros((n, 7)); o['ee_states'] = np.zeros((n, 6)); o['gripper_states'] = np.zeros((n, 2))\n";
+    let images = "o['agentview_rgb'] = np.zeros((n, 8, 8, 3), np.uint8); o['eye_in_hand_rgb'] = np.zeros((n, 8, 8, 3), np.uint8)\n";
+    let huge = |what: &str| format!("{demo}{small}{images}{what}\n");
+    let cases = [
+        (
+            format!(
+                "{demo}{images_n}d.create_dataset('actions', shape=(10**12, 7), dtype='f8', chunks=(1024, 7))",
+                images_n = "n = 4\n"
+            ),
+            "data/demo_0/actions has 1000000000000 rows, more than 10000 (MAX_ACTIONS)".to_string(),
+        ),
+        (
+            format!(
+                "{demo}{small}o.create_dataset('agentview_rgb', shape=(n, 10**6, 10**6, 3), dtype='u1', chunks=(1, 64, 64, 3))\n\
+                 o['eye_in_hand_rgb'] = np.zeros((n, 8, 8, 3), np.uint8)"
+            ),
+            "data/demo_0/obs/agentview_rgb has images of 1000000 x 1000000 px, more than 1024 px (MAX_RESOLUTION)"
+                .to_string(),
+        ),
+        (
+            huge("d.create_dataset('states', shape=(n, 10**9), dtype='f8', chunks=(1, 1024))"),
+            "data/demo_0/states has 1000000000 values per row, more than 4096 (MAX_STATE_DIM)".to_string(),
+        ),
+        (
+            huge("for i in range(1, 10001): f.create_group(f'data/demo_{i}')"),
+            "data holds 10001 groups, more than 10000 (MAX_DEMOS)".to_string(),
+        ),
+        (
+            huge("f['data'].attrs['problem_info'] = 'x' * (2 << 20)"),
+            "data's attribute problem_info holds 2097152 characters, more than 1048576 (MAX_TEXT_BYTES)"
+                .to_string(),
+        ),
+        (
+            huge("f['data'].attrs['macros_image_convention'] = np.zeros(10**5)"),
+            "data's attribute macros_image_convention has shape (100000,), expected one string".to_string(),
+        ),
+        (
+            format!(
+                "{demo}n = 4\n{images}o['ee_states'] = np.zeros((n, 6)); o['gripper_states'] = np.zeros((n, 2))\n\
+                 d.create_dataset('actions', shape=(n, 7), dtype='S1000000')"
+            ),
+            "data/demo_0/actions holds |S1000000, expected numbers".to_string(),
+        ),
+        (
+            // Every size within its limit, but one demo's decisions at
+            // --chunk-len 2 would not fit one reply.
+            format!(
+                "{demo}n = 10000\n\
+                 d.create_dataset('actions', shape=(n, 7), dtype='f8', chunks=(1024, 7))\n\
+                 o.create_dataset('ee_states', shape=(n, 6), dtype='f8', chunks=(1024, 6))\n\
+                 o.create_dataset('gripper_states', shape=(n, 2), dtype='f8', chunks=(1024, 2))\n\
+                 for key in ('agentview_rgb', 'eye_in_hand_rgb'):\n    \
+                     o.create_dataset(key, shape=(n, 1024, 1024, 3), dtype='u1', chunks=(1, 64, 64, 3))"
+            ),
+            "data/demo_0 at --chunk-len 2: 5000 observations of 1024 px are 31457600000 bytes, more than 536870912 (MAX_REPLY_BYTES)"
+                .to_string(),
+        ),
+    ];
+    // The last case passes every check of the file's own sizes, and the
+    // task lookup (LIBERO's) comes before the check of the replies.
+    let with_libero = installed();
+    let name = format!("{}_demo.hdf5", INSTRUCTION.replace(' ', "_"));
+    for (i, (code, named)) in cases.iter().enumerate() {
+        if i == cases.len() - 1 && !with_libero {
+            continue;
+        }
+        let folder = dir.path().join(format!("case{i}")).join("libero_spatial");
+        std::fs::create_dir_all(&folder).unwrap();
+        let file = folder.join(&name);
+        let script = format!(
+            "import sys, h5py, numpy as np\n\
+             f = h5py.File(sys.argv[1], 'w', libver='latest')\n{code}\nf.close()"
+        );
+        python_run(&["-c", &script, s(&file)]);
+        let size = std::fs::metadata(&file).unwrap().len();
+        assert!(size < 4 << 20, "case {i}: a file of {size} bytes");
+        let result = import(&[&file], &tokenizer, &out);
+        assert_eq!(result.code, 2, "case {i}: {result}");
+        let text = result.to_string();
+        assert!(
+            text.contains(&format!("{}: {named}", file.display())),
+            "case {i}: {text}"
+        );
+        assert!(!out.exists(), "case {i}: nothing written");
+    }
+    // A file cut short is bad input too, naming the file.
+    let whole = dir.path().join("case0/libero_spatial").join(&name);
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = dir.path().join("cut/libero_spatial").join(&name);
+    std::fs::create_dir_all(cut.parent().unwrap()).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let result = import(&[&cut], &tokenizer, &out);
+    assert_eq!(result.code, 2, "{result}");
+    assert!(
+        result.to_string().contains(&format!(
+            "{}: not an HDF5 file h5py can open",
+            cut.display()
+        )),
+        "{result}"
+    );
+    assert!(!out.exists(), "nothing written");
+}

@@ -39,6 +39,22 @@
 //! tokenizer that does not load, h5py or LIBERO missing, each named with the
 //! file and the group or key.
 //!
+//! A file is untrusted input: every size it declares is bounded before
+//! anything of that size is read or allocated, by the named limits below
+//! (the worker's, `demos.py`, holds the same values): [`MAX_DEMOS`] groups
+//! in `data`, [`MAX_ACTIONS`] actions per demo, images of at most
+//! [`MAX_RESOLUTION`] px, [`MAX_STATE_DIM`] MuJoCo state values,
+//! [`MAX_TEXT_BYTES`] per text attribute (one string), actions of exactly
+//! [`ACTION_DIM`] numbers, and one demo's decisions at `--chunk-len` within
+//! [`MAX_REPLY_BYTES`] of observations (checked for every demo before any is
+//! read). A file beyond a limit is bad input naming the file, the dataset
+//! and the value (`F.hdf5: data/demo_0/actions has 1000000000000 rows, more
+//! than 10000 (MAX_ACTIONS)`), and so is a file h5py or the HDF5 library
+//! cannot read (truncated, corrupted), naming what was being read; an
+//! HDF5 dataset may declare any shape while storing nothing, so a small
+//! file can declare a terabyte. What the worker reports is checked against
+//! the same limits here.
+//!
 //! ```text
 //! table import --format libero-hdf5 --from libero_spatial/*_demo.hdf5 --tokenizer runs/vla \
 //!     --chunk-len 8 --out runs/libero-demos
@@ -76,6 +92,30 @@ pub const PROPRIO: usize = 8;
 
 /// LIBERO's action dimensions.
 pub const ACTION_DIM: usize = 7;
+
+/// The most `demo_<n>` groups a file's `data` may hold (LIBERO's hold 50).
+pub const MAX_DEMOS: usize = 10_000;
+
+/// The most actions one demonstration may hold (LIBERO's hold a few
+/// hundred).
+pub const MAX_ACTIONS: usize = 10_000;
+
+/// The largest image side in pixels (LIBERO's files are 128 px, OpenVLA's
+/// regenerations 256 px).
+pub const MAX_RESOLUTION: usize = 1024;
+
+/// The most MuJoCo state values per step (`states`' width; LIBERO's are
+/// about a hundred).
+pub const MAX_STATE_DIM: usize = 4096;
+
+/// The longest text attribute (`problem_info`, `bddl_file_name`,
+/// `macros_image_convention`), in bytes.
+pub const MAX_TEXT_BYTES: usize = 1 << 20;
+
+/// The most observation bytes of one demo's decisions (or of a replay's
+/// steps): what one reply of the worker carries, within the protocol's
+/// 1 GiB frame.
+pub const MAX_REPLY_BYTES: usize = 512 << 20;
 
 /// How long the worker may go without a frame (it sends one per file
 /// checked, per demo read and per replayed step).
@@ -197,15 +237,50 @@ impl Reader {
         }
     }
 
-    /// Every file checked (module doc).
-    fn files(&mut self, paths: &[PathBuf]) -> Result<Vec<FileInfo>> {
-        let frame = self.ask(&json!({"op": "demo_files", "paths": paths}), &paths[0])?;
+    /// Every file checked (module doc); with `chunk_len`, every demo's
+    /// decisions within one reply ([`MAX_REPLY_BYTES`]).
+    fn files(&mut self, paths: &[PathBuf], chunk_len: Option<usize>) -> Result<Vec<FileInfo>> {
+        let mut request = json!({"op": "demo_files", "paths": paths});
+        if let Some(k) = chunk_len {
+            request["k"] = k.into();
+        }
+        let frame = self.ask(&request, &paths[0])?;
         let files: Vec<FileInfo> = header_field(&frame, "files", &paths[0])?;
         if files.len() != paths.len() {
             return Err(malformed(&paths[0], "a reply for another number of files"));
         }
+        for (file, path) in files.iter().zip(paths) {
+            within_limits(file, path)?;
+        }
         Ok(files)
     }
+}
+
+/// Checks what the worker reported of a file against the limits it
+/// enforces (module doc): beyond them the reply is malformed.
+fn within_limits(file: &FileInfo, path: &Path) -> Result<()> {
+    if file.demos.is_empty() || file.demos.len() > MAX_DEMOS {
+        return Err(malformed(
+            path,
+            &format!("{} demos, expected 1 to {MAX_DEMOS}", file.demos.len()),
+        ));
+    }
+    if !(1..=MAX_RESOLUTION).contains(&file.resolution) {
+        return Err(malformed(
+            path,
+            &format!(
+                "images of {} px, expected 1 to {MAX_RESOLUTION}",
+                file.resolution
+            ),
+        ));
+    }
+    if file.instruction.len() > MAX_TEXT_BYTES {
+        return Err(malformed(
+            path,
+            &format!("an instruction of {} bytes", file.instruction.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn header_field<T: for<'de> Deserialize<'de>>(frame: &Frame, key: &str, file: &Path) -> Result<T> {
@@ -270,7 +345,7 @@ pub fn import(
     check_options(options)?;
     let tokenizer = crate::foreign::load_tokenizer(&options.tokenizer)?;
     let mut reader = Reader::start(&options.python)?;
-    let files = reader.files(&options.from)?;
+    let files = reader.files(&options.from, Some(options.chunk_len))?;
     one_file_per_task(&files)?;
     let (space, shape) = (action_space(), shape(files[0].resolution));
     let bins = space.bins();
@@ -557,7 +632,7 @@ pub fn replay(python: &Path, file: &Path, demos: &[String], steps: usize) -> Res
         return Err(Error::BadInput(format!("{}: no such file", file.display())));
     }
     let mut reader = Reader::start(python)?;
-    let info = reader.files(&[file.to_path_buf()])?.remove(0);
+    let info = reader.files(&[file.to_path_buf()], None)?.remove(0);
     let names: Vec<String> = if demos.is_empty() {
         info.demos.iter().map(|d| d.name.clone()).collect()
     } else {
@@ -641,5 +716,213 @@ mod tests {
         let space = action_space();
         let tokens = space.tokens(&space.bins(), &[-1.0, 0.0, 1.0]).unwrap();
         assert_eq!((tokens[0], tokens[2]), (0, 255));
+    }
+
+    /// The value of `name = ...` in the worker's `demos.py` (an integer
+    /// with `_` separators, or `a << b`).
+    fn python_limit(source: &str, name: &str) -> usize {
+        let line = source
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("demos.py has no {name}"));
+        let int = |t: &str| t.trim().replace('_', "").parse::<usize>().unwrap();
+        match line.split_once("<<") {
+            Some((a, b)) => int(a) << int(b),
+            None => int(line),
+        }
+    }
+
+    #[test]
+    fn the_limits_are_the_workers() {
+        let demos_py =
+            Path::new(embodyflow_gym::worker::PYTHON_DIR).join("embodyflow_gym/demos.py");
+        let source = std::fs::read_to_string(demos_py).unwrap();
+        for (name, limit) in [
+            ("MAX_DEMOS", MAX_DEMOS),
+            ("MAX_ACTIONS", MAX_ACTIONS),
+            ("MAX_RESOLUTION", MAX_RESOLUTION),
+            ("MAX_STATE_DIM", MAX_STATE_DIM),
+            ("MAX_TEXT_BYTES", MAX_TEXT_BYTES),
+            ("MAX_REPLY_BYTES", MAX_REPLY_BYTES),
+            ("ACTION_DIM", ACTION_DIM),
+        ] {
+            assert_eq!(python_limit(&source, name), limit, "{name}");
+        }
+        assert!(MAX_REPLY_BYTES < embodyflow_gym::protocol::MAX_FRAME);
+    }
+
+    #[test]
+    fn a_reply_beyond_the_limits_is_malformed() {
+        let info = |demos: usize, resolution: usize| FileInfo {
+            path: PathBuf::from("a.hdf5"),
+            layout: "libero".into(),
+            env_id: "libero_spatial/0".into(),
+            instruction: "pick".into(),
+            max_steps: 220,
+            resolution,
+            demos: (0..demos)
+                .map(|i| DemoInfo {
+                    name: format!("demo_{i}"),
+                    complete: true,
+                })
+                .collect(),
+        };
+        let path = Path::new("a.hdf5");
+        within_limits(&info(2, 128), path).unwrap();
+        for (bad, says) in [
+            (info(0, 128), "0 demos, expected 1 to 10000"),
+            (info(MAX_DEMOS + 1, 128), "10001 demos"),
+            (info(1, 0), "images of 0 px"),
+            (info(1, MAX_RESOLUTION + 1), "images of 1025 px"),
+        ] {
+            match within_limits(&bad, path).unwrap_err() {
+                Error::Io {
+                    path: named,
+                    source,
+                } => {
+                    assert_eq!(named, path);
+                    assert!(source.to_string().contains(says), "{source}");
+                }
+                other => panic!("{other}"),
+            }
+        }
+    }
+
+    /// Writes a small valid demonstration file of each layout under `dir`
+    /// with h5py (`None` when the bridge's Python lacks h5py).
+    fn valid_files(dir: &Path) -> Option<[Vec<u8>; 2]> {
+        let python = embodyflow_gym::BridgeConfig::default().python;
+        let script = r#"
+import sys, h5py, numpy as np
+for layout in ("openvla", "libero"):
+    with h5py.File(f"{sys.argv[1]}/{layout}.hdf5", "w") as f:
+        data = f.create_group("data")
+        if layout == "libero":
+            data.attrs["problem_info"] = '{"language_instruction": "pick"}'
+            data.attrs["bddl_file_name"] = "bddl/libero_spatial/nothing.bddl"
+            data.attrs["macros_image_convention"] = "opengl"
+        for d in range(2):
+            demo = data.create_group(f"demo_{d}")
+            obs = demo.create_group("obs")
+            demo["actions"] = np.full((5, 7), 0.1)
+            demo["states"] = np.zeros((5, 9))
+            demo["dones"] = np.array([0, 0, 0, 0, 1], np.uint8)
+            obs["ee_states"] = np.zeros((5, 6))
+            obs["gripper_states"] = np.zeros((5, 2))
+            obs["agentview_rgb"] = np.full((5, 8, 8, 3), 7, np.uint8)
+            obs["eye_in_hand_rgb"] = np.full((5, 8, 8, 3), 9, np.uint8)
+"#;
+        let out = std::process::Command::new(&python)
+            .args(["-c", script])
+            .arg(dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success());
+        if out.is_none() {
+            eprintln!(
+                "skipped: h5py is not installed in {} (run scripts/setup)",
+                python.display()
+            );
+            return None;
+        }
+        let read = |layout: &str| std::fs::read(dir.join(format!("{layout}.hdf5"))).unwrap();
+        Some([read("openvla"), read("libero")])
+    }
+
+    /// What a fuzzed file is made of: one of the valid files, then cut,
+    /// with bytes overwritten, or random bytes after HDF5's signature.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Truncate(usize, usize),
+        Overwrite(usize, Vec<(usize, u8)>),
+        Random(Vec<u8>),
+    }
+
+    fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..2usize, any::<usize>()).prop_map(|(f, at)| Mutation::Truncate(f, at)),
+            // Mostly in the first 4 KiB: the superblock, the root group's
+            // and `data`'s headers, where a byte changes the file's layout.
+            (
+                0..2usize,
+                proptest::collection::vec(
+                    (
+                        prop_oneof![3 => 0..4096usize, 1 => any::<usize>()],
+                        any::<u8>()
+                    ),
+                    1..24
+                )
+            )
+                .prop_map(|(f, bytes)| Mutation::Overwrite(f, bytes)),
+            proptest::collection::vec(any::<u8>(), 0..4096).prop_map(Mutation::Random),
+        ]
+    }
+
+    #[test]
+    fn random_cut_or_corrupted_files_are_bad_input_never_a_failure() {
+        use embodyflow_core::{Classify as _, ErrorKind};
+        use proptest::test_runner::{Config, TestCaseError, TestRunner};
+        let dir = tempfile::tempdir().unwrap();
+        let Some(valid) = valid_files(dir.path()) else {
+            return;
+        };
+        // The layout probe and every check run in one worker, as an import's.
+        let python = embodyflow_gym::BridgeConfig::default().python;
+        let reader = std::cell::RefCell::new(Reader::start(&python).unwrap());
+        let folder = dir.path().join("libero_spatial");
+        std::fs::create_dir(&folder).unwrap();
+        let cases = std::cell::Cell::new(0);
+        let mut runner = TestRunner::new(Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let result = runner.run(&mutation(), |mutation| {
+            let bytes = match &mutation {
+                Mutation::Truncate(f, at) => valid[*f][..at % valid[*f].len()].to_vec(),
+                Mutation::Overwrite(f, writes) => {
+                    let mut bytes = valid[*f].clone();
+                    let n = bytes.len();
+                    for &(at, byte) in writes {
+                        bytes[at % n] = byte;
+                    }
+                    bytes
+                }
+                Mutation::Random(tail) => [b"\x89HDF\r\n\x1a\n".as_slice(), tail].concat(),
+            };
+            cases.set(cases.get() + 1);
+            // A new name per case: the worker keeps what it checked by path,
+            // modification time and size.
+            let path = folder.join(format!("fuzz{}_demo.hdf5", cases.get()));
+            std::fs::write(&path, &bytes).unwrap();
+            let outcome = reader
+                .borrow_mut()
+                .files(std::slice::from_ref(&path), Some(2));
+            std::fs::remove_file(&path).unwrap();
+            match outcome {
+                Ok(files) => Err(TestCaseError::fail(format!(
+                    "accepted as task {}",
+                    files[0].env_id
+                ))),
+                Err(e) if e.kind() == ErrorKind::BadInput => {
+                    let text = e.to_string();
+                    if text.contains(&path.display().to_string()) || text.contains("scripts/setup")
+                    {
+                        Ok(())
+                    } else {
+                        Err(TestCaseError::fail(format!("names no file: {text}")))
+                    }
+                }
+                Err(e) => {
+                    // A worker that failed may be gone: the next case gets a new one.
+                    *reader.borrow_mut() = Reader::start(&python).unwrap();
+                    Err(TestCaseError::fail(format!("not bad input: {e}")))
+                }
+            }
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
     }
 }

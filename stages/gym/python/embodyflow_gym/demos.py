@@ -45,6 +45,20 @@ not square uint8 RGB, files of different resolutions, a task LIBERO does not
 have: refused (bad input) naming the file and the group or key. Images are
 never read there; `demo_read` reads one demo's decision frames at a time.
 
+Every size the file declares is bounded before anything of that size is
+read or allocated (an HDF5 dataset may declare any shape and store
+nothing, the fill value standing in): at most `MAX_DEMOS` groups in
+`data`, `MAX_ACTIONS` actions per demo, images of at most `MAX_RESOLUTION`
+px, `MAX_STATE_DIM` MuJoCo state values, text attributes of a single
+string of at most `MAX_TEXT_BYTES`, numeric actions, proprio, states and
+dones; and one demo's decisions (or a replay's steps) at most
+`MAX_REPLY_BYTES` of observations, what one reply carries (with `k`, the
+import's chunk length, `demo_files` checks every demo's decisions against
+it before any is read). A size beyond its limit is refused (bad input)
+naming the file, the dataset and the value. An error of h5py or of the
+HDF5 library while reading (a truncated or corrupted file) is bad input
+too, naming the file and what was being read, never the worker's failure.
+
 The replay check (`demo_replay`, LIBERO's own validation of demos):
 builds the task's environment through the adapter at the file's
 resolution, `env.reset()`, `env.set_init_state(states[0])` (plus the 10
@@ -67,13 +81,66 @@ from .adapters import libero as adapter
 CAMERAS = (("agentview", "agentview_rgb"), ("wrist", "eye_in_hand_rgb"))
 PROPRIO = (("ee_states", 6), ("gripper_states", 2))
 ACTION_DIM = 7
-DEMO = re.compile(r"demo_(\d+)$")
+DEMO = re.compile(r"demo_(\d{1,9})$")
+
+# Limits on what a file may declare (the module doc); the Rust side
+# (stages/table/src/libero_hdf5.rs) holds the same values. LIBERO's files
+# hold 50 demos of a few hundred actions at 128 px (OpenVLA's 256 px), a
+# MuJoCo state of about a hundred values.
+MAX_DEMOS = 10_000
+MAX_ACTIONS = 10_000
+MAX_RESOLUTION = 1024
+MAX_STATE_DIM = 4096
+MAX_TEXT_BYTES = 1 << 20
+MAX_REPLY_BYTES = 512 << 20
+# Dataset element kinds read as numbers: float, signed, unsigned, bool.
+NUMERIC = "fiub"
+# What h5py and the HDF5 library raise on a file they cannot read.
+READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, OverflowError)
 # The files checked in this worker, by (path, mtime, size).
 INSPECTED = {}
 
 
 class BadDemo(Exception):
     """A file that is not a LIBERO demonstration file (bad input)."""
+
+
+class reading:
+    """A context in which an error of h5py reading `what` of the file
+    `path` is BadDemo naming both (a truncated or corrupted file is bad
+    input, not the worker's failure)."""
+
+    def __init__(self, path, what):
+        self.path, self.what = path, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is not None and issubclass(kind, READ_ERRORS) and not issubclass(kind, BadDemo):
+            raise BadDemo(f"{self.path}: {self.what} cannot be read ({kind.__name__}: {error})") from error
+        return False
+
+
+def name_of(item):
+    return item.name.lstrip("/")
+
+
+def over(path, what, value, limit, name):
+    """BadDemo naming a size of the file beyond its limit."""
+    return BadDemo(f"{path}: {what} {value}, more than {limit} ({name})")
+
+
+def numeric(path, item):
+    """Refuses a dataset whose elements are not numbers (strings, compounds)."""
+    if item.dtype.kind not in NUMERIC:
+        raise BadDemo(f"{path}: {name_of(item)} holds {item.dtype}, expected numbers")
+
+
+def read_all(path, item):
+    """Every value of a dataset whose size is bounded already."""
+    with reading(path, name_of(item)):
+        return item[()]
 
 
 def h5py_module():
@@ -92,34 +159,58 @@ def open_file(path):
         raise BadDemo(f"{path}: no such file")
     try:
         return h5py.File(path, "r")
-    except OSError as e:
+    except READ_ERRORS as e:
         raise BadDemo(f"{path}: not an HDF5 file h5py can open ({e})") from e
 
 
-def text_attr(attrs, key):
-    value = attrs.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
+def text_attr(path, group, key):
+    """The text attribute `key` of `group` (None when absent): one string
+    of at most MAX_TEXT_BYTES, its shape and size checked before it is
+    read."""
+    where = f"{name_of(group) or '/'}'s attribute {key}"
+    with reading(path, where):
+        if key not in group.attrs:
+            return None
+        attr = group.attrs.get_id(key)
+        if attr.shape not in ((), (1,)):
+            raise BadDemo(f"{path}: {where} has shape {attr.shape}, expected one string")
+        size = attr.get_storage_size()
+        if size > MAX_TEXT_BYTES:
+            raise over(path, f"{where} holds", f"{size} bytes", MAX_TEXT_BYTES, "MAX_TEXT_BYTES")
+        value = group.attrs[key]
+        if hasattr(value, "shape") and value.shape == (1,):
+            value = value[0]
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    if len(text) > MAX_TEXT_BYTES:
+        raise over(path, f"{where} holds", f"{len(text)} characters", MAX_TEXT_BYTES, "MAX_TEXT_BYTES")
+    return text
 
 
 def dataset(path, group, key):
     """`group[key]`, a dataset, or BadDemo naming it."""
-    item = group.get(key)
-    if item is None or not hasattr(item, "shape"):
-        missing = "is missing" if item is None else "is not a dataset"
-        raise BadDemo(f"{path}: {group.name.lstrip('/')}/{key} {missing}")
+    with reading(path, f"{name_of(group)}/{key}"):
+        item = group.get(key)
+        if item is None or not hasattr(item, "shape"):
+            missing = "is missing" if item is None else "is not a dataset"
+            raise BadDemo(f"{path}: {name_of(group)}/{key} {missing}")
+        item.shape, item.dtype  # read here: a header h5py cannot read is named
     return item
 
 
 def demo_names(path, data):
-    """The `demo_<n>` groups of `data`, by n."""
+    """The `demo_<n>` groups of `data`, by n (at most MAX_DEMOS)."""
+    with reading(path, "data"):
+        count = len(data)
+    if count > MAX_DEMOS:
+        raise over(path, "data holds", f"{count} groups", MAX_DEMOS, "MAX_DEMOS")
     names = []
-    for name in data.keys():
+    with reading(path, "data"):
+        keys = list(data.keys())
+    for name in keys:
         match = DEMO.match(name)
-        if match is None or not hasattr(data[name], "keys"):
+        with reading(path, f"data/{name}"):
+            is_group = match is not None and hasattr(data[name], "keys")
+        if not is_group:
             raise BadDemo(f"{path}: data/{name}: expected only groups demo_<n> in data")
         names.append((int(match.group(1)), name))
     if not names:
@@ -132,7 +223,7 @@ def find_task(path, data):
     from libero.libero import benchmark
 
     suites = benchmark.get_benchmark_dict()
-    bddl = text_attr(data.attrs, "bddl_file_name")
+    bddl = text_attr(path, data, "bddl_file_name")
     if bddl:
         folder, name = os.path.basename(os.path.dirname(bddl)), os.path.basename(bddl)
         wanted = [folder] if folder in adapter.MAX_STEPS else []
@@ -160,22 +251,44 @@ def find_task(path, data):
     return found[0]
 
 
-def finite_rows(path, group, key, values):
+def finite_rows(path, item):
+    """Refuses a numeric dataset (of bounded size) with a value that is
+    not finite, naming its first such row."""
+    numeric(path, item)
+    values = read_all(path, item)
     bad = np.flatnonzero(~np.isfinite(values).reshape(len(values), -1).all(axis=1))
     if bad.size:
-        raise BadDemo(f"{path}: {group.name.lstrip('/')}/{key} row {int(bad[0])} is not finite")
+        raise BadDemo(f"{path}: {name_of(item)} row {int(bad[0])} is not finite")
+
+
+def observation_bytes(resolution):
+    """The bytes of one decision's observation (EFOB) in a reply."""
+    names_len = sum(1 + len(name.encode("utf-8")) for name, _ in CAMERAS)
+    return 16 + names_len + resolution * resolution * 3 * len(CAMERAS) + 4 * sum(w for _, w in PROPRIO)
+
+
+def check_reply(path, what, count, resolution):
+    """Refuses `count` observations at `resolution` beyond MAX_REPLY_BYTES."""
+    size = count * observation_bytes(resolution)
+    if size > MAX_REPLY_BYTES:
+        raise over(path, f"{what}: {count} observations of {resolution} px are", f"{size} bytes", MAX_REPLY_BYTES, "MAX_REPLY_BYTES")
 
 
 def inspect_demo(path, data, name, layout):
-    """What one demo holds (lengths checked, images not read)."""
-    demo = data[name]
+    """What one demo holds (sizes bounded and lengths checked before any
+    value is read, images not read)."""
+    with reading(path, f"data/{name}"):
+        demo = data[name]
     actions = dataset(path, demo, "actions")
     n = actions.shape[0] if len(actions.shape) == 2 else -1
     if n < 0 or actions.shape[1] != ACTION_DIM:
         raise BadDemo(f"{path}: data/{name}/actions has shape {actions.shape}, expected (N, {ACTION_DIM})")
-    if "obs" not in demo or not hasattr(demo["obs"], "keys"):
-        raise BadDemo(f"{path}: data/{name}/obs is missing")
-    obs = demo["obs"]
+    if n > MAX_ACTIONS:
+        raise over(path, f"data/{name}/actions has", f"{n} rows", MAX_ACTIONS, "MAX_ACTIONS")
+    with reading(path, f"data/{name}/obs"):
+        obs = demo.get("obs")
+        if obs is None or not hasattr(obs, "keys"):
+            raise BadDemo(f"{path}: data/{name}/obs is missing")
     shape = None
     for _, key in CAMERAS:
         images = dataset(path, obs, key)
@@ -185,27 +298,45 @@ def inspect_demo(path, data, name, layout):
             )
         if images.shape[0] != n:
             raise BadDemo(f"{path}: data/{name}/obs/{key} has {images.shape[0]} rows, data/{name}/actions has {n}")
+        if max(images.shape[1:3]) > MAX_RESOLUTION:
+            side = f"{images.shape[1]} x {images.shape[2]} px"
+            raise over(path, f"data/{name}/obs/{key} has images of", side, f"{MAX_RESOLUTION} px", "MAX_RESOLUTION")
         if shape is not None and images.shape[1:] != shape:
             raise BadDemo(
                 f"{path}: data/{name}/obs/{key} has images of {images.shape[1:]}, obs/{CAMERAS[0][1]} of {shape}"
             )
         shape = images.shape[1:]
-    if shape[0] != shape[1]:
+    if shape[0] != shape[1] or shape[0] == 0:
         raise BadDemo(f"{path}: data/{name}/obs/{CAMERAS[0][1]} has {shape[0]} x {shape[1]} images; LIBERO's cameras are square")
     for key, width in PROPRIO:
         values = dataset(path, obs, key)
         if values.shape != (n, width):
             raise BadDemo(f"{path}: data/{name}/obs/{key} has shape {values.shape}, expected ({n}, {width}) (N = {n} actions)")
-        finite_rows(path, obs, key, values[()])
-    finite_rows(path, demo, "actions", actions[()])
-    states = demo.get("states")
-    if states is not None and (len(states.shape) != 2 or states.shape[0] != n):
-        raise BadDemo(f"{path}: data/{name}/states has shape {states.shape}, data/{name}/actions has {n} rows")
+        finite_rows(path, values)
+    finite_rows(path, actions)
+    with reading(path, f"data/{name}/states"):
+        has_states = "states" in demo
+    if has_states:
+        states = dataset(path, demo, "states")
+        if len(states.shape) != 2 or states.shape[0] != n:
+            raise BadDemo(f"{path}: data/{name}/states has shape {states.shape}, data/{name}/actions has {n} rows")
+        if states.shape[1] > MAX_STATE_DIM:
+            raise over(path, f"data/{name}/states has", f"{states.shape[1]} values per row", MAX_STATE_DIM, "MAX_STATE_DIM")
+        numeric(path, states)
     first = 1 if layout == "libero" else 0
     if n <= first:
         raise BadDemo(f"{path}: data/{name}/actions has {n} rows: no action with an observation before it")
-    dones = demo.get("dones")
-    complete = True if dones is None or dones.shape[0] == 0 else bool(dones[-1])
+    with reading(path, f"data/{name}/dones"):
+        has_dones = "dones" in demo
+    complete = True
+    if has_dones:
+        dones = dataset(path, demo, "dones")
+        if len(dones.shape) != 1 or dones.shape[0] not in (0, n):
+            raise BadDemo(f"{path}: data/{name}/dones has shape {dones.shape}, expected ({n},)")
+        numeric(path, dones)
+        if dones.shape[0]:
+            with reading(path, f"data/{name}/dones"):
+                complete = bool(dones[-1])
     return {"name": name, "actions": n, "first": first, "resolution": int(shape[0]), "complete": complete}
 
 
@@ -214,17 +345,19 @@ def inspect(path):
     the file and the group or key when it is not a LIBERO demonstration
     file."""
     with open_file(path) as f:
-        data = f.get("data")
-        if data is None or not hasattr(data, "keys"):
-            raise BadDemo(f"{path}: no group `data` (a LIBERO demonstration file holds data/demo_<n>)")
-        layout = "libero" if "problem_info" in data.attrs else "openvla"
-        convention = text_attr(data.attrs, "macros_image_convention") or "opengl"
+        with reading(path, "data"):
+            data = f.get("data")
+            if data is None or not hasattr(data, "keys"):
+                raise BadDemo(f"{path}: no group `data` (a LIBERO demonstration file holds data/demo_<n>)")
+            # The layout probe: LIBERO's own files carry `problem_info`.
+            layout = "libero" if "problem_info" in data.attrs else "openvla"
+        convention = text_attr(path, data, "macros_image_convention") or "opengl"
         if convention not in ("opengl", "opencv"):
-            raise BadDemo(f"{path}: data's macros_image_convention `{convention}`: expected opengl or opencv")
+            raise BadDemo(f"{path}: data's macros_image_convention `{convention[:100]}`: expected opengl or opencv")
         if layout == "libero":
             try:
-                json.loads(text_attr(data.attrs, "problem_info"))
-            except ValueError as e:
+                json.loads(text_attr(path, data, "problem_info"))
+            except (ValueError, RecursionError) as e:
                 raise BadDemo(f"{path}: data's problem_info is not JSON ({e})") from e
         demos = [inspect_demo(path, data, name, layout) for name in demo_names(path, data)]
         resolutions = {d["resolution"] for d in demos}
@@ -299,11 +432,22 @@ class Demos:
             ) from e
 
     def files(self, header, body):
-        """{paths} -> {files: [inspect(path), ...]}: every file checked; one
-        resolution for all."""
+        """{paths, k?} -> {files: [inspect(path), ...]}: every file checked;
+        one resolution for all; with `k` (the import's actions per
+        decision) each demo's decisions within one reply
+        (MAX_REPLY_BYTES)."""
         files = []
+        k = header.get("k")
         for path in header["paths"]:
-            files.append(self.inspect(path))
+            info = self.inspect(path)
+            if k is not None:
+                for demo in info["demos"]:
+                    decisions = -(-(demo["actions"] - demo["first"]) // max(int(k), 1))
+                    try:
+                        check_reply(path, f"data/{demo['name']} at --chunk-len {k}", decisions, info["resolution"])
+                    except BadDemo as e:
+                        raise self.refusal("bad_input", str(e)) from e
+            files.append(info)
             self.worker.progress()
         first = files[0]
         for info in files[1:]:
@@ -324,13 +468,17 @@ class Demos:
         demo = next(d for d in info["demos"] if d["name"] == name)
         shape = shape_of(info["resolution"])
         head = protocol.efob_header(shape, sum(w for _, w in PROPRIO), names())
-        with open_file(path) as f:
-            group = f["data"][name]
-            actions = group["actions"][()]
-            first, n = demo["first"], demo["actions"]
-            starts = list(range(first, n, k))
-            # The observation before action t: obs[t - first].
-            pixels, proprio = frames(group["obs"], [t - first for t in starts], info["convention"])
+        first, n = demo["first"], demo["actions"]
+        starts = list(range(first, n, k))
+        try:
+            check_reply(path, f"data/{name} at --chunk-len {k}", len(starts), info["resolution"])
+            with open_file(path) as f, reading(path, f"data/{name}"):
+                group = f["data"][name]
+                actions = group["actions"][()]
+                # The observation before action t: obs[t - first].
+                pixels, proprio = frames(group["obs"], [t - first for t in starts], info["convention"])
+        except BadDemo as e:
+            raise self.refusal("bad_input", str(e)) from e
         decisions, obs = [], []
         for d, t in enumerate(starts):
             o = protocol.efob(pixels[d], shape, proprio[d], head)
@@ -346,13 +494,18 @@ class Demos:
         info = self.inspect(path)
         if not any(d["name"] == name for d in info["demos"]):
             raise self.refusal("bad_input", f"{path}: data/{name} is missing")
-        with open_file(path) as f:
-            group = f["data"][name]
-            if "states" not in group:
-                raise self.refusal("bad_input", f"{path}: data/{name}/states is missing (the replay starts from states[0])")
-            actions, states = group["actions"][()], group["states"][()]
-            steps = min(limit, len(actions))
-            want_pixels, want_proprio = frames(group["obs"], range(steps), info["convention"])
+        demo = next(d for d in info["demos"] if d["name"] == name)
+        steps = min(limit, demo["actions"])
+        try:
+            check_reply(path, f"data/{name}: a replay of {steps} steps", steps, info["resolution"])
+            with open_file(path) as f, reading(path, f"data/{name}"):
+                group = f["data"][name]
+                if "states" not in group:
+                    raise BadDemo(f"{path}: data/{name}/states is missing (the replay starts from states[0])")
+                actions, states = group["actions"][()], group["states"][()]
+                want_pixels, want_proprio = frames(group["obs"], range(steps), info["convention"])
+        except BadDemo as e:
+            raise self.refusal("bad_input", str(e)) from e
         spec = {"adapter": "libero", "env_id": info["env_id"], "kwargs": {"resolution": info["resolution"]}}
         episode = self.worker.take(spec, 0)
         try:
