@@ -390,17 +390,14 @@ fn generate_tasks_refuses_a_task_whose_environment_cannot_be_reset() {
 /// room and the key's.
 const TEXT_ENV: &str = "embodyflow_gym.envs:TextKeyRoom-v0";
 
-#[test]
-fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prompt() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let (tasks, vla) = (root.join("tasks"), root.join("vla"));
+/// Three key-room tasks (4 rooms, 8 steps, "find the key") in `tasks`.
+fn keyroom_tasks(tasks: &Path) {
     let env_ids = format!("gym.env_ids=[\"{TEXT_ENV}\"]");
     ok(
         "generate-tasks",
         &[
             "--out",
-            s(&tasks),
+            s(tasks),
             "--seed",
             "2",
             "--set",
@@ -419,6 +416,63 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
             "count=3",
         ],
     );
+}
+
+/// PPO on `rollouts` of `vla` (one update, the whole batch): its first
+/// metrics row's approx KL, ~0 when the prompts it rebuilds from the steps
+/// rows are the collected ones.
+fn ppo_kl(root: &Path, vla: &Path, tasks: &Path, rollouts: &Path) -> f32 {
+    let steps: Vec<StepRow> = rows(rollouts, TableName::Steps);
+    let (rewards, adv, ppo) = (root.join("rewards"), root.join("adv"), root.join("ppo"));
+    ok(
+        "score-rewards",
+        &[
+            "--input",
+            s(rollouts),
+            "--input",
+            s(tasks),
+            "--out",
+            s(&rewards),
+        ],
+    );
+    ok(
+        "compute-advantages",
+        &[
+            "--input",
+            s(rollouts),
+            "--input",
+            s(&rewards),
+            "--out",
+            s(&adv),
+        ],
+    );
+    ok(
+        "update-policy",
+        &[
+            "--policy",
+            s(vla),
+            "--input",
+            s(rollouts),
+            "--input",
+            s(&adv),
+            "--out",
+            s(&ppo),
+            "--set",
+            "objective=ppo",
+            "--set",
+            &format!("mini_batch={}", steps.len()),
+        ],
+    );
+    let metrics: Vec<embodyflow_core::schemas::MetricRow> = rows(&ppo, TableName::Metrics);
+    metrics[0].approx_kl.unwrap()
+}
+
+#[test]
+fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (tasks, vla) = (root.join("tasks"), root.join("vla"));
+    keyroom_tasks(&tasks);
     let task_rows: Vec<TaskRow> = rows(&tasks, TableName::Tasks);
     assert!(task_rows.iter().all(|r| r.instruction == "find the key"));
 
@@ -470,54 +524,107 @@ fn an_env_that_observes_text_runs_through_every_stage_with_the_text_in_each_prom
 
     // PPO rebuilds each decision's prompt from its steps row: at the
     // first update the policy is the behaviour policy (KL ~ 0).
-    let (rewards, adv, ppo) = (root.join("rewards"), root.join("adv"), root.join("ppo"));
-    ok(
-        "score-rewards",
-        &[
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&tasks),
-            "--out",
-            s(&rewards),
-        ],
-    );
-    ok(
-        "compute-advantages",
-        &[
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&rewards),
-            "--out",
-            s(&adv),
-        ],
-    );
-    ok(
-        "update-policy",
-        &[
-            "--policy",
-            s(&vla),
-            "--input",
-            s(&rollouts),
-            "--input",
-            s(&adv),
-            "--out",
-            s(&ppo),
-            "--set",
-            "objective=ppo",
-            "--set",
-            &format!("mini_batch={}", steps.len()),
-        ],
-    );
-    let metrics: Vec<embodyflow_core::schemas::MetricRow> = rows(&ppo, TableName::Metrics);
-    let kl = metrics[0].approx_kl.unwrap();
+    let kl = ppo_kl(root, &vla, &tasks, &rollouts);
     assert!(
         kl.abs() < 1e-4,
         "the rebuilt prompts are the collected ones: KL {kl}"
     );
 
-    let eval_rows = evaluate(&ppo.join("policy"), &tasks, &root.join("eval"), 1, &[]);
+    let eval_rows = evaluate(&root.join("ppo/policy"), &tasks, &root.join("eval"), 1, &[]);
+    assert_eq!(eval_rows.len(), 3);
+    assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
+}
+
+/// `vla.history = 2` on the key-room: init-policy's probe prompts recall
+/// the last two decisions and bound `vla.max_instruction` (one token short
+/// of the longest is refused, naming both keys); every collected decision's
+/// prompt is the history prompt of its trajectory's earlier steps (their
+/// sentences and actions, rebuilt here from the steps rows); PPO rebuilds
+/// those prompts from the steps rows (KL ~ 0 at the first update); evaluate
+/// runs the policy with them.
+#[test]
+fn a_vla_with_a_history_recalls_its_last_decisions_in_every_stage() {
+    use embodyflow_world::{PastDecision, history_prompt};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (tasks, vla) = (root.join("tasks"), root.join("vla"));
+    keyroom_tasks(&tasks);
+    let mut init = vec!["--input", s(&tasks), "--seed", "0"];
+    init.extend_from_slice(TINY_VLA);
+    init.extend(["--set", "vla.history=2"]);
+    let mut roomy = init.clone();
+    roomy.extend(["--set", "vla.max_instruction=256", "--out", s(&vla)]);
+    let summary = ok("init-policy", &roomy);
+    let line = summary
+        .lines()
+        .find(|l| l.contains("probe prompts with vla.history = 2"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    let longest: i64 = line
+        .split(" at most")
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    let short_set = format!("vla.max_instruction={}", longest - 1);
+    let short_out = root.join("short");
+    let mut short = init.clone();
+    short.extend(["--set", &short_set, "--out", s(&short_out)]);
+    let refused = run("init-policy", &short);
+    assert_eq!(refused.code, 2, "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("config key `vla.max_instruction`")
+            && text.contains("vla.history = 2")
+            && text.contains("[Observation 1: 'you are in room "),
+        "{text}"
+    );
+    assert!(!short_out.exists());
+
+    let rollouts = root.join("rollouts");
+    collect(&vla, &tasks, &rollouts, &[]);
+    let tokenizer = tokenizers::Tokenizer::from_file(vla.join("tokenizer.json")).unwrap();
+    let mut steps: Vec<StepRow> = rows(&rollouts, TableName::Steps);
+    steps.sort_by_key(|r| (r.trajectory_id.clone(), r.step_index));
+    let decode = |step: &StepRow| {
+        let ids: Vec<u32> = step.prompt_ids.iter().map(|&id| id as u32).collect();
+        tokenizer.decode(&ids, false).unwrap()
+    };
+    let (mut recalled, mut past) = (0, Vec::new());
+    for (at, step) in steps.iter().enumerate() {
+        if step.step_index == 0 {
+            past.clear();
+        }
+        let prompt = decode(step);
+        let now = prompt.lines().last().unwrap().to_string();
+        assert!(now.starts_with("you are in room "), "{prompt:?}");
+        assert_eq!(
+            prompt,
+            history_prompt("find the key", 2, &past, Some(&now)),
+            "{} step {}",
+            step.trajectory_id,
+            step.step_index
+        );
+        recalled += usize::from(prompt.contains("[Observation 1: "));
+        // Discrete(3) through 4 bins: the top bin executes action 2.
+        let action = step.response_ids[0].min(2).to_string();
+        past.push(PastDecision {
+            text: Some(now),
+            action,
+        });
+        if let Some(next) = steps.get(at + 1) {
+            assert!(
+                next.trajectory_id != step.trajectory_id || next.step_index == step.step_index + 1
+            );
+        }
+    }
+    assert!(recalled > 0, "no decision recalled another");
+
+    let kl = ppo_kl(root, &vla, &tasks, &rollouts);
+    assert!(
+        kl.abs() < 1e-4,
+        "the rebuilt prompts are the collected ones: KL {kl}"
+    );
+    let eval_rows = evaluate(&root.join("ppo/policy"), &tasks, &root.join("eval"), 1, &[]);
     assert_eq!(eval_rows.len(), 3);
     assert!(eval_rows.iter().all(|r| r.failure_reason.is_none()));
 }
@@ -752,4 +859,62 @@ fn sft_when_every_demonstration_hangs_names_the_fault() {
         assert!(result.stderr.contains(needle), "{needle}: {result}");
     }
     assert!(!out.join("policy").exists(), "{result}");
+}
+
+/// The shipped text-world pipelines at their defaults (`history = 2`,
+/// verl-agent's) at a few seconds' size: init-policy's probe prompts
+/// recall two decisions and fit the pipeline's `max_instruction`, and the
+/// collected decisions' prompts recall their episodes (the key-room's
+/// sentences and actions; BabyAI's actions alone, after SFT on the bot's
+/// demonstrations with the same prompts).
+#[test]
+fn the_text_world_pipelines_recall_two_decisions_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipelines");
+    for (file, sets, recalled) in [
+        (
+            "textkeyroom-grpo.toml",
+            &["train_tasks=6", "val_tasks=3", "draws=2", "group=2"][..],
+            "[Observation 1: 'you are in room ",
+        ),
+        (
+            "babyai-gigpo.toml",
+            &[
+                "train_tasks=6",
+                "val_tasks=3",
+                "draws=2",
+                "group=2",
+                "sft_demos=1",
+                "sft_epochs=1",
+            ][..],
+            "[Action 1: '",
+        ),
+    ] {
+        let out = dir.path().join(file);
+        let mut args = vec![
+            "run".to_string(),
+            s(&pipelines.join(file)).to_string(),
+            "--out".into(),
+            s(&out).to_string(),
+            "--set".into(),
+            "iterations=1".into(),
+        ];
+        for set in sets {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok("pipeline", &refs);
+        let init = std::fs::read_to_string(out.join("init/_summary.init-policy.md")).unwrap();
+        assert!(
+            init.contains("probe prompts with vla.history = 2"),
+            "{file}: {init}"
+        );
+        let tokenizer = tokenizers::Tokenizer::from_file(out.join("init/tokenizer.json")).unwrap();
+        let steps: Vec<StepRow> = rows(&out.join("it0/collect"), TableName::Steps);
+        let recalling = steps.iter().any(|step| {
+            let ids: Vec<u32> = step.prompt_ids.iter().map(|&id| id as u32).collect();
+            tokenizer.decode(&ids, false).unwrap().contains(recalled)
+        });
+        assert!(recalling, "{file}: no collected prompt recalls a decision");
+    }
 }
