@@ -12,6 +12,7 @@
 //! | `gate.min_success` | greedy success over every episode | below |
 //! | `gate.max_success` | greedy success over every episode | above |
 //! | `gate.min_grasp_slope` | the grasp slope ([`crate::grasp`]) | below, or none measured |
+//! | `gate.max_grasp_slope` | the grasp slope | above (closing points that overshoot the object's displacement), or none measured |
 //! | `gate.min_mixed_groups` | share of layouts whose `pass_at_k.samples` episodes had mixed outcomes (GRPO's groups with signal) | below |
 //! | `gate.min_sampled_ratio` | sampled success at `pass_at_k.temperature` over greedy success | below |
 //!
@@ -42,6 +43,8 @@ pub struct GateConfig {
     pub max_success: Option<f64>,
     /// Gate: lowest grasp slope, closing point on target (unset: none).
     pub min_grasp_slope: Option<f64>,
+    /// Gate: highest grasp slope: closing points that overshoot the target's displacement (unset: none).
+    pub max_grasp_slope: Option<f64>,
     /// Gate: lowest share of layouts whose pass@k samples mix success and failure (unset: none).
     pub min_mixed_groups: Option<f64>,
     /// Gate: lowest pass@k sampled success over greedy success (unset: none).
@@ -56,6 +59,7 @@ impl Default for GateConfig {
             min_success: None,
             max_success: None,
             min_grasp_slope: None,
+            max_grasp_slope: None,
             min_mixed_groups: None,
             min_sampled_ratio: None,
             enforce: true,
@@ -108,6 +112,7 @@ impl Verdict {
             "gate.min_success" => ("greedy success", "below"),
             "gate.max_success" => ("greedy success", "above"),
             "gate.min_grasp_slope" => ("the grasp slope", "below"),
+            "gate.max_grasp_slope" => ("the grasp slope", "above"),
             "gate.min_mixed_groups" => {
                 ("the share of layouts with mixed sampled outcomes", "below")
             }
@@ -145,19 +150,31 @@ impl GateConfig {
         }
         for (key, value) in [
             ("gate.min_grasp_slope", self.min_grasp_slope),
+            ("gate.max_grasp_slope", self.max_grasp_slope),
             ("gate.min_sampled_ratio", self.min_sampled_ratio),
         ] {
             if let Some(v) = value {
                 embodyflow_core::config::ensure(v.is_finite(), key, "a finite number", v)?;
             }
         }
-        if let (Some(lo), Some(hi)) = (self.min_success, self.max_success) {
-            embodyflow_core::config::ensure(
-                lo <= hi,
-                "gate.max_success",
-                format!("at least gate.min_success = {lo}"),
-                hi,
-            )?;
+        let bounds = [
+            ("gate.max_success", self.min_success, self.max_success),
+            (
+                "gate.max_grasp_slope",
+                self.min_grasp_slope,
+                self.max_grasp_slope,
+            ),
+        ];
+        for (key, lo, hi) in bounds {
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                let min = key.replace("max", "min");
+                embodyflow_core::config::ensure(
+                    lo <= hi,
+                    key,
+                    format!("at least {min} = {lo}"),
+                    hi,
+                )?;
+            }
         }
         Ok(())
     }
@@ -167,6 +184,7 @@ impl GateConfig {
         self.min_success.is_some()
             || self.max_success.is_some()
             || self.min_grasp_slope.is_some()
+            || self.max_grasp_slope.is_some()
             || self.min_mixed_groups.is_some()
             || self.min_sampled_ratio.is_some()
     }
@@ -188,7 +206,7 @@ impl GateConfig {
             .sampled_success
             .filter(|_| measured.success > 0.0)
             .map(|s| s / measured.success);
-        let gates: [(&'static str, Option<f64>, Option<f64>, bool); 5] = [
+        let gates: [(&'static str, Option<f64>, Option<f64>, bool); 6] = [
             (
                 "gate.min_success",
                 self.min_success,
@@ -206,6 +224,12 @@ impl GateConfig {
                 self.min_grasp_slope,
                 measured.grasp_slope,
                 true,
+            ),
+            (
+                "gate.max_grasp_slope",
+                self.max_grasp_slope,
+                measured.grasp_slope,
+                false,
             ),
             (
                 "gate.min_mixed_groups",
@@ -263,6 +287,7 @@ mod tests {
             min_success: Some(0.05),
             max_success: Some(0.35),
             min_grasp_slope: Some(0.8),
+            max_grasp_slope: Some(1.25),
             min_mixed_groups: Some(0.25),
             min_sampled_ratio: Some(0.5),
             enforce: true,
@@ -281,14 +306,26 @@ mod tests {
                 ("gate.min_success", true),
                 ("gate.max_success", true),
                 ("gate.min_grasp_slope", true),
+                ("gate.max_grasp_slope", true),
                 ("gate.min_mixed_groups", true),
                 // 0.08 / 0.2 = 0.4 < 0.5
                 ("gate.min_sampled_ratio", false),
             ]
         );
         assert_eq!(
-            verdicts[4].failure(),
+            verdicts[5].failure(),
             "sampled over greedy success 0.400 is below gate.min_sampled_ratio = 0.5"
+        );
+        // Closing points that overshoot the object's displacement are no imitation.
+        let overshoot = Measured {
+            grasp_slope: Some(2.5),
+            ..measured
+        };
+        let verdicts = gates.check(&overshoot).unwrap();
+        assert!(verdicts[2].passed && !verdicts[3].passed);
+        assert_eq!(
+            verdicts[3].failure(),
+            "the grasp slope 2.500 is above gate.max_grasp_slope = 1.25"
         );
         // Above the one-demo band, no slope measured: both fail and say so.
         let blind = Measured {
@@ -328,6 +365,14 @@ mod tests {
                 ..GateConfig::default()
             })
             .contains("gate.min_grasp_slope")
+        );
+        assert!(
+            bad(GateConfig {
+                min_grasp_slope: Some(0.8),
+                max_grasp_slope: Some(0.5),
+                ..GateConfig::default()
+            })
+            .contains("gate.max_grasp_slope")
         );
     }
 
