@@ -207,6 +207,9 @@ def demo_names(path, data):
     with reading(path, "data"):
         keys = list(data.keys())
     for name in keys:
+        if not isinstance(name, str):
+            # h5py gives a name that is not UTF-8 as bytes.
+            raise BadDemo(f"{path}: data holds a group named {name!r}, not a UTF-8 name demo_<n>")
         match = DEMO.match(name)
         with reading(path, f"data/{name}"):
             is_group = match is not None and hasattr(data[name], "keys")
@@ -429,6 +432,12 @@ class Demos:
         except ModuleNotFoundError as e:
             raise self.refusal(
                 "bad_input", f"{e}; run scripts/setup (or pip install {' '.join(adapter.PACKAGES + ['h5py'])})"
+            ) from e
+        except READ_ERRORS as e:
+            # What h5py raises on a damaged file outside the reads that name
+            # their dataset: still the file's fault.
+            raise self.refusal(
+                "bad_input", f"{path}: cannot be read as a demonstration file ({type(e).__name__}: {e})"
             ) from e
 
     def files(self, header, body):

@@ -63,8 +63,16 @@ def read_frame(stream):
 
 
 def write_frame(stream, header, body=b""):
-    """Writes one frame and flushes."""
+    """Writes one frame and flushes. The header is UTF-8 JSON: a string
+    holding a lone surrogate (text a damaged file decoded with
+    surrogateescape, say) has it replaced by U+FFFD, which JSON readers
+    that insist on Unicode (serde_json) accept."""
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    try:
+        json.dumps(header, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+        head = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode("utf-8")
     stream.write(struct.pack("<II", 4 + len(head) + len(body), len(head)))
     stream.write(head)
     stream.write(body)
