@@ -70,7 +70,8 @@ impl Default for GateConfig {
 /// The figures the gates read, as the evaluation measured them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Measured {
-    /// Greedy success over every episode infrastructure did not end.
+    /// Greedy success: the mean over runs of the episodes infrastructure
+    /// did not end, the figure the summary's success lines show.
     pub success: f64,
     /// The grasp slope, when measured.
     pub grasp_slope: Option<f64>,
@@ -177,16 +178,6 @@ impl GateConfig {
             }
         }
         Ok(())
-    }
-
-    /// Whether any gate is set.
-    pub fn any(&self) -> bool {
-        self.min_success.is_some()
-            || self.max_success.is_some()
-            || self.min_grasp_slope.is_some()
-            || self.max_grasp_slope.is_some()
-            || self.min_mixed_groups.is_some()
-            || self.min_sampled_ratio.is_some()
     }
 
     /// The gates that need pass@k samples, by key, when one is set.

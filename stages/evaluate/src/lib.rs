@@ -459,13 +459,14 @@ struct Figures {
 }
 
 impl Figures {
-    /// The gates' figures: greedy success over the episodes infrastructure
-    /// did not end, the grasp slope, and when sampled the sampled success
+    /// The gates' figures: greedy success as the summary reports it
+    /// ([`success_by`] over every row), the grasp slope, and when sampled the sampled success
     /// and the share of layouts with mixed outcomes.
     fn measured(&self, rows: &[EvalRow]) -> Measured {
-        let played: Vec<&EvalRow> = rows.iter().filter(|r| r.failure_reason.is_none()).collect();
-        let success =
-            played.iter().filter(|r| r.success).count() as f64 / played.len().max(1) as f64;
+        let success = success_by(rows, |_| String::new())
+            .into_values()
+            .next()
+            .map_or(0.0, |(mean, ..)| mean);
         let sampled_success = self.samples.as_ref().map(|(successes, n)| {
             successes.iter().sum::<usize>() as f64 / (successes.len() * n).max(1) as f64
         });
