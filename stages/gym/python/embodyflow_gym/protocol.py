@@ -67,12 +67,14 @@ def write_frame(stream, header, body=b""):
     holding a lone surrogate (text a damaged file decoded with
     surrogateescape, say) has it replaced by U+FFFD, which JSON readers
     that insist on Unicode (serde_json) accept."""
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    try:
-        json.dumps(header, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
-        head = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode("utf-8")
+    text = json.dumps(header, separators=(",", ":"))
+    # ASCII JSON escapes every surrogate as `\udXXX`: only a header holding
+    # one (a pair for a character beyond the BMP, or a lone one) is looked at
+    # again, so the frames of a rollout pay one substring search.
+    if "\\ud" in text:
+        unicode = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+        text = unicode.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    head = text.encode("utf-8")
     stream.write(struct.pack("<II", 4 + len(head) + len(body), len(head)))
     stream.write(head)
     stream.write(body)
