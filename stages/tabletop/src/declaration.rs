@@ -20,7 +20,9 @@
 //! `embodyflow_tabletop::initial_state`) it writes `count` tasks of one
 //! `suite` (the goal suite has seven), each at `states` initial states of
 //! the split, state-major (every task's state 0, then state 1, ...), ids
-//! `tabletop-<suite>/<seed>/<index>@<split>/<state>`. The summary counts
+//! `tabletop-<suite>/<seed>/<index>@<split>/<state>`. `camera` (`point` |
+//! `area`; unset means `point`) is stored in every task's spec and sets
+//! how its frames are sampled ([`Camera`](tt::Camera)). The summary counts
 //! tasks by suite and type.
 //!
 //! ```
@@ -276,6 +278,10 @@ pub struct TabletopKeys {
     /// Tabletop suite: spatial, object, goal, long or all (all when unset;
     /// env = tabletop only).
     pub suite: Option<SuiteChoice>,
+    /// How the tasks' camera samples the scene: `point` (a pixel shows
+    /// what lies under its centre; point when unset) or `area` (a pixel is
+    /// the mean colour over its square); env = tabletop only.
+    pub camera: Option<tt::Camera>,
 }
 
 impl SectionConfig<TaskRequest> for TabletopKeys {
@@ -283,6 +289,15 @@ impl SectionConfig<TaskRequest> for TabletopKeys {
     /// of one suite, at most as many as it holds.
     fn check(&self, config: &TaskRequest) -> embodyflow_core::Result<()> {
         if !config.is(tt::ENV) {
+            ensure(
+                self.camera.is_none(),
+                "camera",
+                &format!(
+                    "no camera with env = {} (the key sets the tabletop world's camera)",
+                    config.others(tt::ENV)
+                ),
+                format!("camera = {:?}", self.camera).to_lowercase(),
+            )?;
             return ensure(
                 self.suite.is_none(),
                 "suite",
@@ -370,6 +385,10 @@ impl Generator for Tabletop {
                 Some(state) => tt::initial_state(suite, seed, index, split, state)
                     .map_err(|e| Error::BadInput(e.to_string()))?,
                 None => tt::generate(suite, split, seed, index),
+            };
+            let task = TaskSpec {
+                camera: keys.camera.unwrap_or_default(),
+                ..task
             };
             *by_type
                 .entry(format!("{suite}: {}", task.task_type))

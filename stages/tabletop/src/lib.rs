@@ -61,7 +61,7 @@ pub use expert::{
 pub use expert_policy::ExpertPolicy;
 pub use render::{DEFAULT_FRAME_SIZE, MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_len};
 pub use rows::{ENV, task_from_row, task_row};
-pub use scene::{Goal, TaskSpec};
+pub use scene::{Camera, Goal, TaskSpec};
 pub use suite::{
     LAYOUT_SPLITS, REGION_HALF_WIDTH, STATE_SPLITS, Split, Suite, generate, initial_state,
     protocol_tasks, reseed,

@@ -3,15 +3,18 @@
 //!
 //! The frame is `size × size` pixels, row-major, 3 bytes (R, G, B) per pixel,
 //! row 0 at the far edge of the table (y = 1), column 0 at its left edge
-//! (x = 0); a pixel shows what lies under its centre. Drawn in order: the
+//! (x = 0); a pixel shows what lies under its centre, or under the task's
+//! `area` camera ([`Camera`]) the mean colour over its square. Drawn in
+//! order: the
 //! table (brown), the cabinet (dark wood, an inner panel) with its open tray
 //! (light wood) and black handle, plates (disc with a darker rim), then bowls
 //! and blocks from low to high (a bowl is a dark rim around a lighter
 //! inside; a cube is a square, a cylinder a disc, both grown by 0.35 pixel
-//! so that a small block never shrinks to a sliver), and last the gripper:
+//! under the point camera so that a small block never shrinks to a
+//! sliver), and last the gripper:
 //! two cyan fingers, 0.06 apart when open and 0.024 when closed (one blob at
-//! 32 px), brighter the lower they are. Thin parts (handle, fingers) are at
-//! least one pixel wide at any size.
+//! 32 px), brighter the lower they are. Under the point camera thin parts
+//! (handle, fingers) are at least one pixel wide at any size.
 //!
 //! ```
 //! use embodyflow_tabletop::{Split, Suite, World, frame_len, generate};
@@ -22,7 +25,7 @@
 //! ```
 
 use crate::TabletopError;
-use crate::scene::{CABINET_DEPTH, Colour, Kind, Shape};
+use crate::scene::{CABINET_DEPTH, Camera, Colour, Kind, Shape};
 use crate::world::{Body, Grip, World, Z_MAX};
 
 /// The default frame size (pixels per side).
@@ -44,16 +47,22 @@ pub fn frame_len(size: usize) -> usize {
     size * size * 3
 }
 
+/// Sub-samples per side of a pixel under the `area` camera.
+const AREA_SAMPLES: usize = 8;
+
 /// A frame under construction.
 struct Canvas<'a> {
     px: &'a mut [u8],
     size: usize,
     scale: f32,
+    camera: Camera,
 }
 
 impl Canvas<'_> {
-    /// Paints `rgb` on every pixel whose centre (x, y) lies in the box
-    /// `lo..hi` and satisfies `inside`.
+    /// Paints `rgb` over the part of the box `lo..hi` that satisfies
+    /// `inside`: on every pixel whose centre it holds (`point`), or blended
+    /// into every pixel by the share of its `AREA_SAMPLES²` sub-samples it
+    /// holds (`area`).
     fn fill(
         &mut self,
         lo: [f32; 2],
@@ -63,18 +72,44 @@ impl Canvas<'_> {
     ) {
         let s = self.scale;
         let n = self.size as isize;
-        let c0 = ((lo[0] * s - 0.5).ceil() as isize).clamp(0, n);
-        let c1 = ((hi[0] * s - 0.5).floor() as isize + 1).clamp(0, n);
-        let r0 = (((1.0 - hi[1]) * s - 0.5).ceil() as isize).clamp(0, n);
-        let r1 = (((1.0 - lo[1]) * s - 0.5).floor() as isize + 1).clamp(0, n);
+        let (c0, c1, r0, r1) = match self.camera {
+            Camera::Point => (
+                (lo[0] * s - 0.5).ceil() as isize,
+                (hi[0] * s - 0.5).floor() as isize + 1,
+                ((1.0 - hi[1]) * s - 0.5).ceil() as isize,
+                ((1.0 - lo[1]) * s - 0.5).floor() as isize + 1,
+            ),
+            Camera::Area => (
+                (lo[0] * s).floor() as isize,
+                (hi[0] * s).ceil() as isize,
+                ((1.0 - hi[1]) * s).floor() as isize,
+                ((1.0 - lo[1]) * s).ceil() as isize,
+            ),
+        };
+        let (c0, c1, r0, r1) = (
+            c0.clamp(0, n),
+            c1.clamp(0, n),
+            r0.clamp(0, n),
+            r1.clamp(0, n),
+        );
         for row in r0..r1 {
-            let y = 1.0 - (row as f32 + 0.5) / s;
             let base = row as usize * self.size;
             for col in c0..c1 {
-                let x = (col as f32 + 0.5) / s;
-                if inside(x, y) {
+                let cover = match self.camera {
+                    Camera::Point => {
+                        let (x, y) = ((col as f32 + 0.5) / s, 1.0 - (row as f32 + 0.5) / s);
+                        if inside(x, y) { 1.0 } else { 0.0 }
+                    }
+                    Camera::Area => area_cover(col, row, s, &|x, y| {
+                        (lo[0]..=hi[0]).contains(&x) && (lo[1]..=hi[1]).contains(&y) && inside(x, y)
+                    }),
+                };
+                if cover > 0.0 {
                     let at = (base + col as usize) * 3;
-                    self.px[at..at + 3].copy_from_slice(&rgb);
+                    for (c, &v) in self.px[at..at + 3].iter_mut().zip(&rgb) {
+                        let mixed = f32::from(*c) * (1.0 - cover) + f32::from(v) * cover;
+                        *c = mixed.round() as u8;
+                    }
                 }
             }
         }
@@ -92,16 +127,40 @@ impl Canvas<'_> {
         });
     }
 
-    /// Blocks are drawn 0.35 pixel larger than their footprint, so a small
-    /// block covers about the same pixels wherever it lies.
+    /// Under the `point` camera blocks are drawn 0.35 pixel larger than
+    /// their footprint, so a small block covers about the same pixels
+    /// wherever it lies; the `area` camera draws the footprint.
     fn block_pad(&self) -> f32 {
-        0.35 / self.scale
+        match self.camera {
+            Camera::Point => 0.35 / self.scale,
+            Camera::Area => 0.0,
+        }
     }
 
-    /// Half a pixel at least, so a thin part always covers a pixel centre.
+    /// Under the `point` camera half a pixel at least, so a thin part
+    /// always covers a pixel centre; the `area` camera draws it at its
+    /// width, fainter where it covers less than a pixel.
     fn at_least_a_pixel(&self, half: f32) -> f32 {
-        half.max(0.5 / self.scale)
+        match self.camera {
+            Camera::Point => half.max(0.5 / self.scale),
+            Camera::Area => half,
+        }
     }
+}
+
+/// The share of pixel (`col`, `row`)'s `AREA_SAMPLES²` sub-samples (at
+/// the centres of a regular grid over its square) that lie `inside`.
+fn area_cover(col: isize, row: isize, scale: f32, inside: &impl Fn(f32, f32) -> bool) -> f32 {
+    let n = AREA_SAMPLES;
+    let mut hits = 0usize;
+    for i in 0..n {
+        let y = 1.0 - (row as f32 + (i as f32 + 0.5) / n as f32) / scale;
+        for j in 0..n {
+            let x = (col as f32 + (j as f32 + 0.5) / n as f32) / scale;
+            hits += usize::from(inside(x, y));
+        }
+    }
+    hits as f32 / (n * n) as f32
 }
 
 fn shade(rgb: [u8; 3], f: f32) -> [u8; 3] {
@@ -137,6 +196,7 @@ impl World {
             px: frame,
             size,
             scale: size as f32,
+            camera: self.camera(),
         };
         let bodies = self.bodies();
         for b in bodies.iter().filter(|b| b.kind == Kind::Drawer) {

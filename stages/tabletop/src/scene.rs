@@ -375,6 +375,35 @@ pub struct TaskSpec {
     pub goals: Vec<Goal>,
     /// Episode length limit in control steps; reaching it is a failure.
     pub max_steps: u32,
+    /// How the camera samples the scene (`point` when absent).
+    #[serde(default, skip_serializing_if = "Camera::is_point")]
+    pub camera: Camera,
+}
+
+/// How the camera turns the scene into pixels.
+///
+/// - `point`: a pixel shows what lies under its centre, so an edge moves
+///   a whole pixel at a time and a 32 px frame places a block to within
+///   about a third of a pixel (0.01 of the table) at best.
+/// - `area`: a pixel is the mean colour over its square, as a sensor
+///   integrates light; an edge moving by a tenth of a pixel changes the
+///   pixels it crosses by a tenth of the contrast, so positions can be read
+///   to a fraction of a pixel. Parts are drawn at their true size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Camera {
+    /// A pixel shows what lies under its centre.
+    #[default]
+    Point,
+    /// A pixel is the mean colour over its square (8 × 8 samples).
+    Area,
+}
+
+impl Camera {
+    /// Whether this is the default, point-sampling camera.
+    pub fn is_point(&self) -> bool {
+        *self == Camera::Point
+    }
 }
 
 /// `tabletop-<suite>/<split>/<seed>/<index, six digits>`.

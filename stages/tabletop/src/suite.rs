@@ -61,8 +61,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::TabletopError;
 use crate::scene::{
-    CABINET_DEPTH, Colour, Goal, HANDLE_OFFSET, Kind, ObjectSpec, Shape, Side, Size, TRAY_TRAVEL,
-    TaskSpec,
+    CABINET_DEPTH, Camera, Colour, Goal, HANDLE_OFFSET, Kind, ObjectSpec, Shape, Side, Size,
+    TRAY_TRAVEL, TaskSpec,
 };
 use crate::world::World;
 
@@ -264,10 +264,14 @@ pub fn generate(suite: Suite, split: Split, seed: u64, index: u64) -> TaskSpec {
 pub fn reseed(task: &TaskSpec, run: u32) -> Result<TaskSpec, TabletopError> {
     let suite: Suite = task.suite.parse()?;
     let split: Split = task.split.parse()?;
-    match task.state {
-        Some(state) => state_draw(suite, task.seed, task.index, split, state, run),
-        None => Ok(draw(suite, split, task.seed, task.index, run)),
-    }
+    let drawn = match task.state {
+        Some(state) => state_draw(suite, task.seed, task.index, split, state, run)?,
+        None => draw(suite, split, task.seed, task.index, run),
+    };
+    Ok(TaskSpec {
+        camera: task.camera,
+        ..drawn
+    })
 }
 
 /// A 64-bit seed for the tasks table's `seed` column, from the task's key
@@ -403,6 +407,7 @@ fn task(
         objects,
         goals,
         max_steps,
+        camera: Camera::Point,
     }
 }
 

@@ -38,6 +38,7 @@ fn scene(objects: Vec<ObjectSpec>, goals: Vec<Goal>) -> TaskSpec {
         objects,
         goals,
         max_steps: 500,
+        camera: Camera::Point,
     }
 }
 
@@ -362,6 +363,15 @@ fn reseeding_keeps_the_goal_and_moves_the_objects() {
         );
         assert_ne!(r.objects, t.objects, "{suite}");
         assert_eq!(reseed(&t, 0).unwrap(), t);
+        let area = TaskSpec {
+            camera: Camera::Area,
+            ..t.clone()
+        };
+        assert_eq!(
+            reseed(&area, 2).unwrap().camera,
+            Camera::Area,
+            "the camera stays"
+        );
         assert!(
             expert_episode(&r, Strategy::Grasp, ExpertConfig::default())
                 .unwrap()
@@ -452,6 +462,16 @@ fn rows_round_trip_and_bad_rows_are_named() {
             assert_eq!(row.task_type.as_deref(), Some(t.task_type.as_str()));
             assert!(row.gt_actions.is_none());
             assert_eq!(task_from_row(&row).unwrap(), t);
+            let json = String::from_utf8(row.observation.clone().unwrap()).unwrap();
+            assert!(
+                !json.contains("camera"),
+                "a point camera is not written: {json}"
+            );
+            let area = TaskSpec {
+                camera: Camera::Area,
+                ..t.clone()
+            };
+            assert_eq!(task_from_row(&task_row(&area)).unwrap(), area);
         }
     }
     let row = task_row(&generate(Suite::Goal, Split::Val, 9, 4));
@@ -718,6 +738,73 @@ fn rendering_shows_each_object_in_its_colour_at_any_size() {
         w.render(4, &mut small),
         Err(TabletopError::FrameSize { size: 4, .. })
     ));
+}
+
+/// The column of a red block's intensity-weighted centre in row `row` of
+/// a frame (red minus the table's red, per pixel).
+fn red_centre(frame: &[u8], size: usize, row: usize) -> f32 {
+    let (mut mass, mut moment) = (0.0f32, 0.0f32);
+    for col in 0..size {
+        let excess = (f32::from(frame[(row * size + col) * 3]) - 128.0).max(0.0);
+        mass += excess;
+        moment += excess * (col as f32 + 0.5);
+    }
+    moment / mass
+}
+
+#[test]
+fn the_area_camera_shows_an_eighth_of_a_pixel_of_motion_and_the_point_camera_whole_pixels() {
+    let frame_of = |camera: Camera, x: f32| {
+        let mut t = scene(
+            vec![
+                obj(Kind::Block, Colour::Red, x, 0.5),
+                obj(Kind::Plate, Colour::Yellow, 0.8, 0.2),
+            ],
+            vec![Goal::PlaceIn {
+                object: 0,
+                target: 1,
+            }],
+        );
+        t.camera = camera;
+        let mut frame = vec![0u8; frame_len(32)];
+        World::new(&t).unwrap().render(32, &mut frame).unwrap();
+        frame
+    };
+    let row = 16; // the row through y = 0.5
+    let pixel = 1.0 / 32.0;
+    let (base, step) = (0.3 + 0.1 * pixel, pixel / 8.0);
+    let (mut point_changes, mut area_error) = (0, 0.0f32);
+    for k in 0..8 {
+        let x = base + k as f32 * step;
+        point_changes +=
+            usize::from(frame_of(Camera::Point, x) != frame_of(Camera::Point, x + step));
+        let area = frame_of(Camera::Area, x);
+        assert_ne!(
+            area,
+            frame_of(Camera::Area, x + step),
+            "x {x}: an eighth of a pixel shows"
+        );
+        area_error = area_error.max((red_centre(&area, 32, row) / 32.0 - x).abs());
+    }
+    assert!(
+        point_changes <= 2,
+        "the point camera moves in whole pixels: {point_changes} changes over one pixel"
+    );
+    assert!(
+        area_error < 0.1 * pixel,
+        "the area camera's centre of red follows the block: error {area_error}"
+    );
+    // Colours are exact inside a part and mixed at its edges only.
+    let area = frame_of(Camera::Area, 0.5);
+    let at = |col: usize| {
+        [
+            area[(row * 32 + col) * 3],
+            area[(row * 32 + col) * 3 + 1],
+            area[(row * 32 + col) * 3 + 2],
+        ]
+    };
+    assert_eq!(at(16), Colour::Red.rgb());
+    assert_eq!(at(2), [128, 98, 70], "the table");
 }
 
 #[test]

@@ -60,8 +60,8 @@
 
 use crate::TabletopError;
 use crate::scene::{
-    CABINET_DEPTH, CABINET_HEIGHT, Colour, Goal, HANDLE_OFFSET, Kind, PLATE_TOP, Shape, Size,
-    TRAY_FLOOR, TRAY_TRAVEL, TaskSpec, dims,
+    CABINET_DEPTH, CABINET_HEIGHT, Camera, Colour, Goal, HANDLE_OFFSET, Kind, PLATE_TOP, Shape,
+    Size, TRAY_FLOOR, TRAY_TRAVEL, TaskSpec, dims,
 };
 
 /// Action dimensions: `[dx, dy, dz, grip]`.
@@ -234,6 +234,7 @@ pub struct World {
     goals: Vec<Goal>,
     drawer: Option<usize>,
     max_steps: u32,
+    camera: Camera,
     steps: u32,
     status: Status,
     grasped: u8,
@@ -277,6 +278,7 @@ impl World {
                 .fold(0, |m, i| m | (1 << i)),
             goals: task.goals.clone(),
             max_steps: task.max_steps,
+            camera: task.camera,
             steps: 0,
             status: Status::Running,
             grasped: 0,
@@ -389,6 +391,11 @@ impl World {
     /// The gripper.
     pub fn gripper(&self) -> &Gripper {
         &self.gripper
+    }
+
+    /// How the camera samples the scene.
+    pub fn camera(&self) -> Camera {
+        self.camera
     }
 
     /// The task's goals.

@@ -267,6 +267,14 @@ mod tests {
         assert!(problem.message.contains("household"), "{}", problem.message);
         let problem = resolve(&["env=tabletop", "suite=kitchen"]).problem.unwrap();
         assert_eq!(problem.key.as_deref(), Some("suite"));
+        let report = resolve(&["env=tabletop", "camera=area"]);
+        assert!(report.problem.is_none(), "{:?}", report.problem);
+        assert_eq!(report.config.unwrap()["camera"], "area");
+        let problem = resolve(&["camera=area"]).problem.unwrap();
+        assert_eq!(problem.key.as_deref(), Some("camera"));
+        assert!(problem.message.contains("household"), "{}", problem.message);
+        let problem = resolve(&["env=tabletop", "camera=fisheye"]).problem.unwrap();
+        assert_eq!(problem.key.as_deref(), Some("camera"));
         let problem = resolve(&["protocol=initial-states", "split=test"])
             .problem
             .unwrap();
