@@ -649,7 +649,7 @@ fn advantages_of_another_length_are_named(
     (rollouts, steps)
 }
 
-/// collect-rollouts writes no response mask. Our own steps with holes
+/// collect-rollouts writes no response mask for one-shot answers. Our own steps with holes
 /// (tool tokens) train; a mask of the wrong length is bad input naming the
 /// step, and nothing is written.
 fn masks_with_holes_train_and_masks_of_another_length_are_named(

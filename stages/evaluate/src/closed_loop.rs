@@ -529,6 +529,7 @@ mod tests {
                         value,
                     }),
                     env_steps: 1,
+                    executed_tokens: 1,
                 })
                 .collect(),
             success,

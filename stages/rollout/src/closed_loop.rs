@@ -230,6 +230,9 @@ pub struct RecordedDecision {
     /// Actions of the chunk the world executed (fewer than `K` when the
     /// episode ended within it).
     pub env_steps: u32,
+    /// Tokens of those actions (`env_steps × D`): the tokens after them
+    /// chose actions that never ran.
+    pub executed_tokens: usize,
 }
 
 /// A finished closed-loop episode.
@@ -273,6 +276,14 @@ impl ClosedLoopEpisode {
     /// its own in a world that observes text), the tokens as `response_ids`,
     /// their log-probs and the observation bytes, and a thinking policy's
     /// latents, chosen length, stop log-prob and value.
+    ///
+    /// A chunk the episode's end cut short gets a `response_mask` true on
+    /// the tokens of the actions that ran and false on the rest, so actions
+    /// that never ran carry no advantage, loss or statistic (SimpleVLA-RL's
+    /// mask `token < finish_step × action_token_len`, `ray_trainer.py` and
+    /// `dp_rob.py`); other decisions keep a null mask. The LAPO loss counts
+    /// a decision whole, as LaST-R1 does (its valid steps are
+    /// `ceil(finish_step / K)`).
     pub fn step_rows(&self, trajectory_id: &str) -> Vec<StepRow> {
         self.decisions
             .iter()
@@ -287,6 +298,10 @@ impl ClosedLoopEpisode {
                     d.token_logprobs.clone(),
                 );
                 row.step_index = index as i32;
+                if d.executed_tokens < d.tokens.len() {
+                    row.response_mask =
+                        Some((0..d.tokens.len()).map(|t| t < d.executed_tokens).collect());
+                }
                 row.observation = Some(d.observation.clone());
                 row.anchor_key = d.anchor_key.clone();
                 if let Some(thought) = &d.thought {
@@ -621,6 +636,7 @@ impl<'a> Lockstep<'a> {
                 anchor_key,
                 prompt_ids,
                 env_steps: report.env_steps,
+                executed_tokens: report.env_steps as usize * self.fit.d,
             });
             episode.env_steps += report.env_steps;
             episode.success = report.success && report.failure.is_none();

@@ -270,6 +270,17 @@ fn an_episode_at_the_worlds_max_steps_is_a_failure_not_an_error() {
             [8, 5]
         );
         replay(&tasks[i / 2], episode);
+        // The last chunk ran 5 of its 8 actions: its 3 others are masked
+        // out of learning, the full first chunk has no mask.
+        let rows = episode.step_rows("it0/t/d0/s0");
+        assert_eq!(rows[0].response_mask, None);
+        let mask = rows[1]
+            .response_mask
+            .as_ref()
+            .expect("a cut chunk is masked");
+        assert_eq!(mask.len(), K * ACTION_DIM);
+        assert!(mask[..5 * ACTION_DIM].iter().all(|&m| m), "{mask:?}");
+        assert!(mask[5 * ACTION_DIM..].iter().all(|&m| !m), "{mask:?}");
     }
 }
 
