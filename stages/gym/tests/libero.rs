@@ -248,3 +248,38 @@ fn bad_libero_input_is_named_before_anything_runs() {
         "no MuJoCo rendering backend works here; tried MUJOCO_GL=egl: ImportError: Cannot initialize a EGL device display",
     );
 }
+
+/// Runs `python/checks/libero_reference.py CHECK` (the adapter against a
+/// reference loop of plain LIBERO calls, as the seeds' evaluation code
+/// drives LIBERO) in the workers' Python, asserting it passed; its stdout.
+fn reference_check(config: &BridgeConfig, check: &str) -> String {
+    let out = std::process::Command::new(&config.python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/python/checks/libero_reference.py"
+        ))
+        .arg(check)
+        .env("PYTHONPATH", embodyflow_gym::worker::PYTHON_DIR)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "libero_reference.py {check}: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn libero_frames_and_proprio_are_libero_s_observations_to_the_bit() {
+    // Observing after chunks of 1, 3, 8, 8 and 10 actions, the adapter's
+    // frames are the camera observables' (sampled one physics substep
+    // before each control step's end), not renders at the step's end.
+    let config = config();
+    if !libero_installed(&config) {
+        return;
+    }
+    let out = reference_check(&config, "frames");
+    assert!(out.contains("frames: 6 observations equal"), "{out}");
+}

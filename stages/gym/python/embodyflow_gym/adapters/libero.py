@@ -38,10 +38,19 @@ de-normalised output) and applies OpenVLA's evaluation transform: to
 [-1, 1] by 2g - 1, binarised by its sign, inverted, so
 g = 1 -> -1 (open), g = 0 -> +1 (close).
 
-Time: on a CPU, rendering the two cameras is about nine tenths of a step
-(Mesa's software EGL), so the cameras render only when the policy observes
-(after a reset and after each chunk of actions), not at every physics
-step as LIBERO's own observations do; the images are the same.
+Frames at the observables' instant: robosuite samples its camera (and
+proprio) observables once per control step, where their sampling timer
+falls: after LIBERO's reset and set_init_state (each a forced sample that
+advances the timer by one substep) that is the 24th of the step's 25
+physics substeps, so `obs["agentview_image"]` shows the arm one substep
+before the step's end, not at its end. The camera observables stay on, on
+their own timers, but their sensors only record the scene (the
+`mjv_updateScene` of robosuite's render, about 5 microseconds: the geoms,
+lights and camera pose a render would draw); the cameras render the
+recorded scenes only when the policy observes (after a reset and after
+each chunk of actions). The frames are LIBERO's observations to the pixel,
+and a step costs physics, not rendering (on a CPU, Mesa's software EGL,
+rendering both cameras is about nine tenths of a step that renders).
 
 Rendering: MuJoCo's offscreen context from `MUJOCO_GL`; when it is not
 set the adapter tries `egl` (a GPU's EGL, or Mesa's software EGL on a CPU)
@@ -81,6 +90,11 @@ GRIPPERS = ("libero", "openvla")
 # (name in the observation, robosuite camera)
 CAMERAS = (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand"))
 BACKENDS = ("egl", "osmesa")
+# robosuite's render context's scene size (MjRenderContext: MjvScene(model,
+# maxgeom=1000)); a recorded scene holds what its render would draw.
+MAX_GEOMS = 1000
+# What a camera observable holds instead of its image (never read).
+PLACEHOLDER = np.zeros((1, 1, 3), dtype=np.uint8)
 # The check a backend passes, in a child process: MuJoCo opens an offscreen
 # context (OSMesa's library looked up first: PyOpenGL's own error without
 # it says nothing of it).
@@ -154,14 +168,15 @@ def first_exception(stderr):
 
 def quat_to_axis_angle(quat):
     """Axis-angle (unit axis x angle in radians) of a unit quaternion
-    (x, y, z, w), as robosuite's transform_utils.quat2axisangle: w clipped
-    to [-1, 1]; a rotation of (nearly) zero angle is the zero vector."""
-    x, y, z, w = (float(v) for v in quat)
-    w = min(1.0, max(-1.0, w))
-    sine = math.sqrt(1.0 - w * w)
-    if math.isclose(sine, 0.0):
+    (x, y, z, w), as robosuite's transform_utils.quat2axisangle computes it,
+    operation for operation (so to the last bit): w clipped to [-1, 1]; a
+    rotation of (nearly) zero angle is the zero vector."""
+    quat = np.array(quat, dtype=np.float64)
+    quat[3] = min(1.0, max(-1.0, quat[3]))
+    den = np.sqrt(1.0 - quat[3] * quat[3])
+    if math.isclose(den, 0.0):
         return np.zeros(3)
-    return np.array([x, y, z]) * (2.0 * math.acos(w) / sine)
+    return (quat[:3] * 2.0 * math.acos(quat[3])) / den
 
 
 def camera_key(name):
@@ -191,14 +206,57 @@ class Episode:
         self.wait_steps = wait_steps
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
-        # The cameras render when the policy observes (once per chunk), not
-        # at every step: robosuite's camera observables stay off (they keep
-        # the setting through its hard resets) and `observation` renders
-        # the same images (robosuite's OpenGL convention: sim.render as is).
-        for name, _ in CAMERAS:
-            self.env.env.modify_observable(camera_key(name), "enabled", False)
+        # The scene each camera observable recorded at its last sample, per
+        # camera; rebuilt for each simulator (a hard reset builds another).
+        self.scenes = {}
+        self.scenes_of = None
+        self.record_scenes()
         self.obs = None
         self.steps = 0
+
+    def record_scenes(self):
+        """Turns the camera observables' sensors into scene recorders, now
+        and at every hard reset: robosuite's reset builds its observables
+        again (`_setup_observables`, rendering sensors) and installs them
+        before its forced first sample, so the recorders go in there, and
+        that sample records instead of rendering both cameras."""
+        robosuite_env = self.env.env
+        setup = type(robosuite_env)._setup_observables
+
+        def setup_recording():
+            observables = setup(robosuite_env)
+            for name, camera in CAMERAS:
+                observables[camera_key(name)].set_sensor(self.scene_sensor(camera))
+            return observables
+
+        robosuite_env._setup_observables = setup_recording
+        for name, camera in CAMERAS:
+            robosuite_env.modify_observable(camera_key(name), "sensor", self.scene_sensor(camera))
+
+    def scene_sensor(self, camera):
+        """A sensor for camera `camera`'s observable that records the scene
+        robosuite's sensor would render now (the same `mjv_updateScene`
+        call, on the render context's options) and returns a placeholder;
+        `render` draws the recorded scene."""
+        import mujoco
+
+        def sensor(obs_cache):
+            sim = self.env.sim
+            if self.scenes_of is not sim:
+                self.scenes = {name: mujoco.MjvScene(sim.model._model, maxgeom=MAX_GEOMS) for _, name in CAMERAS}
+                self.scenes_of = sim
+            context = sim._render_context_offscreen
+            view = mujoco.MjvCamera()
+            view.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            view.fixedcamid = sim.model.camera_name2id(camera)
+            mujoco.mjv_updateScene(
+                sim.model._model, sim.data._data, context.vopt, context.pert, view,
+                mujoco.mjtCatBit.mjCAT_ALL, self.scenes[camera],
+            )
+            return PLACEHOLDER
+
+        sensor.__modality__ = "image"
+        return sensor
 
     def space(self):
         return {
@@ -246,9 +304,20 @@ class Episode:
         return success or self.steps >= self.max_steps, success
 
     def render(self, camera):
-        """Camera `camera`'s image as robosuite's observable has it (not yet
-        turned)."""
-        return self.env.sim.render(camera_name=camera, width=self.resolution, height=self.resolution)
+        """Camera `camera`'s image as its observable had it at its last
+        sample (not yet turned): the recorded scene drawn as robosuite's
+        render context draws one (`mjr_render`, then its `read_pixels`)."""
+        import mujoco
+        from robosuite import macros
+
+        context = self.env.sim._render_context_offscreen
+        size = self.resolution
+        if size > context.con.offWidth or size > context.con.offHeight:
+            grown = max(size, context.model.vis.global_.offwidth), max(size, context.model.vis.global_.offheight)
+            context.update_offscreen_size(*grown)
+        mujoco.mjr_render(mujoco.MjrRect(0, 0, size, size), self.scenes[camera], context.con)
+        image = context.read_pixels(size, size)
+        return image[::-1] if macros.IMAGE_CONVENTION == "opencv" else image
 
     def observation(self):
         views = [self.render(camera)[::-1, ::-1] for _, camera in CAMERAS]

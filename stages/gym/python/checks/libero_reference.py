@@ -1,0 +1,113 @@
+"""The libero adapter against LIBERO driven as the seeds' evaluation code
+drives it (OpenVLA's experiments/robot/libero/run_libero_eval.py and
+libero_utils.py, OpenVLA-OFT's, SimpleVLA-RL's verl/workers/rollout/
+rob_rollout.py env_worker): a reference loop written here, in plain
+LIBERO calls, and the adapter, compared value for value. Run by
+stages/gym/tests/libero.rs, one check per call:
+
+    python libero_reference.py frames
+        libero_spatial/0 from initial state 0 at 64 px: the reference
+        (OffScreenRenderEnv, seed 0, env.reset, set_init_state, 10 dummy
+        steps, then 30 fixed actions, reading obs["agentview_image"][::-1,
+        ::-1], obs["robot0_eye_in_hand_image"][::-1, ::-1], eef position,
+        quat2axisangle(eef quaternion), gripper qpos after each step) and
+        the adapter (chunks of 1, 3, 8, 8 and 10 actions, observing after
+        the reset and each chunk): every frame and proprio value equal.
+
+Exits 1 naming the first difference; prints one line per check passed.
+"""
+
+import os
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+
+import numpy as np
+
+from embodyflow_gym.adapters import libero
+
+RESOLUTION = 64
+DUMMY = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+def fail(message):
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+def reference_env(task, resolution):
+    """The environment as the references build it (get_libero_env): the
+    task's BDDL file, both camera sides `resolution`, seeded 0 once."""
+    from libero.libero import get_libero_path
+    from libero.libero.envs import OffScreenRenderEnv
+
+    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+    env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
+    env.seed(0)
+    return env
+
+
+def reference_view(obs):
+    """What the references read from one observation dict: both cameras
+    turned by 180 degrees, and OFT's state (eef position, axis-angle,
+    gripper qpos) through robosuite's own quat2axisangle."""
+    from robosuite.utils.transform_utils import quat2axisangle
+
+    state = np.concatenate(
+        [obs["robot0_eef_pos"], quat2axisangle(np.array(obs["robot0_eef_quat"])), obs["robot0_gripper_qpos"]]
+    )
+    return obs["agentview_image"][::-1, ::-1], obs["robot0_eye_in_hand_image"][::-1, ::-1], state
+
+
+def actions(count):
+    """A fixed sequence: moves in every direction, the gripper open then
+    closing."""
+    rng = np.random.default_rng(3)
+    out = np.clip(rng.normal(0.0, 0.5, size=(count, 7)), -1.0, 1.0)
+    out[:, 6] = np.where(np.arange(count) < count // 2, -1.0, 1.0)
+    return out
+
+
+def check_frames():
+    chunks = [1, 3, 8, 8, 10]
+    plan = actions(sum(chunks))
+    episode = libero.make("libero_spatial/0", {"resolution": RESOLUTION}, 0)
+    env = reference_env(episode.task, RESOLUTION)
+    env.reset()
+    obs = env.set_init_state(episode.init_states[0])
+    for _ in range(10):
+        obs, _, _, _ = env.step(DUMMY)
+    seen = [reference_view(obs)]
+    for action in plan:
+        obs, _, _, _ = env.step(action.tolist())
+        seen.append(reference_view(obs))
+    env.close()
+
+    episode.reset(0)
+    t, points = 0, [0]
+    observed = [episode.observation()]
+    for k in chunks:
+        for action in plan[t : t + k]:
+            episode.step(action.tolist())
+        t += k
+        points.append(t)
+        observed.append(episode.observation())
+    for t, (pixels, proprio) in zip(points, observed):
+        agent, wrist, state = seen[t]
+        for name, got, want in (("agentview", pixels[..., :3], agent), ("wrist", pixels[..., 3:], wrist)):
+            differ = int((got != want).sum())
+            if differ:
+                fail(f"after {t} actions: {differ} {name} pixel values differ from LIBERO's observation")
+        if not np.array_equal(np.asarray(proprio), state):
+            fail(f"after {t} actions: proprio {list(proprio)} differs from LIBERO's {list(state)}")
+    episode.close()
+    print(f"frames: {len(points)} observations equal ({RESOLUTION} px, after {points} actions)")
+
+
+CHECKS = {"frames": check_frames}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CHECKS:
+        fail(f"usage: libero_reference.py {'|'.join(CHECKS)}")
+    CHECKS[sys.argv[1]]()
