@@ -199,6 +199,14 @@ fn bad_libero_input_is_named_before_anything_runs() {
         other,
         "no task `10` in libero_spatial (task indices 0..9)",
     );
+    // A kwarg's bad value, named with the kwarg.
+    let mut kwarg = spatial(0, 4);
+    kwarg.kwargs = json!({"resolution": 32, "seeding": "sometimes"});
+    refused(
+        &config,
+        kwarg,
+        "seeding 'sometimes': expected one of fresh, openvla",
+    );
     // An initial state beyond the task's 50: its reset is refused, naming it.
     let tasks = [GymTask {
         task_id: "spatial-0/50".into(),
@@ -282,4 +290,21 @@ fn libero_frames_and_proprio_are_libero_s_observations_to_the_bit() {
     }
     let out = reference_check(&config, "frames");
     assert!(out.contains("frames: 6 observations equal"), "{out}");
+}
+
+#[test]
+fn libero_seeding_modes_show_the_references_scenes() {
+    // "openvla": OpenVLA's loop (one environment seeded once, initial
+    // states in turn), whatever order the adapter resets them in; "fresh"
+    // (the default): a freshly built environment's first episode, on a
+    // reused environment.
+    let config = config();
+    if !libero_installed(&config) {
+        return;
+    }
+    let out = reference_check(&config, "seeding");
+    assert!(
+        out.contains("seeding: openvla and fresh scenes equal the references'"),
+        "{out}"
+    );
 }

@@ -14,6 +14,16 @@ stages/gym/tests/libero.rs, one check per call:
         the adapter (chunks of 1, 3, 8, 8 and 10 actions, observing after
         the reset and each chunk): every frame and proprio value equal.
 
+    python libero_reference.py seeding
+        libero_spatial/0 at 16 px, the scene after the reset and the 10
+        dummy steps (every body's position and orientation, the MuJoCo
+        state): `seeding = "openvla"` resetting initial states 2, 0, 1
+        against OpenVLA's loop (one environment seeded 0 once, states 0, 1,
+        2 in turn, a few actions each); the default `seeding = "fresh"`
+        resetting 2, 1, 2 against a freshly built environment per episode
+        (SimpleVLA-RL's env_worker). State 1's scenes differ between the
+        two (the fixtures moved).
+
 Exits 1 naming the first difference; prints one line per check passed.
 """
 
@@ -105,7 +115,61 @@ def check_frames():
     print(f"frames: {len(points)} observations equal ({RESOLUTION} px, after {points} actions)")
 
 
-CHECKS = {"frames": check_frames}
+def scene(env):
+    """Every body's position and orientation and the MuJoCo state."""
+    data = env.sim.data
+    return np.array(data.xpos), np.array(data.xquat), np.array(env.get_sim_state())
+
+
+def settle(env, state):
+    """The references' reset: env.reset, set_init_state, 10 dummy steps."""
+    env.reset()
+    env.set_init_state(state)
+    for _ in range(10):
+        env.step(DUMMY)
+
+
+def same_scene(got, want):
+    return all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def check_seeding():
+    plan = actions(3)
+    task = libero.make("libero_spatial/0", {"resolution": 16}, 0)
+    init_states = task.init_states
+    # OpenVLA's loop: one environment per task, seeded once, states in turn.
+    env = reference_env(task.task, 16)
+    openvla = []
+    for state in range(3):
+        settle(env, init_states[state])
+        openvla.append(scene(env))
+        for action in plan:
+            env.step(action.tolist())
+    env.close()
+    # SimpleVLA-RL's: a fresh environment per episode.
+    fresh = {}
+    for state in (1, 2):
+        env = reference_env(task.task, 16)
+        settle(env, init_states[state])
+        fresh[state] = scene(env)
+        env.close()
+    if same_scene(fresh[1], openvla[1]):
+        fail("initial state 1: a fresh environment and OpenVLA's loop show the same scene; the check shows nothing")
+    moved = np.abs(fresh[1][0] - openvla[1][0]).max()
+
+    for seeding, order, want in (("openvla", (2, 0, 1), openvla), ("fresh", (2, 1, 2), fresh)):
+        episode = task if seeding == "fresh" else libero.make("libero_spatial/0", {"resolution": 16, "seeding": seeding}, 0)
+        for state in order:
+            episode.reset(state)
+            if not same_scene(scene(episode.env), want[state]):
+                fail(f"seeding {seeding}: initial state {state} (after {order}) differs from the reference's scene")
+            for action in plan:
+                episode.step(action.tolist())
+        episode.close()
+    print(f"seeding: openvla and fresh scenes equal the references' (fixtures {moved * 100:.2f} cm apart)")
+
+
+CHECKS = {"frames": check_frames, "seeding": check_seeding}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in CHECKS:

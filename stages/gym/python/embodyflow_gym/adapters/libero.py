@@ -18,6 +18,22 @@ BDDL goal, `_check_success()`) holds, a success, or after the suite's
 max steps (spatial 220, object 280, goal 300, long 520, 90: 400), a
 failure; the task spec's `max_steps` can only shorten that.
 
+Seeding (kwargs `seeding`): LIBERO's reset places the objects without a
+free joint (the fixtures: a cabinet, a stove; not in the initial state)
+with NumPy's global generator, so its state moves them even from a fixed
+initial state (1.5 cm in libero_spatial/0's initial state 1). "fresh" (the default):
+seed 0 before every reset, the scene a freshly built environment shows in
+its first episode, as SimpleVLA-RL builds one environment per episode
+(verl/workers/rollout/rob_rollout.py, env_worker: get_libero_env, which
+seeds 0); the same initial state always shows the same scene. "openvla":
+the scene OpenVLA's and OpenVLA-OFT's evaluation shows for the initial
+state (experiments/robot/libero/run_libero_eval.py: one environment per
+task, seeded 0 once when built, initial states 0..49 in turn), where state
+k's scene follows k resets of the generator; the adapter keeps the
+generator's state before each of those resets, so a state's scene does
+not depend on what the worker's environment did before (reaching state k
+first costs the resets not done yet; none in OpenVLA's order).
+
 Observation: the agent-view and wrist (`robot0_eye_in_hand`) cameras at
 `resolution` x `resolution` (kwargs, default 128; the seeds use 224/256),
 each turned by 180 degrees (`image[::-1, ::-1]`: MuJoCo renders upside
@@ -60,7 +76,7 @@ environment costs seconds (robosuite compiles the scene): the worker keeps
 it per task and resets it by initial state.
 
 Kwargs: `resolution` (pixels, 1..1024), `gripper` ("libero" | "openvla"),
-`wait_steps` (default 10).
+`wait_steps` (default 10), `seeding` ("fresh" | "openvla").
 """
 
 import math
@@ -87,6 +103,7 @@ DUMMY_ACTION = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]
 WAIT_STEPS = 10
 RESOLUTION = 128
 GRIPPERS = ("libero", "openvla")
+SEEDINGS = ("fresh", "openvla")
 # (name in the observation, robosuite camera)
 CAMERAS = (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand"))
 BACKENDS = ("egl", "osmesa")
@@ -114,14 +131,19 @@ def make(env_id, kwargs, seed):
     resolution = int(kwargs.pop("resolution", RESOLUTION))
     gripper = kwargs.pop("gripper", "libero")
     wait_steps = int(kwargs.pop("wait_steps", WAIT_STEPS))
+    seeding = kwargs.pop("seeding", "fresh")
     if kwargs:
-        raise BadEnv(f"unknown kwargs {sorted(kwargs)}: the libero adapter takes resolution, gripper, wait_steps")
+        raise BadEnv(
+            f"unknown kwargs {sorted(kwargs)}: the libero adapter takes resolution, gripper, wait_steps, seeding"
+        )
     if not 1 <= resolution <= 1024:
         raise BadEnv(f"resolution {resolution}: expected 1..1024 pixels")
     if gripper not in GRIPPERS:
         raise BadEnv(f"gripper convention {gripper!r}: expected one of {', '.join(GRIPPERS)}")
     if wait_steps < 0:
         raise BadEnv(f"wait_steps {wait_steps}: expected at least 0")
+    if seeding not in SEEDINGS:
+        raise BadEnv(f"seeding {seeding!r}: expected one of {', '.join(SEEDINGS)}")
     suite_name, _, task = env_id.partition("/")
     if suite_name not in MAX_STEPS or not task:
         raise BadEnv(
@@ -134,7 +156,7 @@ def make(env_id, kwargs, seed):
     suite = benchmark.get_benchmark_dict()[suite_name]()
     if not task.isdigit() or int(task) >= suite.n_tasks:
         raise BadEnv(f"env id `{env_id}`: no task `{task}` in {suite_name} (task indices 0..{suite.n_tasks - 1})")
-    return Episode(suite, suite_name, int(task), resolution, gripper, wait_steps)
+    return Episode(suite, suite_name, int(task), resolution, gripper, wait_steps, seeding)
 
 
 def select_backend():
@@ -192,7 +214,7 @@ def gripper_action(value, convention):
 
 
 class Episode:
-    def __init__(self, suite, suite_name, task, resolution, gripper, wait_steps):
+    def __init__(self, suite, suite_name, task, resolution, gripper, wait_steps, seeding):
         import os.path
 
         from libero.libero import get_libero_path
@@ -204,6 +226,10 @@ class Episode:
         self.resolution = resolution
         self.gripper = gripper
         self.wait_steps = wait_steps
+        self.seeding = seeding
+        # "openvla": NumPy's global generator before OpenVLA's reset j of
+        # this task (seed 0, then j resets), for the j found so far.
+        self.generators = [np.random.RandomState(0).get_state()]
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
         # The scene each camera observable recorded at its last sample, per
@@ -276,24 +302,50 @@ class Episode:
                 f"initial state {seed} of task `{self.task.name}`: it has {len(self.init_states)} "
                 f"(indices 0..{len(self.init_states) - 1})"
             )
-        self.reset_to(self.init_states[seed], self.wait_steps)
+        if self.seeding == "openvla":
+            generator = self.openvla_generator(seed)
+            after = self.reset_to(self.init_states[seed], self.wait_steps, generator)
+            if len(self.generators) == seed + 1:
+                self.generators.append(after)
+        else:
+            self.reset_to(self.init_states[seed], self.wait_steps)
         return self.task.language
 
-    def reset_to(self, state, wait_steps):
+    def openvla_generator(self, index):
+        """NumPy's global generator as OpenVLA's evaluation leaves it before
+        the reset of initial state `index`: its environment is seeded 0
+        once when built and resets for initial states 0, 1, 2, ... in turn,
+        and only LIBERO's resets draw from the generator (its steps draw
+        nothing), so that is seed 0 followed by `index` resets. The resets
+        this environment has not done yet are done now (each costs a
+        reset); in OpenVLA's order there are none."""
+        while len(self.generators) <= index:
+            np.random.set_state(self.generators[-1])
+            self.env.reset()
+            self.generators.append(np.random.get_state())
+        return self.generators[index]
+
+    def reset_to(self, state, wait_steps, generator=None):
         """Resets to the simulator state `state` (an initial state, or a
         demonstration's `states[0]`), then `wait_steps` steps of the dummy
-        action; the episode's step count starts again."""
-        # LIBERO's reset places objects without a free joint (so not in
-        # `state`) with NumPy's global generator, so the seed moves objects
-        # even from a fixed state. OpenVLA's evaluation seeds 0 once at
-        # build; seeding 0 before every reset gives a fresh environment's
-        # first episode that scene, and a reused environment the same frames.
-        self.env.seed(0)
+        action; the episode's step count starts again. LIBERO's reset
+        places the objects without a free joint (so not in `state`: the
+        fixtures, e.g. a cabinet or a stove) with NumPy's global generator,
+        so the generator moves them even from a fixed state: it is set to
+        `generator` (a `np.random.get_state()`) first, by default to seed 0
+        (a fresh environment's first reset, whatever this one did before).
+        Returns the generator's state after LIBERO's reset."""
+        if generator is None:
+            self.env.seed(0)
+        else:
+            np.random.set_state(generator)
         self.env.reset()
+        after = np.random.get_state()
         self.obs = self.env.set_init_state(state)
         for _ in range(wait_steps):
             self.obs, _, _, _ = self.env.step(DUMMY_ACTION)
         self.steps = 0
+        return after
 
     def step(self, action):
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
