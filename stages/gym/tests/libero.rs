@@ -207,6 +207,29 @@ fn bad_libero_input_is_named_before_anything_runs() {
         kwarg,
         "seeding 'sometimes': expected one of fresh, openvla",
     );
+    for (kwargs, needle) in [
+        (
+            json!({"image_path": "tensorflow"}),
+            "image_path 'tensorflow': expected one of plain, openvla",
+        ),
+        (
+            json!({"cameras": "wrist"}),
+            "cameras 'wrist': expected one of agentview, agentview+wrist",
+        ),
+        (
+            json!({"center_crop": "yes"}),
+            "center_crop 'yes': expected true or false",
+        ),
+        (json!({"max_steps": 0}), "max_steps 0: expected at least 1 step"),
+        (
+            json!({"max_steps": "512"}),
+            "max_steps '512': expected a whole number of steps",
+        ),
+    ] {
+        let mut spec = spatial(0, 4);
+        spec.kwargs = kwargs;
+        refused(&config, spec, needle);
+    }
     // An initial state beyond the task's 50: its reset is refused, naming it.
     let tasks = [GymTask {
         task_id: "spatial-0/50".into(),
@@ -305,6 +328,24 @@ fn libero_seeding_modes_show_the_references_scenes() {
     let out = reference_check(&config, "seeding");
     assert!(
         out.contains("seeding: openvla and fresh scenes equal the references'"),
+        "{out}"
+    );
+}
+
+#[test]
+fn libero_openvla_image_path_is_tensorflows_resize_and_crop_value_for_value() {
+    // OpenVLA's resize_image and center_crop_image without TensorFlow,
+    // against digests of TensorFlow 2.15's outputs; the adapter's 224 px
+    // agent view (`image_path = "openvla"`, `center_crop`, `cameras =
+    // "agentview"`) against LIBERO's 256 px observable so treated, and its
+    // `max_steps` ending the episode.
+    let config = config();
+    if !libero_installed(&config) {
+        return;
+    }
+    let out = reference_check(&config, "image");
+    assert!(
+        out.contains("image: OpenVLA's resize and centre crop equal TensorFlow's"),
         "{out}"
     );
 }

