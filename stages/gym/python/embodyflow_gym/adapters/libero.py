@@ -173,6 +173,9 @@ def make(env_id, kwargs, seed):
     select_backend()
     from libero.libero import benchmark
 
+    if image_path == "openvla":
+        import simplejpeg  # noqa: F401  (missing: named here, before anything runs)
+
     suite = benchmark.get_benchmark_dict()[suite_name]()
     if not task.isdigit() or int(task) >= suite.n_tasks:
         raise BadEnv(f"env id `{env_id}`: no task `{task}` in {suite_name} (task indices 0..{suite.n_tasks - 1})")
