@@ -31,15 +31,13 @@
 //! `filter.dynamic_sampling` it is kept (scores differ), and a steps row
 //! naming `c` is bad input.
 //!
-//! The group-normalised outcome every group-relative estimator starts from
-//! is here too ([`episode_advantages_of`], veRL's numerics), with its
-//! setting `grpo.eps` ([`GrpoConfig`], the section [`GRPO`] that grpo,
-//! dr_grpo and grpo_step declare).
+//! GRPO's setting `grpo.eps` is here too ([`GrpoConfig`], the section
+//! [`GRPO`] that grpo, dr_grpo and grpo_step declare).
 
 use std::collections::HashMap;
 
 use arrow::array::{Array, BooleanArray, Float32Array, Int32Array, ListArray, StringArray};
-use embodyflow_algos::grpo::{GroupNorm, episode_advantages, is_mixed};
+use embodyflow_algos::grpo::{GroupNorm, is_mixed};
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::config::{ConfigKeys, positive};
 use embodyflow_core::dataset::{TableReader, column};
@@ -84,22 +82,6 @@ impl GrpoConfig {
 
 /// The `grpo` section.
 pub const GRPO: Section = Section::of::<GrpoConfig>("grpo");
-
-/// The episode advantage of every episode, in episode order, normalised
-/// over the trajectories of its group that ran: a faulted trajectory is
-/// left out of the statistics (and gets 0, never written).
-pub fn episode_advantages_of(episodes: &Episodes, norm: GroupNorm) -> Vec<f32> {
-    let ran: Vec<usize> = (0..episodes.list.len())
-        .filter(|&e| !episodes.list[e].faulted)
-        .collect();
-    let scores: Vec<f32> = ran.iter().map(|&e| episodes.list[e].score).collect();
-    let groups: Vec<u32> = ran.iter().map(|&e| episodes.list[e].group).collect();
-    let mut advantages = vec![0.0; episodes.list.len()];
-    for (&e, a) in ran.iter().zip(episode_advantages(&scores, &groups, norm)) {
-        advantages[e] = a;
-    }
-    advantages
-}
 
 /// One trajectory with its reward, as the estimators see it.
 #[derive(Debug, Clone, PartialEq)]

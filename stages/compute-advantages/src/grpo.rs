@@ -10,30 +10,24 @@
 //! ```
 //!
 //! E.g. a group scored [1, 0, 0, 1] gives A^E = ±0.866 under grpo (unbiased
-//! std 0.577) and ±0.5 under dr_grpo. The steps table is streamed once in
-//! record batches of `batch_rows`; each batch's owned rows are written as
-//! one advantages batch that reuses the input's id and offset arrays, so
-//! memory is bounded by the batch. Every trajectory must have exactly
-//! `num_steps` steps rows. With `rewards.token_rewards`, R_i is their sum
-//! (veRL's `token_level_rewards.sum(-1)`, hole tokens included) and their
-//! count must be the trajectory's response tokens; hole tokens of
-//! `steps.response_mask` get 0 (`holes.rs`).
+//! std 0.577) and ±0.5 under dr_grpo. Both are outcome estimators
+//! ([`crate::outcome`], which streams, masks, shards and broadcasts): their
+//! [`kernel`] is all that is theirs. With `rewards.token_rewards`, R_i is
+//! their sum (veRL's `token_level_rewards.sum(-1)`, hole tokens included);
+//! hole tokens of `steps.response_mask` get 0.
 //!
 //! Both read `grpo.eps` ([`crate::episodes::GRPO`]); with
 //! `stepopsd.enabled` they take the step path instead ([`crate::step`]),
 //! which aligns tokens with plan steps to reweight them.
 
-use arrow::array::{BooleanArray, ListArray, RecordBatch, StringArray};
-use arrow::buffer::OffsetBuffer;
-use arrow::compute::filter_record_batch;
-use embodyflow_algos::grpo::GroupNorm;
-use embodyflow_core::dataset::column;
+use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
+use embodyflow_core::Result;
 use embodyflow_core::schemas::TableName;
-use embodyflow_core::{Result, progress};
 
-use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts, episode_advantages_of};
+use crate::episodes::{self, GrpoConfig};
 use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
-use crate::output::{AdvantagesOut, advantages_batch};
+use crate::outcome::{Kernel, Outcome};
+use crate::output::AdvantagesOut;
 use crate::step::{self, StepOpsdConfig, StepPath};
 
 /// `estimator = "grpo"`.
@@ -79,88 +73,19 @@ pub struct Grpo {
 
 impl Estimate for Grpo {
     fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
-        let advantages = episode_advantages_of(input.episodes, self.norm);
-        let bar = progress::bar(input.steps.num_rows(), "advantages");
-        let mut counts = StepCounts::new(input.episodes);
-        let token_rewards = input.episodes.has_token_rewards();
-        for batch in input.steps.batches(
-            Some(&["trajectory_id", "step_index", "response_ids"]),
-            input.batch_rows,
-        )? {
-            let batch = batch?;
-            bar.inc(batch.num_rows() as u64);
-            let located = counts.locate(column::<StringArray>(&batch, "trajectory_id"))?;
-            if token_rewards {
-                counts.count_tokens(&located, column::<ListArray>(&batch, "response_ids"));
-            }
-            out.write_batch(&grpo_batch(
-                &batch,
-                &located,
-                input.episodes,
-                input.groups,
-                &advantages,
-                self.name,
-            ))?;
-        }
-        bar.finish_and_clear();
-        counts.check()?;
-        Ok(None)
+        Outcome::new(self.name, kernel(self.norm)).write(input, out)
     }
 }
 
-/// The advantages rows of one steps batch whose rows belong to episodes
-/// `located`: every response token of an owned step gets its trajectory's
-/// episode advantage. The ids and list offsets are reused from the input.
-fn grpo_batch(
-    batch: &RecordBatch,
-    located: &[usize],
-    episodes: &Episodes,
-    groups: &Groups,
-    advantages: &[f32],
-    estimator: &str,
-) -> RecordBatch {
-    let keep: Vec<bool> = located
-        .iter()
-        .map(|&e| groups.owns(&episodes.list[e]))
-        .collect();
-    let (batch, per_step): (RecordBatch, Vec<f32>) = if keep.iter().all(|&k| k) {
-        (
-            batch.clone(),
-            located.iter().map(|&e| advantages[e]).collect(),
-        )
-    } else {
-        let per_step = located
-            .iter()
-            .zip(&keep)
-            .filter(|&(_, &k)| k)
-            .map(|(&e, _)| advantages[e])
-            .collect();
-        let mask = BooleanArray::from(keep);
-        let batch = filter_record_batch(batch, &mask).expect("mask has the batch's length");
-        (batch, per_step)
-    };
-    let responses = column::<ListArray>(&batch, "response_ids");
-    let offsets = responses.offsets();
-    let base = offsets[0] as usize;
-    let mut tokens = Vec::with_capacity(offsets[offsets.len() - 1] as usize - base);
-    for (i, &a) in per_step.iter().enumerate() {
-        tokens.resize(tokens.len() + responses.value_length(i) as usize, a);
-    }
-    let rebased = OffsetBuffer::new(offsets.iter().map(|&o| o - base as i32).collect());
-    advantages_batch(
-        batch.column_by_name("trajectory_id").expect("read").clone(),
-        batch.column_by_name("step_index").expect("read").clone(),
-        rebased,
-        tokens,
-        None,
-        per_step,
-        estimator,
-    )
+/// The outcome kernel of GRPO (or Dr. GRPO): the group-normalised score.
+pub fn kernel(norm: GroupNorm) -> Kernel {
+    Kernel::scores(move |scores, groups| Ok(episode_advantages(scores, groups, norm)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::episodes::Groups;
     use crate::testdata::{Fixture, exact, step, with_and_without_fault};
     use embodyflow_algos::grpo::episode_advantages;
 

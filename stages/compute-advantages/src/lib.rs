@@ -22,8 +22,11 @@
 //!   (verl-agent's GiGPO numerics).
 //!
 //! What they share lives in one place each, below them: the interface
-//! (`estimator.rs`), the join of trajectories, rewards and steps, the choice
-//! of groups and the group-normalised outcome (`episodes.rs`), the writer
+//! (`estimator.rs`), the outcome-estimator shape (`outcome.rs`: an advantage
+//! per trajectory from its group's scores, streamed, masked, sharded and
+//! broadcast to its tokens for grpo, dr_grpo and the step path's A^E), the
+//! join of trajectories, rewards and steps and the choice of groups
+//! (`episodes.rs`), the writer
 //! that counts every row it writes (`output.rs`), the run's statistics,
 //! `diagnostics.json` and summary (`diagnostics.rs`) and the shared keys and
 //! section type (`config.rs`); `--heatmaps` draws in `heatmap.rs`.
@@ -72,6 +75,7 @@ mod gigpo;
 mod grpo;
 mod heatmap;
 mod holes;
+mod outcome;
 mod output;
 mod registry;
 mod step;

@@ -57,8 +57,10 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::config::{Config, Section};
-use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts, episode_advantages_of};
+use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts};
 use crate::estimator::{Build, Counts, Estimate, Estimator, Reported, StepsInput};
+use crate::grpo;
+use crate::outcome::Outcome;
 use crate::output::AdvantagesOut;
 use embodyflow_core::section::SectionConfig;
 
@@ -294,7 +296,8 @@ impl Estimate for StepPath {
     /// a teacher_logp input without a row for any step is bad input (it
     /// belongs to another rollout set).
     fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
-        let episode_adv = episode_advantages_of(input.episodes, self.norm);
+        let episode_adv =
+            Outcome::new(self.estimator, grpo::kernel(self.norm)).advantages(input)?;
         let aligner = Aligner::new(&self.tokenizer);
         let position_scores = self
             .step

@@ -1,20 +1,18 @@
-//! A toy estimator, added the way `docs/src/extending.md` says: this module
-//! (its declaration, section and `Estimate`) and its line in
-//! [`crate::registry::ESTIMATORS`], nothing else. Every response token of a
-//! trajectory gets `toy.scale * R_i` (its "kernel" is that product). The
+//! A toy outcome estimator, added the way `docs/src/extending.md` says: its
+//! kernel, `toy.scale * R_i` for every trajectory i, and its declaration
+//! (with its section) on the outcome shape ([`crate::outcome`]), plus its
+//! line in [`crate::registry::ESTIMATORS`], nothing else. It lives in a
+//! test-only module of its own so that no shipped binary lists it. The
 //! tests run it through the stage as a user would: `--set
 //! estimator=toy_scale`, its key in the config and its value check.
 
-use arrow::array::{Int32Array, ListArray, StringArray};
 use embodyflow_core::Result;
 use embodyflow_core::config::{ConfigKeys, positive};
-use embodyflow_core::dataset::column;
-use embodyflow_core::schemas::AdvantageRow;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Section};
-use crate::estimator::{Estimate, Estimator, Reported, StepsInput};
-use crate::output::AdvantagesOut;
+use crate::estimator::Estimator;
+use crate::outcome::{Kernel, Outcome};
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "toy_scale"`.
@@ -25,9 +23,10 @@ pub static TOY: Estimator = Estimator {
     reads: &[],
     check: |_| Ok(()),
     build: |build| {
-        Ok(Box::new(Toy {
-            config: build.config.section("toy"),
-        }))
+        let scale = build.config.section::<ToyConfig>("toy").scale;
+        let kernel =
+            Kernel::scores(move |scores, _| Ok(scores.iter().map(|r| scale * r).collect()));
+        Ok(Box::new(Outcome::new(build.estimator.name, kernel)))
     },
 };
 
@@ -48,42 +47,6 @@ impl Default for ToyConfig {
 impl SectionConfig<Config> for ToyConfig {
     fn check(&self, _: &Config) -> Result<()> {
         positive("toy.scale", f64::from(self.scale))
-    }
-}
-
-struct Toy {
-    config: ToyConfig,
-}
-
-impl Estimate for Toy {
-    fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
-        let columns = ["trajectory_id", "step_index", "response_ids"];
-        for batch in input.steps.batches(Some(&columns), input.batch_rows)? {
-            let batch = batch?;
-            let ids = column::<StringArray>(&batch, "trajectory_id");
-            let index = column::<Int32Array>(&batch, "step_index");
-            let responses = column::<ListArray>(&batch, "response_ids");
-            let mut rows = Vec::new();
-            for i in 0..batch.num_rows() {
-                let e = input.episodes.of_step(ids.value(i))?;
-                let episode = &input.episodes.list[e];
-                if !input.groups.owns(episode) {
-                    continue;
-                }
-                let a = self.config.scale * episode.score;
-                rows.push(AdvantageRow {
-                    trajectory_id: ids.value(i).to_string(),
-                    step_index: index.value(i),
-                    advantages: vec![a; responses.value_length(i) as usize],
-                    returns: None,
-                    episode_adv: a,
-                    step_adv: None,
-                    estimator: TOY.name.to_string(),
-                });
-            }
-            out.write_rows(&rows)?;
-        }
-        Ok(None)
     }
 }
 
