@@ -18,6 +18,7 @@ that directory, VERL_PYTHONPATH, on PYTHONPATH:
     export VERL_PYTHONPATH=/tmp/verl-pkg
     PYTHONPATH=$VERL_PYTHONPATH .venv/bin/python scripts/verl_golden.py
     PYTHONPATH=$VERL_PYTHONPATH .venv/bin/python scripts/verl_golden.py --holes
+    PYTHONPATH=$VERL_PYTHONPATH .venv/bin/python scripts/verl_golden.py --outcome
 
 Inputs are padded batches whose response mask is a run of ones followed by
 padding, the layout veRL sees; the fixtures store the valid part of each row
@@ -32,6 +33,16 @@ unused, `nextvalues` and `lastgaelam` carried across it, the carried
 advantage left at the hole and whitened with the rest), takes the
 whitening statistics over the mask only; GRPO's score is the sum of every
 token reward, holes included, and its advantage is multiplied by the mask.
+
+`--outcome` writes tests/fixtures/verl/outcome.json: veRL's other outcome
+estimators, each through its registry (`get_adv_estimator_fn`) with the
+arguments the trainer passes (token_level_rewards, response_mask, index,
+an AlgoConfig): rloo, opo, gpg, reinforce_plus_plus_baseline, grpo_passk
+(with and without the std) and reinforce_plus_plus (gamma 1 and 0.9), each
+on a batch whose masks are padding only and on one with holes; every batch
+has a group of one and a group whose scores are all equal, except
+grpo_passk's, which veRL refuses with a group of one (one more case records
+that refusal).
 """
 import json
 import pathlib
@@ -182,6 +193,93 @@ def holes():
     print(f"wrote {OUT / 'holes.json'}")
 
 
+# veRL's outcome estimators beside GRPO, by their registered names, with the
+# AlgoConfig keys each reads (the trainer passes token_level_rewards,
+# response_mask, index and config, as ray_trainer.compute_advantage does).
+OUTCOME = [
+    ("rloo", {}),
+    ("opo", {}),
+    ("gpg", {}),
+    ("reinforce_plus_plus_baseline", {}),
+    ("grpo_passk", {"norm_adv_by_std_in_grpo": True}),
+    ("grpo_passk", {"norm_adv_by_std_in_grpo": False}),
+    ("reinforce_plus_plus", {"gamma": 1.0}),
+    ("reinforce_plus_plus", {"gamma": 0.9}),
+]
+
+
+def outcome_rewards(rng, index, lengths, width, holes):
+    """Token rewards of one batch: without holes, a binary outcome (groups
+    g0, g3, ...) or a normal one (the others) on the last valid token and,
+    for one row in three of the latter, small rewards on earlier tokens;
+    with holes, rewards on every valid token, holes included. Group g1's
+    scores are all equal (1)."""
+    rewards = torch.zeros(len(lengths), width, dtype=torch.float32)
+    for i, n in enumerate(lengths):
+        group = int(index[i][1:])
+        if holes:
+            rewards[i, :n] = torch.tensor(rng.normal(0.0, 0.3, n), dtype=torch.float32)
+        elif group % 3 == 0:
+            rewards[i, n - 1] = float(rng.integers(0, 2))
+        else:
+            if i % 3 == 0:
+                rewards[i, :n] = torch.tensor(rng.normal(0.0, 0.1, n), dtype=torch.float32)
+            rewards[i, n - 1] += float(rng.normal())
+        if group == 1:
+            rewards[i, :] = 0.0
+            rewards[i, n - 1] = 1.0
+    return rewards
+
+
+def outcome_case(rng, name, keys, group_sizes, width, holes):
+    lengths = [int(rng.integers(2, width + 1)) for _ in range(sum(group_sizes))]
+    index = np.array([f"g{g}" for g, size in enumerate(group_sizes) for _ in range(size)], dtype=object)
+    mask = holed_mask(rng, lengths, width) if holes else padded(lengths, width)
+    rewards = outcome_rewards(rng, index, lengths, width, holes)
+    case = {
+        "estimator": name,
+        "config": keys,
+        "group": [str(g) for g in index],
+        "response_mask": [[bool(x) for x in mask[i, :n].tolist()] for i, n in enumerate(lengths)],
+        "token_rewards": ragged(rewards, lengths),
+    }
+    config = AlgoConfig(**keys)
+    try:
+        adv, ret = core_algos.get_adv_estimator_fn(name)(
+            token_level_rewards=rewards, response_mask=mask, index=index, config=config
+        )
+    except ValueError as error:
+        case["raises"] = str(error)
+        return case
+    case["advantages"] = ragged(adv, lengths)
+    case["returns"] = ragged(ret, lengths)
+    return case
+
+
+def outcome():
+    """tests/fixtures/verl/outcome.json: every estimator of OUTCOME on two
+    batches, one whose masks are padding only and one with holes (and token
+    rewards on every token); each batch has a group of one and a group whose
+    scores are all equal. grpo_passk, which refuses a group of one, runs on
+    the batches without it, and once with it to record veRL's refusal."""
+    global AlgoConfig
+    from verl.trainer.config import AlgoConfig
+
+    rng = np.random.default_rng(20270115)
+    sizes = [4, 4, 1, 3, 5, 2, 4]
+    without_one = [4, 4, 3, 5, 2, 4]
+    cases = []
+    for name, keys in OUTCOME:
+        batch = without_one if name == "grpo_passk" else sizes
+        for holes in (False, True):
+            cases.append(outcome_case(rng, name, keys, batch, 12, holes))
+    cases.append(outcome_case(rng, "grpo_passk", {"norm_adv_by_std_in_grpo": True}, sizes, 12, False))
+    OUT.mkdir(parents=True, exist_ok=True)
+    data = {"verl_version": verl.__version__, "cases": cases}
+    (OUT / "outcome.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {OUT / 'outcome.json'}")
+
+
 def main():
     global core_algos, verl
     import verl
@@ -189,6 +287,9 @@ def main():
 
     if "--holes" in sys.argv[1:]:
         holes()
+        return
+    if "--outcome" in sys.argv[1:]:
+        outcome()
         return
     rng = np.random.default_rng(20261129)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,12 @@
 //! = 1: A = [0.5, 0, 0.75], as the row [0, 1] / [0.5, 0.25] without the hole
 //! (the example below).
 //!
+//! **REINFORCE++** (veRL's `compute_reinforce_plus_plus_outcome_advantage`)
+//! is token-level GAE without a critic, V = 0 and lambda = 1: `A_t = r_t +
+//! gamma A_{t+1}` over the valid positions (veRL carries its running return
+//! across a hole as its GAE carries `lastgaelam`), returns = A, whitened the
+//! same way.
+//!
 //! [`whiten`] is veRL's `masked_whiten` with every position valid: the mean
 //! divides by `n + 1e-8`, the variance is the unbiased masked variance, and
 //! fewer than two positions is an error rather than a NaN.
@@ -280,6 +286,16 @@ impl WhitenStats {
     /// Adds a piece of values.
     pub fn add(&mut self, values: &[f32]) {
         self.merge(&WhitenStats::of(values));
+    }
+
+    /// Adds `count` copies of `value` (an advantage broadcast to a
+    /// trajectory's valid tokens).
+    pub fn add_repeated(&mut self, value: f32, count: usize) {
+        self.merge(&WhitenStats {
+            count: count as u64,
+            mean: f64::from(value),
+            m2: 0.0,
+        });
     }
 
     /// Adds the values whose `mask` is true (veRL's `masked_whiten` takes

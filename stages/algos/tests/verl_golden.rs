@@ -5,14 +5,21 @@
 //! GAE (whitened by its `masked_whiten`) and GRPO on response masks with
 //! holes and rewards on several tokens, holes included; there veRL's GAE
 //! leaves values at holes that its losses mask out, so GAE is compared on
-//! the valid tokens and ours are 0 at the holes.
+//! the valid tokens and ours are 0 at the holes. `outcome.json`
+//! (`scripts/verl_golden.py --outcome`) holds veRL's other outcome
+//! estimators (RLOO, OPO, GPG, REINFORCE++-baseline, GRPO pass@k and the
+//! token-level REINFORCE++) on batches with a group of one, an all-equal
+//! group, and masks with and without holes, and veRL's refusal of pass@k on
+//! a group of one.
 
 use std::collections::HashMap;
 
+use embodyflow_algos::AlgoError;
 use embodyflow_algos::gae::{
     GaeParams, WhitenStats, gae_tokens, gae_tokens_masked_into, whiten, zero_holes,
 };
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
+use embodyflow_algos::outcome;
 use serde::Deserialize;
 
 const TOLERANCE: f64 = 1e-6;
@@ -279,4 +286,131 @@ fn grpo_on_token_rewards_with_holes_matches_verl() {
         assert!(holes > 0);
         assert!(diff <= TOLERANCE, "max abs diff {diff:e}");
     }
+}
+
+#[derive(Deserialize)]
+struct OutcomeCase {
+    estimator: String,
+    config: HashMap<String, serde_json::Value>,
+    group: Vec<String>,
+    response_mask: Vec<Vec<bool>>,
+    token_rewards: Vec<Vec<f32>>,
+    #[serde(default)]
+    raises: Option<String>,
+    #[serde(default)]
+    advantages: Vec<Vec<f32>>,
+    #[serde(default)]
+    returns: Vec<Vec<f32>>,
+}
+
+impl OutcomeCase {
+    fn number(&self, key: &str) -> f32 {
+        self.config[key].as_f64().unwrap() as f32
+    }
+
+    /// Our advantages and returns per token, every row concatenated.
+    fn ours(&self) -> Result<(Vec<f32>, Vec<f32>), AlgoError> {
+        let mask: Vec<bool> = self.response_mask.concat();
+        if self.estimator == "reinforce_plus_plus" {
+            return Ok(reinforce_plus_plus(self, self.number("gamma"), &mask));
+        }
+        let scores: Vec<f32> = self
+            .token_rewards
+            .iter()
+            .map(|r| r.iter().map(|&x| f64::from(x)).sum::<f64>() as f32)
+            .collect();
+        let groups = dense(&self.group);
+        let valid: Vec<usize> = self
+            .response_mask
+            .iter()
+            .map(|m| m.iter().filter(|&&v| v).count())
+            .collect();
+        let per_trajectory = match self.estimator.as_str() {
+            "rloo" => outcome::rloo(&scores, &groups),
+            "opo" => outcome::opo(&scores, &groups, &valid),
+            "gpg" => outcome::gpg(&scores, &groups),
+            "reinforce_plus_plus_baseline" => {
+                outcome::reinforce_plus_plus_baseline(&scores, &groups, &valid)?
+            }
+            "grpo_passk" => {
+                let norm = GroupNorm {
+                    norm_by_std: self.config["norm_adv_by_std_in_grpo"].as_bool().unwrap(),
+                    eps: 1e-6,
+                };
+                outcome::grpo_passk(&scores, &groups, norm)?
+            }
+            other => panic!("no estimator {other}"),
+        };
+        let tokens: Vec<f32> = self
+            .response_mask
+            .iter()
+            .zip(&per_trajectory)
+            .flat_map(|(mask, &a)| mask.iter().map(move |&m| if m { a } else { 0.0 }))
+            .collect();
+        Ok((tokens.clone(), tokens))
+    }
+}
+
+/// REINFORCE++: GAE with V = 0 and lambda = 1 over the valid tokens,
+/// whitened over them; holes get 0.
+fn reinforce_plus_plus(case: &OutcomeCase, gamma: f32, mask: &[bool]) -> (Vec<f32>, Vec<f32>) {
+    let mut offsets = vec![0];
+    for row in &case.token_rewards {
+        offsets.push(offsets.last().unwrap() + row.len());
+    }
+    let rewards = case.token_rewards.concat();
+    let (mut advantages, mut returns) = (Vec::new(), Vec::new());
+    gae_tokens_masked_into(
+        &rewards,
+        &vec![0.0; rewards.len()],
+        mask,
+        &offsets,
+        GaeParams { gamma, lam: 1.0 },
+        &mut advantages,
+        &mut returns,
+    );
+    let mut stats = WhitenStats::default();
+    stats.add_masked(&advantages, mask);
+    stats.whitening().unwrap().apply(&mut advantages);
+    zero_holes(&mut advantages, mask);
+    (advantages, returns)
+}
+
+#[test]
+fn outcome_estimators_match_verl() {
+    let fixture: Fixture<OutcomeCase> = load("outcome.json");
+    let mut seen = std::collections::BTreeSet::new();
+    for case in &fixture.cases {
+        let holes = case.response_mask.iter().flatten().filter(|&&m| !m).count();
+        let label = format!("{} {:?} ({holes} holes)", case.estimator, case.config);
+        if let Some(raises) = &case.raises {
+            assert!(raises.contains("at least 2 samples per group"), "{raises}");
+            assert!(
+                matches!(case.ours(), Err(AlgoError::GroupTooSmall { size: 1, .. })),
+                "{label}: veRL raises"
+            );
+            continue;
+        }
+        let (advantages, returns) = case.ours().unwrap();
+        let diff_adv = max_abs_diff(advantages, case.advantages.concat());
+        let diff_ret = max_abs_diff(returns, case.returns.concat());
+        eprintln!(
+            "{label}: {} tokens, max abs diff {diff_adv:e} (advantages) {diff_ret:e} (returns)",
+            case.response_mask.iter().map(Vec::len).sum::<usize>()
+        );
+        assert!(
+            diff_adv <= TOLERANCE,
+            "{label}: advantages differ by {diff_adv:e}"
+        );
+        assert!(
+            diff_ret <= TOLERANCE,
+            "{label}: returns differ by {diff_ret:e}"
+        );
+        seen.insert((case.estimator.as_str(), holes > 0));
+    }
+    assert_eq!(
+        seen.len(),
+        12,
+        "six estimators, with and without holes: {seen:?}"
+    );
 }
