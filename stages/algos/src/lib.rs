@@ -35,7 +35,7 @@ pub enum AlgoError {
     #[error("whitening needs at least two valid positions, found {0}")]
     TooFewToWhiten(usize),
     /// A group has fewer trajectories than the estimator needs (veRL raises).
-    #[error("group {group} has {size} trajectories, at least {needed} needed")]
+    #[error("at least {needed} trajectories per group needed, group {group} has {size}")]
     GroupTooSmall {
         /// The group's dense index.
         group: u32,

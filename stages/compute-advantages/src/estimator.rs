@@ -1,28 +1,33 @@
 //! What an advantage estimator is to the stage: one [`Estimator`]
-//! declaration per estimator (its name, the config sections it reads, its
-//! checks, the tables it reads, whether it compares a trajectory with its
-//! group, how to build it), and the [`Estimate`] interface the built one
-//! implements: stream the steps table, write one advantages row per owned
-//! step, and report what it counted beyond the rows ([`Report`], added to
-//! `diagnostics.json` and the summary).
+//! declaration per estimator (its name and what it computes, the config
+//! sections it reads, its checks, the tables it reads, whether it compares
+//! a trajectory with its group, how to build it), and the [`Estimate`]
+//! interface the built one implements: stream the steps table, write one
+//! advantages row per owned step, and report what it counted beyond the
+//! rows ([`Report`], added to `diagnostics.json` and the summary).
 //!
-//! An estimator module (`grpo.rs`, `gae.rs`, `step.rs`, `gigpo.rs`) exports
-//! its declaration; the registry ([`crate::registry::ESTIMATORS`]) lists
-//! them, and the stage iterates that list: the config's sections and their
-//! key docs, the value checks, `estimator = NAME` and the build all come from
-//! the declarations, so adding an estimator is its kernel (in
-//! `embodyflow_algos`) and one module here, plus its line in the list.
+//! The registry ([`crate::registry::ESTIMATORS`]) lists the declarations,
+//! and the stage iterates that list: the config's sections and their key
+//! docs, the value checks, `estimator = NAME`, `--help`'s list and the build
+//! all come from them. An outcome estimator (one advantage per trajectory
+//! from its group's scores) is its kernel in `embodyflow_algos` and a
+//! declaration of a few lines on the shape of [`crate::outcome`], which
+//! streams, masks, shards and broadcasts for it, e.g.:
 //!
 //! ```text
 //! pub static RLOO: Estimator = Estimator {
 //!     name: "rloo",
-//!     sections: &[Section::of::<RlooConfig>("rloo")],
+//!     about: "RLOO: R_i less the mean of the other scores of its group",
+//!     sections: &[],
 //!     group_relative: true,
 //!     reads: &[],
 //!     check: |_| Ok(()),
-//!     build: |build| Ok(Box::new(Rloo { config: build.config.section("rloo") })),
+//!     build: |b| build(b, Kernel::scores(|s, g| Ok(rloo(s, g)))),
 //! };
 //! ```
+//!
+//! Any other estimator streams the steps itself in a module of its own
+//! (`gae.rs`, `step.rs`, `gigpo.rs`) that implements [`Estimate`].
 
 use std::path::Path;
 
@@ -42,6 +47,8 @@ use crate::output::AdvantagesOut;
 pub struct Estimator {
     /// `estimator = NAME`, and what every row's `estimator` column holds.
     pub name: &'static str,
+    /// What it computes, in one line (`--help`'s list of estimators).
+    pub about: &'static str,
     /// The config sections it reads (each gathered once into the config).
     pub sections: &'static [Section],
     /// Whether its advantages compare a trajectory with its group's (a

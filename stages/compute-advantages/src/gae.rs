@@ -73,6 +73,7 @@ use embodyflow_core::section::SectionConfig;
 /// `estimator = "gae"`.
 pub static GAE: Estimator = Estimator {
     name: "gae",
+    about: "GAE over the critic's values (gae.level), whitened over the batch",
     sections: &[Section::of::<GaeConfig>("gae")],
     group_relative: false,
     reads: &[],

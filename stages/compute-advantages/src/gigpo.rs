@@ -52,6 +52,7 @@ use embodyflow_core::section::SectionConfig;
 /// `estimator = "gigpo"`.
 pub static GIGPO: Estimator = Estimator {
     name: "gigpo",
+    about: "GiGPO: grpo plus omega times the normalised return among steps from one state",
     sections: &[Section::of::<GigpoConfig>("gigpo")],
     group_relative: true,
     reads: &[],

@@ -33,6 +33,7 @@ use crate::step::{self, StepOpsdConfig, StepPath};
 /// `estimator = "grpo"`.
 pub static GRPO: Estimator = Estimator {
     name: "grpo",
+    about: "GRPO: (R_i - mean_g R) / (std_g R + eps) over the group of R_i",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
     reads: &[TableName::TeacherLogp],
@@ -43,6 +44,7 @@ pub static GRPO: Estimator = Estimator {
 /// `estimator = "dr_grpo"`.
 pub static DR_GRPO: Estimator = Estimator {
     name: "dr_grpo",
+    about: "Dr. GRPO: R_i - mean_g R",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
     reads: &[TableName::TeacherLogp],

@@ -114,7 +114,7 @@ use output::AdvantagesOut;
     name = spec::COMPUTE_ADVANTAGES.name,
     version,
     about = spec::COMPUTE_ADVANTAGES.purpose,
-    after_help = spec::COMPUTE_ADVANTAGES.help_with_config::<Config>()
+    after_help = after_help()
 )]
 pub struct Args {
     #[command(flatten)]
@@ -126,6 +126,16 @@ pub struct Args {
     /// Draw per-token heatmaps of N responses into OUT/heatmaps/ (PNG + index.md).
     #[arg(long, value_name = "N")]
     heatmaps: Option<usize>,
+}
+
+/// `--help` after the options: the stage's reads, writes and config keys,
+/// then the estimators with what each computes.
+fn after_help() -> String {
+    format!(
+        "{}\n{}",
+        spec::COMPUTE_ADVANTAGES.help_with_config::<Config>(),
+        registry::listing()
+    )
 }
 
 /// Runs the stage.

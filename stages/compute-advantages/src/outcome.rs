@@ -1,16 +1,19 @@
 //! Outcome estimators: the advantage of a trajectory is one number computed
-//! from the scores of its group (veRL's outcome estimators, GRPO's
-//! `A^E_i = (R_i - mean_g R) / (std_g R + eps)` the first), broadcast to
+//! from the scores of its group (veRL's outcome estimators), broadcast to
 //! every response token of every one of its steps. Such an estimator is its
 //! kernel ([`Kernel`]: a pure function of `embodyflow_algos` over the
-//! scores and the dense group indices of the trajectories) and its declaration; everything else is written here,
-//! once:
+//! scores, the dense group indices and, when it asks, the valid tokens of
+//! the trajectories) and a declaration of a few lines whose `build` is
+//! [`build`]; everything else is written here, once:
 //!
 //! - **which trajectories the kernel sees**: those that count
 //!   ([`crate::episodes::Groups::keeps`]: a kept group, no infrastructure
 //!   fault), over the whole input whatever `--shard`, so a faulted
 //!   trajectory is as if it were absent and the shards' rows together are
 //!   the unsharded rows;
+//! - **valid tokens** ([`Kernel::Tokens`]): each trajectory's response tokens
+//!   that are not holes of `steps.response_mask`, counted in one pass over
+//!   the steps before the kernel runs;
 //! - **the write**: the steps table streamed once in record batches of
 //!   `batch_rows`; every response token of an owned step gets its
 //!   trajectory's advantage, in one advantages batch per input batch that
@@ -19,31 +22,122 @@
 //!   exactly `num_steps` steps rows and, with `rewards.token_rewards`, one
 //!   token reward per response token;
 //! - **refusals**: a kernel's error ([`AlgoError`]) is bad input naming the
-//!   estimator, before any row is written.
+//!   estimator (and the group, for a group too small), before any row.
 //!
-//! E.g. a kernel giving `2 R_i`, over a trajectory scored 0.5 whose two
-//! steps have 3 and 2 response tokens, the second step's mask `[true,
-//! false]`: rows `[1, 1, 1]` and `[1, 0]`, each with `episode_adv` 1.
+//! Declared here, each veRL 0.9.1's function of the same name
+//! (`embodyflow_algos::outcome` has the formulas; golden tests below run
+//! them through the stage on veRL's own fixtures, faulted members added):
 //!
 //! ```text
-//! pub static TOY: Estimator = Estimator {
-//!     ...
-//!     build: |build| Ok(Box::new(Outcome::new(build.estimator.name, Kernel::scores(|scores, _| {
-//!         Ok(scores.iter().map(|r| 2.0 * r).collect())
-//!     })))),
-//! };
+//! rloo                          A_i = n / (n - 1) (R_i - mean_g R)
+//! opo                           A_i = R_i - sum_g(L R) / sum_g L           (L: valid tokens)
+//! gpg                           A_i = N / #{R != 0} (R_i - mean_g R)       (N: the batch)
+//! grpo_passk                    A_best = (R_max - R_2nd) / (std_g R + eps), 0 for the others
+//! reinforce_plus_plus_baseline  A_i = R_i - mean_g R, whitened over the batch's valid tokens
 //! ```
+//!
+//! GRPO and Dr. GRPO ([`crate::grpo`]) are outcome estimators too, declared
+//! beside StepOPSD, which reweights them. E.g. RLOO over a group scored
+//! `[1, 0, 0, 1]`: `A = [2/3, -2/3, -2/3, 2/3]`, on every valid token of
+//! each trajectory's steps, 0 on its holes.
 
-use arrow::array::{BooleanArray, ListArray, RecordBatch, StringArray};
+use arrow::array::{BooleanArray, Int32Array, ListArray, RecordBatch, StringArray};
 use arrow::buffer::OffsetBuffer;
 use arrow::compute::filter_record_batch;
 use embodyflow_algos::AlgoError;
+use embodyflow_algos::grpo::GroupNorm;
+use embodyflow_algos::outcome::{gpg, grpo_passk, opo, reinforce_plus_plus_baseline, rloo};
+use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::dataset::column;
+use embodyflow_core::section::SectionConfig;
 use embodyflow_core::{Error, Result, progress};
+use serde::{Deserialize, Serialize};
 
-use crate::episodes::{Episodes, Groups, StepCounts};
-use crate::estimator::{Estimate, Reported, StepsInput};
+use crate::config::{Config, Section};
+use crate::episodes::{self, Episodes, Groups, GrpoConfig, StepCounts};
+use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
 use crate::output::{AdvantagesOut, advantages_batch};
+
+/// `estimator = "rloo"`.
+pub static RLOO: Estimator = Estimator {
+    name: "rloo",
+    about: "RLOO: R_i less the mean of the other scores of its group",
+    sections: &[],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |b| build(b, Kernel::scores(|s, g| Ok(rloo(s, g)))),
+};
+
+/// `estimator = "opo"`.
+pub static OPO: Estimator = Estimator {
+    name: "opo",
+    about: "OPO: R_i less its group's mean score weighted by valid tokens",
+    sections: &[],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |b| build(b, Kernel::tokens(|s, g, l| Ok(opo(s, g, l)))),
+};
+
+/// `estimator = "gpg"`.
+pub static GPG: Estimator = Estimator {
+    name: "gpg",
+    about: "GPG: R_i less its group's mean, times the batch over its non-zero scores",
+    sections: &[],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |b| build(b, Kernel::scores(|s, g| Ok(gpg(s, g)))),
+};
+
+/// `estimator = "grpo_passk"`.
+pub static GRPO_PASSK: Estimator = Estimator {
+    name: "grpo_passk",
+    about: "GRPO pass@k: the best of each group gets its margin over the second, normalised",
+    sections: &[episodes::GRPO, PASSK],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |b| {
+        let norm = GroupNorm {
+            norm_by_std: b.config.section::<PasskConfig>("grpo_passk").norm_by_std,
+            eps: b.config.section::<GrpoConfig>("grpo").eps,
+        };
+        build(b, Kernel::scores(move |s, g| grpo_passk(s, g, norm)))
+    },
+};
+
+/// `estimator = "reinforce_plus_plus_baseline"`.
+pub static REINFORCE_PLUS_PLUS_BASELINE: Estimator = Estimator {
+    name: "reinforce_plus_plus_baseline",
+    about: "REINFORCE++-baseline: R_i less its group's mean, whitened over the batch",
+    sections: &[],
+    group_relative: true,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |b| build(b, Kernel::tokens(reinforce_plus_plus_baseline)),
+};
+
+/// `grpo_passk.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct PasskConfig {
+    /// grpo_passk: divide the best's margin by the group's standard
+    /// deviation plus grpo.eps (veRL's norm_adv_by_std_in_grpo).
+    pub norm_by_std: bool,
+}
+
+impl Default for PasskConfig {
+    fn default() -> Self {
+        PasskConfig { norm_by_std: true }
+    }
+}
+
+impl SectionConfig<Config> for PasskConfig {}
+
+/// The `grpo_passk` section.
+pub const PASSK: Section = Section::of::<PasskConfig>("grpo_passk");
 
 /// What a kernel returns: one advantage per trajectory it was given, in
 /// their order.
@@ -52,12 +146,19 @@ pub type Computed = std::result::Result<Vec<f32>, AlgoError>;
 /// A kernel of the scores and the groups.
 pub type ScoresKernel = dyn Fn(&[f32], &[u32]) -> Computed;
 
+/// A kernel of the scores, the groups and the valid tokens.
+pub type TokensKernel = dyn Fn(&[f32], &[u32], &[usize]) -> Computed;
+
 /// An outcome estimator's maths, by what it reads of the trajectories that
-/// count: `scores[i]` (R_i, the sum of its token rewards when it has them)
-/// and `groups[i]` (its group's dense index).
+/// count: `scores[i]` (R_i, the sum of its token rewards when it has them),
+/// `groups[i]` (its group's dense index) and, for [`Kernel::Tokens`],
+/// `valid_tokens[i]`.
 pub enum Kernel {
     /// From the scores and groups alone.
     Scores(Box<ScoresKernel>),
+    /// Also from each trajectory's valid response tokens (its response
+    /// tokens less the holes of its masks).
+    Tokens(Box<TokensKernel>),
 }
 
 impl Kernel {
@@ -65,6 +166,17 @@ impl Kernel {
     pub fn scores(kernel: impl Fn(&[f32], &[u32]) -> Computed + 'static) -> Kernel {
         Kernel::Scores(Box::new(kernel))
     }
+
+    /// A kernel of the scores, groups and valid tokens.
+    pub fn tokens(kernel: impl Fn(&[f32], &[u32], &[usize]) -> Computed + 'static) -> Kernel {
+        Kernel::Tokens(Box::new(kernel))
+    }
+}
+
+/// The `build` of an outcome estimator: `kernel` under the chosen
+/// estimator's name.
+pub fn build(build: &Build<'_>, kernel: Kernel) -> Result<Box<dyn Estimate>> {
+    Ok(Box::new(Outcome::new(build.estimator.name, kernel)))
 }
 
 /// An outcome estimator: its name (every row's `estimator`) and kernel.
@@ -90,13 +202,35 @@ impl Outcome {
         let groups: Vec<u32> = counted.iter().map(|&e| list[e].group).collect();
         let computed = match &self.kernel {
             Kernel::Scores(kernel) => kernel(&scores, &groups),
+            Kernel::Tokens(kernel) => {
+                let valid = valid_tokens(input)?;
+                let valid: Vec<usize> = counted.iter().map(|&e| valid[e]).collect();
+                kernel(&scores, &groups, &valid)
+            }
         }
-        .map_err(|err| Error::BadInput(format!("{}: {err}", self.name)))?;
+        .map_err(|err| self.refusal(err, input.episodes))?;
         let mut advantages = vec![0.0; list.len()];
         for (&e, a) in counted.iter().zip(computed) {
             advantages[e] = a;
         }
         Ok(advantages)
+    }
+
+    /// A kernel's error as bad input naming the estimator.
+    fn refusal(&self, err: AlgoError, episodes: &Episodes) -> Error {
+        let name = self.name;
+        Error::BadInput(match err {
+            AlgoError::GroupTooSmall {
+                group,
+                size,
+                needed,
+            } => format!(
+                "{name} needs at least {needed} trajectories per group, group `{}` has {size}",
+                episodes.group_ids[group as usize]
+            ),
+            AlgoError::TooFewToWhiten(_) => format!("{name}: {err} (the batch is too small)"),
+            AlgoError::LengthMismatch { .. } => format!("{name}: {err}"),
+        })
     }
 }
 
@@ -128,6 +262,38 @@ impl Estimate for Outcome {
         counts.check()?;
         Ok(None)
     }
+}
+
+/// Each counted trajectory's response tokens that are not holes, by
+/// episode, from one pass over the steps (a mask of another length than
+/// its step's response is bad input).
+fn valid_tokens(input: &StepsInput<'_>) -> Result<Vec<usize>> {
+    let (episodes, groups) = (input.episodes, input.groups);
+    let mut valid = vec![0usize; episodes.list.len()];
+    let bar = progress::bar(input.steps.num_rows(), "valid tokens");
+    for batch in input.steps.batches(
+        Some(&["trajectory_id", "step_index", "response_ids"]),
+        input.batch_rows,
+    )? {
+        let batch = batch?;
+        bar.inc(batch.num_rows() as u64);
+        let ids = column::<StringArray>(&batch, "trajectory_id");
+        let index = column::<Int32Array>(&batch, "step_index");
+        let responses = column::<ListArray>(&batch, "response_ids");
+        for i in 0..batch.num_rows() {
+            let e = episodes.of_step(ids.value(i))?;
+            if !groups.keeps(&episodes.list[e]) {
+                continue;
+            }
+            let tokens = responses.value_length(i) as usize;
+            valid[e] += match input.holes.of_step(ids.value(i), index.value(i), tokens)? {
+                Some(mask) => mask.iter().filter(|&&m| m).count(),
+                None => tokens,
+            };
+        }
+    }
+    bar.finish_and_clear();
+    Ok(valid)
 }
 
 /// The advantages rows of one steps batch whose rows belong to episodes
@@ -182,7 +348,8 @@ fn broadcast(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testdata::{Fixture, step, with_and_without_fault};
+    use crate::testdata::{Fixture, exact, step, with_and_without_fault};
+    use embodyflow_core::schemas::AdvantageRow;
 
     /// Groups g (a, b, c; b with two steps) and h (d, e).
     fn fixture() -> Fixture {
@@ -216,7 +383,7 @@ mod tests {
         )
     }
 
-    fn advantages(rows: &[embodyflow_core::schemas::AdvantageRow]) -> Vec<(&str, i32, Vec<f32>)> {
+    fn advantages(rows: &[AdvantageRow]) -> Vec<(&str, i32, Vec<f32>)> {
         rows.iter()
             .map(|r| (r.trajectory_id.as_str(), r.step_index, r.advantages.clone()))
             .collect()
@@ -291,7 +458,180 @@ mod tests {
         assert!(matches!(error, Error::BadInput(_)), "{error}");
         assert_eq!(
             error.to_string(),
-            "refusing: whitening needs at least two valid positions, found 1"
+            "refusing: whitening needs at least two valid positions, found 1 (the batch is too small)"
         );
+    }
+
+    /// A case of `tests/fixtures/verl/outcome.json`: veRL 0.9.1's own
+    /// estimator on a padded batch (`scripts/verl_golden.py --outcome`).
+    #[derive(serde::Deserialize)]
+    struct Golden {
+        estimator: String,
+        config: serde_json::Map<String, serde_json::Value>,
+        group: Vec<String>,
+        response_mask: Vec<Vec<bool>>,
+        token_rewards: Vec<Vec<f32>>,
+        #[serde(default)]
+        raises: Option<String>,
+        #[serde(default)]
+        advantages: Vec<Vec<f32>>,
+    }
+
+    /// Response tokens per step of the fixtures made from golden rows.
+    const STEP_TOKENS: usize = 5;
+
+    /// The golden cases of `estimator`.
+    fn golden(estimator: &str) -> Vec<Golden> {
+        #[derive(serde::Deserialize)]
+        struct File {
+            verl_version: String,
+            cases: Vec<Golden>,
+        }
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/verl/outcome.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let file: File = serde_json::from_str(&text).unwrap();
+        assert_eq!(file.verl_version, "0.9.1");
+        let cases: Vec<Golden> = file
+            .cases
+            .into_iter()
+            .filter(|c| c.estimator == estimator)
+            .collect();
+        assert!(!cases.is_empty(), "no golden case of {estimator}");
+        cases
+    }
+
+    /// Trajectory `t<row>` per golden row in its group, its response cut
+    /// into steps of [`STEP_TOKENS`] tokens with their masks; its token
+    /// rewards when one sits before its last token, else its score alone
+    /// (which the stage puts on the last token, as veRL's batch has it).
+    /// With `faulted`, one more trajectory of two steps in the first row's
+    /// group, ended by infrastructure.
+    fn golden_fixture(case: &Golden, faulted: bool) -> Fixture {
+        let ids: Vec<String> = (0..case.group.len()).map(|i| format!("t{i}")).collect();
+        let (mut trajectories, mut steps) = (Vec::new(), Vec::new());
+        for (i, id) in ids.iter().enumerate() {
+            let chunks: Vec<&[bool]> = case.response_mask[i].chunks(STEP_TOKENS).collect();
+            for (s, mask) in chunks.iter().enumerate() {
+                let mut row = step(id, s as i32, mask.len());
+                row.response_mask = Some(mask.to_vec());
+                steps.push(row);
+            }
+            let score = case.token_rewards[i]
+                .iter()
+                .map(|&r| f64::from(r))
+                .sum::<f64>() as f32;
+            trajectories.push((
+                id.as_str(),
+                case.group[i].as_str(),
+                score,
+                chunks.len() as i32,
+            ));
+        }
+        if faulted {
+            trajectories.push(("faulted", case.group[0].as_str(), 9.0, 2));
+            steps.extend([step("faulted", 0, 3), step("faulted", 1, 2)]);
+        }
+        let mut f = Fixture::new(&trajectories, &steps);
+        for (id, rewards) in ids.iter().zip(&case.token_rewards) {
+            if rewards[..rewards.len() - 1].iter().any(|&r| r != 0.0) {
+                f = f.with_token_rewards(id, rewards).unwrap();
+            }
+        }
+        if faulted {
+            f = f.with_fault("faulted");
+        }
+        f
+    }
+
+    /// Runs `estimator`, built from its declaration with the config `sets`
+    /// gives each case, on every golden case of its name: its rows equal
+    /// veRL's advantages within 1e-6 (holes exactly 0), and equal bit for
+    /// bit the rows of the same batch with a faulted member and those of
+    /// two shards together; a case where veRL raises is bad input.
+    fn matches_verl(estimator: &'static Estimator, sets: impl Fn(&Golden) -> Vec<String>) {
+        use embodyflow_core::cli::ShardSpec;
+        for case in golden(estimator.name) {
+            let sets = sets(&case);
+            let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+            let run = |faulted: bool, shard: ShardSpec| {
+                let f = golden_fixture(&case, faulted);
+                let groups = Groups::select(&f.episodes, false, estimator.group_relative, shard);
+                let built = f.build(estimator, &sets)?;
+                f.run(built.as_ref(), &groups, 4).map(|(rows, ..)| rows)
+            };
+            if let Some(raises) = &case.raises {
+                let error = run(false, ShardSpec::ALL).unwrap_err().to_string();
+                eprintln!(
+                    "{}: veRL raises `{raises}`, we refuse: {error}",
+                    estimator.name
+                );
+                assert!(error.contains("group `g2` has 1"), "{error}");
+                continue;
+            }
+            let rows = run(false, ShardSpec::ALL).unwrap();
+            let steps: usize = case
+                .response_mask
+                .iter()
+                .map(|m| m.len().div_ceil(STEP_TOKENS))
+                .sum();
+            assert_eq!(rows.len(), steps);
+            let mut diff = 0f32;
+            for row in &rows {
+                let i: usize = row.trajectory_id[1..].parse().unwrap();
+                let start = STEP_TOKENS * row.step_index as usize;
+                let end = start + row.advantages.len();
+                let theirs = &case.advantages[i][start..end];
+                let mask = &case.response_mask[i][start..end];
+                for ((&a, &b), &valid) in row.advantages.iter().zip(theirs).zip(mask) {
+                    diff = diff.max((a - b).abs());
+                    assert!(valid || a == 0.0, "{row:?}");
+                }
+            }
+            let holes = case.response_mask.iter().flatten().filter(|&&m| !m).count();
+            eprintln!(
+                "{} {:?} ({holes} holes): max abs diff {diff:e} against veRL",
+                estimator.name, case.config
+            );
+            assert!(diff <= 1e-6, "{}: {diff:e}", estimator.name);
+            assert_eq!(exact(&run(true, ShardSpec::ALL).unwrap()), exact(&rows));
+            let mut sharded: Vec<AdvantageRow> = (0..2)
+                .flat_map(|index| run(false, ShardSpec { index, count: 2 }).unwrap())
+                .collect();
+            sharded.sort_by(|a, b| {
+                (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index))
+            });
+            assert_eq!(exact(&sharded), exact(&rows));
+        }
+    }
+
+    #[test]
+    fn golden_rloo_equals_verl() {
+        matches_verl(&RLOO, |_| Vec::new());
+    }
+
+    #[test]
+    fn golden_opo_equals_verl() {
+        matches_verl(&OPO, |_| Vec::new());
+    }
+
+    #[test]
+    fn golden_gpg_equals_verl() {
+        matches_verl(&GPG, |_| Vec::new());
+    }
+
+    #[test]
+    fn golden_reinforce_plus_plus_baseline_equals_verl() {
+        matches_verl(&REINFORCE_PLUS_PLUS_BASELINE, |_| Vec::new());
+    }
+
+    #[test]
+    fn golden_grpo_passk_equals_verl_and_refuses_a_group_of_one() {
+        matches_verl(&GRPO_PASSK, |case| {
+            let by_std = &case.config["norm_adv_by_std_in_grpo"];
+            vec![format!("grpo_passk.norm_by_std={by_std}")]
+        });
     }
 }

@@ -5,13 +5,15 @@
 //! checks run in order — `batch_rows`, each section's values, a section
 //! switched on for an estimator that does not declare it
 //! (`stepopsd.enabled` with gae), the chosen estimator's own relations.
-//! `--help`, `--print-config`, the runner's pre-check and the run all see
-//! the same list.
+//! `--help` (the `estimator` key's meaning and the list of estimators with
+//! what each computes, [`listing`]), `--print-config`, the runner's
+//! pre-check and the run all see the same list.
 //!
 //! ```
 //! use embodyflow_compute_advantages::ESTIMATORS;
 //! let names: Vec<&str> = ESTIMATORS.iter().map(|e| e.name).collect();
 //! assert_eq!(&names[..5], ["grpo", "dr_grpo", "gae", "grpo_step", "gigpo"]);
+//! assert!(names.contains(&"rloo"));
 //! ```
 
 use std::sync::LazyLock;
@@ -25,7 +27,7 @@ use serde_json::Value;
 
 use crate::config::{Common, Config, Section};
 use crate::estimator::Estimator;
-use crate::{gae, gigpo, grpo, step};
+use crate::{gae, gigpo, grpo, outcome, step};
 
 /// Every estimator the stage runs, in the order `--help` names them.
 pub static ESTIMATORS: &[&Estimator] = &[
@@ -34,6 +36,11 @@ pub static ESTIMATORS: &[&Estimator] = &[
     &gae::GAE,
     &step::GRPO_STEP,
     &gigpo::GIGPO,
+    &outcome::RLOO,
+    &outcome::OPO,
+    &outcome::GPG,
+    &outcome::GRPO_PASSK,
+    &outcome::REINFORCE_PLUS_PLUS_BASELINE,
     #[cfg(test)]
     &crate::toy::TOY,
 ];
@@ -66,6 +73,19 @@ fn either(names: &[&str]) -> String {
         [one] => one.to_string(),
         [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
+}
+
+/// `--help`'s list of the estimators, each with what it computes.
+pub fn listing() -> String {
+    let width = ESTIMATORS.iter().map(|e| e.name.len()).max().unwrap_or(0);
+    let mut text = String::from("Estimators (estimator = NAME):\n");
+    for estimator in ESTIMATORS {
+        text.push_str(&format!(
+            "  {:<width$}   {}\n",
+            estimator.name, estimator.about
+        ));
+    }
+    text
 }
 
 /// The meaning of `estimator`, naming every registered estimator.

@@ -67,6 +67,7 @@ use embodyflow_core::section::SectionConfig;
 /// `estimator = "grpo_step"`.
 pub static GRPO_STEP: Estimator = Estimator {
     name: "grpo_step",
+    about: "grpo plus omega times a step advantage on each plan step's tokens",
     sections: &[episodes::GRPO, STEP, STEPOPSD],
     group_relative: true,
     reads: &[TableName::TeacherLogp, TableName::StepGates],

@@ -7,16 +7,18 @@
 //! let (rows, stats, _) = f.run(&estimator, &f.all_groups(), 4).unwrap();
 //! ```
 
-use embodyflow_core::Result;
+use embodyflow_core::config::load_config;
 use embodyflow_core::dataset::{TableReader, TableWriter, WriteOptions};
 use embodyflow_core::manifest::Producer;
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TableName};
+use embodyflow_core::{Error, Result};
 
 use crate::diagnostics::{AdvantageStats, Diagnostics};
 use std::sync::Arc;
 
+use crate::Config;
 use crate::episodes::{Episodes, Groups};
-use crate::estimator::{Estimate, Reported, StepsInput};
+use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
 use crate::holes::Holes;
 use crate::output::AdvantagesOut;
 
@@ -95,6 +97,27 @@ impl Fixture {
     pub fn with_fault(mut self, id: &str) -> Fixture {
         self.episodes.set_faulted(id);
         self
+    }
+
+    /// `estimator` built from its declaration under the config of `sets`
+    /// (`key=value`). Its build reads no table: the rewards it is given are
+    /// the steps table, and opening another input is refused.
+    pub fn build(&self, estimator: &'static Estimator, sets: &[&str]) -> Result<Box<dyn Estimate>> {
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push(format!("estimator={}", estimator.name));
+        let config = load_config::<Config>(None, &sets)?.config;
+        (estimator.build)(&Build {
+            config: &config,
+            estimator,
+            policy: None,
+            rewards: &self.steps,
+            input: &|table| {
+                Err(Error::Usage(format!(
+                    "no {} table in a fixture",
+                    table.as_str()
+                )))
+            },
+        })
     }
 
     /// Every group kept and owned.

@@ -12,21 +12,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Section};
 use crate::estimator::Estimator;
-use crate::outcome::{Kernel, Outcome};
+use crate::outcome::{self, Kernel};
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "toy_scale"`.
 pub static TOY: Estimator = Estimator {
     name: "toy_scale",
+    about: "toy.scale * R_i",
     sections: &[Section::of::<ToyConfig>("toy")],
     group_relative: false,
     reads: &[],
     check: |_| Ok(()),
     build: |build| {
         let scale = build.config.section::<ToyConfig>("toy").scale;
-        let kernel =
-            Kernel::scores(move |scores, _| Ok(scores.iter().map(|r| scale * r).collect()));
-        Ok(Box::new(Outcome::new(build.estimator.name, kernel)))
+        outcome::build(
+            build,
+            Kernel::scores(move |scores, _| Ok(scores.iter().map(|r| scale * r).collect())),
+        )
     },
 };
 
@@ -142,7 +144,7 @@ mod tests {
                 && line.ends_with("factor applied to each trajectory's score"),
             "{line}"
         );
-        assert!(help.contains("gigpo or toy_scale"), "{help}");
+        assert!(help.contains(" or toy_scale\n"), "{help}");
     }
 
     #[test]
