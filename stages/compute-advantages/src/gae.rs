@@ -1,5 +1,6 @@
 //! `estimator = "gae"`: generalised advantage estimation with the critic's
-//! values from the steps table, streamed in two passes.
+//! values from the steps table, streamed in two passes; and REINFORCE++,
+//! the same without a critic.
 //!
 //! `gae.level = "token"` takes one value per response token
 //! (`steps.old_values`), the trajectory's steps concatenated, the outcome on
@@ -31,6 +32,16 @@
 //! the mean over its valid tokens. At decision level a step stays one
 //! position whatever its holes (its reward sums all its tokens' rewards);
 //! its hole tokens are written 0.
+//!
+//! **REINFORCE++** (`estimator = "reinforce_plus_plus"`, veRL's
+//! `compute_reinforce_plus_plus_outcome_advantage`, Hu 2025,
+//! arXiv:2501.03262) is the token level without a critic: V = 0 and
+//! lambda = 1, so `A_t = r_t + gamma A_{t+1}` over the valid tokens, the
+//! discounted return of the token rewards (`reinforce_plus_plus.gamma`,
+//! veRL's default 1; the score alone sits on the last token), written as
+//! `returns` and whitened as GAE's advantages; it reads no values. E.g.
+//! gamma = 0.9, a trajectory of three tokens scored 1: returns [0.81, 0.9,
+//! 1] before whitening.
 //!
 //! **Streaming.** Whitening needs the statistics of the whole input before
 //! the first row can be written. Pass 1 streams the steps table, computes
@@ -74,7 +85,7 @@ use embodyflow_core::section::SectionConfig;
 pub static GAE: Estimator = Estimator {
     name: "gae",
     about: "GAE over the critic's values (gae.level), whitened over the batch",
-    sections: &[Section::of::<GaeConfig>("gae")],
+    sections: &[SECTION],
     group_relative: false,
     reads: &[],
     check: |_| Ok(()),
@@ -84,6 +95,51 @@ pub static GAE: Estimator = Estimator {
         }))
     },
 };
+
+/// `estimator = "reinforce_plus_plus"`.
+pub static REINFORCE_PLUS_PLUS: Estimator = Estimator {
+    name: "reinforce_plus_plus",
+    about: "REINFORCE++: each token's discounted return, whitened over the batch",
+    sections: &[
+        SECTION,
+        Section::of::<ReinforceConfig>("reinforce_plus_plus"),
+    ],
+    group_relative: false,
+    reads: &[],
+    check: |_| Ok(()),
+    build: |build| {
+        let config: ReinforceConfig = build.config.section("reinforce_plus_plus");
+        Ok(Box::new(ReinforcePlusPlus {
+            gamma: config.gamma,
+            hold_mib: build.config.section::<GaeConfig>("gae").hold_mib,
+        }))
+    },
+};
+
+/// The `gae` section.
+const SECTION: Section = Section::of::<GaeConfig>("gae");
+
+/// `reinforce_plus_plus.*` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReinforceConfig {
+    /// reinforce_plus_plus: discount of the token returns (veRL's
+    /// algorithm.gamma).
+    pub gamma: f32,
+}
+
+impl Default for ReinforceConfig {
+    fn default() -> Self {
+        ReinforceConfig { gamma: 1.0 }
+    }
+}
+
+impl SectionConfig<Config> for ReinforceConfig {
+    /// `reinforce_plus_plus.gamma` in [0, 1].
+    fn check(&self, _: &Config) -> Result<()> {
+        in_range("reinforce_plus_plus.gamma", f64::from(self.gamma), 0.0, 1.0)
+    }
+}
 
 /// Where GAE's values live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,8 +161,8 @@ pub struct GaeConfig {
     pub lam: f32,
     /// Critic values per token or per decision step: token or decision.
     pub level: GaeLevel,
-    /// MiB of raw advantages and returns kept from the first pass; a larger
-    /// input is read twice.
+    /// MiB of raw advantages and returns kept from the first pass (gae,
+    /// reinforce_plus_plus); a larger input is read twice.
     pub hold_mib: usize,
 }
 
@@ -136,22 +192,72 @@ pub struct Gae {
 }
 
 impl Estimate for Gae {
+    fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
+        let gae = &self.config;
+        GaeRun {
+            params: GaeParams {
+                gamma: gae.gamma,
+                lam: gae.lam,
+            },
+            level: gae.level,
+            critic: true,
+            hold_mib: gae.hold_mib,
+            name: GAE.name,
+        }
+        .write(input, out)
+    }
+}
+
+/// REINFORCE++ with its discount: GAE without a critic.
+pub struct ReinforcePlusPlus {
+    /// `reinforce_plus_plus.gamma`.
+    pub gamma: f32,
+    /// `gae.hold_mib`.
+    pub hold_mib: usize,
+}
+
+impl Estimate for ReinforcePlusPlus {
+    fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
+        GaeRun {
+            params: GaeParams {
+                gamma: self.gamma,
+                lam: 1.0,
+            },
+            level: GaeLevel::Token,
+            critic: false,
+            hold_mib: self.hold_mib,
+            name: REINFORCE_PLUS_PLUS.name,
+        }
+        .write(input, out)
+    }
+}
+
+/// One run of GAE: its discount and lambda, its positions, its values.
+struct GaeRun {
+    params: GaeParams,
+    /// Positions per token or per decision step.
+    level: GaeLevel,
+    /// Values from the critic (`old_values` or `old_value`), else V = 0.
+    critic: bool,
+    /// Raw advantages and returns held from pass 1, in MiB.
+    hold_mib: usize,
+    /// Every row's `estimator`.
+    name: &'static str,
+}
+
+impl GaeRun {
     /// Pass 1 computes every kept trajectory's raw advantages, gathers the
     /// whitening statistics ([`WhitenStats`], merged per trajectory) and
     /// keeps the raw advantages and returns while they fit in `gae.hold_mib`;
     /// the kept ones, or else those of pass 2 (which recomputes them), are
     /// whitened with the pass-1 statistics and the owned steps' rows written.
     fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
-        let gae = &self.config;
-        let stream = GaeStream { input, gae };
-        let params = GaeParams {
-            gamma: gae.gamma,
-            lam: gae.lam,
-        };
+        let stream = GaeStream { input, run: self };
+        let params = self.params;
         // Pass 1: statistics; response_ids give the token counts (checked
         // against old_values at token level, broadcast to at decision level).
         let mut stats = WhitenStats::default();
-        let budget = gae.hold_mib.saturating_mul(1 << 20);
+        let budget = self.hold_mib.saturating_mul(1 << 20);
         let mut held = Some(Computed::default());
         let mut scratch = Computed::default();
         stream.run(true, "gae statistics", |rows| {
@@ -178,13 +284,15 @@ impl Estimate for Gae {
             Ok(())
         })?;
         drop(scratch);
-        let whitening = stats
-            .whitening()
-            .map_err(|err| Error::BadInput(format!("gae: {err} (the batch is too small)")))?;
+        let whitening = stats.whitening().map_err(|err| {
+            let name = self.name;
+            Error::BadInput(format!("{name}: {err} (the batch is too small)"))
+        })?;
 
         let mut writer = GaeWriter {
             input,
-            level: gae.level,
+            level: self.level,
+            name: self.name,
             whitening,
             pending: GaeOutput::default(),
             out,
@@ -192,7 +300,7 @@ impl Estimate for Gae {
         match held {
             Some(all) => writer.push(all)?,
             // Pass 2 (token level: old_values' lengths are the token counts).
-            None => stream.run(gae.level == GaeLevel::Decision, "gae advantages", |rows| {
+            None => stream.run(self.level == GaeLevel::Decision, "gae advantages", |rows| {
                 let mut computed = Computed::default();
                 computed.append(rows, params);
                 writer.push(computed)
@@ -207,6 +315,8 @@ impl Estimate for Gae {
 struct GaeWriter<'a, 'o> {
     input: &'a StepsInput<'a>,
     level: GaeLevel,
+    /// Every row's `estimator`.
+    name: &'static str,
     whitening: Whitening,
     /// Rows gathered for the next batch.
     pending: GaeOutput<'a>,
@@ -231,7 +341,7 @@ impl GaeWriter<'_, '_> {
             .all(|&e| groups.owns(&episodes.list[e]));
         if self.level == GaeLevel::Token && all_owned {
             self.flush()?;
-            let batch = token_batch(self.input, computed);
+            let batch = token_batch(self.input, computed, self.name);
             return self.out.write_batch(&batch);
         }
         let c = &computed;
@@ -263,7 +373,7 @@ impl GaeWriter<'_, '_> {
         if self.pending.step_index.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.pending).into_batch();
+        let batch = std::mem::take(&mut self.pending).into_batch(self.name);
         self.out.write_batch(&batch)
     }
 
@@ -275,7 +385,7 @@ impl GaeWriter<'_, '_> {
 /// The rows of token-level `computed`, every trajectory owned: one per step,
 /// its tokens' whitened advantages and returns taken from `computed`'s
 /// buffers without a copy.
-fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
+fn token_batch(input: &StepsInput<'_>, computed: Computed, estimator: &str) -> RecordBatch {
     let Computed {
         episodes,
         steps,
@@ -308,7 +418,7 @@ fn token_batch(input: &StepsInput<'_>, computed: Computed) -> RecordBatch {
         advantages,
         Some(returns),
         episode_adv,
-        GAE.name,
+        estimator,
     )
 }
 
@@ -343,7 +453,7 @@ fn mean_valid(advantages: &[f32], mask: &[bool]) -> f32 {
 /// One pass of GAE over the steps table.
 struct GaeStream<'a> {
     input: &'a StepsInput<'a>,
-    gae: &'a GaeConfig,
+    run: &'a GaeRun,
 }
 
 /// A step of a trajectory whose steps are still arriving.
@@ -565,22 +675,29 @@ impl GaeStream<'_> {
     /// together, with their values and rewards. `read_tokens`: read
     /// `response_ids` (token counts, checked against `old_values`); without
     /// it a step's token count is its number of values (0 at decision level).
+    /// Without a critic the token counts are always read, and every value
+    /// is 0.
     fn run(
         &self,
         read_tokens: bool,
         label: &str,
         mut on_rows: impl FnMut(&GaeRows) -> Result<()>,
     ) -> Result<()> {
-        let (episodes, groups, gae) = (self.input.episodes, self.input.groups, self.gae);
-        let holes = self.input.holes;
-        let value_column = match gae.level {
+        let (episodes, groups) = (self.input.episodes, self.input.groups);
+        let (holes, level, critic) = (self.input.holes, self.run.level, self.run.critic);
+        let value_column = match level {
             GaeLevel::Token => "old_values",
             GaeLevel::Decision => "old_value",
         };
-        let mut columns = vec!["trajectory_id", "step_index", value_column];
+        let mut columns = vec!["trajectory_id", "step_index"];
+        if critic {
+            columns.push(value_column);
+        }
+        let read_tokens = read_tokens || !critic;
         if read_tokens {
             columns.push("response_ids");
         }
+        let mut zeros: Vec<f32> = Vec::new();
         let mut open: HashMap<usize, OpenTrajectory> = HashMap::new();
         let mut complete = vec![false; episodes.list.len()];
         let mut rows = GaeRows::default();
@@ -608,7 +725,7 @@ impl GaeStream<'_> {
                     )));
                 }
                 let missing = || {
-                    let (level, hint) = match gae.level {
+                    let (level, hint) = match level {
                         GaeLevel::Token => ("token", "was the policy run with a value head?"),
                         GaeLevel::Decision => (
                             "decision",
@@ -621,8 +738,15 @@ impl GaeStream<'_> {
                     ))
                 };
                 let decision: [f32; 1];
-                let (step_values, tokens): (&[f32], usize) = match gae.level {
-                    GaeLevel::Token => {
+                let (step_values, tokens): (&[f32], usize) = match (critic, level) {
+                    (false, _) => {
+                        let tokens = responses.map_or(0, |r| r.value_length(i) as usize);
+                        if zeros.len() < tokens {
+                            zeros.resize(tokens, 0.0);
+                        }
+                        (&zeros[..tokens], tokens)
+                    }
+                    (true, GaeLevel::Token) => {
                         let list = column::<ListArray>(&batch, "old_values");
                         if list.is_null(i) {
                             return Err(missing());
@@ -647,7 +771,7 @@ impl GaeStream<'_> {
                         }
                         (values, values.len())
                     }
-                    GaeLevel::Decision => {
+                    (true, GaeLevel::Decision) => {
                         let value = column::<Float32Array>(&batch, "old_value");
                         if value.is_null(i) {
                             return Err(missing());
@@ -667,7 +791,7 @@ impl GaeStream<'_> {
                 if i64::from(episode.num_steps) <= 1 && !open.contains_key(&e) {
                     // Complete on arrival (a one-step trajectory): no staging.
                     complete[e] = true;
-                    rows.push(e, episode, &mut [step], step_values, (gae.level, holes))?;
+                    rows.push(e, episode, &mut [step], step_values, (level, holes))?;
                     continue;
                 }
                 let trajectory = open.entry(e).or_default();
@@ -685,7 +809,7 @@ impl GaeStream<'_> {
                         episode,
                         &mut trajectory.steps,
                         &trajectory.values,
-                        (gae.level, holes),
+                        (level, holes),
                     )?;
                 }
             }
@@ -758,7 +882,7 @@ impl<'a> GaeOutput<'a> {
         next
     }
 
-    fn into_batch(self) -> RecordBatch {
+    fn into_batch(self, estimator: &str) -> RecordBatch {
         let offsets = OffsetBuffer::new(
             std::iter::once(0)
                 .chain(self.offsets)
@@ -772,7 +896,7 @@ impl<'a> GaeOutput<'a> {
             self.advantages,
             Some(self.returns),
             self.episode_adv,
-            GAE.name,
+            estimator,
         )
     }
 }
@@ -1255,5 +1379,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("the batch is too small"), "{error}");
+    }
+
+    #[test]
+    fn golden_reinforce_plus_plus_equals_verl_held_or_read_twice() {
+        for hold_mib in [48, 0] {
+            crate::testdata::matches_verl(&REINFORCE_PLUS_PLUS, |case| {
+                vec![
+                    format!("reinforce_plus_plus.gamma={}", case.config["gamma"]),
+                    format!("gae.hold_mib={hold_mib}"),
+                ]
+            });
+        }
     }
 }

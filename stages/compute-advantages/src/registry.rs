@@ -40,6 +40,7 @@ pub static ESTIMATORS: &[&Estimator] = &[
     &outcome::OPO,
     &outcome::GPG,
     &outcome::GRPO_PASSK,
+    &gae::REINFORCE_PLUS_PLUS,
     &outcome::REINFORCE_PLUS_PLUS_BASELINE,
     #[cfg(test)]
     &crate::toy::TOY,

@@ -1,6 +1,8 @@
 //! Inputs for the estimators' unit tests: episodes joined in memory, a steps
 //! table written to a temporary directory in a chosen row order, and a run of
-//! one estimator into a real advantages table that is read back.
+//! one estimator into a real advantages table that is read back; veRL's
+//! golden cases (`tests/fixtures/verl/outcome.json`) run through the stage
+//! ([`matches_verl`]).
 //!
 //! ```text
 //! let f = Fixture::new(&[("a", "g", 1.0, 2), ("b", "g", 0.0, 1)], &[step("a", 0, 3), ...]);
@@ -231,4 +233,160 @@ pub fn one_trajectory_run(estimator: &str, stats: &AdvantageStats) -> Diagnostic
         owned: vec![true],
     };
     Diagnostics::new(estimator, &episodes, &groups, stats)
+}
+
+/// A case of `tests/fixtures/verl/outcome.json`: veRL 0.9.1's own
+/// estimator on a padded batch (`scripts/verl_golden.py --outcome`).
+#[derive(serde::Deserialize)]
+pub struct Golden {
+    estimator: String,
+    /// veRL's config keys of the case.
+    pub config: serde_json::Map<String, serde_json::Value>,
+    group: Vec<String>,
+    response_mask: Vec<Vec<bool>>,
+    token_rewards: Vec<Vec<f32>>,
+    #[serde(default)]
+    raises: Option<String>,
+    #[serde(default)]
+    advantages: Vec<Vec<f32>>,
+    #[serde(default)]
+    returns: Vec<Vec<f32>>,
+}
+
+/// Response tokens per step of the fixtures made from golden rows.
+const STEP_TOKENS: usize = 5;
+
+/// The golden cases of `estimator`.
+fn golden(estimator: &str) -> Vec<Golden> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        verl_version: String,
+        cases: Vec<Golden>,
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/verl/outcome.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let file: File = serde_json::from_str(&text).unwrap();
+    assert_eq!(file.verl_version, "0.9.1");
+    let cases: Vec<Golden> = file
+        .cases
+        .into_iter()
+        .filter(|c| c.estimator == estimator)
+        .collect();
+    assert!(!cases.is_empty(), "no golden case of {estimator}");
+    cases
+}
+
+/// Trajectory `t<row>` per golden row in its group, its response cut
+/// into steps of [`STEP_TOKENS`] tokens with their masks; its token
+/// rewards when one sits before its last token, else its score alone
+/// (which the stage puts on the last token, as veRL's batch has it).
+/// With `faulted`, one more trajectory of two steps in the first row's
+/// group, ended by infrastructure.
+fn golden_fixture(case: &Golden, faulted: bool) -> Fixture {
+    let ids: Vec<String> = (0..case.group.len()).map(|i| format!("t{i}")).collect();
+    let (mut trajectories, mut steps) = (Vec::new(), Vec::new());
+    for (i, id) in ids.iter().enumerate() {
+        let chunks: Vec<&[bool]> = case.response_mask[i].chunks(STEP_TOKENS).collect();
+        for (s, mask) in chunks.iter().enumerate() {
+            let mut row = step(id, s as i32, mask.len());
+            row.response_mask = Some(mask.to_vec());
+            steps.push(row);
+        }
+        let score = case.token_rewards[i]
+            .iter()
+            .map(|&r| f64::from(r))
+            .sum::<f64>() as f32;
+        trajectories.push((
+            id.as_str(),
+            case.group[i].as_str(),
+            score,
+            chunks.len() as i32,
+        ));
+    }
+    if faulted {
+        trajectories.push(("faulted", case.group[0].as_str(), 9.0, 2));
+        steps.extend([step("faulted", 0, 3), step("faulted", 1, 2)]);
+    }
+    let mut f = Fixture::new(&trajectories, &steps);
+    for (id, rewards) in ids.iter().zip(&case.token_rewards) {
+        if rewards[..rewards.len() - 1].iter().any(|&r| r != 0.0) {
+            f = f.with_token_rewards(id, rewards).unwrap();
+        }
+    }
+    if faulted {
+        f = f.with_fault("faulted");
+    }
+    f
+}
+
+/// Runs `estimator`, built from its declaration with the config `sets`
+/// gives each case, on every golden case of its name: its rows equal
+/// veRL's advantages (and returns, where it writes them) within 1e-6
+/// (holes exactly 0), and equal bit for
+/// bit the rows of the same batch with a faulted member and those of
+/// two shards together; a case where veRL raises is bad input.
+pub fn matches_verl(estimator: &'static Estimator, sets: impl Fn(&Golden) -> Vec<String>) {
+    use embodyflow_core::cli::ShardSpec;
+    for case in golden(estimator.name) {
+        let sets = sets(&case);
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let run = |faulted: bool, shard: ShardSpec| {
+            let f = golden_fixture(&case, faulted);
+            let groups = Groups::select(&f.episodes, false, estimator.group_relative, shard);
+            let built = f.build(estimator, &sets)?;
+            f.run(built.as_ref(), &groups, 4).map(|(rows, ..)| rows)
+        };
+        if let Some(raises) = &case.raises {
+            let error = run(false, ShardSpec::ALL).unwrap_err().to_string();
+            eprintln!(
+                "{}: veRL raises `{raises}`, we refuse: {error}",
+                estimator.name
+            );
+            assert!(error.contains("group `g2` has 1"), "{error}");
+            continue;
+        }
+        let rows = run(false, ShardSpec::ALL).unwrap();
+        let steps: usize = case
+            .response_mask
+            .iter()
+            .map(|m| m.len().div_ceil(STEP_TOKENS))
+            .sum();
+        assert_eq!(rows.len(), steps);
+        let mut diff = 0f32;
+        for row in &rows {
+            let i: usize = row.trajectory_id[1..].parse().unwrap();
+            let start = STEP_TOKENS * row.step_index as usize;
+            let end = start + row.advantages.len();
+            let mask = &case.response_mask[i][start..end];
+            let ours = [Some(&row.advantages), row.returns.as_ref()];
+            for (ours, theirs) in ours.into_iter().zip([&case.advantages, &case.returns]) {
+                for ((&a, &b), &valid) in ours
+                    .into_iter()
+                    .flatten()
+                    .zip(&theirs[i][start..end])
+                    .zip(mask)
+                {
+                    diff = diff.max((a - b).abs());
+                    assert!(valid || a == 0.0, "{row:?}");
+                }
+            }
+        }
+        let holes = case.response_mask.iter().flatten().filter(|&&m| !m).count();
+        eprintln!(
+            "{} {:?} ({holes} holes): max abs diff {diff:e} against veRL",
+            estimator.name, case.config
+        );
+        assert!(diff <= 1e-6, "{}: {diff:e}", estimator.name);
+        assert_eq!(exact(&run(true, ShardSpec::ALL).unwrap()), exact(&rows));
+        let mut sharded: Vec<AdvantageRow> = (0..2)
+            .flat_map(|index| run(false, ShardSpec { index, count: 2 }).unwrap())
+            .collect();
+        sharded.sort_by(|a, b| {
+            (&a.trajectory_id, a.step_index).cmp(&(&b.trajectory_id, b.step_index))
+        });
+        assert_eq!(exact(&sharded), exact(&rows));
+    }
 }
