@@ -14,7 +14,7 @@
 //! names it before any work.
 //!
 //! ```text
-//! estimator = "gae"          # grpo | dr_grpo | gae | grpo_step | gigpo
+//! estimator = "gae"          # one of the estimators `--help` lists
 //! batch_rows = 256           # rows per record batch read from steps
 //! [gae]
 //! gamma = 0.99
@@ -126,6 +126,6 @@ impl Config {
 
 /// A table of settings an estimator declares (`gae.*`): its name and type
 /// ([`embodyflow_core::section`]). Several estimators may declare the same
-/// section (grpo, dr_grpo and grpo_step all read `grpo.eps`); it is one
-/// table of the config.
+/// section (grpo, dr_grpo, grpo_step and grpo_passk all read `grpo.eps`);
+/// it is one table of the config.
 pub type Section = embodyflow_core::section::Section<Config>;

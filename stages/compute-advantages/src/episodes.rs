@@ -32,7 +32,7 @@
 //! naming `c` is bad input.
 //!
 //! GRPO's setting `grpo.eps` is here too ([`GrpoConfig`], the section
-//! [`GRPO`] that grpo, dr_grpo and grpo_step declare).
+//! [`GRPO`] that grpo, dr_grpo, grpo_step and grpo_passk declare).
 
 use std::collections::HashMap;
 
@@ -52,7 +52,7 @@ use embodyflow_core::section::SectionConfig;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct GrpoConfig {
-    /// Added to the group's standard deviation (grpo).
+    /// Added to the group's standard deviation (grpo, grpo_step, grpo_passk).
     pub eps: f64,
 }
 

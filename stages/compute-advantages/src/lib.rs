@@ -2,17 +2,24 @@
 //! writes the advantages table (one row per step, one advantage per response
 //! token), `diagnostics.json` and a summary.
 //!
-//! One estimator runs per call (`estimator = ...`), each declared in its own
-//! module ([`Estimator`]: name, config sections, checks, extra tables, how
-//! to build it) and listed once in [`ESTIMATORS`] (`registry.rs`); the stage
-//! iterates that list and never names an estimator:
+//! One estimator runs per call (`estimator = ...`), each declared once
+//! ([`Estimator`]: name, what it computes, config sections, checks, extra
+//! tables, how to build it) and listed once in [`ESTIMATORS`]
+//! (`registry.rs`); the stage iterates that list and never names an
+//! estimator (`--help` lists them with what each computes):
+//! - `outcome.rs` — the outcome-estimator shape (an advantage per
+//!   trajectory from its group's scores; the streaming, faults, sharding,
+//!   valid tokens and the broadcast to tokens written once) and veRL's
+//!   outcome family declared on it: `rloo`, `opo`, `gpg`, `grpo_passk`,
+//!   `reinforce_plus_plus_baseline` (veRL 0.9.1's numerics);
 //! - `grpo.rs` — `grpo`: A^E_i = (R_i - mean_g R) / (std_g R + eps), and
-//!   `dr_grpo`: A^E_i = R_i - mean_g R, broadcast to every response token of
-//!   every step of trajectory i (veRL numerics);
+//!   `dr_grpo`: A^E_i = R_i - mean_g R, outcome estimators too (veRL
+//!   numerics);
 //! - `gae.rs` — `gae`: GAE over token-level (`old_values`) or decision-level
 //!   (`old_value`) critic values, whitened over the kept batch (veRL's
 //!   `compute_gae_advantage_return` and `masked_whiten`), streamed in two
-//!   passes;
+//!   passes; `reinforce_plus_plus`: the same without a critic (V = 0,
+//!   lambda = 1), each token's discounted return whitened;
 //! - `step.rs` — `grpo_step`: A = A^E + omega * A^S on plan-step tokens
 //!   (rule or forward_proxy A^S), and StepOPSD's sign-preserving reweighting
 //!   on grpo, dr_grpo or grpo_step (`stepopsd.enabled`);
@@ -22,14 +29,12 @@
 //!   (verl-agent's GiGPO numerics).
 //!
 //! What they share lives in one place each, below them: the interface
-//! (`estimator.rs`), the outcome-estimator shape (`outcome.rs`: an advantage
-//! per trajectory from its group's scores, streamed, masked, sharded and
-//! broadcast to its tokens for grpo, dr_grpo and the step path's A^E), the
-//! join of trajectories, rewards and steps and the choice of groups
-//! (`episodes.rs`), the writer
-//! that counts every row it writes (`output.rs`), the run's statistics,
-//! `diagnostics.json` and summary (`diagnostics.rs`) and the shared keys and
-//! section type (`config.rs`); `--heatmaps` draws in `heatmap.rs`.
+//! (`estimator.rs`), the join of trajectories, rewards and steps and the
+//! choice of groups (`episodes.rs`), the response masks (`holes.rs`), the
+//! writer that counts every row it writes (`output.rs`), the run's
+//! statistics, `diagnostics.json` and summary (`diagnostics.rs`) and the
+//! shared keys and section type (`config.rs`); `--heatmaps` draws in
+//! `heatmap.rs`.
 //!
 //! The advantages table, `diagnostics.json`, the `--heatmaps N` directory
 //! and the summary appear together or not at all (`embodyflow_core::commit`).

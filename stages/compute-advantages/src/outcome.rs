@@ -489,4 +489,27 @@ mod tests {
             vec![format!("grpo_passk.norm_by_std={by_std}")]
         });
     }
+
+    /// The declaration the extending page and the interface's doc show is
+    /// this module's, word for word.
+    #[test]
+    fn the_extending_page_shows_a_declaration_that_compiles() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/extending.md");
+        let page = std::fs::read_to_string(path).unwrap();
+        let snippet: Vec<&str> = page
+            .lines()
+            .skip_while(|l| l.trim() != "```rust")
+            .skip(1)
+            .take_while(|l| l.trim() != "```")
+            .map(|l| l.strip_prefix("   ").unwrap_or(l))
+            .collect();
+        assert!(snippet.len() > 5, "{snippet:?}");
+        let snippet = snippet.join("\n");
+        assert!(include_str!("outcome.rs").contains(&snippet), "{snippet}");
+        let interface: Vec<&str> = include_str!("estimator.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! ").or(l.strip_prefix("//!")))
+            .collect();
+        assert!(interface.join("\n").contains(&snippet), "estimator.rs");
+    }
 }

@@ -347,4 +347,89 @@ mod tests {
         let gigpo: gigpo::GigpoConfig = config.section("gigpo");
         assert_eq!(gigpo.gamma, 0.9);
     }
+
+    /// The estimators a shipped binary lists, in order (the test-only toy
+    /// left out).
+    fn shipped() -> Vec<&'static str> {
+        ESTIMATORS
+            .iter()
+            .filter(|e| !std::ptr::eq(**e, &crate::toy::TOY))
+            .map(|e| e.name)
+            .collect()
+    }
+
+    /// The spans in backticks of `text` that are estimator names (lower
+    /// case and `_`), in order.
+    fn names_in(text: &str) -> Vec<&str> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect()
+    }
+
+    /// Cell `cell` of the first table row of `page` (under docs/src) that
+    /// starts with `start`.
+    fn cell(page: &str, start: &str, cell: usize) -> String {
+        let path = format!("{}/../../docs/src/{page}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("{page}: no row `{start}`"));
+        row.split('|').nth(cell).unwrap().to_string()
+    }
+
+    #[test]
+    fn the_hand_kept_lists_of_estimators_are_the_registry() {
+        let command_line = cell("command-line.md", "| `algorithm.adv_estimator`", 3);
+        let ours = command_line.split_once("`estimator` (").unwrap().1;
+        assert_eq!(names_in(ours), shipped(), "docs/src/command-line.md");
+        let stage = cell("stages/compute-advantages.md", "| `estimator` |", 3);
+        assert_eq!(
+            names_in(&stage),
+            shipped(),
+            "docs/src/stages/compute-advantages.md"
+        );
+        let description = env!("CARGO_PKG_DESCRIPTION");
+        let listed: Vec<&str> = description
+            .split_once("estimators: ")
+            .unwrap()
+            .1
+            .trim_end_matches('.')
+            .split(", ")
+            .collect();
+        assert_eq!(listed, shipped(), "the crate's description");
+        let path = format!(
+            "{}/../../docs/src/algorithms/outcome.md",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let outcome = std::fs::read_to_string(path).unwrap();
+        let rows: Vec<&str> = outcome
+            .lines()
+            .filter(|l| l.starts_with("| `") && !l.starts_with("| `estimator`"))
+            .map(|l| names_in(l)[0])
+            .collect();
+        assert!(rows.len() >= 6, "{rows:?}");
+        for name in rows {
+            assert!(
+                estimator(name).is_some(),
+                "docs/src/algorithms/outcome.md: {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_lists_every_estimator_with_what_it_computes() {
+        let listing = listing();
+        for estimator in ESTIMATORS {
+            assert!(
+                listing
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(estimator.name)
+                        && l.ends_with(estimator.about)),
+                "{listing}"
+            );
+        }
+    }
 }
