@@ -220,7 +220,10 @@ fn bad_libero_input_is_named_before_anything_runs() {
             json!({"center_crop": "yes"}),
             "center_crop 'yes': expected true or false",
         ),
-        (json!({"max_steps": 0}), "max_steps 0: expected at least 1 step"),
+        (
+            json!({"max_steps": 0}),
+            "max_steps 0: expected at least 1 step",
+        ),
         (
             json!({"max_steps": "512"}),
             "max_steps '512': expected a whole number of steps",
