@@ -166,7 +166,8 @@ def check_seeding():
     moved = np.abs(fresh[1][0] - openvla[1][0]).max()
 
     for seeding, order, want in (("openvla", (2, 0, 1), openvla), ("fresh", (2, 1, 2), fresh)):
-        episode = task if seeding == "fresh" else libero.make("libero_spatial/0", {"resolution": 16, "seeding": seeding}, 0)
+        kwargs = {"resolution": 16, "seeding": seeding}
+        episode = task if seeding == "fresh" else libero.make("libero_spatial/0", kwargs, 0)
         for state in order:
             episode.reset(state)
             if not same_scene(scene(episode.env), want[state]):

@@ -296,7 +296,8 @@ class Episode:
         # this task (seed 0, then j resets), for the j found so far.
         self.generators = [np.random.RandomState(0).get_state()]
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
-        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.camera_side, camera_widths=self.camera_side)
+        side = self.camera_side
+        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=side, camera_widths=side)
         # The scene each camera observable recorded at its last sample, per
         # camera; rebuilt for each simulator (a hard reset builds another).
         self.scenes = {}
@@ -439,7 +440,11 @@ class Episode:
     def observation(self):
         views = [self.view(self.render(camera)[::-1, ::-1]) for _, camera in self.cameras]
         proprio = np.concatenate(
-            [self.obs["robot0_eef_pos"], quat_to_axis_angle(self.obs["robot0_eef_quat"]), self.obs["robot0_gripper_qpos"]]
+            [
+                self.obs["robot0_eef_pos"],
+                quat_to_axis_angle(self.obs["robot0_eef_quat"]),
+                self.obs["robot0_gripper_qpos"],
+            ]
         )
         return np.concatenate(views, axis=2), proprio
 
