@@ -1131,7 +1131,8 @@ fn the_tabletop_pipeline_refuses_rl_from_a_base_that_fails_its_gates() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let mut vars = TINY_TABLETOP.to_vec();
-    vars.push("full_epochs=1");
+    // The area camera's frames, as every task of the run stores it.
+    vars.extend(["full_epochs=1", "camera=area"]);
     let args = tiny_tabletop_args("tabletop-grpo.toml", &out, &vars, &[]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = run("pipeline", &refs);
@@ -1145,6 +1146,21 @@ fn the_tabletop_pipeline_refuses_rl_from_a_base_that_fails_its_gates() {
     let summary = std::fs::read_to_string(out.join("gate_full/_summary.evaluate.md")).unwrap();
     assert!(summary.contains("FAILED"), "{summary}");
     assert!(!out.join("it0").exists(), "RL ran from a gated-out base");
+    for tasks in ["train", "val", "pretrain_tasks"] {
+        let rows: Vec<embodyflow_core::schemas::TaskRow> =
+            TableReader::open(&out.join(tasks).join("tasks"), TableName::Tasks)
+                .unwrap()
+                .read_rows()
+                .unwrap();
+        assert!(
+            rows.iter().all(|r| {
+                let spec: serde_json::Value =
+                    serde_json::from_slice(r.observation.as_deref().unwrap()).unwrap();
+                spec["camera"] == "area"
+            }),
+            "{tasks}: every task stores the area camera"
+        );
+    }
 }
 
 /// A shipped pipeline's former variable names (its `[renamed]` table) are

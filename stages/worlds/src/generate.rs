@@ -273,7 +273,9 @@ mod tests {
         let problem = resolve(&["camera=area"]).problem.unwrap();
         assert_eq!(problem.key.as_deref(), Some("camera"));
         assert!(problem.message.contains("household"), "{}", problem.message);
-        let problem = resolve(&["env=tabletop", "camera=fisheye"]).problem.unwrap();
+        let problem = resolve(&["env=tabletop", "camera=fisheye"])
+            .problem
+            .unwrap();
         assert_eq!(problem.key.as_deref(), Some("camera"));
         let problem = resolve(&["protocol=initial-states", "split=test"])
             .problem
