@@ -114,8 +114,18 @@ impl World for Gym {
             .map_err(|e| Error::BadInput(format!("tasks table: {e}")))
     }
 
+    /// Run `r` resets with seed `seed + r · RUN_SEED_STRIDE`; an adapter
+    /// whose reset seed is a fixed initial state's index
+    /// ([`INDEXED_ADAPTERS`]) has no other run of a task, and run `r > 0`
+    /// is refused naming the task, before any worker starts.
     fn reseed(&'static self, task: &WorldTask, run: u32) -> Result<WorldTask, Error> {
         let mut task = task.spec::<GymTask>().expect("a bridge task").clone();
+        if run > 0 && INDEXED_ADAPTERS.contains(&task.spec.adapter.as_str()) {
+            return Err(Error::BadInput(format!(
+                "task `{}`: no run {run} of it: the {} adapter's reset seed {} is an initial state's index, one fixed scene; evaluate with runs = 1, over more initial states (generate-tasks --set states=...)",
+                task.task_id, task.spec.adapter, task.spec.seed
+            )));
+        }
         task.spec.seed = task
             .spec
             .seed
@@ -608,6 +618,24 @@ mod tests {
             .to_string();
         assert!(
             error.contains("bridge tasks train a VLA without latents"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_initial_state_has_no_other_run() {
+        let libero = task(GymTask {
+            task_id: "gym-libero/libero_spatial/0@val/43".into(),
+            spec: GymTaskSpec::new("libero", "libero_spatial/0", 43, 512),
+        });
+        assert_eq!(libero.reseed(0).unwrap(), libero, "run 0 is the task");
+        let error = libero.reseed(1).unwrap_err();
+        assert!(matches!(error, Error::BadInput(_)), "{error:?}");
+        let error = error.to_string();
+        assert!(
+            error.contains("gym-libero/libero_spatial/0@val/43")
+                && error.contains("no run 1")
+                && error.contains("runs = 1"),
             "{error}"
         );
     }
