@@ -70,30 +70,34 @@ fn advantages(root: &Path, rewards: &Path, out: &Path, extra: &[&str]) -> Vec<Ad
 }
 
 /// Every steps row has one advantages row carrying its episode's advantage
-/// on each of its K × D action tokens; returns the episode advantage by
-/// trajectory id.
+/// on each of its K × D action tokens, but 0 on the tokens of actions that
+/// never ran (the tail its `response_mask` marks, a chunk the episode's end
+/// cut); returns the episode advantage by trajectory id.
 fn check_broadcast(steps: &[StepRow], rows: &[AdvantageRow]) -> HashMap<String, f32> {
     assert_eq!(rows.len(), steps.len(), "one advantages row per decision");
-    let tokens: HashMap<(&str, i32), usize> = steps
+    let steps: HashMap<(&str, i32), &StepRow> = steps
         .iter()
-        .map(|s| {
-            (
-                (s.trajectory_id.as_str(), s.step_index),
-                s.response_ids.len(),
-            )
-        })
+        .map(|s| ((s.trajectory_id.as_str(), s.step_index), s))
         .collect();
     let mut episode: HashMap<String, f32> = HashMap::new();
     for row in rows {
-        let len = tokens[&(row.trajectory_id.as_str(), row.step_index)];
+        let step = steps[&(row.trajectory_id.as_str(), row.step_index)];
         assert_eq!(
             row.advantages.len(),
-            len,
+            step.response_ids.len(),
             "{} {}",
             row.trajectory_id,
             row.step_index
         );
-        assert!(row.advantages.iter().all(|&a| a == row.episode_adv));
+        let ran = |t: usize| step.response_mask.as_ref().is_none_or(|m| m[t]);
+        for (t, &a) in row.advantages.iter().enumerate() {
+            let want = if ran(t) { row.episode_adv } else { 0.0 };
+            assert_eq!(
+                a, want,
+                "{} {} token {t}",
+                row.trajectory_id, row.step_index
+            );
+        }
         let first = *episode
             .entry(row.trajectory_id.clone())
             .or_insert(row.episode_adv);
@@ -183,6 +187,11 @@ fn closed_loop_episodes_are_scored_by_outcome_and_get_group_advantages_on_every_
         assert!(!out.join("rewards").exists());
     }
 
+    // An episode's last chunk is cut unless it ends on a chunk boundary.
+    assert!(
+        steps.iter().any(|s| s.response_mask.is_some()),
+        "no decision was cut by its episode's end"
+    );
     // GRPO on the collected scores (whatever their mix).
     let rows = advantages(root, &rewards, &root.join("adv"), &[]);
     let episode = check_broadcast(&steps, &rows);

@@ -163,34 +163,31 @@ fn expected_gae(steps: &[StepRow], rewards: &[RewardRow]) -> HashMap<(String, i3
 fn check_gae(steps: &[StepRow], rewards: &[RewardRow], rows: &[AdvantageRow]) {
     let expected = expected_gae(steps, rewards);
     assert_eq!(rows.len(), steps.len(), "one advantages row per decision");
-    let tokens: HashMap<(&str, i32), usize> = steps
+    let steps: HashMap<(&str, i32), &StepRow> = steps
         .iter()
-        .map(|s| {
-            (
-                (s.trajectory_id.as_str(), s.step_index),
-                s.response_ids.len(),
-            )
-        })
+        .map(|s| ((s.trajectory_id.as_str(), s.step_index), s))
         .collect();
     for row in rows {
         let key = (row.trajectory_id.clone(), row.step_index);
         let (advantage, ret) = expected[&key];
+        let step = steps[&(row.trajectory_id.as_str(), row.step_index)];
         assert_eq!(row.estimator, "gae");
-        assert_eq!(
-            row.advantages.len(),
-            tokens[&(row.trajectory_id.as_str(), row.step_index)],
-            "{key:?}"
-        );
-        for &a in &row.advantages {
-            assert!(
-                (f64::from(a) - advantage).abs() < 1e-5,
-                "{key:?}: {a} vs {advantage}"
-            );
-        }
+        assert_eq!(row.advantages.len(), step.response_ids.len(), "{key:?}");
         let returns = row.returns.as_ref().expect("gae writes returns");
         assert_eq!(returns.len(), row.advantages.len());
-        for &r in returns {
-            assert!((f64::from(r) - ret).abs() < 1e-5, "{key:?}: {r} vs {ret}");
+        // The tokens of actions that never ran (the mask's tail of holes,
+        // a chunk the episode's end cut) get 0, the others the decision's.
+        let ran = |t: usize| step.response_mask.as_ref().is_none_or(|m| m[t]);
+        for (t, (&a, &r)) in row.advantages.iter().zip(returns).enumerate() {
+            let (a_want, r_want) = if ran(t) { (advantage, ret) } else { (0.0, 0.0) };
+            assert!(
+                (f64::from(a) - a_want).abs() < 1e-5,
+                "{key:?} token {t}: {a} vs {a_want}"
+            );
+            assert!(
+                (f64::from(r) - r_want).abs() < 1e-5,
+                "{key:?} token {t}: {r} vs {r_want}"
+            );
         }
     }
 }
@@ -371,9 +368,10 @@ fn evaluate_on_a_thinking_vla_reports_latent_lengths_and_first_values() {
 
 /// `update-policy --set objective=lapo` on a thinking tiny VLA's rollouts
 /// and their decision-level GAE trains (value, latent and stop terms in
-/// its metrics); the same rollouts with a latent of the wrong width or a
-/// stop that is not a candidate exit 2 naming the table and field, and
-/// write nothing.
+/// its metrics), a decision whole even where its chunk was cut (a tail of
+/// mask holes); the same rollouts with a hole before a decision's own
+/// tokens, a latent of the wrong width or a stop that is not a candidate
+/// exit 2 naming the step or the table and field, and write nothing.
 #[test]
 fn lapo_updates_from_the_command_line_and_bad_latents_are_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,7 +418,16 @@ fn lapo_updates_from_the_command_line_and_bad_latents_are_named() {
     let steps: Vec<StepRow> = read(&rollouts.join("steps"), TableName::Steps);
     let trajectories: Vec<embodyflow_core::schemas::TrajectoryRow> =
         read(&rollouts.join("trajectories"), TableName::Trajectories);
-    let cases: [(&str, fn(&mut StepRow), &[&str]); 2] = [
+    let cases: [(&str, fn(&mut StepRow), &[&str]); 3] = [
+        (
+            "hole",
+            |row| {
+                let mut mask = vec![true; row.response_ids.len()];
+                mask[0] = false;
+                row.response_mask = Some(mask);
+            },
+            &["response_mask has holes before the policy's own tokens"],
+        ),
         (
             "narrow",
             |row| {

@@ -329,9 +329,16 @@ pub fn accumulate<M: Trainable>(
     for micro in micros {
         let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
         if let Some(own) = M::own_loss(policy, &batch, config, denominators)? {
-            if let Some(e) = batch.iter().find(|e| e.response_mask.is_some()) {
+            // A decision counts whole in this loss (LaST-R1's valid steps,
+            // `ceil(finish_step / K)`): a mask may only mark the actions a
+            // chunk cut by the episode's end never ran, a tail of holes.
+            if let Some(e) = batch.iter().find(|e| {
+                e.response_mask
+                    .as_ref()
+                    .is_some_and(|m| m.windows(2).any(|w| !w[0] && w[1]))
+            }) {
                 return Err(Error::BadInput(format!(
-                    "{}: its response_mask has holes, which this policy's own loss (a VLA's decisions) does not take",
+                    "{}: its response_mask has holes before the policy's own tokens, which this policy's own loss (a VLA's whole decisions) does not take",
                     e.source
                 ))
                 .into());
