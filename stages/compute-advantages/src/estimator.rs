@@ -31,10 +31,11 @@
 
 use std::path::Path;
 
-use embodyflow_core::Result;
+use arrow::array::RecordBatch;
 use embodyflow_core::dataset::TableReader;
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::stage::Summary;
+use embodyflow_core::{Result, progress};
 use serde::Serialize;
 
 use crate::config::{Config, Section};
@@ -91,6 +92,29 @@ pub struct StepsInput<'a> {
     pub batch_rows: usize,
     /// The steps' response masks with holes.
     pub holes: &'a Holes,
+}
+
+impl StepsInput<'_> {
+    /// Streams the steps table's `trajectory_id`, `step_index` and
+    /// `response_ids` in batches of `batch_rows` into `each`, behind a
+    /// progress bar named `label`: one pass of an estimator.
+    pub fn for_each_batch(
+        &self,
+        label: &str,
+        mut each: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let bar = progress::bar(self.steps.num_rows(), label);
+        for batch in self.steps.batches(
+            Some(&["trajectory_id", "step_index", "response_ids"]),
+            self.batch_rows,
+        )? {
+            let batch = batch?;
+            bar.inc(batch.num_rows() as u64);
+            each(&batch)?;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
 }
 
 /// What an estimator counted beyond the rows it wrote, if anything.

@@ -186,16 +186,10 @@ impl Estimate for Gigpo {
     fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
         let (computed, sizes) = self.compute(input)?;
         let (episodes, groups) = (input.episodes, input.groups);
-        let bar = progress::bar(input.steps.num_rows(), "gigpo advantages");
-        for batch in input.steps.batches(
-            Some(&["trajectory_id", "step_index", "response_ids"]),
-            input.batch_rows,
-        )? {
-            let batch = batch?;
-            bar.inc(batch.num_rows() as u64);
-            let ids = column::<StringArray>(&batch, "trajectory_id");
-            let index = column::<Int32Array>(&batch, "step_index");
-            let responses = column::<ListArray>(&batch, "response_ids");
+        input.for_each_batch("gigpo advantages", |batch| {
+            let ids = column::<StringArray>(batch, "trajectory_id");
+            let index = column::<Int32Array>(batch, "step_index");
+            let responses = column::<ListArray>(batch, "response_ids");
             let mut rows = Vec::new();
             for i in 0..batch.num_rows() {
                 let e = episodes.of_step(ids.value(i))?;
@@ -214,9 +208,8 @@ impl Estimate for Gigpo {
                     estimator: GIGPO.name.to_string(),
                 });
             }
-            out.write_rows(&rows)?;
-        }
-        bar.finish_and_clear();
+            out.write_rows(&rows)
+        })?;
         Ok(Some(Box::new(StepGroupsReport { step_groups: sizes })))
     }
 }
@@ -227,7 +220,6 @@ impl Gigpo {
     fn compute(&self, input: &StepsInput<'_>) -> Result<(Computed, StepGroupSizes)> {
         let (episodes, groups) = (input.episodes, input.groups);
         let mut anchor_ids: HashMap<String, u32> = HashMap::new();
-        // Per kept episode: (step_index, interned anchor key).
         // Per kept episode: (step_index, interned anchor key, response tokens).
         let mut seen: Vec<Vec<(i32, u32, usize)>> = vec![Vec::new(); episodes.list.len()];
         let mut counts = StepCounts::new(episodes);

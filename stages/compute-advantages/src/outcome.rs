@@ -50,7 +50,7 @@ use embodyflow_algos::outcome::{gpg, grpo_passk, opo, reinforce_plus_plus_baseli
 use embodyflow_core::config::ConfigKeys;
 use embodyflow_core::dataset::column;
 use embodyflow_core::section::SectionConfig;
-use embodyflow_core::{Error, Result, progress};
+use embodyflow_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Section};
@@ -237,28 +237,21 @@ impl Outcome {
 impl Estimate for Outcome {
     fn write(&self, input: &StepsInput<'_>, out: &mut AdvantagesOut) -> Result<Reported> {
         let advantages = self.advantages(input)?;
-        let bar = progress::bar(input.steps.num_rows(), "advantages");
         let mut counts = StepCounts::new(input.episodes);
         let token_rewards = input.episodes.has_token_rewards();
-        for batch in input.steps.batches(
-            Some(&["trajectory_id", "step_index", "response_ids"]),
-            input.batch_rows,
-        )? {
-            let batch = batch?;
-            bar.inc(batch.num_rows() as u64);
-            let located = counts.locate(column::<StringArray>(&batch, "trajectory_id"))?;
+        input.for_each_batch("advantages", |batch| {
+            let located = counts.locate(column::<StringArray>(batch, "trajectory_id"))?;
             if token_rewards {
-                counts.count_tokens(&located, column::<ListArray>(&batch, "response_ids"));
+                counts.count_tokens(&located, column::<ListArray>(batch, "response_ids"));
             }
             out.write_batch(&broadcast(
-                &batch,
+                batch,
                 &located,
                 (input.episodes, input.groups),
                 &advantages,
                 self.name,
-            ))?;
-        }
-        bar.finish_and_clear();
+            ))
+        })?;
         counts.check()?;
         Ok(None)
     }
@@ -270,16 +263,10 @@ impl Estimate for Outcome {
 fn valid_tokens(input: &StepsInput<'_>) -> Result<Vec<usize>> {
     let (episodes, groups) = (input.episodes, input.groups);
     let mut valid = vec![0usize; episodes.list.len()];
-    let bar = progress::bar(input.steps.num_rows(), "valid tokens");
-    for batch in input.steps.batches(
-        Some(&["trajectory_id", "step_index", "response_ids"]),
-        input.batch_rows,
-    )? {
-        let batch = batch?;
-        bar.inc(batch.num_rows() as u64);
-        let ids = column::<StringArray>(&batch, "trajectory_id");
-        let index = column::<Int32Array>(&batch, "step_index");
-        let responses = column::<ListArray>(&batch, "response_ids");
+    input.for_each_batch("valid tokens", |batch| {
+        let ids = column::<StringArray>(batch, "trajectory_id");
+        let index = column::<Int32Array>(batch, "step_index");
+        let responses = column::<ListArray>(batch, "response_ids");
         for i in 0..batch.num_rows() {
             let e = episodes.of_step(ids.value(i))?;
             if !groups.keeps(&episodes.list[e]) {
@@ -291,8 +278,8 @@ fn valid_tokens(input: &StepsInput<'_>) -> Result<Vec<usize>> {
                 None => tokens,
             };
         }
-    }
-    bar.finish_and_clear();
+        Ok(())
+    })?;
     Ok(valid)
 }
 

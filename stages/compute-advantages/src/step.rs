@@ -51,7 +51,7 @@ use embodyflow_core::config::{ConfigKeys, ensure, finite, in_range, positive};
 use embodyflow_core::dataset::{TableReader, column};
 use embodyflow_core::schemas::{AdvantageRow, TableName};
 use embodyflow_core::stage::Summary;
-use embodyflow_core::{Error, Result, progress};
+use embodyflow_core::{Error, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -317,15 +317,9 @@ impl Estimate for StepPath {
         };
         let mut diagnostics = StepDiagnostics::default();
         let mut counts = StepCounts::new(input.episodes);
-        let bar = progress::bar(input.steps.num_rows(), "step advantages");
-        for batch in input.steps.batches(
-            Some(&["trajectory_id", "step_index", "response_ids"]),
-            input.batch_rows,
-        )? {
-            let batch = batch?;
-            bar.inc(batch.num_rows() as u64);
+        input.for_each_batch("step advantages", |batch| {
             let rows = step_batch(
-                &batch,
+                batch,
                 input.episodes,
                 input.groups,
                 &episode_adv,
@@ -333,9 +327,8 @@ impl Estimate for StepPath {
                 &mut counts,
                 &mut diagnostics,
             )?;
-            out.write_rows(&rows)?;
-        }
-        bar.finish_and_clear();
+            out.write_rows(&rows)
+        })?;
         counts.check()?;
         if self.teacher.is_some()
             && diagnostics.responses > 0
