@@ -77,7 +77,7 @@ NEW_TOKENS = 6
 
 def randomize(model, seed):
     """Weights large enough that logits differ by whole units between tokens
-    (transformers' 0.02 init leaves them all near zero), norms around 1."""
+    (transformers' 0.02 init leaves them all near zero), norms near 1."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -82,7 +82,7 @@ IMAGE_SIZES = [(50, 37), (70, 30), (100, 90)]
 
 def randomize(model, seed):
     """Weights large enough that logits differ by whole units between tokens,
-    norms around 1 (as hf_golden.py)."""
+    norms near 1 (as hf_golden.py)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

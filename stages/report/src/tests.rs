@@ -259,7 +259,7 @@ fn contrast_figures_of_a_teacher_table() {
     let c = contrast_figures(teacher).unwrap();
     assert_eq!((c.steps, c.tokens), (2, 4));
     assert!((c.token[0] - 0.5).abs() < 1e-9);
-    // Population std of 1, 3, -2, 0 around 0.5.
+    // Population std of 1, 3, -2, 0 about the mean 0.5.
     assert!((c.token[1] - 1.8027756).abs() < 1e-6, "{c:?}");
     assert_eq!((c.token[2], c.token[3]), (-2.0, 3.0));
     assert!((c.step_mean_std - 1.5).abs() < 1e-9);
