@@ -659,6 +659,25 @@ fn babyais_patched_state_key_equals_the_full_grid_encoding() {
     assert!(grid_actions > 100, "{stdout}");
 }
 
+#[test]
+fn rgba_and_gray_frames_become_the_rgb_transformers_makes_of_them() {
+    let out = std::process::Command::new(BridgeConfig::default().python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/python/checks/rgb_frames.py"
+        ))
+        .env("PYTHONPATH", embodyflow_gym::worker::PYTHON_DIR)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), "65536 pairs, 24 frames");
+}
+
 fn faulty(fault: &str) -> GymTaskSpec {
     let mut spec = GymTaskSpec::new("faulty", "Counter-v0", 0, 10);
     spec.kwargs = json!({"fault": fault, "at_step": 2});

@@ -4,7 +4,11 @@ space. No expert; the instruction is the task spec's (the worker falls back
 to it when an adapter gives none).
 
 Observation parts, by space:
-- Box uint8 of shape HxWx3: the frame (at most one per observation);
+- Box uint8 of shape HxWxC, C = 3, 4 or 1: the frame (at most one per
+  observation), always given as RGB the way transformers' `convert_to_rgb`
+  makes an array RGB before a vision-language model sees it (`to_rgb`): RGBA
+  composited over white, each channel alpha/255 * c + (1 - alpha/255) * 255
+  in float64 rounded half to even; a gray channel repeated three times;
 - Box of one dimension: proprio values; Discrete(n): a one-hot of n;
 - Text (or any space whose values are strings, as MiniGrid's mission): the
   observation's text, appended to the instruction in every decision's
@@ -132,10 +136,32 @@ def default_rule(env, env_id, seed):
     return Rule("info")
 
 
+IMAGE_CHANNELS = (3, 4, 1)
+
+
 def is_image(space):
     from gymnasium import spaces
 
-    return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] == 3
+    return (
+        isinstance(space, spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+        and space.shape[2] in IMAGE_CHANNELS
+    )
+
+
+def to_rgb(frame):
+    """An HxWxC uint8 frame (C in IMAGE_CHANNELS) as HxWx3 RGB, by the rule
+    of transformers' `image_transforms.convert_to_rgb` for a uint8 array:
+    RGBA over a white background (alpha / 255 * c + (1 - alpha / 255) *
+    255 in float64, `np.round`), gray repeated; RGB as it is."""
+    channels = frame.shape[2]
+    if channels == 3:
+        return frame
+    if channels == 1:
+        return np.repeat(frame, 3, axis=2)
+    alpha = frame[..., 3:4] / 255
+    return np.round(alpha * frame[..., :3] + (1 - alpha) * 255).astype(np.uint8)
 
 
 def is_text(space):
@@ -164,7 +190,7 @@ class Layout:
         self.dict = isinstance(space, spaces.Dict)
         entries = list(space.spaces.items()) if self.dict else [("", space)]
         accepted = (
-            "a Box image (HxWx3 uint8), a 1-d Box, a Discrete, a Text, or a Dict of those"
+            "a Box image (HxWx3, HxWx4 or HxWx1 uint8), a 1-d Box, a Discrete, a Text, or a Dict of those"
         )
         for key, part in entries:
             where = f"`{env_id}` observes {space}" + (f" (entry `{key}`: {part})" if self.dict else "")
@@ -201,7 +227,7 @@ class Layout:
     def pixels(self, obs):
         if self.image is None:
             return np.zeros((0, 0, 3), dtype=np.uint8)
-        return self.part(obs, self.image)
+        return to_rgb(np.asarray(self.part(obs, self.image)))
 
     def proprio(self, obs):
         values = []
