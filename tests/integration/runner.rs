@@ -916,6 +916,23 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
             "bad.toml:18:",
             "data/none does not exist",
         ),
+        // Conditional reads the stage decides from the declarations it runs
+        // (`--print-config`'s `reads`): the reward's, the estimator's.
+        (
+            offline(1, 1, false).replace(
+                "inputs = [\"${collect}\", \"${train}\"]",
+                "inputs = [\"${collect}\"]",
+            ),
+            "bad.toml:26:",
+            "step `score` (score-rewards) reads table `tasks` when the chosen reward.fn needs them",
+        ),
+        (
+            offline(1, 1, false)
+                .replace("estimator = \"grpo\"", "estimator = \"grpo_step\"")
+                .replace("\"step.kind\" = \"rule\"", "\"step.kind\" = \"rule\", \"step.gate\" = \"prompt\""),
+            "bad.toml:33:",
+            "step `adv` (compute-advantages) reads table `step_gates` when estimator = grpo_step with step.gate = prompt, as its config has it",
+        ),
         (
             offline(1, 1, false).replace("[\"${collect}\", \"${score}\"]", "[\"${collect}\"]"),
             "bad.toml:33:",

@@ -12,6 +12,11 @@ use embodyflow_tests::run;
 /// config, after checking the exit code, in a fresh working directory that
 /// must stay empty.
 fn print_config(stage: &str, sets: &[&str]) -> serde_json::Value {
+    print_report(stage, sets)["config"].clone()
+}
+
+/// [`print_config`]'s whole report.
+fn print_report(stage: &str, sets: &[&str]) -> serde_json::Value {
     let cwd = tempfile::tempdir().unwrap();
     let mut args = vec!["--print-config"];
     for set in sets {
@@ -36,7 +41,7 @@ fn print_config(stage: &str, sets: &[&str]) -> serde_json::Value {
     );
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(report["stage"], stage, "{stdout}");
-    report["config"].clone()
+    report
 }
 
 /// Every dotted leaf of a config tree with its value.
@@ -74,6 +79,42 @@ fn print_config_needs_no_other_flag() {
     let result = run("generate-tasks", &["--set", "count=3"]);
     assert_eq!(result.code, 2, "{result}");
     assert!(result.stderr.contains("--out"), "{result}");
+}
+
+/// `reads`: the tables a resolved config makes its stage read beyond its
+/// every-run reads, each one of the stage's conditional reads.
+#[test]
+fn print_config_reports_the_tables_the_config_reads() {
+    let cases: [(&str, &[&str], &[&str]); 8] = [
+        ("update-policy", &["objective=sft"], &["tasks"]),
+        ("update-policy", &["objective=ppo"], &["trajectories", "steps", "advantages"]),
+        ("update-policy", &["objective=lapo"], &["trajectories", "steps", "advantages"]),
+        ("score-rewards", &["reward.fn=outcome"], &[]),
+        ("score-rewards", &["reward.fn=verify"], &["tasks"]),
+        ("compute-advantages", &["estimator=gae"], &[]),
+        ("compute-advantages", &["estimator=grpo", "stepopsd.enabled=true"], &["teacher_logp"]),
+        ("generate-tasks", &[], &[]),
+    ];
+    for (stage, sets, expected) in cases {
+        let report = print_report(stage, sets);
+        let reads: Vec<&str> = report["reads"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{stage}: no reads in {report}"))
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(reads, expected, "{stage} {sets:?}");
+        let declared = spec::stage(stage).unwrap();
+        for table in reads {
+            assert!(
+                declared
+                    .reads
+                    .iter()
+                    .any(|r| r.table.as_str() == table && r.need != spec::Need::Always),
+                "{stage}: {table}"
+            );
+        }
+    }
 }
 
 #[test]

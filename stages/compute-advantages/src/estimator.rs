@@ -20,7 +20,7 @@
 //!     about: "RLOO: R_i less the mean of the other scores of its group",
 //!     sections: &[],
 //!     group_relative: true,
-//!     reads: &[],
+//!     reads: |_| Vec::new(),
 //!     check: |_| Ok(()),
 //!     build: |b| build(b, Kernel::scores(|s, g| Ok(rloo(s, g)))),
 //! };
@@ -56,9 +56,12 @@ pub struct Estimator {
     /// group that faults leave with fewer than 2 trajectories has no signal
     /// then; GAE's critic needs no siblings).
     pub group_relative: bool,
-    /// Tables it reads besides trajectories, rewards and steps (when its
-    /// settings need them; the stage's spec lists them as conditional reads).
-    pub reads: &'static [TableName],
+    /// The tables it reads besides trajectories, rewards and steps under a
+    /// resolved config (those its settings need): what its build opens and
+    /// what `--print-config` reports as the config's `reads`, so the
+    /// pipeline runner checks them before any stage runs. Each is a
+    /// conditional read of the stage's spec (a test checks it).
+    pub reads: fn(&Config) -> Vec<TableName>,
     /// Relations between keys that hold when it is the chosen estimator
     /// (each section's own ranges are checked whatever runs).
     pub check: fn(&Config) -> Result<()>,

@@ -87,7 +87,7 @@ pub static GAE: Estimator = Estimator {
     about: "GAE over the critic's values (gae.level), whitened over the batch",
     sections: &[SECTION],
     group_relative: false,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |build| {
         Ok(Box::new(Gae {
@@ -105,7 +105,7 @@ pub static REINFORCE_PLUS_PLUS: Estimator = Estimator {
         Section::of::<ReinforceConfig>("reinforce_plus_plus"),
     ],
     group_relative: false,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |build| {
         let config: ReinforceConfig = build.config.section("reinforce_plus_plus");

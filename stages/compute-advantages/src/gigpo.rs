@@ -55,7 +55,7 @@ pub static GIGPO: Estimator = Estimator {
     about: "GiGPO: grpo plus omega times the normalised return among steps from one state",
     sections: &[Section::of::<GigpoConfig>("gigpo")],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |build| {
         Ok(Box::new(Gigpo {

@@ -22,7 +22,6 @@
 
 use embodyflow_algos::grpo::{GroupNorm, episode_advantages};
 use embodyflow_core::Result;
-use embodyflow_core::schemas::TableName;
 
 use crate::episodes::{self, GrpoConfig};
 use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
@@ -36,7 +35,7 @@ pub static GRPO: Estimator = Estimator {
     about: "GRPO: (R_i - mean_g R) / (std_g R + eps) over the group of R_i",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
-    reads: &[TableName::TeacherLogp],
+    reads: step::stepopsd_reads,
     check: |_| Ok(()),
     build: |build| build_grpo(build, true),
 };
@@ -47,7 +46,7 @@ pub static DR_GRPO: Estimator = Estimator {
     about: "Dr. GRPO: R_i - mean_g R",
     sections: &[episodes::GRPO, step::STEPOPSD],
     group_relative: true,
-    reads: &[TableName::TeacherLogp],
+    reads: step::stepopsd_reads,
     check: |_| Ok(()),
     build: |build| build_grpo(build, false),
 };

@@ -64,7 +64,7 @@ pub static RLOO: Estimator = Estimator {
     about: "RLOO: R_i less the mean of the other scores of its group",
     sections: &[],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |b| build(b, Kernel::scores(|s, g| Ok(rloo(s, g)))),
 };
@@ -75,7 +75,7 @@ pub static OPO: Estimator = Estimator {
     about: "OPO: R_i less its group's mean score weighted by valid tokens",
     sections: &[],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |b| build(b, Kernel::tokens(|s, g, l| Ok(opo(s, g, l)))),
 };
@@ -86,7 +86,7 @@ pub static GPG: Estimator = Estimator {
     about: "GPG: R_i less its group's mean, times the batch over its non-zero scores",
     sections: &[],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |b| build(b, Kernel::scores(|s, g| Ok(gpg(s, g)))),
 };
@@ -97,7 +97,7 @@ pub static GRPO_PASSK: Estimator = Estimator {
     about: "GRPO pass@k: the best of each group gets its margin over the second, normalised",
     sections: &[episodes::GRPO, PASSK],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |b| {
         let norm = GroupNorm {
@@ -114,7 +114,7 @@ pub static REINFORCE_PLUS_PLUS_BASELINE: Estimator = Estimator {
     about: "REINFORCE++-baseline: R_i less its group's mean, whitened over the batch",
     sections: &[],
     group_relative: true,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |b| build(b, Kernel::tokens(reinforce_plus_plus_baseline)),
 };

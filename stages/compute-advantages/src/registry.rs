@@ -19,6 +19,7 @@
 use std::sync::LazyLock;
 
 use embodyflow_core::config::{at_least, keys_of};
+use embodyflow_core::schemas::TableName;
 use embodyflow_core::section;
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_core::{Error, Result};
@@ -171,6 +172,11 @@ impl StageConfig for Config {
         from_tree(tree)
     }
 
+    /// The chosen estimator's reads under this config ([`Estimator::reads`]).
+    fn reads(&self) -> Vec<TableName> {
+        (chosen(self).reads)(self)
+    }
+
     /// `batch_rows` at least 1; each section's ranges (its
     /// [`crate::config::SectionConfig::check`]); a section switched on
     /// (`stepopsd.enabled`) only for an estimator that declares it; the
@@ -209,7 +215,7 @@ impl StageConfig for Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embodyflow_core::config::refused_key;
+    use embodyflow_core::config::{ConfigReport, refused_key};
     use embodyflow_core::spec;
 
     #[test]
@@ -315,23 +321,52 @@ mod tests {
         embodyflow_core::config::check_key_docs::<Config>().unwrap();
     }
 
-    /// The tables an estimator may read besides the three every one reads
-    /// are the stage's conditional reads in its spec.
+    /// What `--print-config` reports an estimator's config reads, under
+    /// every setting that switches a read on: each table one of the
+    /// stage's conditional reads in its spec, and the settings' own.
     #[test]
-    fn the_spec_lists_every_table_an_estimator_reads() {
+    fn an_estimators_reads_follow_its_settings_and_are_conditional_reads_of_the_spec() {
+        let reads = |sets: &[&str]| -> Option<Vec<String>> {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let report = ConfigReport::resolve::<Config>("", "", None, &sets);
+            report.problem.is_none().then_some(report.reads)
+        };
+        let switches: [&[&str]; 4] = [
+            &[],
+            &["stepopsd.enabled=true"],
+            &["step.kind=forward_proxy"],
+            &["step.gate=prompt", "step.kind=forward_proxy"],
+        ];
         for estimator in ESTIMATORS {
-            for table in estimator.reads {
-                let read = spec::COMPUTE_ADVANTAGES
-                    .reads
-                    .iter()
-                    .find(|r| r.table == *table);
-                assert!(
-                    read.is_some_and(|r| r.need != spec::Need::Always),
-                    "{}: {table}",
-                    estimator.name
-                );
+            for switch in switches {
+                let chosen = format!("estimator={}", estimator.name);
+                let sets: Vec<&str> = std::iter::once(chosen.as_str()).chain(switch.iter().copied()).collect();
+                // A section the estimator does not declare is refused.
+                let Some(reads) = reads(&sets) else { continue };
+                for table in reads {
+                    let read = spec::COMPUTE_ADVANTAGES
+                        .reads
+                        .iter()
+                        .find(|r| r.table.as_str() == table);
+                    assert!(
+                        read.is_some_and(|r| r.need != spec::Need::Always),
+                        "{}: {table}",
+                        estimator.name
+                    );
+                }
             }
         }
+        let teacher = || vec!["teacher_logp".to_string()];
+        assert_eq!(reads(&["estimator=grpo"]), Some(vec![]));
+        assert_eq!(reads(&["estimator=gae"]), Some(vec![]));
+        assert_eq!(reads(&["estimator=grpo", "stepopsd.enabled=true"]), Some(teacher()));
+        assert_eq!(reads(&["estimator=dr_grpo", "stepopsd.enabled=true"]), Some(teacher()));
+        assert_eq!(reads(&["estimator=grpo_step", "step.kind=rule"]), Some(vec![]));
+        assert_eq!(reads(&["estimator=grpo_step", "step.kind=forward_proxy"]), Some(teacher()));
+        assert_eq!(
+            reads(&["estimator=grpo_step", "step.kind=rule", "step.gate=prompt", "stepopsd.enabled=true"]),
+            Some(vec!["teacher_logp".to_string(), "step_gates".to_string()])
+        );
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub static GRPO_STEP: Estimator = Estimator {
     about: "grpo plus omega times a step advantage on each plan step's tokens",
     sections: &[episodes::GRPO, STEP, STEPOPSD],
     group_relative: true,
-    reads: &[TableName::TeacherLogp, TableName::StepGates],
+    reads: grpo_step_reads,
     check: |config| {
         let step: StepConfig = config.section("step");
         if step.gate == Gate::ResidualContrast && step.kind != StepKind::ForwardProxy {
@@ -229,6 +229,32 @@ impl SectionConfig<Config> for StepOpsdConfig {
     }
 }
 
+/// What grpo and dr_grpo read besides the steps: the teacher's log-probs
+/// when StepOPSD reweights them (`stepopsd.enabled`).
+pub fn stepopsd_reads(config: &Config) -> Vec<TableName> {
+    let stepopsd: StepOpsdConfig = config.section("stepopsd");
+    if stepopsd.enabled {
+        vec![TableName::TeacherLogp]
+    } else {
+        Vec::new()
+    }
+}
+
+/// What grpo_step reads besides the steps: the teacher's log-probs under
+/// StepOPSD or `step.kind = forward_proxy`, the step gates under
+/// `step.gate = prompt`.
+fn grpo_step_reads(config: &Config) -> Vec<TableName> {
+    let step: StepConfig = config.section("step");
+    let mut reads = stepopsd_reads(config);
+    if step.kind == StepKind::ForwardProxy && reads.is_empty() {
+        reads.push(TableName::TeacherLogp);
+    }
+    if step.gate == Gate::Prompt {
+        reads.push(TableName::StepGates);
+    }
+    reads
+}
+
 /// The step path with everything it reads besides the steps: the policy's
 /// tokenizer, the rule matches, and the teacher log-probs and prompt gates
 /// when the settings need them.
@@ -258,15 +284,13 @@ impl StepPath {
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| Error::BadInput(format!("tokenizer {}: {e}", tokenizer_path.display())))?;
         let stepopsd: StepOpsdConfig = build.config.section("stepopsd");
-        let forward_proxy = step
-            .as_ref()
-            .is_some_and(|s| s.kind == StepKind::ForwardProxy);
-        let teacher = if stepopsd.enabled || forward_proxy {
+        let reads = (build.estimator.reads)(build.config);
+        let teacher = if reads.contains(&TableName::TeacherLogp) {
             Some(read_teacher(&(build.input)(TableName::TeacherLogp)?)?)
         } else {
             None
         };
-        let gates = if step.as_ref().is_some_and(|s| s.gate == Gate::Prompt) {
+        let gates = if reads.contains(&TableName::StepGates) {
             Some(read_gates(&(build.input)(TableName::StepGates)?)?)
         } else {
             None

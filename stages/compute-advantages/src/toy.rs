@@ -21,7 +21,7 @@ pub static TOY: Estimator = Estimator {
     about: "toy.scale * R_i",
     sections: &[Section::of::<ToyConfig>("toy")],
     group_relative: false,
-    reads: &[],
+    reads: |_| Vec::new(),
     check: |_| Ok(()),
     build: |build| {
         let scale = build.config.section::<ToyConfig>("toy").scale;

@@ -69,6 +69,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use crate::checks::{at_least, ensure, finite, in_range, non_negative, positive};
+use embodyflow_schemas::TableName;
+
 use crate::dataset::WriteOptions;
 use crate::error::{Error, Result};
 use crate::threads::{Threads, ThreadsConfig};
@@ -215,6 +217,18 @@ pub trait StageConfig: Serialize + DeserializeOwned + Default {
     fn validate(&self) -> Result<()> {
         Ok(())
     }
+
+    /// The tables this config makes its stage read besides those its spec
+    /// reads on every run: which of the spec's conditional reads
+    /// ([`crate::spec::Need::When`]) hold, decided by the stage's own code
+    /// from the declarations it runs (an estimator's, a reward's, an
+    /// objective's), so that what the stage opens and what it reports are
+    /// one answer. `--print-config` reports them as `reads` and the
+    /// runner's pre-check requires them of a step's inputs. A table read
+    /// only when an input holds it (none required) is not listed.
+    fn reads(&self) -> Vec<TableName> {
+        Vec::new()
+    }
 }
 
 /// A config struct with its resolved JSON tree.
@@ -255,6 +269,10 @@ pub struct ConfigReport {
     pub config: Option<Value>,
     /// Why it does not resolve.
     pub problem: Option<ConfigProblem>,
+    /// The tables the resolved config reads besides the stage's every-run
+    /// reads ([`StageConfig::reads`]); empty when it does not resolve.
+    #[serde(default)]
+    pub reads: Vec<String>,
 }
 
 /// A config that does not resolve: the dotted key at fault (when one is) and
@@ -298,8 +316,16 @@ impl ConfigReport {
         file: Option<&Path>,
         sets: &[String],
     ) -> Self {
-        let (config, problem) = match load_with::<C>(pool, file, sets) {
-            Ok(resolved) => (Some(resolved.json), None),
+        let (config, problem, reads) = match load_with::<C>(pool, file, sets) {
+            Ok(resolved) => {
+                let reads = resolved
+                    .config
+                    .reads()
+                    .into_iter()
+                    .map(|table| table.as_str().to_string())
+                    .collect();
+                (Some(resolved.json), None, reads)
+            }
             Err(error) => {
                 let key = match &error {
                     Error::UnknownKey { key, .. } | Error::BadValue { key, .. } => {
@@ -308,7 +334,7 @@ impl ConfigReport {
                     _ => None,
                 };
                 let message = error.to_string();
-                (None, Some(ConfigProblem { key, message }))
+                (None, Some(ConfigProblem { key, message }), Vec::new())
             }
         };
         ConfigReport {
@@ -316,6 +342,7 @@ impl ConfigReport {
             version: version.to_string(),
             config,
             problem,
+            reads,
         }
     }
 }

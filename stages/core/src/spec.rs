@@ -39,7 +39,9 @@ pub use crate::threads::Threads;
 pub enum Need {
     /// On every run: a missing table is an error before any work.
     Always,
-    /// Only under a config condition, said for people (`objective = sft`).
+    /// Only under a config condition, said for people (`objective = sft`);
+    /// whether a resolved config meets it is the stage's own answer
+    /// ([`crate::config::StageConfig::reads`], `--print-config`'s `reads`).
     When(&'static str),
 }
 
@@ -342,7 +344,7 @@ pub const SCORE_REWARDS: StageSpec = StageSpec {
         always(TableName::Trajectories),
         when(
             TableName::Tasks,
-            "reward.fn = embodied_r1 or verify (ground-truth plans, scenes)",
+            "the chosen reward.fn needs them (ground-truth plans, scenes); an outcome reward reads them when given",
         ),
     ],
     checkpoints: &[],
@@ -425,9 +427,9 @@ pub const UPDATE_POLICY: StageSpec = StageSpec {
     purpose: "SFT and PPO/GRPO updates of a policy checkpoint",
     reads: &[
         when(TableName::Tasks, "objective = sft"),
-        when(TableName::Trajectories, "objective = ppo"),
-        when(TableName::Steps, "objective = ppo"),
-        when(TableName::Advantages, "objective = ppo"),
+        when(TableName::Trajectories, "objective = ppo or lapo"),
+        when(TableName::Steps, "objective = ppo or lapo"),
+        when(TableName::Advantages, "objective = ppo or lapo"),
     ],
     checkpoints: &[POLICY],
     writes: &[

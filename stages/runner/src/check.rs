@@ -6,13 +6,17 @@
 //! `set` entry that gave it), and every table a stage reads (its
 //! declaration, [`embodyflow_core::spec`]) is among the step's inputs —
 //! written by the earlier step an input names, or on disk. A table read on
-//! every run must be there; one read under a condition written `key =
-//! value` (update-policy's `tasks` when `objective = sft`) must be there
-//! when the step's resolved config has that value.
+//! every run must be there; one read under a condition (update-policy's
+//! `tasks` when `objective = sft`, compute-advantages' `step_gates` when its
+//! estimator gates steps by prompt) must be there when the stage says its
+//! resolved config reads it: `--print-config` reports those tables
+//! (`reads`, [`embodyflow_core::config::StageConfig::reads`]), computed by
+//! the stage from the declarations it runs, so the pre-check decides every
+//! conditional read the way the run opens it.
 //!
 //! The resolved configs are what the cache keys on ([`crate::cache`]). One
 //! `--print-config` per distinct stage binary, `--config` file and `--set`
-//! list, in parallel; a resolved config is remembered in
+//! list, in parallel; a resolved config and its reads are remembered in
 //! `OUT/_runner/configs.json` by the binary's hash, the config file's
 //! identity and the `--set`s, so a resumed or repeated run starts no
 //! process for it.
@@ -26,6 +30,7 @@ use embodyflow_core::manifest::{Manifest, is_table_dir};
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::spec::Need;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Result, RunnerError};
@@ -59,6 +64,22 @@ pub struct Checked {
     pub notes: Vec<String>,
     /// The resolved config of each instance, in plan order.
     pub configs: Vec<Option<Value>>,
+}
+
+/// What `--print-config` resolved for a step: its config and the tables
+/// that config reads beyond the stage's every-run reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StepConfig {
+    config: Value,
+    /// Table names, each a conditional read of the stage (checked when
+    /// resolved).
+    reads: Vec<String>,
+}
+
+impl StepConfig {
+    fn tables(&self) -> Vec<TableName> {
+        self.reads.iter().filter_map(|name| name.parse().ok()).collect()
+    }
 }
 
 /// Runs the checks and resolves every instance's config.
@@ -106,7 +127,7 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked>
     }
     // The instances by what their config resolves from.
     let memo_path = crate::cache::runner_dir(&plan.out).join("configs.json");
-    let mut memo: BTreeMap<String, Value> = std::fs::read_to_string(&memo_path)
+    let mut memo: BTreeMap<String, StepConfig> = std::fs::read_to_string(&memo_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
@@ -139,7 +160,7 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked>
         memo_keys.push(Some(key));
     }
     let todo: Vec<(String, &Instance)> = todo.into_iter().collect();
-    let results: Vec<Result<(String, Value)>> = todo
+    let results: Vec<Result<(String, StepConfig)>> = todo
         .par_iter()
         .map(|(key, instance)| resolve_config(plan, instance, bin_dir).map(|c| (key.clone(), c)))
         .collect();
@@ -165,37 +186,15 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked>
             serde_json::to_string(&memo).expect("serialises"),
         );
     }
-    let configs: Vec<Option<Value>> = memo_keys
+    let resolved: Vec<Option<StepConfig>> = memo_keys
         .into_iter()
         .map(|key| key.and_then(|k| memo.get(&k).cloned()))
         .collect();
-    for (instance, config) in plan.instances.iter().zip(&configs) {
-        check_reads(plan, instance, config.as_ref())?;
+    for (instance, step) in plan.instances.iter().zip(&resolved) {
+        check_reads(plan, instance, step.as_ref().map(StepConfig::tables).as_deref())?;
     }
+    let configs = resolved.into_iter().map(|s| s.map(|s| s.config)).collect();
     Ok(Checked { notes, configs })
-}
-
-/// Whether condition `condition` of a stage's declaration holds for the
-/// resolved config `config`: `Some` for a condition written `key = value`
-/// (a dotted key, a plain value), `None` for one written for people only.
-pub fn condition_holds(condition: &str, config: &Value) -> Option<bool> {
-    let (key, value) = condition.split_once(" = ")?;
-    let plain = |text: &str| {
-        !text.is_empty()
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-    };
-    if !plain(key) || !plain(value) {
-        return None;
-    }
-    let found = key
-        .split('.')
-        .try_fold(config, |tree, part| tree.get(part))?;
-    Some(match found {
-        Value::String(text) => text == value,
-        other => other.to_string() == value,
-    })
 }
 
 /// The tables input `input` of `instance` holds: those its producing step's
@@ -219,10 +218,10 @@ fn tables_of(plan: &Plan, instance: &Instance, input: &Path) -> Option<Vec<Table
     Some(tables.keys().filter_map(|t| t.parse().ok()).collect())
 }
 
-/// Every table the stage reads on every run, and every table it reads
-/// under a condition its resolved config meets ([`condition_holds`]), is
-/// held by one of the inputs.
-fn check_reads(plan: &Plan, instance: &Instance, config: Option<&Value>) -> Result<()> {
+/// Every table the stage reads on every run, and every table its resolved
+/// config reads (`reads`: none known when its stage is not built), is held
+/// by one of the inputs.
+fn check_reads(plan: &Plan, instance: &Instance, reads: Option<&[TableName]>) -> Result<()> {
     let mut held = Vec::new();
     let mut described = Vec::new();
     for input in &instance.inputs {
@@ -237,9 +236,7 @@ fn check_reads(plan: &Plan, instance: &Instance, config: Option<&Value>) -> Resu
     let needed = instance.stage.reads.iter().find(|read| {
         let needed = match read.need {
             Need::Always => true,
-            Need::When(condition) => {
-                config.and_then(|c| condition_holds(condition, c)) == Some(true)
-            }
+            Need::When(_) => reads.is_some_and(|reads| reads.contains(&read.table)),
         };
         needed && !held.contains(&read.table)
     });
@@ -265,7 +262,7 @@ fn check_reads(plan: &Plan, instance: &Instance, config: Option<&Value>) -> Resu
 
 /// The config `instance`'s stage resolves (`--print-config`); a problem
 /// is reported at the line of the setting it names.
-fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<Value> {
+fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<StepConfig> {
     let bin = binary(bin_dir, instance.stage.name);
     let output = Command::new(&bin)
         .args(instance.stage_args())
@@ -296,8 +293,35 @@ fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<Va
         )),
         Some(ConfigReport {
             config: Some(config),
+            reads,
             ..
-        }) if output.status.success() => Ok(config),
+        }) if output.status.success() => {
+            let tables = reads
+                .iter()
+                .map(|name| {
+                    name.parse::<TableName>().map_err(|_| {
+                        err(
+                            instance.line,
+                            format!("`{} --print-config` reports reading an unknown table `{name}`", bin.display()),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Only a table the stage declares as a conditional read.
+            if let Some(table) = tables.iter().find(|table| {
+                !instance
+                    .stage
+                    .reads
+                    .iter()
+                    .any(|read| read.table == **table && matches!(read.need, Need::When(_)))
+            }) {
+                return Err(err(
+                    instance.line,
+                    format!("`{} --print-config` reports reading table `{table}`, which its stage does not declare as a conditional read", bin.display()),
+                ));
+            }
+            Ok(StepConfig { config, reads })
+        }
         _ => {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
@@ -316,36 +340,6 @@ fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<Va
                     }
                 ),
             ))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn conditions_written_key_equals_value_are_checked_against_the_config() {
-        let config = serde_json::json!({
-            "objective": "sft",
-            "epochs": 2,
-            "step": {"kind": "rule", "gate": "prompt"},
-        });
-        for (condition, holds) in [
-            ("objective = sft", Some(true)),
-            ("objective = ppo", Some(false)),
-            ("step.kind = rule", Some(true)),
-            ("epochs = 2", Some(true)),
-            // A key the config does not have, or prose: not decidable.
-            ("objective.kind = sft", None),
-            (
-                "reward.fn = embodied_r1 or verify (ground-truth plans, scenes)",
-                None,
-            ),
-            ("estimator = grpo_step with step.gate = prompt", None),
-            ("stepopsd.enabled or estimator = grpo_step", None),
-        ] {
-            assert_eq!(condition_holds(condition, &config), holds, "{condition}");
         }
     }
 }

@@ -255,6 +255,14 @@ impl StageConfig for Config {
         &self.output
     }
 
+    /// The tasks when the chosen reward needs them ([`Reward::reads`]).
+    fn reads(&self) -> Vec<TableName> {
+        match reward(&self.reward.function) {
+            Some(chosen) if chosen.reads().tasks.is_some() => vec![TableName::Tasks],
+            _ => Vec::new(),
+        }
+    }
+
     /// `reward.fn` a registered reward, every reward's keys checked
     /// ([`Reward::settings`]: `reward.reward_coef` above 0), `batch_rows`
     /// at least 1.

@@ -26,6 +26,7 @@
 use std::path::PathBuf;
 
 use embodyflow_core::Error;
+use embodyflow_core::schemas::TableName;
 use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, non_negative, positive};
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_envs::context::ContextTemplates;
@@ -84,6 +85,21 @@ pub enum Objective {
     /// LaST-R1's LAPO on a thinking VLA's rollouts: action, `<latent_end>`
     /// and latent surrogates and the clipped value loss ([`lapo`]).
     Lapo,
+}
+
+impl Objective {
+    /// The tables its examples come from: what the stage opens for it and
+    /// what `--print-config` reports as the config's `reads`.
+    pub fn reads(self) -> &'static [TableName] {
+        match self {
+            Objective::Sft => &[TableName::Tasks],
+            Objective::Ppo | Objective::Lapo => &[
+                TableName::Trajectories,
+                TableName::Steps,
+                TableName::Advantages,
+            ],
+        }
+    }
 }
 
 /// `optim.*` settings (AdamW). Each field's doc comment is its key's
@@ -417,6 +433,10 @@ impl StageConfig for Config {
 
     fn output(&self) -> &OutputConfig {
         &self.output
+    }
+
+    fn reads(&self) -> Vec<TableName> {
+        self.objective.reads().to_vec()
     }
 
     fn validate(&self) -> embodyflow_core::Result<()> {
