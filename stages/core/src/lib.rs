@@ -20,6 +20,8 @@
 //! - [`progress`]: progress bars for long loops;
 //! - [`observation`]: the bytes of a closed-loop observation (image and
 //!   proprio) in `steps.observation`;
+//! - [`image_list`]: a prompt's images of different sizes in the same column
+//!   (its format version 3), and every version read as a list of images;
 //! - [`observation_store`]: those observations written once into an Arrow
 //!   IPC file and served zero-copy from a memory mapping, epoch after epoch;
 //! - [`values`]: finite floats and declared integer ranges, checked on every read and write;
@@ -41,6 +43,7 @@ pub mod config;
 pub mod dataset;
 pub mod diagnostics;
 pub mod error;
+pub mod image_list;
 pub mod inputs;
 pub mod manifest;
 pub mod numerics;

@@ -34,6 +34,9 @@
 //! then    4·P         proprio
 //! ```
 //!
+//! Version 3, images of different sizes (a prompt's), is
+//! [`crate::image_list`]'s; [`decode`] refuses it naming it.
+//!
 //! [`encode`] writes version 1 (one unnamed image), [`encode_named`]
 //! version 2; [`decode`] reads both ([`Observation::names`] is empty for
 //! version 1). The length is exact. Decoding checks the magic, the version,
@@ -144,11 +147,20 @@ pub enum ObservationError {
     },
     /// A format version this build does not read.
     #[error(
-        "observation format version {found}; this build reads versions {VERSION} and {VERSION_NAMED}"
+        "observation format version {found}; this build reads versions {VERSION}, {VERSION_NAMED} and 3"
     )]
     UnsupportedVersion {
         /// The version in the header.
         found: u16,
+    },
+    /// An image list (version 3, [`crate::image_list`]) where one frame of
+    /// one size is read.
+    #[error(
+        "observation holds {count} images of different sizes (format version 3, a prompt's images): read it as an image list, not as one frame"
+    )]
+    ImageList {
+        /// The images it holds.
+        count: u16,
     },
     /// A decoded observation of another shape than expected.
     #[error("observation is {found}, expected {expected}")]
@@ -417,6 +429,9 @@ fn read_layout(bytes: &[u8]) -> Result<(ObservationShape, Vec<&str>, usize), Obs
     }
     let field = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
     let version = field(4);
+    if version == crate::image_list::VERSION_LIST {
+        return Err(ObservationError::ImageList { count: field(6) });
+    }
     if version != VERSION && version != VERSION_NAMED {
         return Err(ObservationError::UnsupportedVersion { found: version });
     }
@@ -575,11 +590,17 @@ mod tests {
             matches!(decode(&magic), Err(ObservationError::BadMagic { found }) if found == *b"XFOB")
         );
         let mut version = good.clone();
-        version[4] = 3;
+        version[4] = 4;
         assert_eq!(
             decode(&version).unwrap_err(),
-            ObservationError::UnsupportedVersion { found: 3 }
+            ObservationError::UnsupportedVersion { found: 4 }
         );
+        // Version 3 is an image list, refused by name.
+        version[4] = 3;
+        assert!(matches!(
+            decode(&version),
+            Err(ObservationError::ImageList { .. })
+        ));
         let mut nan = good.clone();
         let at = HEADER_LEN + 48 + 4 * 2;
         nan[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
