@@ -81,7 +81,7 @@ impl GrpoConfig {
 }
 
 /// The `grpo` section.
-pub const GRPO: Section = Section::of::<GrpoConfig>("grpo");
+pub(crate) const GRPO: Section = Section::of::<GrpoConfig>("grpo");
 
 /// One trajectory with its reward, as the estimators see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -452,7 +452,7 @@ impl Groups {
 
 /// Steps rows seen per episode, for the estimators that stream every steps
 /// row once (GRPO and the step path; GAE checks step indices instead).
-pub struct StepCounts<'a> {
+pub(crate) struct StepCounts<'a> {
     episodes: &'a Episodes,
     counts: Vec<i32>,
     /// Response tokens seen per episode (when counted: [`StepCounts::count_tokens`]).
@@ -461,7 +461,7 @@ pub struct StepCounts<'a> {
 
 impl<'a> StepCounts<'a> {
     /// No steps seen yet.
-    pub fn new(episodes: &'a Episodes) -> StepCounts<'a> {
+    pub(crate) fn new(episodes: &'a Episodes) -> StepCounts<'a> {
         StepCounts {
             episodes,
             counts: vec![0; episodes.list.len()],
@@ -473,7 +473,7 @@ impl<'a> StepCounts<'a> {
     /// [`StepCounts::locate`] on the same batch), so that
     /// [`StepCounts::check`] also checks every trajectory's token rewards
     /// against its response tokens.
-    pub fn count_tokens(&mut self, located: &[usize], responses: &ListArray) {
+    pub(crate) fn count_tokens(&mut self, located: &[usize], responses: &ListArray) {
         let tokens = self
             .tokens
             .get_or_insert_with(|| vec![0; self.counts.len()]);
@@ -484,7 +484,7 @@ impl<'a> StepCounts<'a> {
 
     /// The episode of each steps row, counting them; a row of an unknown
     /// trajectory is bad input.
-    pub fn locate(&mut self, ids: &StringArray) -> Result<Vec<usize>> {
+    pub(crate) fn locate(&mut self, ids: &StringArray) -> Result<Vec<usize>> {
         (0..ids.len())
             .map(|i| {
                 let e = self.episodes.of_step(ids.value(i))?;
@@ -497,7 +497,7 @@ impl<'a> StepCounts<'a> {
     /// Checks that every trajectory had exactly `num_steps` steps rows and,
     /// when tokens were counted, that its token rewards (if any) have one
     /// entry per response token.
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         let list = &self.episodes.list;
         if let Some((e, &count)) = self
             .counts

@@ -121,7 +121,7 @@ impl StepsInput<'_> {
 }
 
 /// What an estimator counted beyond the rows it wrote, if anything.
-pub type Reported = Option<Box<dyn Report>>;
+pub(crate) type Reported = Option<Box<dyn Report>>;
 
 /// An advantage estimator: streams the steps table (GAE and GiGPO twice) and
 /// writes one advantages row per step of an owned group into `out`, which

@@ -82,7 +82,7 @@ use crate::output::{AdvantagesOut, advantages_batch};
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "gae"`.
-pub static GAE: Estimator = Estimator {
+pub(crate) static GAE: Estimator = Estimator {
     name: "gae",
     about: "GAE over the critic's values (gae.level), whitened over the batch",
     sections: &[SECTION],
@@ -97,7 +97,7 @@ pub static GAE: Estimator = Estimator {
 };
 
 /// `estimator = "reinforce_plus_plus"`.
-pub static REINFORCE_PLUS_PLUS: Estimator = Estimator {
+pub(crate) static REINFORCE_PLUS_PLUS: Estimator = Estimator {
     name: "reinforce_plus_plus",
     about: "REINFORCE++: each token's discounted return, whitened over the batch",
     sections: &[
@@ -122,7 +122,7 @@ const SECTION: Section = Section::of::<GaeConfig>("gae");
 /// `reinforce_plus_plus.*` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
-pub struct ReinforceConfig {
+pub(crate) struct ReinforceConfig {
     /// reinforce_plus_plus: discount of the token returns (veRL's
     /// algorithm.gamma).
     pub gamma: f32,
@@ -186,7 +186,7 @@ impl SectionConfig<Config> for GaeConfig {
 }
 
 /// GAE with its settings.
-pub struct Gae {
+pub(crate) struct Gae {
     /// Discount, lambda and level.
     pub config: GaeConfig,
 }
@@ -209,7 +209,7 @@ impl Estimate for Gae {
 }
 
 /// REINFORCE++ with its discount: GAE without a critic.
-pub struct ReinforcePlusPlus {
+pub(crate) struct ReinforcePlusPlus {
     /// `reinforce_plus_plus.gamma`.
     pub gamma: f32,
     /// `gae.hold_mib`.

@@ -50,7 +50,7 @@ use crate::output::AdvantagesOut;
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "gigpo"`.
-pub static GIGPO: Estimator = Estimator {
+pub(crate) static GIGPO: Estimator = Estimator {
     name: "gigpo",
     about: "GiGPO: grpo plus omega times the normalised return among steps from one state",
     sections: &[Section::of::<GigpoConfig>("gigpo")],
@@ -114,7 +114,7 @@ impl SectionConfig<Config> for GigpoConfig {
 /// GiGPO's counts: the step group sizes over the kept groups (whatever
 /// `--shard`), `step_groups` in `diagnostics.json`.
 #[derive(Debug, Serialize)]
-pub struct StepGroupsReport {
+pub(crate) struct StepGroupsReport {
     /// The size distribution of the step groups.
     pub step_groups: StepGroupSizes,
 }
@@ -155,7 +155,7 @@ fn add_step_group_lines(summary: &mut Summary, sizes: &StepGroupSizes) {
 }
 
 /// GiGPO with its settings.
-pub struct Gigpo {
+pub(crate) struct Gigpo {
     /// gamma, omega, norm, eps, episode statistics.
     pub config: GigpoConfig,
 }

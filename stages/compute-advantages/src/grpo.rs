@@ -30,7 +30,7 @@ use crate::output::AdvantagesOut;
 use crate::step::{self, StepOpsdConfig, StepPath};
 
 /// `estimator = "grpo"`.
-pub static GRPO: Estimator = Estimator {
+pub(crate) static GRPO: Estimator = Estimator {
     name: "grpo",
     about: "GRPO: (R_i - mean_g R) / (std_g R + eps) over the group of R_i",
     sections: &[episodes::GRPO, step::STEPOPSD],
@@ -41,7 +41,7 @@ pub static GRPO: Estimator = Estimator {
 };
 
 /// `estimator = "dr_grpo"`.
-pub static DR_GRPO: Estimator = Estimator {
+pub(crate) static DR_GRPO: Estimator = Estimator {
     name: "dr_grpo",
     about: "Dr. GRPO: R_i - mean_g R",
     sections: &[episodes::GRPO, step::STEPOPSD],
@@ -65,7 +65,7 @@ fn build_grpo(build: &Build<'_>, by_std: bool) -> Result<Box<dyn Estimate>> {
 }
 
 /// GRPO or Dr. GRPO.
-pub struct Grpo {
+pub(crate) struct Grpo {
     /// Divide by the group's standard deviation (GRPO) or not (Dr. GRPO), and its eps.
     pub norm: GroupNorm,
     /// Written into every row's `estimator`.
@@ -79,7 +79,7 @@ impl Estimate for Grpo {
 }
 
 /// The outcome kernel of GRPO (or Dr. GRPO): the group-normalised score.
-pub fn kernel(norm: GroupNorm) -> Kernel {
+pub(crate) fn kernel(norm: GroupNorm) -> Kernel {
     Kernel::scores(move |scores, groups| Ok(episode_advantages(scores, groups, norm)))
 }
 

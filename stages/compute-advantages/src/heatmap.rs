@@ -42,7 +42,7 @@ const LINES: u32 = 240;
 
 /// Draws one response's heatmap into `path`; `tokens` is the text of each
 /// response token (drawn above the panels when given).
-pub fn render(
+pub(crate) fn render(
     path: &Path,
     row: &AdvantageRow,
     tokens: Option<&[String]>,
@@ -184,7 +184,7 @@ pub fn render(
 
 /// The response token ids of `rows` (by trajectory id and step), read from
 /// the steps table in batches of `batch_rows`.
-pub fn response_ids(
+pub(crate) fn response_ids(
     steps: &TableReader,
     rows: &[AdvantageRow],
     batch_rows: usize,
@@ -232,7 +232,7 @@ pub use embodyflow_plots::token_texts;
 /// it wrote them: the first N with a non-zero A^S, then the first without
 /// ([`crate::output::AdvantagesOut`]); `tokens` holds each row's token texts
 /// when known.
-pub fn render_rows(
+pub(crate) fn render_rows(
     rows: &[AdvantageRow],
     tokens: &[Option<Vec<String>>],
     out_dir: &Path,

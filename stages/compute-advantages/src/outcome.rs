@@ -59,7 +59,7 @@ use crate::estimator::{Build, Estimate, Estimator, Reported, StepsInput};
 use crate::output::{AdvantagesOut, advantages_batch};
 
 /// `estimator = "rloo"`.
-pub static RLOO: Estimator = Estimator {
+pub(crate) static RLOO: Estimator = Estimator {
     name: "rloo",
     about: "RLOO: R_i less the mean of the other scores of its group",
     sections: &[],
@@ -70,7 +70,7 @@ pub static RLOO: Estimator = Estimator {
 };
 
 /// `estimator = "opo"`.
-pub static OPO: Estimator = Estimator {
+pub(crate) static OPO: Estimator = Estimator {
     name: "opo",
     about: "OPO: R_i less its group's mean score weighted by valid tokens",
     sections: &[],
@@ -81,7 +81,7 @@ pub static OPO: Estimator = Estimator {
 };
 
 /// `estimator = "gpg"`.
-pub static GPG: Estimator = Estimator {
+pub(crate) static GPG: Estimator = Estimator {
     name: "gpg",
     about: "GPG: R_i less its group's mean, times the batch over its non-zero scores",
     sections: &[],
@@ -92,7 +92,7 @@ pub static GPG: Estimator = Estimator {
 };
 
 /// `estimator = "grpo_passk"`.
-pub static GRPO_PASSK: Estimator = Estimator {
+pub(crate) static GRPO_PASSK: Estimator = Estimator {
     name: "grpo_passk",
     about: "GRPO pass@k: the best of each group gets its margin over the second, normalised",
     sections: &[episodes::GRPO, PASSK],
@@ -109,7 +109,7 @@ pub static GRPO_PASSK: Estimator = Estimator {
 };
 
 /// `estimator = "reinforce_plus_plus_baseline"`.
-pub static REINFORCE_PLUS_PLUS_BASELINE: Estimator = Estimator {
+pub(crate) static REINFORCE_PLUS_PLUS_BASELINE: Estimator = Estimator {
     name: "reinforce_plus_plus_baseline",
     about: "REINFORCE++-baseline: R_i less its group's mean, whitened over the batch",
     sections: &[],
@@ -122,7 +122,7 @@ pub static REINFORCE_PLUS_PLUS_BASELINE: Estimator = Estimator {
 /// `grpo_passk.*` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
-pub struct PasskConfig {
+pub(crate) struct PasskConfig {
     /// grpo_passk: divide the best's margin by the group's standard
     /// deviation plus grpo.eps (veRL's norm_adv_by_std_in_grpo).
     pub norm_by_std: bool,
@@ -137,23 +137,23 @@ impl Default for PasskConfig {
 impl SectionConfig<Config> for PasskConfig {}
 
 /// The `grpo_passk` section.
-pub const PASSK: Section = Section::of::<PasskConfig>("grpo_passk");
+pub(crate) const PASSK: Section = Section::of::<PasskConfig>("grpo_passk");
 
 /// What a kernel returns: one advantage per trajectory it was given, in
 /// their order.
-pub type Computed = std::result::Result<Vec<f32>, AlgoError>;
+pub(crate) type Computed = std::result::Result<Vec<f32>, AlgoError>;
 
 /// A kernel of the scores and the groups.
-pub type ScoresKernel = dyn Fn(&[f32], &[u32]) -> Computed;
+pub(crate) type ScoresKernel = dyn Fn(&[f32], &[u32]) -> Computed;
 
 /// A kernel of the scores, the groups and the valid tokens.
-pub type TokensKernel = dyn Fn(&[f32], &[u32], &[usize]) -> Computed;
+pub(crate) type TokensKernel = dyn Fn(&[f32], &[u32], &[usize]) -> Computed;
 
 /// An outcome estimator's maths, by what it reads of the trajectories that
 /// count: `scores[i]` (R_i, the sum of its token rewards when it has them),
 /// `groups[i]` (its group's dense index) and, for [`Kernel::Tokens`],
 /// `valid_tokens[i]`.
-pub enum Kernel {
+pub(crate) enum Kernel {
     /// From the scores and groups alone.
     Scores(Box<ScoresKernel>),
     /// Also from each trajectory's valid response tokens (its response
@@ -163,37 +163,37 @@ pub enum Kernel {
 
 impl Kernel {
     /// A kernel of the scores and groups.
-    pub fn scores(kernel: impl Fn(&[f32], &[u32]) -> Computed + 'static) -> Kernel {
+    pub(crate) fn scores(kernel: impl Fn(&[f32], &[u32]) -> Computed + 'static) -> Kernel {
         Kernel::Scores(Box::new(kernel))
     }
 
     /// A kernel of the scores, groups and valid tokens.
-    pub fn tokens(kernel: impl Fn(&[f32], &[u32], &[usize]) -> Computed + 'static) -> Kernel {
+    pub(crate) fn tokens(kernel: impl Fn(&[f32], &[u32], &[usize]) -> Computed + 'static) -> Kernel {
         Kernel::Tokens(Box::new(kernel))
     }
 }
 
 /// The `build` of an outcome estimator: `kernel` under the chosen
 /// estimator's name.
-pub fn build(build: &Build<'_>, kernel: Kernel) -> Result<Box<dyn Estimate>> {
+pub(crate) fn build(build: &Build<'_>, kernel: Kernel) -> Result<Box<dyn Estimate>> {
     Ok(Box::new(Outcome::new(build.estimator.name, kernel)))
 }
 
 /// An outcome estimator: its name (every row's `estimator`) and kernel.
-pub struct Outcome {
+pub(crate) struct Outcome {
     name: &'static str,
     kernel: Kernel,
 }
 
 impl Outcome {
     /// The estimator `name` computing `kernel`.
-    pub fn new(name: &'static str, kernel: Kernel) -> Outcome {
+    pub(crate) fn new(name: &'static str, kernel: Kernel) -> Outcome {
         Outcome { name, kernel }
     }
 
     /// The advantage of every episode, in episode order: the kernel's over
     /// the trajectories that count, 0 for the others (never written).
-    pub fn advantages(&self, input: &StepsInput<'_>) -> Result<Vec<f32>> {
+    pub(crate) fn advantages(&self, input: &StepsInput<'_>) -> Result<Vec<f32>> {
         let list = &input.episodes.list;
         let counted: Vec<usize> = (0..list.len())
             .filter(|&e| input.groups.keeps(&list[e]))

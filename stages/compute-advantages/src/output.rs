@@ -225,7 +225,7 @@ fn zero_holes_of_batch(batch: &RecordBatch, holes: &Holes) -> Result<RecordBatch
 
 /// An advantages record batch from its columns: per-token `advantages` (and
 /// `returns`, same offsets) as flat values with list offsets; `step_adv` null.
-pub fn advantages_batch(
+pub(crate) fn advantages_batch(
     trajectory_ids: ArrayRef,
     step_index: ArrayRef,
     offsets: OffsetBuffer<i32>,

@@ -48,17 +48,17 @@ pub static ESTIMATORS: &[&Estimator] = &[
 ];
 
 /// The estimator named `name`.
-pub fn estimator(name: &str) -> Option<&'static Estimator> {
+pub(crate) fn estimator(name: &str) -> Option<&'static Estimator> {
     ESTIMATORS.iter().copied().find(|e| e.name == name)
 }
 
 /// The chosen estimator of a loaded config.
-pub fn chosen(config: &Config) -> &'static Estimator {
+pub(crate) fn chosen(config: &Config) -> &'static Estimator {
     estimator(&config.estimator).expect("`estimator` was checked at load")
 }
 
 /// Every declared section, once, in the order of first declaration.
-pub fn sections() -> Vec<Section> {
+pub(crate) fn sections() -> Vec<Section> {
     let mut out: Vec<Section> = Vec::new();
     for section in ESTIMATORS.iter().flat_map(|e| e.sections) {
         if !out.iter().any(|s| s.name == section.name) {
@@ -78,7 +78,7 @@ fn either(names: &[&str]) -> String {
 }
 
 /// `--help`'s list of the estimators, each with what it computes.
-pub fn listing() -> String {
+pub(crate) fn listing() -> String {
     let width = ESTIMATORS.iter().map(|e| e.name.len()).max().unwrap_or(0);
     let mut text = String::from("Estimators (estimator = NAME):\n");
     for estimator in ESTIMATORS {

@@ -65,7 +65,7 @@ use crate::output::AdvantagesOut;
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "grpo_step"`.
-pub static GRPO_STEP: Estimator = Estimator {
+pub(crate) static GRPO_STEP: Estimator = Estimator {
     name: "grpo_step",
     about: "grpo plus omega times a step advantage on each plan step's tokens",
     sections: &[episodes::GRPO, STEP, STEPOPSD],
@@ -89,11 +89,11 @@ pub static GRPO_STEP: Estimator = Estimator {
 };
 
 /// The `step` section (grpo_step's A^S).
-pub const STEP: Section = Section::of::<StepConfig>("step");
+pub(crate) const STEP: Section = Section::of::<StepConfig>("step");
 
 /// The `stepopsd` section: StepOPSD reweights the estimators that declare
 /// it, and `stepopsd.enabled` with any other is refused.
-pub const STEPOPSD: Section =
+pub(crate) const STEPOPSD: Section =
     Section::of::<StepOpsdConfig>("stepopsd").switched_by("enabled", "StepOPSD reweights");
 
 /// Where A^S comes from.
@@ -231,7 +231,7 @@ impl SectionConfig<Config> for StepOpsdConfig {
 
 /// What grpo and dr_grpo read besides the steps: the teacher's log-probs
 /// when StepOPSD reweights them (`stepopsd.enabled`).
-pub fn stepopsd_reads(config: &Config) -> Vec<TableName> {
+pub(crate) fn stepopsd_reads(config: &Config) -> Vec<TableName> {
     let stepopsd: StepOpsdConfig = config.section("stepopsd");
     if stepopsd.enabled {
         vec![TableName::TeacherLogp]
@@ -258,7 +258,7 @@ fn grpo_step_reads(config: &Config) -> Vec<TableName> {
 /// The step path with everything it reads besides the steps: the policy's
 /// tokenizer, the rule matches, and the teacher log-probs and prompt gates
 /// when the settings need them.
-pub struct StepPath {
+pub(crate) struct StepPath {
     tokenizer: Tokenizer,
     rule: HashMap<String, RuleInfo>,
     teacher: Option<TeacherLogps>,
@@ -276,7 +276,7 @@ impl StepPath {
     /// rewards, before any row (the settings themselves were checked with the
     /// config). `step` is grpo_step's A^S settings, `None` for grpo or
     /// dr_grpo reweighted by StepOPSD.
-    pub fn load(build: &Build<'_>, norm: GroupNorm, step: Option<StepConfig>) -> Result<StepPath> {
+    pub(crate) fn load(build: &Build<'_>, norm: GroupNorm, step: Option<StepConfig>) -> Result<StepPath> {
         let name = build.estimator.name;
         let tokenizer_path = tokenizer_path(build.config, build.policy).ok_or_else(|| {
             Error::Usage(format!("estimator {name} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH"))
@@ -310,7 +310,7 @@ impl StepPath {
 
 /// The policy's tokenizer.json: `step.tokenizer`, else `policy`/tokenizer.json
 /// (`None` without either).
-pub fn tokenizer_path(config: &Config, policy: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn tokenizer_path(config: &Config, policy: Option<&Path>) -> Option<PathBuf> {
     let step: StepConfig = config.section("step");
     step.tokenizer
         .or_else(|| policy.map(|p| p.join("tokenizer.json")))
@@ -371,7 +371,7 @@ impl Estimate for StepPath {
 /// `step.position_norm`: each trajectory's rule scores normalised over its
 /// group's trajectories at the same plan step k (those with a rule match
 /// that long); a position one trajectory alone reaches gets 0.
-pub fn position_normalised(
+pub(crate) fn position_normalised(
     rule: &HashMap<String, RuleInfo>,
     episodes: &Episodes,
     eps: f64,
@@ -405,7 +405,7 @@ pub fn position_normalised(
 }
 
 /// Per trajectory: rule matches and success.
-pub struct RuleInfo {
+pub(crate) struct RuleInfo {
     /// Step matches, when the task had a ground-truth plan.
     pub step_match: Option<Vec<i8>>,
     /// Whether the trajectory succeeded.
@@ -413,7 +413,7 @@ pub struct RuleInfo {
 }
 
 /// Reads step_match and success of every trajectory from rewards.
-pub fn read_rule_info(rewards: &TableReader) -> Result<HashMap<String, RuleInfo>> {
+pub(crate) fn read_rule_info(rewards: &TableReader) -> Result<HashMap<String, RuleInfo>> {
     let mut info = HashMap::new();
     for batch in rewards.batches(Some(&["trajectory_id", "success", "step_match"]), 65_536)? {
         let batch = batch?;
@@ -443,10 +443,10 @@ pub fn read_rule_info(rewards: &TableReader) -> Result<HashMap<String, RuleInfo>
 }
 
 /// Prompt gates per (trajectory, plan step).
-pub type StepGates = HashMap<(String, i32), f32>;
+pub(crate) type StepGates = HashMap<(String, i32), f32>;
 
 /// Reads the step_gates table into combined gates.
-pub fn read_gates(table: &TableReader) -> Result<StepGates> {
+pub(crate) fn read_gates(table: &TableReader) -> Result<StepGates> {
     let mut map = HashMap::new();
     let columns = [
         "trajectory_id",
@@ -480,10 +480,10 @@ pub fn read_gates(table: &TableReader) -> Result<StepGates> {
 }
 
 /// Teacher and student log-probs per (trajectory, step).
-pub type TeacherLogps = HashMap<(String, i32), (Vec<f32>, Vec<f32>)>;
+pub(crate) type TeacherLogps = HashMap<(String, i32), (Vec<f32>, Vec<f32>)>;
 
 /// Reads the teacher_logp table.
-pub fn read_teacher(table: &TableReader) -> Result<TeacherLogps> {
+pub(crate) fn read_teacher(table: &TableReader) -> Result<TeacherLogps> {
     let mut map = HashMap::new();
     for batch in table.batches(
         Some(&[
@@ -547,7 +547,7 @@ impl FlipCount {
 
 /// The step path's counts, `step` in `diagnostics.json`.
 #[derive(Debug, Serialize)]
-pub struct StepReport {
+pub(crate) struct StepReport {
     /// What the step path saw.
     pub step: StepDiagnostics,
 }
@@ -691,7 +691,7 @@ impl StepDiagnostics {
 }
 
 /// Everything the step path reads besides the steps.
-pub struct StepInputs<'a> {
+pub(crate) struct StepInputs<'a> {
     /// Aligns tokens with plan steps (the policy's tokenizer).
     pub aligner: &'a Aligner<'a>,
     /// Rule matches and success per trajectory.
