@@ -15,7 +15,7 @@
 //! streams, masks, shards and broadcasts for it, e.g.:
 //!
 //! ```text
-//! pub static RLOO: Estimator = Estimator {
+//! pub(crate) static RLOO: Estimator = Estimator {
 //!     name: "rloo",
 //!     about: "RLOO: R_i less the mean of the other scores of its group",
 //!     sections: &[],

@@ -16,7 +16,7 @@ use crate::outcome::{self, Kernel};
 use embodyflow_core::section::SectionConfig;
 
 /// `estimator = "toy_scale"`.
-pub static TOY: Estimator = Estimator {
+pub(crate) static TOY: Estimator = Estimator {
     name: "toy_scale",
     about: "toy.scale * R_i",
     sections: &[Section::of::<ToyConfig>("toy")],
