@@ -638,22 +638,26 @@ fn a_reused_environment_plays_the_episodes_a_fresh_one_does() {
     assert_eq!(warm[0].decisions, warm[2].decisions);
 }
 
-#[test]
-fn babyais_patched_state_key_equals_the_full_grid_encoding() {
+/// The standard output of `python/checks/SCRIPT` run by the bridge's
+/// Python with the package on its path, once it exits 0.
+fn python_check(script: &str) -> String {
+    let path = format!("{}/python/checks/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = std::process::Command::new(BridgeConfig::default().python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/python/checks/babyai_state_key.py"
-        ))
+        .arg(path)
         .env("PYTHONPATH", embodyflow_gym::worker::PYTHON_DIR)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}",
+        "{script}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn babyais_patched_state_key_equals_the_full_grid_encoding() {
+    let stdout = python_check("babyai_state_key.py");
     // The check saw grid-changing actions (pickup, drop, toggle).
     let grid_actions: u32 = stdout.lines().last().unwrap().trim().parse().unwrap();
     assert!(grid_actions > 100, "{stdout}");
@@ -661,21 +665,7 @@ fn babyais_patched_state_key_equals_the_full_grid_encoding() {
 
 #[test]
 fn rgba_and_gray_frames_become_the_rgb_transformers_makes_of_them() {
-    let out = std::process::Command::new(BridgeConfig::default().python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/python/checks/rgb_frames.py"
-        ))
-        .env("PYTHONPATH", embodyflow_gym::worker::PYTHON_DIR)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout.trim(), "65536 pairs, 24 frames");
+    assert_eq!(python_check("rgb_frames.py").trim(), "65536 pairs, 24 frames");
 }
 
 fn faulty(fault: &str) -> GymTaskSpec {
