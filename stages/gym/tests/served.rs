@@ -7,12 +7,24 @@
 //! not exist leaves the pool to spawn its own. Needs `.venv` (numpy).
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use embodyflow_gym::served::{ServedSocket, ServedWorkers};
 use embodyflow_gym::{ActionSpace, BridgeConfig, GymEpisodes, GymTask, GymTaskSpec, Pool};
 use embodyflow_world::{ChunkReport, ClosedLoopWorld};
 use serde_json::json;
+
+/// The tests of this file run one at a time. A worker one test starts is
+/// forked with a copy of every descriptor open in this process, another
+/// test's `.taken` lock among them; until its exec closes that copy the
+/// lock looks held, and a pool made in that moment starts a worker of its
+/// own instead of taking the served one (what "build nothing again"
+/// checks). Stages sharing a machine run in separate processes.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn config(workers: usize, timeout: Duration) -> BridgeConfig {
     BridgeConfig {
@@ -81,6 +93,7 @@ fn census(workers: &ServedWorkers) -> Vec<(u32, u64)> {
 
 #[test]
 fn consecutive_pools_take_the_same_served_workers_and_build_nothing_again() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let config = config(2, Duration::from_secs(20));
     let mut workers = ServedWorkers::start(&dir.path().join("w"), 2, &config.python, &[]).unwrap();
@@ -127,6 +140,7 @@ fn consecutive_pools_take_the_same_served_workers_and_build_nothing_again() {
 
 #[test]
 fn a_served_worker_that_dies_or_hangs_mid_episode_fails_its_episodes_and_is_replaced() {
+    let _serial = one_at_a_time();
     for (fault, what) in [
         ("crash", "crashed (closed its connection)"),
         ("hang", "hung (no reply within 1.0 s)"),
@@ -176,6 +190,7 @@ fn a_served_worker_that_dies_or_hangs_mid_episode_fails_its_episodes_and_is_repl
 
 #[test]
 fn a_socket_that_does_not_exist_leaves_the_pool_to_spawn_its_own() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let config = config(1, Duration::from_secs(20));
     let built = dir.path().join("built");
