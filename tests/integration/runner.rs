@@ -929,7 +929,10 @@ fn a_bad_pipeline_fails_before_any_stage_runs() {
         (
             offline(1, 1, false)
                 .replace("estimator = \"grpo\"", "estimator = \"grpo_step\"")
-                .replace("\"step.kind\" = \"rule\"", "\"step.kind\" = \"rule\", \"step.gate\" = \"prompt\""),
+                .replace(
+                    "\"step.kind\" = \"rule\"",
+                    "\"step.kind\" = \"rule\", \"step.gate\" = \"prompt\"",
+                ),
             "bad.toml:33:",
             "step `adv` (compute-advantages) reads table `step_gates` when estimator = grpo_step with step.gate = prompt, as its config has it",
         ),
@@ -1301,4 +1304,65 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
             .iter()
             .all(|m| m.value_loss.is_none() && m.loss.is_finite())
     );
+}
+
+/// scripts/tabletop_study at toy scale with two training seeds: the second
+/// seed starts from the first's pretrained VLA (its setup steps are cache
+/// hits), and every seed gets its three policy rows in `results.tsv`.
+#[test]
+fn the_tabletop_study_starts_every_seed_from_one_pretrained_vla() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("study");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tabletop_study");
+    let bin_dir = bin("pipeline").parent().unwrap().to_path_buf();
+    let knobs = [
+        ("SEEDS", "0 1"),
+        ("PRETRAIN_COUNT", "20"),
+        ("PRETRAIN_EPOCHS", "1"),
+        ("SFT_EPOCHS", "1"),
+        ("FULL_EPOCHS", "1"),
+        ("ITERATIONS", "1"),
+        ("TASKS", "2"),
+        ("G", "2"),
+        ("TRAIN_STATES", "2"),
+        ("VAL_STATES", "1"),
+        ("TEST_STATES", "1"),
+        ("SAMPLES", "1"),
+        ("GEN_COUNT", "2"),
+        ("GATES", "false"),
+    ];
+    let output = Command::new(&script)
+        .envs(knobs)
+        .env("BIN", &bin_dir)
+        .env("OUT", &out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let second = std::fs::read_to_string(out.join("seed1/rl.log")).unwrap();
+    for step in ["train", "val", "pretrain_tasks", "init", "pretrain"] {
+        let line = second
+            .lines()
+            .find(|l| {
+                l.split(']')
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    == Some(step)
+            })
+            .unwrap_or_else(|| panic!("{step}: {second}"));
+        assert!(line.contains("cached"), "{line}");
+    }
+    let results = std::fs::read_to_string(out.join("results.tsv")).unwrap();
+    for seed in ["0", "1"] {
+        let rows = results
+            .lines()
+            .filter(|l| l.split('\t').next() == Some(seed))
+            .count();
+        assert_eq!(rows, 3, "seed {seed}: {results}");
+    }
+    assert!(out.join("table.md").is_file() && out.join("curves.png").is_file());
 }
