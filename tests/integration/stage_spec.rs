@@ -87,12 +87,24 @@ fn print_config_needs_no_other_flag() {
 fn print_config_reports_the_tables_the_config_reads() {
     let cases: [(&str, &[&str], &[&str]); 8] = [
         ("update-policy", &["objective=sft"], &["tasks"]),
-        ("update-policy", &["objective=ppo"], &["trajectories", "steps", "advantages"]),
-        ("update-policy", &["objective=lapo"], &["trajectories", "steps", "advantages"]),
+        (
+            "update-policy",
+            &["objective=ppo"],
+            &["trajectories", "steps", "advantages"],
+        ),
+        (
+            "update-policy",
+            &["objective=lapo"],
+            &["trajectories", "steps", "advantages"],
+        ),
         ("score-rewards", &["reward.fn=outcome"], &[]),
         ("score-rewards", &["reward.fn=verify"], &["tasks"]),
         ("compute-advantages", &["estimator=gae"], &[]),
-        ("compute-advantages", &["estimator=grpo", "stepopsd.enabled=true"], &["teacher_logp"]),
+        (
+            "compute-advantages",
+            &["estimator=grpo", "stepopsd.enabled=true"],
+            &["teacher_logp"],
+        ),
         ("generate-tasks", &[], &[]),
     ];
     for (stage, sets, expected) in cases {

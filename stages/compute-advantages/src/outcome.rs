@@ -168,7 +168,9 @@ impl Kernel {
     }
 
     /// A kernel of the scores, groups and valid tokens.
-    pub(crate) fn tokens(kernel: impl Fn(&[f32], &[u32], &[usize]) -> Computed + 'static) -> Kernel {
+    pub(crate) fn tokens(
+        kernel: impl Fn(&[f32], &[u32], &[usize]) -> Computed + 'static,
+    ) -> Kernel {
         Kernel::Tokens(Box::new(kernel))
     }
 }

@@ -340,7 +340,9 @@ mod tests {
         for estimator in ESTIMATORS {
             for switch in switches {
                 let chosen = format!("estimator={}", estimator.name);
-                let sets: Vec<&str> = std::iter::once(chosen.as_str()).chain(switch.iter().copied()).collect();
+                let sets: Vec<&str> = std::iter::once(chosen.as_str())
+                    .chain(switch.iter().copied())
+                    .collect();
                 // A section the estimator does not declare is refused.
                 let Some(reads) = reads(&sets) else { continue };
                 for table in reads {
@@ -359,12 +361,29 @@ mod tests {
         let teacher = || vec!["teacher_logp".to_string()];
         assert_eq!(reads(&["estimator=grpo"]), Some(vec![]));
         assert_eq!(reads(&["estimator=gae"]), Some(vec![]));
-        assert_eq!(reads(&["estimator=grpo", "stepopsd.enabled=true"]), Some(teacher()));
-        assert_eq!(reads(&["estimator=dr_grpo", "stepopsd.enabled=true"]), Some(teacher()));
-        assert_eq!(reads(&["estimator=grpo_step", "step.kind=rule"]), Some(vec![]));
-        assert_eq!(reads(&["estimator=grpo_step", "step.kind=forward_proxy"]), Some(teacher()));
         assert_eq!(
-            reads(&["estimator=grpo_step", "step.kind=rule", "step.gate=prompt", "stepopsd.enabled=true"]),
+            reads(&["estimator=grpo", "stepopsd.enabled=true"]),
+            Some(teacher())
+        );
+        assert_eq!(
+            reads(&["estimator=dr_grpo", "stepopsd.enabled=true"]),
+            Some(teacher())
+        );
+        assert_eq!(
+            reads(&["estimator=grpo_step", "step.kind=rule"]),
+            Some(vec![])
+        );
+        assert_eq!(
+            reads(&["estimator=grpo_step", "step.kind=forward_proxy"]),
+            Some(teacher())
+        );
+        assert_eq!(
+            reads(&[
+                "estimator=grpo_step",
+                "step.kind=rule",
+                "step.gate=prompt",
+                "stepopsd.enabled=true"
+            ]),
             Some(vec!["teacher_logp".to_string(), "step_gates".to_string()])
         );
     }

@@ -276,7 +276,11 @@ impl StepPath {
     /// rewards, before any row (the settings themselves were checked with the
     /// config). `step` is grpo_step's A^S settings, `None` for grpo or
     /// dr_grpo reweighted by StepOPSD.
-    pub(crate) fn load(build: &Build<'_>, norm: GroupNorm, step: Option<StepConfig>) -> Result<StepPath> {
+    pub(crate) fn load(
+        build: &Build<'_>,
+        norm: GroupNorm,
+        step: Option<StepConfig>,
+    ) -> Result<StepPath> {
         let name = build.estimator.name;
         let tokenizer_path = tokenizer_path(build.config, build.policy).ok_or_else(|| {
             Error::Usage(format!("estimator {name} needs the policy's tokenizer: pass --policy CKPT or --set step.tokenizer=PATH"))

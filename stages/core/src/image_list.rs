@@ -139,9 +139,7 @@ pub fn encode_image_list(images: &[Image], proprio: &[f32]) -> Result<Vec<u8>, O
 /// list as stored, version 2's images split out of their joined channels
 /// (named), version 1's one image (unnamed).
 pub fn decode_image_list(bytes: &[u8]) -> Result<(Vec<Image>, Vec<f32>), ObservationError> {
-    let version = bytes
-        .get(4..6)
-        .map(|v| u16::from_le_bytes([v[0], v[1]]));
+    let version = bytes.get(4..6).map(|v| u16::from_le_bytes([v[0], v[1]]));
     if bytes.len() >= 4 && bytes[..4] == MAGIC && version == Some(VERSION_LIST) {
         return read_list(bytes);
     }
@@ -241,7 +239,10 @@ fn read_list(bytes: &[u8]) -> Result<(Vec<Image>, Vec<f32>), ObservationError> {
             .sum::<u64>()
         + 4 * proprio_len as u64;
     if (bytes.len() as u64) < expected {
-        return Err(truncated(expected, "the pixels and proprio the header announces"));
+        return Err(truncated(
+            expected,
+            "the pixels and proprio the header announces",
+        ));
     }
     if bytes.len() as u64 > expected {
         let (_, height, width, channels) = entries[0];
@@ -297,7 +298,8 @@ mod tests {
 
     #[test]
     fn the_layout_is_the_documented_one() {
-        let bytes = encode_image_list(&[image("a", 1, 1, 0), image("bc", 1, 2, 9)], &[1.0]).unwrap();
+        let bytes =
+            encode_image_list(&[image("a", 1, 1, 0), image("bc", 1, 2, 9)], &[1.0]).unwrap();
         let mut want = b"EFOB".to_vec();
         want.extend([3, 0, 2, 0, 1, 0]);
         want.extend([1, b'a', 1, 0, 1, 0, 3, 0]);
@@ -316,12 +318,28 @@ mod tests {
             channels: 6,
             proprio: 0,
         };
-        let joined = encode_named(&shape, &["a", "b"], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], &[])
-            .unwrap();
+        let joined = encode_named(
+            &shape,
+            &["a", "b"],
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+            &[],
+        )
+        .unwrap();
         let (images, _) = decode_image_list(&joined).unwrap();
         assert_eq!(images[0].pixels, [1, 2, 3, 7, 8, 9]);
-        assert_eq!((images[1].name.as_str(), &images[1].pixels[..]), ("b", &[4, 5, 6, 10, 11, 12][..]));
-        let one = encode(&ObservationShape { channels: 3, ..shape }, &[1, 2, 3, 4, 5, 6], &[]).unwrap();
+        assert_eq!(
+            (images[1].name.as_str(), &images[1].pixels[..]),
+            ("b", &[4, 5, 6, 10, 11, 12][..])
+        );
+        let one = encode(
+            &ObservationShape {
+                channels: 3,
+                ..shape
+            },
+            &[1, 2, 3, 4, 5, 6],
+            &[],
+        )
+        .unwrap();
         let (images, _) = decode_image_list(&one).unwrap();
         assert_eq!((images.len(), images[0].name.as_str()), (1, ""));
         let list = encode_image_list(&[image("a", 2, 2, 0), image("b", 1, 3, 0)], &[]).unwrap();
@@ -333,25 +351,36 @@ mod tests {
     fn bad_lists_are_named() {
         let refused = |images: &[Image]| encode_image_list(images, &[]).unwrap_err().to_string();
         assert!(refused(&[]).contains("at least one image"));
-        assert!(refused(&[image("a", 1, 1, 0), image("a", 2, 1, 0)]).contains("`a` is named twice"));
+        assert!(
+            refused(&[image("a", 1, 1, 0), image("a", 2, 1, 0)]).contains("`a` is named twice")
+        );
         assert!(refused(&[image("", 1, 1, 0)]).contains("name 0 is 0 bytes"));
         let mut short = image("a", 2, 2, 0);
         short.pixels.pop();
         assert!(refused(&[short]).contains("11 values"));
         let good = encode_image_list(&[image("a", 2, 2, 0), image("b", 1, 1, 0)], &[0.5]).unwrap();
         for cut in 0..good.len() {
-            assert!(matches!(
-                decode_image_list(&good[..cut]),
-                Err(ObservationError::Truncated { .. })
-            ), "{cut}");
+            assert!(
+                matches!(
+                    decode_image_list(&good[..cut]),
+                    Err(ObservationError::Truncated { .. })
+                ),
+                "{cut}"
+            );
         }
         let mut long = good.clone();
         long.push(0);
-        assert!(matches!(decode_image_list(&long), Err(ObservationError::TrailingBytes { .. })));
+        assert!(matches!(
+            decode_image_list(&long),
+            Err(ObservationError::TrailingBytes { .. })
+        ));
         let mut nan = good.clone();
         let n = nan.len();
         nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
-        assert!(matches!(decode_image_list(&nan), Err(ObservationError::NonFiniteProprio { index: 0, .. })));
+        assert!(matches!(
+            decode_image_list(&nan),
+            Err(ObservationError::NonFiniteProprio { index: 0, .. })
+        ));
     }
 
     proptest! {

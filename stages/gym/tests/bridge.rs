@@ -665,7 +665,10 @@ fn babyais_patched_state_key_equals_the_full_grid_encoding() {
 
 #[test]
 fn rgba_and_gray_frames_become_the_rgb_transformers_makes_of_them() {
-    assert_eq!(python_check("rgb_frames.py").trim(), "65536 pairs, 24 frames");
+    assert_eq!(
+        python_check("rgb_frames.py").trim(),
+        "65536 pairs, 24 frames"
+    );
 }
 
 fn faulty(fault: &str) -> GymTaskSpec {

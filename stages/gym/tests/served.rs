@@ -23,7 +23,9 @@ use serde_json::json;
 /// checks). Stages sharing a machine run in separate processes.
 fn one_at_a_time() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn config(workers: usize, timeout: Duration) -> BridgeConfig {

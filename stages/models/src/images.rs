@@ -114,7 +114,9 @@ mod tests {
         assert_eq!(bytes[4], 2, "one size: joined channels (version 2)");
         assert_eq!(decode_images(&bytes).unwrap(), [a.clone(), b.clone()]);
         let small = RgbImage::new(1, 2, (50..56).collect()).unwrap();
-        let bytes = encode_images(&[a.clone(), small.clone(), b.clone()]).unwrap().unwrap();
+        let bytes = encode_images(&[a.clone(), small.clone(), b.clone()])
+            .unwrap()
+            .unwrap();
         assert_eq!(bytes[4], 3, "several sizes: an image list (version 3)");
         assert_eq!(decode_images(&bytes).unwrap(), [a, small, b]);
         let shape = ObservationShape {

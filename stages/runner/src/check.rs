@@ -78,7 +78,10 @@ struct StepConfig {
 
 impl StepConfig {
     fn tables(&self) -> Vec<TableName> {
-        self.reads.iter().filter_map(|name| name.parse().ok()).collect()
+        self.reads
+            .iter()
+            .filter_map(|name| name.parse().ok())
+            .collect()
     }
 }
 
@@ -191,7 +194,11 @@ pub fn check_plan(plan: &Plan, bin_dir: &Path, dry_run: bool) -> Result<Checked>
         .map(|key| key.and_then(|k| memo.get(&k).cloned()))
         .collect();
     for (instance, step) in plan.instances.iter().zip(&resolved) {
-        check_reads(plan, instance, step.as_ref().map(StepConfig::tables).as_deref())?;
+        check_reads(
+            plan,
+            instance,
+            step.as_ref().map(StepConfig::tables).as_deref(),
+        )?;
     }
     let configs = resolved.into_iter().map(|s| s.map(|s| s.config)).collect();
     Ok(Checked { notes, configs })
@@ -302,7 +309,10 @@ fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<St
                     name.parse::<TableName>().map_err(|_| {
                         err(
                             instance.line,
-                            format!("`{} --print-config` reports reading an unknown table `{name}`", bin.display()),
+                            format!(
+                                "`{} --print-config` reports reading an unknown table `{name}`",
+                                bin.display()
+                            ),
                         )
                     })
                 })
@@ -317,7 +327,10 @@ fn resolve_config(plan: &Plan, instance: &Instance, bin_dir: &Path) -> Result<St
             }) {
                 return Err(err(
                     instance.line,
-                    format!("`{} --print-config` reports reading table `{table}`, which its stage does not declare as a conditional read", bin.display()),
+                    format!(
+                        "`{} --print-config` reports reading table `{table}`, which its stage does not declare as a conditional read",
+                        bin.display()
+                    ),
                 ));
             }
             Ok(StepConfig { config, reads })

@@ -26,8 +26,8 @@
 use std::path::PathBuf;
 
 use embodyflow_core::Error;
-use embodyflow_core::schemas::TableName;
 use embodyflow_core::config::{ConfigKeys, at_least, ensure, keys_of, non_negative, positive};
+use embodyflow_core::schemas::TableName;
 use embodyflow_core::stage::{OutputConfig, StageConfig};
 use embodyflow_envs::context::ContextTemplates;
 use embodyflow_models::optimizer::{AdamWConfig, LrSchedule};
