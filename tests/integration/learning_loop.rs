@@ -397,28 +397,19 @@ fn the_rl_loop_curve_starts_at_the_policy_before_rl() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     prepare(root);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rl_loop");
-    let bin_dir = embodyflow_tests::bin("evaluate")
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let rl = root.join("rl");
-    let output = std::process::Command::new(&script)
-        .args([
+    let run = embodyflow_tests::run_script(
+        "rl_loop",
+        &[
             s(&rl),
             s(&root.join("sft/policy")),
             s(&root.join("data")),
             "1",
-        ])
-        .envs([("BIN", s(&bin_dir)), ("TASKS", "2"), ("G", "2")])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+        ],
+        &[("TASKS", "2"), ("G", "2")],
     );
+    assert_eq!(run.code, 0, "{run}");
+    let stdout = &run.stdout;
     // The init policy's val success, as evaluate states it.
     let summary = std::fs::read_to_string(rl.join("before/eval-val/_summary.evaluate.md")).unwrap();
     let before = summary

@@ -1313,8 +1313,6 @@ fn the_lapo_pipeline_thinks_updates_with_lapo_and_reports_latent_lengths() {
 fn the_tabletop_study_starts_every_seed_from_one_pretrained_vla() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("study");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tabletop_study");
-    let bin_dir = bin("pipeline").parent().unwrap().to_path_buf();
     let knobs = [
         ("SEEDS", "0 1"),
         ("PRETRAIN_COUNT", "20"),
@@ -1330,19 +1328,10 @@ fn the_tabletop_study_starts_every_seed_from_one_pretrained_vla() {
         ("SAMPLES", "1"),
         ("GEN_COUNT", "2"),
         ("GATES", "false"),
+        ("OUT", s(&out)),
     ];
-    let output = Command::new(&script)
-        .envs(knobs)
-        .env("BIN", &bin_dir)
-        .env("OUT", &out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let study = embodyflow_tests::run_script("tabletop_study", &[], &knobs);
+    assert_eq!(study.code, 0, "{study}");
     let second = std::fs::read_to_string(out.join("seed1/rl.log")).unwrap();
     for step in ["train", "val", "pretrain_tasks", "init", "pretrain"] {
         let line = second

@@ -152,6 +152,22 @@ pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
         .into()
 }
 
+/// Runs `scripts/NAME` with `args` and extra environment variables, its
+/// `BIN` the workspace binaries this test runs, and captures everything.
+pub fn run_script(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(name);
+    let bin_dir = bin("pipeline").parent().expect("a directory").to_path_buf();
+    Command::new(script)
+        .args(args)
+        .env("BIN", bin_dir)
+        .envs(env.iter().copied())
+        .output()
+        .expect("spawn script")
+        .into()
+}
+
 /// Replaces the first shard of the table at `table_dir` with `batch`, written
 /// as plain Parquet with the given key-value metadata, and rewrites the
 /// manifest so that sizes and hashes agree: only the defect in the batch or
