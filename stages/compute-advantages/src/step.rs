@@ -246,7 +246,7 @@ pub(crate) fn stepopsd_reads(config: &Config) -> Vec<TableName> {
 fn grpo_step_reads(config: &Config) -> Vec<TableName> {
     let step: StepConfig = config.section("step");
     let mut reads = stepopsd_reads(config);
-    if step.kind == StepKind::ForwardProxy && reads.is_empty() {
+    if step.kind == StepKind::ForwardProxy && !reads.contains(&TableName::TeacherLogp) {
         reads.push(TableName::TeacherLogp);
     }
     if step.gate == Gate::Prompt {
