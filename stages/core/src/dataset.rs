@@ -56,9 +56,6 @@ use embodyflow_schemas::{META_TABLE, META_VERSION, Row, TableDef, TableName, for
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::arrow_writer::{ArrowRowGroupWriterFactory, compute_leaves};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 
 use crate::canonical::{KeyOrder, RowGroup, Sorter, Source, Ties, merge_sorted};
@@ -106,13 +103,60 @@ impl Write for HashingFile {
     }
 }
 
-/// A shard being written: Parquet's file writer and what makes its column
-/// writers (the row groups are encoded column by column, [`encode_row_group`]).
+/// A shard being written: its file, then, from its first row group on
+/// (which chooses the columns' codecs, [`crate::codecs`]), Parquet's file
+/// writer and what makes its column writers (the row groups are encoded
+/// column by column, [`encode_row_group`]).
 struct OpenShard {
-    writer: SerializedFileWriter<HashingFile>,
-    columns: ShardColumns,
+    sink: ShardSink,
     file: String,
     rows: u64,
+}
+
+/// Where a shard's bytes go.
+enum ShardSink {
+    /// The file, before the first row group.
+    Created(HashingFile),
+    /// Parquet's writer over the file.
+    Parquet(SerializedFileWriter<HashingFile>, ShardColumns),
+    /// Taken while the writer is being made.
+    Moved,
+}
+
+impl OpenShard {
+    /// Parquet's writer, made on the first call with the codecs
+    /// `first_group` (the first row group's batches) calls for.
+    fn parquet(
+        &mut self,
+        def: &TableDef,
+        options: &WriteOptions,
+        first_group: &[RecordBatch],
+        path: &Path,
+    ) -> Result<(&mut SerializedFileWriter<HashingFile>, &ShardColumns)> {
+        if let ShardSink::Created(_) = self.sink {
+            let ShardSink::Created(sink) = std::mem::replace(&mut self.sink, ShardSink::Moved)
+            else {
+                unreachable!("matched above")
+            };
+            let props = crate::codecs::shard_properties(def, options, first_group)?;
+            let write_batch_size = props.write_batch_size();
+            let (writer, factory) = ArrowWriter::try_new(sink, def.arrow_schema(), Some(props))
+                .and_then(ArrowWriter::into_serialized_writer)
+                .map_err(|source| Error::ParquetWrite {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            let columns = ShardColumns {
+                factory,
+                write_batch_size,
+            };
+            self.sink = ShardSink::Parquet(writer, columns);
+        }
+        match &mut self.sink {
+            ShardSink::Parquet(writer, columns) => Ok((writer, columns)),
+            _ => unreachable!("made above"),
+        }
+    }
 }
 
 /// The factory of a shard's column writers and their mini-batch size.
@@ -256,16 +300,10 @@ impl TableWriter {
             .current
             .as_mut()
             .expect("a row group belongs to an open shard");
-        encode_row_group(
-            &mut shard.writer,
-            &shard.columns,
-            &self.def.arrow_schema(),
-            slices,
-        )
-        .map_err(|source| Error::ParquetWrite {
-            path: PathBuf::from(&shard.file),
-            source,
-        })
+        let path = self.tmp_dir.join(&shard.file);
+        let (writer, columns) = shard.parquet(self.def, &self.options, &slices, &path)?;
+        encode_row_group(writer, columns, &self.def.arrow_schema(), slices)
+            .map_err(|source| Error::ParquetWrite { path, source })
     }
 
     fn open_shard(&mut self) -> Result<&mut OpenShard> {
@@ -278,22 +316,8 @@ impl TableWriter {
                 hasher: blake3::Hasher::new(),
                 bytes: 0,
             };
-            let props = writer_properties(self.def, &self.options)?;
-            let write_batch_size = props.write_batch_size();
-            let (writer, factory) =
-                ArrowWriter::try_new(sink, self.def.arrow_schema(), Some(props))
-                    .and_then(ArrowWriter::into_serialized_writer)
-                    .map_err(|source| Error::ParquetWrite {
-                        path: path.clone(),
-                        source,
-                    })?;
-            let columns = ShardColumns {
-                factory,
-                write_batch_size,
-            };
             self.current = Some(OpenShard {
-                writer,
-                columns,
+                sink: ShardSink::Created(sink),
                 file,
                 rows: 0,
             });
@@ -306,12 +330,17 @@ impl TableWriter {
             return Ok(());
         }
         self.write_group()?;
-        let Some(shard) = self.current.take() else {
+        let Some(mut shard) = self.current.take() else {
             return Ok(());
         };
         let path = self.tmp_dir.join(&shard.file);
-        let mut sink = shard
-            .writer
+        // A shard without rows (an empty table's) gets its writer here.
+        shard.parquet(self.def, &self.options, &[], &path)?;
+        let ShardSink::Parquet(writer, _) = std::mem::replace(&mut shard.sink, ShardSink::Moved)
+        else {
+            unreachable!("made above")
+        };
+        let mut sink = writer
             .into_inner()
             .map_err(|source| Error::ParquetWrite {
                 path: path.clone(),
@@ -437,38 +466,6 @@ impl Drop for TableWriter {
             }
         }
     }
-}
-
-/// The Parquet settings of a table's shards: zstd at `options.zstd_level`,
-/// row groups of `options.row_group_rows`, the table's name and schema
-/// version in the file metadata, no dictionary for float columns.
-fn writer_properties(def: &TableDef, options: &WriteOptions) -> Result<WriterProperties> {
-    let level = ZstdLevel::try_new(options.zstd_level)
-        .map_err(|e| Error::Usage(format!("zstd level {}: {e}", options.zstd_level)))?;
-    let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(level))
-        .set_max_row_group_row_count(Some(options.row_group_rows))
-        .set_key_value_metadata(Some(vec![
-            KeyValue::new(META_TABLE.to_string(), def.name.clone()),
-            KeyValue::new(META_VERSION.to_string(), def.version.to_string()),
-        ]));
-    // Float columns (log-probs, values, advantages) almost never repeat:
-    // dictionary encoding only costs time there, so it is off for them.
-    for column in &def.columns {
-        if float_leaf(&column.data_type) {
-            let path = match &column.data_type {
-                DataType::List(item) => {
-                    vec![column.name.clone(), "list".into(), item.name().clone()]
-                }
-                _ => vec![column.name.clone()],
-            };
-            props = props.set_column_dictionary_enabled(
-                parquet::schema::types::ColumnPath::new(path),
-                false,
-            );
-        }
-    }
-    Ok(props.build())
 }
 
 /// Encodes one row group, given as the batches (`slices`) that make it up,
@@ -601,16 +598,6 @@ fn join(parts: &[ArrayRef], start: usize, len: usize) -> parquet::errors::Result
             let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
             Ok(arrow::compute::concat(&refs)?)
         }
-    }
-}
-
-/// Whether a column's values are floats (directly or as list items).
-fn float_leaf(data_type: &arrow::datatypes::DataType) -> bool {
-    use arrow::datatypes::DataType;
-    match data_type {
-        DataType::Float32 | DataType::Float64 => true,
-        DataType::List(item) => float_leaf(item.data_type()),
-        _ => false,
     }
 }
 
@@ -1449,7 +1436,8 @@ mod tests {
     /// Steps rows in key order with lists of every kind of length: long
     /// (several pieces per row group), null, empty, one item, and runs of
     /// rows with at most one item (pieces whose repetition levels would not
-    /// vary), drawn from a seeded xorshift.
+    /// vary), drawn from a seeded xorshift; log-probs random (a column
+    /// stored uncompressed), values regular (compressed).
     fn steps(count: usize, seed: u64) -> Vec<StepRow> {
         let mut state = seed | 1;
         let mut next = move |n: u64| {
@@ -1477,7 +1465,9 @@ mod tests {
                     step_index: 0,
                     prompt_ids: (0..next(5) as i32).collect(),
                     response_ids: (0..tokens).map(|t| (t * 7 % 301) as i32).collect(),
-                    old_logprobs: (0..tokens).map(|t| -(t as f32) / 1000.0).collect(),
+                    old_logprobs: (0..tokens)
+                        .map(|_| -(next(1 << 24) as f32) / 1_048_576.0)
+                        .collect(),
                     observation: None,
                     old_value: None,
                     old_values: values,
@@ -1520,7 +1510,8 @@ mod tests {
             writer.finish(&producer, &[]).unwrap();
             let ours = std::fs::read(dir.path().join("steps").join(shard_file_name(0))).unwrap();
 
-            let props = writer_properties(def, &options).unwrap();
+            let first_group = rows_to_batch(def, &rows[..row_group_rows.min(count)]).unwrap();
+            let props = crate::codecs::shard_properties(def, &options, &[first_group]).unwrap();
             let mut reference =
                 ArrowWriter::try_new(Vec::new(), def.arrow_schema(), Some(props)).unwrap();
             for group in rows.chunks(row_group_rows) {
@@ -1535,6 +1526,26 @@ mod tests {
                 ours.len(),
                 theirs.len()
             );
+            // Random log-probs are stored as they are, regular values compressed.
+            let file = parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(ours))
+                .unwrap();
+            let group = parquet::file::reader::FileReader::metadata(&file).row_group(0);
+            let codec = |name: &str| {
+                group
+                    .columns()
+                    .iter()
+                    .find(|c| c.column_path().string() == format!("{name}.list.item"))
+                    .unwrap()
+                    .compression()
+            };
+            assert_eq!(
+                codec("old_logprobs"),
+                parquet::basic::Compression::UNCOMPRESSED
+            );
+            assert!(matches!(
+                codec("old_values"),
+                parquet::basic::Compression::ZSTD(_)
+            ));
         }
     }
 }

@@ -37,6 +37,7 @@ extern crate self as embodyflow_core;
 
 pub mod canonical;
 pub mod checks;
+pub mod codecs;
 pub mod cli;
 pub mod commit;
 pub mod config;
