@@ -288,7 +288,9 @@ impl RunLog {
 
     /// Ends the log as the process exits: writes what waited when the
     /// output directory exists; under `remove` (bad input: nothing written)
-    /// deletes the file instead.
+    /// deletes the file instead. The log is not fsynced: it is a record of
+    /// the run, not an output a later step reads, and the kernel keeps it
+    /// whatever happens to the process.
     pub fn close(&self, remove: bool) {
         let mut state = self.state.lock().expect("log lock");
         if remove {
@@ -297,9 +299,6 @@ impl RunLog {
             }
         } else {
             self.open_if_ready(&mut state);
-            if let LogState::Open(file) = &*state {
-                let _ = file.sync_all();
-            }
         }
         *state = LogState::Closed;
     }

@@ -18,7 +18,8 @@
 //! 3. removes the journal and only then the old content.
 //!
 //! Once every swap is done the commit is: what follows (fsyncing the
-//! directory, removing the journal and the old content) is cleanup, and a
+//! directory so that the swaps are durable, then removing the journal and
+//! the old content, with no fsync of their own) is cleanup, and a
 //! failure there is a warning, not a failed run — the journal it may leave
 //! rolls forward to the very same state, and the old content under its
 //! hidden name is removed by the next writer.
@@ -499,9 +500,11 @@ impl Commit {
             fault_point(&format!("commit:swapped:{}", k + 1));
         }
         // Every output is in place: the commit is done, the rest is cleanup.
+        // The swaps are made durable before the journal goes; its removal
+        // needs no fsync of its own: a journal that a crash brings back
+        // rolls forward to this very state.
         let cleanup = sync_dir_at(&out, "commit:swapped-sync")
-            .and_then(|_| std::fs::remove_file(&path).map_err(|e| Error::io(&path, e)))
-            .and_then(|_| sync_dir(&out));
+            .and_then(|_| std::fs::remove_file(&path).map_err(|e| Error::io(&path, e)));
         drop(file); // releases the lock
         let olds = done
             .iter()
