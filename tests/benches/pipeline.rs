@@ -80,8 +80,37 @@ fn trajectory(i: usize, text: Option<String>) -> TrajectoryRow {
     }
 }
 
-fn step(i: usize, ids: Vec<i32>, values: bool) -> StepRow {
+/// The values a step's float columns hold: none, a short repeating pattern
+/// that zstd shrinks, or uniform random floats that no codec shrinks (the
+/// realistic case: a critic's values and a policy's log-probs).
+#[derive(Clone, Copy, PartialEq)]
+enum Floats {
+    None,
+    Pattern,
+    Random,
+}
+
+/// A uniform float in [0, 1) from (`row`, `position`): SplitMix64.
+fn uniform(row: usize, position: usize) -> f32 {
+    let mut z = ((row as u64) << 32 | position as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+}
+
+fn step(i: usize, ids: Vec<i32>, floats: Floats) -> StepRow {
     let n = ids.len();
+    let (old_logprobs, old_values) = match floats {
+        Floats::None => (vec![-1.0; n], None),
+        Floats::Pattern => (
+            vec![-1.0; n],
+            Some((0..n).map(|t| ((t * 31 + i) % 97) as f32 / 97.0).collect()),
+        ),
+        Floats::Random => (
+            (0..n).map(|t| -8.0 * uniform(2 * i, t)).collect(),
+            Some((0..n).map(|t| uniform(2 * i + 1, t) - 0.5).collect()),
+        ),
+    };
     StepRow {
         anchor_key: None,
         response_mask: None,
@@ -89,10 +118,10 @@ fn step(i: usize, ids: Vec<i32>, values: bool) -> StepRow {
         step_index: 0,
         prompt_ids: vec![1, 2, 3],
         response_ids: ids,
-        old_logprobs: vec![-1.0; n],
+        old_logprobs,
         observation: None,
         old_value: None,
-        old_values: values.then(|| (0..n).map(|t| ((t * 31 + i) % 97) as f32 / 97.0).collect()),
+        old_values,
         latents: None,
         latent_dim: None,
         chosen_latent_len: None,
@@ -182,8 +211,9 @@ fn plan_text(i: usize) -> String {
 }
 
 /// The GAE/GRPO input of `responses` full-length rows of `tokens` tokens:
-/// rollouts (trajectories, steps with token-level values) and rewards.
-fn write_advantage_input(dir: &Path, responses: usize, tokens: usize) {
+/// rollouts (trajectories, steps with token-level values and log-probs as
+/// `floats` says) and rewards.
+fn write_advantage_input(dir: &Path, responses: usize, tokens: usize, floats: Floats) {
     write_in_chunks(
         &dir.join("rollouts"),
         TableName::Trajectories,
@@ -191,7 +221,7 @@ fn write_advantage_input(dir: &Path, responses: usize, tokens: usize) {
         |i| trajectory(i, None),
     );
     write_in_chunks(&dir.join("rollouts"), TableName::Steps, responses, |i| {
-        step(i, (0..tokens as i32).collect(), true)
+        step(i, (0..tokens as i32).collect(), floats)
     });
     write_in_chunks(&dir.join("rewards"), TableName::Rewards, responses, reward);
 }
@@ -281,9 +311,30 @@ fn write_plans(dir: &Path, plans: usize, tokenizer: &tokenizers::Tokenizer) -> u
         encoding.get_ids().iter().map(|&t| t as i32).collect()
     };
     write_in_chunks(&dir.join("rollouts"), TableName::Steps, plans, |i| {
-        step(i, ids(i), false)
+        step(i, ids(i), Floats::None)
     });
     (0..64).map(|i| ids(i).len()).sum::<usize>() / 64
+}
+
+/// compute-advantages with GAE and with GRPO on `dir`'s input (`tokens`
+/// response tokens in all), one thread: a warm-up run, then the best of
+/// three, printed as `process_{estimator}{label}_tokens_per_s`; returns each
+/// estimator's peak memory over those runs.
+fn process_rates(dir: &Path, tokens: usize, label: &str) -> Vec<(&'static str, f64)> {
+    let out = dir.join("out");
+    let mut peaks = Vec::new();
+    for estimator in ["gae", "grpo"] {
+        advantages_run(dir, &out, estimator, &[]);
+        let (secs, peak) = (0..3)
+            .map(|_| advantages_run(dir, &out, estimator, &[]))
+            .fold((f64::INFINITY, 0f64), |(s, p), (t, q)| (s.min(t), p.max(q)));
+        println!(
+            "process_{estimator}{label}_tokens_per_s {:.0}",
+            tokens as f64 / secs
+        );
+        peaks.push((estimator, peak));
+    }
+    peaks
 }
 
 fn main() {
@@ -297,20 +348,9 @@ fn main() {
         env_or("BENCH_TOKENS", 1024),
     );
     let one = d.join("adv1x");
-    write_advantage_input(&one, responses, tokens);
+    write_advantage_input(&one, responses, tokens, Floats::Pattern);
     let out = one.join("out");
-    let mut peaks = Vec::new();
-    for estimator in ["gae", "grpo"] {
-        advantages_run(&one, &out, estimator, &[]);
-        let (secs, peak) = (0..3)
-            .map(|_| advantages_run(&one, &out, estimator, &[]))
-            .fold((f64::INFINITY, 0f64), |(s, p), (t, q)| (s.min(t), p.max(q)));
-        println!(
-            "process_{estimator}_tokens_per_s {:.0}",
-            (responses * tokens) as f64 / secs
-        );
-        peaks.push((estimator, peak));
-    }
+    let peaks = process_rates(&one, responses * tokens, "");
     // The cost of checking every shard's BLAKE3 as it is read: the GAE run
     // with the check off and on, alternating, best of five each.
     let mut best = [f64::INFINITY; 2];
@@ -327,9 +367,17 @@ fn main() {
         100.0 * (best[1] / best[0] - 1.0)
     );
     std::fs::remove_dir_all(&one).unwrap();
+    // The same on random floats (values and log-probs as a real run has
+    // them), in BENCH_DATA when it is set, kept there for a peer to read.
+    let random = std::env::var_os("BENCH_DATA").map_or_else(|| d.join("random"), Into::into);
+    write_advantage_input(&random, responses, tokens, Floats::Random);
+    process_rates(&random, responses * tokens, "_random");
+    if std::env::var_os("BENCH_DATA").is_none() {
+        std::fs::remove_dir_all(&random).unwrap();
+    }
     // The same runs on ten times the rows (one run each: memory, not time).
     let ten = d.join("adv10x");
-    write_advantage_input(&ten, 10 * responses, tokens);
+    write_advantage_input(&ten, 10 * responses, tokens, Floats::Pattern);
     for (estimator, peak) in peaks {
         let (_, peak10) = advantages_run(&ten, &ten.join("out"), estimator, &[]);
         println!("{estimator}_peak_rss_mib_1x {peak:.1}");
