@@ -189,11 +189,15 @@ pub fn forge_first_shard(table_dir: &Path, batch: &RecordBatch, metadata: &[(&st
     writer.write(batch).unwrap();
     writer.close().unwrap();
     std::fs::write(&path, &bytes).unwrap();
+    let mut hasher = embodyflow_core::shard_hash::TreeHasher::default();
+    hasher.update(&bytes);
+    let (hash, blocks) = hasher.finish();
     manifest.shards[0] = ShardEntry {
         file: file.clone(),
         rows: batch.num_rows() as u64,
         bytes: bytes.len() as u64,
-        hash: blake3_hex(&bytes),
+        hash: hash.to_hex().to_string(),
+        blocks: embodyflow_core::shard_hash::to_hex(&blocks),
     };
     reseal(table_dir, manifest);
 }
@@ -204,10 +208,6 @@ pub fn reseal(table_dir: &Path, mut manifest: Manifest) {
     manifest.content_hash =
         Manifest::compute_content_hash(&manifest.table, manifest.schema_version, &manifest.shards);
     manifest.write(table_dir).unwrap();
-}
-
-fn blake3_hex(bytes: &[u8]) -> String {
-    blake3::hash(bytes).to_hex().to_string()
 }
 
 /// A small rollout set: `scores[g]` are the scores of group g's samples; every

@@ -56,12 +56,14 @@ use embodyflow_schemas::{META_TABLE, META_VERSION, Row, TableDef, TableName, for
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::arrow_writer::{ArrowRowGroupWriterFactory, compute_leaves};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::file::reader::ChunkReader;
 use parquet::file::writer::SerializedFileWriter;
 
 use crate::canonical::{KeyOrder, RowGroup, Sorter, Source, Ties, merge_sorted};
 use crate::commit::{self, Commit, Digest, sync_dir};
 use crate::error::{Error, Result};
 use crate::manifest::{InputRef, MANIFEST_FILE, MANIFEST_FORMAT, Manifest, Producer, ShardEntry};
+use crate::shard_hash::{self, TreeHasher, VerifiedShard};
 
 /// How a table is cut into files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,10 +86,11 @@ impl Default for WriteOptions {
     }
 }
 
-/// A `Write` that hashes and counts the bytes it passes on.
+/// A `Write` that hashes (block by block, [`crate::shard_hash`]) and
+/// counts the bytes it passes on.
 struct HashingFile {
     inner: BufWriter<File>,
-    hasher: blake3::Hasher,
+    hasher: TreeHasher,
     bytes: u64,
 }
 
@@ -313,7 +316,7 @@ impl TableWriter {
             let handle = File::create(&path).map_err(|e| Error::io(&path, e))?;
             let sink = HashingFile {
                 inner: BufWriter::with_capacity(1 << 20, handle),
-                hasher: blake3::Hasher::new(),
+                hasher: TreeHasher::default(),
                 bytes: 0,
             };
             self.current = Some(OpenShard {
@@ -356,11 +359,13 @@ impl TableWriter {
             .into_inner()
             .map_err(|e| Error::io(&path, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&path, e))?;
+        let (hash, blocks) = hasher.finish();
         self.shards.push(ShardEntry {
             file: shard.file,
             rows: shard.rows,
             bytes,
-            hash: hasher.finalize().to_hex().to_string(),
+            hash: hash.to_hex().to_string(),
+            blocks: shard_hash::to_hex(&blocks),
         });
         Ok(())
     }
@@ -855,7 +860,13 @@ impl TableReader {
         hasher
             .update_reader(file)
             .map_err(|e| Error::io(&path, e))?;
-        let found = hasher.finalize().to_hex().to_string();
+        self.check_hash(index, hasher.finalize())
+    }
+
+    /// Compares `found` with shard `index`'s hash in the manifest.
+    fn check_hash(&self, index: usize, found: blake3::Hash) -> Result<()> {
+        let shard = &self.manifest.shards[index];
+        let found = found.to_hex().to_string();
         if found != shard.hash {
             return Err(Error::CorruptShard {
                 table: self.manifest.table.clone(),
@@ -890,9 +901,12 @@ impl TableReader {
     }
 
     /// Opens shard `index`, validates it and builds its batch reader.
-    /// With `verify`, the shard's BLAKE3 hash is checked first (unless
-    /// `EMBODYFLOW_VERIFY_HASHES=0`): a same-size byte flip would otherwise
-    /// decode into changed values.
+    /// With `verify` (unless `EMBODYFLOW_VERIFY_HASHES=0`), every byte is
+    /// checked against the shard's BLAKE3 hash before it is decoded, since a
+    /// same-size byte flip would otherwise decode into changed values: the
+    /// blocks Parquet reads, each against its chaining value in the
+    /// manifest ([`crate::shard_hash`]); a shard of one block, read once;
+    /// a larger shard whose manifest has no block hashes, whole, first.
     fn open_shard(
         &self,
         index: usize,
@@ -900,19 +914,58 @@ impl TableReader {
         batch_size: usize,
         verify: bool,
     ) -> Result<(ParquetRecordBatchReader, bool)> {
-        if verify && verify_hashes_on_read() {
-            self.verify_shard_hash(index)?;
-        }
-        let def = self.table.def();
         let entry = &self.manifest.shards[index];
         let path = self.dir.join(&entry.file);
+        let corrupt = |reason: String| Error::CorruptShard {
+            table: self.table.def().name.clone(),
+            shard: entry.file.clone(),
+            reason,
+        };
+        if !(verify && verify_hashes_on_read()) {
+            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+            return self.shard_reader(index, file, projection, batch_size);
+        }
+        if !entry.blocks.is_empty() {
+            // Every block Parquet reads is checked before it is decoded.
+            let blocks = shard_hash::from_hex(&entry.blocks, entry.bytes)
+                .map_err(|e| corrupt(format!("the manifest's block hashes: {e}")))?;
+            let shard = VerifiedShard::open(&path, entry.bytes, &entry.hash, blocks)
+                .map_err(corrupt)?;
+            return self.shard_reader(index, shard, projection, batch_size);
+        }
+        if entry.bytes <= shard_hash::BLOCK {
+            // One block: read once, checked, decoded from memory.
+            let mut bytes = vec![0u8; entry.bytes as usize];
+            File::open(&path)
+                .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut bytes))
+                .map_err(|e| Error::io(&path, e))?;
+            self.check_hash(index, blake3::hash(&bytes))?;
+            return self.shard_reader(index, bytes::Bytes::from(bytes), projection, batch_size);
+        }
+        // A larger shard of a manifest without block hashes (written
+        // before them): the whole file is hashed, then read again.
+        self.verify_shard_hash(index)?;
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        self.shard_reader(index, file, projection, batch_size)
+    }
+
+    /// Shard `index`'s batch reader over `source`, after its Parquet
+    /// metadata, schema and row count are checked against the table.
+    fn shard_reader<T: ChunkReader + 'static>(
+        &self,
+        index: usize,
+        source: T,
+        projection: Option<&[String]>,
+        batch_size: usize,
+    ) -> Result<(ParquetRecordBatchReader, bool)> {
+        let def = self.table.def();
+        let entry = &self.manifest.shards[index];
         let corrupt = |reason: String| Error::CorruptShard {
             table: def.name.clone(),
             shard: entry.file.clone(),
             reason,
         };
-        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        let builder = ParquetRecordBatchReaderBuilder::try_new(source)
             .map_err(|e| corrupt(format!("not a readable Parquet file: {e}")))?;
         let metadata = builder.metadata().file_metadata().key_value_metadata();
         let lookup = |key: &str| {
@@ -1478,6 +1531,80 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// Where column `name`'s chunk lies in a shard's first row group.
+    fn chunk_range(shard: &Path, name: &str) -> std::ops::Range<u64> {
+        let file = parquet::file::reader::SerializedFileReader::new(File::open(shard).unwrap())
+            .unwrap();
+        let group = parquet::file::reader::FileReader::metadata(&file).row_group(0);
+        let column = group
+            .columns()
+            .iter()
+            .find(|c| c.column_path().string().starts_with(&format!("{name}.")))
+            .unwrap();
+        let (start, len) = column.byte_range();
+        start..start + len
+    }
+
+    #[test]
+    fn a_read_checks_the_blocks_it_decodes_and_a_changed_byte_elsewhere_is_left_to_full_checks() {
+        let rows = steps(3000, 7);
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer =
+            TableWriter::create(dir.path(), TableName::Steps, WriteOptions::default(), false)
+                .unwrap();
+        writer.write_rows(&rows).unwrap();
+        let producer = Producer {
+            stage: "test".into(),
+            version: "0".into(),
+            config: serde_json::json!({}),
+            seed: 0,
+            shard: "0/1".into(),
+        };
+        let manifest = writer.finish(&producer, &[]).unwrap();
+        let table = dir.path().join("steps");
+        let shard = table.join(shard_file_name(0));
+        assert!(manifest.shards[0].bytes > 2 * shard_hash::BLOCK);
+        assert!(!manifest.shards[0].blocks.is_empty());
+        let ids = ["trajectory_id".to_string(), "response_ids".to_string()];
+        let read = |columns: Option<&[String]>| -> Result<usize> {
+            let reader = TableReader::open(&table, TableName::Steps)?;
+            let names: Option<Vec<&str>> = columns.map(|c| c.iter().map(String::as_str).collect());
+            let mut rows = 0;
+            for batch in reader.batches(names.as_deref(), 1024)? {
+                rows += batch?.num_rows();
+            }
+            Ok(rows)
+        };
+        assert_eq!(read(None).unwrap(), 3000);
+        // A byte of the log-probs, far from the ids' blocks, changes.
+        let logprobs = chunk_range(&shard, "old_logprobs");
+        let id_blocks = {
+            let r = chunk_range(&shard, "response_ids");
+            r.start / shard_hash::BLOCK..=r.end / shard_hash::BLOCK
+        };
+        let at = (logprobs.start..logprobs.end)
+            .find(|&b| !id_blocks.contains(&(b / shard_hash::BLOCK)) && b % 4093 == 0)
+            .expect("a log-prob byte outside the ids' blocks");
+        let mut bytes = std::fs::read(&shard).unwrap();
+        bytes[at as usize] ^= 0x40;
+        std::fs::write(&shard, &bytes).unwrap();
+        assert_eq!(read(Some(&ids)).unwrap(), 3000, "the ids' blocks are intact");
+        let error = read(None).unwrap_err().to_string();
+        assert!(
+            error.contains("content hash is") && error.contains("part-00000.parquet"),
+            "{error}"
+        );
+        let reader = TableReader::open(&table, TableName::Steps).unwrap();
+        assert!(reader.verify_hashes().is_err());
+        // A byte of the ids changes: the projected read fails too.
+        bytes[at as usize] ^= 0x40;
+        let ids_at = chunk_range(&shard, "response_ids").start + 100;
+        bytes[ids_at as usize] ^= 0x40;
+        std::fs::write(&shard, &bytes).unwrap();
+        let error = read(Some(&ids)).unwrap_err().to_string();
+        assert!(error.contains("content hash is"), "{error}");
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub mod observation_store;
 pub mod private_dir;
 pub mod progress;
 pub mod section;
+pub mod shard_hash;
 pub mod spec;
 pub mod stage;
 pub mod threads;

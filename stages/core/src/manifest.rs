@@ -67,6 +67,12 @@ pub struct ShardEntry {
     pub bytes: u64,
     /// BLAKE3 hash of the file bytes, hex.
     pub hash: String,
+    /// The BLAKE3 chaining values of the file's 1 MiB blocks, 64 hex
+    /// digits each, joined ([`crate::shard_hash`]): a reader checks the
+    /// blocks it reads against them, and they merge to `hash`. Empty for a
+    /// file of one block or less, and in manifests written before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub blocks: String,
 }
 
 /// The stage run that produced a table.
