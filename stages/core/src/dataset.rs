@@ -343,12 +343,10 @@ impl TableWriter {
         else {
             unreachable!("made above")
         };
-        let mut sink = writer
-            .into_inner()
-            .map_err(|source| Error::ParquetWrite {
-                path: path.clone(),
-                source,
-            })?;
+        let mut sink = writer.into_inner().map_err(|source| Error::ParquetWrite {
+            path: path.clone(),
+            source,
+        })?;
         sink.flush().map_err(|e| Error::io(&path, e))?;
         let HashingFile {
             inner,
@@ -846,9 +844,27 @@ impl TableReader {
     }
 
     /// Recomputes every shard's content hash and compares it with the
-    /// manifest (reads every byte once).
+    /// manifest (reads every byte once), and checks that its block hashes,
+    /// where it has them, merge to it.
     pub fn verify_hashes(&self) -> Result<()> {
-        (0..self.manifest.shards.len()).try_for_each(|index| self.verify_shard_hash(index))
+        (0..self.manifest.shards.len()).try_for_each(|index| {
+            self.verify_shard_hash(index)?;
+            let entry = &self.manifest.shards[index];
+            if entry.blocks.is_empty() {
+                return Ok(());
+            }
+            let merged = shard_hash::from_hex(&entry.blocks, entry.bytes)
+                .ok()
+                .and_then(|blocks| shard_hash::root_of(&blocks, entry.bytes));
+            match merged {
+                Some(root) if root.to_hex().as_str() == entry.hash => Ok(()),
+                _ => Err(Error::CorruptShard {
+                    table: self.manifest.table.clone(),
+                    shard: entry.file.clone(),
+                    reason: "the manifest's block hashes do not merge to its content hash (the manifest is damaged)".into(),
+                }),
+            }
+        })
     }
 
     /// Checks shard `index`'s BLAKE3 hash against the manifest.
@@ -929,8 +945,8 @@ impl TableReader {
             // Every block Parquet reads is checked before it is decoded.
             let blocks = shard_hash::from_hex(&entry.blocks, entry.bytes)
                 .map_err(|e| corrupt(format!("the manifest's block hashes: {e}")))?;
-            let shard = VerifiedShard::open(&path, entry.bytes, &entry.hash, blocks)
-                .map_err(corrupt)?;
+            let shard =
+                VerifiedShard::open(&path, entry.bytes, &entry.hash, blocks).map_err(corrupt)?;
             return self.shard_reader(index, shard, projection, batch_size);
         }
         if entry.bytes <= shard_hash::BLOCK {
@@ -1535,8 +1551,8 @@ mod tests {
 
     /// Where column `name`'s chunk lies in a shard's first row group.
     fn chunk_range(shard: &Path, name: &str) -> std::ops::Range<u64> {
-        let file = parquet::file::reader::SerializedFileReader::new(File::open(shard).unwrap())
-            .unwrap();
+        let file =
+            parquet::file::reader::SerializedFileReader::new(File::open(shard).unwrap()).unwrap();
         let group = parquet::file::reader::FileReader::metadata(&file).row_group(0);
         let column = group
             .columns()
@@ -1590,7 +1606,11 @@ mod tests {
         let mut bytes = std::fs::read(&shard).unwrap();
         bytes[at as usize] ^= 0x40;
         std::fs::write(&shard, &bytes).unwrap();
-        assert_eq!(read(Some(&ids)).unwrap(), 3000, "the ids' blocks are intact");
+        assert_eq!(
+            read(Some(&ids)).unwrap(),
+            3000,
+            "the ids' blocks are intact"
+        );
         let error = read(None).unwrap_err().to_string();
         assert!(
             error.contains("content hash is") && error.contains("part-00000.parquet"),
@@ -1605,6 +1625,23 @@ mod tests {
         std::fs::write(&shard, &bytes).unwrap();
         let error = read(Some(&ids)).unwrap_err().to_string();
         assert!(error.contains("content hash is"), "{error}");
+        // Block hashes that do not merge to the shard's hash: every read and
+        // the full check refuse them.
+        bytes[ids_at as usize] ^= 0x40;
+        std::fs::write(&shard, &bytes).unwrap();
+        let mut damaged = Manifest::read(&table).unwrap();
+        let digit = if damaged.shards[0].blocks.starts_with('0') {
+            "1"
+        } else {
+            "0"
+        };
+        damaged.shards[0].blocks.replace_range(0..1, digit);
+        damaged.write(&table).unwrap();
+        let error = read(Some(&ids)).unwrap_err().to_string();
+        assert!(error.contains("manifest is damaged"), "{error}");
+        let reader = TableReader::open(&table, TableName::Steps).unwrap();
+        let error = reader.verify_hashes().unwrap_err().to_string();
+        assert!(error.contains("manifest is damaged"), "{error}");
     }
 
     #[test]
@@ -1654,8 +1691,8 @@ mod tests {
                 theirs.len()
             );
             // Random log-probs are stored as they are, regular values compressed.
-            let file = parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(ours))
-                .unwrap();
+            let file =
+                parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(ours)).unwrap();
             let group = parquet::file::reader::FileReader::metadata(&file).row_group(0);
             let codec = |name: &str| {
                 group

@@ -37,8 +37,8 @@ extern crate self as embodyflow_core;
 
 pub mod canonical;
 pub mod checks;
-pub mod codecs;
 pub mod cli;
+pub mod codecs;
 pub mod commit;
 pub mod config;
 pub mod dataset;

@@ -347,7 +347,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn data(len: u64) -> Vec<u8> {
-        (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()
+        (0..len)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
     }
 
     fn hashed(bytes: &[u8], piece: usize) -> (blake3::Hash, Vec<ChainingValue>) {
@@ -431,7 +433,8 @@ mod tests {
         let (hash, blocks) = hashed(&bytes, 1 << 20);
         bytes[(BLOCK + 12) as usize] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let shard = VerifiedShard::open(&path, len, hash.to_hex().as_str(), blocks.clone()).unwrap();
+        let shard =
+            VerifiedShard::open(&path, len, hash.to_hex().as_str(), blocks.clone()).unwrap();
         assert!(shard.get_bytes(0, 100).is_ok(), "block 0 is intact");
         assert!(shard.get_bytes(2 * BLOCK, 100).is_ok(), "block 2 is intact");
         let error = shard.get_bytes(BLOCK + 10, 4).unwrap_err().to_string();
