@@ -85,12 +85,9 @@ use embodyflow_core::schemas::{StepRow, TableName, TaskRow, TrajectoryRow};
 use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
-use embodyflow_models::gpt::Gpt;
-use embodyflow_models::hf::HfNet;
+use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
-use embodyflow_models::registry::{policy_kind, policy_net};
-use embodyflow_models::vl::VlPolicy;
+use embodyflow_models::registry::policy_kind;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
@@ -589,16 +586,13 @@ pub fn run(args: Args) -> Result<(), CollectError> {
         (config.batch_rows / config.group_size).max(1),
         |s| draws.group_id(s),
     );
-    match mode {
-        Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
-            one_shot::<VlPolicy>(&stage, &args, &draws, batches, device)
-        }
-        Mode::OneShot if kind == PolicyKind::Hf => {
-            one_shot::<HfNet>(&stage, &args, &draws, batches, device)
-        }
-        Mode::OneShot => one_shot::<Gpt>(&stage, &args, &draws, batches, device),
-        Mode::ClosedLoop => closed_loop(&stage, &args, &draws, batches, device),
-    }
+    // `mode_of` checked that the tasks and the network's role agree.
+    debug_assert_eq!(mode == Mode::OneShot, kind.is_one_shot());
+    embodyflow_models::with_policy_net!(
+        &args.policy.policy,
+        plan: |M| one_shot::<M>(&stage, &args, &draws, batches, device),
+        closed_loop: |_M| closed_loop(&stage, &args, &draws, batches, device),
+    )?
 }
 
 /// What a shard's draws came to: the slots it filled, the draws made, the

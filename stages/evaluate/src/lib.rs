@@ -101,12 +101,9 @@ use embodyflow_core::spec;
 use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
-use embodyflow_models::gpt::Gpt;
-use embodyflow_models::hf::HfNet;
+use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
-use embodyflow_models::registry::{policy_kind, policy_net};
-use embodyflow_models::vl::VlPolicy;
+use embodyflow_models::registry::policy_kind;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::GraspPoint;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
@@ -410,18 +407,13 @@ pub fn run(args: Args) -> Result<(), EvalError> {
         .map(|&(_, task)| (task.task_id.as_str(), task))
         .collect();
     let mut summary = Summary::new("evaluate");
-    let (rows, figures) = match mode {
-        Mode::OneShot if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
-            one_shot::<VlPolicy>(&stage, &args, &owned, &tasks, device, &mut summary)?
-        }
-        Mode::OneShot if kind == PolicyKind::Hf => {
-            one_shot::<HfNet>(&stage, &args, &owned, &tasks, device, &mut summary)?
-        }
-        Mode::OneShot => one_shot::<Gpt>(&stage, &args, &owned, &tasks, device, &mut summary)?,
-        Mode::ClosedLoop => {
-            closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?
-        }
-    };
+    // `mode_of` checked that the tasks and the network's role agree.
+    debug_assert_eq!(mode == Mode::OneShot, kind.is_one_shot());
+    let (rows, figures) = embodyflow_models::with_policy_net!(
+        &args.policy.policy,
+        plan: |M| one_shot::<M>(&stage, &args, &owned, &tasks, device, &mut summary)?,
+        closed_loop: |_M| closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?,
+    )?;
     let verdicts = config.gate.check(&figures.measured(&rows));
     for verdict in verdicts.iter().flatten() {
         let (key, value) = verdict.line();

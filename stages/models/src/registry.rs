@@ -52,6 +52,73 @@ pub const NETS: [NetSpec; 4] = [
     NetSpec::of::<vl::VlPolicy>(),
 ];
 
+/// Runs a stage's body on the network a declaration names, written once per
+/// role: `plan: |M| ...` for a network that answers in one go (ours, a
+/// Hugging Face decoder or vision-language model: `M:`
+/// [`PlanNet`](crate::policy::PlanNet)), `closed_loop: |M| ...` for one
+/// that acts step by step (a VLA); `|M| ...` alone for both. `M` names the
+/// network's type in the body, so the body is checked against every network
+/// of its role with the stage's own bounds. Evaluates to the body's value.
+/// This is the one dispatch over networks: a new network adds its arm here
+/// beside its line in [`NETS`] (a test checks that every declaration has
+/// its arm), and no stage changes.
+///
+/// ```
+/// use embodyflow_models::registry::NETS;
+/// use embodyflow_models::net::PolicyNet;
+/// let names: Vec<&str> = NETS
+///     .iter()
+///     .map(|net| embodyflow_models::with_net!(net, plan: |M| M::NAME, closed_loop: |M| M::NAME))
+///     .collect();
+/// assert_eq!(names, NETS.map(|net| net.name));
+/// ```
+#[macro_export]
+macro_rules! with_net {
+    ($net:expr, |$m:ident| $body:expr $(,)?) => {
+        $crate::with_net!($net, plan: |$m| $body, closed_loop: |$m| $body)
+    };
+    ($net:expr, plan: |$plan:ident| $plan_body:expr, closed_loop: |$closed:ident| $closed_body:expr $(,)?) => {{
+        let net: &$crate::net::NetSpec = $net;
+        if net.is::<$crate::gpt::Gpt>() {
+            type $plan = $crate::gpt::Gpt;
+            $plan_body
+        } else if net.is::<$crate::hf::HfNet>() {
+            type $plan = $crate::hf::HfNet;
+            $plan_body
+        } else if net.is::<$crate::vl::VlPolicy>() {
+            type $plan = $crate::vl::VlPolicy;
+            $plan_body
+        } else if net.is::<$crate::vla::Vla>() {
+            type $closed = $crate::vla::Vla;
+            $closed_body
+        } else {
+            unreachable!("{} is declared in NETS without its arm in with_net!", net.name)
+        }
+    }};
+}
+
+/// [`with_net!`] on the network checkpoint directory `dir` holds
+/// ([`policy_net`]): `Result<T, ModelError>`, an error when `dir` holds no
+/// network we know. A `?` in a body returns from the enclosing function.
+///
+/// ```no_run
+/// # fn demo(dir: &std::path::Path) -> Result<(), embodyflow_models::ModelError> {
+/// use embodyflow_models::checkpoint::Checkpoint;
+/// let parameters = embodyflow_models::with_policy_net!(dir, |M| {
+///     Checkpoint::<M>::load_kind(dir, tch::Device::Cpu)?.num_parameters()
+/// })?;
+/// # let _ = parameters; Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! with_policy_net {
+    ($dir:expr, $($arms:tt)*) => {
+        match $crate::registry::policy_net($dir) {
+            Ok(net) => Ok($crate::with_net!(net, $($arms)*)),
+            Err(error) => Err(error),
+        }
+    };
+}
+
 /// The kind of policy checkpoint `dir` holds ([`policy_net`]'s).
 pub fn policy_kind(dir: &Path) -> Result<PolicyKind, ModelError> {
     Ok(policy_net(dir)?.kind)
@@ -285,6 +352,25 @@ fn weights_id(dir: &Path) -> Result<String, ModelError> {
 mod tests {
     use super::*;
     use crate::checkpoint::pretty;
+    use crate::policy::PlanNet;
+
+    /// A plan network's body sees its `PlanNet` bound.
+    fn plan_role<M: PlanNet>() -> &'static str {
+        M::NAME
+    }
+
+    #[test]
+    fn every_declared_network_has_its_arm_and_its_role() {
+        for net in &NETS {
+            let (name, role) = crate::with_net!(
+                net,
+                plan: |M| (plan_role::<M>(), "plan"),
+                closed_loop: |M| (M::NAME, "closed loop")
+            );
+            assert_eq!(name, net.name);
+            assert_eq!(role == "plan", net.kind.is_one_shot(), "{}", net.name);
+        }
+    }
     use crate::gpt::GptConfig;
     use crate::testing::{load_refused, tiny_config, tiny_tokenizer as tokenizer};
 

@@ -190,20 +190,20 @@ pub fn mode_of(
     let closed = |t: &TaskRow| embodyflow_worlds::is_closed_loop(&t.env);
     let first_closed = tasks.iter().find(|t| closed(t));
     let first_open = tasks.iter().find(|t| !closed(t));
-    match (first_closed, first_open, kind) {
+    match (first_closed, first_open, kind.is_one_shot()) {
         (Some(c), Some(o), _) => Err(Error::BadInput(format!(
             "the tasks table mixes environments: task `{}` is env `{}` (closed loop) and task `{}` env `{}` (one-shot); a run takes one kind",
             c.task_id, c.env, o.task_id, o.env
         ))),
-        (Some(_), None, PolicyKind::Vla) => Ok(Mode::ClosedLoop),
-        (None, Some(_), PolicyKind::Plan | PolicyKind::Hf) => Ok(Mode::OneShot),
-        (Some(c), None, PolicyKind::Plan | PolicyKind::Hf) => Err(Error::BadInput(format!(
+        (Some(_), None, false) => Ok(Mode::ClosedLoop),
+        (None, Some(_), true) => Ok(Mode::OneShot),
+        (Some(c), None, true) => Err(Error::BadInput(format!(
             "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
             c.task_id,
             c.env,
             dir.display()
         ))),
-        (None, Some(o), PolicyKind::Vla) => Err(Error::BadInput(format!(
+        (None, Some(o), false) => Err(Error::BadInput(format!(
             "task `{}` is env `{}`, a one-shot environment, but the policy {} is a VLA (closed loop): it needs a plan policy",
             o.task_id,
             o.env,

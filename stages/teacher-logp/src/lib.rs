@@ -58,12 +58,13 @@ use embodyflow_core::{Error, progress};
 use embodyflow_envs::TaskEnv;
 use embodyflow_envs::context::{ContextTemplates, reference_plan};
 use embodyflow_models::ModelError;
-use embodyflow_models::checkpoint::{Checkpoint, PolicyKind, PolicyNet};
+use embodyflow_models::checkpoint::{Checkpoint, PolicyNet};
 use embodyflow_models::gpt::Gpt;
 use embodyflow_models::hf::HfNet;
 use embodyflow_models::images::decode_images;
+use embodyflow_models::net::NetSpec;
 use embodyflow_models::policy::{Entropy, PlanNet, RgbImage, score_responses};
-use embodyflow_models::registry::{policy_kind, policy_net};
+use embodyflow_models::registry::policy_net;
 use embodyflow_models::vl::VlPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -430,20 +431,25 @@ pub fn run(args: Args) -> Result<(), ModelError> {
     let stage =
         Stage::<Config>::start(&spec::TEACHER_LOGP, env!("CARGO_PKG_VERSION"), &args.stage)?;
     stage.check_outputs(&[TableName::TeacherLogp])?;
-    let vision_language = |dir: &Path| -> Result<bool, ModelError> {
-        Ok(policy_kind(dir)? == PolicyKind::Hf && policy_net(dir)?.is::<VlPolicy>())
-    };
-    let is_self = args.teacher.teacher.as_os_str() == "self";
-    let vl_teacher = !is_self && vision_language(&args.teacher.teacher)?;
-    match policy_kind(&args.policy.policy)? {
-        PolicyKind::Hf if vision_language(&args.policy.policy)? => {
-            load_and_score::<VlPolicy, VlPolicy>(&stage, &args)
-        }
-        PolicyKind::Hf if vl_teacher => load_and_score::<HfNet, VlPolicy>(&stage, &args),
-        PolicyKind::Hf => load_and_score::<HfNet, HfNet>(&stage, &args),
+    embodyflow_models::with_policy_net!(
+        &args.policy.policy,
+        plan: |P| score_with_teacher::<P>(&stage, &args),
         // A VLA is refused by the plan policy's loader, naming the kinds.
-        PolicyKind::Plan | PolicyKind::Vla => load_and_score::<Gpt, Gpt>(&stage, &args),
+        closed_loop: |_P| load_and_score::<Gpt, Gpt>(&stage, &args),
+    )?
+}
+
+/// The stage on a plan policy of network `P`: its teacher is a checkpoint
+/// of the same network (or the policy itself), except that a Hugging Face
+/// decoder may learn from a vision-language teacher.
+fn score_with_teacher<P: PlanNet>(stage: &Stage<Config>, args: &Args) -> Result<(), ModelError> {
+    if NetSpec::of::<P>().is::<HfNet>()
+        && args.teacher.teacher.as_os_str() != "self"
+        && policy_net(&args.teacher.teacher)?.is::<VlPolicy>()
+    {
+        return load_and_score::<HfNet, VlPolicy>(stage, args);
     }
+    load_and_score::<P, P>(stage, args)
 }
 
 /// Loads a policy of network `P` and, unless it is its own teacher, a

@@ -20,8 +20,9 @@
 //!   from `trajectories`; optional entropy bonus and KL penalty to a
 //!   reference checkpoint (`kl_reference`, with `ppo.kl_coef > 0`).
 //!
-//! The policy is a plan policy or a VLA (`config.json` `kind`,
-//! [`policy_kind`](embodyflow_models::registry::policy_kind)); the loop below is one for both, a [`Trainable`]
+//! The policy is any network of the registry (a plan policy, a Hugging Face
+//! model or a VLA, [`embodyflow_models::with_policy_net`]); the loop below
+//! is one for all, a [`Trainable`]
 //! network supplying the checks and the per-token scores of its examples.
 //! On a VLA ([`vla`]) an example is one decision: the observation
 //! (frame and proprio, the `steps.observation` bytes), the instruction ids

@@ -1,5 +1,6 @@
-//! The stage's run: the policy checkpoint loaded as its network
-//! ([`policy_kind`]: a plan policy, a VLA or a Hugging Face decoder), the
+//! The stage's run: the policy checkpoint loaded as the network it holds
+//! ([`embodyflow_models::with_policy_net`]: any network of the registry,
+//! each [`Trainable`]), the
 //! training examples made from the input tables, the optimizer state
 //! resumed or started fresh, the training loop ([`crate::train`]), and the
 //! outputs (the next checkpoint `policy/`, the `metrics` table and
@@ -19,12 +20,7 @@ use embodyflow_core::spec;
 use embodyflow_core::stage::{Stage, Summary};
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::{Checkpoint, PolicyKind};
-use embodyflow_models::gpt::Gpt;
-use embodyflow_models::hf::HfNet;
 use embodyflow_models::optimizer::OptimizerState;
-use embodyflow_models::registry::{policy_kind, policy_net};
-use embodyflow_models::vl::VlPolicy;
-use embodyflow_models::vla::Vla;
 
 use crate::config::{Config, Objective, ObservationsMode, OptimConfig, ScheduleKind};
 use crate::examples::{Example, ObservationBytes, ppo_examples, store_observations};
@@ -40,14 +36,7 @@ pub fn run(args: Args) -> Result<(), ModelError> {
         metrics_csv::METRICS_CSV,
         "policy",
     ])?;
-    match policy_kind(&args.policy.policy)? {
-        PolicyKind::Plan => update::<Gpt>(&stage, &args),
-        PolicyKind::Vla => update::<Vla>(&stage, &args),
-        PolicyKind::Hf if policy_net(&args.policy.policy)?.is::<VlPolicy>() => {
-            update::<VlPolicy>(&stage, &args)
-        }
-        PolicyKind::Hf => update::<HfNet>(&stage, &args),
-    }
+    embodyflow_models::with_policy_net!(&args.policy.policy, |M| update::<M>(&stage, &args))?
 }
 
 /// The stage on a policy of network `M`: examples, training, outputs.
@@ -277,7 +266,7 @@ fn add_throughput(summary: &mut Summary, report: &TrainReport, kind: PolicyKind)
                 report.seconds
             ),
         );
-    if kind == PolicyKind::Vla {
+    if !kind.is_one_shot() {
         summary.add(
             "decision throughput",
             format!(
