@@ -18,6 +18,7 @@
 
 use std::sync::LazyLock;
 
+use embodyflow_core::checks::either;
 use embodyflow_core::config::{at_least, keys_of};
 use embodyflow_core::schemas::TableName;
 use embodyflow_core::section;
@@ -66,15 +67,6 @@ pub(crate) fn sections() -> Vec<Section> {
         }
     }
     out
-}
-
-/// `a, b or c`.
-fn either(names: &[&str]) -> String {
-    match names {
-        [] => String::new(),
-        [one] => one.to_string(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
-    }
 }
 
 /// `--help`'s list of the estimators, each with what it computes.

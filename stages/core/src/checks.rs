@@ -14,6 +14,14 @@
 //! let err = non_negative("ppo.kl_coef", f64::NAN).unwrap_err().to_string();
 //! assert_eq!(err, "config key `ppo.kl_coef`: expected a finite number of at least 0, found NaN");
 //! ```
+//!
+//! [`either`] words the choices a message lists:
+//!
+//! ```
+//! use embodyflow_core::checks::either;
+//! assert_eq!(either(&["household", "tabletop", "gym"]), "household, tabletop or gym");
+//! assert_eq!(either(&["gym"]), "gym");
+//! ```
 
 use std::fmt::Display;
 
@@ -71,4 +79,16 @@ pub fn in_range(key: &str, value: f64, low: f64, high: f64) -> Result<()> {
         format!("a number in [{low}, {high}]"),
         value,
     )
+}
+
+/// The choices `names` as a message lists them: `a`, `a or b`, `a, b or c`.
+pub fn either<S: AsRef<str>>(names: &[S]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.as_ref().to_string(),
+        [init @ .., last] => {
+            let init: Vec<&str> = init.iter().map(AsRef::as_ref).collect();
+            format!("{} or {}", init.join(", "), last.as_ref())
+        }
+    }
 }

@@ -13,6 +13,7 @@
 //! ```
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
+use embodyflow_core::checks::either;
 
 use crate::cluster::Backend;
 use crate::error::{Result, RunnerError};
@@ -43,15 +44,6 @@ pub fn possible_values() -> PossibleValuesParser {
             .iter()
             .map(|b| PossibleValue::new(b.name()).help(b.about())),
     )
-}
-
-/// `a`, `a or b`, `a, b or c`.
-fn either(words: &[String]) -> String {
-    match words {
-        [] => String::new(),
-        [one] => one.clone(),
-        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
-    }
 }
 
 /// The backend a run uses (`--backend`, else the file's `[backend] kind`,

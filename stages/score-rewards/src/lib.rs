@@ -63,6 +63,7 @@ use std::sync::LazyLock;
 
 use arrow::array::{Array, BooleanArray, Int64Array, ListArray, StringArray, StructArray};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, step_match};
+use embodyflow_core::checks::either;
 use embodyflow_core::cli::{ShardSpec, StageArgs};
 use embodyflow_core::config::{ConfigKeys, at_least, dotted, keys_of};
 use embodyflow_core::dataset::{TableReader, TableWriter, batch_to_rows, column};
@@ -95,15 +96,6 @@ pub fn reward(name: &str) -> Option<&'static dyn Reward> {
 /// Every reward's keys, in the order of [`REWARDS`].
 fn sections() -> Vec<reward::Section> {
     REWARDS.iter().filter_map(|r| r.settings()).collect()
-}
-
-/// `a, b or c`.
-fn either(names: &[&str]) -> String {
-    match names {
-        [] => String::new(),
-        [one] => one.to_string(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
-    }
 }
 
 /// The meaning of `reward.fn`, naming every reward.

@@ -33,16 +33,11 @@
 //!     }
 //! }
 //! ```
-//!
-//! ```
-//! use embodyflow_world::generator::either;
-//! assert_eq!(either(&["household", "tabletop", "gym"]), "household, tabletop or gym");
-//! assert_eq!(either(&["gym"]), "gym");
-//! ```
 
 use std::collections::BTreeMap;
 
 use embodyflow_core::Result;
+use embodyflow_core::checks::either;
 use embodyflow_core::cli::ShardSpec;
 use embodyflow_core::dataset::TableWriter;
 use embodyflow_core::schemas::{Split, TaskRow};
@@ -159,15 +154,6 @@ impl TaskRequest {
             ROOT.to_string(),
             Value::Object(self.keys.clone()),
         )]))
-    }
-}
-
-/// `a, b or c`.
-pub fn either(names: &[&str]) -> String {
-    match names {
-        [] => String::new(),
-        [one] => one.to_string(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
 }
 

@@ -34,7 +34,8 @@ use embodyflow_world::{
 };
 
 use crate::household;
-use embodyflow_world::generator::{Generator, either};
+use embodyflow_core::checks::either;
+use embodyflow_world::generator::Generator;
 use embodyflow_world::workers::WorkerSettings;
 use embodyflow_world::world::{
     Kept, PolicyShape, World, WorldEpisodes, WorldOptions, WorldTask, WorldsError,
