@@ -1549,6 +1549,17 @@ mod tests {
             .collect()
     }
 
+    /// The producer of the tables these tests write.
+    fn test_producer() -> Producer {
+        Producer {
+            stage: "test".into(),
+            version: "0".into(),
+            config: serde_json::json!({}),
+            seed: 0,
+            shard: "0/1".into(),
+        }
+    }
+
     /// Where column `name`'s chunk lies in a shard's first row group.
     fn chunk_range(shard: &Path, name: &str) -> std::ops::Range<u64> {
         let file =
@@ -1571,14 +1582,7 @@ mod tests {
             TableWriter::create(dir.path(), TableName::Steps, WriteOptions::default(), false)
                 .unwrap();
         writer.write_rows(&rows).unwrap();
-        let producer = Producer {
-            stage: "test".into(),
-            version: "0".into(),
-            config: serde_json::json!({}),
-            seed: 0,
-            shard: "0/1".into(),
-        };
-        let manifest = writer.finish(&producer, &[]).unwrap();
+        let manifest = writer.finish(&test_producer(), &[]).unwrap();
         let table = dir.path().join("steps");
         let shard = table.join(shard_file_name(0));
         assert!(manifest.shards[0].bytes > 2 * shard_hash::BLOCK);
@@ -1664,14 +1668,7 @@ mod tests {
             for part in rows.chunks(chunk) {
                 writer.write_rows(part).unwrap();
             }
-            let producer = Producer {
-                stage: "test".into(),
-                version: "0".into(),
-                config: serde_json::json!({}),
-                seed: 0,
-                shard: "0/1".into(),
-            };
-            writer.finish(&producer, &[]).unwrap();
+            writer.finish(&test_producer(), &[]).unwrap();
             let ours = std::fs::read(dir.path().join("steps").join(shard_file_name(0))).unwrap();
 
             let first_group = rows_to_batch(def, &rows[..row_group_rows.min(count)]).unwrap();
