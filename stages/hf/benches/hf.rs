@@ -1,16 +1,18 @@
 //! Our Hugging Face decoder against transformers on the same CPU, batch and
 //! thread count: a tiny random Qwen3 (`scripts/hf_golden.py bench-model`:
 //! width 256, 4 layers, 8 heads / 4 kv heads, head_dim 32, MLP 768,
-//! vocabulary 1024), a batch of 8 rows (row b left-padded by b mod 4),
-//! - greedy: 32-token prompts, 64 new tokens with the KV cache
+//! vocabulary 1024), a batch of 8 rows (row b left-padded by b mod 4), at
+//! two prompt lengths: 32 tokens, and 630 (a household task's prompt, where
+//! the prefill dominates):
+//! - greedy: 64 new tokens after the prompt with the KV cache
 //!   (`HfDecoder::greedy` vs `generate(do_sample=False)`), new tokens / s;
-//! - train: forward + backward of the next-token loss over the 96 tokens,
-//!   tokens / s.
+//! - train: forward + backward of the next-token loss over prompt + 64
+//!   tokens, tokens / s.
 //!
 //! One warm-up, best of 3, on `--threads N` libtorch threads (default 1:
 //! on a shared machine more threads than free cores make OpenMP's waits
-//! dominate both sides). Prints `hf_<what>_tokens_per_s_<n>t ours N
-//! transformers N ratio R`. Needs the project venv (`scripts/setup`).
+//! dominate both sides). Prints `hf_<what>_tokens_per_s_<n>t_prompt<P> ours
+//! N transformers N ratio R`. Needs the project venv (`scripts/setup`).
 
 use std::path::Path;
 use std::time::Instant;
@@ -21,7 +23,8 @@ use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
 
 const BATCH: i64 = 8;
-const PROMPT: i64 = 32;
+/// The prompt lengths measured: short, and a household task's.
+const PROMPTS: [i64; 2] = [32, 630];
 const NEW: i64 = 64;
 const PAD: i64 = 0;
 
@@ -73,14 +76,22 @@ fn main() {
     let model = HfDecoder::load(&dir, Device::Cpu).unwrap();
     let vocab = model.config().vocab_size;
 
-    let (ids, mask) = batch(vocab, PROMPT);
+    for prompt in PROMPTS {
+        measure(&model, &dir, vocab, prompt, threads);
+    }
+}
+
+/// Greedy decoding and a training step on `prompt`-token prompts, ours and
+/// transformers' on the same model, printed.
+fn measure(model: &HfDecoder, dir: &Path, vocab: i64, prompt: i64, threads: i32) {
+    let (ids, mask) = batch(vocab, prompt);
     let greedy_s = best_of_3(|| {
         let tokens = model.greedy(&ids, &mask, NEW, None, PAD).unwrap();
         assert_eq!(tokens.size(), [BATCH, NEW]);
     });
 
-    let (tids, tmask) = batch(vocab, PROMPT + NEW);
-    let t = PROMPT + NEW;
+    let (tids, tmask) = batch(vocab, prompt + NEW);
+    let t = prompt + NEW;
     let targets = tids
         .narrow(1, 1, t - 1)
         .masked_fill(&tmask.narrow(1, 1, t - 1).eq(0), -100)
@@ -104,7 +115,7 @@ fn main() {
             "bench",
             dir.to_str().unwrap(),
             &BATCH.to_string(),
-            &PROMPT.to_string(),
+            &prompt.to_string(),
             &NEW.to_string(),
             &threads.to_string(),
         ])
@@ -112,7 +123,7 @@ fn main() {
     )
     .unwrap();
     println!(
-        "# tiny Qwen3, batch {BATCH}, prompt {PROMPT}, {NEW} new tokens, {threads} thread(s), best of 3"
+        "# tiny Qwen3, batch {BATCH}, prompt {prompt}, {NEW} new tokens, {threads} thread(s), best of 3"
     );
     for (what, ours, key) in [
         (
@@ -124,7 +135,7 @@ fn main() {
     ] {
         let hf = theirs[key].as_f64().unwrap();
         println!(
-            "hf_{what}_tokens_per_s_{threads}t ours {ours:.0} transformers {hf:.0} ratio {:.2}",
+            "hf_{what}_tokens_per_s_{threads}t_prompt{prompt} ours {ours:.0} transformers {hf:.0} ratio {:.2}",
             ours / hf
         );
     }

@@ -159,6 +159,15 @@ pub(crate) fn mask_positions(keys: &Tensor) -> Tensor {
 /// step, at most `max_new_tokens`; once a row has produced `eos` it
 /// continues with `pad`, and decoding stops when every row has. Returns the
 /// new tokens `[B, n]`, `n <= max_new_tokens`.
+/// The positions whose logits a forward computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Positions {
+    /// Every position of the input.
+    All,
+    /// The last one (decoding).
+    Last,
+}
+
 pub(crate) fn greedy_loop(
     input_ids: &Tensor,
     attention_mask: &Tensor,
@@ -387,6 +396,17 @@ impl HfDecoder {
         self.net.forward_cached(input_ids, attention_mask, cache)
     }
 
+    /// The last position's logits ([`HfNet::forward_cached_last`]).
+    pub fn forward_cached_last(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, HfError> {
+        self.net
+            .forward_cached_last(input_ids, attention_mask, cache)
+    }
+
     /// Greedy decoding ([`HfNet::greedy`]).
     pub fn greedy(
         &self,
@@ -481,7 +501,7 @@ impl HfNet {
     /// (i64) under `attention_mask` `[B, T]` (1 = token, 0 = padding, any
     /// integer or bool kind), with gradients when they are enabled.
     pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, HfError> {
-        self.run(input_ids, attention_mask, None)
+        self.run(input_ids, attention_mask, None, Positions::All)
     }
 
     /// As [`HfNet::forward`], continuing `cache`: `attention_mask` covers
@@ -493,7 +513,21 @@ impl HfNet {
         attention_mask: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor, HfError> {
-        self.run(input_ids, attention_mask, Some(cache))
+        self.run(input_ids, attention_mask, Some(cache), Positions::All)
+    }
+
+    /// As [`HfNet::forward_cached`], the logits `[B, 1, vocab]` of the last
+    /// position only, as transformers' `generate` computes them
+    /// (`logits_to_keep = 1`): decoding needs no others, and on a long
+    /// prompt the output projection of every position is a large share of
+    /// the prefill.
+    pub fn forward_cached_last(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, HfError> {
+        self.run(input_ids, attention_mask, Some(cache), Positions::Last)
     }
 
     fn run(
@@ -501,6 +535,7 @@ impl HfNet {
         input_ids: &Tensor,
         attention_mask: &Tensor,
         cache: Option<&mut KvCache>,
+        logits_at: Positions,
     ) -> Result<Tensor, HfError> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (ids, keys) = self.check_batch(input_ids, attention_mask, past)?;
@@ -510,7 +545,7 @@ impl HfNet {
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * &self.inv_freq;
         let rope = self.rope(&freqs);
         let h = self.embed(&ids);
-        Ok(self.decode(h, &rope, &keys, cache, None))
+        Ok(self.decode(h, &rope, &keys, cache, None, logits_at))
     }
 
     /// The rotary `(cos, sin)` `[B, 1, T, head_dim]` in the model's dtype
@@ -538,8 +573,8 @@ impl HfNet {
 
     /// Logits of the embeddings `h` `[B, T, hidden]` under the rotary
     /// `rope` ([`HfNet::rope`]) and the key mask `keys` `[B, past + T]`
-    /// (bool), continuing `cache`; `added` is added after the first layers
-    /// (Qwen3-VL's DeepStack features).
+    /// (bool), continuing `cache`, at `logits_at`; `added` is added after
+    /// the first layers (Qwen3-VL's DeepStack features).
     pub(crate) fn decode(
         &self,
         h: Tensor,
@@ -547,6 +582,7 @@ impl HfNet {
         keys: &Tensor,
         cache: Option<&mut KvCache>,
         added: Option<Added<'_>>,
+        logits_at: Positions,
     ) -> Tensor {
         let device = self.device();
         let t = h.size()[1];
@@ -556,7 +592,11 @@ impl HfNet {
         let query_index = Tensor::arange_start(past, s, (Kind::Int64, device));
         let causal = key_index.unsqueeze(0).le_tensor(&query_index.unsqueeze(1));
         let allowed = causal.unsqueeze(0).logical_and(&keys.unsqueeze(1));
-        self.head(&self.hidden(h, rope, &allowed, cache, added))
+        let hidden = self.hidden(h, rope, &allowed, cache, added);
+        match logits_at {
+            Positions::All => self.head(&hidden),
+            Positions::Last => self.head(&hidden.narrow(1, t - 1, 1)),
+        }
     }
 
     /// The final hidden states (after the last norm) `[B, T, hidden]` of
@@ -708,7 +748,7 @@ impl HfNet {
             max_new_tokens,
             eos,
             pad,
-            &mut |input, mask| self.forward_cached(input, mask, &mut cache),
+            &mut |input, mask| self.forward_cached_last(input, mask, &mut cache),
         )
     }
 

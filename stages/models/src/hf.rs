@@ -409,8 +409,9 @@ pub(crate) fn start_chat<C: Default>(
         .ge_tensor(&pads.unsqueeze(1))
         .to_kind(Kind::Int64);
     let mut state = C::default();
+    // `forward` gives every position's logits or the last one's.
     let logits = float_logits(forward(ids, &mask, &mut state));
-    (logits.select(1, width - 1), HfCache { state, mask })
+    (logits.select(1, -1), HfCache { state, mask })
 }
 
 /// [`PlanNet::step`] of a Hugging Face model ([`start_chat`]'s `forward`).
@@ -477,13 +478,13 @@ impl PlanNet for HfNet {
         _capacity: i64,
     ) -> (Tensor, HfCache) {
         start_chat(ids, pads, |ids, mask, cache| {
-            self.forward_cached(ids, mask, cache)
+            self.forward_cached_last(ids, mask, cache)
         })
     }
 
     fn step(&self, cache: &mut HfCache, next: &Tensor, _pads: &Tensor, _column: i64) -> Tensor {
         step_chat(cache, next, |ids, mask, cache| {
-            self.forward_cached(ids, mask, cache)
+            self.forward_cached_last(ids, mask, cache)
         })
     }
 

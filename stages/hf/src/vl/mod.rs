@@ -50,7 +50,8 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::HfError;
 use crate::model::{
-    Added, HfNet, KvCache, config_with_dtype, greedy_loop, mask_positions, save_checkpoint,
+    Added, HfNet, KvCache, Positions, config_with_dtype, greedy_loop, mask_positions,
+    save_checkpoint,
 };
 use crate::safetensors::Weights;
 pub use config::{Layout, VisionConfig, VlConfig, VlFamily};
@@ -412,6 +413,7 @@ impl VlNet {
             &keys,
             cache.map(|c| &mut c.kv),
             deepstack_added(&deepstack),
+            Positions::All,
         ))
     }
 
