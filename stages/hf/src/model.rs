@@ -396,17 +396,6 @@ impl HfDecoder {
         self.net.forward_cached(input_ids, attention_mask, cache)
     }
 
-    /// The last position's logits ([`HfNet::forward_cached_last`]).
-    pub fn forward_cached_last(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: &Tensor,
-        cache: &mut KvCache,
-    ) -> Result<Tensor, HfError> {
-        self.net
-            .forward_cached_last(input_ids, attention_mask, cache)
-    }
-
     /// Greedy decoding ([`HfNet::greedy`]).
     pub fn greedy(
         &self,
