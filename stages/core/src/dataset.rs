@@ -850,21 +850,21 @@ impl TableReader {
         (0..self.manifest.shards.len()).try_for_each(|index| {
             self.verify_shard_hash(index)?;
             let entry = &self.manifest.shards[index];
-            if entry.blocks.is_empty() {
-                return Ok(());
+            if !entry.blocks.is_empty() {
+                shard_hash::checked_blocks(&entry.blocks, entry.bytes, &entry.hash)
+                    .map_err(|e| self.corrupt(index, e))?;
             }
-            let merged = shard_hash::from_hex(&entry.blocks, entry.bytes)
-                .ok()
-                .and_then(|blocks| shard_hash::root_of(&blocks, entry.bytes));
-            match merged {
-                Some(root) if root.to_hex().as_str() == entry.hash => Ok(()),
-                _ => Err(Error::CorruptShard {
-                    table: self.manifest.table.clone(),
-                    shard: entry.file.clone(),
-                    reason: "the manifest's block hashes do not merge to its content hash (the manifest is damaged)".into(),
-                }),
-            }
+            Ok(())
         })
+    }
+
+    /// Shard `index` is corrupt, for `reason`.
+    fn corrupt(&self, index: usize, reason: String) -> Error {
+        Error::CorruptShard {
+            table: self.table.def().name.clone(),
+            shard: self.manifest.shards[index].file.clone(),
+            reason,
+        }
     }
 
     /// Checks shard `index`'s BLAKE3 hash against the manifest.
@@ -881,17 +881,15 @@ impl TableReader {
 
     /// Compares `found` with shard `index`'s hash in the manifest.
     fn check_hash(&self, index: usize, found: blake3::Hash) -> Result<()> {
-        let shard = &self.manifest.shards[index];
+        let expected = &self.manifest.shards[index].hash;
         let found = found.to_hex().to_string();
-        if found != shard.hash {
-            return Err(Error::CorruptShard {
-                table: self.manifest.table.clone(),
-                shard: shard.file.clone(),
-                reason: format!(
-                    "content hash is {found}, expected {} from the manifest (the file changed after it was written)",
-                    shard.hash
+        if &found != expected {
+            return Err(self.corrupt(
+                index,
+                format!(
+                    "content hash is {found}, expected {expected} from the manifest (the file changed after it was written)"
                 ),
-            });
+            ));
         }
         Ok(())
     }
@@ -932,21 +930,14 @@ impl TableReader {
     ) -> Result<(ParquetRecordBatchReader, bool)> {
         let entry = &self.manifest.shards[index];
         let path = self.dir.join(&entry.file);
-        let corrupt = |reason: String| Error::CorruptShard {
-            table: self.table.def().name.clone(),
-            shard: entry.file.clone(),
-            reason,
-        };
         if !(verify && verify_hashes_on_read()) {
             let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
             return self.shard_reader(index, file, projection, batch_size);
         }
         if !entry.blocks.is_empty() {
             // Every block Parquet reads is checked before it is decoded.
-            let blocks = shard_hash::from_hex(&entry.blocks, entry.bytes)
-                .map_err(|e| corrupt(format!("the manifest's block hashes: {e}")))?;
-            let shard =
-                VerifiedShard::open(&path, entry.bytes, &entry.hash, blocks).map_err(corrupt)?;
+            let shard = VerifiedShard::open(&path, entry.bytes, &entry.hash, &entry.blocks)
+                .map_err(|e| self.corrupt(index, e))?;
             return self.shard_reader(index, shard, projection, batch_size);
         }
         if entry.bytes <= shard_hash::BLOCK {
@@ -976,11 +967,7 @@ impl TableReader {
     ) -> Result<(ParquetRecordBatchReader, bool)> {
         let def = self.table.def();
         let entry = &self.manifest.shards[index];
-        let corrupt = |reason: String| Error::CorruptShard {
-            table: def.name.clone(),
-            shard: entry.file.clone(),
-            reason,
-        };
+        let corrupt = |reason: String| self.corrupt(index, reason);
         let builder = ParquetRecordBatchReaderBuilder::try_new(source)
             .map_err(|e| corrupt(format!("not a readable Parquet file: {e}")))?;
         let metadata = builder.metadata().file_metadata().key_value_metadata();

@@ -172,6 +172,22 @@ pub fn from_hex(text: &str, len: u64) -> Result<Vec<ChainingValue>, String> {
         .collect()
 }
 
+/// The chaining values `text` stores ([`to_hex`]'s form) for a file of
+/// `len` bytes whose BLAKE3 hash is `hash` (hex), once they are checked to
+/// merge to it; a message naming what is wrong otherwise.
+pub fn checked_blocks(text: &str, len: u64, hash: &str) -> Result<Vec<ChainingValue>, String> {
+    let blocks = from_hex(text, len)?;
+    let root = root_of(&blocks, len)
+        .ok_or_else(|| format!("{} block hashes for a {len}-byte file", blocks.len()))?;
+    if root.to_hex().as_str() != hash {
+        return Err(format!(
+            "its block hashes merge to {}, not to the content hash {hash} of the manifest (the manifest is damaged)",
+            root.to_hex()
+        ));
+    }
+    Ok(blocks)
+}
+
 /// A shard read through its block hashes (see the module doc): cheap to
 /// clone, each clone sharing the file and the checked blocks.
 #[derive(Clone)]
@@ -189,23 +205,11 @@ struct Inner {
 
 impl VerifiedShard {
     /// Opens `path`, `len` bytes by the manifest, whose BLAKE3 hash is
-    /// `hash` (hex) and whose blocks have the chaining values `blocks`
-    /// ([`from_hex`]); fails, naming what, when they do not merge to the
-    /// hash.
-    pub fn open(
-        path: &Path,
-        len: u64,
-        hash: &str,
-        blocks: Vec<ChainingValue>,
-    ) -> Result<VerifiedShard, String> {
-        let root = root_of(&blocks, len)
-            .ok_or_else(|| format!("{} block hashes for a {len}-byte file", blocks.len()))?;
-        if root.to_hex().as_str() != hash {
-            return Err(format!(
-                "its block hashes merge to {}, not to the content hash {hash} of the manifest (the manifest is damaged)",
-                root.to_hex()
-            ));
-        }
+    /// `hash` (hex) and whose blocks' chaining values `blocks` stores
+    /// ([`checked_blocks`]); fails, naming what, when they do not merge to
+    /// the hash.
+    pub fn open(path: &Path, len: u64, hash: &str, blocks: &str) -> Result<VerifiedShard, String> {
+        let blocks = checked_blocks(blocks, len, hash)?;
         let file = File::open(path).map_err(|e| format!("cannot be opened: {e}"))?;
         Ok(VerifiedShard {
             inner: Arc::new(Inner {
@@ -398,7 +402,8 @@ mod tests {
         let bytes = data(len);
         std::fs::write(&path, &bytes).unwrap();
         let (hash, blocks) = hashed(&bytes, 1 << 16);
-        let shard = VerifiedShard::open(&path, len, hash.to_hex().as_str(), blocks).unwrap();
+        let shard =
+            VerifiedShard::open(&path, len, hash.to_hex().as_str(), &to_hex(&blocks)).unwrap();
         (dir, path, bytes, shard)
     }
 
@@ -434,7 +439,7 @@ mod tests {
         bytes[(BLOCK + 12) as usize] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let shard =
-            VerifiedShard::open(&path, len, hash.to_hex().as_str(), blocks.clone()).unwrap();
+            VerifiedShard::open(&path, len, hash.to_hex().as_str(), &to_hex(&blocks)).unwrap();
         assert!(shard.get_bytes(0, 100).is_ok(), "block 0 is intact");
         assert!(shard.get_bytes(2 * BLOCK, 100).is_ok(), "block 2 is intact");
         let error = shard.get_bytes(BLOCK + 10, 4).unwrap_err().to_string();
@@ -445,7 +450,7 @@ mod tests {
         // Block hashes that do not merge to the manifest's hash are refused.
         let mut wrong = blocks;
         wrong[1][0] ^= 1;
-        let error = VerifiedShard::open(&path, len, hash.to_hex().as_str(), wrong)
+        let error = VerifiedShard::open(&path, len, hash.to_hex().as_str(), &to_hex(&wrong))
             .err()
             .unwrap();
         assert!(error.contains("manifest is damaged"), "{error}");
