@@ -106,7 +106,7 @@ pub fn compression_pays(sample: &[u8], level: i32) -> bool {
 }
 
 /// Whether a column's values are floats (directly or as list items).
-pub(crate) fn float_leaf(data_type: &DataType) -> bool {
+fn float_leaf(data_type: &DataType) -> bool {
     match data_type {
         DataType::Float32 | DataType::Float64 => true,
         DataType::List(item) => float_leaf(item.data_type()),
@@ -144,10 +144,8 @@ fn append_floats(array: &dyn Array, bytes: &mut Vec<u8>) {
             bytes.extend(values[..take].iter().flat_map(|v| v.to_le_bytes()));
         }
         DataType::List(_) => {
-            let list = array.as_list::<i32>();
-            let offsets = list.value_offsets();
-            let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
-            append_floats(list.values().slice(first, last - first).as_ref(), bytes);
+            let (_, items) = crate::values::list_items(array.as_list::<i32>());
+            append_floats(items.as_ref(), bytes);
         }
         _ => {}
     }

@@ -18,7 +18,7 @@
 //! assert_eq!((bad.column.as_str(), bad.row), ("score", 1));
 //! ```
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, ListArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, Int8Type, Int32Type, Int64Type};
 use embodyflow_schemas::TableDef;
 
@@ -121,8 +121,7 @@ pub fn first_bad_value(def: &TableDef, batch: &RecordBatch) -> Option<BadValue> 
             DataType::List(_) => {
                 let list = array.as_list::<i32>();
                 let offsets = list.value_offsets();
-                let (start, end) = (offsets[0] as usize, offsets[list.len()] as usize);
-                let items = list.values().slice(start, end - start);
+                let (start, items) = list_items(list);
                 first_non_finite(items.as_ref()).and_then(|(j, v)| {
                     let item = start + j;
                     // The row whose [offset, next offset) holds the item.
@@ -141,6 +140,15 @@ pub fn first_bad_value(def: &TableDef, batch: &RecordBatch) -> Option<BadValue> 
         }
     }
     None
+}
+
+/// The items of `list`'s rows (a list array may be a slice of a longer
+/// one, whose `values()` hold other rows' items too), and where the first
+/// of them sits in `values()`.
+pub(crate) fn list_items(list: &ListArray) -> (usize, ArrayRef) {
+    let offsets = list.value_offsets();
+    let (start, end) = (offsets[0] as usize, offsets[list.len()] as usize);
+    (start, list.values().slice(start, end - start))
 }
 
 /// The key of row `row` of `batch` as `name=value, …`, with the key columns
