@@ -49,7 +49,7 @@
 //! Closed-loop tasks (env `tabletop`, or `gym:<adapter>`, a
 //! Gymnasium environment through the bridge; the world is built
 //! by `embodyflow_worlds`, workers set by `bridge.*`) need a VLA checkpoint
-//! (`init-policy --set kind=vla`; `embodyflow_rollout::mode_of`): each group is `G`
+//! (`init-policy --set kind=vla`; `embodyflow_rollout::check_mode`): each group is `G`
 //! episodes of its task sharing the initial state (`TabletopEpisodes`),
 //! every live episode of a batch stepped in lockstep with one batched VLA
 //! call per decision (`run_closed_loop`, `VlaPolicy` at `temperature`;
@@ -87,13 +87,13 @@ use embodyflow_core::stage::{OutputConfig, Stage, StageConfig, Summary};
 use embodyflow_envs::TaskEnv;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
-use embodyflow_models::registry::policy_kind;
+use embodyflow_models::registry::policy_net;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
-use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
+use embodyflow_rollout::{Episode, Request, check_mode, run_episodes, sampling_seed};
 use embodyflow_worlds::{BridgeKeys, WorldOptions, WorldTask, Worlds, max_decisions, task_of};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -558,8 +558,10 @@ pub fn run(args: Args) -> Result<(), CollectError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let kind = policy_kind(&args.policy.policy)?;
-    let mode = mode_of(&tasks, kind, &args.policy.policy)?;
+    // The network the checkpoint holds, whose role (one-shot or closed
+    // loop) the tasks must suit.
+    let net = policy_net(&args.policy.policy)?;
+    check_mode(&tasks, net.kind, &args.policy.policy)?;
     let mut order: Vec<usize> = (0..tasks.len()).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(
         args.stage.seed ^ ((config.iteration as u64) << 32),
@@ -586,13 +588,11 @@ pub fn run(args: Args) -> Result<(), CollectError> {
         (config.batch_rows / config.group_size).max(1),
         |s| draws.group_id(s),
     );
-    // `mode_of` checked that the tasks and the network's role agree.
-    debug_assert_eq!(mode == Mode::OneShot, kind.is_one_shot());
-    embodyflow_models::with_policy_net!(
-        &args.policy.policy,
+    embodyflow_models::with_net!(
+        net,
         plan: |M| one_shot::<M>(&stage, &args, &draws, batches, device),
         closed_loop: |_M| closed_loop(&stage, &args, &draws, batches, device),
-    )?
+    )
 }
 
 /// What a shard's draws came to: the slots it filled, the draws made, the

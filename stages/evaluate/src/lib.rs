@@ -16,8 +16,9 @@
 //! answers only.
 //!
 //! Closed-loop tasks (env `tabletop`) take a VLA checkpoint
-//! (`init-policy --set kind=vla`); the loop is chosen as `collect-rollouts`
-//! chooses it ([`embodyflow_rollout::mode_of`]: all tasks one-shot with a
+//! (`init-policy --set kind=vla`); the loop is the network's, checked
+//! against the tasks as `collect-rollouts` checks it
+//! ([`embodyflow_rollout::check_mode`]: all tasks one-shot with a
 //! plan policy or all closed-loop with a VLA; any other pairing is bad input,
 //! exit 2, naming a task and the policy). Each task in each run is one
 //! greedy episode (the VLA at temperature 0): run 0 is the task's own scene,
@@ -103,11 +104,11 @@ use embodyflow_envs::TaskEnv;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
-use embodyflow_models::registry::policy_kind;
+use embodyflow_models::registry::policy_net;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::GraspPoint;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
-use embodyflow_rollout::{Episode, Mode, Request, mode_of, run_episodes, sampling_seed};
+use embodyflow_rollout::{Episode, Request, check_mode, run_episodes, sampling_seed};
 use embodyflow_worlds::{BridgeKeys, WorldOptions};
 use gate::{GateConfig, Measured};
 use serde::{Deserialize, Serialize};
@@ -386,8 +387,10 @@ pub fn run(args: Args) -> Result<(), EvalError> {
     let config = &stage.config;
     let device = embodyflow_models::device::tch_device(args.stage.device)?;
     let all_tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-    let kind = policy_kind(&args.policy.policy)?;
-    let mode = mode_of(&all_tasks, kind, &args.policy.policy)?;
+    // The network the checkpoint holds, whose role (one-shot or closed
+    // loop) the tasks must suit.
+    let net = policy_net(&args.policy.policy)?;
+    check_mode(&all_tasks, net.kind, &args.policy.policy)?;
     let layouts: Vec<(u32, &TaskRow)> = (0..config.runs)
         .flat_map(|run| all_tasks.iter().map(move |task| (run, task)))
         .collect();
@@ -407,13 +410,11 @@ pub fn run(args: Args) -> Result<(), EvalError> {
         .map(|&(_, task)| (task.task_id.as_str(), task))
         .collect();
     let mut summary = Summary::new("evaluate");
-    // `mode_of` checked that the tasks and the network's role agree.
-    debug_assert_eq!(mode == Mode::OneShot, kind.is_one_shot());
-    let (rows, figures) = embodyflow_models::with_policy_net!(
-        &args.policy.policy,
+    let (rows, figures) = embodyflow_models::with_net!(
+        net,
         plan: |M| one_shot::<M>(&stage, &args, &owned, &tasks, device, &mut summary)?,
         closed_loop: |_M| closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?,
-    )?;
+    );
     let verdicts = config.gate.check(&figures.measured(&rows));
     for verdict in verdicts.iter().flatten() {
         let (key, value) = verdict.line();

@@ -153,12 +153,6 @@ pub(crate) fn mask_positions(keys: &Tensor) -> Tensor {
     (keys.to_kind(Kind::Int64).cumsum(-1, Kind::Int64) - 1).masked_fill(&keys.logical_not(), 0)
 }
 
-/// Greedy decoding as transformers' `generate(do_sample=False)` over
-/// `step(input_ids, attention_mask)`, which runs the prompt first and then
-/// one token at a time, continuing its own cache: the argmax token each
-/// step, at most `max_new_tokens`; once a row has produced `eos` it
-/// continues with `pad`, and decoding stops when every row has. Returns the
-/// new tokens `[B, n]`, `n <= max_new_tokens`.
 /// The positions whose logits a forward computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Positions {
@@ -168,6 +162,12 @@ pub(crate) enum Positions {
     Last,
 }
 
+/// Greedy decoding as transformers' `generate(do_sample=False)` over
+/// `step(input_ids, attention_mask)`, which runs the prompt first and then
+/// one token at a time, continuing its own cache: the argmax token each
+/// step, at most `max_new_tokens`; once a row has produced `eos` it
+/// continues with `pad`, and decoding stops when every row has. Returns the
+/// new tokens `[B, n]`, `n <= max_new_tokens`.
 pub(crate) fn greedy_loop(
     input_ids: &Tensor,
     attention_mask: &Tensor,

@@ -5,8 +5,8 @@
 //! key/value cache, decode and execute them. `collect-rollouts` (temperature
 //! T, G samples per task) and `evaluate` (greedy) share it.
 //! [`closed_loop`] runs closed-loop policies (action chunks as tokens) in
-//! many episodes stepped in lockstep; [`mode_of`] says which of the two
-//! loops a tasks table and a checkpoint take.
+//! many episodes stepped in lockstep; [`check_mode`] checks that a tasks
+//! table and a checkpoint take the same one of the two loops.
 //!
 //! ```no_run
 //! # use embodyflow_envs::TaskEnv;
@@ -167,25 +167,18 @@ pub fn run_episodes<M: PlanNet>(
     Ok(episodes)
 }
 
-/// Which loop a run takes: one-shot answers or closed-loop episodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// A plan policy answers each task once ([`run_episodes`]).
-    OneShot,
-    /// A VLA acts step by step ([`closed_loop::run_closed_loop`]).
-    ClosedLoop,
-}
-
-/// The mode of `tasks` under the policy in `dir` (of kind `kind`, from
-/// `embodyflow_models::registry::policy_kind`): all tasks one-shot with a
-/// plan policy, or all in a closed-loop world ([`embodyflow_worlds::is_closed_loop`])
-/// with a VLA; anything else is bad input naming a task and the policy.
-/// `collect-rollouts` and `evaluate` choose their loop with it.
-pub fn mode_of(
+/// Checks that `tasks` suit the policy in `dir` (of kind `kind`, from
+/// `embodyflow_models::registry::policy_net`): all tasks one-shot with a
+/// policy that answers in one go ([`run_episodes`]), or all in a
+/// closed-loop world ([`embodyflow_worlds::is_closed_loop`]) with a VLA
+/// ([`closed_loop::run_closed_loop`]); anything else is bad input naming a
+/// task and the policy. `collect-rollouts` and `evaluate` check with it
+/// before they run the loop of the network's role.
+pub fn check_mode(
     tasks: &[TaskRow],
     kind: PolicyKind,
     dir: &Path,
-) -> Result<Mode, embodyflow_core::Error> {
+) -> Result<(), embodyflow_core::Error> {
     use embodyflow_core::Error;
     let closed = |t: &TaskRow| embodyflow_worlds::is_closed_loop(&t.env);
     let first_closed = tasks.iter().find(|t| closed(t));
@@ -195,8 +188,7 @@ pub fn mode_of(
             "the tasks table mixes environments: task `{}` is env `{}` (closed loop) and task `{}` env `{}` (one-shot); a run takes one kind",
             c.task_id, c.env, o.task_id, o.env
         ))),
-        (Some(_), None, false) => Ok(Mode::ClosedLoop),
-        (None, Some(_), true) => Ok(Mode::OneShot),
+        (Some(_), None, false) | (None, Some(_), true) => Ok(()),
         (Some(c), None, true) => Err(Error::BadInput(format!(
             "task `{}` is env `{}`, a closed-loop world, but the policy {} is a plan policy: closed-loop tasks need a VLA checkpoint (init-policy --set kind=vla)",
             c.task_id,
@@ -238,14 +230,8 @@ mod modes {
         let tabletop = [row("t0", "tabletop"), row("t1", "tabletop")];
         let household = [row("h0", "household")];
         let mixed = [row("t0", "tabletop"), row("h0", "household")];
-        assert_eq!(
-            mode_of(&tabletop, PolicyKind::Vla, dir).unwrap(),
-            Mode::ClosedLoop
-        );
-        assert_eq!(
-            mode_of(&household, PolicyKind::Plan, dir).unwrap(),
-            Mode::OneShot
-        );
+        check_mode(&tabletop, PolicyKind::Vla, dir).unwrap();
+        check_mode(&household, PolicyKind::Plan, dir).unwrap();
         for (tasks, kind, named) in [
             (&tabletop[..], PolicyKind::Plan, ["`t0`", "plan policy"]),
             (&household[..], PolicyKind::Vla, ["`h0`", "is a VLA"]),
@@ -253,7 +239,7 @@ mod modes {
             (&mixed[..], PolicyKind::Plan, ["`t0`", "`h0`"]),
             (&[], PolicyKind::Plan, ["empty", "tasks"]),
         ] {
-            let error = mode_of(tasks, kind, dir).unwrap_err();
+            let error = check_mode(tasks, kind, dir).unwrap_err();
             assert_eq!(error.kind(), ErrorKind::BadInput);
             for word in named {
                 assert!(error.to_string().contains(word), "{word}: {error}");
