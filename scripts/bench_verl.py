@@ -61,7 +61,7 @@ def padded(column, rows, width, dtype):
     out = np.zeros((rows, width), dtype=dtype)
     keep = np.arange(width)[None, :] < lengths[:, None]
     out[keep] = values[offsets[0]:offsets[-1]]
-    return out, lengths
+    return out
 
 
 def read_input(data, with_values):
@@ -88,7 +88,7 @@ def read_input(data, with_values):
     scores = rewards.column("score").to_numpy()[rows]
     token_rewards = np.zeros((len(rows), width), dtype=np.float32)
     token_rewards[np.arange(len(rows)), lengths - 1] = scores
-    values = padded(steps.column("old_values"), len(rows), width, np.float32)[0] if with_values else None
+    values = padded(steps.column("old_values"), len(rows), width, np.float32) if with_values else None
     index = np.array(rewards.column("group_id").to_pylist(), dtype=object)[rows]
     return torch.from_numpy(token_rewards), values, torch.from_numpy(mask), index
 
