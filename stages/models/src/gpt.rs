@@ -535,6 +535,7 @@ enum Context<'a> {
 
 impl PolicyNet for Gpt {
     type Config = GptConfig;
+    type Role = crate::net::Plans;
     const KIND: PolicyKind = PolicyKind::Plan;
     const NAME: &'static str = "plan";
     const TAG: ConfigTag = ConfigTag::Kind {

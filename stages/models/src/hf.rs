@@ -203,6 +203,7 @@ fn missing_specials(
 
 impl PolicyNet for HfNet {
     type Config = HfConfig;
+    type Role = crate::net::Plans;
     const KIND: PolicyKind = PolicyKind::Hf;
     const NAME: &'static str = "hugging face";
     const TAG: ConfigTag = ConfigTag::ModelTypes(ModelType::NAMES);

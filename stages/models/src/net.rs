@@ -73,6 +73,32 @@ impl std::fmt::Display for PolicyKind {
     }
 }
 
+/// How a network acts, as a type ([`PolicyNet::Role`]): a stage's work
+/// that differs by role is written once per role, generic over every
+/// network of it, so a new network of a role changes no stage.
+/// [`Plans`] answers a task in one go; [`ClosedLoop`] acts step by step.
+pub trait Role: 'static {
+    /// Whether networks of this role answer a task in one go
+    /// ([`PolicyKind::is_one_shot`] of each).
+    const ONE_SHOT: bool;
+}
+
+/// The role of a network that writes a whole answer (a plan) in one go:
+/// ours, a Hugging Face decoder or vision-language model; each implements
+/// [`PlanNet`](crate::policy::PlanNet).
+pub enum Plans {}
+
+impl Role for Plans {
+    const ONE_SHOT: bool = true;
+}
+
+/// The role of a network that acts step by step in a closed loop (a VLA).
+pub enum ClosedLoop {}
+
+impl Role for ClosedLoop {
+    const ONE_SHOT: bool = false;
+}
+
 /// How a network's `config.json` says it holds that network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigTag {
@@ -124,6 +150,9 @@ impl NetSpec {
 pub trait PolicyNet: Sized {
     /// The architecture (`config.json` without `kind`).
     type Config;
+    /// How it acts ([`Plans`] or [`ClosedLoop`]): what the stages' generic
+    /// code is chosen by (a test checks it against [`PolicyNet::KIND`]).
+    type Role: Role;
     /// What the stages run it as.
     const KIND: PolicyKind;
     /// Its name in messages ([`NetSpec::name`]).

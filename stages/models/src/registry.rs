@@ -352,6 +352,7 @@ fn weights_id(dir: &Path) -> Result<String, ModelError> {
 mod tests {
     use super::*;
     use crate::checkpoint::pretty;
+    use crate::net::Role;
     use crate::policy::PlanNet;
 
     /// A plan network's body sees its `PlanNet` bound.
@@ -359,16 +360,22 @@ mod tests {
         M::NAME
     }
 
+    /// Whether `M`'s [`Role`] type answers in one go.
+    fn typed_one_shot<M: PolicyNet>() -> bool {
+        <M::Role as Role>::ONE_SHOT
+    }
+
     #[test]
     fn every_declared_network_has_its_arm_and_its_role() {
         for net in &NETS {
-            let (name, role) = crate::with_net!(
+            let (name, role, typed) = crate::with_net!(
                 net,
-                plan: |M| (plan_role::<M>(), "plan"),
-                closed_loop: |M| (M::NAME, "closed loop")
+                plan: |M| (plan_role::<M>(), "plan", typed_one_shot::<M>()),
+                closed_loop: |M| (M::NAME, "closed loop", typed_one_shot::<M>())
             );
             assert_eq!(name, net.name);
             assert_eq!(role == "plan", net.kind.is_one_shot(), "{}", net.name);
+            assert_eq!(typed, net.kind.is_one_shot(), "{}: its Role", net.name);
         }
     }
     use crate::gpt::GptConfig;

@@ -185,6 +185,7 @@ impl VlPolicy {
 
 impl PolicyNet for VlPolicy {
     type Config = VlSetup;
+    type Role = crate::net::Plans;
     const KIND: PolicyKind = PolicyKind::Hf;
     const NAME: &'static str = "hugging face vision-language";
     const TAG: ConfigTag = ConfigTag::ModelTypes(VlFamily::NAMES);

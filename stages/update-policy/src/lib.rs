@@ -22,8 +22,9 @@
 //!
 //! The policy is any network of the registry (a plan policy, a Hugging Face
 //! model or a VLA, [`embodyflow_models::with_policy_net`]); the loop below
-//! is one for all, a [`Trainable`]
-//! network supplying the checks and the per-token scores of its examples.
+//! is one for all, each network's role ([`Training`]: one for every plan
+//! network, one for the VLA) supplying the checks and the per-token scores
+//! of its examples.
 //! On a VLA ([`vla`]) an example is one decision: the observation
 //! (frame and proprio, the `steps.observation` bytes), the instruction ids
 //! as the prompt and the `K × D` action tokens as the response.
@@ -70,8 +71,8 @@
 //!
 //! The crate is split by idea: the config (`config.rs`), the examples made
 //! from the input tables (`examples.rs`), the training loop and the
-//! interface a trained network implements (`train.rs`: [`Trainable`]), the
-//! plan policies' side of it (`plan.rs`) and the VLA's ([`vla`]), and the
+//! interface a role's networks train through (`train.rs`: [`Training`]),
+//! the plan networks' side of it (`plan.rs`) and the VLA's ([`vla`]), and the
 //! stage's run, from loading the checkpoint to committing the outputs
 //! (`run.rs`). The losses are [`loss`] and [`lapo`]; `init-policy` is
 //! [`init`].
@@ -100,7 +101,7 @@ pub use examples::{
 };
 pub use run::run;
 pub use train::{
-    LatentTerms, OwnLoss, StepSums, TrainReport, Trainable, accumulate, micro_batches, train,
+    LatentTerms, OwnLoss, StepSums, TrainReport, Trainable, Training, accumulate, micro_batches, train,
 };
 
 /// Command line of `update-policy`.

@@ -1,6 +1,8 @@
-//! The plan policies as [`Trainable`] networks: our [`Gpt`], a Hugging
-//! Face decoder ([`HfNet`], full fine-tuning, its prompts from its chat
-//! template) and vision-language model ([`VlPolicy`], each prompt with the
+//! How the plan policies train ([`Training`] for the [`Plans`] role): our
+//! [`Gpt`](embodyflow_models::gpt::Gpt), a Hugging Face decoder
+//! ([`HfNet`](embodyflow_models::hf::HfNet), full fine-tuning, its prompts
+//! from its chat template) and vision-language model
+//! ([`VlPolicy`](embodyflow_models::vl::VlPolicy), each prompt with the
 //! images its steps row recorded). Their SFT examples are the tasks' expert answers
 //! ([`crate::sft_examples`]); an example is checked against the vocabulary
 //! and the context (`prompt + response <= n_ctx`), and a micro-batch is
@@ -15,54 +17,44 @@ use embodyflow_core::Error;
 use embodyflow_core::schemas::TaskRow;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
-use embodyflow_models::gpt::Gpt;
-use embodyflow_models::hf::HfNet;
 use embodyflow_models::images::decode_images;
+use embodyflow_models::net::Plans;
 use embodyflow_models::policy::{Entropy, PlanNet, ResponseScores, RgbImage, score_responses};
-use embodyflow_models::vl::VlPolicy;
 
 use crate::config::SftConfig;
 use crate::examples::{Example, SftSet, check_vocabulary, sft_examples};
-use crate::train::Trainable;
+use crate::train::Training;
 
-/// The plan policies train alike (full fine-tuning): our [`Gpt`], a
-/// Hugging Face decoder (its prompts from its chat template) and a
+/// Every plan network trains alike (full fine-tuning): ours, a Hugging
+/// Face decoder (its prompts from its chat template) and a
 /// vision-language model (each prompt with the images its steps row
-/// recorded, `steps.observation`).
-macro_rules! plan_trainable {
-    ($($net:ty),*) => {$(
-        impl Trainable for $net {
-            fn sft_examples(
-                policy: &Checkpoint<$net>,
-                tasks: &[TaskRow],
-                sft: &SftConfig,
-                _seed: u64,
-            ) -> Result<SftSet, ModelError> {
-                plan_sft_set(policy, tasks, sft)
-            }
+/// recorded, `steps.observation`), and any network a later family adds
+/// under the [`Plans`] role.
+impl<M: PlanNet> Training<M> for Plans {
+    fn sft_examples(
+        policy: &Checkpoint<M>,
+        tasks: &[TaskRow],
+        sft: &SftConfig,
+        _seed: u64,
+    ) -> Result<SftSet, ModelError> {
+        plan_sft_set(policy, tasks, sft)
+    }
 
-            fn check_examples(
-                policy: &Checkpoint<$net>,
-                examples: &[Example],
-            ) -> Result<(), Error> {
-                check_plan_examples(policy, examples)
-            }
+    fn check_examples(policy: &Checkpoint<M>, examples: &[Example]) -> Result<(), Error> {
+        check_plan_examples(policy, examples)
+    }
 
-            fn score(
-                policy: &Checkpoint<$net>,
-                batch: &[&Example],
-                temperature: f64,
-                entropy: Entropy,
-            ) -> Result<ResponseScores, ModelError> {
-                score_plan_examples(policy, batch, temperature, entropy)
-            }
-        }
-    )*};
+    fn score(
+        policy: &Checkpoint<M>,
+        batch: &[&Example],
+        temperature: f64,
+        entropy: Entropy,
+    ) -> Result<ResponseScores, ModelError> {
+        score_plan_examples(policy, batch, temperature, entropy)
+    }
 }
 
-plan_trainable!(Gpt, HfNet, VlPolicy);
-
-/// [`Trainable::sft_examples`] of a plan policy.
+/// [`Training::sft_examples`] of a plan policy.
 fn plan_sft_set<M: PlanNet>(
     policy: &Checkpoint<M>,
     tasks: &[TaskRow],
@@ -87,7 +79,7 @@ fn example_images(example: &Example) -> Result<Vec<RgbImage>, Error> {
     example.observation().map_or(Ok(Vec::new()), decode_images)
 }
 
-/// [`Trainable::check_examples`] of a plan policy: ids in its vocabulary,
+/// [`Training::check_examples`] of a plan policy: ids in its vocabulary,
 /// each image placeholder run matching an image of the example
 /// (`steps.observation`) the policy reads, prompt + response within its
 /// context.
@@ -119,7 +111,7 @@ fn check_plan_examples<M: PlanNet>(
     Ok(())
 }
 
-/// [`Trainable::score`] of a plan policy ([`score_responses`]).
+/// [`Training::score`] of a plan policy ([`score_responses`]).
 fn score_plan_examples<M: PlanNet>(
     policy: &Checkpoint<M>,
     batch: &[&Example],
@@ -154,6 +146,7 @@ mod tests {
     use embodyflow_models::optimizer::OptimizerState;
     use embodyflow_models::precision::MasterWeights;
     use embodyflow_models::testing::{stored_dtypes, tiny_image as image, write_tiny_vl_policy};
+    use embodyflow_models::vl::VlPolicy;
     use tch::Kind;
 
     use super::*;

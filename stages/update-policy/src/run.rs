@@ -1,6 +1,6 @@
 //! The stage's run: the policy checkpoint loaded as the network it holds
 //! ([`embodyflow_models::with_policy_net`]: any network of the registry,
-//! each [`Trainable`]), the
+//! each trained by its role, [`Trainable`]), the
 //! training examples made from the input tables, the optimizer state
 //! resumed or started fresh, the training loop ([`crate::train`]), and the
 //! outputs (the next checkpoint `policy/`, the `metrics` table and
@@ -24,7 +24,7 @@ use embodyflow_models::optimizer::OptimizerState;
 
 use crate::config::{Config, Objective, ObservationsMode, OptimConfig, ScheduleKind};
 use crate::examples::{Example, ObservationBytes, ppo_examples, store_observations};
-use crate::train::{TrainReport, Trainable, train};
+use crate::train::{TrainReport, Trainable, Training, train};
 use crate::{Args, lapo, metrics_csv};
 
 /// Runs the stage.
@@ -151,7 +151,7 @@ fn training_examples<M: Trainable>(
     match config.objective {
         Objective::Sft => {
             let tasks: Vec<TaskRow> = stage.input(TableName::Tasks)?.read_rows()?;
-            let set = M::sft_examples(policy, &tasks, &config.sft, seed)?;
+            let set = M::Role::sft_examples(policy, &tasks, &config.sft, seed)?;
             if let Some(encoder) = set.frame_encoder {
                 policy.frame_encoder = Some(encoder);
             }

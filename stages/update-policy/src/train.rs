@@ -42,29 +42,34 @@ use crate::config::{Config, Objective, Precision, SftConfig};
 use crate::examples::{Example, SftSet, redraw_warmup_lengths};
 use crate::loss::{Denominators, aggregate, kl_penalty, policy_loss};
 
-/// A network `update-policy` trains: how its examples are made, checked
-/// and scored. [`train`] and [`accumulate`] (shuffle, steps, gradient
-/// accumulation, AdamW, schedule, metrics, optimizer state) are one for
-/// every kind: the plan policy ([`Gpt`](embodyflow_models::gpt::Gpt), [`crate::plan`]) and the VLA
-/// ([`Vla`](embodyflow_models::vla::Vla), [`crate::vla`]).
-pub trait Trainable: PolicyNet {
+/// How `update-policy` trains every network of one
+/// [`Role`](embodyflow_models::net::Role): how its
+/// examples are made, checked and scored. [`train`] and [`accumulate`]
+/// (shuffle, steps, gradient accumulation, AdamW, schedule, metrics,
+/// optimizer state) are one for every network; the plan networks train
+/// alike ([`Plans`](embodyflow_models::net::Plans), [`crate::plan`]: every
+/// [`PlanNet`](embodyflow_models::policy::PlanNet)) and so does the VLA
+/// ([`ClosedLoop`](embodyflow_models::net::ClosedLoop), [`crate::vla`]). A
+/// network is trained by its role's implementation, so a new plan network
+/// changes nothing here.
+pub trait Training<M: PolicyNet> {
     /// The SFT examples of `tasks` (`seed`: the run's `--seed`).
     fn sft_examples(
-        policy: &Checkpoint<Self>,
+        policy: &Checkpoint<M>,
         tasks: &[TaskRow],
         sft: &SftConfig,
         seed: u64,
     ) -> Result<SftSet, ModelError>;
 
     /// Fails on an example the policy cannot score, naming it.
-    fn check_examples(policy: &Checkpoint<Self>, examples: &[Example]) -> Result<(), Error>;
+    fn check_examples(policy: &Checkpoint<M>, examples: &[Example]) -> Result<(), Error>;
 
     /// Per-token log-probs `[B, T]` of a micro-batch's responses under
     /// `logits / temperature`, the mask `[B, T]` (1 on the tokens of the
     /// loss) and the entropies `entropy` asks for, with gradients when
-    /// gradients are on. The examples passed [`Trainable::check_examples`].
+    /// gradients are on. The examples passed [`Training::check_examples`].
     fn score(
-        policy: &Checkpoint<Self>,
+        policy: &Checkpoint<M>,
         batch: &[&Example],
         temperature: f64,
         entropy: Entropy,
@@ -75,7 +80,7 @@ pub trait Trainable: PolicyNet {
     /// scaled to its share of the step (`denominators`); `None`: the
     /// token-level path of [`accumulate`] (the default).
     fn own_loss(
-        _policy: &Checkpoint<Self>,
+        _policy: &Checkpoint<M>,
         _batch: &[&Example],
         _config: &Config,
         _denominators: Denominators,
@@ -84,8 +89,14 @@ pub trait Trainable: PolicyNet {
     }
 }
 
+/// A network `update-policy` trains: one whose role trains it
+/// ([`Training`]); `M::Role::score(...)` scores with it.
+pub trait Trainable: PolicyNet<Role: Training<Self>> {}
+
+impl<M: PolicyNet<Role: Training<M>>> Trainable for M {}
+
 /// A micro-batch's loss and its terms, each its share of the optimizer step
-/// ([`Trainable::own_loss`]).
+/// ([`Training::own_loss`]).
 pub struct OwnLoss {
     /// The loss to minimise (with gradients).
     pub loss: Tensor,
@@ -138,7 +149,7 @@ pub struct TrainReport {
 /// Optimises `policy` on `examples`, continuing from the optimizer `state`
 /// (pure apart from the policy's weights; the final state is left in
 /// `policy.optimizer` for the checkpoint). The examples are checked first
-/// ([`Trainable::check_examples`]).
+/// ([`Training::check_examples`]).
 pub fn train<M: Trainable>(
     policy: &mut Checkpoint<M>,
     reference: Option<&Checkpoint<M>>,
@@ -153,7 +164,7 @@ pub fn train<M: Trainable>(
         )
         .into());
     }
-    M::check_examples(policy, examples)?;
+    M::Role::check_examples(policy, examples)?;
     let _checkpointing = checkpointing::enable(config.train.gradient_checkpointing);
     let master =
         (config.train.precision == Precision::Bf16).then(|| MasterWeights::new(&mut policy.vars));
@@ -328,7 +339,7 @@ pub fn accumulate<M: Trainable>(
     let mut sums = StepSums::default();
     for micro in micros {
         let batch: Vec<&Example> = micro.iter().map(|&i| &examples[i]).collect();
-        if let Some(own) = M::own_loss(policy, &batch, config, denominators)? {
+        if let Some(own) = M::Role::own_loss(policy, &batch, config, denominators)? {
             // A decision counts whole in this loss (LaST-R1's valid steps,
             // `ceil(finish_step / K)`): a mask may only mark the actions a
             // chunk cut by the episode's end never ran, a tail of holes.
@@ -362,7 +373,7 @@ pub fn accumulate<M: Trainable>(
             continue;
         }
         let temperature = batch[0].temperature as f64;
-        let mut scores = M::score(policy, &batch, temperature, entropy_mode)?;
+        let mut scores = M::Role::score(policy, &batch, temperature, entropy_mode)?;
         let width = scores.logprobs.size()[1] as usize;
         if batch.iter().any(|e| e.response_mask.is_some()) {
             // Holes of the response masks leave every term below.
@@ -423,7 +434,7 @@ pub fn accumulate<M: Trainable>(
         };
         if let (Some(reference), true) = (reference, config.ppo.kl_coef > 0.0) {
             let ref_logp = tch::no_grad(|| {
-                M::score(reference, &batch, temperature, Entropy::Skip).map(|s| s.logprobs)
+                M::Role::score(reference, &batch, temperature, Entropy::Skip).map(|s| s.logprobs)
             })?;
             let kl = aggregate(
                 &kl_penalty(&scores.logprobs, &ref_logp, config.ppo.kl_estimator),

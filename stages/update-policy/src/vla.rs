@@ -41,7 +41,7 @@
 //!   recomputed as `log_softmax(logits / T)[a_t]` from the decoded
 //!   observation ([`Vla::token_scores`]), every token in the loss.
 //!
-//! Every example is checked before training ([`Trainable::check_examples`]):
+//! Every example is checked before training ([`Training::check_examples`]):
 //! an observation missing, undecodable or of another shape than the
 //! checkpoint's, an instruction longer than `max_instruction` or outside the
 //! vocabulary, a decision of the wrong length, or a token outside
@@ -58,6 +58,7 @@ use embodyflow_core::schemas::TaskRow;
 use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{Entropy, ResponseScores};
+use embodyflow_models::net::ClosedLoop;
 use embodyflow_models::vla::Vla;
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
 use embodyflow_rollout::closed_loop::{ChunkPolicy, PastDecision, action_text, history_prompt};
@@ -67,7 +68,7 @@ use embodyflow_worlds::{WorldTask, task_of, world_of_tasks};
 
 use crate::config::{ExpertLabels, SftWindows};
 use crate::loss::Denominators;
-use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Trainable, kept_tasks};
+use crate::{Config, Example, OwnLoss, SftConfig, SftContext, SftSet, Training, kept_tasks};
 
 pub mod decisions;
 pub mod demonstrations;
@@ -288,7 +289,9 @@ pub fn step_windows(steps: Vec<DemoDecision>, k: usize) -> Vec<DemoDecision> {
         .collect()
 }
 
-impl Trainable for Vla {
+/// The VLA's training: decisions of demonstrations and rollouts, its
+/// thinking losses when it thinks.
+impl Training<Vla> for ClosedLoop {
     fn sft_examples(
         policy: &Checkpoint<Vla>,
         tasks: &[TaskRow],

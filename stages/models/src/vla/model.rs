@@ -60,6 +60,7 @@ pub struct Vla {
 
 impl PolicyNet for Vla {
     type Config = VlaConfig;
+    type Role = crate::net::ClosedLoop;
     const KIND: PolicyKind = PolicyKind::Vla;
     const NAME: &'static str = "vla";
     const TAG: ConfigTag = ConfigTag::Kind {

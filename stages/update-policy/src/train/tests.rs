@@ -723,7 +723,7 @@ pub(crate) fn recorded_in_bf16<M: Trainable>(
         examples
             .iter()
             .map(|e| {
-                let scores = M::score(policy, &[e], f64::from(e.temperature), Entropy::Skip);
+                let scores = M::Role::score(policy, &[e], f64::from(e.temperature), Entropy::Skip);
                 Vec::<f32>::try_from(scores.unwrap().logprobs.view([-1])).unwrap()
             })
             .collect()

@@ -488,7 +488,7 @@ fn sampled_rollout(policy: &Checkpoint<Vla>, advantage: f32, seed: u64) -> Examp
 
 fn decision_logprob(policy: &Checkpoint<Vla>, example: &Example) -> f64 {
     tch::no_grad(|| {
-        Vla::score(policy, &[example], 1.0, Entropy::Skip)
+        ClosedLoop::score(policy, &[example], 1.0, Entropy::Skip)
             .unwrap()
             .logprobs
             .sum(tch::Kind::Double)
@@ -620,7 +620,7 @@ fn bad_vla_rows_are_named() {
         let text = error.to_string();
         assert!(text.contains(expected), "{text}\nexpected: {expected}");
     }
-    assert!(Vla::check_examples(&policy, &[good]).is_ok());
+    assert!(ClosedLoop::check_examples(&policy, &[good]).is_ok());
 }
 
 /// Behaviour cloning on two demonstrations lowers the loss, and the VLA
@@ -888,7 +888,7 @@ fn checkpointed_trunk_blocks_give_the_plain_gradients() {
         )
         .unwrap();
         assert!(sums.kl_loss > 0.0, "{sums:?}");
-        let _scores = Vla::score(&policy, &[&examples[0]], 1.0, Entropy::Skip).unwrap();
+        let _scores = ClosedLoop::score(&policy, &[&examples[0]], 1.0, Entropy::Skip).unwrap();
         assert_eq!(
             checkpointing::pending() > 0,
             on,

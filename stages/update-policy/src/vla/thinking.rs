@@ -1,6 +1,6 @@
 //! `update-policy` on a thinking VLA (LaST-R1's latent chain of thought,
 //! `embodyflow_models::vla::latent`): the warm-up's latent targets
-//! and the two losses the network computes itself ([`crate::Trainable::own_loss`]).
+//! and the two losses the network computes itself ([`crate::Training::own_loss`]).
 //!
 //! - **Warm-up** (`objective = sft`): each behaviour-cloning decision also
 //!   learns to think. Its latent targets are the features of the frames the

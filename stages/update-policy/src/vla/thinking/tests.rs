@@ -1,6 +1,7 @@
 use super::*;
 use crate::train::tests::{assert_bf16_tracks_fp32, in_bf16};
-use crate::{OptimConfig, SftConfig, Trainable, ppo_examples, redraw_warmup_lengths, train};
+use crate::{OptimConfig, SftConfig, Training, ppo_examples, redraw_warmup_lengths, train};
+use embodyflow_models::net::ClosedLoop;
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::{tiny_thinking_vla, tiny_vla};
@@ -65,7 +66,7 @@ fn config(objective: Objective, epochs: usize, lr: f64) -> Config {
 #[test]
 fn the_warm_up_gives_targets_and_learns_them() {
     let mut policy = tiny_thinking_vla(K);
-    let set = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
+    let set = ClosedLoop::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
     assert!(set.examples.len() > 10);
     let mut lengths = std::collections::BTreeSet::new();
     for example in &set.examples {
@@ -80,7 +81,7 @@ fn the_warm_up_gives_targets_and_learns_them() {
         note.contains("PCA") && note.contains("32 components"),
         "{note}"
     );
-    Vla::check_examples(&policy, &set.examples).unwrap();
+    ClosedLoop::check_examples(&policy, &set.examples).unwrap();
     let report = train(
         &mut policy,
         None,
@@ -112,7 +113,7 @@ fn the_warm_up_gives_targets_and_learns_them() {
 fn warm_up_lengths_are_drawn_anew_every_epoch() {
     let policy = tiny_thinking_vla(K);
     let seed = 3;
-    let set = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), seed).unwrap();
+    let set = ClosedLoop::sft_examples(&policy, &tasks(), &SftConfig::default(), seed).unwrap();
     let lengths = |examples: &[Example]| -> Vec<usize> {
         examples
             .iter()
@@ -275,7 +276,7 @@ fn lapo_starts_at_ratio_one_and_follows_the_advantage() {
         let (trajectories, steps, advantages) = lapo_inputs(&policy, sign);
         let examples = ppo_examples(&trajectories, steps, advantages, true).unwrap();
         assert_eq!(examples.len(), 8);
-        Vla::check_examples(&policy, &examples).unwrap();
+        ClosedLoop::check_examples(&policy, &examples).unwrap();
         let before = stored_logprobs(&policy, &examples).stop;
         let report = train(
             &mut policy,
@@ -425,7 +426,7 @@ fn bf16_thinks_like_fp32(make: impl Fn() -> Checkpoint<Vla>, updates: usize) {
         &grpo,
         &config(Objective::Ppo, updates),
     );
-    let warmup = Vla::sft_examples(&make(), &tasks(), &SftConfig::default(), 3)
+    let warmup = ClosedLoop::sft_examples(&make(), &tasks(), &SftConfig::default(), 3)
         .unwrap()
         .examples;
     assert_bf16_tracks_fp32(&make, None, &warmup, &warmup, &config(Objective::Sft, 2));
@@ -467,7 +468,7 @@ fn ppo_on_a_thinking_vla_trains_its_sampled_tokens_behind_the_stored_latents() {
         let examples = ppo_examples(&trajectories, steps, advantages, false).unwrap();
         assert_eq!(examples.len(), 8);
         assert!(examples.iter().all(|e| e.thought.is_some()));
-        Vla::check_examples(&policy, &examples).unwrap();
+        ClosedLoop::check_examples(&policy, &examples).unwrap();
         let head_before: Vec<(String, Tensor)> = policy
             .vars
             .variables()
@@ -559,7 +560,7 @@ fn bad_lapo_input_names_the_table_and_field() {
     );
     let checked = |steps: Vec<StepRow>| {
         let examples = ppo_examples(&trajectories, steps, advantages.clone(), true).unwrap();
-        Vla::check_examples(&policy, &examples)
+        ClosedLoop::check_examples(&policy, &examples)
             .err()
             .map(|e| e.to_string())
     };
@@ -590,7 +591,7 @@ fn bad_lapo_input_names_the_table_and_field() {
     );
     let examples = ppo_examples(&trajectories, steps.clone(), advantages.clone(), true).unwrap();
     let plain = tiny_vla(K);
-    let e = Vla::check_examples(&plain, &examples)
+    let e = ClosedLoop::check_examples(&plain, &examples)
         .unwrap_err()
         .to_string();
     assert!(e.contains("the checkpoint has none"), "{e}");
@@ -599,7 +600,7 @@ fn bad_lapo_input_names_the_table_and_field() {
         step.latents = None;
     }
     let without = ppo_examples(&trajectories, no_chains, advantages, false).unwrap();
-    let e = Vla::check_examples(&policy, &without)
+    let e = ClosedLoop::check_examples(&policy, &without)
         .unwrap_err()
         .to_string();
     assert!(
@@ -614,7 +615,7 @@ fn bad_lapo_input_names_the_table_and_field() {
 #[test]
 fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
     let mut policy = tiny_thinking_vla(K);
-    let first = Vla::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
+    let first = ClosedLoop::sft_examples(&policy, &tasks(), &SftConfig::default(), 3).unwrap();
     let encoder = first
         .frame_encoder
         .clone()
@@ -630,16 +631,16 @@ fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
         .iter()
         .map(task_row)
         .collect();
-    let again = Vla::sft_examples(&loaded, &other, &SftConfig::default(), 3).unwrap();
+    let again = ClosedLoop::sft_examples(&loaded, &other, &SftConfig::default(), 3).unwrap();
     assert!(again.frame_encoder.is_none());
     let note = &again.notes.last().unwrap().1;
     assert!(note.starts_with("the checkpoint's PCA"), "{note}");
-    let refit = Vla::sft_examples(&tiny_thinking_vla(K), &other, &SftConfig::default(), 3).unwrap();
+    let refit = ClosedLoop::sft_examples(&tiny_thinking_vla(K), &other, &SftConfig::default(), 3).unwrap();
     assert_ne!(
         again.examples[0].thought, refit.examples[0].thought,
         "the carried encoder, not a new fit"
     );
-    let same = Vla::sft_examples(&loaded, &tasks(), &SftConfig::default(), 3).unwrap();
+    let same = ClosedLoop::sft_examples(&loaded, &tasks(), &SftConfig::default(), 3).unwrap();
     assert_eq!(
         same.examples, first.examples,
         "the same frames, the same targets"
@@ -652,7 +653,7 @@ fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
 /// and gradient norm.
 #[test]
 fn checkpointed_warm_up_and_lapo_steps_are_the_plain_ones() {
-    let set = Vla::sft_examples(&tiny_thinking_vla(K), &tasks(), &SftConfig::default(), 3)
+    let set = ClosedLoop::sft_examples(&tiny_thinking_vla(K), &tasks(), &SftConfig::default(), 3)
         .unwrap()
         .examples;
     let (trajectories, steps, advantages) = lapo_inputs(&tiny_thinking_vla(K), 1.0);
