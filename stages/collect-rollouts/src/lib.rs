@@ -52,7 +52,8 @@
 //! (`init-policy --set kind=vla`; `embodyflow_rollout::check_mode`): each group is `G`
 //! episodes of its task sharing the initial state (`TabletopEpisodes`),
 //! every live episode of a batch stepped in lockstep with one batched VLA
-//! call per decision (`run_closed_loop`, `VlaPolicy` at `temperature`;
+//! call per decision (`run_closed_loop`, the network's `ClosedLoopNet::policy`
+//! at `temperature`;
 //! `top_p` and `max_new_tokens` do not apply). Episode `<group>/s<k>` draws
 //! from `sampling_seed(--seed, trajectory id)` as an answer does; it ends
 //! at success or at the task's `max_steps` (a failure), so the run allows
@@ -88,8 +89,7 @@ use embodyflow_envs::TaskEnv;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::registry::policy_net;
-use embodyflow_models::vla::Vla;
-use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::closed_loop::net::ClosedLoopNet;
 use embodyflow_rollout::closed_loop::{
     ChunkPolicy, ClosedLoopConfig, ClosedLoopEpisode, RunTotals, run_closed_loop,
 };
@@ -591,7 +591,7 @@ pub fn run(args: Args) -> Result<(), CollectError> {
     embodyflow_models::with_net!(
         net,
         plan: |M| one_shot::<M>(&stage, &args, &draws, batches, device),
-        closed_loop: |_M| closed_loop(&stage, &args, &draws, batches, device),
+        closed_loop: |M| closed_loop::<M>(&stage, &args, &draws, batches, device),
     )
 }
 
@@ -869,8 +869,9 @@ impl EpisodeCounts {
     }
 }
 
-/// Closed-loop episodes of a VLA on tabletop or bridge tasks (see the module doc).
-fn closed_loop(
+/// Closed-loop episodes of a closed-loop network (a VLA) on tabletop or
+/// bridge tasks (see the module doc).
+fn closed_loop<M: ClosedLoopNet>(
     stage: &Stage<Config>,
     args: &Args,
     draws: &Draws<'_>,
@@ -879,21 +880,19 @@ fn closed_loop(
 ) -> Result<(), CollectError> {
     let config = &stage.config;
     let group_size = config.group_size;
-    let policy = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
+    let policy = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let specs = draws.build_each(&batches, task_of)?;
-    let vla = policy.model.config();
-    let (chunk_len, image_size) = (vla.chunk_len as usize, vla.image_size as usize);
-    let mut sampler =
-        VlaPolicy::new(&policy, config.temperature)?.with_latent_noise(config.latent_noise_std);
+    let mut sampler = M::policy(&policy, config.temperature, config.latent_noise_std)?;
+    let chunk_len = sampler.chunk_len();
     // Every instruction fits the checkpoint before anything is written.
     for (task_id, spec) in &specs {
         sampler
             .instruction_ids(spec.instruction())
             .map_err(|e| Error::BadInput(format!("task `{task_id}`: {e}")))?;
     }
-    let bins = sampler.bins();
+    let bins = M::bins(&policy)?;
     let mut worlds = Worlds::new(WorldOptions {
-        image_size,
+        image_size: sampler.observation_shape().height,
         bins: bins.clone(),
         workers: config.bridge.settings(),
     });
@@ -929,7 +928,7 @@ fn closed_loop(
     )?;
     totals.seconds = tally.seconds;
     let samples = tally.draws * group_size;
-    let policy_line = format!("{} (vla, closed loop)", policy.manifest.id);
+    let policy_line = format!("{} ({}, closed loop)", policy.manifest.id, M::NAME);
     let mut summary = summary_head(args, config, &policy_line, draws.wanted, &tally);
     counts.add_lines(
         &mut summary,

@@ -105,9 +105,8 @@ use embodyflow_models::ModelError;
 use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::policy::{PlanNet, Sampling};
 use embodyflow_models::registry::policy_net;
-use embodyflow_models::vla::Vla;
-use embodyflow_rollout::closed_loop::GraspPoint;
-use embodyflow_rollout::closed_loop::vla::VlaPolicy;
+use embodyflow_rollout::closed_loop::net::ClosedLoopNet;
+use embodyflow_rollout::closed_loop::{ChunkPolicy, GraspPoint};
 use embodyflow_rollout::{Episode, Request, check_mode, run_episodes, sampling_seed};
 use embodyflow_worlds::{BridgeKeys, WorldOptions};
 use gate::{GateConfig, Measured};
@@ -413,7 +412,7 @@ pub fn run(args: Args) -> Result<(), EvalError> {
     let (rows, figures) = embodyflow_models::with_net!(
         net,
         plan: |M| one_shot::<M>(&stage, &args, &owned, &tasks, device, &mut summary)?,
-        closed_loop: |_M| closed_loop_episodes(&stage, &args, &owned, &tasks, device, &mut summary)?,
+        closed_loop: |M| closed_loop_episodes::<M>(&stage, &args, &owned, &tasks, device, &mut summary)?,
     );
     let verdicts = config.gate.check(&figures.measured(&rows));
     for verdict in verdicts.iter().flatten() {
@@ -596,7 +595,7 @@ fn sample_answers<M: PlanNet>(
 /// Greedy VLA episodes on closed-loop tasks (see the module doc): the
 /// `eval` rows of the `owned` layouts, their summary lines, and pass@k when
 /// asked.
-fn closed_loop_episodes(
+fn closed_loop_episodes<M: ClosedLoopNet>(
     stage: &Stage<Config>,
     args: &Args,
     owned: &[(u32, &TaskRow)],
@@ -605,13 +604,13 @@ fn closed_loop_episodes(
     summary: &mut Summary,
 ) -> Result<(Vec<EvalRow>, Figures), EvalError> {
     let config = &stage.config;
-    let checkpoint = Checkpoint::<Vla>::load_kind(&args.policy.policy, device)?;
-    let chunk_len = checkpoint.model.config().chunk_len;
+    let checkpoint = Checkpoint::<M>::load_kind(&args.policy.policy, device)?;
     let layouts = closed_loop::layouts(owned)?;
-    let mut greedy = VlaPolicy::new(&checkpoint, 0.0)?;
+    let mut greedy = M::policy(&checkpoint, 0.0, 0.0)?;
+    let chunk_len = greedy.chunk_len() as i64;
     let options = WorldOptions {
-        image_size: checkpoint.model.config().image_size as usize,
-        bins: greedy.bins(),
+        image_size: greedy.observation_shape().height,
+        bins: M::bins(&checkpoint)?,
         workers: config.bridge.settings(),
     };
     let (rows, played) = closed_loop::evaluate_layouts(
@@ -624,7 +623,7 @@ fn closed_loop_episodes(
     summary
         .add(
             "policy",
-            format!("{} (vla, closed loop)", checkpoint.manifest.id),
+            format!("{} ({}, closed loop)", checkpoint.manifest.id, M::NAME),
         )
         .add(
             "episodes",
@@ -638,7 +637,7 @@ fn closed_loop_episodes(
     };
     if config.pass_at_k.samples > 0 {
         let n = config.pass_at_k.samples;
-        let mut sampler = VlaPolicy::new(&checkpoint, config.pass_at_k.temperature)?;
+        let mut sampler = M::policy(&checkpoint, config.pass_at_k.temperature, 0.0)?;
         let (successes, sampled) = closed_loop::sample_layouts(
             &mut sampler,
             &options,

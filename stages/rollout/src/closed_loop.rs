@@ -8,7 +8,8 @@
 //!   instruction token ids, one sampling seed per row) → per episode `K × D`
 //!   action tokens (bins) and their log-probs. The models crate knows no
 //!   world and does not depend on this crate; its VLA is adapted here by
-//!   [`vla::VlaPolicy`] (this crate depends on both).
+//!   [`vla::VlaPolicy`] (this crate depends on both), and the stages reach
+//!   it through [`net::ClosedLoopNet`], generic over the network.
 //! - [`ClosedLoopWorld`] (the `embodyflow_world` crate, below the models,
 //!   re-exported here): `n` episodes that render into contiguous buffers
 //!   and advance by one chunk of `K` actions each; the tabletop world
@@ -748,6 +749,7 @@ fn decode_chunks<W: ClosedLoopWorld + ?Sized>(
     Ok(observations)
 }
 
+pub mod net;
 pub mod vla;
 
 #[cfg(test)]

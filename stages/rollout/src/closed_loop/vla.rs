@@ -1,8 +1,9 @@
 //! The VLA checkpoint ([`embodyflow_models::vla::Vla`]) as a
-//! [`ChunkPolicy`]: instructions through the checkpoint's tokenizer, one
-//! batched [`Vla::sample`] per decision at the run's temperature (`0`:
-//! greedy), row `r` drawing from `batch.seeds[r]`; the bins it decodes with
-//! are the checkpoint's ([`VlaPolicy::bins`]). A checkpoint with a latent
+//! [`ChunkPolicy`], and the VLA as the [`ClosedLoopNet`] the stages run:
+//! instructions through the checkpoint's tokenizer, one batched
+//! [`Vla::sample`] per decision at the run's temperature (`0`: greedy),
+//! row `r` drawing from `batch.seeds[r]`; the bins it decodes with are the
+//! checkpoint's ([`VlaPolicy::bins`]). A checkpoint with a latent
 //! chain of thought (LaST-R1) thinks first ([`Vla::sample_with_latents`],
 //! exploration noise [`VlaPolicy::with_latent_noise`]; greedy: the
 //! confident early exit) and each decision carries its [`Thought`].
@@ -29,6 +30,7 @@ use embodyflow_models::checkpoint::Checkpoint;
 use embodyflow_models::tokenizer::encode;
 use embodyflow_models::vla::{Observation, Vla};
 
+use super::net::ClosedLoopNet;
 use super::{ChunkDecision, ChunkPolicy, DecisionBatch, Thought};
 
 /// A VLA checkpoint sampling at one temperature.
@@ -42,18 +44,11 @@ pub struct VlaPolicy<'a> {
 impl<'a> VlaPolicy<'a> {
     /// The checkpoint sampling at `temperature` (`0`: greedy).
     pub fn new(checkpoint: &'a Checkpoint<Vla>, temperature: f64) -> Result<Self, ModelError> {
-        let config = checkpoint.model.config();
-        let bins = ActionBins::new(
-            config.n_bins as usize,
-            config.action_low,
-            config.action_high,
-        )
-        .map_err(|e| ModelError::Tokenizer(format!("the checkpoint's action bins: {e}")))?;
         Ok(VlaPolicy {
             checkpoint,
             temperature,
             latent_noise: 0.0,
-            bins,
+            bins: Vla::bins(checkpoint)?,
         })
     }
 
@@ -68,6 +63,26 @@ impl<'a> VlaPolicy<'a> {
     /// The action bins of the checkpoint's config.
     pub fn bins(&self) -> ActionBins {
         self.bins.clone()
+    }
+}
+
+impl ClosedLoopNet for Vla {
+    fn policy(
+        checkpoint: &Checkpoint<Vla>,
+        temperature: f64,
+        latent_noise: f64,
+    ) -> Result<impl ChunkPolicy<Error = ModelError>, ModelError> {
+        Ok(VlaPolicy::new(checkpoint, temperature)?.with_latent_noise(latent_noise))
+    }
+
+    fn bins(checkpoint: &Checkpoint<Vla>) -> Result<ActionBins, ModelError> {
+        let config = checkpoint.model.config();
+        ActionBins::new(
+            config.n_bins as usize,
+            config.action_low,
+            config.action_high,
+        )
+        .map_err(|e| ModelError::Tokenizer(format!("the checkpoint's action bins: {e}")))
     }
 }
 
