@@ -101,7 +101,8 @@ pub use examples::{
 };
 pub use run::run;
 pub use train::{
-    LatentTerms, OwnLoss, StepSums, TrainReport, Trainable, Training, accumulate, micro_batches, train,
+    LatentTerms, OwnLoss, StepSums, TrainReport, Trainable, Training, accumulate, micro_batches,
+    train,
 };
 
 /// Command line of `update-policy`.

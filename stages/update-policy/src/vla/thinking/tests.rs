@@ -1,8 +1,8 @@
 use super::*;
 use crate::train::tests::{assert_bf16_tracks_fp32, in_bf16};
 use crate::{OptimConfig, SftConfig, Training, ppo_examples, redraw_warmup_lengths, train};
-use embodyflow_models::net::ClosedLoop;
 use embodyflow_core::schemas::{AdvantageRow, StepRow, TaskRow, TrajectoryRow};
+use embodyflow_models::net::ClosedLoop;
 use embodyflow_models::optimizer::OptimizerState;
 use embodyflow_models::testing::{tiny_thinking_vla, tiny_vla};
 use embodyflow_rollout::closed_loop::vla::VlaPolicy;
@@ -635,7 +635,8 @@ fn the_frame_encoder_is_fitted_once_and_carried_by_the_checkpoint() {
     assert!(again.frame_encoder.is_none());
     let note = &again.notes.last().unwrap().1;
     assert!(note.starts_with("the checkpoint's PCA"), "{note}");
-    let refit = ClosedLoop::sft_examples(&tiny_thinking_vla(K), &other, &SftConfig::default(), 3).unwrap();
+    let refit =
+        ClosedLoop::sft_examples(&tiny_thinking_vla(K), &other, &SftConfig::default(), 3).unwrap();
     assert_ne!(
         again.examples[0].thought, refit.examples[0].thought,
         "the carried encoder, not a new fit"
