@@ -106,59 +106,71 @@ impl Write for HashingFile {
     }
 }
 
-/// A shard being written: its file, then, from its first row group on
-/// (which chooses the columns' codecs, [`crate::codecs`]), Parquet's file
-/// writer and what makes its column writers (the row groups are encoded
-/// column by column, [`encode_row_group`]).
+/// A shard being written: its file name and rows, and from its first row
+/// group on (which chooses the columns' codecs, [`crate::codecs`]) its file
+/// under Parquet's writer ([`ParquetShard`]).
 struct OpenShard {
-    sink: ShardSink,
     file: String,
     rows: u64,
+    parquet: Option<ParquetShard>,
 }
 
-/// Where a shard's bytes go.
-enum ShardSink {
-    /// The file, before the first row group.
-    Created(HashingFile),
-    /// Parquet's writer over the file.
-    Parquet(SerializedFileWriter<HashingFile>, ShardColumns),
-    /// Taken while the writer is being made.
-    Moved,
+/// A shard's file under Parquet's file writer, and what makes its column
+/// writers (the row groups are encoded column by column,
+/// [`encode_row_group`]).
+struct ParquetShard {
+    writer: SerializedFileWriter<HashingFile>,
+    columns: ShardColumns,
+}
+
+impl ParquetShard {
+    /// Creates the shard's file at `path` under a writer with the codecs
+    /// `first_group` (the first row group's batches) calls for.
+    fn create(
+        def: &TableDef,
+        options: &WriteOptions,
+        first_group: &[RecordBatch],
+        path: &Path,
+    ) -> Result<ParquetShard> {
+        let props = crate::codecs::shard_properties(def, options, first_group)?;
+        let handle = File::create(path).map_err(|e| Error::io(path, e))?;
+        let sink = HashingFile {
+            inner: BufWriter::with_capacity(1 << 20, handle),
+            hasher: TreeHasher::default(),
+            bytes: 0,
+        };
+        let write_batch_size = props.write_batch_size();
+        let (writer, factory) = ArrowWriter::try_new(sink, def.arrow_schema(), Some(props))
+            .and_then(ArrowWriter::into_serialized_writer)
+            .map_err(|source| Error::ParquetWrite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(ParquetShard {
+            writer,
+            columns: ShardColumns {
+                factory,
+                write_batch_size,
+            },
+        })
+    }
 }
 
 impl OpenShard {
-    /// Parquet's writer, made on the first call with the codecs
-    /// `first_group` (the first row group's batches) calls for.
+    /// Its Parquet writer, made on the first call ([`ParquetShard::create`]
+    /// with `first_group`).
     fn parquet(
         &mut self,
         def: &TableDef,
         options: &WriteOptions,
         first_group: &[RecordBatch],
         path: &Path,
-    ) -> Result<(&mut SerializedFileWriter<HashingFile>, &ShardColumns)> {
-        if let ShardSink::Created(_) = self.sink {
-            let ShardSink::Created(sink) = std::mem::replace(&mut self.sink, ShardSink::Moved)
-            else {
-                unreachable!("matched above")
-            };
-            let props = crate::codecs::shard_properties(def, options, first_group)?;
-            let write_batch_size = props.write_batch_size();
-            let (writer, factory) = ArrowWriter::try_new(sink, def.arrow_schema(), Some(props))
-                .and_then(ArrowWriter::into_serialized_writer)
-                .map_err(|source| Error::ParquetWrite {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-            let columns = ShardColumns {
-                factory,
-                write_batch_size,
-            };
-            self.sink = ShardSink::Parquet(writer, columns);
-        }
-        match &mut self.sink {
-            ShardSink::Parquet(writer, columns) => Ok((writer, columns)),
-            _ => unreachable!("made above"),
-        }
+    ) -> Result<&mut ParquetShard> {
+        let parquet = match self.parquet.take() {
+            Some(parquet) => parquet,
+            None => ParquetShard::create(def, options, first_group, path)?,
+        };
+        Ok(self.parquet.insert(parquet))
     }
 }
 
@@ -304,28 +316,26 @@ impl TableWriter {
             .as_mut()
             .expect("a row group belongs to an open shard");
         let path = self.tmp_dir.join(&shard.file);
-        let (writer, columns) = shard.parquet(self.def, &self.options, &slices, &path)?;
-        encode_row_group(writer, columns, &self.def.arrow_schema(), slices)
-            .map_err(|source| Error::ParquetWrite { path, source })
+        let parquet = shard.parquet(self.def, &self.options, &slices, &path)?;
+        encode_row_group(
+            &mut parquet.writer,
+            &parquet.columns,
+            &self.def.arrow_schema(),
+            slices,
+        )
+        .map_err(|source| Error::ParquetWrite { path, source })
     }
 
     fn open_shard(&mut self) -> Result<&mut OpenShard> {
-        if self.current.is_none() {
-            let file = shard_file_name(self.shards.len());
-            let path = self.tmp_dir.join(&file);
-            let handle = File::create(&path).map_err(|e| Error::io(&path, e))?;
-            let sink = HashingFile {
-                inner: BufWriter::with_capacity(1 << 20, handle),
-                hasher: TreeHasher::default(),
-                bytes: 0,
-            };
-            self.current = Some(OpenShard {
-                sink: ShardSink::Created(sink),
-                file,
+        let shard = match self.current.take() {
+            Some(shard) => shard,
+            None => OpenShard {
+                file: shard_file_name(self.shards.len()),
                 rows: 0,
-            });
-        }
-        Ok(self.current.as_mut().expect("shard opened above"))
+                parquet: None,
+            },
+        };
+        Ok(self.current.insert(shard))
     }
 
     fn close_shard(&mut self) -> Result<()> {
@@ -333,20 +343,22 @@ impl TableWriter {
             return Ok(());
         }
         self.write_group()?;
-        let Some(mut shard) = self.current.take() else {
+        let Some(shard) = self.current.take() else {
             return Ok(());
         };
         let path = self.tmp_dir.join(&shard.file);
-        // A shard without rows (an empty table's) gets its writer here.
-        shard.parquet(self.def, &self.options, &[], &path)?;
-        let ShardSink::Parquet(writer, _) = std::mem::replace(&mut shard.sink, ShardSink::Moved)
-        else {
-            unreachable!("made above")
+        // A shard without rows (an empty table's) gets its file here.
+        let parquet = match shard.parquet {
+            Some(parquet) => parquet,
+            None => ParquetShard::create(self.def, &self.options, &[], &path)?,
         };
-        let mut sink = writer.into_inner().map_err(|source| Error::ParquetWrite {
-            path: path.clone(),
-            source,
-        })?;
+        let mut sink = parquet
+            .writer
+            .into_inner()
+            .map_err(|source| Error::ParquetWrite {
+                path: path.clone(),
+                source,
+            })?;
         sink.flush().map_err(|e| Error::io(&path, e))?;
         let HashingFile {
             inner,
