@@ -14,8 +14,11 @@
 //!   decision level (LaST-R1), and veRL's masked whitening;
 //! - [`pass_at_k`]: the unbiased pass@k estimator (Chen et al. 2021);
 //! - [`action_tokens`]: OpenVLA's 256-bin action tokenizer (continuous
-//!   actions <-> tokens of a closed-loop policy).
+//!   actions <-> tokens of a closed-loop policy);
+//! - [`action_stats`]: an OpenVLA checkpoint's `dataset_statistics.json`
+//!   and the action / proprio (un)normalisation it defines.
 
+pub mod action_stats;
 pub mod action_tokens;
 pub mod gae;
 pub mod gigpo;

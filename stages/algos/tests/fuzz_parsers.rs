@@ -1,5 +1,5 @@
-//! Fuzzing of plan extraction, step matching, the rewards built on them and
-//! token-span alignment: generated responses (answers built from plan
+//! Fuzzing of plan extraction, step matching, the rewards built on them,
+//! token-span alignment and an OpenVLA checkpoint's dataset statistics: generated responses (answers built from plan
 //! pieces, then mutated; soups of JSON punctuation, escapes, special tokens
 //! and prose; large repetitive texts up to 6 MB) go through every function,
 //! whose results are checked against invariants; panics are caught and
@@ -12,6 +12,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
+use embodyflow_algos::action_stats::{DatasetStatistics, Normalization};
 use embodyflow_algos::plan::{GtStep, MatchMode, Plan, extract, extract_strict, step_match};
 use embodyflow_algos::rewards::{ActionList, embodied_r1, verify};
 use embodyflow_algos::spans::{Aligner, test_tokenizer, token_offsets};
@@ -511,4 +512,110 @@ fn fuzz_ten_million() {
     let total = fuzz(threads, 2_000_000 / threads, 10_000);
     assert!(total.panics.is_empty());
     assert!(total.executions >= 10_000_000, "{}", total.executions);
+}
+
+/// A `dataset_statistics.json` cut into pieces at its tokens: one or two
+/// datasets, action and proprio tables of random widths with some of their
+/// keys, numbers that are finite, huge, negative zero or not numbers.
+fn statistics_pieces(rng: &mut Rng) -> Vec<String> {
+    const NUMBERS: &[&str] = &["0.5", "-1.25", "1e308", "-0", "3", "1e-320", "-7.5e3"];
+    const ODD: &[&str] = &["NaN", "null", "true", "\"1\"", "1e999", "[]"];
+    const KEYS: &[&str] = &["mean", "std", "min", "max", "q01", "q99"];
+    let mut pieces = vec!["{".to_string()];
+    for d in 0..1 + rng.below(2) {
+        if d > 0 {
+            pieces.push(",".into());
+        }
+        pieces.extend([format!("\"dataset_{d}\""), ":".into(), "{".into()]);
+        for (t, table) in ["action", "proprio"].iter().enumerate() {
+            if t > 0 {
+                pieces.push(",".into());
+            }
+            pieces.extend([format!("\"{table}\""), ":".into(), "{".into()]);
+            let width = 1 + rng.below(8);
+            for (k, key) in KEYS.iter().chain(["mask"].iter()).enumerate() {
+                if k > 0 {
+                    pieces.push(",".into());
+                }
+                pieces.extend([format!("\"{key}\""), ":".into(), "[".into()]);
+                for i in 0..width {
+                    if i > 0 {
+                        pieces.push(",".into());
+                    }
+                    pieces.push(if *key == "mask" {
+                        ["true", "false"][rng.below(2)].to_string()
+                    } else if rng.chance(200) {
+                        rng.pick(ODD).to_string()
+                    } else {
+                        rng.pick(NUMBERS).to_string()
+                    });
+                }
+                pieces.push("]".into());
+            }
+            pieces.push("}".into());
+        }
+        pieces.extend([
+            ",".into(),
+            "\"num_transitions\"".into(),
+            ":".into(),
+            "7".into(),
+            "}".into(),
+        ]);
+    }
+    pieces.push("}".into());
+    pieces
+}
+
+#[test]
+fn fuzz_dataset_statistics() {
+    let mut rng = Rng(0x5EED);
+    let (mut parsed, mut normalized) = (0, 0);
+    for _ in 0..20_000 {
+        let mut pieces = statistics_pieces(&mut rng);
+        if rng.chance(2) {
+            mutate(&mut rng, &mut pieces);
+        }
+        let text = pieces.concat();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let Ok(stats) = DatasetStatistics::from_json(&text) else {
+                return (0, 0);
+            };
+            let mut used = 0;
+            let keys: Vec<String> = stats.keys().map(str::to_string).collect();
+            for key in keys
+                .iter()
+                .map(|k| Some(k.as_str()))
+                .chain([None, Some("none")])
+            {
+                let Ok(dataset) = stats.dataset(key) else {
+                    continue;
+                };
+                for kind in [Normalization::Bounds, Normalization::BoundsQ99] {
+                    for bounds in [dataset.action_bounds(kind), dataset.proprio_bounds(kind)] {
+                        if let Ok(bounds) = bounds {
+                            let row = vec![0.25; bounds.width() * 2];
+                            let normalized = bounds
+                                .normalize(&bounds.unnormalize(&row).unwrap())
+                                .unwrap();
+                            assert!(
+                                normalized
+                                    .iter()
+                                    .all(|v| (-1.0..=1.0).contains(v) || v.is_nan())
+                            );
+                            used += 1;
+                        }
+                    }
+                }
+            }
+            (1, used)
+        }));
+        let (p, n) = outcome.unwrap_or_else(|_| panic!("dataset statistics panicked on {text}"));
+        parsed += p;
+        normalized += n;
+    }
+    // Half the inputs are unmutated, and most of those hold only numbers.
+    assert!(
+        parsed > 2_000 && normalized > 2_000,
+        "{parsed} parsed, {normalized} normalised"
+    );
 }
