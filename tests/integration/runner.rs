@@ -1141,6 +1141,27 @@ fn the_tabletop_pipeline_runs_closed_loop_iterations_end_to_end() {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let again = ok(&refs);
     assert!(again.values().all(|s| s == "cached"), "{again:?}");
+
+    // Another run from this one's pretrained VLA: the pretraining tasks,
+    // init and pretrain do not run, and both SFTs start from it.
+    let other = tempfile::tempdir().unwrap();
+    let base = out.join("pretrain");
+    let from_base = format!("base={}", base.display());
+    vars.push(&from_base);
+    // train, val, sft, sft_full, gate_full, gate_one_demo
+    let (steps, second, _) = run_tiny_tabletop(other.path(), "tabletop-grpo.toml", &vars, &[], 6);
+    for step in ["pretrain_tasks", "init", "pretrain"] {
+        assert!(!steps.contains_key(step), "{step} ran: {steps:?}");
+        assert!(!second.join(step).exists(), "{step}");
+    }
+    for step in ["sft", "sft_full"] {
+        let record = std::fs::read_to_string(second.join(step).join("_step.json")).unwrap();
+        let policy = base.join("policy").display().to_string();
+        assert!(
+            record.contains(&policy),
+            "{step} starts from {policy}: {record}"
+        );
+    }
 }
 
 /// With its gates enforced (the default), a base that does not imitate

@@ -62,7 +62,10 @@
 //!
 //! Step fields: `name`, `stage`, `inputs`, `policy`, `teacher`, `config`,
 //! `set`, `seed`, `shards`, `devices`, `every` (loop steps), `when`
-//! (`VAR == VALUE` / `VAR != VALUE`), `args` (extra flags as they are),
+//! (`VAR == VALUE` / `VAR != VALUE`), `instead` (setup steps with a
+//! `when`: the directory `${step}` stands for where the step does not run,
+//! e.g. an earlier run's output of the same stage), `args` (extra flags as
+//! they are),
 //! and what one process needs: `cpus` (also its thread count, on every
 //! backend; 1 when the step says none), `mem`, `gpus` ([`backend`]). A
 //! `[backend]` table says where the processes run: this
@@ -77,7 +80,7 @@
 //! variables of those names (an offline pipeline's `policy`, the checkpoint
 //! it starts from), one with a loop may not; `out` is never a variable. An `inputs` entry naming a step that does not run
 //! (its `when` or `every`) is left out; any other field naming one is an
-//! error. Relative paths are relative to the working directory.
+//! error, unless the step has an `instead`, which it then names. Relative paths are relative to the working directory.
 //!
 //! # Layout of a run
 //!

@@ -80,6 +80,7 @@ struct RawStep {
     gpus: Option<Spanned<u32>>,
     every: Option<Spanned<u32>>,
     when: Option<Spanned<String>>,
+    instead: Option<Spanned<String>>,
     skip_if_empty: Option<Spanned<String>>,
     #[serde(default)]
     args: Vec<Spanned<String>>,
@@ -201,6 +202,10 @@ pub struct StepDef {
     pub every: Option<u32>,
     /// Run only when this holds.
     pub when: Option<When>,
+    /// What `${name}` stands for where `when` leaves the step out: a
+    /// directory holding what the step would have written (an earlier
+    /// run's output of the same stage).
+    pub instead: Option<Template>,
     /// Extra arguments passed as they are (templated).
     pub args: Vec<Template>,
     /// A table directory: when it has no rows, the stage is not run and the
@@ -223,6 +228,7 @@ impl StepDef {
         all.extend(self.seed.iter().map(|t| ("seed", t)));
         all.extend(self.args.iter().map(|t| ("args", t)));
         all.extend(self.skip_if_empty.iter().map(|t| ("skip_if_empty", t)));
+        all.extend(self.instead.iter().map(|t| ("instead", t)));
         all
     }
 }
@@ -470,6 +476,7 @@ impl Source<'_> {
             resources,
             every: step.every.as_ref().map(|e| *e.get_ref()),
             when,
+            instead: step.instead.as_ref().map(t),
             args: step.args.iter().map(t).collect(),
             skip_if_empty: step.skip_if_empty.as_ref().map(t),
             in_loop,
@@ -799,6 +806,22 @@ impl Pipeline {
             return Err(self.err(
                 step.line,
                 format!("step `{}`: `every` must be at least 1", step.name),
+            ));
+        }
+        if let Some(t) = &step.instead
+            && (step.when.is_none() || in_loop)
+        {
+            return Err(self.err(
+                t.line,
+                format!(
+                    "step `{}`: `instead` stands for a setup step that its `when` leaves out: {}",
+                    step.name,
+                    if in_loop {
+                        "not a loop step"
+                    } else {
+                        "add a `when`"
+                    }
+                ),
             ));
         }
         if let Some(when) = &step.when

@@ -419,13 +419,24 @@ impl Builder<'_> {
         if let Some(when) = &step.when
             && !when.holds(&cell.vars)
         {
-            return Ok(Bound::Skipped(format!(
-                "step `{}`, which does not run here (its `when`: {} {} {})",
-                step.name,
-                when.var,
-                if when.equal { "==" } else { "!=" },
-                when.value
-            )));
+            let Some(instead) = &step.instead else {
+                return Ok(Bound::Skipped(format!(
+                    "step `{}`, which does not run here (its `when`: {} {} {})",
+                    step.name,
+                    when.var,
+                    if when.equal { "==" } else { "!=" },
+                    when.value
+                )));
+            };
+            // The directory standing in for the step's output: an
+            // external path, which must exist where a field reads it.
+            let mut stand_in = self.required(step, "instead", instead, ctx)?;
+            stand_in.vars.insert(when.var.clone());
+            return Ok(Bound::Text {
+                text: stand_in.text,
+                deps: stand_in.deps,
+                vars: stand_in.vars,
+            });
         }
         let mut reads = Reads {
             vars: step.when.iter().map(|w| w.var.clone()).collect(),
@@ -1286,6 +1297,65 @@ inputs = {inputs}
         let err = plan_err(&text, &[]);
         assert!(
             err.starts_with("p.toml:32:") && err.contains("does not run here"),
+            "{err}"
+        );
+    }
+
+    /// A setup pipeline whose pretraining steps run unless `base` names an
+    /// earlier run's pretraining output, which then stands in for them.
+    const INSTEAD: &str = r#"
+[pipeline]
+name = "t"
+
+[vars]
+base = ""
+
+[[step]]
+name = "init"
+stage = "init-policy"
+when = "base == "
+
+[[step]]
+name = "pretrain"
+stage = "update-policy"
+policy = "${init}"
+when = "base == "
+instead = "${base}"
+
+[[step]]
+name = "sft"
+stage = "update-policy"
+policy = "${pretrain}/policy"
+"#;
+
+    #[test]
+    fn a_step_left_out_by_its_when_stands_for_its_instead() {
+        let ran = plan(INSTEAD, &[]).unwrap();
+        let ids: Vec<&str> = ran.instances.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["init", "pretrain", "sft"]);
+        assert_eq!(
+            ran.instances[2].policy,
+            Some(PathBuf::from("run/pretrain/policy"))
+        );
+        assert_eq!(ran.instances[2].deps, [1].into());
+
+        let given = plan(INSTEAD, &["base=/runs/old/pretrain"]).unwrap();
+        let ids: Vec<&str> = given.instances.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["sft"], "neither init nor pretrain runs");
+        let sft = &given.instances[0];
+        assert_eq!(sft.policy, Some(PathBuf::from("/runs/old/pretrain/policy")));
+        assert!(sft.deps.is_empty());
+        assert_eq!(
+            sft.external,
+            [PathBuf::from("/runs/old/pretrain/policy")],
+            "a path no step writes, checked to exist before any stage runs"
+        );
+        assert!(sft.vars.contains("base"));
+
+        let without_when = INSTEAD.replacen("when = \"base == \"\ninstead", "instead", 1);
+        let err = plan_err(&without_when, &[]);
+        assert!(
+            err.starts_with("p.toml:19:") && err.contains("add a `when`"),
             "{err}"
         );
     }
