@@ -1355,7 +1355,7 @@ policy = "${pretrain}/policy"
         let without_when = INSTEAD.replacen("when = \"base == \"\ninstead", "instead", 1);
         let err = plan_err(&without_when, &[]);
         assert!(
-            err.starts_with("p.toml:19:") && err.contains("add a `when`"),
+            err.starts_with("p.toml:17:") && err.contains("add a `when`"),
             "{err}"
         );
     }
