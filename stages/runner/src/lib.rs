@@ -80,7 +80,8 @@
 //! variables of those names (an offline pipeline's `policy`, the checkpoint
 //! it starts from), one with a loop may not; `out` is never a variable. An `inputs` entry naming a step that does not run
 //! (its `when` or `every`) is left out; any other field naming one is an
-//! error, unless the step has an `instead`, which it then names. Relative paths are relative to the working directory.
+//! error, unless the step has an `instead`, which it then names. Relative
+//! paths are relative to the working directory.
 //!
 //! # Layout of a run
 //!

@@ -1,10 +1,10 @@
 //! A network that acts step by step, as the closed-loop stages run it
 //! ([`ClosedLoopNet`]): its checkpoint becomes the driver's [`ChunkPolicy`]
 //! at a temperature, and its action tokens decode with its own bins.
-//! `collect-rollouts`, `evaluate` and behaviour cloning's demonstrations
-//! are generic over it, so a closed-loop family adds its implementation
-//! beside its adapter (as [`super::vla`] does for the VLA) and no stage
-//! names it.
+//! `collect-rollouts` and `evaluate` are generic over it, so a closed-loop
+//! family adds its implementation beside its adapter (as [`super::vla`]
+//! does for the VLA) and neither stage names it; `update-policy`'s
+//! behaviour cloning and losses are still the VLA's own.
 //!
 //! ```no_run
 //! use embodyflow_models::checkpoint::Checkpoint;
